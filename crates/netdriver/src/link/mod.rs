@@ -1,0 +1,1 @@
+//! Links: pipes of whole Ethernet frames that the channels run over.

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the system packages netchannel needs on Debian, as root. Idempotent: packages
+# already present are not reinstalled and apt is not touched when nothing is missing.
+set -euo pipefail
+
+# clang/llvm/libelf/m4: the XDP program and libbpf; libpcap/libhwloc/libudev: AF_XDP and
+# topology crates; iproute2/ethtool/iptables: the two-namespace test bed; pkg-config for -sys
+# crates.
+PACKAGES=(clang llvm libelf-dev m4 libpcap-dev libhwloc-dev libudev-dev pkg-config
+          iproute2 ethtool iptables zlib1g-dev)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -ne 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "install-deps: missing packages ${missing[*]}; run as root to install them" >&2
+        exit 1
+    fi
+    echo "install-deps: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "install-deps: cargo not found; install a Rust toolchain (rustup) first" >&2
+    exit 1
+fi
