@@ -154,7 +154,8 @@ mod tests {
     #[test]
     fn merges_in_every_overlap_configuration() {
         let base = [(10, 10)]; // [10, 20)
-        let cases: &[((usize, usize), (usize, usize))] = &[
+        type Range = (usize, usize);
+        let cases: &[(Range, Range)] = &[
             ((5, 5), (5, 15)),    // adjacent before
             ((20, 5), (10, 15)),  // adjacent after
             ((5, 10), (5, 15)),   // overlaps start
