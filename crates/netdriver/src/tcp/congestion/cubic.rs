@@ -41,6 +41,8 @@ pub struct Cubic {
     origin: f64,
     /// The Reno-friendly window estimate, in segments.
     w_est: f64,
+    /// The window just before the last reduction, in segments (`cwnd_prior`, §4.3).
+    prior: f64,
     /// Latest RTT sample, used to look one RTT ahead for the target.
     last_rtt: Duration,
     touched: bool,
@@ -59,6 +61,7 @@ impl Cubic {
             k: 0.0,
             origin: 0.0,
             w_est: 0.0,
+            prior: 0.0,
             last_rtt: Duration::ZERO,
             touched: false,
         }
@@ -95,6 +98,7 @@ impl Cubic {
     /// §4.6 and §4.7: remember where the loss happened and pick the new ssthresh.
     fn reduce(&mut self) -> f64 {
         let segs = self.cwnd_segments();
+        self.prior = segs;
         // Fast convergence: a loss below the previous maximum means the share shrank.
         self.w_max = if segs < self.w_max {
             segs * (1.0 + BETA) / 2.0
@@ -169,8 +173,10 @@ impl CongestionControl for Cubic {
         let t = now.saturating_duration_since(epoch_start).as_secs_f64();
         let rtt = self.last_rtt.as_secs_f64();
 
-        // §4.3: Reno-friendly estimate, one ALPHA per cwnd of acknowledged segments.
-        self.w_est += ALPHA * acked_segs / segs;
+        // §4.3: Reno-friendly estimate, ALPHA per cwnd of acknowledged segments; once past
+        // the pre-loss window, the estimate grows like Reno itself (alpha = 1).
+        let alpha = if self.w_est >= self.prior { 1.0 } else { ALPHA };
+        self.w_est += alpha * acked_segs / segs;
         self.w_est = self.w_est.min(MAX_CWND);
 
         if self.w_cubic(t) < self.w_est {
@@ -341,16 +347,32 @@ mod tests {
             round(&mut cc, now, rtt);
             now += rtt;
         }
-        // 100 ms after the loss the cubic curve has barely moved from 70 segments, while
-        // Reno would have added ALPHA per RTT.
+        // 100 ms after the loss the cubic curve has barely moved from 70 segments.
         let segs = cc.window() as f64 / MSS as f64;
         let cubic_only = C * (0.1 - cc.k()).powi(3) + 100.0;
-        let reno = 70.0 + ALPHA * rounds as f64;
+        // Reno-friendly: ALPHA per RTT up to the 100-segment prior window, then 1 per RTT.
+        let reno = 100.0 + (rounds as f64 - 30.0 / ALPHA);
         assert!(cubic_only < reno - 2.0, "cubic {cubic_only}, Reno {reno}");
         assert!(
             (segs - reno).abs() < 3.0,
             "window {segs}, Reno estimate {reno}"
         );
+    }
+
+    #[test]
+    fn reno_friendly_alpha_becomes_one_past_the_prior_window() {
+        let rtt = Duration::from_millis(1);
+        let mut now = Instant::ZERO;
+        let mut cc = after_loss(20, now);
+        for _ in 0..100 {
+            round(&mut cc, now, rtt);
+            now += rtt;
+        }
+        // ALPHA per RTT from 14 to 20 segments, then one per RTT.
+        let to_prior = 6.0 / ALPHA;
+        let want = 20.0 + (100.0 - to_prior);
+        let segs = cc.window() as f64 / MSS as f64;
+        assert!((segs - want).abs() < 3.0, "window {segs}, want {want}");
     }
 
     #[test]
