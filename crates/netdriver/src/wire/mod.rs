@@ -5,8 +5,15 @@
 //! a parsed `Repr` that can be emitted back into a buffer. Parsing returns a typed
 //! [`WireError`] for every malformed input and never panics.
 
+pub mod arp;
+pub mod checksum;
+pub mod ethernet;
+pub mod ipv4;
 pub mod tcp;
 
+pub use arp::{ArpOperation, ArpPacket, ArpRepr};
+pub use ethernet::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr};
+pub use ipv4::{IpProtocol, Ipv4Packet, Ipv4Repr};
 pub use tcp::{SackBlock, TcpFlags, TcpOptions, TcpRepr};
 
 /// Why a frame or header could not be parsed or emitted.
