@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_main, BenchmarkId, Criterion, Throughput};
 use netchannel::netdriver::wire::checksum;
 
 fn bench_checksum(c: &mut Criterion) {
@@ -24,5 +24,11 @@ fn bench_checksum(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_checksum);
+/// The benchmark group (written out rather than via `criterion_group!`, whose generated
+/// function carries no doc comment and trips `missing_docs`).
+pub fn benches() {
+    let mut c = Criterion::default().configure_from_args();
+    bench_checksum(&mut c);
+}
+
 criterion_main!(benches);
