@@ -380,7 +380,10 @@ impl Connection {
             return None;
         }
         let options = self.data_options(now);
-        let repr = self.finish_segment(self.snd_nxt, TcpFlags::ACK, options);
+        // SND.MAX, not SND.NXT: after an RTO rewound SND.NXT (go-back-N), an ACK with the
+        // rewound number lies left of the peer's window and would be dropped unread
+        // (RFC 9293 §3.10.7.4), deadlocking two senders that both retransmit.
+        let repr = self.finish_segment(self.snd_max, TcpFlags::ACK, options);
         trace!(
             ack = self.rcv_nxt.0,
             window = repr.window,

@@ -4,7 +4,7 @@
 use core::net::{Ipv4Addr, SocketAddrV4};
 
 use super::*;
-use crate::wire::tcp::{TcpFlags, TcpOptions};
+use crate::wire::tcp::{SackBlock, TcpFlags, TcpOptions};
 
 const A_ADDR: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 40000);
 const B_ADDR: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 80);
@@ -657,4 +657,272 @@ fn transfer_with_loss_sack() {
     assert!(p.a.stats().fast_retransmits > 0);
     let p = transfer(cfg.clone(), cfg, 300_000, 300_000, Some(37));
     assert!(p.a.stats().fast_retransmits > 0);
+}
+
+/// A seeded lossy, reordering, duplicating wire: every data-carrying and pure-ACK
+/// segment may be dropped, delayed by extra jitter (reordering) or duplicated.
+fn lossy_transfer(seed: u64, loss_percent: u32, cfg: Config, len_a: usize, len_b: usize) {
+    use rand::{Rng, SeedableRng};
+    let mut p = Pair::new(cfg.clone(), cfg, Duration::from_micros(500));
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let data_a = pattern(len_a, 3);
+    let data_b = pattern(len_b, 4);
+    let (mut sent_a, mut sent_b) = (0, 0);
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    let mut buf = vec![0u8; 65536];
+    let mut closed = (false, false);
+    for _ in 0..3_000_000 {
+        if sent_a < len_a {
+            sent_a += p.a.send(&data_a[sent_a..]).unwrap_or(0);
+        }
+        if sent_a == len_a && !closed.0 {
+            p.a.close();
+            closed.0 = true;
+        }
+        if sent_b < len_b {
+            sent_b += p.b.send(&data_b[sent_b..]).unwrap_or(0);
+        }
+        if sent_b == len_b && !closed.1 {
+            p.b.close();
+            closed.1 = true;
+        }
+        while let Ok(n @ 1..) = p.a.recv(&mut buf) {
+            got_a.extend_from_slice(&buf[..n]);
+        }
+        while let Ok(n @ 1..) = p.b.recv(&mut buf) {
+            got_b.extend_from_slice(&buf[..n]);
+        }
+        if got_a.len() == len_b
+            && got_b.len() == len_a
+            && p.a.recv(&mut buf) == Ok(0)
+            && p.b.recv(&mut buf) == Ok(0)
+        {
+            assert!(
+                got_a == data_b && got_b == data_a,
+                "corrupted (seed {seed})"
+            );
+            return;
+        }
+        // Move segments onto the wire through the fault model.
+        let now = p.now;
+
+        for to_b in [true, false] {
+            let conn = if to_b { &mut p.a } else { &mut p.b };
+            for (repr, payload) in drain(conn, now) {
+                if rng.gen_range(0..100) < loss_percent {
+                    continue;
+                }
+                let jitter = Duration::from_micros(rng.gen_range(0..400));
+                let copies = if rng.gen_range(0..100) < 2 { 2 } else { 1 };
+                for _ in 0..copies {
+                    p.wire
+                        .push((now + p.delay + jitter, to_b, repr, payload.clone()));
+                }
+            }
+        }
+        assert!(
+            p.a.error().is_none() && p.b.error().is_none(),
+            "connection failed (seed {seed}): {:?} {:?}",
+            p.a.error(),
+            p.b.error()
+        );
+        // Step without the pair's own (lossless) flush: deliver or fire timers.
+        let next_arrival = p.wire.iter().map(|w| w.0).min();
+        let next_timer = [p.a.poll_timeout(), p.b.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        let next = [next_arrival, next_timer].into_iter().flatten().min();
+        let next = next.unwrap_or_else(|| {
+            panic!(
+                "idle (seed {seed}): a {:?} {:?} b {:?} {:?}",
+                p.a.state(),
+                p.a.stats(),
+                p.b.state(),
+                p.b.stats()
+            )
+        });
+        p.now = p.now.max(next);
+        let now = p.now;
+        let mut i = 0;
+        while i < p.wire.len() {
+            if p.wire[i].0 <= now {
+                let (_, to_b, repr, payload) = p.wire.remove(i);
+                if to_b {
+                    p.b.handle_segment(now, &repr, &payload);
+                } else {
+                    p.a.handle_segment(now, &repr, &payload);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        p.a.handle_timeout(now);
+        p.b.handle_timeout(now);
+    }
+    panic!("transfer did not finish (seed {seed})");
+}
+
+#[test]
+fn lossy_reordering_sweep() {
+    let base = Config {
+        min_rto: Duration::from_millis(2),
+        user_timeout: Duration::from_secs(600),
+        ..Config::default()
+    };
+    let variants = [
+        base.clone(),
+        Config {
+            sack: false,
+            congestion: crate::tcp::congestion::CongestionAlgorithm::NewReno,
+            ..base.clone()
+        },
+        Config {
+            timestamps: false,
+            window_scaling: false,
+            rx_buffer: 4000,
+            tx_buffer: 7000,
+            ..base.clone()
+        },
+        Config {
+            delayed_ack: None,
+            nagle: false,
+            rx_buffer: 1 << 20,
+            tx_buffer: 1 << 20,
+            ..base
+        },
+    ];
+    for (v, cfg) in variants.iter().enumerate() {
+        let seeds: u64 = std::env::var("TCP_SWEEP_SEEDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1);
+        for (loss, k) in [0u32, 3, 10, 25]
+            .into_iter()
+            .flat_map(|l| (0..seeds).map(move |k| (l, k)))
+        {
+            let seed = (v as u64) * 100_000 + u64::from(loss) * 1000 + k;
+            lossy_transfer(seed, loss, cfg.clone(), 60_000, 45_000);
+        }
+    }
+}
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_repr(base_seq: u32, base_ack: u32) -> impl Strategy<Value = (TcpRepr, usize)> {
+        (
+            prop_oneof![
+                Just(0i64),
+                -70000i64..70000,
+                any::<u32>().prop_map(i64::from)
+            ],
+            prop_oneof![
+                Just(0i64),
+                -70000i64..70000,
+                any::<u32>().prop_map(i64::from)
+            ],
+            any::<bool>(),
+            any::<u8>(),
+            any::<u16>(),
+            (
+                any::<Option<u16>>(),
+                any::<Option<u8>>(),
+                any::<bool>(),
+                any::<Option<(u32, u32)>>(),
+            ),
+            proptest::collection::vec((any::<u32>(), any::<u32>()), 0..4),
+            prop_oneof![Just(0usize), 0usize..3000],
+        )
+            .prop_map(
+                move |(ds, da, has_ack, flags, window, (mss, ws, sp, ts), blocks, len)| {
+                    let mut sack_blocks = [None; 4];
+                    for (i, (l, r)) in blocks.into_iter().enumerate() {
+                        sack_blocks[i] = Some(SackBlock {
+                            left: SeqNumber(base_ack.wrapping_add(l % 100_000)),
+                            right: SeqNumber(base_ack.wrapping_add(r % 100_000)),
+                        });
+                    }
+                    let repr = TcpRepr {
+                        src_port: B_ADDR.port(),
+                        dst_port: A_ADDR.port(),
+                        seq: SeqNumber(base_seq.wrapping_add(ds as u32)),
+                        ack: has_ack.then_some(SeqNumber(base_ack.wrapping_add(da as u32))),
+                        flags: TcpFlags(flags),
+                        window,
+                        urgent: 0,
+                        options: TcpOptions {
+                            mss,
+                            window_scale: ws,
+                            sack_permitted: sp,
+                            sack_blocks,
+                            timestamp: ts,
+                        },
+                    };
+                    (repr, len)
+                },
+            )
+    }
+
+    fn exercise(conn: &mut Connection, segs: &[(TcpRepr, usize)], steps: &[u16]) {
+        let payload = vec![0x5a; 3000];
+        let mut buf = vec![0u8; 1500];
+        let mut now = Instant::from_millis(100);
+        for (i, (repr, len)) in segs.iter().enumerate() {
+            conn.handle_segment(now, repr, &payload[..*len]);
+            let mut n = 0;
+            while conn.poll_transmit(now, &mut buf).is_some() {
+                n += 1;
+                assert!(n < 10_000, "poll_transmit does not terminate");
+            }
+            let _ = conn.send(&payload[..100]);
+            let _ = conn.recv(&mut buf);
+            now += Duration::from_micros(u64::from(steps[i % steps.len()]) * 100);
+            if let Some(t) = conn.poll_timeout() {
+                if t <= now {
+                    conn.handle_timeout(now);
+                }
+            }
+            let _ = conn.stats();
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+        #[test]
+        fn established_survives_any_segments(
+            segs in proptest::collection::vec(arb_repr(B_ISN.0.wrapping_add(1), A_ISN.0.wrapping_add(1)), 1..40),
+            steps in proptest::collection::vec(any::<u16>(), 1..8),
+        ) {
+            let mut p = Pair::new(Config::default(), Config::default(), MS);
+            p.run_until(|p| p.b.state() == State::Established, 10);
+            p.a.send(&[1u8; 5000]).unwrap();
+            let mut a = p.a;
+            exercise(&mut a, &segs, &steps);
+        }
+
+        #[test]
+        fn syn_sent_survives_any_segments(
+            segs in proptest::collection::vec(arb_repr(B_ISN.0, A_ISN.0.wrapping_add(1)), 1..20),
+            steps in proptest::collection::vec(any::<u16>(), 1..8),
+        ) {
+            let mut a = Connection::connect(Config::default(), A_ADDR, B_ADDR, A_ISN, ms(0));
+            let _ = drain(&mut a, ms(0));
+            exercise(&mut a, &segs, &steps);
+        }
+
+        #[test]
+        fn syn_received_survives_any_segments(
+            segs in proptest::collection::vec(arb_repr(B_ISN.0.wrapping_add(1), A_ISN.0.wrapping_add(1)), 1..20),
+            steps in proptest::collection::vec(any::<u16>(), 1..8),
+        ) {
+            // Here "A" is the passive side: its peer's ISN is B_ISN.
+            let syn = TcpRepr { src_port: B_ADDR.port(), dst_port: A_ADDR.port(), ..seg(true, B_ISN, None, TcpFlags::SYN) };
+            let mut a = Connection::accept(Config::default(), A_ADDR, B_ADDR, &syn, A_ISN, ms(0)).unwrap();
+            let _ = drain(&mut a, ms(0));
+            exercise(&mut a, &segs, &steps);
+        }
+    }
 }
