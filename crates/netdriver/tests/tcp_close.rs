@@ -118,12 +118,30 @@ fn close_twice_sends_one_fin() {
 }
 
 #[test]
-fn close_in_syn_sent_closes_silently() {
+fn close_in_syn_sent_defers_fin_until_established() {
+    // RFC 9293 §3.10.4 would delete the TCB here; the core deliberately treats close() as
+    // shutdown(SHUT_WR) so data already accepted by send() is not lost: the data and FIN go
+    // out once the handshake completes.
     let mut h = syn_sent();
+    h.write(b"abc");
     h.conn.close();
-    assert_eq!(h.state(), State::Closed);
+    assert_eq!(h.conn.send(b"x"), Err(TcpError::Closed));
     recv_nothing!(h);
-    assert_eq!(h.deadline(), None);
+    send!(h, peer_syn_ack());
+    assert_eq!(h.state(), State::FinWait1);
+    let got = h.poll();
+    let data: Vec<u8> = got.iter().flat_map(|s| s.payload.clone()).collect();
+    assert_eq!(data, b"abc");
+    let fin = got.iter().find(|s| s.repr.flags.fin()).expect("FIN");
+    assert_eq!(fin.repr.seq + fin.payload.len(), LOCAL_ISN + 4);
+    send!(
+        h,
+        TcpRepr {
+            ack: Some(LOCAL_ISN + 5),
+            ..seg()
+        }
+    );
+    assert_eq!(h.state(), State::FinWait2);
 }
 
 #[test]
