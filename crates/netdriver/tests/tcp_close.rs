@@ -536,6 +536,8 @@ fn fin_is_retransmitted_on_rto_with_backoff() {
 
 #[test]
 fn unanswered_fin_gives_up_after_user_timeout() {
+    // Regression class: no give-up timeout, so a dead peer hangs the connection forever
+    // (smoltcp #1034, #323).
     let cfg = Config {
         user_timeout: Duration::from_secs(10),
         ..config()

@@ -357,6 +357,8 @@ fn simultaneous_open_completed_by_peer_syn_ack() {
 
 #[test]
 fn syn_retries_back_off_exponentially_then_time_out() {
+    // Regression class: no give-up, so a dead peer hangs the connection forever
+    // (smoltcp #1034, #323).
     let cfg = Config {
         syn_retries: 3,
         user_timeout: Duration::from_secs(600),
