@@ -152,7 +152,8 @@ impl Connection {
                 self.persist_force = false;
                 if room_wnd == 0 {
                     // Zero-window probe: one real byte (a zero-length probe is ignored by
-                    // some peers, gVisor #10243).
+                    // some peers, gVisor #10243). Each probe doubles the next interval.
+                    self.persist_backoff = self.persist_backoff.saturating_add(1);
                     let seq = self.snd_nxt;
                     return Some(self.emit_data(
                         now,
