@@ -134,6 +134,9 @@ impl Connection {
         }
 
         if self.state == State::TimeWait {
+            // RFC 7323 §4.3 applies in TIME-WAIT too: a retransmitted FIN refreshes
+            // TS.Recent, which RFC 6191 then compares a new SYN against.
+            self.update_ts_recent(repr);
             self.handle_in_time_wait(now, repr, payload);
             return;
         }
@@ -155,16 +158,7 @@ impl Connection {
         self.keepalive_probes_out = 0;
         self.arm_keepalive(now);
 
-        // RFC 7323 §4.3: TS.Recent follows the segment that covers Last.ACK.sent.
-        if self.ts_enabled {
-            if let Some((tsval, _)) = repr.options.timestamp {
-                if (tsval.wrapping_sub(self.ts_recent) as i32) >= 0
-                    && seq.distance_from(self.last_ack_sent) <= 0
-                {
-                    self.ts_recent = tsval;
-                }
-            }
-        }
+        self.update_ts_recent(repr);
 
         // Fifth: ACK. Without one the segment is dropped (§3.10.7.4).
         let Some(ack) = repr.ack else {
@@ -215,7 +209,10 @@ impl Connection {
             .0
             .wrapping_sub(self.max_snd_wnd.min(1 << 30) as u32);
         if ack.distance_from(SeqNumber(oldest)) < 0 {
+            // RFC 5961 §5.2: discard, and send an ACK back (rate-limited like any
+            // challenge ACK, §7).
             trace!(ack = ack.0, "tcp: ACK too old, dropped (RFC 5961 §5.2)");
+            self.challenge_ack(now);
             return;
         }
 
@@ -297,6 +294,20 @@ impl Connection {
     /// TIME-WAIT: the only expected arrival is a retransmitted FIN, which is acknowledged
     /// and restarts the 2*MSL timer (§3.10.7.4 eighth step); other segments carrying
     /// sequence space are answered with an ACK.
+    /// RFC 7323 §4.3: TS.Recent follows the segment that covers Last.ACK.sent.
+    fn update_ts_recent(&mut self, repr: &TcpRepr) {
+        if !self.ts_enabled {
+            return;
+        }
+        if let Some((tsval, _)) = repr.options.timestamp {
+            if (tsval.wrapping_sub(self.ts_recent) as i32) >= 0
+                && repr.seq.distance_from(self.last_ack_sent) <= 0
+            {
+                self.ts_recent = tsval;
+            }
+        }
+    }
+
     fn handle_in_time_wait(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
         if repr.flags.fin() {
             let fin_seq = repr.seq + payload.len();
