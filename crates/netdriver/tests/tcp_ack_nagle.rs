@@ -123,10 +123,7 @@ fn delayed_ack_deadline_is_not_pushed_back_by_later_segments() {
     t.send(t.seg().seq(r(100)).payload(&d[100..]));
     // An immediate ACK is allowed; a later one than t1 + 40 ms is not.
     if let Some(ack) = t.poll() {
-        assert_eq!(
-            SegView(&ack),
-            SegView(&t.out().ack(r(200)).win(BUF as u16 - 200))
-        );
+        t.check(&ack, t.out().ack(r(200)).win(BUF as u16 - 200));
     } else {
         assert_eq!(t.fire(), t1 + ms(40));
         t.expect(t.out().ack(r(200)).win(BUF as u16 - 200));
@@ -289,7 +286,7 @@ fn keepalive_answer_resets_the_idle_timer() {
     t.advance(ms(5));
     t.send(t.seg().ack(l(0)));
     t.expect_none();
-    assert_eq!(t.deadline(), t1 + ms(10_005));
+    assert_eq!(t.deadline(), t1 + ms(20_005));
     for _ in 0..(2 * KEEPALIVE_PROBES) {
         t.fire();
         t.expect(t.out().seq(SeqNumber(LOCAL_ISN)));

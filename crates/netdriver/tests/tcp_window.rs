@@ -76,12 +76,14 @@ fn persist_interval_is_capped_at_max_rto() {
     let mut t = zero_window_peer(config);
     let d = data(100);
     t.app_send(&d);
+    t.expect_none(); // timers are armed by poll_transmit
     let mut at = t.now;
     for step in [200, 400, 800, 1000, 1000] {
         at += ms(step);
         assert_eq!(t.fire(), at);
         t.expect(t.out().seq(l(0)).payload(&d[..1]));
         t.send(t.seg().ack(l(0)).win(0));
+        t.expect_none();
     }
 }
 
@@ -97,6 +99,7 @@ fn answered_probes_keep_the_connection_open_indefinitely() {
     let mut t = zero_window_peer(config);
     let d = data(100);
     t.app_send(&d);
+    t.expect_none();
     for _ in 0..30 {
         t.fire();
         t.expect(t.out().seq(l(0)).payload(&d[..1]));
@@ -116,6 +119,7 @@ fn accepted_probe_byte_is_not_resent_when_the_window_opens() {
     let mut t = zero_window_peer(test_config());
     let d = data(100);
     t.app_send(&d);
+    t.expect_none();
     t.fire();
     t.expect(t.out().seq(l(0)).payload(&d[..1]));
     // The peer took the byte and opened its window.
