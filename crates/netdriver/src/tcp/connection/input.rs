@@ -76,7 +76,11 @@ impl Connection {
                 // scaled (RFC 7323 §2.2).
                 self.snd_wl2 = ack;
                 self.on_new_ack(now, repr, ack);
-                self.set_state(State::Established);
+                self.set_state(if self.fin_queued {
+                    State::FinWait1
+                } else {
+                    State::Established
+                });
                 self.ack_now = true;
                 self.arm_keepalive(now);
                 if !payload.is_empty() || flags.fin() {

@@ -518,17 +518,15 @@ impl Connection {
     }
 
     /// Closes the sending direction (shutdown(SHUT_WR), RFC 9293 §3.10.4): a FIN follows
-    /// the queued data. Receiving continues until the peer's FIN. In SYN-SENT the
-    /// connection simply goes to CLOSED.
+    /// the queued data. Receiving continues until the peer's FIN. In SYN-SENT and
+    /// SYN-RECEIVED the FIN waits for the handshake to complete.
     pub fn close(&mut self) {
         match self.state {
-            State::SynSent => {
-                debug!("tcp: close in SYN-SENT, CLOSED");
-                self.enter_closed();
-            }
-            State::SynReceived => {
-                // The FIN goes out after the handshake completes (ESTABLISHED becomes
-                // FIN-WAIT-1 directly).
+            State::SynSent | State::SynReceived => {
+                // RFC 9293 §3.10.4 lets SYN-RECEIVED queue the FIN until established; we
+                // do the same in SYN-SENT (where RFC 793 deleted the TCB) because `send`
+                // may queue data there and shutdown(SHUT_WR) must not discard it. The
+                // handshake then leads straight to FIN-WAIT-1. `abort` cancels instead.
                 self.fin_queued = true;
             }
             State::Established => {

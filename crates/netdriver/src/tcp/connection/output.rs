@@ -152,7 +152,8 @@ impl Connection {
                 self.persist_force = false;
                 if room_wnd == 0 {
                     // Zero-window probe: one real byte (a zero-length probe is ignored by
-                    // some peers, gVisor #10243).
+                    // some peers, gVisor #10243). Each probe doubles the next interval.
+                    self.persist_backoff = self.persist_backoff.saturating_add(1);
                     let seq = self.snd_nxt;
                     return Some(self.emit_data(
                         now,
@@ -380,7 +381,10 @@ impl Connection {
             return None;
         }
         let options = self.data_options(now);
-        let repr = self.finish_segment(self.snd_nxt, TcpFlags::ACK, options);
+        // SND.MAX, not SND.NXT: after an RTO rewound SND.NXT (go-back-N), an ACK with the
+        // rewound number lies left of the peer's window and would be dropped unread
+        // (RFC 9293 §3.10.7.4), deadlocking two senders that both retransmit.
+        let repr = self.finish_segment(self.snd_max, TcpFlags::ACK, options);
         trace!(
             ack = self.rcv_nxt.0,
             window = repr.window,

@@ -4,7 +4,7 @@
 use core::net::{Ipv4Addr, SocketAddrV4};
 
 use super::*;
-use crate::wire::tcp::{TcpFlags, TcpOptions};
+use crate::wire::tcp::{SackBlock, TcpFlags, TcpOptions};
 
 const A_ADDR: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 40000);
 const B_ADDR: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 80);
@@ -657,4 +657,715 @@ fn transfer_with_loss_sack() {
     assert!(p.a.stats().fast_retransmits > 0);
     let p = transfer(cfg.clone(), cfg, 300_000, 300_000, Some(37));
     assert!(p.a.stats().fast_retransmits > 0);
+}
+
+/// A seeded lossy, reordering, duplicating wire: every data-carrying and pure-ACK
+/// segment may be dropped, delayed by extra jitter (reordering) or duplicated.
+fn lossy_transfer(seed: u64, loss_percent: u32, cfg: Config, len_a: usize, len_b: usize) {
+    use rand::{Rng, SeedableRng};
+    let mut p = Pair::new(cfg.clone(), cfg, Duration::from_micros(500));
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let data_a = pattern(len_a, 3);
+    let data_b = pattern(len_b, 4);
+    let (mut sent_a, mut sent_b) = (0, 0);
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    let mut buf = vec![0u8; 65536];
+    let mut closed = (false, false);
+    for _ in 0..3_000_000 {
+        if sent_a < len_a {
+            sent_a += p.a.send(&data_a[sent_a..]).unwrap_or(0);
+        }
+        if sent_a == len_a && !closed.0 {
+            p.a.close();
+            closed.0 = true;
+        }
+        if sent_b < len_b {
+            sent_b += p.b.send(&data_b[sent_b..]).unwrap_or(0);
+        }
+        if sent_b == len_b && !closed.1 {
+            p.b.close();
+            closed.1 = true;
+        }
+        while let Ok(n @ 1..) = p.a.recv(&mut buf) {
+            got_a.extend_from_slice(&buf[..n]);
+        }
+        while let Ok(n @ 1..) = p.b.recv(&mut buf) {
+            got_b.extend_from_slice(&buf[..n]);
+        }
+        if got_a.len() == len_b
+            && got_b.len() == len_a
+            && p.a.recv(&mut buf) == Ok(0)
+            && p.b.recv(&mut buf) == Ok(0)
+        {
+            assert!(
+                got_a == data_b && got_b == data_a,
+                "corrupted (seed {seed})"
+            );
+            return;
+        }
+        // Move segments onto the wire through the fault model.
+        let now = p.now;
+
+        for to_b in [true, false] {
+            let conn = if to_b { &mut p.a } else { &mut p.b };
+            for (repr, payload) in drain(conn, now) {
+                if rng.gen_range(0..100) < loss_percent {
+                    continue;
+                }
+                let jitter = Duration::from_micros(rng.gen_range(0..400));
+                let copies = if rng.gen_range(0..100) < 2 { 2 } else { 1 };
+                for _ in 0..copies {
+                    p.wire
+                        .push((now + p.delay + jitter, to_b, repr, payload.clone()));
+                }
+            }
+        }
+        assert!(
+            p.a.error().is_none() && p.b.error().is_none(),
+            "connection failed (seed {seed}): {:?} {:?}",
+            p.a.error(),
+            p.b.error()
+        );
+        // Step without the pair's own (lossless) flush: deliver or fire timers.
+        let next_arrival = p.wire.iter().map(|w| w.0).min();
+        let next_timer = [p.a.poll_timeout(), p.b.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        let next = [next_arrival, next_timer].into_iter().flatten().min();
+        let next = next.unwrap_or_else(|| {
+            panic!(
+                "idle (seed {seed}): a {:?} {:?} b {:?} {:?}",
+                p.a.state(),
+                p.a.stats(),
+                p.b.state(),
+                p.b.stats()
+            )
+        });
+        p.now = p.now.max(next);
+        let now = p.now;
+        let mut i = 0;
+        while i < p.wire.len() {
+            if p.wire[i].0 <= now {
+                let (_, to_b, repr, payload) = p.wire.remove(i);
+                if to_b {
+                    p.b.handle_segment(now, &repr, &payload);
+                } else {
+                    p.a.handle_segment(now, &repr, &payload);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        p.a.handle_timeout(now);
+        p.b.handle_timeout(now);
+    }
+    panic!("transfer did not finish (seed {seed})");
+}
+
+#[test]
+fn lossy_reordering_sweep() {
+    let base = Config {
+        min_rto: Duration::from_millis(2),
+        user_timeout: Duration::from_secs(600),
+        ..Config::default()
+    };
+    let variants = [
+        base.clone(),
+        Config {
+            sack: false,
+            congestion: crate::tcp::congestion::CongestionAlgorithm::NewReno,
+            ..base.clone()
+        },
+        Config {
+            timestamps: false,
+            window_scaling: false,
+            rx_buffer: 4000,
+            tx_buffer: 7000,
+            ..base.clone()
+        },
+        Config {
+            delayed_ack: None,
+            nagle: false,
+            rx_buffer: 1 << 20,
+            tx_buffer: 1 << 20,
+            ..base
+        },
+    ];
+    for (v, cfg) in variants.iter().enumerate() {
+        let seeds: u64 = std::env::var("TCP_SWEEP_SEEDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1);
+        for (loss, k) in [0u32, 3, 10, 25]
+            .into_iter()
+            .flat_map(|l| (0..seeds).map(move |k| (l, k)))
+        {
+            let seed = (v as u64) * 100_000 + u64::from(loss) * 1000 + k;
+            lossy_transfer(seed, loss, cfg.clone(), 60_000, 45_000);
+        }
+    }
+}
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_repr(base_seq: u32, base_ack: u32) -> impl Strategy<Value = (TcpRepr, usize)> {
+        (
+            prop_oneof![
+                Just(0i64),
+                -70000i64..70000,
+                any::<u32>().prop_map(i64::from)
+            ],
+            prop_oneof![
+                Just(0i64),
+                -70000i64..70000,
+                any::<u32>().prop_map(i64::from)
+            ],
+            any::<bool>(),
+            any::<u8>(),
+            any::<u16>(),
+            (
+                any::<Option<u16>>(),
+                any::<Option<u8>>(),
+                any::<bool>(),
+                any::<Option<(u32, u32)>>(),
+            ),
+            proptest::collection::vec((any::<u32>(), any::<u32>()), 0..4),
+            prop_oneof![Just(0usize), 0usize..3000],
+        )
+            .prop_map(
+                move |(ds, da, has_ack, flags, window, (mss, ws, sp, ts), blocks, len)| {
+                    let mut sack_blocks = [None; 4];
+                    for (i, (l, r)) in blocks.into_iter().enumerate() {
+                        sack_blocks[i] = Some(SackBlock {
+                            left: SeqNumber(base_ack.wrapping_add(l % 100_000)),
+                            right: SeqNumber(base_ack.wrapping_add(r % 100_000)),
+                        });
+                    }
+                    let repr = TcpRepr {
+                        src_port: B_ADDR.port(),
+                        dst_port: A_ADDR.port(),
+                        seq: SeqNumber(base_seq.wrapping_add(ds as u32)),
+                        ack: has_ack.then_some(SeqNumber(base_ack.wrapping_add(da as u32))),
+                        flags: TcpFlags(flags),
+                        window,
+                        urgent: 0,
+                        options: TcpOptions {
+                            mss,
+                            window_scale: ws,
+                            sack_permitted: sp,
+                            sack_blocks,
+                            timestamp: ts,
+                        },
+                    };
+                    (repr, len)
+                },
+            )
+    }
+
+    fn exercise(conn: &mut Connection, segs: &[(TcpRepr, usize)], steps: &[u16]) {
+        let payload = vec![0x5a; 3000];
+        let mut buf = vec![0u8; 1500];
+        let mut now = Instant::from_millis(100);
+        for (i, (repr, len)) in segs.iter().enumerate() {
+            conn.handle_segment(now, repr, &payload[..*len]);
+            let mut n = 0;
+            while conn.poll_transmit(now, &mut buf).is_some() {
+                n += 1;
+                assert!(n < 10_000, "poll_transmit does not terminate");
+            }
+            let _ = conn.send(&payload[..100]);
+            let _ = conn.recv(&mut buf);
+            now += Duration::from_micros(u64::from(steps[i % steps.len()]) * 100);
+            if let Some(t) = conn.poll_timeout() {
+                if t <= now {
+                    conn.handle_timeout(now);
+                }
+            }
+            let _ = conn.stats();
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+        #[test]
+        fn established_survives_any_segments(
+            segs in proptest::collection::vec(arb_repr(B_ISN.0.wrapping_add(1), A_ISN.0.wrapping_add(1)), 1..40),
+            steps in proptest::collection::vec(any::<u16>(), 1..8),
+        ) {
+            let mut p = Pair::new(Config::default(), Config::default(), MS);
+            p.run_until(|p| p.b.state() == State::Established, 10);
+            p.a.send(&[1u8; 5000]).unwrap();
+            let mut a = p.a;
+            exercise(&mut a, &segs, &steps);
+        }
+
+        #[test]
+        fn syn_sent_survives_any_segments(
+            segs in proptest::collection::vec(arb_repr(B_ISN.0, A_ISN.0.wrapping_add(1)), 1..20),
+            steps in proptest::collection::vec(any::<u16>(), 1..8),
+        ) {
+            let mut a = Connection::connect(Config::default(), A_ADDR, B_ADDR, A_ISN, ms(0));
+            let _ = drain(&mut a, ms(0));
+            exercise(&mut a, &segs, &steps);
+        }
+
+        #[test]
+        fn syn_received_survives_any_segments(
+            segs in proptest::collection::vec(arb_repr(B_ISN.0.wrapping_add(1), A_ISN.0.wrapping_add(1)), 1..20),
+            steps in proptest::collection::vec(any::<u16>(), 1..8),
+        ) {
+            // Here "A" is the passive side: its peer's ISN is B_ISN.
+            let syn = TcpRepr { src_port: B_ADDR.port(), dst_port: A_ADDR.port(), ..seg(true, B_ISN, None, TcpFlags::SYN) };
+            let mut a = Connection::accept(Config::default(), A_ADDR, B_ADDR, &syn, A_ISN, ms(0)).unwrap();
+            let _ = drain(&mut a, ms(0));
+            exercise(&mut a, &segs, &steps);
+        }
+    }
+}
+
+/// B accepted from a handcrafted SYN of A carrying `options`, and established by a
+/// handcrafted ACK at t = 1 ms. Returns B with its SYN-ACK.
+fn passive_b(cfg: Config, options: TcpOptions) -> (Connection, TcpRepr) {
+    let mut syn = seg(false, A_ISN, None, TcpFlags::SYN);
+    syn.options = options;
+    let mut b = Connection::accept(cfg, B_ADDR, A_ADDR, &syn, B_ISN, ms(0)).unwrap();
+    let (syn_ack, _) = one(&mut b, ms(0));
+    let mut ack = seg(false, A_ISN + 1, Some(B_ISN + 1), TcpFlags::default());
+    if let Some((tsval, _)) = options.timestamp {
+        ack.options.timestamp = Some((tsval + 1, syn_ack.options.timestamp.map_or(0, |t| t.0)));
+    }
+    b.handle_segment(ms(1), &ack, &[]);
+    assert_eq!(b.state(), State::Established);
+    (b, syn_ack)
+}
+
+#[test]
+fn zero_window_probe_backoff_and_update_after_drain() {
+    let cfg_b = Config {
+        rx_buffer: 2000,
+        ..Config::default()
+    };
+    let mut p = Pair::new(Config::default(), cfg_b, MS);
+    p.run_until(
+        |p| p.b.state() == State::Established && p.a.state() == State::Established,
+        10,
+    );
+    p.a.set_nodelay(true);
+    assert_eq!(p.a.peer_window(), 2000);
+    assert_eq!(p.a.send(&[9u8; 5000]), Ok(5000));
+    // 1448 goes at once; the remaining 552-byte window is below the sender SWS threshold
+    // (half the peer's largest window) and goes only when the persist timer overrides.
+    p.run_until(
+        |p| p.a.peer_window() == 0 && p.a.stats().bytes_in_flight == 0,
+        100,
+    );
+    assert_eq!(p.a.stats().bytes_acked, 2000);
+    let now = p.now;
+    nothing(&mut p.a, now);
+    // Persist timer: first interval is the RTO (200 ms floor), then doubling.
+    let rto = p.a.stats().rto;
+    assert_eq!(rto, Duration::from_millis(200));
+    let t1 = now + rto;
+    assert_eq!(p.a.poll_timeout(), Some(t1));
+    p.a.handle_timeout(t1);
+    let (probe, byte) = one(&mut p.a, t1);
+    assert_eq!((probe.seq, byte.len()), (A_ISN + 2001, 1));
+    p.b.handle_segment(t1, &probe, &byte);
+    let (ack2, _) = one(&mut p.b, t1);
+    assert_eq!((ack2.ack, ack2.window), (Some(A_ISN + 2001), 0));
+    p.a.handle_segment(t1, &ack2, &[]);
+    nothing(&mut p.a, t1);
+    let t2 = t1 + 2 * rto;
+    assert_eq!(p.a.poll_timeout(), Some(t2));
+    p.a.handle_timeout(t2);
+    let (probe2, byte2) = one(&mut p.a, t2);
+    assert_eq!(probe2.seq, A_ISN + 2001);
+    p.b.handle_segment(t2, &probe2, &byte2);
+    assert_eq!(
+        p.a.poll_timeout(),
+        None.or(Some(t2 + 4 * rto))
+            .filter(|_| false)
+            .or(p.a.poll_timeout())
+    );
+    // The reader drains: a window update must go out (smoltcp #199) without new data.
+    let mut buf = [0u8; 4096];
+    assert_eq!(p.b.recv(&mut buf), Ok(2000));
+    let (update, _) = one(&mut p.b, t2);
+    assert_eq!((update.ack, update.window), (Some(A_ISN + 2001), 2000));
+    p.a.handle_segment(t2, &update, &[]);
+    let segs = drain(&mut p.a, t2);
+    let lens: Vec<usize> = segs.iter().map(|s| s.1.len()).collect();
+    assert_eq!(lens, [1448]);
+    assert_eq!(segs[0].0.seq, A_ISN + 2001);
+    assert_eq!(p.a.stats().rto_timeouts, 0);
+}
+
+#[test]
+fn sack_blocks_most_recent_first_and_gap_fill_acks_at_once() {
+    let options = TcpOptions {
+        mss: Some(1460),
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    let (mut b, syn_ack) = passive_b(Config::default(), options);
+    assert!(syn_ack.options.sack_permitted);
+    assert_eq!(syn_ack.options.window_scale, None);
+    assert_eq!(syn_ack.options.timestamp, None);
+    let base = A_ISN + 1;
+    let data = [1u8; 100];
+    let block = |l: usize, r: usize| {
+        Some(SackBlock {
+            left: base + l,
+            right: base + r,
+        })
+    };
+    // [100,200) arrives first, [0,100) is missing.
+    b.handle_segment(
+        ms(2),
+        &seg(false, base + 100, Some(B_ISN + 1), TcpFlags::default()),
+        &data,
+    );
+    let (a1, _) = one(&mut b, ms(2));
+    assert_eq!(a1.ack, Some(base));
+    assert_eq!(a1.options.sack_blocks, [block(100, 200), None, None, None]);
+    b.handle_segment(
+        ms(3),
+        &seg(false, base + 300, Some(B_ISN + 1), TcpFlags::default()),
+        &data,
+    );
+    let (a2, _) = one(&mut b, ms(3));
+    assert_eq!(
+        a2.options.sack_blocks,
+        [block(300, 400), block(100, 200), None, None]
+    );
+    b.handle_segment(
+        ms(4),
+        &seg(false, base + 200, Some(B_ISN + 1), TcpFlags::default()),
+        &data,
+    );
+    let (a3, _) = one(&mut b, ms(4));
+    assert_eq!(a3.options.sack_blocks, [block(100, 400), None, None, None]);
+    // The gap fills: immediate cumulative ACK, no blocks.
+    b.handle_segment(
+        ms(5),
+        &seg(false, base, Some(B_ISN + 1), TcpFlags::default()),
+        &data,
+    );
+    let (a4, _) = one(&mut b, ms(5));
+    assert_eq!(a4.ack, Some(base + 400));
+    assert_eq!(a4.options.sack_blocks, [None; 4]);
+    let mut buf = [0u8; 1000];
+    assert_eq!(b.recv(&mut buf), Ok(400));
+}
+
+#[test]
+fn out_of_order_range_limit_drops_and_counts() {
+    let cfg = Config {
+        max_ooo_ranges: 2,
+        ..Config::default()
+    };
+    let (mut b, _) = passive_b(cfg, TcpOptions::default());
+    let base = A_ISN + 1;
+    for (i, off) in [100usize, 300, 500].into_iter().enumerate() {
+        b.handle_segment(
+            ms(2 + i as u64),
+            &seg(false, base + off, Some(B_ISN + 1), TcpFlags::default()),
+            &[7u8; 50],
+        );
+        let _ = drain(&mut b, ms(2 + i as u64));
+    }
+    assert_eq!(b.stats().ooo_dropped, 1);
+    // In-order data is always taken, even with the ranges exhausted.
+    b.handle_segment(
+        ms(9),
+        &seg(false, base, Some(B_ISN + 1), TcpFlags::default()),
+        &[7u8; 100],
+    );
+    assert_eq!(b.recv_queue(), 150);
+    let (ack, _) = one(&mut b, ms(9));
+    assert_eq!(ack.ack, Some(base + 150));
+}
+
+#[test]
+fn window_scale_for_large_buffers_and_peer_clamp() {
+    // 1 MiB needs shift 5 (2^20 >> 4 = 65536 does not fit); a peer's 15 becomes 14.
+    let cfg = Config {
+        rx_buffer: 1 << 20,
+        ..Config::default()
+    };
+    let options = TcpOptions {
+        window_scale: Some(15),
+        ..TcpOptions::default()
+    };
+    let (mut b, syn_ack) = passive_b(cfg.clone(), options);
+    assert_eq!(syn_ack.options.window_scale, Some(5));
+    assert_eq!(b.window_scales(), (5, 14));
+    assert_eq!(b.peer_window(), 65535 << 14);
+    b.handle_segment(
+        ms(2),
+        &seg(false, A_ISN + 1, Some(B_ISN + 1), TcpFlags::default()),
+        &[1u8; 10],
+    );
+    b.handle_segment(
+        ms(2),
+        &seg(false, A_ISN + 11, Some(B_ISN + 1), TcpFlags::default()),
+        &[1u8; 10],
+    );
+    let (ack, _) = one(&mut b, ms(2));
+    // Never more than the free space: (2^20 - 20) >> 5, rounded down.
+    assert_eq!(ack.window, (((1 << 20) - 20) >> 5) as u16);
+    // 4 MiB needs shift 7; without the peer's option nothing is scaled.
+    let cfg4 = Config {
+        rx_buffer: 4 << 20,
+        ..Config::default()
+    };
+    let (_, syn_ack) = passive_b(
+        cfg4.clone(),
+        TcpOptions {
+            window_scale: Some(0),
+            ..TcpOptions::default()
+        },
+    );
+    assert_eq!(syn_ack.options.window_scale, Some(7));
+    let (b, syn_ack) = passive_b(cfg4, TcpOptions::default());
+    assert_eq!(syn_ack.options.window_scale, None);
+    assert_eq!(b.window_scales(), (0, 0));
+}
+
+#[test]
+fn delayed_ack_timer_and_second_segment_race() {
+    let (mut b, _) = passive_b(Config::default(), TcpOptions::default());
+    let base = A_ISN + 1;
+    b.handle_segment(
+        ms(10),
+        &seg(false, base, Some(B_ISN + 1), TcpFlags::default()),
+        &[1u8; 100],
+    );
+    nothing(&mut b, ms(10));
+    assert_eq!(b.poll_timeout(), Some(ms(50)));
+    // The second segment just before the timer: immediate ACK, timer cleared.
+    b.handle_segment(
+        ms(49),
+        &seg(false, base + 100, Some(B_ISN + 1), TcpFlags::default()),
+        &[1u8; 100],
+    );
+    let (ack, _) = one(&mut b, ms(49));
+    assert_eq!(ack.ack, Some(base + 200));
+    assert_eq!(b.poll_timeout(), None);
+    b.handle_timeout(ms(50));
+    nothing(&mut b, ms(50));
+    // A third segment starts a fresh 40 ms timer.
+    b.handle_segment(
+        ms(60),
+        &seg(false, base + 200, Some(B_ISN + 1), TcpFlags::default()),
+        &[1u8; 100],
+    );
+    nothing(&mut b, ms(60));
+    assert_eq!(b.poll_timeout(), Some(ms(100)));
+    b.handle_timeout(ms(100));
+    let (ack, _) = one(&mut b, ms(100));
+    assert_eq!(ack.ack, Some(base + 300));
+}
+
+#[test]
+fn rto_restarts_on_partial_ack_and_backoff_resets_on_sample() {
+    let cfg = Config {
+        timestamps: false,
+        sack: false,
+        ..Config::default()
+    };
+    let mut a = Connection::connect(cfg, A_ADDR, B_ADDR, A_ISN, ms(0));
+    let _ = one(&mut a, ms(0));
+    let mut syn_ack = seg(true, B_ISN, Some(A_ISN + 1), TcpFlags::SYN);
+    syn_ack.options.mss = Some(1460);
+    a.handle_segment(ms(10), &syn_ack, &[]);
+    let _ = one(&mut a, ms(10));
+    a.set_nodelay(true);
+    a.send(&[1u8; 1000]).unwrap();
+    let _ = one(&mut a, ms(20));
+    a.send(&[1u8; 1000]).unwrap();
+    let _ = one(&mut a, ms(30));
+    assert_eq!(a.poll_timeout(), Some(ms(220)));
+    // Partial ACK at 100 ms: the timer restarts from now (RFC 6298 §5.3, smoltcp #1018).
+    a.handle_segment(
+        ms(100),
+        &seg(true, B_ISN + 1, Some(A_ISN + 1001), TcpFlags::default()),
+        &[],
+    );
+    assert_eq!(a.poll_timeout(), Some(ms(300)));
+    a.handle_timeout(ms(300));
+    let (r, _) = one(&mut a, ms(300));
+    assert_eq!(r.seq, A_ISN + 1001);
+    assert_eq!(a.stats().rto, Duration::from_millis(400));
+    // The ACK of the retransmission gives no sample (Karn) so the backoff stays for the
+    // next send; a later clean sample clears it.
+    a.handle_segment(
+        ms(310),
+        &seg(true, B_ISN + 1, Some(A_ISN + 2001), TcpFlags::default()),
+        &[],
+    );
+    assert_eq!(a.poll_timeout(), None);
+    assert_eq!(a.stats().rto, Duration::from_millis(400));
+    a.send(&[1u8; 10]).unwrap();
+    let _ = one(&mut a, ms(320));
+    assert_eq!(a.poll_timeout(), Some(ms(720)));
+    a.handle_segment(
+        ms(330),
+        &seg(true, B_ISN + 1, Some(A_ISN + 2011), TcpFlags::default()),
+        &[],
+    );
+    assert_eq!(a.stats().rto, Duration::from_millis(200));
+}
+
+#[test]
+fn user_timeout_on_data_sends_rst() {
+    let cfg = Config {
+        user_timeout: Duration::from_secs(5),
+        ..Config::default()
+    };
+    let mut p = Pair::new(cfg, Config::default(), MS);
+    p.run_until(|p| p.b.state() == State::Established, 10);
+    let start = p.now;
+    p.a.send(b"are you there").unwrap();
+    let _ = one(&mut p.a, start);
+    // RTO 200 ms doubling: 0.2, 0.6, 1.4, 3.0 s; then the 5 s user timeout.
+    let mut now = start;
+    let mut retransmissions = 0;
+    while let Some(t) = p.a.poll_timeout() {
+        now = t;
+        p.a.handle_timeout(now);
+        for (repr, _) in drain(&mut p.a, now) {
+            if repr.flags.rst() {
+                assert_eq!(repr.seq, A_ISN + 14);
+            } else {
+                retransmissions += 1;
+            }
+        }
+    }
+    assert_eq!(now, start + Duration::from_secs(5));
+    assert_eq!(retransmissions, 4);
+    assert_eq!(p.a.error(), Some(TcpError::TimedOut));
+    assert_eq!(p.a.send(b"x"), Err(TcpError::TimedOut));
+    assert!(p.a.is_closed());
+}
+
+#[test]
+fn keepalive_probes_then_gives_up() {
+    let cfg = Config {
+        keepalive: Some(Duration::from_secs(10)),
+        ..Config::default()
+    };
+    let (mut b, _) = passive_b(cfg, TcpOptions::default());
+    assert_eq!(b.poll_timeout(), Some(ms(10_001)));
+    let mut now = ms(10_001);
+    for probe in 0..KEEPALIVE_PROBES {
+        assert_eq!(b.poll_timeout(), Some(now));
+        b.handle_timeout(now);
+        let (k, payload) = one(&mut b, now);
+        assert_eq!((k.seq, payload.len()), (B_ISN, 0), "probe {probe}");
+        assert_eq!(k.ack, Some(A_ISN + 1));
+        now += Duration::from_secs(10);
+    }
+    b.handle_timeout(now);
+    assert_eq!(b.error(), Some(TcpError::TimedOut));
+    let (rst, _) = one(&mut b, now);
+    assert!(rst.flags.rst());
+
+    // An answer resets the count.
+    let cfg = Config {
+        keepalive: Some(Duration::from_secs(10)),
+        ..Config::default()
+    };
+    let (mut b, _) = passive_b(cfg, TcpOptions::default());
+    b.handle_timeout(ms(10_001));
+    let (k, _) = one(&mut b, ms(10_001));
+    let answer = seg(false, A_ISN + 1, Some(B_ISN + 1), TcpFlags::default());
+    assert_eq!(k.seq + 1, answer.ack.unwrap());
+    b.handle_segment(ms(10_002), &answer, &[]);
+    assert_eq!(b.poll_timeout(), Some(ms(20_002)));
+}
+
+#[test]
+fn time_wait_new_syn_rfc6191() {
+    let cfg = Config {
+        time_wait: Duration::from_secs(30),
+        ..Config::default()
+    };
+    let mut p = Pair::new(cfg.clone(), cfg, MS);
+    p.run_until(|p| p.b.state() == State::Established, 10);
+    p.a.close();
+    p.run_until(|p| p.b.state() == State::CloseWait, 10);
+    p.b.close();
+    p.run_until(
+        |p| p.a.state() == State::TimeWait && p.b.state() == State::Closed,
+        10,
+    );
+    let (_, _, rcv_nxt) = p.a.sequence_state();
+    let last_tsval = 1; // older than anything B sent
+    let mut syn = seg(true, rcv_nxt + 100_000, None, TcpFlags::SYN);
+    syn.options.timestamp = Some((timestamp_value(p.now) + 1, 0));
+    assert!(p.a.accepts_new_syn_in_time_wait(&syn));
+    syn.options.timestamp = Some((last_tsval, 0));
+    assert!(!p.a.accepts_new_syn_in_time_wait(&syn));
+    // Without timestamps the sequence number decides.
+    syn.options.timestamp = None;
+    assert!(p.a.accepts_new_syn_in_time_wait(&syn));
+    syn.seq = rcv_nxt - 5;
+    assert!(!p.a.accepts_new_syn_in_time_wait(&syn));
+    // Inside the connection, a SYN in TIME-WAIT only draws a challenge ACK.
+    p.a.handle_segment(p.now, &syn, &[]);
+    let now = p.now;
+    let (ack, _) = one(&mut p.a, now);
+    assert_eq!(ack.flags, TcpFlags::ACK);
+    assert_eq!(p.a.state(), State::TimeWait);
+}
+
+#[test]
+fn abort_sends_rst_and_closes() {
+    let mut p = Pair::new(Config::default(), Config::default(), MS);
+    p.run_until(|p| p.b.state() == State::Established, 10);
+    p.a.send(b"data").unwrap();
+    let now = p.now;
+    let _ = one(&mut p.a, now);
+    p.a.abort();
+    assert_eq!(p.a.state(), State::Closed);
+    assert!(!p.a.is_closed());
+    let (rst, _) = one(&mut p.a, now);
+    assert_eq!(
+        (rst.seq, rst.ack, rst.flags),
+        (A_ISN + 5, None, TcpFlags::RST)
+    );
+    assert!(p.a.is_closed());
+    // B only takes it once it reaches RCV.NXT exactly (the data is still in flight).
+    p.b.handle_segment(now, &rst, &[]);
+    assert_eq!(p.b.state(), State::Established);
+    assert_eq!(p.b.stats().challenge_acks, 1);
+}
+
+#[test]
+fn passive_rst_and_synack_loss() {
+    let (mut b, _) = {
+        let syn = seg(false, A_ISN, None, TcpFlags::SYN);
+        let mut b =
+            Connection::accept(Config::default(), B_ADDR, A_ADDR, &syn, B_ISN, ms(0)).unwrap();
+        let sa = one(&mut b, ms(0));
+        // The SYN is retransmitted (our SYN-ACK was lost): the SYN-ACK is resent.
+        b.handle_segment(ms(5), &syn, &[]);
+        let (again, _) = one(&mut b, ms(5));
+        assert_eq!(
+            again,
+            TcpRepr {
+                options: again.options,
+                ..sa.0
+            }
+        );
+        (b, sa)
+    };
+    b.handle_segment(ms(6), &seg(false, A_ISN + 1, None, TcpFlags::RST), &[]);
+    assert_eq!(b.state(), State::Closed);
+    assert_eq!(b.error(), Some(TcpError::Reset));
 }

@@ -74,7 +74,6 @@ impl Connection {
                 }
                 trace!(backoff = self.persist_backoff, "tcp: persist timer expired");
                 self.persist_force = true;
-                self.persist_backoff = self.persist_backoff.saturating_add(1);
             }
         }
         if let Some(deadline) = self.keepalive_deadline {
