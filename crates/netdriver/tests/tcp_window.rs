@@ -293,3 +293,31 @@ fn large_buffer_window_is_scaled_correctly() {
     assert_eq!(ack.repr.ack, Some(r(1000)));
     check(ack.repr.window, (1 << 20) - 1000);
 }
+
+#[test]
+fn unanswered_probes_give_up_after_user_timeout() {
+    // The other side of RFC 1122 §4.2.2.17: a peer that stops answering probes is dead;
+    // the connection fails with TimedOut and an RST instead of probing forever.
+    let config = Config {
+        user_timeout: ms(1000),
+        ..test_config()
+    };
+    let mut t = zero_window_peer(config);
+    let t1 = t.now;
+    let d = data(100);
+    t.app_send(&d);
+    t.expect_none();
+    assert_eq!(t.fire(), t1 + ms(200));
+    t.expect(t.out().seq(l(0)).payload(&d[..1]));
+    t.expect_none();
+    assert_eq!(t.fire(), t1 + ms(600));
+    t.expect(t.out().seq(l(0)).payload(&d[..1]));
+    t.expect_none();
+    // 1200 ms after the first unanswered probe: give up.
+    assert_eq!(t.fire(), t1 + ms(1400));
+    let out = t.drain();
+    assert_eq!(out.len(), 1);
+    assert!(out[0].repr.flags.rst());
+    assert_eq!(t.conn.state(), State::Closed);
+    assert_eq!(t.conn.error(), Some(netdriver::tcp::TcpError::TimedOut));
+}

@@ -152,6 +152,7 @@ impl Connection {
             return;
         }
         self.last_rcv = now;
+        self.probe_unanswered_since = None;
         self.keepalive_probes_out = 0;
         self.arm_keepalive(now);
 
