@@ -483,3 +483,31 @@ fn ack_for_unsent_data_is_ignored_and_acked() {
     assert_eq!(t.conn.send_queue(), 100);
     assert_eq!(t.stats().bytes_in_flight, 100);
 }
+
+/// smoltcp #1138 / #995 / #689: sequence numbers mixed up with buffer offsets. Out-of-order
+/// data is placed while the receive ring has wrapped (the reader consumed part of it) and
+/// the peer's sequence space has wrapped past 2^32; the bytes must come out in order.
+#[test]
+fn out_of_order_data_placed_correctly_in_a_wrapped_ring_across_seq_wrap() {
+    let mut t = Tcb::established(config_rx(4096), PeerOpts::default());
+    let d = data(5000);
+    for i in 0..3 {
+        t.send(
+            t.seg()
+                .seq(r(i * 1000))
+                .payload(&d[i * 1000..(i + 1) * 1000]),
+        );
+        t.drain();
+    }
+    assert_eq!(t.app_recv(2500), d[..2500]);
+    for s in t.drain() {
+        t.check(&s, t.out().ack(r(3000)).win(3596));
+    }
+    // Peer byte 2000 was sequence number 0; bytes 3000..5000 wrap the 4096-byte ring.
+    t.send(t.seg().seq(r(4000)).payload(&d[4000..5000]));
+    t.expect(t.out().ack(r(3000)).win(3596).sack(&[(r(4000), r(5000))]));
+    t.send(t.seg().seq(r(3000)).payload(&d[3000..4000]));
+    t.expect(t.out().ack(r(5000)).win(1596));
+    t.expect_none();
+    assert_eq!(t.app_recv(4096), d[2500..]);
+}

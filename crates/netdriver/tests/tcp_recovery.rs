@@ -312,3 +312,42 @@ fn no_sack_blocks_when_the_peer_did_not_permit_sack() {
     t.expect(t.out().ack(r(0)));
     t.expect_none();
 }
+
+/// CVE-2019-11477 ("SACK panic") class: a peer spraying many distinct, shifting SACK
+/// blocks must not grow the scoreboard or make the sender misbehave; after the final
+/// cumulative ACK everything is clean.
+#[test]
+fn sack_block_spray_is_bounded() {
+    let config = Config {
+        max_sack_ranges: 4,
+        ..test_config()
+    };
+    let (mut t, _) = ten_in_flight(config, PeerOpts::default());
+    let mut emitted = 0;
+    for k in 0..300usize {
+        let base = 2000 + (k % 7) * 100;
+        let blocks: Vec<_> = (0..4)
+            .map(|j| {
+                let left = base + j * 1900 + (k % 3) * 10;
+                (l(left), l((left + 50).min(10_000)))
+            })
+            .collect();
+        t.send(t.seg().ack(l(1000)).sack(&blocks));
+        let out = t.drain();
+        for s in &out {
+            assert!(s.repr.seq >= l(1000) && s.repr.seq < l(10_000));
+            assert!(s.payload.len() <= 1000);
+        }
+        emitted += out.len();
+        assert!(t.stats().bytes_in_flight <= 9000);
+    }
+    // Only the nine unacknowledged segments can be resent before any new ACK; no more
+    // than one pass over them.
+    assert!(emitted <= 9, "{emitted} retransmissions");
+    t.advance(ms(10));
+    t.send(t.seg().ack(l(10_000)));
+    t.expect_none();
+    assert_eq!(t.stats().bytes_in_flight, 0);
+    assert_eq!(t.conn.send_queue(), 0);
+    assert_eq!(t.conn.poll_timeout(), None);
+}
