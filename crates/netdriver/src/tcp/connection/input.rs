@@ -101,7 +101,10 @@ impl Connection {
         let flags = repr.flags;
         let seq = repr.seq;
         let seg_len = payload.len() + usize::from(flags.syn()) + usize::from(flags.fin());
-        let rcv_wnd = self.rx.free();
+        // RCV.WND is the window we advertised (RFC 9293 §3.10.7.4), not the buffer's free
+        // space: receiver SWS avoidance may hold the right edge back while the reader frees
+        // small amounts, and data beyond that edge is not acceptable.
+        let rcv_wnd = seq_len(self.rcv_nxt, self.rcv_adv).min(self.rx.free());
 
         if flags.rst() {
             self.handle_rst(now, seq, rcv_wnd);
@@ -155,6 +158,7 @@ impl Connection {
             return;
         }
         self.last_rcv = now;
+        self.probe_unanswered_since = None;
         self.keepalive_probes_out = 0;
         self.arm_keepalive(now);
 

@@ -265,6 +265,10 @@ pub struct Connection {
     persist_force: bool,
     /// End of an outstanding 1-byte zero-window probe sent beyond snd_max.
     probe_end: Option<SeqNumber>,
+    /// When the oldest zero-window probe that no segment has answered yet was sent. The
+    /// persist timer gives up only on this: answered probes keep the connection open
+    /// however long the window stays closed (RFC 1122 §4.2.2.17).
+    probe_unanswered_since: Option<Instant>,
 
     // ---- keep-alive, TIME-WAIT, reset ----
     keepalive_deadline: Option<Instant>,
@@ -367,6 +371,7 @@ impl Connection {
             persist_backoff: 0,
             persist_force: false,
             probe_end: None,
+            probe_unanswered_since: None,
             keepalive_deadline: None,
             keepalive_probes_out: 0,
             keepalive_pending: false,

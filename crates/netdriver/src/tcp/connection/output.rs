@@ -310,6 +310,9 @@ impl Connection {
             SendKind::Probe => {
                 trace!(seq = seq.0, "tcp: zero-window probe");
                 self.probe_end = Some(seq_end);
+                if self.probe_unanswered_since.is_none() {
+                    self.probe_unanswered_since = Some(now);
+                }
             }
             SendKind::New | SendKind::Retransmit => {
                 if resent || kind == SendKind::Retransmit {

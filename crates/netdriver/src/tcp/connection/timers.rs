@@ -67,8 +67,12 @@ impl Connection {
         if let Some(deadline) = self.persist_deadline {
             if now >= deadline {
                 self.persist_deadline = None;
-                if now.saturating_duration_since(self.last_rcv) >= self.config.user_timeout {
-                    // Probes unanswered for the user timeout: the peer is gone.
+                let unanswered = self.probe_unanswered_since.is_some_and(|since| {
+                    now.saturating_duration_since(since) >= self.config.user_timeout
+                });
+                if unanswered {
+                    // Probes unanswered for the user timeout: the peer is gone. Answered
+                    // probes never end the connection (RFC 1122 §4.2.2.17).
                     self.fail(TcpError::TimedOut, true);
                     return;
                 }

@@ -1,0 +1,323 @@
+//! Flow control: zero windows and persist probes, window updates, silly window syndrome
+//! avoidance on both sides (RFC 9293 §3.8.6), and scaled windows (RFC 7323 §2).
+
+mod tcp_support_b;
+
+use netdriver::tcp::{Config, State};
+use tcp_support_b::*;
+
+fn config_rx(rx_buffer: usize) -> Config {
+    Config {
+        rx_buffer,
+        ..test_config()
+    }
+}
+
+fn zero_window_peer(config: Config) -> Tcb {
+    let mut t = Tcb::established(
+        config,
+        PeerOpts {
+            window: 0,
+            ..PeerOpts::default()
+        },
+    );
+    t.conn.set_nodelay(true);
+    t
+}
+
+#[test]
+fn zero_window_blocks_data_and_arms_the_persist_timer() {
+    let mut t = zero_window_peer(test_config());
+    let d = data(100);
+    t.app_send(&d);
+    t.expect_none();
+    assert_eq!(t.stats().bytes_in_flight, 0);
+    assert_eq!(t.deadline(), t.now + ms(200), "first probe one RTO later");
+}
+
+/// gVisor #10243: zero-length window probes are ignored by some peers; a probe must carry
+/// one byte of new data (RFC 9293 §3.8.6.1).
+#[test]
+fn persist_probe_carries_one_byte() {
+    let mut t = zero_window_peer(test_config());
+    let d = data(100);
+    t.app_send(&d);
+    t.expect_none();
+    t.fire();
+    t.expect(t.out().seq(l(0)).payload(&d[..1]));
+    t.expect_none();
+}
+
+/// Zephyr #48471: persist probes must back off exponentially.
+#[test]
+fn persist_probes_back_off_exponentially() {
+    let mut t = zero_window_peer(test_config());
+    let d = data(100);
+    t.app_send(&d);
+    t.expect_none();
+    let mut at = t.now;
+    for k in 0..6u32 {
+        at += ms(200) * 2u32.pow(k);
+        assert_eq!(t.fire(), at, "probe {k}");
+        t.expect(t.out().seq(l(0)).payload(&d[..1]));
+        t.expect_none();
+        // The peer answers with a zero window again.
+        t.send(t.seg().ack(l(0)).win(0));
+        t.expect_none();
+    }
+}
+
+#[test]
+fn persist_interval_is_capped_at_max_rto() {
+    let config = Config {
+        max_rto: ms(1000),
+        ..test_config()
+    };
+    let mut t = zero_window_peer(config);
+    let d = data(100);
+    t.app_send(&d);
+    t.expect_none(); // timers are armed by poll_transmit
+    let mut at = t.now;
+    for step in [200, 400, 800, 1000, 1000] {
+        at += ms(step);
+        assert_eq!(t.fire(), at);
+        t.expect(t.out().seq(l(0)).payload(&d[..1]));
+        t.send(t.seg().ack(l(0)).win(0));
+        t.expect_none();
+    }
+}
+
+#[test]
+fn answered_probes_keep_the_connection_open_indefinitely() {
+    // RFC 1122 §4.2.2.17: as long as the receiver keeps acknowledging probes, the sender
+    // must keep the connection open, however long the window stays closed.
+    let config = Config {
+        user_timeout: ms(1000),
+        max_rto: ms(2000),
+        ..test_config()
+    };
+    let mut t = zero_window_peer(config);
+    let d = data(100);
+    t.app_send(&d);
+    t.expect_none();
+    for _ in 0..30 {
+        t.fire();
+        t.expect(t.out().seq(l(0)).payload(&d[..1]));
+        t.send(t.seg().ack(l(0)).win(0));
+        t.expect_none();
+        assert_eq!(t.conn.state(), State::Established);
+    }
+    assert_eq!(t.conn.error(), None);
+    // The window opens: everything goes.
+    t.send(t.seg().ack(l(0)).win(4000));
+    t.expect(t.out().seq(l(0)).payload(&d));
+    t.expect_none();
+}
+
+#[test]
+fn accepted_probe_byte_is_not_resent_when_the_window_opens() {
+    let mut t = zero_window_peer(test_config());
+    let d = data(100);
+    t.app_send(&d);
+    t.expect_none();
+    t.fire();
+    t.expect(t.out().seq(l(0)).payload(&d[..1]));
+    // The peer took the byte and opened its window.
+    t.send(t.seg().ack(l(1)).win(3000));
+    t.expect(t.out().seq(l(1)).payload(&d[1..]));
+    t.expect_none();
+    t.send(t.seg().ack(l(100)).win(3000));
+    assert_eq!(t.conn.send_queue(), 0);
+    assert_eq!(t.conn.poll_timeout(), None);
+}
+
+#[test]
+fn window_update_from_peer_stops_the_persist_timer() {
+    let mut t = zero_window_peer(test_config());
+    let d = data(100);
+    t.app_send(&d);
+    t.expect_none();
+    t.advance(ms(50));
+    t.send(t.seg().ack(l(0)).win(1000));
+    t.expect(t.out().seq(l(0)).payload(&d));
+    t.expect_none();
+    // Only the retransmission timer of the data remains.
+    assert_eq!(t.deadline(), t.now + ms(200));
+}
+
+/// smoltcp #199: after the reader drains a zero window, a window update must be sent, or
+/// both ends stall (the peer waits for a window, we wait for data).
+#[test]
+fn window_update_sent_when_reader_drains_a_zero_window() {
+    let mut t = Tcb::established(config_rx(4096), PeerOpts::default());
+    let d = data(4096);
+    for i in 0..4 {
+        t.send(
+            t.seg()
+                .seq(r(i * 1024))
+                .payload(&d[i * 1024..(i + 1) * 1024]),
+        );
+        t.expect(
+            t.out()
+                .ack(r((i + 1) * 1024))
+                .win((4096 - (i + 1) * 1024) as u16),
+        );
+    }
+    t.expect_none();
+    assert_eq!(t.app_recv(4096), d);
+    t.expect(t.out().ack(r(4096)).win(4096));
+    t.expect_none();
+}
+
+#[test]
+fn receiver_sws_avoidance_withholds_tiny_window_increases() {
+    // RFC 9293 §3.8.6.2.2: the right edge moves only by min(RCV.BUFF / 2, MSS) or more.
+    let mut t = Tcb::established(config_rx(4096), PeerOpts::default());
+    let d = data(4096);
+    for i in 0..4 {
+        t.send(
+            t.seg()
+                .seq(r(i * 1024))
+                .payload(&d[i * 1024..(i + 1) * 1024]),
+        );
+        t.drain();
+    }
+    assert_eq!(t.app_recv(100), d[..100]);
+    t.expect_none();
+    // A zero-window probe is answered with the window still closed.
+    t.send(t.seg().seq(r(4096)).payload(b"x"));
+    t.expect(t.out().ack(r(4096)).win(0));
+    t.expect_none();
+    // Freeing 1500 bytes in all moves the edge (1500 >= min(2048, MSS)).
+    assert_eq!(t.app_recv(1400), d[100..1500]);
+    t.expect(t.out().ack(r(4096)).win(1500));
+    t.expect_none();
+}
+
+#[test]
+fn sender_sws_avoidance_holds_a_small_segment_when_more_is_queued() {
+    // RFC 9293 §3.8.6.2.1: with 500 bytes of window (< MSS, < max window / 2) and more
+    // than 500 bytes queued, nothing is sent yet.
+    let mut t = Tcb::new();
+    t.conn.set_nodelay(true);
+    let d = data(6000);
+    t.app_send(&d[..3000]);
+    assert_eq!(t.drain().len(), 3);
+    t.advance(ms(10));
+    t.send(t.seg().ack(l(3000)).win(500));
+    t.app_send(&d[3000..]);
+    t.expect_none();
+    assert_eq!(t.stats().bytes_in_flight, 0);
+}
+
+#[test]
+fn sender_sws_avoidance_sends_small_segment_holding_all_queued_data() {
+    let mut t = Tcb::new();
+    t.conn.set_nodelay(true);
+    let d = data(3300);
+    t.app_send(&d[..3000]);
+    assert_eq!(t.drain().len(), 3);
+    t.advance(ms(10));
+    t.send(t.seg().ack(l(3000)).win(500));
+    t.app_send(&d[3000..]);
+    t.expect(t.out().seq(l(3000)).payload(&d[3000..]));
+    t.expect_none();
+}
+
+#[test]
+fn sender_sws_avoidance_sends_half_the_max_window() {
+    // A peer whose window never exceeds 700 bytes: 700 >= Fs * max(SND.WND) is sent.
+    let mut t = Tcb::established(
+        test_config(),
+        PeerOpts {
+            window: 700,
+            ..PeerOpts::default()
+        },
+    );
+    t.conn.set_nodelay(true);
+    let d = data(3000);
+    t.app_send(&d);
+    t.expect(t.out().seq(l(0)).payload(&d[..700]));
+    t.expect_none();
+}
+
+#[test]
+fn peer_window_scale_is_applied_after_the_handshake() {
+    // RFC 7323 §2.2: SYN-ACK window unscaled, every later one shifted by the peer's scale.
+    let mut t = Tcb::established(
+        test_config(),
+        PeerOpts {
+            wscale: Some(2),
+            ..PeerOpts::default()
+        },
+    );
+    t.conn.set_nodelay(true);
+    t.send(t.seg().win(500)); // 500 << 2 = 2000 bytes
+    t.expect_none();
+    let d = data(5000);
+    t.app_send(&d);
+    t.expect(t.out().seq(l(0)).payload(&d[..1000]));
+    t.expect(t.out().seq(l(1000)).payload(&d[1000..2000]));
+    t.expect_none();
+}
+
+/// smoltcp #253: buffers of 2^19 bytes and more were mis-advertised. With a 1 MiB buffer
+/// the scaled window must describe the free space exactly (rounded down to the scale).
+#[test]
+fn large_buffer_window_is_scaled_correctly() {
+    let config = Config {
+        rx_buffer: 1 << 20,
+        ..test_config()
+    };
+    let mut t = Tcb::established(
+        config,
+        PeerOpts {
+            wscale: Some(7),
+            ..PeerOpts::default()
+        },
+    );
+    assert!(t.our_shift > 0, "a 1 MiB buffer needs window scaling");
+    assert!(t.our_shift <= 14);
+    let shift = t.our_shift;
+    let check = |field: u16, free: usize| {
+        let bytes = usize::from(field) << shift;
+        assert!(bytes <= free, "advertises {bytes} > free {free}");
+        assert!(
+            bytes + (1 << shift) > free,
+            "advertises {bytes}, free {free}"
+        );
+    };
+    let d = data(1000);
+    t.send(t.seg().payload(&d));
+    let ack = t.poll().expect("ACK");
+    assert_eq!(ack.repr.ack, Some(r(1000)));
+    check(ack.repr.window, (1 << 20) - 1000);
+}
+
+#[test]
+fn unanswered_probes_give_up_after_user_timeout() {
+    // The other side of RFC 1122 §4.2.2.17: a peer that stops answering probes is dead;
+    // the connection fails with TimedOut and an RST instead of probing forever.
+    let config = Config {
+        user_timeout: ms(1000),
+        ..test_config()
+    };
+    let mut t = zero_window_peer(config);
+    let t1 = t.now;
+    let d = data(100);
+    t.app_send(&d);
+    t.expect_none();
+    assert_eq!(t.fire(), t1 + ms(200));
+    t.expect(t.out().seq(l(0)).payload(&d[..1]));
+    t.expect_none();
+    assert_eq!(t.fire(), t1 + ms(600));
+    t.expect(t.out().seq(l(0)).payload(&d[..1]));
+    t.expect_none();
+    // 1200 ms after the first unanswered probe: give up.
+    assert_eq!(t.fire(), t1 + ms(1400));
+    let out = t.drain();
+    assert_eq!(out.len(), 1);
+    assert!(out[0].repr.flags.rst());
+    assert_eq!(t.conn.state(), State::Closed);
+    assert_eq!(t.conn.error(), Some(netdriver::tcp::TcpError::TimedOut));
+}
