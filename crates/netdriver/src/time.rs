@@ -86,7 +86,12 @@ impl Sub<Instant> for Instant {
 
 impl fmt::Debug for Instant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{:06}s", self.micros / 1_000_000, self.micros % 1_000_000)
+        write!(
+            f,
+            "{}.{:06}s",
+            self.micros / 1_000_000,
+            self.micros % 1_000_000
+        )
     }
 }
 
@@ -133,7 +138,10 @@ mod tests {
         assert_eq!(t - Duration::from_secs(1), Instant::ZERO);
         assert_eq!(Instant::ZERO - t, Duration::ZERO);
         assert_eq!(t - Instant::from_millis(2), Duration::from_millis(3));
-        assert_eq!(Instant::from_micros(u64::MAX) + Duration::from_secs(1), Instant::from_micros(u64::MAX));
+        assert_eq!(
+            Instant::from_micros(u64::MAX) + Duration::from_secs(1),
+            Instant::from_micros(u64::MAX)
+        );
     }
 
     #[test]

@@ -68,7 +68,10 @@ impl Add<usize> for SeqNumber {
     /// Advances by a byte count. Lengths of 2^31 or more are a logic error: no segment or
     /// window is that large, so this panics in debug builds to catch it.
     fn add(self, rhs: usize) -> SeqNumber {
-        debug_assert!(rhs < (1 << 31), "sequence advance {rhs} is not a valid length");
+        debug_assert!(
+            rhs < (1 << 31),
+            "sequence advance {rhs} is not a valid length"
+        );
         SeqNumber(self.0.wrapping_add(rhs as u32))
     }
 }
@@ -82,7 +85,10 @@ impl AddAssign<usize> for SeqNumber {
 impl Sub<usize> for SeqNumber {
     type Output = SeqNumber;
     fn sub(self, rhs: usize) -> SeqNumber {
-        debug_assert!(rhs < (1 << 31), "sequence retreat {rhs} is not a valid length");
+        debug_assert!(
+            rhs < (1 << 31),
+            "sequence retreat {rhs} is not a valid length"
+        );
         SeqNumber(self.0.wrapping_sub(rhs as u32))
     }
 }

@@ -142,3 +142,812 @@ pub struct TcpRepr {
     /// Options.
     pub options: TcpOptions,
 }
+
+// ---------------------------------------------------------------------------------------
+// Codec: everything below works on the types above without changing them.
+// ---------------------------------------------------------------------------------------
+
+use std::net::Ipv4Addr;
+
+use super::checksum;
+use super::WireError;
+
+/// Length of a TCP header without options.
+pub const HEADER_LEN: usize = 20;
+/// The most option bytes a header can carry (data offset 15).
+pub const MAX_OPTIONS_LEN: usize = 40;
+/// The longest TCP header.
+pub const MAX_HEADER_LEN: usize = HEADER_LEN + MAX_OPTIONS_LEN;
+/// The IP protocol number of TCP, as used in the pseudo-header.
+pub const PROTOCOL: u8 = 6;
+
+mod field {
+    pub const SRC_PORT: usize = 0;
+    pub const DST_PORT: usize = 2;
+    pub const SEQ: usize = 4;
+    pub const ACK: usize = 8;
+    pub const DATA_OFF: usize = 12;
+    pub const FLAGS: usize = 13;
+    pub const WINDOW: usize = 14;
+    pub const CHECKSUM: usize = 16;
+    pub const URGENT: usize = 18;
+}
+
+mod opt {
+    pub const EOL: u8 = 0;
+    pub const NOP: u8 = 1;
+    pub const MSS: u8 = 2;
+    pub const WS: u8 = 3;
+    pub const SACK_PERM: u8 = 4;
+    pub const SACK: u8 = 5;
+    pub const TS: u8 = 8;
+}
+
+/// A zero-copy view of a TCP segment (header and payload).
+///
+/// The buffer must be exactly the segment: the IPv4 payload, not the whole frame, because
+/// the checksum and the payload extend to its end. [`TcpPacket::new_checked`] validates the
+/// data offset, after which every accessor is in bounds. A view from
+/// [`TcpPacket::new_unchecked`] over a buffer shorter than the header it claims panics on
+/// access; use it only on buffers you sized yourself.
+#[derive(Debug, Clone)]
+pub struct TcpPacket<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> TcpPacket<T> {
+    /// Wraps a buffer without any check.
+    pub const fn new_unchecked(buffer: T) -> TcpPacket<T> {
+        TcpPacket { buffer }
+    }
+
+    /// Wraps a buffer after [`TcpPacket::check_len`].
+    pub fn new_checked(buffer: T) -> Result<TcpPacket<T>, WireError> {
+        let p = Self::new_unchecked(buffer);
+        p.check_len()?;
+        Ok(p)
+    }
+
+    /// Checks that the fixed header is present, that the data offset is at least 5 words
+    /// ([`WireError::Malformed`] otherwise) and that the header it announces fits in the
+    /// buffer ([`WireError::Truncated`] otherwise).
+    pub fn check_len(&self) -> Result<(), WireError> {
+        let len = self.buffer.as_ref().len();
+        if len < HEADER_LEN {
+            return Err(WireError::Truncated);
+        }
+        let hl = self.header_len();
+        if hl < HEADER_LEN {
+            return Err(WireError::Malformed);
+        }
+        if len < hl {
+            return Err(WireError::Truncated);
+        }
+        Ok(())
+    }
+
+    /// Gives back the wrapped buffer.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    fn read_u16(&self, at: usize) -> u16 {
+        let b = self.buffer.as_ref();
+        u16::from_be_bytes([b[at], b[at + 1]])
+    }
+
+    fn read_u32(&self, at: usize) -> u32 {
+        let b = self.buffer.as_ref();
+        u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    }
+
+    /// Source port.
+    pub fn src_port(&self) -> u16 {
+        self.read_u16(field::SRC_PORT)
+    }
+
+    /// Destination port.
+    pub fn dst_port(&self) -> u16 {
+        self.read_u16(field::DST_PORT)
+    }
+
+    /// Sequence number.
+    pub fn seq_number(&self) -> SeqNumber {
+        SeqNumber(self.read_u32(field::SEQ))
+    }
+
+    /// Acknowledgement number field (meaningful only when ACK is set).
+    pub fn ack_number(&self) -> SeqNumber {
+        SeqNumber(self.read_u32(field::ACK))
+    }
+
+    /// Data offset in 32-bit words.
+    pub fn data_offset(&self) -> u8 {
+        self.buffer.as_ref()[field::DATA_OFF] >> 4
+    }
+
+    /// Header length in bytes (data offset × 4).
+    pub fn header_len(&self) -> usize {
+        self.data_offset() as usize * 4
+    }
+
+    /// The eight control bits.
+    pub fn flags(&self) -> TcpFlags {
+        TcpFlags(self.buffer.as_ref()[field::FLAGS])
+    }
+
+    /// Window field (unscaled).
+    pub fn window_len(&self) -> u16 {
+        self.read_u16(field::WINDOW)
+    }
+
+    /// Checksum field.
+    pub fn checksum(&self) -> u16 {
+        self.read_u16(field::CHECKSUM)
+    }
+
+    /// Urgent pointer.
+    pub fn urgent_at(&self) -> u16 {
+        self.read_u16(field::URGENT)
+    }
+
+    /// The option bytes (between the fixed header and the data offset).
+    pub fn options(&self) -> &[u8] {
+        &self.buffer.as_ref()[HEADER_LEN..self.header_len()]
+    }
+
+    /// The payload (from the data offset to the end of the buffer).
+    pub fn payload(&self) -> &[u8] {
+        &self.buffer.as_ref()[self.header_len()..]
+    }
+
+    /// Whether the checksum over the pseudo-header (RFC 9293 §3.1) and the whole segment
+    /// verifies.
+    pub fn verify_checksum(&self, src: Ipv4Addr, dst: Ipv4Addr) -> bool {
+        let b = self.buffer.as_ref();
+        let Ok(len) = u32::try_from(b.len()) else {
+            return false;
+        };
+        let pseudo = checksum::pseudo_header_v4(src, dst, PROTOCOL, len);
+        checksum::add(pseudo, checksum::data(b)) == 0xffff
+    }
+}
+
+impl<'a, T: AsRef<[u8]> + ?Sized> TcpPacket<&'a T> {
+    /// The payload, borrowed for the buffer's lifetime rather than the view's.
+    pub fn payload_slice(&self) -> &'a [u8] {
+        let b: &'a [u8] = self.buffer.as_ref();
+        &b[self.header_len()..]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> TcpPacket<T> {
+    fn write_u16(&mut self, at: usize, v: u16) {
+        self.buffer.as_mut()[at..at + 2].copy_from_slice(&v.to_be_bytes());
+    }
+
+    fn write_u32(&mut self, at: usize, v: u32) {
+        self.buffer.as_mut()[at..at + 4].copy_from_slice(&v.to_be_bytes());
+    }
+
+    /// Sets the source port.
+    pub fn set_src_port(&mut self, v: u16) {
+        self.write_u16(field::SRC_PORT, v);
+    }
+
+    /// Sets the destination port.
+    pub fn set_dst_port(&mut self, v: u16) {
+        self.write_u16(field::DST_PORT, v);
+    }
+
+    /// Sets the sequence number.
+    pub fn set_seq_number(&mut self, v: SeqNumber) {
+        self.write_u32(field::SEQ, v.0);
+    }
+
+    /// Sets the acknowledgement number field.
+    pub fn set_ack_number(&mut self, v: SeqNumber) {
+        self.write_u32(field::ACK, v.0);
+    }
+
+    /// Sets the header length in bytes (a multiple of 4, at most 60); the reserved bits
+    /// are cleared.
+    pub fn set_header_len(&mut self, len: usize) {
+        self.buffer.as_mut()[field::DATA_OFF] = ((len / 4) as u8 & 0x0f) << 4;
+    }
+
+    /// Sets the eight control bits.
+    pub fn set_flags(&mut self, flags: TcpFlags) {
+        self.buffer.as_mut()[field::FLAGS] = flags.0;
+    }
+
+    /// Sets the window field.
+    pub fn set_window_len(&mut self, v: u16) {
+        self.write_u16(field::WINDOW, v);
+    }
+
+    /// Sets the checksum field to a raw value.
+    pub fn set_checksum(&mut self, v: u16) {
+        self.write_u16(field::CHECKSUM, v);
+    }
+
+    /// Sets the urgent pointer.
+    pub fn set_urgent_at(&mut self, v: u16) {
+        self.write_u16(field::URGENT, v);
+    }
+
+    /// The option bytes, mutably (per the current data offset).
+    pub fn options_mut(&mut self) -> &mut [u8] {
+        let hl = self.header_len();
+        &mut self.buffer.as_mut()[HEADER_LEN..hl]
+    }
+
+    /// The payload, mutably.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let hl = self.header_len();
+        &mut self.buffer.as_mut()[hl..]
+    }
+
+    /// Computes the checksum over the pseudo-header and the whole buffer (header and
+    /// payload as currently written) and stores it.
+    pub fn fill_checksum(&mut self, src: Ipv4Addr, dst: Ipv4Addr) {
+        self.set_checksum(0);
+        let b = self.buffer.as_ref();
+        let len = u32::try_from(b.len()).unwrap_or(u32::MAX);
+        let pseudo = checksum::pseudo_header_v4(src, dst, PROTOCOL, len);
+        let sum = checksum::finish(checksum::add(pseudo, checksum::data(b)));
+        self.set_checksum(sum);
+    }
+}
+
+impl TcpOptions {
+    /// Parses an options area (the bytes between the fixed header and the data offset).
+    ///
+    /// EOL ends the list; NOP is skipped; MSS, window scale, SACK-permitted, SACK and
+    /// timestamps are read; any other kind with a length of at least 2 that fits is
+    /// skipped. [`WireError::Malformed`] is returned for a missing length byte, a length
+    /// below 2 or overrunning the area, or a known option with a wrong length (e.g. MSS
+    /// not 4, SACK not 2 + 8n with n in 1..=4). A repeated option overwrites the earlier
+    /// one. Every step advances at least one byte, so this always terminates.
+    pub fn parse(mut bytes: &[u8]) -> Result<TcpOptions, WireError> {
+        let mut o = TcpOptions::default();
+        while let Some((&kind, rest)) = bytes.split_first() {
+            match kind {
+                opt::EOL => break,
+                opt::NOP => {
+                    bytes = rest;
+                    continue;
+                }
+                _ => {}
+            }
+            let len = *rest.first().ok_or(WireError::Malformed)? as usize;
+            if len < 2 || len > bytes.len() {
+                return Err(WireError::Malformed);
+            }
+            let data = &bytes[2..len];
+            match kind {
+                opt::MSS => {
+                    let d: [u8; 2] = data.try_into().map_err(|_| WireError::Malformed)?;
+                    o.mss = Some(u16::from_be_bytes(d));
+                }
+                opt::WS => {
+                    let [shift] = data else {
+                        return Err(WireError::Malformed);
+                    };
+                    o.window_scale = Some(*shift);
+                }
+                opt::SACK_PERM => {
+                    if !data.is_empty() {
+                        return Err(WireError::Malformed);
+                    }
+                    o.sack_permitted = true;
+                }
+                opt::SACK => {
+                    if data.is_empty() || data.len() % 8 != 0 || data.len() > 32 {
+                        return Err(WireError::Malformed);
+                    }
+                    o.sack_blocks = [None; 4];
+                    for (slot, block) in o.sack_blocks.iter_mut().zip(data.chunks_exact(8)) {
+                        let left = u32::from_be_bytes([block[0], block[1], block[2], block[3]]);
+                        let right = u32::from_be_bytes([block[4], block[5], block[6], block[7]]);
+                        *slot = Some(SackBlock {
+                            left: SeqNumber(left),
+                            right: SeqNumber(right),
+                        });
+                    }
+                }
+                opt::TS => {
+                    let d: [u8; 8] = data.try_into().map_err(|_| WireError::Malformed)?;
+                    let val = u32::from_be_bytes([d[0], d[1], d[2], d[3]]);
+                    let ecr = u32::from_be_bytes([d[4], d[5], d[6], d[7]]);
+                    o.timestamp = Some((val, ecr));
+                }
+                _ => {}
+            }
+            bytes = &bytes[len..];
+        }
+        Ok(o)
+    }
+
+    /// The number of present SACK blocks (the `Some` entries).
+    pub fn sack_count(&self) -> usize {
+        self.sack_blocks.iter().flatten().count()
+    }
+
+    /// How many SACK blocks [`TcpOptions::emit`] writes: all present ones if they fit in
+    /// the 40-byte options area beside the other options, otherwise as many as fit, taken
+    /// from the front of `sack_blocks` (RFC 2018 §4: the first block reports the most
+    /// recent data, so it is the one to keep). With timestamps that is at most 3 blocks;
+    /// with timestamps, MSS and window scale together, at most 2.
+    pub fn sack_blocks_to_emit(&self) -> usize {
+        let room = MAX_OPTIONS_LEN - self.len_without_sack();
+        let fit = room.saturating_sub(4) / 8;
+        self.sack_count().min(fit)
+    }
+
+    /// Options bytes other than SACK blocks (always a multiple of 4, at most 20).
+    fn len_without_sack(&self) -> usize {
+        let mut len = 0;
+        if self.mss.is_some() {
+            len += 4;
+        }
+        if self.timestamp.is_some() {
+            len += 12; // SACK-permitted + TS, or NOP NOP TS
+        } else if self.sack_permitted {
+            len += 4; // NOP NOP SACK-permitted
+        }
+        if self.window_scale.is_some() {
+            len += 4; // NOP WS
+        }
+        len
+    }
+
+    /// Length in bytes of the options area [`TcpOptions::emit`] writes: a multiple of 4,
+    /// at most [`MAX_OPTIONS_LEN`].
+    pub fn emitted_len(&self) -> usize {
+        let n = self.sack_blocks_to_emit();
+        self.len_without_sack() + if n > 0 { 4 + 8 * n } else { 0 }
+    }
+
+    /// Writes the options into `buf` and returns the number of bytes written
+    /// ([`TcpOptions::emitted_len`]). The layout follows common practice and keeps every
+    /// multi-byte option 4-byte aligned: MSS; SACK-permitted + timestamps (or NOP NOP
+    /// timestamps, or NOP NOP SACK-permitted); NOP window scale; NOP NOP SACK.
+    /// `None` entries in `sack_blocks` are skipped. Fails with [`WireError::Truncated`]
+    /// when `buf` is shorter than the options.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        let len = self.emitted_len();
+        let out = buf.get_mut(..len).ok_or(WireError::Truncated)?;
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            out[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        if let Some(mss) = self.mss {
+            let m = mss.to_be_bytes();
+            put(&[opt::MSS, 4, m[0], m[1]]);
+        }
+        match (self.timestamp, self.sack_permitted) {
+            (Some(_), true) => put(&[opt::SACK_PERM, 2]),
+            (Some(_), false) => put(&[opt::NOP, opt::NOP]),
+            (None, true) => put(&[opt::NOP, opt::NOP, opt::SACK_PERM, 2]),
+            (None, false) => {}
+        }
+        if let Some((val, ecr)) = self.timestamp {
+            put(&[opt::TS, 10]);
+            put(&val.to_be_bytes());
+            put(&ecr.to_be_bytes());
+        }
+        if let Some(ws) = self.window_scale {
+            put(&[opt::NOP, opt::WS, 3, ws]);
+        }
+        let n = self.sack_blocks_to_emit();
+        if n > 0 {
+            put(&[opt::NOP, opt::NOP, opt::SACK, (2 + 8 * n) as u8]);
+            for block in self.sack_blocks.iter().flatten().take(n) {
+                put(&block.left.0.to_be_bytes());
+                put(&block.right.0.to_be_bytes());
+            }
+        }
+        debug_assert_eq!(at, len);
+        Ok(len)
+    }
+}
+
+impl TcpRepr {
+    /// Parses a checked segment. `src_ip`/`dst_ip` are the addresses of the enclosing IPv4
+    /// header, used for the pseudo-header when `verify_checksum` is set (clear it when the
+    /// NIC has verified the checksum already). Returns the header and the payload, which
+    /// borrows the segment's buffer (not the view), so nothing is copied.
+    ///
+    /// `ack` is `Some` exactly when the ACK bit is set; `flags` keeps every bit seen,
+    /// ACK included. Option errors are described at [`TcpOptions::parse`].
+    pub fn parse<'a, T: AsRef<[u8]> + ?Sized>(
+        packet: &TcpPacket<&'a T>,
+        src_ip: Ipv4Addr,
+        dst_ip: Ipv4Addr,
+        verify_checksum: bool,
+    ) -> Result<(TcpRepr, &'a [u8]), WireError> {
+        packet.check_len()?;
+        if verify_checksum && !packet.verify_checksum(src_ip, dst_ip) {
+            return Err(WireError::Checksum);
+        }
+        let flags = packet.flags();
+        let repr = TcpRepr {
+            src_port: packet.src_port(),
+            dst_port: packet.dst_port(),
+            seq: packet.seq_number(),
+            ack: flags.ack().then(|| packet.ack_number()),
+            flags,
+            window: packet.window_len(),
+            urgent: packet.urgent_at(),
+            options: TcpOptions::parse(packet.options())?,
+        };
+        Ok((repr, packet.payload_slice()))
+    }
+
+    /// [`TcpRepr::parse`] straight from the segment bytes (the IPv4 payload).
+    pub fn parse_segment(
+        segment: &[u8],
+        src_ip: Ipv4Addr,
+        dst_ip: Ipv4Addr,
+        verify_checksum: bool,
+    ) -> Result<(TcpRepr, &[u8]), WireError> {
+        let packet = TcpPacket::new_checked(segment)?;
+        TcpRepr::parse(&packet, src_ip, dst_ip, verify_checksum)
+    }
+
+    /// Length of the header [`TcpRepr::emit`] writes: 20 plus the options, at most 60.
+    /// Where the options would not fit in 40 bytes, fewer SACK blocks are emitted (see
+    /// [`TcpOptions::sack_blocks_to_emit`]), and this length accounts for that.
+    pub fn header_len(&self) -> usize {
+        HEADER_LEN + self.options.emitted_len()
+    }
+
+    /// The sequence space a segment with this header and `payload_len` bytes occupies:
+    /// the payload plus one for SYN and one for FIN.
+    pub fn sequence_len(&self, payload_len: usize) -> usize {
+        payload_len + usize::from(self.flags.syn()) + usize::from(self.flags.fin())
+    }
+
+    /// The control bits as emitted: `flags` with ACK set exactly when `ack` is `Some`.
+    pub fn wire_flags(&self) -> TcpFlags {
+        let f = TcpFlags(self.flags.0 & !TcpFlags::ACK.0);
+        if self.ack.is_some() {
+            f.with(TcpFlags::ACK)
+        } else {
+            f
+        }
+    }
+
+    /// Writes the header into `segment[..header_len()]` and fills the checksum over the
+    /// pseudo-header, the header and the `payload_len` bytes at
+    /// `segment[header_len()..header_len() + payload_len]`, which the caller has already
+    /// written there (so a sender writes its payload once, straight into the frame at
+    /// offset [`TcpRepr::header_len`], and then emits the header in front of it).
+    /// Bytes of `segment` past the payload are left alone.
+    ///
+    /// Returns the segment length (`header_len() + payload_len`). Fails with
+    /// [`WireError::Truncated`] if `segment` is shorter than that and with
+    /// [`WireError::Malformed`] if the segment is longer than an IPv4 datagram allows.
+    pub fn emit(
+        &self,
+        segment: &mut [u8],
+        payload_len: usize,
+        src_ip: Ipv4Addr,
+        dst_ip: Ipv4Addr,
+    ) -> Result<usize, WireError> {
+        let hl = self.header_len();
+        let total = hl.checked_add(payload_len).ok_or(WireError::Malformed)?;
+        if total > super::ipv4::MAX_PACKET_LEN - super::ipv4::HEADER_LEN {
+            return Err(WireError::Malformed);
+        }
+        let seg = segment.get_mut(..total).ok_or(WireError::Truncated)?;
+        let mut p = TcpPacket::new_unchecked(seg);
+        p.set_src_port(self.src_port);
+        p.set_dst_port(self.dst_port);
+        p.set_seq_number(self.seq);
+        p.set_ack_number(self.ack.unwrap_or_default());
+        p.set_header_len(hl);
+        p.set_flags(self.wire_flags());
+        p.set_window_len(self.window);
+        p.set_urgent_at(self.urgent);
+        self.options.emit(p.options_mut())?;
+        p.fill_checksum(src_ip, dst_ip);
+        Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+    const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+    // A Linux-style SYN 10.0.0.1:40000 -> 10.0.0.2:80, seq 2^32 - 16, window 64240, with
+    // MSS 1460, SACK-permitted, timestamps (0x12345678, 0), NOP, window scale 7. The
+    // checksum 0x33df was computed independently of this crate.
+    const SYN: [u8; 40] = [
+        0x9c, 0x40, 0x00, 0x50, 0xff, 0xff, 0xff, 0xf0, 0x00, 0x00, 0x00, 0x00, 0xa0, 0x02, 0xfa,
+        0xf0, 0x33, 0xdf, 0x00, 0x00, 0x02, 0x04, 0x05, 0xb4, 0x04, 0x02, 0x08, 0x0a, 0x12, 0x34,
+        0x56, 0x78, 0x00, 0x00, 0x00, 0x00, 0x01, 0x03, 0x03, 0x07,
+    ];
+
+    // The reply direction: ACK|PSH, seq 2^32 - 2, ack 5, window 502, NOP NOP TS, "hello"
+    // (whose payload wraps the sequence space). Checksum 0xdead computed independently.
+    const DATA: [u8; 37] = [
+        0x00, 0x50, 0x9c, 0x40, 0xff, 0xff, 0xff, 0xfe, 0x00, 0x00, 0x00, 0x05, 0x80, 0x18, 0x01,
+        0xf6, 0xde, 0xad, 0x00, 0x00, 0x01, 0x01, 0x08, 0x0a, 0xde, 0xad, 0xbe, 0xef, 0x01, 0x02,
+        0x03, 0x04, 0x68, 0x65, 0x6c, 0x6c, 0x6f,
+    ];
+
+    fn syn_repr() -> TcpRepr {
+        TcpRepr {
+            src_port: 40000,
+            dst_port: 80,
+            seq: SeqNumber(0xffff_fff0),
+            ack: None,
+            flags: TcpFlags::SYN,
+            window: 64240,
+            urgent: 0,
+            options: TcpOptions {
+                mss: Some(1460),
+                window_scale: Some(7),
+                sack_permitted: true,
+                sack_blocks: [None; 4],
+                timestamp: Some((0x1234_5678, 0)),
+            },
+        }
+    }
+
+    fn data_repr() -> TcpRepr {
+        TcpRepr {
+            src_port: 80,
+            dst_port: 40000,
+            seq: SeqNumber(0xffff_fffe),
+            ack: Some(SeqNumber(5)),
+            flags: TcpFlags::ACK | TcpFlags::PSH,
+            window: 502,
+            urgent: 0,
+            options: TcpOptions {
+                timestamp: Some((0xdead_beef, 0x0102_0304)),
+                ..TcpOptions::default()
+            },
+        }
+    }
+
+    #[test]
+    fn parse_known_syn() {
+        let p = TcpPacket::new_checked(&SYN[..]).unwrap();
+        assert_eq!(p.header_len(), 40);
+        assert_eq!(p.checksum(), 0x33df);
+        assert!(p.verify_checksum(CLIENT, SERVER));
+        assert!(!p.verify_checksum(SERVER, Ipv4Addr::new(10, 0, 0, 3)));
+        let (repr, payload) = TcpRepr::parse(&p, CLIENT, SERVER, true).unwrap();
+        assert_eq!(repr, syn_repr());
+        assert!(payload.is_empty());
+        assert_eq!(repr.sequence_len(0), 1);
+    }
+
+    #[test]
+    fn emit_known_syn() {
+        let repr = syn_repr();
+        assert_eq!(repr.header_len(), 40);
+        let mut buf = [0u8; 64];
+        let n = repr.emit(&mut buf, 0, CLIENT, SERVER).unwrap();
+        assert_eq!(n, 40);
+        assert_eq!(&buf[..40], &SYN);
+    }
+
+    #[test]
+    fn parse_and_emit_known_data_segment() {
+        let (repr, payload) = TcpRepr::parse_segment(&DATA, SERVER, CLIENT, true).unwrap();
+        assert_eq!(repr, data_repr());
+        assert_eq!(payload, b"hello");
+        assert_eq!(repr.seq + payload.len(), SeqNumber(3));
+
+        // The sender writes the payload first, at header_len, then emits the header.
+        let mut buf = [0u8; 40];
+        let hl = data_repr().header_len();
+        buf[hl..hl + 5].copy_from_slice(b"hello");
+        let n = data_repr().emit(&mut buf, 5, SERVER, CLIENT).unwrap();
+        assert_eq!(&buf[..n], &DATA);
+        assert_eq!(&buf[n..], &[0, 0, 0]);
+    }
+
+    #[test]
+    fn checksum_mismatch_and_skip() {
+        let mut d = DATA;
+        d[36] ^= 0x20;
+        assert_eq!(
+            TcpRepr::parse_segment(&d, SERVER, CLIENT, true),
+            Err(WireError::Checksum)
+        );
+        let (_, payload) = TcpRepr::parse_segment(&d, SERVER, CLIENT, false).unwrap();
+        assert_eq!(payload, b"hellO");
+    }
+
+    #[test]
+    fn truncated_at_every_length() {
+        for len in 0..SYN.len() {
+            assert_eq!(
+                TcpPacket::new_checked(&SYN[..len]).err(),
+                Some(WireError::Truncated),
+                "len {len}"
+            );
+            assert!(TcpRepr::parse_segment(&SYN[..len], CLIENT, SERVER, false).is_err());
+        }
+        // A prefix of a data segment that keeps the header is a valid (shorter) segment
+        // whose checksum no longer verifies.
+        for len in 32..DATA.len() {
+            assert_eq!(
+                TcpRepr::parse_segment(&DATA[..len], SERVER, CLIENT, true),
+                Err(WireError::Checksum)
+            );
+        }
+        let mut buf = [0u8; 64];
+        for len in 0..40 {
+            assert_eq!(
+                syn_repr().emit(&mut buf[..len], 0, CLIENT, SERVER),
+                Err(WireError::Truncated)
+            );
+        }
+        assert_eq!(
+            data_repr().emit(&mut buf[..36], 5, SERVER, CLIENT),
+            Err(WireError::Truncated)
+        );
+    }
+
+    #[test]
+    fn bad_data_offset() {
+        for off in 0..5u8 {
+            let mut d = DATA;
+            d[12] = off << 4;
+            assert_eq!(
+                TcpPacket::new_checked(&d[..]).err(),
+                Some(WireError::Malformed)
+            );
+        }
+        let mut d = DATA;
+        d[12] = 0xf0; // 60 bytes > 37
+        assert_eq!(
+            TcpPacket::new_checked(&d[..]).err(),
+            Some(WireError::Truncated)
+        );
+    }
+
+    #[test]
+    fn ack_follows_the_bit() {
+        let mut d = DATA;
+        d[13] = 0x08; // PSH only: the ack field is ignored
+        let (repr, _) = TcpRepr::parse_segment(&d, SERVER, CLIENT, false).unwrap();
+        assert_eq!(repr.ack, None);
+        assert_eq!(repr.flags, TcpFlags::PSH);
+        d[13] = 0xff; // every bit
+        let (repr, _) = TcpRepr::parse_segment(&d, SERVER, CLIENT, false).unwrap();
+        assert_eq!(repr.ack, Some(SeqNumber(5)));
+        assert_eq!(repr.flags, TcpFlags(0xff));
+
+        // Emit: ACK comes from `ack`, not from `flags`.
+        let mut buf = [0u8; 64];
+        let r = TcpRepr {
+            flags: TcpFlags::ACK | TcpFlags::FIN,
+            ack: None,
+            ..data_repr()
+        };
+        r.emit(&mut buf, 0, SERVER, CLIENT).unwrap();
+        assert_eq!(buf[13], 0x01);
+        assert_eq!(&buf[8..12], &[0, 0, 0, 0]);
+        let r = TcpRepr {
+            flags: TcpFlags::RST,
+            ack: Some(SeqNumber(u32::MAX)),
+            ..data_repr()
+        };
+        r.emit(&mut buf, 0, SERVER, CLIENT).unwrap();
+        assert_eq!(buf[13], 0x14);
+        assert_eq!(&buf[8..12], &[0xff; 4]);
+    }
+
+    #[test]
+    fn options_parse_edge_cases() {
+        // Empty, EOL then garbage, NOPs only.
+        assert_eq!(TcpOptions::parse(&[]), Ok(TcpOptions::default()));
+        assert_eq!(
+            TcpOptions::parse(&[0, 0xff, 0xff, 0xff]),
+            Ok(TcpOptions::default())
+        );
+        assert_eq!(TcpOptions::parse(&[1, 1, 1, 1]), Ok(TcpOptions::default()));
+        // Unknown option (kind 30, MPTCP) of sane length skipped, then MSS.
+        let o = TcpOptions::parse(&[30, 4, 0xaa, 0xbb, 2, 4, 0x23, 0x28]).unwrap();
+        assert_eq!(o.mss, Some(9000));
+        // Length 0 or 1: would loop forever or not advance.
+        for bad in [[30u8, 0], [30, 1], [2, 0], [5, 1]] {
+            assert_eq!(TcpOptions::parse(&bad), Err(WireError::Malformed));
+        }
+        // Missing length byte, overrunning length.
+        assert_eq!(TcpOptions::parse(&[2]), Err(WireError::Malformed));
+        assert_eq!(TcpOptions::parse(&[1, 30]), Err(WireError::Malformed));
+        assert_eq!(TcpOptions::parse(&[2, 4, 5]), Err(WireError::Malformed));
+        assert_eq!(TcpOptions::parse(&[30, 5, 0, 0]), Err(WireError::Malformed));
+        // Known option, wrong length.
+        assert_eq!(TcpOptions::parse(&[2, 3, 5]), Err(WireError::Malformed));
+        assert_eq!(TcpOptions::parse(&[3, 4, 7, 0]), Err(WireError::Malformed));
+        assert_eq!(TcpOptions::parse(&[4, 3, 0]), Err(WireError::Malformed));
+        assert_eq!(
+            TcpOptions::parse(&[8, 8, 0, 0, 0, 0, 0, 0]),
+            Err(WireError::Malformed)
+        );
+        assert_eq!(TcpOptions::parse(&[5, 2]), Err(WireError::Malformed));
+        assert_eq!(
+            TcpOptions::parse(&[5, 6, 0, 0, 0, 0]),
+            Err(WireError::Malformed)
+        );
+        // SACK with 4 blocks straddling the wrap.
+        let mut s = vec![5u8, 34];
+        for i in 0..4u32 {
+            s.extend_from_slice(&(u32::MAX - 100).wrapping_add(50 * i).to_be_bytes());
+            s.extend_from_slice(&(u32::MAX - 80).wrapping_add(50 * i).to_be_bytes());
+        }
+        let o = TcpOptions::parse(&s).unwrap();
+        assert_eq!(o.sack_count(), 4);
+        assert_eq!(
+            o.sack_blocks[3],
+            Some(SackBlock {
+                left: SeqNumber(49),
+                right: SeqNumber(69)
+            })
+        );
+    }
+
+    fn blocks(n: usize) -> [Option<SackBlock>; 4] {
+        let mut b = [None; 4];
+        for (i, slot) in b.iter_mut().enumerate().take(n) {
+            let left = SeqNumber(u32::MAX - 1000) + i * 100;
+            *slot = Some(SackBlock {
+                left,
+                right: left + 50,
+            });
+        }
+        b
+    }
+
+    #[test]
+    fn sack_blocks_trimmed_to_fit() {
+        let full = TcpOptions {
+            mss: Some(1460),
+            window_scale: Some(14),
+            sack_permitted: true,
+            sack_blocks: blocks(4),
+            timestamp: Some((1, 2)),
+        };
+        assert_eq!(full.sack_blocks_to_emit(), 2);
+        assert_eq!(full.emitted_len(), 40);
+        let ts_only = TcpOptions {
+            sack_blocks: blocks(4),
+            timestamp: Some((1, 2)),
+            ..TcpOptions::default()
+        };
+        assert_eq!(ts_only.sack_blocks_to_emit(), 3);
+        assert_eq!(ts_only.emitted_len(), 12 + 4 + 24);
+        let bare = TcpOptions {
+            sack_blocks: blocks(4),
+            ..TcpOptions::default()
+        };
+        assert_eq!(bare.sack_blocks_to_emit(), 4);
+        assert_eq!(bare.emitted_len(), 36);
+
+        let repr = TcpRepr {
+            options: full,
+            ..data_repr()
+        };
+        assert_eq!(repr.header_len(), 60);
+        let mut buf = [0u8; 60];
+        repr.emit(&mut buf, 0, SERVER, CLIENT).unwrap();
+        let (parsed, _) = TcpRepr::parse_segment(&buf, SERVER, CLIENT, true).unwrap();
+        let mut expected = full;
+        expected.sack_blocks[2] = None;
+        expected.sack_blocks[3] = None;
+        assert_eq!(parsed.options, expected);
+    }
+}

@@ -1,0 +1,173 @@
+//! The Internet checksum (RFC 1071), and the IPv4 pseudo-header sum that TCP and UDP
+//! checksums cover (RFC 9293 §3.1, "Checksum"; RFC 768).
+//!
+//! Every function here returns the *folded one's-complement sum* as a plain `u16` in
+//! network order numerically (the value you would write with `to_be_bytes`), not yet
+//! complemented; [`finish`] (or [`checksum`]) applies the final complement.
+//!
+//! [`data`] is the fast path: it relies on the byte-order independence of the one's-complement
+//! sum (RFC 1071 §2 (B)) to add native-endian 32-bit lanes into 64-bit accumulators, 32 bytes
+//! per step, and only swaps bytes once at the end. [`data_reference`] is the plain
+//! byte-pair loop from RFC 1071 §4.1; tests and benches compare the two.
+
+use std::net::Ipv4Addr;
+
+/// Folds a wide one's-complement accumulator down to 16 bits (end-around carries).
+pub const fn fold(mut acc: u64) -> u16 {
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    acc as u16
+}
+
+/// One's-complement sum of two folded sums.
+pub const fn add(a: u16, b: u16) -> u16 {
+    fold(a as u64 + b as u64)
+}
+
+/// One's-complement sum of several folded sums, e.g. a pseudo-header sum, a header sum and
+/// a payload sum. Every part except the last must cover an even number of bytes, or the
+/// byte lanes of the following parts are misaligned.
+pub fn combine(sums: &[u16]) -> u16 {
+    fold(sums.iter().map(|&s| s as u64).sum())
+}
+
+/// The value to write in a checksum field: the complement of a folded sum.
+pub const fn finish(sum: u16) -> u16 {
+    !sum
+}
+
+/// The folded one's-complement sum of `buf` (fast version).
+///
+/// Any length and any alignment are handled; reads go through `from_ne_bytes` on
+/// `chunks_exact` slices, so no unaligned access or `unsafe` is involved. Buffers up to
+/// 2^34 bytes cannot overflow the accumulators.
+pub fn data(buf: &[u8]) -> u16 {
+    // Four independent accumulators, each fed two 32-bit lanes per 32-byte block, so the
+    // additions do not form one long dependency chain. A lane is < 2^32, so an accumulator
+    // gains < 2^33 per block and cannot overflow for any slice that fits in memory.
+    let mut acc = [0u64; 4];
+    let mut blocks = buf.chunks_exact(32);
+    for block in &mut blocks {
+        for (i, word) in block.chunks_exact(8).enumerate() {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(word);
+            let w = u64::from_ne_bytes(w);
+            acc[i] += (w & 0xffff_ffff) + (w >> 32);
+        }
+    }
+    let mut sum = (acc[0] & 0xffff_ffff_ffff)
+        + (acc[0] >> 48)
+        + (acc[1] & 0xffff_ffff_ffff)
+        + (acc[1] >> 48)
+        + (acc[2] & 0xffff_ffff_ffff)
+        + (acc[2] >> 48)
+        + (acc[3] & 0xffff_ffff_ffff)
+        + (acc[3] >> 48);
+    // Each term above moved a whole number of 16-bit lanes, so the sum is unchanged mod
+    // 0xffff. Now the tail: fewer than 32 bytes.
+    let rest = blocks.remainder();
+    let mut pairs = rest.chunks_exact(2);
+    for pair in &mut pairs {
+        sum += u16::from_ne_bytes([pair[0], pair[1]]) as u64;
+    }
+    if let [last] = pairs.remainder() {
+        // An odd final byte is the high byte of a zero-padded word (RFC 1071 §4.1).
+        sum += u16::from_ne_bytes([*last, 0]) as u64;
+    }
+    // The sum is of native-endian words; convert the folded result to network order.
+    u16::from_be(fold(sum))
+}
+
+/// The folded one's-complement sum of `buf`, computed one big-endian byte pair at a time
+/// exactly as RFC 1071 §4.1 describes. This is the reference implementation against which
+/// tests and benches check [`data`]; it is correct but several times slower.
+pub fn data_reference(buf: &[u8]) -> u16 {
+    let mut sum: u64 = 0;
+    let mut i = 0;
+    while i + 1 < buf.len() {
+        sum += u16::from_be_bytes([buf[i], buf[i + 1]]) as u64;
+        i += 2;
+    }
+    if i < buf.len() {
+        sum += (buf[i] as u64) << 8;
+    }
+    fold(sum)
+}
+
+/// The Internet checksum of `buf`: the complement of its folded sum, ready for a header.
+pub fn checksum(buf: &[u8]) -> u16 {
+    finish(data(buf))
+}
+
+/// The folded sum of the IPv4 pseudo-header (RFC 9293 §3.1): source and destination
+/// address, zero, protocol number and the length of the transport header plus payload.
+pub fn pseudo_header_v4(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, length: u32) -> u16 {
+    let s = src.octets();
+    let d = dst.octets();
+    let sum = u16::from_be_bytes([s[0], s[1]]) as u64
+        + u16::from_be_bytes([s[2], s[3]]) as u64
+        + u16::from_be_bytes([d[0], d[1]]) as u64
+        + u16::from_be_bytes([d[2], d[3]]) as u64
+        + protocol as u64
+        + (length >> 16) as u64
+        + (length & 0xffff) as u64;
+    fold(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc1071_example() {
+        // RFC 1071 §3 numerical example: 00 01 f2 03 f4 f5 f6 f7 sums to 0xddf2.
+        let bytes = [0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7];
+        assert_eq!(data_reference(&bytes), 0xddf2);
+        assert_eq!(data(&bytes), 0xddf2);
+        assert_eq!(checksum(&bytes), !0xddf2);
+    }
+
+    #[test]
+    fn empty_and_odd() {
+        assert_eq!(data(&[]), 0);
+        assert_eq!(data_reference(&[]), 0);
+        assert_eq!(data(&[0xab]), 0xab00);
+        assert_eq!(data_reference(&[0xab]), 0xab00);
+        assert_eq!(data(&[0x12, 0x34, 0x56]), 0x1234 + 0x5600);
+    }
+
+    #[test]
+    fn fast_matches_reference_all_lengths_and_offsets() {
+        let buf: Vec<u8> = (0..300u32).map(|i| (i * 151 + 7) as u8).collect();
+        for off in 0..8 {
+            for len in 0..(buf.len() - off) {
+                let s = &buf[off..off + len];
+                assert_eq!(data(s), data_reference(s), "off {off} len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn all_ones_does_not_overflow() {
+        let buf = vec![0xffu8; 70_000];
+        assert_eq!(data(&buf), data_reference(&buf));
+        assert_eq!(data(&buf), 0xffff);
+    }
+
+    #[test]
+    fn combine_of_even_parts_equals_whole() {
+        let buf: Vec<u8> = (0..101u32).map(|i| (i * 37) as u8).collect();
+        let whole = data(&buf);
+        assert_eq!(combine(&[data(&buf[..40]), data(&buf[40..])]), whole);
+        assert_eq!(add(data(&buf[..2]), data(&buf[2..])), whole);
+    }
+
+    #[test]
+    fn pseudo_header_matches_bytes() {
+        let src = Ipv4Addr::new(192, 168, 1, 2);
+        let dst = Ipv4Addr::new(10, 0, 0, 254);
+        let bytes = [192, 168, 1, 2, 10, 0, 0, 254, 0, 6, 0x01, 0x2c];
+        assert_eq!(pseudo_header_v4(src, dst, 6, 300), data_reference(&bytes));
+    }
+}
