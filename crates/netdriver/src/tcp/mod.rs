@@ -2,4 +2,10 @@
 
 pub mod seq;
 
+pub mod assembler;
+pub mod congestion;
+pub mod isn;
+pub mod rtt;
+pub mod sack;
+
 pub use seq::SeqNumber;

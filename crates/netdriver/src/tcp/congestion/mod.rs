@@ -1,0 +1,100 @@
+//! Congestion control: the window a sender may have in flight.
+//!
+//! The connection calls into a [`CongestionControl`] at the events RFC 5681 names: new
+//! cumulative ACKs outside loss recovery (§3.1 slow start with RFC 3465 appropriate byte
+//! counting, L = 2, then congestion avoidance), entering fast recovery (§3.2, RFC 6582),
+//! leaving it on a full ACK (RFC 6582 §3.2 step 3), a retransmission timeout (§3.1 eq. 4 and
+//! the loss window) and restarting after idle (§4.1). Loss detection and recovery bookkeeping
+//! stay in the connection; the algorithm only decides windows.
+//!
+//! The initial window is RFC 6928's `min(10*MSS, max(2*MSS, 14600))`.
+//!
+//! Two algorithms: [`NewReno`] (RFC 5681 + RFC 6582) and [`Cubic`] (RFC 9438, the default).
+
+use crate::time::{Duration, Instant};
+
+pub mod cubic;
+pub mod newreno;
+
+pub use cubic::Cubic;
+pub use newreno::NewReno;
+
+/// A congestion controller. All sizes are in bytes. Implementations never read a clock:
+/// time comes only from the `now` arguments.
+pub trait CongestionControl: Send + core::fmt::Debug {
+    /// A short name for logs and statistics.
+    fn name(&self) -> &'static str;
+
+    /// The congestion window (cwnd) in bytes.
+    fn window(&self) -> usize;
+
+    /// The slow-start threshold in bytes (`usize::MAX` until the first loss).
+    fn ssthresh(&self) -> usize;
+
+    /// Sets the sender MSS after negotiation; if nothing has changed the window yet, the
+    /// initial window is re-derived from it.
+    fn set_mss(&mut self, mss: usize);
+
+    /// New cumulative ACK of `newly_acked` bytes outside loss recovery: grows the window by
+    /// slow start or congestion avoidance. `rtt` is the sample this ACK produced, if any.
+    fn on_ack(
+        &mut self,
+        now: Instant,
+        newly_acked: usize,
+        rtt: Option<Duration>,
+        bytes_in_flight: usize,
+    );
+
+    /// Loss detected by duplicate ACKs or SACK: entering fast recovery. Reduces ssthresh
+    /// and sets cwnd to it.
+    fn on_congestion_event(&mut self, now: Instant, bytes_in_flight: usize);
+
+    /// Leaving fast recovery on a full ACK (RFC 6582 §3.2 step 3).
+    fn on_recovery_exit(&mut self, now: Instant);
+
+    /// A retransmission timeout fired: ssthresh is reduced and cwnd drops to the loss window
+    /// of one MSS (RFC 5681 §3.1).
+    fn on_retransmission_timeout(&mut self, now: Instant, bytes_in_flight: usize);
+
+    /// The sender was idle for longer than an RTO (RFC 5681 §4.1). The default does nothing.
+    fn on_idle_restart(&mut self, now: Instant) {
+        let _ = now;
+    }
+}
+
+/// Which congestion-control algorithm a connection uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CongestionAlgorithm {
+    /// RFC 5681 AIMD with RFC 6582 recovery.
+    NewReno,
+    /// RFC 9438 CUBIC.
+    #[default]
+    Cubic,
+}
+
+impl CongestionAlgorithm {
+    /// A fresh controller of this kind for a sender MSS of `mss` bytes.
+    pub fn build(self, mss: usize) -> Box<dyn CongestionControl> {
+        match self {
+            CongestionAlgorithm::NewReno => Box::new(NewReno::new(mss)),
+            CongestionAlgorithm::Cubic => Box::new(Cubic::new(mss)),
+        }
+    }
+}
+
+/// RFC 6928 initial window: `min(10*MSS, max(2*MSS, 14600))`.
+pub fn initial_window(mss: usize) -> usize {
+    let mss = mss.max(1);
+    mss.saturating_mul(10).min(mss.saturating_mul(2).max(14600))
+}
+
+/// RFC 3465 appropriate byte counting in slow start: at most L = 2 MSS of growth per ACK,
+/// which bounds the burst a stretch ACK can release.
+pub(crate) fn slow_start_increase(newly_acked: usize, mss: usize) -> usize {
+    newly_acked.min(mss.saturating_mul(2))
+}
+
+/// The RFC 5681 loss reduction `max(FlightSize/2, 2*MSS)`.
+pub(crate) fn half_flight(bytes_in_flight: usize, mss: usize) -> usize {
+    (bytes_in_flight / 2).max(mss.saturating_mul(2))
+}
