@@ -26,11 +26,12 @@
 //! copy to the fault-free path.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{Link, LinkStats};
+use super::{tx_range_ok, Link, LinkStats};
 use crate::time::{Duration, Instant};
 
 /// Which way faults are applied.
@@ -377,7 +378,7 @@ impl<L: Link> Link for FaultInjector<L> {
         &mut self,
         now: Instant,
         max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
     ) -> usize {
         if !self.faults.config.direction.tx() {
             return self.inner.tx_batch(now, max, f);
@@ -397,6 +398,7 @@ impl<L: Link> Link for FaultInjector<L> {
         // frame, and released frames take buffers of their own, so the inner link may need
         // up to `max` plus the held frames.
         let inner_max = max.saturating_add(held.frames.len()).saturating_add(max);
+        let max_frame_len = inner.max_frame_len();
         inner.tx_batch(now, inner_max, &mut |buf| loop {
             if let Some(h) = held.pop_due(now) {
                 let len = h.len;
@@ -404,20 +406,24 @@ impl<L: Link> Link for FaultInjector<L> {
                     dst.copy_from_slice(h.buf.get(..len).unwrap_or(&[]));
                 }
                 held.recycle(h);
-                return Some(len);
+                return Some(0..len);
             }
             if caller_done || produced >= max {
                 return None;
             }
-            let Some(len) = f(buf) else {
+            let Some(range) = f(buf) else {
                 caller_done = true;
                 continue;
             };
             produced += 1;
-            let Some(frame) = buf.get_mut(..len) else {
-                // Oversized: let the inner link count the drop.
-                return Some(len);
+            if !tx_range_ok(&range, buf.len(), max_frame_len) {
+                // Let the inner link count the drop.
+                return Some(range);
+            }
+            let Some(frame) = buf.get_mut(range.clone()) else {
+                return Some(range);
             };
+            let len = frame.len();
             held.tick();
             let v = faults.decide(len);
             if v.lose {
@@ -442,7 +448,7 @@ impl<L: Link> Link for FaultInjector<L> {
                 }
                 faults.stats.held_full += 1;
             }
-            return Some(len);
+            return Some(range);
         });
         produced
     }
@@ -458,7 +464,7 @@ impl<L: Link> Link for FaultInjector<L> {
                     dst.copy_from_slice(h.buf.get(..len).unwrap_or(&[]));
                 }
                 held.recycle(h);
-                Some(len)
+                Some(0..len)
             });
         }
         self.inner.flush(now);
@@ -799,6 +805,38 @@ mod tests {
         }
         let both = run(config(42, FaultDirection::Both));
         assert_eq!(both, run(config(42, FaultDirection::Both)));
+    }
+
+    #[test]
+    fn tx_frames_starting_in_the_headroom_keep_their_bytes() {
+        let config = FaultConfig {
+            reorder: 0.5,
+            duplicate: 0.2,
+            reorder_depth: 1,
+            direction: FaultDirection::Tx,
+            seed: 9,
+            ..FaultConfig::default()
+        };
+        let (a, mut b) = sim::pair(SimConfig::default());
+        let mut a = FaultInjector::new(a, config);
+        let mut next = 0u32;
+        let n = a.tx_batch(Instant::ZERO, 100, &mut |buf| {
+            let f = frame(next);
+            next += 1;
+            buf[20..20 + f.len()].copy_from_slice(&f);
+            Some(20..20 + f.len())
+        });
+        assert_eq!(n, 100);
+        a.flush(Instant::ZERO);
+        let mut got = Vec::new();
+        let mut now = Instant::ZERO;
+        while let Some(t) = [a.poll_at(), b.poll_at()].into_iter().flatten().min() {
+            now = now.max(t);
+            a.flush(now);
+            b.recv_batch(now, 1000, &mut |f| got.push(f.to_vec()));
+        }
+        assert_eq!(got.len() as u64, 100 + a.fault_stats().duplicated);
+        assert!(got.iter().all(|f| *f == frame(index(f))));
     }
 
     #[test]

@@ -23,8 +23,20 @@
 //! - **Transmit**: a tx frame is taken from a free-frame pool, written in place, and
 //!   submitted to the tx ring; completions are reclaimed in batches and one `sendto` kick
 //!   follows a batch. [`Link::tx_batch`] lends empty frame buffers (`&mut [u8]`, exactly
-//!   [`Link::max_frame_len`] bytes long) to a callback that writes the frame in place and
-//!   says its length, and [`Link::flush`] is the kick.
+//!   [`TX_HEADROOM`] + [`Link::max_frame_len`] bytes long) to a callback that writes the
+//!   frame in place and says where it lies, and [`Link::flush`] is the kick.
+//!
+//! # Why tx buffers have headroom
+//!
+//! A TCP sender knows its payload before it knows its header: the options (timestamps, up
+//! to four SACK blocks) are chosen in the same call that copies the payload out of the send
+//! buffer. To copy the payload exactly once, straight into the frame, the writer puts it at
+//! a fixed offset that leaves room for the longest header, then writes the actual headers
+//! just in front of it; the frame therefore starts somewhere in the first [`TX_HEADROOM`]
+//! bytes of the buffer and the callback returns its range. An AF_XDP tx descriptor is an
+//! address plus a length inside a UMEM chunk, so it carries such an offset for free; the
+//! alternative, moving the payload once the header length is known, would be a second copy
+//! of every byte sent.
 //!
 //! smoltcp's `Device` uses one-shot RxToken/TxToken values (a GAT per token) instead. Tokens
 //! make a per-frame API that is awkward to batch and impossible to use as `dyn`; the
@@ -49,11 +61,23 @@
 pub mod fault;
 pub mod sim;
 
+use core::ops::Range;
+
 use crate::time::Instant;
 
 /// Length of an Ethernet II header (two MAC addresses and the EtherType), the difference
 /// between the largest frame and the IP MTU.
 pub const ETHERNET_HEADER_LEN: usize = 14;
+
+/// Bytes of room in front of every lent tx buffer beyond the largest frame (see the
+/// [module documentation](self)): at least the 40 bytes of TCP options a header may carry,
+/// rounded up to a cache line.
+pub const TX_HEADROOM: usize = 64;
+
+/// Whether `range` is a frame a link can send from a lent tx buffer of `buf_len` bytes.
+pub fn tx_range_ok(range: &Range<usize>, buf_len: usize, max_frame_len: usize) -> bool {
+    range.start <= range.end && range.end <= buf_len && range.len() <= max_frame_len
+}
 
 /// Counters a link keeps. All are totals since the link was created and only grow.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -96,12 +120,13 @@ pub trait Link {
     /// Transmits up to `max` frames written in place.
     ///
     /// For each free tx buffer (while fewer than `max` frames have been produced), `f` gets
-    /// a buffer of exactly [`max_frame_len`](Link::max_frame_len) bytes, with unspecified
-    /// contents, and returns `Some(len)` to send its first `len` bytes or `None` when it has
-    /// nothing more to send (the buffer then goes back to the pool unsent). A `len` longer
-    /// than the buffer is dropped and counted in [`LinkStats::dropped_oversize`]. `f` stops
-    /// being called early when the link runs out of tx buffers: that is backpressure, and
-    /// the caller should try again after a later [`flush`](Link::flush) or `poll_at`.
+    /// a buffer of exactly [`TX_HEADROOM`] + [`max_frame_len`](Link::max_frame_len) bytes,
+    /// with unspecified contents, and returns `Some(range)` to send the bytes `buf[range]`,
+    /// or `None` when it has nothing more to send (the buffer then goes back to the pool
+    /// unsent). A frame may start anywhere; one longer than `max_frame_len`, or a range
+    /// outside the buffer, is dropped and counted in [`LinkStats::dropped_oversize`]. `f`
+    /// stops being called early when the link runs out of tx buffers: that is backpressure,
+    /// and the caller should try again after a later [`flush`](Link::flush).
     ///
     /// Frames may sit in the link until [`flush`](Link::flush). Returns the number of
     /// `Some` answers (frames the caller produced).
@@ -109,7 +134,7 @@ pub trait Link {
         &mut self,
         now: Instant,
         max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
     ) -> usize;
 
     /// Pushes out frames queued by [`tx_batch`](Link::tx_batch) (on AF_XDP, the `sendto`
@@ -138,7 +163,7 @@ pub trait Link {
                 dst.copy_from_slice(frame);
             }
             // An oversized length is passed on unchanged so the link counts the drop.
-            Some(frame.len())
+            Some(0..frame.len())
         });
         sent == 1 && frame.len() <= self.max_frame_len()
     }
@@ -158,7 +183,7 @@ impl<L: Link + ?Sized> Link for Box<L> {
         &mut self,
         now: Instant,
         max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
     ) -> usize {
         (**self).tx_batch(now, max, f)
     }

@@ -24,9 +24,10 @@
 //! the `sendto` kick, so a driver that forgets to flush fails on the simulated link too.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Link, LinkStats};
+use super::{tx_range_ok, Link, LinkStats, TX_HEADROOM};
 use crate::time::{Duration, Instant};
 
 /// Configuration of a simulated link; both directions behave the same.
@@ -71,9 +72,11 @@ impl Default for SimConfig {
 /// A frame on the simulated wire.
 #[derive(Debug)]
 struct InFlight {
-    /// Always `max_frame_len` bytes long so it can be lent out again as a tx buffer.
+    /// Always `TX_HEADROOM + max_frame_len` bytes long so it can be lent out again as a tx
+    /// buffer.
     buf: Vec<u8>,
-    len: usize,
+    /// Where the frame lies in `buf`.
+    frame: Range<usize>,
     /// When the transmitter starts serialising it, in nanoseconds of virtual time.
     start_ns: u64,
     deliver_at: Instant,
@@ -106,7 +109,7 @@ pub struct SimLink {
     config: SimConfig,
     stats: LinkStats,
     /// Frames written by `tx_batch`, not yet flushed onto the wire.
-    staged: Vec<(Vec<u8>, usize)>,
+    staged: Vec<(Vec<u8>, Range<usize>)>,
     /// Empty tx buffers owned by this end.
     free: Vec<Vec<u8>>,
     /// Frames taken off the wire for the current `recv_batch`; kept to reuse its capacity.
@@ -183,7 +186,7 @@ impl Link for SimLink {
         // The callback runs without the lock, so it may touch the other end freely.
         let n = self.rx_stage.len();
         for frame in &self.rx_stage {
-            let data = frame.buf.get(..frame.len).unwrap_or(&[]);
+            let data = frame.buf.get(frame.frame.clone()).unwrap_or(&[]);
             self.stats.rx_frames += 1;
             self.stats.rx_bytes += data.len() as u64;
             f(data);
@@ -200,9 +203,10 @@ impl Link for SimLink {
         &mut self,
         _now: Instant,
         max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
     ) -> usize {
         let frame_len = self.max_frame_len();
+        let buf_len = TX_HEADROOM + frame_len;
         if self.free.is_empty() {
             // Reclaim, in one batch, the buffers the peer has finished with.
             let mut shared = lock(&self.shared);
@@ -218,19 +222,19 @@ impl Link for SimLink {
                 }
             };
             // Buffers are all the same size unless the MTU changed; resizing is a no-op then.
-            buf.resize(frame_len, 0);
+            buf.resize(buf_len, 0);
             match f(&mut buf) {
                 None => {
                     self.free.push(buf);
                     break;
                 }
-                Some(len) => {
+                Some(range) => {
                     produced += 1;
-                    if len > frame_len {
+                    if tx_range_ok(&range, buf_len, frame_len) {
+                        self.staged.push((buf, range));
+                    } else {
                         self.stats.dropped_oversize += 1;
                         self.free.push(buf);
-                    } else {
-                        self.staged.push((buf, len));
                     }
                 }
             }
@@ -246,7 +250,8 @@ impl Link for SimLink {
         let shared = Arc::clone(&self.shared);
         let mut shared = lock(&shared);
         let dir = &mut shared.dirs[self.side];
-        for (buf, len) in self.staged.drain(..) {
+        for (buf, frame) in self.staged.drain(..) {
+            let len = frame.len();
             // Frames that have not started serialising sit in the bottleneck queue; the
             // wire is FIFO in start time, so they are a suffix of it.
             let started = dir.wire.partition_point(|fr| fr.start_ns <= now_ns);
@@ -268,7 +273,7 @@ impl Link for SimLink {
             self.stats.tx_bytes += len as u64;
             dir.wire.push_back(InFlight {
                 buf,
-                len,
+                frame,
                 start_ns,
                 deliver_at,
             });
@@ -403,12 +408,24 @@ mod tests {
         assert!(!a.send_frame(at(0), &frame(1515, 1)));
         assert!(a.send_frame(at(0), &frame(1514, 2)));
         // A length past the lent buffer, as a buggy in-place writer could return.
-        let n = a.tx_batch(at(0), 1, &mut |buf| Some(buf.len() + 1));
+        let n = a.tx_batch(at(0), 1, &mut |buf| Some(0..buf.len() + 1));
+        assert_eq!(n, 1);
+        // A frame of the right size starting in the headroom passes; one past it does not.
+        let n = a.tx_batch(at(0), 2, &mut |buf| {
+            let start = buf.len() - 1514;
+            buf[start..].fill(3);
+            Some(start..buf.len())
+        });
+        assert_eq!(n, 2);
+        let n = a.tx_batch(at(0), 1, &mut |_| Some(0..1515));
         assert_eq!(n, 1);
         a.flush(at(0));
-        assert_eq!(a.stats().dropped_oversize, 2);
-        assert_eq!(a.stats().tx_frames, 1);
-        assert_eq!(drain(&mut b, at(100)), vec![frame(1514, 2)]);
+        assert_eq!(a.stats().dropped_oversize, 3);
+        assert_eq!(a.stats().tx_frames, 3);
+        assert_eq!(
+            drain(&mut b, at(100)),
+            vec![frame(1514, 2), frame(1514, 3), frame(1514, 3)]
+        );
 
         let (mut a, _b) = pair(SimConfig {
             mtu: 9000,
@@ -469,7 +486,7 @@ mod tests {
         let n = a.tx_batch(at(0), 100, &mut |buf| {
             calls += 1;
             buf[..60].fill(7);
-            Some(60)
+            Some(0..60)
         });
         assert_eq!((n, calls), (4, 4));
         assert_eq!(b.poll_at(), None, "nothing leaves before the kick");
@@ -521,7 +538,7 @@ mod tests {
                 return None;
             }
             left -= 1;
-            Some(60)
+            Some(0..60)
         });
         assert_eq!(n, 3);
     }
