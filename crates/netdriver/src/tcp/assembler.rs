@@ -124,3 +124,198 @@ impl Assembler {
         self.ranges.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    fn ranges(a: &Assembler) -> Vec<(usize, usize)> {
+        a.ranges().collect()
+    }
+
+    fn with(max: usize, adds: &[(usize, usize)]) -> Assembler {
+        let mut a = Assembler::new(max);
+        for &(o, l) in adds {
+            a.add(o, l).unwrap();
+        }
+        a
+    }
+
+    #[test]
+    fn disjoint_ranges_stay_sorted() {
+        let a = with(8, &[(20, 5), (5, 5), (40, 1)]);
+        assert_eq!(ranges(&a), vec![(5, 5), (20, 5), (40, 1)]);
+        assert_eq!(a.range_count(), 3);
+        assert_eq!(a.total_len(), 11);
+    }
+
+    #[test]
+    fn merges_in_every_overlap_configuration() {
+        let base = [(10, 10)]; // [10, 20)
+        type Range = (usize, usize);
+        let cases: &[(Range, Range)] = &[
+            ((5, 5), (5, 15)),    // adjacent before
+            ((20, 5), (10, 15)),  // adjacent after
+            ((5, 10), (5, 15)),   // overlaps start
+            ((15, 10), (10, 15)), // overlaps end
+            ((12, 3), (10, 10)),  // inside
+            ((10, 10), (10, 10)), // identical
+            ((0, 30), (0, 30)),   // covers
+            ((10, 3), (10, 10)),  // same start, shorter
+            ((18, 2), (10, 10)),  // same end, shorter
+        ];
+        for &(add, want) in cases {
+            let mut a = with(1, &base);
+            a.add(add.0, add.1).unwrap();
+            assert_eq!(ranges(&a), vec![want], "adding {add:?}");
+        }
+    }
+
+    #[test]
+    fn bridging_add_merges_many_ranges() {
+        let mut a = with(4, &[(0, 2), (4, 2), (8, 2), (12, 2)]);
+        a.add(1, 12).unwrap();
+        assert_eq!(ranges(&a), vec![(0, 14)]);
+        let mut a = with(4, &[(2, 2), (6, 2), (10, 2)]);
+        a.add(4, 2).unwrap();
+        assert_eq!(ranges(&a), vec![(2, 6), (10, 2)]);
+    }
+
+    #[test]
+    fn cap_refuses_new_range_and_leaves_state_unchanged() {
+        let mut a = with(2, &[(10, 5), (30, 5)]);
+        assert_eq!(a.add(20, 5), Err(TooManyRanges));
+        assert_eq!(a.add(0, 5), Err(TooManyRanges));
+        assert_eq!(a.add(50, 5), Err(TooManyRanges));
+        assert_eq!(ranges(&a), vec![(10, 5), (30, 5)]);
+        // Extending or bridging needs no new range, so it still works when full.
+        a.add(15, 2).unwrap();
+        a.add(17, 13).unwrap();
+        assert_eq!(ranges(&a), vec![(10, 25)]);
+    }
+
+    #[test]
+    fn zero_capacity_refuses_everything_but_empty_adds() {
+        let mut a = Assembler::new(0);
+        assert_eq!(a.add(0, 0), Ok(()));
+        assert_eq!(a.add(3, 1), Err(TooManyRanges));
+        assert!(a.is_empty());
+    }
+
+    #[test]
+    fn never_allocates_past_capacity() {
+        let mut a = Assembler::new(3);
+        let cap = a.ranges.capacity();
+        for i in 0..100 {
+            let _ = a.add(i * 7 % 90, 2);
+            assert!(a.range_count() <= 3);
+        }
+        assert_eq!(a.ranges.capacity(), cap);
+    }
+
+    #[test]
+    fn zero_length_add_is_a_noop() {
+        let mut a = with(1, &[(10, 5)]);
+        a.add(100, 0).unwrap();
+        assert_eq!(ranges(&a), vec![(10, 5)]);
+    }
+
+    #[test]
+    fn huge_values_saturate() {
+        let mut a = Assembler::new(2);
+        a.add(usize::MAX - 1, usize::MAX).unwrap();
+        assert_eq!(ranges(&a), vec![(usize::MAX - 1, 1)]);
+        a.advance(usize::MAX);
+        assert!(a.is_empty());
+    }
+
+    #[test]
+    fn remove_front_only_at_zero() {
+        let mut a = with(4, &[(3, 4), (10, 2)]);
+        assert_eq!(a.remove_front(), 0);
+        a.add(0, 3).unwrap();
+        assert_eq!(a.remove_front(), 7);
+        assert_eq!(ranges(&a), vec![(3, 2)]);
+        assert_eq!(a.remove_front(), 0);
+        assert_eq!(Assembler::new(1).remove_front(), 0);
+    }
+
+    #[test]
+    fn advance_drops_trims_and_shifts() {
+        let mut a = with(4, &[(2, 3), (8, 4), (20, 1)]);
+        a.advance(10);
+        assert_eq!(ranges(&a), vec![(0, 2), (10, 1)]);
+        a.advance(0);
+        assert_eq!(ranges(&a), vec![(0, 2), (10, 1)]);
+        a.advance(5);
+        assert_eq!(ranges(&a), vec![(5, 1)]);
+        a.clear();
+        assert!(a.is_empty());
+        assert_eq!(a.total_len(), 0);
+    }
+
+    fn runs(set: &BTreeSet<usize>) -> Vec<(usize, usize)> {
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for &x in set {
+            match out.last_mut() {
+                Some((s, l)) if *s + *l == x => *l += 1,
+                _ => out.push((x, 1)),
+            }
+        }
+        out
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Add(usize, usize),
+        RemoveFront,
+        Advance(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0usize..120, 0usize..20).prop_map(|(o, l)| Op::Add(o, l)),
+            1 => Just(Op::RemoveFront),
+            1 => (0usize..30).prop_map(Op::Advance),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn matches_bitmap_oracle(max in 1usize..6, ops in proptest::collection::vec(op(), 1..60)) {
+            let mut a = Assembler::new(max);
+            let mut oracle = BTreeSet::new();
+            for op in ops {
+                match op {
+                    Op::Add(o, l) => {
+                        let mut next = oracle.clone();
+                        next.extend(o..o + l);
+                        match a.add(o, l) {
+                            Ok(()) => oracle = next,
+                            // Refused only when the result would really need too many ranges.
+                            Err(TooManyRanges) => prop_assert!(runs(&next).len() > max),
+                        }
+                    }
+                    Op::RemoveFront => {
+                        let n = a.remove_front();
+                        let want = match runs(&oracle).first() {
+                            Some(&(0, l)) => l,
+                            _ => 0,
+                        };
+                        prop_assert_eq!(n, want);
+                        oracle = oracle.iter().filter(|&&x| x >= n).map(|&x| x - n).collect();
+                    }
+                    Op::Advance(n) => {
+                        a.advance(n);
+                        oracle = oracle.iter().filter(|&&x| x >= n).map(|&x| x - n).collect();
+                    }
+                }
+                prop_assert_eq!(ranges(&a), runs(&oracle));
+                prop_assert_eq!(a.total_len(), oracle.len());
+                prop_assert!(a.range_count() <= max);
+            }
+        }
+    }
+}

@@ -7,6 +7,8 @@
 //! incarnations of the same 4-tuple moving forward through the sequence space.
 
 use crate::tcp::SeqNumber;
+#[cfg(test)]
+use crate::time::Duration;
 use crate::time::Instant;
 use core::hash::Hasher;
 use siphasher::sip::SipHasher24;
@@ -52,5 +54,85 @@ impl IsnGenerator {
 impl Default for IsnGenerator {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn addr(a: u8, port: u16) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, a), port)
+    }
+
+    const KEY: [u8; 16] = *b"0123456789abcdef";
+
+    #[test]
+    fn deterministic_per_key() {
+        let (l, r) = (addr(1, 40000), addr(2, 80));
+        let t = Instant::from_millis(1234);
+        let a = IsnGenerator::with_key(KEY).generate(t, l, r);
+        assert_eq!(IsnGenerator::with_key(KEY).generate(t, l, r), a);
+        let other = IsnGenerator::with_key([7; 16]).generate(t, l, r);
+        assert_ne!(other, a);
+    }
+
+    #[test]
+    fn differs_per_four_tuple() {
+        let g = IsnGenerator::with_key(KEY);
+        let t = Instant::ZERO;
+        let base = g.generate(t, addr(1, 40000), addr(2, 80));
+        let variants = [
+            g.generate(t, addr(3, 40000), addr(2, 80)),
+            g.generate(t, addr(1, 40001), addr(2, 80)),
+            g.generate(t, addr(1, 40000), addr(4, 80)),
+            g.generate(t, addr(1, 40000), addr(2, 81)),
+            // Swapping the ends is a different connection.
+            g.generate(t, addr(2, 80), addr(1, 40000)),
+        ];
+        for v in variants {
+            assert_ne!(v, base);
+        }
+    }
+
+    #[test]
+    fn advances_one_per_four_microseconds() {
+        let g = IsnGenerator::with_key(KEY);
+        let (l, r) = (addr(1, 40000), addr(2, 80));
+        let t0 = Instant::from_micros(1_000_000);
+        let base = g.generate(t0, l, r);
+        assert_eq!(g.generate(t0 + Duration::from_micros(3), l, r), base);
+        assert_eq!(g.generate(t0 + Duration::from_micros(4), l, r), base + 1);
+        assert_eq!(g.generate(t0 + Duration::from_millis(4), l, r), base + 1000);
+        assert_eq!(
+            g.generate(t0 + Duration::from_secs(1), l, r),
+            base + 250_000
+        );
+    }
+
+    #[test]
+    fn timer_wraps_without_panicking() {
+        let g = IsnGenerator::with_key(KEY);
+        let (l, r) = (addr(1, 1), addr(2, 2));
+        let t = Instant::from_micros(u64::from(u32::MAX) * 4);
+        assert_eq!(
+            g.generate(t + Duration::from_micros(8), l, r),
+            g.generate(t, l, r) + 2
+        );
+        let _ = g.generate(Instant::from_micros(u64::MAX), l, r);
+    }
+
+    #[test]
+    fn random_keys_differ_and_debug_hides_key() {
+        let (l, r) = (addr(1, 1), addr(2, 2));
+        let a = IsnGenerator::new();
+        let b = IsnGenerator::default();
+        // Equal only with probability 2^-32.
+        assert_ne!(
+            a.generate(Instant::ZERO, l, r),
+            b.generate(Instant::ZERO, l, r)
+        );
+        assert!(!format!("{:?}", IsnGenerator::with_key(KEY)).contains("48"));
     }
 }

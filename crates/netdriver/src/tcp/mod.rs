@@ -8,4 +8,12 @@ pub mod isn;
 pub mod rtt;
 pub mod sack;
 
+pub mod buffer;
+pub mod config;
+pub mod connection;
+pub mod error;
+
+pub use config::Config;
+pub use connection::{rst_for_unexpected, Connection, State, Stats, Transmit};
+pub use error::TcpError;
 pub use seq::SeqNumber;

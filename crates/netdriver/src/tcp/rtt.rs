@@ -123,3 +123,150 @@ impl RttEstimator {
         self.min_rtt
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    fn est() -> RttEstimator {
+        RttEstimator::new(ms(1000), ms(1), ms(60_000))
+    }
+
+    #[test]
+    fn initial_rto_before_samples() {
+        let e = est();
+        assert_eq!(e.rto(), ms(1000));
+        assert_eq!(e.srtt(), None);
+        assert_eq!(e.rttvar(), Duration::ZERO);
+        assert_eq!(e.min_rtt(), None);
+        assert_eq!(e.backoff_count(), 0);
+    }
+
+    #[test]
+    fn first_sample_sets_srtt_and_half_rttvar() {
+        let mut e = est();
+        e.on_sample(ms(100));
+        assert_eq!(e.srtt(), Some(ms(100)));
+        assert_eq!(e.rttvar(), ms(50));
+        // SRTT + K*RTTVAR = 100 + 4*50.
+        assert_eq!(e.rto(), ms(300));
+    }
+
+    #[test]
+    fn later_samples_follow_the_smoothing_formula() {
+        let mut e = est();
+        e.on_sample(ms(100));
+        e.on_sample(ms(200));
+        // RTTVAR = 3/4*50 + 1/4*|100-200| = 62.5; SRTT = 7/8*100 + 1/8*200 = 112.5.
+        assert_eq!(e.rttvar(), us(62_500));
+        assert_eq!(e.srtt(), Some(us(112_500)));
+        assert_eq!(e.rto(), us(112_500 + 4 * 62_500));
+        e.on_sample(ms(100));
+        // RTTVAR = 3/4*62.5 + 1/4*12.5 = 50; SRTT = 7/8*112.5 + 1/8*100 = 110.9375.
+        assert_eq!(e.rttvar(), us(50_000));
+        assert_eq!(e.srtt(), Some(us(110_937)));
+        assert_eq!(e.min_rtt(), Some(ms(100)));
+    }
+
+    #[test]
+    fn rto_clamped_to_a_1ms_floor_not_1s() {
+        let mut e = est();
+        e.on_sample(us(20));
+        assert_eq!(e.srtt(), Some(us(20)));
+        assert_eq!(e.rto(), ms(1));
+        let mut e = RttEstimator::new(ms(1000), us(50), ms(60_000));
+        e.on_sample(us(20));
+        // 20 + 4*10 µs sits just above the 50 µs floor.
+        assert_eq!(e.rto(), us(60));
+    }
+
+    #[test]
+    fn zero_sample_uses_clock_granularity() {
+        let mut e = RttEstimator::new(ms(1000), Duration::ZERO, ms(60_000));
+        e.on_sample(Duration::ZERO);
+        assert_eq!(e.rto(), us(1));
+    }
+
+    #[test]
+    fn rto_clamped_to_max() {
+        let mut e = RttEstimator::new(ms(1000), ms(1), ms(5000));
+        e.on_sample(ms(4000));
+        assert_eq!(e.rto(), ms(5000));
+        e.on_sample(Duration::MAX);
+        assert_eq!(e.rto(), ms(5000));
+        let e = RttEstimator::new(ms(90_000), ms(1), ms(5000));
+        assert_eq!(e.rto(), ms(5000));
+    }
+
+    #[test]
+    fn inverted_bounds_do_not_panic() {
+        let mut e = RttEstimator::new(ms(100), ms(500), ms(200));
+        assert_eq!(e.rto(), ms(200));
+        e.on_sample(ms(1));
+        assert_eq!(e.rto(), ms(200));
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let mut e = RttEstimator::new(ms(1000), ms(1), ms(5000));
+        e.on_sample(ms(100));
+        assert_eq!(e.rto(), ms(300));
+        e.on_timeout_backoff();
+        assert_eq!(e.rto(), ms(600));
+        assert_eq!(e.backoff_count(), 1);
+        e.on_timeout_backoff();
+        e.on_timeout_backoff();
+        assert_eq!(e.rto(), ms(2400));
+        e.on_timeout_backoff();
+        assert_eq!(e.rto(), ms(4800));
+        e.on_timeout_backoff();
+        assert_eq!(e.rto(), ms(5000));
+        for _ in 0..1000 {
+            e.on_timeout_backoff();
+        }
+        assert_eq!(e.rto(), ms(5000));
+        assert_eq!(e.backoff_count(), 1005);
+        e.reset_backoff();
+        assert_eq!(e.rto(), ms(300));
+    }
+
+    #[test]
+    fn backoff_saturates_instead_of_overflowing() {
+        let mut e = RttEstimator::new(ms(1000), ms(1), Duration::MAX);
+        for _ in 0..200 {
+            e.on_timeout_backoff();
+        }
+        assert!(e.rto() >= ms(1000));
+    }
+
+    #[test]
+    fn fresh_sample_cancels_backoff() {
+        // smoltcp #1023: a backed-off RTO must not outlive evidence that the path works.
+        let mut e = est();
+        e.on_sample(ms(10));
+        e.on_timeout_backoff();
+        e.on_timeout_backoff();
+        assert_eq!(e.rto(), ms(120));
+        e.on_sample(ms(10));
+        assert_eq!(e.backoff_count(), 0);
+        // RTTVAR decayed to 3/4*5 ms; SRTT still 10 ms.
+        assert_eq!(e.rto(), us(10_000 + 4 * 3_750));
+    }
+
+    #[test]
+    fn min_rtt_tracks_smallest_sample() {
+        let mut e = est();
+        e.on_sample(ms(30));
+        e.on_sample(ms(10));
+        e.on_sample(ms(50));
+        assert_eq!(e.min_rtt(), Some(ms(10)));
+    }
+}

@@ -173,3 +173,200 @@ impl SackScoreboard {
         self.ranges.iter().copied()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sequence numbers start just below 2^32 so every test crosses the wrap.
+    const BASE: SeqNumber = SeqNumber(u32::MAX - 5000);
+
+    fn s(off: usize) -> SeqNumber {
+        BASE + off
+    }
+
+    fn blk(l: usize, r: usize) -> SackBlock {
+        SackBlock {
+            left: s(l),
+            right: s(r),
+        }
+    }
+
+    fn offs(sb: &SackScoreboard) -> Vec<(usize, usize)> {
+        sb.ranges().map(|(l, r)| (l - BASE, r - BASE)).collect()
+    }
+
+    fn board(blocks: &[SackBlock]) -> SackScoreboard {
+        let mut sb = SackScoreboard::new(8);
+        sb.on_sack_blocks(s(0), s(20_000), blocks);
+        sb
+    }
+
+    #[test]
+    fn records_and_merges_across_the_wrap() {
+        let mut sb = SackScoreboard::new(8);
+        let n = sb.on_sack_blocks(s(0), s(20_000), &[blk(1000, 2000), blk(6000, 7000)]);
+        assert_eq!(n, 2000);
+        assert!(s(6000).0 < s(0).0, "the test must straddle 2^32");
+        assert_eq!(offs(&sb), vec![(1000, 2000), (6000, 7000)]);
+        let n = sb.on_sack_blocks(s(0), s(20_000), &[blk(1500, 6500)]);
+        assert_eq!(n, 4000);
+        assert_eq!(offs(&sb), vec![(1000, 7000)]);
+        assert_eq!(sb.sacked_bytes(), 6000);
+        // A repeated block is not new.
+        assert_eq!(sb.on_sack_blocks(s(0), s(20_000), &[blk(1000, 7000)]), 0);
+        // Adjacent blocks coalesce.
+        assert_eq!(sb.on_sack_blocks(s(0), s(20_000), &[blk(7000, 7100)]), 100);
+        assert_eq!(sb.range_count(), 1);
+        assert_eq!(sb.highest_sacked(), Some(s(7100)));
+    }
+
+    #[test]
+    fn invalid_blocks_are_ignored() {
+        let mut sb = SackScoreboard::new(8);
+        let bad = [
+            blk(2000, 2000),     // empty
+            blk(3000, 2000),     // reversed
+            blk(20_000, 21_000), // beyond snd_nxt
+            blk(25_000, 26_000), // far beyond snd_nxt
+            SackBlock {
+                left: s(0) - 3000,
+                right: s(0) - 1000,
+            }, // D-SACK below snd_una
+            SackBlock {
+                left: s(0) - 3000,
+                right: s(0),
+            }, // ends at snd_una
+            SackBlock {
+                left: s(100),
+                right: SeqNumber(s(100).0.wrapping_add(1 << 31)),
+            }, // over half the space
+        ];
+        assert_eq!(sb.on_sack_blocks(s(0), s(20_000), &bad), 0);
+        assert_eq!(sb.range_count(), 0);
+        assert_eq!(sb.highest_sacked(), None);
+    }
+
+    #[test]
+    fn straddling_blocks_are_clipped() {
+        let mut sb = SackScoreboard::new(8);
+        let below = SackBlock {
+            left: s(0) - 500,
+            right: s(500),
+        };
+        let n = sb.on_sack_blocks(s(0), s(20_000), &[below, blk(19_500, 21_000)]);
+        assert_eq!(n, 1000);
+        assert_eq!(offs(&sb), vec![(0, 500), (19_500, 20_000)]);
+    }
+
+    #[test]
+    fn nothing_recorded_when_nothing_outstanding() {
+        let mut sb = SackScoreboard::new(8);
+        assert_eq!(sb.on_sack_blocks(s(10), s(10), &[blk(5, 15)]), 0);
+        assert_eq!(sb.on_sack_blocks(s(10), s(5), &[blk(5, 15)]), 0);
+        assert_eq!(sb.range_count(), 0);
+    }
+
+    #[test]
+    fn cumulative_ack_drops_and_trims() {
+        let mut sb = board(&[blk(1000, 2000), blk(3000, 4000), blk(6000, 7000)]);
+        sb.on_cumulative_ack(s(3500));
+        assert_eq!(offs(&sb), vec![(3500, 4000), (6000, 7000)]);
+        sb.on_cumulative_ack(s(7000));
+        assert_eq!(sb.range_count(), 0);
+        // A new ACK's SND.UNA also prunes old ranges.
+        let mut sb = board(&[blk(1000, 2000), blk(3000, 4000)]);
+        sb.on_sack_blocks(s(2500), s(20_000), &[]);
+        assert_eq!(offs(&sb), vec![(3000, 4000)]);
+    }
+
+    #[test]
+    fn is_sacked_is_half_open() {
+        let sb = board(&[blk(4000, 6000)]);
+        assert!(!sb.is_sacked(s(3999)));
+        assert!(sb.is_sacked(s(4000)));
+        assert!(sb.is_sacked(s(5001)));
+        assert!(sb.is_sacked(s(5999)));
+        assert!(!sb.is_sacked(s(6000)));
+    }
+
+    #[test]
+    fn is_lost_byte_threshold_is_exact() {
+        // DupThresh 3, MSS 1000: lost once more than 2000 bytes above are SACKed.
+        let sb = board(&[blk(1000, 3000)]);
+        assert!(!sb.is_lost(s(0), 3, 1000));
+        let sb = board(&[blk(1000, 3001)]);
+        assert!(sb.is_lost(s(0), 3, 1000));
+        // Only bytes above seq count.
+        assert!(sb.is_lost(s(999), 3, 1000));
+        assert!(!sb.is_lost(s(1000), 3, 1000));
+    }
+
+    #[test]
+    fn is_lost_block_threshold_is_exact() {
+        let sb = board(&[blk(1000, 1001), blk(2000, 2001)]);
+        assert!(!sb.is_lost(s(0), 3, 1000));
+        let sb = board(&[blk(1000, 1001), blk(2000, 2001), blk(3000, 3001)]);
+        assert!(sb.is_lost(s(0), 3, 1000));
+        assert!(!sb.is_lost(s(1000), 3, 1000));
+        assert!(!sb.is_lost(s(5000), 3, 1000));
+        // Degenerate thresholds do not panic.
+        assert!(sb.is_lost(s(0), 0, 0));
+        let empty = SackScoreboard::new(4);
+        assert!(!empty.is_lost(s(0), 3, usize::MAX));
+    }
+
+    #[test]
+    fn next_hole_walks_holes() {
+        let sb = board(&[blk(1000, 2000), blk(3000, 4000), blk(6000, 7000)]);
+        assert_eq!(sb.next_hole(s(0)), Some((s(0), s(1000))));
+        assert_eq!(sb.next_hole(s(500)), Some((s(500), s(1000))));
+        assert_eq!(sb.next_hole(s(1000)), Some((s(2000), s(3000))));
+        assert_eq!(sb.next_hole(s(2500)), Some((s(2500), s(3000))));
+        assert_eq!(sb.next_hole(s(3000)), Some((s(4000), s(6000))));
+        assert_eq!(sb.next_hole(s(6000)), None);
+        assert_eq!(sb.next_hole(s(7000)), None);
+        let mut holes = Vec::new();
+        let mut from = s(0);
+        while let Some((a, b)) = sb.next_hole(from) {
+            holes.push((a - BASE, b - BASE));
+            from = b;
+        }
+        assert_eq!(holes, vec![(0, 1000), (2000, 3000), (4000, 6000)]);
+        assert_eq!(SackScoreboard::new(4).next_hole(s(0)), None);
+    }
+
+    #[test]
+    fn bounded_keeps_the_highest_ranges() {
+        let mut sb = SackScoreboard::new(2);
+        let n = sb.on_sack_blocks(
+            s(0),
+            s(20_000),
+            &[blk(1000, 1100), blk(3000, 3100), blk(5000, 5100)],
+        );
+        assert_eq!(n, 300);
+        assert_eq!(offs(&sb), vec![(3000, 3100), (5000, 5100)]);
+        // A block below everything kept is the one forgotten.
+        assert_eq!(sb.on_sack_blocks(s(0), s(20_000), &[blk(100, 200)]), 0);
+        assert_eq!(offs(&sb), vec![(3000, 3100), (5000, 5100)]);
+        // Merging needs no new slot.
+        sb.on_sack_blocks(s(0), s(20_000), &[blk(3100, 5000)]);
+        assert_eq!(offs(&sb), vec![(3000, 5100)]);
+        for i in 0..1000 {
+            sb.on_sack_blocks(s(0), s(20_000), &[blk(6000 + i * 10, 6000 + i * 10 + 5)]);
+            assert!(sb.range_count() <= 2);
+        }
+        let mut none = SackScoreboard::new(0);
+        assert_eq!(none.on_sack_blocks(s(0), s(20_000), &[blk(1, 2)]), 0);
+        assert_eq!(none.range_count(), 0);
+    }
+
+    #[test]
+    fn clear_forgets_everything() {
+        let mut sb = board(&[blk(1000, 2000)]);
+        sb.clear();
+        assert_eq!(sb.range_count(), 0);
+        assert_eq!(sb.sacked_bytes(), 0);
+        assert!(!sb.is_sacked(s(1500)));
+    }
+}

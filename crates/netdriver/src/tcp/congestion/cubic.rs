@@ -41,6 +41,8 @@ pub struct Cubic {
     origin: f64,
     /// The Reno-friendly window estimate, in segments.
     w_est: f64,
+    /// The window just before the last reduction, in segments (`cwnd_prior`, §4.3).
+    prior: f64,
     /// Latest RTT sample, used to look one RTT ahead for the target.
     last_rtt: Duration,
     touched: bool,
@@ -59,6 +61,7 @@ impl Cubic {
             k: 0.0,
             origin: 0.0,
             w_est: 0.0,
+            prior: 0.0,
             last_rtt: Duration::ZERO,
             touched: false,
         }
@@ -95,6 +98,7 @@ impl Cubic {
     /// §4.6 and §4.7: remember where the loss happened and pick the new ssthresh.
     fn reduce(&mut self) -> f64 {
         let segs = self.cwnd_segments();
+        self.prior = segs;
         // Fast convergence: a loss below the previous maximum means the share shrank.
         self.w_max = if segs < self.w_max {
             segs * (1.0 + BETA) / 2.0
@@ -169,8 +173,10 @@ impl CongestionControl for Cubic {
         let t = now.saturating_duration_since(epoch_start).as_secs_f64();
         let rtt = self.last_rtt.as_secs_f64();
 
-        // §4.3: Reno-friendly estimate, one ALPHA per cwnd of acknowledged segments.
-        self.w_est += ALPHA * acked_segs / segs;
+        // §4.3: Reno-friendly estimate, ALPHA per cwnd of acknowledged segments; once past
+        // the pre-loss window, the estimate grows like Reno itself (alpha = 1).
+        let alpha = if self.w_est >= self.prior { 1.0 } else { ALPHA };
+        self.w_est += alpha * acked_segs / segs;
         self.w_est = self.w_est.min(MAX_CWND);
 
         if self.w_cubic(t) < self.w_est {
@@ -214,5 +220,212 @@ impl CongestionControl for Cubic {
         self.set_cwnd(self.cwnd.min(iw));
         // A curve measured from before the idle period would jump on the first ACK.
         self.epoch_start = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MSS: usize = 1000;
+
+    /// A controller that grew to `segs` segments in slow start, then saw a loss, and left
+    /// recovery at `now`.
+    fn after_loss(segs: usize, now: Instant) -> Cubic {
+        let mut cc = Cubic::new(MSS);
+        while cc.window() < segs * MSS {
+            cc.on_ack(now, MSS, None, 0);
+        }
+        assert_eq!(cc.window(), segs * MSS);
+        cc.on_congestion_event(now, segs * MSS);
+        cc.on_recovery_exit(now);
+        cc
+    }
+
+    /// One RTT of ACKs, one MSS each, all at `now`. Returns the window after.
+    fn round(cc: &mut Cubic, now: Instant, rtt: Duration) -> usize {
+        let acks = cc.window() / MSS;
+        for _ in 0..acks {
+            cc.on_ack(now, MSS, Some(rtt), cc.window());
+        }
+        cc.window()
+    }
+
+    #[test]
+    fn loss_sets_window_to_beta_times_w_max() {
+        let cc = after_loss(100, Instant::ZERO);
+        assert_eq!(cc.w_max(), 100.0);
+        assert_eq!(cc.window(), 70_000);
+        assert_eq!(cc.ssthresh(), 70_000);
+    }
+
+    #[test]
+    fn concave_then_plateau_at_k_then_convex() {
+        let rtt = Duration::from_millis(200);
+        let mut now = Instant::from_millis(1000);
+        let mut cc = after_loss(100, now);
+        let start = now;
+        let mut samples = Vec::new(); // (t, cwnd in segments)
+        for _ in 0..60 {
+            let w = round(&mut cc, now, rtt);
+            samples.push((
+                now.saturating_duration_since(start).as_secs_f64(),
+                w as f64 / MSS as f64,
+            ));
+            now += rtt;
+        }
+        // K = cbrt((100 - 70) / 0.4) ≈ 4.217 s.
+        let k = cc.k();
+        assert!((k - 75f64.cbrt()).abs() < 1e-9, "K = {k}");
+        // The window near t = K is back at W_max.
+        let (_, at_k) = samples
+            .iter()
+            .copied()
+            .min_by(|a, b| (a.0 - k).abs().total_cmp(&(b.0 - k).abs()))
+            .unwrap();
+        assert!((at_k - 100.0).abs() < 3.0, "window at K: {at_k}");
+        // Growth per round shrinks approaching K (concave) and rises after it (convex).
+        let growth = |i: usize| samples[i + 1].1 - samples[i].1;
+        let early = growth(1);
+        let near_k = growth(20);
+        let late = growth(40);
+        assert!(early > 2.0 * near_k, "early {early}, near K {near_k}");
+        assert!(late > 2.0 * near_k, "late {late}, near K {near_k}");
+        assert!(samples.windows(2).all(|w| w[1].1 >= w[0].1));
+        // Never more than 1.5x per RTT.
+        assert!(samples.windows(2).all(|w| w[1].1 <= 1.5 * w[0].1 + 1e-9));
+    }
+
+    #[test]
+    fn growth_clamped_to_one_and_a_half_per_rtt() {
+        // Far past K the cubic curve is steep; the target clamp limits the round's growth.
+        let mut cc = after_loss(10, Instant::ZERO);
+        let w0 = cc.window();
+        let w1 = round(
+            &mut cc,
+            Instant::from_millis(60_000),
+            Duration::from_millis(100),
+        );
+        assert!(w1 > w0);
+        assert!(w1 as f64 <= 1.5 * w0 as f64 + 1.0, "{w0} -> {w1}");
+    }
+
+    #[test]
+    fn fast_convergence_lowers_w_max() {
+        let mut cc = after_loss(100, Instant::ZERO);
+        // A second loss before the window regained W_max.
+        cc.on_congestion_event(Instant::from_millis(10), 70_000);
+        assert!(
+            (cc.w_max() - 70.0 * 1.7 / 2.0).abs() < 1e-9,
+            "{}",
+            cc.w_max()
+        );
+        assert_eq!(cc.window(), 49_000);
+        // A loss above W_max records the new maximum as is.
+        let mut cc = after_loss(100, Instant::ZERO);
+        for i in 0..200 {
+            round(
+                &mut cc,
+                Instant::from_millis(i * 100),
+                Duration::from_millis(100),
+            );
+        }
+        let segs = cc.window() as f64 / MSS as f64;
+        assert!(segs > 100.0);
+        cc.on_congestion_event(Instant::from_millis(20_000), cc.window());
+        // `window()` rounds down to whole bytes.
+        assert!((cc.w_max() - segs).abs() < 1e-3);
+    }
+
+    #[test]
+    fn reno_friendly_region_dominates_at_small_rtt() {
+        let rtt = Duration::from_millis(1);
+        let mut now = Instant::ZERO;
+        let mut cc = after_loss(100, now);
+        let rounds = 100;
+        for _ in 0..rounds {
+            round(&mut cc, now, rtt);
+            now += rtt;
+        }
+        // 100 ms after the loss the cubic curve has barely moved from 70 segments.
+        let segs = cc.window() as f64 / MSS as f64;
+        let cubic_only = C * (0.1 - cc.k()).powi(3) + 100.0;
+        // Reno-friendly: ALPHA per RTT up to the 100-segment prior window, then 1 per RTT.
+        let reno = 100.0 + (rounds as f64 - 30.0 / ALPHA);
+        assert!(cubic_only < reno - 2.0, "cubic {cubic_only}, Reno {reno}");
+        assert!(
+            (segs - reno).abs() < 3.0,
+            "window {segs}, Reno estimate {reno}"
+        );
+    }
+
+    #[test]
+    fn reno_friendly_alpha_becomes_one_past_the_prior_window() {
+        let rtt = Duration::from_millis(1);
+        let mut now = Instant::ZERO;
+        let mut cc = after_loss(20, now);
+        for _ in 0..100 {
+            round(&mut cc, now, rtt);
+            now += rtt;
+        }
+        // ALPHA per RTT from 14 to 20 segments, then one per RTT.
+        let to_prior = 6.0 / ALPHA;
+        let want = 20.0 + (100.0 - to_prior);
+        let segs = cc.window() as f64 / MSS as f64;
+        assert!((segs - want).abs() < 3.0, "window {segs}, want {want}");
+    }
+
+    #[test]
+    fn rto_drops_to_one_mss_and_restarts_slow_start() {
+        let mut cc = after_loss(100, Instant::ZERO);
+        round(
+            &mut cc,
+            Instant::from_millis(100),
+            Duration::from_millis(100),
+        );
+        cc.on_retransmission_timeout(Instant::from_millis(500), 40_000);
+        assert_eq!(cc.window(), MSS);
+        assert_eq!(cc.ssthresh(), 28_000);
+        assert_eq!(cc.k(), 0.0);
+        cc.on_ack(Instant::from_millis(600), MSS, None, MSS);
+        assert_eq!(cc.window(), 2 * MSS);
+        // Tiny flight: ssthresh floors at 2 MSS.
+        cc.on_retransmission_timeout(Instant::from_millis(700), 0);
+        assert_eq!(cc.ssthresh(), 2 * MSS);
+        assert_eq!(cc.window(), MSS);
+    }
+
+    #[test]
+    fn epoch_uses_caller_time_only() {
+        // Two controllers fed identical inputs agree exactly: nothing reads a clock.
+        let run = || {
+            let mut cc = after_loss(50, Instant::from_millis(5));
+            for i in 0..50 {
+                round(
+                    &mut cc,
+                    Instant::from_millis(5 + i * 30),
+                    Duration::from_millis(30),
+                );
+            }
+            cc.window()
+        };
+        assert_eq!(run(), run());
+    }
+
+    #[test]
+    fn zero_rtt_and_time_going_backwards_stay_finite() {
+        let mut cc = after_loss(20, Instant::from_millis(1000));
+        for i in 0..100 {
+            cc.on_ack(Instant::from_millis(1000 - i), MSS, Some(Duration::ZERO), 0);
+        }
+        let w = cc.window();
+        assert!(w >= 14_000 && cc.cwnd.is_finite());
+        // First CA ACK after slow start with no loss yet: no W_max, so K = 0.
+        let mut cc = Cubic::new(MSS);
+        cc.on_retransmission_timeout(Instant::ZERO, 0);
+        for _ in 0..10 {
+            cc.on_ack(Instant::ZERO, MSS, None, 0);
+        }
+        assert!(cc.k().is_finite() && cc.cwnd.is_finite());
     }
 }

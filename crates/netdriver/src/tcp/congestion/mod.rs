@@ -98,3 +98,68 @@ pub(crate) fn slow_start_increase(newly_acked: usize, mss: usize) -> usize {
 pub(crate) fn half_flight(bytes_in_flight: usize, mss: usize) -> usize {
     (bytes_in_flight / 2).max(mss.saturating_mul(2))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initial_window_per_rfc6928() {
+        assert_eq!(initial_window(1460), 14600);
+        assert_eq!(initial_window(1000), 10000);
+        assert_eq!(initial_window(536), 5360);
+        assert_eq!(initial_window(4000), 14600);
+        assert_eq!(initial_window(9000), 18000);
+        assert_eq!(initial_window(0), 10);
+        assert_eq!(initial_window(usize::MAX), usize::MAX);
+    }
+
+    #[test]
+    fn build_picks_the_algorithm() {
+        assert_eq!(CongestionAlgorithm::default(), CongestionAlgorithm::Cubic);
+        let c = CongestionAlgorithm::Cubic.build(1460);
+        assert_eq!(c.name(), "cubic");
+        assert_eq!(c.window(), 14600);
+        let r = CongestionAlgorithm::NewReno.build(1000);
+        assert_eq!(r.name(), "newreno");
+        assert_eq!(r.window(), 10000);
+        assert_eq!(r.ssthresh(), usize::MAX);
+    }
+
+    /// Every algorithm survives degenerate and hostile inputs with a sane window.
+    #[test]
+    fn no_panics_on_extreme_inputs() {
+        for alg in [CongestionAlgorithm::NewReno, CongestionAlgorithm::Cubic] {
+            for mss in [0, 1, 1460, usize::MAX] {
+                let mut cc = alg.build(mss);
+                let t = |us: u64| Instant::from_micros(us);
+                let rtts = [
+                    None,
+                    Some(Duration::ZERO),
+                    Some(Duration::MAX),
+                    Some(Duration::from_micros(1)),
+                ];
+                for (i, rtt) in rtts.iter().enumerate() {
+                    cc.on_ack(t(i as u64), usize::MAX, *rtt, usize::MAX);
+                    cc.on_ack(t(0), 0, *rtt, 0);
+                    cc.on_ack(t(u64::MAX), 1, *rtt, 0);
+                }
+                cc.on_congestion_event(t(5), 0);
+                cc.on_ack(t(u64::MAX), usize::MAX, Some(Duration::MAX), usize::MAX);
+                cc.on_ack(t(0), usize::MAX, Some(Duration::ZERO), 0);
+                cc.on_recovery_exit(t(3));
+                cc.on_congestion_event(t(6), usize::MAX);
+                cc.on_retransmission_timeout(t(7), usize::MAX);
+                cc.on_retransmission_timeout(t(7), 0);
+                cc.on_idle_restart(t(8));
+                for i in 0..100u64 {
+                    cc.on_ack(t(i * 1_000_000_000), usize::MAX / 2, Some(Duration::MAX), 0);
+                }
+                cc.set_mss(0);
+                cc.set_mss(mss);
+                assert!(cc.window() >= 1, "{alg:?} mss {mss}");
+                assert!(cc.ssthresh() >= 1, "{alg:?} mss {mss}");
+            }
+        }
+    }
+}

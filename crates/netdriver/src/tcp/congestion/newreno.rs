@@ -68,8 +68,8 @@ impl CongestionControl for NewReno {
             self.cwnd = self
                 .cwnd
                 .saturating_add(slow_start_increase(newly_acked, self.mss));
-            // Do not overshoot ssthresh by more than this ACK allows: the excess is counted
-            // toward congestion avoidance instead of slow start.
+            // Slow start ends at ssthresh; growth past it is congestion avoidance's, at its
+            // much slower rate.
             if self.cwnd > self.ssthresh {
                 self.cwnd = self.ssthresh;
             }
@@ -107,5 +107,104 @@ impl CongestionControl for NewReno {
     fn on_idle_restart(&mut self, _now: Instant) {
         self.cwnd = self.cwnd.min(initial_window(self.mss));
         self.bytes_acked = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MSS: usize = 1000;
+    const T: Instant = Instant::ZERO;
+
+    #[test]
+    fn slow_start_grows_by_acked_bytes_capped_at_two_mss() {
+        let mut cc = NewReno::new(MSS);
+        assert_eq!(cc.window(), 10 * MSS);
+        cc.on_ack(T, 1000, None, 10_000);
+        assert_eq!(cc.window(), 11_000);
+        cc.on_ack(T, 500, None, 10_000);
+        assert_eq!(cc.window(), 11_500);
+        // A stretch ACK for 5 MSS only earns L = 2 MSS (RFC 3465).
+        cc.on_ack(T, 5000, None, 10_000);
+        assert_eq!(cc.window(), 13_500);
+        cc.on_ack(T, 0, None, 10_000);
+        assert_eq!(cc.window(), 13_500);
+    }
+
+    #[test]
+    fn congestion_avoidance_adds_one_mss_per_window() {
+        let mut cc = NewReno::new(MSS);
+        cc.on_congestion_event(T, 20_000);
+        assert_eq!(cc.ssthresh(), 10_000);
+        assert_eq!(cc.window(), 10_000);
+        cc.on_recovery_exit(T);
+        assert_eq!(cc.window(), 10_000);
+        for _ in 0..9 {
+            cc.on_ack(T, MSS, None, 10_000);
+        }
+        assert_eq!(cc.window(), 10_000);
+        cc.on_ack(T, MSS, None, 10_000);
+        assert_eq!(cc.window(), 11_000);
+        // The next increase needs a full 11 000 bytes.
+        for _ in 0..10 {
+            cc.on_ack(T, MSS, None, 11_000);
+        }
+        assert_eq!(cc.window(), 11_000);
+        cc.on_ack(T, MSS, None, 11_000);
+        assert_eq!(cc.window(), 12_000);
+        // A huge stretch ACK grows by one MSS, not by the whole count.
+        cc.on_ack(T, 1_000_000, None, 12_000);
+        assert_eq!(cc.window(), 13_000);
+    }
+
+    #[test]
+    fn slow_start_stops_at_ssthresh() {
+        let mut cc = NewReno::new(MSS);
+        cc.on_retransmission_timeout(T, 7000);
+        assert_eq!(cc.ssthresh(), 3500);
+        assert_eq!(cc.window(), MSS);
+        cc.on_ack(T, 2000, None, 1000);
+        assert_eq!(cc.window(), 3000);
+        cc.on_ack(T, 2000, None, 1000);
+        assert_eq!(cc.window(), 3500);
+        cc.on_ack(T, 2000, None, 1000);
+        assert_eq!(cc.window(), 3500);
+    }
+
+    #[test]
+    fn loss_reduction_floors_at_two_mss() {
+        let mut cc = NewReno::new(MSS);
+        cc.on_congestion_event(T, 3000);
+        assert_eq!(cc.ssthresh(), 2000);
+        assert_eq!(cc.window(), 2000);
+        cc.on_retransmission_timeout(T, 0);
+        assert_eq!(cc.ssthresh(), 2000);
+        assert_eq!(cc.window(), 1000);
+    }
+
+    #[test]
+    fn set_mss_rederives_window_only_before_use() {
+        let mut cc = NewReno::new(536);
+        assert_eq!(cc.window(), 5360);
+        cc.set_mss(1460);
+        assert_eq!(cc.window(), 14_600);
+        cc.on_ack(T, 1460, None, 0);
+        cc.set_mss(1000);
+        assert_eq!(cc.window(), 16_060);
+    }
+
+    #[test]
+    fn idle_restart_caps_at_initial_window() {
+        let mut cc = NewReno::new(MSS);
+        for _ in 0..20 {
+            cc.on_ack(T, MSS, None, 0);
+        }
+        assert_eq!(cc.window(), 30_000);
+        cc.on_idle_restart(T);
+        assert_eq!(cc.window(), 10_000);
+        cc.on_retransmission_timeout(T, 10_000);
+        cc.on_idle_restart(T);
+        assert_eq!(cc.window(), MSS);
     }
 }

@@ -1,0 +1,215 @@
+//! Fixed-capacity byte rings for the send and receive directions.
+//!
+//! Both are allocated once at connection creation and never grow, so a connection's memory
+//! is bounded by its configuration whatever the peer sends.
+
+/// Copies `data` into `ring` starting at physical index `start`, wrapping at the end.
+/// `data.len()` must not exceed `ring.len()`.
+fn copy_in(ring: &mut [u8], start: usize, data: &[u8]) {
+    let first = data.len().min(ring.len() - start);
+    ring[start..start + first].copy_from_slice(&data[..first]);
+    ring[..data.len() - first].copy_from_slice(&data[first..]);
+}
+
+/// Copies `out.len()` bytes out of `ring` starting at physical index `start`, wrapping.
+fn copy_out(ring: &[u8], start: usize, out: &mut [u8]) {
+    let first = out.len().min(ring.len() - start);
+    out[..first].copy_from_slice(&ring[start..start + first]);
+    let rest = out.len() - first;
+    out[first..].copy_from_slice(&ring[..rest]);
+}
+
+/// The send ring: bytes the application queued, from the oldest unacknowledged byte on.
+/// Acknowledged bytes are consumed from the front; retransmissions read at an offset.
+#[derive(Debug, Clone)]
+pub struct TxRing {
+    buf: Vec<u8>,
+    head: usize,
+    len: usize,
+}
+
+impl TxRing {
+    /// An empty ring of `capacity` bytes.
+    pub fn new(capacity: usize) -> Self {
+        TxRing {
+            buf: vec![0; capacity],
+            head: 0,
+            len: 0,
+        }
+    }
+
+    /// Total size in bytes.
+    pub fn capacity(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no bytes are held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Room left.
+    pub fn free(&self) -> usize {
+        self.capacity() - self.len
+    }
+
+    /// Appends as much of `data` as fits; returns how many bytes were taken.
+    pub fn push(&mut self, data: &[u8]) -> usize {
+        let n = data.len().min(self.free());
+        if n == 0 {
+            return 0;
+        }
+        let tail = (self.head + self.len) % self.capacity();
+        copy_in(&mut self.buf, tail, &data[..n]);
+        self.len += n;
+        n
+    }
+
+    /// Copies bytes starting `offset` bytes after the front into `out`; returns how many
+    /// were copied (fewer than `out.len()` at the end of the data, 0 past it).
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> usize {
+        if offset >= self.len {
+            return 0;
+        }
+        let n = out.len().min(self.len - offset);
+        let start = (self.head + offset) % self.capacity();
+        copy_out(&self.buf, start, &mut out[..n]);
+        n
+    }
+
+    /// Drops `n` bytes (clamped to what is held) from the front.
+    pub fn consume(&mut self, n: usize) {
+        let n = n.min(self.len);
+        if n == 0 {
+            return;
+        }
+        self.head = (self.head + n) % self.capacity();
+        self.len -= n;
+        if self.len == 0 {
+            // Restarting at 0 keeps small transfers contiguous (cheaper copies).
+            self.head = 0;
+        }
+    }
+}
+
+/// The receive ring: in-order bytes the application has not read yet, followed by room
+/// into which out-of-order segments are written at their offset from `rcv_nxt`
+/// (smoltcp-style), so reassembly needs no second buffer. Which out-of-order ranges hold
+/// data is tracked separately by the [`Assembler`](crate::tcp::assembler::Assembler).
+#[derive(Debug, Clone)]
+pub struct RxRing {
+    buf: Vec<u8>,
+    head: usize,
+    /// Readable (in-order, committed) bytes.
+    len: usize,
+}
+
+impl RxRing {
+    /// An empty ring of `capacity` bytes.
+    pub fn new(capacity: usize) -> Self {
+        RxRing {
+            buf: vec![0; capacity],
+            head: 0,
+            len: 0,
+        }
+    }
+
+    /// Total size in bytes.
+    pub fn capacity(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// In-order bytes ready for the application.
+    pub fn readable(&self) -> usize {
+        self.len
+    }
+
+    /// Room after the readable bytes: the most the receive window may offer.
+    pub fn free(&self) -> usize {
+        self.capacity() - self.len
+    }
+
+    /// Writes `data` at `offset` bytes after the readable region (offset 0 is `rcv_nxt`)
+    /// without making it readable. Bytes beyond the ring's free room are dropped; returns
+    /// how many bytes were stored.
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) -> usize {
+        let room = self.free();
+        if offset >= room {
+            return 0;
+        }
+        let n = data.len().min(room - offset);
+        if n == 0 {
+            return 0;
+        }
+        let start = (self.head + self.len + offset) % self.capacity();
+        copy_in(&mut self.buf, start, &data[..n]);
+        n
+    }
+
+    /// Makes the next `n` written bytes readable (clamped to the free room).
+    pub fn commit(&mut self, n: usize) {
+        self.len += n.min(self.free());
+    }
+
+    /// Reads up to `out.len()` readable bytes; returns how many.
+    pub fn read(&mut self, out: &mut [u8]) -> usize {
+        let n = out.len().min(self.len);
+        if n == 0 {
+            return 0;
+        }
+        copy_out(&self.buf, self.head, &mut out[..n]);
+        self.head = (self.head + n) % self.capacity();
+        self.len -= n;
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tx_ring_wraps() {
+        let mut r = TxRing::new(8);
+        assert_eq!(r.push(b"abcdef"), 6);
+        r.consume(4);
+        assert_eq!(r.push(b"ghijklmn"), 6);
+        assert_eq!(r.len(), 8);
+        let mut out = [0u8; 8];
+        assert_eq!(r.read_at(0, &mut out), 8);
+        assert_eq!(&out, b"efghijkl");
+        assert_eq!(r.read_at(3, &mut out[..2]), 2);
+        assert_eq!(&out[..2], b"hi");
+        assert_eq!(r.read_at(8, &mut out), 0);
+    }
+
+    #[test]
+    fn rx_ring_out_of_order() {
+        let mut r = RxRing::new(8);
+        assert_eq!(r.write_at(3, b"def"), 3);
+        assert_eq!(r.write_at(0, b"abc"), 3);
+        r.commit(6);
+        let mut out = [0u8; 4];
+        assert_eq!(r.read(&mut out), 4);
+        assert_eq!(&out, b"abcd");
+        // Wraps: 2 readable, 6 free; writing at offset 4 keeps only 2 bytes.
+        assert_eq!(r.write_at(4, b"wxyz"), 2);
+        assert_eq!(r.write_at(8, b"z"), 0);
+        assert_eq!(r.free(), 6);
+    }
+
+    #[test]
+    fn zero_capacity_is_harmless() {
+        let mut t = TxRing::new(0);
+        assert_eq!(t.push(b"x"), 0);
+        t.consume(1);
+        let mut r = RxRing::new(0);
+        assert_eq!(r.write_at(0, b"x"), 0);
+        assert_eq!(r.read(&mut [0u8; 1]), 0);
+    }
+}

@@ -1,0 +1,90 @@
+//! Per-connection configuration.
+
+use crate::tcp::congestion::CongestionAlgorithm;
+use crate::time::Duration;
+
+/// Settings of one TCP connection. `Config::default()` gives Linux-like defaults; tests
+/// shrink the timers (`time_wait`, `min_rto`, ...) to keep virtual time short.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The MSS we advertise in our SYN (what we can receive without fragmentation). It also
+    /// caps the segments we send. Default 1460 (an Ethernet MTU of 1500).
+    pub mss: u16,
+    /// Receive buffer (ring) size in bytes; the advertised window never exceeds its free
+    /// space. Default 256 KiB.
+    pub rx_buffer: usize,
+    /// Send buffer (ring) size in bytes: data queued by `send` and not yet acknowledged.
+    /// Default 256 KiB.
+    pub tx_buffer: usize,
+    /// Nagle's algorithm (RFC 9293 §3.7.4). Default on; `set_nodelay(true)` turns it off.
+    pub nagle: bool,
+    /// Delayed-ACK timeout (RFC 9293 §3.8.6.3). `None` acknowledges every segment at once.
+    /// Default `Some(40 ms)`.
+    pub delayed_ack: Option<Duration>,
+    /// RTO before the first RTT sample (RFC 6298 §2.1). Default 1 s.
+    pub initial_rto: Duration,
+    /// Lower bound on the RTO. Default 200 ms; may be as low as 1 ms for µs-scale links
+    /// (a fixed 1 s floor was smoltcp #1190).
+    pub min_rto: Duration,
+    /// Upper bound on the RTO, and on the persist (zero-window probe) interval. Default 60 s.
+    pub max_rto: Duration,
+    /// Give up (state Closed, error `TimedOut`, RST sent) when unacknowledged data, SYN or
+    /// FIN makes no progress for this long. Default 60 s. Without it a dead peer would hang
+    /// the connection forever (smoltcp #1034, #323).
+    pub user_timeout: Duration,
+    /// How many times a SYN (or SYN-ACK) is retransmitted before giving up with
+    /// `TimedOut`. Default 6 (about 127 s with a 1 s initial RTO).
+    pub syn_retries: u32,
+    /// Keep-alive idle interval; `None` (default) disables keep-alive. When set, an idle
+    /// connection is probed after this long and then every interval; after
+    /// [`KEEPALIVE_PROBES`](crate::tcp::connection::KEEPALIVE_PROBES) unanswered probes it
+    /// fails with `TimedOut`.
+    pub keepalive: Option<Duration>,
+    /// Congestion-control algorithm. Default CUBIC.
+    pub congestion: CongestionAlgorithm,
+    /// Offer window scaling (RFC 7323 §2). Default true.
+    pub window_scaling: bool,
+    /// Offer selective acknowledgements (RFC 2018). Default true.
+    pub sack: bool,
+    /// Offer timestamps (RFC 7323 §3). Default true.
+    pub timestamps: bool,
+    /// Most disjoint out-of-order ranges the receiver holds; a segment needing more is
+    /// dropped (bounded memory against SegmentSmack-like floods). Default 16.
+    pub max_ooo_ranges: usize,
+    /// Most disjoint SACKed ranges the sender remembers (CVE-2019-11477). Default 32.
+    pub max_sack_ranges: usize,
+    /// TIME-WAIT duration, 2*MSL (RFC 9293 §3.4.2). Default 60 s.
+    pub time_wait: Duration,
+    /// Duplicate-ACK threshold for fast retransmit (RFC 5681 §3.2). Default 3.
+    pub dup_ack_threshold: usize,
+    /// Challenge ACKs per second (RFC 5961 §7), counted per connection: a global counter
+    /// leaks sequence state across connections (CVE-2016-5696). Default 10.
+    pub challenge_ack_limit_per_sec: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mss: 1460,
+            rx_buffer: 256 * 1024,
+            tx_buffer: 256 * 1024,
+            nagle: true,
+            delayed_ack: Some(Duration::from_millis(40)),
+            initial_rto: Duration::from_secs(1),
+            min_rto: Duration::from_millis(200),
+            max_rto: Duration::from_secs(60),
+            user_timeout: Duration::from_secs(60),
+            syn_retries: 6,
+            keepalive: None,
+            congestion: CongestionAlgorithm::default(),
+            window_scaling: true,
+            sack: true,
+            timestamps: true,
+            max_ooo_ranges: 16,
+            max_sack_ranges: 32,
+            time_wait: Duration::from_secs(60),
+            dup_ack_threshold: 3,
+            challenge_ack_limit_per_sec: 10,
+        }
+    }
+}

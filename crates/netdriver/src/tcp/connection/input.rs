@@ -1,0 +1,676 @@
+//! Segment arrival: RFC 9293 §3.10.7 ("SEGMENT ARRIVES"), hardened by RFC 5961, with
+//! RFC 7323 timestamps, RFC 2018 / RFC 6675 SACK input and RFC 5681 / RFC 6582 loss
+//! detection. Every path is panic-free for any header values and payload.
+
+use tracing::trace;
+
+use super::{seq_len, timestamp_value, Connection, State};
+use crate::tcp::SeqNumber;
+use crate::time::{Duration, Instant};
+use crate::wire::tcp::{SackBlock, TcpFlags, TcpRepr};
+
+impl Connection {
+    /// Feeds one received segment for this connection's 4-tuple (RFC 9293 §3.10.7).
+    /// Checksums must already be verified. The ACK field is taken as present exactly when
+    /// `repr.ack` is `Some`. Any reply (ACK, RST, SYN-ACK) comes out of `poll_transmit`.
+    pub fn handle_segment(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+        self.counters.segments_received += 1;
+        if repr.dst_port != self.local.port() || repr.src_port != self.remote.port() {
+            trace!(?repr, "tcp: segment for another port pair dropped");
+            return;
+        }
+        // A payload longer than any window would break sequence arithmetic; no real
+        // segment is that long (the IPv4 total length caps it at 64 KiB).
+        if payload.len() >= (1 << 30) {
+            trace!("tcp: absurd payload length dropped");
+            return;
+        }
+        match self.state {
+            State::Closed => {
+                // §3.10.7.1: a CLOSED connection answers everything but a RST with a RST.
+                if let Some(rst) = super::rst_for_unexpected(repr, payload.len()) {
+                    self.pending_rst = Some(rst);
+                }
+            }
+            State::SynSent => self.handle_in_syn_sent(now, repr, payload),
+            _ => self.handle_in_other_states(now, repr, payload),
+        }
+    }
+
+    /// RFC 9293 §3.10.7.3, SYN-SENT.
+    fn handle_in_syn_sent(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+        let flags = repr.flags;
+        // First: the ACK must acknowledge our SYN: ISS < SEG.ACK <= SND.NXT.
+        if let Some(ack) = repr.ack {
+            if ack.distance_from(self.iss) <= 0 || ack.distance_from(self.snd_max) > 0 {
+                trace!(
+                    ack = ack.0,
+                    "tcp: SYN-SENT: unacceptable ACK, answering RST"
+                );
+                if !flags.rst() {
+                    self.pending_rst = super::rst_for_unexpected(repr, payload.len());
+                }
+                return;
+            }
+        }
+        // Second: a RST is acceptable only with an acceptable ACK (RFC 5961 §3.2 note for
+        // SYN-SENT); then the peer refused the connection.
+        if flags.rst() {
+            if repr.ack.is_some() {
+                self.fail(crate::tcp::TcpError::Refused, false);
+            } else {
+                trace!("tcp: SYN-SENT: RST without ACK ignored");
+            }
+            return;
+        }
+        // Fourth: SYN.
+        if !flags.syn() {
+            trace!("tcp: SYN-SENT: segment without SYN or RST dropped");
+            return;
+        }
+        self.on_peer_syn(repr);
+        self.last_rcv = now;
+        match repr.ack {
+            Some(ack) => {
+                // Our SYN is acknowledged: ESTABLISHED. The window of a SYN-ACK is not
+                // scaled (RFC 7323 §2.2).
+                self.snd_wl2 = ack;
+                self.on_new_ack(now, repr, ack);
+                self.set_state(if self.fin_queued {
+                    State::FinWait1
+                } else {
+                    State::Established
+                });
+                self.ack_now = true;
+                self.arm_keepalive(now);
+                if !payload.is_empty() || flags.fin() {
+                    self.process_text(now, repr.seq + 1, payload, flags.fin());
+                }
+            }
+            None => {
+                // Simultaneous open: SYN-RECEIVED, answer with SYN-ACK by rewinding to the
+                // SYN. Any text waits for the peer's retransmission.
+                self.set_state(State::SynReceived);
+                self.snd_nxt = self.iss;
+            }
+        }
+    }
+
+    /// RFC 9293 §3.10.7.4 for SYN-RECEIVED and the synchronized states.
+    fn handle_in_other_states(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+        let flags = repr.flags;
+        let seq = repr.seq;
+        let seg_len = payload.len() + usize::from(flags.syn()) + usize::from(flags.fin());
+        let rcv_wnd = self.rx.free();
+
+        if flags.rst() {
+            self.handle_rst(now, seq, rcv_wnd);
+            return;
+        }
+
+        if flags.syn() {
+            if self.state == State::SynReceived && seq == self.irs {
+                if repr.ack.is_none() {
+                    // The peer retransmitted its SYN: our SYN-ACK was lost. Resend it.
+                    trace!("tcp: SYN-RECEIVED: retransmitted SYN, resending SYN-ACK");
+                    self.snd_nxt = self.iss;
+                    return;
+                }
+                // Simultaneous open (RFC 9293 §3.5 figure 7): the peer's SYN-ACK repeats
+                // its SYN and acknowledges ours. Take the SYN as already seen, process the
+                // rest as the handshake's ACK, and acknowledge.
+                let mut rest = *repr;
+                rest.flags = TcpFlags(flags.0 & !TcpFlags::SYN.0);
+                rest.seq = seq + 1;
+                self.ack_now = true;
+                self.handle_in_other_states(now, &rest, payload);
+                return;
+            }
+            // RFC 5961 §4: a SYN in a synchronized state, whatever its sequence number,
+            // gets a (rate-limited) challenge ACK and is dropped.
+            trace!("tcp: SYN in synchronized state, challenge ACK");
+            self.challenge_ack(now);
+            return;
+        }
+
+        if self.state == State::TimeWait {
+            self.handle_in_time_wait(now, repr, payload);
+            return;
+        }
+
+        // First: sequence acceptability (§3.10.7.4 table).
+        let window_probe = rcv_wnd == 0 && seg_len > 0 && seq == self.rcv_nxt;
+        if !window_probe && !self.segment_acceptable(seq, seg_len, rcv_wnd) {
+            trace!(
+                seq = seq.0,
+                seg_len,
+                rcv_nxt = self.rcv_nxt.0,
+                rcv_wnd,
+                "tcp: unacceptable segment, ACK"
+            );
+            self.ack_now = true;
+            return;
+        }
+        self.last_rcv = now;
+        self.keepalive_probes_out = 0;
+        self.arm_keepalive(now);
+
+        // RFC 7323 §4.3: TS.Recent follows the segment that covers Last.ACK.sent.
+        if self.ts_enabled {
+            if let Some((tsval, _)) = repr.options.timestamp {
+                if (tsval.wrapping_sub(self.ts_recent) as i32) >= 0
+                    && seq.distance_from(self.last_ack_sent) <= 0
+                {
+                    self.ts_recent = tsval;
+                }
+            }
+        }
+
+        // Fifth: ACK. Without one the segment is dropped (§3.10.7.4).
+        let Some(ack) = repr.ack else {
+            trace!("tcp: segment without ACK dropped");
+            return;
+        };
+
+        if self.state == State::SynReceived {
+            if ack.distance_from(self.snd_una) > 0 && ack.distance_from(self.snd_max) <= 0 {
+                let next = if self.fin_queued {
+                    State::FinWait1
+                } else {
+                    State::Established
+                };
+                self.set_state(next);
+                // The handshake's ACK sets the window (§3.10.7.4 SYN-RECEIVED).
+                self.snd_wl1 = seq;
+                self.snd_wl2 = ack;
+                self.snd_wnd = usize::from(repr.window) << self.snd_wscale;
+                self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
+                self.arm_keepalive(now);
+            } else {
+                trace!(
+                    ack = ack.0,
+                    "tcp: SYN-RECEIVED: unacceptable ACK, answering RST"
+                );
+                self.pending_rst = super::rst_for_unexpected(repr, payload.len());
+                return;
+            }
+        }
+
+        // RFC 5961 §5.2: acceptable ACKs lie in [SND.UNA - MAX.SND.WND, SND.NXT].
+        let upper = match self.probe_end {
+            Some(end) => end.max(self.snd_max),
+            None => self.snd_max,
+        };
+        if ack.distance_from(upper) > 0 {
+            trace!(
+                ack = ack.0,
+                snd_max = self.snd_max.0,
+                "tcp: ACK of unsent data, challenge ACK"
+            );
+            self.challenge_ack(now);
+            return;
+        }
+        let oldest = self
+            .snd_una
+            .0
+            .wrapping_sub(self.max_snd_wnd.min(1 << 30) as u32);
+        if ack.distance_from(SeqNumber(oldest)) < 0 {
+            trace!(ack = ack.0, "tcp: ACK too old, dropped (RFC 5961 §5.2)");
+            return;
+        }
+
+        self.process_ack(now, repr, ack, payload.len());
+        if self.state == State::Closed {
+            return;
+        }
+
+        // Sixth: URG is ignored. Seventh: segment text; eighth: FIN.
+        match self.state {
+            State::Established | State::FinWait1 | State::FinWait2 => {
+                if window_probe {
+                    // Zero window: the probe's byte cannot be stored; a FIN can still be
+                    // taken since it needs no buffer space.
+                    self.ack_now = true;
+                    if payload.is_empty() && flags.fin() {
+                        self.process_text(now, seq, &[], true);
+                    }
+                } else if !payload.is_empty() || flags.fin() {
+                    self.process_text(now, seq, payload, flags.fin());
+                }
+            }
+            _ => {
+                // CLOSE-WAIT, CLOSING, LAST-ACK: the peer's FIN came already; anything
+                // new is a retransmission to acknowledge.
+                if seg_len > 0 {
+                    self.ack_now = true;
+                }
+            }
+        }
+    }
+
+    /// RFC 9293 §3.10.7.4 table of segment acceptability. Wraparound-safe.
+    fn segment_acceptable(&self, seq: SeqNumber, seg_len: usize, rcv_wnd: usize) -> bool {
+        let wnd = rcv_wnd.min(1 << 30) as u32;
+        match (seg_len, wnd) {
+            (0, 0) => seq == self.rcv_nxt,
+            (0, _) => seq.in_window(self.rcv_nxt, wnd),
+            (_, 0) => false,
+            (len, _) => {
+                let last = SeqNumber(seq.0.wrapping_add(len as u32).wrapping_sub(1));
+                seq.in_window(self.rcv_nxt, wnd) || last.in_window(self.rcv_nxt, wnd)
+            }
+        }
+    }
+
+    /// RST processing with RFC 5961 §3.2: reset only on an exact match with RCV.NXT; an
+    /// in-window RST gets a challenge ACK; anything else is dropped silently.
+    fn handle_rst(&mut self, now: Instant, seq: SeqNumber, rcv_wnd: usize) {
+        if self.state == State::TimeWait {
+            // RFC 1337: no TIME-WAIT assassination.
+            trace!("tcp: RST in TIME-WAIT ignored (RFC 1337)");
+            return;
+        }
+        if seq == self.rcv_nxt {
+            match self.state {
+                State::SynReceived if !self.passive => {
+                    self.fail(crate::tcp::TcpError::Refused, false)
+                }
+                State::Closing | State::LastAck => {
+                    // Both sides were closing; nothing is lost (§3.10.7.4 second).
+                    trace!("tcp: RST while closing, CLOSED");
+                    self.enter_closed();
+                }
+                _ => self.fail(crate::tcp::TcpError::Reset, false),
+            }
+        } else if seq.in_window(self.rcv_nxt, rcv_wnd.clamp(1, 1 << 30) as u32) {
+            trace!(
+                seq = seq.0,
+                rcv_nxt = self.rcv_nxt.0,
+                "tcp: in-window RST, challenge ACK"
+            );
+            self.challenge_ack(now);
+        } else {
+            trace!(seq = seq.0, "tcp: out-of-window RST dropped");
+        }
+    }
+
+    /// TIME-WAIT: the only expected arrival is a retransmitted FIN, which is acknowledged
+    /// and restarts the 2*MSL timer (§3.10.7.4 eighth step); other segments carrying
+    /// sequence space are answered with an ACK.
+    fn handle_in_time_wait(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+        if repr.flags.fin() {
+            let fin_seq = repr.seq + payload.len();
+            if fin_seq + 1 == self.rcv_nxt {
+                trace!("tcp: retransmitted FIN in TIME-WAIT, restarting 2MSL");
+                self.enter_time_wait(now);
+            }
+            self.ack_now = true;
+        } else if !payload.is_empty() {
+            self.ack_now = true;
+        }
+    }
+
+    /// Processes an acceptable ACK value (§3.10.7.4 fifth step): new data acknowledged,
+    /// duplicate ACKs, SACK blocks, the send window, and FIN acknowledgement.
+    fn process_ack(&mut self, now: Instant, repr: &TcpRepr, ack: SeqNumber, payload_len: usize) {
+        let advance = ack.distance_from(self.snd_una);
+        let old_wnd = self.snd_wnd;
+
+        let mut newly_sacked = 0;
+        if self.sack_enabled {
+            let mut blocks = [SackBlock {
+                left: SeqNumber(0),
+                right: SeqNumber(0),
+            }; 4];
+            let mut n = 0;
+            for block in repr.options.sack_blocks.iter().flatten() {
+                blocks[n] = *block;
+                n += 1;
+            }
+            let una = if advance > 0 { ack } else { self.snd_una };
+            newly_sacked = self
+                .sack_board
+                .on_sack_blocks(una, self.snd_max, &blocks[..n]);
+        }
+
+        if advance > 0 {
+            self.on_new_ack(now, repr, ack);
+        } else if advance == 0 {
+            // RFC 5681 §2 duplicate ACK: nothing new acknowledged, data outstanding, no
+            // payload, no SYN/FIN, and the same window.
+            let window = usize::from(repr.window) << self.snd_wscale;
+            let is_dup = self.snd_max != self.snd_una
+                && payload_len == 0
+                && !repr.flags.syn()
+                && !repr.flags.fin()
+                && window == old_wnd;
+            // With SACK, an ACK that SACKs new data is evidence of loss too, even when it
+            // carries data (both directions busy) (RFC 6675 §2 DupAck, §5).
+            if is_dup || newly_sacked > 0 {
+                self.on_duplicate_ack(now, newly_sacked);
+            }
+        }
+
+        // Window update (§3.10.7.4): only from a segment at least as new as the last one
+        // that updated it.
+        if advance >= 0 {
+            let newer = self.snd_wl1.distance_from(repr.seq) < 0
+                || (self.snd_wl1 == repr.seq && self.snd_wl2.distance_from(ack) <= 0);
+            if newer {
+                self.snd_wnd = usize::from(repr.window) << self.snd_wscale;
+                self.snd_wl1 = repr.seq;
+                self.snd_wl2 = ack;
+                self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
+                if self.snd_wnd > 0 {
+                    // The window opened: the persist timer has done its job.
+                    self.persist_deadline = None;
+                    self.persist_backoff = 0;
+                    self.persist_force = false;
+                }
+            }
+        }
+    }
+
+    /// A cumulative ACK covering new sequence space.
+    fn on_new_ack(&mut self, now: Instant, repr: &TcpRepr, ack: SeqNumber) {
+        let prev_una = self.snd_una;
+        let acked_total = seq_len(prev_una, ack);
+        let in_flight = self.bytes_in_flight();
+
+        // Data bytes leave the send ring (the SYN and FIN have no bytes there).
+        let data_acked = seq_len(self.tx_base, ack).min(self.tx.len());
+        self.tx.consume(data_acked);
+        self.tx_base += data_acked;
+        self.counters.bytes_acked += data_acked as u64;
+        let fin_acked = self.fin_queued && self.tx.is_empty() && ack == self.tx_base + 1;
+
+        self.snd_una = ack;
+        if self.snd_nxt.distance_from(ack) < 0 {
+            self.snd_nxt = ack;
+        }
+        if self.snd_max.distance_from(ack) < 0 {
+            // A zero-window probe's byte was accepted.
+            self.snd_max = ack;
+        }
+        if let Some(end) = self.probe_end {
+            if end.distance_from(ack) <= 0 {
+                self.probe_end = None;
+            }
+        }
+        if self.high_rxt.distance_from(ack) < 0 {
+            self.high_rxt = ack;
+        }
+        if self.sack_enabled {
+            self.sack_board.on_cumulative_ack(ack);
+        }
+
+        // RTT sample: RFC 7323 §4 (RTTM) when timestamps are on, else Karn's timed
+        // segment (RFC 6298 §3), which retransmissions invalidate.
+        let mut sample = None;
+        if self.ts_enabled {
+            if let Some((_, tsecr)) = repr.options.timestamp {
+                let micros = timestamp_value(now).wrapping_sub(tsecr);
+                if (micros as i32) >= 0 {
+                    sample = Some(Duration::from_micros(u64::from(micros)));
+                }
+            }
+        }
+        if let Some((end, sent_at)) = self.rtt_timed {
+            if end.distance_from(ack) <= 0 {
+                self.rtt_timed = None;
+                if sample.is_none() {
+                    sample = Some(now.saturating_duration_since(sent_at));
+                }
+            }
+        }
+        if let Some(rtt) = sample {
+            // Also cancels any RTO backoff: the path is demonstrably alive.
+            self.rtt.on_sample(rtt);
+        }
+
+        // Loss recovery and congestion control.
+        if self.in_recovery {
+            if self.recover.distance_from(ack) <= 0 {
+                // Full ACK: recovery ends (RFC 6582 §3.2 step 3, RFC 6675 §5).
+                trace!(ack = ack.0, "tcp: loss recovery complete");
+                self.in_recovery = false;
+                self.recovery_inflation = 0;
+                self.dup_acks = 0;
+                self.cc.on_recovery_exit(now);
+            } else if !self.sack_enabled {
+                // NewReno partial ACK (RFC 6582 §3.2 step 4): retransmit the next hole,
+                // deflate by the amount acknowledged, add back one MSS.
+                let smss = self.send_mss();
+                self.fast_rtx_pending = true;
+                self.recovery_inflation = self
+                    .recovery_inflation
+                    .saturating_sub(acked_total)
+                    .saturating_add(smss);
+            }
+        } else {
+            self.dup_acks = 0;
+            if self.state.is_synchronized() && data_acked > 0 {
+                self.cc.on_ack(now, data_acked, sample, in_flight);
+            }
+        }
+
+        // RFC 6298 §5.2/§5.3: stop the timer when all is acknowledged, else restart it
+        // (smoltcp #1018: forgetting to restart).
+        self.rtx_deadline = if self.snd_una == self.snd_max {
+            None
+        } else {
+            Some(now + self.rtt.rto())
+        };
+        self.last_progress = now;
+        self.syn_retries_done = 0;
+
+        if fin_acked {
+            match self.state {
+                State::FinWait1 => self.set_state(State::FinWait2),
+                State::Closing => self.enter_time_wait(now),
+                State::LastAck => {
+                    trace!("tcp: FIN acknowledged in LAST-ACK, CLOSED");
+                    self.enter_closed();
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A duplicate ACK (RFC 5681 §3.2; RFC 6675 §5 when SACK is on).
+    fn on_duplicate_ack(&mut self, now: Instant, newly_sacked: usize) {
+        self.dup_acks = self.dup_acks.saturating_add(1);
+        let smss = self.send_mss();
+        if self.in_recovery {
+            if !self.sack_enabled {
+                // Step 4: each further duplicate means a segment left the network.
+                self.recovery_inflation = self.recovery_inflation.saturating_add(smss);
+            }
+            return;
+        }
+        let threshold_hit = self.dup_acks >= self.config.dup_ack_threshold.max(1);
+        let sack_loss = self.sack_enabled
+            && newly_sacked > 0
+            && self
+                .sack_board
+                .is_lost(self.snd_una, self.config.dup_ack_threshold.max(1), smss);
+        // RFC 6582 §3.2 step 1-2: no new recovery for ACKs below the previous recovery
+        // point (duplicates caused by our own retransmissions after an RTO).
+        let past_recover = self.snd_una.distance_from(self.recover) >= 0;
+        if (threshold_hit || sack_loss) && past_recover {
+            self.enter_recovery(now);
+        }
+    }
+
+    /// Enters fast retransmit / fast recovery (RFC 5681 §3.2 steps 2-3, RFC 6675 §5).
+    fn enter_recovery(&mut self, now: Instant) {
+        let smss = self.send_mss();
+        trace!(
+            snd_una = self.snd_una.0,
+            snd_max = self.snd_max.0,
+            "tcp: fast retransmit"
+        );
+        self.in_recovery = true;
+        self.recover = self.snd_max;
+        self.high_rxt = self.snd_una;
+        self.cc.on_congestion_event(now, self.bytes_in_flight());
+        self.recovery_inflation = if self.sack_enabled {
+            0
+        } else {
+            self.config.dup_ack_threshold.saturating_mul(smss)
+        };
+        self.fast_rtx_pending = true;
+        self.rtt_timed = None;
+        self.counters.fast_retransmits += 1;
+    }
+
+    /// Segment text and FIN (§3.10.7.4 seventh and eighth steps). `seq` is the sequence
+    /// number of the first payload byte (or of the FIN if there is no payload).
+    pub(super) fn process_text(&mut self, now: Instant, seq: SeqNumber, payload: &[u8], fin: bool) {
+        let had_ooo = !self.assembler.is_empty();
+        let rel = seq.distance_from(self.rcv_nxt);
+        // Bytes before RCV.NXT are duplicates: skip them.
+        let skip = if rel < 0 {
+            rel.unsigned_abs() as usize
+        } else {
+            0
+        };
+        let offset = if rel > 0 { rel as usize } else { 0 };
+        let data = payload.get(skip..).unwrap_or(&[]);
+        let room = self.rx.free();
+        let fit = data.len().min(room.saturating_sub(offset));
+        let data = &data[..fit];
+        let whole_segment_fits = fit == payload.len().saturating_sub(skip);
+
+        let mut delivered = 0;
+        if offset == 0 {
+            if !data.is_empty() {
+                self.rx.write_at(0, data);
+                delivered = match self.assembler.add(0, data.len()) {
+                    Ok(()) => self.assembler.remove_front(),
+                    Err(_) => {
+                        // No range to spare, but in-order data needs none: consume it
+                        // directly and merge whatever it now touches.
+                        self.assembler.advance(data.len());
+                        data.len() + self.assembler.remove_front()
+                    }
+                };
+            }
+        } else if !data.is_empty() {
+            match self.assembler.add(offset, data.len()) {
+                Ok(()) => {
+                    self.rx.write_at(offset, data);
+                    self.note_sack_arrival(seq);
+                }
+                Err(_) => {
+                    trace!(
+                        offset,
+                        len = data.len(),
+                        "tcp: out-of-order range limit, segment dropped"
+                    );
+                    self.counters.ooo_dropped += 1;
+                }
+            }
+            // RFC 5681 §4.2: out-of-order data is acknowledged at once (duplicate ACK).
+            self.ack_now = true;
+        } else if !payload.is_empty() {
+            // Nothing of it fits or all of it is old: acknowledge.
+            self.ack_now = true;
+        }
+
+        if delivered > 0 {
+            self.rx.commit(delivered);
+            self.rcv_nxt += delivered;
+            self.counters.bytes_received += delivered as u64;
+            if had_ooo {
+                // Filling a gap: ACK at once so the sender learns quickly (RFC 5681 §4.2).
+                self.ack_now = true;
+            } else {
+                self.schedule_delayed_ack(now);
+            }
+        }
+
+        if fin && whole_segment_fits {
+            let fin_seq = seq + payload.len();
+            if fin_seq.distance_from(self.rcv_nxt) > 0 {
+                self.pending_fin = Some(fin_seq);
+                self.ack_now = true;
+            } else if fin_seq == self.rcv_nxt {
+                self.pending_fin = Some(fin_seq);
+            }
+        }
+        if let Some(fin_seq) = self.pending_fin {
+            if fin_seq == self.rcv_nxt {
+                self.pending_fin = None;
+                self.receive_fin(now);
+            }
+        }
+    }
+
+    /// The peer's FIN, now in order (§3.10.7.4 eighth step).
+    fn receive_fin(&mut self, now: Instant) {
+        self.rcv_nxt += 1;
+        self.fin_received = true;
+        self.ack_now = true;
+        self.assembler.clear();
+        trace!(state = ?self.state, "tcp: FIN received");
+        match self.state {
+            State::SynReceived | State::Established => self.set_state(State::CloseWait),
+            State::FinWait1 => {
+                // Our FIN is acknowledged iff SND.UNA passed it.
+                let fin_acked =
+                    self.fin_queued && self.tx.is_empty() && self.snd_una == self.tx_base + 1;
+                if fin_acked {
+                    self.enter_time_wait(now);
+                } else {
+                    self.set_state(State::Closing);
+                }
+            }
+            State::FinWait2 => self.enter_time_wait(now),
+            _ => {}
+        }
+    }
+
+    /// RFC 5681 §4.2 / RFC 9293 §3.8.6.3: ACK at least every second data segment, else
+    /// within the delayed-ACK timeout. The timer is armed by the first unacknowledged
+    /// segment and not pushed back by later ones (smoltcp #935).
+    fn schedule_delayed_ack(&mut self, now: Instant) {
+        match self.config.delayed_ack {
+            None => self.ack_now = true,
+            Some(delay) => {
+                self.segs_unacked += 1;
+                if self.segs_unacked >= 2 {
+                    self.ack_now = true;
+                } else if self.delayed_ack_deadline.is_none() {
+                    self.delayed_ack_deadline = Some(now + delay);
+                }
+            }
+        }
+    }
+
+    /// Remembers that an out-of-order segment starting at `seq` arrived, newest first, for
+    /// the SACK block order of RFC 2018 §4.
+    fn note_sack_arrival(&mut self, seq: SeqNumber) {
+        if !self.sack_enabled {
+            return;
+        }
+        let mut recent = [Some(seq), None, None, None];
+        let mut n = 1;
+        for s in self.sack_recent.iter().flatten() {
+            if n == recent.len() {
+                break;
+            }
+            if *s != seq {
+                recent[n] = Some(*s);
+                n += 1;
+            }
+        }
+        self.sack_recent = recent;
+    }
+
+    pub(super) fn arm_keepalive(&mut self, now: Instant) {
+        if let Some(interval) = self.config.keepalive {
+            self.keepalive_deadline = Some(now + interval);
+        }
+    }
+}

@@ -1,0 +1,841 @@
+//! The sans-IO TCP connection: one RFC 9293 state machine.
+//!
+//! A [`Connection`] never reads a clock and never touches a socket. The driver (the netif)
+//! feeds it received segments ([`Connection::handle_segment`]) and expired timers
+//! ([`Connection::handle_timeout`]) with the current time, then drains the segments it wants
+//! sent ([`Connection::poll_transmit`], until `None`) and asks when to call it next
+//! ([`Connection::poll_timeout`]).
+//!
+//! The code is split by direction:
+//! - `input`: segment arrival (RFC 9293 §3.10.7, RFC 5961, RFC 7323, loss detection),
+//! - `output`: segment construction (sender and receiver SWS avoidance, Nagle, delayed
+//!   ACK, SACK blocks, NewReno and RFC 6675 SACK recovery),
+//! - `timers`: retransmission, persist, delayed ACK, keep-alive, TIME-WAIT, user timeout.
+//!
+//! Conventions a test writer needs:
+//! - Timestamps: TSval is `now` in **microseconds** (truncated to 32 bits). RFC 7323 §5.4
+//!   suggests a 1 ms–1 s tick, but channels run on µs-scale links where millisecond RTT
+//!   samples are useless. The price is that a TSval wraps every 71 minutes, so PAWS
+//!   rejection is not implemented (it is optional); TS.Recent is still maintained and
+//!   used for RFC 6191.
+//! - Emitted segments carry `TcpFlags::ACK` in `flags` whenever `ack` is `Some`, as a
+//!   parser would report them. Data segments that empty the send queue carry PSH.
+//! - Our RSTs (abort, user timeout) are `<SEQ=SND.NXT><CTL=RST>` without ACK (§3.10.5).
+
+use core::net::SocketAddrV4;
+
+use tracing::{debug, trace};
+
+use crate::tcp::assembler::Assembler;
+use crate::tcp::buffer::{RxRing, TxRing};
+use crate::tcp::config::Config;
+use crate::tcp::congestion::CongestionControl;
+use crate::tcp::error::TcpError;
+use crate::tcp::rtt::RttEstimator;
+use crate::tcp::sack::SackScoreboard;
+use crate::tcp::SeqNumber;
+use crate::time::{Duration, Instant};
+use crate::wire::tcp::{TcpFlags, TcpRepr};
+
+mod input;
+mod output;
+mod timers;
+
+#[cfg(test)]
+mod tests;
+
+/// Unanswered keep-alive probes after which the connection fails (Linux's default 9).
+pub const KEEPALIVE_PROBES: u32 = 9;
+
+/// The MSS assumed when the peer's SYN carries no MSS option (RFC 9293 §3.7.1).
+pub const DEFAULT_PEER_MSS: u16 = 536;
+
+/// The smallest peer MSS we honour: a tiny or zero MSS option would otherwise make us send
+/// empty or absurdly small segments forever (Linux clamps to 48 for the same reason).
+const MIN_PEER_MSS: u16 = 64;
+
+/// The largest window-scale shift (RFC 7323 §2.3).
+const MAX_WINDOW_SCALE: u8 = 14;
+
+/// Bytes the timestamp option takes on the wire, with its two NOP pads.
+const TIMESTAMP_OPTION_LEN: usize = 12;
+
+/// Connection states (RFC 9293 §3.3.2). LISTEN is not here: listening is the netif's job,
+/// which creates a connection with [`Connection::accept`] once a SYN arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// No connection (initial state of nothing, or after failure/abort/TIME-WAIT expiry).
+    Closed,
+    /// Our SYN is sent; waiting for the peer's SYN.
+    SynSent,
+    /// Both SYNs seen; waiting for the ACK of ours.
+    SynReceived,
+    /// Open in both directions.
+    Established,
+    /// We closed (FIN queued or sent); our FIN is not acknowledged yet.
+    FinWait1,
+    /// Our FIN is acknowledged; waiting for the peer's FIN.
+    FinWait2,
+    /// The peer closed; we may still send.
+    CloseWait,
+    /// Both sides sent FIN simultaneously; waiting for the ACK of ours.
+    Closing,
+    /// The peer closed first, then we did; waiting for the ACK of our FIN.
+    LastAck,
+    /// Both FINs exchanged and acknowledged; lingering 2*MSL to absorb stray segments.
+    TimeWait,
+}
+
+impl State {
+    /// Whether both sides' SYNs have been exchanged (RFC 9293's "synchronized states").
+    pub fn is_synchronized(self) -> bool {
+        !matches!(self, State::Closed | State::SynSent | State::SynReceived)
+    }
+}
+
+/// One segment to send: the header to emit and how many payload bytes were written to the
+/// front of the caller's `payload_buf`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// The TCP header (ports, seq, ack, flags, window, options).
+    pub repr: TcpRepr,
+    /// Payload length; the bytes are `payload_buf[..payload_len]`.
+    pub payload_len: usize,
+}
+
+/// A snapshot of a connection's counters and congestion state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Payload bytes sent, retransmissions included.
+    pub bytes_sent: u64,
+    /// Payload bytes cumulatively acknowledged by the peer.
+    pub bytes_acked: u64,
+    /// In-order payload bytes delivered to the receive buffer.
+    pub bytes_received: u64,
+    /// Segments produced by `poll_transmit`.
+    pub segments_sent: u64,
+    /// Segments fed to `handle_segment`.
+    pub segments_received: u64,
+    /// Segments that resent sequence space already sent (any cause).
+    pub retransmitted_segments: u64,
+    /// Entries into fast retransmit / loss recovery.
+    pub fast_retransmits: u64,
+    /// Retransmission-timer expiries.
+    pub rto_timeouts: u64,
+    /// Smoothed RTT, once sampled.
+    pub srtt: Option<Duration>,
+    /// Current RTO (with backoff).
+    pub rto: Duration,
+    /// Congestion window in bytes (including NewReno recovery inflation).
+    pub cwnd: usize,
+    /// Slow-start threshold in bytes.
+    pub ssthresh: usize,
+    /// Sent but not cumulatively acknowledged sequence space.
+    pub bytes_in_flight: usize,
+    /// Bytes in the send buffer (unacknowledged and unsent).
+    pub send_queue: usize,
+    /// Bytes readable by the application.
+    pub recv_queue: usize,
+    /// Out-of-order segments dropped because the reassembly range limit was hit.
+    pub ooo_dropped: u64,
+    /// Challenge ACKs sent (RFC 5961).
+    pub challenge_acks: u64,
+}
+
+/// Mutable counters kept in the connection; [`Stats`] adds the derived values.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    bytes_sent: u64,
+    bytes_acked: u64,
+    bytes_received: u64,
+    segments_sent: u64,
+    segments_received: u64,
+    retransmitted_segments: u64,
+    fast_retransmits: u64,
+    rto_timeouts: u64,
+    ooo_dropped: u64,
+    challenge_acks: u64,
+}
+
+/// One TCP connection (a transmission control block, RFC 9293 §3.3.1) and its buffers.
+#[derive(Debug)]
+pub struct Connection {
+    config: Config,
+    local: SocketAddrV4,
+    remote: SocketAddrV4,
+    state: State,
+    error: Option<TcpError>,
+    /// Opened by `accept` (passive) rather than `connect`.
+    passive: bool,
+    nodelay: bool,
+
+    // ---- send sequence space (RFC 9293 §3.3.1) ----
+    iss: SeqNumber,
+    snd_una: SeqNumber,
+    /// Next sequence number to send; rewound to `snd_una` by an RTO (go-back-N).
+    snd_nxt: SeqNumber,
+    /// Highest sequence number ever sent plus one ("SND.MAX"); ACK validity uses it.
+    snd_max: SeqNumber,
+    /// Peer's window in bytes, already scaled.
+    snd_wnd: usize,
+    snd_wl1: SeqNumber,
+    snd_wl2: SeqNumber,
+    /// Largest window the peer ever offered (RFC 5961 §5 and sender SWS).
+    max_snd_wnd: usize,
+    /// Peer's window-scale shift (0 unless negotiated).
+    snd_wscale: u8,
+    /// Peer's MSS option (or the default), clamped.
+    peer_mss: u16,
+    tx: TxRing,
+    /// Sequence number of the first byte in `tx`.
+    tx_base: SeqNumber,
+    /// `close()` was called: a FIN follows the queued data.
+    fin_queued: bool,
+
+    // ---- receive sequence space ----
+    irs: SeqNumber,
+    rcv_nxt: SeqNumber,
+    /// Right edge of the window we last advertised; never moved left (RFC 9293 §3.8.6).
+    rcv_adv: SeqNumber,
+    /// Our window-scale shift (0 unless negotiated).
+    rcv_wscale: u8,
+    /// The shift we offer in our SYN: the smallest that lets the window cover `rx_buffer`.
+    offered_wscale: u8,
+    rx: RxRing,
+    assembler: Assembler,
+    /// The peer's FIN has been received in order (rcv_nxt includes it).
+    fin_received: bool,
+    /// Sequence number of a FIN that arrived ahead of missing data.
+    pending_fin: Option<SeqNumber>,
+    /// Sequence numbers of the most recently received out-of-order segments, newest first:
+    /// the first SACK block must describe the newest (RFC 2018 §4).
+    sack_recent: [Option<SeqNumber>; 4],
+
+    // ---- negotiated options ----
+    ws_enabled: bool,
+    sack_enabled: bool,
+    ts_enabled: bool,
+    /// TS.Recent (RFC 7323 §4.3).
+    ts_recent: u32,
+    /// RCV.NXT as of the last ACK we sent (Last.ACK.sent, RFC 7323 §4.3).
+    last_ack_sent: SeqNumber,
+
+    // ---- ACK generation ----
+    /// An ACK must go out at the next `poll_transmit`.
+    ack_now: bool,
+    /// Data segments received since our last ACK (RFC 5681 §4.2: ACK every second one).
+    segs_unacked: usize,
+    delayed_ack_deadline: Option<Instant>,
+    /// The application read data since our last segment: a window update may be due.
+    window_update_check: bool,
+    /// Start of the current one-second challenge-ACK accounting window (RFC 5961 §7).
+    challenge_window_start: Option<Instant>,
+    challenge_count: u32,
+
+    // ---- retransmission ----
+    rtt: RttEstimator,
+    /// Karn's timed segment (end sequence, send time) when timestamps are off.
+    rtt_timed: Option<(SeqNumber, Instant)>,
+    rtx_deadline: Option<Instant>,
+    syn_retries_done: u32,
+    /// When outstanding sequence space last made progress (or became outstanding).
+    last_progress: Instant,
+    /// When we last sent new data (RFC 5681 §4.1 restart after idle).
+    last_data_send: Option<Instant>,
+
+    // ---- congestion control and loss recovery ----
+    cc: Box<dyn CongestionControl>,
+    dup_acks: usize,
+    in_recovery: bool,
+    /// RFC 6582 "recover" / RFC 6675 RecoveryPoint.
+    recover: SeqNumber,
+    /// NewReno cwnd inflation during fast recovery (RFC 5681 §3.2 steps 3-4).
+    recovery_inflation: usize,
+    /// Retransmit the segment at snd_una at the next opportunity.
+    fast_rtx_pending: bool,
+    /// RFC 6675 HighRxt.
+    high_rxt: SeqNumber,
+    sack_board: SackScoreboard,
+
+    // ---- persist (zero window) ----
+    persist_deadline: Option<Instant>,
+    persist_backoff: u32,
+    /// The persist timer fired: send a probe or an SWS-override segment.
+    persist_force: bool,
+    /// End of an outstanding 1-byte zero-window probe sent beyond snd_max.
+    probe_end: Option<SeqNumber>,
+
+    // ---- keep-alive, TIME-WAIT, reset ----
+    keepalive_deadline: Option<Instant>,
+    keepalive_probes_out: u32,
+    keepalive_pending: bool,
+    /// When the last segment arrived from the peer.
+    last_rcv: Instant,
+    time_wait_deadline: Option<Instant>,
+    pending_rst: Option<TcpRepr>,
+
+    counters: Counters,
+}
+
+/// The smallest shift that makes `buffer` fit a 16-bit window field (RFC 7323 §2.3),
+/// capped at 14. Buffers of 2^19 bytes and more need shifts above 3 (smoltcp #253).
+fn window_scale_for(buffer: usize) -> u8 {
+    let mut shift = 0u8;
+    while shift < MAX_WINDOW_SCALE && (buffer >> shift) > u16::MAX as usize {
+        shift += 1;
+    }
+    shift
+}
+
+/// A TSval for `now`: microseconds, truncated to 32 bits (see the module docs).
+fn timestamp_value(now: Instant) -> u32 {
+    now.total_micros() as u32
+}
+
+impl Connection {
+    fn new(
+        config: Config,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        state: State,
+        isn: SeqNumber,
+        now: Instant,
+    ) -> Connection {
+        let offered_wscale = if config.window_scaling {
+            window_scale_for(config.rx_buffer)
+        } else {
+            0
+        };
+        let send_mss = usize::from(DEFAULT_PEER_MSS.min(config.mss).max(1));
+        Connection {
+            local,
+            remote,
+            state,
+            error: None,
+            passive: false,
+            nodelay: !config.nagle,
+            iss: isn,
+            snd_una: isn,
+            snd_nxt: isn,
+            snd_max: isn,
+            snd_wnd: 0,
+            snd_wl1: SeqNumber(0),
+            snd_wl2: isn,
+            max_snd_wnd: 0,
+            snd_wscale: 0,
+            peer_mss: DEFAULT_PEER_MSS,
+            tx: TxRing::new(config.tx_buffer),
+            tx_base: isn + 1,
+            fin_queued: false,
+            irs: SeqNumber(0),
+            rcv_nxt: SeqNumber(0),
+            rcv_adv: SeqNumber(0),
+            rcv_wscale: 0,
+            offered_wscale,
+            rx: RxRing::new(config.rx_buffer),
+            assembler: Assembler::new(config.max_ooo_ranges),
+            fin_received: false,
+            pending_fin: None,
+            sack_recent: [None; 4],
+            ws_enabled: false,
+            sack_enabled: false,
+            ts_enabled: false,
+            ts_recent: 0,
+            last_ack_sent: SeqNumber(0),
+            ack_now: false,
+            segs_unacked: 0,
+            delayed_ack_deadline: None,
+            window_update_check: false,
+            challenge_window_start: None,
+            challenge_count: 0,
+            rtt: RttEstimator::new(config.initial_rto, config.min_rto, config.max_rto),
+            rtt_timed: None,
+            rtx_deadline: None,
+            syn_retries_done: 0,
+            last_progress: now,
+            last_data_send: None,
+            cc: config.congestion.build(send_mss),
+            dup_acks: 0,
+            in_recovery: false,
+            recover: isn,
+            recovery_inflation: 0,
+            fast_rtx_pending: false,
+            high_rxt: isn,
+            sack_board: SackScoreboard::new(config.max_sack_ranges),
+            persist_deadline: None,
+            persist_backoff: 0,
+            persist_force: false,
+            probe_end: None,
+            keepalive_deadline: None,
+            keepalive_probes_out: 0,
+            keepalive_pending: false,
+            last_rcv: now,
+            time_wait_deadline: None,
+            pending_rst: None,
+            counters: Counters::default(),
+            config,
+        }
+    }
+
+    /// Active open (RFC 9293 §3.10.1): the connection starts in SYN-SENT and the first
+    /// `poll_transmit` yields the SYN `<SEQ=isn><CTL=SYN>` with our MSS, window scale,
+    /// SACK-permitted and timestamp options as configured.
+    pub fn connect(
+        config: Config,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        isn: SeqNumber,
+        now: Instant,
+    ) -> Connection {
+        debug!(%local, %remote, isn = isn.0, "tcp: active open, SYN-SENT");
+        Connection::new(config, local, remote, State::SynSent, isn, now)
+    }
+
+    /// Passive open from a SYN received by a listener (the LISTEN processing of RFC 9293
+    /// §3.10.7.2): the connection starts in SYN-RECEIVED and the first `poll_transmit`
+    /// yields the SYN-ACK. Options are negotiated from `syn` (RFC 7323 §2.2: window
+    /// scaling only if the SYN offers it, and so on). Data or FIN in the SYN is not
+    /// accepted; the peer retransmits it once the connection is established.
+    ///
+    /// Returns `Err(TcpError::Refused)` if `syn` is not an acceptable SYN (no SYN bit, or
+    /// ACK or RST set); the listener should then answer with [`rst_for_unexpected`].
+    pub fn accept(
+        config: Config,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        syn: &TcpRepr,
+        isn: SeqNumber,
+        now: Instant,
+    ) -> Result<Connection, TcpError> {
+        if !syn.flags.syn() || syn.flags.rst() || syn.ack.is_some() || syn.flags.ack() {
+            debug!(?syn.flags, "tcp: accept refused a segment that is not a plain SYN");
+            return Err(TcpError::Refused);
+        }
+        let mut conn = Connection::new(config, local, remote, State::SynReceived, isn, now);
+        conn.passive = true;
+        conn.on_peer_syn(syn);
+        debug!(%local, %remote, isn = isn.0, irs = syn.seq.0, "tcp: passive open, SYN-RECEIVED");
+        Ok(conn)
+    }
+
+    /// Records the peer's SYN: IRS, RCV.NXT, and the option negotiation (RFC 9293 §3.7.1
+    /// MSS, RFC 7323 §2.2 window scale and §3.2 timestamps, RFC 2018 §2 SACK-permitted).
+    /// Everything is (re)derived here so nothing stale survives (smoltcp #518).
+    fn on_peer_syn(&mut self, syn: &TcpRepr) {
+        self.irs = syn.seq;
+        self.rcv_nxt = syn.seq + 1;
+        self.last_ack_sent = self.rcv_nxt;
+        self.peer_mss = syn
+            .options
+            .mss
+            .unwrap_or(DEFAULT_PEER_MSS)
+            .max(MIN_PEER_MSS);
+        match (self.config.window_scaling, syn.options.window_scale) {
+            (true, Some(shift)) => {
+                self.ws_enabled = true;
+                if shift > MAX_WINDOW_SCALE {
+                    tracing::warn!(
+                        shift,
+                        "tcp: peer window scale above 14, clamped (RFC 7323 §2.3)"
+                    );
+                }
+                self.snd_wscale = shift.min(MAX_WINDOW_SCALE);
+                self.rcv_wscale = self.offered_wscale;
+            }
+            _ => {
+                self.ws_enabled = false;
+                self.snd_wscale = 0;
+                self.rcv_wscale = 0;
+            }
+        }
+        self.sack_enabled = self.config.sack && syn.options.sack_permitted;
+        match (self.config.timestamps, syn.options.timestamp) {
+            (true, Some((tsval, _))) => {
+                self.ts_enabled = true;
+                self.ts_recent = tsval;
+            }
+            _ => self.ts_enabled = false,
+        }
+        // The window in a SYN is never scaled (RFC 7323 §2.2).
+        self.snd_wnd = usize::from(syn.window);
+        self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
+        self.snd_wl1 = syn.seq;
+        let smss = self.send_mss();
+        self.cc.set_mss(smss);
+        // Until we advertise, the promised right edge is RCV.NXT itself.
+        self.rcv_adv = self.rcv_nxt;
+    }
+
+    /// Queues `data` for sending; returns how many bytes were taken (fewer than
+    /// `data.len()` when the send buffer fills). `Err(WouldBlock)` when there is no room at
+    /// all, `Err(Closed)` after `close()` or once closed, the failure reason
+    /// (`Reset`, `TimedOut`, `Refused`) if the connection failed. Data may be queued in
+    /// SYN-SENT and SYN-RECEIVED; it is sent once established (RFC 9293 §3.10.2).
+    pub fn send(&mut self, data: &[u8]) -> Result<usize, TcpError> {
+        if let Some(err) = self.error {
+            return Err(err);
+        }
+        let open = matches!(
+            self.state,
+            State::SynSent | State::SynReceived | State::Established | State::CloseWait
+        );
+        if !open || self.fin_queued {
+            return Err(TcpError::Closed);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        match self.tx.push(data) {
+            0 => Err(TcpError::WouldBlock),
+            n => Ok(n),
+        }
+    }
+
+    /// Reads received in-order bytes, with read(2) semantics: `Ok(n > 0)` data, `Ok(0)` end
+    /// of stream (the peer's FIN arrived and everything before it was read),
+    /// `Err(WouldBlock)` nothing yet, or the failure reason. Reading frees receive-window
+    /// space; a window update goes out at the next `poll_transmit` when the window has
+    /// opened enough (RFC 9293 §3.8.6.2.2).
+    pub fn recv(&mut self, buf: &mut [u8]) -> Result<usize, TcpError> {
+        if let Some(err) = self.error {
+            return Err(err);
+        }
+        if self.rx.readable() > 0 {
+            if buf.is_empty() {
+                return Ok(0);
+            }
+            self.window_update_check = true;
+            return Ok(self.rx.read(buf));
+        }
+        if self.fin_received {
+            return Ok(0);
+        }
+        if self.state == State::Closed {
+            return Err(TcpError::Closed);
+        }
+        Err(TcpError::WouldBlock)
+    }
+
+    /// Closes the sending direction (shutdown(SHUT_WR), RFC 9293 §3.10.4): a FIN follows
+    /// the queued data. Receiving continues until the peer's FIN. In SYN-SENT and
+    /// SYN-RECEIVED the FIN waits for the handshake to complete.
+    pub fn close(&mut self) {
+        match self.state {
+            State::SynSent | State::SynReceived => {
+                // RFC 9293 §3.10.4 lets SYN-RECEIVED queue the FIN until established; we
+                // do the same in SYN-SENT (where RFC 793 deleted the TCB) because `send`
+                // may queue data there and shutdown(SHUT_WR) must not discard it. The
+                // handshake then leads straight to FIN-WAIT-1. `abort` cancels instead.
+                self.fin_queued = true;
+            }
+            State::Established => {
+                self.fin_queued = true;
+                self.set_state(State::FinWait1);
+            }
+            State::CloseWait => {
+                self.fin_queued = true;
+                self.set_state(State::LastAck);
+            }
+            _ => {}
+        }
+    }
+
+    /// Aborts the connection (RFC 9293 §3.10.5): in SYN-RECEIVED, ESTABLISHED, FIN-WAIT-1,
+    /// FIN-WAIT-2 and CLOSE-WAIT a RST `<SEQ=SND.NXT><CTL=RST>` is queued for the next
+    /// `poll_transmit`; the state becomes CLOSED at once and buffers are dropped.
+    pub fn abort(&mut self) {
+        let send_rst = matches!(
+            self.state,
+            State::SynReceived
+                | State::Established
+                | State::FinWait1
+                | State::FinWait2
+                | State::CloseWait
+        );
+        debug!(state = ?self.state, "tcp: abort");
+        if send_rst {
+            self.pending_rst = Some(self.make_rst());
+        }
+        self.enter_closed();
+        if self.error.is_none() {
+            self.error = Some(TcpError::Closed);
+        }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// CLOSED with nothing left to transmit: the netif may drop the connection. TIME-WAIT
+    /// is not closed.
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed && self.pending_rst.is_none()
+    }
+
+    /// Why the connection failed, if it did (`Closed` after `abort`).
+    pub fn error(&self) -> Option<TcpError> {
+        self.error
+    }
+
+    /// Our address.
+    pub fn local(&self) -> SocketAddrV4 {
+        self.local
+    }
+
+    /// The peer's address.
+    pub fn remote(&self) -> SocketAddrV4 {
+        self.remote
+    }
+
+    /// Send buffer size in bytes.
+    pub fn send_capacity(&self) -> usize {
+        self.tx.capacity()
+    }
+
+    /// Bytes in the send buffer (sent-but-unacknowledged plus unsent).
+    pub fn send_queue(&self) -> usize {
+        self.tx.len()
+    }
+
+    /// Free room in the send buffer.
+    pub fn send_free(&self) -> usize {
+        self.tx.free()
+    }
+
+    /// Bytes ready for `recv`.
+    pub fn recv_queue(&self) -> usize {
+        self.rx.readable()
+    }
+
+    /// Whether `send` may queue data now (open for sending and not closed by us).
+    pub fn may_send(&self) -> bool {
+        matches!(self.state, State::Established | State::CloseWait) && !self.fin_queued
+    }
+
+    /// Whether more data may still be received (the peer has not closed), or unread data
+    /// remains.
+    pub fn may_recv(&self) -> bool {
+        matches!(
+            self.state,
+            State::Established | State::FinWait1 | State::FinWait2
+        ) || self.rx.readable() > 0
+    }
+
+    /// Disables (`true`) or re-enables (`false`) Nagle's algorithm.
+    pub fn set_nodelay(&mut self, nodelay: bool) {
+        self.nodelay = nodelay;
+    }
+
+    /// The effective send MSS: the peer's MSS and ours, less the timestamp option that
+    /// every segment carries once negotiated (RFC 6691).
+    pub fn send_mss(&self) -> usize {
+        let mss = usize::from(self.peer_mss.min(self.config.mss.max(MIN_PEER_MSS)));
+        let opts = if self.ts_enabled {
+            TIMESTAMP_OPTION_LEN
+        } else {
+            0
+        };
+        mss.saturating_sub(opts).max(1)
+    }
+
+    /// The peer's MSS option as negotiated (536 if it sent none).
+    pub fn peer_mss(&self) -> u16 {
+        self.peer_mss
+    }
+
+    /// Whether window scaling, SACK and timestamps were negotiated, in that order.
+    pub fn negotiated(&self) -> (bool, bool, bool) {
+        (self.ws_enabled, self.sack_enabled, self.ts_enabled)
+    }
+
+    /// The window-scale shifts in use: (ours, applied to windows we advertise; the peer's,
+    /// applied to windows we receive).
+    pub fn window_scales(&self) -> (u8, u8) {
+        (self.rcv_wscale, self.snd_wscale)
+    }
+
+    /// The peer's current send window in bytes (scaled).
+    pub fn peer_window(&self) -> usize {
+        self.snd_wnd
+    }
+
+    /// SND.UNA, SND.NXT and RCV.NXT, for tests and diagnostics.
+    pub fn sequence_state(&self) -> (SeqNumber, SeqNumber, SeqNumber) {
+        (self.snd_una, self.snd_nxt, self.rcv_nxt)
+    }
+
+    /// RFC 6191: whether a new SYN arriving for this 4-tuple while in TIME-WAIT may
+    /// reopen the connection (the netif then drops this connection and accepts the SYN).
+    /// With timestamps, the SYN's TSval must be newer than TS.Recent; without them (or if
+    /// the SYN carries none), RFC 1122's rule applies: its sequence number must be beyond
+    /// RCV.NXT.
+    pub fn accepts_new_syn_in_time_wait(&self, syn: &TcpRepr) -> bool {
+        if self.state != State::TimeWait || !syn.flags.syn() || syn.flags.rst() || syn.ack.is_some()
+        {
+            return false;
+        }
+        match (self.ts_enabled, syn.options.timestamp) {
+            (true, Some((tsval, _))) => (tsval.wrapping_sub(self.ts_recent) as i32) > 0,
+            _ => syn.seq.distance_from(self.rcv_nxt) > 0,
+        }
+    }
+
+    /// A snapshot of counters and congestion state.
+    pub fn stats(&self) -> Stats {
+        let c = &self.counters;
+        Stats {
+            bytes_sent: c.bytes_sent,
+            bytes_acked: c.bytes_acked,
+            bytes_received: c.bytes_received,
+            segments_sent: c.segments_sent,
+            segments_received: c.segments_received,
+            retransmitted_segments: c.retransmitted_segments,
+            fast_retransmits: c.fast_retransmits,
+            rto_timeouts: c.rto_timeouts,
+            srtt: self.rtt.srtt(),
+            rto: self.rtt.rto(),
+            cwnd: self.congestion_window(),
+            ssthresh: self.cc.ssthresh(),
+            bytes_in_flight: self.bytes_in_flight(),
+            send_queue: self.tx.len(),
+            recv_queue: self.rx.readable(),
+            ooo_dropped: c.ooo_dropped,
+            challenge_acks: c.challenge_acks,
+        }
+    }
+
+    // ---- internal helpers shared by the submodules ----
+
+    fn set_state(&mut self, state: State) {
+        if self.state != state {
+            debug!(from = ?self.state, to = ?state, local = %self.local, remote = %self.remote, "tcp: state change");
+            self.state = state;
+        }
+    }
+
+    /// Sequence number just past the last queued data byte (where the FIN goes).
+    fn send_end(&self) -> SeqNumber {
+        self.tx_base + self.tx.len()
+    }
+
+    /// The congestion window, with NewReno's recovery inflation.
+    fn congestion_window(&self) -> usize {
+        self.cc.window().saturating_add(self.recovery_inflation)
+    }
+
+    /// Sent and not cumulatively acknowledged sequence space.
+    fn bytes_in_flight(&self) -> usize {
+        seq_len(self.snd_una, self.snd_max)
+    }
+
+    /// Enters CLOSED, stopping all timers.
+    fn enter_closed(&mut self) {
+        self.set_state(State::Closed);
+        self.rtx_deadline = None;
+        self.persist_deadline = None;
+        self.delayed_ack_deadline = None;
+        self.keepalive_deadline = None;
+        self.time_wait_deadline = None;
+        self.ack_now = false;
+        self.fast_rtx_pending = false;
+        self.persist_force = false;
+        self.keepalive_pending = false;
+    }
+
+    /// Fails the connection with `err`, optionally queueing a RST.
+    fn fail(&mut self, err: TcpError, send_rst: bool) {
+        debug!(?err, state = ?self.state, send_rst, "tcp: connection failed");
+        if send_rst {
+            self.pending_rst = Some(self.make_rst());
+        }
+        self.enter_closed();
+        self.error = Some(err);
+    }
+
+    /// `<SEQ=SND.NXT><CTL=RST>` (RFC 9293 §3.10.5); SND.MAX, since SND.NXT may have been
+    /// rewound by an RTO and the peer may already hold everything we sent.
+    fn make_rst(&self) -> TcpRepr {
+        TcpRepr {
+            src_port: self.local.port(),
+            dst_port: self.remote.port(),
+            seq: self.snd_max,
+            ack: None,
+            flags: TcpFlags::RST,
+            window: 0,
+            urgent: 0,
+            options: Default::default(),
+        }
+    }
+
+    /// Enters TIME-WAIT (or restarts its 2*MSL timer, RFC 9293 §3.10.7.4 eighth step).
+    fn enter_time_wait(&mut self, now: Instant) {
+        self.set_state(State::TimeWait);
+        self.time_wait_deadline = Some(now + self.config.time_wait);
+        self.rtx_deadline = None;
+        self.persist_deadline = None;
+        self.keepalive_deadline = None;
+    }
+
+    /// Queues a challenge ACK unless this connection's per-second budget is spent
+    /// (RFC 5961 §7; per connection, never global: CVE-2016-5696).
+    fn challenge_ack(&mut self, now: Instant) {
+        let window_expired = match self.challenge_window_start {
+            Some(start) => now.saturating_duration_since(start) >= Duration::from_secs(1),
+            None => true,
+        };
+        if window_expired {
+            self.challenge_window_start = Some(now);
+            self.challenge_count = 0;
+        }
+        if self.challenge_count >= self.config.challenge_ack_limit_per_sec {
+            trace!("tcp: challenge ACK suppressed by rate limit");
+            return;
+        }
+        self.challenge_count += 1;
+        self.counters.challenge_acks += 1;
+        self.ack_now = true;
+        trace!("tcp: challenge ACK");
+    }
+}
+
+/// The length of `[from, to)` in sequence space, 0 when `to` is not after `from`.
+fn seq_len(from: SeqNumber, to: SeqNumber) -> usize {
+    to.distance_from(from).max(0) as usize
+}
+
+/// RFC 9293 §3.10.7.1: the reset that answers a segment arriving for no connection (or
+/// refused by a listener). `None` if the segment itself carries RST. If it has an ACK:
+/// `<SEQ=SEG.ACK><CTL=RST>`; otherwise `<SEQ=0><ACK=SEG.SEQ+SEG.LEN><CTL=RST,ACK>`, where
+/// SEG.LEN counts SYN and FIN.
+pub fn rst_for_unexpected(repr: &TcpRepr, payload_len: usize) -> Option<TcpRepr> {
+    if repr.flags.rst() {
+        return None;
+    }
+    let base = TcpRepr {
+        src_port: repr.dst_port,
+        dst_port: repr.src_port,
+        seq: SeqNumber(0),
+        ack: None,
+        flags: TcpFlags::RST,
+        window: 0,
+        urgent: 0,
+        options: Default::default(),
+    };
+    Some(match repr.ack {
+        Some(ack) => TcpRepr { seq: ack, ..base },
+        None => {
+            // Payload lengths above 2^31 cannot occur on the wire; wrapping keeps this
+            // panic-free for any handcrafted input.
+            let seg_len = (payload_len as u32)
+                .wrapping_add(u32::from(repr.flags.syn()))
+                .wrapping_add(u32::from(repr.flags.fin()));
+            TcpRepr {
+                ack: Some(SeqNumber(repr.seq.0.wrapping_add(seg_len))),
+                flags: TcpFlags::RST | TcpFlags::ACK,
+                ..base
+            }
+        }
+    })
+}

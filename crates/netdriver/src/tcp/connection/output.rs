@@ -1,0 +1,568 @@
+//! Segment construction: what `poll_transmit` sends next, in priority order — a pending
+//! RST, the SYN or SYN-ACK, retransmissions (fast retransmit, RFC 6675 NextSeg), new data
+//! and FIN under the windows, Nagle and sender SWS rules, zero-window and keep-alive probes,
+//! and finally pure ACKs (delayed-ACK expiry, window updates, challenge ACKs).
+
+use tracing::trace;
+
+use super::{seq_len, timestamp_value, Connection, State, Transmit};
+use crate::tcp::SeqNumber;
+use crate::time::Instant;
+use crate::wire::tcp::{SackBlock, TcpFlags, TcpOptions, TcpRepr};
+
+/// Why a data segment is being sent, for accounting.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SendKind {
+    /// First transmission of new sequence space (advances SND.NXT).
+    New,
+    /// Resends sequence space already sent.
+    Retransmit,
+    /// A one-byte zero-window probe beyond the window (RFC 9293 §3.8.6.1); SND.NXT stays.
+    Probe,
+}
+
+impl Connection {
+    /// The next segment to send, or `None`. Payload bytes (if any) are copied from the send
+    /// ring straight into `payload_buf[..payload_len]`; `payload_buf.len()` caps the
+    /// payload, as does the peer's MSS less the options this segment carries. Call until
+    /// `None`, then consult `poll_timeout`.
+    pub fn poll_transmit(&mut self, now: Instant, payload_buf: &mut [u8]) -> Option<Transmit> {
+        if let Some(rst) = self.pending_rst.take() {
+            trace!(seq = rst.seq.0, "tcp: sending RST");
+            self.counters.segments_sent += 1;
+            return Some(Transmit {
+                repr: rst,
+                payload_len: 0,
+            });
+        }
+        let transmit = match self.state {
+            State::Closed => None,
+            State::SynSent | State::SynReceived if self.snd_nxt == self.iss => {
+                Some(self.transmit_syn(now))
+            }
+            State::SynSent => None,
+            _ => self
+                .transmit_data(now, payload_buf)
+                .or_else(|| self.transmit_keepalive(now))
+                .or_else(|| self.transmit_ack(now)),
+        };
+        if transmit.is_none() {
+            self.arm_persist(now);
+        } else {
+            self.counters.segments_sent += 1;
+        }
+        transmit
+    }
+
+    /// SYN (SYN-SENT) or SYN-ACK (SYN-RECEIVED), sent or resent at ISS.
+    fn transmit_syn(&mut self, now: Instant) -> Transmit {
+        let retransmission = self.snd_max != self.iss;
+        let mut flags = TcpFlags::SYN;
+        let ack = if self.state == State::SynReceived {
+            flags = flags | TcpFlags::ACK;
+            Some(self.rcv_nxt)
+        } else {
+            None
+        };
+        let mut options = TcpOptions {
+            mss: Some(self.config.mss),
+            ..TcpOptions::default()
+        };
+        // In a SYN-ACK only what the peer offered is echoed (RFC 7323 §1.3, RFC 2018 §2).
+        let answering = self.state == State::SynReceived;
+        if self.config.window_scaling && (!answering || self.ws_enabled) {
+            options.window_scale = Some(self.offered_wscale);
+        }
+        options.sack_permitted = self.config.sack && (!answering || self.sack_enabled);
+        if self.config.timestamps && (!answering || self.ts_enabled) {
+            let echo = if answering { self.ts_recent } else { 0 };
+            options.timestamp = Some((timestamp_value(now), echo));
+        }
+        // RFC 7323 §2.2: the window in a SYN is never scaled.
+        let window = self.rx.free().min(usize::from(u16::MAX));
+        if ack.is_some() {
+            self.rcv_adv = self.rcv_nxt + window;
+            self.note_ack_sent();
+        }
+        self.snd_nxt = self.iss + 1;
+        if retransmission {
+            self.counters.retransmitted_segments += 1;
+            self.rtt_timed = None;
+        } else {
+            self.snd_max = self.iss + 1;
+            self.rtt_timed = Some((self.iss + 1, now));
+            self.last_progress = now;
+        }
+        if self.rtx_deadline.is_none() {
+            self.rtx_deadline = Some(now + self.rtt.rto());
+        }
+        trace!(?flags, seq = self.iss.0, retransmission, "tcp: sending SYN");
+        Transmit {
+            repr: TcpRepr {
+                src_port: self.local.port(),
+                dst_port: self.remote.port(),
+                seq: self.iss,
+                ack,
+                flags,
+                window: window as u16,
+                urgent: 0,
+                options,
+            },
+            payload_len: 0,
+        }
+    }
+
+    /// Data and FIN: retransmissions first, then new data.
+    fn transmit_data(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if !matches!(
+            self.state,
+            State::Established
+                | State::CloseWait
+                | State::FinWait1
+                | State::Closing
+                | State::LastAck
+        ) {
+            return None;
+        }
+        let options = self.data_options(now);
+        let max_seg = self.max_payload(&options).min(buf.len());
+
+        if self.fast_rtx_pending {
+            self.fast_rtx_pending = false;
+            if self.snd_una != self.snd_max {
+                let seq = self.snd_una;
+                return Some(self.emit_data(now, seq, max_seg, buf, options, SendKind::Retransmit));
+            }
+        }
+
+        if self.in_recovery && self.sack_enabled {
+            return self.transmit_sack_recovery(now, buf, options, max_seg);
+        }
+
+        let send_end = self.send_end();
+        let in_flight = seq_len(self.snd_una, self.snd_nxt);
+        let room_wnd = self.snd_wnd.saturating_sub(in_flight);
+        let room_cwnd = self.congestion_window().saturating_sub(in_flight);
+        let nothing_outstanding = self.snd_una == self.snd_max;
+
+        if self.snd_nxt.distance_from(send_end) < 0 {
+            let avail = seq_len(self.snd_nxt, send_end);
+            let retransmission = self.snd_nxt.distance_from(self.snd_max) < 0;
+            if self.persist_force && nothing_outstanding {
+                self.persist_force = false;
+                if room_wnd == 0 {
+                    // Zero-window probe: one real byte (a zero-length probe is ignored by
+                    // some peers, gVisor #10243). Each probe doubles the next interval.
+                    self.persist_backoff = self.persist_backoff.saturating_add(1);
+                    let seq = self.snd_nxt;
+                    return Some(self.emit_data(
+                        now,
+                        seq,
+                        max_seg.min(1),
+                        buf,
+                        options,
+                        SendKind::Probe,
+                    ));
+                }
+                // Sender SWS override timeout (RFC 9293 §3.8.6.2.1): send what fits.
+                let len = avail.min(max_seg).min(room_wnd);
+                let seq = self.snd_nxt;
+                return Some(self.emit_data(now, seq, len, buf, options, SendKind::New));
+            }
+            let len = avail.min(max_seg).min(room_wnd).min(room_cwnd);
+            if len > 0 {
+                let kind = if retransmission {
+                    SendKind::Retransmit
+                } else {
+                    SendKind::New
+                };
+                let full = len == max_seg;
+                let all_queued = len == avail;
+                // Nagle (RFC 9293 §3.7.4): a small segment waits while data is
+                // unacknowledged, unless disabled or the FIN follows.
+                let nagle_ok = self.nodelay || nothing_outstanding || self.fin_queued;
+                // Sender SWS avoidance (§3.8.6.2.1): at least half the peer's largest
+                // window is worth sending.
+                let big_enough = len >= (self.max_snd_wnd / 2).max(1);
+                if retransmission || full || (nagle_ok && (all_queued || big_enough)) {
+                    let seq = self.snd_nxt;
+                    return Some(self.emit_data(now, seq, len, buf, options, kind));
+                }
+            }
+        } else if self.fin_queued && self.snd_nxt == send_end {
+            // A bare FIN (first time, or resent after an RTO rewound SND.NXT). It takes no
+            // buffer space at the receiver, so it is sent whatever the window.
+            let seq = self.snd_nxt;
+            return Some(self.emit_data(now, seq, 0, buf, options, SendKind::New));
+        }
+        None
+    }
+
+    /// RFC 6675 §5 step (C): while `cwnd - pipe >= SMSS`, send NextSeg (§4 rules 1-3).
+    fn transmit_sack_recovery(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        options: TcpOptions,
+        max_seg: usize,
+    ) -> Option<Transmit> {
+        let smss = self.send_mss();
+        let pipe = self.sack_pipe();
+        if self.congestion_window() < pipe.saturating_add(smss) {
+            return None;
+        }
+        let dup_thresh = self.config.dup_ack_threshold.max(1);
+        let from = self.high_rxt.max(self.snd_una);
+        let hole = self.sack_board.next_hole(from);
+        // Rule 1: the first un-SACKed, lost sequence number above HighRxt.
+        if let Some((start, end)) = hole {
+            if self.sack_board.is_lost(start, dup_thresh, smss) {
+                let len = seq_len(start, end).min(max_seg);
+                return Some(self.emit_data(now, start, len, buf, options, SendKind::Retransmit));
+            }
+        }
+        // Rule 2: new data, if the receiver's window allows.
+        let send_end = self.send_end();
+        let in_flight = seq_len(self.snd_una, self.snd_nxt);
+        let room_wnd = self.snd_wnd.saturating_sub(in_flight);
+        if self.snd_nxt.distance_from(send_end) < 0 {
+            let len = seq_len(self.snd_nxt, send_end).min(max_seg).min(room_wnd);
+            if len > 0 {
+                let seq = self.snd_nxt;
+                return Some(self.emit_data(now, seq, len, buf, options, SendKind::New));
+            }
+        } else if self.fin_queued && self.snd_nxt == send_end {
+            let seq = self.snd_nxt;
+            return Some(self.emit_data(now, seq, 0, buf, options, SendKind::New));
+        }
+        // Rule 3: an un-SACKed hole above HighRxt even if not yet deemed lost.
+        if let Some((start, end)) = hole {
+            let len = seq_len(start, end).min(max_seg);
+            return Some(self.emit_data(now, start, len, buf, options, SendKind::Retransmit));
+        }
+        None
+    }
+
+    /// RFC 6675 §4 SetPipe: un-SACKed bytes not deemed lost, plus retransmitted ones.
+    pub(super) fn sack_pipe(&self) -> usize {
+        let smss = self.send_mss();
+        let dup_thresh = self.config.dup_ack_threshold.max(1);
+        let mut pipe = 0usize;
+        let mut cursor = self.snd_una;
+        // Holes lie below the highest SACKed byte; the scoreboard holds a bounded number.
+        for _ in 0..=self.config.max_sack_ranges {
+            let Some((start, end)) = self.sack_board.next_hole(cursor) else {
+                break;
+            };
+            // IsLost is monotone: true for every byte below some boundary in the hole.
+            let boundary = if self.sack_board.is_lost(start, dup_thresh, smss) {
+                let (mut lost, mut kept) = (start, end);
+                while seq_len(lost, kept) > 1 {
+                    let mid = lost + seq_len(lost, kept) / 2;
+                    if self.sack_board.is_lost(mid, dup_thresh, smss) {
+                        lost = mid;
+                    } else {
+                        kept = mid;
+                    }
+                }
+                kept
+            } else {
+                start
+            };
+            pipe += seq_len(boundary, end);
+            pipe += seq_len(start, self.high_rxt.min(end));
+            cursor = end;
+        }
+        let top = match self.sack_board.highest_sacked() {
+            Some(h) if h.distance_from(self.snd_una) > 0 => h,
+            _ => self.snd_una,
+        };
+        pipe + seq_len(top, self.snd_max)
+    }
+
+    /// Builds and accounts one data/FIN segment of up to `max_len` payload bytes at `seq`.
+    fn emit_data(
+        &mut self,
+        now: Instant,
+        seq: SeqNumber,
+        max_len: usize,
+        buf: &mut [u8],
+        options: TcpOptions,
+        kind: SendKind,
+    ) -> Transmit {
+        let send_end = self.send_end();
+        let offset = seq_len(self.tx_base, seq);
+        let len = max_len.min(seq_len(seq, send_end)).min(buf.len());
+        let len = self.tx.read_at(offset, &mut buf[..len]);
+        let end = seq + len;
+        // The FIN rides on the segment that reaches the end of the queued data.
+        let fin = self.fin_queued && end == send_end && kind != SendKind::Probe;
+        let mut flags = TcpFlags::ACK;
+        if len > 0 && end == send_end {
+            flags = flags | TcpFlags::PSH;
+        }
+        if fin {
+            flags = flags | TcpFlags::FIN;
+        }
+        let seq_end = end + usize::from(fin);
+        let resent = seq_end.distance_from(self.snd_max) <= 0 && kind != SendKind::Probe;
+        match kind {
+            SendKind::Probe => {
+                trace!(seq = seq.0, "tcp: zero-window probe");
+                self.probe_end = Some(seq_end);
+            }
+            SendKind::New | SendKind::Retransmit => {
+                if resent || kind == SendKind::Retransmit {
+                    self.counters.retransmitted_segments += 1;
+                    // Karn: the timed segment's sample would be ambiguous.
+                    self.rtt_timed = None;
+                }
+                if self.snd_una == self.snd_max && seq_end.distance_from(self.snd_max) > 0 {
+                    // Outstanding space appears: the user timeout counts from here.
+                    self.last_progress = now;
+                    if let Some(last) = self.last_data_send {
+                        if now.saturating_duration_since(last) > self.rtt.rto() {
+                            // RFC 5681 §4.1: restart after an idle period.
+                            self.cc.on_idle_restart(now);
+                        }
+                    }
+                }
+                if seq_end.distance_from(self.snd_max) > 0 {
+                    if self.rtt_timed.is_none() && !self.ts_enabled && !resent {
+                        self.rtt_timed = Some((seq_end, now));
+                    }
+                    self.snd_max = seq_end;
+                    self.last_data_send = Some(now);
+                }
+                if seq_end.distance_from(self.snd_nxt) > 0 && seq.distance_from(self.snd_nxt) <= 0 {
+                    self.snd_nxt = seq_end;
+                }
+                if kind == SendKind::Retransmit
+                    && self.in_recovery
+                    && seq_end.distance_from(self.high_rxt) > 0
+                {
+                    self.high_rxt = seq_end;
+                }
+                // RFC 6298 §5.1: start the timer if it is not running.
+                if self.rtx_deadline.is_none() && seq_len(seq, seq_end) > 0 {
+                    self.rtx_deadline = Some(now + self.rtt.rto());
+                }
+            }
+        }
+        self.counters.bytes_sent += len as u64;
+        let repr = self.finish_segment(seq, flags, options);
+        trace!(seq = seq.0, len, ?flags, "tcp: sending data");
+        Transmit {
+            repr,
+            payload_len: len,
+        }
+    }
+
+    /// Keep-alive probe `<SEQ=SND.UNA-1><ACK=RCV.NXT>`, no data: the peer answers it with
+    /// an ACK since it is out of window.
+    fn transmit_keepalive(&mut self, now: Instant) -> Option<Transmit> {
+        if !self.keepalive_pending {
+            return None;
+        }
+        self.keepalive_pending = false;
+        let options = self.data_options(now);
+        let repr = self.finish_segment(self.snd_una - 1, TcpFlags::ACK, options);
+        trace!("tcp: keep-alive probe");
+        Some(Transmit {
+            repr,
+            payload_len: 0,
+        })
+    }
+
+    /// A pure ACK when one is owed: an immediate ACK, a challenge ACK, an expired delayed
+    /// ACK, or a window update after the reader freed space (smoltcp #199).
+    fn transmit_ack(&mut self, now: Instant) -> Option<Transmit> {
+        if !(self.ack_now || self.window_update_due()) {
+            return None;
+        }
+        let options = self.data_options(now);
+        // SND.MAX, not SND.NXT: after an RTO rewound SND.NXT (go-back-N), an ACK with the
+        // rewound number lies left of the peer's window and would be dropped unread
+        // (RFC 9293 §3.10.7.4), deadlocking two senders that both retransmit.
+        let repr = self.finish_segment(self.snd_max, TcpFlags::ACK, options);
+        trace!(
+            ack = self.rcv_nxt.0,
+            window = repr.window,
+            "tcp: sending ACK"
+        );
+        Some(Transmit {
+            repr,
+            payload_len: 0,
+        })
+    }
+
+    /// Fills in ports, ACK, window and the ACK bookkeeping of a non-SYN segment.
+    fn finish_segment(&mut self, seq: SeqNumber, flags: TcpFlags, options: TcpOptions) -> TcpRepr {
+        let window = self.window_field();
+        let right_edge = self.rcv_nxt + (usize::from(window) << self.rcv_wscale);
+        if right_edge.distance_from(self.rcv_adv) > 0 {
+            self.rcv_adv = right_edge;
+        }
+        self.note_ack_sent();
+        TcpRepr {
+            src_port: self.local.port(),
+            dst_port: self.remote.port(),
+            seq,
+            ack: Some(self.rcv_nxt),
+            flags: flags | TcpFlags::ACK,
+            window,
+            urgent: 0,
+            options,
+        }
+    }
+
+    /// Every segment we send carries an ACK of RCV.NXT: pending ACK state is satisfied.
+    fn note_ack_sent(&mut self) {
+        self.ack_now = false;
+        self.window_update_check = false;
+        self.segs_unacked = 0;
+        self.delayed_ack_deadline = None;
+        self.last_ack_sent = self.rcv_nxt;
+    }
+
+    /// Timestamps and SACK blocks for a non-SYN segment.
+    fn data_options(&self, now: Instant) -> TcpOptions {
+        let mut options = TcpOptions::default();
+        if self.ts_enabled {
+            options.timestamp = Some((timestamp_value(now), self.ts_recent));
+        }
+        if self.sack_enabled && !self.assembler.is_empty() {
+            options.sack_blocks = self.sack_blocks();
+        }
+        options
+    }
+
+    /// RFC 2018 §4: the first block holds the most recently received segment, then the
+    /// other recently reported ones, then the remaining ranges; 3 blocks beside timestamps,
+    /// 4 without.
+    fn sack_blocks(&self) -> [Option<SackBlock>; 4] {
+        let limit = if self.ts_enabled { 3 } else { 4 };
+        let mut blocks: [Option<SackBlock>; 4] = [None; 4];
+        let mut n = 0;
+        let to_block = |(offset, len): (usize, usize)| SackBlock {
+            left: self.rcv_nxt + offset,
+            right: self.rcv_nxt + offset + len,
+        };
+        let recent_ranges = self.sack_recent.iter().flatten().filter_map(|seq| {
+            let rel = seq.distance_from(self.rcv_nxt);
+            if rel < 0 {
+                return None;
+            }
+            let rel = rel as usize;
+            self.assembler
+                .ranges()
+                .find(|&(offset, len)| offset <= rel && rel < offset + len)
+        });
+        for range in recent_ranges.chain(self.assembler.ranges()) {
+            if n == limit {
+                break;
+            }
+            let block = to_block(range);
+            if blocks[..n].iter().flatten().any(|b| *b == block) {
+                continue;
+            }
+            blocks[n] = Some(block);
+            n += 1;
+        }
+        blocks
+    }
+
+    /// The largest payload for a segment with `options`: the send MSS (which already
+    /// accounts for timestamps) less any SACK blocks.
+    fn max_payload(&self, options: &TcpOptions) -> usize {
+        let sack_count = options.sack_blocks.iter().flatten().count();
+        let sack_len = if sack_count > 0 {
+            // 2 NOPs + kind + length + 8 bytes per block.
+            4 + 8 * sack_count
+        } else {
+            0
+        };
+        self.send_mss().saturating_sub(sack_len).max(1)
+    }
+
+    /// The receive window to offer now, in bytes (RFC 9293 §3.8.6.2.2 receiver SWS
+    /// avoidance): the right edge moves only when it can move by at least
+    /// `min(buffer/2, MSS)`, and never moves left.
+    fn window_to_advertise(&self) -> usize {
+        let free = self.rx.free();
+        let promised = seq_len(self.rcv_nxt, self.rcv_adv).min(free);
+        let threshold = (self.rx.capacity() / 2)
+            .min(usize::from(self.config.mss))
+            .max(1);
+        if free >= promised.saturating_add(threshold) {
+            free
+        } else {
+            promised
+        }
+    }
+
+    /// The window field for the next segment: scaled, clamped to 16 bits, never more than
+    /// the buffer's free space (RFC 7323 §2.3).
+    fn window_field(&self) -> u16 {
+        let window = if self.fin_received {
+            // No more data can come; the free space is still the honest answer.
+            self.rx.free()
+        } else {
+            self.window_to_advertise()
+        };
+        (window >> self.rcv_wscale).min(usize::from(u16::MAX)) as u16
+    }
+
+    /// Whether a window update is owed: the window we would now advertise moves the right
+    /// edge (subject to receiver SWS avoidance) beyond the last one advertised. This
+    /// always fires after the reader drains a zero or small window far enough.
+    fn window_update_due(&self) -> bool {
+        if !self.window_update_check
+            || self.fin_received
+            || !matches!(
+                self.state,
+                State::Established | State::FinWait1 | State::FinWait2
+            )
+        {
+            return false;
+        }
+        // As Linux does: only when what the peer may still send has fallen to half the
+        // buffer or less and the update at least doubles it, so that a reader keeping
+        // up with a large window does not send an update per read.
+        let promised = seq_len(self.rcv_nxt, self.rcv_adv);
+        let window = usize::from(self.window_field()) << self.rcv_wscale;
+        window > promised
+            && promised <= self.rx.capacity() / 2
+            && window >= promised.saturating_mul(2)
+    }
+
+    /// Arms the persist timer when data waits but nothing is in flight to carry a window
+    /// update back: a zero window, or one too small for the SWS rules (RFC 9293 §3.8.6.1).
+    fn arm_persist(&mut self, now: Instant) {
+        let can_send_data = matches!(
+            self.state,
+            State::Established
+                | State::CloseWait
+                | State::FinWait1
+                | State::Closing
+                | State::LastAck
+        );
+        let waiting = can_send_data
+            && self.snd_una == self.snd_max
+            && self.snd_nxt.distance_from(self.send_end()) < 0;
+        if !waiting {
+            self.persist_deadline = None;
+            return;
+        }
+        if self.persist_deadline.is_none() && !self.persist_force {
+            // Exponential backoff from the RTO, capped at max_rto (Zephyr #48471).
+            let shift = self.persist_backoff.min(20);
+            let interval = self
+                .rtt
+                .rto()
+                .saturating_mul(1u32 << shift)
+                .min(self.config.max_rto);
+            self.persist_deadline = Some(now + interval);
+        }
+    }
+}

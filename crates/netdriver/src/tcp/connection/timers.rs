@@ -1,0 +1,149 @@
+//! Timers: retransmission (RFC 6298), SYN retries, persist (RFC 9293 §3.8.6.1), delayed
+//! ACK (§3.8.6.3), keep-alive (§3.8.4), TIME-WAIT (§3.4.2) and the user timeout (§3.8.3).
+//! Timers only set flags and state; the segments they call for come out of the next
+//! `poll_transmit`.
+
+use tracing::{debug, trace};
+
+use super::{Connection, State, KEEPALIVE_PROBES};
+use crate::tcp::error::TcpError;
+use crate::time::Instant;
+
+impl Connection {
+    /// The earliest instant at which `handle_timeout` must be called, or `None` when no
+    /// timer runs. Call `poll_transmit` until `None` first: some timers are armed there.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.state == State::Closed {
+            return None;
+        }
+        let user_timeout =
+            (self.snd_una != self.snd_max).then(|| self.last_progress + self.config.user_timeout);
+        [
+            self.rtx_deadline,
+            self.delayed_ack_deadline,
+            self.persist_deadline,
+            self.keepalive_deadline,
+            self.time_wait_deadline,
+            user_timeout,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Processes every timer that has expired at `now`. Harmless to call early or often.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.state == State::Closed {
+            return;
+        }
+        if let Some(deadline) = self.time_wait_deadline {
+            if now >= deadline {
+                debug!("tcp: TIME-WAIT expired, CLOSED");
+                self.enter_closed();
+                return;
+            }
+        }
+        // §3.8.3 user timeout: outstanding sequence space without progress.
+        if self.snd_una != self.snd_max && now >= self.last_progress + self.config.user_timeout {
+            let in_handshake = matches!(self.state, State::SynSent);
+            self.fail(TcpError::TimedOut, !in_handshake);
+            return;
+        }
+        if let Some(deadline) = self.rtx_deadline {
+            if now >= deadline {
+                self.on_retransmission_timeout(now);
+                if self.state == State::Closed {
+                    return;
+                }
+            }
+        }
+        if let Some(deadline) = self.delayed_ack_deadline {
+            if now >= deadline {
+                trace!("tcp: delayed ACK timer expired");
+                self.delayed_ack_deadline = None;
+                self.ack_now = true;
+            }
+        }
+        if let Some(deadline) = self.persist_deadline {
+            if now >= deadline {
+                self.persist_deadline = None;
+                if now.saturating_duration_since(self.last_rcv) >= self.config.user_timeout {
+                    // Probes unanswered for the user timeout: the peer is gone.
+                    self.fail(TcpError::TimedOut, true);
+                    return;
+                }
+                trace!(backoff = self.persist_backoff, "tcp: persist timer expired");
+                self.persist_force = true;
+            }
+        }
+        if let Some(deadline) = self.keepalive_deadline {
+            if now >= deadline {
+                self.on_keepalive_timeout(now);
+            }
+        }
+    }
+
+    /// RFC 6298 §5.4-5.7: retransmit the earliest unacknowledged segment, back off the
+    /// RTO and restart the timer. SYN and SYN-ACK give up after `syn_retries`.
+    fn on_retransmission_timeout(&mut self, now: Instant) {
+        if self.snd_una == self.snd_max {
+            self.rtx_deadline = None;
+            return;
+        }
+        if matches!(self.state, State::SynSent | State::SynReceived) {
+            if self.syn_retries_done >= self.config.syn_retries {
+                let send_rst = self.state == State::SynReceived;
+                self.fail(TcpError::TimedOut, send_rst);
+                return;
+            }
+            self.syn_retries_done += 1;
+        } else {
+            let in_flight = self.bytes_in_flight();
+            self.cc.on_retransmission_timeout(now, in_flight);
+        }
+        self.counters.rto_timeouts += 1;
+        self.rtt.on_timeout_backoff();
+        debug!(
+            snd_una = self.snd_una.0,
+            rto = ?self.rtt.rto(),
+            backoffs = self.rtt.backoff_count(),
+            "tcp: retransmission timeout"
+        );
+        // Go-back-N from SND.UNA. SACK information is dropped (RFC 6675 §5.1 allows the
+        // receiver to renege), recovery ends, and the new "recover" point keeps duplicate
+        // ACKs of the resent data from triggering fast retransmit (RFC 6582 §3.2 step 1).
+        self.snd_nxt = self.snd_una;
+        self.in_recovery = false;
+        self.recovery_inflation = 0;
+        self.dup_acks = 0;
+        self.fast_rtx_pending = false;
+        self.sack_board.clear();
+        self.recover = self.snd_max;
+        self.high_rxt = self.snd_una;
+        self.rtt_timed = None;
+        self.probe_end = None;
+        self.rtx_deadline = Some(now + self.rtt.rto());
+    }
+
+    /// Keep-alive: probe an idle connection, give up after `KEEPALIVE_PROBES` misses.
+    fn on_keepalive_timeout(&mut self, now: Instant) {
+        let Some(interval) = self.config.keepalive else {
+            self.keepalive_deadline = None;
+            return;
+        };
+        let idle = matches!(self.state, State::Established | State::CloseWait)
+            && self.snd_una == self.snd_max;
+        if !idle {
+            // Outstanding data has its own timers; look again later.
+            self.keepalive_deadline = Some(now + interval);
+            return;
+        }
+        if self.keepalive_probes_out >= KEEPALIVE_PROBES {
+            self.fail(TcpError::TimedOut, true);
+            return;
+        }
+        self.keepalive_probes_out += 1;
+        self.keepalive_pending = true;
+        self.keepalive_deadline = Some(now + interval);
+    }
+}
