@@ -15,6 +15,7 @@
 //! `netdriver` knows nothing of virtual sockets.
 
 pub mod link;
+pub mod netif;
 pub mod tcp;
 pub mod time;
 pub mod wire;

@@ -1,0 +1,1184 @@
+//! A minimal host over a [`Link`]: one MAC and IPv4 address, a static neighbour table, ARP
+//! answers, and a set of TCP connections.
+//!
+//! [`Interface::poll`] does one round of I/O:
+//!
+//! 1. receives a batch of frames and, for each, parses Ethernet → IPv4 (header checksum
+//!    verified) → TCP (checksum verified). Anything malformed, corrupt, not addressed to
+//!    this host or not understood is dropped and counted in [`InterfaceStats`]; no frame
+//!    can make it panic. A segment goes to the connection with its 4-tuple, or opens a
+//!    connection if it is a SYN to a listening port with room in its backlog, or is
+//!    answered with a reset ([`rst_for_unexpected`]);
+//! 2. fires every connection's due timer;
+//! 3. asks the connections, in turn, for segments, writing each payload straight into a tx
+//!    frame of the link and then the TCP, IPv4 and Ethernet headers in front of it (the
+//!    payload is copied once, from the send buffer to the frame; see
+//!    [`TX_HEADROOM`](crate::link::TX_HEADROOM) for why that needs headroom), and flushes
+//!    the link;
+//! 4. forgets connections that have closed (once their received data has been read).
+//!
+//! [`Interface::poll_at`] says when to poll next without new frames. Nothing here reads a
+//! clock: the same inputs give the same frames, which the seeded simulations rely on.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::ops::RangeInclusive;
+
+use crate::link::{Link, ETHERNET_HEADER_LEN};
+use crate::tcp::isn::IsnGenerator;
+use crate::tcp::{rst_for_unexpected, Config, Connection, State, TcpError};
+use crate::time::Instant;
+use crate::wire::{
+    ethernet, ipv4, ArpOperation, ArpPacket, ArpRepr, EtherType, EthernetAddress, EthernetFrame,
+    EthernetRepr, IpProtocol, Ipv4Packet, Ipv4Repr, TcpPacket, TcpRepr, WireError,
+};
+
+/// Longest TCP header (20 bytes and 40 of options). Payloads are written at a fixed offset
+/// that leaves this much room, whatever header the segment turns out to need.
+const MAX_TCP_HEADER_LEN: usize = 60;
+/// Where a payload starts in a lent tx buffer: after the longest possible headers.
+const PAYLOAD_AT: usize = ethernet::HEADER_LEN + ipv4::HEADER_LEN + MAX_TCP_HEADER_LEN;
+/// IPv4 plus a TCP header without options: what the MSS leaves out of the IP MTU.
+const IP_TCP_MIN_HEADERS: usize = ipv4::HEADER_LEN + 20;
+
+/// How an [`Interface`] is set up.
+#[derive(Debug, Clone)]
+pub struct InterfaceConfig {
+    /// This host's Ethernet address.
+    pub mac: EthernetAddress,
+    /// This host's IPv4 address.
+    pub ipv4: Ipv4Addr,
+    /// Configuration of every connection. Its `mss` is lowered, if need be, to what the
+    /// link's MTU allows (MTU − 40).
+    pub tcp: Config,
+    /// Local ports for [`Interface::connect`], tried in order from where the last one was
+    /// found (sequential, so simulations are reproducible).
+    pub ephemeral_ports: RangeInclusive<u16>,
+    /// Most connections (of all states) at once; further SYNs are dropped and
+    /// [`Interface::connect`] fails.
+    pub max_connections: usize,
+    /// Key for initial sequence numbers; `None` draws a random one. Fix it for
+    /// reproducible runs.
+    pub isn_key: Option<[u8; 16]>,
+    /// Most frames received per [`Interface::poll`] (the rx batch).
+    pub rx_batch: usize,
+    /// Most frames sent per [`Link::tx_batch`] call.
+    pub tx_batch: usize,
+    /// IPv4 time to live of outgoing datagrams.
+    pub ttl: u8,
+}
+
+impl Default for InterfaceConfig {
+    /// A locally administered MAC 02:00:00:00:00:01, 10.0.0.1, default TCP settings,
+    /// ephemeral ports 49152–65535 (IANA), 1024 connections, batches of 64.
+    fn default() -> Self {
+        InterfaceConfig {
+            mac: EthernetAddress([0x02, 0, 0, 0, 0, 1]),
+            ipv4: Ipv4Addr::new(10, 0, 0, 1),
+            tcp: Config::default(),
+            ephemeral_ports: 49152..=65535,
+            max_connections: 1024,
+            isn_key: None,
+            rx_batch: 64,
+            tx_batch: 64,
+            ttl: 64,
+        }
+    }
+}
+
+/// Why an [`Interface`] operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NetifError {
+    /// No neighbour-table entry for the remote address (add one with
+    /// [`Interface::add_neighbor`]).
+    #[error("no neighbour entry for the remote address")]
+    NoNeighbor,
+    /// Every ephemeral port is in use towards this remote address.
+    #[error("no free ephemeral port")]
+    NoFreePort,
+    /// [`InterfaceConfig::max_connections`] reached.
+    #[error("too many connections")]
+    TooManyConnections,
+    /// The port is already listening.
+    #[error("address in use")]
+    AddrInUse,
+}
+
+/// Names a connection of an [`Interface`]. A handle is never reused for another
+/// connection: once its connection is gone, lookups with it return `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnHandle {
+    index: u32,
+    generation: u32,
+}
+
+/// Counters of an [`Interface`]; all only grow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InterfaceStats {
+    /// Frames received from the link.
+    pub rx_frames: u64,
+    /// Frames for another MAC or IPv4 address.
+    pub rx_not_ours: u64,
+    /// Frames too short, or with an impossible length or field, at any layer.
+    pub rx_malformed: u64,
+    /// IPv4 headers or TCP segments whose checksum does not verify.
+    pub rx_bad_checksum: u64,
+    /// Frames of other EtherTypes or IP protocols, IPv4 fragments, unsupported ARP.
+    pub rx_unsupported: u64,
+    /// TCP segments delivered to a connection.
+    pub rx_segments: u64,
+    /// Segments for no connection (answered with RST unless they were one).
+    pub rx_no_connection: u64,
+    /// SYNs dropped because the listener's backlog or the connection table was full.
+    pub syn_dropped: u64,
+    /// ARP packets received and understood.
+    pub rx_arp: u64,
+    /// TCP segments sent (RSTs included).
+    pub tx_segments: u64,
+    /// RSTs sent for segments that matched no connection.
+    pub tx_rst: u64,
+    /// ARP replies sent.
+    pub tx_arp_replies: u64,
+    /// Segments not sent because the remote's MAC is unknown.
+    pub tx_no_neighbor: u64,
+    /// Control frames (RST, ARP reply) dropped because their queue was full.
+    pub tx_control_dropped: u64,
+    /// Headers that failed to emit (should stay 0: it means a bug, reported not panicked).
+    pub tx_emit_errors: u64,
+    /// Connections opened (active and passive).
+    pub connections_opened: u64,
+    /// Connections forgotten after closing.
+    pub connections_removed: u64,
+}
+
+/// A listening port.
+#[derive(Debug)]
+struct Listener {
+    backlog: usize,
+    /// Connections opened by SYNs to this port and not yet accepted, oldest first.
+    queue: VecDeque<ConnHandle>,
+}
+
+/// One entry of the connection table.
+#[derive(Debug)]
+struct Slot {
+    generation: u32,
+    conn: Option<Connection>,
+    /// The remote's MAC once known.
+    remote_mac: Option<EthernetAddress>,
+    /// The listening port whose accept queue holds this connection, until accepted.
+    listener: Option<u16>,
+}
+
+/// A frame to send that no connection produces: an RST for a stray segment, an ARP reply.
+#[derive(Debug, Clone, Copy)]
+enum Control {
+    Rst {
+        dst_mac: EthernetAddress,
+        dst_ip: Ipv4Addr,
+        repr: TcpRepr,
+    },
+    ArpReply(ArpRepr),
+}
+
+/// Most removal records kept for [`Interface::pop_closed`].
+pub const MAX_CLOSED_EVENTS: usize = 1024;
+
+/// Most control frames waiting for the next tx phase; beyond this they are dropped, so a
+/// flood of stray segments cannot grow memory.
+const MAX_CONTROL: usize = 256;
+
+/// Everything but the link, so that the link's callbacks can borrow it.
+#[derive(Debug)]
+struct Core {
+    config: InterfaceConfig,
+    isn: IsnGenerator,
+    neighbors: HashMap<Ipv4Addr, EthernetAddress>,
+    slots: Vec<Slot>,
+    free_slots: Vec<u32>,
+    /// `(local, remote)` → slot index.
+    by_tuple: HashMap<(SocketAddrV4, SocketAddrV4), u32>,
+    listeners: HashMap<u16, Listener>,
+    control: VecDeque<Control>,
+    next_port: u16,
+    ip_ident: u16,
+    stats: InterfaceStats,
+    /// Per-slot "has nothing more to send in this poll", reused between polls.
+    tx_done: Vec<bool>,
+    /// Connections removed after closing, with their error, until the application looks
+    /// (oldest dropped beyond [`MAX_CLOSED_EVENTS`]).
+    closed: VecDeque<(ConnHandle, Option<TcpError>)>,
+    /// Set when the last poll stopped sending because the link had no tx buffers.
+    tx_blocked_at: Option<Instant>,
+    live: usize,
+}
+
+/// A minimal host over a link. See the [module documentation](self).
+#[derive(Debug)]
+pub struct Interface<L: Link> {
+    link: L,
+    core: Core,
+}
+
+impl<L: Link> Interface<L> {
+    /// A host on `link` configured by `config`.
+    pub fn new(link: L, mut config: InterfaceConfig) -> Self {
+        let mss_cap = link.mtu().saturating_sub(IP_TCP_MIN_HEADERS);
+        let mss_cap = u16::try_from(mss_cap).unwrap_or(u16::MAX);
+        config.tcp.mss = config.tcp.mss.min(mss_cap);
+        let isn = match config.isn_key {
+            Some(key) => IsnGenerator::with_key(key),
+            None => IsnGenerator::new(),
+        };
+        let next_port = *config.ephemeral_ports.start();
+        Interface {
+            link,
+            core: Core {
+                config,
+                isn,
+                neighbors: HashMap::new(),
+                slots: Vec::new(),
+                free_slots: Vec::new(),
+                by_tuple: HashMap::new(),
+                listeners: HashMap::new(),
+                control: VecDeque::new(),
+                closed: VecDeque::new(),
+                next_port,
+                ip_ident: 0,
+                stats: InterfaceStats::default(),
+                tx_done: Vec::new(),
+                tx_blocked_at: None,
+                live: 0,
+            },
+        }
+    }
+
+    /// The configuration (with the MSS as clamped to the link).
+    pub fn config(&self) -> &InterfaceConfig {
+        &self.core.config
+    }
+
+    /// The link.
+    pub fn link(&self) -> &L {
+        &self.link
+    }
+
+    /// The link, mutably.
+    pub fn link_mut(&mut self) -> &mut L {
+        &mut self.link
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> InterfaceStats {
+        self.core.stats
+    }
+
+    /// Adds (or replaces) a static neighbour entry: `ip` is reachable at `mac`.
+    pub fn add_neighbor(&mut self, ip: Ipv4Addr, mac: EthernetAddress) {
+        self.core.neighbors.insert(ip, mac);
+        for slot in &mut self.core.slots {
+            if let Some(conn) = &slot.conn {
+                if *conn.remote().ip() == ip {
+                    slot.remote_mac = Some(mac);
+                }
+            }
+        }
+    }
+
+    /// Starts listening on `port`, keeping at most `backlog` connections that have not
+    /// been accepted yet (half-open ones included); SYNs beyond that are dropped, and the
+    /// peer retries.
+    pub fn listen(&mut self, port: u16, backlog: usize) -> Result<(), NetifError> {
+        if self.core.listeners.contains_key(&port) {
+            return Err(NetifError::AddrInUse);
+        }
+        self.core.listeners.insert(
+            port,
+            Listener {
+                backlog,
+                queue: VecDeque::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Stops listening on `port`; connections not yet accepted are aborted.
+    pub fn unlisten(&mut self, port: u16) {
+        if let Some(listener) = self.core.listeners.remove(&port) {
+            for h in listener.queue {
+                if let Some(slot) = self.core.slot_mut(h) {
+                    slot.listener = None;
+                    if let Some(conn) = &mut slot.conn {
+                        conn.abort();
+                    }
+                }
+            }
+        }
+    }
+
+    /// The oldest connection to `port` that has completed its handshake and not been
+    /// accepted yet.
+    pub fn accept(&mut self, port: u16) -> Option<ConnHandle> {
+        let core = &mut self.core;
+        let listener = core.listeners.get_mut(&port)?;
+        let i = listener.queue.iter().position(|&h| {
+            let slot = core.slots.get(h.index as usize);
+            slot.and_then(|s| s.conn.as_ref())
+                .is_some_and(|c| c.state().is_synchronized() || c.is_closed())
+        })?;
+        let h = listener.queue.remove(i)?;
+        if let Some(slot) = core.slots.get_mut(h.index as usize) {
+            slot.listener = None;
+        }
+        Some(h)
+    }
+
+    /// Opens a connection to `remote` from an ephemeral port (active open). The SYN leaves
+    /// at the next [`poll`](Interface::poll).
+    pub fn connect(
+        &mut self,
+        remote: SocketAddrV4,
+        now: Instant,
+    ) -> Result<ConnHandle, NetifError> {
+        let core = &mut self.core;
+        let mac = *core
+            .neighbors
+            .get(remote.ip())
+            .ok_or(NetifError::NoNeighbor)?;
+        if core.live >= core.config.max_connections {
+            return Err(NetifError::TooManyConnections);
+        }
+        let local = core.ephemeral_port(remote)?;
+        let isn = core.isn.generate(now, local, remote);
+        let conn = Connection::connect(core.config.tcp.clone(), local, remote, isn, now);
+        Ok(core.insert(conn, Some(mac), None))
+    }
+
+    /// The connection behind `h`, if it still exists.
+    pub fn conn(&self, h: ConnHandle) -> Option<&Connection> {
+        self.core.slot(h)?.conn.as_ref()
+    }
+
+    /// The connection behind `h`, mutably, if it still exists.
+    pub fn conn_mut(&mut self, h: ConnHandle) -> Option<&mut Connection> {
+        self.core.slot_mut(h)?.conn.as_mut()
+    }
+
+    /// The oldest record of a connection removed after closing: its handle and the error it
+    /// failed with (`None` for an orderly close). [`poll`](Interface::poll) forgets a
+    /// connection once it is closed and nothing is left to read, so this is how the
+    /// application learns why a handle stopped resolving. At most [`MAX_CLOSED_EVENTS`]
+    /// records are kept; older ones are dropped.
+    pub fn pop_closed(&mut self) -> Option<(ConnHandle, Option<TcpError>)> {
+        self.core.closed.pop_front()
+    }
+
+    /// Handles of every connection, in table order.
+    pub fn handles(&self) -> impl Iterator<Item = ConnHandle> + '_ {
+        self.core.slots.iter().enumerate().filter_map(|(i, s)| {
+            s.conn.as_ref().map(|_| ConnHandle {
+                index: i as u32,
+                generation: s.generation,
+            })
+        })
+    }
+
+    /// Number of connections in the table (all states).
+    pub fn connection_count(&self) -> usize {
+        self.core.live
+    }
+
+    /// One round of I/O at `now` (see the [module documentation](self)). Returns whether
+    /// anything happened: a frame received, a timer fired, a segment sent or a connection
+    /// removed.
+    pub fn poll(&mut self, now: Instant) -> bool {
+        let Interface { link, core } = self;
+        let mut progress = false;
+
+        // Receive.
+        let max = core.config.rx_batch;
+        let received = link.recv_batch(now, max, &mut |frame| core.receive(now, frame));
+        progress |= received > 0;
+
+        // Timers.
+        for slot in &mut core.slots {
+            if let Some(conn) = &mut slot.conn {
+                if conn.poll_timeout().is_some_and(|t| t <= now) {
+                    conn.handle_timeout(now);
+                    progress = true;
+                }
+            }
+        }
+
+        // Transmit: control frames first, then the connections round-robin, one segment
+        // each per turn so that no connection starves the others within a batch.
+        progress |= core.transmit(link, now);
+
+        // Forget closed connections, once nothing is left to read from them.
+        for i in 0..core.slots.len() {
+            let done = core.slots[i]
+                .conn
+                .as_ref()
+                .is_some_and(|c| c.is_closed() && (c.recv_queue() == 0 || c.error().is_some()));
+            if done {
+                core.remove(i as u32);
+                progress = true;
+            }
+        }
+        progress
+    }
+
+    /// When to poll next if no frame arrives: the earliest of the link's next event and
+    /// every connection's timer. `None` means nothing is scheduled (an AF_XDP link then
+    /// waits on its fd).
+    pub fn poll_at(&self) -> Option<Instant> {
+        let conns = self
+            .core
+            .slots
+            .iter()
+            .filter_map(|s| s.conn.as_ref()?.poll_timeout());
+        [self.link.poll_at(), self.core.tx_blocked_at]
+            .into_iter()
+            .flatten()
+            .chain(conns)
+            .min()
+    }
+}
+
+/// How a parse error is counted.
+fn count_error(stats: &mut InterfaceStats, e: WireError) {
+    match e {
+        WireError::Truncated | WireError::Malformed => stats.rx_malformed += 1,
+        WireError::Checksum => stats.rx_bad_checksum += 1,
+        WireError::Unsupported => stats.rx_unsupported += 1,
+    }
+}
+
+impl Core {
+    fn slot(&self, h: ConnHandle) -> Option<&Slot> {
+        self.slots
+            .get(h.index as usize)
+            .filter(|s| s.generation == h.generation)
+    }
+
+    fn slot_mut(&mut self, h: ConnHandle) -> Option<&mut Slot> {
+        self.slots
+            .get_mut(h.index as usize)
+            .filter(|s| s.generation == h.generation)
+    }
+
+    fn insert(
+        &mut self,
+        conn: Connection,
+        remote_mac: Option<EthernetAddress>,
+        listener: Option<u16>,
+    ) -> ConnHandle {
+        let tuple = (conn.local(), conn.remote());
+        let index = match self.free_slots.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    conn: None,
+                    remote_mac: None,
+                    listener: None,
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.conn = Some(conn);
+        slot.remote_mac = remote_mac;
+        slot.listener = listener;
+        self.by_tuple.insert(tuple, index);
+        self.live += 1;
+        self.stats.connections_opened += 1;
+        ConnHandle {
+            index,
+            generation: slot.generation,
+        }
+    }
+
+    fn remove(&mut self, index: u32) {
+        let Some(slot) = self.slots.get_mut(index as usize) else {
+            return;
+        };
+        let Some(conn) = slot.conn.take() else { return };
+        let h = ConnHandle {
+            index,
+            generation: slot.generation,
+        };
+        // A new generation makes every outstanding handle to this slot stale.
+        slot.generation = slot.generation.wrapping_add(1);
+        if let Some(port) = slot.listener.take() {
+            if let Some(l) = self.listeners.get_mut(&port) {
+                l.queue.retain(|&q| q != h);
+            }
+        }
+        self.by_tuple.remove(&(conn.local(), conn.remote()));
+        if self.closed.len() >= MAX_CLOSED_EVENTS {
+            self.closed.pop_front();
+        }
+        self.closed.push_back((h, conn.error()));
+        self.free_slots.push(index);
+        self.live -= 1;
+        self.stats.connections_removed += 1;
+    }
+
+    /// The next free local address towards `remote`.
+    fn ephemeral_port(&mut self, remote: SocketAddrV4) -> Result<SocketAddrV4, NetifError> {
+        let (lo, hi) = (
+            *self.config.ephemeral_ports.start(),
+            *self.config.ephemeral_ports.end(),
+        );
+        if lo > hi {
+            return Err(NetifError::NoFreePort);
+        }
+        let span = u32::from(hi - lo) + 1;
+        for _ in 0..span {
+            let port = self.next_port.clamp(lo, hi);
+            self.next_port = if port == hi { lo } else { port + 1 };
+            let local = SocketAddrV4::new(self.config.ipv4, port);
+            if !self.by_tuple.contains_key(&(local, remote)) && !self.listeners.contains_key(&port)
+            {
+                return Ok(local);
+            }
+        }
+        Err(NetifError::NoFreePort)
+    }
+
+    fn queue_control(&mut self, c: Control) {
+        if self.control.len() < MAX_CONTROL {
+            self.control.push_back(c);
+        } else {
+            self.stats.tx_control_dropped += 1;
+        }
+    }
+
+    /// Handles one received frame. Never panics: every failure is a counted drop.
+    fn receive(&mut self, now: Instant, frame: &[u8]) {
+        self.stats.rx_frames += 1;
+        let ef = match EthernetFrame::new_checked(frame) {
+            Ok(ef) => ef,
+            Err(e) => return count_error(&mut self.stats, e),
+        };
+        let eth = match EthernetRepr::parse(&ef) {
+            Ok(eth) => eth,
+            Err(e) => return count_error(&mut self.stats, e),
+        };
+        if eth.dst != self.config.mac && !eth.dst.is_broadcast() {
+            self.stats.rx_not_ours += 1;
+            return;
+        }
+        match eth.ethertype {
+            EtherType::Arp => self.receive_arp(ef.payload_slice()),
+            EtherType::Ipv4 if eth.dst == self.config.mac => {
+                self.receive_ipv4(now, eth.src, ef.payload_slice())
+            }
+            EtherType::Ipv4 => self.stats.rx_not_ours += 1,
+            EtherType::Unknown(_) => self.stats.rx_unsupported += 1,
+        }
+    }
+
+    fn receive_arp(&mut self, packet: &[u8]) {
+        let arp = match ArpPacket::new_checked(packet).and_then(|p| ArpRepr::parse(&p)) {
+            Ok(arp) => arp,
+            Err(e) => return count_error(&mut self.stats, e),
+        };
+        if arp.target_ip != self.config.ipv4 {
+            self.stats.rx_not_ours += 1;
+            return;
+        }
+        self.stats.rx_arp += 1;
+        // RFC 826: a packet addressed to us teaches us the sender's mapping. Static entries
+        // are not overridden: the table is configuration first.
+        if arp.source_hw.is_unicast() && !arp.source_ip.is_unspecified() {
+            self.neighbors.entry(arp.source_ip).or_insert(arp.source_hw);
+        }
+        if arp.operation == ArpOperation::Request {
+            self.queue_control(Control::ArpReply(ArpRepr {
+                operation: ArpOperation::Reply,
+                source_hw: self.config.mac,
+                source_ip: self.config.ipv4,
+                target_hw: arp.source_hw,
+                target_ip: arp.source_ip,
+            }));
+        }
+    }
+
+    fn receive_ipv4(&mut self, now: Instant, src_mac: EthernetAddress, packet: &[u8]) {
+        let ipp = match Ipv4Packet::new_checked(packet) {
+            Ok(p) => p,
+            Err(e) => return count_error(&mut self.stats, e),
+        };
+        let ip = match Ipv4Repr::parse(&ipp, true) {
+            Ok(ip) => ip,
+            Err(e) => return count_error(&mut self.stats, e),
+        };
+        if ip.dst != self.config.ipv4 {
+            self.stats.rx_not_ours += 1;
+            return;
+        }
+        if ip.protocol != IpProtocol::Tcp {
+            self.stats.rx_unsupported += 1;
+            return;
+        }
+        let segment = ipp.payload_slice();
+        let parsed = TcpPacket::new_checked(segment)
+            .and_then(|tp| TcpRepr::parse(&tp, ip.src, ip.dst, true));
+        let (repr, payload) = match parsed {
+            Ok(x) => x,
+            Err(e) => return count_error(&mut self.stats, e),
+        };
+        self.receive_tcp(now, src_mac, &ip, &repr, payload);
+    }
+
+    fn receive_tcp(
+        &mut self,
+        now: Instant,
+        src_mac: EthernetAddress,
+        ip: &Ipv4Repr,
+        repr: &TcpRepr,
+        payload: &[u8],
+    ) {
+        let local = SocketAddrV4::new(ip.dst, repr.dst_port);
+        let remote = SocketAddrV4::new(ip.src, repr.src_port);
+        if let Some(&index) = self.by_tuple.get(&(local, remote)) {
+            let reopen = match self
+                .slots
+                .get_mut(index as usize)
+                .and_then(|s| s.conn.as_mut())
+            {
+                Some(conn) => {
+                    // RFC 6191: a new SYN may end TIME-WAIT early; the old incarnation goes
+                    // and the SYN is treated as if it found no connection.
+                    if conn.state() == State::TimeWait && conn.accepts_new_syn_in_time_wait(repr) {
+                        true
+                    } else {
+                        self.stats.rx_segments += 1;
+                        conn.handle_segment(now, repr, payload);
+                        false
+                    }
+                }
+                None => false,
+            };
+            if !reopen {
+                return;
+            }
+            self.remove(index);
+        }
+        let plain_syn = repr.flags.syn() && !repr.flags.rst() && repr.ack.is_none();
+        if plain_syn && self.listeners.contains_key(&repr.dst_port) {
+            self.passive_open(now, src_mac, local, remote, repr, payload.len());
+            return;
+        }
+        self.stats.rx_no_connection += 1;
+        self.reset(src_mac, ip.src, repr, payload.len());
+    }
+
+    fn passive_open(
+        &mut self,
+        now: Instant,
+        src_mac: EthernetAddress,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        syn: &TcpRepr,
+        payload_len: usize,
+    ) {
+        let full = self
+            .listeners
+            .get(&local.port())
+            .is_none_or(|l| l.queue.len() >= l.backlog);
+        if full || self.live >= self.config.max_connections {
+            // Dropped, not reset: the peer's SYN retransmission is the retry.
+            self.stats.syn_dropped += 1;
+            return;
+        }
+        let isn = self.isn.generate(now, local, remote);
+        match Connection::accept(self.config.tcp.clone(), local, remote, syn, isn, now) {
+            Ok(conn) => {
+                // Static entries win; otherwise answer where the SYN came from, so that a
+                // peer without a static entry here can still connect.
+                let mac = *self.neighbors.get(remote.ip()).unwrap_or(&src_mac);
+                let h = self.insert(conn, Some(mac), Some(local.port()));
+                if let Some(l) = self.listeners.get_mut(&local.port()) {
+                    l.queue.push_back(h);
+                }
+            }
+            Err(_) => {
+                self.stats.rx_no_connection += 1;
+                self.reset(src_mac, *remote.ip(), syn, payload_len);
+            }
+        }
+    }
+
+    fn reset(&mut self, src_mac: EthernetAddress, src_ip: Ipv4Addr, repr: &TcpRepr, len: usize) {
+        if let Some(rst) = rst_for_unexpected(repr, len) {
+            let dst_mac = *self.neighbors.get(&src_ip).unwrap_or(&src_mac);
+            self.queue_control(Control::Rst {
+                dst_mac,
+                dst_ip: src_ip,
+                repr: rst,
+            });
+        }
+    }
+
+    fn next_ident(&mut self) -> u16 {
+        self.ip_ident = self.ip_ident.wrapping_add(1);
+        self.ip_ident
+    }
+
+    /// Writes the headers of a TCP segment whose payload already lies at `PAYLOAD_AT` in
+    /// `buf`, and returns the frame's range. The frame starts where the headers begin.
+    fn emit_segment(
+        &mut self,
+        buf: &mut [u8],
+        dst_mac: EthernetAddress,
+        dst_ip: Ipv4Addr,
+        repr: &TcpRepr,
+        payload_len: usize,
+    ) -> Option<std::ops::Range<usize>> {
+        let header_len = repr.header_len();
+        let start = PAYLOAD_AT.checked_sub(ethernet::HEADER_LEN + ipv4::HEADER_LEN + header_len)?;
+        let eth = EthernetRepr {
+            src: self.config.mac,
+            dst: dst_mac,
+            ethertype: EtherType::Ipv4,
+        };
+        let ip = Ipv4Repr {
+            src: self.config.ipv4,
+            dst: dst_ip,
+            protocol: IpProtocol::Tcp,
+            payload_len: header_len + payload_len,
+            ttl: self.config.ttl,
+            dscp_ecn: 0,
+        };
+        let ident = self.next_ident();
+        let frame = buf.get_mut(start..)?;
+        match crate::wire::emit_tcp_frame(frame, &eth, &ip, ident, repr, payload_len) {
+            Ok(len) => {
+                self.stats.tx_segments += 1;
+                Some(start..start + len)
+            }
+            Err(_) => {
+                self.stats.tx_emit_errors += 1;
+                None
+            }
+        }
+    }
+
+    /// Writes one control frame into `buf`.
+    fn emit_control(&mut self, buf: &mut [u8], c: Control) -> Option<std::ops::Range<usize>> {
+        match c {
+            Control::Rst {
+                dst_mac,
+                dst_ip,
+                repr,
+            } => {
+                let r = self.emit_segment(buf, dst_mac, dst_ip, &repr, 0);
+                if r.is_some() {
+                    self.stats.tx_rst += 1;
+                }
+                r
+            }
+            Control::ArpReply(arp) => {
+                let eth = EthernetRepr {
+                    src: self.config.mac,
+                    dst: arp.target_hw,
+                    ethertype: EtherType::Arp,
+                };
+                let len = ETHERNET_HEADER_LEN + arp.packet_len();
+                let ok = buf.get_mut(..len).is_some_and(|frame| {
+                    eth.emit(frame).is_ok()
+                        && frame
+                            .get_mut(ETHERNET_HEADER_LEN..)
+                            .is_some_and(|p| arp.emit(p).is_ok())
+                });
+                if ok {
+                    self.stats.tx_arp_replies += 1;
+                    Some(0..len)
+                } else {
+                    self.stats.tx_emit_errors += 1;
+                    None
+                }
+            }
+        }
+    }
+
+    /// The tx phase of `poll`: control frames, then segments from every connection until
+    /// none has anything to send or the link has no more tx buffers. Returns whether any
+    /// frame was produced.
+    fn transmit<L: Link>(&mut self, link: &mut L, now: Instant) -> bool {
+        let n = self.slots.len();
+        self.tx_done.clear();
+        self.tx_done.resize(n, false);
+        for (i, slot) in self.slots.iter().enumerate() {
+            if slot.conn.is_none() {
+                self.tx_done[i] = true;
+            }
+        }
+        // The payload region: from the fixed payload offset up to what the MSS allows. The
+        // connection caps the payload further by the options it carries.
+        let payload_cap = usize::from(self.config.tcp.mss);
+        let mut cursor = 0usize;
+        let mut produced_any = false;
+        self.tx_blocked_at = None;
+        // Each round hands out a batch of buffers; rounds repeat while the link takes
+        // everything, so one poll drains all connections (bounded by their windows).
+        for _ in 0..1024 {
+            let mut exhausted = false;
+            let sent = link.tx_batch(now, self.config.tx_batch, &mut |buf| {
+                if let Some(c) = self.control.pop_front() {
+                    // A control frame that fails to emit is counted; move on to the next.
+                    if let Some(r) = self.emit_control(buf, c) {
+                        return Some(r);
+                    }
+                }
+                let n = self.slots.len();
+                let mut tried = 0;
+                while tried < n {
+                    let i = cursor % n;
+                    cursor = cursor.wrapping_add(1);
+                    tried += 1;
+                    if self.tx_done[i] {
+                        continue;
+                    }
+                    let slot = &mut self.slots[i];
+                    let Some(conn) = slot.conn.as_mut() else {
+                        self.tx_done[i] = true;
+                        continue;
+                    };
+                    let Some(dst_mac) = slot.remote_mac else {
+                        // Without a MAC the segment could not leave; leave it queued in
+                        // the connection (its timers will retry) rather than lose it.
+                        self.stats.tx_no_neighbor += 1;
+                        self.tx_done[i] = true;
+                        continue;
+                    };
+                    let end = (PAYLOAD_AT + payload_cap).min(buf.len());
+                    let payload_buf = buf.get_mut(PAYLOAD_AT..end).unwrap_or_default();
+                    match conn.poll_transmit(now, payload_buf) {
+                        None => self.tx_done[i] = true,
+                        Some(t) => {
+                            let dst_ip = *conn.remote().ip();
+                            if let Some(r) =
+                                self.emit_segment(buf, dst_mac, dst_ip, &t.repr, t.payload_len)
+                            {
+                                return Some(r);
+                            }
+                        }
+                    }
+                }
+                if self.control.is_empty() {
+                    exhausted = true;
+                    None
+                } else {
+                    // Only failed control frames remain: keep draining them.
+                    self.control
+                        .pop_front()
+                        .and_then(|c| self.emit_control(buf, c))
+                }
+            });
+            produced_any |= sent > 0;
+            link.flush(now);
+            if exhausted {
+                return produced_any;
+            }
+            if sent == 0 {
+                // The link had no buffer at all: try again soon.
+                self.tx_blocked_at = Some(now);
+                return produced_any;
+            }
+        }
+        self.tx_blocked_at = Some(now);
+        produced_any
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::sim::{self, SimConfig, SimLink};
+    use crate::tcp::TcpError;
+    use crate::time::Duration;
+    use crate::wire::{EthernetAddress, TcpFlags};
+
+    const MAC_A: EthernetAddress = EthernetAddress([2, 0, 0, 0, 0, 0xa]);
+    const MAC_B: EthernetAddress = EthernetAddress([2, 0, 0, 0, 0, 0xb]);
+    const IP_A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+    const IP_B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+    fn tcp_config() -> Config {
+        Config {
+            min_rto: Duration::from_millis(1),
+            initial_rto: Duration::from_millis(10),
+            time_wait: Duration::from_millis(5),
+            delayed_ack: None,
+            ..Config::default()
+        }
+    }
+
+    fn host(link: SimLink, mac: EthernetAddress, ip: Ipv4Addr) -> Interface<SimLink> {
+        Interface::new(
+            link,
+            InterfaceConfig {
+                mac,
+                ipv4: ip,
+                tcp: tcp_config(),
+                isn_key: Some([7; 16]),
+                ..InterfaceConfig::default()
+            },
+        )
+    }
+
+    fn hosts() -> (Interface<SimLink>, Interface<SimLink>) {
+        let (la, lb) = sim::pair(SimConfig::default());
+        let mut a = host(la, MAC_A, IP_A);
+        let mut b = host(lb, MAC_B, IP_B);
+        a.add_neighbor(IP_B, MAC_B);
+        b.add_neighbor(IP_A, MAC_A);
+        (a, b)
+    }
+
+    /// Polls both hosts, jumping virtual time, until `done` or nothing is scheduled.
+    fn run_until(
+        a: &mut Interface<SimLink>,
+        b: &mut Interface<SimLink>,
+        now: &mut Instant,
+        mut done: impl FnMut(&mut Interface<SimLink>, &mut Interface<SimLink>) -> bool,
+    ) {
+        for _ in 0..100_000 {
+            a.poll(*now);
+            b.poll(*now);
+            if done(a, b) {
+                return;
+            }
+            match [a.poll_at(), b.poll_at()].into_iter().flatten().min() {
+                Some(t) => *now = (*now).max(t),
+                None => return,
+            }
+        }
+        panic!("no end in sight");
+    }
+
+    #[test]
+    fn handshake_data_and_close() {
+        let (mut a, mut b) = hosts();
+        let mut now = Instant::ZERO;
+        b.listen(80, 4).unwrap();
+        let ca = a.connect(SocketAddrV4::new(IP_B, 80), now).unwrap();
+        let mut cb = None;
+        run_until(&mut a, &mut b, &mut now, |_, b| {
+            cb = cb.or_else(|| b.accept(80));
+            cb.is_some()
+        });
+        let cb = cb.unwrap();
+        assert_eq!(a.conn(ca).unwrap().state(), State::Established);
+        assert_eq!(a.conn_mut(ca).unwrap().send(b"hello").unwrap(), 5);
+        a.conn_mut(ca).unwrap().close();
+        let mut got = Vec::new();
+        run_until(&mut a, &mut b, &mut now, |_, b| {
+            let mut buf = [0u8; 64];
+            match b.conn_mut(cb).unwrap().recv(&mut buf) {
+                Ok(0) => true,
+                Ok(n) => {
+                    got.extend_from_slice(&buf[..n]);
+                    false
+                }
+                Err(TcpError::WouldBlock) => false,
+                Err(e) => panic!("{e}"),
+            }
+        });
+        assert_eq!(got, b"hello");
+        b.conn_mut(cb).unwrap().close();
+        run_until(&mut a, &mut b, &mut now, |a, b| {
+            a.connection_count() + b.connection_count() == 0
+        });
+        assert!(a.conn(ca).is_none() && b.conn(cb).is_none());
+        assert_eq!(a.stats().connections_removed, 1);
+        assert_eq!(b.stats().connections_removed, 1);
+    }
+
+    #[test]
+    fn connecting_to_a_closed_port_is_refused() {
+        let (mut a, mut b) = hosts();
+        let mut now = Instant::ZERO;
+        let ca = a.connect(SocketAddrV4::new(IP_B, 81), now).unwrap();
+        run_until(&mut a, &mut b, &mut now, |a, _| {
+            a.conn(ca).is_none_or(|c| c.is_closed())
+        });
+        assert_eq!(b.stats().tx_rst, 1);
+        assert_eq!(b.stats().rx_no_connection, 1);
+        // Refused, and forgotten.
+        assert!(a.conn(ca).is_none());
+        assert_eq!(a.connection_count(), 0);
+    }
+
+    #[test]
+    fn connect_needs_a_neighbor_and_free_ports() {
+        let (la, _lb) = sim::pair(SimConfig::default());
+        let mut a = Interface::new(
+            la,
+            InterfaceConfig {
+                ephemeral_ports: 5000..=5001,
+                isn_key: Some([0; 16]),
+                ..InterfaceConfig::default()
+            },
+        );
+        let remote = SocketAddrV4::new(IP_B, 80);
+        assert_eq!(
+            a.connect(remote, Instant::ZERO),
+            Err(NetifError::NoNeighbor)
+        );
+        a.add_neighbor(IP_B, MAC_B);
+        let h1 = a.connect(remote, Instant::ZERO).unwrap();
+        let h2 = a.connect(remote, Instant::ZERO).unwrap();
+        assert_ne!(h1, h2);
+        assert_eq!(
+            a.connect(remote, Instant::ZERO),
+            Err(NetifError::NoFreePort)
+        );
+        // Another remote port: the same local ports are free towards it.
+        assert!(a
+            .connect(SocketAddrV4::new(IP_B, 81), Instant::ZERO)
+            .is_ok());
+        assert_eq!(a.listen(9, 1), Ok(()));
+        assert_eq!(a.listen(9, 1), Err(NetifError::AddrInUse));
+    }
+
+    #[test]
+    fn the_backlog_bounds_unaccepted_connections() {
+        let (mut a, mut b) = hosts();
+        let mut now = Instant::ZERO;
+        b.listen(80, 2).unwrap();
+        let hs: Vec<_> = (0..4)
+            .map(|_| a.connect(SocketAddrV4::new(IP_B, 80), now).unwrap())
+            .collect();
+        for _ in 0..6 {
+            a.poll(now);
+            b.poll(now);
+            now += Duration::from_micros(20);
+        }
+        assert_eq!(b.connection_count(), 2);
+        assert_eq!(b.stats().syn_dropped, 2);
+        let established = hs
+            .iter()
+            .filter(|&&h| a.conn(h).unwrap().state() == State::Established)
+            .count();
+        assert_eq!(established, 2);
+        // Accepting makes room; the dropped SYNs get through on retransmission.
+        assert!(b.accept(80).is_some() && b.accept(80).is_some());
+        assert!(b.accept(80).is_none());
+        run_until(&mut a, &mut b, &mut now, |a, _| {
+            hs.iter()
+                .all(|&h| a.conn(h).unwrap().state() == State::Established)
+        });
+        assert_eq!(b.connection_count(), 4);
+    }
+
+    #[test]
+    fn answers_arp_requests_for_its_address() {
+        let (la, mut peer) = sim::pair(SimConfig::default());
+        let mut a = host(la, MAC_A, IP_A);
+        let req = |target: Ipv4Addr| {
+            let arp = ArpRepr {
+                operation: ArpOperation::Request,
+                source_hw: MAC_B,
+                source_ip: IP_B,
+                target_hw: EthernetAddress([0; 6]),
+                target_ip: target,
+            };
+            let mut f = vec![0u8; 42];
+            EthernetRepr {
+                src: MAC_B,
+                dst: EthernetAddress::BROADCAST,
+                ethertype: EtherType::Arp,
+            }
+            .emit(&mut f)
+            .unwrap();
+            arp.emit(&mut f[14..]).unwrap();
+            f
+        };
+        peer.send_frame(Instant::ZERO, &req(Ipv4Addr::new(10, 0, 0, 99)));
+        peer.send_frame(Instant::ZERO, &req(IP_A));
+        peer.flush(Instant::ZERO);
+        a.poll(Instant::from_micros(10));
+        let mut replies = Vec::new();
+        peer.recv_batch(Instant::from_micros(20), 8, &mut |f| {
+            replies.push(f.to_vec())
+        });
+        assert_eq!(replies.len(), 1);
+        let ef = EthernetFrame::new_checked(&replies[0][..]).unwrap();
+        assert_eq!(ef.dst_addr(), MAC_B);
+        let arp = ArpRepr::parse(&ArpPacket::new_checked(ef.payload_slice()).unwrap()).unwrap();
+        assert_eq!(arp.operation, ArpOperation::Reply);
+        assert_eq!((arp.source_hw, arp.source_ip), (MAC_A, IP_A));
+        assert_eq!(a.stats().tx_arp_replies, 1);
+        assert_eq!(a.stats().rx_not_ours, 1);
+        // And it learnt where 10.0.0.2 is.
+        assert!(a.connect(SocketAddrV4::new(IP_B, 1), Instant::ZERO).is_ok());
+    }
+
+    #[test]
+    fn garbage_frames_are_counted_never_fatal() {
+        use rand::{Rng, SeedableRng};
+        let (la, mut peer) = sim::pair(SimConfig::default());
+        let mut a = host(la, MAC_A, IP_A);
+        a.listen(80, 8).unwrap();
+        // A valid SYN to mutate.
+        let syn = TcpRepr {
+            src_port: 1234,
+            dst_port: 80,
+            seq: crate::tcp::SeqNumber(1),
+            ack: None,
+            flags: TcpFlags::SYN,
+            window: 1000,
+            urgent: 0,
+            options: Default::default(),
+        };
+        let mut valid = vec![0u8; 54];
+        let ip = Ipv4Repr {
+            src: IP_B,
+            dst: IP_A,
+            protocol: IpProtocol::Tcp,
+            payload_len: 20,
+            ttl: 64,
+            dscp_ecn: 0,
+        };
+        let eth = EthernetRepr {
+            src: MAC_B,
+            dst: MAC_A,
+            ethertype: EtherType::Ipv4,
+        };
+        crate::wire::emit_tcp_frame(&mut valid, &eth, &ip, 1, &syn, 0).unwrap();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+        let mut now = Instant::ZERO;
+        for i in 0..5000u32 {
+            let mut f = valid.clone();
+            match i % 4 {
+                0 => f.truncate(rng.gen_range(0..f.len())),
+                1 => {
+                    let bit = rng.gen_range(14 * 8..f.len() * 8);
+                    f[bit / 8] ^= 1 << (bit % 8);
+                }
+                2 => f = (0..rng.gen_range(0..200)).map(|_| rng.gen()).collect(),
+                _ => {
+                    // Keep the headers, random bytes for IP and TCP.
+                    for b in &mut f[14..] {
+                        *b = rng.gen();
+                    }
+                }
+            }
+            peer.send_frame(now, &f);
+            peer.flush(now);
+            now += Duration::from_micros(1);
+            a.poll(now);
+        }
+        a.poll(now + Duration::from_millis(1));
+        let s = a.stats();
+        assert_eq!(s.rx_frames, 5000);
+        assert!(s.rx_malformed > 0 && s.rx_bad_checksum > 0 && s.rx_not_ours > 0);
+        // Every single-bit flip past the Ethernet header was caught.
+        assert_eq!(a.connection_count(), 0, "{s:?}");
+    }
+}
