@@ -1,7 +1,15 @@
-//! Bulk transfer over an in-memory Ethernet link: our TCP against smoltcp's, same run.
-#![allow(missing_docs)] // criterion_group! generates undocumented public functions
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+//! Bulk transfer over an in-memory Ethernet link: our TCP against smoltcp's, in the same
+//! run, with equal MTU (1500), buffers (256 KiB) and congestion control (CUBIC), both
+//! computing and verifying checksums. Throughput is wall-clock CPU throughput of one core
+//! running both ends.
+//!
+//! It also reports goodput at 1 % loss relative to 0 % on a 1 Gbit/s, 50 µs link, in
+//! virtual time (deterministic, independent of machine load).
+use criterion::{criterion_main, Criterion, Throughput};
+use netchannel::netdriver::time::Duration;
 
+#[path = "support/ours.rs"]
+mod ours;
 #[path = "support/smoltcp_peer.rs"]
 mod smoltcp_peer;
 
@@ -13,11 +21,62 @@ fn bulk(c: &mut Criterion) {
     let mut g = c.benchmark_group("tcp_bulk_8MiB");
     g.throughput(Throughput::Bytes(BYTES as u64));
     g.sample_size(10);
+    g.bench_function("netchannel", |b| {
+        b.iter(|| {
+            let out = ours::transfer(BYTES, BUFFER, IP_MTU, Duration::ZERO, None, 0.0);
+            assert_eq!(out.received, BYTES);
+        })
+    });
     g.bench_function("smoltcp", |b| {
         b.iter(|| assert_eq!(smoltcp_peer::transfer(BYTES, BUFFER, IP_MTU), BYTES))
     });
     g.finish();
+
+    let mut g = c.benchmark_group("tcp_bulk_8MiB_1pct_loss");
+    g.throughput(Throughput::Bytes(BYTES as u64));
+    g.sample_size(10);
+    g.bench_function("netchannel", |b| {
+        b.iter(|| {
+            let out = ours::transfer(BYTES, BUFFER, IP_MTU, Duration::ZERO, None, 0.01);
+            assert_eq!(out.received, BYTES);
+        })
+    });
+    g.finish();
 }
 
-criterion_group!(benches, bulk);
+/// Goodput in virtual time on a shaped link, lossless and at 1 % loss.
+fn loss_report() {
+    let link = |loss| {
+        ours::transfer(
+            BYTES,
+            BUFFER,
+            IP_MTU,
+            Duration::from_micros(50),
+            Some(1_000_000_000),
+            loss,
+        )
+    };
+    let clean = link(0.0);
+    let lossy = link(0.01);
+    assert_eq!(clean.received, BYTES);
+    assert_eq!(lossy.received, BYTES);
+    let gbps = |o: &ours::Outcome| BYTES as f64 * 8.0 / o.elapsed.as_secs_f64() / 1e9;
+    println!(
+        "virtual goodput, 1 Gbit/s 50 us link: 0% loss {:.3} Gbit/s, 1% loss {:.3} Gbit/s \
+         ({} retransmitted segments), ratio {:.2}",
+        gbps(&clean),
+        gbps(&lossy),
+        lossy.retransmitted,
+        gbps(&lossy) / gbps(&clean)
+    );
+}
+
+/// Runs the benchmarks (written out by hand instead of `criterion_group!`, whose generated
+/// function has no doc comment).
+pub fn benches() {
+    loss_report();
+    let mut c = Criterion::default().configure_from_args();
+    bulk(&mut c);
+}
+
 criterion_main!(benches);
