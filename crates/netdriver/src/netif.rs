@@ -139,7 +139,8 @@ pub struct InterfaceStats {
     pub tx_rst: u64,
     /// ARP replies sent.
     pub tx_arp_replies: u64,
-    /// Segments not sent because the remote's MAC is unknown.
+    /// Times a connection was skipped in a tx phase because its remote's MAC is unknown
+    /// (its segments stay queued in the connection).
     pub tx_no_neighbor: u64,
     /// Control frames (RST, ARP reply) dropped because their queue was full.
     pub tx_control_dropped: u64,
