@@ -298,6 +298,21 @@ impl Connection {
     /// TIME-WAIT: the only expected arrival is a retransmitted FIN, which is acknowledged
     /// and restarts the 2*MSL timer (§3.10.7.4 eighth step); other segments carrying
     /// sequence space are answered with an ACK.
+    /// Whether the flight before an ACK was limited by the congestion window rather than
+    /// by the application or the peer's window. RFC 7661 §4: a window that was not used
+    /// says nothing about the path, so growing it would only license a later burst (an
+    /// application-limited sender's cwnd would otherwise grow without bound). In slow start
+    /// a flight of half the window counts, since slow start doubles it per round trip
+    /// (Linux's `tcp_is_cwnd_limited` makes the same allowance).
+    fn cwnd_limited(&self, in_flight: usize) -> bool {
+        let cwnd = self.cc.window();
+        if cwnd < self.cc.ssthresh() {
+            in_flight.saturating_mul(2) >= cwnd
+        } else {
+            in_flight.saturating_add(self.send_mss()) >= cwnd
+        }
+    }
+
     /// RFC 7323 §4.3: TS.Recent follows the segment that covers Last.ACK.sent.
     fn update_ts_recent(&mut self, repr: &TcpRepr) {
         if !self.ts_enabled {
@@ -464,7 +479,7 @@ impl Connection {
             }
         } else {
             self.dup_acks = 0;
-            if self.state.is_synchronized() && data_acked > 0 {
+            if self.state.is_synchronized() && data_acked > 0 && self.cwnd_limited(in_flight) {
                 self.cc.on_ack(now, data_acked, sample, in_flight);
             }
         }
