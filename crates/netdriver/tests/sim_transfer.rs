@@ -486,10 +486,10 @@ fn loss_grid() {
     for (loss, bytes, name, small) in [
         (0.01, 4 * MB, "loss1%/default/4MB", false),
         (0.01, MB, "loss1%/4KiB/1MB", true),
-        (0.05, MB, "loss5%/default/1MB", false),
-        (0.05, MB / 2, "loss5%/4KiB/512KB", true),
-        (0.20, MB / 4, "loss20%/default/256KB", false),
-        (0.20, MB / 8, "loss20%/4KiB/128KB", true),
+        (0.05, 2 * MB, "loss5%/default/2MB", false),
+        (0.05, MB, "loss5%/4KiB/1MB", true),
+        (0.20, MB, "loss20%/default/1MB", false),
+        (0.20, MB / 2, "loss20%/4KiB/512KB", true),
     ] {
         cases.push(Case {
             loss,
