@@ -119,7 +119,11 @@ impl World {
                 s.read.extend_from_slice(&buf[..k]);
             }
             Err(TcpError::WouldBlock) => {}
-            Err(e) => panic!("recv failed: {e:?}"),
+            Err(e) => panic!(
+                "recv failed: {e:?} in {:?} stats {:?}",
+                c.state(),
+                c.stats()
+            ),
         }
     }
 
@@ -365,4 +369,23 @@ fn oracle_many_small_writes_tiny_buffers_with_loss() {
     let (a, b) = run(ops, 0xdead_beef, 15, 5, true, true, (true, true));
     // The oracle is only meaningful if data actually flowed (tiny buffers → partial sends).
     assert!(a > 10_000 && b > 10_000, "wrote {a} / {b}");
+}
+
+/// Regression: found by `oracle_lossy_reordering` in a clean-clone CI run (seed below).
+#[test]
+fn oracle_regression_lossy_small_buffers() {
+    use Op::*;
+    let ops = vec![
+        Write { a: true, n: 2896 },
+        Write { a: false, n: 1024 },
+        Close { a: true },
+        Read { a: true, n: 1024 },
+        Write { a: false, n: 2049 },
+        Advance { ms: 300 },
+        Write { a: false, n: 1 },
+        Advance { ms: 40 },
+        Write { a: false, n: 1 },
+        Read { a: true, n: 1025 },
+    ];
+    run(ops, 15076262579989159836, 3, 0, false, true, (false, false));
 }

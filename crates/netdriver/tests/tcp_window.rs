@@ -321,3 +321,33 @@ fn unanswered_probes_give_up_after_user_timeout() {
     assert_eq!(t.conn.state(), State::Closed);
     assert_eq!(t.conn.error(), Some(netdriver::tcp::TcpError::TimedOut));
 }
+
+/// Regression (found by the lossy oracle proptest): data is outstanding when the peer's
+/// window closes, and the window update that would reopen it is lost. The persist timer is
+/// not armed (data is in flight), so the retransmission timer must put an octet on the wire
+/// despite the zero window (RFC 9293 §3.8.6.1, RFC 1122 §4.2.2.17); before the fix each
+/// RTO rewound SND.NXT, obeyed the window, sent nothing, and both ends waited until the
+/// user timeout.
+#[test]
+fn retransmission_timeout_probes_a_window_that_closed_with_data_outstanding() {
+    let mut t = Tcb::established(test_config(), PeerOpts::default());
+    t.conn.set_nodelay(true);
+    let d = data(100);
+    t.app_send(&d);
+    t.expect(t.out().seq(l(0)).payload(&d));
+    t.expect_none();
+    // The peer takes nothing and closes its window (it shrank the window; RFC 9293
+    // §3.8.6.2.1 says a sender must cope).
+    t.send(t.seg().ack(l(0)).win(0));
+    t.expect_none();
+    // The RTO fires: one octet goes out although the window is zero.
+    t.fire();
+    t.expect(t.out().seq(l(0)).payload(&d[..1]));
+    t.expect_none();
+    // The answer reopens the window (the lost update, repeated): the rest follows.
+    t.send(t.seg().ack(l(1)).win(3000));
+    t.expect(t.out().seq(l(1)).payload(&d[1..]));
+    t.expect_none();
+    t.send(t.seg().ack(l(100)).win(3000));
+    assert_eq!(t.conn.send_queue(), 0);
+}

@@ -263,6 +263,9 @@ pub struct Connection {
     persist_backoff: u32,
     /// The persist timer fired: send a probe or an SWS-override segment.
     persist_force: bool,
+    /// A retransmission timeout fired: the next retransmission goes out even into a zero
+    /// window (one octet), so a lost window update cannot leave both ends waiting.
+    rto_probe: bool,
     /// End of an outstanding 1-byte zero-window probe sent beyond snd_max.
     probe_end: Option<SeqNumber>,
     /// When the oldest zero-window probe that no segment has answered yet was sent. The
@@ -370,6 +373,7 @@ impl Connection {
             persist_deadline: None,
             persist_backoff: 0,
             persist_force: false,
+            rto_probe: false,
             probe_end: None,
             probe_unanswered_since: None,
             keepalive_deadline: None,

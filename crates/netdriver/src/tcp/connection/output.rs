@@ -169,8 +169,25 @@ impl Connection {
                 let seq = self.snd_nxt;
                 return Some(self.emit_data(now, seq, len, buf, options, SendKind::New));
             }
+            if self.rto_probe && retransmission && room_wnd == 0 {
+                // RFC 9293 §3.8.6.1, RFC 1122 §4.2.2.17: the sender must keep
+                // retransmitting into a zero window. Data is outstanding, so the persist
+                // timer is not armed; if the RTO only rewound SND.NXT and then obeyed the
+                // window, a lost window update would leave both ends waiting for ever.
+                self.rto_probe = false;
+                let seq = self.snd_nxt;
+                return Some(self.emit_data(
+                    now,
+                    seq,
+                    max_seg.min(1),
+                    buf,
+                    options,
+                    SendKind::Retransmit,
+                ));
+            }
             let len = avail.min(max_seg).min(room_wnd).min(room_cwnd);
             if len > 0 {
+                self.rto_probe = false;
                 let kind = if retransmission {
                     SendKind::Retransmit
                 } else {

@@ -126,6 +126,7 @@ impl Connection {
         self.high_rxt = self.snd_una;
         self.rtt_timed = None;
         self.probe_end = None;
+        self.rto_probe = true;
         self.rtx_deadline = Some(now + self.rtt.rto());
     }
 
