@@ -511,8 +511,7 @@ impl TestBed {
                 let entered = enter(&file, &netns);
                 drop(file);
                 let ok = entered.is_ok();
-                // The receiver waits for this message; it is gone only if the caller
-                // itself panicked, and then nothing is left to report to.
+                // Cannot fail: the caller is blocked in `recv` until this arrives.
                 let _ = entered_tx.send(entered);
                 if ok {
                     Some(f())
