@@ -4,10 +4,10 @@
 set -euo pipefail
 
 # clang/llvm/libelf/m4: the XDP program and libbpf; libpcap/libhwloc/libudev: AF_XDP and
-# topology crates; iproute2/ethtool/iptables: the two-namespace test bed; pkg-config for -sys
-# crates.
+# topology crates; iproute2/ethtool/iptables/iputils-ping: the two-namespace test bed
+# (crates/testbed); pkg-config for -sys crates.
 PACKAGES=(clang llvm libelf-dev m4 libpcap-dev libhwloc-dev libudev-dev pkg-config
-          iproute2 ethtool iptables zlib1g-dev)
+          iproute2 ethtool iptables iputils-ping zlib1g-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
