@@ -31,6 +31,19 @@
 //! variant, needed on veth when the peer's MTU exceeds 3506 (sockets must then bind with
 //! `XDP_USE_SG`).
 //!
+//! # For the AF_XDP link
+//!
+//! - Create sockets without libxdp's default program (xsk-rs: `LibxdpFlags::
+//!   XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD`): this crate's program is the only one on the
+//!   interface, and a second one would be refused.
+//! - Bind one socket per rx queue and register each with [`XdpSteering::register_socket`]
+//!   (`rx_queue.fd().as_raw_fd()` in xsk-rs). The program looks up `ctx->rx_queue_index`;
+//!   on veth that is the sender's tx queue index.
+//! - Claim ports before the first segment can arrive (a listener's port before `listen`
+//!   returns; a connection's local port before its SYN leaves), release them when the last
+//!   listener or connection using them is gone.
+//! - With [`AttachOptions::frags`], bind with `XDP_USE_SG`.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -808,6 +821,13 @@ mod tests {
         let err = XdpSteering::attach("ncxdp-nonexist", AttachOptions::default()).unwrap_err();
         assert!(matches!(err, XdpError::NoSuchInterface { .. }), "{err}");
         assert!(err.to_string().contains("ncxdp-nonexist"));
+    }
+
+    #[test]
+    fn steering_can_be_shared_between_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<XdpSteering>();
+        shared::<XdpError>();
     }
 
     #[test]

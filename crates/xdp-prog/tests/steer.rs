@@ -75,7 +75,7 @@ struct Bed {
 }
 
 impl Bed {
-    fn new(mtu: u32) -> Bed {
+    fn new(mtu: u32, queues: u32) -> Bed {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
@@ -88,7 +88,8 @@ impl Bed {
         // From here on a panic drops `bed`, which deletes whatever was created.
         run_ok(&["ip", "netns", "add", &bed.a]);
         run_ok(&["ip", "netns", "add", &bed.b]);
-        // One queue each way, so every frame arrives on rx queue 0 of vxa.
+        // `queues` queues each way; a frame sent on vxb's tx queue q arrives on vxa's rx queue q.
+        let q = queues.to_string();
         run_ok(&[
             "ip",
             "-n",
@@ -97,18 +98,18 @@ impl Bed {
             "add",
             DEV_A,
             "numtxqueues",
-            "1",
+            &q,
             "numrxqueues",
-            "1",
+            &q,
             "type",
             "veth",
             "peer",
             "name",
             DEV_B,
             "numtxqueues",
-            "1",
+            &q,
             "numrxqueues",
-            "1",
+            &q,
             "netns",
             &bed.b,
         ]);
@@ -243,7 +244,7 @@ fn passes_kernel_traffic_and_counts_owned_ports_without_socket() {
     if !privileged("passes_kernel_traffic_and_counts_owned_ports_without_socket") {
         return;
     }
-    let bed = Bed::new(1500);
+    let bed = Bed::new(1500, 1);
     let a = bed.a.clone();
     let bed = std::sync::Arc::new(bed);
     let bed2 = bed.clone();
@@ -336,7 +337,7 @@ impl Drop for Umem {
     }
 }
 
-/// A minimal AF_XDP socket bound in copy mode to (`ifname`, queue 0) with an rx ring and an
+/// A minimal AF_XDP socket bound in copy mode to (`ifindex`, `queue`) with an rx ring and an
 /// empty fill ring: whatever is redirected to it is dropped and counted in `rx_dropped`.
 struct BareXsk {
     // Field order matters: the socket closes before the UMEM is freed.
@@ -345,7 +346,7 @@ struct BareXsk {
 }
 
 impl BareXsk {
-    fn bind(ifindex: u32) -> BareXsk {
+    fn bind(ifindex: u32, queue: u32) -> BareXsk {
         let umem = Umem::new(32 * 2048);
         // SAFETY: socket(2) system call.
         let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
@@ -369,7 +370,7 @@ impl BareXsk {
             sxdp_family: libc::AF_XDP as u16,
             sxdp_flags: libc::XDP_COPY,
             sxdp_ifindex: ifindex,
-            sxdp_queue_id: 0,
+            sxdp_queue_id: queue,
             sxdp_shared_umem_fd: 0,
         };
         // SAFETY: bind(2) with a valid sockaddr_xdp of the size given.
@@ -428,13 +429,13 @@ fn owned_segments_reach_the_registered_socket() {
     if !privileged("owned_segments_reach_the_registered_socket") {
         return;
     }
-    let bed = std::sync::Arc::new(Bed::new(1500));
+    let bed = std::sync::Arc::new(Bed::new(1500, 1));
     let bed2 = bed.clone();
     in_ns(&bed.a.clone(), move || {
         let bed = bed2;
         let s = XdpSteering::attach(DEV_A, AttachOptions::default()).expect("attach");
         assert_eq!(s.mode(), AttachMode::Native, "veth supports native XDP");
-        let xsk = BareXsk::bind(s.ifindex());
+        let xsk = BareXsk::bind(s.ifindex(), 0);
         s.register_socket(0, xsk.fd.as_raw_fd()).unwrap();
         let port = 47_012;
         s.own_port(port).unwrap();
@@ -448,9 +449,10 @@ fn owned_segments_reach_the_registered_socket() {
         )
         .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
-        let c = s.counters().unwrap();
-        assert!(c.redirected >= 1, "{c:?}");
-        assert_eq!(c.no_socket, 0, "{c:?}");
+        wait_for("the SYN to be redirected", || {
+            s.counters().unwrap().redirected >= 1
+        });
+        assert_eq!(s.counters().unwrap().no_socket, 0);
         wait_for("the socket to see the redirected SYN", || {
             xsk.rx_dropped() >= 1
         });
@@ -476,6 +478,65 @@ fn owned_segments_reach_the_registered_socket() {
             s.register_socket(0, not_xsk.as_raw_fd()),
             Err(XdpError::Map { map: "xsks", .. })
         ));
+    });
+}
+
+#[test]
+fn steers_to_the_socket_of_the_receiving_queue() {
+    if !privileged("steers_to_the_socket_of_the_receiving_queue") {
+        return;
+    }
+    let bed = std::sync::Arc::new(Bed::new(1500, 2));
+    let bed2 = bed.clone();
+    in_ns(&bed.a.clone(), move || {
+        let bed = bed2;
+        let s = XdpSteering::attach(DEV_A, AttachOptions::default()).expect("attach");
+        // A socket on queue 1 only; queue 0 has none.
+        let xsk = BareXsk::bind(s.ifindex(), 1);
+        s.register_socket(1, xsk.fd.as_raw_fd()).unwrap();
+        let port = 47_013;
+        s.own_port(port).unwrap();
+        // SYNs from many source ports spread over vxb's two tx queues by flow hash (all on one
+        // queue has probability 2^-31). Those arriving on queue 1 reach the socket and get no
+        // answer; those on queue 0 find no socket and the kernel refuses them.
+        let to = SocketAddr::from((bed.addr_a, port));
+        let outcomes: Vec<io::ErrorKind> = in_ns(&bed.b, move || {
+            (0..32)
+                .map(|_| {
+                    TcpStream::connect_timeout(&to, Duration::from_millis(50))
+                        .unwrap_err()
+                        .kind()
+                })
+                .collect()
+        });
+        let refused = outcomes
+            .iter()
+            .filter(|k| **k == io::ErrorKind::ConnectionRefused)
+            .count() as u64;
+        let timed_out = outcomes
+            .iter()
+            .filter(|k| **k == io::ErrorKind::TimedOut)
+            .count() as u64;
+        assert_eq!(refused + timed_out, 32, "{outcomes:?}");
+        // Each SYN is steered exactly once (the first retransmission would come after 1 s,
+        // long after its socket was closed); a late one may still be on its way.
+        wait_for("all 32 SYNs to be steered", || {
+            let c = s.counters().unwrap();
+            c.redirected + c.no_socket >= 32
+        });
+        let c = s.counters().unwrap();
+        assert_eq!(c.redirected + c.no_socket, 32, "{c:?}");
+        assert!(c.redirected >= 1 && c.no_socket >= 1, "{c:?} {outcomes:?}");
+        // Refused means the SYN found no socket; a redirected one can only time out (and an
+        // unanswered one may also be a RST slower than 50 ms).
+        assert!(
+            refused <= c.no_socket && c.redirected <= timed_out,
+            "{c:?} {outcomes:?}"
+        );
+        wait_for("the queue-1 socket to see every redirected SYN", || {
+            xsk.rx_dropped() == c.redirected
+        });
+        assert_eq!(c.seen, c.redirected + c.passed, "{c:?}");
     });
 }
 
@@ -531,7 +592,7 @@ fn stale_program_is_replaced_and_live_ones_are_not() {
     if !privileged("stale_program_is_replaced_and_live_ones_are_not") {
         return;
     }
-    let bed = Bed::new(1500);
+    let bed = Bed::new(1500, 1);
     in_ns(&bed.a, || {
         // A stale generic-mode program, removed on its own.
         let stale = attach_foreign_netlink_program(AttachMode::Generic);
@@ -594,7 +655,7 @@ fn frags_variant_for_jumbo_mtu_and_generic_fallback() {
     if !privileged("frags_variant_for_jumbo_mtu_and_generic_fallback") {
         return;
     }
-    let bed = std::sync::Arc::new(Bed::new(9000));
+    let bed = std::sync::Arc::new(Bed::new(9000, 1));
     let bed2 = bed.clone();
     in_ns(&bed.a.clone(), move || {
         let bed = bed2;
@@ -641,7 +702,7 @@ fn crashed_process_leaves_no_program() {
     if !privileged("crashed_process_leaves_no_program") {
         return;
     }
-    let bed = Bed::new(1500);
+    let bed = Bed::new(1500, 1);
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "crashed_process_leaves_no_program",
