@@ -11,11 +11,16 @@
 //! - [`link`]: frame pipes. The simulated link (virtual time, latency, bandwidth, MTU) and a
 //!   fault-injection layer that wraps any link; the AF_XDP link implements the same trait.
 //! - [`time`]: the `Instant` type that every state machine takes as an argument.
+//! - [`neigh`]: peers' MAC addresses from the kernel's neighbour table (netlink), with
+//!   resolution triggered through the kernel's own ARP.
+//! - [`ports`]: the stack's ephemeral port range, kept outside the kernel's.
 //!
 //! `netdriver` knows nothing of virtual sockets.
 
 pub mod link;
+pub mod neigh;
 pub mod netif;
+pub mod ports;
 pub mod tcp;
 pub mod time;
 pub mod wire;
