@@ -137,6 +137,39 @@ impl HeldStore {
         self.frames.len() < max
     }
 
+    /// Applies a verdict's duplication and reordering through the store, counting each
+    /// (or the lack of room for it). Returns whether the frame itself was held back for
+    /// reordering, in which case the caller must not pass it on now.
+    #[allow(clippy::too_many_arguments)]
+    fn divert(
+        &mut self,
+        v: &Verdict,
+        frame: &[u8],
+        stats: &mut FaultStats,
+        max_held: usize,
+        depth: u32,
+        now: Instant,
+        release_at: Instant,
+    ) -> bool {
+        if v.duplicate {
+            if self.has_room(max_held) {
+                stats.duplicated += 1;
+                self.hold(frame, 0, now);
+            } else {
+                stats.held_full += 1;
+            }
+        }
+        if v.reorder {
+            if self.has_room(max_held) {
+                stats.reordered += 1;
+                self.hold(frame, depth, release_at);
+                return true;
+            }
+            stats.held_full += 1;
+        }
+        false
+    }
+
     fn hold(&mut self, frame: &[u8], frames_left: u32, release_at: Instant) {
         let mut buf = self.free.pop().unwrap_or_default();
         buf.clear();
@@ -344,21 +377,16 @@ impl<L: Link> Link for FaultInjector<L> {
                 };
                 // Extras (a duplicate) go through the held store so that they never take
                 // the budget the inner link reserved for its own frames.
-                if v.duplicate {
-                    if held.has_room(max_held) {
-                        faults.stats.duplicated += 1;
-                        held.hold(frame, 0, now);
-                    } else {
-                        faults.stats.held_full += 1;
-                    }
-                }
-                if v.reorder {
-                    if held.has_room(max_held) {
-                        faults.stats.reordered += 1;
-                        held.hold(frame, depth, release_at);
-                        return;
-                    }
-                    faults.stats.held_full += 1;
+                if held.divert(
+                    &v,
+                    frame,
+                    &mut faults.stats,
+                    max_held,
+                    depth,
+                    now,
+                    release_at,
+                ) {
+                    return;
                 }
                 f(frame);
                 delivered += 1;
@@ -432,21 +460,16 @@ impl<L: Link> Link for FaultInjector<L> {
             if let Some(bit) = v.flip_bit {
                 flip(frame, bit);
             }
-            if v.duplicate {
-                if held.has_room(max_held) {
-                    faults.stats.duplicated += 1;
-                    held.hold(frame, 0, now);
-                } else {
-                    faults.stats.held_full += 1;
-                }
-            }
-            if v.reorder {
-                if held.has_room(max_held) {
-                    faults.stats.reordered += 1;
-                    held.hold(frame, depth, release_at);
-                    continue;
-                }
-                faults.stats.held_full += 1;
+            if held.divert(
+                &v,
+                frame,
+                &mut faults.stats,
+                max_held,
+                depth,
+                now,
+                release_at,
+            ) {
+                continue;
             }
             return Some(range);
         });
