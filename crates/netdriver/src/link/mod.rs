@@ -60,6 +60,8 @@
 
 pub mod fault;
 pub mod sim;
+#[cfg(target_os = "linux")]
+pub mod xdp;
 
 use core::ops::Range;
 

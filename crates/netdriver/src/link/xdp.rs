@@ -1,0 +1,695 @@
+//! The AF_XDP link: frames in a UMEM shared with the kernel, one socket on one rx/tx queue
+//! pair of an interface (Linux only), built on `xsk-rs`.
+//!
+//! An [`XdpLink`] owns a UMEM of [`XdpLinkConfig::frame_count`] frames and one AF_XDP
+//! socket bound to `(ifname, queue_id)`. Half the frames belong to receive: at open they
+//! all go to the fill ring, and [`Link::recv_batch`] puts every frame it consumed from the
+//! rx ring straight back there, in one ring operation per batch. The other half belong to
+//! transmit and live in a LIFO stack of free frames (the most recently completed frame is
+//! the one most likely still in cache): [`Link::tx_batch`] pops frames and lends them to
+//! the writer, [`Link::flush`] submits the written ones to the tx ring, kicks the kernel
+//! with `sendto` and pushes the frames the completion ring returns back on the stack.
+//! Nothing is allocated per frame: the descriptor scratch arrays are sized at open.
+//!
+//! The socket is created without libxdp's default XDP program
+//! (`XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD`): frames only arrive once a steering program (the
+//! `xdp-prog` crate's `XdpSteering`) is attached to the interface and the socket's
+//! [`fd`](XdpLink::fd) is registered in its `XSKMAP` for [`queue_id`](XdpLinkConfig::queue_id).
+//!
+//! # Readiness
+//!
+//! [`Link::poll_at`] is `None`: readiness comes from the socket. A driver loop calls
+//! [`XdpLink::wait_readable`], which spins on the rx ring for at most
+//! [`XdpLinkConfig::busy_poll`] and then sleeps in `poll(2)`.
+//!
+//! # Where the frame starts in a tx buffer
+//!
+//! A tx buffer is lent as exactly [`TX_HEADROOM`] + [`Link::max_frame_len`] bytes starting
+//! at the frame's data area, and the writer says where in it the frame lies. An AF_XDP tx
+//! descriptor could point at that offset directly, but `xsk-rs` 0.11 offers no way to set
+//! a descriptor's address, so a frame that does not start at offset 0 is moved to the
+//! front of its buffer (`copy_within`, a `memmove` inside one 2 KiB chunk that is already
+//! in cache). Owning the ring code, or an `xsk-rs` with a settable address, removes it.
+//!
+//! # Copy mode
+//!
+//! Drivers without AF_XDP zero-copy support (veth among them) copy each frame between
+//! the UMEM and an skb ([`BindMode::Copy`]); binding with [`BindMode::ZeroCopy`] there
+//! fails with [`XdpLinkError::ZeroCopyUnsupported`]. In copy mode the kernel sends tx
+//! frames only from within the `sendto` kick, at most 32 per call, so
+//! [`flush`](Link::flush) kicks until the tx ring is drained.
+
+use core::ops::Range;
+use std::ffi::CString;
+use std::io;
+use std::num::NonZeroU32;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use tracing::{debug, warn};
+use xsk_rs::config::{
+    BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
+};
+use xsk_rs::socket::{SocketCreateError, XdpStatistics};
+use xsk_rs::umem::UmemCreateError;
+use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
+
+use super::{tx_range_ok, Link, LinkStats, ETHERNET_HEADER_LEN, TX_HEADROOM};
+use crate::time::Instant;
+
+/// The headroom the kernel keeps in front of every received frame for the XDP program
+/// (`XDP_PACKET_HEADROOM`); `xsk-rs` places a frame's data area after it.
+const XDP_PACKET_HEADROOM: u32 = 256;
+
+/// The most frames one copy-mode `sendto` sends (the kernel's `TX_BATCH_SIZE`).
+const COPY_MODE_TX_PER_KICK: usize = 32;
+
+/// How the socket shares frames with the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BindMode {
+    /// `XDP_COPY`: the kernel copies frames between the UMEM and its own buffers. Works on
+    /// every driver (veth included).
+    Copy,
+    /// `XDP_ZEROCOPY`: the NIC DMAs straight into the UMEM. Needs driver support
+    /// (e.g. mlx5); veth has none.
+    ZeroCopy,
+}
+
+/// Settings of an [`XdpLink`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdpLinkConfig {
+    /// The interface, in the calling thread's network namespace.
+    pub ifname: String,
+    /// The rx/tx queue pair the socket binds to.
+    pub queue_id: u32,
+    /// Frames in the UMEM, a power of two of at least 64: half for receive (all on the
+    /// fill ring), half for transmit.
+    pub frame_count: u32,
+    /// Bytes per UMEM frame: 2048 or 4096 (a power of two the kernel accepts in aligned
+    /// mode). After the kernel's 256 bytes of XDP headroom it must hold [`TX_HEADROOM`] +
+    /// the interface's MTU + 14.
+    pub frame_size: u32,
+    /// The most frames one [`Link::recv_batch`] call consumes (the size of its descriptor
+    /// scratch array).
+    pub rx_batch: usize,
+    /// The most frames one [`Link::flush`] reclaims from the completion ring per ring
+    /// operation (the size of its descriptor scratch array).
+    pub tx_batch: usize,
+    /// Copy or zero-copy.
+    pub bind: BindMode,
+    /// Bind with `XDP_USE_NEED_WAKEUP`: the kernel says when it needs a kick, sparing
+    /// system calls when it is already busy.
+    pub need_wakeup: bool,
+    /// How long [`XdpLink::wait_readable`] spins on the rx ring before sleeping in
+    /// `poll(2)`. Zero never spins.
+    pub busy_poll: Duration,
+}
+
+impl XdpLinkConfig {
+    /// Defaults for `ifname` queue `queue_id`: 4096 frames of 2048 bytes, batches of 64,
+    /// copy mode, need-wakeup on, no busy polling.
+    pub fn new(ifname: impl Into<String>, queue_id: u32) -> XdpLinkConfig {
+        XdpLinkConfig {
+            ifname: ifname.into(),
+            queue_id,
+            frame_count: 4096,
+            frame_size: 2048,
+            rx_batch: 64,
+            tx_batch: 64,
+            bind: BindMode::Copy,
+            need_wakeup: true,
+            busy_poll: Duration::ZERO,
+        }
+    }
+}
+
+/// Why an [`XdpLink`] could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum XdpLinkError {
+    /// The interface does not exist in the calling thread's network namespace.
+    #[error("no network interface named {ifname:?} in this network namespace")]
+    NoSuchInterface {
+        /// The name asked for.
+        ifname: String,
+    },
+    /// Creating AF_XDP sockets needs CAP_NET_RAW (and registering a UMEM may need
+    /// CAP_IPC_LOCK or a raised RLIMIT_MEMLOCK).
+    #[error("{op}: operation not permitted (AF_XDP needs CAP_NET_RAW; run as root)")]
+    NotPermitted {
+        /// What was being done.
+        op: &'static str,
+    },
+    /// The driver refused a zero-copy bind.
+    #[error(
+        "interface {ifname:?}: this driver (e.g. veth) supports AF_XDP only in copy mode \
+         (zero-copy bind: EOPNOTSUPP); use BindMode::Copy"
+    )]
+    ZeroCopyUnsupported {
+        /// The interface.
+        ifname: String,
+    },
+    /// The settings are inconsistent.
+    #[error("invalid AF_XDP link configuration: {reason}")]
+    InvalidConfig {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A frame cannot hold the headroom plus the largest frame of the interface.
+    #[error(
+        "UMEM frames of {frame_size} bytes leave {capacity} bytes after the XDP headroom, \
+         but {needed} are needed (TX_HEADROOM + MTU {mtu} + 14); use 4096-byte frames or a \
+         smaller MTU"
+    )]
+    FrameTooSmall {
+        /// [`XdpLinkConfig::frame_size`].
+        frame_size: u32,
+        /// Bytes of a frame's data area.
+        capacity: usize,
+        /// Bytes a tx buffer needs.
+        needed: usize,
+        /// The interface's MTU.
+        mtu: usize,
+    },
+    /// Creating or registering the UMEM failed.
+    #[error("creating the UMEM: {0}")]
+    Umem(#[source] UmemCreateError),
+    /// Creating or binding the socket failed.
+    #[error("binding an AF_XDP socket to {ifname:?} queue {queue_id}: {source}")]
+    Socket {
+        /// The interface.
+        ifname: String,
+        /// The queue.
+        queue_id: u32,
+        /// The error from `xsk-rs` (its source is the kernel's error).
+        #[source]
+        source: SocketCreateError,
+    },
+    /// A system call other than the above failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The OS error code under an `xsk-rs` error, if any.
+fn os_error_of(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    err.source()
+        .and_then(|s| s.downcast_ref::<io::Error>())
+        .and_then(io::Error::raw_os_error)
+}
+
+/// An AF_XDP socket on one queue of an interface, with its own UMEM. See the
+/// [module documentation](self).
+#[derive(Debug)]
+pub struct XdpLink {
+    config: XdpLinkConfig,
+    mtu: usize,
+    umem: Umem,
+    fill: FillQueue,
+    comp: CompQueue,
+    tx: TxQueue,
+    rx: RxQueue,
+    /// Free tx frames, used as a stack.
+    free: Vec<FrameDesc>,
+    /// Written tx frames not yet on the tx ring.
+    staged: Vec<FrameDesc>,
+    /// Tx frames on the tx ring or in the kernel, not yet completed.
+    in_flight: usize,
+    /// Frames set aside for transmit (free + staged + in flight).
+    tx_frames: usize,
+    tx_ring_size: u32,
+    /// Scratch for rx ring reads.
+    rx_scratch: Vec<FrameDesc>,
+    /// Scratch for completion ring reads.
+    comp_scratch: Vec<FrameDesc>,
+    /// Received frames the fill ring had no room for (never expected; kept for safety).
+    fill_backlog: Vec<FrameDesc>,
+    stats: LinkStats,
+}
+
+impl XdpLink {
+    /// Creates the UMEM and the socket and binds it to `(config.ifname, config.queue_id)`
+    /// in the calling thread's network namespace; half the frames go to the fill ring.
+    pub fn open(config: XdpLinkConfig) -> Result<XdpLink, XdpLinkError> {
+        let invalid = |reason: String| Err(XdpLinkError::InvalidConfig { reason });
+        if !config.frame_count.is_power_of_two() || config.frame_count < 64 {
+            return invalid(format!(
+                "frame_count {} is not a power of two of at least 64",
+                config.frame_count
+            ));
+        }
+        if config.frame_size != 2048 && config.frame_size != 4096 {
+            return invalid(format!(
+                "frame_size {} is neither 2048 nor 4096",
+                config.frame_size
+            ));
+        }
+        if config.rx_batch == 0 || config.tx_batch == 0 {
+            return invalid("rx_batch and tx_batch must be at least 1".into());
+        }
+        let mtu = interface_mtu(&config.ifname)?;
+        let capacity = (config.frame_size - XDP_PACKET_HEADROOM) as usize;
+        let needed = TX_HEADROOM + mtu + ETHERNET_HEADER_LEN;
+        if capacity < needed {
+            return Err(XdpLinkError::FrameTooSmall {
+                frame_size: config.frame_size,
+                capacity,
+                needed,
+                mtu,
+            });
+        }
+
+        let half = config.frame_count / 2;
+        let ring = |n: u32| {
+            QueueSize::new(n).map_err(|e| XdpLinkError::InvalidConfig {
+                reason: format!("ring size {n}: {e}"),
+            })
+        };
+        let umem_config = UmemConfig::builder()
+            .frame_size(FrameSize::new(config.frame_size).map_err(|e| {
+                XdpLinkError::InvalidConfig {
+                    reason: format!("frame_size: {e}"),
+                }
+            })?)
+            .frame_headroom(0)
+            .fill_queue_size(ring(half)?)
+            .comp_queue_size(ring(half)?)
+            .build()
+            .map_err(|e| XdpLinkError::InvalidConfig {
+                reason: format!("UMEM: {e}"),
+            })?;
+        let frame_count = NonZeroU32::new(config.frame_count).expect("checked above");
+        let (umem, mut frames) =
+            Umem::new(umem_config, frame_count, false).map_err(|e| match os_error_of(&e) {
+                Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
+                    op: "creating the UMEM",
+                },
+                _ => XdpLinkError::Umem(e),
+            })?;
+
+        let mut bind_flags = match config.bind {
+            BindMode::Copy => BindFlags::XDP_COPY,
+            BindMode::ZeroCopy => BindFlags::XDP_ZEROCOPY,
+        };
+        if config.need_wakeup {
+            bind_flags |= BindFlags::XDP_USE_NEED_WAKEUP;
+        }
+        let socket_config = SocketConfig::builder()
+            .rx_queue_size(ring(half)?)
+            .tx_queue_size(ring(half)?)
+            .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
+            .bind_flags(bind_flags)
+            .build();
+        let ifname =
+            CString::new(config.ifname.as_bytes()).map_err(|_| XdpLinkError::NoSuchInterface {
+                ifname: config.ifname.clone(),
+            })?;
+        // SAFETY: the UMEM is not shared with any other socket, so the double-free hazard
+        // `Socket::new` warns about (sharing a bound pair without
+        // XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD) cannot arise; the flag is set anyway.
+        let created = unsafe {
+            Socket::new(
+                socket_config,
+                &umem,
+                &Interface::new(ifname),
+                config.queue_id,
+            )
+        };
+        let (tx, rx, rings) = created.map_err(|e| match os_error_of(&e) {
+            Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
+                op: "creating an AF_XDP socket",
+            },
+            Some(libc::EOPNOTSUPP) if config.bind == BindMode::ZeroCopy => {
+                XdpLinkError::ZeroCopyUnsupported {
+                    ifname: config.ifname.clone(),
+                }
+            }
+            Some(libc::ENODEV) => XdpLinkError::NoSuchInterface {
+                ifname: config.ifname.clone(),
+            },
+            _ => XdpLinkError::Socket {
+                ifname: config.ifname.clone(),
+                queue_id: config.queue_id,
+                source: e,
+            },
+        })?;
+        let Some((mut fill, comp)) = rings else {
+            // Only a shared UMEM already bound to this pair comes back without rings.
+            return invalid("the UMEM came back without fill and completion rings".into());
+        };
+
+        // Frames [half..] are for transmit, [..half] go to the fill ring.
+        let free: Vec<FrameDesc> = frames.split_off(half as usize);
+        // SAFETY: the frames belong to this UMEM and none is anywhere else yet: the rx half
+        // goes to the fill ring only, the tx half stays in `free`.
+        let filled = unsafe { fill.produce(&frames) };
+        if filled != frames.len() {
+            return invalid(format!(
+                "the fill ring took {filled} of {} frames",
+                frames.len()
+            ));
+        }
+        let tx_frames = free.len();
+        debug!(
+            ifname = %config.ifname,
+            queue = config.queue_id,
+            frames = config.frame_count,
+            frame_size = config.frame_size,
+            mtu,
+            bind = ?config.bind,
+            "AF_XDP link open"
+        );
+        Ok(XdpLink {
+            mtu,
+            umem,
+            fill,
+            comp,
+            tx,
+            rx,
+            staged: Vec::with_capacity(tx_frames),
+            in_flight: 0,
+            tx_frames,
+            tx_ring_size: half,
+            rx_scratch: vec![FrameDesc::default(); config.rx_batch],
+            comp_scratch: vec![FrameDesc::default(); config.tx_batch],
+            fill_backlog: Vec::with_capacity(half as usize),
+            free,
+            stats: LinkStats::default(),
+            config,
+        })
+    }
+
+    /// The socket's file descriptor: poll it for readability, register it in the steering
+    /// program's `XSKMAP`.
+    pub fn fd(&self) -> RawFd {
+        self.rx.fd().as_raw_fd()
+    }
+
+    /// The settings the link was opened with.
+    pub fn config(&self) -> &XdpLinkConfig {
+        &self.config
+    }
+
+    /// Tx frames free now (neither written, queued, nor awaiting completion).
+    pub fn tx_frames_free(&self) -> usize {
+        self.free.len()
+    }
+
+    /// All frames set aside for transmit: [`tx_frames_free`](Self::tx_frames_free) equals
+    /// it once every sent frame has completed.
+    pub fn tx_frames_total(&self) -> usize {
+        self.tx_frames
+    }
+
+    /// The kernel's counters of this socket (`XDP_STATISTICS`): drops for a full rx ring
+    /// or an empty fill ring, invalid descriptors.
+    pub fn kernel_stats(&self) -> io::Result<XdpStatistics> {
+        self.rx.fd().xdp_statistics()
+    }
+
+    /// Waits until a frame is ready on the rx ring, for at most `timeout`; returns whether
+    /// one is. Spins for up to [`XdpLinkConfig::busy_poll`] first, then sleeps in `poll(2)`
+    /// (a zero `timeout` only checks).
+    pub fn wait_readable(&mut self, timeout: Duration) -> io::Result<bool> {
+        if self.rx.nb_avail(1) > 0 {
+            return Ok(true);
+        }
+        let spin = self.config.busy_poll.min(timeout);
+        if !spin.is_zero() {
+            let start = std::time::Instant::now();
+            while start.elapsed() < spin {
+                if self.rx.nb_avail_exact() > 0 {
+                    return Ok(true);
+                }
+                std::hint::spin_loop();
+            }
+        }
+        let rest = timeout.saturating_sub(spin);
+        // Round up so a sub-millisecond wait still sleeps rather than spinning the caller.
+        let ms = rest.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
+        self.rx.poll(ms)
+    }
+
+    /// Moves staged frames to the tx ring (as many as it has room for).
+    fn submit(&mut self) {
+        if self.staged.is_empty() {
+            return;
+        }
+        let room = self.tx.nb_free(self.staged.len() as u32) as usize;
+        let n = room.min(self.staged.len());
+        if n == 0 {
+            return;
+        }
+        // SAFETY: staged frames belong to this UMEM, were written by `tx_batch` and are in
+        // no other ring; once produced they are not touched until the completion ring
+        // returns them.
+        let produced = unsafe { self.tx.produce(&self.staged[..n]) };
+        self.staged.drain(..produced);
+        self.in_flight += produced;
+    }
+
+    /// The `sendto` kick, when the kernel needs one.
+    fn kick(&mut self) {
+        if self.config.bind == BindMode::Copy || self.tx.needs_wakeup() {
+            if let Err(e) = self.tx.wakeup() {
+                warn!(ifname = %self.config.ifname, error = %e, "AF_XDP tx kick failed");
+            }
+        }
+    }
+
+    /// Returns completed tx frames to the free stack.
+    fn reclaim(&mut self) {
+        loop {
+            // SAFETY: the completion ring hands back frames of this UMEM that the kernel
+            // has finished sending; they go to the free stack only.
+            let n = unsafe { self.comp.consume(&mut self.comp_scratch) };
+            if n == 0 {
+                break;
+            }
+            self.free.extend_from_slice(&self.comp_scratch[..n]);
+            self.in_flight -= n.min(self.in_flight);
+            if n < self.comp_scratch.len() {
+                break;
+            }
+        }
+    }
+
+    /// Puts received frames back on the fill ring, keeping any it has no room for.
+    fn refill(&mut self, n: usize) {
+        if !self.fill_backlog.is_empty() {
+            // SAFETY: backlog frames are received frames of this UMEM nobody looks at any
+            // more; they go to the fill ring only.
+            let put = unsafe { self.fill.produce(&self.fill_backlog) };
+            self.fill_backlog.drain(..put);
+        }
+        if n > 0 {
+            // SAFETY: the frames were consumed from the rx ring and the callback's borrows
+            // of them have ended; they go back to the fill ring only.
+            let put = unsafe { self.fill.produce(&self.rx_scratch[..n]) };
+            if put < n {
+                warn!(
+                    frames = n,
+                    "AF_XDP fill ring full; keeping received frames aside"
+                );
+                self.fill_backlog
+                    .extend_from_slice(&self.rx_scratch[put..n]);
+            }
+        }
+        if self.fill.needs_wakeup() {
+            if let Err(e) = self.fill.wakeup(self.rx.fd_mut(), 0) {
+                warn!(ifname = %self.config.ifname, error = %e, "AF_XDP fill wakeup failed");
+            }
+        }
+    }
+}
+
+impl Link for XdpLink {
+    fn mtu(&self) -> usize {
+        self.mtu
+    }
+
+    fn recv_batch(&mut self, _now: Instant, max: usize, f: &mut dyn FnMut(&[u8])) -> usize {
+        let max = max.min(self.rx_scratch.len());
+        if max == 0 {
+            return 0;
+        }
+        // SAFETY: the scratch descriptors are overwritten with frames of this UMEM.
+        let n = unsafe { self.rx.consume(&mut self.rx_scratch[..max]) };
+        let max_frame_len = self.max_frame_len();
+        let mut delivered = 0;
+        for desc in &self.rx_scratch[..n] {
+            // SAFETY: the kernel handed this frame over through the rx ring; it writes to
+            // it again only after `refill` returns it to the fill ring, after this borrow.
+            let data = unsafe { self.umem.data(desc) };
+            let frame = data.contents();
+            if frame.len() > max_frame_len || desc.has_more_frames() {
+                self.stats.dropped_oversize += 1;
+                continue;
+            }
+            self.stats.rx_frames += 1;
+            self.stats.rx_bytes += frame.len() as u64;
+            delivered += 1;
+            f(frame);
+        }
+        self.refill(n);
+        delivered
+    }
+
+    fn tx_batch(
+        &mut self,
+        _now: Instant,
+        max: usize,
+        f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
+    ) -> usize {
+        let buf_len = TX_HEADROOM + self.max_frame_len();
+        let max_frame_len = self.max_frame_len();
+        let mut produced = 0;
+        while produced < max {
+            let Some(mut desc) = self.free.pop() else {
+                break;
+            };
+            // SAFETY: a frame on the free stack belongs to this UMEM and is in no ring, so
+            // the kernel does not touch it while it is written here.
+            let mut data = unsafe { self.umem.data_mut(&mut desc) };
+            // The data area holds at least `buf_len` bytes (checked at open).
+            data.cursor().set_pos(buf_len);
+            let buf = data.contents_mut();
+            let Some(range) = f(buf) else {
+                self.free.push(desc);
+                break;
+            };
+            produced += 1;
+            if !tx_range_ok(&range, buf.len(), max_frame_len) {
+                self.stats.dropped_oversize += 1;
+                self.free.push(desc);
+                continue;
+            }
+            // See the module documentation: the descriptor's address cannot be offset.
+            if range.start > 0 {
+                buf.copy_within(range.clone(), 0);
+            }
+            data.cursor().set_pos(range.len());
+            self.stats.tx_frames += 1;
+            self.stats.tx_bytes += range.len() as u64;
+            self.staged.push(desc);
+        }
+        produced
+    }
+
+    fn flush(&mut self, _now: Instant) {
+        self.reclaim();
+        self.submit();
+        // Copy mode sends at most 32 frames per kick; kick until the kernel has taken every
+        // descriptor off the tx ring (bounded, in case it stops taking them).
+        let mut kicks = self.tx_frames / COPY_MODE_TX_PER_KICK + 2;
+        loop {
+            self.kick();
+            self.reclaim();
+            self.submit();
+            let ring_empty = self.tx.nb_free_exact() >= self.tx_ring_size;
+            if (ring_empty && self.staged.is_empty()) || kicks == 0 {
+                break;
+            }
+            kicks -= 1;
+        }
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        None
+    }
+
+    fn stats(&self) -> LinkStats {
+        self.stats
+    }
+}
+
+/// The MTU of `ifname` in the calling thread's network namespace (`SIOCGIFMTU`).
+fn interface_mtu(ifname: &str) -> Result<usize, XdpLinkError> {
+    let no_such = || XdpLinkError::NoSuchInterface {
+        ifname: ifname.to_owned(),
+    };
+    // SAFETY: `ifreq` is plain old data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let name = ifname.as_bytes();
+    if name.is_empty() || name.len() >= req.ifr_name.len() || name.contains(&0) {
+        return Err(no_such());
+    }
+    for (dst, &src) in req.ifr_name.iter_mut().zip(name) {
+        *dst = src as libc::c_char;
+    }
+    // SAFETY: a plain socket(2) call; the descriptor is owned right below.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(XdpLinkError::Io {
+            op: "opening a socket to query the MTU",
+            source: io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: `raw` is a fresh descriptor nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: SIOCGIFMTU reads `ifr_name` and writes `ifr_ifru.ifru_mtu` of the `ifreq`
+    // it is given, which lives across the call.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFMTU, &mut req) };
+    if rc < 0 {
+        let err = io::Error::last_os_error();
+        return Err(match err.raw_os_error() {
+            Some(libc::ENODEV) => no_such(),
+            _ => XdpLinkError::Io {
+                op: "querying the interface MTU",
+                source: err,
+            },
+        });
+    }
+    // SAFETY: SIOCGIFMTU succeeded, so the union holds the MTU.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    usize::try_from(mtu).map_err(|_| XdpLinkError::Io {
+        op: "querying the interface MTU",
+        source: io::Error::new(io::ErrorKind::InvalidData, "negative MTU"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_interface_is_reported() {
+        let err = XdpLink::open(XdpLinkConfig::new("nc-no-such0", 0)).unwrap_err();
+        assert!(
+            matches!(err, XdpLinkError::NoSuchInterface { ref ifname } if ifname == "nc-no-such0"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn loopback_mtu_is_read() {
+        // `lo` exists in every network namespace.
+        let mtu = interface_mtu("lo").unwrap();
+        assert!(mtu >= 1500, "lo MTU {mtu}");
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        let mut c = XdpLinkConfig::new("lo", 0);
+        c.frame_count = 1000;
+        assert!(matches!(
+            XdpLink::open(c).unwrap_err(),
+            XdpLinkError::InvalidConfig { .. }
+        ));
+        let mut c = XdpLinkConfig::new("lo", 0);
+        c.frame_size = 3000;
+        assert!(matches!(
+            XdpLink::open(c).unwrap_err(),
+            XdpLinkError::InvalidConfig { .. }
+        ));
+        // lo's MTU (65536) does not fit a 4096-byte frame.
+        let mut c = XdpLinkConfig::new("lo", 0);
+        c.frame_size = 4096;
+        let err = XdpLink::open(c).unwrap_err();
+        assert!(matches!(err, XdpLinkError::FrameTooSmall { .. }), "{err}");
+    }
+}
