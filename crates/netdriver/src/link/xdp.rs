@@ -10,6 +10,8 @@
 //! the writer, [`Link::flush`] submits the written ones to the tx ring, kicks the kernel
 //! with `sendto` and pushes the frames the completion ring returns back on the stack.
 //! Nothing is allocated per frame: the descriptor scratch arrays are sized at open.
+//! (If a [`Link::recv_batch`] callback panics, that batch's frames are not refilled and
+//! the link receives into fewer frames from then on.)
 //!
 //! The socket is created without libxdp's default XDP program
 //! (`XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD`): frames only arrive once a steering program (the
@@ -655,6 +657,12 @@ fn interface_mtu(ifname: &str) -> Result<usize, XdpLinkError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn link_can_move_to_another_thread() {
+        fn send<T: Send>() {}
+        send::<XdpLink>();
+    }
 
     #[test]
     fn missing_interface_is_reported() {
