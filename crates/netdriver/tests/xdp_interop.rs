@@ -15,6 +15,9 @@
 //!   duplication, corruption);
 //! - the wire: malformed frames injected from A with a second [`XdpLink`] on `vA`.
 //!
+//! One more run uses MTU 9000, where every full-size segment crosses our link as a chain of
+//! UMEM frames (multi-buffer AF_XDP).
+//!
 //! A's kernel has tx checksum offload switched off (`ethtool -K vA tx off`): with it on,
 //! veth hands its segments over with unfinished checksums, which our stack rightly drops.
 //!
@@ -34,7 +37,7 @@ use netdriver::link::{Link, LinkStats};
 use netdriver::neigh::{ifindex_of, KernelNeighbors};
 use netdriver::netif::{ConnHandle, Interface, InterfaceConfig, InterfaceStats};
 use netdriver::ports::EphemeralRange;
-use netdriver::tcp::{SeqNumber, Stats, TcpError};
+use netdriver::tcp::{Config, SeqNumber, Stats, TcpError};
 use netdriver::time::{Clock, Instant};
 use netdriver::wire::{
     emit_tcp_frame, EtherType, EthernetAddress, EthernetRepr, IpProtocol, Ipv4Packet, Ipv4Repr,
@@ -309,6 +312,8 @@ struct Report {
     iface: InterfaceStats,
     link: LinkStats,
     faults: Option<FaultStats>,
+    /// Frames the link received and sent as descriptor chains.
+    chains: (u64, u64),
     /// Last stats of our server's and our client's connection.
     server_conn: Stats,
     client_conn: Stats,
@@ -331,17 +336,19 @@ struct OurStack<L: Waitable> {
 
 impl<L: Waitable> OurStack<L> {
     /// Must run in B's namespace.
-    fn open(b: &Endpoint, wrap: impl FnOnce(XdpLink) -> L) -> OurStack<L> {
+    /// `frags`: attach the `xdp.frags` program (an MTU above 3506).
+    fn open(b: &Endpoint, frags: bool, wrap: impl FnOnce(XdpLink) -> L) -> OurStack<L> {
         let steering = XdpSteering::attach(
             &b.ifname,
             AttachOptions {
                 mode: AttachMode::Auto,
-                frags: false,
+                frags,
                 replace_stale: true,
             },
         )
         .expect("attach the steering program");
         let link = XdpLink::open(XdpLinkConfig::new(&b.ifname, 0)).expect("open the link");
+        assert_eq!(link.multi_buffer(), frags);
         steering.register_socket(0, link.fd()).expect("register");
         steering.own_port(OUR_PORT).expect("own the server port");
         let ports = EphemeralRange::from_kernel().expect("ephemeral ports");
@@ -349,6 +356,11 @@ impl<L: Waitable> OurStack<L> {
             mac: EthernetAddress(b.mac),
             ipv4: b.ipv4,
             ephemeral_ports: ports.ours,
+            // Clamped to the link's MTU − 40 by `Interface::new`.
+            tcp: Config {
+                mss: u16::MAX,
+                ..Config::default()
+            },
             ..InterfaceConfig::default()
         };
         OurStack {
@@ -549,14 +561,14 @@ impl<L: Waitable> OurStack<L> {
 }
 
 /// One run: our stack on B (its link wrapped by `wrap`), A's kernel client and server
-/// carrying `bytes` each way; `during` runs on the test thread while it goes on. Returns
-/// our report and the stack's fault counters, if any.
+/// carrying `bytes` each way; `during` runs on the test thread while it goes on, and
+/// `probe` reads what it wants of the link into the report at the end.
 fn transfer<L, W>(
     bed: &TestBed,
     bytes: usize,
     hold: Arc<AtomicBool>,
     wrap: W,
-    faults: fn(&L) -> Option<FaultStats>,
+    probe: fn(&L, &mut Report),
     during: impl FnOnce(),
 ) -> Report
 where
@@ -591,12 +603,13 @@ where
     let (ready_tx, ready_rx) = mpsc::channel();
     let server_addr = SocketAddrV4::new(a.ipv4, KERNEL_PORT);
     let b2 = b.clone();
+    let frags = bed.mtu() > 3506;
     let ours = bed
         .spawn_thread_in(Side::B, move || {
-            let mut stack = OurStack::open(&b2, wrap);
+            let mut stack = OurStack::open(&b2, frags, wrap);
             let mut report = stack.run(&plan, server_addr, ready_tx, end);
             if let Ok(r) = &mut report {
-                r.faults = faults(stack.iface.link());
+                probe(stack.iface.link(), r);
             }
             report
         })
@@ -623,11 +636,12 @@ where
     kserver.unwrap_or_else(|e| panic!("kernel server: {e}"));
     let mb = bytes as f64 / 1e6;
     println!(
-        "{mb:.1} MB each way in {:.2} s; iface {:?}; link {:?}; faults {:?}; our retransmits \
-         server {} client {}",
+        "{mb:.1} MB each way in {:.2} s; iface {:?}; link {:?}; chains rx/tx {:?}; faults {:?}; \
+         our retransmits server {} client {}",
         report.elapsed.as_secs_f64(),
         report.iface,
         report.link,
+        report.chains,
         report.faults,
         report.server_conn.retransmitted_segments,
         report.client_conn.retransmitted_segments,
@@ -635,8 +649,10 @@ where
     report
 }
 
-fn no_faults(_: &XdpLink) -> Option<FaultStats> {
-    None
+fn no_faults(_: &XdpLink, _: &mut Report) {}
+
+fn chain_counts(link: &XdpLink, report: &mut Report) {
+    report.chains = (link.rx_chains(), link.tx_chains());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -669,6 +685,22 @@ fn transfers_survive_kernel_side_random_drops() {
     assert_eq!(report.iface.rx_bad_checksum, 0, "{:?}", report.iface);
 }
 
+/// 8 MiB each way at MTU 9000: both TCPs use 8960-byte segments, which our link receives
+/// and sends as chains of UMEM frames (multi-buffer AF_XDP, the `xdp.frags` program).
+#[test]
+fn transfers_with_jumbo_frames() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(1).mtu(9000)) else {
+        return;
+    };
+    kernel_checksums_in_software(&bed);
+    let report = transfer(&bed, 8 << 20, Arc::default(), |l| l, chain_counts, || {});
+    let (rx_chains, tx_chains) = report.chains;
+    assert!(rx_chains > 500, "only {rx_chains} frames came as chains");
+    assert!(tx_chains > 500, "only {tx_chains} frames left as chains");
+    assert_eq!(report.link.dropped_oversize, 0);
+    assert_eq!(report.iface.rx_bad_checksum + report.iface.rx_malformed, 0);
+}
+
 /// 8 MiB each way with our own fault injector on both directions of our link.
 #[test]
 fn transfers_survive_our_fault_injector() {
@@ -691,7 +723,7 @@ fn transfers_survive_our_fault_injector() {
         8 << 20,
         Arc::default(),
         move |l| FaultInjector::new(l, config),
-        |l: &FaultInjector<XdpLink>| Some(l.fault_stats()),
+        |l: &FaultInjector<XdpLink>, r: &mut Report| r.faults = Some(l.fault_stats()),
         || {},
     );
     let kernel_retrans = kernel_retransmits(&bed, Side::A) - retrans_before;

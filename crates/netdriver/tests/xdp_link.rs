@@ -6,16 +6,16 @@
 #![cfg(target_os = "linux")]
 
 use std::io;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant as StdInstant};
 
-use netdriver::link::xdp::{BindMode, XdpLink, XdpLinkConfig, XdpLinkError};
+use netdriver::link::xdp::{BindMode, MultiBuffer, XdpLink, XdpLinkConfig, XdpLinkError};
 use netdriver::link::{Link, TX_HEADROOM};
 use netdriver::tcp::rst_for_unexpected;
 use netdriver::time::Instant;
 use netdriver::wire::{
     emit_tcp_frame, parse_tcp_frame, ArpOperation, ArpRepr, EtherType, EthernetAddress,
-    EthernetRepr, IpProtocol, Ipv4Repr,
+    EthernetRepr, IpProtocol, Ipv4Packet, Ipv4Repr, TcpFlags, TcpRepr,
 };
 use testbed::{testbed_or_skip, Side, TestBed};
 use xdp_prog::{AttachMode, AttachOptions, XdpSteering};
@@ -38,11 +38,15 @@ fn eventually(mut cond: impl FnMut() -> bool) -> bool {
 }
 
 fn steer(ifname: &str) -> XdpSteering {
+    steer_with(ifname, false)
+}
+
+fn steer_with(ifname: &str, frags: bool) -> XdpSteering {
     XdpSteering::attach(
         ifname,
         AttachOptions {
             mode: AttachMode::Auto,
-            frags: false,
+            frags,
             replace_stale: true,
         },
     )
@@ -299,4 +303,241 @@ fn tx_frames_are_reclaimed() {
         "B received only {} of {FRAMES} frames",
         rx_packets() - before
     );
+}
+
+/// Byte `i` of a test frame's payload.
+fn pattern(i: usize) -> u8 {
+    (i.wrapping_mul(31) ^ (i >> 8)) as u8
+}
+
+/// At MTU 9000 a frame needs several UMEM frames: the links bind with `XDP_USE_SG` on their
+/// own (`MultiBuffer::Auto`) and the steering program is the `xdp.frags` variant. A SYN
+/// from B's kernel still round-trips (RST answer), a 9014-byte UDP frame sent by A's link
+/// (3 descriptors of 4096-byte frames) reaches B's kernel whole, and a 9014-byte TCP frame
+/// sent by a link on vB (6 descriptors of 2048-byte frames) is reassembled by A's link.
+#[test]
+fn jumbo_frames_use_descriptor_chains() {
+    const UDP_PORT: u16 = 9999;
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(1).mtu(9000)) else {
+        return;
+    };
+    let a = bed.side(Side::A).clone();
+    let b = bed.side(Side::B).clone();
+    bed.output_in(Side::B, "ethtool", &["-K", &b.ifname, "tx", "off"])
+        .unwrap();
+    let bed = &bed;
+    bed.run_in(Side::A, move || {
+        let steering = steer_with(&a.ifname, true);
+        assert!(steering.frags());
+        let mut config = XdpLinkConfig::new(&a.ifname, 0);
+        config.frame_size = 4096;
+        let mut link = XdpLink::open(config).expect("open the link at MTU 9000");
+        assert_eq!(link.mtu(), 9000);
+        assert!(link.multi_buffer(), "Auto did not turn multi-buffer on");
+        assert_eq!(link.frame_capacity(), 3840);
+        steering.register_socket(0, link.fd()).unwrap();
+        steering.own_port(PORT).unwrap();
+        let free_at_start = link.tx_frames_free();
+
+        // SYN from B's kernel in, RST out (single-descriptor frames on an SG socket).
+        let target = SocketAddr::from((a.ipv4, PORT));
+        let client = bed
+            .spawn_thread_in(Side::B, move || {
+                TcpStream::connect_timeout(&target, DEADLINE).map(|_| ())
+            })
+            .unwrap();
+        let mut syn = None;
+        let end = StdInstant::now() + DEADLINE;
+        while syn.is_none() && StdInstant::now() < end {
+            if !link.wait_readable(Duration::from_millis(100)).unwrap() {
+                continue;
+            }
+            link.recv_batch(Instant::ZERO, 64, &mut |f| {
+                if let Ok(tf) = parse_tcp_frame(f, true) {
+                    if tf.tcp.flags.syn() && tf.tcp.dst_port == PORT {
+                        syn = Some((tf.tcp, tf.payload.len()));
+                        // B's kernel offers an MSS for its 9000-byte MTU.
+                        assert_eq!(tf.tcp.options.mss, Some(8960));
+                    }
+                }
+            });
+        }
+        let (tcp, payload_len) = syn.expect("no SYN from B arrived at MTU 9000");
+        let rst = rst_for_unexpected(&tcp, payload_len).unwrap();
+        let eth_ab = EthernetRepr {
+            src: EthernetAddress(a.mac),
+            dst: EthernetAddress(b.mac),
+            ethertype: EtherType::Ipv4,
+        };
+        let ip_ab = Ipv4Repr {
+            src: a.ipv4,
+            dst: b.ipv4,
+            protocol: IpProtocol::Tcp,
+            payload_len: 0,
+            ttl: 64,
+            dscp_ecn: 0,
+        };
+        let mut frame = [0u8; 54];
+        let len = emit_tcp_frame(&mut frame, &eth_ab, &ip_ab, 1, &rst, 0).unwrap();
+        assert!(link.send_frame(Instant::ZERO, &frame[..len]));
+        link.flush(Instant::ZERO);
+        let err = client
+            .join()
+            .unwrap()
+            .expect_err("connect succeeded against a RST");
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused, "{err}");
+
+        // A → B's kernel: one 9014-byte frame carrying a UDP datagram of 8972 bytes.
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+        let b_ip = b.ipv4;
+        let receiver = bed
+            .spawn_thread_in(Side::B, move || {
+                let sock = UdpSocket::bind((b_ip, UDP_PORT)).unwrap();
+                sock.set_read_timeout(Some(DEADLINE)).unwrap();
+                bound_tx.send(()).unwrap();
+                let mut buf = vec![0u8; 16 * 1024];
+                sock.recv(&mut buf).map(|n| buf[..n].to_vec())
+            })
+            .unwrap();
+        bound_rx.recv().unwrap();
+        let mut jumbo = vec![0u8; 9014];
+        eth_ab.emit(&mut jumbo).unwrap();
+        {
+            let mut ip = Ipv4Packet::new_unchecked(&mut jumbo[14..34]);
+            ip.set_version_and_header_len(4, 20);
+            ip.set_total_len(9000);
+            ip.set_flags_and_frag_offset(true, false, 0);
+            ip.set_ttl(64);
+            ip.set_protocol(IpProtocol::Udp);
+            ip.set_src_addr(a.ipv4);
+            ip.set_dst_addr(b.ipv4);
+            ip.fill_checksum();
+        }
+        jumbo[34..36].copy_from_slice(&40_000u16.to_be_bytes());
+        jumbo[36..38].copy_from_slice(&UDP_PORT.to_be_bytes());
+        jumbo[38..40].copy_from_slice(&(9000u16 - 20).to_be_bytes());
+        // UDP checksum 0: none (RFC 768).
+        for (i, byte) in jumbo[42..].iter_mut().enumerate() {
+            *byte = pattern(i);
+        }
+        assert!(link.send_frame(Instant::ZERO, &jumbo));
+        link.flush(Instant::ZERO);
+        assert_eq!(link.tx_chains(), 1);
+        let got = receiver
+            .join()
+            .unwrap()
+            .expect("B's kernel got no datagram");
+        assert_eq!(got.len(), 8972);
+        assert!(got.iter().enumerate().all(|(i, &x)| x == pattern(i)));
+
+        // B → A: a 9014-byte TCP frame from a link on vB (2048-byte frames: 6 parts) to
+        // the owned port; A's link reassembles it.
+        let mut tcp_jumbo = vec![0u8; 9014];
+        let eth_ba = EthernetRepr {
+            src: EthernetAddress(b.mac),
+            dst: EthernetAddress(a.mac),
+            ethertype: EtherType::Ipv4,
+        };
+        let ip_ba = Ipv4Repr {
+            src: b.ipv4,
+            dst: a.ipv4,
+            ..ip_ab
+        };
+        let seg = TcpRepr {
+            src_port: 40_001,
+            dst_port: PORT,
+            flags: TcpFlags::PSH,
+            ack: Some(netdriver::tcp::SeqNumber(1)),
+            window: 100,
+            ..TcpRepr::default()
+        };
+        let payload_at = 14 + 20 + 20;
+        for (i, byte) in tcp_jumbo[payload_at..].iter_mut().enumerate() {
+            *byte = pattern(i);
+        }
+        let len =
+            emit_tcp_frame(&mut tcp_jumbo, &eth_ba, &ip_ba, 2, &seg, 9014 - payload_at).unwrap();
+        assert_eq!(len, 9014);
+        let b_ifname = b.ifname.clone();
+        let sent = tcp_jumbo.clone();
+        let b_chains = bed
+            .run_in(Side::B, move || {
+                let mut blink = XdpLink::open(XdpLinkConfig::new(&b_ifname, 0)).unwrap();
+                assert!(blink.multi_buffer());
+                assert_eq!(blink.frame_capacity(), 1792);
+                assert!(blink.send_frame(Instant::ZERO, &sent));
+                blink.flush(Instant::ZERO);
+                let total = blink.tx_frames_total();
+                assert!(
+                    eventually(|| {
+                        blink.flush(Instant::ZERO);
+                        blink.tx_frames_free() == total
+                    }),
+                    "B's chain was not completed"
+                );
+                blink.tx_chains()
+            })
+            .unwrap();
+        assert_eq!(b_chains, 1);
+        let mut received = None;
+        let end = StdInstant::now() + DEADLINE;
+        while received.is_none() && StdInstant::now() < end {
+            if !link.wait_readable(Duration::from_millis(100)).unwrap() {
+                continue;
+            }
+            link.recv_batch(Instant::ZERO, 64, &mut |f| {
+                if f.len() > 1514 {
+                    received = Some(f.to_vec());
+                }
+            });
+        }
+        let received = received.unwrap_or_else(|| {
+            panic!(
+                "no jumbo frame reached A's link: program {:?}, socket {:?}, link {:?}",
+                steering.counters(),
+                link.kernel_stats(),
+                link.stats()
+            )
+        });
+        assert_eq!(received, tcp_jumbo, "the reassembled frame differs");
+        assert_eq!(link.rx_chains(), 1);
+        assert_eq!(link.rx_chains_dropped(), 0);
+        let tf = parse_tcp_frame(&received, true).expect("checksums verify after reassembly");
+        assert_eq!(tf.payload.len(), 9014 - payload_at);
+        assert!(
+            eventually(|| {
+                link.flush(Instant::ZERO);
+                link.tx_frames_free() == free_at_start
+            }),
+            "tx frames were not reclaimed"
+        );
+    })
+    .unwrap();
+}
+
+/// Without multi-buffer, an MTU the UMEM frames cannot hold is refused with a typed error
+/// that says so.
+#[test]
+fn jumbo_mtu_without_multi_buffer_is_refused() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(1).mtu(9000)) else {
+        return;
+    };
+    let ifname = bed.side(Side::A).ifname.clone();
+    bed.run_in(Side::A, move || {
+        let mut config = XdpLinkConfig::new(&ifname, 0);
+        config.multi_buffer = MultiBuffer::Off;
+        let err = XdpLink::open(config).expect_err("MTU 9000 in 2048-byte frames");
+        assert!(
+            matches!(
+                err,
+                XdpLinkError::FrameTooSmall {
+                    mtu: 9000,
+                    capacity: 1792,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    })
+    .unwrap();
 }

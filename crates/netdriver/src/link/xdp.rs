@@ -33,6 +33,35 @@
 //! front of its buffer (`copy_within`, a `memmove` inside one 2 KiB chunk that is already
 //! in cache). Owning the ring code, or an `xsk-rs` with a settable address, removes it.
 //!
+//! # Frames larger than a UMEM frame (multi-buffer)
+//!
+//! A UMEM frame holds at most [`XdpLinkConfig::frame_size`] − 256 bytes of packet data
+//! (1792 or 3840), so an MTU of 9000 (the production NICs') cannot fit one. The kernel
+//! then hands a frame over as a *chain* of descriptors, all but the last flagged
+//! `XDP_PKT_CONTD` in the descriptor's `options`, provided the socket binds with
+//! `XDP_USE_SG` and the XDP program is the `xdp.frags` variant (`xdp-prog`'s
+//! `AttachOptions::frags`); a 9014-byte frame arrives as 3 descriptors of 4096-byte
+//! frames. [`XdpLinkConfig::multi_buffer`] chooses ([`MultiBuffer::Auto`]: exactly when the
+//! interface's largest tx buffer does not fit one UMEM frame). `xsk-rs` 0.11 carries what
+//! this needs: the `XDP_USE_SG` bind flag, and `options` on rx descriptors (read) and tx
+//! descriptors (written by `produce`).
+//!
+//! - **Receive**: a single-descriptor frame is still lent straight from the UMEM. A chain
+//!   is copied, part by part, into a scratch buffer of [`Link::max_frame_len`] bytes
+//!   (its UMEM frames go back to the fill ring at once) and lent from there once its last
+//!   part arrived; a chain may span two [`Link::recv_batch`] calls. A chain that grows
+//!   beyond [`Link::max_frame_len`] is dropped whole and counted
+//!   ([`LinkStats::dropped_oversize`] and [`XdpLink::rx_chains_dropped`]).
+//! - **Transmit**: the writer gets a scratch buffer of [`TX_HEADROOM`] +
+//!   [`Link::max_frame_len`] bytes (the trait's contract), and the frame it wrote is copied
+//!   into as many UMEM frames as it needs, chained with `XDP_PKT_CONTD`. A writer is only
+//!   called while enough free frames remain for the largest frame. Chains go to the tx ring
+//!   whole, never split across two ring operations.
+//!
+//! Both directions thus cost one more copy per byte in this mode (a chain cannot be lent
+//! as one slice: the UMEM frames of a chain are not adjacent). Zero-copy drivers with
+//! multi-buffer support would lend chains part by part instead; veth has none.
+//!
 //! # Copy mode
 //!
 //! Drivers without AF_XDP zero-copy support (veth among them) copy each frame between
@@ -65,6 +94,28 @@ const XDP_PACKET_HEADROOM: u32 = 256;
 
 /// The most frames one copy-mode `sendto` sends (the kernel's `TX_BATCH_SIZE`).
 const COPY_MODE_TX_PER_KICK: usize = 32;
+
+/// `XDP_PKT_CONTD` of `<linux/if_xdp.h>`: set in a descriptor's `options` when the frame
+/// continues in the next descriptor (`xsk-rs` keeps its own copy private).
+const XDP_PKT_CONTD: u32 = 1;
+
+/// The most descriptors a chain may have: the kernel builds a transmitted chain into an skb
+/// of at most `MAX_SKB_FRAGS` (17) fragments and refuses longer ones; one is kept spare.
+pub const MAX_CHAIN_DESCRIPTORS: usize = 16;
+
+/// Whether frames may span several UMEM frames (see the
+/// [module documentation](self#frames-larger-than-a-umem-frame-multi-buffer)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MultiBuffer {
+    /// On exactly when [`TX_HEADROOM`] + the interface's largest frame does not fit one UMEM
+    /// frame (an MTU above 3506 with 4096-byte frames, above 1458 with 2048-byte ones).
+    #[default]
+    Auto,
+    /// Never: opening fails with [`XdpLinkError::FrameTooSmall`] when a frame cannot fit.
+    Off,
+    /// Always bind with `XDP_USE_SG` (chains are then received even when frames fit).
+    On,
+}
 
 /// How the socket shares frames with the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -105,11 +156,14 @@ pub struct XdpLinkConfig {
     /// How long [`XdpLink::wait_readable`] spins on the rx ring before sleeping in
     /// `poll(2)`. Zero never spins.
     pub busy_poll: Duration,
+    /// Multi-buffer (descriptor chains, `XDP_USE_SG`) on, off, or as the MTU needs. With it
+    /// on, the steering program must be the `xdp.frags` variant.
+    pub multi_buffer: MultiBuffer,
 }
 
 impl XdpLinkConfig {
     /// Defaults for `ifname` queue `queue_id`: 4096 frames of 2048 bytes, batches of 64,
-    /// copy mode, need-wakeup on, no busy polling.
+    /// copy mode, need-wakeup on, no busy polling, multi-buffer as the MTU needs.
     pub fn new(ifname: impl Into<String>, queue_id: u32) -> XdpLinkConfig {
         XdpLinkConfig {
             ifname: ifname.into(),
@@ -121,6 +175,7 @@ impl XdpLinkConfig {
             bind: BindMode::Copy,
             need_wakeup: true,
             busy_poll: Duration::ZERO,
+            multi_buffer: MultiBuffer::Auto,
         }
     }
 }
@@ -159,8 +214,8 @@ pub enum XdpLinkError {
     /// A frame cannot hold the headroom plus the largest frame of the interface.
     #[error(
         "UMEM frames of {frame_size} bytes leave {capacity} bytes after the XDP headroom, \
-         but {needed} are needed (TX_HEADROOM + MTU {mtu} + 14); use 4096-byte frames or a \
-         smaller MTU"
+         but {needed} are needed (TX_HEADROOM + MTU {mtu} + 14) and multi-buffer is off; \
+         use 4096-byte frames, a smaller MTU, or MultiBuffer::Auto"
     )]
     FrameTooSmall {
         /// [`XdpLinkConfig::frame_size`].
@@ -171,6 +226,22 @@ pub enum XdpLinkError {
         needed: usize,
         /// The interface's MTU.
         mtu: usize,
+    },
+    /// Even with multi-buffer, the interface's largest frame needs more descriptors than a
+    /// chain may have.
+    #[error(
+        "MTU {mtu} needs chains of {descriptors} descriptors of {capacity} bytes, more than \
+         the {max} the kernel accepts; use 4096-byte frames or a smaller MTU"
+    )]
+    MtuTooLarge {
+        /// The interface's MTU.
+        mtu: usize,
+        /// Bytes of a frame's data area.
+        capacity: usize,
+        /// Descriptors the largest frame would need.
+        descriptors: usize,
+        /// [`MAX_CHAIN_DESCRIPTORS`].
+        max: usize,
     },
     /// Creating or registering the UMEM failed.
     #[error("creating the UMEM: {0}")]
@@ -231,6 +302,38 @@ pub struct XdpLink {
     /// Received frames the fill ring had no room for (never expected; kept for safety).
     fill_backlog: Vec<FrameDesc>,
     stats: LinkStats,
+    /// Bytes of packet data one UMEM frame holds.
+    capacity: usize,
+    /// Bound with `XDP_USE_SG`: received frames may come as chains.
+    multi_buffer: bool,
+    /// The chain being received, and the scratch buffer it is assembled in.
+    rx_chain: RxChain,
+    rx_chain_buf: Vec<u8>,
+    /// Where tx frames are written when one UMEM frame cannot hold a tx buffer (empty
+    /// otherwise).
+    tx_chain_buf: Vec<u8>,
+    /// Free frames a writer needs before it is called: the largest frame's chain length.
+    tx_frames_per_call: usize,
+    chain_stats: ChainStats,
+}
+
+/// Where [`XdpLink::recv_batch`] stands in a descriptor chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RxChain {
+    /// Not inside a chain.
+    Idle,
+    /// Parts are being gathered in the scratch buffer.
+    Collecting,
+    /// The chain is being dropped; its remaining parts are skipped.
+    Dropping,
+}
+
+/// Counters of multi-buffer chains.
+#[derive(Debug, Clone, Copy, Default)]
+struct ChainStats {
+    rx_chains: u64,
+    rx_chains_dropped: u64,
+    tx_chains: u64,
 }
 
 impl XdpLink {
@@ -256,12 +359,27 @@ impl XdpLink {
         let mtu = interface_mtu(&config.ifname)?;
         let capacity = (config.frame_size - XDP_PACKET_HEADROOM) as usize;
         let needed = TX_HEADROOM + mtu + ETHERNET_HEADER_LEN;
-        if capacity < needed {
+        let tx_chains = capacity < needed;
+        let multi_buffer = match config.multi_buffer {
+            MultiBuffer::Off => false,
+            MultiBuffer::On => true,
+            MultiBuffer::Auto => tx_chains,
+        };
+        if tx_chains && !multi_buffer {
             return Err(XdpLinkError::FrameTooSmall {
                 frame_size: config.frame_size,
                 capacity,
                 needed,
                 mtu,
+            });
+        }
+        let descriptors = (mtu + ETHERNET_HEADER_LEN).div_ceil(capacity);
+        if multi_buffer && descriptors > MAX_CHAIN_DESCRIPTORS {
+            return Err(XdpLinkError::MtuTooLarge {
+                mtu,
+                capacity,
+                descriptors,
+                max: MAX_CHAIN_DESCRIPTORS,
             });
         }
 
@@ -299,6 +417,9 @@ impl XdpLink {
         };
         if config.need_wakeup {
             bind_flags |= BindFlags::XDP_USE_NEED_WAKEUP;
+        }
+        if multi_buffer {
+            bind_flags |= BindFlags::XDP_USE_SG;
         }
         let socket_config = SocketConfig::builder()
             .rx_queue_size(ring(half)?)
@@ -363,8 +484,10 @@ impl XdpLink {
             frame_size = config.frame_size,
             mtu,
             bind = ?config.bind,
+            multi_buffer,
             "AF_XDP link open"
         );
+        let max_frame_len = mtu + ETHERNET_HEADER_LEN;
         Ok(XdpLink {
             mtu,
             umem,
@@ -381,6 +504,21 @@ impl XdpLink {
             fill_backlog: Vec::with_capacity(half as usize),
             free,
             stats: LinkStats::default(),
+            capacity,
+            multi_buffer,
+            rx_chain: RxChain::Idle,
+            rx_chain_buf: if multi_buffer {
+                Vec::with_capacity(max_frame_len)
+            } else {
+                Vec::new()
+            },
+            tx_chain_buf: if tx_chains {
+                vec![0; needed]
+            } else {
+                Vec::new()
+            },
+            tx_frames_per_call: if tx_chains { descriptors } else { 1 },
+            chain_stats: ChainStats::default(),
             config,
         })
     }
@@ -394,6 +532,32 @@ impl XdpLink {
     /// The settings the link was opened with.
     pub fn config(&self) -> &XdpLinkConfig {
         &self.config
+    }
+
+    /// Whether the socket is bound with `XDP_USE_SG` (frames may come as descriptor chains).
+    pub fn multi_buffer(&self) -> bool {
+        self.multi_buffer
+    }
+
+    /// Bytes of packet data one UMEM frame holds (frame size − 256 bytes of XDP headroom).
+    pub fn frame_capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Frames received as descriptor chains and delivered.
+    pub fn rx_chains(&self) -> u64 {
+        self.chain_stats.rx_chains
+    }
+
+    /// Received chains dropped because they grew beyond [`Link::max_frame_len`] (also
+    /// counted in [`LinkStats::dropped_oversize`]).
+    pub fn rx_chains_dropped(&self) -> u64 {
+        self.chain_stats.rx_chains_dropped
+    }
+
+    /// Frames transmitted as descriptor chains (more than one UMEM frame).
+    pub fn tx_chains(&self) -> u64 {
+        self.chain_stats.tx_chains
     }
 
     /// Tx frames free now (neither written, queued, nor awaiting completion).
@@ -436,13 +600,64 @@ impl XdpLink {
         self.rx.poll(ms)
     }
 
+    /// [`Link::tx_batch`] when a tx buffer does not fit one UMEM frame: the writer fills
+    /// the scratch buffer and the frame is copied into a chain of UMEM frames.
+    fn tx_batch_chained(
+        &mut self,
+        _now: Instant,
+        max: usize,
+        f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
+    ) -> usize {
+        let max_frame_len = self.max_frame_len();
+        let mut produced = 0;
+        while produced < max && self.free.len() >= self.tx_frames_per_call {
+            let buf_len = self.tx_chain_buf.len();
+            let Some(range) = f(&mut self.tx_chain_buf) else {
+                break;
+            };
+            produced += 1;
+            if !tx_range_ok(&range, buf_len, max_frame_len) {
+                self.stats.dropped_oversize += 1;
+                continue;
+            }
+            let frame = &self.tx_chain_buf[range];
+            let parts = frame.len().div_ceil(self.capacity).max(1);
+            for i in 0..parts {
+                let part = frame
+                    .get(i * self.capacity..)
+                    .map_or(&[][..], |rest| &rest[..rest.len().min(self.capacity)]);
+                let Some(mut desc) = self.free.pop() else {
+                    // Cannot happen: `tx_frames_per_call` frames were free and a frame of at
+                    // most `max_frame_len` bytes needs no more.
+                    break;
+                };
+                // SAFETY: a frame on the free stack belongs to this UMEM and is in no ring.
+                let mut data = unsafe { self.umem.data_mut(&mut desc) };
+                data.cursor().set_pos(part.len());
+                data.contents_mut().copy_from_slice(part);
+                desc.set_options(if i + 1 < parts { XDP_PKT_CONTD } else { 0 });
+                self.staged.push(desc);
+            }
+            if parts > 1 {
+                self.chain_stats.tx_chains += 1;
+            }
+            self.stats.tx_frames += 1;
+            self.stats.tx_bytes += frame.len() as u64;
+        }
+        produced
+    }
+
     /// Moves staged frames to the tx ring (as many as it has room for).
     fn submit(&mut self) {
         if self.staged.is_empty() {
             return;
         }
         let room = self.tx.nb_free(self.staged.len() as u32) as usize;
-        let n = room.min(self.staged.len());
+        let mut n = room.min(self.staged.len());
+        // Whole chains only: the ring never holds the head of a frame without its tail.
+        while n > 0 && self.staged[n - 1].options() & XDP_PKT_CONTD != 0 {
+            n -= 1;
+        }
         if n == 0 {
             return;
         }
@@ -523,19 +738,64 @@ impl Link for XdpLink {
         let n = unsafe { self.rx.consume(&mut self.rx_scratch[..max]) };
         let max_frame_len = self.max_frame_len();
         let mut delivered = 0;
-        for desc in &self.rx_scratch[..n] {
+        let XdpLink {
+            umem,
+            rx_scratch,
+            rx_chain,
+            rx_chain_buf,
+            stats,
+            chain_stats,
+            multi_buffer,
+            ..
+        } = self;
+        for desc in &rx_scratch[..n] {
             // SAFETY: the kernel handed this frame over through the rx ring; it writes to
             // it again only after `refill` returns it to the fill ring, after this borrow.
-            let data = unsafe { self.umem.data(desc) };
-            let frame = data.contents();
-            if frame.len() > max_frame_len || desc.has_more_frames() {
-                self.stats.dropped_oversize += 1;
+            let data = unsafe { umem.data(desc) };
+            let part = data.contents();
+            let more = desc.options() & XDP_PKT_CONTD != 0;
+            if *rx_chain == RxChain::Idle && !more {
+                if part.len() > max_frame_len {
+                    stats.dropped_oversize += 1;
+                    continue;
+                }
+                stats.rx_frames += 1;
+                stats.rx_bytes += part.len() as u64;
+                delivered += 1;
+                f(part);
                 continue;
             }
-            self.stats.rx_frames += 1;
-            self.stats.rx_bytes += frame.len() as u64;
-            delivered += 1;
-            f(frame);
+            if !*multi_buffer {
+                // A chain without XDP_USE_SG cannot happen; drop it rather than trust it.
+                stats.dropped_oversize += 1;
+                continue;
+            }
+            match *rx_chain {
+                RxChain::Dropping => {}
+                _ if rx_chain_buf.len() + part.len() > max_frame_len => {
+                    stats.dropped_oversize += 1;
+                    chain_stats.rx_chains_dropped += 1;
+                    rx_chain_buf.clear();
+                    *rx_chain = RxChain::Dropping;
+                }
+                _ => {
+                    rx_chain_buf.extend_from_slice(part);
+                    *rx_chain = RxChain::Collecting;
+                }
+            }
+            if more {
+                continue;
+            }
+            // The chain's last part.
+            if *rx_chain == RxChain::Collecting {
+                stats.rx_frames += 1;
+                stats.rx_bytes += rx_chain_buf.len() as u64;
+                chain_stats.rx_chains += 1;
+                delivered += 1;
+                f(rx_chain_buf);
+            }
+            rx_chain_buf.clear();
+            *rx_chain = RxChain::Idle;
         }
         self.refill(n);
         delivered
@@ -543,10 +803,13 @@ impl Link for XdpLink {
 
     fn tx_batch(
         &mut self,
-        _now: Instant,
+        now: Instant,
         max: usize,
         f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
     ) -> usize {
+        if !self.tx_chain_buf.is_empty() {
+            return self.tx_batch_chained(now, max, f);
+        }
         let buf_len = TX_HEADROOM + self.max_frame_len();
         let max_frame_len = self.max_frame_len();
         let mut produced = 0;
@@ -554,6 +817,7 @@ impl Link for XdpLink {
             let Some(mut desc) = self.free.pop() else {
                 break;
             };
+            desc.set_options(0);
             // SAFETY: a frame on the free stack belongs to this UMEM and is in no ring, so
             // the kernel does not touch it while it is written here.
             let mut data = unsafe { self.umem.data_mut(&mut desc) };
@@ -694,10 +958,29 @@ mod tests {
             XdpLink::open(c).unwrap_err(),
             XdpLinkError::InvalidConfig { .. }
         ));
-        // lo's MTU (65536) does not fit a 4096-byte frame.
+        // lo's MTU (65536) does not fit a 4096-byte frame, and without multi-buffer that
+        // is the end of it.
+        let mut c = XdpLinkConfig::new("lo", 0);
+        c.frame_size = 4096;
+        c.multi_buffer = MultiBuffer::Off;
+        let err = XdpLink::open(c).unwrap_err();
+        assert!(matches!(err, XdpLinkError::FrameTooSmall { .. }), "{err}");
+        assert!(err.to_string().contains("multi-buffer is off"), "{err}");
+        // With it, a 65550-byte frame would need 18 descriptors of 3840 bytes.
         let mut c = XdpLinkConfig::new("lo", 0);
         c.frame_size = 4096;
         let err = XdpLink::open(c).unwrap_err();
-        assert!(matches!(err, XdpLinkError::FrameTooSmall { .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                XdpLinkError::MtuTooLarge {
+                    mtu: 65536,
+                    capacity: 3840,
+                    descriptors: 18,
+                    max: MAX_CHAIN_DESCRIPTORS
+                }
+            ),
+            "{err}"
+        );
     }
 }
