@@ -11,22 +11,249 @@
 //! A connects to B, writes 64 MiB, shuts down its write side and waits for B's FIN, which
 //! B sends after reading every byte; one iteration is one connection.
 //!
+//! Then, in the same run, our stack (`netif::Interface` over an `XdpLink` on `vB`, one
+//! thread, release build) against A's kernel, with A's tx checksum offload (and so TSO)
+//! switched off, since our stack drops the unfinished checksums veth would hand it:
+//!
+//! - `kernel_tcp_veth_64MiB/xdp_on_receiver_tx_off`: kernel to kernel again under those
+//!   conditions, the like-for-like reference;
+//! - `kernel_tcp_veth_64MiB/netchannel_rx`: A's kernel client sends 64 MiB to our server;
+//! - `kernel_tcp_veth_64MiB/netchannel_tx`: our client sends 64 MiB to A's kernel server.
+//!
 //! Needs root (network namespaces, XDP); without it, it prints a skip line and exits 0.
 //! `cargo bench --bench kernel_tcp_veth -- --warm-up-time 1 --measurement-time 4`
 
 #[cfg(target_os = "linux")]
 mod linux {
     use std::io::{Read, Write};
-    use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+    use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
     use std::sync::mpsc;
-    use std::time::Duration;
+    use std::time::{Duration, Instant as StdInstant};
 
     use criterion::{Criterion, Throughput};
-    use testbed::{Side, TestBed};
+    use netchannel::netdriver::link::xdp::{XdpLink, XdpLinkConfig};
+    use netchannel::netdriver::link::Link;
+    use netchannel::netdriver::neigh::{ifindex_of, KernelNeighbors};
+    use netchannel::netdriver::netif::{ConnHandle, Interface, InterfaceConfig};
+    use netchannel::netdriver::ports::EphemeralRange;
+    use netchannel::netdriver::tcp::TcpError;
+    use netchannel::netdriver::time::Clock;
+    use netchannel::netdriver::wire::EthernetAddress;
+    use testbed::{Endpoint, Side, TestBed};
     use xdp_prog::{AttachMode, AttachOptions, XdpSteering};
 
     const BYTES: usize = 64 << 20;
+    /// B's kernel server.
     const PORT: u16 = 7300;
+    /// Our server on B.
+    const OUR_PORT: u16 = 7400;
+    /// A's kernel server for our client.
+    const A_PORT: u16 = 7500;
+    /// Longest sleep of our driver loop when idle.
+    const MAX_IDLE: Duration = Duration::from_millis(1);
+
+    /// Work for our stack's thread.
+    enum Command {
+        /// Connect to A's server, send `BYTES`, close, wait for its FIN; then answer.
+        Send(mpsc::Sender<Result<(), String>>),
+        /// Stop the thread.
+        Stop,
+    }
+
+    /// Our client's transfer in progress.
+    struct Job {
+        h: ConnHandle,
+        /// Bytes handed to `send` so far.
+        queued: usize,
+        closed: bool,
+        /// Where to say how it ended.
+        reply: mpsc::Sender<Result<(), String>>,
+    }
+
+    /// Our stack on B: the steering program (which also serves the `xdp_on_receiver`
+    /// measurements, passing the kernel's flows), one link, a server that discards what it
+    /// receives, and a client run on command. Returns a summary when stopped.
+    fn our_stack(
+        b: Endpoint,
+        a_server: SocketAddrV4,
+        ready: mpsc::Sender<String>,
+        commands: mpsc::Receiver<Command>,
+    ) -> String {
+        let steering = XdpSteering::attach(
+            &b.ifname,
+            AttachOptions {
+                mode: AttachMode::Auto,
+                frags: false,
+                replace_stale: true,
+            },
+        )
+        .expect("attach on vB");
+        let link = XdpLink::open(XdpLinkConfig::new(&b.ifname, 0)).expect("vB link");
+        steering.register_socket(0, link.fd()).expect("register");
+        steering.own_port(OUR_PORT).expect("own our port");
+        let mut iface = Interface::new(
+            link,
+            InterfaceConfig {
+                mac: EthernetAddress(b.mac),
+                ipv4: b.ipv4,
+                ephemeral_ports: EphemeralRange::from_kernel().expect("ports").ours,
+                ..InterfaceConfig::default()
+            },
+        );
+        iface.listen(OUR_PORT, 8).expect("listen");
+        let clock = Clock::new();
+        ready.send(format!("{:?}", steering.mode())).expect("ready");
+
+        let data = vec![0x5au8; 64 << 10];
+        let mut sink = vec![0u8; 64 << 10];
+        let mut servers: Vec<ConnHandle> = Vec::new();
+        let mut job: Option<Job> = None;
+        let mut neighbors_known = false;
+        loop {
+            let now = clock.now();
+            let mut progress = iface.poll(now);
+            while let Some(h) = iface.accept(OUR_PORT) {
+                servers.push(h);
+            }
+            servers.retain(|&h| {
+                let Some(conn) = iface.conn_mut(h) else {
+                    return false;
+                };
+                loop {
+                    match conn.recv(&mut sink) {
+                        Ok(0) => {
+                            if conn.may_send() {
+                                conn.close();
+                            }
+                            break;
+                        }
+                        Ok(_) => progress = true,
+                        Err(_) => break,
+                    }
+                }
+                true
+            });
+            if job.is_none() {
+                match commands.try_recv() {
+                    Ok(Command::Send(reply)) => {
+                        if !neighbors_known {
+                            let mut neigh = KernelNeighbors::open().expect("netlink");
+                            let mac = neigh
+                                .resolve(
+                                    ifindex_of(&b.ifname).expect("ifindex"),
+                                    *a_server.ip(),
+                                    Duration::from_secs(3),
+                                )
+                                .expect("A's MAC");
+                            iface.add_neighbor(*a_server.ip(), mac);
+                            neighbors_known = true;
+                        }
+                        match iface.connect(a_server, clock.now()) {
+                            Ok(h) => {
+                                let port = iface.conn(h).map_or(0, |c| c.local().port());
+                                steering.own_port(port).expect("own the client port");
+                                job = Some(Job {
+                                    h,
+                                    queued: 0,
+                                    closed: false,
+                                    reply,
+                                });
+                            }
+                            Err(e) => {
+                                let _ = reply.send(Err(e.to_string()));
+                            }
+                        }
+                        progress = true;
+                    }
+                    Ok(Command::Stop) | Err(mpsc::TryRecvError::Disconnected) => break,
+                    Err(mpsc::TryRecvError::Empty) => {}
+                }
+            }
+            if let Some(Job {
+                h,
+                queued,
+                closed,
+                reply,
+            }) = &mut job
+            {
+                let outcome = match iface.conn_mut(*h) {
+                    None => Some(Err("our client's connection vanished".to_string())),
+                    Some(conn) => {
+                        while *queued < BYTES {
+                            let n = (BYTES - *queued).min(data.len());
+                            match conn.send(&data[..n]) {
+                                Ok(n) => {
+                                    *queued += n;
+                                    progress = true;
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                        if *queued == BYTES && !*closed {
+                            conn.close();
+                            *closed = true;
+                        }
+                        match conn.recv(&mut sink) {
+                            Ok(0) if conn.send_queue() == 0 => Some(Ok(())),
+                            Ok(0) | Err(TcpError::WouldBlock) => None,
+                            Ok(_) => Some(Err("A's server sent data".to_string())),
+                            Err(e) => Some(Err(e.to_string())),
+                        }
+                    }
+                };
+                if let Some(outcome) = outcome {
+                    let _ = reply.send(outcome);
+                    job = None;
+                    progress = true;
+                }
+            }
+            if !progress {
+                let now = clock.now();
+                let wait = iface
+                    .poll_at()
+                    .map_or(MAX_IDLE, |t| t.saturating_duration_since(now))
+                    .min(MAX_IDLE);
+                let _ = iface.link_mut().wait_readable(wait);
+            }
+        }
+        format!(
+            "our stack: {:?}; link {:?}; program {:?}",
+            iface.stats(),
+            iface.link().stats(),
+            steering.counters()
+        )
+    }
+
+    /// A's server for our client: reads each connection to the end, checks the count and
+    /// closes; an empty connection stops it.
+    fn start_a_server(bed: &TestBed) -> testbed::NsJoinHandle<()> {
+        let a = bed.side(Side::A).clone();
+        let (tx, rx) = mpsc::channel();
+        let server = bed
+            .spawn_thread_in(Side::A, move || {
+                let listener = TcpListener::bind((a.ipv4, A_PORT)).expect("bind in A");
+                tx.send(()).expect("ready");
+                let mut buf = vec![0u8; 256 << 10];
+                for conn in listener.incoming() {
+                    let Ok(mut conn) = conn else { break };
+                    let mut got = 0;
+                    loop {
+                        match conn.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => got += n,
+                        }
+                    }
+                    if got == 0 {
+                        break;
+                    }
+                    assert_eq!(got, BYTES, "A's server got a short stream");
+                }
+            })
+            .expect("server thread in A");
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("A's server ready");
+        server
+    }
 
     /// B's server: for each connection, reads to the end, checks the count and closes; an
     /// empty connection stops it.
@@ -94,42 +321,62 @@ mod linux {
             bench.iter(|| client(&bed, &data))
         });
 
-        // The steering program on vB, owning nothing: everything passes to B's kernel.
+        // The steering program on vB, with our stack owning only its own ports: the
+        // kernel's flows pass to B's kernel.
+        let a = bed.side(Side::A).clone();
         let b = bed.side(Side::B).clone();
+        let a_server_handle = start_a_server(&bed);
         let (ready_tx, ready_rx) = mpsc::channel();
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
-        let holder = bed
-            .spawn_thread_in(Side::B, move || {
-                let steering = XdpSteering::attach(
-                    &b.ifname,
-                    AttachOptions {
-                        mode: AttachMode::Auto,
-                        frags: false,
-                        replace_stale: true,
-                    },
-                )
-                .expect("attach on vB");
-                ready_tx.send(steering.mode()).expect("ready");
-                let _ = stop_rx.recv();
-                let counters = steering.counters();
-                drop(steering);
-                counters
-            })
-            .expect("thread in B");
+        let (cmd_tx, cmd_rx) = mpsc::channel();
+        let a_server = SocketAddrV4::new(a.ipv4, A_PORT);
+        let ours = bed
+            .spawn_thread_in(Side::B, move || our_stack(b, a_server, ready_tx, cmd_rx))
+            .expect("our stack's thread in B");
         let mode = ready_rx
             .recv_timeout(Duration::from_secs(10))
             .expect("program attached");
         g.bench_function("xdp_on_receiver", |bench| {
             bench.iter(|| client(&bed, &data))
         });
+
+        // Our stack needs finished checksums from A's kernel.
+        bed.output_in(Side::A, "ethtool", &["-K", &a.ifname, "tx", "off"])
+            .expect("ethtool -K vA tx off");
+        g.bench_function("xdp_on_receiver_tx_off", |bench| {
+            bench.iter(|| client(&bed, &data))
+        });
+        let our_server = SocketAddr::from((bed.side(Side::B).ipv4, OUR_PORT));
+        g.bench_function("netchannel_rx", |bench| {
+            bench.iter(|| {
+                bed.run_in(Side::A, || one_transfer(our_server, &data))
+                    .expect("namespace A")
+            })
+        });
+        g.bench_function("netchannel_tx", |bench| {
+            bench.iter(|| {
+                let (tx, rx) = mpsc::channel();
+                cmd_tx
+                    .send(Command::Send(tx))
+                    .expect("our stack is running");
+                let started = StdInstant::now();
+                rx.recv_timeout(Duration::from_secs(60))
+                    .unwrap_or_else(|e| panic!("our client: {e} after {:?}", started.elapsed()))
+                    .unwrap_or_else(|e| panic!("our client: {e}"));
+            })
+        });
         g.finish();
-        drop(stop_tx);
-        let counters = holder.join().expect("holder");
-        println!("kernel_tcp_veth: program in {mode:?} mode on vB: {counters:?}");
-        // An empty connection stops B's server.
+        let _ = cmd_tx.send(Command::Stop);
+        let summary = ours.join().expect("our stack");
+        println!("kernel_tcp_veth: program in {mode} mode on vB; {summary}");
+        // Empty connections stop the servers.
         bed.run_in(Side::A, || drop(TcpStream::connect(target)))
             .expect("namespace A");
+        bed.run_in(Side::A, || {
+            drop(TcpStream::connect(SocketAddr::from(a_server)))
+        })
+        .expect("namespace A");
         server.join().expect("server");
+        a_server_handle.join().expect("A's server");
     }
 }
 
