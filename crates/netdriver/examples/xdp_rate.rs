@@ -3,7 +3,8 @@
 //!
 //! `cargo run -p netdriver --example xdp_rate -- [SECONDS] [BATCH]` (defaults 2 and 64).
 //! Only the sending thread is measured; B's side runs in softirq context on whatever core
-//! the kernel picks.
+//! the kernel picks. `benches/xdp_raw.rs` (root package) measures the same with criterion,
+//! and also the rate a receiving `XdpLink` on B sees.
 
 use std::time::{Duration, Instant as StdInstant};
 
