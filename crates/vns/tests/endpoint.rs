@@ -452,3 +452,74 @@ fn last_resort_pauses_channel_reads_and_recovers() {
     assert!(events(&mut sim, B).contains(&Event::ChannelUnpaused(ChannelId(0))));
     assert_eq!(got, data);
 }
+
+#[test]
+fn stop_and_resume_apply_only_newer_epochs() {
+    let cfg = small_config(256);
+    let mut sim = Sim::throughput(2, cfg.clone(), 512, 16);
+    sim.ends[B].bind(7, 1).unwrap();
+    let (c, _s) = connect(&mut sim, 7);
+    let (_, local, _) = sim.ends[A].socket_addr(c).unwrap();
+    // The client is A's first connection: its credit limit is its ISN plus the window.
+    let limit = Seq(cfg.first_isn).plus(cfg.credit_window as u32).0;
+    let inject = |sim: &mut Sim, ty: ChunkType, epoch: u32| {
+        let mut bytes = Vec::new();
+        ChunkRepr {
+            src_port: 7,
+            dst_port: local,
+            seq: Seq(epoch),
+            credit: limit,
+            ty,
+            payload_len: 0,
+        }
+        .emit_to_vec(&[], &mut bytes);
+        assert_eq!(sim.ends[A].handle_chunk_bytes(ChannelId(1), &bytes), Ok(16));
+        sim.ends[A].socket_stats(c).unwrap().peer_stopped
+    };
+    assert!(inject(&mut sim, ChunkType::Stop, 2));
+    // A RESUME from before that STOP (reordered across channels) is stale.
+    assert!(inject(&mut sim, ChunkType::Resume, 1));
+    assert!(inject(&mut sim, ChunkType::Ack, 5));
+    assert!(!inject(&mut sim, ChunkType::Resume, 3));
+    assert!(!inject(&mut sim, ChunkType::Stop, 3));
+    // While stopped, nothing is cut from the send buffer even with credit.
+    assert!(inject(&mut sim, ChunkType::Stop, 4));
+    sim.ends[A].send(c, b"held back").unwrap();
+    sim.settle();
+    let st = sim.ends[A].socket_stats(c).unwrap();
+    assert_eq!((st.unsent_bytes, st.send_credit), (9, cfg.credit_window));
+    assert!(!inject(&mut sim, ChunkType::Resume, 5));
+    sim.settle();
+    assert_eq!(sim.ends[A].socket_stats(c).unwrap().unsent_bytes, 0);
+}
+
+#[test]
+fn config_relations_are_validated() {
+    let ok = small_config(256);
+    assert!(ok.validate().is_ok());
+    let bad = [
+        vns::Config {
+            recv_buffer: 255,
+            ..ok.clone()
+        },
+        vns::Config {
+            credit_window: ok.recv_buffer - 1,
+            ..ok.clone()
+        },
+        vns::Config {
+            channel_budget: 100,
+            ..ok.clone()
+        },
+        vns::Config {
+            max_chunk_payload: 70_000,
+            ..ok.clone()
+        },
+        vns::Config {
+            credit_update_threshold: 0,
+            ..ok.clone()
+        },
+    ];
+    for cfg in bad {
+        assert!(vns::Endpoint::new(cfg, netsched::RoundRobin::default()).is_err());
+    }
+}
