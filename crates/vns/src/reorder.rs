@@ -1,0 +1,247 @@
+//! Reordering a socket's chunks that arrive over several channels.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use thiserror::Error;
+
+use crate::wire::Seq;
+
+/// Why a chunk could not go into a [`ReorderBuffer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum ReorderError {
+    /// The chunk starts before the next byte the buffer expects (already delivered or
+    /// already held contiguously): a duplicate or a peer bug.
+    #[error("chunk starts before the receive window")]
+    Stale,
+    /// The chunk reaches past the end of the window.
+    #[error("chunk ends past the receive window")]
+    OutOfWindow,
+    /// The chunk overlaps bytes already held out of order.
+    #[error("chunk overlaps a chunk already held")]
+    Overlap,
+}
+
+/// Holds one socket's received bytes until the application reads them, reordering chunks
+/// by sequence number.
+///
+/// The buffer accepts only bytes inside its window `[read_seq, read_seq + capacity)`,
+/// where `read_seq` is the next byte the application will read; so it never holds more
+/// than `capacity` bytes, however chunks are delayed, and a chunk whose start is the next
+/// byte to read always fits once the application has read (a chunk is at most `capacity`
+/// bytes). Chunks that do not fit yet wait elsewhere (the socket's response queue).
+#[derive(Debug)]
+pub struct ReorderBuffer {
+    capacity: usize,
+    /// Sequence number of the first byte in `ready` (the next byte to read).
+    read_seq: Seq,
+    /// Bytes read by the application so far; offsets below are relative to the stream start.
+    read_offset: u64,
+    /// In-order bytes not yet read.
+    ready: VecDeque<u8>,
+    /// Out-of-order chunks, keyed by stream offset; they neither overlap each other nor
+    /// `ready`.
+    pending: BTreeMap<u64, Vec<u8>>,
+    pending_bytes: usize,
+}
+
+impl ReorderBuffer {
+    /// An empty buffer whose first expected byte is `start`, holding at most `capacity`
+    /// bytes (at most 2^30).
+    pub fn new(start: Seq, capacity: usize) -> Self {
+        assert!(
+            capacity <= 1 << 30,
+            "reorder window must stay far below 2^31"
+        );
+        ReorderBuffer {
+            capacity,
+            read_seq: start,
+            read_offset: 0,
+            ready: VecDeque::new(),
+            pending: BTreeMap::new(),
+            pending_bytes: 0,
+        }
+    }
+
+    /// The bound on bytes held.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes held now (in order and out of order); never more than [`Self::capacity`].
+    pub fn len(&self) -> usize {
+        self.ready.len() + self.pending_bytes
+    }
+
+    /// Whether no byte is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// In-order bytes the application can read now.
+    pub fn readable(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Sequence number of the next byte the application will read.
+    pub fn read_seq(&self) -> Seq {
+        self.read_seq
+    }
+
+    /// Sequence number just past the in-order bytes (the next byte needed for progress).
+    pub fn contiguous_end(&self) -> Seq {
+        self.read_seq.plus(self.ready.len() as u32)
+    }
+
+    /// Sequence number just past the window.
+    pub fn window_end(&self) -> Seq {
+        self.read_seq.plus(self.capacity as u32)
+    }
+
+    /// Whether a chunk of `len` bytes at `seq` lies inside the window now.
+    pub fn fits(&self, seq: Seq, len: usize) -> bool {
+        let d = seq.since(self.read_seq);
+        d >= 0 && d as u64 + len as u64 <= self.capacity as u64
+    }
+
+    /// Stores a chunk. Fails without storing anything if it is outside the window or
+    /// overlaps bytes already held.
+    pub fn insert(&mut self, seq: Seq, data: &[u8]) -> Result<(), ReorderError> {
+        let d = seq.since(self.read_seq);
+        if d < 0 || (d as u64) < self.ready.len() as u64 {
+            return Err(ReorderError::Stale);
+        }
+        if d as u64 + data.len() as u64 > self.capacity as u64 {
+            return Err(ReorderError::OutOfWindow);
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let off = self.read_offset + d as u64;
+        let end = off + data.len() as u64;
+        if let Some((&k, v)) = self.pending.range(..=off).next_back() {
+            if k + v.len() as u64 > off {
+                return Err(ReorderError::Overlap);
+            }
+        }
+        if let Some((&k, _)) = self.pending.range(off..).next() {
+            if k < end {
+                return Err(ReorderError::Overlap);
+            }
+        }
+        let contiguous = self.read_offset + self.ready.len() as u64;
+        if off == contiguous {
+            self.ready.extend(data);
+            while let Some(entry) = self.pending.first_entry() {
+                if *entry.key() != self.read_offset + self.ready.len() as u64 {
+                    break;
+                }
+                let v = entry.remove();
+                self.pending_bytes -= v.len();
+                self.ready.extend(v);
+            }
+        } else {
+            self.pending_bytes += data.len();
+            self.pending.insert(off, data.to_vec());
+        }
+        debug_assert!(self.len() <= self.capacity);
+        Ok(())
+    }
+
+    /// Copies in-order bytes into `buf`, returning how many.
+    pub fn read(&mut self, buf: &mut [u8]) -> usize {
+        let n = buf.len().min(self.ready.len());
+        for (dst, src) in buf.iter_mut().zip(self.ready.drain(..n)) {
+            *dst = src;
+        }
+        self.read_seq = self.read_seq.plus(n as u32);
+        self.read_offset += n as u64;
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn delivers_in_order_across_wrap() {
+        let start = Seq(u32::MAX - 5);
+        let mut r = ReorderBuffer::new(start, 20);
+        r.insert(start.plus(10), b"klmno").unwrap();
+        r.insert(start.plus(5), b"fghij").unwrap();
+        assert_eq!(r.readable(), 0);
+        assert_eq!(r.len(), 10);
+        r.insert(start, b"abcde").unwrap();
+        assert_eq!(r.readable(), 15);
+        let mut buf = [0; 32];
+        assert_eq!(r.read(&mut buf), 15);
+        assert_eq!(&buf[..15], b"abcdefghijklmno");
+        assert_eq!(r.read_seq(), start.plus(15));
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn rejects_outside_window_and_overlaps() {
+        let mut r = ReorderBuffer::new(Seq(100), 10);
+        assert_eq!(
+            r.insert(Seq(105), b"abcdef"),
+            Err(ReorderError::OutOfWindow)
+        );
+        assert_eq!(r.insert(Seq(99), b"a"), Err(ReorderError::Stale));
+        r.insert(Seq(104), b"xyz").unwrap();
+        assert_eq!(r.insert(Seq(103), b"ab"), Err(ReorderError::Overlap));
+        assert_eq!(r.insert(Seq(106), b"ab"), Err(ReorderError::Overlap));
+        r.insert(Seq(100), b"abcd").unwrap();
+        assert_eq!(r.insert(Seq(102), b"q"), Err(ReorderError::Stale));
+        assert!(r.fits(Seq(107), 3));
+        assert!(!r.fits(Seq(107), 4));
+        assert_eq!(r.len(), 7);
+    }
+
+    proptest! {
+        /// Any arrival order of chunks inside the window yields the stream, in order,
+        /// and the buffer never holds more than its capacity.
+        #[test]
+        fn any_order_within_window(
+            start in any::<u32>(),
+            lens in proptest::collection::vec(1usize..40, 1..60),
+            order_seed in any::<u64>(),
+        ) {
+            let cap = 128;
+            let mut r = ReorderBuffer::new(Seq(start), cap);
+            let total: usize = lens.iter().sum();
+            let stream: Vec<u8> = (0..total).map(|i| (i * 7 + 3) as u8).collect();
+            let mut chunks = Vec::new();
+            let mut off = 0;
+            for l in &lens {
+                chunks.push((off, *l));
+                off += l;
+            }
+            let mut waiting: Vec<(usize, usize)> = chunks;
+            let mut out = Vec::new();
+            let mut x = order_seed | 1;
+            while !waiting.is_empty() {
+                // Offer a pseudo-random waiting chunk that fits; if none fits, read.
+                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                let fitting: Vec<usize> = (0..waiting.len())
+                    .filter(|&i| r.fits(Seq(start).plus(waiting[i].0 as u32), waiting[i].1))
+                    .collect();
+                if fitting.is_empty() || x % 4 == 0 {
+                    let mut buf = [0u8; 17];
+                    let n = r.read(&mut buf[..(x as usize % 17) + 1]);
+                    out.extend_from_slice(&buf[..n]);
+                    continue;
+                }
+                let i = fitting[x as usize % fitting.len()];
+                let (o, l) = waiting.swap_remove(i);
+                r.insert(Seq(start).plus(o as u32), &stream[o..o + l]).unwrap();
+                prop_assert!(r.len() <= cap);
+            }
+            let mut buf = vec![0u8; cap];
+            let n = r.read(&mut buf);
+            out.extend_from_slice(&buf[..n]);
+            prop_assert_eq!(out, stream);
+        }
+    }
+}

@@ -1,0 +1,525 @@
+//! Connection lifecycle tests over the simulation harness.
+
+mod common;
+
+use common::{pattern, small_config, Sim, A, B};
+use vns::{
+    AppClass, ChannelClass, ChannelError, ChannelId, ChunkRepr, ChunkType, Error, Event, PeerId,
+    Seq,
+};
+
+fn connect(sim: &mut Sim, port: u16) -> (vns::SocketId, vns::SocketId) {
+    let c = sim.ends[A]
+        .connect(PeerId(1), port, AppClass::Throughput)
+        .unwrap();
+    sim.settle();
+    assert!(sim.ends[A].is_connected(c));
+    let s = sim.ends[B].accept(port).unwrap();
+    (c, s)
+}
+
+fn events(sim: &mut Sim, end: usize) -> Vec<Event> {
+    std::iter::from_fn(|| sim.ends[end].poll_events()).collect()
+}
+
+fn read_all(sim: &mut Sim, end: usize, sock: vns::SocketId) -> Result<Vec<u8>, Error> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 777];
+    loop {
+        match sim.ends[end].recv(sock, &mut buf) {
+            Ok(0) => return Ok(out),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(Error::WouldBlock) => {
+                if sim.step() == 0 && sim.idle() {
+                    return Err(Error::WouldBlock);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[test]
+fn handshake_connects_and_reports_events() {
+    let mut sim = Sim::throughput(3, small_config(256), 512, 1);
+    sim.ends[B].bind(80, 4).unwrap();
+    let c = sim.ends[A]
+        .connect(PeerId(1), 80, AppClass::Throughput)
+        .unwrap();
+    assert!(!sim.ends[A].is_connected(c));
+    assert_eq!(sim.ends[B].accept(80), Err(Error::WouldBlock));
+    sim.settle();
+    assert!(sim.ends[A].is_connected(c));
+    assert!(events(&mut sim, A).contains(&Event::Connected(c)));
+    assert!(events(&mut sim, B).contains(&Event::Incoming { port: 80 }));
+    let s = sim.ends[B].accept(80).unwrap();
+    let (peer, local, remote) = sim.ends[B].socket_addr(s).unwrap();
+    assert_eq!((peer, local), (PeerId(0), 80));
+    assert_eq!(sim.ends[A].socket_addr(c).unwrap(), (PeerId(1), remote, 80));
+    assert_eq!(sim.ends[B].bind(80, 1), Err(Error::AddrInUse));
+}
+
+#[test]
+fn connect_to_unbound_port_is_refused() {
+    let mut sim = Sim::throughput(2, small_config(256), 512, 2);
+    let c = sim.ends[A]
+        .connect(PeerId(1), 81, AppClass::Throughput)
+        .unwrap();
+    sim.ends[A].send(c, b"queued before refusal").unwrap();
+    sim.settle();
+    assert!(events(&mut sim, A).contains(&Event::Failed(c)));
+    assert_eq!(
+        sim.ends[A].recv(c, &mut [0; 8]),
+        Err(Error::ConnectionRefused)
+    );
+    assert_eq!(sim.ends[A].send(c, b"x"), Err(Error::ConnectionRefused));
+    assert_eq!(
+        Error::ConnectionRefused.kind(),
+        std::io::ErrorKind::ConnectionRefused
+    );
+    sim.ends[A].close(c);
+    assert_eq!(sim.ends[A].recv(c, &mut [0; 8]), Err(Error::InvalidSocket));
+}
+
+#[test]
+fn backlog_is_bounded_and_frees_on_accept() {
+    let mut sim = Sim::throughput(2, small_config(256), 512, 3);
+    sim.ends[B].bind(90, 2).unwrap();
+    let socks: Vec<_> = (0..3)
+        .map(|_| {
+            sim.ends[A]
+                .connect(PeerId(1), 90, AppClass::Throughput)
+                .unwrap()
+        })
+        .collect();
+    sim.settle();
+    // The SYNCs race over two channels: any two get in, the third is refused.
+    let refused: Vec<_> = socks
+        .iter()
+        .filter(|&&s| !sim.ends[A].is_connected(s))
+        .collect();
+    assert_eq!(refused.len(), 1);
+    assert_eq!(
+        sim.ends[A].recv(*refused[0], &mut [0; 1]),
+        Err(Error::ConnectionRefused)
+    );
+    sim.ends[B].accept(90).unwrap();
+    let again = sim.ends[A]
+        .connect(PeerId(1), 90, AppClass::Throughput)
+        .unwrap();
+    sim.settle();
+    assert!(sim.ends[A].is_connected(again));
+}
+
+#[test]
+fn no_channel_of_the_class_is_an_error() {
+    let mut sim = Sim::throughput(1, small_config(256), 512, 4);
+    assert_eq!(
+        sim.ends[A].connect(PeerId(1), 1, AppClass::Latency),
+        Err(Error::NoChannel)
+    );
+    assert_eq!(
+        sim.ends[A].connect(PeerId(9), 1, AppClass::Throughput),
+        Err(Error::NoChannel)
+    );
+}
+
+#[test]
+fn half_close_then_read_to_eof_both_ways() {
+    let mut sim = Sim::throughput(4, small_config(300), 700, 5);
+    sim.ends[B].bind(7, 1).unwrap();
+    let (c, s) = connect(&mut sim, 7);
+    let up = pattern(1, 5000);
+    let down = pattern(2, 4000);
+    let mut sent = 0;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while got.len() < up.len() {
+        if sent < up.len() {
+            if let Ok(n) = sim.ends[A].send(c, &up[sent..]) {
+                sent += n;
+            }
+        }
+        match sim.ends[B].recv(s, &mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(Error::WouldBlock) => {
+                sim.step();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    sim.ends[A].shutdown(c).unwrap();
+    assert_eq!(sim.ends[A].send(c, b"late"), Err(Error::WriteClosed));
+    assert_eq!(read_all(&mut sim, B, s).unwrap(), Vec::<u8>::new());
+    assert_eq!(got, up);
+    // The server can still write after the client's FIN; the client still reads.
+    let mut off = 0;
+    let mut back = Vec::new();
+    while off < down.len() || back.len() < down.len() {
+        if off < down.len() {
+            if let Ok(n) = sim.ends[B].send(s, &down[off..]) {
+                off += n;
+            }
+        }
+        match sim.ends[A].recv(c, &mut buf) {
+            Ok(n) => back.extend_from_slice(&buf[..n]),
+            Err(Error::WouldBlock) => {
+                sim.step();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    sim.ends[B].shutdown(s).unwrap();
+    assert_eq!(read_all(&mut sim, A, c).unwrap(), Vec::<u8>::new());
+    assert_eq!(back, down);
+    assert_eq!(sim.ends[A].recv(c, &mut buf), Ok(0));
+    // Both closed gracefully: no reset anywhere, and the sockets are released.
+    sim.ends[A].close(c);
+    sim.ends[B].close(s);
+    sim.settle();
+    assert!(!events(&mut sim, A)
+        .iter()
+        .any(|e| matches!(e, Event::Failed(_))));
+    assert!(!events(&mut sim, B)
+        .iter()
+        .any(|e| matches!(e, Event::Failed(_))));
+    assert_eq!(sim.ends[B].recv(s, &mut buf), Err(Error::InvalidSocket));
+}
+
+#[test]
+fn close_after_shutdown_lingers_until_data_is_delivered() {
+    let mut sim = Sim::throughput(2, small_config(256), 512, 6);
+    sim.ends[B].bind(7, 1).unwrap();
+    let (c, s) = connect(&mut sim, 7);
+    let data = pattern(3, 900);
+    assert_eq!(sim.ends[A].send(c, &data).unwrap(), 900);
+    sim.ends[A].shutdown(c).unwrap();
+    sim.ends[A].close(c);
+    assert_eq!(read_all(&mut sim, B, s).unwrap(), data);
+    sim.ends[B].shutdown(s).unwrap();
+    sim.settle();
+    assert!(
+        sim.ends[A].socket_stats(c).is_none(),
+        "client released after FIN exchange"
+    );
+    assert!(!events(&mut sim, B).contains(&Event::Failed(s)));
+}
+
+#[test]
+fn close_without_shutdown_resets_the_peer() {
+    let mut sim = Sim::throughput(2, small_config(256), 512, 7);
+    sim.ends[B].bind(7, 1).unwrap();
+    let (c, s) = connect(&mut sim, 7);
+    sim.ends[A].send(c, b"some bytes").unwrap();
+    sim.settle();
+    sim.ends[A].close(c);
+    sim.settle();
+    assert!(events(&mut sim, B).contains(&Event::Failed(s)));
+    assert_eq!(
+        sim.ends[B].recv(s, &mut [0; 16]),
+        Err(Error::ConnectionReset)
+    );
+    assert_eq!(sim.ends[B].send(s, b"x"), Err(Error::ConnectionReset));
+    assert_eq!(
+        Error::ConnectionReset.kind(),
+        std::io::ErrorKind::ConnectionReset
+    );
+}
+
+#[test]
+fn close_with_unread_data_resets_even_after_shutdown() {
+    let mut sim = Sim::throughput(1, small_config(256), 512, 8);
+    sim.ends[B].bind(7, 1).unwrap();
+    let (c, s) = connect(&mut sim, 7);
+    sim.ends[B].send(s, b"unread").unwrap();
+    sim.settle();
+    sim.ends[A].shutdown(c).unwrap();
+    sim.ends[A].close(c);
+    sim.settle();
+    assert_eq!(
+        sim.ends[B].recv(s, &mut [0; 16]),
+        Err(Error::ConnectionReset)
+    );
+}
+
+#[test]
+fn data_to_a_closed_socket_resets_the_sender() {
+    let mut sim = Sim::throughput(1, small_config(256), 512, 9);
+    sim.ends[B].bind(7, 1).unwrap();
+    let (c, s) = connect(&mut sim, 7);
+    sim.ends[A].shutdown(c).unwrap();
+    sim.ends[A].close(c);
+    sim.settle();
+    assert_eq!(sim.ends[B].recv(s, &mut [0; 4]), Ok(0));
+    sim.ends[B].send(s, b"nobody reads this").unwrap();
+    sim.settle();
+    assert_eq!(sim.ends[B].send(s, b"x"), Err(Error::ConnectionReset));
+}
+
+#[test]
+fn lost_channel_fails_its_sockets_only() {
+    let classes = [ChannelClass::Throughput, ChannelClass::Latency];
+    let mut sim = Sim::new(small_config(256), &classes, 512, 1 << 20, 10);
+    sim.ends[B].bind(7, 4).unwrap();
+    let bulk = sim.ends[A]
+        .connect(PeerId(1), 7, AppClass::Throughput)
+        .unwrap();
+    let lat = sim.ends[A]
+        .connect(PeerId(1), 7, AppClass::Latency)
+        .unwrap();
+    sim.settle();
+    let s1 = sim.ends[B].accept(7).unwrap();
+    let s2 = sim.ends[B].accept(7).unwrap();
+    sim.ends[A].send(bulk, b"bulk").unwrap();
+    sim.ends[A].send(lat, b"latency").unwrap();
+    sim.settle();
+    sim.drain_events();
+    sim.lose_channel(0);
+    assert_eq!(sim.ends[A].recv(bulk, &mut [0; 8]), Err(Error::ChannelLost));
+    assert_eq!(sim.ends[A].send(bulk, b"x"), Err(Error::ChannelLost));
+    assert!(events(&mut sim, A).contains(&Event::Failed(bulk)));
+    let (bulk_b, lat_b) =
+        if sim.ends[B].socket_addr(s1).unwrap().2 == sim.ends[A].socket_addr(bulk).unwrap().1 {
+            (s1, s2)
+        } else {
+            (s2, s1)
+        };
+    assert_eq!(
+        sim.ends[B].recv(bulk_b, &mut [0; 8]),
+        Err(Error::ChannelLost)
+    );
+    // The latency socket used only the latency channel and carries on.
+    let mut buf = [0u8; 16];
+    assert_eq!(sim.ends[B].recv(lat_b, &mut buf), Ok(7));
+    assert_eq!(&buf[..7], b"latency");
+    sim.ends[B].send(lat_b, b"pong").unwrap();
+    sim.settle();
+    assert_eq!(sim.ends[A].recv(lat, &mut buf), Ok(4));
+    assert_eq!(
+        Error::ChannelLost.kind(),
+        std::io::ErrorKind::ConnectionAborted
+    );
+}
+
+#[test]
+fn pending_connect_fails_when_its_channel_is_lost() {
+    let mut sim = Sim::throughput(1, small_config(256), 512, 11);
+    sim.ends[B].bind(7, 1).unwrap();
+    let c = sim.ends[A]
+        .connect(PeerId(1), 7, AppClass::Throughput)
+        .unwrap();
+    sim.pump_tx();
+    sim.lose_channel(0);
+    assert_eq!(sim.ends[A].recv(c, &mut [0; 4]), Err(Error::ChannelLost));
+}
+
+#[test]
+fn latency_sockets_use_only_latency_channels() {
+    let classes = [
+        ChannelClass::Throughput,
+        ChannelClass::Latency,
+        ChannelClass::Throughput,
+        ChannelClass::Latency,
+    ];
+    let mut sim = Sim::new(small_config(128), &classes, 4096, 1 << 20, 12);
+    sim.ends[B].bind(7, 1).unwrap();
+    let lat = sim.ends[A]
+        .connect(PeerId(1), 7, AppClass::Latency)
+        .unwrap();
+    sim.settle();
+    let s = sim.ends[B].accept(7).unwrap();
+    let data = pattern(4, 2000);
+    let mut off = 0;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 300];
+    while got.len() < data.len() {
+        if let Ok(n) = sim.ends[A].send(lat, &data[off..]) {
+            off += n;
+        }
+        // Throughput channels must never carry a byte of it.
+        assert_eq!(
+            sim.ends[A]
+                .channel_stats(ChannelId(0))
+                .unwrap()
+                .queued_bytes,
+            0
+        );
+        assert_eq!(
+            sim.ends[A]
+                .channel_stats(ChannelId(2))
+                .unwrap()
+                .queued_bytes,
+            0
+        );
+        assert_eq!(sim.wire_bytes(0, A) + sim.wire_bytes(2, A), 0);
+        match sim.ends[B].recv(s, &mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(_) => {
+                sim.step();
+            }
+        }
+    }
+    assert_eq!(got, data);
+}
+
+#[test]
+fn malformed_bytes_poison_the_channel() {
+    let mut sim = Sim::throughput(2, small_config(256), 512, 13);
+    sim.ends[B].bind(7, 1).unwrap();
+    let (c, _s) = connect(&mut sim, 7);
+    let ch = ChannelId(0);
+    let mut bad = Vec::new();
+    ChunkRepr {
+        src_port: 1,
+        dst_port: 2,
+        seq: Seq(0),
+        credit: 0,
+        ty: ChunkType::Ack,
+        payload_len: 0,
+    }
+    .emit_to_vec(&[], &mut bad);
+    bad[12] = 0x24; // version 2
+    let r = sim.ends[A].handle_chunk_bytes(ch, &bad);
+    assert!(matches!(
+        r,
+        Err(ChannelError::Malformed(vns::wire::WireError::BadVersion(2)))
+    ));
+    assert_eq!(
+        sim.ends[A].handle_chunk_bytes(ch, &bad),
+        Err(ChannelError::UnknownChannel(ch))
+    );
+    assert_eq!(sim.ends[A].recv(c, &mut [0; 4]), Err(Error::ChannelLost));
+}
+
+#[test]
+fn data_overtaking_sync_ack_is_kept() {
+    // Two channels; the server's SYNC_ACK goes back on the SYNC's channel, its data is
+    // round-robined, so delivering channel 1 before channel 0 makes data overtake it.
+    let mut sim = Sim::throughput(2, small_config(256), 1 << 16, 14);
+    sim.ends[B].bind(7, 1).unwrap();
+    let c = sim.ends[A]
+        .connect(PeerId(1), 7, AppClass::Throughput)
+        .unwrap();
+    sim.pump_tx();
+    let sync_ch = (0..2).find(|&i| sim.wire_bytes(i, A) > 0).unwrap();
+    sim.deliver(sync_ch, A, usize::MAX);
+    let s = sim.ends[B].accept(7).unwrap();
+    let data = pattern(5, 1000);
+    sim.ends[B].send(s, &data).unwrap();
+    sim.ends[B].shutdown(s).unwrap();
+    sim.pump_tx();
+    let other = 1 - sync_ch;
+    for _ in 0..10 {
+        sim.deliver(other, B, usize::MAX);
+        sim.pump_tx();
+    }
+    assert!(!sim.ends[A].is_connected(c));
+    assert!(
+        sim.ends[A].channel_parked_bytes(ChannelId(other as u32)) > 0,
+        "early data is charged"
+    );
+    assert_eq!(read_all(&mut sim, A, c).unwrap(), data);
+    assert_eq!(sim.ends[A].channel_parked_bytes(ChannelId(other as u32)), 0);
+}
+
+#[test]
+fn last_resort_pauses_channel_reads_and_recovers() {
+    // Budget of one chunk per channel and a credit window far past the receive buffer:
+    // parking overflows and the endpoint must hold the channel instead of growing memory.
+    let mut cfg = small_config(200);
+    cfg.credit_window = 40 * 200;
+    cfg.send_buffer = 40 * 200;
+    cfg.channel_budget = 200;
+    let mut sim = Sim::throughput(1, cfg.clone(), 1000, 15);
+    sim.ends[B].bind(7, 1).unwrap();
+    let (c, s) = connect(&mut sim, 7);
+    let data = pattern(6, 8000);
+    assert_eq!(sim.ends[A].send(c, &data).unwrap(), 8000);
+    let mut paused = false;
+    for _ in 0..2000 {
+        sim.step();
+        let parked = sim.ends[B].channel_parked_bytes(ChannelId(0));
+        assert!(parked <= cfg.channel_budget);
+        let st = sim.ends[B].socket_stats(s).unwrap();
+        assert!(st.reorder_bytes <= cfg.recv_buffer);
+        paused |= sim.ends[B].should_pause_channel_reads(ChannelId(0));
+    }
+    assert!(paused, "the channel was held as the last resort");
+    sim.drain_events();
+    assert!(sim.ends[B].socket_stats(s).unwrap().stop_sent);
+    sim.ends[A].shutdown(c).unwrap();
+    let got = read_all(&mut sim, B, s).unwrap();
+    assert!(events(&mut sim, B).contains(&Event::ChannelUnpaused(ChannelId(0))));
+    assert_eq!(got, data);
+}
+
+#[test]
+fn stop_and_resume_apply_only_newer_epochs() {
+    let cfg = small_config(256);
+    let mut sim = Sim::throughput(2, cfg.clone(), 512, 16);
+    sim.ends[B].bind(7, 1).unwrap();
+    let (c, _s) = connect(&mut sim, 7);
+    let (_, local, _) = sim.ends[A].socket_addr(c).unwrap();
+    // The client is A's first connection: its credit limit is its ISN plus the window.
+    let limit = Seq(cfg.first_isn).plus(cfg.credit_window as u32).0;
+    let inject = |sim: &mut Sim, ty: ChunkType, epoch: u32| {
+        let mut bytes = Vec::new();
+        ChunkRepr {
+            src_port: 7,
+            dst_port: local,
+            seq: Seq(epoch),
+            credit: limit,
+            ty,
+            payload_len: 0,
+        }
+        .emit_to_vec(&[], &mut bytes);
+        assert_eq!(sim.ends[A].handle_chunk_bytes(ChannelId(1), &bytes), Ok(16));
+        sim.ends[A].socket_stats(c).unwrap().peer_stopped
+    };
+    assert!(inject(&mut sim, ChunkType::Stop, 2));
+    // A RESUME from before that STOP (reordered across channels) is stale.
+    assert!(inject(&mut sim, ChunkType::Resume, 1));
+    assert!(inject(&mut sim, ChunkType::Ack, 5));
+    assert!(!inject(&mut sim, ChunkType::Resume, 3));
+    assert!(!inject(&mut sim, ChunkType::Stop, 3));
+    // While stopped, nothing is cut from the send buffer even with credit.
+    assert!(inject(&mut sim, ChunkType::Stop, 4));
+    sim.ends[A].send(c, b"held back").unwrap();
+    sim.settle();
+    let st = sim.ends[A].socket_stats(c).unwrap();
+    assert_eq!((st.unsent_bytes, st.send_credit), (9, cfg.credit_window));
+    assert!(!inject(&mut sim, ChunkType::Resume, 5));
+    sim.settle();
+    assert_eq!(sim.ends[A].socket_stats(c).unwrap().unsent_bytes, 0);
+}
+
+#[test]
+fn config_relations_are_validated() {
+    let ok = small_config(256);
+    assert!(ok.validate().is_ok());
+    let bad = [
+        vns::Config {
+            recv_buffer: 255,
+            ..ok.clone()
+        },
+        vns::Config {
+            credit_window: ok.recv_buffer - 1,
+            ..ok.clone()
+        },
+        vns::Config {
+            channel_budget: 100,
+            ..ok.clone()
+        },
+        vns::Config {
+            max_chunk_payload: 70_000,
+            ..ok.clone()
+        },
+        vns::Config {
+            credit_update_threshold: 0,
+            ..ok.clone()
+        },
+    ];
+    for cfg in bad {
+        assert!(vns::Endpoint::new(cfg, netsched::RoundRobin::default()).is_err());
+    }
+}
