@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::RangeInclusive;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
@@ -161,6 +161,10 @@ pub(crate) struct SetShared {
     listeners: Mutex<HashMap<u16, Arc<ListenerShared>>>,
     /// Connections per claimed local endpoint.
     endpoints: Mutex<HashMap<SocketAddrV4, usize>>,
+    /// Frames handed from the receiving thread to the owning one.
+    forwarded: AtomicU64,
+    /// Frames dropped because the owner's forwarding queue was full.
+    forward_dropped: AtomicU64,
 }
 
 impl SetShared {
@@ -173,10 +177,12 @@ impl SetShared {
         match peer.forward.try_send(self.pool.copy_of(frame)) {
             Ok(()) => {
                 peer.signal.notify();
+                self.forwarded.fetch_add(1, Ordering::Relaxed);
                 StrayVerdict::Forwarded
             }
             Err(e) => {
                 self.pool.put(e.into_inner());
+                self.forward_dropped.fetch_add(1, Ordering::Relaxed);
                 StrayVerdict::Drop
             }
         }
@@ -356,6 +362,8 @@ impl ChannelSet {
             stopped: AtomicBool::new(false),
             listeners: Mutex::new(HashMap::new()),
             endpoints: Mutex::new(HashMap::new()),
+            forwarded: AtomicU64::new(0),
+            forward_dropped: AtomicU64::new(0),
         });
         let mut set = ChannelSet {
             shared: shared.clone(),
@@ -590,6 +598,15 @@ impl ChannelSet {
     /// Flows the flow directory holds (for tests and diagnostics).
     pub fn flow_count(&self) -> usize {
         self.shared.directory.len()
+    }
+
+    /// Frames that arrived on one queue for a flow owned by another queue's thread and
+    /// were forwarded to it, and those dropped because its forwarding queue was full.
+    pub fn forwarded_frames(&self) -> (u64, u64) {
+        (
+            self.shared.forwarded.load(Ordering::Relaxed),
+            self.shared.forward_dropped.load(Ordering::Relaxed),
+        )
     }
 
     /// Local ports of outgoing channels in use.
