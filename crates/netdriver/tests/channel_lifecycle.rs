@@ -148,3 +148,44 @@ fn a_failed_start_and_a_drop_detach_the_program() {
     drop(set);
     assert!(!program_attached(&bed, Side::B));
 }
+
+/// With busy polling configured, data still flows, and a thread stops spinning once its
+/// link has been idle for the busy-poll time.
+#[test]
+fn busy_polling_is_bounded_when_idle() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    // Side B runs the set here: the other tests of this file look at side A's threads.
+    let a_ip = bed.side(Side::A).ipv4;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let server = bed
+        .spawn_thread_in(Side::A, move || {
+            let l = TcpListener::bind((a_ip, 0)).unwrap();
+            ready_tx.send(l.local_addr().unwrap()).unwrap();
+            let (mut c, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(DEADLINE)).unwrap();
+            common::echo(&mut c).unwrap()
+        })
+        .unwrap();
+    let addr = match ready_rx.recv().unwrap() {
+        SocketAddr::V4(a) => a,
+        other => panic!("{other}"),
+    };
+    let mut cfg = config(&bed, Side::B);
+    cfg.link.busy_poll = Duration::from_millis(20);
+    let set = start(&bed, Side::B, cfg);
+    let ch = set.connect(addr).expect("connect");
+    std::thread::scope(|s| {
+        s.spawn(|| common::send_stream(&ch, 9, 1 << 20, 32 * 1024));
+        assert_eq!(common::recv_stream(&ch, 9), 1 << 20);
+    });
+    assert_eq!(server.join().unwrap(), 1 << 20);
+    let before = cpu_ticks("nc-chan-vB");
+    std::thread::sleep(Duration::from_millis(500));
+    let used = cpu_ticks("nc-chan-vB") - before;
+    assert!(
+        used <= 10,
+        "busy-polling threads used {used} ticks in 500 ms idle"
+    );
+}
