@@ -417,6 +417,19 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
     }
 
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn handles_are_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<ChannelSet>();
+        send_sync::<Channel>();
+        send_sync::<ChannelListener>();
+        fn send<T: Send>() {}
+        send::<ChannelStream>();
+        // The trait is object safe.
+        let _: Option<Box<dyn ChannelTransport>> = None;
+    }
+
     #[test]
     fn totals_add_both_queues() {
         let s = ChannelStats {

@@ -162,9 +162,9 @@ pub(crate) struct SetShared {
     /// Connections per claimed local endpoint.
     endpoints: Mutex<HashMap<SocketAddrV4, usize>>,
     /// Frames handed from the receiving thread to the owning one.
-    forwarded: AtomicU64,
+    pub(crate) forwarded: AtomicU64,
     /// Frames dropped because the owner's forwarding queue was full.
-    forward_dropped: AtomicU64,
+    pub(crate) forward_dropped: AtomicU64,
 }
 
 impl SetShared {
@@ -667,6 +667,27 @@ impl Drop for ChannelSet {
 impl SetShared {
     fn ports_range(&self) -> RangeInclusive<u16> {
         self.ports.range()
+    }
+
+    /// A set without steering program or threads, around `peers`, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(peers: Vec<Peer>) -> SetShared {
+        SetShared {
+            ipv4: Ipv4Addr::new(10, 0, 0, 1),
+            directory: FlowDirectory::default(),
+            ports: PortAllocator::new(61000..=61009),
+            pool: BufferPool::new(4),
+            peers,
+            steering: RwLock::new(None),
+            tx_limits: QueueLimits::default().into(),
+            rx_limits: QueueLimits::default().into(),
+            nodelay: true,
+            stopped: AtomicBool::new(false),
+            listeners: Mutex::new(HashMap::new()),
+            endpoints: Mutex::new(HashMap::new()),
+            forwarded: AtomicU64::new(0),
+            forward_dropped: AtomicU64::new(0),
+        }
     }
 }
 
