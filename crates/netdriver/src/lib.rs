@@ -17,6 +17,7 @@
 //!
 //! `netdriver` knows nothing of virtual sockets.
 
+pub mod channel;
 pub mod link;
 pub mod neigh;
 pub mod netif;

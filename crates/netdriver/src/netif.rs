@@ -19,6 +19,19 @@
 //!
 //! [`Interface::poll_at`] says when to poll next without new frames. Nothing here reads a
 //! clock: the same inputs give the same frames, which the seeded simulations rely on.
+//!
+//! # Hooks for several interfaces sharing one address
+//!
+//! The channel layer runs one `Interface` per NIC queue, all with the same MAC and IPv4
+//! address, and the peer (not we) chooses the queue a segment arrives on. A segment for a
+//! connection that another queue's interface owns must then not be answered with a reset.
+//! [`Interface::poll_with`] consults a callback for every TCP segment whose 4-tuple has no
+//! connection here (a [`StraySegment`]), *before* it would open a passive connection or
+//! answer with a RST; the callback may take the frame away ([`StrayVerdict::Forwarded`]),
+//! have it dropped, or let the usual processing go on. [`Interface::receive_frame`] feeds
+//! such a forwarded frame to the owning interface, and [`Interface::connect_from`] opens a
+//! connection from a local port that a shared allocator chose. The callback is plain
+//! input, so the interface stays deterministic.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -104,6 +117,38 @@ pub enum NetifError {
     AddrInUse,
 }
 
+/// A received TCP segment whose 4-tuple matches no connection of this interface, as shown
+/// to the callback of [`Interface::poll_with`].
+#[derive(Debug, Clone, Copy)]
+pub struct StraySegment<'a> {
+    /// Our side of the 4-tuple (destination of the segment).
+    pub local: SocketAddrV4,
+    /// The peer's side (source of the segment).
+    pub remote: SocketAddrV4,
+    /// Whether the segment is a plain SYN (no ACK, no RST) to a port this interface
+    /// listens on: the usual processing would open a passive connection.
+    pub syn_to_listener: bool,
+    /// The whole Ethernet frame, checksums verified.
+    pub frame: &'a [u8],
+}
+
+/// What [`Interface::poll_with`] does with a [`StraySegment`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StrayVerdict {
+    /// The usual processing: open a passive connection for a SYN to a listener (room
+    /// permitting), else answer with a RST.
+    Local,
+    /// The callback took a copy of the frame to hand to the interface that owns the flow;
+    /// nothing is sent from here. Counted in [`InterfaceStats::rx_forwarded`].
+    Forwarded,
+    /// Drop silently (e.g. the owner's forwarding queue is full; TCP retransmits). Counted in
+    /// [`InterfaceStats::rx_stray_dropped`].
+    Drop,
+}
+
+/// The callback of [`Interface::poll_with`] and [`Interface::receive_frame_with`].
+pub type StrayHook<'a> = dyn FnMut(&StraySegment<'_>) -> StrayVerdict + 'a;
+
 /// Names a connection of an [`Interface`]. A handle is never reused for another
 /// connection: once its connection is gone, lookups with it return `None`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -150,6 +195,10 @@ pub struct InterfaceStats {
     pub connections_opened: u64,
     /// Connections forgotten after closing.
     pub connections_removed: u64,
+    /// Stray segments the [`Interface::poll_with`] callback forwarded elsewhere.
+    pub rx_forwarded: u64,
+    /// Stray segments the [`Interface::poll_with`] callback had dropped.
+    pub rx_stray_dropped: u64,
 }
 
 /// A listening port.
@@ -355,6 +404,57 @@ impl<L: Link> Interface<L> {
         Ok(core.insert(conn, Some(mac), None))
     }
 
+    /// Opens a connection to `remote` from local port `local_port` (active open), for a
+    /// caller that allocates ports itself (several interfaces sharing one address must not
+    /// pick the same port). Fails with [`NetifError::AddrInUse`] when that 4-tuple exists
+    /// or the port is listening. The SYN leaves at the next [`poll`](Interface::poll).
+    pub fn connect_from(
+        &mut self,
+        local_port: u16,
+        remote: SocketAddrV4,
+        now: Instant,
+    ) -> Result<ConnHandle, NetifError> {
+        let core = &mut self.core;
+        let mac = *core
+            .neighbors
+            .get(remote.ip())
+            .ok_or(NetifError::NoNeighbor)?;
+        if core.live >= core.config.max_connections {
+            return Err(NetifError::TooManyConnections);
+        }
+        let local = SocketAddrV4::new(core.config.ipv4, local_port);
+        if core.by_tuple.contains_key(&(local, remote)) || core.listeners.contains_key(&local_port)
+        {
+            return Err(NetifError::AddrInUse);
+        }
+        let isn = core.isn.generate(now, local, remote);
+        let conn = Connection::connect(core.config.tcp.clone(), local, remote, isn, now);
+        Ok(core.insert(conn, Some(mac), None))
+    }
+
+    /// The connection with this 4-tuple, if any.
+    pub fn lookup(&self, local: SocketAddrV4, remote: SocketAddrV4) -> Option<ConnHandle> {
+        let index = *self.core.by_tuple.get(&(local, remote))?;
+        let slot = self.core.slots.get(index as usize)?;
+        slot.conn.as_ref().map(|_| ConnHandle {
+            index,
+            generation: slot.generation,
+        })
+    }
+
+    /// Processes one frame as if the link had just delivered it (a frame another
+    /// interface received and forwarded here). Stray segments get the usual processing;
+    /// nothing is sent until the next poll.
+    pub fn receive_frame(&mut self, now: Instant, frame: &[u8]) {
+        self.receive_frame_with(now, frame, &mut |_| StrayVerdict::Local);
+    }
+
+    /// [`receive_frame`](Interface::receive_frame) with a callback for stray segments, as
+    /// in [`poll_with`](Interface::poll_with).
+    pub fn receive_frame_with(&mut self, now: Instant, frame: &[u8], stray: &mut StrayHook<'_>) {
+        self.core.receive(now, frame, stray);
+    }
+
     /// The connection behind `h`, if it still exists.
     pub fn conn(&self, h: ConnHandle) -> Option<&Connection> {
         self.core.slot(h)?.conn.as_ref()
@@ -393,12 +493,19 @@ impl<L: Link> Interface<L> {
     /// anything happened: a frame received, a timer fired, a segment sent or a connection
     /// removed.
     pub fn poll(&mut self, now: Instant) -> bool {
+        self.poll_with(now, &mut |_| StrayVerdict::Local)
+    }
+
+    /// [`poll`](Interface::poll), consulting `stray` for every received TCP segment whose
+    /// 4-tuple has no connection here, before it is accepted or reset (see the
+    /// [module documentation](self)).
+    pub fn poll_with(&mut self, now: Instant, stray: &mut StrayHook<'_>) -> bool {
         let Interface { link, core } = self;
         let mut progress = false;
 
         // Receive.
         let max = core.config.rx_batch;
-        let received = link.recv_batch(now, max, &mut |frame| core.receive(now, frame));
+        let received = link.recv_batch(now, max, &mut |frame| core.receive(now, frame, stray));
         progress |= received > 0;
 
         // Timers.
@@ -557,7 +664,7 @@ impl Core {
     }
 
     /// Handles one received frame. Never panics: every failure is a counted drop.
-    fn receive(&mut self, now: Instant, frame: &[u8]) {
+    fn receive(&mut self, now: Instant, frame: &[u8], stray: &mut StrayHook<'_>) {
         self.stats.rx_frames += 1;
         let ef = match EthernetFrame::new_checked(frame) {
             Ok(ef) => ef,
@@ -574,7 +681,7 @@ impl Core {
         match eth.ethertype {
             EtherType::Arp => self.receive_arp(ef.payload_slice()),
             EtherType::Ipv4 if eth.dst == self.config.mac => {
-                self.receive_ipv4(now, eth.src, ef.payload_slice())
+                self.receive_ipv4(now, eth.src, ef.payload_slice(), frame, stray)
             }
             EtherType::Ipv4 => self.stats.rx_not_ours += 1,
             EtherType::Unknown(_) => self.stats.rx_unsupported += 1,
@@ -607,7 +714,14 @@ impl Core {
         }
     }
 
-    fn receive_ipv4(&mut self, now: Instant, src_mac: EthernetAddress, packet: &[u8]) {
+    fn receive_ipv4(
+        &mut self,
+        now: Instant,
+        src_mac: EthernetAddress,
+        packet: &[u8],
+        frame: &[u8],
+        stray: &mut StrayHook<'_>,
+    ) {
         let ipp = match Ipv4Packet::new_checked(packet) {
             Ok(p) => p,
             Err(e) => return count_error(&mut self.stats, e),
@@ -631,9 +745,12 @@ impl Core {
             Ok(x) => x,
             Err(e) => return count_error(&mut self.stats, e),
         };
-        self.receive_tcp(now, src_mac, &ip, &repr, payload);
+        self.receive_tcp(now, src_mac, &ip, &repr, payload, frame, stray);
     }
 
+    // The frame and the hook travel with the parsed headers so that a stray segment can be
+    // handed on whole.
+    #[allow(clippy::too_many_arguments)]
     fn receive_tcp(
         &mut self,
         now: Instant,
@@ -641,6 +758,8 @@ impl Core {
         ip: &Ipv4Repr,
         repr: &TcpRepr,
         payload: &[u8],
+        frame: &[u8],
+        stray: &mut StrayHook<'_>,
     ) {
         let local = SocketAddrV4::new(ip.dst, repr.dst_port);
         let remote = SocketAddrV4::new(ip.src, repr.src_port);
@@ -669,7 +788,25 @@ impl Core {
             self.remove(index);
         }
         let plain_syn = repr.flags.syn() && !repr.flags.rst() && repr.ack.is_none();
-        if plain_syn && self.listeners.contains_key(&repr.dst_port) {
+        let syn_to_listener = plain_syn && self.listeners.contains_key(&repr.dst_port);
+        let verdict = stray(&StraySegment {
+            local,
+            remote,
+            syn_to_listener,
+            frame,
+        });
+        match verdict {
+            StrayVerdict::Local => {}
+            StrayVerdict::Forwarded => {
+                self.stats.rx_forwarded += 1;
+                return;
+            }
+            StrayVerdict::Drop => {
+                self.stats.rx_stray_dropped += 1;
+                return;
+            }
+        }
+        if syn_to_listener {
             self.passive_open(now, src_mac, local, remote, repr, payload.len());
             return;
         }
@@ -1181,5 +1318,146 @@ mod tests {
         assert!(s.rx_malformed > 0 && s.rx_bad_checksum > 0 && s.rx_not_ours > 0);
         // Every single-bit flip past the Ethernet header was caught.
         assert_eq!(a.connection_count(), 0, "{s:?}");
+    }
+    /// A SYN for no connection of B, shown to B's stray hook.
+    fn stray_syn_to(b_port: u16, listen: bool) -> (Interface<SimLink>, Interface<SimLink>, u16) {
+        let (mut a, mut b) = hosts();
+        if listen {
+            b.listen(b_port, 4).unwrap();
+        }
+        let h = a
+            .connect_from(40_000, SocketAddrV4::new(IP_B, b_port), Instant::ZERO)
+            .unwrap();
+        assert_eq!(a.conn(h).unwrap().local(), SocketAddrV4::new(IP_A, 40_000));
+        a.poll(Instant::ZERO);
+        (a, b, 40_000)
+    }
+
+    #[test]
+    fn connect_from_uses_the_given_port_once() {
+        let (mut a, _b) = hosts();
+        let remote = SocketAddrV4::new(IP_B, 80);
+        let h = a.connect_from(5555, remote, Instant::ZERO).unwrap();
+        let local = SocketAddrV4::new(IP_A, 5555);
+        assert_eq!(a.lookup(local, remote), Some(h));
+        assert_eq!(
+            a.connect_from(5555, remote, Instant::ZERO),
+            Err(NetifError::AddrInUse)
+        );
+        // The same port towards another remote is another 4-tuple.
+        let other = SocketAddrV4::new(IP_B, 81);
+        assert!(a.connect_from(5555, other, Instant::ZERO).is_ok());
+        a.listen(6000, 1).unwrap();
+        assert_eq!(
+            a.connect_from(6000, remote, Instant::ZERO),
+            Err(NetifError::AddrInUse)
+        );
+        assert_eq!(
+            a.connect_from(
+                1,
+                SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 9), 1),
+                Instant::ZERO
+            ),
+            Err(NetifError::NoNeighbor)
+        );
+        assert_eq!(a.lookup(local, SocketAddrV4::new(IP_B, 82)), None);
+    }
+
+    #[test]
+    fn stray_hook_sees_unknown_flows_and_its_verdict_holds() {
+        for (listen, verdict) in [
+            (false, StrayVerdict::Local),
+            (false, StrayVerdict::Forwarded),
+            (true, StrayVerdict::Drop),
+            (true, StrayVerdict::Local),
+        ] {
+            let (_a, mut b, port) = stray_syn_to(80, listen);
+            let mut seen = Vec::new();
+            b.poll_with(Instant::from_micros(100), &mut |s| {
+                seen.push((s.local, s.remote, s.syn_to_listener, s.frame.to_vec()));
+                verdict
+            });
+            assert_eq!(seen.len(), 1, "{listen} {verdict:?}");
+            let (local, remote, syn_to_listener, frame) = &seen[0];
+            assert_eq!(*local, SocketAddrV4::new(IP_B, 80));
+            assert_eq!(*remote, SocketAddrV4::new(IP_A, port));
+            assert_eq!(*syn_to_listener, listen);
+            let tf = crate::wire::parse_tcp_frame(frame, true).unwrap();
+            assert!(tf.tcp.flags.syn() && tf.tcp.ack.is_none());
+            let s = b.stats();
+            let expect = |rst, fwd, dropped, conns| {
+                assert_eq!(
+                    (
+                        s.tx_rst,
+                        s.rx_forwarded,
+                        s.rx_stray_dropped,
+                        b.connection_count()
+                    ),
+                    (rst, fwd, dropped, conns),
+                    "{listen} {verdict:?}"
+                )
+            };
+            match (listen, verdict) {
+                (false, StrayVerdict::Local) => expect(1, 0, 0, 0),
+                (_, StrayVerdict::Forwarded) => expect(0, 1, 0, 0),
+                (_, StrayVerdict::Drop) => expect(0, 0, 1, 0),
+                (true, StrayVerdict::Local) => expect(0, 0, 0, 1),
+            }
+        }
+    }
+
+    #[test]
+    fn known_flows_never_reach_the_stray_hook() {
+        let (mut a, mut b) = hosts();
+        let mut now = Instant::ZERO;
+        b.listen(80, 4).unwrap();
+        a.connect(SocketAddrV4::new(IP_B, 80), now).unwrap();
+        let mut calls = 0;
+        for _ in 0..20 {
+            a.poll(now);
+            b.poll_with(now, &mut |s| {
+                calls += 1;
+                assert!(s.syn_to_listener);
+                StrayVerdict::Local
+            });
+            now += Duration::from_micros(50);
+        }
+        // Only the SYN was stray; the rest of the handshake found the connection.
+        assert_eq!(calls, 1);
+        assert!(b.accept(80).is_some());
+    }
+
+    #[test]
+    fn a_forwarded_syn_opens_the_connection_on_the_owner() {
+        let (_a, mut b, port) = stray_syn_to(80, false);
+        let mut taken = None;
+        b.poll_with(Instant::from_micros(100), &mut |s| {
+            taken = Some(s.frame.to_vec());
+            StrayVerdict::Forwarded
+        });
+        // The owner: same addresses, its own link, listening on the port.
+        let (lo, mut peer) = sim::pair(SimConfig::default());
+        let mut owner = host(lo, MAC_B, IP_B);
+        owner.add_neighbor(IP_A, MAC_A);
+        owner.listen(80, 4).unwrap();
+        let syn = taken.unwrap();
+        owner.receive_frame(Instant::from_micros(200), &syn);
+        let local = SocketAddrV4::new(IP_B, 80);
+        let remote = SocketAddrV4::new(IP_A, port);
+        let h = owner.lookup(local, remote).expect("passive connection");
+        assert_eq!(owner.conn(h).unwrap().state(), State::SynReceived);
+        owner.poll(Instant::from_micros(200));
+        let mut frames = Vec::new();
+        peer.recv_batch(Instant::from_millis(1), 8, &mut |f| frames.push(f.to_vec()));
+        assert_eq!(frames.len(), 1);
+        let tf = crate::wire::parse_tcp_frame(&frames[0], true).unwrap();
+        assert!(tf.tcp.flags.syn() && tf.tcp.flags.ack());
+        assert_eq!((tf.tcp.src_port, tf.tcp.dst_port), (80, port));
+        // A forwarded segment for no flow and no listener is reset as usual.
+        let mut lone = host(sim::pair(SimConfig::default()).0, MAC_B, IP_B);
+        lone.add_neighbor(IP_A, MAC_A);
+        lone.receive_frame(Instant::ZERO, &syn);
+        assert_eq!(lone.stats().rx_no_connection, 1);
+        assert_eq!(lone.connection_count(), 0);
     }
 }

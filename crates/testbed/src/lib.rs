@@ -33,6 +33,13 @@
 //! - **Queues.** `numtxqueues`/`numrxqueues` at creation, then `ethtool -L dev rx N tx N`
 //!   (a request that changes nothing is not an error). A veth rx queue is the sender's tx
 //!   queue index.
+//! - **Tx checksum offload** is switched off on both veth ends (`ethtool -K <dev> tx off`
+//!   inside each namespace) unless [`TestBedBuilder::tx_checksum_offload`] keeps it. With
+//!   it on (the veth default), the kernel leaves the TCP checksum of the frames it sends
+//!   unfinished (`CHECKSUM_PARTIAL`: only the pseudo-header sum is filled in), trusting
+//!   the "NIC" to complete it; a frame redirected to AF_XDP on the other end arrives that
+//!   way, and the user-space stack rightly drops it as corrupt. Turning tx checksumming
+//!   off also turns off TSO and GSO, so no frame longer than the MTU reaches AF_XDP.
 //! - **IPv6** is disabled in both namespaces unless [`TestBedBuilder::ipv6`] asks for it,
 //!   so no neighbour-discovery or MLD frames show up on the link beside the test's own.
 //! - **Privileges.** Creating the bed needs `CAP_SYS_ADMIN` and `CAP_NET_ADMIN` (root).
@@ -262,6 +269,7 @@ pub struct TestBedBuilder {
     subnet: Ipv4Addr,
     prefix_len: u8,
     ipv6: bool,
+    tx_checksum_offload: bool,
 }
 
 impl Default for TestBedBuilder {
@@ -272,6 +280,7 @@ impl Default for TestBedBuilder {
             subnet: Ipv4Addr::new(10, 77, 0, 0),
             prefix_len: 24,
             ipv6: false,
+            tx_checksum_offload: false,
         }
     }
 }
@@ -302,6 +311,14 @@ impl TestBedBuilder {
     /// discovery or MLD frames appear on the link).
     pub fn ipv6(mut self, enabled: bool) -> Self {
         self.ipv6 = enabled;
+        self
+    }
+
+    /// Keep tx checksum offload (and with it TSO/GSO) on both veth ends, as veth starts
+    /// (default: off, so that frames the kernel sends carry finished checksums and at most
+    /// MTU-sized payloads; see the [crate documentation](crate)).
+    pub fn tx_checksum_offload(mut self, enabled: bool) -> Self {
+        self.tx_checksum_offload = enabled;
         self
     }
 
@@ -386,6 +403,12 @@ impl TestBedBuilder {
             let ns = netns[side.index()].as_str();
             let ifname = side.ifname();
             set_channels(ns, ifname, self.queues)?;
+            if !self.tx_checksum_offload {
+                run_tool(
+                    "ip",
+                    &["netns", "exec", ns, "ethtool", "-K", ifname, "tx", "off"],
+                )?;
+            }
             let cidr = format!("{}/{}", ips[side.index()], self.prefix_len);
             run_tool("ip", &["-n", ns, "addr", "add", &cidr, "dev", ifname])?;
             run_tool("ip", &["-n", ns, "link", "set", "dev", "lo", "up"])?;

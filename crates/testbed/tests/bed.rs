@@ -353,3 +353,43 @@ fn stale_namespaces_of_dead_processes_are_removed() {
     let list = netns_list();
     assert!(names(&bed).iter().all(|n| list.contains(n)), "{list:?}");
 }
+
+/// `ethtool -k` of one side's interface: the line for `feature`.
+fn feature_line(bed: &TestBed, side: Side, feature: &str) -> String {
+    let ifname = bed.side(side).ifname.clone();
+    let out = bed.output_in(side, "ethtool", &["-k", &ifname]).unwrap();
+    out.lines()
+        .find(|l| l.trim_start().starts_with(feature))
+        .unwrap_or_else(|| panic!("no {feature} in ethtool -k output: {out}"))
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn tx_checksum_offload_is_off_by_default_and_can_stay_on() {
+    let Some(off) = bed(TestBed::builder()) else {
+        return;
+    };
+    for side in Side::BOTH {
+        assert_eq!(
+            feature_line(&off, side, "tx-checksumming:"),
+            "tx-checksumming: off",
+            "{side}"
+        );
+        // TSO of TCP over IPv4 depends on tx checksumming: no super-MTU frames. (The
+        // summary line "tcp-segmentation-offload" may stay "on" for other variants.)
+        let tso = feature_line(&off, side, "tx-tcp-segmentation:");
+        assert!(tso.starts_with("tx-tcp-segmentation: off"), "{side}: {tso}");
+    }
+    drop(off);
+    let Some(on) = bed(TestBed::builder().tx_checksum_offload(true)) else {
+        return;
+    };
+    for side in Side::BOTH {
+        assert_eq!(
+            feature_line(&on, side, "tx-checksumming:"),
+            "tx-checksumming: on",
+            "{side}"
+        );
+    }
+}

@@ -74,7 +74,7 @@ use core::ops::Range;
 use std::ffi::CString;
 use std::io;
 use std::num::NonZeroU32;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use tracing::{debug, warn};
@@ -529,6 +529,12 @@ impl XdpLink {
         self.rx.fd().as_raw_fd()
     }
 
+    /// Whether a received frame is waiting on the rx ring (one ring-index read, no system
+    /// call): what a busy-polling driver loop spins on.
+    pub fn rx_ready(&mut self) -> bool {
+        self.rx.nb_avail(1) > 0
+    }
+
     /// The settings the link was opened with.
     pub fn config(&self) -> &XdpLinkConfig {
         &self.config
@@ -721,6 +727,15 @@ impl XdpLink {
                 warn!(ifname = %self.config.ifname, error = %e, "AF_XDP fill wakeup failed");
             }
         }
+    }
+}
+
+impl AsFd for XdpLink {
+    /// The socket's descriptor, to wait on with `poll(2)` beside other descriptors.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor belongs to the socket that `self.rx` keeps open for as long
+        // as `self` lives, which the returned borrow cannot outlive.
+        unsafe { BorrowedFd::borrow_raw(self.fd()) }
     }
 }
 

@@ -1,0 +1,902 @@
+//! The state a channel shares between its application handle ([`Channel`]) and the
+//! channel thread that drives its connection: two bounded lock-free chunk queues with byte
+//! counters, wakers, status flags and a statistics snapshot. Nothing here takes a lock.
+//!
+//! Orderings: flags that pair a "work is there" store on one side with a "someone sleeps"
+//! load on the other (the Rx-queue-full handshake, [`ThreadSignal`]) use `SeqCst` on both
+//! sides, so at least one side sees the other (Dekker); everything else is
+//! release/acquire or relaxed counters.
+
+use std::net::SocketAddrV4;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use atomic_waker::AtomicWaker;
+use bytes::Bytes;
+use crossbeam_queue::ArrayQueue;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use super::{ChannelError, ChannelState, ChannelStats, ChannelTransport, Dequeued, EnqueueError};
+use crate::tcp::Stats as TcpStats;
+use crate::time::{Duration, Instant};
+
+/// How a channel thread is woken: an `eventfd` it sleeps on, written only when the thread
+/// said it is about to sleep.
+#[derive(Debug)]
+pub(crate) struct ThreadSignal {
+    sleeping: AtomicBool,
+    pending: AtomicBool,
+    stop: AtomicBool,
+    efd: EventFd,
+}
+
+impl ThreadSignal {
+    pub(crate) fn new() -> std::io::Result<ThreadSignal> {
+        let efd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        Ok(ThreadSignal {
+            sleeping: AtomicBool::new(false),
+            pending: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            efd,
+        })
+    }
+
+    /// Tells the thread it has work; a system call only if it sleeps (or is about to).
+    pub(crate) fn notify(&self) {
+        self.pending.store(true, Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) {
+            self.kick();
+        }
+    }
+
+    /// Asks the thread to stop, and wakes it whatever it does.
+    pub(crate) fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.pending.store(true, Ordering::SeqCst);
+        self.kick();
+    }
+
+    fn kick(&self) {
+        // EAGAIN means the counter is saturated: the thread is woken anyway.
+        let _ = self.efd.write(1);
+    }
+
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Thread side: consumes the "work pending" flag at the start of a round.
+    pub(crate) fn take_pending(&self) -> bool {
+        self.pending.swap(false, Ordering::SeqCst)
+    }
+
+    /// Thread side: announces sleep. Returns false (and stays awake) when work arrived
+    /// meanwhile; then the caller must not sleep.
+    pub(crate) fn prepare_sleep(&self) -> bool {
+        self.sleeping.store(true, Ordering::SeqCst);
+        if self.pending.load(Ordering::SeqCst) || self.stop.load(Ordering::SeqCst) {
+            self.sleeping.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Thread side: back from sleep; drains the eventfd.
+    pub(crate) fn awake(&self) {
+        self.sleeping.store(false, Ordering::SeqCst);
+        let _ = self.efd.read();
+    }
+
+    pub(crate) fn eventfd(&self) -> &EventFd {
+        &self.efd
+    }
+}
+
+/// Number of words in [`StatsCell`].
+const STATS_WORDS: usize = 11;
+const NO_SRTT: u64 = u64::MAX;
+
+/// The TCP part of [`ChannelStats`], written by the channel thread and read by anyone: a
+/// sequence lock over atomic words (one writer; readers retry while a write is under
+/// way), so neither side takes a lock and no reader can see a torn snapshot.
+#[derive(Debug, Default)]
+struct StatsCell {
+    seq: AtomicU64,
+    words: [AtomicU64; STATS_WORDS],
+}
+
+impl StatsCell {
+    fn write(&self, s: &TcpStats, now: Instant) {
+        let srtt = s.srtt.map_or(NO_SRTT, |d| {
+            u64::try_from(d.as_micros()).unwrap_or(NO_SRTT - 1)
+        });
+        let words = [
+            s.send_queue as u64,
+            s.recv_queue as u64,
+            s.bytes_in_flight as u64,
+            s.cwnd as u64,
+            srtt,
+            s.retransmitted_segments,
+            s.rto_timeouts,
+            s.bytes_sent,
+            s.bytes_acked,
+            s.bytes_received,
+            now.total_micros(),
+        ];
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (w, v) in self.words.iter().zip(words) {
+            w.store(v, Ordering::Relaxed);
+        }
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    fn read(&self) -> [u64; STATS_WORDS] {
+        loop {
+            let before = self.seq.load(Ordering::Acquire);
+            if before % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let words = std::array::from_fn(|i| self.words[i].load(Ordering::Relaxed));
+            fence(Ordering::Acquire);
+            if self.seq.load(Ordering::Relaxed) == before {
+                return words;
+            }
+        }
+    }
+}
+
+/// Why a channel ended, as stored in an atomic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Failure {
+    Reset = 1,
+    Refused = 2,
+    TimedOut = 3,
+    Closed = 4,
+    ShutDown = 5,
+    TooManyConnections = 6,
+    NoFreePort = 7,
+}
+
+impl Failure {
+    fn from_u8(v: u8) -> Option<Failure> {
+        Some(match v {
+            1 => Failure::Reset,
+            2 => Failure::Refused,
+            3 => Failure::TimedOut,
+            4 => Failure::Closed,
+            5 => Failure::ShutDown,
+            6 => Failure::TooManyConnections,
+            7 => Failure::NoFreePort,
+            _ => return None,
+        })
+    }
+
+    pub(crate) fn from_tcp(e: crate::tcp::TcpError) -> Failure {
+        use crate::tcp::TcpError;
+        match e {
+            TcpError::Reset => Failure::Reset,
+            TcpError::Refused => Failure::Refused,
+            TcpError::TimedOut => Failure::TimedOut,
+            TcpError::Closed | TcpError::WouldBlock => Failure::Closed,
+        }
+    }
+
+    fn error(self) -> ChannelError {
+        match self {
+            Failure::Reset => ChannelError::Reset,
+            Failure::Refused => ChannelError::Refused,
+            Failure::TimedOut => ChannelError::TimedOut,
+            Failure::Closed => ChannelError::Closed,
+            Failure::ShutDown => ChannelError::ShutDown,
+            Failure::TooManyConnections => ChannelError::TooManyConnections,
+            Failure::NoFreePort => ChannelError::NoFreePort,
+        }
+    }
+}
+
+const STATE_CONNECTING: u8 = 0;
+const STATE_OPEN: u8 = 1;
+const STATE_CLOSED: u8 = 2;
+
+/// What a [`Channel`] and its thread share.
+#[derive(Debug)]
+pub(crate) struct ChannelShared {
+    pub(crate) local: SocketAddrV4,
+    pub(crate) peer: SocketAddrV4,
+    pub(crate) queue: u32,
+    tx: ArrayQueue<Bytes>,
+    /// Bytes enqueued and not yet taken by TCP (including the rest of a chunk that did not
+    /// fit, which the thread keeps).
+    tx_bytes: AtomicUsize,
+    tx_limit: usize,
+    rx: ArrayQueue<Bytes>,
+    rx_bytes: AtomicUsize,
+    rx_limit: usize,
+    rx_waker: AtomicWaker,
+    tx_waker: AtomicWaker,
+    state: AtomicU8,
+    failure: AtomicU8,
+    rx_finished: AtomicBool,
+    /// Set by the thread when it stopped reading because the Rx queue was full.
+    rx_blocked: AtomicBool,
+    close_requested: AtomicBool,
+    abort_requested: AtomicBool,
+    stats: StatsCell,
+    signal: Arc<ThreadSignal>,
+}
+
+/// Chunk and byte limits of one queue.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) chunks: usize,
+    pub(crate) bytes: usize,
+}
+
+impl ChannelShared {
+    pub(crate) fn new(
+        local: SocketAddrV4,
+        peer: SocketAddrV4,
+        queue: u32,
+        tx: Limits,
+        rx: Limits,
+        signal: Arc<ThreadSignal>,
+    ) -> ChannelShared {
+        ChannelShared {
+            local,
+            peer,
+            queue,
+            tx: ArrayQueue::new(tx.chunks.max(1)),
+            tx_bytes: AtomicUsize::new(0),
+            tx_limit: tx.bytes.max(1),
+            rx: ArrayQueue::new(rx.chunks.max(1)),
+            rx_bytes: AtomicUsize::new(0),
+            rx_limit: rx.bytes.max(1),
+            rx_waker: AtomicWaker::new(),
+            tx_waker: AtomicWaker::new(),
+            state: AtomicU8::new(STATE_CONNECTING),
+            failure: AtomicU8::new(0),
+            rx_finished: AtomicBool::new(false),
+            rx_blocked: AtomicBool::new(false),
+            close_requested: AtomicBool::new(false),
+            abort_requested: AtomicBool::new(false),
+            stats: StatsCell::default(),
+            signal,
+        }
+    }
+
+    // ---- thread side ----
+
+    /// The next chunk to hand to TCP.
+    pub(crate) fn pop_tx(&self) -> Option<Bytes> {
+        self.tx.pop()
+    }
+
+    /// `n` bytes were handed to TCP.
+    pub(crate) fn tx_taken(&self, n: usize) {
+        self.tx_bytes.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Bytes the Rx queue may take now (0 when at a limit).
+    pub(crate) fn rx_room(&self) -> usize {
+        if self.rx.is_full() {
+            return 0;
+        }
+        self.rx_limit
+            .saturating_sub(self.rx_bytes.load(Ordering::SeqCst))
+    }
+
+    /// Queues a received chunk; the caller checked [`rx_room`](Self::rx_room).
+    pub(crate) fn push_rx(&self, chunk: Bytes) {
+        let len = chunk.len();
+        self.rx_bytes.fetch_add(len, Ordering::SeqCst);
+        if self.rx.push(chunk).is_err() {
+            // Only this thread pushes and it checked for room: unreachable in practice.
+            self.rx_bytes.fetch_sub(len, Ordering::SeqCst);
+            tracing::error!("channel rx queue overflow; chunk dropped");
+        }
+    }
+
+    /// The thread stops reading for lack of room. Returns false when room appeared
+    /// meanwhile (keep reading).
+    pub(crate) fn block_rx(&self) -> bool {
+        self.rx_blocked.store(true, Ordering::SeqCst);
+        if self.rx_room() > 0 {
+            self.rx_blocked.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    pub(crate) fn close_requested(&self) -> bool {
+        self.close_requested.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn abort_requested(&self) -> bool {
+        self.abort_requested.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_open(&self) {
+        if self
+            .state
+            .compare_exchange(
+                STATE_CONNECTING,
+                STATE_OPEN,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            self.wake_all();
+        }
+    }
+
+    /// End of stream: every byte before the peer's FIN is queued.
+    pub(crate) fn finish_rx(&self) {
+        if !self.rx_finished.swap(true, Ordering::AcqRel) {
+            self.rx_waker.wake();
+        }
+    }
+
+    /// Records why the channel failed (the first reason sticks).
+    pub(crate) fn fail(&self, f: Failure) {
+        let _ = self
+            .failure
+            .compare_exchange(0, f as u8, Ordering::AcqRel, Ordering::Acquire);
+        self.wake_all();
+    }
+
+    /// The connection is gone.
+    pub(crate) fn set_closed(&self) {
+        self.state.store(STATE_CLOSED, Ordering::Release);
+        self.wake_all();
+    }
+
+    pub(crate) fn wake_rx(&self) {
+        self.rx_waker.wake();
+    }
+
+    pub(crate) fn wake_tx(&self) {
+        self.tx_waker.wake();
+    }
+
+    pub(crate) fn wake_all(&self) {
+        self.rx_waker.wake();
+        self.tx_waker.wake();
+    }
+
+    pub(crate) fn publish(&self, s: &TcpStats, now: Instant) {
+        self.stats.write(s, now);
+    }
+
+    pub(crate) fn failure(&self) -> Option<Failure> {
+        Failure::from_u8(self.failure.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn state(&self) -> ChannelState {
+        match self.state.load(Ordering::Acquire) {
+            STATE_CONNECTING => ChannelState::Connecting,
+            STATE_OPEN => ChannelState::Open,
+            _ => ChannelState::Closed,
+        }
+    }
+
+    // ---- application side ----
+
+    fn send_error(&self) -> Option<ChannelError> {
+        if let Some(f) = self.failure() {
+            return Some(f.error());
+        }
+        if self.close_requested.load(Ordering::Acquire)
+            || self.state.load(Ordering::Acquire) == STATE_CLOSED
+        {
+            return Some(ChannelError::Closed);
+        }
+        None
+    }
+
+    fn tx_has_room(&self) -> bool {
+        !self.tx.is_full() && self.tx_bytes.load(Ordering::Acquire) < self.tx_limit
+    }
+
+    fn enqueue(&self, chunk: Bytes) -> Result<(), EnqueueError> {
+        if let Some(e) = self.send_error() {
+            return Err(EnqueueError::Closed(e));
+        }
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        let len = chunk.len();
+        // Taken while fewer bytes than the limit are queued: the last chunk may overshoot
+        // it, so any chunk fits an empty queue, and "ready" means the same for every size.
+        if !self.tx_has_room() {
+            return Err(EnqueueError::Full(chunk));
+        }
+        self.tx_bytes.fetch_add(len, Ordering::AcqRel);
+        if let Err(chunk) = self.tx.push(chunk) {
+            self.tx_bytes.fetch_sub(len, Ordering::AcqRel);
+            return Err(EnqueueError::Full(chunk));
+        }
+        self.signal.notify();
+        Ok(())
+    }
+
+    fn pop_rx(&self) -> Option<Bytes> {
+        let chunk = self.rx.pop()?;
+        self.rx_bytes.fetch_sub(chunk.len(), Ordering::SeqCst);
+        if self.rx_blocked.load(Ordering::SeqCst) && self.rx_blocked.swap(false, Ordering::SeqCst) {
+            self.signal.notify();
+        }
+        Some(chunk)
+    }
+
+    fn dequeue(&self) -> Result<Dequeued, ChannelError> {
+        if let Some(c) = self.pop_rx() {
+            return Ok(Dequeued::Chunk(c));
+        }
+        let finished = self.rx_finished.load(Ordering::Acquire);
+        let failure = self.failure();
+        if finished || failure.is_some() {
+            // The thread queues every chunk before it sets either flag.
+            if let Some(c) = self.pop_rx() {
+                return Ok(Dequeued::Chunk(c));
+            }
+        }
+        if finished {
+            return Ok(Dequeued::Finished);
+        }
+        if let Some(f) = failure {
+            return Err(f.error());
+        }
+        if self.state.load(Ordering::Acquire) == STATE_CLOSED {
+            return Err(ChannelError::Closed);
+        }
+        Ok(Dequeued::Empty)
+    }
+
+    fn poll_enqueue_ready(&self, cx: &mut Context<'_>) -> Poll<Result<(), ChannelError>> {
+        for attempt in 0..2 {
+            if let Some(e) = self.send_error() {
+                return Poll::Ready(Err(e));
+            }
+            if self.tx_has_room() {
+                return Poll::Ready(Ok(()));
+            }
+            if attempt == 0 {
+                self.tx_waker.register(cx.waker());
+            }
+        }
+        Poll::Pending
+    }
+
+    fn poll_dequeue(&self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ChannelError>> {
+        for attempt in 0..2 {
+            match self.dequeue() {
+                Ok(Dequeued::Chunk(c)) => return Poll::Ready(Ok(Some(c))),
+                Ok(Dequeued::Finished) => return Poll::Ready(Ok(None)),
+                Err(e) => return Poll::Ready(Err(e)),
+                Ok(Dequeued::Empty) if attempt == 0 => self.rx_waker.register(cx.waker()),
+                Ok(Dequeued::Empty) => {}
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Ready when the thread has handed every enqueued byte to TCP.
+    fn poll_flushed(&self, cx: &mut Context<'_>) -> Poll<Result<(), ChannelError>> {
+        for attempt in 0..2 {
+            if self.tx_bytes.load(Ordering::Acquire) == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(f) = self.failure() {
+                return Poll::Ready(Err(f.error()));
+            }
+            if attempt == 0 {
+                self.tx_waker.register(cx.waker());
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Ready once the handshake is done or has failed.
+    pub(crate) fn poll_established(&self, cx: &mut Context<'_>) -> Poll<Result<(), ChannelError>> {
+        for attempt in 0..2 {
+            if let Some(f) = self.failure() {
+                return Poll::Ready(Err(f.error()));
+            }
+            match self.state() {
+                ChannelState::Open => return Poll::Ready(Ok(())),
+                ChannelState::Closed => return Poll::Ready(Err(ChannelError::Closed)),
+                ChannelState::Connecting if attempt == 0 => self.tx_waker.register(cx.waker()),
+                ChannelState::Connecting => {}
+            }
+        }
+        Poll::Pending
+    }
+
+    fn stats(&self) -> ChannelStats {
+        let w = self.stats.read();
+        let us = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        ChannelStats {
+            tx_queued: self.tx_bytes.load(Ordering::Relaxed),
+            rx_queued: self.rx_bytes.load(Ordering::Relaxed),
+            tx_tcp_queued: us(w[0]),
+            rx_tcp_queued: us(w[1]),
+            bytes_in_flight: us(w[2]),
+            cwnd: us(w[3]),
+            srtt: (w[4] != NO_SRTT).then(|| Duration::from_micros(w[4])),
+            retransmitted_segments: w[5],
+            rto_timeouts: w[6],
+            bytes_sent: w[7],
+            bytes_acked: w[8],
+            bytes_received: w[9],
+            updated_at: Instant::from_micros(w[10]),
+        }
+    }
+}
+
+/// Unparks a blocked thread: the waker behind the blocking calls.
+struct Unparker(std::thread::Thread);
+
+impl Wake for Unparker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+thread_local! {
+    static THREAD_WAKER: Waker = Waker::from(Arc::new(Unparker(std::thread::current())));
+}
+
+/// Drives `f` on the calling thread, parking between polls, until it is ready or the
+/// `timeout` passes (`None`: no limit). Returns `None` on timeout.
+pub(crate) fn block_on<T>(
+    timeout: Option<Duration>,
+    mut f: impl FnMut(&mut Context<'_>) -> Poll<T>,
+) -> Option<T> {
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
+    THREAD_WAKER.with(|waker| {
+        let mut cx = Context::from_waker(waker);
+        loop {
+            if let Poll::Ready(v) = f(&mut cx) {
+                return Some(v);
+            }
+            match deadline {
+                None => std::thread::park(),
+                Some(d) => {
+                    let now = std::time::Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    std::thread::park_timeout(d - now);
+                }
+            }
+        }
+    })
+}
+
+/// One channel: an in-crate TCP connection plus its Tx and Rx queues, driven by the
+/// channel thread of [`queue`](Channel::queue). See the
+/// [module documentation](super).
+///
+/// Dropping a channel that was not [`close`](Channel::close)d aborts it (the peer gets a
+/// reset); after `close`, dropping lets the queued data and the FIN go out, like closing a
+/// socket after `shutdown(SHUT_WR)`.
+#[derive(Debug)]
+pub struct Channel {
+    pub(crate) shared: Arc<ChannelShared>,
+}
+
+impl Channel {
+    pub(crate) fn new(shared: Arc<ChannelShared>) -> Channel {
+        Channel { shared }
+    }
+
+    /// Queues `chunk` for sending, without blocking. `Full` hands it back when the Tx
+    /// queue is at its chunk or byte limit (a chunk is taken while fewer bytes than the
+    /// limit are queued, so the last one may overshoot it); `Closed` after [`close`](Channel::close), or once the
+    /// channel failed. Chunks may be enqueued while the handshake is under way.
+    pub fn enqueue(&self, chunk: Bytes) -> Result<(), EnqueueError> {
+        self.shared.enqueue(chunk)
+    }
+
+    /// Takes the next received chunk without blocking: a chunk, `Empty` (nothing yet), or
+    /// `Finished` (the peer closed and everything was dequeued). Chunks queued before a
+    /// failure are still delivered; then the failure (`Reset`, `TimedOut`, ...) is
+    /// returned.
+    pub fn dequeue(&self) -> Result<Dequeued, ChannelError> {
+        self.shared.dequeue()
+    }
+
+    /// Async readiness to enqueue: `Ready(Ok)` when there is room.
+    pub fn poll_enqueue_ready(&self, cx: &mut Context<'_>) -> Poll<Result<(), ChannelError>> {
+        self.shared.poll_enqueue_ready(cx)
+    }
+
+    /// Async dequeue: `Ready(Ok(Some(chunk)))`, `Ready(Ok(None))` at the end of stream.
+    pub fn poll_dequeue(&self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ChannelError>> {
+        self.shared.poll_dequeue(cx)
+    }
+
+    /// Async flush: ready once every enqueued byte has been handed to TCP.
+    pub fn poll_flush(&self, cx: &mut Context<'_>) -> Poll<Result<(), ChannelError>> {
+        self.shared.poll_flushed(cx)
+    }
+
+    /// Enqueues `chunk`, waiting for room at most `timeout` (`None`: as long as it
+    /// takes). `Full` hands the chunk back on timeout.
+    pub fn enqueue_blocking(
+        &self,
+        chunk: Bytes,
+        timeout: Option<Duration>,
+    ) -> Result<(), EnqueueError> {
+        let mut chunk = Some(chunk);
+        let res = block_on(timeout, |cx| loop {
+            let Some(c) = chunk.take() else {
+                return Poll::Ready(Ok(()));
+            };
+            match self.shared.enqueue(c) {
+                Err(EnqueueError::Full(c)) => {
+                    chunk = Some(c);
+                    match self.shared.poll_enqueue_ready(cx) {
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(EnqueueError::Closed(e))),
+                        // Room appeared since the attempt: try again at once.
+                        Poll::Ready(Ok(())) => continue,
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                other => return Poll::Ready(other),
+            }
+        });
+        match res {
+            Some(r) => r,
+            None => Err(EnqueueError::Full(chunk.unwrap_or_default())),
+        }
+    }
+
+    /// Dequeues, waiting at most `timeout` (`None`: as long as it takes) for a chunk or
+    /// the end of stream; `Ok(Dequeued::Empty)` on timeout.
+    pub fn dequeue_blocking(&self, timeout: Option<Duration>) -> Result<Dequeued, ChannelError> {
+        match block_on(timeout, |cx| self.shared.poll_dequeue(cx)) {
+            None => Ok(Dequeued::Empty),
+            Some(Ok(Some(c))) => Ok(Dequeued::Chunk(c)),
+            Some(Ok(None)) => Ok(Dequeued::Finished),
+            Some(Err(e)) => Err(e),
+        }
+    }
+
+    /// Waits until every enqueued byte has been handed to TCP (not acknowledged: see
+    /// [`stats`](Channel::stats) for that), at most `timeout`.
+    pub fn flush_blocking(&self, timeout: Option<Duration>) -> Result<(), ChannelError> {
+        block_on(timeout, |cx| self.shared.poll_flushed(cx))
+            .unwrap_or(Err(ChannelError::WouldBlockTimeout))
+    }
+
+    /// Ends the sending direction: a FIN follows every chunk already enqueued. Receiving
+    /// goes on until the peer closes.
+    pub fn close(&self) {
+        self.shared.close_requested.store(true, Ordering::Release);
+        self.shared.signal.notify();
+    }
+
+    /// Destroys the channel now: queued data is dropped and the peer gets a reset.
+    pub fn abort(&self) {
+        self.shared.abort_requested.store(true, Ordering::Release);
+        self.shared.signal.notify();
+    }
+
+    /// Our address of the connection.
+    pub fn local_addr(&self) -> SocketAddrV4 {
+        self.shared.local
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddrV4 {
+        self.shared.peer
+    }
+
+    /// The NIC queue (and so the channel thread) the channel lives on.
+    pub fn queue(&self) -> u32 {
+        self.shared.queue
+    }
+
+    /// Where the channel is in its life.
+    pub fn state(&self) -> ChannelState {
+        self.shared.state()
+    }
+
+    /// Queue occupancy and the TCP connection's latest snapshot.
+    pub fn stats(&self) -> ChannelStats {
+        self.shared.stats()
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        if !self.shared.close_requested() {
+            self.abort();
+        }
+    }
+}
+
+impl ChannelTransport for Channel {
+    fn enqueue(&self, chunk: Bytes) -> Result<(), EnqueueError> {
+        Channel::enqueue(self, chunk)
+    }
+    fn dequeue(&self) -> Result<Dequeued, ChannelError> {
+        Channel::dequeue(self)
+    }
+    fn poll_enqueue_ready(&self, cx: &mut Context<'_>) -> Poll<Result<(), ChannelError>> {
+        Channel::poll_enqueue_ready(self, cx)
+    }
+    fn poll_dequeue(&self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ChannelError>> {
+        Channel::poll_dequeue(self, cx)
+    }
+    fn close(&self) {
+        Channel::close(self)
+    }
+    fn abort(&self) {
+        Channel::abort(self)
+    }
+    fn stats(&self) -> ChannelStats {
+        Channel::stats(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn shared(tx: Limits, rx: Limits) -> Arc<ChannelShared> {
+        let a = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1);
+        Arc::new(ChannelShared::new(
+            a,
+            a,
+            0,
+            tx,
+            rx,
+            Arc::new(ThreadSignal::new().unwrap()),
+        ))
+    }
+
+    const L: Limits = Limits {
+        chunks: 4,
+        bytes: 10,
+    };
+
+    #[test]
+    fn tx_limits_hand_chunks_back() {
+        let s = shared(L, L);
+        let ch = Channel::new(s.clone());
+        // An oversized chunk enters an empty queue; then the queue is full.
+        ch.enqueue(Bytes::from(vec![0; 20])).unwrap();
+        match ch.enqueue(Bytes::from_static(b"x")) {
+            Err(EnqueueError::Full(c)) => assert_eq!(&c[..], b"x"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(ch.stats().tx_queued, 20);
+        let c = s.pop_tx().unwrap();
+        s.tx_taken(c.len());
+        for _ in 0..4 {
+            ch.enqueue(Bytes::from_static(b"ab")).unwrap();
+        }
+        // Chunk limit.
+        assert!(matches!(
+            ch.enqueue(Bytes::from_static(b"a")),
+            Err(EnqueueError::Full(_))
+        ));
+        ch.close();
+        assert!(matches!(
+            ch.enqueue(Bytes::from_static(b"a")),
+            Err(EnqueueError::Closed(ChannelError::Closed))
+        ));
+    }
+
+    #[test]
+    fn dequeue_tells_empty_finished_and_failure_apart() {
+        let s = shared(L, L);
+        let ch = Channel::new(s.clone());
+        assert_eq!(ch.dequeue().unwrap(), Dequeued::Empty);
+        s.push_rx(Bytes::from_static(b"hi"));
+        s.finish_rx();
+        assert_eq!(
+            ch.dequeue().unwrap(),
+            Dequeued::Chunk(Bytes::from_static(b"hi"))
+        );
+        assert_eq!(ch.dequeue().unwrap(), Dequeued::Finished);
+        assert_eq!(ch.dequeue().unwrap(), Dequeued::Finished);
+
+        let s = shared(L, L);
+        let ch = Channel::new(s.clone());
+        s.push_rx(Bytes::from_static(b"x"));
+        s.fail(Failure::Reset);
+        assert!(matches!(ch.dequeue(), Ok(Dequeued::Chunk(_))));
+        assert!(matches!(ch.dequeue(), Err(ChannelError::Reset)));
+        assert!(matches!(
+            ch.enqueue(Bytes::from_static(b"a")),
+            Err(EnqueueError::Closed(ChannelError::Reset))
+        ));
+    }
+
+    #[test]
+    fn a_full_rx_queue_blocks_until_dequeued() {
+        let s = shared(L, L);
+        let ch = Channel::new(s.clone());
+        s.push_rx(Bytes::from(vec![1; 10]));
+        assert_eq!(s.rx_room(), 0);
+        assert!(s.block_rx());
+        assert!(!s.signal.take_pending());
+        assert!(matches!(ch.dequeue(), Ok(Dequeued::Chunk(_))));
+        // The dequeue that made room told the thread.
+        assert!(s.signal.take_pending());
+        assert_eq!(s.rx_room(), 10);
+        assert!(!s.block_rx());
+    }
+
+    #[test]
+    fn blocking_dequeue_wakes_on_push_and_times_out() {
+        let s = shared(L, L);
+        let ch = Channel::new(s.clone());
+        assert_eq!(
+            ch.dequeue_blocking(Some(Duration::from_millis(5))).unwrap(),
+            Dequeued::Empty
+        );
+        let pusher = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                s.push_rx(Bytes::from_static(b"late"));
+                s.wake_rx();
+            })
+        };
+        let got = ch.dequeue_blocking(Some(Duration::from_secs(10))).unwrap();
+        pusher.join().unwrap();
+        assert_eq!(got, Dequeued::Chunk(Bytes::from_static(b"late")));
+    }
+
+    #[test]
+    fn stats_snapshots_round_trip() {
+        let s = shared(L, L);
+        let ch = Channel::new(s.clone());
+        let t = TcpStats {
+            cwnd: 14600,
+            srtt: Some(Duration::from_micros(250)),
+            retransmitted_segments: 3,
+            bytes_in_flight: 2920,
+            send_queue: 5000,
+            recv_queue: 7,
+            ..TcpStats::default()
+        };
+        s.publish(&t, Instant::from_millis(9));
+        let st = ch.stats();
+        assert_eq!(st.cwnd, 14600);
+        assert_eq!(st.srtt, Some(Duration::from_micros(250)));
+        assert_eq!(st.retransmitted_segments, 3);
+        assert_eq!(
+            (st.bytes_in_flight, st.tx_tcp_queued, st.rx_tcp_queued),
+            (2920, 5000, 7)
+        );
+        assert_eq!(st.updated_at, Instant::from_millis(9));
+    }
+
+    #[test]
+    fn signal_only_kicks_sleepers() {
+        let sig = ThreadSignal::new().unwrap();
+        sig.notify();
+        // Work is pending: the thread must not go to sleep.
+        assert!(!sig.prepare_sleep());
+        assert!(sig.take_pending());
+        assert!(sig.prepare_sleep());
+        sig.notify();
+        // The sleeper was kicked: the eventfd is readable.
+        assert_eq!(sig.eventfd().read().unwrap(), 1);
+        sig.awake();
+    }
+}

@@ -1,0 +1,810 @@
+//! [`ChannelSet`]: the steering program, one AF_XDP link and one channel thread per
+//! queue, and the calls that create channels ([`ChannelSet::connect`],
+//! [`ChannelSet::listen`]).
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::ops::RangeInclusive;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+
+use atomic_waker::AtomicWaker;
+use crossbeam_channel::{Receiver, Sender};
+use crossbeam_queue::ArrayQueue;
+use tracing::{debug, info, warn};
+use xdp_prog::{AttachOptions, XdpSteering};
+
+use super::directory::{BufferPool, FlowDirectory, PortAllocator, Tuple};
+use super::queue::{block_on, ChannelShared, Limits, ThreadSignal};
+use super::thread::{resolver, Command, ResolveRequest, Worker};
+use super::{Channel, ChannelError};
+use crate::link::xdp::{XdpLink, XdpLinkConfig};
+use crate::link::Link;
+use crate::netif::{Interface, InterfaceConfig, StrayVerdict};
+use crate::tcp;
+use crate::time::{Clock, Duration};
+use crate::wire::EthernetAddress;
+
+/// The paper's channel port: where channels listen unless told otherwise.
+pub const DEFAULT_CHANNEL_PORT: u16 = 9000;
+
+/// How long `listen` waits for every channel thread to confirm.
+const LISTEN_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Limits of one application queue of a channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// Most chunks in the queue.
+    pub chunks: usize,
+    /// Most bytes in the queue (a single larger chunk still enters an empty Tx queue).
+    pub bytes: usize,
+}
+
+impl Default for QueueLimits {
+    /// 1024 chunks, 4 MiB.
+    fn default() -> Self {
+        QueueLimits {
+            chunks: 1024,
+            bytes: 4 << 20,
+        }
+    }
+}
+
+impl From<QueueLimits> for Limits {
+    fn from(q: QueueLimits) -> Limits {
+        Limits {
+            chunks: q.chunks,
+            bytes: q.bytes,
+        }
+    }
+}
+
+/// Settings of a [`ChannelSet`].
+#[derive(Debug, Clone)]
+pub struct ChannelSetConfig {
+    /// The interface (in the calling thread's network namespace).
+    pub ifname: String,
+    /// The stack's IPv4 address on it.
+    pub ipv4: Ipv4Addr,
+    /// Queue ids to run channel threads on; `None`: every rx queue of the interface (as
+    /// the `ETHTOOL_GCHANNELS` ioctl reports them, see [`super::rx_queue_count`]).
+    pub queues: Option<Vec<u32>>,
+    /// Template of every queue's AF_XDP link (frames, batches, bind mode, busy polling);
+    /// its `ifname` and `queue_id` are replaced per queue. `busy_poll` bounds how long an
+    /// idle thread spins on its rx ring after its last activity.
+    pub link: XdpLinkConfig,
+    /// How the steering program is attached (default: native with generic fallback,
+    /// replacing a stale program).
+    pub attach: AttachOptions,
+    /// Configuration of every TCP connection.
+    pub tcp: tcp::Config,
+    /// Disable Nagle's algorithm on channels (default true: chunks are sent as they come).
+    pub nodelay: bool,
+    /// The port [`ChannelSet::listen_channels`] listens on (default
+    /// [`DEFAULT_CHANNEL_PORT`], 9000).
+    pub channel_port: u16,
+    /// Cores to pin channel threads to, thread *i* on `cores[i % len]`; `None`: unpinned.
+    pub cores: Option<Vec<usize>>,
+    /// Limits of each channel's Tx queue.
+    pub tx_queue: QueueLimits,
+    /// Limits of each channel's Rx queue. When it is full, the thread stops reading and
+    /// TCP's window closes.
+    pub rx_queue: QueueLimits,
+    /// Longest wait for the kernel to resolve a peer's MAC address.
+    pub neighbor_timeout: Duration,
+    /// Longest wait for a handshake in [`ChannelSet::connect`].
+    pub connect_timeout: Duration,
+    /// Local ports of outgoing channels; `None`: the range outside the kernel's
+    /// (`ports::EphemeralRange::from_kernel`).
+    pub ephemeral_ports: Option<RangeInclusive<u16>>,
+    /// Unaccepted connections a listener keeps (per thread, and in its accept queue).
+    pub backlog: usize,
+    /// Most connections per queue.
+    pub max_connections: usize,
+    /// Frames each thread's forwarding queue holds (see the module docs).
+    pub forward_queue: usize,
+}
+
+impl ChannelSetConfig {
+    /// Defaults for `ifname` with address `ipv4`: all queues, the link defaults
+    /// (4096 frames of 2 KiB, copy mode), default TCP, port 9000, no pinning, queues of
+    /// 1024 chunks / 4 MiB, 3 s neighbour and 10 s connect timeouts.
+    pub fn new(ifname: impl Into<String>, ipv4: Ipv4Addr) -> ChannelSetConfig {
+        let ifname = ifname.into();
+        ChannelSetConfig {
+            link: XdpLinkConfig::new(ifname.clone(), 0),
+            ifname,
+            ipv4,
+            queues: None,
+            attach: AttachOptions::default(),
+            tcp: tcp::Config::default(),
+            nodelay: true,
+            channel_port: DEFAULT_CHANNEL_PORT,
+            cores: None,
+            tx_queue: QueueLimits::default(),
+            rx_queue: QueueLimits::default(),
+            neighbor_timeout: Duration::from_secs(3),
+            connect_timeout: Duration::from_secs(10),
+            ephemeral_ports: None,
+            backlog: 128,
+            max_connections: 4096,
+            forward_queue: 1024,
+        }
+    }
+}
+
+/// One channel thread as the rest of the set sees it.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    pub(crate) queue: u32,
+    pub(crate) signal: Arc<ThreadSignal>,
+    pub(crate) commands: Sender<Command>,
+    pub(crate) forward: Sender<Vec<u8>>,
+}
+
+/// What all threads of a set and its handles share.
+#[derive(Debug)]
+pub(crate) struct SetShared {
+    pub(crate) ipv4: Ipv4Addr,
+    pub(crate) directory: FlowDirectory,
+    pub(crate) ports: PortAllocator,
+    pub(crate) pool: BufferPool,
+    pub(crate) peers: Vec<Peer>,
+    /// `None` once detached at shutdown.
+    pub(crate) steering: RwLock<Option<XdpSteering>>,
+    pub(crate) tx_limits: Limits,
+    pub(crate) rx_limits: Limits,
+    pub(crate) nodelay: bool,
+    pub(crate) stopped: AtomicBool,
+    listeners: Mutex<HashMap<u16, Arc<ListenerShared>>>,
+    /// Connections per claimed local endpoint.
+    endpoints: Mutex<HashMap<SocketAddrV4, usize>>,
+    /// Frames handed from the receiving thread to the owning one.
+    pub(crate) forwarded: AtomicU64,
+    /// Frames dropped because the owner's forwarding queue was full.
+    pub(crate) forward_dropped: AtomicU64,
+}
+
+impl SetShared {
+    /// Hands `frame` to thread `owner` (a copy in a pooled buffer), waking it; `Drop` when
+    /// its queue is full.
+    pub(crate) fn forward(&self, owner: usize, frame: &[u8]) -> StrayVerdict {
+        let Some(peer) = self.peers.get(owner) else {
+            return StrayVerdict::Drop;
+        };
+        match peer.forward.try_send(self.pool.copy_of(frame)) {
+            Ok(()) => {
+                peer.signal.notify();
+                self.forwarded.fetch_add(1, Ordering::Relaxed);
+                StrayVerdict::Forwarded
+            }
+            Err(e) => {
+                self.pool.put(e.into_inner());
+                self.forward_dropped.fetch_add(1, Ordering::Relaxed);
+                StrayVerdict::Drop
+            }
+        }
+    }
+
+    /// Releases a flow of thread `me`: its directory entry, its claim on its local
+    /// endpoint and, for an outgoing channel, its port.
+    pub(crate) fn release_flow(&self, me: usize, tuple: &Tuple, active_port: Option<u16>) {
+        self.directory.remove(tuple, me);
+        self.unclaim_endpoint(tuple.0);
+        if let Some(port) = active_port {
+            self.ports.release(port);
+        }
+    }
+
+    /// Counts one more connection on local endpoint `ep`, which the steering program
+    /// steers to the stack while any is counted. Accepted connections share their
+    /// listener's endpoint and keep it steered after the listener is gone, so that their
+    /// segments never fall to the kernel (which would answer with resets).
+    pub(crate) fn claim_endpoint(&self, ep: SocketAddrV4) -> Result<(), ChannelError> {
+        let mut eps = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
+        let n = eps.get(&ep).copied().unwrap_or(0);
+        if n == 0 {
+            self.with_steering(|s| s.own_endpoint(ep))?;
+        }
+        eps.insert(ep, n + 1);
+        Ok(())
+    }
+
+    /// Undoes one [`claim_endpoint`](Self::claim_endpoint).
+    pub(crate) fn unclaim_endpoint(&self, ep: SocketAddrV4) {
+        let mut eps = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(n) = eps.get_mut(&ep) else {
+            return;
+        };
+        if *n > 1 {
+            *n -= 1;
+        } else {
+            eps.remove(&ep);
+            if let Some(s) = self.steering_read().as_ref() {
+                if let Err(e) = s.release_endpoint(ep) {
+                    warn!(local = %ep, error = %e, "releasing a channel endpoint");
+                }
+            }
+        }
+    }
+
+    fn steering_read(&self) -> std::sync::RwLockReadGuard<'_, Option<XdpSteering>> {
+        self.steering.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn with_steering<T>(
+        &self,
+        f: impl FnOnce(&XdpSteering) -> Result<T, xdp_prog::XdpError>,
+    ) -> Result<T, ChannelError> {
+        match self.steering_read().as_ref() {
+            Some(s) => f(s).map_err(ChannelError::Xdp),
+            None => Err(ChannelError::ShutDown),
+        }
+    }
+
+    fn listeners(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Arc<ListenerShared>>> {
+        self.listeners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A channel thread's handle in the set.
+#[derive(Debug)]
+struct ThreadHandle {
+    signal: Arc<ThreadSignal>,
+    join: Option<JoinHandle<()>>,
+}
+
+/// Channel threads on the queues of one interface, and the channels they drive. See the
+/// [module documentation](super).
+///
+/// Dropping the set (or [`shutdown`](ChannelSet::shutdown)) stops and joins the threads,
+/// aborts every connection and detaches the steering program.
+#[derive(Debug)]
+pub struct ChannelSet {
+    shared: Arc<SetShared>,
+    threads: Vec<ThreadHandle>,
+    resolver: Option<(Sender<ResolveRequest>, JoinHandle<()>)>,
+    neighbors: Mutex<HashMap<Ipv4Addr, EthernetAddress>>,
+    next_queue: AtomicUsize,
+    config: ChannelSetConfig,
+}
+
+impl ChannelSet {
+    /// Attaches the steering program to `config.ifname`, opens one AF_XDP link per queue,
+    /// registers their sockets and spawns one channel thread per queue, all in the
+    /// calling thread's network namespace. On any error everything done so far is undone
+    /// (threads joined, program detached).
+    pub fn start(config: ChannelSetConfig) -> Result<ChannelSet, ChannelError> {
+        let queues = match &config.queues {
+            Some(q) => q.clone(),
+            None => {
+                let n =
+                    super::rx_queue_count(&config.ifname).map_err(|source| ChannelError::Io {
+                        op: "reading the interface's queue count (ETHTOOL_GCHANNELS)",
+                        source,
+                    })?;
+                (0..n.max(1)).collect()
+            }
+        };
+        if queues.is_empty() {
+            return Err(ChannelError::InvalidConfig("no queues".into()));
+        }
+        if let Some(q) = queues.iter().find(|&&q| q >= xdp_prog::MAX_QUEUES) {
+            return Err(ChannelError::InvalidConfig(format!(
+                "queue {q} beyond the steering program's {} slots",
+                xdp_prog::MAX_QUEUES
+            )));
+        }
+        let mut sorted = queues.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != queues.len() {
+            return Err(ChannelError::InvalidConfig(
+                "a queue is listed twice".into(),
+            ));
+        }
+        if config.cores.as_ref().is_some_and(|c| c.is_empty()) {
+            return Err(ChannelError::InvalidConfig("empty core list".into()));
+        }
+        let mac = crate::neigh::interface_mac(&config.ifname).map_err(ChannelError::Neighbor)?;
+        let ifindex = crate::neigh::ifindex_of(&config.ifname).map_err(ChannelError::Neighbor)?;
+        let ports = match &config.ephemeral_ports {
+            Some(r) => r.clone(),
+            None => {
+                crate::ports::EphemeralRange::from_kernel()
+                    .map_err(ChannelError::Ports)?
+                    .ours
+            }
+        };
+
+        // From here on, `steering` detaches on every early return.
+        let steering =
+            XdpSteering::attach(&config.ifname, config.attach).map_err(ChannelError::Xdp)?;
+        let mut links = Vec::with_capacity(queues.len());
+        for &q in &queues {
+            let mut lc = config.link.clone();
+            lc.ifname = config.ifname.clone();
+            lc.queue_id = q;
+            let link = XdpLink::open(lc).map_err(ChannelError::Link)?;
+            steering
+                .register_socket(q, link.fd())
+                .map_err(ChannelError::Xdp)?;
+            links.push(link);
+        }
+
+        let io_err = |op| move |source| ChannelError::Io { op, source };
+        let mut peers = Vec::with_capacity(queues.len());
+        let mut ends = Vec::with_capacity(queues.len());
+        for &q in &queues {
+            let signal = Arc::new(ThreadSignal::new().map_err(io_err("creating an eventfd"))?);
+            let (ctx, crx) = crossbeam_channel::unbounded();
+            let (ftx, frx) = crossbeam_channel::bounded(config.forward_queue.max(1));
+            peers.push(Peer {
+                queue: q,
+                signal: signal.clone(),
+                commands: ctx,
+                forward: ftx,
+            });
+            ends.push((signal, crx, frx));
+        }
+        let shared = Arc::new(SetShared {
+            ipv4: config.ipv4,
+            directory: FlowDirectory::default(),
+            ports: PortAllocator::new(ports),
+            pool: BufferPool::new(config.forward_queue.max(1)),
+            peers,
+            steering: RwLock::new(Some(steering)),
+            tx_limits: config.tx_queue.into(),
+            rx_limits: config.rx_queue.into(),
+            nodelay: config.nodelay,
+            stopped: AtomicBool::new(false),
+            listeners: Mutex::new(HashMap::new()),
+            endpoints: Mutex::new(HashMap::new()),
+            forwarded: AtomicU64::new(0),
+            forward_dropped: AtomicU64::new(0),
+        });
+        let mut set = ChannelSet {
+            shared: shared.clone(),
+            threads: Vec::with_capacity(queues.len()),
+            resolver: None,
+            neighbors: Mutex::new(HashMap::new()),
+            next_queue: AtomicUsize::new(0),
+            config: config.clone(),
+        };
+
+        let (rtx, rrx) = crossbeam_channel::unbounded();
+        let timeout = config.neighbor_timeout;
+        let handle = std::thread::Builder::new()
+            .name(format!("nc-neigh-{}", config.ifname))
+            .spawn(move || resolver(ifindex, timeout, rrx))
+            .map_err(io_err("spawning the resolver thread"))?;
+        set.resolver = Some((rtx, handle));
+
+        let clock = Clock::new();
+        for (index, ((link, &q), (signal, crx, frx))) in
+            links.into_iter().zip(&queues).zip(ends).enumerate()
+        {
+            let iface = Interface::new(
+                link,
+                InterfaceConfig {
+                    mac,
+                    ipv4: config.ipv4,
+                    tcp: config.tcp.clone(),
+                    ephemeral_ports: set.shared.ports_range(),
+                    max_connections: config.max_connections,
+                    isn_key: None,
+                    rx_batch: config.link.rx_batch,
+                    tx_batch: config.link.tx_batch,
+                    ttl: 64,
+                },
+            );
+            debug!(
+                queue = q,
+                mtu = iface.link().mtu(),
+                "channel thread starting"
+            );
+            let worker = Worker {
+                index,
+                queue: q,
+                iface,
+                clock,
+                signal: signal.clone(),
+                commands: crx,
+                forwarded: frx,
+                set: shared.clone(),
+                busy_poll: config.link.busy_poll,
+                core: config.cores.as_ref().map(|c| c[index % c.len()]),
+            };
+            // The handle goes into the set before the spawn result is checked, so a
+            // failure stops the threads already running.
+            let join = std::thread::Builder::new()
+                .name(format!("nc-chan-{}-q{q}", config.ifname))
+                .spawn(move || worker.run())
+                .map_err(io_err("spawning a channel thread"))?;
+            set.threads.push(ThreadHandle {
+                signal,
+                join: Some(join),
+            });
+        }
+        info!(
+            ifname = %config.ifname, ipv4 = %config.ipv4, ?queues,
+            "channel set started"
+        );
+        Ok(set)
+    }
+
+    /// Opens a channel to `remote` on the next queue (round-robin) and waits for the
+    /// handshake, at most [`ChannelSetConfig::connect_timeout`].
+    pub fn connect(&self, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
+        let i = self.next_queue.fetch_add(1, Ordering::Relaxed) % self.shared.peers.len();
+        self.connect_index(i, remote)
+    }
+
+    /// Opens a channel to `remote` whose connection lives on queue `queue`.
+    pub fn connect_on(&self, queue: u32, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
+        let i = self
+            .shared
+            .peers
+            .iter()
+            .position(|p| p.queue == queue)
+            .ok_or_else(|| {
+                ChannelError::InvalidConfig(format!("no channel thread on queue {queue}"))
+            })?;
+        self.connect_index(i, remote)
+    }
+
+    fn connect_index(&self, index: usize, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
+        if self.shared.stopped.load(Ordering::Acquire) {
+            return Err(ChannelError::ShutDown);
+        }
+        let mac = self.resolve(*remote.ip())?;
+        let port = self
+            .shared
+            .ports
+            .allocate()
+            .ok_or(ChannelError::NoFreePort)?;
+        let local = SocketAddrV4::new(self.shared.ipv4, port);
+        if let Err(e) = self.shared.claim_endpoint(local) {
+            self.shared.ports.release(port);
+            return Err(e);
+        }
+        let peer = &self.shared.peers[index];
+        // The directory knows the flow before its SYN can leave.
+        self.shared.directory.insert((local, remote), index);
+        let shared = Arc::new(ChannelShared::new(
+            local,
+            remote,
+            peer.queue,
+            self.shared.tx_limits,
+            self.shared.rx_limits,
+            peer.signal.clone(),
+        ));
+        let cmd = Command::Connect {
+            shared: shared.clone(),
+            mac,
+        };
+        if peer.commands.send(cmd).is_err() {
+            self.shared
+                .release_flow(index, &(local, remote), Some(port));
+            return Err(ChannelError::ShutDown);
+        }
+        peer.signal.notify();
+        let channel = Channel::new(shared.clone());
+        let timeout = self.config.connect_timeout;
+        match block_on(Some(timeout), |cx| shared.poll_established(cx)) {
+            Some(Ok(())) => Ok(channel),
+            // Dropping `channel` aborts the attempt; the thread releases the port.
+            Some(Err(e)) => Err(e),
+            None => Err(ChannelError::ConnectTimeout(timeout)),
+        }
+    }
+
+    /// The peer's MAC, from the set's cache or the kernel (through the resolver thread).
+    fn resolve(&self, ip: Ipv4Addr) -> Result<EthernetAddress, ChannelError> {
+        if let Some(&mac) = self
+            .neighbors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ip)
+        {
+            return Ok(mac);
+        }
+        let Some((requests, _)) = &self.resolver else {
+            return Err(ChannelError::ShutDown);
+        };
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        requests
+            .send(ResolveRequest { ip, reply: tx })
+            .map_err(|_| ChannelError::ShutDown)?;
+        let mac = rx
+            .recv()
+            .map_err(|_| ChannelError::ShutDown)?
+            .map_err(ChannelError::Neighbor)?;
+        self.neighbors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ip, mac);
+        Ok(mac)
+    }
+
+    /// Listens on `port` on every queue's interface; accepted channels of all threads
+    /// arrive in the returned listener. Returns once every thread listens.
+    pub fn listen(&self, port: u16) -> Result<ChannelListener, ChannelError> {
+        if self.shared.stopped.load(Ordering::Acquire) {
+            return Err(ChannelError::ShutDown);
+        }
+        let backlog = self.config.backlog.max(1);
+        let listener = Arc::new(ListenerShared {
+            port,
+            accept: ArrayQueue::new(backlog),
+            waker: AtomicWaker::new(),
+            closed: AtomicBool::new(false),
+        });
+        {
+            let mut ls = self.shared.listeners();
+            if ls.contains_key(&port) {
+                return Err(ChannelError::AddrInUse(port));
+            }
+            ls.insert(port, listener.clone());
+        }
+        // From here on, dropping `handle` undoes the listen.
+        let handle = ChannelListener {
+            shared: listener.clone(),
+            set: self.shared.clone(),
+        };
+        self.shared.with_steering(|s| s.own_port(port))?;
+        let (done_tx, done_rx): (_, Receiver<Result<(), ChannelError>>) =
+            crossbeam_channel::bounded(self.shared.peers.len());
+        for p in &self.shared.peers {
+            let cmd = Command::Listen {
+                port,
+                backlog,
+                listener: listener.clone(),
+                done: done_tx.clone(),
+            };
+            p.commands.send(cmd).map_err(|_| ChannelError::ShutDown)?;
+            p.signal.notify();
+        }
+        for _ in &self.shared.peers {
+            done_rx
+                .recv_timeout(LISTEN_CONFIRM_TIMEOUT)
+                .map_err(|_| ChannelError::ShutDown)??;
+        }
+        Ok(handle)
+    }
+
+    /// Listens on the channel port ([`ChannelSetConfig::channel_port`], 9000 by default).
+    pub fn listen_channels(&self) -> Result<ChannelListener, ChannelError> {
+        self.listen(self.config.channel_port)
+    }
+
+    /// The queue ids, one per channel thread.
+    pub fn queues(&self) -> Vec<u32> {
+        self.shared.peers.iter().map(|p| p.queue).collect()
+    }
+
+    /// The set's configuration.
+    pub fn config(&self) -> &ChannelSetConfig {
+        &self.config
+    }
+
+    /// The steering program's counters (redirected, passed, ...).
+    pub fn steering_counters(&self) -> Result<xdp_prog::Counters, ChannelError> {
+        self.shared.with_steering(|s| s.counters())
+    }
+
+    /// Flows the flow directory holds (for tests and diagnostics).
+    pub fn flow_count(&self) -> usize {
+        self.shared.directory.len()
+    }
+
+    /// Frames that arrived on one queue for a flow owned by another queue's thread and
+    /// were forwarded to it, and those dropped because its forwarding queue was full.
+    pub fn forwarded_frames(&self) -> (u64, u64) {
+        (
+            self.shared.forwarded.load(Ordering::Relaxed),
+            self.shared.forward_dropped.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Local ports of outgoing channels in use.
+    pub fn ports_in_use(&self) -> usize {
+        self.shared.ports.in_use()
+    }
+
+    /// Stops and joins the threads (aborting every connection), then detaches the
+    /// steering program. Reports a failed detach; dropping the set does the same and logs.
+    pub fn shutdown(mut self) -> Result<(), ChannelError> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<(), ChannelError> {
+        self.shared.stopped.store(true, Ordering::Release);
+        for t in &self.threads {
+            t.signal.request_stop();
+        }
+        for t in &mut self.threads {
+            if let Some(j) = t.join.take() {
+                if j.join().is_err() {
+                    warn!("a channel thread panicked");
+                }
+            }
+        }
+        if let Some((requests, join)) = self.resolver.take() {
+            drop(requests);
+            let _ = join.join();
+        }
+        for l in self.shared.listeners().values() {
+            l.close();
+        }
+        let steering = self
+            .shared
+            .steering
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match steering {
+            Some(s) => {
+                let res = s.detach().map_err(ChannelError::Xdp);
+                info!(ifname = %self.config.ifname, "channel set stopped");
+                res
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ChannelSet {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            warn!(error = %e, "stopping the channel set");
+        }
+    }
+}
+
+impl SetShared {
+    fn ports_range(&self) -> RangeInclusive<u16> {
+        self.ports.range()
+    }
+
+    /// A set without steering program or threads, around `peers`, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(peers: Vec<Peer>) -> SetShared {
+        SetShared {
+            ipv4: Ipv4Addr::new(10, 0, 0, 1),
+            directory: FlowDirectory::default(),
+            ports: PortAllocator::new(61000..=61009),
+            pool: BufferPool::new(4),
+            peers,
+            steering: RwLock::new(None),
+            tx_limits: QueueLimits::default().into(),
+            rx_limits: QueueLimits::default().into(),
+            nodelay: true,
+            stopped: AtomicBool::new(false),
+            listeners: Mutex::new(HashMap::new()),
+            endpoints: Mutex::new(HashMap::new()),
+            forwarded: AtomicU64::new(0),
+            forward_dropped: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What a listener shares with the channel threads.
+#[derive(Debug)]
+pub(crate) struct ListenerShared {
+    port: u16,
+    accept: ArrayQueue<Channel>,
+    waker: AtomicWaker,
+    closed: AtomicBool,
+}
+
+impl ListenerShared {
+    /// Queues an accepted channel; false (and the channel is dropped, so aborted) when the
+    /// queue is full or the listener closed.
+    pub(crate) fn push(&self, ch: Channel) -> bool {
+        if self.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        self.accept.push(ch).is_ok()
+    }
+
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<Result<Channel, ChannelError>> {
+        for attempt in 0..2 {
+            if let Some(ch) = self.accept.pop() {
+                return Poll::Ready(Ok(ch));
+            }
+            if self.closed.load(Ordering::Acquire) {
+                return Poll::Ready(Err(ChannelError::ShutDown));
+            }
+            if attempt == 0 {
+                self.waker.register(cx.waker());
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// Accepts channels to one port on every queue of a [`ChannelSet`]. Dropping it stops
+/// listening and aborts channels not yet accepted.
+#[derive(Debug)]
+pub struct ChannelListener {
+    shared: Arc<ListenerShared>,
+    set: Arc<SetShared>,
+}
+
+impl ChannelListener {
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.shared.port
+    }
+
+    /// Waits for the next channel and returns it with its peer's address.
+    pub fn accept(&self) -> Result<(Channel, SocketAddrV4), ChannelError> {
+        block_on(None, |cx| self.shared.poll_accept(cx))
+            .unwrap_or(Err(ChannelError::WouldBlockTimeout))
+            .map(|c| {
+                let peer = c.peer_addr();
+                (c, peer)
+            })
+    }
+
+    /// [`accept`](Self::accept), waiting at most `timeout`
+    /// ([`ChannelError::WouldBlockTimeout`] then).
+    pub fn accept_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<(Channel, SocketAddrV4), ChannelError> {
+        block_on(Some(timeout), |cx| self.shared.poll_accept(cx))
+            .unwrap_or(Err(ChannelError::WouldBlockTimeout))
+            .map(|c| {
+                let peer = c.peer_addr();
+                (c, peer)
+            })
+    }
+
+    /// Async accept.
+    pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<Result<Channel, ChannelError>> {
+        self.shared.poll_accept(cx)
+    }
+}
+
+impl Drop for ChannelListener {
+    fn drop(&mut self) {
+        let port = self.shared.port;
+        self.shared.close();
+        let mine = {
+            let mut ls = self.set.listeners();
+            if ls.get(&port).is_some_and(|l| Arc::ptr_eq(l, &self.shared)) {
+                ls.remove(&port);
+                true
+            } else {
+                false
+            }
+        };
+        if !mine {
+            return;
+        }
+        for p in &self.set.peers {
+            if p.commands.send(Command::Unlisten { port }).is_ok() {
+                p.signal.notify();
+            }
+        }
+        if let Some(s) = self.set.steering_read().as_ref() {
+            if let Err(e) = s.release_port(port) {
+                warn!(port, error = %e, "releasing a listened port");
+            }
+        }
+        while self.shared.accept.pop().is_some() {}
+    }
+}

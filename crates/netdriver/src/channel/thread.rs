@@ -1,0 +1,680 @@
+//! The channel thread: one per NIC queue, owning that queue's interface and every
+//! connection on it. See the [module documentation](super) for the loop.
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use tracing::{debug, trace, warn};
+
+use super::directory::{Owner, Tuple};
+use super::queue::{ChannelShared, Failure, ThreadSignal};
+use super::set::{ListenerShared, SetShared};
+use super::{Channel, ChannelError};
+use crate::link::xdp::XdpLink;
+use crate::netif::{ConnHandle, Interface, StraySegment, StrayVerdict};
+use crate::tcp::TcpError;
+use crate::time::{Clock, Duration, Instant};
+use crate::wire::EthernetAddress;
+
+/// Largest chunk cut from a connection's receive buffer at once.
+const RX_CHUNK: usize = 64 * 1024;
+/// Most commands handled per round, so a flood of them cannot starve the data path.
+const COMMANDS_PER_ROUND: usize = 64;
+/// Most forwarded frames handled per round.
+const FORWARDED_PER_ROUND: usize = 256;
+
+/// Work for a channel thread from the application side.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Open the channel's connection (port and flow directory entry already claimed).
+    Connect {
+        shared: Arc<ChannelShared>,
+        mac: EthernetAddress,
+    },
+    /// Listen on `port`; the result goes to `done`.
+    Listen {
+        port: u16,
+        backlog: usize,
+        listener: Arc<ListenerShared>,
+        done: Sender<Result<(), ChannelError>>,
+    },
+    /// Stop listening on `port` (connections not yet accepted are aborted).
+    Unlisten { port: u16 },
+}
+
+/// One channel's thread-side state.
+#[derive(Debug)]
+struct Entry {
+    shared: Arc<ChannelShared>,
+    /// The rest of a chunk that TCP's send buffer had no room for.
+    partial: Option<bytes::Bytes>,
+    fin_queued: bool,
+    aborted: bool,
+    eof: bool,
+}
+
+/// A flow this thread must release from the directory (and, for an outgoing channel, its
+/// port and steering entry) when the interface forgets the connection.
+#[derive(Debug, Clone, Copy)]
+struct Owned {
+    tuple: Tuple,
+    active_port: Option<u16>,
+}
+
+/// Everything a channel thread owns.
+pub(crate) struct Worker {
+    pub(crate) index: usize,
+    pub(crate) queue: u32,
+    pub(crate) iface: Interface<XdpLink>,
+    pub(crate) clock: Clock,
+    pub(crate) signal: Arc<ThreadSignal>,
+    pub(crate) commands: Receiver<Command>,
+    pub(crate) forwarded: Receiver<Vec<u8>>,
+    pub(crate) set: Arc<SetShared>,
+    pub(crate) busy_poll: Duration,
+    pub(crate) core: Option<usize>,
+}
+
+/// Mutable bookkeeping of the loop, apart from the interface so both can be borrowed.
+#[derive(Debug, Default)]
+struct Book {
+    entries: HashMap<ConnHandle, Entry>,
+    owned: HashMap<ConnHandle, Owned>,
+    listeners: HashMap<u16, Arc<ListenerShared>>,
+    /// Flows claimed in the directory for a SYN during this round's receive.
+    claims: Vec<Tuple>,
+}
+
+/// What the stray-segment hook decides, given the directory.
+fn stray_verdict(
+    set: &SetShared,
+    me: usize,
+    claims: &mut Vec<Tuple>,
+    s: &StraySegment<'_>,
+    from_link: bool,
+) -> StrayVerdict {
+    let tuple = (s.local, s.remote);
+    let owner = if s.syn_to_listener {
+        set.directory.claim(tuple, me)
+    } else {
+        set.directory.owner(&tuple, me)
+    };
+    match owner {
+        Owner::Me => {
+            if s.syn_to_listener {
+                claims.push(tuple);
+            }
+            StrayVerdict::Local
+        }
+        Owner::Nobody => StrayVerdict::Local,
+        // A frame that was forwarded once is never forwarded again.
+        Owner::Other(_) if !from_link => StrayVerdict::Drop,
+        Owner::Other(o) => set.forward(o, s.frame),
+    }
+}
+
+impl Worker {
+    /// The thread's body: loops until asked to stop, then aborts its connections.
+    pub(crate) fn run(mut self) {
+        if let Some(id) = self.core {
+            if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
+                warn!(
+                    queue = self.queue,
+                    core = id,
+                    "cannot pin the channel thread"
+                );
+            }
+        }
+        debug!(queue = self.queue, "channel thread up");
+        let mut book = Book::default();
+        let mut rxbuf = BytesMut::new();
+        let mut last_active = std::time::Instant::now();
+        loop {
+            if self.signal.stop_requested() {
+                break;
+            }
+            self.signal.take_pending();
+            let now = self.clock.now();
+            let mut active = self.handle_commands(&mut book, now);
+            active |= self.handle_forwarded(&mut book, now);
+            active |= self.push_tx(&mut book);
+            let (set, me) = (&self.set, self.index);
+            let claims = &mut book.claims;
+            active |= self
+                .iface
+                .poll_with(now, &mut |s| stray_verdict(set, me, claims, s, true));
+            self.settle_claims(&mut book);
+            active |= self.pull_rx(&mut book, &mut rxbuf);
+            active |= self.accept(&mut book);
+            active |= self.reap(&mut book);
+            self.publish(&book, now);
+            if active {
+                last_active = std::time::Instant::now();
+                continue;
+            }
+            self.idle(now, last_active);
+        }
+        let queue = self.queue;
+        self.stop(book);
+        debug!(queue, "channel thread down");
+    }
+
+    fn handle_commands(&mut self, book: &mut Book, now: Instant) -> bool {
+        let mut any = false;
+        for _ in 0..COMMANDS_PER_ROUND {
+            let cmd = match self.commands.try_recv() {
+                Ok(c) => c,
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            };
+            any = true;
+            match cmd {
+                Command::Connect { shared, mac } => self.connect(book, shared, mac, now),
+                Command::Listen {
+                    port,
+                    backlog,
+                    listener,
+                    done,
+                } => {
+                    let res = self
+                        .iface
+                        .listen(port, backlog)
+                        .map_err(|_| ChannelError::AddrInUse(port));
+                    if res.is_ok() {
+                        book.listeners.insert(port, listener);
+                    }
+                    let _ = done.send(res);
+                }
+                Command::Unlisten { port } => {
+                    self.iface.unlisten(port);
+                    book.listeners.remove(&port);
+                }
+            }
+        }
+        any
+    }
+
+    fn connect(
+        &mut self,
+        book: &mut Book,
+        shared: Arc<ChannelShared>,
+        mac: EthernetAddress,
+        now: Instant,
+    ) {
+        let (local, peer) = (shared.local, shared.peer);
+        self.iface.add_neighbor(*peer.ip(), mac);
+        match self.iface.connect_from(local.port(), peer, now) {
+            Ok(h) => {
+                if let Some(conn) = self.iface.conn_mut(h) {
+                    conn.set_nodelay(self.set.nodelay);
+                }
+                trace!(queue = self.queue, %local, %peer, "channel connecting");
+                book.owned.insert(
+                    h,
+                    Owned {
+                        tuple: (local, peer),
+                        active_port: Some(local.port()),
+                    },
+                );
+                book.entries.insert(h, Entry::new(shared));
+            }
+            Err(e) => {
+                warn!(queue = self.queue, %local, %peer, error = %e, "channel connect failed");
+                shared.fail(match e {
+                    crate::netif::NetifError::TooManyConnections => Failure::TooManyConnections,
+                    _ => Failure::NoFreePort,
+                });
+                shared.set_closed();
+                self.set
+                    .release_flow(self.index, &(local, peer), Some(local.port()));
+            }
+        }
+    }
+
+    fn handle_forwarded(&mut self, book: &mut Book, now: Instant) -> bool {
+        let mut any = false;
+        for _ in 0..FORWARDED_PER_ROUND {
+            let Ok(frame) = self.forwarded.try_recv() else {
+                break;
+            };
+            any = true;
+            let (set, me) = (&self.set, self.index);
+            let claims = &mut book.claims;
+            self.iface.receive_frame_with(now, &frame, &mut |s| {
+                stray_verdict(set, me, claims, s, false)
+            });
+            self.set.pool.put(frame);
+        }
+        any
+    }
+
+    /// Moves chunks from each channel's Tx queue into its connection.
+    fn push_tx(&mut self, book: &mut Book) -> bool {
+        let mut any = false;
+        for (&h, e) in book.entries.iter_mut() {
+            let Some(conn) = self.iface.conn_mut(h) else {
+                continue;
+            };
+            if e.aborted {
+                continue;
+            }
+            if e.shared.abort_requested() {
+                conn.abort();
+                e.aborted = true;
+                e.shared.fail(Failure::Closed);
+                while let Some(c) = e.partial.take().or_else(|| e.shared.pop_tx()) {
+                    e.shared.tx_taken(c.len());
+                }
+                any = true;
+                continue;
+            }
+            // Read the close request before draining, so a chunk enqueued before close()
+            // is never left behind the FIN.
+            let closing = e.shared.close_requested();
+            let mut moved = false;
+            let mut drained = false;
+            loop {
+                let Some(chunk) = e.partial.take().or_else(|| e.shared.pop_tx()) else {
+                    drained = true;
+                    break;
+                };
+                match conn.send(&chunk) {
+                    Ok(n) => {
+                        e.shared.tx_taken(n);
+                        moved = true;
+                        if n < chunk.len() {
+                            e.partial = Some(chunk.slice(n..));
+                            break;
+                        }
+                    }
+                    Err(TcpError::WouldBlock) => {
+                        e.partial = Some(chunk);
+                        break;
+                    }
+                    Err(_) => {
+                        // The connection cannot send any more: the data is dropped and the
+                        // failure (if any) reported by `pull_rx`.
+                        e.shared.tx_taken(chunk.len());
+                        while let Some(c) = e.shared.pop_tx() {
+                            e.shared.tx_taken(c.len());
+                        }
+                        moved = true;
+                        break;
+                    }
+                }
+            }
+            if moved {
+                e.shared.wake_tx();
+                any = true;
+            }
+            if closing && drained && !e.fin_queued {
+                conn.close();
+                e.fin_queued = true;
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Records the connections opened by SYNs claimed during this round, and releases the
+    /// claims of SYNs that opened nothing (backlog full).
+    fn settle_claims(&mut self, book: &mut Book) {
+        let mut claims = std::mem::take(&mut book.claims);
+        for tuple in claims.drain(..) {
+            match self.iface.lookup(tuple.0, tuple.1) {
+                Some(h) => self.own_passive_in(&mut book.owned, h, tuple),
+                None => self.set.directory.remove(&tuple, self.index),
+            }
+        }
+        book.claims = claims;
+    }
+
+    /// Records a passively opened connection (once) and claims its endpoint.
+    fn own_passive_in(&self, owned: &mut HashMap<ConnHandle, Owned>, h: ConnHandle, tuple: Tuple) {
+        if owned.contains_key(&h) {
+            return;
+        }
+        if let Err(e) = self.set.claim_endpoint(tuple.0) {
+            warn!(local = %tuple.0, error = %e, "claiming an accepted connection's endpoint");
+        }
+        owned.insert(
+            h,
+            Owned {
+                tuple,
+                active_port: None,
+            },
+        );
+    }
+
+    /// Moves received bytes into each channel's Rx queue, up to its limits; notices
+    /// establishment, end of stream and failures.
+    fn pull_rx(&mut self, book: &mut Book, rxbuf: &mut BytesMut) -> bool {
+        let mut any = false;
+        for (&h, e) in book.entries.iter_mut() {
+            let Some(conn) = self.iface.conn_mut(h) else {
+                continue;
+            };
+            if conn.state().is_synchronized() {
+                e.shared.set_open();
+            }
+            let mut moved = false;
+            loop {
+                let room = e.shared.rx_room();
+                if room == 0 {
+                    if e.shared.block_rx() {
+                        break;
+                    }
+                    continue;
+                }
+                let want = room.min(RX_CHUNK);
+                if rxbuf.len() < want {
+                    rxbuf.clear();
+                    rxbuf.reserve(RX_CHUNK);
+                    rxbuf.resize(RX_CHUNK, 0);
+                }
+                match conn.recv(&mut rxbuf[..want]) {
+                    Ok(0) => {
+                        if !e.eof {
+                            e.eof = true;
+                            e.shared.finish_rx();
+                            any = true;
+                        }
+                        break;
+                    }
+                    Ok(n) => {
+                        e.shared.push_rx(rxbuf.split_to(n).freeze());
+                        moved = true;
+                    }
+                    Err(TcpError::WouldBlock | TcpError::Closed) => break,
+                    Err(err) => {
+                        e.shared.fail(Failure::from_tcp(err));
+                        any = true;
+                        break;
+                    }
+                }
+            }
+            if moved {
+                e.shared.wake_rx();
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Hands connections that completed their handshake to their listeners.
+    fn accept(&mut self, book: &mut Book) -> bool {
+        let mut any = false;
+        for (&port, l) in &book.listeners {
+            while let Some(h) = self.iface.accept(port) {
+                any = true;
+                let Some(conn) = self.iface.conn_mut(h) else {
+                    continue;
+                };
+                conn.set_nodelay(self.set.nodelay);
+                let tuple = (conn.local(), conn.remote());
+                let shared = Arc::new(ChannelShared::new(
+                    tuple.0,
+                    tuple.1,
+                    self.queue,
+                    self.set.tx_limits,
+                    self.set.rx_limits,
+                    self.signal.clone(),
+                ));
+                self.own_passive_in(&mut book.owned, h, tuple);
+                self.set.directory.insert(tuple, self.index);
+                book.entries.insert(h, Entry::new(shared.clone()));
+                trace!(queue = self.queue, local = %tuple.0, peer = %tuple.1, "channel accepted");
+                // A full accept queue or a closed listener drops the channel, which aborts
+                // it at the next round.
+                if l.push(Channel::new(shared)) {
+                    l.wake();
+                }
+            }
+        }
+        any
+    }
+
+    /// Forgets connections the interface removed, releasing their flows and ports.
+    fn reap(&mut self, book: &mut Book) -> bool {
+        let mut any = false;
+        while let Some((h, err)) = self.iface.pop_closed() {
+            any = true;
+            if let Some(o) = book.owned.remove(&h) {
+                self.set.release_flow(self.index, &o.tuple, o.active_port);
+            }
+            if let Some(e) = book.entries.remove(&h) {
+                match err {
+                    Some(err) => e.shared.fail(Failure::from_tcp(err)),
+                    // An orderly removal: both FINs are through and every byte was read.
+                    None => e.shared.finish_rx(),
+                }
+                e.shared.set_closed();
+            }
+        }
+        any
+    }
+
+    fn publish(&self, book: &Book, now: Instant) {
+        for (&h, e) in &book.entries {
+            if let Some(conn) = self.iface.conn(h) {
+                e.shared.publish(&conn.stats(), now);
+            }
+        }
+    }
+
+    /// Nothing happened this round: spin briefly if configured and recently active, else
+    /// sleep in poll(2) on the socket and the eventfd until the next timer.
+    fn idle(&mut self, now: Instant, last_active: std::time::Instant) {
+        let deadline = self.iface.poll_at();
+        if deadline.is_some_and(|d| d <= now) {
+            return;
+        }
+        if !self.busy_poll.is_zero() && last_active.elapsed() < self.busy_poll {
+            while last_active.elapsed() < self.busy_poll {
+                if self.iface.link_mut().rx_ready()
+                    || self.signal.take_pending()
+                    || deadline.is_some_and(|d| d <= self.clock.now())
+                {
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        if !self.signal.prepare_sleep() {
+            return;
+        }
+        let timeout = match deadline {
+            None => PollTimeout::NONE,
+            Some(d) => {
+                let wait = d.saturating_duration_since(now);
+                // Round up: waking early would only spin.
+                let ms = wait.as_micros().div_ceil(1000);
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+            }
+        };
+        let link = self.iface.link();
+        let mut fds = [
+            PollFd::new(link.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.signal.eventfd().as_fd(), PollFlags::POLLIN),
+        ];
+        if let Err(e) = nix::poll::poll(&mut fds, timeout) {
+            if e != nix::errno::Errno::EINTR {
+                warn!(queue = self.queue, error = %e, "poll(2) failed");
+            }
+        }
+        self.signal.awake();
+    }
+
+    /// Aborts every connection, tells every channel the set is gone, fails pending
+    /// commands.
+    fn stop(mut self, mut book: Book) {
+        for e in book.entries.values() {
+            e.shared.fail(Failure::ShutDown);
+        }
+        let handles: Vec<_> = self.iface.handles().collect();
+        for h in handles {
+            if let Some(conn) = self.iface.conn_mut(h) {
+                conn.abort();
+            }
+        }
+        let now = self.clock.now();
+        // Sends the resets and forgets the connections.
+        self.iface.poll(now);
+        self.reap(&mut book);
+        for e in book.entries.values() {
+            e.shared.set_closed();
+        }
+        for (_, o) in book.owned.drain() {
+            self.set.release_flow(self.index, &o.tuple, o.active_port);
+        }
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::Connect { shared, .. } => {
+                    shared.fail(Failure::ShutDown);
+                    shared.set_closed();
+                    let t = (shared.local, shared.peer);
+                    self.set
+                        .release_flow(self.index, &t, Some(shared.local.port()));
+                }
+                Command::Listen { done, .. } => {
+                    let _ = done.send(Err(ChannelError::ShutDown));
+                }
+                Command::Unlisten { .. } => {}
+            }
+        }
+        while let Ok(frame) = self.forwarded.try_recv() {
+            self.set.pool.put(frame);
+        }
+    }
+}
+
+impl Entry {
+    fn new(shared: Arc<ChannelShared>) -> Entry {
+        Entry {
+            shared,
+            partial: None,
+            fin_queued: false,
+            aborted: false,
+            eof: false,
+        }
+    }
+}
+
+/// Resolves peers' MAC addresses on its own thread (in the set's network namespace), so
+/// that a blocking ARP resolution never stalls a channel thread and works from callers
+/// in any namespace.
+pub(crate) struct ResolveRequest {
+    pub(crate) ip: std::net::Ipv4Addr,
+    pub(crate) reply: Sender<Result<EthernetAddress, crate::neigh::NeighError>>,
+}
+
+/// The resolver thread's body: serves requests until every sender is gone.
+pub(crate) fn resolver(ifindex: u32, timeout: Duration, requests: Receiver<ResolveRequest>) {
+    let mut table = crate::neigh::KernelNeighbors::open();
+    while let Ok(req) = requests.recv() {
+        let res = match &mut table {
+            Ok(t) => t.resolve(ifindex, req.ip, timeout),
+            Err(e) => Err(crate::neigh::NeighError::Netlink {
+                op: "opening the neighbour table",
+                source: std::io::Error::other(e.to_string()),
+            }),
+        };
+        let _ = req.reply.send(res);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::set::Peer;
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    use std::sync::atomic::Ordering;
+
+    /// A set of two "threads" whose forwarding queues hold one frame each.
+    fn two_threads() -> (SetShared, Vec<Receiver<Vec<u8>>>) {
+        let mut peers = Vec::new();
+        let mut rxs = Vec::new();
+        for q in 0..2 {
+            let (ctx, _crx) = crossbeam_channel::unbounded();
+            let (ftx, frx) = crossbeam_channel::bounded(1);
+            peers.push(Peer {
+                queue: q,
+                signal: Arc::new(ThreadSignal::new().unwrap()),
+                commands: ctx,
+                forward: ftx,
+            });
+            rxs.push(frx);
+        }
+        (SetShared::for_tests(peers), rxs)
+    }
+
+    fn seg(port: u16, syn_to_listener: bool, frame: &[u8]) -> StraySegment<'_> {
+        StraySegment {
+            local: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 9000),
+            remote: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), port),
+            syn_to_listener,
+            frame,
+        }
+    }
+
+    #[test]
+    fn unknown_flows_are_handled_locally() {
+        let (set, _rx) = two_threads();
+        let mut claims = Vec::new();
+        let v = stray_verdict(&set, 0, &mut claims, &seg(1, false, b"f"), true);
+        assert_eq!(v, StrayVerdict::Local);
+        assert!(claims.is_empty());
+        assert_eq!(set.directory.len(), 0);
+    }
+
+    #[test]
+    fn a_first_syn_is_claimed_and_a_repeat_elsewhere_forwarded() {
+        let (set, rx) = two_threads();
+        let mut claims = Vec::new();
+        let s = seg(2, true, b"syn");
+        assert_eq!(
+            stray_verdict(&set, 0, &mut claims, &s, true),
+            StrayVerdict::Local
+        );
+        assert_eq!(claims, [(s.local, s.remote)]);
+        // The retransmitted SYN arrives on thread 1: it goes to thread 0, which is woken.
+        let mut other = Vec::new();
+        assert_eq!(
+            stray_verdict(&set, 1, &mut other, &s, true),
+            StrayVerdict::Forwarded
+        );
+        assert!(other.is_empty());
+        assert_eq!(rx[0].try_recv().unwrap(), b"syn");
+        assert!(set.peers[0].signal.take_pending());
+        assert!(!set.peers[1].signal.take_pending());
+    }
+
+    #[test]
+    fn forwarding_is_once_and_bounded() {
+        let (set, rx) = two_threads();
+        let mut claims = Vec::new();
+        let s = seg(3, false, b"data");
+        set.directory.insert((s.local, s.remote), 1);
+        assert_eq!(
+            stray_verdict(&set, 0, &mut claims, &s, true),
+            StrayVerdict::Forwarded
+        );
+        // Thread 1's queue (one frame) is full: the next one is dropped, not reset.
+        assert_eq!(
+            stray_verdict(&set, 0, &mut claims, &s, true),
+            StrayVerdict::Drop
+        );
+        assert_eq!(set.forwarded.load(Ordering::Relaxed), 1);
+        assert_eq!(set.forward_dropped.load(Ordering::Relaxed), 1);
+        assert_eq!(rx[1].len(), 1);
+        // A frame that was forwarded once and still finds another owner is dropped.
+        assert_eq!(
+            stray_verdict(&set, 0, &mut claims, &s, false),
+            StrayVerdict::Drop
+        );
+        assert_eq!(rx[1].len(), 1);
+    }
+}

@@ -1,0 +1,205 @@
+//! Channels against the peer's kernel TCP on the test bed: bulk echo both ways (100 MB,
+//! verified byte for byte), refusal and reset mapped to `io::ErrorKind`s.
+//!
+//! Privileged: each test skips without root, and fails instead when
+//! `NETCHANNEL_REQUIRE_XDP=1`.
+#![cfg(target_os = "linux")]
+
+mod common;
+
+use std::io::{self, Write};
+use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use common::{
+    config, echo, program_attached, read_verify, recv_stream, send_stream, start, write_stream,
+    DEADLINE,
+};
+use netdriver::channel::{ChannelError, ChannelStream, Dequeued};
+use testbed::{testbed_or_skip, Side, TestBed};
+
+const MB: u64 = 1 << 20;
+/// Bytes each bulk test sends one way (and gets back): 100 MB, or `NC_BULK_MB` MB.
+fn bulk_bytes() -> u64 {
+    std::env::var("NC_BULK_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100)
+        * MB
+}
+
+/// A kernel client in A sends 100 MB to our listener in B, which echoes it; the client
+/// verifies every byte that comes back.
+#[test]
+fn kernel_client_to_our_listener_echoes_100_mb() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let bulk = bulk_bytes();
+    let set = start(&bed, Side::B, config(&bed, Side::B));
+    assert_eq!(set.queues(), vec![0], "the veth end has one rx queue");
+    let listener = set.listen(7000).expect("listen");
+    let server = std::thread::spawn(move || {
+        let (ch, peer) = listener.accept_timeout(DEADLINE).expect("accept");
+        let mut stream = ChannelStream::new(ch);
+        let n = echo(&mut stream).expect("echo");
+        stream.shutdown_write().unwrap();
+        stream.flush().unwrap();
+        (n, peer, stream.channel().stats())
+    });
+    let target = SocketAddr::from((bed.side(Side::B).ipv4, 7000));
+    let start_t = Instant::now();
+    let got = bed
+        .run_in(Side::A, move || {
+            let conn = TcpStream::connect_timeout(&target, DEADLINE).expect("connect");
+            conn.set_read_timeout(Some(DEADLINE)).unwrap();
+            let mut w = conn.try_clone().unwrap();
+            let writer = std::thread::spawn(move || {
+                write_stream(&mut w, 1, bulk, 64 * 1024).expect("write");
+                w.shutdown(Shutdown::Write).unwrap();
+            });
+            let n = read_verify(&mut &conn, 1).expect("read back");
+            writer.join().unwrap();
+            n
+        })
+        .unwrap();
+    let secs = start_t.elapsed().as_secs_f64();
+    let (echoed, peer, stats) = server.join().unwrap();
+    assert_eq!(got, bulk);
+    assert_eq!(echoed, bulk);
+    assert_eq!(*peer.ip(), bed.side(Side::A).ipv4);
+    assert!(
+        stats.bytes_received >= bulk && stats.bytes_acked >= 1,
+        "{stats:?}"
+    );
+    println!(
+        "kernel client -> channel echo: {} MB each way in {secs:.2} s ({:.0} Mbit/s each way, debug build); {stats:?}",
+        bulk / MB,
+        (bulk * 8) as f64 / secs / 1e6
+    );
+    set.shutdown().unwrap();
+    assert!(!program_attached(&bed, Side::B));
+}
+
+/// Our channel in A sends 100 MB to a kernel echo server in B and verifies the echo.
+#[test]
+fn our_client_to_kernel_server_echoes_100_mb() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let bulk = bulk_bytes();
+    let b_ip = bed.side(Side::B).ipv4;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let server = bed
+        .spawn_thread_in(Side::B, move || {
+            let l = TcpListener::bind((b_ip, 0)).unwrap();
+            ready_tx.send(l.local_addr().unwrap()).unwrap();
+            let (mut c, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(DEADLINE)).unwrap();
+            let n = echo(&mut c).unwrap();
+            c.shutdown(Shutdown::Write).unwrap();
+            n
+        })
+        .unwrap();
+    let addr = match ready_rx.recv().unwrap() {
+        SocketAddr::V4(a) => a,
+        other => panic!("{other}"),
+    };
+    let set = start(&bed, Side::A, config(&bed, Side::A));
+    let start_t = Instant::now();
+    let ch = set.connect(addr).expect("connect");
+    assert_eq!(ch.peer_addr(), addr);
+    assert_eq!(*ch.local_addr().ip(), bed.side(Side::A).ipv4);
+    let got = std::thread::scope(|s| {
+        s.spawn(|| send_stream(&ch, 2, bulk, 64 * 1024));
+        recv_stream(&ch, 2)
+    });
+    let secs = start_t.elapsed().as_secs_f64();
+    assert_eq!(got, bulk);
+    assert_eq!(server.join().unwrap(), bulk);
+    let stats = ch.stats();
+    assert!(stats.bytes_sent >= bulk, "{stats:?}");
+    println!(
+        "channel -> kernel echo: {} MB each way in {secs:.2} s ({:.0} Mbit/s each way, debug build); {stats:?}",
+        bulk / MB,
+        (bulk * 8) as f64 / secs / 1e6
+    );
+    drop(ch);
+    set.shutdown().unwrap();
+    assert!(!program_attached(&bed, Side::A));
+}
+
+/// Connecting to a port nobody listens on: the kernel's RST is `ConnectionRefused`.
+#[test]
+fn connecting_to_a_closed_port_is_refused() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let set = start(&bed, Side::A, config(&bed, Side::A));
+    let target = SocketAddrV4::new(bed.side(Side::B).ipv4, 7999);
+    let t = Instant::now();
+    let err = set.connect(target).expect_err("nobody listens");
+    assert!(matches!(err, ChannelError::Refused), "{err}");
+    assert_eq!(
+        io::Error::from(err).kind(),
+        io::ErrorKind::ConnectionRefused
+    );
+    assert!(t.elapsed() < DEADLINE);
+    // The port went back to the allocator once the thread forgot the connection.
+    assert!(common::eventually(DEADLINE, || set.ports_in_use() == 0));
+    assert!(common::eventually(DEADLINE, || set.flow_count() == 0));
+}
+
+/// A kernel server that closes with SO_LINGER 0 resets the channel: `ConnectionReset`.
+#[test]
+fn a_kernel_reset_is_connection_reset() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let b_ip = bed.side(Side::B).ipv4;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let server = bed
+        .spawn_thread_in(Side::B, move || {
+            let l = TcpListener::bind((b_ip, 0)).unwrap();
+            ready_tx.send(l.local_addr().unwrap()).unwrap();
+            let (mut c, _) = l.accept().unwrap();
+            c.write_all(b"before the reset").unwrap();
+            go_rx.recv().unwrap();
+            let linger = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            nix::sys::socket::setsockopt(&c, nix::sys::socket::sockopt::Linger, &linger).unwrap();
+            drop(c);
+        })
+        .unwrap();
+    let addr = match ready_rx.recv().unwrap() {
+        SocketAddr::V4(a) => a,
+        other => panic!("{other}"),
+    };
+    let set = start(&bed, Side::A, config(&bed, Side::A));
+    let ch = set.connect(addr).expect("connect");
+    let mut got = Vec::new();
+    while got.len() < 16 {
+        match ch.dequeue_blocking(Some(DEADLINE)).unwrap() {
+            Dequeued::Chunk(c) => got.extend_from_slice(&c),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(got, b"before the reset");
+    go_tx.send(()).unwrap();
+    server.join().unwrap();
+    let err = match ch.dequeue_blocking(Some(DEADLINE)) {
+        Err(e) => e,
+        Ok(Dequeued::Empty) => panic!("no reset within {DEADLINE:?}"),
+        Ok(other) => panic!("unexpected {other:?}"),
+    };
+    assert!(matches!(err, ChannelError::Reset), "{err}");
+    let mut stream = ChannelStream::new(ch);
+    let e = io::Read::read(&mut stream, &mut [0u8; 8]).expect_err("reset");
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+    let e = stream.write_all(b"x").expect_err("reset");
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+}
