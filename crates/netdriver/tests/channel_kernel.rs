@@ -203,3 +203,65 @@ fn a_kernel_reset_is_connection_reset() {
     let e = stream.write_all(b"x").expect_err("reset");
     assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
 }
+
+/// A reader that does not dequeue: the Rx queue fills to its byte limit and stops there,
+/// TCP's receive buffer fills, the window closes and the kernel sender blocks. Dequeuing
+/// then lets the whole stream through, intact.
+#[test]
+fn a_slow_reader_closes_the_window() {
+    const TOTAL: u64 = 32 * MB;
+    const RX_LIMIT: usize = 64 * 1024;
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let mut cfg = config(&bed, Side::B);
+    cfg.rx_queue.bytes = RX_LIMIT;
+    let set = start(&bed, Side::B, cfg);
+    let listener = set.listen(7200).expect("listen");
+    let target = SocketAddr::from((bed.side(Side::B).ipv4, 7200));
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let progress = written.clone();
+    let client = bed
+        .spawn_thread_in(Side::A, move || {
+            let mut c = TcpStream::connect_timeout(&target, DEADLINE).expect("connect");
+            let mut buf = vec![0u8; 16 * 1024];
+            let mut off = 0;
+            while off < TOTAL {
+                common::fill(7, off, &mut buf);
+                c.write_all(&buf).unwrap();
+                off += buf.len() as u64;
+                progress.store(off, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+        .unwrap();
+    let (ch, _) = listener.accept_timeout(DEADLINE).expect("accept");
+    assert!(
+        common::eventually(DEADLINE, || {
+            let s = ch.stats();
+            s.rx_queued == RX_LIMIT && s.rx_tcp_queued > 0
+        }),
+        "the rx queue never filled: {:?}",
+        ch.stats()
+    );
+    // Full, and never beyond the limit; the sender is held back by the closed window.
+    let s = ch.stats();
+    assert_eq!(s.rx_queued, RX_LIMIT, "{s:?}");
+    let sent = written.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        sent < TOTAL && !client.is_finished(),
+        "sender not held back: {sent} bytes"
+    );
+    // Now read: everything arrives, verified.
+    let mut v = common::Verifier::new(7);
+    while v.offset() < TOTAL {
+        match ch.dequeue_blocking(Some(DEADLINE)).expect("dequeue") {
+            Dequeued::Chunk(c) => {
+                assert!(c.len() <= RX_LIMIT);
+                v.check(&c);
+            }
+            other => panic!("after {} bytes: {other:?}", v.offset()),
+        }
+    }
+    client.join().unwrap();
+    println!("slow reader: the sender had written {sent} of {TOTAL} bytes when held back");
+}

@@ -437,6 +437,11 @@ impl ChannelSet {
 
     /// Opens a channel to `remote` on the next queue (round-robin) and waits for the
     /// handshake, at most [`ChannelSetConfig::connect_timeout`].
+    ///
+    /// The peer's MAC comes from the kernel's neighbour table (resolved with ARP if need
+    /// be, at most [`ChannelSetConfig::neighbor_timeout`]) and is then cached for the
+    /// life of the set; `remote` must be on-link. The local port comes from the set's
+    /// shared allocator and is steered to the stack before the SYN leaves.
     pub fn connect(&self, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
         let i = self.next_queue.fetch_add(1, Ordering::Relaxed) % self.shared.peers.len();
         self.connect_index(i, remote)
