@@ -223,6 +223,37 @@ fn zero_copy_on_veth_is_refused() {
     .unwrap();
 }
 
+/// Regression (a CI flake): the kernel frees a closed socket's hold on its queue from a work
+/// queue, so binding the same queue right after closing a socket could fail with `EBUSY`.
+/// `XdpLink::open` retries within `busy_retry`; reopening back to back always works.
+#[test]
+fn a_queue_can_be_bound_again_right_after_a_close() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let ifname = bed.side(Side::B).ifname.clone();
+    bed.run_in(Side::B, move || {
+        for round in 0..40 {
+            let links: Vec<XdpLink> = (0..2)
+                .map(|q| {
+                    XdpLink::open(XdpLinkConfig::new(&ifname, q))
+                        .unwrap_or_else(|e| panic!("round {round}, queue {q}: {e}"))
+                })
+                .collect();
+            assert_eq!(links.len(), 2);
+        }
+        // Without retries a busy queue is an error at once, not a hang.
+        let _held = XdpLink::open(XdpLinkConfig::new(&ifname, 0)).expect("bind queue 0");
+        let mut again = XdpLinkConfig::new(&ifname, 0);
+        again.busy_retry = Duration::ZERO;
+        let started = StdInstant::now();
+        let err = XdpLink::open(again).expect_err("queue 0 is held");
+        assert!(started.elapsed() < Duration::from_secs(1), "{err}");
+        assert!(err.to_string().contains("vB"), "{err}");
+    })
+    .unwrap();
+}
+
 /// 10 000 full-size frames in batches of 64: every one reaches B and every tx frame comes
 /// back to the free pool. Prints the (debug-build) frame rate.
 #[test]

@@ -159,6 +159,12 @@ pub struct XdpLinkConfig {
     /// Multi-buffer (descriptor chains, `XDP_USE_SG`) on, off, or as the MTU needs. With it
     /// on, the steering program must be the `xdp.frags` variant.
     pub multi_buffer: MultiBuffer,
+    /// How long [`XdpLink::open`] keeps retrying a bind that fails with `EBUSY`. The
+    /// kernel releases a closed AF_XDP socket's hold on its queue from a work queue, so a
+    /// socket bound right after another on the same queue closed (a restart, a set
+    /// started again after a failed start) can see the queue busy for a few
+    /// milliseconds. Zero fails at once.
+    pub busy_retry: Duration,
 }
 
 impl XdpLinkConfig {
@@ -176,6 +182,7 @@ impl XdpLinkConfig {
             need_wakeup: true,
             busy_poll: Duration::ZERO,
             multi_buffer: MultiBuffer::Auto,
+            busy_retry: Duration::from_secs(2),
         }
     }
 }
@@ -273,6 +280,101 @@ fn os_error_of(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
     err.source()
         .and_then(|s| s.downcast_ref::<io::Error>())
         .and_then(io::Error::raw_os_error)
+}
+
+/// The UMEM, its frames and a socket bound to `(config.ifname, config.queue_id)`: one try.
+#[allow(clippy::type_complexity)]
+fn bind_socket(
+    config: &XdpLinkConfig,
+    half: u32,
+    multi_buffer: bool,
+) -> Result<
+    (
+        Umem,
+        Vec<FrameDesc>,
+        TxQueue,
+        RxQueue,
+        Option<(FillQueue, CompQueue)>,
+    ),
+    XdpLinkError,
+> {
+    let ring = |n: u32| {
+        QueueSize::new(n).map_err(|e| XdpLinkError::InvalidConfig {
+            reason: format!("ring size {n}: {e}"),
+        })
+    };
+    let umem_config = UmemConfig::builder()
+        .frame_size(
+            FrameSize::new(config.frame_size).map_err(|e| XdpLinkError::InvalidConfig {
+                reason: format!("frame_size: {e}"),
+            })?,
+        )
+        .frame_headroom(0)
+        .fill_queue_size(ring(half)?)
+        .comp_queue_size(ring(half)?)
+        .build()
+        .map_err(|e| XdpLinkError::InvalidConfig {
+            reason: format!("UMEM: {e}"),
+        })?;
+    let frame_count = NonZeroU32::new(config.frame_count).expect("checked above");
+    let (umem, frames) =
+        Umem::new(umem_config, frame_count, false).map_err(|e| match os_error_of(&e) {
+            Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
+                op: "creating the UMEM",
+            },
+            _ => XdpLinkError::Umem(e),
+        })?;
+
+    let mut bind_flags = match config.bind {
+        BindMode::Copy => BindFlags::XDP_COPY,
+        BindMode::ZeroCopy => BindFlags::XDP_ZEROCOPY,
+    };
+    if config.need_wakeup {
+        bind_flags |= BindFlags::XDP_USE_NEED_WAKEUP;
+    }
+    if multi_buffer {
+        bind_flags |= BindFlags::XDP_USE_SG;
+    }
+    let socket_config = SocketConfig::builder()
+        .rx_queue_size(ring(half)?)
+        .tx_queue_size(ring(half)?)
+        .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
+        .bind_flags(bind_flags)
+        .build();
+    let ifname =
+        CString::new(config.ifname.as_bytes()).map_err(|_| XdpLinkError::NoSuchInterface {
+            ifname: config.ifname.clone(),
+        })?;
+    // SAFETY: the UMEM is not shared with any other socket, so the double-free hazard
+    // `Socket::new` warns about (sharing a bound pair without
+    // XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD) cannot arise; the flag is set anyway.
+    let created = unsafe {
+        Socket::new(
+            socket_config,
+            &umem,
+            &Interface::new(ifname),
+            config.queue_id,
+        )
+    };
+    let (tx, rx, rings) = created.map_err(|e| match os_error_of(&e) {
+        Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
+            op: "creating an AF_XDP socket",
+        },
+        Some(libc::EOPNOTSUPP) if config.bind == BindMode::ZeroCopy => {
+            XdpLinkError::ZeroCopyUnsupported {
+                ifname: config.ifname.clone(),
+            }
+        }
+        Some(libc::ENODEV) => XdpLinkError::NoSuchInterface {
+            ifname: config.ifname.clone(),
+        },
+        _ => XdpLinkError::Socket {
+            ifname: config.ifname.clone(),
+            queue_id: config.queue_id,
+            source: e,
+        },
+    })?;
+    Ok((umem, frames, tx, rx, rings))
 }
 
 /// An AF_XDP socket on one queue of an interface, with its own UMEM. See the
@@ -384,82 +486,28 @@ impl XdpLink {
         }
 
         let half = config.frame_count / 2;
-        let ring = |n: u32| {
-            QueueSize::new(n).map_err(|e| XdpLinkError::InvalidConfig {
-                reason: format!("ring size {n}: {e}"),
-            })
-        };
-        let umem_config = UmemConfig::builder()
-            .frame_size(FrameSize::new(config.frame_size).map_err(|e| {
-                XdpLinkError::InvalidConfig {
-                    reason: format!("frame_size: {e}"),
+        // A queue an AF_XDP socket just released can stay busy for a moment (see
+        // `busy_retry`). Both the UMEM and the socket are made afresh on each try: a failed
+        // `xsk_socket__create` closes the file descriptor it shared with the UMEM.
+        let deadline = std::time::Instant::now() + config.busy_retry;
+        let mut pause = Duration::from_millis(2);
+        let (umem, mut frames, tx, rx, rings) = loop {
+            match bind_socket(&config, half, multi_buffer) {
+                Err(XdpLinkError::Socket { source, .. })
+                    if os_error_of(&source) == Some(libc::EBUSY)
+                        && std::time::Instant::now() < deadline =>
+                {
+                    debug!(
+                        ifname = %config.ifname,
+                        queue = config.queue_id,
+                        "queue busy (a socket released it just now?); retrying the bind"
+                    );
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
                 }
-            })?)
-            .frame_headroom(0)
-            .fill_queue_size(ring(half)?)
-            .comp_queue_size(ring(half)?)
-            .build()
-            .map_err(|e| XdpLinkError::InvalidConfig {
-                reason: format!("UMEM: {e}"),
-            })?;
-        let frame_count = NonZeroU32::new(config.frame_count).expect("checked above");
-        let (umem, mut frames) =
-            Umem::new(umem_config, frame_count, false).map_err(|e| match os_error_of(&e) {
-                Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
-                    op: "creating the UMEM",
-                },
-                _ => XdpLinkError::Umem(e),
-            })?;
-
-        let mut bind_flags = match config.bind {
-            BindMode::Copy => BindFlags::XDP_COPY,
-            BindMode::ZeroCopy => BindFlags::XDP_ZEROCOPY,
-        };
-        if config.need_wakeup {
-            bind_flags |= BindFlags::XDP_USE_NEED_WAKEUP;
-        }
-        if multi_buffer {
-            bind_flags |= BindFlags::XDP_USE_SG;
-        }
-        let socket_config = SocketConfig::builder()
-            .rx_queue_size(ring(half)?)
-            .tx_queue_size(ring(half)?)
-            .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
-            .bind_flags(bind_flags)
-            .build();
-        let ifname =
-            CString::new(config.ifname.as_bytes()).map_err(|_| XdpLinkError::NoSuchInterface {
-                ifname: config.ifname.clone(),
-            })?;
-        // SAFETY: the UMEM is not shared with any other socket, so the double-free hazard
-        // `Socket::new` warns about (sharing a bound pair without
-        // XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD) cannot arise; the flag is set anyway.
-        let created = unsafe {
-            Socket::new(
-                socket_config,
-                &umem,
-                &Interface::new(ifname),
-                config.queue_id,
-            )
-        };
-        let (tx, rx, rings) = created.map_err(|e| match os_error_of(&e) {
-            Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
-                op: "creating an AF_XDP socket",
-            },
-            Some(libc::EOPNOTSUPP) if config.bind == BindMode::ZeroCopy => {
-                XdpLinkError::ZeroCopyUnsupported {
-                    ifname: config.ifname.clone(),
-                }
+                other => break other?,
             }
-            Some(libc::ENODEV) => XdpLinkError::NoSuchInterface {
-                ifname: config.ifname.clone(),
-            },
-            _ => XdpLinkError::Socket {
-                ifname: config.ifname.clone(),
-                queue_id: config.queue_id,
-                source: e,
-            },
-        })?;
+        };
         let Some((mut fill, comp)) = rings else {
             // Only a shared UMEM already bound to this pair comes back without rings.
             return invalid("the UMEM came back without fill and completion rings".into());
