@@ -44,10 +44,10 @@ struct Args {
     #[arg(long)]
     sim: bool,
     /// Test bed: bytes per connection of each transfer.
-    #[arg(long, default_value_t = 128 << 20)]
+    #[arg(long, default_value_t = 256 << 20)]
     bed_bytes: u64,
     /// Test bed: rounds of each measurement (figures are totals over the rounds).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     rounds: u64,
     /// Test bed: frames per round of the raw frame-rate measurements.
     #[arg(long, default_value_t = 256 * 1024)]

@@ -11,6 +11,6 @@ cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 # Two cores shared with other work: build with one job.
 exec cargo run --release -j1 --example demo -- \
-    --bed-bytes 134217728 --rounds 3 \
+    --bed-bytes 268435456 --rounds 5 \
     --bytes 64000000 --loss 0.001 --latency-us 50 --bandwidth-mbps 10000 --mtu 1500 \
     --seed 1 --congestion cubic "$@"
