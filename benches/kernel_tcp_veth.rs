@@ -24,9 +24,12 @@
 //! `cargo bench --bench kernel_tcp_veth -- --warm-up-time 1 --measurement-time 4`
 
 #[cfg(target_os = "linux")]
+#[path = "support/bed.rs"]
+mod bed;
+
+#[cfg(target_os = "linux")]
 mod linux {
-    use std::io::{Read, Write};
-    use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+    use std::net::SocketAddrV4;
     use std::sync::mpsc;
     use std::time::{Duration, Instant as StdInstant};
 
@@ -40,6 +43,8 @@ mod linux {
     use netchannel::netdriver::time::Clock;
     use netchannel::netdriver::wire::EthernetAddress;
     use testbed::{Endpoint, Side, TestBed};
+
+    use crate::bed::{kernel_send, KernelSink};
     use xdp_prog::{AttachMode, AttachOptions, XdpSteering};
 
     const BYTES: usize = 64 << 20;
@@ -224,80 +229,6 @@ mod linux {
         )
     }
 
-    /// A's server for our client: reads each connection to the end, checks the count and
-    /// closes; an empty connection stops it.
-    fn start_a_server(bed: &TestBed) -> testbed::NsJoinHandle<()> {
-        let a = bed.side(Side::A).clone();
-        let (tx, rx) = mpsc::channel();
-        let server = bed
-            .spawn_thread_in(Side::A, move || {
-                let listener = TcpListener::bind((a.ipv4, A_PORT)).expect("bind in A");
-                tx.send(()).expect("ready");
-                let mut buf = vec![0u8; 256 << 10];
-                for conn in listener.incoming() {
-                    let Ok(mut conn) = conn else { break };
-                    let mut got = 0;
-                    loop {
-                        match conn.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => got += n,
-                        }
-                    }
-                    if got == 0 {
-                        break;
-                    }
-                    assert_eq!(got, BYTES, "A's server got a short stream");
-                }
-            })
-            .expect("server thread in A");
-        rx.recv_timeout(Duration::from_secs(10))
-            .expect("A's server ready");
-        server
-    }
-
-    /// B's server: for each connection, reads to the end, checks the count and closes; an
-    /// empty connection stops it.
-    fn start_server(bed: &TestBed) -> (SocketAddr, testbed::NsJoinHandle<()>) {
-        let b = bed.side(Side::B).clone();
-        let (tx, rx) = mpsc::channel();
-        let server = bed
-            .spawn_thread_in(Side::B, move || {
-                let listener = TcpListener::bind((b.ipv4, PORT)).expect("bind in B");
-                tx.send(listener.local_addr().expect("addr"))
-                    .expect("ready");
-                let mut buf = vec![0u8; 256 << 10];
-                for conn in listener.incoming() {
-                    let Ok(mut conn) = conn else { break };
-                    let mut got = 0;
-                    loop {
-                        match conn.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => got += n,
-                        }
-                    }
-                    if got == 0 {
-                        break;
-                    }
-                    assert_eq!(got, BYTES, "B's server got a short stream");
-                }
-            })
-            .expect("server thread in B");
-        let addr = rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("server ready");
-        (addr, server)
-    }
-
-    /// One 64 MiB connection from A.
-    fn one_transfer(target: SocketAddr, data: &[u8]) {
-        let mut s = TcpStream::connect(target).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(30))).ok();
-        s.write_all(data).expect("write");
-        s.shutdown(Shutdown::Write).expect("shutdown");
-        let mut rest = [0u8; 16];
-        assert_eq!(s.read(&mut rest).expect("wait for B's FIN"), 0);
-    }
-
     pub fn run() {
         let bed = match TestBed::builder().queues(1).build() {
             Ok(bed) => bed,
@@ -306,7 +237,8 @@ mod linux {
                 return;
             }
         };
-        let (target, server) = start_server(&bed);
+        let server = KernelSink::start(&bed, Side::B, PORT, BYTES as u64);
+        let target = server.addr;
         let data: Vec<u8> = (0..BYTES).map(|i| (i * 7 + (i >> 12)) as u8).collect();
         let mut c = Criterion::default().configure_from_args();
         let mut g = c.benchmark_group("kernel_tcp_veth_64MiB");
@@ -314,7 +246,7 @@ mod linux {
         g.sample_size(10);
         let client = |bed: &TestBed, data: &[u8]| {
             // A thread in A for each transfer; the data is shared by reference.
-            bed.run_in(Side::A, || one_transfer(target, data))
+            bed.run_in(Side::A, || kernel_send(target, data))
                 .expect("namespace A")
         };
         g.bench_function("nothing_attached", |bench| {
@@ -325,7 +257,7 @@ mod linux {
         // kernel's flows pass to B's kernel.
         let a = bed.side(Side::A).clone();
         let b = bed.side(Side::B).clone();
-        let a_server_handle = start_a_server(&bed);
+        let a_sink = KernelSink::start(&bed, Side::A, A_PORT, BYTES as u64);
         let (ready_tx, ready_rx) = mpsc::channel();
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let a_server = SocketAddrV4::new(a.ipv4, A_PORT);
@@ -345,10 +277,10 @@ mod linux {
         g.bench_function("xdp_on_receiver_tx_off", |bench| {
             bench.iter(|| client(&bed, &data))
         });
-        let our_server = SocketAddr::from((bed.side(Side::B).ipv4, OUR_PORT));
+        let our_server = SocketAddrV4::new(bed.side(Side::B).ipv4, OUR_PORT);
         g.bench_function("netchannel_rx", |bench| {
             bench.iter(|| {
-                bed.run_in(Side::A, || one_transfer(our_server, &data))
+                bed.run_in(Side::A, || kernel_send(our_server, &data))
                     .expect("namespace A")
             })
         });
@@ -369,14 +301,8 @@ mod linux {
         let summary = ours.join().expect("our stack");
         println!("kernel_tcp_veth: program in {mode} mode on vB; {summary}");
         // Empty connections stop the servers.
-        bed.run_in(Side::A, || drop(TcpStream::connect(target)))
-            .expect("namespace A");
-        bed.run_in(Side::A, || {
-            drop(TcpStream::connect(SocketAddr::from(a_server)))
-        })
-        .expect("namespace A");
-        server.join().expect("server");
-        a_server_handle.join().expect("A's server");
+        server.stop(&bed, Side::A);
+        a_sink.stop(&bed, Side::A);
     }
 }
 
