@@ -493,3 +493,82 @@ async fn default_stack_serves_the_tokio_style_constructors() {
     assert_eq!(&buf, b"yo");
     vns::stack::clear_default_stack();
 }
+
+/// Reads a plain transport to its end of stream.
+async fn read_transport_to_end(t: &dyn netdriver::channel::ChannelTransport) -> Vec<u8> {
+    let mut got = Vec::new();
+    loop {
+        match std::future::poll_fn(|cx| t.poll_dequeue(cx)).await.unwrap() {
+            Some(b) => got.extend_from_slice(&b),
+            None => return got,
+        }
+    }
+}
+
+#[tokio::test]
+async fn listener_serves_plain_tcp_peers() {
+    let net = MemNetwork::new();
+    let b = Stack::builder().ipv4(B).build_in_memory(&net).unwrap();
+    let l = b.bind(addr(B, 7020)).await.unwrap();
+    // A host without NetChannel connects straight to the listened port.
+    let plain_host = net.backend(Ipv4Addr::new(10, 0, 0, 3));
+    let (t, local) = plain_host.connect(SocketAddrV4::new(B, 7020)).unwrap();
+    t.enqueue(bytes::Bytes::from_static(b"GET /\r\n")).unwrap();
+    t.close();
+    let (mut s, peer) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    assert!(s.is_plain_tcp());
+    assert_eq!(peer, SocketAddr::from(local));
+    let mut req = Vec::new();
+    timeout(LIMIT, s.read_to_end(&mut req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(req, b"GET /\r\n");
+    s.write_all(b"200 OK").await.unwrap();
+    s.shutdown().await.unwrap();
+    drop(s);
+    let got = timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap();
+    assert_eq!(got, b"200 OK");
+}
+
+#[tokio::test]
+async fn connect_falls_back_to_plain_tcp() {
+    let net = MemNetwork::new();
+    let a = Stack::builder().ipv4(A).build_in_memory(&net).unwrap();
+    // A plain server: no channel port, only its service port.
+    let c_ip = Ipv4Addr::new(10, 0, 0, 3);
+    let plain_host = net.backend(c_ip);
+    let acceptor = plain_host.listen(7021).unwrap();
+    let server = tokio::spawn(async move {
+        let (t, _) = std::future::poll_fn(|cx| acceptor.poll_accept(cx))
+            .await
+            .unwrap();
+        let req = read_transport_to_end(&*t).await;
+        let mut resp = req.clone();
+        resp.reverse();
+        t.enqueue(bytes::Bytes::from(resp)).unwrap();
+        t.close();
+        req
+    });
+    let mut c = timeout(LIMIT, a.connect(addr(c_ip, 7021)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(c.is_plain_tcp());
+    assert_eq!(c.peer_addr().unwrap(), addr(c_ip, 7021));
+    c.write_all(b"abc").await.unwrap();
+    c.shutdown().await.unwrap();
+    let mut resp = Vec::new();
+    timeout(LIMIT, c.read_to_end(&mut resp))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp, b"cba");
+    assert_eq!(server.await.unwrap(), b"abc");
+    // Nothing at all on the port: still refused.
+    let e = timeout(LIMIT, a.connect(addr(c_ip, 7022)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionRefused);
+}

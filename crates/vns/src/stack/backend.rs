@@ -20,8 +20,10 @@ pub trait Backend: Send + Sync + 'static {
     /// The host's own address.
     fn ipv4(&self) -> Ipv4Addr;
 
-    /// Opens a channel to `remote` (blocking until established, refused or timed out).
-    fn connect(&self, remote: SocketAddrV4) -> Result<BoxedTransport, ChannelError>;
+    /// Opens a channel to `remote` (blocking until established, refused or timed out);
+    /// returns it with its local address.
+    fn connect(&self, remote: SocketAddrV4)
+        -> Result<(BoxedTransport, SocketAddrV4), ChannelError>;
 
     /// Listens on `port`; accepted channels arrive through the returned [`Acceptor`],
     /// which stops listening when dropped.
@@ -71,8 +73,13 @@ mod xdp {
             self.set.config().ipv4
         }
 
-        fn connect(&self, remote: SocketAddrV4) -> Result<BoxedTransport, ChannelError> {
-            Ok(Box::new(self.set.connect(remote)?))
+        fn connect(
+            &self,
+            remote: SocketAddrV4,
+        ) -> Result<(BoxedTransport, SocketAddrV4), ChannelError> {
+            let c = self.set.connect(remote)?;
+            let local = c.local_addr();
+            Ok((Box::new(c), local))
         }
 
         fn listen(&self, port: u16) -> Result<Box<dyn Acceptor>, ChannelError> {

@@ -292,7 +292,7 @@ impl Core {
         let mut error = None;
         for class in plan {
             match self.backend.connect(remote) {
-                Ok(t) => {
+                Ok((t, _)) => {
                     if let Err(e) = t.enqueue(Bytes::copy_from_slice(&preamble(class))) {
                         warn!(%remote, error = %e, "channel failed before its preamble");
                         continue;

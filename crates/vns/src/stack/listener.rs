@@ -8,8 +8,9 @@ use std::task::{Context, Poll};
 
 use tracing::debug;
 
+use super::backend::Acceptor;
 use super::driver::stopped_error;
-use super::stream::{StreamInner, VirtualStream};
+use super::stream::{PlainInner, StreamInner, VirtualStream};
 use super::{default_stack, first_v4, Stack};
 use crate::endpoint::Error;
 
@@ -21,6 +22,8 @@ use crate::endpoint::Error;
 pub struct VirtualListener {
     stack: Stack,
     port: u16,
+    /// Plain-TCP connections to the same port, from hosts without NetChannel.
+    plain: Option<Box<dyn Acceptor>>,
 }
 
 impl fmt::Debug for VirtualListener {
@@ -32,8 +35,8 @@ impl fmt::Debug for VirtualListener {
 }
 
 impl VirtualListener {
-    pub(crate) fn new(stack: Stack, port: u16) -> VirtualListener {
-        VirtualListener { stack, port }
+    pub(crate) fn new(stack: Stack, port: u16, plain: Option<Box<dyn Acceptor>>) -> Self {
+        VirtualListener { stack, port, plain }
     }
 
     /// Listens on `addr` through the process's default stack (see
@@ -84,9 +87,30 @@ impl VirtualListener {
             Err(Error::WouldBlock) if st.stopped => Poll::Ready(Err(stopped_error())),
             Err(Error::WouldBlock) => {
                 st.listeners.insert(self.port, Some(cx.waker().clone()));
-                Poll::Pending
+                drop(st);
+                self.poll_accept_plain(cx)
             }
             Err(e) => Poll::Ready(Err(e.into())),
+        }
+    }
+}
+
+impl VirtualListener {
+    fn poll_accept_plain(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<(VirtualStream, SocketAddr)>> {
+        let Some(a) = self.plain.as_ref() else {
+            return Poll::Pending;
+        };
+        match a.poll_accept(cx) {
+            Poll::Ready(Ok((t, peer))) => {
+                debug!(%peer, port = self.port, "accepted a plain-TCP connection");
+                let inner = PlainInner::new(self.stack.clone(), t, self.local(), peer);
+                Poll::Ready(Ok((VirtualStream::plain(inner), peer.into())))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
+            Poll::Pending => Poll::Pending,
         }
     }
 }

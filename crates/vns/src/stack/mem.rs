@@ -59,7 +59,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// One end of an in-memory channel. Dropping it resets the channel.
+/// One end of an in-memory channel. Dropping it resets the channel unless it was closed.
 #[derive(Debug)]
 pub struct MemChannel {
     pipe: Arc<Mutex<Pipe>>,
@@ -225,8 +225,13 @@ impl ChannelTransport for MemChannel {
 }
 
 impl Drop for MemChannel {
+    /// Resets the channel, unless this end closed it (then the peer reads the queued
+    /// chunks and the end of stream, like a TCP close).
     fn drop(&mut self) {
-        self.abort();
+        let closed = lock(&self.pipe).dirs[self.side].fin;
+        if !closed {
+            self.abort();
+        }
     }
 }
 
@@ -275,7 +280,11 @@ impl MemNetwork {
         }
     }
 
-    fn connect(&self, from: Ipv4Addr, to: SocketAddrV4) -> Result<MemChannel, ChannelError> {
+    fn connect(
+        &self,
+        from: Ipv4Addr,
+        to: SocketAddrV4,
+    ) -> Result<(MemChannel, SocketAddrV4), ChannelError> {
         let mut net = lock(&self.inner);
         let q = net
             .listeners
@@ -294,7 +303,7 @@ impl MemNetwork {
         if let Some(w) = q.waker.take() {
             w.wake();
         }
-        Ok(client)
+        Ok((client, local))
     }
 }
 
@@ -353,8 +362,12 @@ impl Backend for MemBackend {
         self.ipv4
     }
 
-    fn connect(&self, remote: SocketAddrV4) -> Result<BoxedTransport, ChannelError> {
-        Ok(Box::new(self.net.connect(self.ipv4, remote)?))
+    fn connect(
+        &self,
+        remote: SocketAddrV4,
+    ) -> Result<(BoxedTransport, SocketAddrV4), ChannelError> {
+        let (c, local) = self.net.connect(self.ipv4, remote)?;
+        Ok((Box::new(c), local))
     }
 
     fn listen(&self, port: u16) -> Result<Box<dyn Acceptor>, ChannelError> {
@@ -409,7 +422,7 @@ mod tests {
         );
         assert_eq!(b.dequeue().unwrap(), Dequeued::Finished);
         assert_eq!(b.stats().bytes_received, 11);
-        drop(a);
+        a.abort();
         assert!(matches!(b.dequeue(), Err(ChannelError::Reset)));
     }
 
@@ -421,7 +434,7 @@ mod tests {
         let to = SocketAddrV4::new(b.ipv4(), 9000);
         assert!(matches!(a.connect(to), Err(ChannelError::Refused)));
         let l = b.listen(9000).unwrap();
-        let c = a.connect(to).unwrap();
+        let (c, _) = a.connect(to).unwrap();
         let waker = Waker::noop();
         let mut cx = Context::from_waker(waker);
         let Poll::Ready(Ok((s, peer))) = l.poll_accept(&mut cx) else {

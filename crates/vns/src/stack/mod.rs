@@ -450,11 +450,20 @@ impl Stack {
             addr.port()
         } else {
             (32768..=60999u16)
+                .filter(|&p| p != self.core().config.channel_port)
                 .find(|&p| st.ep.bind(p, backlog).is_ok())
                 .ok_or(Error::PortsExhausted)?
         };
         drop(st);
-        Ok(VirtualListener::new(self.clone(), port))
+        // Plain-TCP peers connect to the same port.
+        let plain = match self.core().backend.listen(port) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                let _ = self.core().lock().ep.unbind(port);
+                return Err(e.into());
+            }
+        };
+        Ok(VirtualListener::new(self.clone(), port, plain))
     }
 
     /// Opens a virtual socket to `addr`: on first use of the host, opens the stack's

@@ -6,14 +6,17 @@ use std::io;
 use std::net::{SocketAddr, SocketAddrV4, ToSocketAddrs};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
+use bytes::Bytes;
+use netdriver::channel::EnqueueError;
 use netsched::AppClass;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tracing::debug;
 
+use super::backend::BoxedTransport;
 use super::driver::stopped_error;
 use super::{default_stack, first_v4, Stack};
 use crate::endpoint::{Error, SocketId};
@@ -125,6 +128,168 @@ impl fmt::Debug for StreamInner {
     }
 }
 
+/// A stream to a plain-TCP peer (a host without NetChannel): one dedicated channel
+/// carries the application's bytes as they are, without chunk headers.
+pub(crate) struct PlainInner {
+    _stack: Stack,
+    t: BoxedTransport,
+    rx: Mutex<Option<Bytes>>,
+    shut: AtomicBool,
+    local: SocketAddrV4,
+    peer: SocketAddrV4,
+    nodelay: AtomicBool,
+}
+
+impl PlainInner {
+    pub(crate) fn new(
+        stack: Stack,
+        t: BoxedTransport,
+        local: SocketAddrV4,
+        peer: SocketAddrV4,
+    ) -> Self {
+        PlainInner {
+            _stack: stack,
+            t,
+            rx: Mutex::new(None),
+            shut: AtomicBool::new(false),
+            local,
+            peer,
+            nodelay: AtomicBool::new(false),
+        }
+    }
+
+    fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut chunk = match rx.take() {
+            Some(b) => b,
+            None => match self.t.poll_dequeue(cx) {
+                Poll::Ready(Ok(Some(b))) => b,
+                Poll::Ready(Ok(None)) => return Poll::Ready(Ok(())),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => return Poll::Pending,
+            },
+        };
+        let n = chunk.len().min(buf.remaining());
+        buf.put_slice(&chunk.split_to(n));
+        if !chunk.is_empty() {
+            *rx = Some(chunk);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        if self.shut.load(Ordering::Acquire) {
+            return Poll::Ready(Err(Error::WriteClosed.into()));
+        }
+        if data.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        loop {
+            match self.t.poll_enqueue_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => return Poll::Pending,
+            }
+            let n = data.len().min(PLAIN_WRITE_MAX);
+            match self.t.enqueue(Bytes::copy_from_slice(&data[..n])) {
+                Ok(()) => return Poll::Ready(Ok(n)),
+                Err(EnqueueError::Full(_)) => continue,
+                Err(EnqueueError::Closed(e)) => return Poll::Ready(Err(e.into())),
+            }
+        }
+    }
+
+    fn poll_shutdown(&self) -> Poll<io::Result<()>> {
+        if !self.shut.swap(true, Ordering::AcqRel) {
+            self.t.close();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for PlainInner {
+    fn drop(&mut self) {
+        if !self.shut.load(Ordering::Acquire) {
+            self.t.abort();
+        }
+    }
+}
+
+/// Most bytes one write to a plain-TCP stream enqueues as one chunk.
+const PLAIN_WRITE_MAX: usize = 64 * 1024;
+
+/// What a stream or a half refers to.
+#[derive(Clone)]
+pub(crate) enum Sock {
+    Virtual(Arc<StreamInner>),
+    Plain(Arc<PlainInner>),
+}
+
+impl fmt::Debug for Sock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Sock::Virtual(v) => v.fmt(f),
+            Sock::Plain(p) => f
+                .debug_struct("PlainStream")
+                .field("local", &p.local)
+                .field("peer", &p.peer)
+                .finish(),
+        }
+    }
+}
+
+impl Sock {
+    fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Sock::Virtual(v) => v.poll_read(cx, buf),
+            Sock::Plain(p) => p.poll_read(cx, buf),
+        }
+    }
+
+    fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        match self {
+            Sock::Virtual(v) => v.poll_write(cx, data),
+            Sock::Plain(p) => p.poll_write(cx, data),
+        }
+    }
+
+    fn poll_shutdown(&self) -> Poll<io::Result<()>> {
+        match self {
+            Sock::Virtual(v) => v.poll_shutdown(),
+            Sock::Plain(p) => p.poll_shutdown(),
+        }
+    }
+
+    fn local(&self) -> SocketAddrV4 {
+        match self {
+            Sock::Virtual(v) => v.local,
+            Sock::Plain(p) => p.local,
+        }
+    }
+
+    fn peer(&self) -> SocketAddrV4 {
+        match self {
+            Sock::Virtual(v) => v.peer,
+            Sock::Plain(p) => p.peer,
+        }
+    }
+
+    fn nodelay(&self) -> &AtomicBool {
+        match self {
+            Sock::Virtual(v) => &v.nodelay,
+            Sock::Plain(p) => &p.nodelay,
+        }
+    }
+
+    fn same(&self, other: &Sock) -> bool {
+        match (self, other) {
+            (Sock::Virtual(a), Sock::Virtual(b)) => Arc::ptr_eq(a, b),
+            (Sock::Plain(a), Sock::Plain(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
 /// A virtual socket: a reliable, ordered byte stream to a peer, carried over the stack's
 /// channels. The drop-in for `tokio::net::TcpStream`.
 ///
@@ -136,16 +301,30 @@ impl fmt::Debug for StreamInner {
 ///
 /// `poll_flush` returns at once: bytes written are in the socket's send buffer and leave
 /// as credit allows, like a kernel socket's.
+///
+/// A stream to or from a host that does not speak NetChannel (a kernel TCP peer) is the
+/// same type: it runs over one dedicated channel carrying the bytes as they are.
 #[derive(Debug)]
 pub struct VirtualStream {
-    inner: Arc<StreamInner>,
+    inner: Sock,
 }
 
 impl VirtualStream {
     pub(crate) fn from_inner(inner: StreamInner) -> VirtualStream {
         VirtualStream {
-            inner: Arc::new(inner),
+            inner: Sock::Virtual(Arc::new(inner)),
         }
+    }
+
+    pub(crate) fn plain(inner: PlainInner) -> VirtualStream {
+        VirtualStream {
+            inner: Sock::Plain(Arc::new(inner)),
+        }
+    }
+
+    /// Whether the peer is a plain-TCP host (no NetChannel channels, no virtual header).
+    pub fn is_plain_tcp(&self) -> bool {
+        matches!(self.inner, Sock::Plain(_))
     }
 
     /// Connects to `addr` through the process's default stack (see
@@ -157,42 +336,49 @@ impl VirtualStream {
 
     /// The local address: the stack's address and the socket's virtual port.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.inner.local.into())
+        Ok(self.inner.local().into())
     }
 
     /// The peer's address and virtual port.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.inner.peer.into())
+        Ok(self.inner.peer().into())
     }
 
     /// Recorded for compatibility with `TcpStream`; virtual sockets never delay small
     /// writes (each driver round sends what was written).
     pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
-        self.inner.nodelay.store(nodelay, Ordering::Relaxed);
+        self.inner.nodelay().store(nodelay, Ordering::Relaxed);
         Ok(())
     }
 
     /// The value last given to [`set_nodelay`](Self::set_nodelay).
     pub fn nodelay(&self) -> io::Result<bool> {
-        Ok(self.inner.nodelay.load(Ordering::Relaxed))
+        Ok(self.inner.nodelay().load(Ordering::Relaxed))
     }
 
     /// Declares the socket latency-sensitive or throughput-oriented (the paper's
     /// `SO_APP_TYPE`): its later chunks use only channels of that class. Fails with
-    /// `AddrNotAvailable` when the stack has no channel of that class to the peer.
+    /// `AddrNotAvailable` when the stack has no channel of that class to the peer. No
+    /// effect on a plain-TCP stream.
     pub fn set_app_class(&self, class: AppClass) -> io::Result<()> {
-        self.inner.set_app_class(class)
+        match &self.inner {
+            Sock::Virtual(v) => v.set_app_class(class),
+            Sock::Plain(_) => Ok(()),
+        }
     }
 
     /// The socket's application class.
     pub fn app_class(&self) -> AppClass {
-        self.inner
-            .stack
-            .core()
-            .lock()
-            .ep
-            .app_class(self.inner.sid)
-            .unwrap_or(AppClass::Throughput)
+        match &self.inner {
+            Sock::Virtual(v) => v
+                .stack
+                .core()
+                .lock()
+                .ep
+                .app_class(v.sid)
+                .unwrap_or(AppClass::Throughput),
+            Sock::Plain(_) => AppClass::Throughput,
+        }
     }
 
     /// Borrowed read and write halves, usable from two tasks at once (like
@@ -247,11 +433,11 @@ impl AsyncWrite for VirtualStream {
 
 /// The read half of [`VirtualStream::split`].
 #[derive(Debug)]
-pub struct ReadHalf<'a>(&'a StreamInner);
+pub struct ReadHalf<'a>(&'a Sock);
 
 /// The write half of [`VirtualStream::split`].
 #[derive(Debug)]
-pub struct WriteHalf<'a>(&'a StreamInner);
+pub struct WriteHalf<'a>(&'a Sock);
 
 impl AsyncRead for ReadHalf<'_> {
     fn poll_read(
@@ -284,25 +470,25 @@ impl AsyncWrite for WriteHalf<'_> {
 /// The read half of [`VirtualStream::into_split`].
 #[derive(Debug)]
 pub struct OwnedReadHalf {
-    inner: Arc<StreamInner>,
+    inner: Sock,
 }
 
 /// The write half of [`VirtualStream::into_split`]; dropping it shuts the write side down.
 #[derive(Debug)]
 pub struct OwnedWriteHalf {
-    inner: Arc<StreamInner>,
+    inner: Sock,
     shutdown_on_drop: bool,
 }
 
 impl OwnedReadHalf {
     /// The peer's address.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.inner.peer.into())
+        Ok(self.inner.peer().into())
     }
 
     /// The local address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.inner.local.into())
+        Ok(self.inner.local().into())
     }
 
     /// Rejoins the halves of one stream; hands them back if they do not match.
@@ -310,7 +496,7 @@ impl OwnedReadHalf {
         self,
         other: OwnedWriteHalf,
     ) -> Result<VirtualStream, (OwnedReadHalf, OwnedWriteHalf)> {
-        if Arc::ptr_eq(&self.inner, &other.inner) {
+        if self.inner.same(&other.inner) {
             let mut other = other;
             other.shutdown_on_drop = false;
             Ok(VirtualStream {
@@ -325,12 +511,12 @@ impl OwnedReadHalf {
 impl OwnedWriteHalf {
     /// The peer's address.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.inner.peer.into())
+        Ok(self.inner.peer().into())
     }
 
     /// The local address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.inner.local.into())
+        Ok(self.inner.local().into())
     }
 
     /// Drops the half without shutting the write side down.
@@ -381,7 +567,17 @@ pub(crate) async fn connect(stack: &Stack, addr: SocketAddrV4) -> io::Result<Vir
     let class = AppClass::Throughput;
     let mut attempt = None;
     let peer =
-        poll_fn(|cx| core.poll_peer(*addr.ip(), class.channel_class(), &mut attempt, cx)).await?;
+        match poll_fn(|cx| core.poll_peer(*addr.ip(), class.channel_class(), &mut attempt, cx))
+            .await
+        {
+            Ok(p) => p,
+            // No channel port there: a host without NetChannel; try plain TCP.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                debug!(%addr, "no channel port; falling back to plain TCP");
+                return connect_plain(stack, addr).await;
+            }
+            Err(e) => return Err(e),
+        };
     let (sid, local) = {
         let mut st = core.lock();
         if st.stopped {
@@ -428,4 +624,51 @@ pub(crate) async fn connect(stack: &Stack, addr: SocketAddrV4) -> io::Result<Vir
     .await?;
     debug!(socket = %sid, %addr, "connected");
     Ok(stream)
+}
+
+type PlainResult = io::Result<(BoxedTransport, SocketAddrV4)>;
+
+#[derive(Default)]
+struct PlainSlot {
+    result: Option<PlainResult>,
+    waker: Option<Waker>,
+}
+
+/// Opens one channel straight to `addr` (a plain-TCP peer), in a helper thread since the
+/// backend's connect blocks.
+async fn connect_plain(stack: &Stack, addr: SocketAddrV4) -> io::Result<VirtualStream> {
+    let slot = Arc::new(Mutex::new(PlainSlot::default()));
+    let backend = stack.core().backend.clone();
+    let s2 = slot.clone();
+    std::thread::Builder::new()
+        .name("vns-plain".into())
+        .spawn(move || {
+            let r = backend.connect(addr).map_err(io::Error::from);
+            let w = {
+                let mut s = s2.lock().unwrap_or_else(|p| p.into_inner());
+                s.result = Some(r);
+                s.waker.take()
+            };
+            if let Some(w) = w {
+                w.wake();
+            }
+        })?;
+    let (t, local) = poll_fn(|cx| {
+        let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
+        match s.result.take() {
+            Some(r) => Poll::Ready(r),
+            None => {
+                s.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    })
+    .await?;
+    debug!(%addr, %local, "connected over plain TCP");
+    Ok(VirtualStream::plain(PlainInner::new(
+        stack.clone(),
+        t,
+        local,
+        addr,
+    )))
 }
