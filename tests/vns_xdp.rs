@@ -220,3 +220,94 @@ fn two_stacks_over_af_xdp() {
     drop(a);
     drop(b);
 }
+
+#[test]
+fn plain_kernel_tcp_peers_over_af_xdp() {
+    use std::io::{Read, Write};
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    // Only B runs a stack; A is a plain host (kernel TCP, no channel port).
+    let b = stack_in(&bed, Side::B);
+    let a_ip = bed.side(Side::A).ipv4;
+    let b_ip = bed.side(Side::B).ipv4;
+    const LEN: usize = 1 << 20;
+    let mut data = vec![0u8; LEN];
+    fill(77, 0, &mut data);
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // A kernel client against a VirtualListener.
+    let l = rt
+        .block_on(b.bind(SocketAddrV4::new(b_ip, 7100).into()))
+        .unwrap();
+    let server = rt.spawn(async move {
+        let (mut s, peer) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+        assert!(s.is_plain_tcp());
+        let (mut r, mut w) = s.split();
+        let n = tokio::io::copy(&mut r, &mut w).await.unwrap();
+        w.shutdown().await.unwrap();
+        (peer, n)
+    });
+    let d2 = data.clone();
+    let echoed = bed
+        .run_in(Side::A, move || {
+            let mut s = std::net::TcpStream::connect((b_ip, 7100)).expect("kernel connect");
+            s.set_read_timeout(Some(LIMIT)).unwrap();
+            let mut r = s.try_clone().unwrap();
+            let reader = std::thread::spawn(move || {
+                let mut got = Vec::new();
+                r.read_to_end(&mut got).map(|_| got)
+            });
+            s.write_all(&d2).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            reader.join().unwrap().expect("kernel read")
+        })
+        .unwrap();
+    assert!(
+        echoed == data,
+        "kernel client got {} bytes back",
+        echoed.len()
+    );
+    let (peer, n) = rt.block_on(server).unwrap();
+    assert_eq!(n, LEN as u64);
+    assert_eq!(peer.ip(), std::net::IpAddr::V4(a_ip));
+
+    // Our connect to a kernel server: A has no channel port, so it falls back to TCP.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let kernel_server = bed
+        .spawn_thread_in(Side::A, move || {
+            let l = std::net::TcpListener::bind((a_ip, 7101)).unwrap();
+            ready_tx.send(()).unwrap();
+            let (mut s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(LIMIT)).unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).unwrap();
+            s.write_all(&got).unwrap();
+            got.len()
+        })
+        .unwrap();
+    ready_rx.recv_timeout(LIMIT).unwrap();
+    let got = rt.block_on(async {
+        let mut c = timeout(LIMIT, b.connect(SocketAddrV4::new(a_ip, 7101).into()))
+            .await
+            .unwrap()
+            .expect("connect with fallback");
+        assert!(c.is_plain_tcp());
+        c.write_all(&data).await.unwrap();
+        c.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        timeout(LIMIT, c.read_to_end(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        got
+    });
+    assert!(got == data, "got {} bytes back", got.len());
+    assert_eq!(kernel_server.join().unwrap(), LEN);
+    drop(rt);
+    drop(b);
+}
