@@ -6,9 +6,40 @@
 //! scheduler ([`netsched`]) over channels ([`netdriver`]), each channel an in-crate TCP
 //! connection carried by AF_XDP sockets.
 //!
-//! Today the crate exposes the channel layer: the wire codecs, the sans-IO TCP and the
-//! simulated link. The virtual-socket API arrives with the VNS issue.
+//! ```no_run
+//! use netchannel::{Stack, VirtualListener, VirtualStream, AppClass};
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let stack = Stack::builder()
+//!     .interface("vB")                     // AF_XDP sockets on this interface's queues
+//!     .ipv4("10.77.0.2".parse()?)          // the stack's own address there
+//!     .copy_workers(1)
+//!     .scheduler(netchannel::sched::RoundRobin::default())
+//!     .build()?;
+//! let listener: VirtualListener = stack.bind("10.77.0.2:7000".parse()?).await?;
+//! let (mut stream, _peer) = listener.accept().await?;
+//! stream.set_app_class(AppClass::Latency)?;
+//! let mut buf = [0u8; 4];
+//! stream.read_exact(&mut buf).await?;
+//! stream.write_all(&buf).await?;
+//! let other: VirtualStream = stack.connect("10.77.0.1:7000".parse()?).await?;
+//! let (_rd, _wr) = other.into_split();
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Without privileges, stacks run on an in-memory network
+//! ([`vns::stack::MemNetwork`], [`Stack::pair_in_memory`]).
 
 pub use netdriver;
 pub use netsched;
+/// Scheduling policies ([`netsched`]): pass one to [`StackBuilder::scheduler`].
+pub use netsched as sched;
 pub use vns;
+
+pub use vns::stack::{
+    clear_default_stack, default_stack, set_default_stack, OwnedReadHalf, OwnedWriteHalf, ReadHalf,
+    Stack, StackBuilder, StackError, VirtualListener, VirtualStream, WriteHalf,
+};
+pub use vns::AppClass;

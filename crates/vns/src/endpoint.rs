@@ -662,6 +662,28 @@ impl Endpoint {
         Ok(sid)
     }
 
+    /// Changes a socket's application class (the paper's `SO_APP_TYPE`): its later chunks
+    /// go to channels of the new class. [`Error::NoChannel`] when no channel of that class
+    /// leads to the socket's peer.
+    pub fn set_app_class(&mut self, id: SocketId, class: AppClass) -> Result<(), Error> {
+        let peer = self.live_socket(id)?.key.peer;
+        if !self
+            .channels
+            .values()
+            .any(|c| c.peer == peer && c.class == class.channel_class())
+        {
+            return Err(Error::NoChannel);
+        }
+        self.live_socket(id)?.class = class;
+        self.schedule_needed = true;
+        Ok(())
+    }
+
+    /// A socket's application class.
+    pub fn app_class(&self, id: SocketId) -> Option<AppClass> {
+        self.sockets.get(&id).map(|s| s.class)
+    }
+
     /// The peer host and the local and remote virtual ports of a socket.
     pub fn socket_addr(&self, id: SocketId) -> Option<(PeerId, u16, u16)> {
         self.sockets

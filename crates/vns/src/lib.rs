@@ -11,8 +11,9 @@
 //! byte order; per-socket credit, a [`ResponseQueue`] charged to channel budgets and
 //! STOP/RESUME keep a socket whose reader sleeps from stalling the channels it shares.
 //!
-//! The tokio `VirtualStream`/`VirtualListener`, copy workers and the binding to
-//! `netdriver` channels are built on top of this core later.
+//! The [`stack`] module binds this core to channels and to tokio: a [`Stack`] (one driver
+//! thread owning the endpoint and the channels, AF_XDP or in-memory) and the user-facing
+//! [`VirtualStream`] and [`VirtualListener`]. Copy workers come later.
 //!
 //! # Example
 //!
@@ -62,6 +63,7 @@ pub mod deframer;
 mod endpoint;
 pub mod reorder;
 pub mod response_queue;
+pub mod stack;
 pub mod wire;
 
 pub use deframer::{Chunk, Deframer};
@@ -72,4 +74,8 @@ pub use endpoint::{
 pub use netsched::{AppClass, ChannelClass, ChannelId};
 pub use reorder::ReorderBuffer;
 pub use response_queue::ResponseQueue;
+pub use stack::{
+    default_stack, set_default_stack, Stack, StackBuilder, StackError, VirtualListener,
+    VirtualStream,
+};
 pub use wire::{ChunkPacket, ChunkRepr, ChunkType, Seq};

@@ -1,0 +1,101 @@
+//! Where a stack's channels come from: the [`Backend`] trait, implemented over AF_XDP
+//! channel sets ([`XdpBackend`], netdriver's [`ChannelSet`]) and over the in-process
+//! [`MemNetwork`](super::MemNetwork).
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::task::{Context, Poll};
+
+use netdriver::channel::{ChannelError, ChannelTransport};
+
+/// A channel as the stack's driver holds it.
+pub type BoxedTransport = Box<dyn ChannelTransport>;
+
+/// Opens and accepts channels for a [`Stack`](super::Stack).
+///
+/// Implementations: [`XdpBackend`] (in-crate TCP over AF_XDP) and
+/// [`MemBackend`](super::MemBackend) (in-memory, for tests). `connect` may block for a
+/// handshake; the stack calls it from a helper thread, never from its driver or from a
+/// tokio task.
+pub trait Backend: Send + Sync + 'static {
+    /// The host's own address.
+    fn ipv4(&self) -> Ipv4Addr;
+
+    /// Opens a channel to `remote` (blocking until established, refused or timed out);
+    /// returns it with its local address.
+    fn connect(&self, remote: SocketAddrV4)
+        -> Result<(BoxedTransport, SocketAddrV4), ChannelError>;
+
+    /// Listens on `port`; accepted channels arrive through the returned [`Acceptor`],
+    /// which stops listening when dropped.
+    fn listen(&self, port: u16) -> Result<Box<dyn Acceptor>, ChannelError>;
+}
+
+/// Accepted channels of one listened port.
+pub trait Acceptor: Send + Sync {
+    /// The next accepted channel and its peer's address, or registers `cx`'s waker.
+    #[allow(clippy::type_complexity)]
+    fn poll_accept(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(BoxedTransport, SocketAddrV4), ChannelError>>;
+}
+
+#[cfg(target_os = "linux")]
+pub use xdp::XdpBackend;
+
+#[cfg(target_os = "linux")]
+mod xdp {
+    use super::*;
+    use netdriver::channel::{ChannelListener, ChannelSet};
+
+    /// Channels over AF_XDP: a netdriver [`ChannelSet`] (one channel thread per NIC
+    /// queue). Dropping the backend shuts the set down (threads joined, XDP program
+    /// detached).
+    #[derive(Debug)]
+    pub struct XdpBackend {
+        set: ChannelSet,
+    }
+
+    impl XdpBackend {
+        /// A backend over a started channel set.
+        pub fn new(set: ChannelSet) -> XdpBackend {
+            XdpBackend { set }
+        }
+
+        /// The channel set.
+        pub fn channel_set(&self) -> &ChannelSet {
+            &self.set
+        }
+    }
+
+    impl Backend for XdpBackend {
+        fn ipv4(&self) -> Ipv4Addr {
+            self.set.config().ipv4
+        }
+
+        fn connect(
+            &self,
+            remote: SocketAddrV4,
+        ) -> Result<(BoxedTransport, SocketAddrV4), ChannelError> {
+            let c = self.set.connect(remote)?;
+            let local = c.local_addr();
+            Ok((Box::new(c), local))
+        }
+
+        fn listen(&self, port: u16) -> Result<Box<dyn Acceptor>, ChannelError> {
+            Ok(Box::new(self.set.listen(port)?))
+        }
+    }
+
+    impl Acceptor for ChannelListener {
+        fn poll_accept(
+            &self,
+            cx: &mut Context<'_>,
+        ) -> Poll<Result<(BoxedTransport, SocketAddrV4), ChannelError>> {
+            ChannelListener::poll_accept(self, cx).map_ok(|c| {
+                let peer = c.peer_addr();
+                (Box::new(c) as BoxedTransport, peer)
+            })
+        }
+    }
+}

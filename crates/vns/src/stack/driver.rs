@@ -1,0 +1,753 @@
+//! The driver: one thread per stack that owns the channels and moves bytes between them
+//! and the [`Endpoint`].
+//!
+//! The endpoint, the channel table and the tasks' wakers live in one [`State`] behind one
+//! mutex ([`Core::lock`]). Application calls (`poll_read`, `poll_write`, ...) lock it,
+//! call the endpoint and [`Signal::notify`] the driver; the driver locks it once per round
+//! to accept channels, feed received chunks to [`Endpoint::handle_chunk_bytes`], push
+//! [`Endpoint::poll_transmit`] output into the channels, report channel loads and losses,
+//! and turn endpoint events into task wake-ups (after unlocking). With nothing to do it
+//! parks until a channel waker, an application call or a connect deadline wakes it: no
+//! busy polling. One lock is the simple, first version: it serialises application calls
+//! of different streams of a stack (each call is short: a copy into or out of a socket
+//! buffer).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use netdriver::channel::{ChannelError, EnqueueError};
+use netsched::{ChannelClass, ChannelId};
+use tracing::{debug, trace, warn};
+
+use super::backend::{Acceptor, Backend, BoxedTransport};
+use crate::endpoint::{ChannelLoad, Endpoint, Event, PeerId, SocketId};
+
+/// Bytes of `poll_transmit` output gathered into one channel chunk.
+const TX_BATCH: usize = 256 * 1024;
+/// Chunks read from one channel per driver round (fairness between channels and with
+/// application calls, which wait for the lock).
+const RX_BUDGET: usize = 64;
+/// Batches written to one channel per driver round.
+const TX_BUDGET: usize = 16;
+
+/// The first bytes on every channel a stack opens: magic, version, channel class, two
+/// reserved zero bytes. The acceptor reads them before the channel joins the endpoint,
+/// so both ends agree on the channel's class (documented in `docs/wire-format.md`).
+pub(crate) const PREAMBLE_LEN: usize = 8;
+const PREAMBLE_MAGIC: &[u8; 4] = b"NCHN";
+const PREAMBLE_VERSION: u8 = 1;
+
+pub(crate) fn preamble(class: ChannelClass) -> [u8; PREAMBLE_LEN] {
+    let c = match class {
+        ChannelClass::Throughput => 0,
+        ChannelClass::Latency => 1,
+    };
+    let m = PREAMBLE_MAGIC;
+    [m[0], m[1], m[2], m[3], PREAMBLE_VERSION, c, 0, 0]
+}
+
+pub(crate) fn parse_preamble(b: &[u8]) -> Option<ChannelClass> {
+    if b.len() < PREAMBLE_LEN || &b[..4] != PREAMBLE_MAGIC || b[4] != PREAMBLE_VERSION {
+        return None;
+    }
+    match b[5] {
+        0 => Some(ChannelClass::Throughput),
+        1 => Some(ChannelClass::Latency),
+        _ => None,
+    }
+}
+
+/// Wakes the driver thread. Used as the waker of every channel and acceptor poll, and by
+/// application calls.
+#[derive(Debug, Default)]
+pub(crate) struct Signal {
+    notified: AtomicBool,
+    stop: AtomicBool,
+    thread: OnceLock<Thread>,
+}
+
+impl Signal {
+    /// Makes the driver run a round (cheap when it is awake already).
+    pub(crate) fn notify(&self) {
+        if !self.notified.swap(true, Ordering::AcqRel) {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.notified.store(true, Ordering::Release);
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+}
+
+impl Wake for Signal {
+    fn wake(self: Arc<Self>) {
+        self.notify();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.notify();
+    }
+}
+
+/// Settings the driver and the application calls need.
+#[derive(Debug, Clone)]
+pub(crate) struct CoreConfig {
+    pub channels: usize,
+    pub latency_channels: usize,
+    pub channel_port: u16,
+    pub backlog: usize,
+    pub connect_timeout: Duration,
+}
+
+/// What the stack shares between its driver thread, its handles and its streams.
+pub(crate) struct Core {
+    state: Mutex<State>,
+    pub(crate) signal: Arc<Signal>,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) config: CoreConfig,
+}
+
+/// A stream's or connect's wakers.
+#[derive(Debug, Default)]
+pub(crate) struct SockWake {
+    pub read: Option<Waker>,
+    pub write: Option<Waker>,
+    pub timed_out: bool,
+}
+
+#[derive(Debug)]
+enum Opening {
+    Idle,
+    Running {
+        attempt: u64,
+        waiters: Vec<Waker>,
+    },
+    Failed {
+        attempt: u64,
+        kind: io::ErrorKind,
+        msg: String,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) struct Peer {
+    id: PeerId,
+    throughput: usize,
+    latency: usize,
+    opening: Opening,
+}
+
+struct ChanIo {
+    t: BoxedTransport,
+    peer: Ipv4Addr,
+    class: ChannelClass,
+    rx_pending: Option<Bytes>,
+    tx_pending: Option<Bytes>,
+}
+
+struct Incoming {
+    t: BoxedTransport,
+    peer: SocketAddrV4,
+    got: Vec<u8>,
+}
+
+/// Everything behind the stack's lock.
+pub(crate) struct State {
+    pub ep: Endpoint,
+    chans: BTreeMap<ChannelId, ChanIo>,
+    incoming: Vec<Incoming>,
+    peers: HashMap<Ipv4Addr, Peer>,
+    peer_ips: HashMap<PeerId, Ipv4Addr>,
+    next_channel: u32,
+    next_peer: u32,
+    next_attempt: u64,
+    pub socks: HashMap<SocketId, SockWake>,
+    pub listeners: HashMap<u16, Option<Waker>>,
+    pub deadlines: BTreeMap<SocketId, Instant>,
+    /// The driver has stopped: no channel will ever move again.
+    pub stopped: bool,
+}
+
+impl Core {
+    pub(crate) fn new(ep: Endpoint, backend: Arc<dyn Backend>, config: CoreConfig) -> Core {
+        Core {
+            state: Mutex::new(State {
+                ep,
+                chans: BTreeMap::new(),
+                incoming: Vec::new(),
+                peers: HashMap::new(),
+                peer_ips: HashMap::new(),
+                next_channel: 0,
+                next_peer: 0,
+                next_attempt: 0,
+                socks: HashMap::new(),
+                listeners: HashMap::new(),
+                deadlines: BTreeMap::new(),
+                stopped: false,
+            }),
+            signal: Arc::new(Signal::default()),
+            backend,
+            config,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Resolves `ip` to a peer with at least one channel of `class`, opening the stack's
+    /// channels to it on first use (in a helper thread). `attempt` remembers which opening
+    /// this caller waits for, so that it sees that opening's failure.
+    pub(crate) fn poll_peer(
+        self: &Arc<Self>,
+        ip: Ipv4Addr,
+        class: ChannelClass,
+        attempt: &mut Option<u64>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<PeerId>> {
+        let mut st = self.lock();
+        if st.stopped {
+            return Poll::Ready(Err(stopped_error()));
+        }
+        let id = st.peer_id(ip);
+        let next_attempt = st.next_attempt;
+        let peer = st.peers.get_mut(&ip).expect("peer_id inserted it");
+        let usable = match class {
+            ChannelClass::Throughput => peer.throughput,
+            ChannelClass::Latency => peer.latency,
+        };
+        if usable > 0 {
+            return Poll::Ready(Ok(id));
+        }
+        match &mut peer.opening {
+            Opening::Running {
+                waiters,
+                attempt: a,
+            } => {
+                *attempt = Some(*a);
+                if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                    waiters.push(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
+            Opening::Failed {
+                attempt: a,
+                kind,
+                msg,
+            } if *attempt == Some(*a) => {
+                return Poll::Ready(Err(io::Error::new(*kind, msg.clone())));
+            }
+            Opening::Idle | Opening::Failed { .. } if attempt.is_some() => {
+                // Our opening finished with channels that were lost since, or without a
+                // channel of this class.
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::AddrNotAvailable,
+                    "no channel of the needed class to the peer",
+                )));
+            }
+            _ => {}
+        }
+        peer.opening = Opening::Running {
+            attempt: next_attempt,
+            waiters: vec![cx.waker().clone()],
+        };
+        *attempt = Some(next_attempt);
+        st.next_attempt += 1;
+        drop(st);
+        let core = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("vns-open".into())
+            .spawn(move || core.open_channels(ip, next_attempt));
+        if let Err(e) = spawned {
+            let mut st = self.lock();
+            if let Some(p) = st.peers.get_mut(&ip) {
+                p.opening = Opening::Idle;
+            }
+            return Poll::Ready(Err(e));
+        }
+        Poll::Pending
+    }
+
+    /// Opens the configured channels to `ip` (helper thread).
+    fn open_channels(self: Arc<Self>, ip: Ipv4Addr, attempt: u64) {
+        let remote = SocketAddrV4::new(ip, self.config.channel_port);
+        let plan =
+            std::iter::repeat_n(ChannelClass::Throughput, self.config.channels.max(1)).chain(
+                std::iter::repeat_n(ChannelClass::Latency, self.config.latency_channels),
+            );
+        let mut opened = Vec::new();
+        let mut error = None;
+        for class in plan {
+            match self.backend.connect(remote) {
+                Ok((t, _)) => {
+                    if let Err(e) = t.enqueue(Bytes::copy_from_slice(&preamble(class))) {
+                        warn!(%remote, error = %e, "channel failed before its preamble");
+                        continue;
+                    }
+                    opened.push((t, class));
+                }
+                Err(e) => {
+                    debug!(%remote, error = %e, "opening a channel failed");
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        let waiters = {
+            let mut st = self.lock();
+            let peer = st.peer_id(ip);
+            let mut n = 0;
+            for (t, class) in opened {
+                if !st.stopped {
+                    st.add_channel(t, ip, peer, class);
+                    n += 1;
+                } else {
+                    t.abort();
+                }
+            }
+            debug!(%remote, channels = n, "channels opened");
+            let p = st.peers.get_mut(&ip).expect("peer_id inserted it");
+            let next = match error {
+                Some(e) if n == 0 => {
+                    let kind = io::Error::from(e).kind();
+                    Opening::Failed {
+                        attempt,
+                        kind,
+                        msg: format!("opening channels to {remote}: {kind}"),
+                    }
+                }
+                _ => Opening::Idle,
+            };
+            match std::mem::replace(&mut p.opening, next) {
+                Opening::Running { waiters, .. } => waiters,
+                _ => Vec::new(),
+            }
+        };
+        self.signal.notify();
+        waiters.into_iter().for_each(Waker::wake);
+    }
+
+    /// The driver thread's loop, until [`Signal::stop`].
+    pub(crate) fn run(self: Arc<Self>, acceptor: Option<Box<dyn Acceptor>>) {
+        let _ = self.signal.thread.set(std::thread::current());
+        let waker = Waker::from(self.signal.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut acceptor = acceptor;
+        let mut buf = Vec::new();
+        let mut wake = Vec::new();
+        loop {
+            self.signal.notified.store(false, Ordering::SeqCst);
+            if self.signal.stop.load(Ordering::Acquire) {
+                break;
+            }
+            let (busy, deadline) = {
+                let mut st = self.lock();
+                let busy = st.round(&mut cx, &mut acceptor, &mut buf, &mut wake);
+                let deadline = st.expire(Instant::now(), &mut wake);
+                (busy, deadline)
+            };
+            wake.drain(..).for_each(Waker::wake);
+            if busy {
+                continue;
+            }
+            while !self.signal.notified.load(Ordering::Acquire) {
+                match deadline {
+                    Some(d) => {
+                        let now = Instant::now();
+                        if now >= d {
+                            break;
+                        }
+                        std::thread::park_timeout(d - now);
+                    }
+                    None => std::thread::park(),
+                }
+            }
+        }
+        let mut st = self.lock();
+        st.stopped = true;
+        let ids: Vec<ChannelId> = st.chans.keys().copied().collect();
+        for id in ids {
+            st.lose_channel(id);
+        }
+        for inc in st.incoming.drain(..) {
+            inc.t.abort();
+        }
+        st.drain_events(&mut wake);
+        for s in st.socks.values_mut() {
+            wake.extend(s.read.take());
+            wake.extend(s.write.take());
+        }
+        for l in st.listeners.values_mut() {
+            wake.extend(l.take());
+        }
+        for p in st.peers.values_mut() {
+            if let Opening::Running { waiters, .. } = &mut p.opening {
+                wake.append(waiters);
+            }
+        }
+        drop(st);
+        drop(acceptor);
+        wake.drain(..).for_each(Waker::wake);
+        debug!("stack driver stopped");
+    }
+}
+
+pub(crate) fn stopped_error() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "the stack was shut down")
+}
+
+impl State {
+    /// The id of the peer at `ip` (created on first use).
+    fn peer_id(&mut self, ip: Ipv4Addr) -> PeerId {
+        if let Some(p) = self.peers.get(&ip) {
+            return p.id;
+        }
+        let id = PeerId(self.next_peer);
+        self.next_peer += 1;
+        self.peers.insert(
+            ip,
+            Peer {
+                id,
+                throughput: 0,
+                latency: 0,
+                opening: Opening::Idle,
+            },
+        );
+        self.peer_ips.insert(id, ip);
+        id
+    }
+
+    /// The address of a peer.
+    pub(crate) fn peer_ip(&self, id: PeerId) -> Option<Ipv4Addr> {
+        self.peer_ips.get(&id).copied()
+    }
+
+    fn add_channel(&mut self, t: BoxedTransport, ip: Ipv4Addr, peer: PeerId, class: ChannelClass) {
+        let id = ChannelId(self.next_channel);
+        self.next_channel = self.next_channel.wrapping_add(1);
+        if let Err(e) = self.ep.add_channel(id, peer, class) {
+            warn!(channel = %id, error = %e, "adding a channel");
+            t.abort();
+            return;
+        }
+        let p = self.peers.get_mut(&ip).expect("caller made the peer");
+        match class {
+            ChannelClass::Throughput => p.throughput += 1,
+            ChannelClass::Latency => p.latency += 1,
+        }
+        self.chans.insert(
+            id,
+            ChanIo {
+                t,
+                peer: ip,
+                class,
+                rx_pending: None,
+                tx_pending: None,
+            },
+        );
+    }
+
+    fn lose_channel(&mut self, id: ChannelId) {
+        self.ep.handle_channel_lost(id);
+        if let Some(c) = self.chans.remove(&id) {
+            debug!(channel = %id, peer = %c.peer, "channel lost");
+            c.t.abort();
+            if let Some(p) = self.peers.get_mut(&c.peer) {
+                match c.class {
+                    ChannelClass::Throughput => p.throughput -= 1,
+                    ChannelClass::Latency => p.latency -= 1,
+                }
+            }
+        }
+    }
+
+    /// One driver round; returns whether work is left over (run again without parking).
+    fn round(
+        &mut self,
+        cx: &mut Context<'_>,
+        acceptor: &mut Option<Box<dyn Acceptor>>,
+        buf: &mut Vec<u8>,
+        wake: &mut Vec<Waker>,
+    ) -> bool {
+        let mut busy = false;
+        // New channels, then their preambles.
+        while let Some(a) = acceptor.as_ref() {
+            match a.poll_accept(cx) {
+                Poll::Ready(Ok((t, peer))) => self.incoming.push(Incoming {
+                    t,
+                    peer,
+                    got: Vec::new(),
+                }),
+                Poll::Ready(Err(e)) => {
+                    warn!(error = %e, "channel listener failed; no more incoming channels");
+                    *acceptor = None;
+                }
+                Poll::Pending => break,
+            }
+        }
+        let mut i = 0;
+        while i < self.incoming.len() {
+            match self.poll_incoming(i, cx) {
+                Some(true) => {
+                    let inc = self.incoming.swap_remove(i);
+                    let Some(class) = parse_preamble(&inc.got) else {
+                        warn!(peer = %inc.peer, "bad channel preamble; aborting the channel");
+                        inc.t.abort();
+                        continue;
+                    };
+                    let ip = *inc.peer.ip();
+                    let peer = self.peer_id(ip);
+                    let id = ChannelId(self.next_channel);
+                    self.add_channel(inc.t, ip, peer, class);
+                    if inc.got.len() > PREAMBLE_LEN {
+                        if let Some(c) = self.chans.get_mut(&id) {
+                            c.rx_pending = Some(Bytes::copy_from_slice(&inc.got[PREAMBLE_LEN..]));
+                        }
+                    }
+                    debug!(channel = %id, peer = %inc.peer, ?class, "channel accepted");
+                    busy = true;
+                }
+                Some(false) => {
+                    let inc = self.incoming.swap_remove(i);
+                    inc.t.abort();
+                }
+                None => i += 1,
+            }
+        }
+        // Receive.
+        let ids: Vec<ChannelId> = self.chans.keys().copied().collect();
+        for &id in &ids {
+            match self.receive(id, cx) {
+                Ok(more) => busy |= more,
+                Err(()) => self.lose_channel(id),
+            }
+        }
+        // Transmit.
+        for &id in &ids {
+            match self.transmit(id, cx, buf) {
+                Ok(more) => busy |= more,
+                Err(()) => self.lose_channel(id),
+            }
+        }
+        busy |= self.drain_events(wake);
+        busy
+    }
+
+    /// Reads a preamble; `Some(true)` when complete, `Some(false)` when the channel died.
+    fn poll_incoming(&mut self, i: usize, cx: &mut Context<'_>) -> Option<bool> {
+        let inc = &mut self.incoming[i];
+        while inc.got.len() < PREAMBLE_LEN {
+            match inc.t.poll_dequeue(cx) {
+                Poll::Ready(Ok(Some(b))) => inc.got.extend_from_slice(&b),
+                Poll::Ready(Ok(None)) | Poll::Ready(Err(_)) => return Some(false),
+                Poll::Pending => return None,
+            }
+        }
+        Some(true)
+    }
+
+    /// Feeds a channel's received chunks to the endpoint. `Err` when the channel is gone.
+    fn receive(&mut self, id: ChannelId, cx: &mut Context<'_>) -> Result<bool, ()> {
+        for _ in 0..RX_BUDGET {
+            if self.ep.should_pause_channel_reads(id) {
+                return Ok(false);
+            }
+            let c = self.chans.get_mut(&id).ok_or(())?;
+            let bytes = match c.rx_pending.take() {
+                Some(b) => b,
+                None => match c.t.poll_dequeue(cx) {
+                    Poll::Ready(Ok(Some(b))) => b,
+                    Poll::Ready(Ok(None)) => {
+                        debug!(channel = %id, "channel closed by the peer");
+                        return Err(());
+                    }
+                    Poll::Ready(Err(e)) => {
+                        debug!(channel = %id, error = %e, "channel failed");
+                        return Err(());
+                    }
+                    Poll::Pending => return Ok(false),
+                },
+            };
+            match self.ep.handle_chunk_bytes(id, &bytes) {
+                Ok(n) if n < bytes.len() => {
+                    trace!(channel = %id, kept = bytes.len() - n, "channel reads paused");
+                    let c = self.chans.get_mut(&id).ok_or(())?;
+                    c.rx_pending = Some(bytes.slice(n..));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(channel = %id, error = %e, "bad bytes on a channel; dropping it");
+                    return Err(());
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Moves the endpoint's chunks for a channel into it. `Err` when the channel is gone.
+    fn transmit(
+        &mut self,
+        id: ChannelId,
+        cx: &mut Context<'_>,
+        buf: &mut Vec<u8>,
+    ) -> Result<bool, ()> {
+        let mut more = true;
+        for _ in 0..TX_BUDGET {
+            let c = self.chans.get_mut(&id).ok_or(())?;
+            let stats = c.t.stats();
+            let pending = c.tx_pending.as_ref().map_or(0, Bytes::len);
+            let load = ChannelLoad {
+                queued_bytes: (stats.tx_queued + pending) as u64,
+                in_flight_bytes: stats.tx_tcp_queued as u64,
+            };
+            let chunk = match c.tx_pending.take() {
+                Some(b) => b,
+                None => {
+                    let _ = self.ep.set_channel_load(id, load);
+                    buf.clear();
+                    while buf.len() < TX_BATCH && self.ep.poll_transmit(id, buf).is_some() {}
+                    if buf.is_empty() {
+                        more = false;
+                        break;
+                    }
+                    Bytes::from(std::mem::take(buf))
+                }
+            };
+            let c = self.chans.get_mut(&id).ok_or(())?;
+            match c.t.enqueue(chunk) {
+                Ok(()) => {}
+                Err(EnqueueError::Full(b)) => {
+                    c.tx_pending = Some(b);
+                    match c.t.poll_enqueue_ready(cx) {
+                        Poll::Ready(Ok(())) => continue,
+                        Poll::Ready(Err(e)) => return lost(id, e),
+                        Poll::Pending => {
+                            more = false;
+                            break;
+                        }
+                    }
+                }
+                Err(EnqueueError::Closed(e)) => return lost(id, e),
+            }
+        }
+        if let Some(c) = self.chans.get(&id) {
+            let stats = c.t.stats();
+            let pending = c.tx_pending.as_ref().map_or(0, Bytes::len);
+            let _ = self.ep.set_channel_load(
+                id,
+                ChannelLoad {
+                    queued_bytes: (stats.tx_queued + pending) as u64,
+                    in_flight_bytes: stats.tx_tcp_queued as u64,
+                },
+            );
+        }
+        Ok(more)
+    }
+
+    /// Turns endpoint events into wake-ups; returns whether a paused channel resumed.
+    fn drain_events(&mut self, wake: &mut Vec<Waker>) -> bool {
+        let mut unpaused = false;
+        while let Some(e) = self.ep.poll_events() {
+            match e {
+                Event::Incoming { port } => {
+                    if let Some(w) = self.listeners.get_mut(&port).and_then(Option::take) {
+                        wake.push(w);
+                    }
+                }
+                Event::Connected(s)
+                | Event::Readable(s)
+                | Event::Writable(s)
+                | Event::Failed(s) => {
+                    if let Some(sw) = self.socks.get_mut(&s) {
+                        wake.extend(sw.read.take());
+                        wake.extend(sw.write.take());
+                    }
+                }
+                Event::ChannelUnpaused(_) => unpaused = true,
+            }
+        }
+        unpaused
+    }
+
+    /// Fails connects past their deadline; returns the next deadline.
+    fn expire(&mut self, now: Instant, wake: &mut Vec<Waker>) -> Option<Instant> {
+        let mut next = None;
+        let mut expired = Vec::new();
+        for (&sid, &d) in &self.deadlines {
+            if d <= now {
+                expired.push(sid);
+            } else {
+                next = Some(next.map_or(d, |n: Instant| n.min(d)));
+            }
+        }
+        for sid in expired {
+            self.deadlines.remove(&sid);
+            if self.ep.is_connected(sid) {
+                continue;
+            }
+            if let Some(sw) = self.socks.get_mut(&sid) {
+                debug!(socket = %sid, "connect timed out");
+                sw.timed_out = true;
+                wake.extend(sw.read.take());
+                wake.extend(sw.write.take());
+                self.ep.reset(sid);
+            }
+        }
+        next
+    }
+
+    /// Registers a socket created by `connect` or `accept`.
+    pub(crate) fn track(&mut self, sid: SocketId) {
+        self.socks.entry(sid).or_default();
+    }
+
+    /// Releases a socket whose handle is gone.
+    pub(crate) fn release(&mut self, sid: SocketId) {
+        self.socks.remove(&sid);
+        self.deadlines.remove(&sid);
+        self.ep.close(sid);
+    }
+
+    /// Channels held now.
+    pub(crate) fn channel_count(&self) -> usize {
+        self.chans.len()
+    }
+}
+
+fn lost(id: ChannelId, e: ChannelError) -> Result<bool, ()> {
+    debug!(channel = %id, error = %e, "channel cannot send");
+    Err(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preamble_round_trips_and_rejects_garbage() {
+        for class in [ChannelClass::Throughput, ChannelClass::Latency] {
+            assert_eq!(parse_preamble(&preamble(class)), Some(class));
+        }
+        assert_eq!(parse_preamble(b"NCHN"), None);
+        assert_eq!(parse_preamble(b"GET / HTTP/1.1"), None);
+        let mut p = preamble(ChannelClass::Latency);
+        p[5] = 7;
+        assert_eq!(parse_preamble(&p), None);
+        p = preamble(ChannelClass::Latency);
+        p[4] = 2;
+        assert_eq!(parse_preamble(&p), None);
+    }
+}

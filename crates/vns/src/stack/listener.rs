@@ -1,0 +1,127 @@
+//! [`VirtualListener`]: accepts virtual sockets on a virtual port.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::net::{SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::task::{Context, Poll};
+
+use tracing::debug;
+
+use super::backend::Acceptor;
+use super::driver::stopped_error;
+use super::stream::{PlainInner, StreamInner, VirtualStream};
+use super::{default_stack, first_v4, Stack};
+use crate::endpoint::Error;
+
+/// Listens on a virtual port of a stack: the drop-in for `tokio::net::TcpListener`.
+///
+/// Connections the peer completed wait in a bounded backlog (further SYNCs are refused)
+/// until [`accept`](Self::accept) takes them. Dropping the listener stops listening and
+/// resets connections still in the backlog.
+pub struct VirtualListener {
+    stack: Stack,
+    port: u16,
+    /// Plain-TCP connections to the same port, from hosts without NetChannel.
+    plain: Option<Box<dyn Acceptor>>,
+}
+
+impl fmt::Debug for VirtualListener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VirtualListener")
+            .field("local", &self.local())
+            .finish()
+    }
+}
+
+impl VirtualListener {
+    pub(crate) fn new(stack: Stack, port: u16, plain: Option<Box<dyn Acceptor>>) -> Self {
+        VirtualListener { stack, port, plain }
+    }
+
+    /// Listens on `addr` through the process's default stack (see
+    /// [`set_default_stack`](super::set_default_stack)).
+    pub async fn bind(addr: impl ToSocketAddrs) -> io::Result<VirtualListener> {
+        let addr = first_v4(addr)?;
+        default_stack()?.bind(addr.into()).await
+    }
+
+    fn local(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.stack.core().backend.ipv4(), self.port)
+    }
+
+    /// The address listened on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local().into())
+    }
+
+    /// Waits for the next connection; returns it with the peer's address.
+    pub async fn accept(&self) -> io::Result<(VirtualStream, SocketAddr)> {
+        poll_fn(|cx| self.poll_accept(cx)).await
+    }
+
+    /// Polls for the next connection. One task at a time should wait on a listener.
+    pub fn poll_accept(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<(VirtualStream, SocketAddr)>> {
+        let core = self.stack.core();
+        let mut st = core.lock();
+        match st.ep.accept(self.port) {
+            Ok(sid) => {
+                st.track(sid);
+                let (peer, local, remote) = st.ep.socket_addr(sid).expect("just accepted");
+                let ip = st.peer_ip(peer).expect("channels of known peers only");
+                drop(st);
+                let peer_addr = SocketAddrV4::new(ip, remote);
+                debug!(socket = %sid, peer = %peer_addr, "accepted");
+                let inner = StreamInner::new(
+                    self.stack.clone(),
+                    sid,
+                    SocketAddrV4::new(core.backend.ipv4(), local),
+                    peer_addr,
+                );
+                core.signal.notify();
+                Poll::Ready(Ok((VirtualStream::from_inner(inner), peer_addr.into())))
+            }
+            Err(Error::WouldBlock) if st.stopped => Poll::Ready(Err(stopped_error())),
+            Err(Error::WouldBlock) => {
+                st.listeners.insert(self.port, Some(cx.waker().clone()));
+                drop(st);
+                self.poll_accept_plain(cx)
+            }
+            Err(e) => Poll::Ready(Err(e.into())),
+        }
+    }
+}
+
+impl VirtualListener {
+    fn poll_accept_plain(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<(VirtualStream, SocketAddr)>> {
+        let Some(a) = self.plain.as_ref() else {
+            return Poll::Pending;
+        };
+        match a.poll_accept(cx) {
+            Poll::Ready(Ok((t, peer))) => {
+                debug!(%peer, port = self.port, "accepted a plain-TCP connection");
+                let inner = PlainInner::new(self.stack.clone(), t, self.local(), peer);
+                Poll::Ready(Ok((VirtualStream::plain(inner), peer.into())))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for VirtualListener {
+    fn drop(&mut self) {
+        let core = self.stack.core();
+        let mut st = core.lock();
+        st.listeners.remove(&self.port);
+        let _ = st.ep.unbind(self.port);
+        drop(st);
+        core.signal.notify();
+    }
+}

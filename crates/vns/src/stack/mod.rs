@@ -1,0 +1,587 @@
+//! The runtime: a [`Stack`] of virtual sockets over channels, used through tokio's
+//! [`AsyncRead`](tokio::io::AsyncRead)/[`AsyncWrite`](tokio::io::AsyncWrite) as
+//! [`VirtualStream`] and [`VirtualListener`], the drop-ins for `TcpStream` and
+//! `TcpListener`.
+//!
+//! This is the NetChannel paper's *virtual network system* seen by applications (§3.2 and
+//! §4 of the paper: virtual sockets multiplexed over channels, a two-way handshake over an
+//! existing channel, per-socket reordering and flow control, scheduler-driven placement of
+//! chunks). The protocol itself is the sans-IO [`Endpoint`](crate::Endpoint); this module
+//! binds it to real channels and to tokio:
+//!
+//! - [`Backend`]: where channels come from. [`XdpBackend`] runs netdriver's AF_XDP
+//!   [`ChannelSet`](netdriver::channel::ChannelSet) (in-crate TCP, one thread per NIC
+//!   queue); [`MemNetwork`]/[`MemBackend`] join stacks in one process with bounded
+//!   in-memory channels, for unprivileged, deterministic tests.
+//! - The driver (one thread per stack, `driver.rs`) owns the endpoint and the channels
+//!   behind one mutex: it accepts channels on the channel port (9000 unless configured),
+//!   feeds received chunks to the endpoint (pausing a channel's reads when the endpoint
+//!   says so, the last resort of head-of-line protection), pushes the endpoint's output
+//!   to the channels the [scheduler](netsched) picked, reports channel loads and losses,
+//!   fails connects past their deadline and wakes the tasks waiting on sockets. It sleeps
+//!   when idle, woken by channel wakers and application calls. **One lock** guards the
+//!   endpoint: application calls of all streams of a stack serialise on it (each is one
+//!   short copy); sharding it is future work.
+//! - On the first `connect` to a host, a helper thread opens the configured number of
+//!   throughput channels (plus latency channels) to the host's channel port; each begins
+//!   with an 8-byte preamble naming its class (`docs/wire-format.md`). Channels accepted
+//!   from a host serve connects to it as well.
+//! - Copy workers (the paper's §3.3) are configured with
+//!   [`StackBuilder::copy_workers`]; until they are wired in, the application thread
+//!   copies everything (the `0` behaviour).
+//!
+//! # Example
+//!
+//! ```
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! use vns::stack::{MemNetwork, Stack};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! let net = MemNetwork::new();
+//! let a = Stack::builder().ipv4("10.0.0.1".parse().unwrap()).build_in_memory(&net)?;
+//! let b = Stack::builder().ipv4("10.0.0.2".parse().unwrap()).build_in_memory(&net)?;
+//!
+//! let listener = b.bind("10.0.0.2:7000".parse().unwrap()).await?;
+//! let mut client = a.connect("10.0.0.2:7000".parse().unwrap()).await?;
+//! let (mut server, peer) = listener.accept().await?;
+//! assert_eq!(peer.ip().to_string(), "10.0.0.1");
+//!
+//! client.write_all(b"ping").await?;
+//! client.shutdown().await?;
+//! let mut got = Vec::new();
+//! server.read_to_end(&mut got).await?;
+//! assert_eq!(got, b"ping");
+//! # Ok(())
+//! # }
+//! ```
+
+mod backend;
+mod driver;
+mod listener;
+mod mem;
+mod stream;
+
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use netsched::{NetScheduler, RoundRobin};
+use thiserror::Error;
+use tracing::debug;
+
+#[cfg(target_os = "linux")]
+pub use backend::XdpBackend;
+pub use backend::{Acceptor, Backend, BoxedTransport};
+pub use listener::VirtualListener;
+pub use mem::{MemAcceptor, MemBackend, MemChannel, MemLimits, MemNetwork};
+pub use stream::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, VirtualStream, WriteHalf};
+
+use crate::endpoint::{Config, ConfigError, Endpoint, Error};
+use driver::{Core, CoreConfig};
+
+/// Why a [`Stack`] could not be built.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StackError {
+    /// AF_XDP sockets or XDP programs need privileges (CAP_NET_ADMIN, CAP_BPF, ...).
+    #[error("not permitted (AF_XDP needs CAP_NET_ADMIN/CAP_BPF): {0}")]
+    NotPermitted(#[source] netdriver::channel::ChannelError),
+    /// The interface does not exist (in the calling thread's network namespace).
+    #[error("no such interface: {0}")]
+    NoSuchInterface(String),
+    /// A required builder setting is missing.
+    #[error("missing setting: {0}")]
+    Missing(&'static str),
+    /// The virtual-socket configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Starting or using the channels failed otherwise.
+    #[error("channels: {0}")]
+    Channels(#[source] netdriver::channel::ChannelError),
+    /// Spawning the driver thread failed.
+    #[error("spawning the stack's driver thread: {0}")]
+    Spawn(#[source] io::Error),
+    /// An environment variable for the default stack is malformed.
+    #[error("environment variable {name}: {msg}")]
+    Env {
+        /// The variable.
+        name: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+}
+
+impl From<StackError> for io::Error {
+    fn from(e: StackError) -> io::Error {
+        let kind = match &e {
+            StackError::NotPermitted(_) => io::ErrorKind::PermissionDenied,
+            StackError::NoSuchInterface(_) => io::ErrorKind::NotFound,
+            StackError::Missing(_) | StackError::Config(_) | StackError::Env { .. } => {
+                io::ErrorKind::InvalidInput
+            }
+            StackError::Channels(c) => c.kind(),
+            StackError::Spawn(s) => s.kind(),
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// Classifies a channel-set start failure by the errors in its source chain.
+fn classify(e: netdriver::channel::ChannelError, ifname: &str) -> StackError {
+    let mut text = e.to_string();
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
+    let mut perm = false;
+    let mut nodev = false;
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<io::Error>() {
+            perm |= io.kind() == io::ErrorKind::PermissionDenied;
+            nodev |= matches!(io.raw_os_error(), Some(19) | Some(6));
+        }
+        text.push_str(&s.to_string());
+        src = s.source();
+    }
+    let t = text.to_ascii_lowercase();
+    if perm || t.contains("operation not permitted") || t.contains("permission denied") {
+        StackError::NotPermitted(e)
+    } else if nodev || t.contains("no such device") || t.contains("no such interface") {
+        StackError::NoSuchInterface(ifname.to_string())
+    } else {
+        StackError::Channels(e)
+    }
+}
+
+/// Configures and builds a [`Stack`]; see [`Stack::builder`].
+pub struct StackBuilder {
+    interface: Option<String>,
+    ipv4: Option<Ipv4Addr>,
+    channels: usize,
+    latency_channels: usize,
+    copy_workers: usize,
+    scheduler: Box<dyn NetScheduler>,
+    channel_port: u16,
+    backlog: usize,
+    connect_timeout: Duration,
+    vns: Config,
+    #[cfg(target_os = "linux")]
+    #[allow(clippy::type_complexity)]
+    tweak: Option<Box<dyn FnOnce(&mut netdriver::channel::ChannelSetConfig)>>,
+}
+
+impl fmt::Debug for StackBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StackBuilder")
+            .field("interface", &self.interface)
+            .field("ipv4", &self.ipv4)
+            .field("channels", &self.channels)
+            .field("latency_channels", &self.latency_channels)
+            .field("copy_workers", &self.copy_workers)
+            .field("channel_port", &self.channel_port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for StackBuilder {
+    fn default() -> Self {
+        StackBuilder {
+            interface: None,
+            ipv4: None,
+            channels: 4,
+            latency_channels: 1,
+            copy_workers: 0,
+            scheduler: Box::new(RoundRobin::default()),
+            channel_port: netdriver::channel::DEFAULT_CHANNEL_PORT,
+            backlog: 128,
+            connect_timeout: Duration::from_secs(10),
+            vns: Config::default(),
+            #[cfg(target_os = "linux")]
+            tweak: None,
+        }
+    }
+}
+
+impl StackBuilder {
+    /// The interface whose queues get AF_XDP sockets (for [`build`](Self::build)).
+    pub fn interface(mut self, name: impl Into<String>) -> Self {
+        self.interface = Some(name.into());
+        self
+    }
+
+    /// The stack's own IPv4 address on that interface (or on the in-memory network).
+    pub fn ipv4(mut self, addr: Ipv4Addr) -> Self {
+        self.ipv4 = Some(addr);
+        self
+    }
+
+    /// Throughput-class channels opened to each peer on first use (default 4; at least 1).
+    pub fn channels(mut self, n: usize) -> Self {
+        self.channels = n.max(1);
+        self
+    }
+
+    /// Latency-class channels opened to each peer besides (default 1; 0 disables
+    /// [`VirtualStream::set_app_class`] with `Latency`).
+    pub fn latency_channels(mut self, n: usize) -> Self {
+        self.latency_channels = n;
+        self
+    }
+
+    /// Copy workers (0: the application thread copies everything). Stored; the workers
+    /// are wired in by the copy-worker module.
+    pub fn copy_workers(mut self, n: usize) -> Self {
+        self.copy_workers = n;
+        self
+    }
+
+    /// The policy that places chunks on channels (default [`RoundRobin`]).
+    pub fn scheduler(mut self, s: impl NetScheduler + 'static) -> Self {
+        self.scheduler = Box::new(s);
+        self
+    }
+
+    /// The port channels listen on and connect to (default 9000).
+    pub fn channel_port(mut self, port: u16) -> Self {
+        self.channel_port = port;
+        self
+    }
+
+    /// Backlog of listeners made by [`Stack::bind`] (default 128).
+    pub fn backlog(mut self, n: usize) -> Self {
+        self.backlog = n.max(1);
+        self
+    }
+
+    /// Longest wait of [`Stack::connect`] for the handshake, and of each channel's
+    /// opening (default 10 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// The virtual-socket tunables (buffers, credit, chunk size).
+    pub fn vns_config(mut self, c: Config) -> Self {
+        self.vns = c;
+        self
+    }
+
+    /// Adjusts the AF_XDP channel set's configuration before [`build`](Self::build)
+    /// starts it (queues, link, TCP, queue limits, ...).
+    #[cfg(target_os = "linux")]
+    pub fn configure_channels(
+        mut self,
+        f: impl FnOnce(&mut netdriver::channel::ChannelSetConfig) + 'static,
+    ) -> Self {
+        self.tweak = Some(Box::new(f));
+        self
+    }
+
+    /// Starts the stack on the interface's AF_XDP queues (needs privileges; run it in the
+    /// network namespace of the interface).
+    #[cfg(target_os = "linux")]
+    pub fn build(mut self) -> Result<Stack, StackError> {
+        let ifname = self
+            .interface
+            .take()
+            .ok_or(StackError::Missing("interface"))?;
+        let ipv4 = self.ipv4.ok_or(StackError::Missing("ipv4"))?;
+        let mut cfg = netdriver::channel::ChannelSetConfig::new(ifname.clone(), ipv4);
+        cfg.channel_port = self.channel_port;
+        cfg.connect_timeout = self.connect_timeout;
+        if let Some(f) = self.tweak.take() {
+            f(&mut cfg);
+        }
+        let set = netdriver::channel::ChannelSet::start(cfg).map_err(|e| classify(e, &ifname))?;
+        self.start(Arc::new(XdpBackend::new(set)))
+    }
+
+    /// Starts the stack on an in-memory network (no privileges).
+    pub fn build_in_memory(self, net: &MemNetwork) -> Result<Stack, StackError> {
+        let ipv4 = self.ipv4.ok_or(StackError::Missing("ipv4"))?;
+        self.start(Arc::new(net.backend(ipv4)))
+    }
+
+    /// Starts the stack over any channel backend.
+    pub fn build_with_backend(self, backend: Arc<dyn Backend>) -> Result<Stack, StackError> {
+        self.start(backend)
+    }
+
+    fn start(self, backend: Arc<dyn Backend>) -> Result<Stack, StackError> {
+        let ep = Endpoint::new(self.vns, self.scheduler)?;
+        let acceptor = backend
+            .listen(self.channel_port)
+            .map_err(StackError::Channels)?;
+        let config = CoreConfig {
+            channels: self.channels,
+            latency_channels: self.latency_channels,
+            channel_port: self.channel_port,
+            backlog: self.backlog,
+            connect_timeout: self.connect_timeout,
+        };
+        let core = Arc::new(Core::new(ep, backend, config));
+        let c = core.clone();
+        let driver = std::thread::Builder::new()
+            .name("vns-driver".into())
+            .spawn(move || c.run(Some(acceptor)))
+            .map_err(StackError::Spawn)?;
+        debug!(ipv4 = %core.backend.ipv4(), "stack started");
+        Ok(Stack {
+            inner: Arc::new(StackInner {
+                core,
+                driver: Mutex::new(Some(driver)),
+                copy_workers: self.copy_workers,
+            }),
+        })
+    }
+}
+
+struct StackInner {
+    core: Arc<Core>,
+    driver: Mutex<Option<JoinHandle<()>>>,
+    copy_workers: usize,
+}
+
+impl StackInner {
+    fn stop(&self) {
+        self.core.signal.stop();
+        let handle = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = handle {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+impl Drop for StackInner {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A host's virtual-socket stack: an [`Endpoint`](crate::Endpoint) over channels to other
+/// hosts, driven by its own thread. Cheap to clone (a handle); streams and listeners keep
+/// it alive, and it stops when the last handle is gone or on [`Stack::shutdown`].
+#[derive(Clone)]
+pub struct Stack {
+    inner: Arc<StackInner>,
+}
+
+impl fmt::Debug for Stack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stack")
+            .field("ipv4", &self.ipv4())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stack {
+    /// A builder with the defaults: 4 throughput and 1 latency channel per peer, channel
+    /// port 9000, round-robin scheduling, no copy workers, backlog 128, 10 s connect
+    /// timeout.
+    pub fn builder() -> StackBuilder {
+        StackBuilder::default()
+    }
+
+    /// Two stacks, 10.0.0.1 and 10.0.0.2, on a fresh in-memory network with `channels`
+    /// throughput channels per peer (for tests and examples).
+    pub fn pair_in_memory(channels: usize) -> Result<(Stack, Stack), StackError> {
+        let net = MemNetwork::new();
+        let a = Stack::builder()
+            .ipv4(Ipv4Addr::new(10, 0, 0, 1))
+            .channels(channels)
+            .build_in_memory(&net)?;
+        let b = Stack::builder()
+            .ipv4(Ipv4Addr::new(10, 0, 0, 2))
+            .channels(channels)
+            .build_in_memory(&net)?;
+        Ok((a, b))
+    }
+
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.inner.core
+    }
+
+    /// The stack's address.
+    pub fn ipv4(&self) -> Ipv4Addr {
+        self.inner.core.backend.ipv4()
+    }
+
+    /// The configured number of copy workers.
+    pub fn copy_workers(&self) -> usize {
+        self.inner.copy_workers
+    }
+
+    /// Channels the stack holds now (to all peers).
+    pub fn channel_count(&self) -> usize {
+        self.core().lock().channel_count()
+    }
+
+    /// Listens on virtual port `addr.port()` (0: any free port) with the stack's backlog.
+    /// The address must be the stack's or unspecified.
+    pub async fn bind(&self, addr: SocketAddr) -> io::Result<VirtualListener> {
+        self.bind_with_backlog(addr, self.core().config.backlog)
+            .await
+    }
+
+    /// [`bind`](Self::bind) with an explicit backlog.
+    pub async fn bind_with_backlog(
+        &self,
+        addr: SocketAddr,
+        backlog: usize,
+    ) -> io::Result<VirtualListener> {
+        match addr.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() || ip == self.ipv4() => {}
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrNotAvailable,
+                    format!("{addr} is not this stack's address {}", self.ipv4()),
+                ))
+            }
+        }
+        let mut st = self.core().lock();
+        if st.stopped {
+            return Err(driver::stopped_error());
+        }
+        let port = if addr.port() != 0 {
+            st.ep.bind(addr.port(), backlog)?;
+            addr.port()
+        } else {
+            (32768..=60999u16)
+                .filter(|&p| p != self.core().config.channel_port)
+                .find(|&p| st.ep.bind(p, backlog).is_ok())
+                .ok_or(Error::PortsExhausted)?
+        };
+        drop(st);
+        // Plain-TCP peers connect to the same port.
+        let plain = match self.core().backend.listen(port) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                let _ = self.core().lock().ep.unbind(port);
+                return Err(e.into());
+            }
+        };
+        Ok(VirtualListener::new(self.clone(), port, plain))
+    }
+
+    /// Opens a virtual socket to `addr`: on first use of the host, opens the stack's
+    /// channels to its channel port, then the SYNC/SYNC_ACK handshake over them. Fails
+    /// with `ConnectionRefused` when nothing listens there, `TimedOut` after the connect
+    /// timeout.
+    pub async fn connect(&self, addr: SocketAddr) -> io::Result<VirtualStream> {
+        let SocketAddr::V4(v4) = addr else {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrNotAvailable,
+                "virtual sockets are IPv4 only",
+            ));
+        };
+        stream::connect(self, v4).await
+    }
+
+    /// Stops the driver now: every channel is aborted, and the stack's streams and
+    /// listeners fail. Other handles stay valid but unusable.
+    pub fn shutdown(&self) {
+        self.inner.stop();
+    }
+}
+
+static DEFAULT_STACK: Mutex<Option<Stack>> = Mutex::new(None);
+
+/// Installs the process's default stack, used by [`VirtualStream::connect`] and
+/// [`VirtualListener::bind`]; returns the previous one.
+pub fn set_default_stack(stack: Stack) -> Option<Stack> {
+    DEFAULT_STACK
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .replace(stack)
+}
+
+/// Removes the process's default stack (it stops once its other handles are gone).
+pub fn clear_default_stack() -> Option<Stack> {
+    DEFAULT_STACK
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+}
+
+/// The process's default stack: the installed one, or else one built (and installed) from
+/// `NETCHANNEL_INTERFACE` and `NETCHANNEL_IPV4` (and the optional `NETCHANNEL_CHANNELS`,
+/// `NETCHANNEL_COPY_WORKERS`).
+pub fn default_stack() -> io::Result<Stack> {
+    let mut slot = DEFAULT_STACK.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = slot.as_ref() {
+        return Ok(s.clone());
+    }
+    let stack = stack_from_env()?;
+    *slot = Some(stack.clone());
+    Ok(stack)
+}
+
+fn env_var(name: &'static str) -> Result<Option<String>, StackError> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(e) => Err(StackError::Env {
+            name,
+            msg: e.to_string(),
+        }),
+    }
+}
+
+fn env_parse<T: std::str::FromStr>(name: &'static str) -> Result<Option<T>, StackError>
+where
+    T::Err: fmt::Display,
+{
+    env_var(name)?
+        .map(|v| {
+            v.parse().map_err(|e: T::Err| StackError::Env {
+                name,
+                msg: e.to_string(),
+            })
+        })
+        .transpose()
+}
+
+fn stack_from_env() -> Result<Stack, StackError> {
+    let ifname = env_var("NETCHANNEL_INTERFACE")?.ok_or(StackError::Env {
+        name: "NETCHANNEL_INTERFACE",
+        msg: "not set, and no default stack installed (netchannel::set_default_stack)".into(),
+    })?;
+    let ipv4: Ipv4Addr = env_parse("NETCHANNEL_IPV4")?.ok_or(StackError::Env {
+        name: "NETCHANNEL_IPV4",
+        msg: "not set".into(),
+    })?;
+    let mut b = Stack::builder().interface(ifname).ipv4(ipv4);
+    if let Some(n) = env_parse("NETCHANNEL_CHANNELS")? {
+        b = b.channels(n);
+    }
+    if let Some(n) = env_parse("NETCHANNEL_COPY_WORKERS")? {
+        b = b.copy_workers(n);
+    }
+    #[cfg(target_os = "linux")]
+    {
+        b.build()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = b;
+        Err(StackError::Missing("AF_XDP (Linux only)"))
+    }
+}
+
+/// The first IPv4 address `addr` resolves to.
+pub(crate) fn first_v4(addr: impl ToSocketAddrs) -> io::Result<SocketAddrV4> {
+    addr.to_socket_addrs()?
+        .find_map(|a| match a {
+            SocketAddr::V4(v4) => Some(v4),
+            SocketAddr::V6(_) => None,
+        })
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::AddrNotAvailable,
+                "no IPv4 address (virtual sockets are IPv4 only)",
+            )
+        })
+}

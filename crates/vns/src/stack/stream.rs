@@ -1,0 +1,674 @@
+//! [`VirtualStream`]: a virtual socket as a tokio byte stream, and its split halves.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::net::{SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use bytes::Bytes;
+use netdriver::channel::EnqueueError;
+use netsched::AppClass;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tracing::debug;
+
+use super::backend::BoxedTransport;
+use super::driver::stopped_error;
+use super::{default_stack, first_v4, Stack};
+use crate::endpoint::{Error, SocketId};
+
+/// The socket behind a stream and its halves; dropping the last reference closes it
+/// (gracefully after a shutdown with everything read, else with a reset).
+pub(crate) struct StreamInner {
+    stack: Stack,
+    sid: SocketId,
+    local: SocketAddrV4,
+    peer: SocketAddrV4,
+    nodelay: AtomicBool,
+}
+
+impl StreamInner {
+    pub(crate) fn new(
+        stack: Stack,
+        sid: SocketId,
+        local: SocketAddrV4,
+        peer: SocketAddrV4,
+    ) -> Self {
+        StreamInner {
+            stack,
+            sid,
+            local,
+            peer,
+            nodelay: AtomicBool::new(false),
+        }
+    }
+
+    fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let core = self.stack.core();
+        let mut st = core.lock();
+        let dst = buf.initialize_unfilled();
+        match st.ep.recv(self.sid, dst) {
+            Ok(n) => {
+                drop(st);
+                buf.advance(n);
+                if n > 0 {
+                    core.signal.notify();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Err(Error::WouldBlock) if st.stopped => Poll::Ready(Err(stopped_error())),
+            Err(Error::WouldBlock) => {
+                if let Some(w) = st.socks.get_mut(&self.sid) {
+                    w.read = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            Err(e) => Poll::Ready(Err(e.into())),
+        }
+    }
+
+    fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let core = self.stack.core();
+        let mut st = core.lock();
+        if st.stopped {
+            return Poll::Ready(Err(stopped_error()));
+        }
+        match st.ep.send(self.sid, data) {
+            Ok(n) => {
+                drop(st);
+                if n > 0 {
+                    core.signal.notify();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Err(Error::WouldBlock) => {
+                if let Some(w) = st.socks.get_mut(&self.sid) {
+                    w.write = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            Err(e) => Poll::Ready(Err(e.into())),
+        }
+    }
+
+    fn poll_shutdown(&self) -> Poll<io::Result<()>> {
+        let core = self.stack.core();
+        let r = core.lock().ep.shutdown(self.sid);
+        core.signal.notify();
+        Poll::Ready(r.map_err(io::Error::from))
+    }
+
+    fn set_app_class(&self, class: AppClass) -> io::Result<()> {
+        let core = self.stack.core();
+        let r = core.lock().ep.set_app_class(self.sid, class);
+        core.signal.notify();
+        r.map_err(io::Error::from)
+    }
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        let core = self.stack.core();
+        core.lock().release(self.sid);
+        core.signal.notify();
+    }
+}
+
+impl fmt::Debug for StreamInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VirtualStream")
+            .field("socket", &self.sid)
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+/// A stream to a plain-TCP peer (a host without NetChannel): one dedicated channel
+/// carries the application's bytes as they are, without chunk headers.
+pub(crate) struct PlainInner {
+    _stack: Stack,
+    t: BoxedTransport,
+    rx: Mutex<Option<Bytes>>,
+    shut: AtomicBool,
+    local: SocketAddrV4,
+    peer: SocketAddrV4,
+    nodelay: AtomicBool,
+}
+
+impl PlainInner {
+    pub(crate) fn new(
+        stack: Stack,
+        t: BoxedTransport,
+        local: SocketAddrV4,
+        peer: SocketAddrV4,
+    ) -> Self {
+        PlainInner {
+            _stack: stack,
+            t,
+            rx: Mutex::new(None),
+            shut: AtomicBool::new(false),
+            local,
+            peer,
+            nodelay: AtomicBool::new(false),
+        }
+    }
+
+    fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut chunk = match rx.take() {
+            Some(b) => b,
+            None => match self.t.poll_dequeue(cx) {
+                Poll::Ready(Ok(Some(b))) => b,
+                Poll::Ready(Ok(None)) => return Poll::Ready(Ok(())),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => return Poll::Pending,
+            },
+        };
+        let n = chunk.len().min(buf.remaining());
+        buf.put_slice(&chunk.split_to(n));
+        if !chunk.is_empty() {
+            *rx = Some(chunk);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        if self.shut.load(Ordering::Acquire) {
+            return Poll::Ready(Err(Error::WriteClosed.into()));
+        }
+        if data.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        loop {
+            match self.t.poll_enqueue_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => return Poll::Pending,
+            }
+            let n = data.len().min(PLAIN_WRITE_MAX);
+            match self.t.enqueue(Bytes::copy_from_slice(&data[..n])) {
+                Ok(()) => return Poll::Ready(Ok(n)),
+                Err(EnqueueError::Full(_)) => continue,
+                Err(EnqueueError::Closed(e)) => return Poll::Ready(Err(e.into())),
+            }
+        }
+    }
+
+    fn poll_shutdown(&self) -> Poll<io::Result<()>> {
+        if !self.shut.swap(true, Ordering::AcqRel) {
+            self.t.close();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for PlainInner {
+    fn drop(&mut self) {
+        if !self.shut.load(Ordering::Acquire) {
+            self.t.abort();
+        }
+    }
+}
+
+/// Most bytes one write to a plain-TCP stream enqueues as one chunk.
+const PLAIN_WRITE_MAX: usize = 64 * 1024;
+
+/// What a stream or a half refers to.
+#[derive(Clone)]
+pub(crate) enum Sock {
+    Virtual(Arc<StreamInner>),
+    Plain(Arc<PlainInner>),
+}
+
+impl fmt::Debug for Sock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Sock::Virtual(v) => v.fmt(f),
+            Sock::Plain(p) => f
+                .debug_struct("PlainStream")
+                .field("local", &p.local)
+                .field("peer", &p.peer)
+                .finish(),
+        }
+    }
+}
+
+impl Sock {
+    fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Sock::Virtual(v) => v.poll_read(cx, buf),
+            Sock::Plain(p) => p.poll_read(cx, buf),
+        }
+    }
+
+    fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        match self {
+            Sock::Virtual(v) => v.poll_write(cx, data),
+            Sock::Plain(p) => p.poll_write(cx, data),
+        }
+    }
+
+    fn poll_shutdown(&self) -> Poll<io::Result<()>> {
+        match self {
+            Sock::Virtual(v) => v.poll_shutdown(),
+            Sock::Plain(p) => p.poll_shutdown(),
+        }
+    }
+
+    fn local(&self) -> SocketAddrV4 {
+        match self {
+            Sock::Virtual(v) => v.local,
+            Sock::Plain(p) => p.local,
+        }
+    }
+
+    fn peer(&self) -> SocketAddrV4 {
+        match self {
+            Sock::Virtual(v) => v.peer,
+            Sock::Plain(p) => p.peer,
+        }
+    }
+
+    fn nodelay(&self) -> &AtomicBool {
+        match self {
+            Sock::Virtual(v) => &v.nodelay,
+            Sock::Plain(p) => &p.nodelay,
+        }
+    }
+
+    fn same(&self, other: &Sock) -> bool {
+        match (self, other) {
+            (Sock::Virtual(a), Sock::Virtual(b)) => Arc::ptr_eq(a, b),
+            (Sock::Plain(a), Sock::Plain(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+/// A virtual socket: a reliable, ordered byte stream to a peer, carried over the stack's
+/// channels. The drop-in for `tokio::net::TcpStream`.
+///
+/// Reads and writes are tokio [`AsyncRead`]/[`AsyncWrite`]; `shutdown` (through
+/// `AsyncWriteExt`) sends a FIN after the bytes written, and the peer reads end of stream;
+/// dropping the stream without a shutdown (or with unread data) resets the connection,
+/// and the peer's operations fail with `ConnectionReset`. A lost channel the socket used
+/// fails its pending and later operations with `ConnectionAborted`.
+///
+/// `poll_flush` returns at once: bytes written are in the socket's send buffer and leave
+/// as credit allows, like a kernel socket's.
+///
+/// A stream to or from a host that does not speak NetChannel (a kernel TCP peer) is the
+/// same type: it runs over one dedicated channel carrying the bytes as they are.
+#[derive(Debug)]
+pub struct VirtualStream {
+    inner: Sock,
+}
+
+impl VirtualStream {
+    pub(crate) fn from_inner(inner: StreamInner) -> VirtualStream {
+        VirtualStream {
+            inner: Sock::Virtual(Arc::new(inner)),
+        }
+    }
+
+    pub(crate) fn plain(inner: PlainInner) -> VirtualStream {
+        VirtualStream {
+            inner: Sock::Plain(Arc::new(inner)),
+        }
+    }
+
+    /// Whether the peer is a plain-TCP host (no NetChannel channels, no virtual header).
+    pub fn is_plain_tcp(&self) -> bool {
+        matches!(self.inner, Sock::Plain(_))
+    }
+
+    /// Connects to `addr` through the process's default stack (see
+    /// [`set_default_stack`](super::set_default_stack)).
+    pub async fn connect(addr: impl ToSocketAddrs) -> io::Result<VirtualStream> {
+        let addr = first_v4(addr)?;
+        default_stack()?.connect(addr.into()).await
+    }
+
+    /// The local address: the stack's address and the socket's virtual port.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.inner.local().into())
+    }
+
+    /// The peer's address and virtual port.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.inner.peer().into())
+    }
+
+    /// Recorded for compatibility with `TcpStream`; virtual sockets never delay small
+    /// writes (each driver round sends what was written).
+    pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
+        self.inner.nodelay().store(nodelay, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The value last given to [`set_nodelay`](Self::set_nodelay).
+    pub fn nodelay(&self) -> io::Result<bool> {
+        Ok(self.inner.nodelay().load(Ordering::Relaxed))
+    }
+
+    /// Declares the socket latency-sensitive or throughput-oriented (the paper's
+    /// `SO_APP_TYPE`): its later chunks use only channels of that class. Fails with
+    /// `AddrNotAvailable` when the stack has no channel of that class to the peer. No
+    /// effect on a plain-TCP stream.
+    pub fn set_app_class(&self, class: AppClass) -> io::Result<()> {
+        match &self.inner {
+            Sock::Virtual(v) => v.set_app_class(class),
+            Sock::Plain(_) => Ok(()),
+        }
+    }
+
+    /// The socket's application class.
+    pub fn app_class(&self) -> AppClass {
+        match &self.inner {
+            Sock::Virtual(v) => v
+                .stack
+                .core()
+                .lock()
+                .ep
+                .app_class(v.sid)
+                .unwrap_or(AppClass::Throughput),
+            Sock::Plain(_) => AppClass::Throughput,
+        }
+    }
+
+    /// Borrowed read and write halves, usable from two tasks at once (like
+    /// `TcpStream::split`).
+    pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>) {
+        (ReadHalf(&self.inner), WriteHalf(&self.inner))
+    }
+
+    /// Owned halves (like `TcpStream::into_split`). Dropping the write half shuts the
+    /// write side down; the socket closes when both are gone. Both halves go through the
+    /// stack's lock, like the whole stream does.
+    pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        (
+            OwnedReadHalf {
+                inner: self.inner.clone(),
+            },
+            OwnedWriteHalf {
+                inner: self.inner,
+                shutdown_on_drop: true,
+            },
+        )
+    }
+}
+
+impl AsyncRead for VirtualStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.inner.poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for VirtualStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.inner.poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.inner.poll_shutdown()
+    }
+}
+
+/// The read half of [`VirtualStream::split`].
+#[derive(Debug)]
+pub struct ReadHalf<'a>(&'a Sock);
+
+/// The write half of [`VirtualStream::split`].
+#[derive(Debug)]
+pub struct WriteHalf<'a>(&'a Sock);
+
+impl AsyncRead for ReadHalf<'_> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.0.poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for WriteHalf<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.0.poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.0.poll_shutdown()
+    }
+}
+
+/// The read half of [`VirtualStream::into_split`].
+#[derive(Debug)]
+pub struct OwnedReadHalf {
+    inner: Sock,
+}
+
+/// The write half of [`VirtualStream::into_split`]; dropping it shuts the write side down.
+#[derive(Debug)]
+pub struct OwnedWriteHalf {
+    inner: Sock,
+    shutdown_on_drop: bool,
+}
+
+impl OwnedReadHalf {
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.inner.peer().into())
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.inner.local().into())
+    }
+
+    /// Rejoins the halves of one stream; hands them back if they do not match.
+    pub fn reunite(
+        self,
+        other: OwnedWriteHalf,
+    ) -> Result<VirtualStream, (OwnedReadHalf, OwnedWriteHalf)> {
+        if self.inner.same(&other.inner) {
+            let mut other = other;
+            other.shutdown_on_drop = false;
+            Ok(VirtualStream {
+                inner: self.inner.clone(),
+            })
+        } else {
+            Err((self, other))
+        }
+    }
+}
+
+impl OwnedWriteHalf {
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.inner.peer().into())
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.inner.local().into())
+    }
+
+    /// Drops the half without shutting the write side down.
+    pub fn forget(mut self) {
+        self.shutdown_on_drop = false;
+    }
+}
+
+impl Drop for OwnedWriteHalf {
+    fn drop(&mut self) {
+        if self.shutdown_on_drop {
+            let _ = self.inner.poll_shutdown();
+        }
+    }
+}
+
+impl AsyncRead for OwnedReadHalf {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.inner.poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for OwnedWriteHalf {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.inner.poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.inner.poll_shutdown()
+    }
+}
+
+/// Opens a virtual socket to `addr` on `stack` (see [`Stack::connect`]).
+pub(crate) async fn connect(stack: &Stack, addr: SocketAddrV4) -> io::Result<VirtualStream> {
+    let core = stack.core();
+    let class = AppClass::Throughput;
+    let mut attempt = None;
+    let peer =
+        match poll_fn(|cx| core.poll_peer(*addr.ip(), class.channel_class(), &mut attempt, cx))
+            .await
+        {
+            Ok(p) => p,
+            // No channel port there: a host without NetChannel; try plain TCP.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                debug!(%addr, "no channel port; falling back to plain TCP");
+                return connect_plain(stack, addr).await;
+            }
+            Err(e) => return Err(e),
+        };
+    let (sid, local) = {
+        let mut st = core.lock();
+        if st.stopped {
+            return Err(stopped_error());
+        }
+        let sid = st.ep.connect(peer, addr.port(), class)?;
+        let (_, local, _) = st.ep.socket_addr(sid).expect("just created");
+        st.track(sid);
+        st.deadlines
+            .insert(sid, Instant::now() + core.config.connect_timeout);
+        (sid, local)
+    };
+    core.signal.notify();
+    // From here on, dropping the stream (or this future) releases the socket.
+    let stream = VirtualStream::from_inner(StreamInner::new(
+        stack.clone(),
+        sid,
+        SocketAddrV4::new(core.backend.ipv4(), local),
+        addr,
+    ));
+    poll_fn(|cx| {
+        let mut st = core.lock();
+        if st.ep.is_connected(sid) {
+            st.deadlines.remove(&sid);
+            return Poll::Ready(Ok(()));
+        }
+        if st.socks.get(&sid).is_some_and(|s| s.timed_out) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connect to {addr} timed out"),
+            )));
+        }
+        match st.ep.recv(sid, &mut []) {
+            Err(Error::WouldBlock) if st.stopped => Poll::Ready(Err(stopped_error())),
+            Err(Error::WouldBlock) | Ok(_) => {
+                if let Some(w) = st.socks.get_mut(&sid) {
+                    w.write = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            Err(e) => Poll::Ready(Err(e.into())),
+        }
+    })
+    .await?;
+    debug!(socket = %sid, %addr, "connected");
+    Ok(stream)
+}
+
+type PlainResult = io::Result<(BoxedTransport, SocketAddrV4)>;
+
+#[derive(Default)]
+struct PlainSlot {
+    result: Option<PlainResult>,
+    waker: Option<Waker>,
+}
+
+/// Opens one channel straight to `addr` (a plain-TCP peer), in a helper thread since the
+/// backend's connect blocks.
+async fn connect_plain(stack: &Stack, addr: SocketAddrV4) -> io::Result<VirtualStream> {
+    let slot = Arc::new(Mutex::new(PlainSlot::default()));
+    let backend = stack.core().backend.clone();
+    let s2 = slot.clone();
+    std::thread::Builder::new()
+        .name("vns-plain".into())
+        .spawn(move || {
+            let r = backend.connect(addr).map_err(io::Error::from);
+            let w = {
+                let mut s = s2.lock().unwrap_or_else(|p| p.into_inner());
+                s.result = Some(r);
+                s.waker.take()
+            };
+            if let Some(w) = w {
+                w.wake();
+            }
+        })?;
+    let (t, local) = poll_fn(|cx| {
+        let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
+        match s.result.take() {
+            Some(r) => Poll::Ready(r),
+            None => {
+                s.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    })
+    .await?;
+    debug!(%addr, %local, "connected over plain TCP");
+    Ok(VirtualStream::plain(PlainInner::new(
+        stack.clone(),
+        t,
+        local,
+        addr,
+    )))
+}

@@ -1,0 +1,574 @@
+//! The tokio contract of `VirtualStream`/`VirtualListener`, on stacks joined by an
+//! in-memory network (no privileges): tokio's own `TcpStream` tests ported, plus
+//! virtual-socket specifics (many streams, a paused reader, channel loss, timeouts).
+
+use std::io::ErrorKind;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::timeout;
+use tokio_util::codec::{Framed, LinesCodec};
+use vns::stack::{Backend, MemNetwork, Stack};
+use vns::{AppClass, VirtualListener, VirtualStream};
+
+const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+/// Bound on any single wait: a hang fails the test instead of blocking CI.
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn addr(ip: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddrV4::new(ip, port).into()
+}
+
+fn pair(channels: usize) -> (Stack, Stack) {
+    Stack::pair_in_memory(channels).unwrap()
+}
+
+fn pattern(tag: u32, len: usize) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) ^ tag.wrapping_mul(0x9e37_79b9)).to_le_bytes()[1])
+        .collect()
+}
+
+async fn connected(a: &Stack, b: &Stack, port: u16) -> (VirtualStream, VirtualStream) {
+    let l = b.bind(addr(B, port)).await.unwrap();
+    let c = timeout(LIMIT, a.connect(addr(B, port)))
+        .await
+        .unwrap()
+        .unwrap();
+    let (s, peer) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    assert_eq!(peer, c.local_addr().unwrap());
+    (c, s)
+}
+
+#[tokio::test]
+async fn echo_and_addresses() {
+    let (a, b) = pair(2);
+    let (mut c, mut s) = connected(&a, &b, 7000).await;
+    assert_eq!(c.peer_addr().unwrap(), addr(B, 7000));
+    assert_eq!(s.local_addr().unwrap(), addr(B, 7000));
+    assert_eq!(s.peer_addr().unwrap(), c.local_addr().unwrap());
+    c.set_nodelay(true).unwrap();
+    assert!(c.nodelay().unwrap());
+    c.write_all(b"hello").await.unwrap();
+    let mut buf = [0u8; 5];
+    s.read_exact(&mut buf).await.unwrap();
+    s.write_all(&buf).await.unwrap();
+    let mut back = [0u8; 5];
+    c.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"hello");
+    // Channels: 2 throughput + 1 latency each side.
+    assert_eq!(a.channel_count(), 3);
+    assert_eq!(b.channel_count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_halves_from_two_tasks() {
+    let (a, b) = pair(3);
+    let (c, s) = connected(&a, &b, 7001).await;
+    // Server echoes with its halves in two tasks.
+    let (mut sr, mut sw) = s.into_split();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
+    let reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; 10_000];
+        loop {
+            let n = sr.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            tx.send(buf[..n].to_vec()).await.unwrap();
+        }
+    });
+    let writer = tokio::spawn(async move {
+        while let Some(v) = rx.recv().await {
+            sw.write_all(&v).await.unwrap();
+        }
+        sw.shutdown().await.unwrap();
+    });
+    let data = pattern(1, 1 << 20);
+    let (mut cr, mut cw) = c.into_split();
+    let d2 = data.clone();
+    let send = tokio::spawn(async move {
+        cw.write_all(&d2).await.unwrap();
+        cw.shutdown().await.unwrap();
+        cw
+    });
+    let mut got = Vec::new();
+    timeout(LIMIT, cr.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.len(), data.len());
+    assert!(got == data);
+    let cw = send.await.unwrap();
+    reader.await.unwrap();
+    writer.await.unwrap();
+    assert!(cr.reunite(cw).is_ok());
+}
+
+#[tokio::test]
+async fn borrowed_split_halves_concurrently() {
+    let (a, b) = pair(2);
+    let (mut c, mut s) = connected(&a, &b, 7002).await;
+    let data = pattern(2, 300_000);
+    let server = async {
+        let (mut r, mut w) = s.split();
+        tokio::io::copy(&mut r, &mut w).await.unwrap();
+        w.shutdown().await.unwrap();
+    };
+    let client = async {
+        let (mut r, mut w) = c.split();
+        let write = async {
+            w.write_all(&data).await.unwrap();
+            w.shutdown().await.unwrap();
+        };
+        let mut got = Vec::new();
+        let read = r.read_to_end(&mut got);
+        let (_, n) = tokio::join!(write, read);
+        assert_eq!(n.unwrap(), data.len());
+        got
+    };
+    let (_, got) = timeout(LIMIT, async { tokio::join!(server, client) })
+        .await
+        .unwrap();
+    assert!(got == data);
+}
+
+#[tokio::test]
+async fn shutdown_then_read_to_eof_both_ways() {
+    let (a, b) = pair(2);
+    let (mut c, mut s) = connected(&a, &b, 7003).await;
+    c.write_all(b"request").await.unwrap();
+    c.shutdown().await.unwrap();
+    let mut req = Vec::new();
+    timeout(LIMIT, s.read_to_end(&mut req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(req, b"request");
+    // EOF stays EOF.
+    assert_eq!(s.read(&mut [0u8; 8]).await.unwrap(), 0);
+    // Half-closed: the server still writes, the client still reads.
+    s.write_all(b"response").await.unwrap();
+    s.shutdown().await.unwrap();
+    let mut resp = Vec::new();
+    timeout(LIMIT, c.read_to_end(&mut resp))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp, b"response");
+    // Writing after our own shutdown is an error.
+    let e = c.write_all(b"more").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::BrokenPipe);
+}
+
+#[tokio::test]
+async fn drop_without_shutdown_resets_the_peer() {
+    let (a, b) = pair(2);
+    let (c, mut s) = connected(&a, &b, 7004).await;
+    drop(c);
+    let e = timeout(LIMIT, s.read(&mut [0u8; 16]))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset);
+    // Later operations keep failing.
+    let e = s.write_all(b"x").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset);
+}
+
+#[tokio::test]
+async fn read_and_write_after_peer_close() {
+    let (a, b) = pair(2);
+    let (mut c, mut s) = connected(&a, &b, 7005).await;
+    // The peer shuts down and closes gracefully after reading everything.
+    s.shutdown().await.unwrap();
+    assert_eq!(
+        timeout(LIMIT, c.read(&mut [0u8; 4]))
+            .await
+            .unwrap()
+            .unwrap(),
+        0
+    );
+    // Our direction still works until the peer drops.
+    c.write_all(b"late").await.unwrap();
+    let mut buf = [0u8; 4];
+    s.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"late");
+    drop(s);
+    // The peer is gone: writing eventually fails with a reset, reading too.
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let err = loop {
+        match c.write_all(b"data").await {
+            Err(e) => break e,
+            Ok(()) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "writes never failed"
+                );
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::ConnectionReset);
+    assert_eq!(
+        c.read(&mut [0u8; 4]).await.unwrap_err().kind(),
+        ErrorKind::ConnectionReset
+    );
+}
+
+#[tokio::test]
+async fn connect_refused() {
+    let (a, b) = pair(2);
+    // A stack with nothing bound on the port.
+    let e = timeout(LIMIT, a.connect(addr(B, 7999)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionRefused);
+    // A host without a channel port at all.
+    let e = timeout(LIMIT, a.connect(addr(Ipv4Addr::new(10, 0, 0, 9), 7000)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionRefused);
+    // Binding someone else's address is refused; a second bind of a port too.
+    assert_eq!(
+        b.bind(addr(A, 7000)).await.unwrap_err().kind(),
+        ErrorKind::AddrNotAvailable
+    );
+    let _l = b.bind(addr(B, 7000)).await.unwrap();
+    assert_eq!(
+        b.bind(addr(B, 7000)).await.unwrap_err().kind(),
+        ErrorKind::AddrInUse
+    );
+    // Port 0 picks a free port.
+    let l0 = b.bind(addr(Ipv4Addr::UNSPECIFIED, 0)).await.unwrap();
+    assert_ne!(l0.local_addr().unwrap().port(), 0);
+}
+
+#[tokio::test]
+async fn connect_times_out_when_the_peer_never_answers() {
+    let net = MemNetwork::new();
+    let a = Stack::builder()
+        .ipv4(A)
+        .connect_timeout(Duration::from_millis(300))
+        .build_in_memory(&net)
+        .unwrap();
+    // A host whose channel port accepts channels that nobody ever reads.
+    let _silent = net.backend(B).listen(9000).unwrap();
+    let start = std::time::Instant::now();
+    let e = timeout(LIMIT, a.connect(addr(B, 7000)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TimedOut);
+    assert!(start.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_streams_with_verified_data() {
+    const N: u32 = 200;
+    const LEN: usize = 20_000;
+    let (a, b) = pair(4);
+    // Every client connects at once: the backlog holds them all.
+    let l = b
+        .bind_with_backlog(addr(B, 7006), N as usize)
+        .await
+        .unwrap();
+    let server = tokio::spawn(async move {
+        let mut tasks = Vec::new();
+        for _ in 0..N {
+            let (mut s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+            tasks.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                s.read_to_end(&mut got).await.unwrap();
+                // Echo back with the bytes reversed, to verify both directions.
+                got.reverse();
+                s.write_all(&got).await.unwrap();
+                s.shutdown().await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let mut clients = Vec::new();
+    for i in 0..N {
+        let a = a.clone();
+        clients.push(tokio::spawn(async move {
+            let mut c = a.connect(addr(B, 7006)).await.unwrap();
+            let data = pattern(i, LEN + i as usize);
+            c.write_all(&data).await.unwrap();
+            c.shutdown().await.unwrap();
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).await.unwrap();
+            got.reverse();
+            assert!(got == data, "stream {i} corrupted");
+        }));
+    }
+    timeout(LIMIT * 2, async {
+        for c in clients {
+            c.await.unwrap();
+        }
+        server.await.unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn backlog_is_bounded() {
+    let (a, b) = pair(2);
+    let l = b.bind_with_backlog(addr(B, 7007), 2).await.unwrap();
+    let c1 = a.connect(addr(B, 7007)).await.unwrap();
+    let c2 = a.connect(addr(B, 7007)).await.unwrap();
+    let e = timeout(LIMIT, a.connect(addr(B, 7007)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionRefused);
+    let (s1, _) = l.accept().await.unwrap();
+    assert_eq!(s1.peer_addr().unwrap(), c1.local_addr().unwrap());
+    // Room again.
+    let _c3 = a.connect(addr(B, 7007)).await.unwrap();
+    let (s2, _) = l.accept().await.unwrap();
+    assert_eq!(s2.peer_addr().unwrap(), c2.local_addr().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_transfer_is_byte_exact() {
+    const LEN: usize = 32 << 20;
+    let (a, b) = pair(4);
+    let (mut c, mut s) = connected(&a, &b, 7008).await;
+    let data = pattern(8, LEN);
+    let d2 = data.clone();
+    let w = tokio::spawn(async move {
+        for part in d2.chunks(100_003) {
+            c.write_all(part).await.unwrap();
+        }
+        c.shutdown().await.unwrap();
+        c
+    });
+    let mut got = Vec::with_capacity(LEN);
+    timeout(LIMIT * 2, s.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.len(), LEN);
+    assert!(got == data);
+    w.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_reader_does_not_stall_other_streams() {
+    let (a, b) = pair(2);
+    let (mut sleepy_c, _sleepy_s) = connected(&a, &b, 7009).await;
+    let (mut busy_c, mut busy_s) = connected(&a, &b, 7010).await;
+    // Fill the sleeping reader's socket until its writer blocks.
+    let filler = tokio::spawn(async move {
+        let chunk = vec![7u8; 64 * 1024];
+        let mut sent = 0usize;
+        loop {
+            match timeout(Duration::from_millis(500), sleepy_c.write_all(&chunk)).await {
+                Ok(r) => {
+                    r.unwrap();
+                    sent += chunk.len();
+                }
+                Err(_) => return (sleepy_c, sent),
+            }
+        }
+    });
+    let (_sleepy_c, parked) = timeout(LIMIT, filler).await.unwrap().unwrap();
+    assert!(parked > 0);
+    // The other stream, sharing every channel, moves 8 MB meanwhile.
+    let data = pattern(10, 8 << 20);
+    let d2 = data.clone();
+    let w = tokio::spawn(async move {
+        busy_c.write_all(&d2).await.unwrap();
+        busy_c.shutdown().await.unwrap();
+        busy_c
+    });
+    let mut got = Vec::new();
+    timeout(LIMIT, busy_s.read_to_end(&mut got))
+        .await
+        .expect("the busy stream stalled behind the sleeping reader")
+        .unwrap();
+    assert!(got == data);
+    w.await.unwrap();
+}
+
+#[tokio::test]
+async fn framed_lines_over_a_virtual_stream() {
+    let (a, b) = pair(2);
+    let (c, s) = connected(&a, &b, 7011).await;
+    let server = tokio::spawn(async move {
+        let mut f = Framed::new(s, LinesCodec::new());
+        while let Some(line) = f.next().await {
+            let line = line.unwrap();
+            f.send(line.to_uppercase()).await.unwrap();
+        }
+    });
+    let mut f = Framed::new(c, LinesCodec::new());
+    for i in 0..100 {
+        f.send(format!("line number {i}")).await.unwrap();
+        let reply = timeout(LIMIT, f.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(reply, format!("LINE NUMBER {i}"));
+    }
+    f.get_mut().shutdown().await.unwrap();
+    drop(f);
+    timeout(LIMIT, server).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn peer_vanishing_fails_pending_and_later_operations() {
+    let (a, b) = pair(2);
+    let (mut c, _s) = connected(&a, &b, 7012).await;
+    let pending = tokio::spawn(async move {
+        let r = c.read(&mut [0u8; 16]).await;
+        (c, r)
+    });
+    // Give the read a chance to park, then make the peer host disappear.
+    tokio::task::yield_now().await;
+    b.shutdown();
+    let (mut c, r) = timeout(LIMIT, pending).await.unwrap().unwrap();
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::ConnectionAborted);
+    assert_eq!(
+        c.write_all(b"x").await.unwrap_err().kind(),
+        ErrorKind::ConnectionAborted
+    );
+    // The shut-down stack refuses new work.
+    assert!(b.bind(addr(B, 7013)).await.is_err());
+}
+
+#[tokio::test]
+async fn app_class_switches_channels() {
+    let (a, b) = pair(2);
+    let (mut c, mut s) = connected(&a, &b, 7014).await;
+    assert_eq!(c.app_class(), AppClass::Throughput);
+    c.set_app_class(AppClass::Latency).unwrap();
+    assert_eq!(c.app_class(), AppClass::Latency);
+    c.write_all(b"urgent").await.unwrap();
+    let mut buf = [0u8; 6];
+    timeout(LIMIT, s.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"urgent");
+
+    // Without latency channels the class cannot be set.
+    let net = MemNetwork::new();
+    let x = Stack::builder()
+        .ipv4(A)
+        .latency_channels(0)
+        .build_in_memory(&net)
+        .unwrap();
+    let y = Stack::builder().ipv4(B).build_in_memory(&net).unwrap();
+    let (c, _s) = connected(&x, &y, 7015).await;
+    assert_eq!(
+        c.set_app_class(AppClass::Latency).unwrap_err().kind(),
+        ErrorKind::AddrNotAvailable
+    );
+}
+
+#[tokio::test]
+async fn default_stack_serves_the_tokio_style_constructors() {
+    let (a, b) = pair(2);
+    // The default stack is B; a connects to it through its own handle.
+    vns::set_default_stack(b.clone());
+    let l = VirtualListener::bind("10.0.0.2:7016").await.unwrap();
+    let mut c = a.connect(addr(B, 7016)).await.unwrap();
+    let (mut s, _) = l.accept().await.unwrap();
+    c.write_all(b"hi").await.unwrap();
+    let mut buf = [0u8; 2];
+    s.read_exact(&mut buf).await.unwrap();
+    // And B connects back to A by address alone.
+    let la = a.bind(addr(A, 7017)).await.unwrap();
+    let mut back = VirtualStream::connect("10.0.0.1:7017").await.unwrap();
+    let (mut sa, _) = la.accept().await.unwrap();
+    back.write_all(b"yo").await.unwrap();
+    sa.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"yo");
+    vns::stack::clear_default_stack();
+}
+
+/// Reads a plain transport to its end of stream.
+async fn read_transport_to_end(t: &dyn netdriver::channel::ChannelTransport) -> Vec<u8> {
+    let mut got = Vec::new();
+    loop {
+        match std::future::poll_fn(|cx| t.poll_dequeue(cx)).await.unwrap() {
+            Some(b) => got.extend_from_slice(&b),
+            None => return got,
+        }
+    }
+}
+
+#[tokio::test]
+async fn listener_serves_plain_tcp_peers() {
+    let net = MemNetwork::new();
+    let b = Stack::builder().ipv4(B).build_in_memory(&net).unwrap();
+    let l = b.bind(addr(B, 7020)).await.unwrap();
+    // A host without NetChannel connects straight to the listened port.
+    let plain_host = net.backend(Ipv4Addr::new(10, 0, 0, 3));
+    let (t, local) = plain_host.connect(SocketAddrV4::new(B, 7020)).unwrap();
+    t.enqueue(bytes::Bytes::from_static(b"GET /\r\n")).unwrap();
+    t.close();
+    let (mut s, peer) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    assert!(s.is_plain_tcp());
+    assert_eq!(peer, SocketAddr::from(local));
+    let mut req = Vec::new();
+    timeout(LIMIT, s.read_to_end(&mut req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(req, b"GET /\r\n");
+    s.write_all(b"200 OK").await.unwrap();
+    s.shutdown().await.unwrap();
+    drop(s);
+    let got = timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap();
+    assert_eq!(got, b"200 OK");
+}
+
+#[tokio::test]
+async fn connect_falls_back_to_plain_tcp() {
+    let net = MemNetwork::new();
+    let a = Stack::builder().ipv4(A).build_in_memory(&net).unwrap();
+    // A plain server: no channel port, only its service port.
+    let c_ip = Ipv4Addr::new(10, 0, 0, 3);
+    let plain_host = net.backend(c_ip);
+    let acceptor = plain_host.listen(7021).unwrap();
+    let server = tokio::spawn(async move {
+        let (t, _) = std::future::poll_fn(|cx| acceptor.poll_accept(cx))
+            .await
+            .unwrap();
+        let req = read_transport_to_end(&*t).await;
+        let mut resp = req.clone();
+        resp.reverse();
+        t.enqueue(bytes::Bytes::from(resp)).unwrap();
+        t.close();
+        req
+    });
+    let mut c = timeout(LIMIT, a.connect(addr(c_ip, 7021)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(c.is_plain_tcp());
+    assert_eq!(c.peer_addr().unwrap(), addr(c_ip, 7021));
+    c.write_all(b"abc").await.unwrap();
+    c.shutdown().await.unwrap();
+    let mut resp = Vec::new();
+    timeout(LIMIT, c.read_to_end(&mut resp))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp, b"cba");
+    assert_eq!(server.await.unwrap(), b"abc");
+    // Nothing at all on the port: still refused.
+    let e = timeout(LIMIT, a.connect(addr(c_ip, 7022)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionRefused);
+}

@@ -1,0 +1,313 @@
+//! End to end over the AF_XDP test bed: two `Stack`s, one per namespace, each on both
+//! queues of its veth end, with several channels between them; many virtual streams, a
+//! large verified transfer and `Framed` over a `VirtualStream`.
+//!
+//! Privileged: skips without root, and fails instead when `NETCHANNEL_REQUIRE_XDP=1`.
+//! `NETCHANNEL_VNS_XDP_BYTES` sets the size of the large transfer (default 100 MB).
+#![cfg(target_os = "linux")]
+
+use std::net::{SocketAddr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use netchannel::{Stack, VirtualStream};
+use testbed::{testbed_or_skip, Side, TestBed};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::timeout;
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+
+const CHANNELS: usize = 4;
+const STREAMS: u32 = 64;
+const PER_STREAM: usize = 256 * 1024;
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn stack_in(bed: &TestBed, side: Side) -> Stack {
+    let e = bed.side(side);
+    let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
+    bed.run_in(side, move || {
+        Stack::builder()
+            .interface(ifname)
+            .ipv4(ipv4)
+            .channels(CHANNELS)
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+    })
+    .expect("enter the namespace")
+    .expect("build the stack")
+}
+
+/// A deterministic byte of stream `tag` at `offset`.
+fn byte(tag: u64, offset: u64) -> u8 {
+    let mut z = offset.wrapping_add(tag.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    (z ^ (z >> 27)) as u8
+}
+
+fn fill(tag: u64, offset: u64, out: &mut [u8]) {
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = byte(tag, offset + i as u64);
+    }
+}
+
+async fn send_pattern(s: &mut VirtualStream, tag: u64, total: u64) {
+    let mut buf = vec![0u8; 60_000];
+    let mut off = 0u64;
+    while off < total {
+        let n = (total - off).min(buf.len() as u64) as usize;
+        fill(tag, off, &mut buf[..n]);
+        s.write_all(&buf[..n]).await.expect("write");
+        off += n as u64;
+    }
+}
+
+async fn recv_pattern(s: &mut VirtualStream, tag: u64) -> u64 {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut off = 0u64;
+    loop {
+        let n = s.read(&mut buf).await.expect("read");
+        if n == 0 {
+            return off;
+        }
+        for (i, &b) in buf[..n].iter().enumerate() {
+            assert_eq!(
+                b,
+                byte(tag, off + i as u64),
+                "stream {tag} at {}",
+                off + i as u64
+            );
+        }
+        off += n as u64;
+    }
+}
+
+#[test]
+fn two_stacks_over_af_xdp() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let a = stack_in(&bed, Side::A);
+    let b = stack_in(&bed, Side::B);
+    let b_ip = bed.side(Side::B).ipv4;
+    let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
+    let total: u64 = std::env::var("NETCHANNEL_VNS_XDP_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000_000);
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // Refused: nothing listens on the port (the channels exist after this).
+        let e = timeout(LIMIT, a.connect(at(7999)))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+        // CHANNELS throughput channels plus one latency channel, over both queues.
+        assert_eq!(a.channel_count(), CHANNELS + 1);
+
+        // Many streams at once, each echoed and verified.
+        let l = b
+            .bind_with_backlog(at(7000), STREAMS as usize)
+            .await
+            .unwrap();
+        let server = tokio::spawn(async move {
+            let mut tasks = Vec::new();
+            for _ in 0..STREAMS {
+                let (mut s, _) = l.accept().await.unwrap();
+                tasks.push(tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    tokio::io::copy(&mut r, &mut w).await.unwrap();
+                    w.shutdown().await.unwrap();
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        let t0 = Instant::now();
+        let clients: Vec<_> = (0..STREAMS)
+            .map(|i| {
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let c = a.connect(at(7000)).await.unwrap();
+                    let (mut r, mut w) = c.into_split();
+                    let tag = u64::from(i);
+                    let send = async move {
+                        let mut buf = vec![0u8; PER_STREAM];
+                        fill(tag, 0, &mut buf);
+                        w.write_all(&buf).await.unwrap();
+                        w.shutdown().await.unwrap();
+                    };
+                    let recv = async move {
+                        let mut got = Vec::new();
+                        r.read_to_end(&mut got).await.unwrap();
+                        got
+                    };
+                    let (_, got) = tokio::join!(send, recv);
+                    assert_eq!(got.len(), PER_STREAM, "stream {i}");
+                    let mut want = vec![0u8; PER_STREAM];
+                    fill(tag, 0, &mut want);
+                    assert!(got == want, "stream {i} corrupted");
+                })
+            })
+            .collect();
+        timeout(LIMIT, async {
+            for c in clients {
+                c.await.unwrap();
+            }
+            server.await.unwrap();
+        })
+        .await
+        .expect("many streams stalled");
+        let secs = t0.elapsed().as_secs_f64();
+        println!(
+            "{STREAMS} streams x {PER_STREAM} B echoed in {secs:.2} s ({:.1} Mbit/s each way)",
+            (u64::from(STREAMS) * PER_STREAM as u64 * 8) as f64 / secs / 1e6
+        );
+
+        // One large transfer, verified byte by byte.
+        let l = b.bind(at(7001)).await.unwrap();
+        let rx = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            recv_pattern(&mut s, 4242).await
+        });
+        let mut c = a.connect(at(7001)).await.unwrap();
+        let t0 = Instant::now();
+        timeout(LIMIT, async {
+            send_pattern(&mut c, 4242, total).await;
+            c.shutdown().await.unwrap();
+            assert_eq!(rx.await.unwrap(), total);
+        })
+        .await
+        .expect("large transfer stalled");
+        let secs = t0.elapsed().as_secs_f64();
+        println!(
+            "{total} B over one VirtualStream in {secs:.2} s ({:.1} Mbit/s)",
+            total as f64 * 8.0 / secs / 1e6
+        );
+
+        // Framed messages over a stream.
+        let l = b.bind(at(7002)).await.unwrap();
+        let server = tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            let mut f = Framed::new(s, LengthDelimitedCodec::new());
+            while let Some(msg) = f.next().await {
+                let mut msg = msg.unwrap();
+                msg.reverse();
+                f.send(msg.freeze()).await.unwrap();
+            }
+        });
+        let c = a.connect(at(7002)).await.unwrap();
+        let mut f = Framed::new(c, LengthDelimitedCodec::new());
+        for i in 0..200u64 {
+            let len = 1 + (i as usize * 997) % 50_000;
+            let mut msg = vec![0u8; len];
+            fill(i, 0, &mut msg);
+            f.send(bytes::Bytes::from(msg.clone())).await.unwrap();
+            let reply = timeout(LIMIT, f.next()).await.unwrap().unwrap().unwrap();
+            msg.reverse();
+            assert_eq!(&reply[..], &msg[..], "message {i}");
+        }
+        f.get_mut().shutdown().await.unwrap();
+        drop(f);
+        timeout(LIMIT, server).await.unwrap().unwrap();
+    });
+    drop(rt);
+    drop(a);
+    drop(b);
+}
+
+#[test]
+fn plain_kernel_tcp_peers_over_af_xdp() {
+    use std::io::{Read, Write};
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    // Only B runs a stack; A is a plain host (kernel TCP, no channel port).
+    let b = stack_in(&bed, Side::B);
+    let a_ip = bed.side(Side::A).ipv4;
+    let b_ip = bed.side(Side::B).ipv4;
+    const LEN: usize = 1 << 20;
+    let mut data = vec![0u8; LEN];
+    fill(77, 0, &mut data);
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // A kernel client against a VirtualListener.
+    let l = rt
+        .block_on(b.bind(SocketAddrV4::new(b_ip, 7100).into()))
+        .unwrap();
+    let server = rt.spawn(async move {
+        let (mut s, peer) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+        assert!(s.is_plain_tcp());
+        let (mut r, mut w) = s.split();
+        let n = tokio::io::copy(&mut r, &mut w).await.unwrap();
+        w.shutdown().await.unwrap();
+        (peer, n)
+    });
+    let d2 = data.clone();
+    let echoed = bed
+        .run_in(Side::A, move || {
+            let mut s = std::net::TcpStream::connect((b_ip, 7100)).expect("kernel connect");
+            s.set_read_timeout(Some(LIMIT)).unwrap();
+            let mut r = s.try_clone().unwrap();
+            let reader = std::thread::spawn(move || {
+                let mut got = Vec::new();
+                r.read_to_end(&mut got).map(|_| got)
+            });
+            s.write_all(&d2).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            reader.join().unwrap().expect("kernel read")
+        })
+        .unwrap();
+    assert!(
+        echoed == data,
+        "kernel client got {} bytes back",
+        echoed.len()
+    );
+    let (peer, n) = rt.block_on(server).unwrap();
+    assert_eq!(n, LEN as u64);
+    assert_eq!(peer.ip(), std::net::IpAddr::V4(a_ip));
+
+    // Our connect to a kernel server: A has no channel port, so it falls back to TCP.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let kernel_server = bed
+        .spawn_thread_in(Side::A, move || {
+            let l = std::net::TcpListener::bind((a_ip, 7101)).unwrap();
+            ready_tx.send(()).unwrap();
+            let (mut s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(LIMIT)).unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).unwrap();
+            s.write_all(&got).unwrap();
+            got.len()
+        })
+        .unwrap();
+    ready_rx.recv_timeout(LIMIT).unwrap();
+    let got = rt.block_on(async {
+        let mut c = timeout(LIMIT, b.connect(SocketAddrV4::new(a_ip, 7101).into()))
+            .await
+            .unwrap()
+            .expect("connect with fallback");
+        assert!(c.is_plain_tcp());
+        c.write_all(&data).await.unwrap();
+        c.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        timeout(LIMIT, c.read_to_end(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        got
+    });
+    assert!(got == data, "got {} bytes back", got.len());
+    assert_eq!(kernel_server.join().unwrap(), LEN);
+    drop(rt);
+    drop(b);
+}
