@@ -58,6 +58,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod copy;
 pub mod deframer;
 mod endpoint;
 pub mod reorder;
