@@ -50,6 +50,14 @@
 //! yields the CPU (`sched_yield`) about 32 times looking for more work before it sleeps,
 //! which takes microseconds. Dropping the pool ends and joins every worker.
 //!
+//! Measured on the 2-core test machine (`docs/performance.md`, "Copy workers"): handing a
+//! copy to workers costs about 10 µs (waking a sleeping worker, then the application
+//! thread), against 0.13 µs for an inline 4 KiB copy and 9 µs for 256 KiB — for small
+//! transfers the hand-off costs far more than it saves, hence
+//! [`CopyConfig::small_copy_threshold`] (default 512 KiB, where splitting starts to pay
+//! with idle cores). With the second core busy, workers did not pay even at 1 MiB, and
+//! 16 MiB copies are memory-bound (~6 GiB/s) with or without workers.
+//!
 //! Not done here (for the Stack on top): the paper's per-worker 640 KB load threshold —
 //! work is shared by rayon's queue instead — and choosing the copying core per socket.
 //! Figures are in `docs/performance.md` ("Copy workers") and the design in

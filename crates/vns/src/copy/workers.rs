@@ -39,7 +39,7 @@ impl Default for CopyConfig {
         Self {
             workers: 1,
             chunk_size: 64 * 1024,
-            small_copy_threshold: 256 * 1024,
+            small_copy_threshold: 512 * 1024,
             pin: true,
             spill_to_remote_nodes: false,
             buffer_pool_capacity: 1024,
