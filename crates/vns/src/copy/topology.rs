@@ -184,6 +184,17 @@ mod tests {
         assert_eq!(t.app_node(), 0);
     }
 
+    #[test]
+    fn fallback_is_one_node_of_allowed_cores() {
+        let t = Topology::fallback(Some(vec![3, 5]), "no hwloc".into());
+        assert_eq!(t.nodes(), &[vec![3, 5]]);
+        assert_eq!(t.current_cpu(), None);
+        assert_eq!(t.app_node(), 0);
+        assert_eq!(t.source(), &TopologySource::Fallback("no hwloc".into()));
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(Topology::fallback(None, String::new()).core_count(), n);
+    }
+
     /// The real machine: hwloc (or the logged fallback) must see every core this process
     /// may use, each in exactly one node, and the current core among them.
     #[test]
