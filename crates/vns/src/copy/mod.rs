@@ -51,12 +51,12 @@
 //! which takes microseconds. Dropping the pool ends and joins every worker.
 //!
 //! Measured on the 2-core test machine (`docs/performance.md`, "Copy workers"): handing a
-//! copy to workers costs about 10 µs (waking a sleeping worker, then the application
-//! thread), against 0.13 µs for an inline 4 KiB copy and 9 µs for 256 KiB — for small
-//! transfers the hand-off costs far more than it saves, hence
-//! [`CopyConfig::small_copy_threshold`] (default 512 KiB, where splitting starts to pay
-//! with idle cores). With the second core busy, workers did not pay even at 1 MiB, and
-//! 16 MiB copies are memory-bound (~6 GiB/s) with or without workers.
+//! copy to workers costs 4–10 µs (waking a sleeping worker, then the application thread),
+//! against 0.11–0.13 µs for an inline 4 KiB copy and 9 µs for 256 KiB — for small transfers
+//! the hand-off costs far more than it saves, hence [`CopyConfig::small_copy_threshold`]
+//! (default 512 KiB, where splitting starts to pay). At 1 MiB one worker on the free core
+//! copied 1.4–1.6× faster than the application thread alone (and lost when that core was
+//! busy); 16 MiB copies are memory-bound (~6 GiB/s) with or without workers.
 //!
 //! Not done here (for the Stack on top): the paper's per-worker 640 KB load threshold —
 //! work is shared by rayon's queue instead — and choosing the copying core per socket.
