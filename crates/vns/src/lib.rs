@@ -59,6 +59,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod copy;
 pub mod deframer;
 mod endpoint;
 pub mod reorder;

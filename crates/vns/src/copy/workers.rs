@@ -1,0 +1,449 @@
+//! The copy worker pool: pinned threads that copy between application buffers and chunk
+//! buffers in parallel with the application thread.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use bytes::{Bytes, BytesMut};
+use tracing::{debug, warn};
+
+use super::buffers::{BufferPool, BufferStats};
+use super::placement::{place_workers, Placement};
+use super::topology::Topology;
+
+/// Configuration of a [`CopyWorkerPool`].
+#[derive(Debug, Clone)]
+pub struct CopyConfig {
+    /// Worker threads. 0: the application thread copies everything.
+    pub workers: usize,
+    /// Largest chunk [`CopyWorkerPool::copy_in`] cuts (must be > 0).
+    pub chunk_size: usize,
+    /// Transfers shorter than this are copied by the application thread alone: handing
+    /// work to a worker costs a wake-up and cache traffic that a small copy does not
+    /// repay (see `docs/performance.md`, "Copy workers").
+    pub small_copy_threshold: usize,
+    /// Pin each worker to its chosen core with `core_affinity` (failures are logged).
+    pub pin: bool,
+    /// Allow workers on other NUMA nodes once the application's node is used up.
+    pub spill_to_remote_nodes: bool,
+    /// Most idle chunk buffers kept for reuse.
+    pub buffer_pool_capacity: usize,
+    /// The topology to place workers by; `None` reads the machine with hwloc from the
+    /// thread calling [`CopyWorkerPool::new`], taken to be the application thread.
+    pub topology: Option<Topology>,
+}
+
+impl Default for CopyConfig {
+    fn default() -> Self {
+        Self {
+            workers: 1,
+            chunk_size: 64 * 1024,
+            small_copy_threshold: 512 * 1024,
+            pin: true,
+            spill_to_remote_nodes: false,
+            buffer_pool_capacity: 1024,
+            topology: None,
+        }
+    }
+}
+
+/// Errors of [`CopyWorkerPool::new`].
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// `chunk_size` is 0.
+    #[error("chunk_size must be greater than 0")]
+    ZeroChunkSize,
+    /// The worker threads could not be started.
+    #[error("cannot start copy worker threads: {0}")]
+    Spawn(String),
+}
+
+/// Counters of a [`CopyWorkerPool`] (monotonic since creation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyStats {
+    /// Copies (in or out) the application thread did alone: below the threshold, no
+    /// workers, or a single piece.
+    pub inline_copies: u64,
+    /// Copies cut into pieces shared with workers.
+    pub parallel_copies: u64,
+    /// Pieces the workers copied.
+    pub worker_pieces: u64,
+    /// Bytes the workers copied.
+    pub worker_bytes: u64,
+    /// Bytes the application thread copied.
+    pub app_bytes: u64,
+    /// Workers that could not be pinned to their core.
+    pub pin_failures: u64,
+    /// The chunk buffer pool's counters.
+    pub buffers: BufferStats,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    inline_copies: AtomicU64,
+    parallel_copies: AtomicU64,
+    worker_pieces: AtomicU64,
+    worker_bytes: AtomicU64,
+    app_bytes: AtomicU64,
+    pin_failures: AtomicU64,
+}
+
+fn add(c: &AtomicU64, n: usize) {
+    c.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+/// Worker threads plus a chunk buffer pool. See the [module docs](super).
+///
+/// All methods take `&self`; the pool is `Send + Sync` and may be shared by several
+/// application threads (their copies then share the workers).
+#[derive(Debug)]
+pub struct CopyWorkerPool {
+    chunk_size: usize,
+    small_copy_threshold: usize,
+    workers: usize,
+    threads: Option<rayon_core::ThreadPool>,
+    handles: Vec<JoinHandle<()>>,
+    live: Arc<AtomicUsize>,
+    /// OS thread ids of the workers (Linux `/proc/thread-self`), for tests and tools.
+    tids: Arc<Mutex<Vec<(usize, u64)>>>,
+    placement: Placement,
+    topology: Topology,
+    buffers: BufferPool,
+    counters: Arc<Counters>,
+}
+
+impl CopyWorkerPool {
+    /// Places and starts `config.workers` threads (none for 0) and an empty buffer pool.
+    pub fn new(config: CopyConfig) -> Result<Self, CopyError> {
+        if config.chunk_size == 0 {
+            return Err(CopyError::ZeroChunkSize);
+        }
+        let topology = config.topology.unwrap_or_else(Topology::detect);
+        let placement = place_workers(&topology, config.workers, config.spill_to_remote_nodes);
+        debug!(?placement, "copy workers placed");
+        let counters = Arc::new(Counters::default());
+        let live = Arc::new(AtomicUsize::new(0));
+        let tids = Arc::new(Mutex::new(Vec::new()));
+        let mut handles = Vec::with_capacity(config.workers);
+        let threads = if config.workers == 0 {
+            None
+        } else {
+            let cores = placement.cores.clone();
+            let pin = config.pin;
+            let built = rayon_core::ThreadPoolBuilder::new()
+                .num_threads(config.workers)
+                .spawn_handler(|thread| {
+                    let index = thread.index();
+                    let core = cores.get(index).copied();
+                    let counters = Arc::clone(&counters);
+                    let alive = Arc::clone(&live);
+                    let tids = Arc::clone(&tids);
+                    live.fetch_add(1, Ordering::SeqCst);
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("vns-copy-{index}"))
+                        .spawn(move || {
+                            let _alive = LiveGuard(alive);
+                            if pin {
+                                pin_to(index, core, &counters);
+                            }
+                            if let Some(tid) = own_tid() {
+                                let mut tids = tids.lock().unwrap_or_else(|e| e.into_inner());
+                                tids.push((index, tid));
+                            }
+                            thread.run();
+                        });
+                    match spawned {
+                        Ok(h) => {
+                            handles.push(h);
+                            Ok(())
+                        }
+                        Err(e) => {
+                            live.fetch_sub(1, Ordering::SeqCst);
+                            Err(e)
+                        }
+                    }
+                })
+                .build();
+            match built {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    // Threads started before the failure exit once the registry is gone.
+                    for h in handles.drain(..) {
+                        let _ = h.join();
+                    }
+                    return Err(CopyError::Spawn(e.to_string()));
+                }
+            }
+        };
+        Ok(Self {
+            chunk_size: config.chunk_size,
+            small_copy_threshold: config.small_copy_threshold,
+            workers: config.workers,
+            threads,
+            handles,
+            live,
+            tids,
+            placement,
+            topology,
+            buffers: BufferPool::new(config.chunk_size, config.buffer_pool_capacity),
+            counters,
+        })
+    }
+
+    /// Number of worker threads.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// The chunk size `copy_in` cuts at.
+    pub fn chunk_size(&self) -> usize {
+        self.chunk_size
+    }
+
+    /// The cores the workers were placed on.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// The topology the workers were placed by.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The chunk buffer pool (give chunks back with [`CopyWorkerPool::recycle`]).
+    pub fn buffers(&self) -> &BufferPool {
+        &self.buffers
+    }
+
+    /// Worker threads currently running (drops to 0 once the pool is dropped).
+    pub fn live_workers(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// `(worker index, OS thread id)` of the workers that have started (and been pinned,
+    /// if asked), in start order (Linux), for inspection.
+    pub fn worker_tids(&self) -> Vec<(usize, u64)> {
+        self.tids.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The live-worker counter itself, to watch it after the pool is dropped.
+    #[cfg(test)]
+    pub(crate) fn live_counter(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.live)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> CopyStats {
+        let c = &self.counters;
+        CopyStats {
+            inline_copies: c.inline_copies.load(Ordering::Relaxed),
+            parallel_copies: c.parallel_copies.load(Ordering::Relaxed),
+            worker_pieces: c.worker_pieces.load(Ordering::Relaxed),
+            worker_bytes: c.worker_bytes.load(Ordering::Relaxed),
+            app_bytes: c.app_bytes.load(Ordering::Relaxed),
+            pin_failures: c.pin_failures.load(Ordering::Relaxed),
+            buffers: self.buffers.stats(),
+        }
+    }
+
+    /// Gives a chunk back to the buffer pool once the channel is done with it (kept only
+    /// if no other reference remains). Returns whether it was kept.
+    pub fn recycle(&self, chunk: Bytes) -> bool {
+        self.buffers.put_bytes(chunk)
+    }
+
+    /// Copies `src` into chunks of at most `chunk_size` bytes, in buffers from the pool.
+    /// An empty `src` gives no chunk.
+    pub fn copy_in(&self, src: &[u8]) -> Vec<Bytes> {
+        let mut bufs = Vec::new();
+        self.buffers
+            .take_into(src.len().div_ceil(self.chunk_size), &mut bufs);
+        self.fill(src, &mut bufs);
+        bufs.into_iter().map(BytesMut::freeze).collect()
+    }
+
+    /// Like [`CopyWorkerPool::copy_in`] into the caller's reusable buffers: `out`'s
+    /// buffers are cleared and refilled in order, missing ones come from the pool, and
+    /// surplus ones go back to it. Afterwards `out` holds exactly the chunks of `src`.
+    /// Returns the number of chunks.
+    pub fn copy_in_mut(&self, src: &[u8], out: &mut Vec<BytesMut>) -> usize {
+        let k = src.len().div_ceil(self.chunk_size);
+        for surplus in out.drain(k.min(out.len())..) {
+            self.buffers.put(surplus);
+        }
+        for b in out.iter_mut() {
+            b.clear();
+            // A caller's buffer that is too small grows once and stays grown.
+            b.reserve(self.chunk_size);
+        }
+        self.buffers.note_reuse(out.len());
+        let missing = k - out.len();
+        self.buffers.take_into(missing, out);
+        self.fill(src, out);
+        k
+    }
+
+    /// Fills `bufs` (empty, `len == ceil(src.len() / chunk_size)`) with the chunks of `src`.
+    fn fill(&self, src: &[u8], bufs: &mut [BytesMut]) {
+        let cs = self.chunk_size;
+        let parts = self.parts(src.len()).min(bufs.len());
+        let c = &self.counters;
+        match (&self.threads, parts) {
+            (Some(threads), 2..) => {
+                add(&c.parallel_copies, 1);
+                let k = bufs.len();
+                threads.in_place_scope(|scope| {
+                    // Cut the chunk list into `parts` runs of near-equal chunk counts;
+                    // run 0 is the application thread's, spawned runs go to workers.
+                    let (mut rest_bufs, mut rest_src) = (bufs, src);
+                    let app_len = k / parts;
+                    let (app_bufs, tail_bufs) = rest_bufs.split_at_mut(app_len);
+                    let (app_src, tail_src) = rest_src.split_at(app_len * cs);
+                    rest_bufs = tail_bufs;
+                    rest_src = tail_src;
+                    for p in 1..parts {
+                        let n = k * (p + 1) / parts - k * p / parts;
+                        let (piece_bufs, tail_bufs) = rest_bufs.split_at_mut(n);
+                        let (piece_src, tail_src) = rest_src.split_at((n * cs).min(rest_src.len()));
+                        rest_bufs = tail_bufs;
+                        rest_src = tail_src;
+                        scope.spawn(move |_| {
+                            fill_chunks(piece_bufs, piece_src, cs);
+                            add(&c.worker_pieces, 1);
+                            add(&c.worker_bytes, piece_src.len());
+                        });
+                    }
+                    fill_chunks(app_bufs, app_src, cs);
+                    add(&c.app_bytes, app_src.len());
+                });
+            }
+            _ => {
+                add(&c.inline_copies, 1);
+                fill_chunks(bufs, src, cs);
+                add(&c.app_bytes, src.len());
+            }
+        }
+    }
+
+    /// Copies the bytes of `chunks`, in order, into `dst`: as many as fit
+    /// (`min(total, dst.len())`), which it returns. Large copies are cut into one piece per
+    /// worker plus one for the application thread, each writing its own part of `dst`.
+    pub fn copy_out(&self, chunks: &[Bytes], dst: &mut [u8]) -> usize {
+        let total = chunks.iter().map(Bytes::len).sum::<usize>().min(dst.len());
+        let dst = &mut dst[..total];
+        let parts = self.parts(total);
+        let c = &self.counters;
+        match (&self.threads, parts) {
+            (Some(threads), 2..) => {
+                add(&c.parallel_copies, 1);
+                threads.in_place_scope(|scope| {
+                    let app_len = total / parts;
+                    let (app_dst, mut rest) = dst.split_at_mut(app_len);
+                    let mut offset = app_len;
+                    for p in 1..parts {
+                        let end = total * (p + 1) / parts;
+                        let (piece, tail) = rest.split_at_mut(end - offset);
+                        rest = tail;
+                        let start = offset;
+                        offset = end;
+                        scope.spawn(move |_| {
+                            copy_range(chunks, start, piece);
+                            add(&c.worker_pieces, 1);
+                            add(&c.worker_bytes, piece.len());
+                        });
+                    }
+                    copy_range(chunks, 0, app_dst);
+                    add(&c.app_bytes, app_dst.len());
+                });
+            }
+            _ => {
+                add(&c.inline_copies, 1);
+                copy_range(chunks, 0, dst);
+                add(&c.app_bytes, total);
+            }
+        }
+        total
+    }
+
+    /// How many pieces a copy of `len` bytes is cut into (1: inline).
+    fn parts(&self, len: usize) -> usize {
+        if self.threads.is_none() || len < self.small_copy_threshold || len == 0 {
+            1
+        } else {
+            self.workers + 1
+        }
+    }
+}
+
+impl Drop for CopyWorkerPool {
+    fn drop(&mut self) {
+        // Dropping the rayon pool tells its threads to finish; no copy is in flight (every
+        // copy returns only once its scope has completed), so they exit promptly.
+        drop(self.threads.take());
+        for h in self.handles.drain(..) {
+            if h.join().is_err() {
+                warn!("a copy worker thread panicked");
+            }
+        }
+    }
+}
+
+/// Decrements the live-worker count when a worker thread ends (even by panic).
+struct LiveGuard(Arc<AtomicUsize>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn pin_to(index: usize, core: Option<usize>, counters: &Counters) {
+    let Some(id) = core else {
+        warn!(index, "copy worker: no core to pin to, left unpinned");
+        add(&counters.pin_failures, 1);
+        return;
+    };
+    if core_affinity::set_for_current(core_affinity::CoreId { id }) {
+        debug!(index, core = id, "copy worker pinned");
+    } else {
+        warn!(
+            index,
+            core = id,
+            "copy worker: pinning failed, left unpinned"
+        );
+        add(&counters.pin_failures, 1);
+    }
+}
+
+/// The calling thread's OS thread id, read from `/proc/thread-self` (Linux).
+fn own_tid() -> Option<u64> {
+    let link = std::fs::read_link("/proc/thread-self").ok()?;
+    link.file_name()?.to_str()?.parse().ok()
+}
+
+/// Copies consecutive `chunk_size` pieces of `src` into `bufs` (one per buffer).
+fn fill_chunks(bufs: &mut [BytesMut], src: &[u8], chunk_size: usize) {
+    for (buf, piece) in bufs.iter_mut().zip(src.chunks(chunk_size)) {
+        buf.extend_from_slice(piece);
+    }
+}
+
+/// Copies `dst.len()` bytes of the concatenation of `chunks`, starting at byte `offset`.
+fn copy_range(chunks: &[Bytes], mut offset: usize, dst: &mut [u8]) {
+    let mut written = 0;
+    for chunk in chunks {
+        if written == dst.len() {
+            break;
+        }
+        if offset >= chunk.len() {
+            offset -= chunk.len();
+            continue;
+        }
+        let avail = &chunk[offset..];
+        offset = 0;
+        let n = avail.len().min(dst.len() - written);
+        dst[written..written + n].copy_from_slice(&avail[..n]);
+        written += n;
+    }
+}
