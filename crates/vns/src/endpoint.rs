@@ -317,6 +317,15 @@ impl Socket {
         self.send_limit.since(self.next_seq).max(0) as usize
     }
 
+    /// Its FIN has left and every byte up to the peer's FIN is here (read or not).
+    fn finished_both_ways(&self) -> bool {
+        let received_all = match (&self.rx, self.fin_seq) {
+            (Some(rx), Some(fin)) => rx.contiguous_end() == fin && self.parked.is_empty(),
+            _ => false,
+        };
+        self.state == State::Established && self.fin_sent && received_all
+    }
+
     fn at_eof(&self) -> bool {
         match (&self.rx, self.fin_seq) {
             (Some(rx), Some(fin)) => rx.readable() == 0 && rx.read_seq() == fin,
@@ -508,6 +517,16 @@ impl Endpoint {
             .map(|(&sid, _)| sid)
             .collect();
         for sid in victims {
+            // A socket finished both ways (its FIN out, everything up to the peer's FIN
+            // received) needs no channel any more: like a TCP socket after both FINs, it
+            // keeps its unread bytes and end of stream instead of failing.
+            if self
+                .sockets
+                .get(&sid)
+                .is_some_and(Socket::finished_both_ways)
+            {
+                continue;
+            }
             self.fail(sid, Error::ChannelLost);
         }
         self.schedule_needed = true;
@@ -711,6 +730,21 @@ impl Endpoint {
             peer_stopped: s.peer_stopped,
             stop_sent: s.stop_sent,
         })
+    }
+
+    /// Bytes the endpoint still has to hand to its channels: unsent bytes of live sockets
+    /// (gracefully closing ones included), one for each shut-down socket whose FIN has
+    /// not left yet, and the chunks waiting in channel outboxes (headers included). Zero
+    /// once everything the application wrote (and every FIN) is in the channels.
+    pub fn pending_tx_bytes(&self) -> usize {
+        let sockets: usize = self
+            .sockets
+            .values()
+            .filter(|s| !matches!(s.state, State::Failed(_)))
+            .map(|s| s.send_buf.len() + usize::from(s.write_shut && !s.fin_sent))
+            .sum();
+        let outboxes: usize = self.channels.values().map(|c| c.outbox_bytes).sum();
+        sockets + outboxes
     }
 
     /// Queues bytes for sending; returns how many were taken (bounded by the free space of

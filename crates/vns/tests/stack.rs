@@ -572,3 +572,90 @@ async fn connect_falls_back_to_plain_tcp() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionRefused);
 }
+
+/// Polls `cond` every millisecond until it holds; false after `LIMIT`.
+async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + LIMIT;
+    while tokio::time::Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    cond()
+}
+
+/// `pending_tx_bytes` counts what a closed stream still has to deliver (here: held back
+/// by a reader that has not read yet) and reaches 0 only once the peer has it all, so a
+/// program can stop its stack after its last reply without cutting it off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_tx_bytes_cover_closed_streams_until_delivered() {
+    const LEN: usize = 1 << 20;
+    let (a, b) = pair(2);
+    let (mut c, s) = connected(&a, &b, 7030).await;
+    assert_eq!(b.pending_tx_bytes(), 0);
+    let data = pattern(30, LEN);
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        let mut s = s;
+        s.write_all(&sent).await.unwrap();
+        s.shutdown().await.unwrap();
+        // Dropped after shutdown: closes gracefully and lingers in the stack.
+    });
+    // The reader sleeps: beyond its credit, bytes wait in the server's stack.
+    assert!(
+        eventually(|| b.pending_tx_bytes() >= 128 * 1024).await,
+        "pending {}",
+        b.pending_tx_bytes()
+    );
+    let mut got = Vec::new();
+    timeout(LIMIT, c.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got == data, "got {} bytes", got.len());
+    timeout(LIMIT, writer).await.unwrap().unwrap();
+    assert!(eventually(|| b.pending_tx_bytes() == 0).await);
+    c.shutdown().await.unwrap();
+    assert!(eventually(|| a.pending_tx_bytes() == 0).await);
+}
+
+/// A socket finished both ways (its FIN sent, everything up to the peer's FIN received)
+/// keeps its unread bytes and end of stream when the channels then go away (the peer's
+/// stack stopping after its last reply), instead of failing with `ConnectionAborted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_stream_keeps_its_bytes_when_the_channels_go() {
+    const LEN: usize = 100_000;
+    let (a, b) = pair(2);
+    let (mut c, mut s) = connected(&a, &b, 7031).await;
+    let data = pattern(31, LEN);
+    c.shutdown().await.unwrap();
+    s.write_all(&data).await.unwrap();
+    s.shutdown().await.unwrap();
+    let mut eof = Vec::new();
+    timeout(LIMIT, s.read_to_end(&mut eof))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(eof.is_empty());
+    drop(s);
+    // Everything (and both FINs) delivered; then the server's stack stops.
+    assert!(eventually(|| b.pending_tx_bytes() == 0 && a.pending_tx_bytes() == 0).await);
+    b.shutdown();
+    assert!(eventually(|| a.channel_count() == 0).await, "channels lost");
+    let mut got = Vec::new();
+    timeout(LIMIT, c.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .expect("the bytes received before the channels went");
+    assert!(got == data, "got {} bytes", got.len());
+    // A stream that was not finished still fails.
+    let (a2, b2) = pair(2);
+    let (mut c2, _s2) = connected(&a2, &b2, 7032).await;
+    b2.shutdown();
+    assert!(eventually(|| a2.channel_count() == 0).await);
+    assert_eq!(
+        c2.read(&mut [0u8; 8]).await.unwrap_err().kind(),
+        ErrorKind::ConnectionAborted
+    );
+}

@@ -22,7 +22,7 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use netdriver::channel::{ChannelError, EnqueueError};
+use netdriver::channel::{ChannelError, ChannelTransport, EnqueueError};
 use netsched::{ChannelClass, ChannelId};
 use tracing::{debug, trace, warn};
 
@@ -179,6 +179,9 @@ pub(crate) struct State {
     pub deadlines: BTreeMap<SocketId, Instant>,
     /// The driver has stopped: no channel will ever move again.
     pub stopped: bool,
+    /// Plain-TCP channels closed gracefully whose streams are gone, watched until their
+    /// bytes and FIN are acknowledged.
+    pub closing_plain: Vec<BoxedTransport>,
 }
 
 impl Core {
@@ -197,6 +200,7 @@ impl Core {
                 listeners: HashMap::new(),
                 deadlines: BTreeMap::new(),
                 stopped: false,
+                closing_plain: Vec::new(),
             }),
             signal: Arc::new(Signal::default()),
             backend,
@@ -719,6 +723,26 @@ impl State {
         self.socks.remove(&sid);
         self.deadlines.remove(&sid);
         self.ep.close(sid);
+    }
+
+    /// Bytes not yet delivered to peers: the endpoint's, those on the way to and in the
+    /// channels (queued, unsent or unacknowledged), and those of gracefully closed
+    /// plain-TCP channels (which are let go once at zero).
+    pub(crate) fn pending_tx_bytes(&mut self) -> usize {
+        fn on(t: &dyn ChannelTransport) -> usize {
+            let s = t.stats();
+            s.tx_queued + s.tx_tcp_queued.max(s.bytes_in_flight)
+        }
+        let mut n = self.ep.pending_tx_bytes();
+        for c in self.chans.values() {
+            n += c.tx_pending.as_ref().map_or(0, Bytes::len) + on(c.t.as_ref());
+        }
+        self.closing_plain.retain(|t| {
+            let p = on(t.as_ref());
+            n += p;
+            p > 0
+        });
+        n
     }
 
     /// Channels held now.

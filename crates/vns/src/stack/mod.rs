@@ -419,6 +419,18 @@ impl Stack {
         self.core().lock().channel_count()
     }
 
+    /// Bytes written to this stack's streams that have not reached their peers yet:
+    /// unsent bytes of open and gracefully closed sockets (a pending FIN counts one), and
+    /// bytes queued on its channels or sent and not yet acknowledged, plain-TCP
+    /// connections closed gracefully included. Stopping the stack (dropping its last
+    /// handle, [`Stack::shutdown`]) aborts its channels and loses these, so a program
+    /// whose last replies matter waits, bounded, for 0 before it stops. The channels'
+    /// parts are snapshots their threads publish after each poll: a reading may miss
+    /// bytes in the instant a thread moves them, so confirm a 0 with a second reading.
+    pub fn pending_tx_bytes(&self) -> usize {
+        self.core().lock().pending_tx_bytes()
+    }
+
     /// Listens on virtual port `addr.port()` (0: any free port) with the stack's backlog.
     /// The address must be the stack's or unspecified.
     pub async fn bind(&self, addr: SocketAddr) -> io::Result<VirtualListener> {

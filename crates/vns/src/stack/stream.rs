@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
-use netdriver::channel::EnqueueError;
+use netdriver::channel::{ChannelTransport, EnqueueError};
 use netsched::AppClass;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tracing::debug;
@@ -131,8 +131,9 @@ impl fmt::Debug for StreamInner {
 /// A stream to a plain-TCP peer (a host without NetChannel): one dedicated channel
 /// carries the application's bytes as they are, without chunk headers.
 pub(crate) struct PlainInner {
-    _stack: Stack,
-    t: BoxedTransport,
+    stack: Stack,
+    /// The channel; taken only by `drop`.
+    t: Option<BoxedTransport>,
     rx: Mutex<Option<Bytes>>,
     shut: AtomicBool,
     local: SocketAddrV4,
@@ -148,8 +149,8 @@ impl PlainInner {
         peer: SocketAddrV4,
     ) -> Self {
         PlainInner {
-            _stack: stack,
-            t,
+            stack,
+            t: Some(t),
             rx: Mutex::new(None),
             shut: AtomicBool::new(false),
             local,
@@ -158,11 +159,17 @@ impl PlainInner {
         }
     }
 
+    fn t(&self) -> &dyn ChannelTransport {
+        self.t
+            .as_deref()
+            .expect("the channel is taken only on drop")
+    }
+
     fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
         let mut chunk = match rx.take() {
             Some(b) => b,
-            None => match self.t.poll_dequeue(cx) {
+            None => match self.t().poll_dequeue(cx) {
                 Poll::Ready(Ok(Some(b))) => b,
                 Poll::Ready(Ok(None)) => return Poll::Ready(Ok(())),
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
@@ -185,13 +192,13 @@ impl PlainInner {
             return Poll::Ready(Ok(0));
         }
         loop {
-            match self.t.poll_enqueue_ready(cx) {
+            match self.t().poll_enqueue_ready(cx) {
                 Poll::Ready(Ok(())) => {}
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
                 Poll::Pending => return Poll::Pending,
             }
             let n = data.len().min(PLAIN_WRITE_MAX);
-            match self.t.enqueue(Bytes::copy_from_slice(&data[..n])) {
+            match self.t().enqueue(Bytes::copy_from_slice(&data[..n])) {
                 Ok(()) => return Poll::Ready(Ok(n)),
                 Err(EnqueueError::Full(_)) => continue,
                 Err(EnqueueError::Closed(e)) => return Poll::Ready(Err(e.into())),
@@ -201,7 +208,7 @@ impl PlainInner {
 
     fn poll_shutdown(&self) -> Poll<io::Result<()>> {
         if !self.shut.swap(true, Ordering::AcqRel) {
-            self.t.close();
+            self.t().close();
         }
         Poll::Ready(Ok(()))
     }
@@ -209,8 +216,13 @@ impl PlainInner {
 
 impl Drop for PlainInner {
     fn drop(&mut self) {
-        if !self.shut.load(Ordering::Acquire) {
-            self.t.abort();
+        let Some(t) = self.t.take() else { return };
+        if self.shut.load(Ordering::Acquire) {
+            // Closed gracefully: the stack watches the channel until its bytes and FIN
+            // are acknowledged (`Stack::pending_tx_bytes`).
+            self.stack.core().lock().closing_plain.push(t);
+        } else {
+            t.abort();
         }
     }
 }
