@@ -1,34 +1,66 @@
-//! A TCP echo server and a verifying client, on netchannel's stack over AF_XDP.
+//! A TCP echo server and a verifying client on netchannel's `VirtualListener` /
+//! `VirtualStream` (tokio), serving NetChannel clients and plain TCP clients on one port.
 //!
 //! The command line is a contract that later versions keep:
 //!
 //! ```text
-//! # Server: our TCP over AF_XDP on IFACE with address ADDR, echoing every connection to PORT.
-//! echo --interface IFACE --ipv4 ADDR --listen PORT [--max-connections N]
+//! # Server: our stack on IFACE with address ADDR, echoing every connection to PORT.
+//! echo --interface IFACE --ipv4 ADDR --listen PORT [--max-connections N] [--timeout-secs S]
 //!
 //! # Client: send N random bytes, read them back concurrently, verify, print goodput.
 //! # With --interface/--ipv4 it runs on our stack; without, on the kernel's TCP.
-//! echo --connect ADDR:PORT --bytes N [--interface IFACE --ipv4 ADDR]
+//! echo --connect ADDR:PORT --bytes N [--interface IFACE --ipv4 ADDR] [--timeout-secs S]
 //! ```
 //!
+//! The server is a [`netchannel::Stack`] (`Stack::builder().interface(IFACE).ipv4(ADDR)
+//! .build()`, AF_XDP on every queue of IFACE) with a [`netchannel::VirtualListener`] on
+//! PORT. Two kinds of clients reach it on that port:
+//!
+//! - **NetChannel clients** (this example with `--interface/--ipv4`, or any program on a
+//!   netchannel `Stack`): their stack first opens its channels to the server's **channel
+//!   port, 9000** (the `Stack` default, `StackBuilder::channel_port`), then the virtual
+//!   socket to PORT runs over those channels. The server also listens on 9000, so PORT
+//!   must be another port.
+//! - **Plain TCP clients** (the kernel's TCP: this example without `--interface`, `nc`,
+//!   `socat`, ...): they connect to PORT directly and are served as a `VirtualStream`
+//!   over one plain connection (`VirtualStream::is_plain_tcp`).
+//!
+//! The server prints one line per connection when it accepts it and one when it ends,
+//! each saying which kind it is:
+//!
+//! ```text
+//! echo server: accepted connection 1 from 10.77.0.2:49152 over netchannel
+//! echo server: connection 1 from 10.77.0.2:49152 over netchannel: echoed 20000000 bytes in 1.234 s
+//! ```
+//!
+//! The client on our stack connects with `Stack::connect`, which falls back to plain TCP
+//! when the server has no channel port (a kernel echo server); it prints which kind it
+//! got (`over netchannel` or `over plain-tcp`). Without `--interface/--ipv4` it uses
+//! tokio's `TcpStream`.
+//!
 //! `--bytes` takes plain numbers or sizes with a suffix (`100M`, `1G`, `64k`, powers of
-//! 1000; `MiB`/`GiB` for powers of 1024). The stack runs in the network namespace of the
-//! calling process: run it inside a namespace (`ip netns exec NS echo ...`), on an
-//! interface whose peer sends finished checksums (`ethtool -K PEER tx off` on veth). It
-//! needs root (AF_XDP sockets and an XDP program). The server runs until SIGINT or
-//! SIGTERM (or `--max-connections` connections have ended), then aborts what is left,
-//! stops its threads and detaches the XDP program.
+//! 1000; `MiB`/`GiB` for powers of 1024). `--timeout-secs` (default 30) bounds every wait
+//! for progress (connect, each read and write, the close). The stack runs in the network
+//! namespace of the calling process: run it inside a namespace (`ip netns exec NS echo
+//! ...`), on an interface whose peer sends finished checksums (`ethtool -K PEER tx off`
+//! on veth). It needs root (AF_XDP sockets and an XDP program). The server runs until
+//! SIGINT or SIGTERM, then resets the connections still open, stops its stack and
+//! detaches the XDP program and exits with success; with `--max-connections N` it stops
+//! by itself once N connections have ended and their last bytes were delivered
+//! (`Stack::pending_tx_bytes`). The client on our stack also detaches on a signal (and
+//! then fails).
 //!
 //! ```text
 //! ip netns exec nsA cargo run --release --example echo -- --interface vA --ipv4 10.77.0.1 --listen 7000
 //! ip netns exec nsB cargo run --release --example echo -- --connect 10.77.0.1:7000 --bytes 1G
+//! ip netns exec nsB cargo run --release --example echo -- --connect 10.77.0.1:7000 --bytes 1G --interface vB --ipv4 10.77.0.2
 //! ```
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-/// TCP echo server and verifying client on netchannel's stack over AF_XDP.
+/// TCP echo server and verifying client on netchannel's VirtualListener/VirtualStream.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
@@ -38,7 +70,7 @@ struct Args {
     /// Our stack's IPv4 address on the interface.
     #[arg(long, value_name = "ADDR")]
     ipv4: Option<std::net::Ipv4Addr>,
-    /// Server: the TCP port to echo on.
+    /// Server: the TCP port to echo on (not 9000, the channel port).
     #[arg(long, value_name = "PORT", conflicts_with_all = ["connect", "bytes"])]
     listen: Option<u16>,
     /// Server: exit once this many connections have ended.
@@ -108,17 +140,15 @@ fn main() -> ExitCode {
 
 #[cfg(target_os = "linux")]
 mod linux {
-    use std::io::{Read, Write};
-    use std::net::{Shutdown, SocketAddrV4, TcpStream};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
+    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
     use std::time::{Duration, Instant};
 
-    use bytes::Bytes;
-    use netchannel::netdriver::channel::{
-        Channel, ChannelError, ChannelSet, ChannelSetConfig, ChannelState, Dequeued, EnqueueError,
-    };
+    use netchannel::netdriver::channel::DEFAULT_CHANNEL_PORT;
+    use netchannel::{Stack, StackError, VirtualStream};
     use nix::sys::signal::{SigSet, Signal};
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    use tokio::sync::watch;
+    use tokio::task::JoinSet;
 
     use super::Args;
 
@@ -136,6 +166,9 @@ mod linux {
         /// The server runs on our stack only.
         #[error("the server needs --interface IFACE and --ipv4 ADDR (it runs on our stack)")]
         ServerNeedsStack,
+        /// The echo port is the stack's channel port.
+        #[error("--listen {0}: that is the stack's channel port (NetChannel clients open their channels there); pick another port")]
+        ChannelPort(u16),
         /// Starting our stack failed while not root.
         #[error(
             "starting netchannel on {ifname} needs root (AF_XDP sockets and an XDP program); \
@@ -146,7 +179,7 @@ mod linux {
             ifname: String,
             /// What failed.
             #[source]
-            source: ChannelError,
+            source: StackError,
         },
         /// Starting our stack failed.
         #[error("starting netchannel on {ifname}: {source}")]
@@ -155,18 +188,9 @@ mod linux {
             ifname: String,
             /// What failed.
             #[source]
-            source: ChannelError,
+            source: StackError,
         },
-        /// A channel operation failed.
-        #[error("{what}: {source}")]
-        Channel {
-            /// What was being done.
-            what: String,
-            /// The error.
-            #[source]
-            source: ChannelError,
-        },
-        /// A kernel socket operation failed.
+        /// A socket operation failed.
         #[error("{what}: {source}")]
         Io {
             /// What was being done.
@@ -198,14 +222,15 @@ mod linux {
         /// No progress for too long.
         #[error("{0}")]
         Stalled(String),
-        /// The writer thread panicked.
-        #[error("the writer thread panicked")]
+        /// SIGINT or SIGTERM arrived.
+        #[error("stopped by a signal")]
+        Interrupted,
+        /// The writer task failed to run to its end.
+        #[error("the writer task panicked or was cancelled")]
         WriterPanicked,
-    }
-
-    fn channel_err(what: impl Into<String>) -> impl FnOnce(ChannelError) -> EchoError {
-        let what = what.into();
-        move |source| EchoError::Channel { what, source }
+        /// The steering program outlived the stack.
+        #[error("an XDP program is still attached to {0} after stopping netchannel")]
+        StillAttached(String),
     }
 
     fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> EchoError {
@@ -213,10 +238,31 @@ mod linux {
         move |source| EchoError::Io { what, source }
     }
 
-    /// Bytes per chunk the client writes.
+    /// `fut`, failing with [`EchoError::Stalled`] (`what` and the limit) after `limit`.
+    async fn within<T>(
+        limit: Duration,
+        what: impl FnOnce() -> String,
+        fut: impl std::future::Future<Output = Result<T, EchoError>>,
+    ) -> Result<T, EchoError> {
+        match tokio::time::timeout(limit, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(EchoError::Stalled(format!("{} for {limit:?}", what()))),
+        }
+    }
+
+    /// Bytes per write the client makes, and per read of the server.
     const CHUNK: usize = 64 * 1024;
-    /// How often waiting loops look at the stop flag.
-    const TICK: Duration = Duration::from_millis(200);
+    /// Longest wait, after a signal, for connections to end and bytes to drain.
+    const STOP_GRACE: Duration = Duration::from_secs(2);
+
+    /// Which kind of connection a stream is, as the example prints it.
+    fn kind(s: &VirtualStream) -> &'static str {
+        if s.is_plain_tcp() {
+            "plain-tcp"
+        } else {
+            "netchannel"
+        }
+    }
 
     pub fn run(args: Args) -> Result<(), String> {
         let stack = match (&args.interface, args.ipv4) {
@@ -226,17 +272,18 @@ mod linux {
         };
         let timeout = Duration::from_secs(args.timeout_secs.max(1));
         let res = if let Some(port) = args.listen {
-            let Some((ifname, ipv4)) = stack else {
-                return Err(EchoError::ServerNeedsStack.to_string());
-            };
-            server(&ifname, ipv4, port, args.max_connections, timeout)
+            match stack {
+                None => Err(EchoError::ServerNeedsStack),
+                Some(_) if port == DEFAULT_CHANNEL_PORT => Err(EchoError::ChannelPort(port)),
+                Some((ifname, ipv4)) => server(&ifname, ipv4, port, args.max_connections, timeout),
+            }
         } else if let (Some(target), Some(bytes)) = (args.connect, args.bytes) {
             client(stack, target, bytes, timeout)
         } else {
             Err(EchoError::NoRole)
         };
         res.map_err(|e| {
-            // The whole chain: "starting ...: XDP steering: attach: Operation not permitted".
+            // The whole chain: "starting ...: not permitted ...: Operation not permitted".
             let mut msg = e.to_string();
             let mut source = std::error::Error::source(&e);
             while let Some(s) = source {
@@ -251,158 +298,233 @@ mod linux {
         })
     }
 
-    fn start_stack(ifname: &str, ipv4: std::net::Ipv4Addr) -> Result<ChannelSet, EchoError> {
-        ChannelSet::start(ChannelSetConfig::new(ifname, ipv4)).map_err(|source| {
-            if nix::unistd::geteuid().is_root() {
-                EchoError::Start {
-                    ifname: ifname.into(),
-                    source,
+    /// Our stack on `ifname`: AF_XDP on every queue, channel port 9000 (the default).
+    fn start_stack(ifname: &str, ipv4: Ipv4Addr) -> Result<Stack, EchoError> {
+        Stack::builder()
+            .interface(ifname)
+            .ipv4(ipv4)
+            .build()
+            .map_err(|source| {
+                if nix::unistd::geteuid().is_root() {
+                    EchoError::Start {
+                        ifname: ifname.into(),
+                        source,
+                    }
+                } else {
+                    EchoError::NotRoot {
+                        ifname: ifname.into(),
+                        source,
+                    }
                 }
-            } else {
-                EchoError::NotRoot {
-                    ifname: ifname.into(),
-                    source,
-                }
-            }
-        })
+            })
     }
 
-    /// Blocks SIGINT and SIGTERM in this thread (and so in every thread spawned after) and
-    /// sets the returned flag from a thread that waits for them.
-    fn stop_on_signals() -> Result<Arc<AtomicBool>, EchoError> {
+    /// Stops `stack` (its last handle: threads joined, XDP program detached) and checks
+    /// that nothing stays attached to `ifname`.
+    fn stop_stack(stack: Stack, ifname: &str) -> Result<(), EchoError> {
+        drop(stack);
+        match xdp_prog::attached_program(ifname) {
+            Ok(Some(_)) => Err(EchoError::StillAttached(ifname.into())),
+            Ok(None) => Ok(()),
+            Err(e) => {
+                tracing::warn!(error = %e, ifname, "could not query the XDP program");
+                Ok(())
+            }
+        }
+    }
+
+    fn runtime() -> Result<tokio::runtime::Runtime, EchoError> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("echo-tokio")
+            .enable_all()
+            .build()
+            .map_err(io_err("starting the tokio runtime"))
+    }
+
+    /// Blocks SIGINT and SIGTERM in this thread (and so in every thread spawned after:
+    /// call it before starting the stack and the runtime) and flips the returned flag to
+    /// `true` from a thread that waits for them.
+    fn stop_on_signals() -> Result<watch::Receiver<bool>, EchoError> {
         let mut set = SigSet::empty();
         set.add(Signal::SIGINT);
         set.add(Signal::SIGTERM);
         set.thread_block()
             .map_err(|e| io_err("blocking SIGINT/SIGTERM")(e.into()))?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
+        let (tx, rx) = watch::channel(false);
         std::thread::Builder::new()
             .name("echo-signals".into())
             .spawn(move || {
                 if let Ok(sig) = set.wait() {
                     tracing::info!(?sig, "stopping");
                     eprintln!("echo: {sig}, shutting down");
-                    flag.store(true, Ordering::Release);
+                    let _ = tx.send(true);
                 }
             })
             .map_err(io_err("spawning the signal thread"))?;
-        Ok(stop)
+        Ok(rx)
+    }
+
+    /// Resolves once the stop flag is set (never, if its sender is gone without it).
+    async fn stopped(stop: &mut watch::Receiver<bool>) {
+        if stop.wait_for(|s| *s).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Waits until the stack holds no undelivered bytes (two readings in a row, since
+    /// channel figures are snapshots), at most `limit`. Whether it got there.
+    async fn drain(stack: &Stack, limit: Duration) -> bool {
+        let end = Instant::now() + limit;
+        let mut zeros = 0;
+        loop {
+            if stack.pending_tx_bytes() == 0 {
+                zeros += 1;
+                if zeros == 2 {
+                    return true;
+                }
+            } else {
+                zeros = 0;
+            }
+            if Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     fn server(
         ifname: &str,
-        ipv4: std::net::Ipv4Addr,
+        ipv4: Ipv4Addr,
         port: u16,
         max_connections: Option<u64>,
         timeout: Duration,
     ) -> Result<(), EchoError> {
         let stop = stop_on_signals()?;
-        let set = start_stack(ifname, ipv4)?;
-        let listener = set
-            .listen(port)
-            .map_err(channel_err(format!("listening on port {port}")))?;
-        println!(
-            "echo server: netchannel on {ifname} ({ipv4}), queues {:?}, listening on port {port}",
-            set.queues()
-        );
-        let mut workers = Vec::new();
-        let mut accepted = 0u64;
-        while !stop.load(Ordering::Acquire) && max_connections.is_none_or(|m| accepted < m) {
-            match listener.accept_timeout(TICK) {
-                Ok((ch, peer)) => {
-                    accepted += 1;
-                    let id = accepted;
-                    tracing::info!(%peer, id, "accepted");
-                    let stop = Arc::clone(&stop);
-                    let worker = std::thread::Builder::new()
-                        .name(format!("echo-{id}"))
-                        .spawn(move || {
-                            let started = Instant::now();
-                            match echo_channel(&ch, &stop, timeout) {
-                                Ok(n) => println!(
-                                    "echo server: connection {id} from {peer}: echoed {n} bytes in {:.3} s",
-                                    started.elapsed().as_secs_f64()
-                                ),
-                                Err(e) => {
-                                    ch.abort();
-                                    println!("echo server: connection {id} from {peer}: {e}");
-                                }
-                            }
-                        })
-                        .map_err(io_err("spawning a connection thread"))?;
-                    workers.push(worker);
-                }
-                Err(ChannelError::WouldBlockTimeout) => {}
-                Err(e) => return Err(channel_err("accepting")(e)),
-            }
-            workers.retain(|w| !w.is_finished());
-        }
-        for w in workers {
-            let _ = w.join();
-        }
-        set.shutdown().map_err(channel_err(
-            "stopping netchannel (detaching the XDP program)",
-        ))?;
+        let stack = start_stack(ifname, ipv4)?;
+        let rt = runtime()?;
+        let res = rt.block_on(serve(&stack, ifname, port, max_connections, timeout, stop));
+        // Connections still open are reset as their tasks are dropped.
+        rt.shutdown_timeout(STOP_GRACE);
+        let stopped = stop_stack(stack, ifname);
+        let accepted = res?;
+        stopped?;
         println!("echo server: stopped after {accepted} connection(s)");
         Ok(())
     }
 
-    /// Echoes `ch` until the peer closes, handing each received chunk straight back.
-    fn echo_channel(ch: &Channel, stop: &AtomicBool, timeout: Duration) -> Result<u64, EchoError> {
+    /// Accepts and echoes connections until a signal or `max_connections` have ended;
+    /// returns how many were accepted.
+    async fn serve(
+        stack: &Stack,
+        ifname: &str,
+        port: u16,
+        max_connections: Option<u64>,
+        timeout: Duration,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<u64, EchoError> {
+        let listener = stack
+            .bind(SocketAddrV4::new(stack.ipv4(), port).into())
+            .await
+            .map_err(io_err(format!("listening on port {port}")))?;
+        println!(
+            "echo server: netchannel on {ifname} ({}), channel port {DEFAULT_CHANNEL_PORT}, \
+             listening on port {port} (NetChannel and plain TCP clients)",
+            stack.ipv4()
+        );
+        let mut conns = JoinSet::new();
+        let (mut accepted, mut ended) = (0u64, 0u64);
+        let signalled = loop {
+            if max_connections.is_some_and(|m| ended >= m) {
+                break false;
+            }
+            let more = max_connections.is_none_or(|m| accepted < m);
+            tokio::select! {
+                _ = stopped(&mut stop) => break true,
+                Some(_) = conns.join_next() => ended += 1,
+                r = listener.accept(), if more => {
+                    let (stream, peer) = r.map_err(io_err("accepting"))?;
+                    accepted += 1;
+                    let id = accepted;
+                    let kind = kind(&stream);
+                    tracing::info!(%peer, id, kind, "accepted");
+                    println!("echo server: accepted connection {id} from {peer} over {kind}");
+                    conns.spawn(connection(id, stream, peer, timeout, stop.clone()));
+                }
+            }
+        };
+        drop(listener);
+        // After a signal the connections reset themselves; then they and every ended
+        // connection's last bytes get a bounded time to drain before the stack stops.
+        let grace = if signalled { STOP_GRACE } else { timeout };
+        let _ =
+            tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
+        if !drain(stack, grace).await {
+            tracing::warn!(
+                pending = stack.pending_tx_bytes(),
+                "stopping with bytes not yet delivered"
+            );
+        }
+        Ok(accepted)
+    }
+
+    /// Echoes one connection and prints how it ended; dropping the stream afterwards
+    /// closes it gracefully after a completed echo, and resets it otherwise.
+    async fn connection(
+        id: u64,
+        mut stream: VirtualStream,
+        peer: SocketAddr,
+        timeout: Duration,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let kind = kind(&stream);
+        let started = Instant::now();
+        let res = tokio::select! {
+            r = echo(&mut stream, timeout) => r,
+            _ = stopped(&mut stop) => Err(EchoError::Interrupted),
+        };
+        match res {
+            Ok(n) => println!(
+                "echo server: connection {id} from {peer} over {kind}: echoed {n} bytes in {:.3} s",
+                started.elapsed().as_secs_f64()
+            ),
+            Err(e) => println!("echo server: connection {id} from {peer} over {kind}: {e}"),
+        }
+    }
+
+    /// Writes back everything read until the peer shuts its side down, then shuts ours.
+    async fn echo(s: &mut VirtualStream, timeout: Duration) -> Result<u64, EchoError> {
+        let mut buf = vec![0u8; CHUNK];
         let mut echoed = 0u64;
-        let mut idle_since = Instant::now();
         loop {
-            if stop.load(Ordering::Acquire) {
-                return Err(EchoError::Stalled("stopped by a signal".into()));
+            let n = within(
+                timeout,
+                || format!("nothing received after {echoed} bytes"),
+                async {
+                    s.read(&mut buf)
+                        .await
+                        .map_err(io_err(format!("after {echoed} bytes")))
+                },
+            )
+            .await?;
+            if n == 0 {
+                break;
             }
-            match ch.dequeue_blocking(Some(TICK)) {
-                Ok(Dequeued::Chunk(chunk)) => {
-                    idle_since = Instant::now();
-                    let len = chunk.len() as u64;
-                    let mut pending = chunk;
-                    loop {
-                        match ch.enqueue_blocking(pending, Some(TICK)) {
-                            Ok(()) => break,
-                            Err(EnqueueError::Full(c)) => {
-                                if stop.load(Ordering::Acquire) {
-                                    return Err(EchoError::Stalled("stopped by a signal".into()));
-                                }
-                                if idle_since.elapsed() > timeout {
-                                    return Err(EchoError::Stalled(format!(
-                                        "the peer read nothing for {timeout:?}"
-                                    )));
-                                }
-                                pending = c;
-                            }
-                            Err(EnqueueError::Closed(e)) => {
-                                return Err(channel_err("echoing")(e));
-                            }
-                        }
-                    }
-                    echoed += len;
-                }
-                Ok(Dequeued::Empty) => {
-                    if idle_since.elapsed() > timeout {
-                        return Err(EchoError::Stalled(format!("idle for {timeout:?}")));
-                    }
-                }
-                Ok(Dequeued::Finished) => break,
-                Err(e) => return Err(channel_err(format!("after {echoed} bytes"))(e)),
-            }
+            within(
+                timeout,
+                || format!("the peer read nothing after {echoed} bytes"),
+                async {
+                    s.write_all(&buf[..n])
+                        .await
+                        .map_err(io_err(format!("echoing after {echoed} bytes")))
+                },
+            )
+            .await?;
+            echoed += n as u64;
         }
-        // The peer closed: close ours after the echo and wait until the FIN is acknowledged.
-        ch.close();
-        let deadline = Instant::now() + timeout;
-        while ch.state() != ChannelState::Closed {
-            if Instant::now() > deadline || stop.load(Ordering::Acquire) {
-                return Err(EchoError::Stalled(format!(
-                    "the connection did not close within {timeout:?}"
-                )));
-            }
-            // The channel offers no wait for this; poll its state.
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        s.shutdown()
+            .await
+            .map_err(io_err("shutting down the write side"))?;
         Ok(echoed)
     }
 
@@ -464,7 +586,7 @@ mod linux {
     }
 
     fn client(
-        stack: Option<(String, std::net::Ipv4Addr)>,
+        stack: Option<(String, Ipv4Addr)>,
         target: SocketAddrV4,
         bytes: u64,
         timeout: Duration,
@@ -478,17 +600,37 @@ mod linux {
         };
         let (which, secs) = match stack {
             Some((ifname, ipv4)) => {
-                let set = start_stack(&ifname, ipv4)?;
-                let which = format!("netchannel on {ifname} ({ipv4}, AF_XDP)");
-                let res = our_client(&set, target, bytes, pattern, &mut verifier, timeout);
-                set.shutdown().map_err(channel_err(
-                    "stopping netchannel (detaching the XDP program)",
-                ))?;
-                (which, res?)
+                let mut stop = stop_on_signals()?;
+                let stack = start_stack(&ifname, ipv4)?;
+                let rt = runtime()?;
+                let res = rt.block_on(async {
+                    tokio::select! {
+                        r = our_client(&stack, target, bytes, pattern, &mut verifier, timeout) => r,
+                        _ = stopped(&mut stop) => Err(EchoError::Interrupted),
+                    }
+                });
+                rt.shutdown_timeout(STOP_GRACE);
+                let stopped = stop_stack(stack, &ifname);
+                let (kind, secs) = res?;
+                stopped?;
+                (
+                    format!("netchannel on {ifname} ({ipv4}, AF_XDP) over {kind}"),
+                    secs,
+                )
             }
             None => {
-                println!("echo client: using the kernel's TCP (std::net); add --interface and --ipv4 to use netchannel");
-                let secs = kernel_client(target, bytes, pattern, &mut verifier, timeout)?;
+                println!(
+                    "echo client: using the kernel's TCP (tokio::net::TcpStream); add \
+                     --interface and --ipv4 to use netchannel"
+                );
+                let rt = runtime()?;
+                let secs = rt.block_on(kernel_client(
+                    target,
+                    bytes,
+                    pattern,
+                    &mut verifier,
+                    timeout,
+                ))?;
                 ("the kernel's TCP".to_string(), secs)
             }
         };
@@ -506,138 +648,122 @@ mod linux {
         Ok(())
     }
 
-    fn kernel_client(
+    async fn kernel_client(
         target: SocketAddrV4,
         bytes: u64,
         pattern: Pattern,
         verifier: &mut Verifier,
         timeout: Duration,
     ) -> Result<f64, EchoError> {
-        let conn = TcpStream::connect_timeout(&target.into(), timeout)
-            .map_err(io_err(format!("connecting to {target}")))?;
+        let conn = within(timeout, || format!("connecting to {target}"), async {
+            tokio::net::TcpStream::connect(target)
+                .await
+                .map_err(io_err(format!("connecting to {target}")))
+        })
+        .await?;
         let started = Instant::now();
-        conn.set_read_timeout(Some(timeout))
-            .map_err(io_err("setting the read timeout"))?;
-        conn.set_write_timeout(Some(timeout))
-            .map_err(io_err("setting the write timeout"))?;
-        let mut writer = conn.try_clone().map_err(io_err("cloning the socket"))?;
-        std::thread::scope(|s| {
-            let w = s.spawn(move || -> Result<(), EchoError> {
-                let mut buf = vec![0u8; CHUNK];
-                let mut off = 0;
-                while off < bytes {
-                    let n = (bytes - off).min(CHUNK as u64) as usize;
-                    pattern.fill(off, &mut buf[..n]);
-                    writer
-                        .write_all(&buf[..n])
-                        .map_err(io_err(format!("writing at byte {off}")))?;
-                    off += n as u64;
-                }
-                writer
-                    .shutdown(Shutdown::Write)
-                    .map_err(io_err("shutting down the write side"))
-            });
-            let mut buf = vec![0u8; 256 * 1024];
-            let read = loop {
-                match (&conn).read(&mut buf) {
-                    Ok(0) => break Ok(()),
-                    Ok(n) => {
-                        if let Err(e) = verifier.check(&buf[..n]) {
-                            break Err(e);
-                        }
-                    }
-                    Err(e) => {
-                        break Err(io_err(format!("reading after {} bytes", verifier.offset))(
-                            e,
-                        ))
-                    }
-                }
-            };
-            if read.is_err() {
-                // Unblocks the writer.
-                let _ = conn.shutdown(Shutdown::Both);
-            }
-            let written = w.join().map_err(|_| EchoError::WriterPanicked)?;
-            read.and(written)
-        })?;
+        let (r, w) = conn.into_split();
+        transfer(r, w, bytes, pattern, verifier, timeout).await?;
         Ok(started.elapsed().as_secs_f64())
     }
 
-    fn our_client(
-        set: &ChannelSet,
+    /// Connects over our stack (falling back to plain TCP when the server has no channel
+    /// port) and runs the echo; the connection's kind and the seconds it took.
+    async fn our_client(
+        stack: &Stack,
         target: SocketAddrV4,
         bytes: u64,
         pattern: Pattern,
         verifier: &mut Verifier,
         timeout: Duration,
-    ) -> Result<f64, EchoError> {
-        let ch = set
-            .connect(target)
-            .map_err(channel_err(format!("connecting to {target}")))?;
+    ) -> Result<(&'static str, f64), EchoError> {
+        let conn = within(timeout, || format!("connecting to {target}"), async {
+            stack
+                .connect(target.into())
+                .await
+                .map_err(io_err(format!("connecting to {target}")))
+        })
+        .await?;
+        let kind = kind(&conn);
+        let local = conn
+            .local_addr()
+            .map_err(io_err("reading the local address"))?;
+        tracing::info!(%target, %local, kind, "connected");
+        println!("echo client: connected to {target} from {local} over {kind}");
         let started = Instant::now();
-        let failed = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let w = s.spawn(|| -> Result<(), EchoError> {
-                let mut off = 0;
-                while off < bytes {
-                    let n = (bytes - off).min(CHUNK as u64) as usize;
-                    let mut buf = vec![0u8; n];
-                    pattern.fill(off, &mut buf);
-                    let mut chunk = Bytes::from(buf);
-                    let waited = Instant::now();
-                    loop {
-                        match ch.enqueue_blocking(chunk, Some(TICK)) {
-                            Ok(()) => break,
-                            Err(EnqueueError::Full(c)) => {
-                                if failed.load(Ordering::Acquire) {
-                                    return Ok(());
-                                }
-                                if waited.elapsed() > timeout {
-                                    return Err(EchoError::Stalled(format!(
-                                        "no room to send for {timeout:?} at byte {off}"
-                                    )));
-                                }
-                                chunk = c;
-                            }
-                            Err(EnqueueError::Closed(e)) => {
-                                return Err(channel_err(format!("sending at byte {off}"))(e))
-                            }
-                        }
-                    }
-                    off += n as u64;
-                }
-                ch.close();
-                Ok(())
-            });
-            let read = loop {
-                match ch.dequeue_blocking(Some(timeout)) {
-                    Ok(Dequeued::Chunk(c)) => {
-                        if let Err(e) = verifier.check(&c) {
-                            break Err(e);
-                        }
-                    }
-                    Ok(Dequeued::Finished) => break Ok(()),
-                    Ok(Dequeued::Empty) => {
-                        break Err(EchoError::Stalled(format!(
-                            "nothing received for {timeout:?} after {} bytes",
-                            verifier.offset
-                        )))
-                    }
-                    Err(e) => {
-                        break Err(channel_err(format!(
-                            "receiving after {} bytes",
-                            verifier.offset
-                        ))(e))
-                    }
-                }
-            };
-            if read.is_err() {
-                failed.store(true, Ordering::Release);
-                ch.abort();
+        let (r, w) = conn.into_split();
+        transfer(r, w, bytes, pattern, verifier, timeout).await?;
+        Ok((kind, started.elapsed().as_secs_f64()))
+    }
+
+    /// Sends `bytes` of `pattern` on `w` (in its own task) while reading the echo from `r`
+    /// and verifying it, until the server's end of stream.
+    async fn transfer<R, W>(
+        mut r: R,
+        mut w: W,
+        bytes: u64,
+        pattern: Pattern,
+        verifier: &mut Verifier,
+        timeout: Duration,
+    ) -> Result<(), EchoError>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let writer = tokio::spawn(async move {
+            let mut buf = vec![0u8; CHUNK];
+            let mut off = 0u64;
+            while off < bytes {
+                let n = (bytes - off).min(CHUNK as u64) as usize;
+                pattern.fill(off, &mut buf[..n]);
+                within(
+                    timeout,
+                    || format!("no room to send at byte {off}"),
+                    async {
+                        w.write_all(&buf[..n])
+                            .await
+                            .map_err(io_err(format!("writing at byte {off}")))
+                    },
+                )
+                .await?;
+                off += n as u64;
             }
-            let written = w.join().map_err(|_| EchoError::WriterPanicked)?;
-            read.and(written)
-        })?;
-        Ok(started.elapsed().as_secs_f64())
+            w.shutdown()
+                .await
+                .map_err(io_err("shutting down the write side"))?;
+            // Keep the write half (dropping it is a shutdown too) until the echo is in.
+            Ok::<W, EchoError>(w)
+        });
+        let mut buf = vec![0u8; 256 * 1024];
+        let read = loop {
+            let got = within(
+                timeout,
+                || format!("nothing received after {} bytes", verifier.offset),
+                async {
+                    r.read(&mut buf)
+                        .await
+                        .map_err(io_err(format!("reading after {} bytes", verifier.offset)))
+                },
+            )
+            .await;
+            match got {
+                Ok(0) => break Ok(()),
+                Ok(n) => {
+                    if let Err(e) = verifier.check(&buf[..n]) {
+                        break Err(e);
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        if read.is_err() {
+            writer.abort();
+        }
+        let written = match writer.await {
+            Ok(r) => r.map(drop),
+            Err(_) if read.is_err() => Ok(()),
+            Err(_) => Err(EchoError::WriterPanicked),
+        };
+        read.and(written)
     }
 }

@@ -521,12 +521,22 @@ impl ChannelShared {
     fn stats(&self) -> ChannelStats {
         let w = self.stats.read();
         let us = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        // A closed channel's connection is gone, and its buffers with it: the thread
+        // publishes no snapshot after removing it, so the last one may predate the final
+        // acknowledgements.
+        let tcp = |v: u64| {
+            if self.state() == ChannelState::Closed {
+                0
+            } else {
+                us(v)
+            }
+        };
         ChannelStats {
             tx_queued: self.tx_bytes.load(Ordering::Relaxed),
             rx_queued: self.rx_bytes.load(Ordering::Relaxed),
-            tx_tcp_queued: us(w[0]),
-            rx_tcp_queued: us(w[1]),
-            bytes_in_flight: us(w[2]),
+            tx_tcp_queued: tcp(w[0]),
+            rx_tcp_queued: tcp(w[1]),
+            bytes_in_flight: tcp(w[2]),
             cwnd: us(w[3]),
             srtt: (w[4] != NO_SRTT).then(|| Duration::from_micros(w[4])),
             retransmitted_segments: w[5],
@@ -884,6 +894,15 @@ mod tests {
             (2920, 5000, 7)
         );
         assert_eq!(st.updated_at, Instant::from_millis(9));
+        // Once closed (the connection removed, no later snapshot), nothing is in TCP's
+        // buffers any more; the counters stay.
+        s.set_closed();
+        let st = ch.stats();
+        assert_eq!(
+            (st.bytes_in_flight, st.tx_tcp_queued, st.rx_tcp_queued),
+            (0, 0, 0)
+        );
+        assert_eq!(st.retransmitted_segments, 3);
     }
 
     #[test]
