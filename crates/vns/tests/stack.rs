@@ -659,3 +659,30 @@ async fn finished_stream_keeps_its_bytes_when_the_channels_go() {
         ErrorKind::ConnectionAborted
     );
 }
+
+/// A plain-TCP stream closed gracefully and dropped still counts in `pending_tx_bytes`
+/// until its peer has taken the bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_tx_bytes_cover_closed_plain_streams() {
+    let net = MemNetwork::new();
+    let b = Stack::builder().ipv4(B).build_in_memory(&net).unwrap();
+    let l = b.bind(addr(B, 7033)).await.unwrap();
+    let plain_host = net.backend(Ipv4Addr::new(10, 0, 0, 3));
+    let (t, _) = plain_host.connect(SocketAddrV4::new(B, 7033)).unwrap();
+    let (mut s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    assert!(s.is_plain_tcp());
+    let data = pattern(33, 100_000);
+    s.write_all(&data).await.unwrap();
+    s.shutdown().await.unwrap();
+    drop(s);
+    // The plain host has not read: the bytes wait in the channel.
+    assert!(
+        b.pending_tx_bytes() >= data.len(),
+        "{}",
+        b.pending_tx_bytes()
+    );
+    t.close();
+    let got = timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap();
+    assert!(got == data, "got {} bytes", got.len());
+    assert!(eventually(|| b.pending_tx_bytes() == 0).await);
+}

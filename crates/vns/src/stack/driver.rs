@@ -181,7 +181,7 @@ pub(crate) struct State {
     pub stopped: bool,
     /// Plain-TCP channels closed gracefully whose streams are gone, watched until their
     /// bytes and FIN are acknowledged.
-    pub closing_plain: Vec<BoxedTransport>,
+    closing_plain: Vec<BoxedTransport>,
 }
 
 impl Core {
@@ -725,20 +725,25 @@ impl State {
         self.ep.close(sid);
     }
 
+    /// Keeps a gracefully closed plain-TCP channel for [`State::pending_tx_bytes`],
+    /// letting go of those already at zero (so the list stays as short as the number of
+    /// closes still under way).
+    pub(crate) fn keep_closing_plain(&mut self, t: BoxedTransport) {
+        self.closing_plain
+            .retain(|t| channel_pending(t.as_ref()) > 0);
+        self.closing_plain.push(t);
+    }
+
     /// Bytes not yet delivered to peers: the endpoint's, those on the way to and in the
     /// channels (queued, unsent or unacknowledged), and those of gracefully closed
     /// plain-TCP channels (which are let go once at zero).
     pub(crate) fn pending_tx_bytes(&mut self) -> usize {
-        fn on(t: &dyn ChannelTransport) -> usize {
-            let s = t.stats();
-            s.tx_queued + s.tx_tcp_queued.max(s.bytes_in_flight)
-        }
         let mut n = self.ep.pending_tx_bytes();
         for c in self.chans.values() {
-            n += c.tx_pending.as_ref().map_or(0, Bytes::len) + on(c.t.as_ref());
+            n += c.tx_pending.as_ref().map_or(0, Bytes::len) + channel_pending(c.t.as_ref());
         }
         self.closing_plain.retain(|t| {
-            let p = on(t.as_ref());
+            let p = channel_pending(t.as_ref());
             n += p;
             p > 0
         });
@@ -749,6 +754,12 @@ impl State {
     pub(crate) fn channel_count(&self) -> usize {
         self.chans.len()
     }
+}
+
+/// Bytes a channel holds towards its peer: queued, in TCP's send buffer or unacknowledged.
+fn channel_pending(t: &dyn ChannelTransport) -> usize {
+    let s = t.stats();
+    s.tx_queued + s.tx_tcp_queued.max(s.bytes_in_flight)
 }
 
 fn lost(id: ChannelId, e: ChannelError) -> Result<bool, ()> {

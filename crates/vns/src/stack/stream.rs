@@ -220,7 +220,7 @@ impl Drop for PlainInner {
         if self.shut.load(Ordering::Acquire) {
             // Closed gracefully: the stack watches the channel until its bytes and FIN
             // are acknowledged (`Stack::pending_tx_bytes`).
-            self.stack.core().lock().closing_plain.push(t);
+            self.stack.core().lock().keep_closing_plain(t);
         } else {
             t.abort();
         }
