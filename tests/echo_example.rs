@@ -248,7 +248,7 @@ fn echo_server_serves_kernel_and_netchannel_clients() {
 }
 
 /// Several clients at once, both kinds: three kernel clients and one NetChannel client
-/// (one stack per namespace: a second would take over the interface's XDP program), all
+/// (one stack per interface: a second one on vB would find its XDP program busy), all
 /// verified; then SIGTERM stops the idle server with success.
 #[test]
 fn echo_server_serves_several_clients_at_once() {
