@@ -46,9 +46,11 @@
 //! on veth). It needs root (AF_XDP sockets and an XDP program). The server runs until
 //! SIGINT or SIGTERM, then resets the connections still open, stops its stack and
 //! detaches the XDP program and exits with success; with `--max-connections N` it stops
-//! by itself once N connections have ended and their last bytes were delivered
-//! (`Stack::pending_tx_bytes`). The client on our stack also detaches on a signal (and
-//! then fails).
+//! by itself once N connections have ended, their last bytes were acknowledged
+//! (`Stack::pending_tx_bytes`) and the NetChannel clients' stacks have closed their
+//! channels (`Stack::channel_count`: stopping earlier would reset channels whose last
+//! bytes a client may not have read yet), waiting at most `--timeout-secs` for each. The
+//! client on our stack also detaches on a signal (and then fails).
 //!
 //! ```text
 //! ip netns exec nsA cargo run --release --example echo -- --interface vA --ipv4 10.77.0.1 --listen 7000
@@ -464,6 +466,22 @@ mod linux {
                 pending = stack.pending_tx_bytes(),
                 "stopping with bytes not yet delivered"
             );
+        }
+        if !signalled {
+            // Acknowledged is not yet read: a NetChannel client's stack may still hold the
+            // last echoed bytes in its channels' buffers, and stopping ours now would reset
+            // those channels under it. Our clients close their channels once they have
+            // read everything (their stack stops), so wait for that, bounded.
+            let end = Instant::now() + timeout;
+            while stack.channel_count() > 0 && Instant::now() < end {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            if stack.channel_count() > 0 {
+                tracing::info!(
+                    channels = stack.channel_count(),
+                    "NetChannel peers still hold channels; stopping anyway"
+                );
+            }
         }
         Ok(accepted)
     }
