@@ -1,0 +1,215 @@
+//! Virtual-socket measurements on the two-namespace test bed, shared by
+//! `benches/vns_goodput.rs` and `benches/vns_latency.rs` (which include this file as a
+//! module next to `support/bed.rs`):
+//!
+//! - [`StackPair`]: a `netchannel::Stack` on vA and one on vB, each over its own
+//!   `ChannelSet` (kept reachable, so that a raw channel between the same two sets can
+//!   be measured beside the virtual sockets that share them);
+//! - [`KernelPair`]: kernel TCP sockets made inside the namespaces and driven by tokio
+//!   (`tokio::net::TcpStream`), over the same veth;
+//! - [`Samples`]: sorted latency samples and their percentiles.
+#![allow(dead_code)]
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::Duration;
+
+use netchannel::netdriver::channel::{ChannelSet, ChannelSetConfig};
+use netchannel::vns::stack::XdpBackend;
+use netchannel::Stack;
+use testbed::{Side, TestBed};
+
+/// The port of B's virtual listener.
+pub const VNS_PORT: u16 = 7100;
+/// The port B's channel set listens on for raw channels (besides the stack's 9000).
+pub const RAW_CHANNEL_PORT: u16 = 9100;
+/// The port of B's kernel TCP listener.
+pub const KERNEL_PORT: u16 = 7200;
+
+/// A number from the environment, or `default`.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Two stacks, A (client side) and B (server side), each over a channel set on its veth
+/// end (both queues).
+pub struct StackPair {
+    /// The stack on vA.
+    pub a: Stack,
+    /// The stack on vB.
+    pub b: Stack,
+    /// A's channel set (shared with the stack).
+    pub set_a: Arc<XdpBackend>,
+    /// B's channel set (shared with the stack).
+    pub set_b: Arc<XdpBackend>,
+    /// B's address.
+    pub b_ip: Ipv4Addr,
+}
+
+impl StackPair {
+    /// Starts a channel set and a stack with `channels` throughput channels per peer (no
+    /// latency channel) on each end.
+    pub fn start(bed: &TestBed, channels: usize) -> StackPair {
+        StackPair::start_with(bed, channels, 0)
+    }
+
+    /// [`start`](Self::start) with `latency` latency channels per peer besides.
+    pub fn start_with(bed: &TestBed, channels: usize, latency: usize) -> StackPair {
+        let start = |side: Side| {
+            let e = bed.side(side).clone();
+            bed.run_in(side, move || {
+                let set = ChannelSet::start(ChannelSetConfig::new(e.ifname.clone(), e.ipv4))
+                    .expect("channel set");
+                let backend = Arc::new(XdpBackend::new(set));
+                let stack = Stack::builder()
+                    .ipv4(e.ipv4)
+                    .channels(channels)
+                    .latency_channels(latency)
+                    .connect_timeout(Duration::from_secs(10))
+                    .build_with_backend(backend.clone())
+                    .expect("stack");
+                (stack, backend)
+            })
+            .expect("enter the namespace")
+        };
+        let (b, set_b) = start(Side::B);
+        let (a, set_a) = start(Side::A);
+        StackPair {
+            a,
+            b,
+            set_a,
+            set_b,
+            b_ip: bed.side(Side::B).ipv4,
+        }
+    }
+
+    /// B's virtual listener address.
+    pub fn vns_addr(&self) -> SocketAddr {
+        SocketAddrV4::new(self.b_ip, VNS_PORT).into()
+    }
+
+    /// B's raw channel address.
+    pub fn raw_addr(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.b_ip, RAW_CHANNEL_PORT)
+    }
+
+    /// A's channel set.
+    pub fn channels_a(&self) -> &ChannelSet {
+        self.set_a.channel_set()
+    }
+
+    /// B's channel set.
+    pub fn channels_b(&self) -> &ChannelSet {
+        self.set_b.channel_set()
+    }
+
+    /// Stops both stacks (and so their channel sets, threads joined, programs detached).
+    pub fn stop(self) {
+        self.a.shutdown();
+        self.b.shutdown();
+    }
+}
+
+/// A kernel TCP listener made in B's namespace.
+pub fn kernel_listener(bed: &TestBed, port: u16) -> std::net::TcpListener {
+    let ip = bed.side(Side::B).ipv4;
+    let l = bed
+        .run_in(Side::B, move || std::net::TcpListener::bind((ip, port)))
+        .expect("enter B")
+        .expect("bind the kernel listener");
+    l.set_nonblocking(true).expect("nonblocking");
+    l
+}
+
+/// A kernel TCP connection made in A's namespace to `to` (nonblocking, for tokio).
+pub fn kernel_connect(bed: &TestBed, to: SocketAddrV4) -> std::net::TcpStream {
+    let s = bed
+        .run_in(Side::A, move || {
+            std::net::TcpStream::connect_timeout(&to.into(), Duration::from_secs(10))
+        })
+        .expect("enter A")
+        .expect("kernel connect");
+    s.set_nonblocking(true).expect("nonblocking");
+    s
+}
+
+/// Turns tx checksumming on both veth ends on or off (the test bed's default is off).
+pub fn ethtool_tx(bed: &TestBed, on: bool) {
+    for side in Side::BOTH {
+        let ifname = bed.side(side).ifname.clone();
+        bed.output_in(
+            side,
+            "ethtool",
+            &["-K", &ifname, "tx", if on { "on" } else { "off" }],
+        )
+        .expect("ethtool -K tx");
+    }
+}
+
+/// Latency samples in nanoseconds.
+#[derive(Debug, Default, Clone)]
+pub struct Samples {
+    ns: Vec<u64>,
+    sorted: bool,
+}
+
+impl Samples {
+    /// Room for `n` samples.
+    pub fn with_capacity(n: usize) -> Samples {
+        Samples {
+            ns: Vec::with_capacity(n),
+            sorted: true,
+        }
+    }
+
+    /// Adds one.
+    pub fn push(&mut self, d: Duration) {
+        self.ns.push(d.as_nanos() as u64);
+        self.sorted = false;
+    }
+
+    /// Samples held.
+    pub fn len(&self) -> usize {
+        self.ns.len()
+    }
+
+    /// The `q` quantile (0..=1, nearest rank) in microseconds; 0 when empty.
+    pub fn quantile_us(&mut self, q: f64) -> f64 {
+        if self.ns.is_empty() {
+            return 0.0;
+        }
+        if !self.sorted {
+            self.ns.sort_unstable();
+            self.sorted = true;
+        }
+        let rank = ((q * self.ns.len() as f64).ceil() as usize).clamp(1, self.ns.len());
+        self.ns[rank - 1] as f64 / 1e3
+    }
+
+    /// The mean in microseconds.
+    pub fn mean_us(&self) -> f64 {
+        if self.ns.is_empty() {
+            return 0.0;
+        }
+        self.ns.iter().sum::<u64>() as f64 / self.ns.len() as f64 / 1e3
+    }
+}
+
+/// min, median and max of `xs`.
+pub fn spread(xs: &[f64]) -> (f64, f64, f64) {
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    let m = v.len() / 2;
+    let med = if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    };
+    (v[0], med, v[v.len() - 1])
+}
