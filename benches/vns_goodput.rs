@@ -20,7 +20,9 @@
 //!
 //! Each transfer is one connection, timed from connect until the receiver read the last
 //! byte (EOF). Environment: `NETCHANNEL_BENCH_BYTES` (per transfer, default 64 MiB),
-//! `NETCHANNEL_BENCH_ROUNDS` (default 5), `NETCHANNEL_BENCH_CHANNELS` (N, default 4).
+//! `NETCHANNEL_BENCH_ROUNDS` (default 5), `NETCHANNEL_BENCH_CHANNELS` (N, default 4),
+//! `NETCHANNEL_BENCH_ONLY` (run only the measurements whose name contains it, e.g. for
+//! `perf record`; ratios need both sides).
 //!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
 //! `cargo bench -j1 --bench vns_goodput`
@@ -218,6 +220,8 @@ mod run {
         let total: u64 = env_or("NETCHANNEL_BENCH_BYTES", 64u64 << 20);
         let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", 5);
         let many: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 4);
+        let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
+        let on = |name: &str| name.contains(only.as_str());
         let bed = match TestBed::builder().queues(2).build() {
             Ok(bed) => bed,
             Err(e) => {
@@ -245,6 +249,9 @@ mod run {
         };
         let mut base = Phase::default();
         for round in 0..rounds {
+            if !on("kernel_nothing_attached") {
+                break;
+            }
             let r = gbps(total, kernel_transfer(&bed, &rt, &kl, total));
             println!("round {round}: kernel_nothing_attached {r:.3} Gbit/s");
             base.add("kernel_nothing_attached", r);
@@ -253,7 +260,9 @@ mod run {
 
         // 1. Stacks with 1 and N channels.
         let mut phases = Vec::new();
-        for channels in [1, many] {
+        let mut configs = vec![1, many];
+        configs.dedup();
+        for channels in configs {
             let pair = StackPair::start(&bed, channels);
             let sink = ChannelSink::start(
                 pair.channels_b()
@@ -270,21 +279,34 @@ mod run {
             // Warm-up: opens the stacks' channels.
             let _ = vns_transfer(&rt, &pair.a, &l, pair.vns_addr(), total.min(4 << 20));
             for round in 0..rounds {
-                let start = Instant::now();
-                bed::channel_send(pair.channels_a(), pair.raw_addr(), &block, total);
-                let raw = gbps(total, start.elapsed());
-                let vs = gbps(
-                    total,
-                    vns_transfer(&rt, &pair.a, &l, pair.vns_addr(), total),
-                );
-                let k = gbps(total, kernel_transfer(&bed, &rt, &kl, total));
-                println!(
-                    "{channels} channel(s), round {round}: raw_channel {raw:.3}  virtual_stream {vs:.3}  kernel_xdp_attached {k:.3} Gbit/s  (vs/raw {:.2})",
-                    vs / raw
-                );
-                phase.add("raw_channel", raw);
-                phase.add("virtual_stream", vs);
-                phase.add("kernel_xdp_attached", k);
+                let mut line = format!("{channels} channel(s), round {round}:");
+                let mut vs_raw = (None, None);
+                if on("raw_channel") {
+                    let start = Instant::now();
+                    bed::channel_send(pair.channels_a(), pair.raw_addr(), &block, total);
+                    let raw = gbps(total, start.elapsed());
+                    phase.add("raw_channel", raw);
+                    vs_raw.1 = Some(raw);
+                    line += &format!("  raw_channel {raw:.3}");
+                }
+                if on("virtual_stream") {
+                    let d = vns_transfer(&rt, &pair.a, &l, pair.vns_addr(), total);
+                    let vs = gbps(total, d);
+                    phase.add("virtual_stream", vs);
+                    vs_raw.0 = Some(vs);
+                    line += &format!("  virtual_stream {vs:.3}");
+                }
+                if on("kernel_xdp_attached") {
+                    let k = gbps(total, kernel_transfer(&bed, &rt, &kl, total));
+                    phase.add("kernel_xdp_attached", k);
+                    line += &format!("  kernel_xdp_attached {k:.3}");
+                }
+                if let (Some(vs), Some(raw)) = vs_raw {
+                    line += &format!(" Gbit/s  (vs/raw {:.2})", vs / raw);
+                } else {
+                    line += " Gbit/s";
+                }
+                println!("{line}");
             }
             drop(l);
             sink.stop();

@@ -150,9 +150,11 @@ impl ReorderBuffer {
     /// Copies in-order bytes into `buf`, returning how many.
     pub fn read(&mut self, buf: &mut [u8]) -> usize {
         let n = buf.len().min(self.ready.len());
-        for (dst, src) in buf.iter_mut().zip(self.ready.drain(..n)) {
-            *dst = src;
-        }
+        let (a, b) = self.ready.as_slices();
+        let from_a = a.len().min(n);
+        buf[..from_a].copy_from_slice(&a[..from_a]);
+        buf[from_a..n].copy_from_slice(&b[..n - from_a]);
+        self.ready.drain(..n);
         self.read_seq = self.read_seq.plus(n as u32);
         self.read_offset += n as u64;
         n

@@ -31,6 +31,11 @@ use crate::endpoint::{ChannelLoad, Endpoint, Event, PeerId, SocketId};
 
 /// Bytes of `poll_transmit` output gathered into one channel chunk.
 const TX_BATCH: usize = 256 * 1024;
+/// Room reserved for a batch: a batch stops growing once it reaches [`TX_BATCH`], so
+/// it holds at most one more whole chunk (header included) beyond it.
+const TX_BATCH_CAP: usize = TX_BATCH + crate::wire::HEADER_LEN + crate::wire::MAX_PAYLOAD;
+/// Batches up to this size are copied out of the driver's batch buffer, which is kept.
+const SMALL_BATCH: usize = 16 * 1024;
 /// Chunks read from one channel per driver round (fairness between channels and with
 /// application calls, which wait for the lock).
 const RX_BUDGET: usize = 64;
@@ -346,7 +351,7 @@ impl Core {
         let waker = Waker::from(self.signal.clone());
         let mut cx = Context::from_waker(&waker);
         let mut acceptor = acceptor;
-        let mut buf = Vec::new();
+        let mut buf = Vec::with_capacity(TX_BATCH_CAP);
         let mut wake = Vec::new();
         loop {
             self.signal.notified.store(false, Ordering::SeqCst);
@@ -623,7 +628,14 @@ impl State {
                         more = false;
                         break;
                     }
-                    Bytes::from(std::mem::take(buf))
+                    if buf.len() <= SMALL_BATCH {
+                        // Control chunks and small writes: copy, keep the buffer.
+                        Bytes::copy_from_slice(buf)
+                    } else {
+                        // Hand the buffer over; the next batch starts with room for a
+                        // whole batch (no regrowth and re-copying on the way).
+                        Bytes::from(std::mem::replace(buf, Vec::with_capacity(TX_BATCH_CAP)))
+                    }
                 }
             };
             let c = self.chans.get_mut(&id).ok_or(())?;
