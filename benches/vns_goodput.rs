@@ -21,8 +21,8 @@
 //! Each transfer is one connection, timed from connect until the receiver read the last
 //! byte (EOF). Environment: `NETCHANNEL_BENCH_BYTES` (per transfer, default 64 MiB),
 //! `NETCHANNEL_BENCH_ROUNDS` (default 5), `NETCHANNEL_BENCH_CHANNELS` (N, default 4),
-//! `NETCHANNEL_BENCH_ONLY` (run only the measurements whose name contains it, e.g. for
-//! `perf record`; ratios need both sides).
+//! `NETCHANNEL_BENCH_ONLY` (comma-separated: run only the measurements whose name
+//! contains one of them, e.g. for `perf record`; ratios need both sides).
 //!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
 //! `cargo bench -j1 --bench vns_goodput`
@@ -221,7 +221,7 @@ mod run {
         let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", 5);
         let many: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 4);
         let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
-        let on = |name: &str| name.contains(only.as_str());
+        let on = |name: &str| only.split(',').any(|o| name.contains(o));
         let bed = match TestBed::builder().queues(2).build() {
             Ok(bed) => bed,
             Err(e) => {

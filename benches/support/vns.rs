@@ -34,6 +34,19 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// The virtual-socket configuration of the benches: the defaults, with
+/// `NETCHANNEL_BENCH_{SEND,RECV,CREDIT,THRESHOLD}_KIB` overriding the send buffer, the
+/// receive buffer, the credit window and the credit update threshold (for experiments).
+pub fn vns_config() -> netchannel::vns::Config {
+    let mut c = netchannel::vns::Config::default();
+    let kib = |name: &str, v: usize| env_or(name, v >> 10) << 10;
+    c.send_buffer = kib("NETCHANNEL_BENCH_SEND_KIB", c.send_buffer);
+    c.recv_buffer = kib("NETCHANNEL_BENCH_RECV_KIB", c.recv_buffer);
+    c.credit_window = kib("NETCHANNEL_BENCH_CREDIT_KIB", c.credit_window);
+    c.credit_update_threshold = kib("NETCHANNEL_BENCH_THRESHOLD_KIB", c.credit_update_threshold);
+    c
+}
+
 /// Two stacks, A (client side) and B (server side), each over a channel set on its veth
 /// end (both queues).
 pub struct StackPair {
@@ -65,6 +78,7 @@ impl StackPair {
                     .expect("channel set");
                 let backend = Arc::new(XdpBackend::new(set));
                 let stack = Stack::builder()
+                    .vns_config(vns_config())
                     .ipv4(e.ipv4)
                     .channels(channels)
                     .latency_channels(latency)

@@ -3,6 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::fmt;
 
+use bytes::{Bytes, BytesMut};
+
 use netsched::{AppClass, ChannelClass, ChannelId, ChannelStats, ChunkInfo, NetScheduler};
 use thiserror::Error;
 use tracing::{debug, trace, warn};
@@ -10,7 +12,7 @@ use tracing::{debug, trace, warn};
 use crate::deframer::{Chunk, Deframer};
 use crate::reorder::ReorderBuffer;
 use crate::response_queue::{ParkedChunk, ResponseQueue};
-use crate::wire::{ChunkRepr, ChunkType, Seq, WireError, MAX_PAYLOAD};
+use crate::wire::{ChunkPacket, ChunkRepr, ChunkType, Seq, WireError, HEADER_LEN, MAX_PAYLOAD};
 
 /// A remote host, numbered by the caller (the layer that creates channels to it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -260,7 +262,7 @@ struct Socket {
     detached: bool,
     channels_used: BTreeSet<ChannelId>,
     // Send side.
-    send_buf: VecDeque<u8>,
+    send_buf: SendBuf,
     next_seq: Seq,
     send_limit: Seq,
     peer_stopped: bool,
@@ -288,7 +290,7 @@ impl Socket {
             state: State::SynSent,
             detached: false,
             channels_used: BTreeSet::new(),
-            send_buf: VecDeque::new(),
+            send_buf: SendBuf::default(),
             next_seq: isn,
             send_limit: isn,
             peer_stopped: false,
@@ -328,8 +330,75 @@ impl Socket {
 #[derive(Debug)]
 struct OutChunk {
     header: ChunkRepr,
-    payload: Vec<u8>,
+    /// Shares the socket's send-buffer segment (no copy).
+    payload: Bytes,
     socket: Option<SocketId>,
+}
+
+/// A socket's send buffer: written bytes in segments of at most one chunk payload, so
+/// that cutting a chunk hands out a reference to the segment instead of a copy.
+#[derive(Debug, Default)]
+struct SendBuf {
+    /// Filled segments, oldest first.
+    segs: VecDeque<Bytes>,
+    /// The segment being filled; it never grows past the capacity it was made with.
+    tail: BytesMut,
+    len: usize,
+}
+
+impl SendBuf {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn clear(&mut self) {
+        *self = SendBuf::default();
+    }
+
+    /// Appends (copies) `data`, in segments of `seg` bytes.
+    fn push(&mut self, mut data: &[u8], seg: usize) {
+        self.len += data.len();
+        while !data.is_empty() {
+            if self.tail.len() == self.tail.capacity() {
+                if !self.tail.is_empty() {
+                    self.segs.push_back(self.tail.split().freeze());
+                }
+                self.tail = BytesMut::with_capacity(seg);
+            }
+            let n = (self.tail.capacity() - self.tail.len()).min(data.len());
+            self.tail.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.tail.len() >= seg {
+                self.segs.push_back(self.tail.split().freeze());
+            }
+        }
+    }
+
+    /// Takes at most `max` bytes (at least one when not empty) from the front, from one
+    /// segment: a chunk shorter than `max` ends where a segment ends.
+    fn take(&mut self, max: usize) -> Bytes {
+        if self.segs.is_empty() {
+            if self.tail.is_empty() {
+                return Bytes::new();
+            }
+            // The partly filled segment goes as it is; later writes fill the rest of its
+            // allocation as a new segment.
+            let part = self.tail.split().freeze();
+            self.segs.push_back(part);
+        }
+        let front = self.segs.front_mut().expect("not empty");
+        let out = if front.len() <= max {
+            self.segs.pop_front().expect("not empty")
+        } else {
+            front.split_to(max)
+        };
+        self.len -= out.len();
+        out
+    }
 }
 
 #[derive(Debug)]
@@ -556,6 +625,13 @@ impl Endpoint {
     /// call, while the channel can take more bytes; data is assigned to channels by the
     /// scheduler here, so a channel that is not polled does not receive new chunks.
     pub fn poll_transmit(&mut self, id: ChannelId, out: &mut Vec<u8>) -> Option<usize> {
+        let item = self.next_out(id)?;
+        item.header.emit_to_vec(&item.payload, out);
+        Some(item.header.wire_len())
+    }
+
+    /// The next chunk for channel `id`, its credit field filled in.
+    fn next_out(&mut self, id: ChannelId) -> Option<OutChunk> {
         if self.schedule_needed {
             self.schedule();
         }
@@ -579,8 +655,19 @@ impl Endpoint {
             }
         }
         trace!(channel = %id, ty = ?item.header.ty, seq = %item.header.seq, len = item.header.payload_len, "tx chunk");
-        item.header.emit_to_vec(&item.payload, out);
-        Some(item.header.wire_len())
+        Some(item)
+    }
+
+    /// [`Endpoint::poll_transmit`] without copying the payload: appends the next chunk's
+    /// header to `header` and returns its payload (empty for control chunks), which the
+    /// caller sends right after the header. `None` when nothing is queued for the channel.
+    pub fn poll_transmit_parts(&mut self, id: ChannelId, header: &mut Vec<u8>) -> Option<Bytes> {
+        let item = self.next_out(id)?;
+        let at = header.len();
+        header.resize(at + HEADER_LEN, 0);
+        item.header
+            .emit(&mut ChunkPacket::new_unchecked(&mut header[at..]));
+        Some(item.payload)
     }
 
     /// Whether any chunk waits for channel `id` (after scheduling).
@@ -719,6 +806,7 @@ impl Endpoint {
     /// ([`Event::Writable`] follows).
     pub fn send(&mut self, id: SocketId, data: &[u8]) -> Result<usize, Error> {
         let cap = self.config.send_buffer;
+        let seg = self.config.max_chunk_payload;
         let s = self.live_socket(id)?;
         if let State::Failed(e) = s.state {
             return Err(e);
@@ -734,7 +822,7 @@ impl Endpoint {
             s.write_blocked = true;
             return Err(Error::WouldBlock);
         }
-        s.send_buf.extend(&data[..n]);
+        s.send_buf.push(&data[..n], seg);
         self.schedule_needed = true;
         Ok(n)
     }
@@ -980,7 +1068,7 @@ impl Endpoint {
                 ch,
                 OutChunk {
                     header,
-                    payload: Vec::new(),
+                    payload: Bytes::new(),
                     socket: Some(sid),
                 },
             ),
@@ -1052,7 +1140,8 @@ impl Endpoint {
             return false;
         }
         let s = self.sockets.get_mut(&sid).expect("checked above");
-        let payload = take_front(&mut s.send_buf, len);
+        let payload = s.send_buf.take(len);
+        let len = payload.len();
         let header = ChunkRepr {
             src_port: s.key.local,
             dst_port: s.key.remote,
@@ -1218,7 +1307,7 @@ impl Endpoint {
             ch,
             OutChunk {
                 header,
-                payload: Vec::new(),
+                payload: Bytes::new(),
                 socket: None,
             },
         );
@@ -1265,7 +1354,7 @@ impl Endpoint {
             ch,
             OutChunk {
                 header,
-                payload: Vec::new(),
+                payload: Bytes::new(),
                 socket: Some(sid),
             },
         );
@@ -1361,7 +1450,7 @@ impl Endpoint {
             Placement::Insert => {
                 let s = self.sockets.get_mut(&sid).expect("exists");
                 let rx = s.rx.as_mut().expect("placement checked");
-                if rx.insert(chunk.header.seq, &chunk.payload).is_err() {
+                if rx.insert_vec(chunk.header.seq, chunk.payload).is_err() {
                     self.protocol_violation(sid, "overlapping data");
                     return;
                 }
@@ -1427,9 +1516,10 @@ impl Endpoint {
         let fitting = s.parked.take_where(|p| rx.fits(p.seq, p.payload.len()));
         let mut released = Vec::with_capacity(fitting.len());
         for p in fitting {
-            rx.insert(p.seq, &p.payload)
+            let n = p.payload.len();
+            rx.insert_vec(p.seq, p.payload)
                 .expect("fits and parked chunks never overlap");
-            released.push((p.channel, p.payload.len()));
+            released.push((p.channel, n));
         }
         if rx.readable() > 0 || s.at_eof() {
             self.push_event(Event::Readable(sid));
@@ -1470,23 +1560,50 @@ impl Endpoint {
     }
 }
 
-/// Moves the first `len` bytes of `buf` into a new vector with two slice copies (a
-/// byte-by-byte `drain(..).collect()` costs several times more).
-fn take_front(buf: &mut VecDeque<u8>, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len);
-    let (a, b) = buf.as_slices();
-    let from_a = a.len().min(len);
-    out.extend_from_slice(&a[..from_a]);
-    out.extend_from_slice(&b[..len - from_a]);
-    buf.drain(..len);
-    out
-}
-
 fn stats_of(id: ChannelId, c: &Channel) -> ChannelStats {
     ChannelStats {
         id,
         class: c.class,
         queued_bytes: c.load.queued_bytes + c.outbox_bytes as u64,
         in_flight_bytes: c.load.in_flight_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the write and take sizes, the send buffer hands out exactly the bytes
+        /// written, in order, in pieces of 1..=max bytes that never cross a segment.
+        #[test]
+        fn send_buffer_hands_out_what_was_written(
+            seg in 1usize..300,
+            ops in proptest::collection::vec((any::<bool>(), 1usize..700), 1..60),
+        ) {
+            let mut b = SendBuf::default();
+            let (mut written, mut taken) = (Vec::new(), Vec::new());
+            let mut next = 0u8;
+            for (write, n) in ops {
+                if write {
+                    let data: Vec<u8> = (0..n).map(|_| { next = next.wrapping_add(1); next }).collect();
+                    b.push(&data, seg);
+                    written.extend_from_slice(&data);
+                } else {
+                    let before = b.len();
+                    let got = b.take(n);
+                    prop_assert!(got.len() <= n.min(seg));
+                    prop_assert_eq!(got.is_empty(), before == 0);
+                    prop_assert_eq!(b.len(), before - got.len());
+                    taken.extend_from_slice(&got);
+                }
+                prop_assert_eq!(b.len(), written.len() - taken.len());
+            }
+            while !b.is_empty() {
+                taken.extend_from_slice(&b.take(seg));
+            }
+            prop_assert_eq!(taken, written);
+        }
     }
 }

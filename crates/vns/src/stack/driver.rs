@@ -12,7 +12,7 @@
 //! of different streams of a stack (each call is short: a copy into or out of a socket
 //! buffer).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,18 +28,20 @@ use tracing::{debug, trace, warn};
 
 use super::backend::{Acceptor, Backend, BoxedTransport};
 use crate::endpoint::{ChannelLoad, Endpoint, Event, PeerId, SocketId};
+use crate::wire::HEADER_LEN;
 
-/// Bytes of `poll_transmit` output gathered into one channel chunk.
+/// Bytes of `poll_transmit` output gathered per batch (headers, small chunks and the
+/// large payloads enqueued beside them).
 const TX_BATCH: usize = 256 * 1024;
-/// Room reserved for a batch: a batch stops growing once it reaches [`TX_BATCH`], so
-/// it holds at most one more whole chunk (header included) beyond it.
-const TX_BATCH_CAP: usize = TX_BATCH + crate::wire::HEADER_LEN + crate::wire::MAX_PAYLOAD;
+/// Payloads up to this size are copied into the batch beside their header; larger ones
+/// are enqueued as they are (shared with the socket's send buffer).
+const INLINE_PAYLOAD: usize = 4 * 1024;
 /// Batches up to this size are copied out of the driver's batch buffer, which is kept.
 const SMALL_BATCH: usize = 16 * 1024;
 /// Chunks read from one channel per driver round (fairness between channels and with
 /// application calls, which wait for the lock).
 const RX_BUDGET: usize = 64;
-/// Batches written to one channel per driver round.
+/// Batches written to one channel per driver round (in bytes: `TX_BUDGET * TX_BATCH`).
 const TX_BUDGET: usize = 16;
 
 /// The first bytes on every channel a stack opens: magic, version, channel class, two
@@ -160,7 +162,9 @@ struct ChanIo {
     peer: Ipv4Addr,
     class: ChannelClass,
     rx_pending: Option<Bytes>,
-    tx_pending: Option<Bytes>,
+    /// Batches the channel refused (full), sent before anything new; with their length.
+    tx_pending: VecDeque<Bytes>,
+    tx_pending_bytes: usize,
 }
 
 struct Incoming {
@@ -351,7 +355,7 @@ impl Core {
         let waker = Waker::from(self.signal.clone());
         let mut cx = Context::from_waker(&waker);
         let mut acceptor = acceptor;
-        let mut buf = Vec::with_capacity(TX_BATCH_CAP);
+        let mut buf = Vec::with_capacity(SMALL_BATCH);
         let mut wake = Vec::new();
         loop {
             self.signal.notified.store(false, Ordering::SeqCst);
@@ -460,7 +464,8 @@ impl State {
                 peer: ip,
                 class,
                 rx_pending: None,
-                tx_pending: None,
+                tx_pending: VecDeque::new(),
+                tx_pending_bytes: 0,
             },
         );
     }
@@ -603,70 +608,86 @@ impl State {
     }
 
     /// Moves the endpoint's chunks for a channel into it. `Err` when the channel is gone.
+    ///
+    /// Headers and small chunks are gathered into `buf` and enqueued as one `Bytes`; a
+    /// large payload is enqueued as the `Bytes` the endpoint hands out (a reference to the
+    /// socket's send-buffer segment), right after the batch holding its header: no copy.
     fn transmit(
         &mut self,
         id: ChannelId,
         cx: &mut Context<'_>,
         buf: &mut Vec<u8>,
     ) -> Result<bool, ()> {
-        let mut more = true;
-        for _ in 0..TX_BUDGET {
+        let mut more = false;
+        let mut budget = TX_BUDGET * TX_BATCH;
+        loop {
             let c = self.chans.get_mut(&id).ok_or(())?;
-            let stats = c.t.stats();
-            let pending = c.tx_pending.as_ref().map_or(0, Bytes::len);
-            let load = ChannelLoad {
-                queued_bytes: (stats.tx_queued + pending) as u64,
-                in_flight_bytes: stats.tx_tcp_queued as u64,
-            };
-            let chunk = match c.tx_pending.take() {
-                Some(b) => b,
-                None => {
-                    let _ = self.ep.set_channel_load(id, load);
-                    buf.clear();
-                    while buf.len() < TX_BATCH && self.ep.poll_transmit(id, buf).is_some() {}
-                    if buf.is_empty() {
-                        more = false;
-                        break;
-                    }
-                    if buf.len() <= SMALL_BATCH {
-                        // Control chunks and small writes: copy, keep the buffer.
-                        Bytes::copy_from_slice(buf)
-                    } else {
-                        // Hand the buffer over; the next batch starts with room for a
-                        // whole batch (no regrowth and re-copying on the way).
-                        Bytes::from(std::mem::replace(buf, Vec::with_capacity(TX_BATCH_CAP)))
-                    }
-                }
-            };
-            let c = self.chans.get_mut(&id).ok_or(())?;
-            match c.t.enqueue(chunk) {
-                Ok(()) => {}
-                Err(EnqueueError::Full(b)) => {
-                    c.tx_pending = Some(b);
-                    match c.t.poll_enqueue_ready(cx) {
-                        Poll::Ready(Ok(())) => continue,
-                        Poll::Ready(Err(e)) => return lost(id, e),
-                        Poll::Pending => {
-                            more = false;
-                            break;
+            // What the channel refused before goes first, in order.
+            while let Some(b) = c.tx_pending.pop_front() {
+                let n = b.len();
+                match c.t.enqueue(b) {
+                    Ok(()) => c.tx_pending_bytes -= n,
+                    Err(EnqueueError::Full(b)) => {
+                        c.tx_pending.push_front(b);
+                        match c.t.poll_enqueue_ready(cx) {
+                            Poll::Ready(Ok(())) => continue,
+                            Poll::Ready(Err(e)) => return lost(id, e),
+                            Poll::Pending => {
+                                self.report_load(id);
+                                return Ok(false);
+                            }
                         }
                     }
+                    Err(EnqueueError::Closed(e)) => return lost(id, e),
                 }
-                Err(EnqueueError::Closed(e)) => return lost(id, e),
             }
+            if budget == 0 {
+                more = true;
+                break;
+            }
+            self.report_load(id);
+            // Gather the next batch.
+            buf.clear();
+            let mut gathered = 0;
+            while gathered < TX_BATCH {
+                let Some(payload) = self.ep.poll_transmit_parts(id, buf) else {
+                    break;
+                };
+                if payload.len() <= INLINE_PAYLOAD {
+                    buf.extend_from_slice(&payload);
+                    gathered += HEADER_LEN + payload.len();
+                    continue;
+                }
+                gathered += HEADER_LEN + payload.len();
+                let c = self.chans.get_mut(&id).ok_or(())?;
+                c.push_pending(take_batch(buf));
+                c.push_pending(payload);
+            }
+            let c = self.chans.get_mut(&id).ok_or(())?;
+            if !buf.is_empty() {
+                c.push_pending(take_batch(buf));
+            }
+            if gathered == 0 {
+                break;
+            }
+            budget = budget.saturating_sub(gathered);
         }
+        self.report_load(id);
+        Ok(more)
+    }
+
+    /// Tells the endpoint how much the channel holds (its queue and our refused batches).
+    fn report_load(&mut self, id: ChannelId) {
         if let Some(c) = self.chans.get(&id) {
             let stats = c.t.stats();
-            let pending = c.tx_pending.as_ref().map_or(0, Bytes::len);
             let _ = self.ep.set_channel_load(
                 id,
                 ChannelLoad {
-                    queued_bytes: (stats.tx_queued + pending) as u64,
+                    queued_bytes: (stats.tx_queued + c.tx_pending_bytes) as u64,
                     in_flight_bytes: stats.tx_tcp_queued as u64,
                 },
             );
         }
-        Ok(more)
     }
 
     /// Turns endpoint events into wake-ups; returns whether a paused channel resumed.
@@ -736,6 +757,27 @@ impl State {
     /// Channels held now.
     pub(crate) fn channel_count(&self) -> usize {
         self.chans.len()
+    }
+}
+
+impl ChanIo {
+    fn push_pending(&mut self, b: Bytes) {
+        if !b.is_empty() {
+            self.tx_pending_bytes += b.len();
+            self.tx_pending.push_back(b);
+        }
+    }
+}
+
+/// The gathered batch as `Bytes`: small ones are copied (the buffer is kept), larger ones
+/// handed over.
+fn take_batch(buf: &mut Vec<u8>) -> Bytes {
+    if buf.len() <= SMALL_BATCH {
+        let b = Bytes::copy_from_slice(buf);
+        buf.clear();
+        b
+    } else {
+        Bytes::from(std::mem::replace(buf, Vec::with_capacity(SMALL_BATCH)))
     }
 }
 
