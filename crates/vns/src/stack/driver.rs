@@ -188,6 +188,9 @@ pub(crate) struct State {
     pub deadlines: BTreeMap<SocketId, Instant>,
     /// The driver has stopped: no channel will ever move again.
     pub stopped: bool,
+    /// Scratch space of [`State::transmit_all`]: the batch being gathered, channel ids.
+    tx_buf: Vec<u8>,
+    ids: Vec<ChannelId>,
 }
 
 impl Core {
@@ -206,6 +209,8 @@ impl Core {
                 listeners: HashMap::new(),
                 deadlines: BTreeMap::new(),
                 stopped: false,
+                tx_buf: Vec::with_capacity(SMALL_BATCH),
+                ids: Vec::new(),
             }),
             signal: Arc::new(Signal::default()),
             backend,
@@ -349,13 +354,34 @@ impl Core {
         waiters.into_iter().for_each(Waker::wake);
     }
 
+    /// Ends an application call that changed the endpoint, given the stack's lock: moves
+    /// what the call queued (data, a credit update) into the channels from the calling
+    /// thread, so that it does not wait for the driver to wake up; wakes the tasks whose
+    /// sockets became ready; and wakes the driver only for work left over (a channel's
+    /// round budget used up, channel reads to resume). A full channel wakes the driver
+    /// through its own waker when it has room again.
+    pub(crate) fn finish_call(&self, mut st: MutexGuard<'_, State>) {
+        if st.stopped {
+            return;
+        }
+        let waker = Waker::from(self.signal.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut wake = Vec::new();
+        let mut more = st.transmit_all(&mut cx);
+        more |= st.drain_events(&mut wake);
+        drop(st);
+        wake.into_iter().for_each(Waker::wake);
+        if more {
+            self.signal.notify();
+        }
+    }
+
     /// The driver thread's loop, until [`Signal::stop`].
     pub(crate) fn run(self: Arc<Self>, acceptor: Option<Box<dyn Acceptor>>) {
         let _ = self.signal.thread.set(std::thread::current());
         let waker = Waker::from(self.signal.clone());
         let mut cx = Context::from_waker(&waker);
         let mut acceptor = acceptor;
-        let mut buf = Vec::with_capacity(SMALL_BATCH);
         let mut wake = Vec::new();
         loop {
             self.signal.notified.store(false, Ordering::SeqCst);
@@ -364,7 +390,7 @@ impl Core {
             }
             let (busy, deadline) = {
                 let mut st = self.lock();
-                let busy = st.round(&mut cx, &mut acceptor, &mut buf, &mut wake);
+                let busy = st.round(&mut cx, &mut acceptor, &mut wake);
                 let deadline = st.expire(Instant::now(), &mut wake);
                 (busy, deadline)
             };
@@ -489,7 +515,6 @@ impl State {
         &mut self,
         cx: &mut Context<'_>,
         acceptor: &mut Option<Box<dyn Acceptor>>,
-        buf: &mut Vec<u8>,
         wake: &mut Vec<Waker>,
     ) -> bool {
         let mut busy = false;
@@ -545,14 +570,27 @@ impl State {
                 Err(()) => self.lose_channel(id),
             }
         }
-        // Transmit.
+        busy |= self.transmit_all(cx);
+        busy |= self.drain_events(wake);
+        busy
+    }
+
+    /// Moves the endpoint's output into every channel; returns whether work is left over
+    /// (a channel's round budget was used up).
+    fn transmit_all(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.clear();
+        ids.extend(self.chans.keys().copied());
+        let mut buf = std::mem::take(&mut self.tx_buf);
+        let mut busy = false;
         for &id in &ids {
-            match self.transmit(id, cx, buf) {
+            match self.transmit(id, cx, &mut buf) {
                 Ok(more) => busy |= more,
                 Err(()) => self.lose_channel(id),
             }
         }
-        busy |= self.drain_events(wake);
+        self.tx_buf = buf;
+        self.ids = ids;
         busy
     }
 

@@ -53,11 +53,9 @@ impl StreamInner {
         let dst = buf.initialize_unfilled();
         match st.ep.recv(self.sid, dst) {
             Ok(n) => {
-                drop(st);
+                // Sends the credit update the read may have made due.
+                core.finish_call(st);
                 buf.advance(n);
-                if n > 0 {
-                    core.signal.notify();
-                }
                 Poll::Ready(Ok(()))
             }
             Err(Error::WouldBlock) if st.stopped => Poll::Ready(Err(stopped_error())),
@@ -79,10 +77,8 @@ impl StreamInner {
         }
         match st.ep.send(self.sid, data) {
             Ok(n) => {
-                drop(st);
-                if n > 0 {
-                    core.signal.notify();
-                }
+                // Sends what was written, from this thread.
+                core.finish_call(st);
                 Poll::Ready(Ok(n))
             }
             Err(Error::WouldBlock) => {
