@@ -13,6 +13,9 @@
 //!    - `raw_channel`: one channel of A's `ChannelSet` → B's `ChannelSet` (the same sets
 //!      the stacks run on; 64 KiB `Bytes` slices, no copy), as `channel_goodput`'s
 //!      `ours_to_ours`;
+//!    - `raw_channel_copy`: the same through `ChannelStream` (std `Read`/`Write`): each
+//!      64 KiB write copied into a fresh chunk, each read copied out into a 64 KiB buffer,
+//!      the two copies a byte-stream API makes and a `VirtualStream` makes too;
 //!    - `virtual_stream`: one `VirtualStream` from A's stack to a `VirtualListener` on B,
 //!      64 KiB `write_all`s, read to EOF;
 //!    - `kernel_xdp_attached`: kernel TCP A → B with both stacks' steering programs
@@ -211,6 +214,16 @@ mod run {
                 "raw_channel",
                 "   (target >= 0.90: VNS costs <= 10 %)",
             );
+            ratio(
+                "virtual_stream",
+                "raw_channel_copy",
+                "   (the same, both against a channel read and written with copies)",
+            );
+            ratio(
+                "raw_channel_copy",
+                "raw_channel",
+                "   (what the two copies cost)",
+            );
             ratio("virtual_stream", "kernel_xdp_attached", "");
             ratio("raw_channel", "kernel_xdp_attached", "");
         }
@@ -270,6 +283,13 @@ mod run {
                     .expect("raw listen"),
                 total,
             );
+            let stream_sink = vns::StreamSink::start(
+                pair.channels_b()
+                    .listen(vns::RAW_STREAM_PORT)
+                    .expect("raw stream listen"),
+                total,
+            );
+            let stream_addr = std::net::SocketAddrV4::new(pair.b_ip, vns::RAW_STREAM_PORT);
             let l = Arc::new(
                 rt.block_on(pair.b.bind(pair.vns_addr()))
                     .expect("bind the virtual listener"),
@@ -288,6 +308,13 @@ mod run {
                     phase.add("raw_channel", raw);
                     vs_raw.1 = Some(raw);
                     line += &format!("  raw_channel {raw:.3}");
+                }
+                if on("raw_channel_copy") {
+                    let start = Instant::now();
+                    vns::stream_send(pair.channels_a(), stream_addr, &block, total);
+                    let r = gbps(total, start.elapsed());
+                    phase.add("raw_channel_copy", r);
+                    line += &format!("  raw_channel_copy {r:.3}");
                 }
                 if on("virtual_stream") {
                     let d = vns_transfer(&rt, &pair.a, &l, pair.vns_addr(), total);
@@ -310,6 +337,7 @@ mod run {
             }
             drop(l);
             sink.stop();
+            stream_sink.stop();
             pair.stop();
             phases.push((channels, phase));
         }

@@ -227,3 +227,89 @@ pub fn spread(xs: &[f64]) -> (f64, f64, f64) {
     };
     (v[0], med, v[v.len() - 1])
 }
+
+/// The port B's channel set listens on for [`StreamSink`] (raw channels read through
+/// `ChannelStream`).
+pub const RAW_STREAM_PORT: u16 = 9101;
+
+/// A drain like `bed::ChannelSink`, but reading each channel through a `ChannelStream`
+/// into a 64 KiB buffer (a copy, as an application reading a byte stream makes).
+pub struct StreamSink {
+    bad: Arc<std::sync::atomic::AtomicU64>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl StreamSink {
+    /// Drains the channels `listener` accepts, expecting `expected` bytes on each.
+    pub fn start(
+        listener: netchannel::netdriver::channel::ChannelListener,
+        expected: u64,
+    ) -> StreamSink {
+        use netchannel::netdriver::channel::{ChannelError, ChannelStream};
+        use std::io::Read;
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let bad = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (b, halt) = (bad.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 << 10];
+            while !halt.load(Ordering::Relaxed) {
+                let ch = match listener.accept_timeout(Duration::from_millis(100)) {
+                    Ok((ch, _)) => ch,
+                    Err(ChannelError::WouldBlockTimeout) => continue,
+                    Err(_) => break,
+                };
+                let mut s = ChannelStream::new(ch);
+                s.set_read_timeout(Some(Duration::from_secs(30)));
+                let mut got = 0u64;
+                let ok = loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => break true,
+                        Ok(n) => got += n as u64,
+                        Err(_) => break false,
+                    }
+                };
+                if ok && got == expected {
+                    let _ = s.shutdown_write();
+                } else {
+                    b.fetch_add(1, Ordering::Relaxed);
+                    s.channel().abort();
+                }
+            }
+        });
+        StreamSink { bad, stop, thread }
+    }
+
+    /// Stops the drain; panics if a transfer was bad.
+    pub fn stop(self) {
+        use std::sync::atomic::Ordering;
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("stream sink");
+        assert_eq!(
+            self.bad.load(Ordering::Relaxed),
+            0,
+            "bad channel-stream transfers"
+        );
+    }
+}
+
+/// One channel from `set` to `to` written through a `ChannelStream` in `block`-sized
+/// writes (each copied into a fresh chunk), `total` bytes; returns once the receiver's
+/// FIN arrived.
+pub fn stream_send(set: &ChannelSet, to: SocketAddrV4, block: &[u8], total: u64) {
+    use netchannel::netdriver::channel::ChannelStream;
+    use std::io::{Read, Write};
+    let mut s = ChannelStream::new(set.connect(to).expect("channel connect"));
+    s.set_read_timeout(Some(Duration::from_secs(30)));
+    s.set_write_timeout(Some(Duration::from_secs(30)));
+    let mut sent = 0u64;
+    while sent < total {
+        let n = (total - sent).min(block.len() as u64) as usize;
+        s.write_all(&block[..n]).expect("channel stream write");
+        sent += n as u64;
+    }
+    s.shutdown_write().expect("shutdown");
+    let mut rest = [0u8; 16];
+    assert_eq!(s.read(&mut rest).expect("wait for the receiver's FIN"), 0);
+}

@@ -458,7 +458,13 @@ pub struct Endpoint {
     connections: u32,
     next_ephemeral: u16,
     schedule_needed: bool,
+    /// Emptied chunk buffers of the maximum payload's capacity, for the deframers to reuse
+    /// (at most [`SPARE_BUFFERS`]).
+    spare: Vec<Vec<u8>>,
 }
+
+/// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
+const SPARE_BUFFERS: usize = 32;
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -491,6 +497,7 @@ impl Endpoint {
             connections: 0,
             next_ephemeral,
             schedule_needed: false,
+            spare: Vec::new(),
         })
     }
 
@@ -602,7 +609,7 @@ impl Endpoint {
             if ch.stalled.is_some() {
                 break;
             }
-            let (used, chunk) = match ch.deframer.feed(&bytes[consumed..]) {
+            let (used, chunk) = match ch.deframer.feed_pooled(&bytes[consumed..], &mut self.spare) {
                 Ok(r) => r,
                 Err(e) => {
                     self.handle_channel_lost(id);
@@ -831,7 +838,11 @@ impl Endpoint {
     /// the peer shut down its write side and everything before was read.
     /// [`Error::WouldBlock`] when nothing is readable yet ([`Event::Readable`] follows).
     pub fn recv(&mut self, id: SocketId, buf: &mut [u8]) -> Result<usize, Error> {
-        let s = self.live_socket(id)?;
+        let max = self.config.max_chunk_payload;
+        let s = match self.sockets.get_mut(&id) {
+            Some(s) if !s.detached => s,
+            _ => return Err(Error::InvalidSocket),
+        };
         if let State::Failed(e) = s.state {
             return Err(e);
         }
@@ -841,7 +852,7 @@ impl Endpoint {
         if buf.is_empty() {
             return Ok(0);
         }
-        let n = rx.read(buf);
+        let n = rx.read_recycling(buf, &mut self.spare, SPARE_BUFFERS, max);
         if n == 0 {
             return if s.at_eof() {
                 Ok(0)

@@ -191,6 +191,18 @@ impl ReorderBuffer {
 
     /// Copies in-order bytes into `buf`, returning how many.
     pub fn read(&mut self, buf: &mut [u8]) -> usize {
+        self.read_recycling(buf, &mut Vec::new(), 0, 0)
+    }
+
+    /// [`read`](Self::read), moving the chunk buffers it empties (cleared) to `spare`
+    /// while `spare` holds fewer than `keep` and they have at least `min_capacity`.
+    pub fn read_recycling(
+        &mut self,
+        buf: &mut [u8],
+        spare: &mut Vec<Vec<u8>>,
+        keep: usize,
+        min_capacity: usize,
+    ) -> usize {
         let n = buf.len().min(self.ready_len);
         let mut done = 0;
         while done < n {
@@ -200,8 +212,13 @@ impl ReorderBuffer {
             done += k;
             self.head += k;
             if self.head == front.len() {
-                self.ready.pop_front();
+                let done = self.ready.pop_front().expect("front exists");
                 self.head = 0;
+                if spare.len() < keep && done.capacity() >= min_capacity {
+                    let mut done = done;
+                    done.clear();
+                    spare.push(done);
+                }
             }
         }
         self.ready_len -= n;
@@ -230,6 +247,24 @@ mod tests {
         assert_eq!(r.read(&mut buf), 15);
         assert_eq!(&buf[..15], b"abcdefghijklmno");
         assert_eq!(r.read_seq(), start.plus(15));
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn reading_recycles_emptied_buffers() {
+        let mut r = ReorderBuffer::new(Seq(0), 1 << 16);
+        r.insert_vec(Seq(0), vec![1; 5000]).unwrap();
+        r.insert_vec(Seq(5000), vec![2; 5000]).unwrap();
+        let mut spare = Vec::new();
+        let mut buf = vec![0; 6000];
+        assert_eq!(r.read_recycling(&mut buf, &mut spare, 4, 4096), 6000);
+        assert_eq!(&buf[..5000], &[1; 5000][..]);
+        assert_eq!(&buf[5000..], &[2; 1000][..]);
+        // The first buffer was emptied and recycled (cleared), the second is still read.
+        assert_eq!(spare.len(), 1);
+        assert!(spare[0].is_empty() && spare[0].capacity() >= 5000);
+        assert_eq!(r.read_recycling(&mut buf, &mut spare, 1, 4096), 4000);
+        assert_eq!(spare.len(), 1, "keeps at most `keep`");
         assert!(r.is_empty());
     }
 
