@@ -109,6 +109,35 @@ impl Wake for Signal {
     }
 }
 
+/// The waker channels hold for their received bytes: wakes the driver and, at the same
+/// time, the task that last waited to read, which then pulls the bytes from the channels
+/// itself ([`Core::pull`]) instead of waiting for the driver to do it and wake them:
+/// one thread hand-off less on the receive path. The driver stays the fallback (it is
+/// always woken), so a reader that never runs again loses nothing.
+pub(crate) struct RxSignal {
+    signal: Arc<Signal>,
+    readers: Mutex<Vec<Waker>>,
+}
+
+/// Most reader wakers an [`RxSignal`] holds (more wait for the driver's wake-up).
+const MAX_RX_READERS: usize = 64;
+
+impl Wake for RxSignal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.signal.notify();
+        // One reader is enough: it feeds every socket's bytes to the endpoint and wakes
+        // the other readers whose sockets became readable (no thundering herd).
+        let reader = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        if let Some(w) = reader {
+            w.wake();
+        }
+    }
+}
+
 /// Settings the driver and the application calls need.
 #[derive(Debug, Clone)]
 pub(crate) struct CoreConfig {
@@ -123,6 +152,7 @@ pub(crate) struct CoreConfig {
 pub(crate) struct Core {
     state: Mutex<State>,
     pub(crate) signal: Arc<Signal>,
+    rx: Arc<RxSignal>,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) config: CoreConfig,
 }
@@ -191,11 +221,18 @@ pub(crate) struct State {
     /// Scratch space of [`State::transmit_all`]: the batch being gathered, channel ids.
     tx_buf: Vec<u8>,
     ids: Vec<ChannelId>,
+    /// Channel chunks fed to the endpoint so far.
+    received: u64,
 }
 
 impl Core {
     pub(crate) fn new(ep: Endpoint, backend: Arc<dyn Backend>, config: CoreConfig) -> Core {
+        let signal = Arc::new(Signal::default());
         Core {
+            rx: Arc::new(RxSignal {
+                signal: signal.clone(),
+                readers: Mutex::new(Vec::new()),
+            }),
             state: Mutex::new(State {
                 ep,
                 chans: BTreeMap::new(),
@@ -211,8 +248,9 @@ impl Core {
                 stopped: false,
                 tx_buf: Vec::with_capacity(SMALL_BATCH),
                 ids: Vec::new(),
+                received: 0,
             }),
-            signal: Arc::new(Signal::default()),
+            signal,
             backend,
             config,
         }
@@ -376,11 +414,41 @@ impl Core {
         }
     }
 
+    /// A reader found nothing to read: feeds what the channels hold to the endpoint from
+    /// the calling thread (the driver may not have run yet). Returns whether any channel
+    /// had bytes. The caller ends with [`Core::finish_call`] or [`Core::want_rx`].
+    pub(crate) fn pull(&self, st: &mut State) -> bool {
+        if st.stopped {
+            return false;
+        }
+        let rx_waker = Waker::from(self.rx.clone());
+        let mut rx_cx = Context::from_waker(&rx_waker);
+        let before = st.received;
+        if st.receive_all(&mut rx_cx) {
+            self.signal.notify();
+        }
+        st.received != before
+    }
+
+    /// Registers a task waiting to read for the next wake-up of a channel's receive side
+    /// (see [`RxSignal`]), then ends the call like [`Core::finish_call`].
+    pub(crate) fn want_rx(&self, st: MutexGuard<'_, State>, w: &Waker) {
+        {
+            let mut readers = self.rx.readers.lock().unwrap_or_else(|p| p.into_inner());
+            if readers.len() < MAX_RX_READERS && !readers.iter().any(|r| r.will_wake(w)) {
+                readers.push(w.clone());
+            }
+        }
+        self.finish_call(st);
+    }
+
     /// The driver thread's loop, until [`Signal::stop`].
     pub(crate) fn run(self: Arc<Self>, acceptor: Option<Box<dyn Acceptor>>) {
         let _ = self.signal.thread.set(std::thread::current());
         let waker = Waker::from(self.signal.clone());
         let mut cx = Context::from_waker(&waker);
+        let rx_waker = Waker::from(self.rx.clone());
+        let mut rx_cx = Context::from_waker(&rx_waker);
         let mut acceptor = acceptor;
         let mut wake = Vec::new();
         loop {
@@ -390,7 +458,7 @@ impl Core {
             }
             let (busy, deadline) = {
                 let mut st = self.lock();
-                let busy = st.round(&mut cx, &mut acceptor, &mut wake);
+                let busy = st.round(&mut cx, &mut rx_cx, &mut acceptor, &mut wake);
                 let deadline = st.expire(Instant::now(), &mut wake);
                 (busy, deadline)
             };
@@ -514,6 +582,7 @@ impl State {
     fn round(
         &mut self,
         cx: &mut Context<'_>,
+        rx_cx: &mut Context<'_>,
         acceptor: &mut Option<Box<dyn Acceptor>>,
         wake: &mut Vec<Waker>,
     ) -> bool {
@@ -562,16 +631,26 @@ impl State {
                 None => i += 1,
             }
         }
-        // Receive.
-        let ids: Vec<ChannelId> = self.chans.keys().copied().collect();
+        busy |= self.receive_all(rx_cx);
+        busy |= self.transmit_all(cx);
+        busy |= self.drain_events(wake);
+        busy
+    }
+
+    /// Feeds every channel's received chunks to the endpoint; returns whether work is left
+    /// over (a channel's round budget was used up).
+    fn receive_all(&mut self, rx_cx: &mut Context<'_>) -> bool {
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.clear();
+        ids.extend(self.chans.keys().copied());
+        let mut busy = false;
         for &id in &ids {
-            match self.receive(id, cx) {
+            match self.receive(id, rx_cx) {
                 Ok(more) => busy |= more,
                 Err(()) => self.lose_channel(id),
             }
         }
-        busy |= self.transmit_all(cx);
-        busy |= self.drain_events(wake);
+        self.ids = ids;
         busy
     }
 
@@ -629,6 +708,7 @@ impl State {
                     Poll::Pending => return Ok(false),
                 },
             };
+            self.received += 1;
             match self.ep.handle_chunk_bytes(id, &bytes) {
                 Ok(n) if n < bytes.len() => {
                     trace!(channel = %id, kept = bytes.len() - n, "channel reads paused");
