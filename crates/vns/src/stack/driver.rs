@@ -110,8 +110,8 @@ impl Wake for Signal {
 }
 
 /// The waker channels hold for their received bytes: wakes the driver and, at the same
-/// time, the task that last waited to read, which then pulls the bytes from the channels
-/// itself ([`Core::pull`]) instead of waiting for the driver to do it and wake them:
+/// time, the task that last waited to read (or to write, for credit), which then pulls the
+/// bytes from the channels itself ([`Core::pull`]) instead of waiting for the driver to do it and wake them:
 /// one thread hand-off less on the receive path. The driver stays the fallback (it is
 /// always woken), so a reader that never runs again loses nothing.
 pub(crate) struct RxSignal {
@@ -414,7 +414,8 @@ impl Core {
         }
     }
 
-    /// A reader found nothing to read: feeds what the channels hold to the endpoint from
+    /// A reader found nothing to read (or a writer no room): feeds what the channels hold
+    /// to the endpoint from
     /// the calling thread (the driver may not have run yet). Returns whether any channel
     /// had bytes. The caller ends with [`Core::finish_call`] or [`Core::want_rx`].
     pub(crate) fn pull(&self, st: &mut State) -> bool {
@@ -430,7 +431,21 @@ impl Core {
         st.received != before
     }
 
-    /// Registers a task waiting to read for the next wake-up of a channel's receive side
+    /// Moves the endpoint's output into the channels from the calling thread (chunks cut
+    /// from send buffers that new credit opened, see [`Core::finish_call`]).
+    pub(crate) fn flush(&self, st: &mut State) {
+        if st.stopped {
+            return;
+        }
+        let waker = Waker::from(self.signal.clone());
+        let mut cx = Context::from_waker(&waker);
+        if st.transmit_all(&mut cx) {
+            self.signal.notify();
+        }
+    }
+
+    /// Registers a task waiting to read (or to write: credit comes in on the receive
+    /// side) for the next wake-up of a channel's receive side
     /// (see [`RxSignal`]), then ends the call like [`Core::finish_call`].
     pub(crate) fn want_rx(&self, st: MutexGuard<'_, State>, w: &Waker) {
         {

@@ -81,19 +81,28 @@ impl StreamInner {
         if st.stopped {
             return Poll::Ready(Err(stopped_error()));
         }
-        match st.ep.send(self.sid, data) {
-            Ok(n) => {
-                // Sends what was written, from this thread.
-                core.finish_call(st);
-                Poll::Ready(Ok(n))
-            }
-            Err(Error::WouldBlock) => {
-                if let Some(w) = st.socks.get_mut(&self.sid) {
-                    w.write = Some(cx.waker().clone());
+        let mut pulled = false;
+        loop {
+            match st.ep.send(self.sid, data) {
+                Ok(n) => {
+                    // Sends what was written, from this thread.
+                    core.finish_call(st);
+                    return Poll::Ready(Ok(n));
                 }
-                Poll::Pending
+                // Take the credit updates the channels hold before waiting for the driver.
+                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => {
+                    pulled = true;
+                    core.flush(&mut st);
+                }
+                Err(Error::WouldBlock) => {
+                    if let Some(w) = st.socks.get_mut(&self.sid) {
+                        w.write = Some(cx.waker().clone());
+                    }
+                    core.want_rx(st, cx.waker());
+                    return Poll::Pending;
+                }
+                Err(e) => return Poll::Ready(Err(e.into())),
             }
-            Err(e) => Poll::Ready(Err(e.into())),
         }
     }
 
