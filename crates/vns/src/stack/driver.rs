@@ -3,14 +3,17 @@
 //!
 //! The endpoint, the channel table and the tasks' wakers live in one [`State`] behind one
 //! mutex ([`Core::lock`]). Application calls (`poll_read`, `poll_write`, ...) lock it,
-//! call the endpoint and [`Signal::notify`] the driver; the driver locks it once per round
-//! to accept channels, feed received chunks to [`Endpoint::handle_chunk_bytes`], push
-//! [`Endpoint::poll_transmit`] output into the channels, report channel loads and losses,
-//! and turn endpoint events into task wake-ups (after unlocking). With nothing to do it
-//! parks until a channel waker, an application call or a connect deadline wakes it: no
-//! busy polling. One lock is the simple, first version: it serialises application calls
-//! of different streams of a stack (each call is short: a copy into or out of a socket
-//! buffer).
+//! call the endpoint and end with [`Core::finish_call`], which moves the call's output
+//! into the channels from the calling thread. The driver locks it once per round to
+//! accept channels, feed received chunks to [`Endpoint::handle_chunk_bytes`], push
+//! [`Endpoint::poll_transmit_parts`] output into the channels, report channel loads and
+//! losses, and turn endpoint events into task wake-ups (after unlocking). With nothing to
+//! do it parks until a channel waker, an application call or a connect deadline wakes
+//! it: no busy polling. Readers and blocked writers also pull received bytes themselves
+//! ([`Core::pull`]), woken by the channels' receive waker ([`RxSignal`]) beside the
+//! driver, so the receive path usually skips the driver's hand-off. One lock is the
+//! simple, first version: it serialises application calls of different streams of a
+//! stack (each call is short: a copy into or out of a socket buffer).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
