@@ -27,6 +27,9 @@
 //! `NETCHANNEL_BENCH_ONLY` (comma-separated: run only the measurements whose name
 //! contains one of them, e.g. for `perf record`; ratios need both sides).
 //!
+//! Without `--bench` (`cargo test --all-targets`) it runs one round of 2 MiB transfers,
+//! as a smoke test.
+//!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
 //! `cargo bench -j1 --bench vns_goodput`
 
@@ -230,8 +233,13 @@ mod run {
     }
 
     pub fn main() {
-        let total: u64 = env_or("NETCHANNEL_BENCH_BYTES", 64u64 << 20);
-        let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", 5);
+        // `cargo test --all-targets`: one small round of each, as a smoke test.
+        let full = vns::bench_mode();
+        let total: u64 = env_or(
+            "NETCHANNEL_BENCH_BYTES",
+            if full { 64u64 << 20 } else { 2 << 20 },
+        );
+        let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", if full { 5 } else { 1 });
         let many: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 4);
         let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
         let on = |name: &str| only.split(',').any(|o| name.contains(o));

@@ -19,6 +19,9 @@
 //! measurement, default 20000), `NETCHANNEL_BENCH_ROUNDS` (default 4),
 //! `NETCHANNEL_BENCH_CHANNELS` (default 4).
 //!
+//! Without `--bench` (`cargo test --all-targets`) it takes 200 samples each, as a smoke
+//! test.
+//!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
 //! `cargo bench -j1 --bench vns_latency`
 
@@ -198,8 +201,11 @@ mod run {
     }
 
     pub fn main() {
-        let total: usize = env_or("NETCHANNEL_BENCH_SAMPLES", 20_000);
-        let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", 4).max(1);
+        // `cargo test --all-targets`: a few exchanges of each, as a smoke test.
+        let full = vns::bench_mode();
+        let total: usize = env_or("NETCHANNEL_BENCH_SAMPLES", if full { 20_000 } else { 200 });
+        let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", if full { 4 } else { 1 }).max(1);
+        let warm_up = if full { WARM_UP } else { 20 };
         let channels: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 4);
         let per_round = total.div_ceil(rounds);
         let bed = match TestBed::builder().queues(2).build() {
@@ -245,7 +251,7 @@ mod run {
         // 0. Nothing attached.
         let mut k0 = Samples::with_capacity(per_round * rounds);
         let s = kernel_stream(&bed);
-        let (s, _) = ping_pong(&rt, s, WARM_UP, Samples::default());
+        let (s, _) = ping_pong(&rt, s, warm_up, Samples::default());
         let (s, k0) = ping_pong(&rt, s, per_round * rounds, std::mem::take(&mut k0));
         drop(s);
 
@@ -279,10 +285,10 @@ mod run {
 
         let mut raw_s = Samples::with_capacity(per_round * rounds);
         let mut scratch = Samples::default();
-        channel_ping_pong(&raw, WARM_UP, &mut scratch);
-        let (mut vs, _) = ping_pong(&rt, vs, WARM_UP, Samples::default());
-        let (mut vl, _) = ping_pong(&rt, vl, WARM_UP, Samples::default());
-        let (mut ks, _) = ping_pong(&rt, ks, WARM_UP, Samples::default());
+        channel_ping_pong(&raw, warm_up, &mut scratch);
+        let (mut vs, _) = ping_pong(&rt, vs, warm_up, Samples::default());
+        let (mut vl, _) = ping_pong(&rt, vl, warm_up, Samples::default());
+        let (mut ks, _) = ping_pong(&rt, ks, warm_up, Samples::default());
         let mut vs_s = Samples::with_capacity(per_round * rounds);
         let mut vl_s = Samples::with_capacity(per_round * rounds);
         let mut ks_s = Samples::with_capacity(per_round * rounds);

@@ -26,6 +26,12 @@ pub const RAW_CHANNEL_PORT: u16 = 9100;
 /// The port of B's kernel TCP listener.
 pub const KERNEL_PORT: u16 = 7200;
 
+/// Whether the binary runs as a benchmark (`cargo bench` passes `--bench`); otherwise
+/// `cargo test --all-targets` runs it as a smoke test with small defaults.
+pub fn bench_mode() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
 /// A number from the environment, or `default`.
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
