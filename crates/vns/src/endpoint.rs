@@ -331,20 +331,48 @@ impl Socket {
 struct OutChunk {
     header: ChunkRepr,
     /// Shares the socket's send-buffer segment (no copy).
-    payload: Bytes,
+    payload: Piece,
     socket: Option<SocketId>,
 }
 
-/// A socket's send buffer: written bytes in segments of at most one chunk payload, so
-/// that cutting a chunk hands out a reference to the segment instead of a copy.
+/// A piece of a send buffer: payload bytes, perhaps preceded by room for their chunk
+/// header, so that header and payload leave as one `Bytes` without a copy.
+#[derive(Debug, Default)]
+struct Piece {
+    buf: BytesMut,
+    headroom: bool,
+}
+
+impl Piece {
+    fn data(&self) -> &[u8] {
+        if self.headroom {
+            &self.buf[HEADER_LEN..]
+        } else {
+            &self.buf
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.buf.len() - if self.headroom { HEADER_LEN } else { 0 }
+    }
+}
+
+/// A socket's send buffer: written bytes in segments of at most one chunk payload, each
+/// allocated with room for a chunk header in front, so that cutting a chunk hands out the
+/// segment (or a part of it) instead of a copy.
 #[derive(Debug, Default)]
 struct SendBuf {
     /// Filled segments, oldest first.
-    segs: VecDeque<Bytes>,
-    /// The segment being filled; it never grows past the capacity it was made with.
+    segs: VecDeque<Piece>,
+    /// The segment being filled (header room included once allocated); it never grows
+    /// past the capacity it was made with.
     tail: BytesMut,
     len: usize,
 }
+
+/// A partly filled segment taken with at most this many bytes (times the segment size)
+/// is copied out and its allocation kept for later writes; a fuller one goes as it is.
+const TAIL_MOVE_FRACTION: usize = 2;
 
 impl SendBuf {
     fn len(&self) -> usize {
@@ -359,42 +387,69 @@ impl SendBuf {
         *self = SendBuf::default();
     }
 
+    /// Bytes in the segment being filled.
+    fn tail_len(&self) -> usize {
+        self.tail.len().saturating_sub(HEADER_LEN)
+    }
+
     /// Appends (copies) `data`, in segments of `seg` bytes.
     fn push(&mut self, mut data: &[u8], seg: usize) {
         self.len += data.len();
         while !data.is_empty() {
-            if self.tail.len() == self.tail.capacity() {
-                if !self.tail.is_empty() {
-                    self.segs.push_back(self.tail.split().freeze());
-                }
-                self.tail = BytesMut::with_capacity(seg);
+            if self.tail.capacity() == 0 {
+                self.tail = BytesMut::with_capacity(HEADER_LEN + seg);
+                self.tail.extend_from_slice(&[0; HEADER_LEN]);
             }
             let n = (self.tail.capacity() - self.tail.len()).min(data.len());
             self.tail.extend_from_slice(&data[..n]);
             data = &data[n..];
-            if self.tail.len() >= seg {
-                self.segs.push_back(self.tail.split().freeze());
+            if self.tail_len() >= seg || self.tail.len() == self.tail.capacity() {
+                self.segs.push_back(Piece {
+                    buf: std::mem::take(&mut self.tail),
+                    headroom: true,
+                });
             }
         }
     }
 
     /// Takes at most `max` bytes (at least one when not empty) from the front, from one
     /// segment: a chunk shorter than `max` ends where a segment ends.
-    fn take(&mut self, max: usize) -> Bytes {
+    fn take(&mut self, max: usize, seg: usize) -> Piece {
         if self.segs.is_empty() {
-            if self.tail.is_empty() {
-                return Bytes::new();
+            let n = self.tail_len();
+            if n == 0 {
+                return Piece::default();
             }
-            // The partly filled segment goes as it is; later writes fill the rest of its
-            // allocation as a new segment.
-            let part = self.tail.split().freeze();
-            self.segs.push_back(part);
+            if n * TAIL_MOVE_FRACTION <= seg {
+                // A small partial segment: copy it out, keep the allocation for the next
+                // writes (no fresh allocation per small write).
+                let piece = BytesMut::from(&self.tail[HEADER_LEN..]);
+                self.tail.truncate(HEADER_LEN);
+                self.segs.push_back(Piece {
+                    buf: piece,
+                    headroom: false,
+                });
+            } else {
+                self.segs.push_back(Piece {
+                    buf: std::mem::take(&mut self.tail),
+                    headroom: true,
+                });
+            }
         }
         let front = self.segs.front_mut().expect("not empty");
         let out = if front.len() <= max {
             self.segs.pop_front().expect("not empty")
+        } else if front.headroom {
+            front.headroom = false;
+            Piece {
+                buf: front.buf.split_to(HEADER_LEN + max),
+                headroom: true,
+            }
         } else {
-            front.split_to(max)
+            Piece {
+                buf: front.buf.split_to(max),
+                headroom: false,
+            }
         };
         self.len -= out.len();
         out
@@ -633,7 +688,7 @@ impl Endpoint {
     /// scheduler here, so a channel that is not polled does not receive new chunks.
     pub fn poll_transmit(&mut self, id: ChannelId, out: &mut Vec<u8>) -> Option<usize> {
         let item = self.next_out(id)?;
-        item.header.emit_to_vec(&item.payload, out);
+        item.header.emit_to_vec(item.payload.data(), out);
         Some(item.header.wire_len())
     }
 
@@ -665,16 +720,25 @@ impl Endpoint {
         Some(item)
     }
 
-    /// [`Endpoint::poll_transmit`] without copying the payload: appends the next chunk's
-    /// header to `header` and returns its payload (empty for control chunks), which the
-    /// caller sends right after the header. `None` when nothing is queued for the channel.
+    /// [`Endpoint::poll_transmit`] without copying the payload: returns the next chunk's
+    /// payload as it sits in the socket's send buffer (empty for control chunks), which the
+    /// caller sends after what `header` holds. The chunk's header is either already in
+    /// front of the returned bytes (the send buffer keeps room for it) or appended to
+    /// `header`. `None` when nothing is queued for the channel.
     pub fn poll_transmit_parts(&mut self, id: ChannelId, header: &mut Vec<u8>) -> Option<Bytes> {
-        let item = self.next_out(id)?;
+        let mut item = self.next_out(id)?;
+        if item.payload.headroom {
+            // The segment has room for the header in front: one `Bytes`, no copy.
+            let buf = &mut item.payload.buf;
+            item.header
+                .emit(&mut ChunkPacket::new_unchecked(&mut buf[..HEADER_LEN]));
+            return Some(item.payload.buf.freeze());
+        }
         let at = header.len();
         header.resize(at + HEADER_LEN, 0);
         item.header
             .emit(&mut ChunkPacket::new_unchecked(&mut header[at..]));
-        Some(item.payload)
+        Some(item.payload.buf.freeze())
     }
 
     /// Whether any chunk waits for channel `id` (after scheduling).
@@ -1079,7 +1143,7 @@ impl Endpoint {
                 ch,
                 OutChunk {
                     header,
-                    payload: Bytes::new(),
+                    payload: Piece::default(),
                     socket: Some(sid),
                 },
             ),
@@ -1151,7 +1215,7 @@ impl Endpoint {
             return false;
         }
         let s = self.sockets.get_mut(&sid).expect("checked above");
-        let payload = s.send_buf.take(len);
+        let payload = s.send_buf.take(len, max);
         let len = payload.len();
         let header = ChunkRepr {
             src_port: s.key.local,
@@ -1318,7 +1382,7 @@ impl Endpoint {
             ch,
             OutChunk {
                 header,
-                payload: Bytes::new(),
+                payload: Piece::default(),
                 socket: None,
             },
         );
@@ -1365,7 +1429,7 @@ impl Endpoint {
             ch,
             OutChunk {
                 header,
-                payload: Bytes::new(),
+                payload: Piece::default(),
                 socket: Some(sid),
             },
         );
@@ -1603,16 +1667,20 @@ mod tests {
                     written.extend_from_slice(&data);
                 } else {
                     let before = b.len();
-                    let got = b.take(n);
+                    let got = b.take(n, seg);
                     prop_assert!(got.len() <= n.min(seg));
-                    prop_assert_eq!(got.is_empty(), before == 0);
+                    prop_assert_eq!(got.len() == 0, before == 0);
                     prop_assert_eq!(b.len(), before - got.len());
-                    taken.extend_from_slice(&got);
+                    prop_assert_eq!(got.data().len(), got.len());
+                    if got.headroom {
+                        prop_assert_eq!(got.buf.len(), HEADER_LEN + got.len());
+                    }
+                    taken.extend_from_slice(got.data());
                 }
                 prop_assert_eq!(b.len(), written.len() - taken.len());
             }
             while !b.is_empty() {
-                taken.extend_from_slice(&b.take(seg));
+                taken.extend_from_slice(b.take(seg, seg).data());
             }
             prop_assert_eq!(taken, written);
         }
