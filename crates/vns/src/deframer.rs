@@ -40,6 +40,11 @@ impl Deframer {
         }
     }
 
+    /// The largest payload accepted.
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+
     /// The error that poisoned this deframer, if any.
     pub fn poisoned(&self) -> Option<WireError> {
         self.poisoned
@@ -54,6 +59,19 @@ impl Deframer {
     /// were consumed and the chunk if one was completed; call again with the rest of the
     /// input. Consumes all of `input` when no chunk completes.
     pub fn feed(&mut self, input: &[u8]) -> Result<(usize, Option<Chunk>), WireError> {
+        self.feed_pooled(input, &mut Vec::new())
+    }
+
+    /// [`feed`](Self::feed), taking the buffer of a payload longer than half the maximum
+    /// from `spare` (buffers of at least the maximum payload's capacity, see
+    /// [`Deframer::max_payload`]) when it has one, or allocating it with that capacity so
+    /// that it can be recycled there after use: large chunks reuse warm memory instead of
+    /// a fresh allocation each.
+    pub fn feed_pooled(
+        &mut self,
+        input: &[u8],
+        spare: &mut Vec<Vec<u8>>,
+    ) -> Result<(usize, Option<Chunk>), WireError> {
         if let Some(e) = self.poisoned {
             return Err(e);
         }
@@ -77,7 +95,19 @@ impl Deframer {
                 return Err(self.poison(WireError::BadPayloadLength { ty: repr.ty, len }));
             }
             self.header_filled = 0;
-            self.current = Some((repr, Vec::with_capacity(len)));
+            let buf = if len > self.max_payload / 2 {
+                spare
+                    .pop()
+                    .filter(|b| b.capacity() >= self.max_payload)
+                    .map(|mut b| {
+                        b.clear();
+                        b
+                    })
+                    .unwrap_or_else(|| Vec::with_capacity(self.max_payload))
+            } else {
+                Vec::with_capacity(len)
+            };
+            self.current = Some((repr, buf));
         }
         let (repr, payload) = self.current.as_mut().expect("set above");
         let want = usize::from(repr.payload_len) - payload.len();
@@ -135,6 +165,34 @@ mod tests {
             input = &input[used..];
         }
         Ok(())
+    }
+
+    #[test]
+    fn large_payloads_reuse_spare_buffers() {
+        let mut d = Deframer::new(100);
+        let mut wire = Vec::new();
+        for (i, len) in [(1, 80), (2, 10), (3, 100)] {
+            let (repr, payload) = chunk(i, len);
+            repr.emit_to_vec(&payload, &mut wire);
+        }
+        let recycled = Vec::with_capacity(100);
+        let ptr = recycled.as_ptr();
+        let mut spare = vec![recycled];
+        let mut got = Vec::new();
+        let mut input = &wire[..];
+        while !input.is_empty() {
+            let (used, c) = d.feed_pooled(input, &mut spare).unwrap();
+            got.extend(c);
+            input = &input[used..];
+        }
+        // The first large payload took the spare buffer; the small one got its own, and
+        // the second large one a fresh buffer of the maximum capacity (recyclable).
+        assert!(spare.is_empty());
+        assert_eq!(got[0].payload.as_ptr(), ptr);
+        assert_eq!(got[0].payload, chunk(1, 80).1);
+        assert_eq!(got[1].payload, chunk(2, 10).1);
+        assert_eq!(got[2].payload, chunk(3, 100).1);
+        assert!(got[2].payload.capacity() >= 100);
     }
 
     proptest! {

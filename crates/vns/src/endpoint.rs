@@ -3,6 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::fmt;
 
+use bytes::{Bytes, BytesMut};
+
 use netsched::{AppClass, ChannelClass, ChannelId, ChannelStats, ChunkInfo, NetScheduler};
 use thiserror::Error;
 use tracing::{debug, trace, warn};
@@ -10,7 +12,7 @@ use tracing::{debug, trace, warn};
 use crate::deframer::{Chunk, Deframer};
 use crate::reorder::ReorderBuffer;
 use crate::response_queue::{ParkedChunk, ResponseQueue};
-use crate::wire::{ChunkRepr, ChunkType, Seq, WireError, MAX_PAYLOAD};
+use crate::wire::{ChunkPacket, ChunkRepr, ChunkType, Seq, WireError, HEADER_LEN, MAX_PAYLOAD};
 
 /// A remote host, numbered by the caller (the layer that creates channels to it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -260,7 +262,7 @@ struct Socket {
     detached: bool,
     channels_used: BTreeSet<ChannelId>,
     // Send side.
-    send_buf: VecDeque<u8>,
+    send_buf: SendBuf,
     next_seq: Seq,
     send_limit: Seq,
     peer_stopped: bool,
@@ -288,7 +290,7 @@ impl Socket {
             state: State::SynSent,
             detached: false,
             channels_used: BTreeSet::new(),
-            send_buf: VecDeque::new(),
+            send_buf: SendBuf::default(),
             next_seq: isn,
             send_limit: isn,
             peer_stopped: false,
@@ -337,8 +339,130 @@ impl Socket {
 #[derive(Debug)]
 struct OutChunk {
     header: ChunkRepr,
-    payload: Vec<u8>,
+    /// Shares the socket's send-buffer segment (no copy).
+    payload: Piece,
     socket: Option<SocketId>,
+}
+
+/// A piece of a send buffer: payload bytes, perhaps preceded by room for their chunk
+/// header, so that header and payload leave as one `Bytes` without a copy.
+#[derive(Debug, Default)]
+struct Piece {
+    buf: BytesMut,
+    headroom: bool,
+}
+
+impl Piece {
+    fn data(&self) -> &[u8] {
+        if self.headroom {
+            &self.buf[HEADER_LEN..]
+        } else {
+            &self.buf
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.buf.len() - if self.headroom { HEADER_LEN } else { 0 }
+    }
+}
+
+/// A socket's send buffer: written bytes in segments of at most one chunk payload, each
+/// allocated with room for a chunk header in front, so that cutting a chunk hands out the
+/// segment (or a part of it) instead of a copy.
+#[derive(Debug, Default)]
+struct SendBuf {
+    /// Filled segments, oldest first.
+    segs: VecDeque<Piece>,
+    /// The segment being filled (header room included once allocated); it never grows
+    /// past the capacity it was made with.
+    tail: BytesMut,
+    len: usize,
+}
+
+/// A partly filled segment taken with at most this many bytes (times the segment size)
+/// is copied out and its allocation kept for later writes; a fuller one goes as it is.
+const TAIL_MOVE_FRACTION: usize = 2;
+
+impl SendBuf {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn clear(&mut self) {
+        *self = SendBuf::default();
+    }
+
+    /// Bytes in the segment being filled.
+    fn tail_len(&self) -> usize {
+        self.tail.len().saturating_sub(HEADER_LEN)
+    }
+
+    /// Appends (copies) `data`, in segments of `seg` bytes.
+    fn push(&mut self, mut data: &[u8], seg: usize) {
+        self.len += data.len();
+        while !data.is_empty() {
+            if self.tail.capacity() == 0 {
+                self.tail = BytesMut::with_capacity(HEADER_LEN + seg);
+                self.tail.extend_from_slice(&[0; HEADER_LEN]);
+            }
+            let n = (self.tail.capacity() - self.tail.len()).min(data.len());
+            self.tail.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.tail_len() >= seg || self.tail.len() == self.tail.capacity() {
+                self.segs.push_back(Piece {
+                    buf: std::mem::take(&mut self.tail),
+                    headroom: true,
+                });
+            }
+        }
+    }
+
+    /// Takes at most `max` bytes (at least one when not empty) from the front, from one
+    /// segment: a chunk shorter than `max` ends where a segment ends.
+    fn take(&mut self, max: usize, seg: usize) -> Piece {
+        if self.segs.is_empty() {
+            let n = self.tail_len();
+            if n == 0 {
+                return Piece::default();
+            }
+            if n * TAIL_MOVE_FRACTION <= seg {
+                // A small partial segment: copy it out, keep the allocation for the next
+                // writes (no fresh allocation per small write).
+                let piece = BytesMut::from(&self.tail[HEADER_LEN..]);
+                self.tail.truncate(HEADER_LEN);
+                self.segs.push_back(Piece {
+                    buf: piece,
+                    headroom: false,
+                });
+            } else {
+                self.segs.push_back(Piece {
+                    buf: std::mem::take(&mut self.tail),
+                    headroom: true,
+                });
+            }
+        }
+        let front = self.segs.front_mut().expect("not empty");
+        let out = if front.len() <= max {
+            self.segs.pop_front().expect("not empty")
+        } else if front.headroom {
+            front.headroom = false;
+            Piece {
+                buf: front.buf.split_to(HEADER_LEN + max),
+                headroom: true,
+            }
+        } else {
+            Piece {
+                buf: front.buf.split_to(max),
+                headroom: false,
+            }
+        };
+        self.len -= out.len();
+        out
+    }
 }
 
 #[derive(Debug)]
@@ -398,7 +522,13 @@ pub struct Endpoint {
     connections: u32,
     next_ephemeral: u16,
     schedule_needed: bool,
+    /// Emptied chunk buffers of the maximum payload's capacity, for the deframers to reuse
+    /// (at most [`SPARE_BUFFERS`]).
+    spare: Vec<Vec<u8>>,
 }
+
+/// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
+const SPARE_BUFFERS: usize = 32;
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -431,6 +561,7 @@ impl Endpoint {
             connections: 0,
             next_ephemeral,
             schedule_needed: false,
+            spare: Vec::new(),
         })
     }
 
@@ -552,7 +683,7 @@ impl Endpoint {
             if ch.stalled.is_some() {
                 break;
             }
-            let (used, chunk) = match ch.deframer.feed(&bytes[consumed..]) {
+            let (used, chunk) = match ch.deframer.feed_pooled(&bytes[consumed..], &mut self.spare) {
                 Ok(r) => r,
                 Err(e) => {
                     self.handle_channel_lost(id);
@@ -575,6 +706,13 @@ impl Endpoint {
     /// call, while the channel can take more bytes; data is assigned to channels by the
     /// scheduler here, so a channel that is not polled does not receive new chunks.
     pub fn poll_transmit(&mut self, id: ChannelId, out: &mut Vec<u8>) -> Option<usize> {
+        let item = self.next_out(id)?;
+        item.header.emit_to_vec(item.payload.data(), out);
+        Some(item.header.wire_len())
+    }
+
+    /// The next chunk for channel `id`, its credit field filled in.
+    fn next_out(&mut self, id: ChannelId) -> Option<OutChunk> {
         if self.schedule_needed {
             self.schedule();
         }
@@ -598,8 +736,28 @@ impl Endpoint {
             }
         }
         trace!(channel = %id, ty = ?item.header.ty, seq = %item.header.seq, len = item.header.payload_len, "tx chunk");
-        item.header.emit_to_vec(&item.payload, out);
-        Some(item.header.wire_len())
+        Some(item)
+    }
+
+    /// [`Endpoint::poll_transmit`] without copying the payload: returns the next chunk's
+    /// payload as it sits in the socket's send buffer (empty for control chunks), which the
+    /// caller sends after what `header` holds. The chunk's header is either already in
+    /// front of the returned bytes (the send buffer keeps room for it) or appended to
+    /// `header`. `None` when nothing is queued for the channel.
+    pub fn poll_transmit_parts(&mut self, id: ChannelId, header: &mut Vec<u8>) -> Option<Bytes> {
+        let mut item = self.next_out(id)?;
+        if item.payload.headroom {
+            // The segment has room for the header in front: one `Bytes`, no copy.
+            let buf = &mut item.payload.buf;
+            item.header
+                .emit(&mut ChunkPacket::new_unchecked(&mut buf[..HEADER_LEN]));
+            return Some(item.payload.buf.freeze());
+        }
+        let at = header.len();
+        header.resize(at + HEADER_LEN, 0);
+        item.header
+            .emit(&mut ChunkPacket::new_unchecked(&mut header[at..]));
+        Some(item.payload.buf.freeze())
     }
 
     /// Whether any chunk waits for channel `id` (after scheduling).
@@ -753,6 +911,7 @@ impl Endpoint {
     /// ([`Event::Writable`] follows).
     pub fn send(&mut self, id: SocketId, data: &[u8]) -> Result<usize, Error> {
         let cap = self.config.send_buffer;
+        let seg = self.config.max_chunk_payload;
         let s = self.live_socket(id)?;
         if let State::Failed(e) = s.state {
             return Err(e);
@@ -768,7 +927,7 @@ impl Endpoint {
             s.write_blocked = true;
             return Err(Error::WouldBlock);
         }
-        s.send_buf.extend(&data[..n]);
+        s.send_buf.push(&data[..n], seg);
         self.schedule_needed = true;
         Ok(n)
     }
@@ -777,7 +936,11 @@ impl Endpoint {
     /// the peer shut down its write side and everything before was read.
     /// [`Error::WouldBlock`] when nothing is readable yet ([`Event::Readable`] follows).
     pub fn recv(&mut self, id: SocketId, buf: &mut [u8]) -> Result<usize, Error> {
-        let s = self.live_socket(id)?;
+        let max = self.config.max_chunk_payload;
+        let s = match self.sockets.get_mut(&id) {
+            Some(s) if !s.detached => s,
+            _ => return Err(Error::InvalidSocket),
+        };
         if let State::Failed(e) = s.state {
             return Err(e);
         }
@@ -787,7 +950,7 @@ impl Endpoint {
         if buf.is_empty() {
             return Ok(0);
         }
-        let n = rx.read(buf);
+        let n = rx.read_recycling(buf, &mut self.spare, SPARE_BUFFERS, max);
         if n == 0 {
             return if s.at_eof() {
                 Ok(0)
@@ -1014,7 +1177,7 @@ impl Endpoint {
                 ch,
                 OutChunk {
                     header,
-                    payload: Vec::new(),
+                    payload: Piece::default(),
                     socket: Some(sid),
                 },
             ),
@@ -1086,7 +1249,8 @@ impl Endpoint {
             return false;
         }
         let s = self.sockets.get_mut(&sid).expect("checked above");
-        let payload: Vec<u8> = s.send_buf.drain(..len).collect();
+        let payload = s.send_buf.take(len, max);
+        let len = payload.len();
         let header = ChunkRepr {
             src_port: s.key.local,
             dst_port: s.key.remote,
@@ -1252,7 +1416,7 @@ impl Endpoint {
             ch,
             OutChunk {
                 header,
-                payload: Vec::new(),
+                payload: Piece::default(),
                 socket: None,
             },
         );
@@ -1299,7 +1463,7 @@ impl Endpoint {
             ch,
             OutChunk {
                 header,
-                payload: Vec::new(),
+                payload: Piece::default(),
                 socket: Some(sid),
             },
         );
@@ -1395,7 +1559,7 @@ impl Endpoint {
             Placement::Insert => {
                 let s = self.sockets.get_mut(&sid).expect("exists");
                 let rx = s.rx.as_mut().expect("placement checked");
-                if rx.insert(chunk.header.seq, &chunk.payload).is_err() {
+                if rx.insert_vec(chunk.header.seq, chunk.payload).is_err() {
                     self.protocol_violation(sid, "overlapping data");
                     return;
                 }
@@ -1461,9 +1625,10 @@ impl Endpoint {
         let fitting = s.parked.take_where(|p| rx.fits(p.seq, p.payload.len()));
         let mut released = Vec::with_capacity(fitting.len());
         for p in fitting {
-            rx.insert(p.seq, &p.payload)
+            let n = p.payload.len();
+            rx.insert_vec(p.seq, p.payload)
                 .expect("fits and parked chunks never overlap");
-            released.push((p.channel, p.payload.len()));
+            released.push((p.channel, n));
         }
         if rx.readable() > 0 || s.at_eof() {
             self.push_event(Event::Readable(sid));
@@ -1510,5 +1675,48 @@ fn stats_of(id: ChannelId, c: &Channel) -> ChannelStats {
         class: c.class,
         queued_bytes: c.load.queued_bytes + c.outbox_bytes as u64,
         in_flight_bytes: c.load.in_flight_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the write and take sizes, the send buffer hands out exactly the bytes
+        /// written, in order, in pieces of 1..=max bytes that never cross a segment.
+        #[test]
+        fn send_buffer_hands_out_what_was_written(
+            seg in 1usize..300,
+            ops in proptest::collection::vec((any::<bool>(), 1usize..700), 1..60),
+        ) {
+            let mut b = SendBuf::default();
+            let (mut written, mut taken) = (Vec::new(), Vec::new());
+            let mut next = 0u8;
+            for (write, n) in ops {
+                if write {
+                    let data: Vec<u8> = (0..n).map(|_| { next = next.wrapping_add(1); next }).collect();
+                    b.push(&data, seg);
+                    written.extend_from_slice(&data);
+                } else {
+                    let before = b.len();
+                    let got = b.take(n, seg);
+                    prop_assert!(got.len() <= n.min(seg));
+                    prop_assert_eq!(got.len() == 0, before == 0);
+                    prop_assert_eq!(b.len(), before - got.len());
+                    prop_assert_eq!(got.data().len(), got.len());
+                    if got.headroom {
+                        prop_assert_eq!(got.buf.len(), HEADER_LEN + got.len());
+                    }
+                    taken.extend_from_slice(got.data());
+                }
+                prop_assert_eq!(b.len(), written.len() - taken.len());
+            }
+            while !b.is_empty() {
+                taken.extend_from_slice(b.take(seg, seg).data());
+            }
+            prop_assert_eq!(taken, written);
+        }
     }
 }

@@ -21,6 +21,9 @@ pub enum ReorderError {
     Overlap,
 }
 
+/// In-order pieces shorter than this are copied onto the previous piece.
+const SMALL_PIECE: usize = 2048;
+
 /// Holds one socket's received bytes until the application reads them, reordering chunks
 /// by sequence number.
 ///
@@ -36,8 +39,12 @@ pub struct ReorderBuffer {
     read_seq: Seq,
     /// Bytes read by the application so far; offsets below are relative to the stream start.
     read_offset: u64,
-    /// In-order bytes not yet read.
-    ready: VecDeque<u8>,
+    /// In-order bytes not yet read, as the chunks' own buffers (moved in, not copied);
+    /// the first `head` bytes of the front one were read already.
+    ready: VecDeque<Vec<u8>>,
+    head: usize,
+    /// Bytes in `ready` past `head`.
+    ready_len: usize,
     /// Out-of-order chunks, keyed by stream offset; they neither overlap each other nor
     /// `ready`.
     pending: BTreeMap<u64, Vec<u8>>,
@@ -57,6 +64,8 @@ impl ReorderBuffer {
             read_seq: start,
             read_offset: 0,
             ready: VecDeque::new(),
+            head: 0,
+            ready_len: 0,
             pending: BTreeMap::new(),
             pending_bytes: 0,
         }
@@ -69,7 +78,7 @@ impl ReorderBuffer {
 
     /// Bytes held now (in order and out of order); never more than [`Self::capacity`].
     pub fn len(&self) -> usize {
-        self.ready.len() + self.pending_bytes
+        self.ready_len + self.pending_bytes
     }
 
     /// Whether no byte is held.
@@ -79,7 +88,7 @@ impl ReorderBuffer {
 
     /// In-order bytes the application can read now.
     pub fn readable(&self) -> usize {
-        self.ready.len()
+        self.ready_len
     }
 
     /// Sequence number of the next byte the application will read.
@@ -89,7 +98,7 @@ impl ReorderBuffer {
 
     /// Sequence number just past the in-order bytes (the next byte needed for progress).
     pub fn contiguous_end(&self) -> Seq {
-        self.read_seq.plus(self.ready.len() as u32)
+        self.read_seq.plus(self.ready_len as u32)
     }
 
     /// Sequence number just past the window.
@@ -106,18 +115,67 @@ impl ReorderBuffer {
     /// Stores a chunk. Fails without storing anything if it is outside the window or
     /// overlaps bytes already held.
     pub fn insert(&mut self, seq: Seq, data: &[u8]) -> Result<(), ReorderError> {
-        let d = seq.since(self.read_seq);
-        if d < 0 || (d as u64) < self.ready.len() as u64 {
-            return Err(ReorderError::Stale);
-        }
-        if d as u64 + data.len() as u64 > self.capacity as u64 {
-            return Err(ReorderError::OutOfWindow);
-        }
+        self.check(seq, data.len())?;
+        self.insert_vec(seq, data.to_vec())
+    }
+
+    /// [`insert`](Self::insert) taking the chunk's buffer, which the reorder buffer keeps
+    /// instead of copying the bytes.
+    pub fn insert_vec(&mut self, seq: Seq, data: Vec<u8>) -> Result<(), ReorderError> {
+        let off = self.check(seq, data.len())?;
         if data.is_empty() {
             return Ok(());
         }
+        let contiguous = self.read_offset + self.ready_len as u64;
+        if off == contiguous {
+            self.push_ready(data);
+            while let Some(entry) = self.pending.first_entry() {
+                if *entry.key() != self.read_offset + self.ready_len as u64 {
+                    break;
+                }
+                let v = entry.remove();
+                self.pending_bytes -= v.len();
+                self.push_ready(v);
+            }
+        } else {
+            self.pending_bytes += data.len();
+            self.pending.insert(off, data);
+        }
+        debug_assert!(self.len() <= self.capacity);
+        Ok(())
+    }
+
+    /// Appends in-order bytes; small pieces are copied onto the last buffer, so that the
+    /// per-buffer overhead stays small next to the bytes held.
+    fn push_ready(&mut self, data: Vec<u8>) {
+        self.ready_len += data.len();
+        match self.ready.back_mut() {
+            // Only where that costs no reallocation of a large buffer.
+            Some(last)
+                if data.len() < SMALL_PIECE
+                    && (last.capacity() - last.len() >= data.len()
+                        || last.len() < 4 * SMALL_PIECE) =>
+            {
+                last.extend_from_slice(&data)
+            }
+            _ => self.ready.push_back(data),
+        }
+    }
+
+    /// Where a chunk of `len` bytes at `seq` would go (its stream offset), if it may.
+    fn check(&self, seq: Seq, len: usize) -> Result<u64, ReorderError> {
+        let d = seq.since(self.read_seq);
+        if d < 0 || (d as u64) < self.ready_len as u64 {
+            return Err(ReorderError::Stale);
+        }
+        if d as u64 + len as u64 > self.capacity as u64 {
+            return Err(ReorderError::OutOfWindow);
+        }
         let off = self.read_offset + d as u64;
-        let end = off + data.len() as u64;
+        if len == 0 {
+            return Ok(off);
+        }
+        let end = off + len as u64;
         if let Some((&k, v)) = self.pending.range(..=off).next_back() {
             if k + v.len() as u64 > off {
                 return Err(ReorderError::Overlap);
@@ -128,31 +186,42 @@ impl ReorderBuffer {
                 return Err(ReorderError::Overlap);
             }
         }
-        let contiguous = self.read_offset + self.ready.len() as u64;
-        if off == contiguous {
-            self.ready.extend(data);
-            while let Some(entry) = self.pending.first_entry() {
-                if *entry.key() != self.read_offset + self.ready.len() as u64 {
-                    break;
-                }
-                let v = entry.remove();
-                self.pending_bytes -= v.len();
-                self.ready.extend(v);
-            }
-        } else {
-            self.pending_bytes += data.len();
-            self.pending.insert(off, data.to_vec());
-        }
-        debug_assert!(self.len() <= self.capacity);
-        Ok(())
+        Ok(off)
     }
 
     /// Copies in-order bytes into `buf`, returning how many.
     pub fn read(&mut self, buf: &mut [u8]) -> usize {
-        let n = buf.len().min(self.ready.len());
-        for (dst, src) in buf.iter_mut().zip(self.ready.drain(..n)) {
-            *dst = src;
+        self.read_recycling(buf, &mut Vec::new(), 0, 0)
+    }
+
+    /// [`read`](Self::read), moving the chunk buffers it empties (cleared) to `spare`
+    /// while `spare` holds fewer than `keep` and they have at least `min_capacity`.
+    pub fn read_recycling(
+        &mut self,
+        buf: &mut [u8],
+        spare: &mut Vec<Vec<u8>>,
+        keep: usize,
+        min_capacity: usize,
+    ) -> usize {
+        let n = buf.len().min(self.ready_len);
+        let mut done = 0;
+        while done < n {
+            let front = self.ready.front().expect("ready_len counts these bytes");
+            let k = (front.len() - self.head).min(n - done);
+            buf[done..done + k].copy_from_slice(&front[self.head..self.head + k]);
+            done += k;
+            self.head += k;
+            if self.head == front.len() {
+                let done = self.ready.pop_front().expect("front exists");
+                self.head = 0;
+                if spare.len() < keep && done.capacity() >= min_capacity {
+                    let mut done = done;
+                    done.clear();
+                    spare.push(done);
+                }
+            }
         }
+        self.ready_len -= n;
         self.read_seq = self.read_seq.plus(n as u32);
         self.read_offset += n as u64;
         n
@@ -178,6 +247,24 @@ mod tests {
         assert_eq!(r.read(&mut buf), 15);
         assert_eq!(&buf[..15], b"abcdefghijklmno");
         assert_eq!(r.read_seq(), start.plus(15));
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn reading_recycles_emptied_buffers() {
+        let mut r = ReorderBuffer::new(Seq(0), 1 << 16);
+        r.insert_vec(Seq(0), vec![1; 5000]).unwrap();
+        r.insert_vec(Seq(5000), vec![2; 5000]).unwrap();
+        let mut spare = Vec::new();
+        let mut buf = vec![0; 6000];
+        assert_eq!(r.read_recycling(&mut buf, &mut spare, 4, 4096), 6000);
+        assert_eq!(&buf[..5000], &[1; 5000][..]);
+        assert_eq!(&buf[5000..], &[2; 1000][..]);
+        // The first buffer was emptied and recycled (cleared), the second is still read.
+        assert_eq!(spare.len(), 1);
+        assert!(spare[0].is_empty() && spare[0].capacity() >= 5000);
+        assert_eq!(r.read_recycling(&mut buf, &mut spare, 1, 4096), 4000);
+        assert_eq!(spare.len(), 1, "keeps at most `keep`");
         assert!(r.is_empty());
     }
 

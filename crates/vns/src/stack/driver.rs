@@ -3,16 +3,19 @@
 //!
 //! The endpoint, the channel table and the tasks' wakers live in one [`State`] behind one
 //! mutex ([`Core::lock`]). Application calls (`poll_read`, `poll_write`, ...) lock it,
-//! call the endpoint and [`Signal::notify`] the driver; the driver locks it once per round
-//! to accept channels, feed received chunks to [`Endpoint::handle_chunk_bytes`], push
-//! [`Endpoint::poll_transmit`] output into the channels, report channel loads and losses,
-//! and turn endpoint events into task wake-ups (after unlocking). With nothing to do it
-//! parks until a channel waker, an application call or a connect deadline wakes it: no
-//! busy polling. One lock is the simple, first version: it serialises application calls
-//! of different streams of a stack (each call is short: a copy into or out of a socket
-//! buffer).
+//! call the endpoint and end with [`Core::finish_call`], which moves the call's output
+//! into the channels from the calling thread. The driver locks it once per round to
+//! accept channels, feed received chunks to [`Endpoint::handle_chunk_bytes`], push
+//! [`Endpoint::poll_transmit_parts`] output into the channels, report channel loads and
+//! losses, and turn endpoint events into task wake-ups (after unlocking). With nothing to
+//! do it parks until a channel waker, an application call or a connect deadline wakes
+//! it: no busy polling. Readers and blocked writers also pull received bytes themselves
+//! ([`Core::pull`]), woken by the channels' receive waker ([`RxSignal`]) beside the
+//! driver, so the receive path usually skips the driver's hand-off. One lock is the
+//! simple, first version: it serialises application calls of different streams of a
+//! stack (each call is short: a copy into or out of a socket buffer).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,13 +31,20 @@ use tracing::{debug, trace, warn};
 
 use super::backend::{Acceptor, Backend, BoxedTransport};
 use crate::endpoint::{ChannelLoad, Endpoint, Event, PeerId, SocketId};
+use crate::wire::HEADER_LEN;
 
-/// Bytes of `poll_transmit` output gathered into one channel chunk.
+/// Bytes of `poll_transmit` output gathered per batch (headers, small chunks and the
+/// large payloads enqueued beside them).
 const TX_BATCH: usize = 256 * 1024;
+/// Payloads up to this size are copied into the batch beside their header; larger ones
+/// are enqueued as they are (shared with the socket's send buffer).
+const INLINE_PAYLOAD: usize = 4 * 1024;
+/// Batches up to this size are copied out of the driver's batch buffer, which is kept.
+const SMALL_BATCH: usize = 16 * 1024;
 /// Chunks read from one channel per driver round (fairness between channels and with
 /// application calls, which wait for the lock).
 const RX_BUDGET: usize = 64;
-/// Batches written to one channel per driver round.
+/// Batches written to one channel per driver round (in bytes: `TX_BUDGET * TX_BATCH`).
 const TX_BUDGET: usize = 16;
 
 /// The first bytes on every channel a stack opens: magic, version, channel class, two
@@ -102,6 +112,35 @@ impl Wake for Signal {
     }
 }
 
+/// The waker channels hold for their received bytes: wakes the driver and, at the same
+/// time, the task that last waited to read (or to write, for credit), which then pulls the
+/// bytes from the channels itself ([`Core::pull`]) instead of waiting for the driver to do it and wake them:
+/// one thread hand-off less on the receive path. The driver stays the fallback (it is
+/// always woken), so a reader that never runs again loses nothing.
+pub(crate) struct RxSignal {
+    signal: Arc<Signal>,
+    readers: Mutex<Vec<Waker>>,
+}
+
+/// Most reader wakers an [`RxSignal`] holds (more wait for the driver's wake-up).
+const MAX_RX_READERS: usize = 64;
+
+impl Wake for RxSignal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.signal.notify();
+        // One reader is enough: it feeds every socket's bytes to the endpoint and wakes
+        // the other readers whose sockets became readable (no thundering herd).
+        let reader = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        if let Some(w) = reader {
+            w.wake();
+        }
+    }
+}
+
 /// Settings the driver and the application calls need.
 #[derive(Debug, Clone)]
 pub(crate) struct CoreConfig {
@@ -116,6 +155,7 @@ pub(crate) struct CoreConfig {
 pub(crate) struct Core {
     state: Mutex<State>,
     pub(crate) signal: Arc<Signal>,
+    rx: Arc<RxSignal>,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) config: CoreConfig,
 }
@@ -155,7 +195,9 @@ struct ChanIo {
     peer: Ipv4Addr,
     class: ChannelClass,
     rx_pending: Option<Bytes>,
-    tx_pending: Option<Bytes>,
+    /// Batches the channel refused (full), sent before anything new; with their length.
+    tx_pending: VecDeque<Bytes>,
+    tx_pending_bytes: usize,
 }
 
 struct Incoming {
@@ -182,11 +224,21 @@ pub(crate) struct State {
     /// Plain-TCP channels closed gracefully whose streams are gone, watched until their
     /// bytes and FIN are acknowledged.
     closing_plain: Vec<BoxedTransport>,
+    /// Scratch space of [`State::transmit_all`]: the batch being gathered, channel ids.
+    tx_buf: Vec<u8>,
+    ids: Vec<ChannelId>,
+    /// Channel chunks fed to the endpoint so far.
+    received: u64,
 }
 
 impl Core {
     pub(crate) fn new(ep: Endpoint, backend: Arc<dyn Backend>, config: CoreConfig) -> Core {
+        let signal = Arc::new(Signal::default());
         Core {
+            rx: Arc::new(RxSignal {
+                signal: signal.clone(),
+                readers: Mutex::new(Vec::new()),
+            }),
             state: Mutex::new(State {
                 ep,
                 chans: BTreeMap::new(),
@@ -201,8 +253,11 @@ impl Core {
                 deadlines: BTreeMap::new(),
                 stopped: false,
                 closing_plain: Vec::new(),
+                tx_buf: Vec::with_capacity(SMALL_BATCH),
+                ids: Vec::new(),
+                received: 0,
             }),
-            signal: Arc::new(Signal::default()),
+            signal,
             backend,
             config,
         }
@@ -344,13 +399,79 @@ impl Core {
         waiters.into_iter().for_each(Waker::wake);
     }
 
+    /// Ends an application call that changed the endpoint, given the stack's lock: moves
+    /// what the call queued (data, a credit update) into the channels from the calling
+    /// thread, so that it does not wait for the driver to wake up; wakes the tasks whose
+    /// sockets became ready; and wakes the driver only for work left over (a channel's
+    /// round budget used up, channel reads to resume). A full channel wakes the driver
+    /// through its own waker when it has room again.
+    pub(crate) fn finish_call(&self, mut st: MutexGuard<'_, State>) {
+        if st.stopped {
+            return;
+        }
+        let waker = Waker::from(self.signal.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut wake = Vec::new();
+        let mut more = st.transmit_all(&mut cx);
+        more |= st.drain_events(&mut wake);
+        drop(st);
+        wake.into_iter().for_each(Waker::wake);
+        if more {
+            self.signal.notify();
+        }
+    }
+
+    /// A reader found nothing to read (or a writer no room): feeds what the channels hold
+    /// to the endpoint from
+    /// the calling thread (the driver may not have run yet). Returns whether any channel
+    /// had bytes. The caller ends with [`Core::finish_call`] or [`Core::want_rx`].
+    pub(crate) fn pull(&self, st: &mut State) -> bool {
+        if st.stopped {
+            return false;
+        }
+        let rx_waker = Waker::from(self.rx.clone());
+        let mut rx_cx = Context::from_waker(&rx_waker);
+        let before = st.received;
+        if st.receive_all(&mut rx_cx) {
+            self.signal.notify();
+        }
+        st.received != before
+    }
+
+    /// Moves the endpoint's output into the channels from the calling thread (chunks cut
+    /// from send buffers that new credit opened, see [`Core::finish_call`]).
+    pub(crate) fn flush(&self, st: &mut State) {
+        if st.stopped {
+            return;
+        }
+        let waker = Waker::from(self.signal.clone());
+        let mut cx = Context::from_waker(&waker);
+        if st.transmit_all(&mut cx) {
+            self.signal.notify();
+        }
+    }
+
+    /// Registers a task waiting to read (or to write: credit comes in on the receive
+    /// side) for the next wake-up of a channel's receive side
+    /// (see [`RxSignal`]), then ends the call like [`Core::finish_call`].
+    pub(crate) fn want_rx(&self, st: MutexGuard<'_, State>, w: &Waker) {
+        {
+            let mut readers = self.rx.readers.lock().unwrap_or_else(|p| p.into_inner());
+            if readers.len() < MAX_RX_READERS && !readers.iter().any(|r| r.will_wake(w)) {
+                readers.push(w.clone());
+            }
+        }
+        self.finish_call(st);
+    }
+
     /// The driver thread's loop, until [`Signal::stop`].
     pub(crate) fn run(self: Arc<Self>, acceptor: Option<Box<dyn Acceptor>>) {
         let _ = self.signal.thread.set(std::thread::current());
         let waker = Waker::from(self.signal.clone());
         let mut cx = Context::from_waker(&waker);
+        let rx_waker = Waker::from(self.rx.clone());
+        let mut rx_cx = Context::from_waker(&rx_waker);
         let mut acceptor = acceptor;
-        let mut buf = Vec::new();
         let mut wake = Vec::new();
         loop {
             self.signal.notified.store(false, Ordering::SeqCst);
@@ -359,7 +480,7 @@ impl Core {
             }
             let (busy, deadline) = {
                 let mut st = self.lock();
-                let busy = st.round(&mut cx, &mut acceptor, &mut buf, &mut wake);
+                let busy = st.round(&mut cx, &mut rx_cx, &mut acceptor, &mut wake);
                 let deadline = st.expire(Instant::now(), &mut wake);
                 (busy, deadline)
             };
@@ -459,7 +580,8 @@ impl State {
                 peer: ip,
                 class,
                 rx_pending: None,
-                tx_pending: None,
+                tx_pending: VecDeque::new(),
+                tx_pending_bytes: 0,
             },
         );
     }
@@ -482,8 +604,8 @@ impl State {
     fn round(
         &mut self,
         cx: &mut Context<'_>,
+        rx_cx: &mut Context<'_>,
         acceptor: &mut Option<Box<dyn Acceptor>>,
-        buf: &mut Vec<u8>,
         wake: &mut Vec<Waker>,
     ) -> bool {
         let mut busy = false;
@@ -531,22 +653,45 @@ impl State {
                 None => i += 1,
             }
         }
-        // Receive.
-        let ids: Vec<ChannelId> = self.chans.keys().copied().collect();
-        for &id in &ids {
-            match self.receive(id, cx) {
-                Ok(more) => busy |= more,
-                Err(()) => self.lose_channel(id),
-            }
-        }
-        // Transmit.
-        for &id in &ids {
-            match self.transmit(id, cx, buf) {
-                Ok(more) => busy |= more,
-                Err(()) => self.lose_channel(id),
-            }
-        }
+        busy |= self.receive_all(rx_cx);
+        busy |= self.transmit_all(cx);
         busy |= self.drain_events(wake);
+        busy
+    }
+
+    /// Feeds every channel's received chunks to the endpoint; returns whether work is left
+    /// over (a channel's round budget was used up).
+    fn receive_all(&mut self, rx_cx: &mut Context<'_>) -> bool {
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.clear();
+        ids.extend(self.chans.keys().copied());
+        let mut busy = false;
+        for &id in &ids {
+            match self.receive(id, rx_cx) {
+                Ok(more) => busy |= more,
+                Err(()) => self.lose_channel(id),
+            }
+        }
+        self.ids = ids;
+        busy
+    }
+
+    /// Moves the endpoint's output into every channel; returns whether work is left over
+    /// (a channel's round budget was used up).
+    fn transmit_all(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.clear();
+        ids.extend(self.chans.keys().copied());
+        let mut buf = std::mem::take(&mut self.tx_buf);
+        let mut busy = false;
+        for &id in &ids {
+            match self.transmit(id, cx, &mut buf) {
+                Ok(more) => busy |= more,
+                Err(()) => self.lose_channel(id),
+            }
+        }
+        self.tx_buf = buf;
+        self.ids = ids;
         busy
     }
 
@@ -585,6 +730,7 @@ impl State {
                     Poll::Pending => return Ok(false),
                 },
             };
+            self.received += 1;
             match self.ep.handle_chunk_bytes(id, &bytes) {
                 Ok(n) if n < bytes.len() => {
                     trace!(channel = %id, kept = bytes.len() - n, "channel reads paused");
@@ -602,63 +748,86 @@ impl State {
     }
 
     /// Moves the endpoint's chunks for a channel into it. `Err` when the channel is gone.
+    ///
+    /// Headers and small chunks are gathered into `buf` and enqueued as one `Bytes`; a
+    /// large payload is enqueued as the `Bytes` the endpoint hands out (a reference to the
+    /// socket's send-buffer segment), right after the batch holding its header: no copy.
     fn transmit(
         &mut self,
         id: ChannelId,
         cx: &mut Context<'_>,
         buf: &mut Vec<u8>,
     ) -> Result<bool, ()> {
-        let mut more = true;
-        for _ in 0..TX_BUDGET {
+        let mut more = false;
+        let mut budget = TX_BUDGET * TX_BATCH;
+        loop {
             let c = self.chans.get_mut(&id).ok_or(())?;
-            let stats = c.t.stats();
-            let pending = c.tx_pending.as_ref().map_or(0, Bytes::len);
-            let load = ChannelLoad {
-                queued_bytes: (stats.tx_queued + pending) as u64,
-                in_flight_bytes: stats.tx_tcp_queued as u64,
-            };
-            let chunk = match c.tx_pending.take() {
-                Some(b) => b,
-                None => {
-                    let _ = self.ep.set_channel_load(id, load);
-                    buf.clear();
-                    while buf.len() < TX_BATCH && self.ep.poll_transmit(id, buf).is_some() {}
-                    if buf.is_empty() {
-                        more = false;
-                        break;
-                    }
-                    Bytes::from(std::mem::take(buf))
-                }
-            };
-            let c = self.chans.get_mut(&id).ok_or(())?;
-            match c.t.enqueue(chunk) {
-                Ok(()) => {}
-                Err(EnqueueError::Full(b)) => {
-                    c.tx_pending = Some(b);
-                    match c.t.poll_enqueue_ready(cx) {
-                        Poll::Ready(Ok(())) => continue,
-                        Poll::Ready(Err(e)) => return lost(id, e),
-                        Poll::Pending => {
-                            more = false;
-                            break;
+            // What the channel refused before goes first, in order.
+            while let Some(b) = c.tx_pending.pop_front() {
+                let n = b.len();
+                match c.t.enqueue(b) {
+                    Ok(()) => c.tx_pending_bytes -= n,
+                    Err(EnqueueError::Full(b)) => {
+                        c.tx_pending.push_front(b);
+                        match c.t.poll_enqueue_ready(cx) {
+                            Poll::Ready(Ok(())) => continue,
+                            Poll::Ready(Err(e)) => return lost(id, e),
+                            Poll::Pending => {
+                                self.report_load(id);
+                                return Ok(false);
+                            }
                         }
                     }
+                    Err(EnqueueError::Closed(e)) => return lost(id, e),
                 }
-                Err(EnqueueError::Closed(e)) => return lost(id, e),
             }
+            if budget == 0 {
+                more = true;
+                break;
+            }
+            self.report_load(id);
+            // Gather the next batch.
+            buf.clear();
+            let mut gathered = 0;
+            while gathered < TX_BATCH {
+                let Some(payload) = self.ep.poll_transmit_parts(id, buf) else {
+                    break;
+                };
+                if payload.len() <= INLINE_PAYLOAD {
+                    buf.extend_from_slice(&payload);
+                    gathered += HEADER_LEN + payload.len();
+                    continue;
+                }
+                gathered += HEADER_LEN + payload.len();
+                let c = self.chans.get_mut(&id).ok_or(())?;
+                c.push_pending(take_batch(buf));
+                c.push_pending(payload);
+            }
+            let c = self.chans.get_mut(&id).ok_or(())?;
+            if !buf.is_empty() {
+                c.push_pending(take_batch(buf));
+            }
+            if gathered == 0 {
+                break;
+            }
+            budget = budget.saturating_sub(gathered);
         }
+        self.report_load(id);
+        Ok(more)
+    }
+
+    /// Tells the endpoint how much the channel holds (its queue and our refused batches).
+    fn report_load(&mut self, id: ChannelId) {
         if let Some(c) = self.chans.get(&id) {
             let stats = c.t.stats();
-            let pending = c.tx_pending.as_ref().map_or(0, Bytes::len);
             let _ = self.ep.set_channel_load(
                 id,
                 ChannelLoad {
-                    queued_bytes: (stats.tx_queued + pending) as u64,
+                    queued_bytes: (stats.tx_queued + c.tx_pending_bytes) as u64,
                     in_flight_bytes: stats.tx_tcp_queued as u64,
                 },
             );
         }
-        Ok(more)
     }
 
     /// Turns endpoint events into wake-ups; returns whether a paused channel resumed.
@@ -740,7 +909,7 @@ impl State {
     pub(crate) fn pending_tx_bytes(&mut self) -> usize {
         let mut n = self.ep.pending_tx_bytes();
         for c in self.chans.values() {
-            n += c.tx_pending.as_ref().map_or(0, Bytes::len) + channel_pending(c.t.as_ref());
+            n += c.tx_pending_bytes + channel_pending(c.t.as_ref());
         }
         self.closing_plain.retain(|t| {
             let p = channel_pending(t.as_ref());
@@ -760,6 +929,27 @@ impl State {
 fn channel_pending(t: &dyn ChannelTransport) -> usize {
     let s = t.stats();
     s.tx_queued + s.tx_tcp_queued.max(s.bytes_in_flight)
+}
+
+impl ChanIo {
+    fn push_pending(&mut self, b: Bytes) {
+        if !b.is_empty() {
+            self.tx_pending_bytes += b.len();
+            self.tx_pending.push_back(b);
+        }
+    }
+}
+
+/// The gathered batch as `Bytes`: small ones are copied (the buffer is kept), larger ones
+/// handed over.
+fn take_batch(buf: &mut Vec<u8>) -> Bytes {
+    if buf.len() <= SMALL_BATCH {
+        let b = Bytes::copy_from_slice(buf);
+        buf.clear();
+        b
+    } else {
+        Bytes::from(std::mem::replace(buf, Vec::with_capacity(SMALL_BATCH)))
+    }
 }
 
 fn lost(id: ChannelId, e: ChannelError) -> Result<bool, ()> {

@@ -19,7 +19,9 @@
 //!   says so, the last resort of head-of-line protection), pushes the endpoint's output
 //!   to the channels the [scheduler](netsched) picked, reports channel loads and losses,
 //!   fails connects past their deadline and wakes the tasks waiting on sockets. It sleeps
-//!   when idle, woken by channel wakers and application calls. **One lock** guards the
+//!   when idle, woken by channel wakers and application calls. Application calls move their
+//!   own output into the channels, and readers pull received bytes themselves, so the
+//!   driver is off the data path most of the time (see `driver.rs`). **One lock** guards the
 //!   endpoint: application calls of all streams of a stack serialise on it (each is one
 //!   short copy); sharding it is future work.
 //! - On the first `connect` to a host, a helper thread opens the configured number of

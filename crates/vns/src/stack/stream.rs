@@ -50,24 +50,28 @@ impl StreamInner {
     fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let core = self.stack.core();
         let mut st = core.lock();
-        let dst = buf.initialize_unfilled();
-        match st.ep.recv(self.sid, dst) {
-            Ok(n) => {
-                drop(st);
-                buf.advance(n);
-                if n > 0 {
-                    core.signal.notify();
+        let mut pulled = false;
+        loop {
+            let dst = buf.initialize_unfilled();
+            match st.ep.recv(self.sid, dst) {
+                Ok(n) => {
+                    // Sends the credit update the read may have made due.
+                    core.finish_call(st);
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
                 }
-                Poll::Ready(Ok(()))
-            }
-            Err(Error::WouldBlock) if st.stopped => Poll::Ready(Err(stopped_error())),
-            Err(Error::WouldBlock) => {
-                if let Some(w) = st.socks.get_mut(&self.sid) {
-                    w.read = Some(cx.waker().clone());
+                Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
+                // Take what the channels hold before waiting for the driver.
+                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => pulled = true,
+                Err(Error::WouldBlock) => {
+                    if let Some(w) = st.socks.get_mut(&self.sid) {
+                        w.read = Some(cx.waker().clone());
+                    }
+                    core.want_rx(st, cx.waker());
+                    return Poll::Pending;
                 }
-                Poll::Pending
+                Err(e) => return Poll::Ready(Err(e.into())),
             }
-            Err(e) => Poll::Ready(Err(e.into())),
         }
     }
 
@@ -77,21 +81,28 @@ impl StreamInner {
         if st.stopped {
             return Poll::Ready(Err(stopped_error()));
         }
-        match st.ep.send(self.sid, data) {
-            Ok(n) => {
-                drop(st);
-                if n > 0 {
-                    core.signal.notify();
+        let mut pulled = false;
+        loop {
+            match st.ep.send(self.sid, data) {
+                Ok(n) => {
+                    // Sends what was written, from this thread.
+                    core.finish_call(st);
+                    return Poll::Ready(Ok(n));
                 }
-                Poll::Ready(Ok(n))
-            }
-            Err(Error::WouldBlock) => {
-                if let Some(w) = st.socks.get_mut(&self.sid) {
-                    w.write = Some(cx.waker().clone());
+                // Take the credit updates the channels hold before waiting for the driver.
+                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => {
+                    pulled = true;
+                    core.flush(&mut st);
                 }
-                Poll::Pending
+                Err(Error::WouldBlock) => {
+                    if let Some(w) = st.socks.get_mut(&self.sid) {
+                        w.write = Some(cx.waker().clone());
+                    }
+                    core.want_rx(st, cx.waker());
+                    return Poll::Pending;
+                }
+                Err(e) => return Poll::Ready(Err(e.into())),
             }
-            Err(e) => Poll::Ready(Err(e.into())),
         }
     }
 

@@ -1,0 +1,321 @@
+//! Virtual-socket measurements on the two-namespace test bed, shared by
+//! `benches/vns_goodput.rs` and `benches/vns_latency.rs` (which include this file as a
+//! module next to `support/bed.rs`):
+//!
+//! - [`StackPair`]: a `netchannel::Stack` on vA and one on vB, each over its own
+//!   `ChannelSet` (kept reachable, so that a raw channel between the same two sets can
+//!   be measured beside the virtual sockets that share them);
+//! - [`KernelPair`]: kernel TCP sockets made inside the namespaces and driven by tokio
+//!   (`tokio::net::TcpStream`), over the same veth;
+//! - [`Samples`]: sorted latency samples and their percentiles.
+#![allow(dead_code)]
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::Duration;
+
+use netchannel::netdriver::channel::{ChannelSet, ChannelSetConfig};
+use netchannel::vns::stack::XdpBackend;
+use netchannel::Stack;
+use testbed::{Side, TestBed};
+
+/// The port of B's virtual listener.
+pub const VNS_PORT: u16 = 7100;
+/// The port B's channel set listens on for raw channels (besides the stack's 9000).
+pub const RAW_CHANNEL_PORT: u16 = 9100;
+/// The port of B's kernel TCP listener.
+pub const KERNEL_PORT: u16 = 7200;
+
+/// Whether the binary runs as a benchmark (`cargo bench` passes `--bench`); otherwise
+/// `cargo test --all-targets` runs it as a smoke test with small defaults.
+pub fn bench_mode() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+/// A number from the environment, or `default`.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The virtual-socket configuration of the benches: the defaults, with
+/// `NETCHANNEL_BENCH_{SEND,RECV,CREDIT,THRESHOLD}_KIB` overriding the send buffer, the
+/// receive buffer, the credit window and the credit update threshold (for experiments).
+pub fn vns_config() -> netchannel::vns::Config {
+    let mut c = netchannel::vns::Config::default();
+    let kib = |name: &str, v: usize| env_or(name, v >> 10) << 10;
+    c.send_buffer = kib("NETCHANNEL_BENCH_SEND_KIB", c.send_buffer);
+    c.recv_buffer = kib("NETCHANNEL_BENCH_RECV_KIB", c.recv_buffer);
+    c.credit_window = kib("NETCHANNEL_BENCH_CREDIT_KIB", c.credit_window);
+    c.credit_update_threshold = kib("NETCHANNEL_BENCH_THRESHOLD_KIB", c.credit_update_threshold);
+    c
+}
+
+/// Two stacks, A (client side) and B (server side), each over a channel set on its veth
+/// end (both queues).
+pub struct StackPair {
+    /// The stack on vA.
+    pub a: Stack,
+    /// The stack on vB.
+    pub b: Stack,
+    /// A's channel set (shared with the stack).
+    pub set_a: Arc<XdpBackend>,
+    /// B's channel set (shared with the stack).
+    pub set_b: Arc<XdpBackend>,
+    /// B's address.
+    pub b_ip: Ipv4Addr,
+}
+
+impl StackPair {
+    /// Starts a channel set and a stack with `channels` throughput channels per peer (no
+    /// latency channel) on each end.
+    pub fn start(bed: &TestBed, channels: usize) -> StackPair {
+        StackPair::start_with(bed, channels, 0)
+    }
+
+    /// [`start`](Self::start) with `latency` latency channels per peer besides.
+    pub fn start_with(bed: &TestBed, channels: usize, latency: usize) -> StackPair {
+        let start = |side: Side| {
+            let e = bed.side(side).clone();
+            bed.run_in(side, move || {
+                let set = ChannelSet::start(ChannelSetConfig::new(e.ifname.clone(), e.ipv4))
+                    .expect("channel set");
+                let backend = Arc::new(XdpBackend::new(set));
+                let stack = Stack::builder()
+                    .vns_config(vns_config())
+                    .ipv4(e.ipv4)
+                    .channels(channels)
+                    .latency_channels(latency)
+                    .connect_timeout(Duration::from_secs(10))
+                    .build_with_backend(backend.clone())
+                    .expect("stack");
+                (stack, backend)
+            })
+            .expect("enter the namespace")
+        };
+        let (b, set_b) = start(Side::B);
+        let (a, set_a) = start(Side::A);
+        StackPair {
+            a,
+            b,
+            set_a,
+            set_b,
+            b_ip: bed.side(Side::B).ipv4,
+        }
+    }
+
+    /// B's virtual listener address.
+    pub fn vns_addr(&self) -> SocketAddr {
+        SocketAddrV4::new(self.b_ip, VNS_PORT).into()
+    }
+
+    /// B's raw channel address.
+    pub fn raw_addr(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.b_ip, RAW_CHANNEL_PORT)
+    }
+
+    /// A's channel set.
+    pub fn channels_a(&self) -> &ChannelSet {
+        self.set_a.channel_set()
+    }
+
+    /// B's channel set.
+    pub fn channels_b(&self) -> &ChannelSet {
+        self.set_b.channel_set()
+    }
+
+    /// Stops both stacks (and so their channel sets, threads joined, programs detached).
+    pub fn stop(self) {
+        self.a.shutdown();
+        self.b.shutdown();
+    }
+}
+
+/// A kernel TCP listener made in B's namespace.
+pub fn kernel_listener(bed: &TestBed, port: u16) -> std::net::TcpListener {
+    let ip = bed.side(Side::B).ipv4;
+    let l = bed
+        .run_in(Side::B, move || std::net::TcpListener::bind((ip, port)))
+        .expect("enter B")
+        .expect("bind the kernel listener");
+    l.set_nonblocking(true).expect("nonblocking");
+    l
+}
+
+/// A kernel TCP connection made in A's namespace to `to` (nonblocking, for tokio).
+pub fn kernel_connect(bed: &TestBed, to: SocketAddrV4) -> std::net::TcpStream {
+    let s = bed
+        .run_in(Side::A, move || {
+            std::net::TcpStream::connect_timeout(&to.into(), Duration::from_secs(10))
+        })
+        .expect("enter A")
+        .expect("kernel connect");
+    s.set_nonblocking(true).expect("nonblocking");
+    s
+}
+
+/// Turns tx checksumming on both veth ends on or off (the test bed's default is off).
+pub fn ethtool_tx(bed: &TestBed, on: bool) {
+    for side in Side::BOTH {
+        let ifname = bed.side(side).ifname.clone();
+        bed.output_in(
+            side,
+            "ethtool",
+            &["-K", &ifname, "tx", if on { "on" } else { "off" }],
+        )
+        .expect("ethtool -K tx");
+    }
+}
+
+/// Latency samples in nanoseconds.
+#[derive(Debug, Default, Clone)]
+pub struct Samples {
+    ns: Vec<u64>,
+    sorted: bool,
+}
+
+impl Samples {
+    /// Room for `n` samples.
+    pub fn with_capacity(n: usize) -> Samples {
+        Samples {
+            ns: Vec::with_capacity(n),
+            sorted: true,
+        }
+    }
+
+    /// Adds one.
+    pub fn push(&mut self, d: Duration) {
+        self.ns.push(d.as_nanos() as u64);
+        self.sorted = false;
+    }
+
+    /// Samples held.
+    pub fn len(&self) -> usize {
+        self.ns.len()
+    }
+
+    /// The `q` quantile (0..=1, nearest rank) in microseconds; 0 when empty.
+    pub fn quantile_us(&mut self, q: f64) -> f64 {
+        if self.ns.is_empty() {
+            return 0.0;
+        }
+        if !self.sorted {
+            self.ns.sort_unstable();
+            self.sorted = true;
+        }
+        let rank = ((q * self.ns.len() as f64).ceil() as usize).clamp(1, self.ns.len());
+        self.ns[rank - 1] as f64 / 1e3
+    }
+
+    /// The mean in microseconds.
+    pub fn mean_us(&self) -> f64 {
+        if self.ns.is_empty() {
+            return 0.0;
+        }
+        self.ns.iter().sum::<u64>() as f64 / self.ns.len() as f64 / 1e3
+    }
+}
+
+/// min, median and max of `xs`.
+pub fn spread(xs: &[f64]) -> (f64, f64, f64) {
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    let m = v.len() / 2;
+    let med = if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    };
+    (v[0], med, v[v.len() - 1])
+}
+
+/// The port B's channel set listens on for [`StreamSink`] (raw channels read through
+/// `ChannelStream`).
+pub const RAW_STREAM_PORT: u16 = 9101;
+
+/// A drain like `bed::ChannelSink`, but reading each channel through a `ChannelStream`
+/// into a 64 KiB buffer (a copy, as an application reading a byte stream makes).
+pub struct StreamSink {
+    bad: Arc<std::sync::atomic::AtomicU64>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl StreamSink {
+    /// Drains the channels `listener` accepts, expecting `expected` bytes on each.
+    pub fn start(
+        listener: netchannel::netdriver::channel::ChannelListener,
+        expected: u64,
+    ) -> StreamSink {
+        use netchannel::netdriver::channel::{ChannelError, ChannelStream};
+        use std::io::Read;
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let bad = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (b, halt) = (bad.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 << 10];
+            while !halt.load(Ordering::Relaxed) {
+                let ch = match listener.accept_timeout(Duration::from_millis(100)) {
+                    Ok((ch, _)) => ch,
+                    Err(ChannelError::WouldBlockTimeout) => continue,
+                    Err(_) => break,
+                };
+                let mut s = ChannelStream::new(ch);
+                s.set_read_timeout(Some(Duration::from_secs(30)));
+                let mut got = 0u64;
+                let ok = loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => break true,
+                        Ok(n) => got += n as u64,
+                        Err(_) => break false,
+                    }
+                };
+                if ok && got == expected {
+                    let _ = s.shutdown_write();
+                } else {
+                    b.fetch_add(1, Ordering::Relaxed);
+                    s.channel().abort();
+                }
+            }
+        });
+        StreamSink { bad, stop, thread }
+    }
+
+    /// Stops the drain; panics if a transfer was bad.
+    pub fn stop(self) {
+        use std::sync::atomic::Ordering;
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("stream sink");
+        assert_eq!(
+            self.bad.load(Ordering::Relaxed),
+            0,
+            "bad channel-stream transfers"
+        );
+    }
+}
+
+/// One channel from `set` to `to` written through a `ChannelStream` in `block`-sized
+/// writes (each copied into a fresh chunk), `total` bytes; returns once the receiver's
+/// FIN arrived.
+pub fn stream_send(set: &ChannelSet, to: SocketAddrV4, block: &[u8], total: u64) {
+    use netchannel::netdriver::channel::ChannelStream;
+    use std::io::{Read, Write};
+    let mut s = ChannelStream::new(set.connect(to).expect("channel connect"));
+    s.set_read_timeout(Some(Duration::from_secs(30)));
+    s.set_write_timeout(Some(Duration::from_secs(30)));
+    let mut sent = 0u64;
+    while sent < total {
+        let n = (total - sent).min(block.len() as u64) as usize;
+        s.write_all(&block[..n]).expect("channel stream write");
+        sent += n as u64;
+    }
+    s.shutdown_write().expect("shutdown");
+    let mut rest = [0u8; 16];
+    assert_eq!(s.read(&mut rest).expect("wait for the receiver's FIN"), 0);
+}

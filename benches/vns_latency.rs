@@ -1,0 +1,353 @@
+//! 4 KB request/response latency (p50, p99, p99.9) of a `VirtualStream` against kernel TCP
+//! (`tokio::net::TcpStream`, `TCP_NODELAY`) over the same veth, and against one raw
+//! channel, side by side in one run on the test bed (two queues, MTU 1500).
+//!
+//! Ping-pong with one request outstanding: the client writes 4096 bytes, the server reads
+//! them all and writes 4096 bytes back, the client reads them all; one sample is that
+//! round trip. Connections stay open for the whole run; the measurements are interleaved
+//! in rounds so that load from other processes falls on all of them alike.
+//!
+//! - `kernel_nothing_attached`: kernel TCP before any stack runs (tx checksumming off);
+//! - with a stack on each end (N throughput channels, default 4, and 1 latency channel):
+//!   `raw_channel` (one channel between the same `ChannelSet`s, blocking threads),
+//!   `virtual_stream` (throughput class), `virtual_stream_latency` (after
+//!   `set_app_class(AppClass::Latency)`: its chunks use the latency channel only),
+//!   `kernel_xdp_attached` (kernel TCP with both stacks' steering programs attached).
+//!
+//! Client and server tasks run on one tokio multi-thread runtime with 2 workers (the raw
+//! channel uses two plain threads). Environment: `NETCHANNEL_BENCH_SAMPLES` (per
+//! measurement, default 20000), `NETCHANNEL_BENCH_ROUNDS` (default 4),
+//! `NETCHANNEL_BENCH_CHANNELS` (default 4).
+//!
+//! Without `--bench` (`cargo test --all-targets`) it takes 200 samples each, as a smoke
+//! test.
+//!
+//! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
+//! `cargo bench -j1 --bench vns_latency`
+
+#[cfg(target_os = "linux")]
+#[path = "support/vns.rs"]
+mod vns;
+
+#[cfg(target_os = "linux")]
+mod run {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+    use netchannel::netdriver::channel::{Channel, ChannelError, Dequeued};
+    use netchannel::{AppClass, VirtualStream};
+    use testbed::TestBed;
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    use tokio::runtime::Runtime;
+
+    use super::vns::{self, env_or, Samples, StackPair};
+
+    /// Request and response size.
+    const MSG: usize = 4096;
+    /// Exchanges before the first round, not counted.
+    const WARM_UP: usize = 1000;
+    /// Longest wait for one exchange.
+    const STEP: Duration = Duration::from_secs(10);
+
+    /// Answers every `MSG`-byte request with `MSG` bytes until EOF.
+    async fn echo_server<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) {
+        let mut req = vec![0u8; MSG];
+        let resp = vec![0xa5u8; MSG];
+        while s.read_exact(&mut req).await.is_ok() {
+            if s.write_all(&resp).await.is_err() {
+                break;
+            }
+        }
+        let _ = s.shutdown().await;
+    }
+
+    /// `n` exchanges on `s` (in a runtime task); returns the stream and the samples.
+    fn ping_pong<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        rt: &Runtime,
+        s: S,
+        n: usize,
+        samples: Samples,
+    ) -> (S, Samples) {
+        rt.block_on(async move {
+            tokio::spawn(async move {
+                let (mut s, mut samples) = (s, samples);
+                let req = vec![0x5au8; MSG];
+                let mut resp = vec![0u8; MSG];
+                for _ in 0..n {
+                    let t = Instant::now();
+                    tokio::time::timeout(STEP, async {
+                        s.write_all(&req).await?;
+                        s.read_exact(&mut resp).await
+                    })
+                    .await
+                    .expect("exchange timed out")
+                    .expect("exchange");
+                    samples.push(t.elapsed());
+                }
+                (s, samples)
+            })
+            .await
+            .expect("client task")
+        })
+    }
+
+    /// Reads exactly `n` bytes from a channel.
+    fn channel_read(ch: &Channel, n: usize, pending: &mut Option<Bytes>) -> Result<(), ()> {
+        let mut got = 0;
+        while got < n {
+            let mut b = match pending.take() {
+                Some(b) => b,
+                None => match ch.dequeue_blocking(Some(STEP)) {
+                    Ok(Dequeued::Chunk(b)) => b,
+                    _ => return Err(()),
+                },
+            };
+            let take = b.len().min(n - got);
+            got += take;
+            let _ = b.split_to(take);
+            if !b.is_empty() {
+                *pending = Some(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// `n` exchanges over a raw channel.
+    fn channel_ping_pong(ch: &Channel, n: usize, samples: &mut Samples) {
+        let req = Bytes::from(vec![0x5au8; MSG]);
+        let mut pending = None;
+        for _ in 0..n {
+            let t = Instant::now();
+            ch.enqueue_blocking(req.clone(), Some(STEP))
+                .expect("enqueue the request");
+            channel_read(ch, MSG, &mut pending).expect("read the response");
+            samples.push(t.elapsed());
+        }
+    }
+
+    /// A raw-channel echo server on B's set: one channel, answered until it ends.
+    fn channel_echo(pair: &StackPair, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+        let l = pair
+            .channels_b()
+            .listen(vns::RAW_CHANNEL_PORT)
+            .expect("raw listen");
+        std::thread::spawn(move || {
+            let ch = loop {
+                match l.accept_timeout(Duration::from_millis(100)) {
+                    Ok((ch, _)) => break ch,
+                    Err(ChannelError::WouldBlockTimeout) if !stop.load(Ordering::Relaxed) => {}
+                    Err(_) => return,
+                }
+            };
+            let resp = Bytes::from(vec![0xa5u8; MSG]);
+            let mut pending = None;
+            while channel_read(&ch, MSG, &mut pending).is_ok() {
+                if ch.enqueue_blocking(resp.clone(), Some(STEP)).is_err() {
+                    break;
+                }
+            }
+            ch.close();
+        })
+    }
+
+    struct Row {
+        name: &'static str,
+        samples: Samples,
+    }
+
+    fn print(rows: &mut [Row]) {
+        println!();
+        println!(
+            "{:<26} {:>8} {:>9} {:>9} {:>9} {:>9}   (µs, one 4 KB request + 4 KB response)",
+            "measurement", "samples", "p50", "p99", "p99.9", "mean"
+        );
+        for r in rows.iter_mut() {
+            println!(
+                "{:<26} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+                r.name,
+                r.samples.len(),
+                r.samples.quantile_us(0.5),
+                r.samples.quantile_us(0.99),
+                r.samples.quantile_us(0.999),
+                r.samples.mean_us()
+            );
+        }
+        println!();
+        println!("ratios (same run; > 1: slower than the reference):");
+        let find = |rows: &mut [Row], n: &str| rows.iter().position(|r| r.name == n);
+        for (a, b) in [
+            ("virtual_stream", "kernel_xdp_attached"),
+            ("virtual_stream", "kernel_nothing_attached"),
+            ("virtual_stream", "raw_channel"),
+            ("virtual_stream_latency", "kernel_xdp_attached"),
+            ("virtual_stream_latency", "raw_channel"),
+            ("raw_channel", "kernel_xdp_attached"),
+            ("kernel_xdp_attached", "kernel_nothing_attached"),
+        ] {
+            let (Some(i), Some(j)) = (find(rows, a), find(rows, b)) else {
+                continue;
+            };
+            let q = |rows: &mut [Row], k: usize, p: f64| rows[k].samples.quantile_us(p);
+            println!(
+                "{:<52} p50 {:>5.2}  p99 {:>5.2}  p99.9 {:>5.2}",
+                format!("{a} / {b}"),
+                q(rows, i, 0.5) / q(rows, j, 0.5).max(1e-9),
+                q(rows, i, 0.99) / q(rows, j, 0.99).max(1e-9),
+                q(rows, i, 0.999) / q(rows, j, 0.999).max(1e-9),
+            );
+        }
+    }
+
+    pub fn main() {
+        // `cargo test --all-targets`: a few exchanges of each, as a smoke test.
+        let full = vns::bench_mode();
+        let total: usize = env_or("NETCHANNEL_BENCH_SAMPLES", if full { 20_000 } else { 200 });
+        let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", if full { 4 } else { 1 }).max(1);
+        let warm_up = if full { WARM_UP } else { 20 };
+        let channels: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 4);
+        let per_round = total.div_ceil(rounds);
+        let bed = match TestBed::builder().queues(2).build() {
+            Ok(bed) => bed,
+            Err(e) => {
+                println!("skipping vns_latency: {e}");
+                return;
+            }
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        println!(
+            "vns_latency: {} samples per measurement in {rounds} rounds, 4 KB each way, test bed with 2 queues, MTU 1500",
+            per_round * rounds
+        );
+
+        // Kernel TCP: one listener in B serving every connection.
+        let kl = {
+            let _g = rt.enter();
+            tokio::net::TcpListener::from_std(vns::kernel_listener(&bed, vns::KERNEL_PORT))
+                .expect("tokio listener")
+        };
+        let kaddr = match kl.local_addr().expect("addr") {
+            std::net::SocketAddr::V4(v4) => v4,
+            std::net::SocketAddr::V6(_) => unreachable!("IPv4 listener"),
+        };
+        rt.spawn(async move {
+            while let Ok((s, _)) = kl.accept().await {
+                let _ = s.set_nodelay(true);
+                tokio::spawn(echo_server(s));
+            }
+        });
+        let kernel_stream = |bed: &TestBed| {
+            let s = vns::kernel_connect(bed, kaddr);
+            s.set_nodelay(true).expect("nodelay");
+            let _g = rt.enter();
+            tokio::net::TcpStream::from_std(s).expect("tokio stream")
+        };
+
+        // 0. Nothing attached.
+        let mut k0 = Samples::with_capacity(per_round * rounds);
+        let s = kernel_stream(&bed);
+        let (s, _) = ping_pong(&rt, s, warm_up, Samples::default());
+        let (s, k0) = ping_pong(&rt, s, per_round * rounds, std::mem::take(&mut k0));
+        drop(s);
+
+        // 1. With the stacks.
+        let pair = StackPair::start_with(&bed, channels, 1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let echo = channel_echo(&pair, stop.clone());
+        let raw = pair
+            .channels_a()
+            .connect(pair.raw_addr())
+            .expect("raw connect");
+        let l = rt
+            .block_on(pair.b.bind(pair.vns_addr()))
+            .expect("bind the virtual listener");
+        let a = pair.a.clone();
+        let to = pair.vns_addr();
+        let (vs, vl) = rt.block_on(async move {
+            let server = tokio::spawn(async move {
+                for _ in 0..2 {
+                    let (s, _) = l.accept().await.expect("accept");
+                    tokio::spawn(echo_server(s));
+                }
+            });
+            let vs = a.connect(to).await.expect("connect");
+            let vl = a.connect(to).await.expect("connect");
+            vl.set_app_class(AppClass::Latency).expect("latency class");
+            server.await.expect("server");
+            (vs, vl)
+        });
+        let ks = kernel_stream(&bed);
+
+        let mut raw_s = Samples::with_capacity(per_round * rounds);
+        let mut scratch = Samples::default();
+        channel_ping_pong(&raw, warm_up, &mut scratch);
+        let (mut vs, _) = ping_pong(&rt, vs, warm_up, Samples::default());
+        let (mut vl, _) = ping_pong(&rt, vl, warm_up, Samples::default());
+        let (mut ks, _) = ping_pong(&rt, ks, warm_up, Samples::default());
+        let mut vs_s = Samples::with_capacity(per_round * rounds);
+        let mut vl_s = Samples::with_capacity(per_round * rounds);
+        let mut ks_s = Samples::with_capacity(per_round * rounds);
+        for round in 0..rounds {
+            let t = Instant::now();
+            channel_ping_pong(&raw, per_round, &mut raw_s);
+            let s: VirtualStream;
+            (s, vs_s) = ping_pong(&rt, vs, per_round, vs_s);
+            vs = s;
+            let s: VirtualStream;
+            (s, vl_s) = ping_pong(&rt, vl, per_round, vl_s);
+            vl = s;
+            let s: tokio::net::TcpStream;
+            (s, ks_s) = ping_pong(&rt, ks, per_round, ks_s);
+            ks = s;
+            println!("round {round} done in {:.1} s", t.elapsed().as_secs_f64());
+        }
+        raw.close();
+        rt.block_on(async {
+            let _ = vs.shutdown().await;
+            let _ = vl.shutdown().await;
+            let _ = ks.shutdown().await;
+        });
+        drop((vs, vl, ks));
+        stop.store(true, Ordering::Relaxed);
+        echo.join().expect("raw echo thread");
+        pair.stop();
+
+        println!();
+        println!("vns_latency summary (stacks with {channels} throughput + 1 latency channel):");
+        let mut rows = vec![
+            Row {
+                name: "kernel_nothing_attached",
+                samples: k0,
+            },
+            Row {
+                name: "kernel_xdp_attached",
+                samples: ks_s,
+            },
+            Row {
+                name: "raw_channel",
+                samples: raw_s,
+            },
+            Row {
+                name: "virtual_stream",
+                samples: vs_s,
+            },
+            Row {
+                name: "virtual_stream_latency",
+                samples: vl_s,
+            },
+        ];
+        print(&mut rows);
+    }
+}
+
+fn main() {
+    #[cfg(target_os = "linux")]
+    run::main();
+    #[cfg(not(target_os = "linux"))]
+    println!("skipping vns_latency: the test bed is Linux only");
+}
