@@ -5,9 +5,10 @@ set -euo pipefail
 
 # clang/llvm/libelf/m4: the XDP program and libbpf; libpcap/libhwloc/libudev: AF_XDP and
 # topology crates; iproute2/ethtool/iptables/iputils-ping: the two-namespace test bed
-# (crates/testbed); pkg-config for -sys crates.
+# (crates/testbed); pkg-config for -sys crates; redis-tools: redis-cli and redis-benchmark,
+# the standard clients tests/kv_example.rs drives the kv example with.
 PACKAGES=(clang llvm libelf-dev m4 libpcap-dev libhwloc-dev libudev-dev pkg-config
-          iproute2 ethtool iptables iputils-ping zlib1g-dev)
+          iproute2 ethtool iptables iputils-ping zlib1g-dev redis-tools)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,439 @@
+//! A small in-memory key-value server speaking the Redis protocol (RESP2) on netchannel's
+//! `VirtualListener`, so that standard Redis clients and benchmark tools (`redis-cli`,
+//! `redis-benchmark`, client libraries) work against it unchanged, over plain TCP, and
+//! programs on a netchannel `Stack` reach it over NetChannel.
+//!
+//! ```text
+//! kv --interface IFACE --ipv4 ADDR --listen PORT [--max-connections N] [--max-keys N]
+//!    [--max-memory SIZE] [--max-request SIZE] [--timeout-secs S]
+//! ```
+//!
+//! Commands (names in any case, arity errors and replies as Redis gives them): `PING
+//! [msg]`, `ECHO msg`, `GET key`, `SET key value [NX|XX] [EX s|PX ms]` (other SET options
+//! get an error reply), `DEL key...`, `EXISTS key...`, `INCR key`, `MGET key...`, `MSET
+//! key value...`, `DBSIZE`, `FLUSHDB`, `FLUSHALL`, `SELECT 0`, `QUIT`, and what clients
+//! send when they connect: `CONFIG GET` (`save`, `appendonly`, `maxmemory`, `databases`),
+//! `COMMAND` / `COMMAND DOCS|COUNT|INFO|LIST`, `CLIENT SETNAME|SETINFO|GETNAME`, `HELLO
+//! [2]`. Anything else is `-ERR unknown command ...`. Requests may be pipelined: every
+//! complete request that has arrived is executed and their replies go back in one write.
+//!
+//! Bounds: `--max-keys` (default 1000000) and `--max-memory` (bytes of keys and values
+//! plus 64 per entry, default 256MiB) refuse writes beyond them with Redis's `-OOM`
+//! error; `--max-request` (default 16MiB) bounds one request (a longer one gets a
+//! protocol error and the connection closes); `--max-connections` (default 1024) bounds
+//! the clients served at once (one more gets `-ERR max number of clients reached` and is
+//! closed, as with Redis's `maxclients`; unlike `echo --max-connections`, which counts
+//! connections until it exits). `--timeout-secs` (default 30) bounds how long a client
+//! may leave our replies unread; idle clients are kept, as Redis keeps them.
+//!
+//! The server is a [`netchannel::Stack`] on IFACE (AF_XDP on every queue, channel port
+//! 9000, like `examples/echo.rs`) with a [`netchannel::VirtualListener`] on PORT, serving
+//! NetChannel clients and plain TCP clients on that port, and printing one line per
+//! connection when it is accepted and one when it ends. It needs root, runs in the
+//! network namespace of the calling process, and stops on SIGINT or SIGTERM (resetting
+//! open connections, detaching the XDP program) with success.
+//!
+//! ```text
+//! ip netns exec nsA cargo run --release --example kv -- --interface vA --ipv4 10.77.0.1 --listen 6379
+//! ip netns exec nsB redis-cli -h 10.77.0.1 -p 6379 SET greeting hello
+//! ip netns exec nsB redis-benchmark -h 10.77.0.1 -p 6379 -q -n 100000 -t set,get,incr -P 16
+//! ```
+
+mod resp;
+mod store;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+/// In-memory key-value server speaking RESP2 on netchannel's VirtualListener.
+#[derive(Debug, clap::Parser)]
+#[command(version, about)]
+struct Args {
+    /// Interface our stack runs on.
+    #[arg(long, value_name = "IFACE")]
+    interface: String,
+    /// Our stack's IPv4 address on the interface.
+    #[arg(long, value_name = "ADDR")]
+    ipv4: std::net::Ipv4Addr,
+    /// The TCP port to serve on (not 9000, the channel port).
+    #[arg(long, value_name = "PORT")]
+    listen: u16,
+    /// Most clients served at once.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    max_connections: usize,
+    /// Most keys stored.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    max_keys: usize,
+    /// Most bytes of keys and values stored (plus 64 per key), e.g. 256MiB.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256MiB")]
+    max_memory: u64,
+    /// Longest request (one command with its arguments, as sent), e.g. 16MiB.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "16MiB")]
+    max_request: u64,
+    /// Longest time a client may leave our replies unread, in seconds.
+    #[arg(long, default_value_t = 30)]
+    timeout_secs: u64,
+}
+
+/// Parses `123`, `100M`, `1G`, `64k`, `64KiB`, `1GiB`.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (examples: 1000000, 100M, 1G, 64MiB)"))?;
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` (use k, M, G, KiB, MiB, GiB)"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    #[cfg(target_os = "linux")]
+    let result = linux::run(args);
+    #[cfg(not(target_os = "linux"))]
+    let result: Result<(), String> = {
+        let _ = args;
+        Err("AF_XDP is Linux only".to_string())
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kv: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use netchannel::netdriver::channel::DEFAULT_CHANNEL_PORT;
+    use netchannel::{Stack, StackError, VirtualStream};
+    use nix::sys::signal::{SigSet, Signal};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::watch;
+    use tokio::task::JoinSet;
+
+    use super::Args;
+    use crate::resp::Limits;
+    use crate::store::{serve_connection, Store, StoreLimits};
+
+    /// Why the server failed.
+    #[derive(Debug, thiserror::Error)]
+    enum KvError {
+        /// The port is the stack's channel port.
+        #[error("--listen {0}: that is the stack's channel port (NetChannel clients open their channels there); pick another port")]
+        ChannelPort(u16),
+        /// A bound of zero would refuse everything.
+        #[error("{0} must be at least 1")]
+        Zero(&'static str),
+        /// Starting our stack failed while not root.
+        #[error(
+            "starting netchannel on {ifname} needs root (AF_XDP sockets and an XDP program); \
+             run as root: {source}"
+        )]
+        NotRoot {
+            /// The interface.
+            ifname: String,
+            /// What failed.
+            #[source]
+            source: StackError,
+        },
+        /// Starting our stack failed.
+        #[error("starting netchannel on {ifname}: {source}")]
+        Start {
+            /// The interface.
+            ifname: String,
+            /// What failed.
+            #[source]
+            source: StackError,
+        },
+        /// A socket or runtime operation failed.
+        #[error("{what}: {source}")]
+        Io {
+            /// What was being done.
+            what: String,
+            /// The error.
+            #[source]
+            source: std::io::Error,
+        },
+        /// The steering program outlived the stack.
+        #[error("an XDP program is still attached to {0} after stopping netchannel")]
+        StillAttached(String),
+    }
+
+    fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> KvError {
+        let what = what.into();
+        move |source| KvError::Io { what, source }
+    }
+
+    /// Longest wait, after a signal, for connections to end and bytes to drain.
+    const STOP_GRACE: Duration = Duration::from_secs(2);
+
+    fn kind(s: &VirtualStream) -> &'static str {
+        if s.is_plain_tcp() {
+            "plain-tcp"
+        } else {
+            "netchannel"
+        }
+    }
+
+    /// What every connection needs.
+    struct Shared {
+        store: Store,
+        limits: Limits,
+        timeout: Duration,
+    }
+
+    pub fn run(args: Args) -> Result<(), String> {
+        server(args).map_err(|e| {
+            // The whole chain: "starting ...: not permitted ...: Operation not permitted".
+            let mut msg = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                let text = s.to_string();
+                if !msg.contains(&text) {
+                    msg.push_str(": ");
+                    msg.push_str(&text);
+                }
+                source = s.source();
+            }
+            msg
+        })
+    }
+
+    fn server(args: Args) -> Result<(), KvError> {
+        if args.listen == DEFAULT_CHANNEL_PORT {
+            return Err(KvError::ChannelPort(args.listen));
+        }
+        for (name, v) in [
+            ("--max-connections", args.max_connections as u64),
+            ("--max-keys", args.max_keys as u64),
+            ("--max-memory", args.max_memory),
+            ("--max-request", args.max_request),
+        ] {
+            if v == 0 {
+                return Err(KvError::Zero(name));
+            }
+        }
+        let clamp = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        let shared = Arc::new(Shared {
+            store: Store::new(StoreLimits {
+                max_keys: args.max_keys,
+                max_memory: clamp(args.max_memory),
+            }),
+            limits: Limits::with_max_request(clamp(args.max_request)),
+            timeout: Duration::from_secs(args.timeout_secs.max(1)),
+        });
+        let stop = stop_on_signals()?;
+        let ifname = args.interface.as_str();
+        let stack = start_stack(ifname, args.ipv4)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("kv-tokio")
+            .enable_all()
+            .build()
+            .map_err(io_err("starting the tokio runtime"))?;
+        let res = rt.block_on(serve(
+            &stack,
+            ifname,
+            args.listen,
+            args.max_connections,
+            shared,
+            stop,
+        ));
+        // Connections still open are reset as their tasks are dropped.
+        rt.shutdown_timeout(STOP_GRACE);
+        drop(stack);
+        let detached = match xdp_prog::attached_program(ifname) {
+            Ok(Some(_)) => Err(KvError::StillAttached(ifname.into())),
+            Ok(None) => Ok(()),
+            Err(e) => {
+                tracing::warn!(error = %e, ifname, "could not query the XDP program");
+                Ok(())
+            }
+        };
+        let accepted = res?;
+        detached?;
+        println!("kv server: stopped after {accepted} connection(s)");
+        Ok(())
+    }
+
+    /// Our stack on `ifname`: AF_XDP on every queue, channel port 9000 (the default).
+    fn start_stack(ifname: &str, ipv4: Ipv4Addr) -> Result<Stack, KvError> {
+        Stack::builder()
+            .interface(ifname)
+            .ipv4(ipv4)
+            .build()
+            .map_err(|source| {
+                if nix::unistd::geteuid().is_root() {
+                    KvError::Start {
+                        ifname: ifname.into(),
+                        source,
+                    }
+                } else {
+                    KvError::NotRoot {
+                        ifname: ifname.into(),
+                        source,
+                    }
+                }
+            })
+    }
+
+    /// Blocks SIGINT and SIGTERM in this thread (and so in every thread spawned after:
+    /// call it before starting the stack and the runtime) and flips the returned flag to
+    /// `true` from a thread that waits for them.
+    fn stop_on_signals() -> Result<watch::Receiver<bool>, KvError> {
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGINT);
+        set.add(Signal::SIGTERM);
+        set.thread_block()
+            .map_err(|e| io_err("blocking SIGINT/SIGTERM")(e.into()))?;
+        let (tx, rx) = watch::channel(false);
+        std::thread::Builder::new()
+            .name("kv-signals".into())
+            .spawn(move || {
+                if let Ok(sig) = set.wait() {
+                    tracing::info!(?sig, "stopping");
+                    eprintln!("kv: {sig}, shutting down");
+                    let _ = tx.send(true);
+                }
+            })
+            .map_err(io_err("spawning the signal thread"))?;
+        Ok(rx)
+    }
+
+    /// Resolves once the stop flag is set (never, if its sender is gone without it).
+    async fn stopped(stop: &mut watch::Receiver<bool>) {
+        if stop.wait_for(|s| *s).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Accepts and serves connections until a signal; returns how many were accepted.
+    async fn serve(
+        stack: &Stack,
+        ifname: &str,
+        port: u16,
+        max_connections: usize,
+        shared: Arc<Shared>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<u64, KvError> {
+        let listener = stack
+            .bind(SocketAddrV4::new(stack.ipv4(), port).into())
+            .await
+            .map_err(io_err(format!("listening on port {port}")))?;
+        println!(
+            "kv server: netchannel on {ifname} ({}), channel port {DEFAULT_CHANNEL_PORT}, \
+             listening on port {port} (RESP2; NetChannel and plain TCP clients)",
+            stack.ipv4()
+        );
+        let mut conns = JoinSet::new();
+        // Clients over the limit, being told so; not counted as served.
+        let mut refused = JoinSet::new();
+        let mut accepted = 0u64;
+        loop {
+            tokio::select! {
+                _ = stopped(&mut stop) => break,
+                Some(_) = conns.join_next() => {}
+                Some(_) = refused.join_next() => {}
+                r = listener.accept() => {
+                    let (stream, peer) = r.map_err(io_err("accepting"))?;
+                    let kind = kind(&stream);
+                    // Connections that ended but were not joined yet still count in len().
+                    while conns.try_join_next().is_some() {}
+                    if conns.len() >= max_connections {
+                        tracing::info!(%peer, kind, "refused: max connections");
+                        println!("kv server: refused a connection from {peer} over {kind}: {max_connections} clients already");
+                        refused.spawn(refuse(stream, shared.timeout));
+                        continue;
+                    }
+                    accepted += 1;
+                    let id = accepted;
+                    tracing::info!(%peer, id, kind, "accepted");
+                    println!("kv server: accepted connection {id} from {peer} over {kind}");
+                    conns.spawn(connection(id, stream, peer, shared.clone(), stop.clone()));
+                }
+            }
+        }
+        drop(listener);
+        // Each connection resets itself on the signal; give them a bounded time to go.
+        let _ = tokio::time::timeout(STOP_GRACE, async {
+            while conns.join_next().await.is_some() {}
+        })
+        .await;
+        refused.abort_all();
+        Ok(accepted)
+    }
+
+    /// Tells a client over `--max-connections` why, as Redis does, and closes. Reads and
+    /// drops what the client sends until it closes too (bounded by `timeout`): closing
+    /// with its first request unread would reset the connection, and a reset can make the
+    /// client's stack drop our error reply before the client reads it.
+    async fn refuse(mut stream: VirtualStream, timeout: Duration) {
+        let _ = tokio::time::timeout(timeout, async {
+            stream
+                .write_all(b"-ERR max number of clients reached\r\n")
+                .await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; 4096];
+            while stream.read(&mut sink).await? > 0 {}
+            Ok::<(), std::io::Error>(())
+        })
+        .await;
+    }
+
+    /// Serves one connection and prints how it ended.
+    async fn connection(
+        id: u64,
+        mut stream: VirtualStream,
+        peer: SocketAddr,
+        shared: Arc<Shared>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let kind = kind(&stream);
+        let started = Instant::now();
+        let res = tokio::select! {
+            r = serve_connection(&mut stream, &shared.store, shared.limits, shared.timeout) => Some(r),
+            _ = stopped(&mut stop) => None,
+        };
+        let secs = started.elapsed().as_secs_f64();
+        match res {
+            Some(Ok(s)) => println!(
+                "kv server: connection {id} from {peer} over {kind}: {} command(s) in {secs:.3} s, {}",
+                s.commands,
+                if s.quit { "QUIT" } else { "closed by the client" }
+            ),
+            Some(Err(e)) => {
+                println!("kv server: connection {id} from {peer} over {kind}: {e}")
+            }
+            None => println!("kv server: connection {id} from {peer} over {kind}: stopped by a signal"),
+        }
+    }
+}

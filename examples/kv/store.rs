@@ -1,0 +1,1043 @@
+//! The key-value store, the commands, and the per-connection request loop of the `kv`
+//! example. Nothing here knows about netchannel: a connection is any tokio
+//! `AsyncRead + AsyncWrite`, so the loop is unit-tested over an in-memory pipe.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::resp::{
+    parse_int, put_array, put_bulk, put_error, put_int, put_null, put_simple, Limits, Parser,
+    ProtocolError,
+};
+
+/// Bytes counted for each entry beyond its key and value: the hash-table slot, the two
+/// `Bytes` handles and their allocations' headers, roughly. Keeps `--max-memory` honest
+/// for many small keys.
+pub const ENTRY_OVERHEAD: usize = 64;
+
+/// Bounds of a [`Store`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Most keys.
+    pub max_keys: usize,
+    /// Most bytes of keys, values and [`ENTRY_OVERHEAD`] per entry.
+    pub max_memory: usize,
+}
+
+/// The reply to a write that would exceed the store's bounds (Redis's wording).
+pub const OOM: &str = "OOM command not allowed when used memory > 'maxmemory'.";
+const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
+
+#[derive(Debug)]
+struct Entry {
+    value: Bytes,
+    /// When the key expires (`SET ... EX/PX`); expired keys are removed when next touched
+    /// or when the store is full.
+    expires: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    map: HashMap<Bytes, Entry>,
+    /// Bytes counted against `max_memory`.
+    used: usize,
+}
+
+fn cost(key: &[u8], value: &[u8]) -> usize {
+    key.len() + value.len() + ENTRY_OVERHEAD
+}
+
+impl Inner {
+    /// The live entry for `key`, removing it if it expired.
+    fn live(&mut self, key: &[u8], now: Instant) -> Option<&mut Entry> {
+        let expired = self
+            .map
+            .get(key)
+            .is_some_and(|e| e.expires.is_some_and(|t| t <= now));
+        if expired {
+            self.remove(key);
+            return None;
+        }
+        self.map.get_mut(key)
+    }
+
+    fn remove(&mut self, key: &[u8]) -> bool {
+        match self.map.remove_entry(key) {
+            Some((k, e)) => {
+                self.used -= cost(&k, &e.value);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn purge_expired(&mut self, now: Instant) {
+        let mut freed = 0;
+        self.map.retain(|k, e| {
+            let keep = e.expires.is_none_or(|t| t > now);
+            if !keep {
+                freed += cost(k, &e.value);
+            }
+            keep
+        });
+        self.used -= freed;
+    }
+
+    /// Whether the writes in `puts` (key, new value length) fit the bounds, after
+    /// replacing what the keys hold now. Purges expired keys once before saying no.
+    fn fits(&mut self, limits: &StoreLimits, puts: &[(&[u8], usize)], now: Instant) -> bool {
+        for attempt in 0..2 {
+            let (mut keys, mut used) = (self.map.len(), self.used);
+            for (i, (key, len)) in puts.iter().enumerate() {
+                // A key written twice in one MSET counts once.
+                if puts[..i].iter().any(|(k, _)| k == key) {
+                    continue;
+                }
+                match self.map.get(*key) {
+                    Some(old) => used -= cost(key, &old.value),
+                    None => keys += 1,
+                }
+                used += key.len() + len + ENTRY_OVERHEAD;
+            }
+            if keys <= limits.max_keys && used <= limits.max_memory {
+                return true;
+            }
+            if attempt == 0 {
+                self.purge_expired(now);
+            }
+        }
+        false
+    }
+
+    fn put(&mut self, key: &[u8], value: Bytes, expires: Option<Instant>) {
+        // Copies: the request's bytes share one allocation with everything read in the
+        // same batch; keeping a slice of it would pin all of that.
+        let key = Bytes::copy_from_slice(key);
+        let value = Bytes::copy_from_slice(&value);
+        self.used += cost(&key, &value);
+        if let Some(old) = self.map.insert(key.clone(), Entry { value, expires }) {
+            self.used -= cost(&key, &old.value);
+        }
+    }
+}
+
+/// A shared in-memory key-value store with bounded keys and bytes.
+#[derive(Debug)]
+pub struct Store {
+    inner: Mutex<Inner>,
+    limits: StoreLimits,
+}
+
+/// What the connection does after a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Read the next command.
+    Continue,
+    /// Send the replies and close (QUIT).
+    Close,
+}
+
+/// How SET decides whether to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Condition {
+    Always,
+    IfAbsent,
+    IfPresent,
+}
+
+/// The commands with their arity as Redis declares it: `n` exactly n words (the name
+/// included), `-n` at least n.
+const COMMANDS: &[(&str, i32)] = &[
+    ("PING", -1),
+    ("ECHO", 2),
+    ("GET", 2),
+    ("SET", -3),
+    ("DEL", -2),
+    ("EXISTS", -2),
+    ("INCR", 2),
+    ("MGET", -2),
+    ("MSET", -3),
+    ("DBSIZE", 1),
+    ("FLUSHDB", -1),
+    ("FLUSHALL", -1),
+    ("SELECT", 2),
+    ("CONFIG", -2),
+    ("COMMAND", -1),
+    ("CLIENT", -2),
+    ("HELLO", -1),
+    ("QUIT", -1),
+];
+
+fn arity_ok(arity: i32, n: usize) -> bool {
+    if arity >= 0 {
+        n == arity as usize
+    } else {
+        n >= arity.unsigned_abs() as usize
+    }
+}
+
+fn wrong_arity(out: &mut BytesMut, name: &str) {
+    put_error(
+        out,
+        &format!("ERR wrong number of arguments for '{name}' command"),
+    );
+}
+
+/// Redis's reply to an unknown command, quoting (a bounded part of) what was sent.
+fn unknown_command(out: &mut BytesMut, args: &[Bytes]) {
+    let quote = |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(128)]).into_owned();
+    let mut msg = format!(
+        "ERR unknown command '{}', with args beginning with: ",
+        quote(&args[0])
+    );
+    for a in args[1..].iter().take(8) {
+        msg.push_str(&format!("'{}' ", quote(a)));
+    }
+    put_error(out, &msg);
+}
+
+/// `pattern` (Redis `CONFIG GET` glob: `*` and `?`, ASCII case-insensitive) matches `name`.
+fn glob(pattern: &[u8], name: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => name.is_empty(),
+        Some((b'*', rest)) => (0..=name.len()).any(|i| glob(rest, &name[i..])),
+        Some((&p, rest)) => name.split_first().is_some_and(|(&c, tail)| {
+            (p == b'?' || p.eq_ignore_ascii_case(&c)) && glob(rest, tail)
+        }),
+    }
+}
+
+impl Store {
+    /// An empty store.
+    pub fn new(limits: StoreLimits) -> Store {
+        Store {
+            inner: Mutex::new(Inner::default()),
+            limits,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the map inconsistent in a way that
+        // matters more than losing the server: keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keys stored now (expired ones not yet removed included).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// Runs one request (`args[0]` the command name, any case) and appends its reply to
+    /// `out`.
+    pub fn execute(&self, args: &[Bytes], out: &mut BytesMut) -> Flow {
+        let Some(name) = args.first() else {
+            return Flow::Continue;
+        };
+        let Some(&(cmd, arity)) = COMMANDS
+            .iter()
+            .find(|(c, _)| c.as_bytes().eq_ignore_ascii_case(name))
+        else {
+            unknown_command(out, args);
+            return Flow::Continue;
+        };
+        if !arity_ok(arity, args.len()) {
+            wrong_arity(out, &cmd.to_ascii_lowercase());
+            return Flow::Continue;
+        }
+        let now = Instant::now();
+        match cmd {
+            "PING" => match args.len() {
+                1 => put_simple(out, "PONG"),
+                2 => put_bulk(out, &args[1]),
+                _ => wrong_arity(out, "ping"),
+            },
+            "ECHO" => put_bulk(out, &args[1]),
+            "GET" => match self.lock().live(&args[1], now) {
+                Some(e) => put_bulk(out, &e.value),
+                None => put_null(out),
+            },
+            "SET" => self.set(args, out, now),
+            "DEL" => {
+                let mut inner = self.lock();
+                let n = args[1..].iter().filter(|k| inner.remove(k)).count();
+                put_int(out, n as i64);
+            }
+            "EXISTS" => {
+                // Each key counts as often as it is named, as in Redis.
+                let mut inner = self.lock();
+                let n = args[1..]
+                    .iter()
+                    .filter(|k| inner.live(k, now).is_some())
+                    .count();
+                put_int(out, n as i64);
+            }
+            "INCR" => self.incr(&args[1], out, now),
+            "MGET" => {
+                let mut inner = self.lock();
+                put_array(out, args.len() - 1);
+                for k in &args[1..] {
+                    match inner.live(k, now) {
+                        Some(e) => put_bulk(out, &e.value),
+                        None => put_null(out),
+                    }
+                }
+            }
+            "MSET" => {
+                if args.len() % 2 == 0 {
+                    wrong_arity(out, "mset");
+                    return Flow::Continue;
+                }
+                let pairs: Vec<(&[u8], usize)> = args[1..]
+                    .chunks_exact(2)
+                    .map(|kv| (&kv[0][..], kv[1].len()))
+                    .collect();
+                let mut inner = self.lock();
+                if !inner.fits(&self.limits, &pairs, now) {
+                    put_error(out, OOM);
+                    return Flow::Continue;
+                }
+                for kv in args[1..].chunks_exact(2) {
+                    inner.put(&kv[0], kv[1].clone(), None);
+                }
+                put_simple(out, "OK");
+            }
+            "DBSIZE" => {
+                let mut inner = self.lock();
+                inner.purge_expired(now);
+                put_int(out, inner.map.len() as i64);
+            }
+            "FLUSHDB" | "FLUSHALL" => {
+                let mut inner = self.lock();
+                inner.map.clear();
+                inner.used = 0;
+                put_simple(out, "OK");
+            }
+            "SELECT" => match parse_int(&args[1]) {
+                Some(0) => put_simple(out, "OK"),
+                Some(_) => put_error(out, "ERR DB index is out of range"),
+                None => put_error(out, NOT_INTEGER),
+            },
+            "CONFIG" => self.config(args, out),
+            "COMMAND" => command(args, out),
+            "CLIENT" => client(args, out),
+            "HELLO" => hello(args, out),
+            "QUIT" => {
+                put_simple(out, "OK");
+                return Flow::Close;
+            }
+            _ => unknown_command(out, args),
+        }
+        Flow::Continue
+    }
+
+    /// `SET key value [NX|XX] [EX seconds|PX milliseconds]`.
+    fn set(&self, args: &[Bytes], out: &mut BytesMut, now: Instant) {
+        let mut condition = Condition::Always;
+        let mut ttl: Option<Duration> = None;
+        let mut i = 3;
+        while i < args.len() {
+            let opt = args[i].to_ascii_uppercase();
+            match &opt[..] {
+                b"NX" if condition != Condition::IfPresent => condition = Condition::IfAbsent,
+                b"XX" if condition != Condition::IfAbsent => condition = Condition::IfPresent,
+                b"EX" | b"PX" if ttl.is_none() && i + 1 < args.len() => {
+                    let Some(n) = parse_int(&args[i + 1]) else {
+                        put_error(out, NOT_INTEGER);
+                        return;
+                    };
+                    if n <= 0 {
+                        put_error(out, "ERR invalid expire time in 'set' command");
+                        return;
+                    }
+                    ttl = Some(if &opt[..] == b"EX" {
+                        Duration::from_secs(n as u64)
+                    } else {
+                        Duration::from_millis(n as u64)
+                    });
+                    i += 1;
+                }
+                b"GET" | b"KEEPTTL" | b"EXAT" | b"PXAT" => {
+                    put_error(
+                        out,
+                        &format!(
+                            "ERR SET option '{}' is not supported by this server (NX, XX, EX and PX are)",
+                            String::from_utf8_lossy(&opt)
+                        ),
+                    );
+                    return;
+                }
+                _ => {
+                    put_error(out, "ERR syntax error");
+                    return;
+                }
+            }
+            i += 1;
+        }
+        let expires = match ttl.map(|t| now.checked_add(t)) {
+            None => None,
+            Some(Some(t)) => Some(t),
+            // Too far in the future to represent: Redis says the same of such times.
+            Some(None) => {
+                put_error(out, "ERR invalid expire time in 'set' command");
+                return;
+            }
+        };
+        let (key, value) = (&args[1], &args[2]);
+        let mut inner = self.lock();
+        let present = inner.live(key, now).is_some();
+        let write = match condition {
+            Condition::Always => true,
+            Condition::IfAbsent => !present,
+            Condition::IfPresent => present,
+        };
+        if !write {
+            put_null(out);
+            return;
+        }
+        if !inner.fits(&self.limits, &[(key, value.len())], now) {
+            put_error(out, OOM);
+            return;
+        }
+        inner.put(key, value.clone(), expires);
+        put_simple(out, "OK");
+    }
+
+    /// `INCR key`: the value as a canonical 64-bit integer plus one; a missing key is 0.
+    /// Keeps the key's expiry, as Redis does.
+    fn incr(&self, key: &Bytes, out: &mut BytesMut, now: Instant) {
+        let mut inner = self.lock();
+        let (old, expires) = match inner.live(key, now) {
+            Some(e) => match parse_int(&e.value) {
+                Some(n) => (n, e.expires),
+                None => {
+                    put_error(out, NOT_INTEGER);
+                    return;
+                }
+            },
+            None => (0, None),
+        };
+        let Some(new) = old.checked_add(1) else {
+            put_error(out, "ERR increment or decrement would overflow");
+            return;
+        };
+        let text = Bytes::from(new.to_string());
+        if !inner.fits(&self.limits, &[(key, text.len())], now) {
+            put_error(out, OOM);
+            return;
+        }
+        inner.put(key, text, expires);
+        put_int(out, new);
+    }
+
+    /// `CONFIG GET pattern...`: the few parameters clients ask about at start-up
+    /// (`redis-benchmark` reads `save` and `appendonly`); `CONFIG RESETSTAT` is accepted;
+    /// `CONFIG SET` is refused.
+    fn config(&self, args: &[Bytes], out: &mut BytesMut) {
+        let sub = args[1].to_ascii_uppercase();
+        match &sub[..] {
+            b"GET" if args.len() >= 3 => {
+                let params = [
+                    ("save", String::new()),
+                    ("appendonly", "no".to_string()),
+                    ("maxmemory", self.limits.max_memory.to_string()),
+                    ("databases", "1".to_string()),
+                ];
+                let found: Vec<_> = params
+                    .iter()
+                    .filter(|(name, _)| args[2..].iter().any(|p| glob(p, name.as_bytes())))
+                    .collect();
+                put_array(out, found.len() * 2);
+                for (name, value) in found {
+                    put_bulk(out, name.as_bytes());
+                    put_bulk(out, value.as_bytes());
+                }
+            }
+            b"GET" => wrong_arity(out, "config|get"),
+            b"RESETSTAT" => put_simple(out, "OK"),
+            b"SET" => put_error(out, "ERR CONFIG SET is not supported by this server"),
+            _ => put_error(
+                out,
+                &format!(
+                    "ERR unknown subcommand '{}'. Try CONFIG HELP.",
+                    String::from_utf8_lossy(&args[1])
+                ),
+            ),
+        }
+    }
+}
+
+/// `COMMAND` (the names, without Redis's per-command details), `COMMAND COUNT`,
+/// `COMMAND DOCS` (none: `redis-cli` then falls back to its built-in help), `COMMAND INFO`
+/// (null for each name), `COMMAND LIST`.
+fn command(args: &[Bytes], out: &mut BytesMut) {
+    let names = || COMMANDS.iter().map(|(c, _)| c.to_ascii_lowercase());
+    let Some(sub) = args.get(1) else {
+        put_array(out, 0);
+        return;
+    };
+    match &sub.to_ascii_uppercase()[..] {
+        b"COUNT" => put_int(out, COMMANDS.len() as i64),
+        b"DOCS" => put_array(out, 0),
+        b"INFO" => {
+            put_array(out, args.len() - 2);
+            for _ in 2..args.len() {
+                put_null(out);
+            }
+        }
+        b"LIST" => {
+            put_array(out, COMMANDS.len());
+            for n in names() {
+                put_bulk(out, n.as_bytes());
+            }
+        }
+        _ => put_error(
+            out,
+            &format!(
+                "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+                String::from_utf8_lossy(sub)
+            ),
+        ),
+    }
+}
+
+/// `CLIENT SETNAME/SETINFO` (accepted, not kept: client libraries send them on connect)
+/// and `CLIENT GETNAME`.
+fn client(args: &[Bytes], out: &mut BytesMut) {
+    match &args[1].to_ascii_uppercase()[..] {
+        b"SETNAME" | b"SETINFO" => put_simple(out, "OK"),
+        b"GETNAME" => put_null(out),
+        _ => put_error(
+            out,
+            &format!(
+                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
+                String::from_utf8_lossy(&args[1])
+            ),
+        ),
+    }
+}
+
+/// `HELLO [2]`: the server's description as a flat RESP2 map; RESP3 is refused with
+/// `NOPROTO`, on which clients fall back to RESP2.
+fn hello(args: &[Bytes], out: &mut BytesMut) {
+    if let Some(v) = args.get(1) {
+        match parse_int(v) {
+            Some(2) => {}
+            Some(_) => {
+                put_error(out, "NOPROTO unsupported protocol version");
+                return;
+            }
+            None => {
+                put_error(
+                    out,
+                    "ERR Protocol version is not an integer or out of range",
+                );
+                return;
+            }
+        }
+    }
+    put_array(out, 12);
+    for (k, v) in [
+        ("server", "netchannel-kv"),
+        ("version", env!("CARGO_PKG_VERSION")),
+    ] {
+        put_bulk(out, k.as_bytes());
+        put_bulk(out, v.as_bytes());
+    }
+    put_bulk(out, b"proto");
+    put_int(out, 2);
+    for (k, v) in [("mode", "standalone"), ("role", "master")] {
+        put_bulk(out, k.as_bytes());
+        put_bulk(out, v.as_bytes());
+    }
+    put_bulk(out, b"modules");
+    put_array(out, 0);
+}
+
+/// Why a connection ended other than by the client closing it or QUIT.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    /// The client broke the protocol; it got an error reply first.
+    #[error("protocol error: {0}")]
+    Protocol(#[from] ProtocolError),
+    /// Reading or writing failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The client read nothing of our replies for too long.
+    #[error("the client read no replies for {0:?}")]
+    WriteStalled(Duration),
+}
+
+/// Replies are sent once this many bytes are pending even if more complete requests are
+/// buffered, so a long pipeline does not pile up unbounded output.
+const FLUSH_AT: usize = 64 * 1024;
+/// Bytes asked of each read.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// What [`serve_connection`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Served {
+    /// Requests executed.
+    pub commands: u64,
+    /// Whether the client ended with QUIT (otherwise it closed its side).
+    pub quit: bool,
+}
+
+async fn send<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    out: &mut BytesMut,
+    timeout: Duration,
+) -> Result<(), ConnError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    match tokio::time::timeout(timeout, stream.write_all(out)).await {
+        Ok(Ok(())) => {
+            out.clear();
+            Ok(())
+        }
+        Ok(Err(source)) => Err(ConnError::Io {
+            what: "writing replies",
+            source,
+        }),
+        Err(_) => Err(ConnError::WriteStalled(timeout)),
+    }
+}
+
+/// Serves one client on `stream` until it closes its side, sends QUIT, or breaks the
+/// protocol (then it gets the error reply first). Every complete request in what has
+/// arrived is executed before the replies go out together in one write (pipelining);
+/// `write_timeout` bounds each write. Shuts down the write side at the end.
+pub async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    store: &Store,
+    limits: Limits,
+    write_timeout: Duration,
+) -> Result<Served, ConnError> {
+    let mut parser = Parser::new(limits);
+    let mut input = BytesMut::with_capacity(READ_CHUNK);
+    let mut out = BytesMut::with_capacity(READ_CHUNK);
+    let mut served = Served {
+        commands: 0,
+        quit: false,
+    };
+    loop {
+        loop {
+            match parser.next(&mut input) {
+                Ok(Some(req)) => {
+                    served.commands += 1;
+                    if store.execute(&req, &mut out) == Flow::Close {
+                        served.quit = true;
+                        break;
+                    }
+                    if out.len() >= FLUSH_AT {
+                        send(stream, &mut out, write_timeout).await?;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    e.reply(&mut out);
+                    send(stream, &mut out, write_timeout).await?;
+                    let _ = stream.shutdown().await;
+                    return Err(e.into());
+                }
+            }
+        }
+        send(stream, &mut out, write_timeout).await?;
+        if served.quit {
+            break;
+        }
+        input.reserve(READ_CHUNK);
+        let n = stream
+            .read_buf(&mut input)
+            .await
+            .map_err(|source| ConnError::Io {
+                what: "reading requests",
+                source,
+            })?;
+        if n == 0 {
+            break;
+        }
+    }
+    let _ = stream.shutdown().await;
+    Ok(served)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resp::encode_request;
+
+    const BIG: StoreLimits = StoreLimits {
+        max_keys: 1000,
+        max_memory: 1 << 20,
+    };
+
+    /// Runs `args` (words) against `store`; the raw reply.
+    fn run(store: &Store, args: &[&str]) -> String {
+        let args: Vec<Bytes> = args
+            .iter()
+            .map(|a| Bytes::copy_from_slice(a.as_bytes()))
+            .collect();
+        let mut out = BytesMut::new();
+        store.execute(&args, &mut out);
+        String::from_utf8(out.to_vec()).expect("ASCII replies in these tests")
+    }
+
+    #[test]
+    fn get_set_del_exists() {
+        let s = Store::new(BIG);
+        assert_eq!(run(&s, &["GET", "k"]), "$-1\r\n");
+        assert_eq!(run(&s, &["set", "k", "v1"]), "+OK\r\n");
+        assert_eq!(run(&s, &["GeT", "k"]), "$2\r\nv1\r\n");
+        assert_eq!(run(&s, &["SET", "k", ""]), "+OK\r\n");
+        assert_eq!(run(&s, &["GET", "k"]), "$0\r\n\r\n");
+        assert_eq!(run(&s, &["SET", "j", "x"]), "+OK\r\n");
+        assert_eq!(run(&s, &["EXISTS", "k", "j", "k", "none"]), ":3\r\n");
+        assert_eq!(run(&s, &["DEL", "k", "none", "j", "k"]), ":2\r\n");
+        assert_eq!(run(&s, &["EXISTS", "k", "j"]), ":0\r\n");
+        assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn set_options() {
+        let s = Store::new(BIG);
+        assert_eq!(run(&s, &["SET", "k", "a", "XX"]), "$-1\r\n");
+        assert_eq!(run(&s, &["SET", "k", "a", "nx"]), "+OK\r\n");
+        assert_eq!(run(&s, &["SET", "k", "b", "NX"]), "$-1\r\n");
+        assert_eq!(run(&s, &["SET", "k", "c", "XX"]), "+OK\r\n");
+        assert_eq!(run(&s, &["GET", "k"]), "$1\r\nc\r\n");
+        assert_eq!(
+            run(&s, &["SET", "k", "c", "NX", "XX"]),
+            "-ERR syntax error\r\n"
+        );
+        assert_eq!(run(&s, &["SET", "k", "c", "EX"]), "-ERR syntax error\r\n");
+        assert_eq!(run(&s, &["SET", "k", "c", "FOO"]), "-ERR syntax error\r\n");
+        assert_eq!(
+            run(&s, &["SET", "k", "c", "EX", "x"]),
+            "-ERR value is not an integer or out of range\r\n"
+        );
+        assert_eq!(
+            run(&s, &["SET", "k", "c", "PX", "0"]),
+            "-ERR invalid expire time in 'set' command\r\n"
+        );
+        assert!(run(&s, &["SET", "k", "c", "GET"])
+            .starts_with("-ERR SET option 'GET' is not supported"));
+        assert_eq!(
+            run(&s, &["GET", "k"]),
+            "$1\r\nc\r\n",
+            "failed SETs changed nothing"
+        );
+    }
+
+    #[test]
+    fn keys_expire() {
+        let s = Store::new(BIG);
+        assert_eq!(run(&s, &["SET", "k", "v", "PX", "30"]), "+OK\r\n");
+        assert_eq!(run(&s, &["SET", "long", "v", "EX", "100"]), "+OK\r\n");
+        assert_eq!(run(&s, &["GET", "k"]), "$1\r\nv\r\n");
+        // Waits for a clock, not for another thread: the expiry is the condition.
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(run(&s, &["GET", "k"]), "$-1\r\n");
+        assert_eq!(run(&s, &["EXISTS", "k", "long"]), ":1\r\n");
+        assert_eq!(run(&s, &["DBSIZE"]), ":1\r\n");
+    }
+
+    #[test]
+    fn incr_like_redis() {
+        let s = Store::new(BIG);
+        assert_eq!(run(&s, &["INCR", "n"]), ":1\r\n");
+        assert_eq!(run(&s, &["incr", "n"]), ":2\r\n");
+        assert_eq!(run(&s, &["GET", "n"]), "$1\r\n2\r\n");
+        assert_eq!(run(&s, &["SET", "n", "-5"]), "+OK\r\n");
+        assert_eq!(run(&s, &["INCR", "n"]), ":-4\r\n");
+        for bad in ["abc", "1.5", " 1", "01", "+1", "", "99999999999999999999"] {
+            assert_eq!(run(&s, &["SET", "b", bad]), "+OK\r\n");
+            assert_eq!(
+                run(&s, &["INCR", "b"]),
+                "-ERR value is not an integer or out of range\r\n",
+                "{bad:?}"
+            );
+        }
+        assert_eq!(run(&s, &["SET", "m", &i64::MAX.to_string()]), "+OK\r\n");
+        assert_eq!(
+            run(&s, &["INCR", "m"]),
+            "-ERR increment or decrement would overflow\r\n"
+        );
+        assert_eq!(run(&s, &["GET", "m"]), format!("$19\r\n{}\r\n", i64::MAX));
+    }
+
+    #[test]
+    fn mget_mset() {
+        let s = Store::new(BIG);
+        assert_eq!(run(&s, &["MSET", "a", "1", "b", "2", "a", "3"]), "+OK\r\n");
+        assert_eq!(
+            run(&s, &["MGET", "a", "none", "b"]),
+            "*3\r\n$1\r\n3\r\n$-1\r\n$1\r\n2\r\n"
+        );
+        assert_eq!(
+            run(&s, &["MSET", "a", "1", "b"]),
+            "-ERR wrong number of arguments for 'mset' command\r\n"
+        );
+    }
+
+    #[test]
+    fn arity_unknown_commands_and_ping_echo() {
+        let s = Store::new(BIG);
+        assert_eq!(run(&s, &["PING"]), "+PONG\r\n");
+        assert_eq!(run(&s, &["ping", "hi"]), "$2\r\nhi\r\n");
+        assert_eq!(
+            run(&s, &["PING", "a", "b"]),
+            "-ERR wrong number of arguments for 'ping' command\r\n"
+        );
+        assert_eq!(run(&s, &["ECHO", "x y"]), "$3\r\nx y\r\n");
+        for (args, name) in [
+            (&["GET"][..], "get"),
+            (&["GET", "a", "b"], "get"),
+            (&["SET", "a"], "set"),
+            (&["DEL"], "del"),
+            (&["INCR"], "incr"),
+            (&["MGET"], "mget"),
+            (&["ECHO"], "echo"),
+            (&["EXISTS"], "exists"),
+        ] {
+            assert_eq!(
+                run(&s, args),
+                format!("-ERR wrong number of arguments for '{name}' command\r\n")
+            );
+        }
+        assert_eq!(
+            run(&s, &["FOO", "a", "b"]),
+            "-ERR unknown command 'FOO', with args beginning with: 'a' 'b' \r\n"
+        );
+        assert_eq!(
+            run(&s, &["GETX"]),
+            "-ERR unknown command 'GETX', with args beginning with: \r\n"
+        );
+    }
+
+    #[test]
+    fn start_up_commands_clients_send() {
+        let s = Store::new(BIG);
+        assert_eq!(
+            run(&s, &["CONFIG", "GET", "save"]),
+            "*2\r\n$4\r\nsave\r\n$0\r\n\r\n"
+        );
+        assert_eq!(
+            run(&s, &["config", "get", "appendonly"]),
+            "*2\r\n$10\r\nappendonly\r\n$2\r\nno\r\n"
+        );
+        assert_eq!(
+            run(&s, &["CONFIG", "GET", "max*"]),
+            "*2\r\n$9\r\nmaxmemory\r\n$7\r\n1048576\r\n"
+        );
+        assert_eq!(run(&s, &["CONFIG", "GET", "nothing"]), "*0\r\n");
+        assert!(run(&s, &["CONFIG", "SET", "save", ""]).starts_with("-ERR"));
+        assert_eq!(
+            run(&s, &["CONFIG", "GET"]),
+            "-ERR wrong number of arguments for 'config|get' command\r\n"
+        );
+        assert_eq!(run(&s, &["COMMAND", "DOCS"]), "*0\r\n");
+        assert_eq!(run(&s, &["COMMAND"]), "*0\r\n");
+        assert_eq!(
+            run(&s, &["COMMAND", "COUNT"]),
+            format!(":{}\r\n", COMMANDS.len())
+        );
+        assert_eq!(
+            run(&s, &["COMMAND", "INFO", "get", "x"]),
+            "*2\r\n$-1\r\n$-1\r\n"
+        );
+        assert_eq!(run(&s, &["SELECT", "0"]), "+OK\r\n");
+        assert_eq!(
+            run(&s, &["SELECT", "1"]),
+            "-ERR DB index is out of range\r\n"
+        );
+        assert_eq!(run(&s, &["CLIENT", "SETNAME", "x"]), "+OK\r\n");
+        assert_eq!(
+            run(&s, &["HELLO", "3"]),
+            "-NOPROTO unsupported protocol version\r\n"
+        );
+        assert!(run(&s, &["HELLO", "2"]).starts_with("*12\r\n$6\r\nserver\r\n"));
+    }
+
+    #[test]
+    fn writes_beyond_the_bounds_get_oom() {
+        let s = Store::new(StoreLimits {
+            max_keys: 2,
+            max_memory: 2 * (ENTRY_OVERHEAD + 12),
+        });
+        assert_eq!(run(&s, &["SET", "a", "1"]), "+OK\r\n");
+        assert_eq!(run(&s, &["SET", "b", "2"]), "+OK\r\n");
+        assert_eq!(
+            run(&s, &["SET", "c", "3"]),
+            format!("-{OOM}\r\n"),
+            "third key"
+        );
+        assert_eq!(run(&s, &["INCR", "c"]), format!("-{OOM}\r\n"));
+        assert_eq!(
+            run(&s, &["MSET", "a", "5", "c", "3"]),
+            format!("-{OOM}\r\n")
+        );
+        assert_eq!(
+            run(&s, &["GET", "a"]),
+            "$1\r\n1\r\n",
+            "a failed MSET writes nothing"
+        );
+        // Overwriting an existing key is fine while the bytes fit...
+        assert_eq!(run(&s, &["SET", "a", "12345678901"]), "+OK\r\n");
+        // ...and not once they do not.
+        assert_eq!(
+            run(&s, &["SET", "b", "123456789012"]),
+            format!("-{OOM}\r\n")
+        );
+        assert_eq!(run(&s, &["DEL", "a"]), ":1\r\n");
+        assert_eq!(
+            run(&s, &["SET", "c", "3"]),
+            "+OK\r\n",
+            "room again after DEL"
+        );
+        // Expired keys make room.
+        assert_eq!(run(&s, &["FLUSHALL"]), "+OK\r\n");
+        assert_eq!(run(&s, &["SET", "a", "1", "PX", "1"]), "+OK\r\n");
+        assert_eq!(run(&s, &["SET", "b", "1"]), "+OK\r\n");
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(run(&s, &["SET", "c", "1"]), "+OK\r\n");
+    }
+
+    #[test]
+    fn memory_accounting_returns_to_zero() {
+        let s = Store::new(BIG);
+        run(&s, &["MSET", "a", "1", "b", "22", "a", "333"]);
+        run(&s, &["SET", "c", "x", "PX", "1"]);
+        run(&s, &["INCR", "n"]);
+        run(&s, &["INCR", "n"]);
+        std::thread::sleep(Duration::from_millis(5));
+        run(&s, &["DBSIZE"]);
+        run(&s, &["DEL", "a", "b", "n"]);
+        assert_eq!(s.lock().used, 0);
+        assert!(s.lock().map.is_empty());
+    }
+
+    /// Runs `serve_connection` over an in-memory pipe, writing `input` in pieces of
+    /// `chunk` bytes and closing; everything the server sent back and how it ended.
+    async fn converse(
+        store: &Store,
+        limits: Limits,
+        input: &[u8],
+        chunk: usize,
+    ) -> (Vec<u8>, Result<Served, ConnError>) {
+        let (mut client, mut server) = tokio::io::duplex(1 << 20);
+        let serving = serve_connection(&mut server, store, limits, Duration::from_secs(10));
+        let talking = async {
+            for piece in input.chunks(chunk.max(1)) {
+                client.write_all(piece).await.unwrap();
+            }
+            client.shutdown().await.unwrap();
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.unwrap();
+            got
+        };
+        let (served, got) = tokio::join!(serving, talking);
+        (got, served)
+    }
+
+    #[tokio::test]
+    async fn pipelined_requests_get_their_replies_in_order() {
+        let store = Store::new(BIG);
+        let mut input = BytesMut::new();
+        for i in 0..100 {
+            encode_request(&[b"SET", format!("k{i}").as_bytes(), b"v"], &mut input);
+            encode_request(&[b"INCR", b"counter"], &mut input);
+        }
+        input.extend_from_slice(b"GET counter\r\nMGET k0 k99 nope\r\n");
+        let mut want = String::new();
+        for i in 1..=100 {
+            want.push_str(&format!("+OK\r\n:{i}\r\n"));
+        }
+        want.push_str("$3\r\n100\r\n*3\r\n$1\r\nv\r\n$1\r\nv\r\n$-1\r\n");
+        for chunk in [input.len(), 1, 7, 1000] {
+            let store = Store::new(BIG);
+            let (got, served) = converse(&store, Limits::default(), &input, chunk).await;
+            assert_eq!(String::from_utf8_lossy(&got), want, "chunk {chunk}");
+            assert_eq!(
+                served.unwrap(),
+                Served {
+                    commands: 202,
+                    quit: false
+                }
+            );
+        }
+        drop(store);
+    }
+
+    #[tokio::test]
+    async fn quit_replies_then_closes_and_ignores_the_rest() {
+        let store = Store::new(BIG);
+        let (got, served) = converse(
+            &store,
+            Limits::default(),
+            b"PING\r\nQUIT\r\nSET a b\r\n",
+            64,
+        )
+        .await;
+        assert_eq!(&got[..], b"+PONG\r\n+OK\r\n");
+        assert!(served.unwrap().quit);
+        assert_eq!(store.len(), 0, "nothing after QUIT ran");
+    }
+
+    #[tokio::test]
+    async fn protocol_errors_are_replied_then_the_connection_closes() {
+        let store = Store::new(BIG);
+        let (got, served) = converse(
+            &store,
+            Limits::default(),
+            b"SET a 1\r\n*1\r\n:12\r\nSET b 2\r\n",
+            64,
+        )
+        .await;
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "+OK\r\n-ERR Protocol error: expected '$', got ':'\r\n"
+        );
+        assert!(matches!(
+            served,
+            Err(ConnError::Protocol(ProtocolError::ExpectedBulk(b':')))
+        ));
+        assert_eq!(store.len(), 1);
+        // A request that outgrows the per-connection bound.
+        let limits = Limits::with_max_request(1000);
+        let mut input = BytesMut::new();
+        encode_request(&[b"SET", b"k", &[b'x'; 2000]], &mut input);
+        let (got, served) = converse(&store, limits, &input, 100).await;
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "-ERR Protocol error: invalid bulk length\r\n"
+        );
+        assert!(served.is_err());
+        let (got, served) = converse(&store, limits, &[b'a'; 5000], 100).await;
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "-ERR Protocol error: request larger than 1000 bytes\r\n"
+        );
+        assert!(served.is_err());
+    }
+
+    #[test]
+    fn glob_matching() {
+        assert!(glob(b"*", b"save"));
+        assert!(glob(b"SA?E", b"save"));
+        assert!(glob(b"*only", b"appendonly"));
+        assert!(!glob(b"save", b"saves"));
+        assert!(!glob(b"", b"x"));
+    }
+}
