@@ -137,7 +137,7 @@ mod linux {
     use netchannel::{Stack, StackError, VirtualStream};
     use nix::sys::signal::{SigSet, Signal};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::sync::watch;
+    use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
     use tokio::task::JoinSet;
 
     use super::Args;
@@ -355,6 +355,9 @@ mod linux {
             stack.ipv4()
         );
         let mut conns = JoinSet::new();
+        // One permit per client served; a connection gives its permit back before it
+        // prints that it ended, so a client that connects after that line is served.
+        let slots = Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)));
         // Clients over the limit, being told so; not counted as served.
         let mut refused = JoinSet::new();
         let mut accepted = 0u64;
@@ -366,19 +369,17 @@ mod linux {
                 r = listener.accept() => {
                     let (stream, peer) = r.map_err(io_err("accepting"))?;
                     let kind = kind(&stream);
-                    // Connections that ended but were not joined yet still count in len().
-                    while conns.try_join_next().is_some() {}
-                    if conns.len() >= max_connections {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
                         tracing::info!(%peer, kind, "refused: max connections");
                         println!("kv server: refused a connection from {peer} over {kind}: {max_connections} clients already");
                         refused.spawn(refuse(stream, shared.timeout));
                         continue;
-                    }
+                    };
                     accepted += 1;
                     let id = accepted;
                     tracing::info!(%peer, id, kind, "accepted");
                     println!("kv server: accepted connection {id} from {peer} over {kind}");
-                    conns.spawn(connection(id, stream, peer, shared.clone(), stop.clone()));
+                    conns.spawn(connection(id, stream, peer, shared.clone(), slot, stop.clone()));
                 }
             }
         }
@@ -415,6 +416,7 @@ mod linux {
         mut stream: VirtualStream,
         peer: SocketAddr,
         shared: Arc<Shared>,
+        slot: OwnedSemaphorePermit,
         mut stop: watch::Receiver<bool>,
     ) {
         let kind = kind(&stream);
@@ -424,6 +426,8 @@ mod linux {
             _ = stopped(&mut stop) => None,
         };
         let secs = started.elapsed().as_secs_f64();
+        // The stream is done with (closed, or reset when dropped below).
+        drop(slot);
         match res {
             Some(Ok(s)) => println!(
                 "kv server: connection {id} from {peer} over {kind}: {} command(s) in {secs:.3} s, {}",
