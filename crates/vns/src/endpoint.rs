@@ -270,6 +270,8 @@ struct Socket {
     write_shut: bool,
     fin_sent: bool,
     write_blocked: bool,
+    /// Free send-buffer bytes that wake a blocked writer ([`Endpoint::send_room`]).
+    write_low_water: usize,
     // Receive side (the reorder buffer exists once the peer's ISN is known).
     rx: Option<ReorderBuffer>,
     parked: ResponseQueue,
@@ -298,6 +300,7 @@ impl Socket {
             write_shut: false,
             fin_sent: false,
             write_blocked: false,
+            write_low_water: 1,
             rx: None,
             parked: ResponseQueue::new(),
             early: Vec::new(),
@@ -350,6 +353,9 @@ struct OutChunk {
 struct Piece {
     buf: BytesMut,
     headroom: bool,
+    /// The start of a buffer lent by [`Endpoint::send_chunks`]: once sent, the endpoint
+    /// keeps a reference to hand the buffer back for reuse when the channel is done.
+    track: bool,
 }
 
 impl Piece {
@@ -416,8 +422,34 @@ impl SendBuf {
                 self.segs.push_back(Piece {
                     buf: std::mem::take(&mut self.tail),
                     headroom: true,
+                    track: false,
                 });
             }
+        }
+    }
+
+    /// Appends whole segments without copying: each `BytesMut` holds `HEADER_LEN` bytes of
+    /// room, then its payload (at most one segment). A partly filled tail is closed first
+    /// so that the order of the bytes is kept.
+    fn push_segments(&mut self, segs: impl Iterator<Item = BytesMut>) {
+        if self.tail_len() > 0 {
+            self.segs.push_back(Piece {
+                buf: std::mem::take(&mut self.tail),
+                headroom: true,
+                track: false,
+            });
+        }
+        for buf in segs {
+            let n = buf.len().saturating_sub(HEADER_LEN);
+            if n == 0 {
+                continue;
+            }
+            self.len += n;
+            self.segs.push_back(Piece {
+                buf,
+                headroom: true,
+                track: true,
+            });
         }
     }
 
@@ -437,11 +469,13 @@ impl SendBuf {
                 self.segs.push_back(Piece {
                     buf: piece,
                     headroom: false,
+                    track: false,
                 });
             } else {
                 self.segs.push_back(Piece {
                     buf: std::mem::take(&mut self.tail),
                     headroom: true,
+                    track: false,
                 });
             }
         }
@@ -450,14 +484,18 @@ impl SendBuf {
             self.segs.pop_front().expect("not empty")
         } else if front.headroom {
             front.headroom = false;
+            // The front part keeps the allocation's start, so it is the one that can be
+            // widened back over the whole buffer for reuse.
             Piece {
                 buf: front.buf.split_to(HEADER_LEN + max),
                 headroom: true,
+                track: std::mem::take(&mut front.track),
             }
         } else {
             Piece {
                 buf: front.buf.split_to(max),
                 headroom: false,
+                track: std::mem::take(&mut front.track),
             }
         };
         self.len -= out.len();
@@ -525,10 +563,18 @@ pub struct Endpoint {
     /// Emptied chunk buffers of the maximum payload's capacity, for the deframers to reuse
     /// (at most [`SPARE_BUFFERS`]).
     spare: Vec<Vec<u8>>,
+    /// Buffers lent by [`Endpoint::send_chunks`] and sent: a reference each, until the
+    /// channel drops its own and [`Endpoint::reclaim_sent`] hands them back.
+    sent_lent: VecDeque<Bytes>,
 }
 
 /// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
 const SPARE_BUFFERS: usize = 32;
+
+/// Most sent lent buffers the endpoint keeps references to; older ones are let go (freed
+/// by whoever drops them last) so that an application that stops lending buffers does not
+/// leave them held here.
+const SENT_LENT_MAX: usize = 4096;
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -562,6 +608,7 @@ impl Endpoint {
             next_ephemeral,
             schedule_needed: false,
             spare: Vec::new(),
+            sent_lent: VecDeque::new(),
         })
     }
 
@@ -708,7 +755,39 @@ impl Endpoint {
     pub fn poll_transmit(&mut self, id: ChannelId, out: &mut Vec<u8>) -> Option<usize> {
         let item = self.next_out(id)?;
         item.header.emit_to_vec(item.payload.data(), out);
+        if item.payload.track {
+            self.keep_lent(item.payload.buf.freeze());
+        }
         Some(item.header.wire_len())
+    }
+
+    /// Keeps a reference to a sent lent buffer until the channel is done with it.
+    fn keep_lent(&mut self, b: Bytes) {
+        if self.sent_lent.len() >= SENT_LENT_MAX {
+            self.sent_lent.pop_front();
+        }
+        self.sent_lent.push_back(b);
+    }
+
+    /// Hands every sent buffer lent by [`Endpoint::send_chunks`] that nothing else
+    /// references any more (the channel has dropped it) to `reuse`, as a `BytesMut` over
+    /// the data it was sent with (`BytesMut::try_reclaim` or `clear` + `reserve` widen it
+    /// over its whole allocation). Returns how many.
+    pub(crate) fn reclaim_sent(&mut self, mut reuse: impl FnMut(BytesMut)) -> usize {
+        let mut n = 0;
+        // Channels free their chunks in about the order sent, but one slow channel must
+        // not hold back the others' buffers: look at every entry, keeping the order.
+        for _ in 0..self.sent_lent.len() {
+            let b = self.sent_lent.pop_front().expect("counted");
+            match b.try_into_mut() {
+                Ok(m) => {
+                    reuse(m);
+                    n += 1;
+                }
+                Err(b) => self.sent_lent.push_back(b),
+            }
+        }
+        n
     }
 
     /// The next chunk for channel `id`, its credit field filled in.
@@ -746,18 +825,24 @@ impl Endpoint {
     /// `header`. `None` when nothing is queued for the channel.
     pub fn poll_transmit_parts(&mut self, id: ChannelId, header: &mut Vec<u8>) -> Option<Bytes> {
         let mut item = self.next_out(id)?;
-        if item.payload.headroom {
+        let track = item.payload.track;
+        let out = if item.payload.headroom {
             // The segment has room for the header in front: one `Bytes`, no copy.
             let buf = &mut item.payload.buf;
             item.header
                 .emit(&mut ChunkPacket::new_unchecked(&mut buf[..HEADER_LEN]));
-            return Some(item.payload.buf.freeze());
+            item.payload.buf.freeze()
+        } else {
+            let at = header.len();
+            header.resize(at + HEADER_LEN, 0);
+            item.header
+                .emit(&mut ChunkPacket::new_unchecked(&mut header[at..]));
+            item.payload.buf.freeze()
+        };
+        if track {
+            self.keep_lent(out.clone());
         }
-        let at = header.len();
-        header.resize(at + HEADER_LEN, 0);
-        item.header
-            .emit(&mut ChunkPacket::new_unchecked(&mut header[at..]));
-        Some(item.payload.buf.freeze())
+        Some(out)
     }
 
     /// Whether any chunk waits for channel `id` (after scheduling).
@@ -925,11 +1010,81 @@ impl Endpoint {
         let n = cap.saturating_sub(s.send_buf.len()).min(data.len());
         if n == 0 {
             s.write_blocked = true;
+            s.write_low_water = 1;
             return Err(Error::WouldBlock);
         }
         s.send_buf.push(&data[..n], seg);
         self.schedule_needed = true;
         Ok(n)
+    }
+
+    /// Free bytes in the socket's send buffer, if at least `min` (clamped to
+    /// `1..=send_buffer`); otherwise [`Error::WouldBlock`], and [`Event::Writable`] follows
+    /// once that much is free (a low-water mark, so that a writer with a large buffer is
+    /// woken for a large copy rather than for every chunk sent). Fails like
+    /// [`Endpoint::send`] on a failed or shut-down socket.
+    pub(crate) fn send_room(&mut self, id: SocketId, min: usize) -> Result<usize, Error> {
+        let cap = self.config.send_buffer;
+        let s = self.live_socket(id)?;
+        if let State::Failed(e) = s.state {
+            return Err(e);
+        }
+        if s.write_shut {
+            return Err(Error::WriteClosed);
+        }
+        let room = cap.saturating_sub(s.send_buf.len());
+        let min = min.clamp(1, cap);
+        if room < min {
+            s.write_blocked = true;
+            s.write_low_water = min;
+            return Err(Error::WouldBlock);
+        }
+        Ok(room)
+    }
+
+    /// [`Endpoint::send`] of data already cut into send-buffer segments, without copying:
+    /// each buffer holds [`HEADER_LEN`] bytes of room for its chunk header, then at most
+    /// `max_chunk_payload` bytes. Takes buffers from the front of `segs` while they fit
+    /// in the free space and returns the payload bytes taken; the rest stay in `segs`.
+    /// Sent buffers come back through [`Endpoint::reclaim_sent`].
+    pub(crate) fn send_chunks(
+        &mut self,
+        id: SocketId,
+        segs: &mut Vec<BytesMut>,
+    ) -> Result<usize, Error> {
+        let cap = self.config.send_buffer;
+        let seg = self.config.max_chunk_payload;
+        let s = self.live_socket(id)?;
+        if let State::Failed(e) = s.state {
+            return Err(e);
+        }
+        if s.write_shut {
+            return Err(Error::WriteClosed);
+        }
+        let mut room = cap.saturating_sub(s.send_buf.len());
+        let mut taken = 0;
+        let mut bytes = 0;
+        for b in segs.iter() {
+            let n = b.len().saturating_sub(HEADER_LEN);
+            if n > room || n > seg {
+                break;
+            }
+            room -= n;
+            bytes += n;
+            taken += 1;
+        }
+        if taken == 0 {
+            return if segs.is_empty() {
+                Ok(0)
+            } else {
+                s.write_blocked = true;
+                s.write_low_water = 1;
+                Err(Error::WouldBlock)
+            };
+        }
+        s.send_buf.push_segments(segs.drain(..taken));
+        self.schedule_needed = true;
+        Ok(bytes)
     }
 
     /// Reads in-order bytes. `Ok(0)` (with a non-empty `buf`) is the end of the stream:
@@ -951,6 +1106,41 @@ impl Endpoint {
             return Ok(0);
         }
         let n = rx.read_recycling(buf, &mut self.spare, SPARE_BUFFERS, max);
+        if n == 0 {
+            return if s.at_eof() {
+                Ok(0)
+            } else {
+                Err(Error::WouldBlock)
+            };
+        }
+        self.after_read(id);
+        Ok(n)
+    }
+
+    /// [`Endpoint::recv`] into `len` bytes (> 0) of the caller's, copied by `copy`: it is
+    /// lent the in-order bytes (at most `len`) as the received chunks' slices and returns
+    /// how many it copied. Same results, events and credit updates as `recv`.
+    pub(crate) fn recv_with(
+        &mut self,
+        id: SocketId,
+        len: usize,
+        copy: impl FnOnce(&[&[u8]]) -> usize,
+    ) -> Result<usize, Error> {
+        let max = self.config.max_chunk_payload;
+        let s = match self.sockets.get_mut(&id) {
+            Some(s) if !s.detached => s,
+            _ => return Err(Error::InvalidSocket),
+        };
+        if let State::Failed(e) = s.state {
+            return Err(e);
+        }
+        let Some(rx) = s.rx.as_mut() else {
+            return Err(Error::WouldBlock);
+        };
+        if len == 0 {
+            return Ok(0);
+        }
+        let n = rx.read_with(len, &mut self.spare, SPARE_BUFFERS, max, copy);
         if n == 0 {
             return if s.at_eof() {
                 Ok(0)
@@ -1260,7 +1450,7 @@ impl Endpoint {
             payload_len: len as u16,
         };
         s.next_seq = s.next_seq.plus(len as u32);
-        let wake = s.write_blocked && s.send_buf.len() < cap;
+        let wake = s.write_blocked && cap.saturating_sub(s.send_buf.len()) >= s.write_low_water;
         if wake {
             s.write_blocked = false;
         }
