@@ -28,9 +28,77 @@
 //!   throughput channels (plus latency channels) to the host's channel port; each begins
 //!   with an 8-byte preamble naming its class (`docs/wire-format.md`). Channels accepted
 //!   from a host serve connects to it as well.
-//! - Copy workers (the paper's §3.3) are configured with
-//!   [`StackBuilder::copy_workers`]; until they are wired in, the application thread
-//!   copies everything (the `0` behaviour).
+//! - Copy workers (the paper's §3.3, [`crate::copy`]): see [below](#copy-workers).
+//!
+//! # Copy workers
+//!
+//! [`StackBuilder::copy_workers`]`(n)` gives the stack a
+//! [`CopyWorkerPool`] of `n` threads (`vns-copy-i`), placed
+//! NUMA-local to the thread that builds the stack and pinned with `core_affinity`; `0`
+//! (the default) starts none and the application thread copies everything. Tunables
+//! (small-copy threshold, default 512 KiB; pinning; buffer pool size) come with
+//! [`StackBuilder::copy_config`]. With workers:
+//!
+//! - A write of at least the threshold waits for that much room in the socket's send
+//!   buffer (instead of waking for every chunk sent), then the application slice is cut
+//!   into chunks of `max_chunk_payload` in pooled buffers that keep room for the chunk
+//!   header in front, copied by the workers and the application thread together, outside
+//!   the stack's lock. The buffers join the send buffer as they are, leave for the
+//!   channels without another copy, and return to the pool once the channel has dropped
+//!   them (reused, not allocated per chunk: [`Stack::copy_stats`]).
+//! - A read into a buffer of at least the threshold lends the received in-order chunks
+//!   to the pool, which copies them out in parallel when at least the threshold is
+//!   readable (fewer bytes are copied inline).
+//! - Smaller writes and reads take the plain path, unchanged. Credit and flow control are
+//!   the same on both paths (a read frees receive space and may send a credit update
+//!   exactly as before).
+//!
+//! The workers only engage when the socket buffers can hold a copy that large: the
+//! defaults ([`Config::send_buffer`]/[`Config::recv_buffer`], 256 KiB) are below the
+//! default threshold, so raise them with [`StackBuilder::vns_config`] (a warning is
+//! logged otherwise). The copies block the calling task for their duration, like a
+//! `memcpy` in a syscall (tens of µs for 1 MiB). Dropping the stack's last handle joins
+//! the workers. Figures: `docs/performance.md`, "Copy workers".
+//!
+//! ```
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! use vns::stack::{MemNetwork, Stack};
+//! use vns::Config;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! let net = MemNetwork::new();
+//! let buffers = Config {
+//!     send_buffer: 2 << 20,
+//!     recv_buffer: 2 << 20,
+//!     credit_window: 4 << 20,
+//!     ..Config::default()
+//! };
+//! let build = |ip: &str| {
+//!     Stack::builder()
+//!         .ipv4(ip.parse().unwrap())
+//!         .vns_config(buffers.clone())
+//!         .copy_workers(2)
+//!         .build_in_memory(&net)
+//! };
+//! let (a, b) = (build("10.0.0.1")?, build("10.0.0.2")?);
+//! let listener = b.bind("10.0.0.2:7000".parse().unwrap()).await?;
+//! let mut client = a.connect("10.0.0.2:7000".parse().unwrap()).await?;
+//! let (mut server, _) = listener.accept().await?;
+//!
+//! let data = vec![7u8; 1 << 20];
+//! let (written, got) = tokio::join!(client.write_all(&data), async {
+//!     let mut got = vec![0u8; data.len()];
+//!     server.read_exact(&mut got).await.map(|_| got)
+//! });
+//! written?;
+//! assert!(got? == data);
+//! // The 1 MiB write was copied by the workers and the application thread together.
+//! assert!(a.copy_stats().parallel_copies >= 1);
+//! assert!(a.copy_stats().worker_bytes > 0);
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Example
 //!
@@ -242,7 +310,7 @@ impl StackBuilder {
     /// Copy workers (default 0: the application thread copies everything): threads,
     /// pinned to cores NUMA-local to the thread that builds the stack, that share large
     /// copies between application buffers and the stack's chunk buffers with the
-    /// application thread (see [copy workers](self#copy-workers)).
+    /// application thread (see [copy workers](crate::stack#copy-workers)).
     pub fn copy_workers(mut self, n: usize) -> Self {
         self.copy_workers = n;
         self
