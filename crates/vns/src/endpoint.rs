@@ -1871,7 +1871,193 @@ fn stats_of(id: ChannelId, c: &Channel) -> ChannelStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use netsched::RoundRobin;
     use proptest::prelude::*;
+
+    /// Moves every chunk `from` has for `ch` to `to`; returns the payload buffers handed
+    /// out (to compare their memory with what was lent).
+    fn deliver(from: &mut Endpoint, to: &mut Endpoint, ch: ChannelId) -> Vec<Bytes> {
+        let mut wire = Vec::new();
+        let mut payloads = Vec::new();
+        loop {
+            let mut header = Vec::new();
+            let Some(p) = from.poll_transmit_parts(ch, &mut header) else {
+                break;
+            };
+            wire.extend_from_slice(&header);
+            wire.extend_from_slice(&p);
+            if !p.is_empty() {
+                payloads.push(p);
+            }
+        }
+        assert_eq!(to.handle_chunk_bytes(ch, &wire).unwrap(), wire.len());
+        payloads
+    }
+
+    fn writable(ep: &mut Endpoint, sid: SocketId) -> bool {
+        std::iter::from_fn(|| ep.poll_events()).any(|e| e == Event::Writable(sid))
+    }
+
+    /// Lent segments leave as the same memory (header written into their headroom), a
+    /// writer waiting with a low-water mark is woken only once that much room is free,
+    /// `recv_with` lends the received bytes and keeps the credit flowing, and sent
+    /// segments come back once nothing else holds them.
+    #[test]
+    fn lent_segments_low_water_and_lent_reads() {
+        const P: usize = 1000;
+        let cfg = Config {
+            max_chunk_payload: P,
+            send_buffer: 4 * P,
+            recv_buffer: P,
+            credit_window: P,
+            credit_update_threshold: P,
+            channel_budget: 4 * P,
+            ..Config::default()
+        };
+        let mut client = Endpoint::new(cfg.clone(), RoundRobin::default()).unwrap();
+        let mut server = Endpoint::new(cfg, RoundRobin::default()).unwrap();
+        let ch = ChannelId(0);
+        client
+            .add_channel(ch, PeerId(1), ChannelClass::Throughput)
+            .unwrap();
+        server
+            .add_channel(ch, PeerId(0), ChannelClass::Throughput)
+            .unwrap();
+        server.bind(7000, 4).unwrap();
+        let sid = client
+            .connect(PeerId(1), 7000, AppClass::Throughput)
+            .unwrap();
+
+        let data: Vec<u8> = (0..4 * P).map(|i| (i * 7 + 1) as u8).collect();
+        let mut segs: Vec<BytesMut> = data
+            .chunks(P)
+            .map(|c| {
+                let mut b = BytesMut::with_capacity(HEADER_LEN + P);
+                b.resize(HEADER_LEN, 0);
+                b.extend_from_slice(c);
+                b
+            })
+            .collect();
+        let ptrs: Vec<*const u8> = segs.iter().map(|b| b.as_ptr()).collect();
+        assert_eq!(client.send_room(sid, 3 * P), Ok(4 * P));
+        assert_eq!(client.send_chunks(sid, &mut segs), Ok(4 * P));
+        assert!(segs.is_empty());
+        assert_eq!(client.send_room(sid, 5 * P / 2), Err(Error::WouldBlock));
+
+        // Handshake, then one chunk per credit window.
+        let mut sent = deliver(&mut client, &mut server, ch);
+        deliver(&mut server, &mut client, ch);
+        sent.extend(deliver(&mut client, &mut server, ch));
+        let accepted = server.accept(7000).unwrap();
+        // The handshake's own Writable (connected) is not a room wake-up.
+        while client.poll_events().is_some() {}
+        let mut got = Vec::new();
+        let mut woken_at = None;
+        for round in 1..=4 {
+            assert_eq!(sent.len(), round, "one chunk per window");
+            let n = server
+                .recv_with(accepted, usize::MAX, |chunks| {
+                    chunks.iter().for_each(|c| got.extend_from_slice(c));
+                    chunks.iter().map(|c| c.len()).sum()
+                })
+                .unwrap();
+            assert_eq!(n, P);
+            deliver(&mut server, &mut client, ch); // the credit update
+            sent.extend(deliver(&mut client, &mut server, ch));
+            if writable(&mut client, sid) && woken_at.is_none() {
+                woken_at = Some(round);
+            }
+        }
+        assert_eq!(got, data);
+        // Low water 2.5 chunks: no wake-up with 1 or 2 chunks of room (rounds 0 and 1),
+        // one once the third chunk has left (round 2).
+        assert_eq!(woken_at, Some(2));
+        // Each chunk left in the lent memory, its header in the headroom.
+        let out: Vec<*const u8> = sent.iter().map(|b| b.as_ptr()).collect();
+        assert_eq!(out, ptrs);
+        assert!(sent.iter().all(|b| b.len() == HEADER_LEN + P));
+        // Held by the "channel": nothing comes back; dropped: all four do.
+        assert_eq!(client.reclaim_sent(|_| {}), 0);
+        drop(sent);
+        let mut back = Vec::new();
+        assert_eq!(client.reclaim_sent(|b| back.push(b)), 4);
+        assert!(back.iter().all(|b| b.capacity() >= HEADER_LEN + P));
+        let back: Vec<*const u8> = back.iter().map(|b| b.as_ptr()).collect();
+        assert_eq!(back, ptrs);
+    }
+
+    /// A lent segment that credit cuts in two comes back once both parts are gone, and
+    /// can be widened over its whole allocation again.
+    #[test]
+    fn a_lent_segment_cut_by_credit_comes_back_whole() {
+        const P: usize = 1000;
+        let cfg = Config {
+            max_chunk_payload: P,
+            send_buffer: 4 * P,
+            recv_buffer: 3 * P / 2,
+            credit_window: 3 * P / 2,
+            credit_update_threshold: P / 2,
+            channel_budget: 4 * P,
+            ..Config::default()
+        };
+        let mut client = Endpoint::new(cfg.clone(), RoundRobin::default()).unwrap();
+        let mut server = Endpoint::new(cfg, RoundRobin::default()).unwrap();
+        let ch = ChannelId(0);
+        client
+            .add_channel(ch, PeerId(1), ChannelClass::Throughput)
+            .unwrap();
+        server
+            .add_channel(ch, PeerId(0), ChannelClass::Throughput)
+            .unwrap();
+        server.bind(7000, 4).unwrap();
+        let sid = client
+            .connect(PeerId(1), 7000, AppClass::Throughput)
+            .unwrap();
+        let mut segs: Vec<BytesMut> = (0..2u8)
+            .map(|i| {
+                let mut b = BytesMut::with_capacity(HEADER_LEN + P);
+                b.resize(HEADER_LEN, 0);
+                b.resize(HEADER_LEN + P, i + 1);
+                b
+            })
+            .collect();
+        let ptrs: Vec<*const u8> = segs.iter().map(|b| b.as_ptr()).collect();
+        assert_eq!(client.send_chunks(sid, &mut segs), Ok(2 * P));
+        let mut sent = deliver(&mut client, &mut server, ch);
+        deliver(&mut server, &mut client, ch);
+        sent.extend(deliver(&mut client, &mut server, ch));
+        // 1.5 chunks of credit: the second segment left cut, its front half first.
+        let lens: Vec<usize> = sent.iter().map(|b| b.len() - HEADER_LEN).collect();
+        assert_eq!(lens, [P, P / 2]);
+        let accepted = server.accept(7000).unwrap();
+        let mut buf = vec![0u8; 2 * P];
+        assert_eq!(server.recv(accepted, &mut buf), Ok(3 * P / 2));
+        deliver(&mut server, &mut client, ch);
+        let rest = deliver(&mut client, &mut server, ch);
+        assert_eq!(rest.len(), 1);
+        assert_eq!(
+            rest[0].len(),
+            P / 2,
+            "the rest: no header room, sent after its header"
+        );
+        assert_eq!(server.recv(accepted, &mut buf), Ok(P / 2));
+        assert!(buf[..P / 2].iter().all(|&b| b == 2));
+        drop(sent);
+        // The front half alone is not reusable while the rest is still out.
+        let mut back = Vec::new();
+        assert_eq!(client.reclaim_sent(|b| back.push(b)), 1);
+        drop(rest);
+        assert_eq!(client.reclaim_sent(|b| back.push(b)), 1);
+        for (mut b, ptr) in back.into_iter().zip(ptrs) {
+            assert_eq!(b.as_ptr(), ptr);
+            b.clear();
+            assert!(
+                b.try_reclaim(HEADER_LEN + P),
+                "the whole allocation is free again"
+            );
+            assert_eq!(b.as_ptr(), ptr);
+        }
+    }
 
     proptest! {
         /// Whatever the write and take sizes, the send buffer hands out exactly the bytes
