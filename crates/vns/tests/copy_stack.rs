@@ -164,10 +164,11 @@ async fn large_transfers_go_through_the_copy_workers() {
         // No byte is copied twice: each written and read byte once at most (the rest
         // went the plain way), by a worker or by this thread.
         assert!(s.worker_bytes + s.app_bytes <= 2 * (LEN as u64 + (3 << 20)));
-        // Chunk buffers are reused: what is allocated is bounded by what can be in
-        // flight at once (a send buffer being refilled, a send buffer queued, the
-        // channels' queues), not by the 32 MiB sent.
-        let in_flight = (2 * vns_config().send_buffer + CHANNELS * (1 << 20)) / chunk + 8;
+        // Chunk buffers are reused: what is allocated is bounded by what can be out at
+        // once (a copy filling at most a send buffer's room, the send buffer, and what
+        // credit lets into the channels before the peer reads), not by the 32 MiB sent.
+        let cfg = vns_config();
+        let in_flight = (2 * cfg.send_buffer + cfg.credit_window) / chunk + 8;
         let written_chunks = (copies_in as usize) * (THRESHOLD / chunk);
         assert!(
             s.buffers.allocations <= in_flight as u64,
