@@ -270,6 +270,8 @@ struct Socket {
     write_shut: bool,
     fin_sent: bool,
     write_blocked: bool,
+    /// Free send-buffer bytes that wake a blocked writer ([`Endpoint::send_room`]).
+    write_low_water: usize,
     // Receive side (the reorder buffer exists once the peer's ISN is known).
     rx: Option<ReorderBuffer>,
     parked: ResponseQueue,
@@ -298,6 +300,7 @@ impl Socket {
             write_shut: false,
             fin_sent: false,
             write_blocked: false,
+            write_low_water: 1,
             rx: None,
             parked: ResponseQueue::new(),
             early: Vec::new(),
@@ -350,6 +353,9 @@ struct OutChunk {
 struct Piece {
     buf: BytesMut,
     headroom: bool,
+    /// The start of a buffer lent by [`Endpoint::send_chunks`]: once sent, the endpoint
+    /// keeps a reference to hand the buffer back for reuse when the channel is done.
+    track: bool,
 }
 
 impl Piece {
@@ -416,8 +422,34 @@ impl SendBuf {
                 self.segs.push_back(Piece {
                     buf: std::mem::take(&mut self.tail),
                     headroom: true,
+                    track: false,
                 });
             }
+        }
+    }
+
+    /// Appends whole segments without copying: each `BytesMut` holds `HEADER_LEN` bytes of
+    /// room, then its payload (at most one segment). A partly filled tail is closed first
+    /// so that the order of the bytes is kept.
+    fn push_segments(&mut self, segs: impl Iterator<Item = BytesMut>) {
+        if self.tail_len() > 0 {
+            self.segs.push_back(Piece {
+                buf: std::mem::take(&mut self.tail),
+                headroom: true,
+                track: false,
+            });
+        }
+        for buf in segs {
+            let n = buf.len().saturating_sub(HEADER_LEN);
+            if n == 0 {
+                continue;
+            }
+            self.len += n;
+            self.segs.push_back(Piece {
+                buf,
+                headroom: true,
+                track: true,
+            });
         }
     }
 
@@ -437,11 +469,13 @@ impl SendBuf {
                 self.segs.push_back(Piece {
                     buf: piece,
                     headroom: false,
+                    track: false,
                 });
             } else {
                 self.segs.push_back(Piece {
                     buf: std::mem::take(&mut self.tail),
                     headroom: true,
+                    track: false,
                 });
             }
         }
@@ -450,14 +484,18 @@ impl SendBuf {
             self.segs.pop_front().expect("not empty")
         } else if front.headroom {
             front.headroom = false;
+            // The front part keeps the allocation's start, so it is the one that can be
+            // widened back over the whole buffer for reuse.
             Piece {
                 buf: front.buf.split_to(HEADER_LEN + max),
                 headroom: true,
+                track: std::mem::take(&mut front.track),
             }
         } else {
             Piece {
                 buf: front.buf.split_to(max),
                 headroom: false,
+                track: std::mem::take(&mut front.track),
             }
         };
         self.len -= out.len();
@@ -525,10 +563,18 @@ pub struct Endpoint {
     /// Emptied chunk buffers of the maximum payload's capacity, for the deframers to reuse
     /// (at most [`SPARE_BUFFERS`]).
     spare: Vec<Vec<u8>>,
+    /// Buffers lent by [`Endpoint::send_chunks`] and sent: a reference each, until the
+    /// channel drops its own and [`Endpoint::reclaim_sent`] hands them back.
+    sent_lent: VecDeque<Bytes>,
 }
 
 /// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
 const SPARE_BUFFERS: usize = 32;
+
+/// Most sent lent buffers the endpoint keeps references to; older ones are let go (freed
+/// by whoever drops them last) so that an application that stops lending buffers does not
+/// leave them held here.
+const SENT_LENT_MAX: usize = 4096;
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -562,6 +608,7 @@ impl Endpoint {
             next_ephemeral,
             schedule_needed: false,
             spare: Vec::new(),
+            sent_lent: VecDeque::new(),
         })
     }
 
@@ -708,7 +755,39 @@ impl Endpoint {
     pub fn poll_transmit(&mut self, id: ChannelId, out: &mut Vec<u8>) -> Option<usize> {
         let item = self.next_out(id)?;
         item.header.emit_to_vec(item.payload.data(), out);
+        if item.payload.track {
+            self.keep_lent(item.payload.buf.freeze());
+        }
         Some(item.header.wire_len())
+    }
+
+    /// Keeps a reference to a sent lent buffer until the channel is done with it.
+    fn keep_lent(&mut self, b: Bytes) {
+        if self.sent_lent.len() >= SENT_LENT_MAX {
+            self.sent_lent.pop_front();
+        }
+        self.sent_lent.push_back(b);
+    }
+
+    /// Hands every sent buffer lent by [`Endpoint::send_chunks`] that nothing else
+    /// references any more (the channel has dropped it) to `reuse`, as a `BytesMut` over
+    /// the data it was sent with (`BytesMut::try_reclaim` or `clear` + `reserve` widen it
+    /// over its whole allocation). Returns how many.
+    pub(crate) fn reclaim_sent(&mut self, mut reuse: impl FnMut(BytesMut)) -> usize {
+        let mut n = 0;
+        // Channels free their chunks in about the order sent, but one slow channel must
+        // not hold back the others' buffers: look at every entry, keeping the order.
+        for _ in 0..self.sent_lent.len() {
+            let b = self.sent_lent.pop_front().expect("counted");
+            match b.try_into_mut() {
+                Ok(m) => {
+                    reuse(m);
+                    n += 1;
+                }
+                Err(b) => self.sent_lent.push_back(b),
+            }
+        }
+        n
     }
 
     /// The next chunk for channel `id`, its credit field filled in.
@@ -746,18 +825,24 @@ impl Endpoint {
     /// `header`. `None` when nothing is queued for the channel.
     pub fn poll_transmit_parts(&mut self, id: ChannelId, header: &mut Vec<u8>) -> Option<Bytes> {
         let mut item = self.next_out(id)?;
-        if item.payload.headroom {
+        let track = item.payload.track;
+        let out = if item.payload.headroom {
             // The segment has room for the header in front: one `Bytes`, no copy.
             let buf = &mut item.payload.buf;
             item.header
                 .emit(&mut ChunkPacket::new_unchecked(&mut buf[..HEADER_LEN]));
-            return Some(item.payload.buf.freeze());
+            item.payload.buf.freeze()
+        } else {
+            let at = header.len();
+            header.resize(at + HEADER_LEN, 0);
+            item.header
+                .emit(&mut ChunkPacket::new_unchecked(&mut header[at..]));
+            item.payload.buf.freeze()
+        };
+        if track {
+            self.keep_lent(out.clone());
         }
-        let at = header.len();
-        header.resize(at + HEADER_LEN, 0);
-        item.header
-            .emit(&mut ChunkPacket::new_unchecked(&mut header[at..]));
-        Some(item.payload.buf.freeze())
+        Some(out)
     }
 
     /// Whether any chunk waits for channel `id` (after scheduling).
@@ -925,11 +1010,81 @@ impl Endpoint {
         let n = cap.saturating_sub(s.send_buf.len()).min(data.len());
         if n == 0 {
             s.write_blocked = true;
+            s.write_low_water = 1;
             return Err(Error::WouldBlock);
         }
         s.send_buf.push(&data[..n], seg);
         self.schedule_needed = true;
         Ok(n)
+    }
+
+    /// Free bytes in the socket's send buffer, if at least `min` (clamped to
+    /// `1..=send_buffer`); otherwise [`Error::WouldBlock`], and [`Event::Writable`] follows
+    /// once that much is free (a low-water mark, so that a writer with a large buffer is
+    /// woken for a large copy rather than for every chunk sent). Fails like
+    /// [`Endpoint::send`] on a failed or shut-down socket.
+    pub(crate) fn send_room(&mut self, id: SocketId, min: usize) -> Result<usize, Error> {
+        let cap = self.config.send_buffer;
+        let s = self.live_socket(id)?;
+        if let State::Failed(e) = s.state {
+            return Err(e);
+        }
+        if s.write_shut {
+            return Err(Error::WriteClosed);
+        }
+        let room = cap.saturating_sub(s.send_buf.len());
+        let min = min.clamp(1, cap);
+        if room < min {
+            s.write_blocked = true;
+            s.write_low_water = min;
+            return Err(Error::WouldBlock);
+        }
+        Ok(room)
+    }
+
+    /// [`Endpoint::send`] of data already cut into send-buffer segments, without copying:
+    /// each buffer holds [`HEADER_LEN`] bytes of room for its chunk header, then at most
+    /// `max_chunk_payload` bytes. Takes buffers from the front of `segs` while they fit
+    /// in the free space and returns the payload bytes taken; the rest stay in `segs`.
+    /// Sent buffers come back through [`Endpoint::reclaim_sent`].
+    pub(crate) fn send_chunks(
+        &mut self,
+        id: SocketId,
+        segs: &mut Vec<BytesMut>,
+    ) -> Result<usize, Error> {
+        let cap = self.config.send_buffer;
+        let seg = self.config.max_chunk_payload;
+        let s = self.live_socket(id)?;
+        if let State::Failed(e) = s.state {
+            return Err(e);
+        }
+        if s.write_shut {
+            return Err(Error::WriteClosed);
+        }
+        let mut room = cap.saturating_sub(s.send_buf.len());
+        let mut taken = 0;
+        let mut bytes = 0;
+        for b in segs.iter() {
+            let n = b.len().saturating_sub(HEADER_LEN);
+            if n > room || n > seg {
+                break;
+            }
+            room -= n;
+            bytes += n;
+            taken += 1;
+        }
+        if taken == 0 {
+            return if segs.is_empty() {
+                Ok(0)
+            } else {
+                s.write_blocked = true;
+                s.write_low_water = 1;
+                Err(Error::WouldBlock)
+            };
+        }
+        s.send_buf.push_segments(segs.drain(..taken));
+        self.schedule_needed = true;
+        Ok(bytes)
     }
 
     /// Reads in-order bytes. `Ok(0)` (with a non-empty `buf`) is the end of the stream:
@@ -951,6 +1106,41 @@ impl Endpoint {
             return Ok(0);
         }
         let n = rx.read_recycling(buf, &mut self.spare, SPARE_BUFFERS, max);
+        if n == 0 {
+            return if s.at_eof() {
+                Ok(0)
+            } else {
+                Err(Error::WouldBlock)
+            };
+        }
+        self.after_read(id);
+        Ok(n)
+    }
+
+    /// [`Endpoint::recv`] into `len` bytes (> 0) of the caller's, copied by `copy`: it is
+    /// lent the in-order bytes (at most `len`) as the received chunks' slices and returns
+    /// how many it copied. Same results, events and credit updates as `recv`.
+    pub(crate) fn recv_with(
+        &mut self,
+        id: SocketId,
+        len: usize,
+        copy: impl FnOnce(&[&[u8]]) -> usize,
+    ) -> Result<usize, Error> {
+        let max = self.config.max_chunk_payload;
+        let s = match self.sockets.get_mut(&id) {
+            Some(s) if !s.detached => s,
+            _ => return Err(Error::InvalidSocket),
+        };
+        if let State::Failed(e) = s.state {
+            return Err(e);
+        }
+        let Some(rx) = s.rx.as_mut() else {
+            return Err(Error::WouldBlock);
+        };
+        if len == 0 {
+            return Ok(0);
+        }
+        let n = rx.read_with(len, &mut self.spare, SPARE_BUFFERS, max, copy);
         if n == 0 {
             return if s.at_eof() {
                 Ok(0)
@@ -1260,7 +1450,7 @@ impl Endpoint {
             payload_len: len as u16,
         };
         s.next_seq = s.next_seq.plus(len as u32);
-        let wake = s.write_blocked && s.send_buf.len() < cap;
+        let wake = s.write_blocked && cap.saturating_sub(s.send_buf.len()) >= s.write_low_water;
         if wake {
             s.write_blocked = false;
         }
@@ -1681,7 +1871,193 @@ fn stats_of(id: ChannelId, c: &Channel) -> ChannelStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use netsched::RoundRobin;
     use proptest::prelude::*;
+
+    /// Moves every chunk `from` has for `ch` to `to`; returns the payload buffers handed
+    /// out (to compare their memory with what was lent).
+    fn deliver(from: &mut Endpoint, to: &mut Endpoint, ch: ChannelId) -> Vec<Bytes> {
+        let mut wire = Vec::new();
+        let mut payloads = Vec::new();
+        loop {
+            let mut header = Vec::new();
+            let Some(p) = from.poll_transmit_parts(ch, &mut header) else {
+                break;
+            };
+            wire.extend_from_slice(&header);
+            wire.extend_from_slice(&p);
+            if !p.is_empty() {
+                payloads.push(p);
+            }
+        }
+        assert_eq!(to.handle_chunk_bytes(ch, &wire).unwrap(), wire.len());
+        payloads
+    }
+
+    fn writable(ep: &mut Endpoint, sid: SocketId) -> bool {
+        std::iter::from_fn(|| ep.poll_events()).any(|e| e == Event::Writable(sid))
+    }
+
+    /// Lent segments leave as the same memory (header written into their headroom), a
+    /// writer waiting with a low-water mark is woken only once that much room is free,
+    /// `recv_with` lends the received bytes and keeps the credit flowing, and sent
+    /// segments come back once nothing else holds them.
+    #[test]
+    fn lent_segments_low_water_and_lent_reads() {
+        const P: usize = 1000;
+        let cfg = Config {
+            max_chunk_payload: P,
+            send_buffer: 4 * P,
+            recv_buffer: P,
+            credit_window: P,
+            credit_update_threshold: P,
+            channel_budget: 4 * P,
+            ..Config::default()
+        };
+        let mut client = Endpoint::new(cfg.clone(), RoundRobin::default()).unwrap();
+        let mut server = Endpoint::new(cfg, RoundRobin::default()).unwrap();
+        let ch = ChannelId(0);
+        client
+            .add_channel(ch, PeerId(1), ChannelClass::Throughput)
+            .unwrap();
+        server
+            .add_channel(ch, PeerId(0), ChannelClass::Throughput)
+            .unwrap();
+        server.bind(7000, 4).unwrap();
+        let sid = client
+            .connect(PeerId(1), 7000, AppClass::Throughput)
+            .unwrap();
+
+        let data: Vec<u8> = (0..4 * P).map(|i| (i * 7 + 1) as u8).collect();
+        let mut segs: Vec<BytesMut> = data
+            .chunks(P)
+            .map(|c| {
+                let mut b = BytesMut::with_capacity(HEADER_LEN + P);
+                b.resize(HEADER_LEN, 0);
+                b.extend_from_slice(c);
+                b
+            })
+            .collect();
+        let ptrs: Vec<*const u8> = segs.iter().map(|b| b.as_ptr()).collect();
+        assert_eq!(client.send_room(sid, 3 * P), Ok(4 * P));
+        assert_eq!(client.send_chunks(sid, &mut segs), Ok(4 * P));
+        assert!(segs.is_empty());
+        assert_eq!(client.send_room(sid, 5 * P / 2), Err(Error::WouldBlock));
+
+        // Handshake, then one chunk per credit window.
+        let mut sent = deliver(&mut client, &mut server, ch);
+        deliver(&mut server, &mut client, ch);
+        sent.extend(deliver(&mut client, &mut server, ch));
+        let accepted = server.accept(7000).unwrap();
+        // The handshake's own Writable (connected) is not a room wake-up.
+        while client.poll_events().is_some() {}
+        let mut got = Vec::new();
+        let mut woken_at = None;
+        for round in 1..=4 {
+            assert_eq!(sent.len(), round, "one chunk per window");
+            let n = server
+                .recv_with(accepted, usize::MAX, |chunks| {
+                    chunks.iter().for_each(|c| got.extend_from_slice(c));
+                    chunks.iter().map(|c| c.len()).sum()
+                })
+                .unwrap();
+            assert_eq!(n, P);
+            deliver(&mut server, &mut client, ch); // the credit update
+            sent.extend(deliver(&mut client, &mut server, ch));
+            if writable(&mut client, sid) && woken_at.is_none() {
+                woken_at = Some(round);
+            }
+        }
+        assert_eq!(got, data);
+        // Low water 2.5 chunks: no wake-up with 1 or 2 chunks of room (rounds 0 and 1),
+        // one once the third chunk has left (round 2).
+        assert_eq!(woken_at, Some(2));
+        // Each chunk left in the lent memory, its header in the headroom.
+        let out: Vec<*const u8> = sent.iter().map(|b| b.as_ptr()).collect();
+        assert_eq!(out, ptrs);
+        assert!(sent.iter().all(|b| b.len() == HEADER_LEN + P));
+        // Held by the "channel": nothing comes back; dropped: all four do.
+        assert_eq!(client.reclaim_sent(|_| {}), 0);
+        drop(sent);
+        let mut back = Vec::new();
+        assert_eq!(client.reclaim_sent(|b| back.push(b)), 4);
+        assert!(back.iter().all(|b| b.capacity() >= HEADER_LEN + P));
+        let back: Vec<*const u8> = back.iter().map(|b| b.as_ptr()).collect();
+        assert_eq!(back, ptrs);
+    }
+
+    /// A lent segment that credit cuts in two comes back once both parts are gone, and
+    /// can be widened over its whole allocation again.
+    #[test]
+    fn a_lent_segment_cut_by_credit_comes_back_whole() {
+        const P: usize = 1000;
+        let cfg = Config {
+            max_chunk_payload: P,
+            send_buffer: 4 * P,
+            recv_buffer: 3 * P / 2,
+            credit_window: 3 * P / 2,
+            credit_update_threshold: P / 2,
+            channel_budget: 4 * P,
+            ..Config::default()
+        };
+        let mut client = Endpoint::new(cfg.clone(), RoundRobin::default()).unwrap();
+        let mut server = Endpoint::new(cfg, RoundRobin::default()).unwrap();
+        let ch = ChannelId(0);
+        client
+            .add_channel(ch, PeerId(1), ChannelClass::Throughput)
+            .unwrap();
+        server
+            .add_channel(ch, PeerId(0), ChannelClass::Throughput)
+            .unwrap();
+        server.bind(7000, 4).unwrap();
+        let sid = client
+            .connect(PeerId(1), 7000, AppClass::Throughput)
+            .unwrap();
+        let mut segs: Vec<BytesMut> = (0..2u8)
+            .map(|i| {
+                let mut b = BytesMut::with_capacity(HEADER_LEN + P);
+                b.resize(HEADER_LEN, 0);
+                b.resize(HEADER_LEN + P, i + 1);
+                b
+            })
+            .collect();
+        let ptrs: Vec<*const u8> = segs.iter().map(|b| b.as_ptr()).collect();
+        assert_eq!(client.send_chunks(sid, &mut segs), Ok(2 * P));
+        let mut sent = deliver(&mut client, &mut server, ch);
+        deliver(&mut server, &mut client, ch);
+        sent.extend(deliver(&mut client, &mut server, ch));
+        // 1.5 chunks of credit: the second segment left cut, its front half first.
+        let lens: Vec<usize> = sent.iter().map(|b| b.len() - HEADER_LEN).collect();
+        assert_eq!(lens, [P, P / 2]);
+        let accepted = server.accept(7000).unwrap();
+        let mut buf = vec![0u8; 2 * P];
+        assert_eq!(server.recv(accepted, &mut buf), Ok(3 * P / 2));
+        deliver(&mut server, &mut client, ch);
+        let rest = deliver(&mut client, &mut server, ch);
+        assert_eq!(rest.len(), 1);
+        assert_eq!(
+            rest[0].len(),
+            P / 2,
+            "the rest: no header room, sent after its header"
+        );
+        assert_eq!(server.recv(accepted, &mut buf), Ok(P / 2));
+        assert!(buf[..P / 2].iter().all(|&b| b == 2));
+        drop(sent);
+        // The front half alone is not reusable while the rest is still out.
+        let mut back = Vec::new();
+        assert_eq!(client.reclaim_sent(|b| back.push(b)), 1);
+        drop(rest);
+        assert_eq!(client.reclaim_sent(|b| back.push(b)), 1);
+        for (mut b, ptr) in back.into_iter().zip(ptrs) {
+            assert_eq!(b.as_ptr(), ptr);
+            b.clear();
+            assert!(
+                b.try_reclaim(HEADER_LEN + P),
+                "the whole allocation is free again"
+            );
+            assert_eq!(b.as_ptr(), ptr);
+        }
+    }
 
     proptest! {
         /// Whatever the write and take sizes, the send buffer hands out exactly the bytes

@@ -13,7 +13,8 @@
 //!
 //! The [`stack`] module binds this core to channels and to tokio: a [`Stack`] (one driver
 //! thread owning the endpoint and the channels, AF_XDP or in-memory) and the user-facing
-//! [`VirtualStream`] and [`VirtualListener`]. Copy workers come later.
+//! [`VirtualStream`] and [`VirtualListener`]. [`copy`] holds the copy workers the stack
+//! shares large reads and writes with ([`StackBuilder::copy_workers`](stack::StackBuilder::copy_workers)).
 //!
 //! # Example
 //!

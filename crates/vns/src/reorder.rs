@@ -189,6 +189,63 @@ impl ReorderBuffer {
         Ok(off)
     }
 
+    /// Lends the in-order bytes, at most `max`, to `copy` as the chunks' own slices (no
+    /// copy is made here), then consumes as many bytes as `copy` returns (at most what it
+    /// was lent) and returns that count. Emptied chunk buffers go to `spare` like
+    /// [`read_recycling`](Self::read_recycling). For copying out with several threads
+    /// ([`CopyWorkerPool::copy_out`](crate::copy::CopyWorkerPool::copy_out)).
+    pub fn read_with(
+        &mut self,
+        max: usize,
+        spare: &mut Vec<Vec<u8>>,
+        keep: usize,
+        min_capacity: usize,
+        copy: impl FnOnce(&[&[u8]]) -> usize,
+    ) -> usize {
+        let want = max.min(self.ready_len);
+        if want == 0 {
+            return 0;
+        }
+        let mut slices: Vec<&[u8]> = Vec::new();
+        let mut lent = 0;
+        let mut skip = self.head;
+        for chunk in &self.ready {
+            if lent == want {
+                break;
+            }
+            let k = (chunk.len() - skip).min(want - lent);
+            slices.push(&chunk[skip..skip + k]);
+            lent += k;
+            skip = 0;
+        }
+        let n = copy(&slices).min(want);
+        self.consume(n, spare, keep, min_capacity);
+        n
+    }
+
+    /// Drops `n` (at most `ready_len`) in-order bytes from the front, recycling emptied
+    /// buffers as [`read_recycling`](Self::read_recycling) does.
+    fn consume(&mut self, n: usize, spare: &mut Vec<Vec<u8>>, keep: usize, min_capacity: usize) {
+        let mut done = 0;
+        while done < n {
+            let front = self.ready.front().expect("ready_len counts these bytes");
+            let k = (front.len() - self.head).min(n - done);
+            done += k;
+            self.head += k;
+            if self.head == front.len() {
+                let mut emptied = self.ready.pop_front().expect("front exists");
+                self.head = 0;
+                if spare.len() < keep && emptied.capacity() >= min_capacity {
+                    emptied.clear();
+                    spare.push(emptied);
+                }
+            }
+        }
+        self.ready_len -= n;
+        self.read_seq = self.read_seq.plus(n as u32);
+        self.read_offset += n as u64;
+    }
+
     /// Copies in-order bytes into `buf`, returning how many.
     pub fn read(&mut self, buf: &mut [u8]) -> usize {
         self.read_recycling(buf, &mut Vec::new(), 0, 0)
@@ -266,6 +323,40 @@ mod tests {
         assert_eq!(r.read_recycling(&mut buf, &mut spare, 1, 4096), 4000);
         assert_eq!(spare.len(), 1, "keeps at most `keep`");
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn read_with_lends_slices_and_consumes_what_was_taken() {
+        let mut r = ReorderBuffer::new(Seq(10), 1 << 16);
+        r.insert_vec(Seq(10), vec![1; 5000]).unwrap();
+        r.insert_vec(Seq(5010), vec![2; 5000]).unwrap();
+        r.insert_vec(Seq(10_010), vec![3; 5000]).unwrap();
+        let mut head = [0u8; 100];
+        assert_eq!(r.read(&mut head), 100);
+        let mut spare = Vec::new();
+        // Lent: the rest of the first chunk and part of the second, as they are.
+        let n = r.read_with(7000, &mut spare, 4, 4096, |slices| {
+            assert_eq!(
+                slices.iter().map(|s| s.len()).collect::<Vec<_>>(),
+                [4900, 2100]
+            );
+            assert!(slices[0].iter().all(|&b| b == 1) && slices[1].iter().all(|&b| b == 2));
+            6000 // took less than lent
+        });
+        assert_eq!(n, 6000);
+        assert_eq!(spare.len(), 1, "the emptied first chunk is recycled");
+        assert_eq!(r.read_seq(), Seq(6110));
+        assert_eq!(r.readable(), 15_000 - 6100);
+        // A closure claiming more than it was lent consumes only what was lent.
+        assert_eq!(
+            r.read_with(usize::MAX, &mut spare, 4, 4096, |_| usize::MAX),
+            8900
+        );
+        assert!(r.is_empty());
+        assert_eq!(
+            r.read_with(10, &mut spare, 4, 4096, |_| panic!("nothing to lend")),
+            0
+        );
     }
 
     #[test]

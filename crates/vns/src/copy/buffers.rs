@@ -102,14 +102,16 @@ impl BufferPool {
     }
 
     /// Gives a buffer back. Kept (cleared) if the pool has room and it can hold a chunk.
-    /// Returns whether it was kept.
+    /// Returns whether it was kept. A buffer whose view was cut down (the front part of a
+    /// split, or advanced) is widened back over its whole allocation when it is the only
+    /// handle left (`BytesMut::try_reclaim`, no copy, no allocation).
     pub fn put(&self, mut buf: BytesMut) -> bool {
-        if buf.capacity() < self.buffer_size {
-            // A split or shrunk buffer; reserving here would allocate anyway.
+        buf.clear();
+        if buf.capacity() < self.buffer_size && !buf.try_reclaim(self.buffer_size) {
+            // Too small, or still shared; reserving here would allocate anyway.
             self.discarded.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        buf.clear();
         let kept = {
             let mut idle = self.lock();
             if idle.len() < self.capacity {
@@ -198,5 +200,24 @@ mod tests {
         assert!(again.is_empty());
         // Too small buffers are not kept.
         assert!(!pool.put(BytesMut::with_capacity(8)));
+    }
+
+    #[test]
+    fn the_front_of_a_split_buffer_comes_back_whole_once_unique() {
+        let pool = BufferPool::new(64, 4);
+        let mut b = pool.take();
+        b.extend_from_slice(&[1; 64]);
+        let ptr = b.as_ptr();
+        // A chunk cut short: the front part is sent first, the rest later.
+        let front = b.split_to(16).freeze();
+        let rest = b.freeze();
+        let kept = front.clone();
+        drop(front);
+        assert!(!pool.put_bytes(kept.clone()), "the rest still shares it");
+        drop(rest);
+        assert!(pool.put_bytes(kept), "widened over the whole allocation");
+        let again = pool.take();
+        assert_eq!(again.as_ptr(), ptr);
+        assert!(again.capacity() >= 64);
     }
 }

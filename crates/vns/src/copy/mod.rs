@@ -58,8 +58,10 @@
 //! copied 1.4–1.6× faster than the application thread alone (and lost when that core was
 //! busy); 16 MiB copies are memory-bound (~6 GiB/s) with or without workers.
 //!
-//! Not done here (for the Stack on top): the paper's per-worker 640 KB load threshold —
-//! work is shared by rayon's queue instead — and choosing the copying core per socket.
+//! The [Stack](crate::stack#copy-workers) owns one pool built from
+//! `StackBuilder::copy_workers` and uses it for large `VirtualStream` reads and writes.
+//! Not done: the paper's per-worker 640 KB load threshold — work is shared by rayon's
+//! queue instead — and choosing the copying core per socket.
 //! Figures are in `docs/performance.md` ("Copy workers") and the design in
 //! `docs/copy-workers.md`.
 //!

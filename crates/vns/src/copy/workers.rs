@@ -29,6 +29,11 @@ pub struct CopyConfig {
     pub spill_to_remote_nodes: bool,
     /// Most idle chunk buffers kept for reuse.
     pub buffer_pool_capacity: usize,
+    /// Bytes of room [`CopyWorkerPool::copy_in`] and [`CopyWorkerPool::copy_in_mut`] leave
+    /// (zeroed) in front of each chunk's data, for a header written in place later, so
+    /// that header and payload leave as one buffer (the Stack uses the chunk header's
+    /// length). Buffers have `chunk_size + headroom` bytes of capacity. Default 0.
+    pub headroom: usize,
     /// The topology to place workers by; `None` reads the machine with hwloc from the
     /// thread calling [`CopyWorkerPool::new`], taken to be the application thread.
     pub topology: Option<Topology>,
@@ -43,6 +48,7 @@ impl Default for CopyConfig {
             pin: true,
             spill_to_remote_nodes: false,
             buffer_pool_capacity: 1024,
+            headroom: 0,
             topology: None,
         }
     }
@@ -67,6 +73,9 @@ pub struct CopyStats {
     pub inline_copies: u64,
     /// Copies cut into pieces shared with workers.
     pub parallel_copies: u64,
+    /// Of those, copies out of chunks ([`CopyWorkerPool::copy_out`]); the rest copied
+    /// into chunks.
+    pub parallel_copies_out: u64,
     /// Pieces the workers copied.
     pub worker_pieces: u64,
     /// Bytes the workers copied.
@@ -83,6 +92,7 @@ pub struct CopyStats {
 struct Counters {
     inline_copies: AtomicU64,
     parallel_copies: AtomicU64,
+    parallel_copies_out: AtomicU64,
     worker_pieces: AtomicU64,
     worker_bytes: AtomicU64,
     app_bytes: AtomicU64,
@@ -101,6 +111,7 @@ fn add(c: &AtomicU64, n: usize) {
 pub struct CopyWorkerPool {
     chunk_size: usize,
     small_copy_threshold: usize,
+    headroom: usize,
     workers: usize,
     threads: Option<rayon_core::ThreadPool>,
     handles: Vec<JoinHandle<()>>,
@@ -179,6 +190,7 @@ impl CopyWorkerPool {
         Ok(Self {
             chunk_size: config.chunk_size,
             small_copy_threshold: config.small_copy_threshold,
+            headroom: config.headroom,
             workers: config.workers,
             threads,
             handles,
@@ -186,7 +198,10 @@ impl CopyWorkerPool {
             tids,
             placement,
             topology,
-            buffers: BufferPool::new(config.chunk_size, config.buffer_pool_capacity),
+            buffers: BufferPool::new(
+                config.chunk_size + config.headroom,
+                config.buffer_pool_capacity,
+            ),
             counters,
         })
     }
@@ -199,6 +214,16 @@ impl CopyWorkerPool {
     /// The chunk size `copy_in` cuts at.
     pub fn chunk_size(&self) -> usize {
         self.chunk_size
+    }
+
+    /// Copies shorter than this are done by the calling thread alone.
+    pub fn small_copy_threshold(&self) -> usize {
+        self.small_copy_threshold
+    }
+
+    /// Bytes of room in front of each chunk [`CopyWorkerPool::copy_in`] makes.
+    pub fn headroom(&self) -> usize {
+        self.headroom
     }
 
     /// The cores the workers were placed on.
@@ -239,6 +264,7 @@ impl CopyWorkerPool {
         CopyStats {
             inline_copies: c.inline_copies.load(Ordering::Relaxed),
             parallel_copies: c.parallel_copies.load(Ordering::Relaxed),
+            parallel_copies_out: c.parallel_copies_out.load(Ordering::Relaxed),
             worker_pieces: c.worker_pieces.load(Ordering::Relaxed),
             worker_bytes: c.worker_bytes.load(Ordering::Relaxed),
             app_bytes: c.app_bytes.load(Ordering::Relaxed),
@@ -253,8 +279,9 @@ impl CopyWorkerPool {
         self.buffers.put_bytes(chunk)
     }
 
-    /// Copies `src` into chunks of at most `chunk_size` bytes, in buffers from the pool.
-    /// An empty `src` gives no chunk.
+    /// Copies `src` into chunks of at most `chunk_size` bytes, in buffers from the pool
+    /// (each preceded by [`CopyConfig::headroom`] zero bytes). An empty `src` gives no
+    /// chunk.
     pub fn copy_in(&self, src: &[u8]) -> Vec<Bytes> {
         let mut bufs = Vec::new();
         self.buffers
@@ -265,8 +292,8 @@ impl CopyWorkerPool {
 
     /// Like [`CopyWorkerPool::copy_in`] into the caller's reusable buffers: `out`'s
     /// buffers are cleared and refilled in order, missing ones come from the pool, and
-    /// surplus ones go back to it. Afterwards `out` holds exactly the chunks of `src`.
-    /// Returns the number of chunks.
+    /// surplus ones go back to it. Afterwards `out` holds exactly the chunks of `src`
+    /// (each after [`CopyConfig::headroom`] zero bytes). Returns the number of chunks.
     pub fn copy_in_mut(&self, src: &[u8], out: &mut Vec<BytesMut>) -> usize {
         let k = src.len().div_ceil(self.chunk_size);
         for surplus in out.drain(k.min(out.len())..) {
@@ -275,7 +302,7 @@ impl CopyWorkerPool {
         for b in out.iter_mut() {
             b.clear();
             // A caller's buffer that is too small grows once and stays grown.
-            b.reserve(self.chunk_size);
+            b.reserve(self.chunk_size + self.headroom);
         }
         self.buffers.note_reuse(out.len());
         let missing = k - out.len();
@@ -287,6 +314,7 @@ impl CopyWorkerPool {
     /// Fills `bufs` (empty, `len == ceil(src.len() / chunk_size)`) with the chunks of `src`.
     fn fill(&self, src: &[u8], bufs: &mut [BytesMut]) {
         let cs = self.chunk_size;
+        let h = self.headroom;
         let parts = self.parts(src.len()).min(bufs.len());
         let c = &self.counters;
         match (&self.threads, parts) {
@@ -309,18 +337,18 @@ impl CopyWorkerPool {
                         rest_bufs = tail_bufs;
                         rest_src = tail_src;
                         scope.spawn(move |_| {
-                            fill_chunks(piece_bufs, piece_src, cs);
+                            fill_chunks(piece_bufs, piece_src, cs, h);
                             add(&c.worker_pieces, 1);
                             add(&c.worker_bytes, piece_src.len());
                         });
                     }
-                    fill_chunks(app_bufs, app_src, cs);
+                    fill_chunks(app_bufs, app_src, cs, h);
                     add(&c.app_bytes, app_src.len());
                 });
             }
             _ => {
                 add(&c.inline_copies, 1);
-                fill_chunks(bufs, src, cs);
+                fill_chunks(bufs, src, cs, h);
                 add(&c.app_bytes, src.len());
             }
         }
@@ -329,14 +357,20 @@ impl CopyWorkerPool {
     /// Copies the bytes of `chunks`, in order, into `dst`: as many as fit
     /// (`min(total, dst.len())`), which it returns. Large copies are cut into one piece per
     /// worker plus one for the application thread, each writing its own part of `dst`.
-    pub fn copy_out(&self, chunks: &[Bytes], dst: &mut [u8]) -> usize {
-        let total = chunks.iter().map(Bytes::len).sum::<usize>().min(dst.len());
+    /// The chunks are plain data (no headroom): `Bytes`, `Vec<u8>`, `&[u8]`, ...
+    pub fn copy_out<C: AsRef<[u8]> + Sync>(&self, chunks: &[C], dst: &mut [u8]) -> usize {
+        let total = chunks
+            .iter()
+            .map(|c| c.as_ref().len())
+            .sum::<usize>()
+            .min(dst.len());
         let dst = &mut dst[..total];
         let parts = self.parts(total);
         let c = &self.counters;
         match (&self.threads, parts) {
             (Some(threads), 2..) => {
                 add(&c.parallel_copies, 1);
+                add(&c.parallel_copies_out, 1);
                 threads.in_place_scope(|scope| {
                     let app_len = total / parts;
                     let (app_dst, mut rest) = dst.split_at_mut(app_len);
@@ -422,17 +456,20 @@ fn own_tid() -> Option<u64> {
     link.file_name()?.to_str()?.parse().ok()
 }
 
-/// Copies consecutive `chunk_size` pieces of `src` into `bufs` (one per buffer).
-fn fill_chunks(bufs: &mut [BytesMut], src: &[u8], chunk_size: usize) {
+/// Copies consecutive `chunk_size` pieces of `src` into `bufs` (one per buffer), each
+/// after `headroom` zero bytes.
+fn fill_chunks(bufs: &mut [BytesMut], src: &[u8], chunk_size: usize, headroom: usize) {
     for (buf, piece) in bufs.iter_mut().zip(src.chunks(chunk_size)) {
+        buf.resize(headroom, 0);
         buf.extend_from_slice(piece);
     }
 }
 
 /// Copies `dst.len()` bytes of the concatenation of `chunks`, starting at byte `offset`.
-fn copy_range(chunks: &[Bytes], mut offset: usize, dst: &mut [u8]) {
+fn copy_range<C: AsRef<[u8]>>(chunks: &[C], mut offset: usize, dst: &mut [u8]) {
     let mut written = 0;
     for chunk in chunks {
+        let chunk = chunk.as_ref();
         if written == dst.len() {
             break;
         }

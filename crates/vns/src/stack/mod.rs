@@ -28,9 +28,77 @@
 //!   throughput channels (plus latency channels) to the host's channel port; each begins
 //!   with an 8-byte preamble naming its class (`docs/wire-format.md`). Channels accepted
 //!   from a host serve connects to it as well.
-//! - Copy workers (the paper's §3.3) are configured with
-//!   [`StackBuilder::copy_workers`]; until they are wired in, the application thread
-//!   copies everything (the `0` behaviour).
+//! - Copy workers (the paper's §3.3, [`crate::copy`]): see [below](#copy-workers).
+//!
+//! # Copy workers
+//!
+//! [`StackBuilder::copy_workers`]`(n)` gives the stack a
+//! [`CopyWorkerPool`] of `n` threads (`vns-copy-i`), placed
+//! NUMA-local to the thread that builds the stack and pinned with `core_affinity`; `0`
+//! (the default) starts none and the application thread copies everything. Tunables
+//! (small-copy threshold, default 512 KiB; pinning; buffer pool size) come with
+//! [`StackBuilder::copy_config`]. With workers:
+//!
+//! - A write of at least the threshold waits for that much room in the socket's send
+//!   buffer (instead of waking for every chunk sent), then the application slice is cut
+//!   into chunks of `max_chunk_payload` in pooled buffers that keep room for the chunk
+//!   header in front, copied by the workers and the application thread together, outside
+//!   the stack's lock. The buffers join the send buffer as they are, leave for the
+//!   channels without another copy, and return to the pool once the channel has dropped
+//!   them (reused, not allocated per chunk: [`Stack::copy_stats`]).
+//! - A read into a buffer of at least the threshold lends the received in-order chunks
+//!   to the pool, which copies them out in parallel when at least the threshold is
+//!   readable (fewer bytes are copied inline).
+//! - Smaller writes and reads take the plain path, unchanged. Credit and flow control are
+//!   the same on both paths (a read frees receive space and may send a credit update
+//!   exactly as before).
+//!
+//! The workers only engage when the socket buffers can hold a copy that large: the
+//! defaults ([`Config::send_buffer`]/[`Config::recv_buffer`], 256 KiB) are below the
+//! default threshold, so raise them with [`StackBuilder::vns_config`] (a warning is
+//! logged otherwise). The copies block the calling task for their duration, like a
+//! `memcpy` in a syscall (tens of µs for 1 MiB). Dropping the stack's last handle joins
+//! the workers. Figures: `docs/performance.md`, "Copy workers".
+//!
+//! ```
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! use vns::stack::{MemNetwork, Stack};
+//! use vns::Config;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! let net = MemNetwork::new();
+//! let buffers = Config {
+//!     send_buffer: 2 << 20,
+//!     recv_buffer: 2 << 20,
+//!     credit_window: 4 << 20,
+//!     ..Config::default()
+//! };
+//! let build = |ip: &str| {
+//!     Stack::builder()
+//!         .ipv4(ip.parse().unwrap())
+//!         .vns_config(buffers.clone())
+//!         .copy_workers(2)
+//!         .build_in_memory(&net)
+//! };
+//! let (a, b) = (build("10.0.0.1")?, build("10.0.0.2")?);
+//! let listener = b.bind("10.0.0.2:7000".parse().unwrap()).await?;
+//! let mut client = a.connect("10.0.0.2:7000".parse().unwrap()).await?;
+//! let (mut server, _) = listener.accept().await?;
+//!
+//! let data = vec![7u8; 1 << 20];
+//! let (written, got) = tokio::join!(client.write_all(&data), async {
+//!     let mut got = vec![0u8; data.len()];
+//!     server.read_exact(&mut got).await.map(|_| got)
+//! });
+//! written?;
+//! assert!(got? == data);
+//! // The 1 MiB write was copied by the workers and the application thread together.
+//! assert!(a.copy_stats().parallel_copies >= 1);
+//! assert!(a.copy_stats().worker_bytes > 0);
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Example
 //!
@@ -73,7 +141,7 @@ use std::time::Duration;
 
 use netsched::{NetScheduler, RoundRobin};
 use thiserror::Error;
-use tracing::debug;
+use tracing::{debug, warn};
 
 #[cfg(target_os = "linux")]
 pub use backend::XdpBackend;
@@ -82,7 +150,9 @@ pub use listener::VirtualListener;
 pub use mem::{MemAcceptor, MemBackend, MemChannel, MemLimits, MemNetwork};
 pub use stream::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, VirtualStream, WriteHalf};
 
+use crate::copy::{CopyConfig, CopyError, CopyStats, CopyWorkerPool};
 use crate::endpoint::{Config, ConfigError, Endpoint, Error};
+use crate::wire::HEADER_LEN;
 use driver::{Core, CoreConfig};
 
 /// Why a [`Stack`] could not be built.
@@ -107,6 +177,9 @@ pub enum StackError {
     /// Spawning the driver thread failed.
     #[error("spawning the stack's driver thread: {0}")]
     Spawn(#[source] io::Error),
+    /// The copy workers could not be started.
+    #[error("copy workers: {0}")]
+    CopyWorkers(#[source] CopyError),
     /// An environment variable for the default stack is malformed.
     #[error("environment variable {name}: {msg}")]
     Env {
@@ -127,6 +200,7 @@ impl From<StackError> for io::Error {
             }
             StackError::Channels(c) => c.kind(),
             StackError::Spawn(s) => s.kind(),
+            StackError::CopyWorkers(_) => io::ErrorKind::Other,
         };
         io::Error::new(kind, e)
     }
@@ -163,6 +237,7 @@ pub struct StackBuilder {
     channels: usize,
     latency_channels: usize,
     copy_workers: usize,
+    copy_config: CopyConfig,
     scheduler: Box<dyn NetScheduler>,
     channel_port: u16,
     backlog: usize,
@@ -194,6 +269,7 @@ impl Default for StackBuilder {
             channels: 4,
             latency_channels: 1,
             copy_workers: 0,
+            copy_config: CopyConfig::default(),
             scheduler: Box::new(RoundRobin::default()),
             channel_port: netdriver::channel::DEFAULT_CHANNEL_PORT,
             backlog: 128,
@@ -231,10 +307,21 @@ impl StackBuilder {
         self
     }
 
-    /// Copy workers (0: the application thread copies everything). Stored; the workers
-    /// are wired in by the copy-worker module.
+    /// Copy workers (default 0: the application thread copies everything): threads,
+    /// pinned to cores NUMA-local to the thread that builds the stack, that share large
+    /// copies between application buffers and the stack's chunk buffers with the
+    /// application thread (see [copy workers](crate::stack#copy-workers)).
     pub fn copy_workers(mut self, n: usize) -> Self {
         self.copy_workers = n;
+        self
+    }
+
+    /// Tunables of the copy workers: small-copy threshold, pinning, NUMA spill, buffer
+    /// pool size, topology. Its `workers` is ignored ([`copy_workers`](Self::copy_workers)
+    /// counts them), and so are `chunk_size` and `headroom`: the stack cuts chunks of its
+    /// `max_chunk_payload` with room for the chunk header in front.
+    pub fn copy_config(mut self, c: CopyConfig) -> Self {
+        self.copy_config = c;
         self
     }
 
@@ -311,6 +398,7 @@ impl StackBuilder {
     }
 
     fn start(self, backend: Arc<dyn Backend>) -> Result<Stack, StackError> {
+        let copy = CopyPath::new(self.copy_workers, self.copy_config, &self.vns)?;
         let ep = Endpoint::new(self.vns, self.scheduler)?;
         let acceptor = backend
             .listen(self.channel_port)
@@ -334,8 +422,54 @@ impl StackBuilder {
                 core,
                 driver: Mutex::new(Some(driver)),
                 copy_workers: self.copy_workers,
+                copy,
             }),
         })
+    }
+}
+
+/// The copy workers of a stack and which transfers use them.
+pub(crate) struct CopyPath {
+    pub(crate) pool: CopyWorkerPool,
+    /// Writes of at least this many bytes go through the workers (the pool's small-copy
+    /// threshold); `None` when the send buffer could never take that much at once.
+    pub(crate) write_min: Option<usize>,
+    /// Reads into buffers of at least this many bytes copy out through the workers;
+    /// `None` when the receive buffer could never hold that much.
+    pub(crate) read_min: Option<usize>,
+}
+
+impl CopyPath {
+    fn new(workers: usize, config: CopyConfig, vns: &Config) -> Result<Option<Self>, StackError> {
+        if workers == 0 {
+            return Ok(None);
+        }
+        vns.validate()?;
+        let threshold = config.small_copy_threshold;
+        let pool = CopyWorkerPool::new(CopyConfig {
+            workers,
+            chunk_size: vns.max_chunk_payload,
+            headroom: HEADER_LEN,
+            ..config
+        })
+        .map_err(StackError::CopyWorkers)?;
+        let usable = |buffer: usize| (buffer >= threshold).then_some(threshold.max(1));
+        let path = CopyPath {
+            pool,
+            write_min: usable(vns.send_buffer),
+            read_min: usable(vns.recv_buffer),
+        };
+        if path.write_min.is_none() || path.read_min.is_none() {
+            warn!(
+                threshold,
+                send_buffer = vns.send_buffer,
+                recv_buffer = vns.recv_buffer,
+                "copy workers: a socket buffer is smaller than the small-copy threshold, so \
+                 the workers never copy in that direction (raise the buffers with \
+                 vns_config or lower the threshold with copy_config)"
+            );
+        }
+        Ok(Some(path))
     }
 }
 
@@ -343,6 +477,8 @@ struct StackInner {
     core: Arc<Core>,
     driver: Mutex<Option<JoinHandle<()>>>,
     copy_workers: usize,
+    /// Dropped after the driver is joined (field order), which joins the workers.
+    copy: Option<CopyPath>,
 }
 
 impl StackInner {
@@ -414,6 +550,30 @@ impl Stack {
     /// The configured number of copy workers.
     pub fn copy_workers(&self) -> usize {
         self.inner.copy_workers
+    }
+
+    /// Counters of the copy workers and of their chunk buffer pool; all zero without
+    /// workers (then the application thread copies everything on the plain path).
+    pub fn copy_stats(&self) -> CopyStats {
+        self.inner
+            .copy
+            .as_ref()
+            .map(|c| c.pool.stats())
+            .unwrap_or_default()
+    }
+
+    /// OS thread ids of the copy workers (Linux), for inspection: they are gone once
+    /// the stack's last handle is dropped.
+    pub fn copy_worker_tids(&self) -> Vec<u64> {
+        self.inner
+            .copy
+            .as_ref()
+            .map(|c| c.pool.worker_tids().into_iter().map(|(_, t)| t).collect())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn copy_path(&self) -> Option<&CopyPath> {
+        self.inner.copy.as_ref()
     }
 
     /// Channels the stack holds now (to all peers).

@@ -19,6 +19,7 @@ use tracing::debug;
 use super::backend::BoxedTransport;
 use super::driver::stopped_error;
 use super::{default_stack, first_v4, Stack};
+use crate::copy::CopyWorkerPool;
 use crate::endpoint::{Error, SocketId};
 
 /// The socket behind a stream and its halves; dropping the last reference closes it
@@ -48,6 +49,11 @@ impl StreamInner {
     }
 
     fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if let Some(path) = self.stack.copy_path() {
+            if path.read_min.is_some_and(|min| buf.remaining() >= min) {
+                return self.poll_read_pooled(cx, buf, &path.pool);
+            }
+        }
         let core = self.stack.core();
         let mut st = core.lock();
         let mut pulled = false;
@@ -75,7 +81,124 @@ impl StreamInner {
         }
     }
 
+    /// A read into a large buffer: the in-order bytes are lent to the copy workers as the
+    /// received chunks' slices and copied out in parallel when there are enough of them
+    /// (the pool copies fewer inline). Same locking, results and credit updates as the
+    /// plain path; like it, the copy runs under the stack's lock.
+    fn poll_read_pooled(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        pool: &CopyWorkerPool,
+    ) -> Poll<io::Result<()>> {
+        let core = self.stack.core();
+        let mut st = core.lock();
+        let mut pulled = false;
+        loop {
+            let dst = buf.initialize_unfilled();
+            let len = dst.len();
+            match st
+                .ep
+                .recv_with(self.sid, len, |chunks| pool.copy_out(chunks, dst))
+            {
+                Ok(n) => {
+                    core.finish_call(st);
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
+                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => pulled = true,
+                Err(Error::WouldBlock) => {
+                    if let Some(w) = st.socks.get_mut(&self.sid) {
+                        w.read = Some(cx.waker().clone());
+                    }
+                    core.want_rx(st, cx.waker());
+                    return Poll::Pending;
+                }
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+        }
+    }
+
+    /// A large write: waits for at least `min` bytes of room in the send buffer (so that
+    /// the copy is large enough to share), copies the data into pooled chunk buffers
+    /// with the copy workers, outside the stack's lock, and hands the buffers to the send
+    /// buffer as they are (each has room for its chunk header). Sent buffers come back to
+    /// the pool once the channels drop them.
+    fn poll_write_pooled(
+        &self,
+        cx: &mut Context<'_>,
+        data: &[u8],
+        pool: &CopyWorkerPool,
+        min: usize,
+    ) -> Poll<io::Result<usize>> {
+        let core = self.stack.core();
+        let mut st = core.lock();
+        if st.stopped {
+            return Poll::Ready(Err(stopped_error()));
+        }
+        let mut pulled = false;
+        let room = loop {
+            match st.ep.send_room(self.sid, min) {
+                Ok(room) => break room,
+                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => {
+                    pulled = true;
+                    core.flush(&mut st);
+                }
+                Err(Error::WouldBlock) => {
+                    if let Some(w) = st.socks.get_mut(&self.sid) {
+                        w.write = Some(cx.waker().clone());
+                    }
+                    core.want_rx(st, cx.waker());
+                    return Poll::Pending;
+                }
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+        };
+        // Buffers the channels are done with go back to the pool before the copy takes
+        // some, so that it reuses them.
+        st.ep.reclaim_sent(|b| {
+            pool.buffers().put(b);
+        });
+        drop(st);
+        // Only this write half adds to the send buffer, so the room can only grow while
+        // the lock is released for the copy.
+        let n = room.min(data.len());
+        let mut segs = Vec::new();
+        pool.copy_in_mut(&data[..n], &mut segs);
+        let mut st = core.lock();
+        let r = if st.stopped {
+            Err(Error::WouldBlock)
+        } else {
+            st.ep.send_chunks(self.sid, &mut segs)
+        };
+        for b in segs.drain(..) {
+            pool.buffers().put(b);
+        }
+        match r {
+            Ok(n) => {
+                core.finish_call(st);
+                Poll::Ready(Ok(n))
+            }
+            Err(_) if st.stopped => Poll::Ready(Err(stopped_error())),
+            Err(Error::WouldBlock) => {
+                // Not expected (the room only grows); wait for room like the plain path.
+                if let Some(w) = st.socks.get_mut(&self.sid) {
+                    w.write = Some(cx.waker().clone());
+                }
+                core.want_rx(st, cx.waker());
+                Poll::Pending
+            }
+            Err(e) => Poll::Ready(Err(e.into())),
+        }
+    }
+
     fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        if let Some(path) = self.stack.copy_path() {
+            if let Some(min) = path.write_min.filter(|&min| data.len() >= min) {
+                return self.poll_write_pooled(cx, data, &path.pool, min);
+            }
+        }
         let core = self.stack.core();
         let mut st = core.lock();
         if st.stopped {
