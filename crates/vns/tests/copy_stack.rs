@@ -228,3 +228,39 @@ async fn dropping_the_stack_joins_its_copy_workers() {
     let left: Vec<_> = tids.iter().filter(|&&t| thread_exists(t)).collect();
     assert!(left.is_empty(), "copy workers still running: {left:?}");
 }
+
+/// A stack with copy workers and no explicit `vns_config` gets socket buffers the workers
+/// can use with the default threshold (the plain defaults, 256 KiB, are below it): a 1 MiB
+/// write is shared with them.
+#[tokio::test(flavor = "current_thread")]
+async fn copy_workers_without_vns_config_get_buffers_they_can_use() {
+    let net = MemNetwork::new();
+    let build = |ip| {
+        Stack::builder()
+            .ipv4(ip)
+            .copy_workers(1)
+            .build_in_memory(&net)
+            .unwrap()
+    };
+    let (a, b) = (build(A), build(B));
+    let (mut c, mut s) = connected(&a, &b, 7103).await;
+    let data = pattern(4, 4 * IO);
+    let (_, got) = tokio::join!(
+        async { timeout(LIMIT, c.write_all(&data)).await.unwrap().unwrap() },
+        async {
+            let mut got = vec![0u8; data.len()];
+            timeout(LIMIT, s.read_exact(&mut got))
+                .await
+                .unwrap()
+                .unwrap();
+            got
+        }
+    );
+    assert!(got == data);
+    let st = a.copy_stats();
+    assert!(
+        st.parallel_copies > 0,
+        "no write shared with the workers: {st:?}"
+    );
+    assert!(st.worker_bytes > 0, "{st:?}");
+}

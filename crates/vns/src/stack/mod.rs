@@ -55,29 +55,24 @@
 //!
 //! The workers only engage when the socket buffers can hold a copy that large: the
 //! defaults ([`Config::send_buffer`]/[`Config::recv_buffer`], 256 KiB) are below the
-//! default threshold, so raise them with [`StackBuilder::vns_config`] (a warning is
-//! logged otherwise). The copies block the calling task for their duration, like a
-//! `memcpy` in a syscall (tens of µs for 1 MiB). Dropping the stack's last handle joins
-//! the workers. Figures: `docs/performance.md`, "Copy workers".
+//! default threshold, so a stack built with copy workers and no
+//! [`StackBuilder::vns_config`] gets buffers of four times the threshold (2 MiB, credit
+//! window 4 MiB). An explicit `vns_config` is taken as it is (a warning is logged when
+//! its buffers keep the workers idle). The copies block the calling task for their
+//! duration, like a `memcpy` in a syscall (tens of µs for 1 MiB). Dropping the stack's
+//! last handle joins the workers. Figures: `docs/performance.md`, "Copy workers".
 //!
 //! ```
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
 //! use vns::stack::{MemNetwork, Stack};
-//! use vns::Config;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> std::io::Result<()> {
 //! let net = MemNetwork::new();
-//! let buffers = Config {
-//!     send_buffer: 2 << 20,
-//!     recv_buffer: 2 << 20,
-//!     credit_window: 4 << 20,
-//!     ..Config::default()
-//! };
+//! // With copy workers and no explicit vns_config, the socket buffers are sized for them.
 //! let build = |ip: &str| {
 //!     Stack::builder()
 //!         .ipv4(ip.parse().unwrap())
-//!         .vns_config(buffers.clone())
 //!         .copy_workers(2)
 //!         .build_in_memory(&net)
 //! };
@@ -242,7 +237,9 @@ pub struct StackBuilder {
     channel_port: u16,
     backlog: usize,
     connect_timeout: Duration,
-    vns: Config,
+    /// `None`: [`Config::default`], or buffers sized for the copy workers when there are
+    /// any ([`copy_worker_buffers`]).
+    vns: Option<Config>,
     #[cfg(target_os = "linux")]
     #[allow(clippy::type_complexity)]
     tweak: Option<Box<dyn FnOnce(&mut netdriver::channel::ChannelSetConfig)>>,
@@ -274,7 +271,7 @@ impl Default for StackBuilder {
             channel_port: netdriver::channel::DEFAULT_CHANNEL_PORT,
             backlog: 128,
             connect_timeout: Duration::from_secs(10),
-            vns: Config::default(),
+            vns: None,
             #[cfg(target_os = "linux")]
             tweak: None,
         }
@@ -350,9 +347,13 @@ impl StackBuilder {
         self
     }
 
-    /// The virtual-socket tunables (buffers, credit, chunk size).
+    /// The virtual-socket tunables (buffers, credit, chunk size). Without this,
+    /// [`Config::default`] is used, except that a stack with
+    /// [`copy_workers`](Self::copy_workers) gets socket buffers large enough for the
+    /// workers to engage: send and receive buffers of four times the small-copy threshold
+    /// (2 MiB by default) and a credit window of twice that.
     pub fn vns_config(mut self, c: Config) -> Self {
-        self.vns = c;
+        self.vns = Some(c);
         self
     }
 
@@ -398,8 +399,15 @@ impl StackBuilder {
     }
 
     fn start(self, backend: Arc<dyn Backend>) -> Result<Stack, StackError> {
-        let copy = CopyPath::new(self.copy_workers, self.copy_config, &self.vns)?;
-        let ep = Endpoint::new(self.vns, self.scheduler)?;
+        let vns = match self.vns {
+            Some(c) => c,
+            None if self.copy_workers > 0 => {
+                copy_worker_buffers(self.copy_config.small_copy_threshold)
+            }
+            None => Config::default(),
+        };
+        let copy = CopyPath::new(self.copy_workers, self.copy_config, &vns)?;
+        let ep = Endpoint::new(vns, self.scheduler)?;
         let acceptor = backend
             .listen(self.channel_port)
             .map_err(StackError::Channels)?;
@@ -425,6 +433,25 @@ impl StackBuilder {
                 copy,
             }),
         })
+    }
+}
+
+/// The default virtual-socket configuration of a stack with copy workers: the default
+/// socket buffers (256 KiB) are below the default small-copy threshold (512 KiB, where a
+/// hand-off starts to pay), so the workers would never copy. Send and receive buffers of
+/// four times the threshold let a large write or read be shared while the rest of the
+/// buffer is in flight; the credit window is twice the receive buffer, as in the default.
+fn copy_worker_buffers(threshold: usize) -> Config {
+    let d = Config::default();
+    let buffer = threshold
+        .saturating_mul(4)
+        .clamp(d.send_buffer.max(d.max_chunk_payload), 64 << 20);
+    Config {
+        send_buffer: buffer,
+        recv_buffer: buffer,
+        credit_window: 2 * buffer,
+        credit_update_threshold: buffer / 2,
+        ..d
     }
 }
 
