@@ -35,11 +35,24 @@ pub struct Config {
     /// How many times a SYN (or SYN-ACK) is retransmitted before giving up with
     /// `TimedOut`. Default 6 (about 127 s with a 1 s initial RTO).
     pub syn_retries: u32,
-    /// Keep-alive idle interval; `None` (default) disables keep-alive. When set, an idle
-    /// connection is probed after this long and then every interval; after
-    /// [`KEEPALIVE_PROBES`](crate::tcp::connection::KEEPALIVE_PROBES) unanswered probes it
-    /// fails with `TimedOut`.
+    /// Keep-alive idle time (RFC 9293 §3.8.4, RFC 1122 §4.2.3.6); `None` (default)
+    /// disables keep-alive. When set, a connection that has received nothing for this long
+    /// while having nothing unacknowledged out is probed, then every
+    /// [`keepalive_interval`](Self::keepalive_interval); after
+    /// [`keepalive_probes`](Self::keepalive_probes) unanswered probes it fails with
+    /// `TimedOut` (and an RST). A dead peer of an idle connection is so detected at the
+    /// latest `keepalive + keepalive_probes × keepalive_interval` after the last segment
+    /// received from it (data in flight is the user timeout's business instead).
     pub keepalive: Option<Duration>,
+    /// Time between unanswered keep-alive probes; `None` (default): the idle time
+    /// [`keepalive`](Self::keepalive), as before this setting existed (Linux's
+    /// `TCP_KEEPINTVL`).
+    pub keepalive_interval: Option<Duration>,
+    /// Unanswered keep-alive probes after which the connection fails (Linux's
+    /// `TCP_KEEPCNT`). Default [`KEEPALIVE_PROBES`](crate::tcp::connection::KEEPALIVE_PROBES)
+    /// (9); 0 counts as 1, since giving up without a single probe would end connections
+    /// whose peer is merely silent.
+    pub keepalive_probes: u32,
     /// Congestion-control algorithm. Default CUBIC.
     pub congestion: CongestionAlgorithm,
     /// Offer window scaling (RFC 7323 §2). Default true.
@@ -76,6 +89,8 @@ impl Default for Config {
             user_timeout: Duration::from_secs(60),
             syn_retries: 6,
             keepalive: None,
+            keepalive_interval: None,
+            keepalive_probes: crate::tcp::connection::KEEPALIVE_PROBES,
             congestion: CongestionAlgorithm::default(),
             window_scaling: true,
             sack: true,

@@ -44,7 +44,8 @@ mod timers;
 #[cfg(test)]
 mod tests;
 
-/// Unanswered keep-alive probes after which the connection fails (Linux's default 9).
+/// Default of [`Config::keepalive_probes`]: unanswered keep-alive probes after which the
+/// connection fails (Linux's default 9).
 pub const KEEPALIVE_PROBES: u32 = 9;
 
 /// The MSS assumed when the peer's SYN carries no MSS option (RFC 9293 §3.7.1).

@@ -1290,6 +1290,93 @@ fn keepalive_probes_then_gives_up() {
 }
 
 #[test]
+fn keepalive_interval_and_probe_count_bound_detection() {
+    // Idle 10 s, then 3 probes 1 s apart: a dead peer is given up on exactly
+    // idle + probes × interval after the last segment received from it.
+    let cfg = Config {
+        keepalive: Some(Duration::from_secs(10)),
+        keepalive_interval: Some(Duration::from_secs(1)),
+        keepalive_probes: 3,
+        ..Config::default()
+    };
+    let (mut b, _) = passive_b(cfg.clone(), TcpOptions::default());
+    // The handshake's ACK arrived at 1 ms.
+    let start = ms(1);
+    assert_eq!(b.poll_timeout(), Some(start + Duration::from_secs(10)));
+    let mut now = start + Duration::from_secs(10);
+    for probe in 0..3 {
+        assert_eq!(b.poll_timeout(), Some(now), "probe {probe}");
+        b.handle_timeout(now);
+        let (k, payload) = one(&mut b, now);
+        // RFC 9293 §3.8.4: SEG.SEQ = SND.NXT - 1, no data, ACK of what we have.
+        assert_eq!((k.seq, payload.len()), (B_ISN, 0), "probe {probe}");
+        assert_eq!(k.ack, Some(A_ISN + 1));
+        assert!(!k.flags.rst());
+        now += Duration::from_secs(1);
+    }
+    assert_eq!(b.poll_timeout(), Some(start + Duration::from_secs(13)));
+    b.handle_timeout(now);
+    assert_eq!(b.error(), Some(TcpError::TimedOut));
+    let (rst, _) = one(&mut b, now);
+    assert!(rst.flags.rst());
+    assert_eq!(rst.seq, B_ISN + 1);
+    assert!(b.is_closed());
+    assert_eq!(b.poll_timeout(), None);
+
+    // An answer to the second probe restarts the idle time and the count.
+    let (mut b, _) = passive_b(cfg, TcpOptions::default());
+    let t1 = start + Duration::from_secs(10);
+    b.handle_timeout(t1);
+    let _ = one(&mut b, t1);
+    let t2 = t1 + Duration::from_secs(1);
+    b.handle_timeout(t2);
+    let (k, _) = one(&mut b, t2);
+    let answer = seg(false, A_ISN + 1, Some(k.seq + 1), TcpFlags::default());
+    let t3 = t2 + Duration::from_millis(5);
+    b.handle_segment(t3, &answer, &[]);
+    nothing(&mut b, t3);
+    assert_eq!(b.poll_timeout(), Some(t3 + Duration::from_secs(10)));
+    let mut now = t3 + Duration::from_secs(10);
+    for _ in 0..3 {
+        b.handle_timeout(now);
+        let (k, _) = one(&mut b, now);
+        assert!(!k.flags.rst());
+        now += Duration::from_secs(1);
+    }
+    assert_eq!(b.error(), None);
+    b.handle_timeout(now);
+    assert_eq!(b.error(), Some(TcpError::TimedOut));
+}
+
+#[test]
+fn keepalive_zero_probes_counts_as_one() {
+    let cfg = Config {
+        keepalive: Some(Duration::from_secs(2)),
+        keepalive_interval: Some(Duration::from_millis(500)),
+        keepalive_probes: 0,
+        ..Config::default()
+    };
+    let (mut b, _) = passive_b(cfg, TcpOptions::default());
+    let first = ms(1) + Duration::from_secs(2);
+    b.handle_timeout(first);
+    let (k, _) = one(&mut b, first);
+    assert!(!k.flags.rst(), "a probe first, never an RST without one");
+    assert_eq!(b.error(), None);
+    let give_up = first + Duration::from_millis(500);
+    assert_eq!(b.poll_timeout(), Some(give_up));
+    b.handle_timeout(give_up);
+    assert_eq!(b.error(), Some(TcpError::TimedOut));
+}
+
+#[test]
+fn keepalive_defaults_unchanged() {
+    let d = Config::default();
+    assert_eq!(d.keepalive, None);
+    assert_eq!(d.keepalive_interval, None);
+    assert_eq!(d.keepalive_probes, KEEPALIVE_PROBES);
+}
+
+#[test]
 fn time_wait_new_syn_rfc6191() {
     let cfg = Config {
         time_wait: Duration::from_secs(30),

@@ -5,7 +5,7 @@
 
 use tracing::{debug, trace};
 
-use super::{Connection, State, KEEPALIVE_PROBES};
+use super::{Connection, State};
 use crate::tcp::error::TcpError;
 use crate::time::Instant;
 
@@ -130,25 +130,26 @@ impl Connection {
         self.rtx_deadline = Some(now + self.rtt.rto());
     }
 
-    /// Keep-alive: probe an idle connection, give up after `KEEPALIVE_PROBES` misses.
+    /// Keep-alive: probe an idle connection every `keepalive_interval`, give up after
+    /// `keepalive_probes` misses.
     fn on_keepalive_timeout(&mut self, now: Instant) {
-        let Some(interval) = self.config.keepalive else {
+        let Some(idle_time) = self.config.keepalive else {
             self.keepalive_deadline = None;
             return;
         };
         let idle = matches!(self.state, State::Established | State::CloseWait)
             && self.snd_una == self.snd_max;
         if !idle {
-            // Outstanding data has its own timers; look again later.
-            self.keepalive_deadline = Some(now + interval);
+            // Outstanding data has its own timers (the user timeout); look again later.
+            self.keepalive_deadline = Some(now + idle_time);
             return;
         }
-        if self.keepalive_probes_out >= KEEPALIVE_PROBES {
+        if self.keepalive_probes_out >= self.config.keepalive_probes.max(1) {
             self.fail(TcpError::TimedOut, true);
             return;
         }
         self.keepalive_probes_out += 1;
         self.keepalive_pending = true;
-        self.keepalive_deadline = Some(now + interval);
+        self.keepalive_deadline = Some(now + self.config.keepalive_interval.unwrap_or(idle_time));
     }
 }
