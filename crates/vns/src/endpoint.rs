@@ -128,6 +128,13 @@ pub enum Error {
     /// A channel this socket used was lost; chunks on it may never arrive.
     #[error("channel to the peer lost")]
     ChannelLost,
+    /// A channel this socket used timed out: the peer stopped answering (keep-alive
+    /// probes or retransmissions went unacknowledged), as when its host went down or the
+    /// path to it was cut. Chunks on the channel may never arrive.
+    #[error(
+        "peer unreachable: a channel to it timed out (keep-alive or retransmissions unanswered)"
+    )]
+    PeerUnreachable,
     /// The socket is not connected yet.
     #[error("not connected")]
     NotConnected,
@@ -158,6 +165,7 @@ impl Error {
             Error::ConnectionRefused => K::ConnectionRefused,
             Error::ConnectionReset => K::ConnectionReset,
             Error::ChannelLost => K::ConnectionAborted,
+            Error::PeerUnreachable => K::TimedOut,
             Error::NotConnected => K::NotConnected,
             Error::WriteClosed => K::BrokenPipe,
             Error::AddrInUse | Error::PortsExhausted => K::AddrInUse,
@@ -684,10 +692,22 @@ impl Endpoint {
     /// that sent or received a chunk on it fails with [`Error::ChannelLost`], since those
     /// chunks may be gone; other sockets are untouched.
     pub fn handle_channel_lost(&mut self, id: ChannelId) {
+        self.lose_channel(id, Error::ChannelLost);
+    }
+
+    /// The channel timed out: its transport gave up on an unresponsive peer (TCP
+    /// keep-alive or user timeout). Like [`Endpoint::handle_channel_lost`], except that
+    /// the sockets fail with [`Error::PeerUnreachable`] (`TimedOut`), which tells the
+    /// application the peer went silent rather than closed the channel.
+    pub fn handle_channel_timed_out(&mut self, id: ChannelId) {
+        self.lose_channel(id, Error::PeerUnreachable);
+    }
+
+    fn lose_channel(&mut self, id: ChannelId, error: Error) {
         let Some(ch) = self.channels.remove(&id) else {
             return;
         };
-        debug!(channel = %id, outbox = ch.outbox.len(), "channel lost");
+        debug!(channel = %id, outbox = ch.outbox.len(), %error, "channel lost");
         let victims: Vec<SocketId> = self
             .sockets
             .iter()
@@ -705,7 +725,7 @@ impl Endpoint {
             {
                 continue;
             }
-            self.fail(sid, Error::ChannelLost);
+            self.fail(sid, error);
         }
         self.schedule_needed = true;
     }

@@ -302,6 +302,45 @@ fn lost_channel_fails_its_sockets_only() {
 }
 
 #[test]
+fn timed_out_channel_fails_its_sockets_as_peer_unreachable() {
+    let classes = [ChannelClass::Throughput, ChannelClass::Latency];
+    let mut sim = Sim::new(small_config(256), &classes, 512, 1 << 20, 12);
+    sim.ends[B].bind(7, 4).unwrap();
+    let bulk = sim.ends[A]
+        .connect(PeerId(1), 7, AppClass::Throughput)
+        .unwrap();
+    let lat = sim.ends[A]
+        .connect(PeerId(1), 7, AppClass::Latency)
+        .unwrap();
+    sim.settle();
+    sim.ends[B].accept(7).unwrap();
+    sim.ends[B].accept(7).unwrap();
+    sim.ends[A].send(bulk, b"bulk").unwrap();
+    sim.ends[A].send(lat, b"latency").unwrap();
+    sim.settle();
+    sim.drain_events();
+    // A's transport gave up on the throughput channel (keep-alive or user timeout).
+    let ch = sim.channels[0];
+    sim.ends[A].handle_channel_timed_out(ch);
+    assert_eq!(
+        sim.ends[A].recv(bulk, &mut [0; 8]),
+        Err(Error::PeerUnreachable)
+    );
+    assert_eq!(sim.ends[A].send(bulk, b"x"), Err(Error::PeerUnreachable));
+    // Later calls keep failing the same way.
+    assert_eq!(
+        sim.ends[A].recv(bulk, &mut [0; 8]),
+        Err(Error::PeerUnreachable)
+    );
+    assert!(events(&mut sim, A).contains(&Event::Failed(bulk)));
+    // The socket on the other channel is untouched.
+    assert_eq!(sim.ends[A].send(lat, b"more"), Ok(4));
+    let e = std::io::Error::from(Error::PeerUnreachable);
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+    assert!(e.to_string().contains("peer unreachable"), "{e}");
+}
+
+#[test]
 fn pending_connect_fails_when_its_channel_is_lost() {
     let mut sim = Sim::throughput(1, small_config(256), 512, 11);
     sim.ends[B].bind(7, 1).unwrap();

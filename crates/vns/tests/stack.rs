@@ -686,3 +686,167 @@ async fn pending_tx_bytes_cover_closed_plain_streams() {
     assert!(got == data, "got {} bytes", got.len());
     assert!(eventually(|| b.pending_tx_bytes() == 0).await);
 }
+
+/// Makes every channel of a host fail as TCP does when keep-alive probes or the user
+/// timeout run out (`ChannelError::TimedOut`), on command: a silent peer, in memory.
+#[derive(Default)]
+struct Silence {
+    dead: std::sync::atomic::AtomicBool,
+    wakers: std::sync::Mutex<Vec<std::task::Waker>>,
+}
+
+impl Silence {
+    fn kill(&self) {
+        self.dead.store(true, std::sync::atomic::Ordering::SeqCst);
+        for w in self.wakers.lock().unwrap().drain(..) {
+            w.wake();
+        }
+    }
+
+    fn dead(&self) -> bool {
+        self.dead.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn watch(&self, cx: &std::task::Context<'_>) {
+        let mut w = self.wakers.lock().unwrap();
+        if !w.iter().any(|x| x.will_wake(cx.waker())) {
+            w.push(cx.waker().clone());
+        }
+    }
+}
+
+struct Silenced {
+    inner: vns::stack::BoxedTransport,
+    s: std::sync::Arc<Silence>,
+}
+
+impl netdriver::channel::ChannelTransport for Silenced {
+    fn enqueue(&self, chunk: bytes::Bytes) -> Result<(), netdriver::channel::EnqueueError> {
+        if self.s.dead() {
+            return Err(netdriver::channel::EnqueueError::Closed(
+                netdriver::channel::ChannelError::TimedOut,
+            ));
+        }
+        self.inner.enqueue(chunk)
+    }
+
+    fn dequeue(&self) -> Result<netdriver::channel::Dequeued, netdriver::channel::ChannelError> {
+        if self.s.dead() {
+            return Err(netdriver::channel::ChannelError::TimedOut);
+        }
+        self.inner.dequeue()
+    }
+
+    fn poll_enqueue_ready(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), netdriver::channel::ChannelError>> {
+        self.s.watch(cx);
+        if self.s.dead() {
+            return std::task::Poll::Ready(Err(netdriver::channel::ChannelError::TimedOut));
+        }
+        self.inner.poll_enqueue_ready(cx)
+    }
+
+    fn poll_dequeue(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Option<bytes::Bytes>, netdriver::channel::ChannelError>> {
+        self.s.watch(cx);
+        if self.s.dead() {
+            return std::task::Poll::Ready(Err(netdriver::channel::ChannelError::TimedOut));
+        }
+        self.inner.poll_dequeue(cx)
+    }
+
+    fn close(&self) {
+        self.inner.close()
+    }
+
+    fn abort(&self) {
+        self.inner.abort()
+    }
+
+    fn stats(&self) -> netdriver::channel::ChannelStats {
+        self.inner.stats()
+    }
+}
+
+struct SilencingBackend {
+    inner: vns::stack::MemBackend,
+    s: std::sync::Arc<Silence>,
+}
+
+impl Backend for SilencingBackend {
+    fn ipv4(&self) -> Ipv4Addr {
+        self.inner.ipv4()
+    }
+
+    fn connect(
+        &self,
+        remote: SocketAddrV4,
+    ) -> Result<(vns::stack::BoxedTransport, SocketAddrV4), netdriver::channel::ChannelError> {
+        let (t, local) = self.inner.connect(remote)?;
+        let t = Silenced {
+            inner: t,
+            s: self.s.clone(),
+        };
+        Ok((Box::new(t), local))
+    }
+
+    fn listen(
+        &self,
+        port: u16,
+    ) -> Result<Box<dyn vns::stack::Acceptor>, netdriver::channel::ChannelError> {
+        self.inner.listen(port)
+    }
+}
+
+#[tokio::test]
+async fn channel_timeout_fails_pending_and_later_operations_with_timed_out() {
+    let net = MemNetwork::new();
+    let silence = std::sync::Arc::new(Silence::default());
+    let a = Stack::builder()
+        .ipv4(A)
+        .channels(2)
+        .build_with_backend(std::sync::Arc::new(SilencingBackend {
+            inner: net.backend(A),
+            s: silence.clone(),
+        }))
+        .unwrap();
+    let b = Stack::builder()
+        .ipv4(B)
+        .channels(2)
+        .build_in_memory(&net)
+        .unwrap();
+    let (mut c, mut s) = connected(&a, &b, 7030).await;
+    c.write_all(b"ping").await.unwrap();
+    let mut buf = [0u8; 4];
+    timeout(LIMIT, s.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"ping");
+    let pending = tokio::spawn(async move {
+        let r = c.read(&mut [0u8; 16]).await;
+        (c, r)
+    });
+    tokio::task::yield_now().await;
+    // A's transport gives up on the silent peer.
+    silence.kill();
+    let (mut c, r) = timeout(LIMIT, pending).await.unwrap().unwrap();
+    let e = r.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+    assert!(e.to_string().contains("peer unreachable"), "{e}");
+    // Later calls fail at once, the same way.
+    let e = timeout(LIMIT, c.write_all(b"x"))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+    let e = timeout(LIMIT, c.read(&mut [0u8; 4]))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+}

@@ -161,7 +161,7 @@ pub enum ChannelError {
     #[error("channel refused by peer")]
     Refused,
     /// TCP gave up: SYN retries, the user timeout or keep-alive probes ran out.
-    #[error("channel timed out")]
+    #[error("channel timed out: the peer stopped answering (retransmissions or keep-alive probes unacknowledged)")]
     TimedOut,
     /// The handshake did not complete within [`ChannelSetConfig::connect_timeout`].
     #[error("connect timed out after {0:?}")]

@@ -505,7 +505,7 @@ impl Core {
         st.stopped = true;
         let ids: Vec<ChannelId> = st.chans.keys().copied().collect();
         for id in ids {
-            st.lose_channel(id);
+            st.lose_channel(id, Gone::Lost);
         }
         for inc in st.incoming.drain(..) {
             inc.t.abort();
@@ -586,8 +586,11 @@ impl State {
         );
     }
 
-    fn lose_channel(&mut self, id: ChannelId) {
-        self.ep.handle_channel_lost(id);
+    fn lose_channel(&mut self, id: ChannelId, why: Gone) {
+        match why {
+            Gone::TimedOut => self.ep.handle_channel_timed_out(id),
+            Gone::Lost => self.ep.handle_channel_lost(id),
+        }
         if let Some(c) = self.chans.remove(&id) {
             debug!(channel = %id, peer = %c.peer, "channel lost");
             c.t.abort();
@@ -669,7 +672,7 @@ impl State {
         for &id in &ids {
             match self.receive(id, rx_cx) {
                 Ok(more) => busy |= more,
-                Err(()) => self.lose_channel(id),
+                Err(why) => self.lose_channel(id, why),
             }
         }
         self.ids = ids;
@@ -687,7 +690,7 @@ impl State {
         for &id in &ids {
             match self.transmit(id, cx, &mut buf) {
                 Ok(more) => busy |= more,
-                Err(()) => self.lose_channel(id),
+                Err(why) => self.lose_channel(id, why),
             }
         }
         self.tx_buf = buf;
@@ -709,23 +712,23 @@ impl State {
     }
 
     /// Feeds a channel's received chunks to the endpoint. `Err` when the channel is gone.
-    fn receive(&mut self, id: ChannelId, cx: &mut Context<'_>) -> Result<bool, ()> {
+    fn receive(&mut self, id: ChannelId, cx: &mut Context<'_>) -> Result<bool, Gone> {
         for _ in 0..RX_BUDGET {
             if self.ep.should_pause_channel_reads(id) {
                 return Ok(false);
             }
-            let c = self.chans.get_mut(&id).ok_or(())?;
+            let c = self.chans.get_mut(&id).ok_or(Gone::Lost)?;
             let bytes = match c.rx_pending.take() {
                 Some(b) => b,
                 None => match c.t.poll_dequeue(cx) {
                     Poll::Ready(Ok(Some(b))) => b,
                     Poll::Ready(Ok(None)) => {
                         debug!(channel = %id, "channel closed by the peer");
-                        return Err(());
+                        return Err(Gone::Lost);
                     }
                     Poll::Ready(Err(e)) => {
                         debug!(channel = %id, error = %e, "channel failed");
-                        return Err(());
+                        return Err(Gone::of(&e));
                     }
                     Poll::Pending => return Ok(false),
                 },
@@ -734,13 +737,13 @@ impl State {
             match self.ep.handle_chunk_bytes(id, &bytes) {
                 Ok(n) if n < bytes.len() => {
                     trace!(channel = %id, kept = bytes.len() - n, "channel reads paused");
-                    let c = self.chans.get_mut(&id).ok_or(())?;
+                    let c = self.chans.get_mut(&id).ok_or(Gone::Lost)?;
                     c.rx_pending = Some(bytes.slice(n..));
                 }
                 Ok(_) => {}
                 Err(e) => {
                     warn!(channel = %id, error = %e, "bad bytes on a channel; dropping it");
-                    return Err(());
+                    return Err(Gone::Lost);
                 }
             }
         }
@@ -757,11 +760,11 @@ impl State {
         id: ChannelId,
         cx: &mut Context<'_>,
         buf: &mut Vec<u8>,
-    ) -> Result<bool, ()> {
+    ) -> Result<bool, Gone> {
         let mut more = false;
         let mut budget = TX_BUDGET * TX_BATCH;
         loop {
-            let c = self.chans.get_mut(&id).ok_or(())?;
+            let c = self.chans.get_mut(&id).ok_or(Gone::Lost)?;
             // What the channel refused before goes first, in order.
             while let Some(b) = c.tx_pending.pop_front() {
                 let n = b.len();
@@ -799,11 +802,11 @@ impl State {
                     continue;
                 }
                 gathered += HEADER_LEN + payload.len();
-                let c = self.chans.get_mut(&id).ok_or(())?;
+                let c = self.chans.get_mut(&id).ok_or(Gone::Lost)?;
                 c.push_pending(take_batch(buf));
                 c.push_pending(payload);
             }
-            let c = self.chans.get_mut(&id).ok_or(())?;
+            let c = self.chans.get_mut(&id).ok_or(Gone::Lost)?;
             if !buf.is_empty() {
                 c.push_pending(take_batch(buf));
             }
@@ -952,9 +955,27 @@ fn take_batch(buf: &mut Vec<u8>) -> Bytes {
     }
 }
 
-fn lost(id: ChannelId, e: ChannelError) -> Result<bool, ()> {
+fn lost(id: ChannelId, e: ChannelError) -> Result<bool, Gone> {
     debug!(channel = %id, error = %e, "channel cannot send");
-    Err(())
+    Err(Gone::of(&e))
+}
+
+/// Why a channel is dropped: its sockets fail with `PeerUnreachable` (`TimedOut`) when
+/// the transport gave up on a silent peer (keep-alive probes or the user timeout ran
+/// out), with `ChannelLost` otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gone {
+    TimedOut,
+    Lost,
+}
+
+impl Gone {
+    fn of(e: &ChannelError) -> Gone {
+        match e {
+            ChannelError::TimedOut => Gone::TimedOut,
+            _ => Gone::Lost,
+        }
+    }
 }
 
 #[cfg(test)]

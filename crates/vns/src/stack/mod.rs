@@ -225,6 +225,71 @@ fn classify(e: netdriver::channel::ChannelError, ifname: &str) -> StackError {
     }
 }
 
+/// How a stack's channels notice a peer that vanished without a word (host down, link
+/// cut): TCP keep-alive for idle channels and the user timeout for channels with data in
+/// flight. Set with [`StackBuilder::keepalive`], [`StackBuilder::keepalive_interval`],
+/// [`StackBuilder::keepalive_probes`] and [`StackBuilder::user_timeout`]; read with
+/// [`Stack::liveness`]. See [liveness](crate::stack#liveness).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Liveness {
+    /// Idle time before the first keep-alive probe; `None`: no keep-alive. Default 10 s.
+    pub keepalive: Option<Duration>,
+    /// Time between unanswered probes. Default 1 s.
+    pub keepalive_interval: Duration,
+    /// Unanswered probes after which a channel fails (0 counts as 1). Default 5.
+    pub keepalive_probes: u32,
+    /// Longest time unacknowledged data may see no progress. Default 30 s.
+    pub user_timeout: Duration,
+}
+
+impl Default for Liveness {
+    /// Datacenter defaults: a peer silent for 10 s is probed every second, and given up
+    /// after 5 misses (15 s in all); data unacknowledged for 30 s fails the channel.
+    fn default() -> Self {
+        Liveness {
+            keepalive: Some(Duration::from_secs(10)),
+            keepalive_interval: Duration::from_secs(1),
+            keepalive_probes: 5,
+            user_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Liveness {
+    /// The longest an idle channel (nothing of ours unacknowledged) to a vanished peer
+    /// stays up after the last segment received from it: idle + probes × interval.
+    /// `None` without keep-alive: then only sending notices a dead peer.
+    pub fn idle_detection(&self) -> Option<Duration> {
+        self.keepalive.map(|idle| {
+            idle.saturating_add(
+                self.keepalive_interval
+                    .saturating_mul(self.keepalive_probes.max(1)),
+            )
+        })
+    }
+
+    /// Writes the policy into a channel's TCP configuration.
+    #[cfg(target_os = "linux")]
+    fn apply(&self, tcp: &mut netdriver::tcp::Config) {
+        tcp.keepalive = self.keepalive;
+        tcp.keepalive_interval = Some(self.keepalive_interval);
+        tcp.keepalive_probes = self.keepalive_probes;
+        tcp.user_timeout = self.user_timeout;
+    }
+
+    /// The policy a channel's TCP configuration carries.
+    #[cfg(target_os = "linux")]
+    fn of_tcp(tcp: &netdriver::tcp::Config) -> Liveness {
+        Liveness {
+            keepalive: tcp.keepalive,
+            keepalive_interval: tcp.keepalive_interval.or(tcp.keepalive).unwrap_or_default(),
+            keepalive_probes: tcp.keepalive_probes,
+            user_timeout: tcp.user_timeout,
+        }
+    }
+}
+
 /// Configures and builds a [`Stack`]; see [`Stack::builder`].
 pub struct StackBuilder {
     interface: Option<String>,
@@ -237,6 +302,7 @@ pub struct StackBuilder {
     channel_port: u16,
     backlog: usize,
     connect_timeout: Duration,
+    liveness: Liveness,
     /// `None`: [`Config::default`], or buffers sized for the copy workers when there are
     /// any ([`copy_worker_buffers`]).
     vns: Option<Config>,
@@ -254,6 +320,7 @@ impl fmt::Debug for StackBuilder {
             .field("latency_channels", &self.latency_channels)
             .field("copy_workers", &self.copy_workers)
             .field("channel_port", &self.channel_port)
+            .field("liveness", &self.liveness)
             .finish_non_exhaustive()
     }
 }
@@ -271,6 +338,7 @@ impl Default for StackBuilder {
             channel_port: netdriver::channel::DEFAULT_CHANNEL_PORT,
             backlog: 128,
             connect_timeout: Duration::from_secs(10),
+            liveness: Liveness::default(),
             vns: None,
             #[cfg(target_os = "linux")]
             tweak: None,
@@ -347,6 +415,42 @@ impl StackBuilder {
         self
     }
 
+    /// Keep-alive idle time of every channel (default `Some(10 s)`; `None` disables
+    /// keep-alive): a channel that has received nothing for this long, with nothing of its
+    /// own unacknowledged, is probed every [`keepalive_interval`](Self::keepalive_interval),
+    /// and fails with `TimedOut` after [`keepalive_probes`](Self::keepalive_probes)
+    /// unanswered probes. This is what notices a peer host that vanished silently (power
+    /// loss, cable pulled) while a [`VirtualStream`] waits in `read` with nothing in
+    /// flight; without it such a read waits forever. Worst-case detection:
+    /// [`Liveness::idle_detection`] = idle + probes × interval (15 s by default). See
+    /// [liveness](crate::stack#liveness).
+    pub fn keepalive(mut self, idle: Option<Duration>) -> Self {
+        self.liveness.keepalive = idle;
+        self
+    }
+
+    /// Time between unanswered keep-alive probes of a channel (default 1 s).
+    pub fn keepalive_interval(mut self, d: Duration) -> Self {
+        self.liveness.keepalive_interval = d;
+        self
+    }
+
+    /// Unanswered keep-alive probes after which a channel fails (default 5; 0 counts as
+    /// 1).
+    pub fn keepalive_probes(mut self, n: u32) -> Self {
+        self.liveness.keepalive_probes = n;
+        self
+    }
+
+    /// How long a channel may hold unacknowledged data (or SYN, FIN) without progress
+    /// before it fails with `TimedOut` (default 30 s; TCP's user timeout, RFC 9293
+    /// §3.8.3). This bounds how long a `write` (or a read waiting on the peer's reply to
+    /// data already sent) can hang on a vanished peer.
+    pub fn user_timeout(mut self, d: Duration) -> Self {
+        self.liveness.user_timeout = d;
+        self
+    }
+
     /// The virtual-socket tunables (buffers, credit, chunk size). Without this,
     /// [`Config::default`] is used, except that a stack with
     /// [`copy_workers`](Self::copy_workers) gets socket buffers large enough for the
@@ -358,7 +462,9 @@ impl StackBuilder {
     }
 
     /// Adjusts the AF_XDP channel set's configuration before [`build`](Self::build)
-    /// starts it (queues, link, TCP, queue limits, ...).
+    /// starts it (queues, link, TCP, queue limits, ...). It runs after the builder's own
+    /// settings are applied (the liveness policy included), so it may override them;
+    /// [`Stack::liveness`] reports what the channels got.
     #[cfg(target_os = "linux")]
     pub fn configure_channels(
         mut self,
@@ -377,14 +483,30 @@ impl StackBuilder {
             .take()
             .ok_or(StackError::Missing("interface"))?;
         let ipv4 = self.ipv4.ok_or(StackError::Missing("ipv4"))?;
-        let mut cfg = netdriver::channel::ChannelSetConfig::new(ifname.clone(), ipv4);
+        let cfg = self.channel_set_config(ifname.clone(), ipv4);
+        // What the channels really run with, after `configure_channels`.
+        self.liveness = Liveness::of_tcp(&cfg.tcp);
+        let set = netdriver::channel::ChannelSet::start(cfg).map_err(|e| classify(e, &ifname))?;
+        self.start(Arc::new(XdpBackend::new(set)))
+    }
+
+    /// The channel set's configuration: defaults, then the builder's settings (port,
+    /// connect timeout, liveness: every channel, opened or accepted, plain-TCP ones
+    /// included, gets this TCP configuration), then `configure_channels`.
+    #[cfg(target_os = "linux")]
+    fn channel_set_config(
+        &mut self,
+        ifname: String,
+        ipv4: Ipv4Addr,
+    ) -> netdriver::channel::ChannelSetConfig {
+        let mut cfg = netdriver::channel::ChannelSetConfig::new(ifname, ipv4);
         cfg.channel_port = self.channel_port;
         cfg.connect_timeout = self.connect_timeout;
+        self.liveness.apply(&mut cfg.tcp);
         if let Some(f) = self.tweak.take() {
             f(&mut cfg);
         }
-        let set = netdriver::channel::ChannelSet::start(cfg).map_err(|e| classify(e, &ifname))?;
-        self.start(Arc::new(XdpBackend::new(set)))
+        cfg
     }
 
     /// Starts the stack on an in-memory network (no privileges).
@@ -431,6 +553,7 @@ impl StackBuilder {
                 driver: Mutex::new(Some(driver)),
                 copy_workers: self.copy_workers,
                 copy,
+                liveness: self.liveness,
             }),
         })
     }
@@ -506,6 +629,7 @@ struct StackInner {
     copy_workers: usize,
     /// Dropped after the driver is joined (field order), which joins the workers.
     copy: Option<CopyPath>,
+    liveness: Liveness,
 }
 
 impl StackInner {
@@ -601,6 +725,14 @@ impl Stack {
 
     pub(crate) fn copy_path(&self) -> Option<&CopyPath> {
         self.inner.copy.as_ref()
+    }
+
+    /// The liveness policy of the stack's channels: keep-alive and user timeout as
+    /// configured with [`StackBuilder::keepalive`] and friends (or as
+    /// [`StackBuilder::configure_channels`] left them). In-memory channels have no TCP
+    /// beneath them: there it is only what was asked for.
+    pub fn liveness(&self) -> Liveness {
+        self.inner.liveness
     }
 
     /// Channels the stack holds now (to all peers).
@@ -785,4 +917,82 @@ pub(crate) fn first_v4(addr: impl ToSocketAddrs) -> io::Result<SocketAddrV4> {
                 "no IPv4 address (virtual sockets are IPv4 only)",
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_liveness_probes_idle_channels_within_15_s() {
+        let l = Liveness::default();
+        assert_eq!(l.keepalive, Some(Duration::from_secs(10)));
+        assert_eq!(l.idle_detection(), Some(Duration::from_secs(15)));
+        assert_eq!(l.user_timeout, Duration::from_secs(30));
+        let off = Liveness {
+            keepalive: None,
+            ..l
+        };
+        assert_eq!(off.idle_detection(), None);
+        // 0 probes count as 1, as in the TCP.
+        let zero = Liveness {
+            keepalive_probes: 0,
+            ..l
+        };
+        assert_eq!(zero.idle_detection(), Some(Duration::from_secs(11)));
+    }
+
+    #[test]
+    fn in_memory_stack_reports_the_configured_policy() {
+        let net = MemNetwork::new();
+        let s = Stack::builder()
+            .ipv4(Ipv4Addr::new(10, 0, 0, 1))
+            .keepalive(Some(Duration::from_millis(200)))
+            .keepalive_interval(Duration::from_millis(100))
+            .keepalive_probes(3)
+            .user_timeout(Duration::from_secs(2))
+            .build_in_memory(&net)
+            .unwrap();
+        let l = s.liveness();
+        assert_eq!(l.keepalive, Some(Duration::from_millis(200)));
+        assert_eq!(l.idle_detection(), Some(Duration::from_millis(500)));
+        assert_eq!(l.user_timeout, Duration::from_secs(2));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn every_channel_gets_the_liveness_policy() {
+        let ip = Ipv4Addr::new(10, 0, 0, 1);
+        // Defaults: keep-alive on, unlike netdriver's TCP default.
+        let cfg = Stack::builder().channel_set_config("x0".into(), ip);
+        assert_eq!(netdriver::tcp::Config::default().keepalive, None);
+        assert_eq!(cfg.tcp.keepalive, Some(Duration::from_secs(10)));
+        assert_eq!(cfg.tcp.keepalive_interval, Some(Duration::from_secs(1)));
+        assert_eq!(cfg.tcp.keepalive_probes, 5);
+        assert_eq!(cfg.tcp.user_timeout, Duration::from_secs(30));
+
+        let mut b = Stack::builder()
+            .keepalive(Some(Duration::from_millis(200)))
+            .keepalive_interval(Duration::from_millis(50))
+            .keepalive_probes(4)
+            .user_timeout(Duration::from_secs(2));
+        let cfg = b.channel_set_config("x0".into(), ip);
+        // The channel set's TCP configuration serves every connection it opens or
+        // accepts (NetChannel channels and plain-TCP streams alike).
+        assert_eq!(cfg.tcp.keepalive, Some(Duration::from_millis(200)));
+        assert_eq!(cfg.tcp.keepalive_interval, Some(Duration::from_millis(50)));
+        assert_eq!(cfg.tcp.keepalive_probes, 4);
+        assert_eq!(cfg.tcp.user_timeout, Duration::from_secs(2));
+        assert_eq!(Liveness::of_tcp(&cfg.tcp), b.liveness);
+
+        // Keep-alive off, and `configure_channels` has the last word.
+        let mut b = Stack::builder()
+            .keepalive(None)
+            .configure_channels(|c| c.tcp.user_timeout = Duration::from_secs(7));
+        let cfg = b.channel_set_config("x0".into(), ip);
+        assert_eq!(cfg.tcp.keepalive, None);
+        let seen = Liveness::of_tcp(&cfg.tcp);
+        assert_eq!(seen.user_timeout, Duration::from_secs(7));
+        assert_eq!(seen.idle_detection(), None);
+    }
 }
