@@ -95,6 +95,62 @@
 //! # }
 //! ```
 //!
+//! # Liveness
+//!
+//! A peer whose host goes down, or whose path is cut, sends nothing: no FIN, no RST. A
+//! [`VirtualStream`] must still fail rather than hang, and that is the channels' TCP's
+//! job, configured by the stack's [`Liveness`] policy and applied to every channel it
+//! opens or accepts (NetChannel channels and plain-TCP streams alike):
+//!
+//! - **Idle channels: keep-alive** ([`StackBuilder::keepalive`],
+//!   [`keepalive_interval`](StackBuilder::keepalive_interval),
+//!   [`keepalive_probes`](StackBuilder::keepalive_probes)). A channel that has received
+//!   nothing for the idle time, with nothing of its own unacknowledged, is probed; after
+//!   the probes go unanswered it fails. Default: idle 10 s, 5 probes 1 s apart, so a
+//!   `read` waiting on a vanished peer with nothing in flight fails at the latest
+//!   idle + probes × interval = **15 s** ([`Liveness::idle_detection`]) after the last
+//!   segment from the peer. A probe is one header-only segment per idle channel and
+//!   interval, answered by an ACK. `keepalive(None)` turns probing off (such a read then
+//!   waits for as long as the peer is silent).
+//! - **Data in flight: the user timeout** ([`StackBuilder::user_timeout`], default
+//!   **30 s**). A channel whose unacknowledged data (or SYN, FIN) makes no progress for
+//!   that long fails: a pending `write` (or a `read` awaiting the reply to data sent)
+//!   ends within it.
+//! - **Opening channels**: [`StackBuilder::connect_timeout`] (default 10 s) bounds a
+//!   `connect` to a host that does not answer.
+//!
+//! A channel that fails this way (`TimedOut` in TCP) fails the streams that used it with
+//! `io::ErrorKind::TimedOut` ("peer unreachable", [`Error::PeerUnreachable`]): the pending
+//! `read`/`write` and every later call return it at once, and the stack's next `connect`
+//! to that host opens new channels. A channel lost otherwise (reset, closed, malformed)
+//! fails them with `ConnectionAborted` ([`Error::ChannelLost`]); plain-TCP streams report
+//! the channel's own error (`TimedOut` here too). In-memory channels
+//! ([`MemNetwork`]) have no TCP and ignore the policy.
+//!
+//! ```
+//! use std::time::Duration;
+//! use vns::stack::{MemNetwork, Stack};
+//!
+//! # fn main() -> Result<(), vns::StackError> {
+//! // A latency-sensitive service that wants dead peers noticed within 2 s when idle and
+//! // 5 s with data in flight.
+//! let net = MemNetwork::new();
+//! let stack = Stack::builder()
+//!     .ipv4("10.0.0.1".parse().unwrap())
+//!     .keepalive(Some(Duration::from_secs(1)))
+//!     .keepalive_interval(Duration::from_millis(250))
+//!     .keepalive_probes(4)
+//!     .user_timeout(Duration::from_secs(5))
+//!     .build_in_memory(&net)?;
+//! assert_eq!(stack.liveness().idle_detection(), Some(Duration::from_secs(2)));
+//! assert_eq!(stack.liveness().user_timeout, Duration::from_secs(5));
+//! // The defaults: 10 s idle + 5 probes x 1 s, 30 s user timeout.
+//! let defaults = vns::stack::Liveness::default();
+//! assert_eq!(defaults.idle_detection(), Some(Duration::from_secs(15)));
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Example
 //!
 //! ```
@@ -669,7 +725,8 @@ impl fmt::Debug for Stack {
 impl Stack {
     /// A builder with the defaults: 4 throughput and 1 latency channel per peer, channel
     /// port 9000, round-robin scheduling, no copy workers, backlog 128, 10 s connect
-    /// timeout.
+    /// timeout, channel keep-alive after 10 s idle (5 probes 1 s apart) and a 30 s user
+    /// timeout ([`Liveness`]).
     pub fn builder() -> StackBuilder {
         StackBuilder::default()
     }
