@@ -364,6 +364,10 @@ struct Piece {
     /// The start of a buffer lent by [`Endpoint::send_chunks`]: once sent, the endpoint
     /// keeps a reference to hand the buffer back for reuse when the channel is done.
     track: bool,
+    /// The start of a segment the send buffer allocated (or took from the endpoint's
+    /// segment pool): once sent, the endpoint keeps a reference to put the segment back in
+    /// its pool when the channel is done with it.
+    recycle: bool,
 }
 
 impl Piece {
@@ -415,12 +419,13 @@ impl SendBuf {
         self.tail.len().saturating_sub(HEADER_LEN)
     }
 
-    /// Appends (copies) `data`, in segments of `seg` bytes.
-    fn push(&mut self, mut data: &[u8], seg: usize) {
+    /// Appends (copies) `data`, in segments of `seg` bytes, taken from `pool` while it has
+    /// any.
+    fn push(&mut self, mut data: &[u8], seg: usize, pool: &mut SegPool) {
         self.len += data.len();
         while !data.is_empty() {
             if self.tail.capacity() == 0 {
-                self.tail = BytesMut::with_capacity(HEADER_LEN + seg);
+                self.tail = pool.take(HEADER_LEN + seg);
                 self.tail.extend_from_slice(&[0; HEADER_LEN]);
             }
             let n = (self.tail.capacity() - self.tail.len()).min(data.len());
@@ -431,6 +436,7 @@ impl SendBuf {
                     buf: std::mem::take(&mut self.tail),
                     headroom: true,
                     track: false,
+                    recycle: true,
                 });
             }
         }
@@ -445,6 +451,7 @@ impl SendBuf {
                 buf: std::mem::take(&mut self.tail),
                 headroom: true,
                 track: false,
+                recycle: true,
             });
         }
         for buf in segs {
@@ -457,6 +464,7 @@ impl SendBuf {
                 buf,
                 headroom: true,
                 track: true,
+                recycle: false,
             });
         }
     }
@@ -478,12 +486,14 @@ impl SendBuf {
                     buf: piece,
                     headroom: false,
                     track: false,
+                    recycle: false,
                 });
             } else {
                 self.segs.push_back(Piece {
                     buf: std::mem::take(&mut self.tail),
                     headroom: true,
                     track: false,
+                    recycle: true,
                 });
             }
         }
@@ -498,16 +508,105 @@ impl SendBuf {
                 buf: front.buf.split_to(HEADER_LEN + max),
                 headroom: true,
                 track: std::mem::take(&mut front.track),
+                recycle: std::mem::take(&mut front.recycle),
             }
         } else {
             Piece {
                 buf: front.buf.split_to(max),
                 headroom: false,
                 track: std::mem::take(&mut front.track),
+                recycle: std::mem::take(&mut front.recycle),
             }
         };
         self.len -= out.len();
         out
+    }
+}
+
+/// Send-buffer segments kept for reuse: sent ones the endpoint still references, until the
+/// channel drops its own reference, and idle ones for the next writes.
+///
+/// Without it every segment (one chunk payload, ~62 KiB) was allocated by the writing task
+/// and freed by the channel thread that sent it: the allocator handed the memory back to
+/// the kernel and faulted it in again (`madvise`, TLB shoot-downs, page faults), which cost
+/// more than the copy into the segment (see docs/performance.md).
+///
+/// Bounded: at most [`SEG_POOL_IDLE`] idle segments; `sent` is swept (released segments
+/// move to `idle` or are freed) whenever it has doubled since the last sweep, so it holds
+/// at most about twice the segments still in the channels plus [`SEG_SWEEP_MIN`], and never
+/// more than [`SENT_LENT_MAX`].
+#[derive(Debug, Default)]
+struct SegPool {
+    idle: Vec<BytesMut>,
+    sent: VecDeque<Bytes>,
+    sweep_at: usize,
+    /// Segments allocated and reused so far (for tests and debugging).
+    allocated: u64,
+    reused: u64,
+}
+
+/// Most idle send-buffer segments an endpoint keeps (~1 MiB with the default payload).
+const SEG_POOL_IDLE: usize = 16;
+
+/// `SegPool::sent` is not swept below this many entries.
+const SEG_SWEEP_MIN: usize = 8;
+
+impl SegPool {
+    /// A segment of at least `cap` bytes' capacity, empty: an idle one if any (sweeping
+    /// the sent ones first when none is idle), else a new allocation.
+    fn take(&mut self, cap: usize) -> BytesMut {
+        if self.idle.is_empty() && !self.sent.is_empty() {
+            self.sweep(cap);
+        }
+        match self.idle.pop() {
+            Some(b) => {
+                self.reused += 1;
+                b
+            }
+            None => {
+                self.allocated += 1;
+                BytesMut::with_capacity(cap)
+            }
+        }
+    }
+
+    /// Keeps a reference to a sent segment until the channel is done with it.
+    fn keep_sent(&mut self, b: Bytes, cap: usize) {
+        if self.sent.len() >= SENT_LENT_MAX {
+            self.sent.pop_front();
+        }
+        self.sent.push_back(b);
+        if self.sent.len() >= self.sweep_at.max(SEG_SWEEP_MIN) {
+            self.sweep(cap);
+        }
+    }
+
+    /// Moves every sent segment that nothing else references any more to `idle` (or
+    /// frees it when `idle` is full); keeps the others in order.
+    fn sweep(&mut self, cap: usize) {
+        for _ in 0..self.sent.len() {
+            let b = self.sent.pop_front().expect("counted");
+            if !b.is_unique() {
+                self.sent.push_back(b);
+                continue;
+            }
+            if let Ok(m) = b.try_into_mut() {
+                self.put(m, cap);
+            }
+        }
+        self.sweep_at = 2 * self.sent.len();
+    }
+
+    /// Keeps `b` for reuse if there is room and it can be widened back over at least
+    /// `cap` bytes without allocating.
+    fn put(&mut self, mut b: BytesMut, cap: usize) {
+        if self.idle.len() >= SEG_POOL_IDLE {
+            return;
+        }
+        b.clear();
+        if b.capacity() >= cap || b.try_reclaim(cap) {
+            self.idle.push(b);
+        }
     }
 }
 
@@ -574,6 +673,8 @@ pub struct Endpoint {
     /// Buffers lent by [`Endpoint::send_chunks`] and sent: a reference each, until the
     /// channel drops its own and [`Endpoint::reclaim_sent`] hands them back.
     sent_lent: VecDeque<Bytes>,
+    /// Send-buffer segments for reuse by every socket's plain writes.
+    seg_pool: SegPool,
 }
 
 /// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
@@ -617,6 +718,7 @@ impl Endpoint {
             schedule_needed: false,
             spare: Vec::new(),
             sent_lent: VecDeque::new(),
+            seg_pool: SegPool::default(),
         })
     }
 
@@ -777,8 +879,16 @@ impl Endpoint {
         item.header.emit_to_vec(item.payload.data(), out);
         if item.payload.track {
             self.keep_lent(item.payload.buf.freeze());
+        } else if item.payload.recycle {
+            let cap = self.seg_cap();
+            self.seg_pool.keep_sent(item.payload.buf.freeze(), cap);
         }
         Some(item.header.wire_len())
+    }
+
+    /// Capacity of a send-buffer segment: room for a header, then one chunk payload.
+    fn seg_cap(&self) -> usize {
+        HEADER_LEN + self.config.max_chunk_payload
     }
 
     /// Keeps a reference to a sent lent buffer until the channel is done with it.
@@ -846,6 +956,7 @@ impl Endpoint {
     pub fn poll_transmit_parts(&mut self, id: ChannelId, header: &mut Vec<u8>) -> Option<Bytes> {
         let mut item = self.next_out(id)?;
         let track = item.payload.track;
+        let recycle = item.payload.recycle;
         let out = if item.payload.headroom {
             // The segment has room for the header in front: one `Bytes`, no copy.
             let buf = &mut item.payload.buf;
@@ -861,6 +972,9 @@ impl Endpoint {
         };
         if track {
             self.keep_lent(out.clone());
+        } else if recycle {
+            let cap = self.seg_cap();
+            self.seg_pool.keep_sent(out.clone(), cap);
         }
         Some(out)
     }
@@ -1017,7 +1131,11 @@ impl Endpoint {
     pub fn send(&mut self, id: SocketId, data: &[u8]) -> Result<usize, Error> {
         let cap = self.config.send_buffer;
         let seg = self.config.max_chunk_payload;
-        let s = self.live_socket(id)?;
+        // Not `live_socket`: the segment pool is borrowed beside the socket.
+        let s = match self.sockets.get_mut(&id) {
+            Some(s) if !s.detached => s,
+            _ => return Err(Error::InvalidSocket),
+        };
         if let State::Failed(e) = s.state {
             return Err(e);
         }
@@ -1033,7 +1151,7 @@ impl Endpoint {
             s.write_low_water = 1;
             return Err(Error::WouldBlock);
         }
-        s.send_buf.push(&data[..n], seg);
+        s.send_buf.push(&data[..n], seg, &mut self.seg_pool);
         self.schedule_needed = true;
         Ok(n)
     }
@@ -2006,6 +2124,119 @@ mod tests {
         assert_eq!(back, ptrs);
     }
 
+    /// Plain writes take their send-buffer segments from the endpoint's pool: a segment
+    /// the channel still holds is never reused (its bytes stay as sent), one it has
+    /// dropped is (same memory), the idle pool stays bounded, and the bytes delivered are
+    /// exactly the bytes written.
+    #[test]
+    fn sent_segments_are_reused_once_the_channel_drops_them() {
+        const P: usize = 1000;
+        let cfg = Config {
+            max_chunk_payload: P,
+            send_buffer: 4 * P,
+            recv_buffer: 4 * P,
+            credit_window: 4 * P,
+            credit_update_threshold: P,
+            channel_budget: 8 * P,
+            ..Config::default()
+        };
+        let mut client = Endpoint::new(cfg.clone(), RoundRobin::default()).unwrap();
+        let mut server = Endpoint::new(cfg, RoundRobin::default()).unwrap();
+        let ch = ChannelId(0);
+        client
+            .add_channel(ch, PeerId(1), ChannelClass::Throughput)
+            .unwrap();
+        server
+            .add_channel(ch, PeerId(0), ChannelClass::Throughput)
+            .unwrap();
+        server.bind(7000, 4).unwrap();
+        let sid = client
+            .connect(PeerId(1), 7000, AppClass::Throughput)
+            .unwrap();
+        let data: Vec<u8> = (0..3 * 4 * P).map(|i| (i * 13 + 5) as u8).collect();
+        let ptrs = |b: &[Bytes]| -> Vec<*const u8> { b.iter().map(|p| p.as_ptr()).collect() };
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 8 * P];
+        let mut accepted = None;
+        let mut first = Vec::new();
+        let mut held: Vec<Vec<Bytes>> = Vec::new();
+        let mut counts = Vec::new();
+        for (i, part) in data.chunks(4 * P).enumerate() {
+            assert_eq!(client.send(sid, part), Ok(4 * P));
+            counts.push((client.seg_pool.allocated, client.seg_pool.reused));
+            let mut sent = deliver(&mut client, &mut server, ch);
+            if i == 0 {
+                // Handshake.
+                deliver(&mut server, &mut client, ch);
+                sent.extend(deliver(&mut client, &mut server, ch));
+                accepted = server.accept(7000).ok();
+                first = ptrs(&sent);
+            }
+            assert_eq!(sent.len(), 4, "one chunk per segment");
+            held.push(sent);
+            // Read everything so that the credit comes back for the next batch.
+            let rid = accepted.expect("accepted");
+            while let Ok(n) = server.recv(rid, &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            deliver(&mut server, &mut client, ch);
+            if i == 1 {
+                // The "channel" drops the first batch; it still holds the second.
+                held.remove(0);
+            }
+        }
+        assert_eq!(got, data);
+        let (second, third) = (ptrs(&held[0]), ptrs(&held[1]));
+        // Batch 2 was written while batch 1 was held: other memory. Batch 3 was written
+        // after batch 1 was dropped: batch 1's memory again, not batch 2's (still held,
+        // its bytes as sent).
+        assert!(second.iter().all(|p| !first.contains(p)));
+        assert!(third.iter().all(|p| first.contains(p)));
+        // (The allocator could hand back freed memory too: the counters tell apart.)
+        assert_eq!(counts, [(4, 0), (8, 0), (8, 4)]);
+        for (k, piece) in held[0].iter().enumerate() {
+            assert_eq!(
+                &piece[HEADER_LEN..],
+                &data[4 * P + k * P..4 * P + (k + 1) * P]
+            );
+        }
+        // Once the channel drops everything, the idle pool takes what it may, no more.
+        drop(held);
+        client.seg_pool.sweep(HEADER_LEN + P);
+        assert!(client.seg_pool.sent.is_empty());
+        assert!(!client.seg_pool.idle.is_empty());
+        assert!(client.seg_pool.idle.len() <= SEG_POOL_IDLE);
+    }
+
+    /// The idle pool keeps at most `SEG_POOL_IDLE` segments however many are released.
+    #[test]
+    fn segment_pool_is_bounded() {
+        let cap = HEADER_LEN + 100;
+        let mut pool = SegPool::default();
+        let segs: Vec<Bytes> = (0..3 * SEG_POOL_IDLE)
+            .map(|_| {
+                let mut b = pool.take(cap);
+                b.resize(cap, 1);
+                b.freeze()
+            })
+            .collect();
+        for s in &segs {
+            pool.keep_sent(s.clone(), cap);
+        }
+        assert!(pool.idle.is_empty(), "all still held");
+        drop(segs);
+        pool.sweep(cap);
+        assert_eq!(pool.idle.len(), SEG_POOL_IDLE);
+        assert!(pool.sent.is_empty());
+        assert!(pool
+            .idle
+            .iter()
+            .all(|b| b.is_empty() && b.capacity() >= cap));
+    }
+
     /// A lent segment that credit cuts in two comes back once both parts are gone, and
     /// can be widened over its whole allocation again.
     #[test]
@@ -2081,20 +2312,41 @@ mod tests {
 
     proptest! {
         /// Whatever the write and take sizes, the send buffer hands out exactly the bytes
-        /// written, in order, in pieces of 1..=max bytes that never cross a segment.
+        /// written, in order, in pieces of 1..=max bytes that never cross a segment; with
+        /// the pieces sent through a segment pool and held by the "channel" for a while,
+        /// no piece's bytes change while it is held (a segment is reused only once free).
         #[test]
         fn send_buffer_hands_out_what_was_written(
             seg in 1usize..300,
-            ops in proptest::collection::vec((any::<bool>(), 1usize..700), 1..60),
+            ops in proptest::collection::vec((0u8..3, 1usize..700), 1..60),
         ) {
             let mut b = SendBuf::default();
+            let mut pool = SegPool::default();
+            let cap = HEADER_LEN + seg;
+            let mut held: VecDeque<(Bytes, Vec<u8>)> = VecDeque::new();
             let (mut written, mut taken) = (Vec::new(), Vec::new());
             let mut next = 0u8;
-            for (write, n) in ops {
-                if write {
+            for (op, n) in ops {
+                if op == 0 {
                     let data: Vec<u8> = (0..n).map(|_| { next = next.wrapping_add(1); next }).collect();
-                    b.push(&data, seg);
+                    b.push(&data, seg, &mut pool);
                     written.extend_from_slice(&data);
+                } else if op == 1 {
+                    // The channel is done with its oldest pieces.
+                    for _ in 0..n % 4 {
+                        if let Some((piece, copy)) = held.pop_front() {
+                            prop_assert_eq!(&piece[..], &copy[..]);
+                        }
+                    }
+                    prop_assert!(pool.idle.len() <= SEG_POOL_IDLE);
+                    prop_assert!(pool.sent.len() < pool.sweep_at.max(SEG_SWEEP_MIN));
+                    if n % 2 == 0 {
+                        // After a sweep only segments something else holds (a held piece,
+                        // or the buffer's own unsent part) stay referenced.
+                        pool.sweep(cap);
+                        prop_assert!(pool.sent.iter().all(|s| !s.is_unique()));
+                        prop_assert!(pool.sent.len() <= held.len() + 1);
+                    }
                 } else {
                     let before = b.len();
                     let got = b.take(n, seg);
@@ -2106,6 +2358,12 @@ mod tests {
                         prop_assert_eq!(got.buf.len(), HEADER_LEN + got.len());
                     }
                     taken.extend_from_slice(got.data());
+                    let recycle = got.recycle;
+                    let piece = got.buf.freeze();
+                    if recycle {
+                        pool.keep_sent(piece.clone(), cap);
+                    }
+                    held.push_back((piece.clone(), piece.to_vec()));
                 }
                 prop_assert_eq!(b.len(), written.len() - taken.len());
             }
@@ -2113,6 +2371,9 @@ mod tests {
                 taken.extend_from_slice(b.take(seg, seg).data());
             }
             prop_assert_eq!(taken, written);
+            for (piece, copy) in held {
+                prop_assert_eq!(&piece[..], &copy[..]);
+            }
         }
     }
 }
