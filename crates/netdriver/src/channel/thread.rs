@@ -370,12 +370,15 @@ impl Worker {
                     continue;
                 }
                 let want = room.min(RX_CHUNK);
-                if rxbuf.len() < want {
-                    rxbuf.clear();
+                // Appended, not read into a zero-filled slice: zeroing every 64 KiB
+                // buffer before the copy cost ~6 % of a bulk receiver's CPU. `reserve`
+                // takes the previous allocation back when every piece handed out of it
+                // has been dropped (the consumer kept up), else allocates a fresh one.
+                debug_assert!(rxbuf.is_empty());
+                if rxbuf.capacity() < want {
                     rxbuf.reserve(RX_CHUNK);
-                    rxbuf.resize(RX_CHUNK, 0);
                 }
-                match conn.recv(&mut rxbuf[..want]) {
+                match conn.recv_with(want, |s| rxbuf.extend_from_slice(s)) {
                     Ok(0) => {
                         if !e.eof {
                             e.eof = true;
@@ -385,7 +388,8 @@ impl Worker {
                         break;
                     }
                     Ok(n) => {
-                        e.shared.push_rx(rxbuf.split_to(n).freeze());
+                        debug_assert_eq!(rxbuf.len(), n);
+                        e.shared.push_rx(rxbuf.split().freeze());
                         moved = true;
                     }
                     Err(TcpError::WouldBlock | TcpError::Closed) => break,

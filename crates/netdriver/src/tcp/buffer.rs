@@ -167,6 +167,24 @@ impl RxRing {
         self.len -= n;
         n
     }
+
+    /// Reads up to `max` readable bytes by handing them to `sink` as at most two slices
+    /// (the ring may wrap), in order; returns how many. Lets a caller append to a growable
+    /// buffer without first zero-filling a destination slice.
+    pub fn read_with(&mut self, max: usize, mut sink: impl FnMut(&[u8])) -> usize {
+        let n = max.min(self.len);
+        if n == 0 {
+            return 0;
+        }
+        let first = n.min(self.capacity() - self.head);
+        sink(&self.buf[self.head..self.head + first]);
+        if n > first {
+            sink(&self.buf[..n - first]);
+        }
+        self.head = (self.head + n) % self.capacity();
+        self.len -= n;
+        n
+    }
 }
 
 #[cfg(test)]
@@ -186,6 +204,30 @@ mod tests {
         assert_eq!(r.read_at(3, &mut out[..2]), 2);
         assert_eq!(&out[..2], b"hi");
         assert_eq!(r.read_at(8, &mut out), 0);
+    }
+
+    #[test]
+    fn rx_ring_read_with_hands_out_both_sides_of_a_wrap() {
+        let mut r = RxRing::new(8);
+        assert_eq!(r.write_at(0, b"abcdef"), 6);
+        r.commit(6);
+        let mut out = [0u8; 5];
+        assert_eq!(r.read(&mut out), 5);
+        // head at 5, "f" readable; "ghijk" goes to 6, 7 and wraps to 0..3.
+        assert_eq!(r.write_at(0, b"ghijk"), 5);
+        r.commit(5);
+        let mut parts: Vec<Vec<u8>> = Vec::new();
+        assert_eq!(r.read_with(10, |s| parts.push(s.to_vec())), 6);
+        assert_eq!(parts, vec![b"fgh".to_vec(), b"ijk".to_vec()]);
+        assert_eq!(r.readable(), 0);
+        assert_eq!(r.read_with(10, |_| panic!("nothing to hand out")), 0);
+        // A limit below what is readable.
+        assert_eq!(r.write_at(0, b"lmnop"), 5);
+        r.commit(5);
+        let mut got = Vec::new();
+        assert_eq!(r.read_with(2, |s| got.extend_from_slice(s)), 2);
+        assert_eq!(got, b"lm");
+        assert_eq!(r.readable(), 3);
     }
 
     #[test]

@@ -527,6 +527,31 @@ impl Connection {
         Err(TcpError::WouldBlock)
     }
 
+    /// Like [`recv`](Self::recv), but hands up to `max` bytes to `sink` (as at most two
+    /// slices, in order) instead of copying into a caller's slice: a channel appends them
+    /// to a growable buffer without zero-filling it first. Same results as `recv`
+    /// (`Ok(0)` end of stream, `WouldBlock`, failures); `max == 0` returns `Ok(0)` only
+    /// when bytes are readable.
+    pub fn recv_with(&mut self, max: usize, sink: impl FnMut(&[u8])) -> Result<usize, TcpError> {
+        if let Some(err) = self.error {
+            return Err(err);
+        }
+        if self.rx.readable() > 0 {
+            if max == 0 {
+                return Ok(0);
+            }
+            self.window_update_check = true;
+            return Ok(self.rx.read_with(max, sink));
+        }
+        if self.fin_received {
+            return Ok(0);
+        }
+        if self.state == State::Closed {
+            return Err(TcpError::Closed);
+        }
+        Err(TcpError::WouldBlock)
+    }
+
     /// Closes the sending direction (shutdown(SHUT_WR), RFC 9293 §3.10.4): a FIN follows
     /// the queued data. Receiving continues until the peer's FIN. In SYN-SENT and
     /// SYN-RECEIVED the FIN waits for the handshake to complete.

@@ -1456,3 +1456,32 @@ fn passive_rst_and_synack_loss() {
     assert_eq!(b.state(), State::Closed);
     assert_eq!(b.error(), Some(TcpError::Reset));
 }
+
+/// `recv_with` reads like `recv` (data, `WouldBlock`, end of stream after the FIN), hands
+/// out at most `max` bytes, and opens the window like a read.
+#[test]
+fn recv_with_reads_like_recv() {
+    let mut p = Pair::new(Config::default(), Config::default(), 5 * MS);
+    p.run_until(|p| p.b.state() == State::Established, 10);
+    let mut got = Vec::new();
+    assert_eq!(
+        p.b.recv_with(16, |s| got.extend_from_slice(s)),
+        Err(TcpError::WouldBlock)
+    );
+    p.a.send(b"hello world").unwrap();
+    p.a.close();
+    let now = p.now;
+    let (seg, payload) = one(&mut p.a, now);
+    assert!(seg.flags.fin());
+    p.b.handle_segment(now, &seg, &payload);
+    // Nothing readable is handed out for max == 0, and the bytes stay.
+    assert_eq!(p.b.recv_with(0, |_| panic!("max 0")), Ok(0));
+    assert_eq!(p.b.recv_with(5, |s| got.extend_from_slice(s)), Ok(5));
+    assert_eq!(got, b"hello");
+    assert_eq!(p.b.recv_with(64, |s| got.extend_from_slice(s)), Ok(6));
+    assert_eq!(got, b"hello world");
+    // Then the end of stream, as recv reports it.
+    assert_eq!(p.b.recv_with(64, |_| panic!("no bytes left")), Ok(0));
+    let mut buf = [0u8; 4];
+    assert_eq!(p.b.recv(&mut buf), Ok(0));
+}
