@@ -1,7 +1,7 @@
 //! netchannel: a disaggregated user-space network stack after the NetChannel paper
 //! (SIGCOMM 2022).
 //!
-//! Applications will use `netchannel::VirtualStream` where they would use
+//! Applications use `netchannel::VirtualStream` where they would use
 //! `tokio::net::TcpStream`. Under it, virtual sockets ([`vns`]) run over a pluggable
 //! scheduler ([`netsched`]) over channels ([`netdriver`]), each channel an in-crate TCP
 //! connection carried by AF_XDP sockets.
