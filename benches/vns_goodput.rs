@@ -42,195 +42,10 @@ mod vns;
 
 #[cfg(target_os = "linux")]
 mod run {
-    use std::net::SocketAddr;
-    use std::sync::Arc;
-    use std::time::{Duration, Instant};
-
-    use bytes::Bytes;
-    use netchannel::{Stack, VirtualListener};
     use testbed::TestBed;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::runtime::Runtime;
 
-    use super::bed::{self, gbps, ChannelSink};
-    use super::vns::{self, env_or, spread, StackPair};
-
-    /// Application buffer of every write and read.
-    const BLOCK: usize = 64 << 10;
-
-    /// Reads `s` to its end; returns the count.
-    async fn drain<R: tokio::io::AsyncRead + Unpin>(s: &mut R) -> std::io::Result<u64> {
-        let mut buf = vec![0u8; BLOCK];
-        let mut got = 0u64;
-        loop {
-            match s.read(&mut buf).await? {
-                0 => return Ok(got),
-                n => got += n as u64,
-            }
-        }
-    }
-
-    /// Writes `total` bytes as `block`-sized writes.
-    async fn fill<W: tokio::io::AsyncWrite + Unpin>(
-        w: &mut W,
-        block: &[u8],
-        total: u64,
-    ) -> std::io::Result<()> {
-        let mut sent = 0u64;
-        while sent < total {
-            let n = (total - sent).min(block.len() as u64) as usize;
-            w.write_all(&block[..n]).await?;
-            sent += n as u64;
-        }
-        w.shutdown().await
-    }
-
-    /// One virtual-stream transfer of `total` bytes from `a` to `l`.
-    fn vns_transfer(
-        rt: &Runtime,
-        a: &Stack,
-        l: &Arc<VirtualListener>,
-        to: SocketAddr,
-        total: u64,
-    ) -> Duration {
-        let (a, l) = (a.clone(), l.clone());
-        rt.block_on(async move {
-            let start = Instant::now();
-            let rx = tokio::spawn(async move {
-                let (mut s, _) = l.accept().await.expect("accept");
-                let got = drain(&mut s).await.expect("read");
-                s.shutdown().await.expect("shutdown");
-                got
-            });
-            let tx = tokio::spawn(async move {
-                let block = vec![0x5au8; BLOCK];
-                let mut c = a.connect(to).await.expect("connect");
-                fill(&mut c, &block, total).await.expect("write");
-                // Keep the stream until the receiver has everything (dropping it with
-                // bytes unsent would reset it).
-                let mut rest = [0u8; 16];
-                let _ = c.read(&mut rest).await;
-            });
-            let got = tokio::time::timeout(Duration::from_secs(300), rx)
-                .await
-                .expect("virtual stream transfer timed out")
-                .expect("receiver");
-            let d = start.elapsed();
-            tx.await.expect("sender");
-            assert_eq!(got, total, "virtual stream delivered a short transfer");
-            d
-        })
-    }
-
-    /// One kernel TCP transfer A → B (sockets made in the namespaces, driven by tokio).
-    fn kernel_transfer(
-        bed: &TestBed,
-        rt: &Runtime,
-        l: &Arc<tokio::net::TcpListener>,
-        total: u64,
-    ) -> Duration {
-        let to = match l.local_addr().expect("addr") {
-            SocketAddr::V4(v4) => v4,
-            SocketAddr::V6(_) => unreachable!("IPv4 listener"),
-        };
-        let l = l.clone();
-        let start = Instant::now();
-        let rx = rt.spawn(async move {
-            let (mut s, _) = l.accept().await.expect("accept");
-            drain(&mut s).await.expect("read")
-        });
-        let std_stream = vns::kernel_connect(bed, to);
-        rt.block_on(async move {
-            let tx = tokio::spawn(async move {
-                let block = vec![0x5au8; BLOCK];
-                let mut c = tokio::net::TcpStream::from_std(std_stream).expect("tokio stream");
-                fill(&mut c, &block, total).await.expect("write");
-                let mut rest = [0u8; 16];
-                let _ = c.read(&mut rest).await;
-            });
-            let got = tokio::time::timeout(Duration::from_secs(300), rx)
-                .await
-                .expect("kernel transfer timed out")
-                .expect("receiver");
-            let d = start.elapsed();
-            tx.await.expect("sender");
-            assert_eq!(got, total, "kernel TCP delivered a short transfer");
-            d
-        })
-    }
-
-    /// Per-measurement rates of a phase, one per round.
-    #[derive(Default)]
-    struct Phase {
-        names: Vec<&'static str>,
-        rates: Vec<Vec<f64>>,
-    }
-
-    impl Phase {
-        fn add(&mut self, name: &'static str, gbit: f64) {
-            let i = match self.names.iter().position(|&n| n == name) {
-                Some(i) => i,
-                None => {
-                    self.names.push(name);
-                    self.rates.push(Vec::new());
-                    self.names.len() - 1
-                }
-            };
-            self.rates[i].push(gbit);
-        }
-
-        fn get(&self, name: &str) -> &[f64] {
-            self.names
-                .iter()
-                .position(|&n| n == name)
-                .map_or(&[], |i| &self.rates[i])
-        }
-
-        fn print(&self, title: &str) {
-            println!();
-            println!("{title}");
-            println!(
-                "{:<26} {:>8} {:>8} {:>8}   (Gbit/s over rounds)",
-                "measurement", "min", "median", "max"
-            );
-            for (n, r) in self.names.iter().zip(&self.rates) {
-                let (lo, med, hi) = spread(r);
-                println!("{n:<26} {lo:>8.3} {med:>8.3} {hi:>8.3}");
-            }
-            let ratio = |a: &str, b: &str, note: &str| {
-                let (x, y) = (self.get(a), self.get(b));
-                let rs: Vec<f64> = x.iter().zip(y).map(|(x, y)| x / y.max(1e-12)).collect();
-                if rs.is_empty() {
-                    return;
-                }
-                let (lo, med, hi) = spread(&rs);
-                println!(
-                    "{:<48} {lo:>6.2} {med:>6.2} {hi:>6.2}{note}",
-                    format!("{a} / {b}")
-                );
-            };
-            if self.names.len() > 1 {
-                println!("ratios, round by round (min median max):");
-            }
-            ratio(
-                "virtual_stream",
-                "raw_channel",
-                "   (target >= 0.90: VNS costs <= 10 %)",
-            );
-            ratio(
-                "virtual_stream",
-                "raw_channel_copy",
-                "   (the same, both against a channel read and written with copies)",
-            );
-            ratio(
-                "raw_channel_copy",
-                "raw_channel",
-                "   (what the two copies cost)",
-            );
-            ratio("virtual_stream", "kernel_xdp_attached", "");
-            ratio("raw_channel", "kernel_xdp_attached", "");
-        }
-    }
+    use super::bed::gbps;
+    use super::vns::{self, env_or, kernel_transfer, Phase, StackBench};
 
     pub fn main() {
         // `cargo test --all-targets`: one small round of each, as a smoke test.
@@ -261,13 +76,7 @@ mod run {
         );
 
         // 0. Kernel TCP with nothing attached.
-        let kl = {
-            let _g = rt.enter();
-            Arc::new(
-                tokio::net::TcpListener::from_std(vns::kernel_listener(&bed, vns::KERNEL_PORT))
-                    .expect("tokio listener"),
-            )
-        };
+        let kl = vns::kernel_tokio_listener(&bed, &rt);
         let mut base = Phase::default();
         for round in 0..rounds {
             if !on("kernel_nothing_attached") {
@@ -284,49 +93,24 @@ mod run {
         let mut configs = vec![1, many];
         configs.dedup();
         for channels in configs {
-            let pair = StackPair::start(&bed, channels);
-            let sink = ChannelSink::start(
-                pair.channels_b()
-                    .listen(vns::RAW_CHANNEL_PORT)
-                    .expect("raw listen"),
-                total,
-            );
-            let stream_sink = vns::StreamSink::start(
-                pair.channels_b()
-                    .listen(vns::RAW_STREAM_PORT)
-                    .expect("raw stream listen"),
-                total,
-            );
-            let stream_addr = std::net::SocketAddrV4::new(pair.b_ip, vns::RAW_STREAM_PORT);
-            let l = Arc::new(
-                rt.block_on(pair.b.bind(pair.vns_addr()))
-                    .expect("bind the virtual listener"),
-            );
-            let block = Bytes::from(vec![0x5au8; BLOCK]);
+            let bench = StackBench::start(&bed, &rt, channels, total);
             let mut phase = Phase::default();
-            // Warm-up: opens the stacks' channels.
-            let _ = vns_transfer(&rt, &pair.a, &l, pair.vns_addr(), total.min(4 << 20));
             for round in 0..rounds {
                 let mut line = format!("{channels} channel(s), round {round}:");
                 let mut vs_raw = (None, None);
                 if on("raw_channel") {
-                    let start = Instant::now();
-                    bed::channel_send(pair.channels_a(), pair.raw_addr(), &block, total);
-                    let raw = gbps(total, start.elapsed());
+                    let raw = gbps(total, bench.raw_channel());
                     phase.add("raw_channel", raw);
                     vs_raw.1 = Some(raw);
                     line += &format!("  raw_channel {raw:.3}");
                 }
                 if on("raw_channel_copy") {
-                    let start = Instant::now();
-                    vns::stream_send(pair.channels_a(), stream_addr, &block, total);
-                    let r = gbps(total, start.elapsed());
+                    let r = gbps(total, bench.raw_channel_copy());
                     phase.add("raw_channel_copy", r);
                     line += &format!("  raw_channel_copy {r:.3}");
                 }
                 if on("virtual_stream") {
-                    let d = vns_transfer(&rt, &pair.a, &l, pair.vns_addr(), total);
-                    let vs = gbps(total, d);
+                    let vs = gbps(total, bench.virtual_stream(&rt));
                     phase.add("virtual_stream", vs);
                     vs_raw.0 = Some(vs);
                     line += &format!("  virtual_stream {vs:.3}");
@@ -343,10 +127,7 @@ mod run {
                 }
                 println!("{line}");
             }
-            drop(l);
-            sink.stop();
-            stream_sink.stop();
-            pair.stop();
+            bench.stop();
             phases.push((channels, phase));
         }
         println!();

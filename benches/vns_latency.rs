@@ -25,6 +25,10 @@
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
 //! `cargo bench -j1 --bench vns_latency`
 
+// support/vns.rs uses support/bed.rs's channel drain.
+#[cfg(target_os = "linux")]
+#[path = "support/bed.rs"]
+mod bed;
 #[cfg(target_os = "linux")]
 #[path = "support/vns.rs"]
 mod vns;

@@ -4,13 +4,31 @@
 //! - the raw frame rate of our AF_XDP link alone (no TCP): the ceiling;
 //! - one TCP channel's goodput: ours → ours, kernel → ours, ours → kernel;
 //! - kernel TCP over the same veth, without and with our XDP program attached;
-//! - the ratios (channel goodput / raw ceiling, issue target ≥ 70 %; ours / kernel).
+//! - the ratios (channel goodput / raw ceiling, issue target ≥ 70 %; ours / kernel);
+//! - then the product: a [`netchannel::Stack`] in each namespace, with 1 and then
+//!   `--vns-channels` (4) throughput channels per peer, and in each configuration
+//!   `--vns-rounds` rounds of, interleaved: one raw channel of the stacks' own channel
+//!   sets (no copy, and through `ChannelStream`'s copying `Read`/`Write`), one
+//!   [`netchannel::VirtualStream`] to a [`netchannel::VirtualListener`], and kernel TCP
+//!   over the same veth; with the ratios VirtualStream / raw channel (target ≥ 0.90),
+//!   / copying channel and / kernel TCP, taken round by round. The code is the
+//!   `vns_goodput` bench's (`benches/support/vns.rs`).
 //!
 //! Without those privileges (or with `--sim`) it runs two netchannel endpoints over the
-//! simulated link instead (in memory, virtual time, seeded faults) and says so.
+//! simulated link instead (in memory, virtual time, seeded faults), then one
+//! `VirtualStream` between two stacks on an in-memory network (no TCP, no AF_XDP), every
+//! byte verified, and says so.
+//!
+//! On the 2-core machine of 2026-11-24 (`./scripts/demo.sh`: 5 × 256 MiB per channel
+//! measurement, 3 × 256 MiB per VirtualStream configuration; 16 s of measurements) one
+//! VirtualStream moved 7.1–7.7 Gbit/s with 1 channel per peer (0.73–0.77 of the raw
+//! channel, 0.95 of kernel TCP) and 6.0–6.4 with 4 (0.64–0.66, 0.80–0.82), medians of
+//! two runs; in memory, 4.5–4.8 Gbit/s. Figures and what they mean:
+//! `docs/performance.md`, "The demo's VirtualStream phase".
 //!
 //! ```text
 //! cargo run --release --example demo                  # test bed, or simulated fallback
+//! cargo run --release --example demo -- --vns-bytes 67108864 --vns-rounds 5
 //! cargo run --release --example demo -- --sim --bytes 64000000 --loss 0.01 --latency-us 50
 //! ```
 
@@ -52,6 +70,17 @@ struct Args {
     /// Test bed: frames per round of the raw frame-rate measurements.
     #[arg(long, default_value_t = 256 * 1024)]
     raw_frames: u64,
+    /// VirtualStream phase (test bed): bytes per connection of each transfer; in the
+    /// fallback, the bytes of the in-memory VirtualStream transfer.
+    #[arg(long, default_value_t = 256 << 20)]
+    vns_bytes: u64,
+    /// VirtualStream phase (test bed): rounds per channel count (0 skips the phase).
+    #[arg(long, default_value_t = 3)]
+    vns_rounds: u64,
+    /// VirtualStream phase (test bed): throughput channels per peer of the second
+    /// configuration (the first has 1).
+    #[arg(long, default_value_t = 4)]
+    vns_channels: usize,
     /// Simulated link: bytes to transfer from A to B.
     #[arg(long, default_value_t = 16_000_000)]
     bytes: u64,
@@ -160,13 +189,18 @@ fn main() -> ExitCode {
             Err(why) => {
                 println!("================================================================================");
                 println!(" The AF_XDP test bed cannot run here, so this demo falls back to the");
-                println!(" SIMULATED LINK. Reason: {why}");
+                println!(" SIMULATED LINK (then a VirtualStream between in-memory stacks).");
+                println!(" Reason: {why}");
                 println!(" (The test bed needs root: network namespaces, AF_XDP sockets, XDP.)");
                 println!("================================================================================");
             }
         }
     }
-    match run(&args) {
+    if let Err(e) = run(&args) {
+        eprintln!("demo failed: {e}");
+        return ExitCode::FAILURE;
+    }
+    match in_memory_stream(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("demo failed: {e}");
@@ -178,6 +212,18 @@ fn main() -> ExitCode {
 #[cfg(target_os = "linux")]
 #[path = "../benches/support/bed.rs"]
 mod bed;
+#[cfg(target_os = "linux")]
+#[path = "../benches/support/vns.rs"]
+mod vns;
+
+/// The message of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a measurement panicked".into())
+}
 
 /// The side-by-side run on the test bed; `Err` says why it cannot run here.
 #[cfg(target_os = "linux")]
@@ -227,12 +273,16 @@ fn test_bed(args: &Args) -> Result<(), String> {
         })
     }))
     .map_err(|panic| {
-        let msg = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "a measurement panicked".into());
-        format!("the test bed was built but a measurement failed: {msg}")
+        format!(
+            "the test bed was built but a measurement failed: {}",
+            panic_message(&*panic)
+        )
+    })?;
+    let phases = catch_unwind(AssertUnwindSafe(|| vns_phase(&bed, args))).map_err(|panic| {
+        format!(
+            "the test bed was built but a VirtualStream measurement failed: {}",
+            panic_message(&*panic)
+        )
     })?;
     println!();
     println!(
@@ -240,16 +290,209 @@ fn test_bed(args: &Args) -> Result<(), String> {
         started.elapsed().as_secs_f64()
     );
     figures.print();
+    for (channels, phase) in &phases {
+        phase.print(&format!(
+            "VirtualStream phase, stacks with {channels} throughput channel(s) per peer \
+             ({} rounds x {} bytes, interleaved):",
+            args.vns_rounds, args.vns_bytes
+        ));
+    }
     println!();
     println!("Raw figures count whole 1514-byte frames; transfers count TCP payload (1460 of");
     println!("each 1514 bytes). Kernel transfers other than kernel_offloads_on run with tx");
     println!("checksumming off, as our stack needs finished checksums from its peer.");
+    if !phases.is_empty() {
+        println!("In the VirtualStream phase each round runs raw_channel, raw_channel_copy,");
+        println!("virtual_stream and kernel_xdp_attached one after the other on the same two");
+        println!("stacks, so the ratios compare transfers made seconds apart.");
+    }
     Ok(())
+}
+
+/// What each measurement of the VirtualStream phase is.
+#[cfg(target_os = "linux")]
+const VNS_MEASUREMENTS: [(&str, &str); 4] = [
+    (
+        "raw_channel",
+        "one channel of the stacks' own channel sets, A -> B (64 KiB Bytes, no copy)",
+    ),
+    (
+        "raw_channel_copy",
+        "the same through ChannelStream (std Read/Write: one copy each side)",
+    ),
+    (
+        "virtual_stream",
+        "one VirtualStream, Stack on vA -> VirtualListener on vB (tokio, 64 KiB writes)",
+    ),
+    (
+        "kernel_xdp_attached",
+        "kernel TCP A -> B over the same veth (tokio), both stacks attached",
+    ),
+];
+
+/// The product on the test bed: a `netchannel::Stack` in each namespace, with 1 and then
+/// `--vns-channels` throughput channels per peer; per round, interleaved, a raw channel of
+/// the stacks' channel sets (without and with copies), one `VirtualStream` and kernel TCP.
+/// Prints each configuration's rounds and returns their rates.
+#[cfg(target_os = "linux")]
+fn vns_phase(bed: &testbed::TestBed, args: &Args) -> Vec<(usize, vns::Phase)> {
+    if args.vns_rounds == 0 {
+        return Vec::new();
+    }
+    let total = args.vns_bytes.max(1);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    println!();
+    println!(
+        "VirtualStream phase: {} round(s) per configuration, interleaved; one connection of \
+         {total} bytes each",
+        args.vns_rounds
+    );
+    let kernel = vns::kernel_tokio_listener(bed, &rt);
+    let mut configs = vec![1, args.vns_channels.max(1)];
+    configs.dedup();
+    let mut phases = Vec::new();
+    for channels in configs {
+        let bench = vns::StackBench::start(bed, &rt, channels, total);
+        let mut phase = vns::Phase::default();
+        for _ in 0..args.vns_rounds {
+            phase.add("raw_channel", bed::gbps(total, bench.raw_channel()));
+            phase.add(
+                "raw_channel_copy",
+                bed::gbps(total, bench.raw_channel_copy()),
+            );
+            phase.add(
+                "virtual_stream",
+                bed::gbps(total, bench.virtual_stream(&rt)),
+            );
+            let k = vns::kernel_transfer(bed, &rt, &kernel, total);
+            phase.add("kernel_xdp_attached", bed::gbps(total, k));
+        }
+        bench.stop();
+        println!("stacks with {channels} throughput channel(s) per peer:");
+        for (name, what) in VNS_MEASUREMENTS {
+            let mut line = format!("{name:<24} ");
+            for r in phase.get(name) {
+                line.push_str(&format!(" {r:7.3}"));
+            }
+            println!("{line}  Gbit/s  {what}");
+        }
+        let median = |a, b| phase.ratio(a, b).map_or(f64::NAN, |(_, m, _)| m);
+        println!(
+            "  virtual_stream / raw_channel {:.2}, / raw_channel_copy {:.2}, \
+             / kernel_xdp_attached {:.2}  (medians of the rounds' ratios)",
+            median("virtual_stream", "raw_channel"),
+            median("virtual_stream", "raw_channel_copy"),
+            median("virtual_stream", "kernel_xdp_attached"),
+        );
+        phases.push((channels, phase));
+    }
+    phases
 }
 
 #[cfg(not(target_os = "linux"))]
 fn test_bed(_: &Args) -> Result<(), String> {
     Err("the AF_XDP test bed is Linux only".into())
+}
+
+/// The fallback's VirtualStream: two `Stack`s on an in-memory network (no TCP, no
+/// AF_XDP: channels are in-process queues), one `VirtualStream` of `--vns-bytes` bytes
+/// from one to a `VirtualListener` on the other, every byte checked.
+fn in_memory_stream(args: &Args) -> Result<(), String> {
+    use netchannel::vns::stack::MemNetwork;
+    use netchannel::Stack;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let total = args.vns_bytes;
+    println!();
+    println!("================================================================================");
+    println!(" VirtualStream over IN-MEMORY stacks (vns::stack::MemNetwork): no TCP, no");
+    println!(" AF_XDP, no link; the channels are in-process queues. This shows the API and");
+    println!(" the VNS layer's own cost, not network goodput.");
+    println!("================================================================================");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let net = MemNetwork::new();
+    let stack = |ip| {
+        Stack::builder()
+            .ipv4(ip)
+            .build_in_memory(&net)
+            .map_err(|e| format!("stack on {ip}: {e}"))
+    };
+    let (a, b) = (stack(IP_A)?, stack(IP_B)?);
+    let to = std::net::SocketAddr::from(SocketAddrV4::new(IP_B, PORT));
+    let result = rt.block_on(async {
+        let listener = b.bind(to).await.map_err(|e| format!("bind: {e}"))?;
+        let data = block();
+        let start = std::time::Instant::now();
+        let sender = {
+            let (a, data) = (a.clone(), data.clone());
+            tokio::spawn(async move {
+                let mut s = a.connect(to).await?;
+                let mut sent = 0u64;
+                while sent < total {
+                    let at = (sent % data.len() as u64) as usize;
+                    let n = (data.len() - at).min((total - sent) as usize);
+                    s.write_all(&data[at..at + n]).await?;
+                    sent += n as u64;
+                }
+                s.shutdown().await?;
+                // Keep the stream until the receiver closes its side (dropping it with
+                // bytes unsent would reset it).
+                let mut rest = [0u8; 16];
+                let _ = s.read(&mut rest).await;
+                std::io::Result::Ok(())
+            })
+        };
+        let (mut s, peer) = listener
+            .accept()
+            .await
+            .map_err(|e| format!("accept: {e}"))?;
+        let mut buf = vec![0u8; 64 << 10];
+        let mut received = 0u64;
+        loop {
+            let n = s.read(&mut buf).await.map_err(|e| format!("read: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            for (i, &byte) in buf[..n].iter().enumerate() {
+                let at = ((received + i as u64) % data.len() as u64) as usize;
+                if byte != data[at] {
+                    return Err(format!("corrupt byte at offset {}", received + i as u64));
+                }
+            }
+            received += n as u64;
+        }
+        let elapsed = start.elapsed();
+        s.shutdown().await.map_err(|e| format!("shutdown: {e}"))?;
+        sender
+            .await
+            .map_err(|e| format!("sender task: {e}"))?
+            .map_err(|e| format!("sender: {e}"))?;
+        if received != total {
+            return Err(format!("EOF after {received} of {total} bytes"));
+        }
+        Ok((peer, elapsed))
+    });
+    a.shutdown();
+    b.shutdown();
+    let (peer, elapsed) = result?;
+    println!(
+        "one VirtualStream {peer} -> {to}: {total} bytes, every byte verified, in {:.3} s",
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "goodput: {:.3} Gbit/s  (in memory, wall clock, this machine's cores shared by both \
+         stacks; not comparable with the test bed's figures)",
+        total as f64 * 8.0 / elapsed.as_secs_f64().max(1e-12) / 1e9
+    );
+    Ok(())
 }
 
 fn run(args: &Args) -> Result<(), String> {

@@ -7,17 +7,26 @@
 //!   be measured beside the virtual sockets that share them);
 //! - [`KernelPair`]: kernel TCP sockets made inside the namespaces and driven by tokio
 //!   (`tokio::net::TcpStream`), over the same veth;
-//! - [`Samples`]: sorted latency samples and their percentiles.
+//! - [`Samples`]: sorted latency samples and their percentiles;
+//! - bulk transfers and their figures, shared by `benches/vns_goodput.rs` and the main
+//!   job (`examples/demo.rs`, which includes this file too): [`StackBench`] (a stack
+//!   pair with sinks for raw channels, one transfer per call), [`vns_transfer`],
+//!   [`kernel_transfer`], [`Phase`] (per-round rates, spread and ratios).
 #![allow(dead_code)]
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use netchannel::netdriver::channel::{ChannelSet, ChannelSetConfig};
 use netchannel::vns::stack::XdpBackend;
-use netchannel::Stack;
+use netchannel::{Stack, VirtualListener};
 use testbed::{Side, TestBed};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::runtime::Runtime;
+
+use super::bed::{self, ChannelSink};
 
 /// The port of B's virtual listener.
 pub const VNS_PORT: u16 = 7100;
@@ -318,4 +327,310 @@ pub fn stream_send(set: &ChannelSet, to: SocketAddrV4, block: &[u8], total: u64)
     s.shutdown_write().expect("shutdown");
     let mut rest = [0u8; 16];
     assert_eq!(s.read(&mut rest).expect("wait for the receiver's FIN"), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Bulk transfers: VirtualStream, raw channel, kernel TCP
+
+/// Application buffer of every write and read of the bulk transfers.
+pub const BLOCK: usize = 64 << 10;
+
+/// Reads `s` to its end; returns the count.
+async fn drain<R: tokio::io::AsyncRead + Unpin>(s: &mut R) -> std::io::Result<u64> {
+    let mut buf = vec![0u8; BLOCK];
+    let mut got = 0u64;
+    loop {
+        match s.read(&mut buf).await? {
+            0 => return Ok(got),
+            n => got += n as u64,
+        }
+    }
+}
+
+/// Writes `total` bytes as `block`-sized writes, then shuts the writing side down.
+async fn fill<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    block: &[u8],
+    total: u64,
+) -> std::io::Result<()> {
+    let mut sent = 0u64;
+    while sent < total {
+        let n = (total - sent).min(block.len() as u64) as usize;
+        w.write_all(&block[..n]).await?;
+        sent += n as u64;
+    }
+    w.shutdown().await
+}
+
+/// One virtual-stream transfer of `total` bytes from `a` to `l` (64 KiB `write_all`s,
+/// read to EOF), timed from connect until the receiver read the last byte.
+pub fn vns_transfer(
+    rt: &Runtime,
+    a: &Stack,
+    l: &Arc<VirtualListener>,
+    to: SocketAddr,
+    total: u64,
+) -> Duration {
+    let (a, l) = (a.clone(), l.clone());
+    rt.block_on(async move {
+        let start = std::time::Instant::now();
+        let rx = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.expect("accept");
+            let got = drain(&mut s).await.expect("read");
+            s.shutdown().await.expect("shutdown");
+            got
+        });
+        let tx = tokio::spawn(async move {
+            let block = vec![0x5au8; BLOCK];
+            let mut c = a.connect(to).await.expect("connect");
+            fill(&mut c, &block, total).await.expect("write");
+            // Keep the stream until the receiver has everything (dropping it with bytes
+            // unsent would reset it).
+            let mut rest = [0u8; 16];
+            let _ = c.read(&mut rest).await;
+        });
+        let got = tokio::time::timeout(Duration::from_secs(300), rx)
+            .await
+            .expect("virtual stream transfer timed out")
+            .expect("receiver");
+        let d = start.elapsed();
+        tx.await.expect("sender");
+        assert_eq!(got, total, "virtual stream delivered a short transfer");
+        d
+    })
+}
+
+/// A kernel TCP listener in B's namespace on [`KERNEL_PORT`], for tokio (make it inside
+/// `rt`'s context).
+pub fn kernel_tokio_listener(bed: &TestBed, rt: &Runtime) -> Arc<tokio::net::TcpListener> {
+    let _g = rt.enter();
+    Arc::new(
+        tokio::net::TcpListener::from_std(kernel_listener(bed, KERNEL_PORT))
+            .expect("tokio listener"),
+    )
+}
+
+/// One kernel TCP transfer A → B (sockets made in the namespaces, driven by tokio),
+/// timed like [`vns_transfer`].
+pub fn kernel_transfer(
+    bed: &TestBed,
+    rt: &Runtime,
+    l: &Arc<tokio::net::TcpListener>,
+    total: u64,
+) -> Duration {
+    let to = match l.local_addr().expect("addr") {
+        SocketAddr::V4(v4) => v4,
+        SocketAddr::V6(_) => unreachable!("IPv4 listener"),
+    };
+    let l = l.clone();
+    let start = std::time::Instant::now();
+    let rx = rt.spawn(async move {
+        let (mut s, _) = l.accept().await.expect("accept");
+        drain(&mut s).await.expect("read")
+    });
+    let std_stream = kernel_connect(bed, to);
+    rt.block_on(async move {
+        let tx = tokio::spawn(async move {
+            let block = vec![0x5au8; BLOCK];
+            let mut c = tokio::net::TcpStream::from_std(std_stream).expect("tokio stream");
+            fill(&mut c, &block, total).await.expect("write");
+            let mut rest = [0u8; 16];
+            let _ = c.read(&mut rest).await;
+        });
+        let got = tokio::time::timeout(Duration::from_secs(300), rx)
+            .await
+            .expect("kernel transfer timed out")
+            .expect("receiver");
+        let d = start.elapsed();
+        tx.await.expect("sender");
+        assert_eq!(got, total, "kernel TCP delivered a short transfer");
+        d
+    })
+}
+
+/// A [`StackPair`] ready for bulk transfers of `total` bytes: B's channel set drains raw
+/// channels ([`RAW_CHANNEL_PORT`], no copy) and channel streams ([`RAW_STREAM_PORT`],
+/// `ChannelStream`), and B's stack has a virtual listener on [`VNS_PORT`].
+pub struct StackBench {
+    /// The stacks.
+    pub pair: StackPair,
+    /// B's virtual listener.
+    pub listener: Arc<VirtualListener>,
+    sink: ChannelSink,
+    stream_sink: StreamSink,
+    block: Bytes,
+    total: u64,
+}
+
+impl StackBench {
+    /// Starts the stacks (`channels` throughput channels per peer), the sinks and the
+    /// listener, and runs one small virtual-stream transfer that opens the stacks'
+    /// channels (so that the first measured one does not pay for it).
+    pub fn start(bed: &TestBed, rt: &Runtime, channels: usize, total: u64) -> StackBench {
+        let pair = StackPair::start(bed, channels);
+        let sink = ChannelSink::start(
+            pair.channels_b()
+                .listen(RAW_CHANNEL_PORT)
+                .expect("raw listen"),
+            total,
+        );
+        let stream_sink = StreamSink::start(
+            pair.channels_b()
+                .listen(RAW_STREAM_PORT)
+                .expect("raw stream listen"),
+            total,
+        );
+        let listener = Arc::new(
+            rt.block_on(pair.b.bind(pair.vns_addr()))
+                .expect("bind the virtual listener"),
+        );
+        let _ = vns_transfer(rt, &pair.a, &listener, pair.vns_addr(), total.min(4 << 20));
+        StackBench {
+            pair,
+            listener,
+            sink,
+            stream_sink,
+            block: Bytes::from(vec![0x5au8; BLOCK]),
+            total,
+        }
+    }
+
+    /// `raw_channel`: one channel of A's set to B's (64 KiB `Bytes` slices, no copy).
+    pub fn raw_channel(&self) -> Duration {
+        let start = std::time::Instant::now();
+        bed::channel_send(
+            self.pair.channels_a(),
+            self.pair.raw_addr(),
+            &self.block,
+            self.total,
+        );
+        start.elapsed()
+    }
+
+    /// `raw_channel_copy`: the same through `ChannelStream` (std `Read`/`Write`, a copy
+    /// on each side, as a byte-stream API makes).
+    pub fn raw_channel_copy(&self) -> Duration {
+        let start = std::time::Instant::now();
+        stream_send(
+            self.pair.channels_a(),
+            SocketAddrV4::new(self.pair.b_ip, RAW_STREAM_PORT),
+            &self.block,
+            self.total,
+        );
+        start.elapsed()
+    }
+
+    /// `virtual_stream`: one `VirtualStream` from A's stack to B's listener.
+    pub fn virtual_stream(&self, rt: &Runtime) -> Duration {
+        vns_transfer(
+            rt,
+            &self.pair.a,
+            &self.listener,
+            self.pair.vns_addr(),
+            self.total,
+        )
+    }
+
+    /// Stops the listener, the sinks (panics if a transfer was bad) and the stacks.
+    pub fn stop(self) {
+        drop(self.listener);
+        self.sink.stop();
+        self.stream_sink.stop();
+        self.pair.stop();
+    }
+}
+
+/// Per-measurement rates of a phase, one per round.
+#[derive(Default)]
+pub struct Phase {
+    names: Vec<&'static str>,
+    rates: Vec<Vec<f64>>,
+}
+
+impl Phase {
+    /// Records one round's rate of `name`.
+    pub fn add(&mut self, name: &'static str, gbit: f64) {
+        let i = match self.names.iter().position(|&n| n == name) {
+            Some(i) => i,
+            None => {
+                self.names.push(name);
+                self.rates.push(Vec::new());
+                self.names.len() - 1
+            }
+        };
+        self.rates[i].push(gbit);
+    }
+
+    /// The rates of `name`, round by round.
+    pub fn get(&self, name: &str) -> &[f64] {
+        self.names
+            .iter()
+            .position(|&n| n == name)
+            .map_or(&[], |i| &self.rates[i])
+    }
+
+    /// The measurements and their rates, in the order first added.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &[f64])> {
+        self.names
+            .iter()
+            .copied()
+            .zip(self.rates.iter().map(Vec::as_slice))
+    }
+
+    /// min, median and max of `a / b` taken round by round; `None` if either is missing.
+    pub fn ratio(&self, a: &str, b: &str) -> Option<(f64, f64, f64)> {
+        let rs: Vec<f64> = self
+            .get(a)
+            .iter()
+            .zip(self.get(b))
+            .map(|(x, y)| x / y.max(1e-12))
+            .collect();
+        (!rs.is_empty()).then(|| spread(&rs))
+    }
+
+    /// The ratios worth printing, with a note each.
+    pub const RATIOS: [(&'static str, &'static str, &'static str); 5] = [
+        (
+            "virtual_stream",
+            "raw_channel",
+            "   (target >= 0.90: VNS costs <= 10 %)",
+        ),
+        (
+            "virtual_stream",
+            "raw_channel_copy",
+            "   (the same, both against a channel read and written with copies)",
+        ),
+        (
+            "raw_channel_copy",
+            "raw_channel",
+            "   (what the two copies cost)",
+        ),
+        ("virtual_stream", "kernel_xdp_attached", ""),
+        ("raw_channel", "kernel_xdp_attached", ""),
+    ];
+
+    /// Prints min / median / max per measurement and the ratios round by round.
+    pub fn print(&self, title: &str) {
+        println!();
+        println!("{title}");
+        println!(
+            "{:<26} {:>8} {:>8} {:>8}   (Gbit/s over rounds)",
+            "measurement", "min", "median", "max"
+        );
+        for (n, r) in self.iter() {
+            let (lo, med, hi) = spread(r);
+            println!("{n:<26} {lo:>8.3} {med:>8.3} {hi:>8.3}");
+        }
+        if self.names.len() > 1 {
+            println!("ratios, round by round (min median max):");
+        }
+        for (a, b, note) in Self::RATIOS {
+            if let Some((lo, med, hi)) = self.ratio(a, b) {
+                println!(
+                    "{:<48} {lo:>6.2} {med:>6.2} {hi:>6.2}{note}",
+                    format!("{a} / {b}")
+                );
+            }
+        }
+    }
 }
