@@ -109,8 +109,10 @@ impl Config {
     }
 }
 
-/// Errors of socket operations.
+/// Errors of socket operations. Non-exhaustive: new failure causes (as `PeerUnreachable`
+/// was) may be added without breaking callers' `match`es.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The operation cannot make progress now; wait for an [`Event`].
     #[error("operation would block")]
