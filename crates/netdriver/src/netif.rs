@@ -253,8 +253,11 @@ struct Core {
     next_port: u16,
     ip_ident: u16,
     stats: InterfaceStats,
-    /// Per-slot "has nothing more to send in this poll", reused between polls.
-    tx_done: Vec<bool>,
+    /// Slots that may still have something to send in the current poll's tx phase (reused
+    /// between polls). A slot leaves it once it has nothing more, so finding the next
+    /// segment costs O(1) per frame however many idle connections (TIME-WAIT, waiting
+    /// for data) the interface holds, instead of a scan over every slot.
+    tx_ready: Vec<u32>,
     /// Connections removed after closing, with their error, until the application looks
     /// (oldest dropped beyond [`MAX_CLOSED_EVENTS`]).
     closed: VecDeque<(ConnHandle, Option<TcpError>)>,
@@ -296,7 +299,7 @@ impl<L: Link> Interface<L> {
                 next_port,
                 ip_ident: 0,
                 stats: InterfaceStats::default(),
-                tx_done: Vec::new(),
+                tx_ready: Vec::new(),
                 tx_blocked_at: None,
                 live: 0,
             },
@@ -947,12 +950,10 @@ impl Core {
     /// none has anything to send or the link has no more tx buffers. Returns whether any
     /// frame was produced.
     fn transmit<L: Link>(&mut self, link: &mut L, now: Instant) -> bool {
-        let n = self.slots.len();
-        self.tx_done.clear();
-        self.tx_done.resize(n, false);
+        self.tx_ready.clear();
         for (i, slot) in self.slots.iter().enumerate() {
-            if slot.conn.is_none() {
-                self.tx_done[i] = true;
+            if slot.conn.is_some() {
+                self.tx_ready.push(i as u32);
             }
         }
         // The payload region: from the fixed payload offset up to what the MSS allows. The
@@ -972,32 +973,39 @@ impl Core {
                         return Some(r);
                     }
                 }
-                let n = self.slots.len();
-                let mut tried = 0;
-                while tried < n {
-                    let i = cursor % n;
-                    cursor = cursor.wrapping_add(1);
-                    tried += 1;
-                    if self.tx_done[i] {
-                        continue;
+                // Each ready connection gets at most one try per buffer. A connection with
+                // nothing more leaves the list by `swap_remove`: the last one takes its
+                // place and is tried next, which keeps the turns round-robin enough.
+                let mut tries = self.tx_ready.len();
+                while tries > 0 && !self.tx_ready.is_empty() {
+                    tries -= 1;
+                    if cursor >= self.tx_ready.len() {
+                        cursor = 0;
                     }
-                    let slot = &mut self.slots[i];
+                    let i = self.tx_ready[cursor] as usize;
+                    let Some(slot) = self.slots.get_mut(i) else {
+                        self.tx_ready.swap_remove(cursor);
+                        continue;
+                    };
                     let Some(conn) = slot.conn.as_mut() else {
-                        self.tx_done[i] = true;
+                        self.tx_ready.swap_remove(cursor);
                         continue;
                     };
                     let Some(dst_mac) = slot.remote_mac else {
                         // Without a MAC the segment could not leave; leave it queued in
                         // the connection (its timers will retry) rather than lose it.
                         self.stats.tx_no_neighbor += 1;
-                        self.tx_done[i] = true;
+                        self.tx_ready.swap_remove(cursor);
                         continue;
                     };
                     let end = (PAYLOAD_AT + payload_cap).min(buf.len());
                     let payload_buf = buf.get_mut(PAYLOAD_AT..end).unwrap_or_default();
                     match conn.poll_transmit(now, payload_buf) {
-                        None => self.tx_done[i] = true,
+                        None => {
+                            self.tx_ready.swap_remove(cursor);
+                        }
                         Some(t) => {
+                            cursor += 1;
                             let dst_ip = *conn.remote().ip();
                             if let Some(r) =
                                 self.emit_segment(buf, dst_mac, dst_ip, &t.repr, t.payload_len)
@@ -1097,6 +1105,75 @@ mod tests {
             }
         }
         panic!("no end in sight");
+    }
+
+    /// Frames A put on the wire, as (TCP source port, payload bytes), taken off B's link.
+    fn wire_segments(b: &mut Interface<SimLink>, now: Instant) -> Vec<(u16, usize)> {
+        let mut out = Vec::new();
+        b.link_mut().recv_batch(now, usize::MAX, &mut |f| {
+            let ip = &f[ethernet::HEADER_LEN..];
+            let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+            let tcp = &ip[ipv4::HEADER_LEN..];
+            let tcp_header = usize::from(tcp[12] >> 4) * 4;
+            let port = u16::from_be_bytes([tcp[0], tcp[1]]);
+            out.push((port, total - ipv4::HEADER_LEN - tcp_header));
+        });
+        out
+    }
+
+    #[test]
+    fn idle_connections_do_not_disturb_the_round_robin() {
+        let (mut a, mut b) = hosts();
+        let mut now = Instant::ZERO;
+        b.listen(80, 16).unwrap();
+        let conns: Vec<_> = (0..8)
+            .map(|_| a.connect(SocketAddrV4::new(IP_B, 80), now).unwrap())
+            .collect();
+        let mut accepted = 0;
+        run_until(&mut a, &mut b, &mut now, |a, b| {
+            while b.accept(80).is_some() {
+                accepted += 1;
+            }
+            accepted == conns.len()
+                && conns
+                    .iter()
+                    .all(|&h| a.conn(h).unwrap().state() == State::Established)
+        });
+        // Two of eight connections have data (three segments each); six stay idle.
+        let mss = usize::from(a.config().tcp.mss);
+        let active = [conns[2], conns[5]];
+        let ports: Vec<u16> = active
+            .iter()
+            .map(|&h| a.conn(h).unwrap().local().port())
+            .collect();
+        let data = vec![7u8; 2 * mss + 100];
+        for &h in &active {
+            // Without Nagle, the short third segment goes out at once as well.
+            a.conn_mut(h).unwrap().set_nodelay(true);
+            assert_eq!(a.conn_mut(h).unwrap().send(&data).unwrap(), data.len());
+        }
+        assert!(a.poll(now));
+        let later = now + Duration::from_secs(1);
+        let sent: Vec<(u16, usize)> = wire_segments(&mut b, later)
+            .into_iter()
+            .filter(|&(_, len)| len > 0)
+            .collect();
+        // Every byte went out in one poll, only from the two, alternating between them.
+        assert_eq!(sent.len(), 6, "{sent:?}");
+        for (i, &(port, _)) in sent.iter().enumerate() {
+            assert_eq!(
+                port,
+                if sent[0].0 == ports[0] {
+                    ports[i % 2]
+                } else {
+                    ports[1 - i % 2]
+                }
+            );
+        }
+        for &p in &ports {
+            let bytes: usize = sent.iter().filter(|s| s.0 == p).map(|s| s.1).sum();
+            assert_eq!(bytes, data.len());
+        }
     }
 
     #[test]

@@ -360,8 +360,17 @@ impl ChannelShared {
         self.rx_waker.wake();
     }
 
-    pub(crate) fn wake_tx(&self) {
-        self.tx_waker.wake();
+    /// Wakes the Tx side once the queue has drained to half its limits (chunks and
+    /// bytes), not after every chunk taken: a writer blocked on a full queue then refills
+    /// half of it per wake-up instead of one chunk, sparing the thread a futex wake (a
+    /// cross-core wake-up) per chunk while TCP still has half the queue to send. An
+    /// empty queue (what flush waits for) is always below the mark.
+    pub(crate) fn wake_tx_at_low_water(&self) {
+        let chunks_low = self.tx.len() <= self.tx.capacity() / 2;
+        let bytes_low = self.tx_bytes.load(Ordering::Acquire) <= self.tx_limit / 2;
+        if chunks_low && bytes_low {
+            self.tx_waker.wake();
+        }
     }
 
     pub(crate) fn wake_all(&self) {
@@ -808,6 +817,46 @@ mod tests {
             ch.enqueue(Bytes::from_static(b"a")),
             Err(EnqueueError::Closed(ChannelError::Closed))
         ));
+    }
+
+    /// A waker that counts its wake-ups.
+    struct CountWaker(std::sync::atomic::AtomicUsize);
+
+    impl Wake for CountWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_blocked_writer_is_woken_at_half_the_queue() {
+        let s = shared(
+            Limits {
+                chunks: 8,
+                bytes: 80,
+            },
+            L,
+        );
+        let ch = Channel::new(s.clone());
+        for _ in 0..8 {
+            ch.enqueue(Bytes::from(vec![0; 10])).unwrap();
+        }
+        let count = Arc::new(CountWaker(std::sync::atomic::AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(ch.poll_enqueue_ready(&mut cx).is_pending());
+        let take = || {
+            let c = s.pop_tx().unwrap();
+            s.tx_taken(c.len());
+            s.wake_tx_at_low_water();
+            count.0.load(Ordering::SeqCst)
+        };
+        // Room for one chunk is not worth a wake-up yet; half the queue is.
+        for _ in 0..3 {
+            assert_eq!(take(), 0);
+        }
+        assert_eq!(take(), 1);
+        assert!(ch.poll_enqueue_ready(&mut cx).is_ready());
     }
 
     #[test]

@@ -307,7 +307,7 @@ impl Worker {
                 }
             }
             if moved {
-                e.shared.wake_tx();
+                e.shared.wake_tx_at_low_water();
                 any = true;
             }
             if closing && drained && !e.fin_queued {
