@@ -235,6 +235,12 @@ impl Store {
     /// Runs one request (`args[0]` the command name, any case) and appends its reply to
     /// `out`.
     pub fn execute(&self, args: &[Bytes], out: &mut BytesMut) -> Flow {
+        self.execute_at(args, out, Instant::now())
+    }
+
+    /// [`execute`](Self::execute) at time `now`, which expiry is judged against (tests
+    /// pass the time in instead of waiting for the clock).
+    fn execute_at(&self, args: &[Bytes], out: &mut BytesMut, now: Instant) -> Flow {
         let Some(name) = args.first() else {
             return Flow::Continue;
         };
@@ -249,7 +255,6 @@ impl Store {
             wrong_arity(out, &cmd.to_ascii_lowercase());
             return Flow::Continue;
         }
-        let now = Instant::now();
         match cmd {
             "PING" => match args.len() {
                 1 => put_simple(out, "PONG"),
@@ -685,12 +690,17 @@ mod tests {
 
     /// Runs `args` (words) against `store`; the raw reply.
     fn run(store: &Store, args: &[&str]) -> String {
+        run_at(store, Instant::now(), args)
+    }
+
+    /// Like [`run`] at time `now`.
+    fn run_at(store: &Store, now: Instant, args: &[&str]) -> String {
         let args: Vec<Bytes> = args
             .iter()
             .map(|a| Bytes::copy_from_slice(a.as_bytes()))
             .collect();
         let mut out = BytesMut::new();
-        store.execute(&args, &mut out);
+        store.execute_at(&args, &mut out, now);
         String::from_utf8(out.to_vec()).expect("ASCII replies in these tests")
     }
 
@@ -743,14 +753,18 @@ mod tests {
     #[test]
     fn keys_expire() {
         let s = Store::new(BIG);
-        assert_eq!(run(&s, &["SET", "k", "v", "PX", "30"]), "+OK\r\n");
-        assert_eq!(run(&s, &["SET", "long", "v", "EX", "100"]), "+OK\r\n");
-        assert_eq!(run(&s, &["GET", "k"]), "$1\r\nv\r\n");
-        // Waits for a clock, not for another thread: the expiry is the condition.
-        std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(run(&s, &["GET", "k"]), "$-1\r\n");
-        assert_eq!(run(&s, &["EXISTS", "k", "long"]), ":1\r\n");
-        assert_eq!(run(&s, &["DBSIZE"]), ":1\r\n");
+        let t0 = Instant::now();
+        assert_eq!(run_at(&s, t0, &["SET", "k", "v", "PX", "30"]), "+OK\r\n");
+        assert_eq!(
+            run_at(&s, t0, &["SET", "long", "v", "EX", "100"]),
+            "+OK\r\n"
+        );
+        let before = t0 + Duration::from_millis(29);
+        assert_eq!(run_at(&s, before, &["GET", "k"]), "$1\r\nv\r\n");
+        let after = t0 + Duration::from_millis(30);
+        assert_eq!(run_at(&s, after, &["GET", "k"]), "$-1\r\n");
+        assert_eq!(run_at(&s, after, &["EXISTS", "k", "long"]), ":1\r\n");
+        assert_eq!(run_at(&s, after, &["DBSIZE"]), ":1\r\n");
     }
 
     #[test]
@@ -907,23 +921,25 @@ mod tests {
             "room again after DEL"
         );
         // Expired keys make room.
-        assert_eq!(run(&s, &["FLUSHALL"]), "+OK\r\n");
-        assert_eq!(run(&s, &["SET", "a", "1", "PX", "1"]), "+OK\r\n");
-        assert_eq!(run(&s, &["SET", "b", "1"]), "+OK\r\n");
-        std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(run(&s, &["SET", "c", "1"]), "+OK\r\n");
+        let t0 = Instant::now();
+        assert_eq!(run_at(&s, t0, &["FLUSHALL"]), "+OK\r\n");
+        assert_eq!(run_at(&s, t0, &["SET", "a", "1", "PX", "1"]), "+OK\r\n");
+        assert_eq!(run_at(&s, t0, &["SET", "b", "1"]), "+OK\r\n");
+        let later = t0 + Duration::from_millis(5);
+        assert_eq!(run_at(&s, later, &["SET", "c", "1"]), "+OK\r\n");
     }
 
     #[test]
     fn memory_accounting_returns_to_zero() {
         let s = Store::new(BIG);
-        run(&s, &["MSET", "a", "1", "b", "22", "a", "333"]);
-        run(&s, &["SET", "c", "x", "PX", "1"]);
-        run(&s, &["INCR", "n"]);
-        run(&s, &["INCR", "n"]);
-        std::thread::sleep(Duration::from_millis(5));
-        run(&s, &["DBSIZE"]);
-        run(&s, &["DEL", "a", "b", "n"]);
+        let t0 = Instant::now();
+        run_at(&s, t0, &["MSET", "a", "1", "b", "22", "a", "333"]);
+        run_at(&s, t0, &["SET", "c", "x", "PX", "1"]);
+        run_at(&s, t0, &["INCR", "n"]);
+        run_at(&s, t0, &["INCR", "n"]);
+        let later = t0 + Duration::from_millis(5);
+        run_at(&s, later, &["DBSIZE"]);
+        run_at(&s, later, &["DEL", "a", "b", "n"]);
         assert_eq!(s.lock().used, 0);
         assert!(s.lock().map.is_empty());
     }
