@@ -6,42 +6,16 @@
 //! The test-bed test skips without root, and fails instead when `NETCHANNEL_REQUIRE_XDP=1`.
 #![cfg(target_os = "linux")]
 
-use std::path::PathBuf;
 use std::process::Command;
 
+use support::example_binary;
 use testbed::{testbed_or_skip, TestBed};
 
-/// The example's binary, built (or found up to date) by cargo in this test's target
-/// directory and profile.
-fn demo_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/demo_example-<hash>
-    let profile_dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>/deps")
-        .to_path_buf();
-    let target_dir = profile_dir.parent().expect("target directory");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut build = Command::new(cargo);
-    build
-        .args(["build", "--quiet", "--example", "demo", "--manifest-path"])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
-        .arg("--target-dir")
-        .arg(target_dir);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        build.arg("--release");
-    }
-    let status = build.status().expect("run cargo build --example demo");
-    assert!(status.success(), "cargo build --example demo: {status}");
-    let bin = profile_dir.join("examples").join("demo");
-    assert!(bin.exists(), "{} missing after the build", bin.display());
-    bin
-}
+mod support;
 
 /// Runs the demo with `args`; asserts it succeeded and returns its standard output.
 fn run_demo(args: &[&str]) -> String {
-    let out = Command::new(demo_binary())
+    let out = Command::new(example_binary("demo"))
         .args(args)
         .output()
         .expect("run the demo");

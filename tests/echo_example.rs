@@ -8,144 +8,21 @@
 //! Privileged: skips without root, and fails instead when `NETCHANNEL_REQUIRE_XDP=1`.
 #![cfg(target_os = "linux")]
 
-use std::cell::RefCell;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use netchannel::Stack;
+use support::{example_binary, ExampleServer, DEADLINE};
 use testbed::{testbed_or_skip, Side, TestBed};
+
+mod support;
 
 const PORT: u16 = 7000;
 /// Bytes each client sends (a debug build of our stack moves ~100 Mbit/s each way).
 const BYTES: &str = "20M";
 const BYTES_N: u64 = 20_000_000;
-/// Longest wait for the server to start listening, or to exit once asked.
-const DEADLINE: Duration = Duration::from_secs(60);
-
-/// The example's binary, built (or found up to date) by cargo in this test's target
-/// directory and profile.
-fn echo_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/echo_example-<hash>
-    let profile_dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>/deps")
-        .to_path_buf();
-    let target_dir = profile_dir.parent().expect("target directory");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut build = Command::new(cargo);
-    build
-        .args(["build", "--quiet", "--example", "echo", "--manifest-path"])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
-        .arg("--target-dir")
-        .arg(target_dir);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        build.arg("--release");
-    }
-    let status = build.status().expect("run cargo build --example echo");
-    assert!(status.success(), "cargo build --example echo: {status}");
-    let bin = profile_dir.join("examples").join("echo");
-    assert!(bin.exists(), "{} missing after the build", bin.display());
-    bin
-}
-
-/// A running server process: killed on drop (the bed would kill it too).
-struct Server {
-    child: Child,
-    /// Lines of its standard output, as they come.
-    lines: mpsc::Receiver<String>,
-    /// Lines received so far.
-    seen: RefCell<Vec<String>>,
-}
-
-impl Server {
-    fn start(bed: &TestBed, bin: &PathBuf, extra: &[&str]) -> Server {
-        let a = bed.side(Side::A);
-        let mut child = bed
-            .command_in(Side::A, bin)
-            .args(["--interface", &a.ifname, "--ipv4", &a.ipv4.to_string()])
-            .args(["--listen", &PORT.to_string()])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn the echo server in A");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                println!("server: {line}");
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let server = Server {
-            child,
-            lines,
-            seen: RefCell::new(Vec::new()),
-        };
-        let line = server.wait_for(&["listening on port"]);
-        assert!(line.contains("channel port 9000"), "{line}");
-        server
-    }
-
-    /// Waits for an output line (printed so far or later) containing every one of
-    /// `parts`; returns it.
-    fn wait_for(&self, parts: &[&str]) -> String {
-        let matches = |l: &String| parts.iter().all(|p| l.contains(p));
-        let end = Instant::now() + DEADLINE;
-        loop {
-            if let Some(l) = self.seen.borrow().iter().find(|l| matches(l)) {
-                return l.clone();
-            }
-            let left = end.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.borrow_mut().push(line),
-                Err(e) => panic!(
-                    "server printed no line with {parts:?} ({e}); it printed {:#?}",
-                    self.seen.borrow()
-                ),
-            }
-        }
-    }
-
-    /// Waits for the process to exit; its status.
-    fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let end = Instant::now() + DEADLINE;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < end,
-                "the server did not exit within {DEADLINE:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn sigterm(&self) {
-        // `ip netns exec` passes the signal on to the example, which it replaces (exec).
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .expect("SIGTERM");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The example as a client in B, sending `bytes` to `target`; on our stack when `ours`.
 fn client_command(
@@ -208,8 +85,8 @@ fn echo_server_serves_kernel_and_netchannel_clients() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let bin = echo_binary();
-    let mut server = Server::start(&bed, &bin, &["--max-connections", "2"]);
+    let bin = example_binary("echo");
+    let mut server = ExampleServer::start(&bed, &bin, PORT, &["--max-connections", "2"]);
     assert!(program_attached(&bed, Side::A), "the server attached XDP");
     let b_ip = bed.side(Side::B).ipv4.to_string();
 
@@ -257,8 +134,8 @@ fn echo_server_serves_several_clients_at_once() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let bin = echo_binary();
-    let mut server = Server::start(&bed, &bin, &[]);
+    let bin = example_binary("echo");
+    let mut server = ExampleServer::start(&bed, &bin, PORT, &[]);
     let target = SocketAddr::from((bed.side(Side::A).ipv4, PORT));
     let mut children = Vec::new();
     for i in 0..=KERNEL {
@@ -309,8 +186,8 @@ fn echo_server_stops_cleanly_on_sigterm() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let bin = echo_binary();
-    let mut server = Server::start(&bed, &bin, &[]);
+    let bin = example_binary("echo");
+    let mut server = ExampleServer::start(&bed, &bin, PORT, &[]);
     assert!(program_attached(&bed, Side::A));
     let target = SocketAddr::from((bed.side(Side::A).ipv4, PORT));
     // A kernel connection that stays open.
@@ -395,7 +272,7 @@ fn netchannel_client_falls_back_to_plain_tcp_against_a_kernel_server() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let bin = echo_binary();
+    let bin = example_binary("echo");
     let a_ip = bed.side(Side::A).ipv4;
     let (ready_tx, ready_rx) = mpsc::channel();
     let kernel_server = bed

@@ -10,48 +10,17 @@
 //! `NETCHANNEL_REQUIRE_XDP=1`.
 #![cfg(target_os = "linux")]
 
-use std::cell::RefCell;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
 
 use netchannel::Stack;
+use support::{example_binary, ExampleServer, DEADLINE};
 use testbed::{testbed_or_skip, Side, TestBed};
 
-const PORT: u16 = 6379;
-/// Longest wait for the server to start listening, to exit, or for a reply.
-const DEADLINE: Duration = Duration::from_secs(60);
+mod support;
 
-/// The example's binary, built (or found up to date) by cargo in this test's target
-/// directory and profile.
-fn kv_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/kv_example-<hash>
-    let profile_dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>/deps")
-        .to_path_buf();
-    let target_dir = profile_dir.parent().expect("target directory");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut build = Command::new(cargo);
-    build
-        .args(["build", "--quiet", "--example", "kv", "--manifest-path"])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
-        .arg("--target-dir")
-        .arg(target_dir);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        build.arg("--release");
-    }
-    let status = build.status().expect("run cargo build --example kv");
-    assert!(status.success(), "cargo build --example kv: {status}");
-    let bin = profile_dir.join("examples").join("kv");
-    assert!(bin.exists(), "{} missing after the build", bin.display());
-    bin
-}
+const PORT: u16 = 6379;
 
 /// Whether `redis-cli` and `redis-benchmark` can run; without them the tests skip, or
 /// fail under `NETCHANNEL_REQUIRE_XDP=1`.
@@ -74,96 +43,6 @@ fn redis_tools_or_skip() -> bool {
     assert!(!testbed::required(), "{}=1 but {why}", testbed::REQUIRE_ENV);
     eprintln!("skipping: {why}");
     false
-}
-
-/// A running server process: killed on drop (the bed would kill it too).
-struct Server {
-    child: Child,
-    /// Lines of its standard output, as they come.
-    lines: mpsc::Receiver<String>,
-    /// Lines received so far.
-    seen: RefCell<Vec<String>>,
-}
-
-impl Server {
-    fn start(bed: &TestBed, bin: &PathBuf, extra: &[&str]) -> Server {
-        let a = bed.side(Side::A);
-        let mut child = bed
-            .command_in(Side::A, bin)
-            .args(["--interface", &a.ifname, "--ipv4", &a.ipv4.to_string()])
-            .args(["--listen", &PORT.to_string()])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn the kv server in A");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                println!("server: {line}");
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let server = Server {
-            child,
-            lines,
-            seen: RefCell::new(Vec::new()),
-        };
-        let line = server.wait_for(&["listening on port"]);
-        assert!(line.contains("channel port 9000"), "{line}");
-        server
-    }
-
-    /// Waits for an output line (printed so far or later) containing every one of
-    /// `parts`; returns it.
-    fn wait_for(&self, parts: &[&str]) -> String {
-        let matches = |l: &String| parts.iter().all(|p| l.contains(p));
-        let end = Instant::now() + DEADLINE;
-        loop {
-            if let Some(l) = self.seen.borrow().iter().find(|l| matches(l)) {
-                return l.clone();
-            }
-            let left = end.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.borrow_mut().push(line),
-                Err(e) => panic!(
-                    "server printed no line with {parts:?} ({e}); it printed {:#?}",
-                    self.seen.borrow()
-                ),
-            }
-        }
-    }
-
-    /// Sends SIGTERM and waits (bounded) for the process to exit; its status.
-    fn stop(&mut self) -> std::process::ExitStatus {
-        // `ip netns exec` passes the signal on to the example, which it replaces (exec).
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .expect("SIGTERM");
-        let end = Instant::now() + DEADLINE;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < end,
-                "the server did not exit within {DEADLINE:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn show(what: &str, out: &Output) -> (String, String) {
@@ -247,8 +126,8 @@ fn redis_cli_and_redis_benchmark_work_against_the_kv_server() {
     if !redis_tools_or_skip() {
         return;
     }
-    let bin = kv_binary();
-    let mut server = Server::start(&bed, &bin, &[]);
+    let bin = example_binary("kv");
+    let mut server = ExampleServer::start(&bed, &bin, PORT, &[]);
     assert!(program_attached(&bed, Side::A), "the server attached XDP");
 
     assert_eq!(cli(&bed, &["PING"]), "PONG\n");
@@ -358,8 +237,13 @@ fn netchannel_client_speaks_resp_and_the_bounds_hold() {
     if !redis_tools_or_skip() {
         return;
     }
-    let bin = kv_binary();
-    let mut server = Server::start(&bed, &bin, &["--max-keys", "2", "--max-connections", "1"]);
+    let bin = example_binary("kv");
+    let mut server = ExampleServer::start(
+        &bed,
+        &bin,
+        PORT,
+        &["--max-keys", "2", "--max-connections", "1"],
+    );
     let target = SocketAddr::from((bed.side(Side::A).ipv4, PORT));
     let b = bed.side(Side::B);
     let (ifname, ipv4) = (b.ifname.clone(), b.ipv4);
