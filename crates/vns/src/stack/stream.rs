@@ -48,18 +48,31 @@ impl StreamInner {
         }
     }
 
+    /// A read into a buffer of at least the copy path's `read_min` lends the in-order bytes
+    /// to the copy workers as the received chunks' slices, copied out in parallel when
+    /// there are enough of them (the pool copies fewer inline); any other read copies them
+    /// itself. Same locking, results and credit updates either way; the copy runs under the
+    /// stack's lock.
     fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        if let Some(path) = self.stack.copy_path() {
-            if path.read_min.is_some_and(|min| buf.remaining() >= min) {
-                return self.poll_read_pooled(cx, buf, &path.pool);
-            }
-        }
+        let pool = self
+            .stack
+            .copy_path()
+            .filter(|path| path.read_min.is_some_and(|min| buf.remaining() >= min))
+            .map(|path| &path.pool);
         let core = self.stack.core();
         let mut st = core.lock();
         let mut pulled = false;
         loop {
             let dst = buf.initialize_unfilled();
-            match st.ep.recv(self.sid, dst) {
+            let read = match pool {
+                Some(pool) => {
+                    let len = dst.len();
+                    st.ep
+                        .recv_with(self.sid, len, |chunks| pool.copy_out(chunks, dst))
+                }
+                None => st.ep.recv(self.sid, dst),
+            };
+            match read {
                 Ok(n) => {
                     // Sends the credit update the read may have made due.
                     core.finish_call(st);
@@ -68,45 +81,6 @@ impl StreamInner {
                 }
                 Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
                 // Take what the channels hold before waiting for the driver.
-                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => pulled = true,
-                Err(Error::WouldBlock) => {
-                    if let Some(w) = st.socks.get_mut(&self.sid) {
-                        w.read = Some(cx.waker().clone());
-                    }
-                    core.want_rx(st, cx.waker());
-                    return Poll::Pending;
-                }
-                Err(e) => return Poll::Ready(Err(e.into())),
-            }
-        }
-    }
-
-    /// A read into a large buffer: the in-order bytes are lent to the copy workers as the
-    /// received chunks' slices and copied out in parallel when there are enough of them
-    /// (the pool copies fewer inline). Same locking, results and credit updates as the
-    /// plain path; like it, the copy runs under the stack's lock.
-    fn poll_read_pooled(
-        &self,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-        pool: &CopyWorkerPool,
-    ) -> Poll<io::Result<()>> {
-        let core = self.stack.core();
-        let mut st = core.lock();
-        let mut pulled = false;
-        loop {
-            let dst = buf.initialize_unfilled();
-            let len = dst.len();
-            match st
-                .ep
-                .recv_with(self.sid, len, |chunks| pool.copy_out(chunks, dst))
-            {
-                Ok(n) => {
-                    core.finish_call(st);
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
-                Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
                 Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => pulled = true,
                 Err(Error::WouldBlock) => {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
