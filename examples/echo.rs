@@ -58,6 +58,9 @@
 //! ip netns exec nsB cargo run --release --example echo -- --connect 10.77.0.1:7000 --bytes 1G --interface vB --ipv4 10.77.0.2
 //! ```
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -82,37 +85,11 @@ struct Args {
     #[arg(long, value_name = "ADDR:PORT", requires = "bytes")]
     connect: Option<std::net::SocketAddrV4>,
     /// Client: bytes to send and verify (e.g. 1000000, 100M, 1G, 64MiB).
-    #[arg(long, value_name = "N", value_parser = parse_size, requires = "connect")]
+    #[arg(long, value_name = "N", value_parser = support::parse_size, requires = "connect")]
     bytes: Option<u64>,
     /// Longest wait for progress (connect, data, close) before giving up, in seconds.
     #[arg(long, default_value_t = 30)]
     timeout_secs: u64,
-}
-
-/// Parses `123`, `100M`, `1G`, `64k`, `64KiB`, `1GiB`.
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (examples: 1000000, 100M, 1G, 64MiB)"))?;
-    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "m" | "mb" => 1_000_000,
-        "g" | "gb" => 1_000_000_000,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        other => {
-            return Err(format!(
-                "unknown size unit `{other}` (use k, M, G, KiB, MiB, GiB)"
-            ))
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
 fn main() -> ExitCode {
@@ -142,12 +119,12 @@ fn main() -> ExitCode {
 
 #[cfg(target_os = "linux")]
 mod linux {
+    use crate::support::{connection_kind, stop_on_signals, stopped};
     use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
     use std::time::{Duration, Instant};
 
     use netchannel::netdriver::channel::DEFAULT_CHANNEL_PORT;
     use netchannel::{Stack, StackError, VirtualStream};
-    use nix::sys::signal::{SigSet, Signal};
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use tokio::sync::watch;
     use tokio::task::JoinSet;
@@ -257,15 +234,6 @@ mod linux {
     /// Longest wait, after a signal, for connections to end and bytes to drain.
     const STOP_GRACE: Duration = Duration::from_secs(2);
 
-    /// Which kind of connection a stream is, as the example prints it.
-    fn kind(s: &VirtualStream) -> &'static str {
-        if s.is_plain_tcp() {
-            "plain-tcp"
-        } else {
-            "netchannel"
-        }
-    }
-
     pub fn run(args: Args) -> Result<(), String> {
         let stack = match (&args.interface, args.ipv4) {
             (Some(i), Some(a)) => Some((i.clone(), a)),
@@ -284,20 +252,7 @@ mod linux {
         } else {
             Err(EchoError::NoRole)
         };
-        res.map_err(|e| {
-            // The whole chain: "starting ...: not permitted ...: Operation not permitted".
-            let mut msg = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                let text = s.to_string();
-                if !msg.contains(&text) {
-                    msg.push_str(": ");
-                    msg.push_str(&text);
-                }
-                source = s.source();
-            }
-            msg
-        })
+        res.map_err(|e| crate::support::error_chain(&e))
     }
 
     /// Our stack on `ifname`: AF_XDP on every queue, channel port 9000 (the default).
@@ -344,36 +299,6 @@ mod linux {
             .map_err(io_err("starting the tokio runtime"))
     }
 
-    /// Blocks SIGINT and SIGTERM in this thread (and so in every thread spawned after:
-    /// call it before starting the stack and the runtime) and flips the returned flag to
-    /// `true` from a thread that waits for them.
-    fn stop_on_signals() -> Result<watch::Receiver<bool>, EchoError> {
-        let mut set = SigSet::empty();
-        set.add(Signal::SIGINT);
-        set.add(Signal::SIGTERM);
-        set.thread_block()
-            .map_err(|e| io_err("blocking SIGINT/SIGTERM")(e.into()))?;
-        let (tx, rx) = watch::channel(false);
-        std::thread::Builder::new()
-            .name("echo-signals".into())
-            .spawn(move || {
-                if let Ok(sig) = set.wait() {
-                    tracing::info!(?sig, "stopping");
-                    eprintln!("echo: {sig}, shutting down");
-                    let _ = tx.send(true);
-                }
-            })
-            .map_err(io_err("spawning the signal thread"))?;
-        Ok(rx)
-    }
-
-    /// Resolves once the stop flag is set (never, if its sender is gone without it).
-    async fn stopped(stop: &mut watch::Receiver<bool>) {
-        if stop.wait_for(|s| *s).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-
     /// Waits until the stack holds no undelivered bytes (two readings in a row, since
     /// channel figures are snapshots), at most `limit`. Whether it got there.
     async fn drain(stack: &Stack, limit: Duration) -> bool {
@@ -402,7 +327,7 @@ mod linux {
         max_connections: Option<u64>,
         timeout: Duration,
     ) -> Result<(), EchoError> {
-        let stop = stop_on_signals()?;
+        let stop = stop_on_signals("echo").map_err(io_err("handling SIGINT/SIGTERM"))?;
         let stack = start_stack(ifname, ipv4)?;
         let rt = runtime()?;
         let res = rt.block_on(serve(&stack, ifname, port, max_connections, timeout, stop));
@@ -448,7 +373,7 @@ mod linux {
                     let (stream, peer) = r.map_err(io_err("accepting"))?;
                     accepted += 1;
                     let id = accepted;
-                    let kind = kind(&stream);
+                    let kind = connection_kind(&stream);
                     tracing::info!(%peer, id, kind, "accepted");
                     println!("echo server: accepted connection {id} from {peer} over {kind}");
                     conns.spawn(connection(id, stream, peer, timeout, stop.clone()));
@@ -495,7 +420,7 @@ mod linux {
         timeout: Duration,
         mut stop: watch::Receiver<bool>,
     ) {
-        let kind = kind(&stream);
+        let kind = connection_kind(&stream);
         let started = Instant::now();
         let res = tokio::select! {
             r = echo(&mut stream, timeout) => r,
@@ -618,7 +543,8 @@ mod linux {
         };
         let (which, secs) = match stack {
             Some((ifname, ipv4)) => {
-                let mut stop = stop_on_signals()?;
+                let mut stop =
+                    stop_on_signals("echo").map_err(io_err("handling SIGINT/SIGTERM"))?;
                 let stack = start_stack(&ifname, ipv4)?;
                 let rt = runtime()?;
                 let res = rt.block_on(async {
@@ -702,7 +628,7 @@ mod linux {
                 .map_err(io_err(format!("connecting to {target}")))
         })
         .await?;
-        let kind = kind(&conn);
+        let kind = connection_kind(&conn);
         let local = conn
             .local_addr()
             .map_err(io_err("reading the local address"))?;

@@ -42,6 +42,9 @@
 mod resp;
 mod store;
 
+#[path = "../support/mod.rs"]
+mod support;
+
 use std::process::ExitCode;
 
 use clap::Parser as _;
@@ -66,40 +69,14 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 1_000_000)]
     max_keys: usize,
     /// Most bytes of keys and values stored (plus 64 per key), e.g. 256MiB.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256MiB")]
+    #[arg(long, value_name = "SIZE", value_parser = support::parse_size, default_value = "256MiB")]
     max_memory: u64,
     /// Longest request (one command with its arguments, as sent), e.g. 16MiB.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "16MiB")]
+    #[arg(long, value_name = "SIZE", value_parser = support::parse_size, default_value = "16MiB")]
     max_request: u64,
     /// Longest time a client may leave our replies unread, in seconds.
     #[arg(long, default_value_t = 30)]
     timeout_secs: u64,
-}
-
-/// Parses `123`, `100M`, `1G`, `64k`, `64KiB`, `1GiB`.
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (examples: 1000000, 100M, 1G, 64MiB)"))?;
-    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "m" | "mb" => 1_000_000,
-        "g" | "gb" => 1_000_000_000,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        other => {
-            return Err(format!(
-                "unknown size unit `{other}` (use k, M, G, KiB, MiB, GiB)"
-            ))
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
 fn main() -> ExitCode {
@@ -129,13 +106,13 @@ fn main() -> ExitCode {
 
 #[cfg(target_os = "linux")]
 mod linux {
+    use crate::support::{connection_kind, stop_on_signals, stopped};
     use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     use netchannel::netdriver::channel::DEFAULT_CHANNEL_PORT;
     use netchannel::{Stack, StackError, VirtualStream};
-    use nix::sys::signal::{SigSet, Signal};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
     use tokio::task::JoinSet;
@@ -196,14 +173,6 @@ mod linux {
     /// Longest wait, after a signal, for connections to end and bytes to drain.
     const STOP_GRACE: Duration = Duration::from_secs(2);
 
-    fn kind(s: &VirtualStream) -> &'static str {
-        if s.is_plain_tcp() {
-            "plain-tcp"
-        } else {
-            "netchannel"
-        }
-    }
-
     /// What every connection needs.
     struct Shared {
         store: Store,
@@ -212,20 +181,7 @@ mod linux {
     }
 
     pub fn run(args: Args) -> Result<(), String> {
-        server(args).map_err(|e| {
-            // The whole chain: "starting ...: not permitted ...: Operation not permitted".
-            let mut msg = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                let text = s.to_string();
-                if !msg.contains(&text) {
-                    msg.push_str(": ");
-                    msg.push_str(&text);
-                }
-                source = s.source();
-            }
-            msg
-        })
+        server(args).map_err(|e| crate::support::error_chain(&e))
     }
 
     fn server(args: Args) -> Result<(), KvError> {
@@ -251,7 +207,7 @@ mod linux {
             limits: Limits::with_max_request(clamp(args.max_request)),
             timeout: Duration::from_secs(args.timeout_secs.max(1)),
         });
-        let stop = stop_on_signals()?;
+        let stop = stop_on_signals("kv").map_err(io_err("handling SIGINT/SIGTERM"))?;
         let ifname = args.interface.as_str();
         let stack = start_stack(ifname, args.ipv4)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -306,36 +262,6 @@ mod linux {
             })
     }
 
-    /// Blocks SIGINT and SIGTERM in this thread (and so in every thread spawned after:
-    /// call it before starting the stack and the runtime) and flips the returned flag to
-    /// `true` from a thread that waits for them.
-    fn stop_on_signals() -> Result<watch::Receiver<bool>, KvError> {
-        let mut set = SigSet::empty();
-        set.add(Signal::SIGINT);
-        set.add(Signal::SIGTERM);
-        set.thread_block()
-            .map_err(|e| io_err("blocking SIGINT/SIGTERM")(e.into()))?;
-        let (tx, rx) = watch::channel(false);
-        std::thread::Builder::new()
-            .name("kv-signals".into())
-            .spawn(move || {
-                if let Ok(sig) = set.wait() {
-                    tracing::info!(?sig, "stopping");
-                    eprintln!("kv: {sig}, shutting down");
-                    let _ = tx.send(true);
-                }
-            })
-            .map_err(io_err("spawning the signal thread"))?;
-        Ok(rx)
-    }
-
-    /// Resolves once the stop flag is set (never, if its sender is gone without it).
-    async fn stopped(stop: &mut watch::Receiver<bool>) {
-        if stop.wait_for(|s| *s).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-
     /// Accepts and serves connections until a signal; returns how many were accepted.
     async fn serve(
         stack: &Stack,
@@ -368,7 +294,7 @@ mod linux {
                 Some(_) = refused.join_next() => {}
                 r = listener.accept() => {
                     let (stream, peer) = r.map_err(io_err("accepting"))?;
-                    let kind = kind(&stream);
+                    let kind = connection_kind(&stream);
                     let Ok(slot) = slots.clone().try_acquire_owned() else {
                         tracing::info!(%peer, kind, "refused: max connections");
                         println!("kv server: refused a connection from {peer} over {kind}: {max_connections} clients already");
@@ -419,7 +345,7 @@ mod linux {
         slot: OwnedSemaphorePermit,
         mut stop: watch::Receiver<bool>,
     ) {
-        let kind = kind(&stream);
+        let kind = connection_kind(&stream);
         let started = Instant::now();
         let res = tokio::select! {
             r = serve_connection(&mut stream, &shared.store, shared.limits, shared.timeout) => Some(r),

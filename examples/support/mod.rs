@@ -1,0 +1,98 @@
+//! What the server examples (`echo`, `kv`) share: size arguments, error messages with
+//! their causes, stopping on SIGINT/SIGTERM, and naming a connection's kind. Included by
+//! each with `#[path]`; not an example itself (no `main.rs`).
+// Each example uses its own part of this module.
+#![allow(dead_code)]
+
+/// Parses `123`, `100M`, `1G`, `64k`, `64KiB`, `1GiB`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (examples: 1000000, 100M, 1G, 64MiB)"))?;
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` (use k, M, G, KiB, MiB, GiB)"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// `e` and its causes in one line ("starting ...: not permitted ...: Operation not
+/// permitted"), skipping a cause whose text the message already contains.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
+#[cfg(target_os = "linux")]
+pub use linux::*;
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use nix::sys::signal::{SigSet, Signal};
+    use tokio::sync::watch;
+
+    /// Blocks SIGINT and SIGTERM in the calling thread (call it before starting other
+    /// threads, so they inherit the mask) and waits for them on a thread of their own
+    /// (`<program>-signals`), which sets the returned flag and says so on stderr.
+    pub fn stop_on_signals(program: &'static str) -> std::io::Result<watch::Receiver<bool>> {
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGINT);
+        set.add(Signal::SIGTERM);
+        set.thread_block().map_err(|e| {
+            std::io::Error::new(
+                std::io::Error::from(e).kind(),
+                format!("blocking SIGINT/SIGTERM: {e}"),
+            )
+        })?;
+        let (tx, rx) = watch::channel(false);
+        std::thread::Builder::new()
+            .name(format!("{program}-signals"))
+            .spawn(move || {
+                if let Ok(sig) = set.wait() {
+                    tracing::info!(?sig, "stopping");
+                    eprintln!("{program}: {sig}, shutting down");
+                    let _ = tx.send(true);
+                }
+            })?;
+        Ok(rx)
+    }
+
+    /// Resolves once the stop flag is set (never, if its sender is gone without it).
+    pub async fn stopped(stop: &mut watch::Receiver<bool>) {
+        if stop.wait_for(|s| *s).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// How a connection reached the server, as the examples print it.
+    pub fn connection_kind(s: &netchannel::VirtualStream) -> &'static str {
+        if s.is_plain_tcp() {
+            "plain-tcp"
+        } else {
+            "netchannel"
+        }
+    }
+}
