@@ -55,6 +55,14 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A VirtualStream from `a` to a listener of `b` at `at`: (client, server).
+async fn connected(a: &Stack, b: &Stack, at: SocketAddr) -> (VirtualStream, VirtualStream) {
+    let l = b.bind(at).await.unwrap();
+    let c = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap();
+    let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    (c, s)
+}
+
 /// Waits (bounded) until everything `s` sent is acknowledged, so that its channels are
 /// idle: keep-alive only probes channels with nothing unacknowledged.
 async fn acknowledged(s: &Stack) {
@@ -126,15 +134,7 @@ fn idle_streams_to_a_vanished_host_fail_through_keepalive() {
     let at_b = |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
 
     let rt = runtime();
-    let (mut c, mut s) = rt.block_on(async {
-        let l = b.bind(at_b(7200)).await.unwrap();
-        let c = timeout(LIMIT, a.connect(at_b(7200)))
-            .await
-            .unwrap()
-            .unwrap();
-        let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
-        (c, s)
-    });
+    let (mut c, mut s) = rt.block_on(connected(&a, &b, at_b(7200)));
     rt.block_on(exchange(&mut c, &mut s));
 
     // A kernel client in B against a VirtualListener on A: a plain-TCP stream.
@@ -254,15 +254,7 @@ fn in_flight_write_to_a_vanished_host_fails_within_the_user_timeout() {
     let at_b = |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
 
     let rt = runtime();
-    let (mut c, mut s) = rt.block_on(async {
-        let l = b.bind(at_b(7300)).await.unwrap();
-        let c = timeout(LIMIT, a.connect(at_b(7300)))
-            .await
-            .unwrap()
-            .unwrap();
-        let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
-        (c, s)
-    });
+    let (mut c, mut s) = rt.block_on(connected(&a, &b, at_b(7300)));
     rt.block_on(exchange(&mut c, &mut s));
     rt.block_on(acknowledged(&a));
 
