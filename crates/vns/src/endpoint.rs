@@ -996,6 +996,59 @@ impl Endpoint {
         Some(e)
     }
 
+    /// Checks the endpoint's internal accounting: every channel's parked bytes equal
+    /// what its sockets' response queues and early chunks hold charged to it and stay
+    /// within [`Config::channel_budget`]; no reorder buffer holds more than
+    /// [`Config::recv_buffer`]; the send buffers stay within [`Config::send_buffer`].
+    /// For tests and fuzzing (a hostile peer must never break these); `Err` names the
+    /// first broken one.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (&id, c) in &self.channels {
+            let charged: usize = self
+                .sockets
+                .values()
+                .map(|s| {
+                    s.parked.charged_to(id)
+                        + s.early
+                            .iter()
+                            .filter(|(ch, _)| *ch == id)
+                            .map(|(_, c)| c.payload.len())
+                            .sum::<usize>()
+                })
+                .sum();
+            if charged != c.parked_bytes {
+                return Err(format!(
+                    "{id}: {} bytes charged, sockets hold {charged}",
+                    c.parked_bytes
+                ));
+            }
+            if c.parked_bytes > self.config.channel_budget {
+                return Err(format!(
+                    "{id}: {} parked bytes over the budget",
+                    c.parked_bytes
+                ));
+            }
+        }
+        for (sid, s) in &self.sockets {
+            if let Some(rx) = &s.rx {
+                if rx.len() > self.config.recv_buffer {
+                    return Err(format!("{sid}: reorder buffer holds {}", rx.len()));
+                }
+            }
+            if s.send_buf.len() > self.config.send_buffer {
+                return Err(format!("{sid}: send buffer holds {}", s.send_buf.len()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sockets the endpoint holds (live, lingering after a graceful close, or failed and
+    /// not yet closed by the application).
+    pub fn socket_count(&self) -> usize {
+        self.sockets.len()
+    }
+
     // ----------------------------------------------------------------- sockets
 
     /// Listens on virtual port `port`, keeping at most `backlog` (at least 1) established
@@ -1442,7 +1495,8 @@ impl Endpoint {
 
     fn uncharge(&mut self, ch: ChannelId, n: usize) {
         if let Some(c) = self.channels.get_mut(&ch) {
-            c.parked_bytes -= n;
+            debug_assert!(c.parked_bytes >= n, "uncharging more than was charged");
+            c.parked_bytes = c.parked_bytes.saturating_sub(n);
         }
     }
 
@@ -1884,8 +1938,20 @@ impl Endpoint {
             self.reset(sid);
             return;
         }
-        match self.placement(s, chunk.header.seq, chunk.payload.len()) {
+        let (seq, len) = (chunk.header.seq, chunk.payload.len());
+        // Channels are reliable and a peer never sends a byte twice, so a chunk that
+        // overlaps a parked one is hostile or broken. Checked here, on arrival, so that
+        // every parked chunk is known to fit once the reader catches up (issue: two
+        // overlapping parked chunks used to panic the reading task in `after_read`).
+        if s.parked.overlaps(seq, len) {
+            self.protocol_violation(sid, "data overlaps a parked chunk");
+            return;
+        }
+        match self.placement(s, seq, len) {
             Placement::Violation => self.protocol_violation(sid, "data outside credit or past FIN"),
+            Placement::Park if s.rx.as_ref().is_some_and(|rx| rx.overlaps_held(seq, len)) => {
+                self.protocol_violation(sid, "data overlaps bytes already received");
+            }
             Placement::Insert => {
                 let s = self.sockets.get_mut(&sid).expect("exists");
                 let rx = s.rx.as_mut().expect("placement checked");
@@ -1954,11 +2020,22 @@ impl Endpoint {
         let rx = s.rx.as_mut().expect("caller checked");
         let fitting = s.parked.take_where(|p| rx.fits(p.seq, p.payload.len()));
         let mut released = Vec::with_capacity(fitting.len());
+        let mut refused = false;
         for p in fitting {
             let n = p.payload.len();
-            rx.insert_vec(p.seq, p.payload)
-                .expect("fits and parked chunks never overlap");
+            // Arrival checks keep parked chunks apart from each other and from held bytes,
+            // so this cannot fail; if it ever does, the peer is at fault, never a panic.
+            // Either way the chunk's bytes leave the channel's budget below.
+            refused |= rx.insert_vec(p.seq, p.payload).is_err();
             released.push((p.channel, n));
+        }
+        if refused {
+            for (ch, n) in released {
+                self.uncharge(ch, n);
+            }
+            self.protocol_violation(sid, "parked chunk overlaps received data");
+            self.retry_stalled();
+            return;
         }
         if rx.readable() > 0 || s.at_eof() {
             self.push_event(Event::Readable(sid));

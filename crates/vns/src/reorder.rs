@@ -112,6 +112,31 @@ impl ReorderBuffer {
         d >= 0 && d as u64 + len as u64 <= self.capacity as u64
     }
 
+    /// Whether `len` bytes at `seq` (at or after [`Self::read_seq`], inside the window
+    /// or beyond it) would overlap bytes held now, in order or out of order. The endpoint
+    /// asks this before parking a chunk that does not fit yet, so that a parked chunk can
+    /// always be inserted once the window reaches it.
+    pub fn overlaps_held(&self, seq: Seq, len: usize) -> bool {
+        let d = seq.since(self.read_seq);
+        if len == 0 {
+            return false;
+        }
+        if d < 0 || (d as u64) < self.ready_len as u64 {
+            return true;
+        }
+        let off = self.read_offset + d as u64;
+        let end = off + len as u64;
+        if let Some((&k, v)) = self.pending.range(..=off).next_back() {
+            if k + v.len() as u64 > off {
+                return true;
+            }
+        }
+        self.pending
+            .range(off..)
+            .next()
+            .is_some_and(|(&k, _)| k < end)
+    }
+
     /// Stores a chunk. Fails without storing anything if it is outside the window or
     /// overlaps bytes already held.
     pub fn insert(&mut self, seq: Seq, data: &[u8]) -> Result<(), ReorderError> {
@@ -375,6 +400,21 @@ mod tests {
         assert!(r.fits(Seq(107), 3));
         assert!(!r.fits(Seq(107), 4));
         assert_eq!(r.len(), 7);
+    }
+
+    #[test]
+    fn overlaps_held_sees_ready_pending_and_beyond_the_window() {
+        let mut r = ReorderBuffer::new(Seq(100), 10);
+        r.insert(Seq(100), b"ab").unwrap(); // ready [100, 102)
+        r.insert(Seq(105), b"xy").unwrap(); // pending [105, 107)
+        assert!(r.overlaps_held(Seq(101), 1), "ready bytes");
+        assert!(r.overlaps_held(Seq(99), 1), "before the read position");
+        assert!(r.overlaps_held(Seq(104), 2) && r.overlaps_held(Seq(106), 30));
+        assert!(!r.overlaps_held(Seq(102), 3) && !r.overlaps_held(Seq(107), 50));
+        assert!(
+            !r.overlaps_held(Seq(105), 0),
+            "empty ranges overlap nothing"
+        );
     }
 
     proptest! {

@@ -44,6 +44,26 @@ impl ResponseQueue {
         self.chunks.is_empty()
     }
 
+    /// Whether `len` bytes at `seq` overlap a parked chunk (sequence numbers compared
+    /// with wrap-around, as they lie within one credit window of each other).
+    pub fn overlaps(&self, seq: Seq, len: usize) -> bool {
+        len > 0
+            && self.chunks.iter().any(|c| {
+                !c.payload.is_empty()
+                    && seq.since(c.seq) < c.payload.len() as i64
+                    && c.seq.since(seq) < len as i64
+            })
+    }
+
+    /// Payload bytes parked that are charged to channel `ch`.
+    pub fn charged_to(&self, ch: ChannelId) -> usize {
+        self.chunks
+            .iter()
+            .filter(|c| c.channel == ch)
+            .map(|c| c.payload.len())
+            .sum()
+    }
+
     /// Parks a chunk.
     pub fn park(&mut self, chunk: ParkedChunk) {
         self.bytes += chunk.payload.len();
@@ -70,5 +90,30 @@ impl ResponseQueue {
     pub fn take_all(&mut self) -> Vec<ParkedChunk> {
         self.bytes = 0;
         self.chunks.drain(..).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(seq: u32, len: usize) -> ParkedChunk {
+        ParkedChunk {
+            seq: Seq(seq),
+            payload: vec![7; len],
+            channel: ChannelId(0),
+        }
+    }
+
+    #[test]
+    fn overlaps_compares_ranges_across_wrap_around() {
+        let mut q = ResponseQueue::new();
+        q.park(chunk(u32::MAX - 4, 10)); // [MAX-4, 5) across the wrap
+        assert!(q.overlaps(Seq(0), 1));
+        assert!(q.overlaps(Seq(u32::MAX - 10), 7));
+        assert!(!q.overlaps(Seq(u32::MAX - 10), 6));
+        assert!(!q.overlaps(Seq(5), 100));
+        assert!(!q.overlaps(Seq(0), 0), "an empty range overlaps nothing");
+        assert_eq!(q.bytes(), 10);
     }
 }
