@@ -1,0 +1,264 @@
+//! Closed-loop request/response rate of `VirtualStream`s against kernel TCP
+//! (`tokio::net::TcpStream`, `TCP_NODELAY`) over the same veth, side by side in one run on
+//! the test bed (two queues, MTU 1500, offloads at the bed's settings).
+//!
+//! Each of C connections has one request outstanding at a time: the client writes a
+//! request of S bytes (a per-request counter, then a pattern), the server echoes what it
+//! reads, and the client reads S bytes back and checks them byte for byte before sending
+//! the next. The rate is completed requests over the measurement's wall time, all
+//! connections together. Sizes 64 B and 4 KB; C = 1, 8, 32, 128. The measurements are
+//! interleaved (VirtualStream, kernel, then kernel, VirtualStream in the next round) so
+//! that load from other processes falls on both alike; the table gives each one's median
+//! over the rounds and the ratio of the medians, and the per-round ratios' spread.
+//!
+//! Client and server tasks run on one tokio multi-thread runtime with 2 workers; both
+//! stacks run on the same 2 cores. Environment: `NETCHANNEL_BENCH_SECS` (per measurement,
+//! default 2), `NETCHANNEL_BENCH_ROUNDS` (default 3), `NETCHANNEL_BENCH_CHANNELS`
+//! (throughput channels per peer, default 4), `NETCHANNEL_BENCH_CONNS` (comma-separated,
+//! default `1,8,32,128`), `NETCHANNEL_BENCH_SIZES` (default `64,4096`).
+//!
+//! Without `--bench` (`cargo test --all-targets`) it runs 1 and 8 connections for 0.1 s
+//! each, as a smoke test that checks every response.
+//!
+//! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
+//! `cargo bench -j1 --bench rpc_rate`
+
+#[cfg(target_os = "linux")]
+#[path = "support/bed.rs"]
+mod bed;
+#[cfg(target_os = "linux")]
+#[path = "support/vns.rs"]
+mod vns;
+
+#[cfg(target_os = "linux")]
+mod run {
+    use std::time::{Duration, Instant};
+
+    use netchannel::VirtualStream;
+    use testbed::TestBed;
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    use tokio::runtime::Runtime;
+
+    use super::vns::{self, env_or, spread, StackPair};
+
+    /// Longest wait for one exchange before the bench gives up.
+    const STEP: Duration = Duration::from_secs(10);
+
+    /// Echoes whatever it reads until EOF.
+    async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) {
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = s.shutdown().await;
+    }
+
+    /// Closed-loop requests of `size` bytes on `s` until `until`; returns the stream and
+    /// the number of verified responses.
+    async fn client<S: AsyncRead + AsyncWrite + Unpin>(
+        mut s: S,
+        size: usize,
+        until: Instant,
+        tag: u64,
+    ) -> (S, u64) {
+        let mut req: Vec<u8> = (0..size).map(|i| (i as u8) ^ (tag as u8)).collect();
+        let mut resp = vec![0u8; size];
+        let mut done = 0u64;
+        while Instant::now() < until {
+            let stamp = (tag << 40 | done).to_le_bytes();
+            let k = stamp.len().min(size);
+            req[..k].copy_from_slice(&stamp[..k]);
+            tokio::time::timeout(STEP, async {
+                s.write_all(&req).await?;
+                s.read_exact(&mut resp).await
+            })
+            .await
+            .expect("exchange timed out")
+            .expect("exchange");
+            assert!(resp == req, "response {done} of connection {tag} differs");
+            done += 1;
+        }
+        (s, done)
+    }
+
+    /// Runs `client` on the first `n` streams at once for `secs`; returns requests/s.
+    fn measure<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        rt: &Runtime,
+        streams: &mut Vec<S>,
+        n: usize,
+        size: usize,
+        secs: f64,
+    ) -> f64 {
+        let mut rest = streams.split_off(n);
+        let taken = std::mem::take(streams);
+        let (back, total, elapsed) = rt.block_on(async move {
+            let start = Instant::now();
+            let until = start + Duration::from_secs_f64(secs);
+            let tasks: Vec<_> = taken
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| tokio::spawn(client(s, size, until, i as u64)))
+                .collect();
+            let mut back = Vec::with_capacity(tasks.len());
+            let mut total = 0;
+            for t in tasks {
+                let (s, done) = t.await.expect("client task");
+                back.push(s);
+                total += done;
+            }
+            (back, total, start.elapsed())
+        });
+        *streams = back;
+        streams.append(&mut rest);
+        total as f64 / elapsed.as_secs_f64()
+    }
+
+    fn list(name: &str, default: &str) -> Vec<usize> {
+        std::env::var(name)
+            .unwrap_or_else(|_| default.to_string())
+            .split(',')
+            .filter_map(|v| v.trim().parse().ok())
+            .collect()
+    }
+
+    pub fn main() {
+        let full = vns::bench_mode();
+        let secs: f64 = env_or("NETCHANNEL_BENCH_SECS", if full { 2.0 } else { 0.1 });
+        let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", if full { 3 } else { 1 }).max(1);
+        let channels: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 4);
+        let conns = list(
+            "NETCHANNEL_BENCH_CONNS",
+            if full { "1,8,32,128" } else { "1,8" },
+        );
+        let sizes = list("NETCHANNEL_BENCH_SIZES", "64,4096");
+        let max_conns = conns.iter().copied().max().unwrap_or(1);
+        let bed = match TestBed::builder().queues(2).build() {
+            Ok(bed) => bed,
+            Err(e) => {
+                println!("skipping rpc_rate: {e}");
+                return;
+            }
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        println!(
+            "rpc_rate: closed loop, {secs} s per measurement, {rounds} rounds, sizes {sizes:?}, \
+             connections {conns:?}, {channels} channels per peer, test bed with 2 queues, MTU 1500"
+        );
+
+        let pair = StackPair::start(&bed, channels);
+        // Kernel TCP: a listener in B echoing on every connection.
+        let kl = {
+            let _g = rt.enter();
+            tokio::net::TcpListener::from_std(vns::kernel_listener(&bed, vns::KERNEL_PORT))
+                .expect("tokio listener")
+        };
+        let kaddr = match kl.local_addr().expect("addr") {
+            std::net::SocketAddr::V4(v4) => v4,
+            std::net::SocketAddr::V6(_) => unreachable!("IPv4 listener"),
+        };
+        rt.spawn(async move {
+            while let Ok((s, _)) = kl.accept().await {
+                let _ = s.set_nodelay(true);
+                tokio::spawn(echo(s));
+            }
+        });
+        let mut kernel: Vec<TcpStream> = (0..max_conns)
+            .map(|_| {
+                let s = vns::kernel_connect(&bed, kaddr);
+                s.set_nodelay(true).expect("nodelay");
+                let _g = rt.enter();
+                TcpStream::from_std(s).expect("tokio stream")
+            })
+            .collect();
+        // VirtualStreams: B's listener echoing on every accepted stream.
+        let l = rt
+            .block_on(pair.b.bind(pair.vns_addr()))
+            .expect("bind the virtual listener");
+        rt.spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(echo(s));
+            }
+        });
+        let a = pair.a.clone();
+        let to = pair.vns_addr();
+        let mut virt: Vec<VirtualStream> = rt.block_on(async move {
+            let mut v = Vec::with_capacity(max_conns);
+            for _ in 0..max_conns {
+                v.push(a.connect(to).await.expect("connect"));
+            }
+            v
+        });
+        // Warm-up: every connection once, both kinds.
+        measure(&rt, &mut virt, max_conns, 64, secs.min(0.2));
+        measure(&rt, &mut kernel, max_conns, 64, secs.min(0.2));
+
+        // rates[size][conns] = (virtual per round, kernel per round)
+        let mut rates = vec![vec![(Vec::new(), Vec::new()); conns.len()]; sizes.len()];
+        for round in 0..rounds {
+            let t = Instant::now();
+            for (si, &size) in sizes.iter().enumerate() {
+                for (ci, &c) in conns.iter().enumerate() {
+                    let (v, k) = if round % 2 == 0 {
+                        let v = measure(&rt, &mut virt, c, size, secs);
+                        (v, measure(&rt, &mut kernel, c, size, secs))
+                    } else {
+                        let k = measure(&rt, &mut kernel, c, size, secs);
+                        (measure(&rt, &mut virt, c, size, secs), k)
+                    };
+                    rates[si][ci].0.push(v);
+                    rates[si][ci].1.push(k);
+                }
+            }
+            println!("round {round} done in {:.1} s", t.elapsed().as_secs_f64());
+        }
+        rt.block_on(async {
+            for s in virt.iter_mut() {
+                let _ = s.shutdown().await;
+            }
+            for s in kernel.iter_mut() {
+                let _ = s.shutdown().await;
+            }
+        });
+        drop((virt, kernel));
+        pair.stop();
+
+        println!();
+        println!("rpc_rate summary (requests/s, median of {rounds} rounds; ratio = virtual / kernel):");
+        println!(
+            "{:>6} {:>6} {:>14} {:>14} {:>8}   {}",
+            "size", "conns", "virtual_stream", "kernel_tcp", "ratio", "per-round ratios [min-max]"
+        );
+        for (si, &size) in sizes.iter().enumerate() {
+            for (ci, &c) in conns.iter().enumerate() {
+                let (v, k) = &rates[si][ci];
+                let (_, vm, _) = spread(v);
+                let (_, km, _) = spread(k);
+                let per: Vec<f64> = v.iter().zip(k).map(|(a, b)| a / b.max(1e-9)).collect();
+                let (lo, _, hi) = spread(&per);
+                println!(
+                    "{size:>6} {c:>6} {vm:>14.0} {km:>14.0} {:>8.2}   [{lo:.2}-{hi:.2}]",
+                    vm / km.max(1e-9)
+                );
+            }
+        }
+    }
+}
+
+fn main() {
+    #[cfg(target_os = "linux")]
+    run::main();
+    #[cfg(not(target_os = "linux"))]
+    println!("skipping rpc_rate: the test bed is Linux only");
+}
