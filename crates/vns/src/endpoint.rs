@@ -677,6 +677,12 @@ pub struct Endpoint {
     sent_lent: VecDeque<Bytes>,
     /// Send-buffer segments for reuse by every socket's plain writes.
     seg_pool: SegPool,
+    /// Sockets that may have something to schedule (unsent bytes or a FIN not yet
+    /// queued): [`Endpoint::schedule`] visits these only, so the cost of a call does not
+    /// grow with the number of idle sockets. A socket leaves once it has nothing left.
+    sendable: BTreeSet<SocketId>,
+    /// Scratch list of [`Endpoint::schedule`] (kept to avoid an allocation per call).
+    schedule_ids: Vec<SocketId>,
 }
 
 /// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
@@ -721,6 +727,8 @@ impl Endpoint {
             spare: Vec::new(),
             sent_lent: VecDeque::new(),
             seg_pool: SegPool::default(),
+            sendable: BTreeSet::new(),
+            schedule_ids: Vec::new(),
         })
     }
 
@@ -1207,6 +1215,7 @@ impl Endpoint {
             return Err(Error::WouldBlock);
         }
         s.send_buf.push(&data[..n], seg, &mut self.seg_pool);
+        self.sendable.insert(id);
         self.schedule_needed = true;
         Ok(n)
     }
@@ -1276,6 +1285,7 @@ impl Endpoint {
             };
         }
         s.send_buf.push_segments(segs.drain(..taken));
+        self.sendable.insert(id);
         self.schedule_needed = true;
         Ok(bytes)
     }
@@ -1353,6 +1363,7 @@ impl Endpoint {
             return Err(e);
         }
         s.write_shut = true;
+        self.sendable.insert(id);
         self.schedule_needed = true;
         Ok(())
     }
@@ -1573,7 +1584,12 @@ impl Endpoint {
     /// scheduler picks, until nothing more can go; queues FINs after the last byte.
     fn schedule(&mut self) {
         self.schedule_needed = false;
-        let ids: Vec<SocketId> = self.sockets.keys().copied().collect();
+        if self.sendable.is_empty() {
+            return;
+        }
+        let mut ids = std::mem::take(&mut self.schedule_ids);
+        ids.clear();
+        ids.extend(self.sendable.iter().copied());
         let mut active = ids.clone();
         while !active.is_empty() {
             let mut next = Vec::new();
@@ -1584,7 +1600,21 @@ impl Endpoint {
             }
             active = next;
         }
-        for sid in ids {
+        for &sid in &ids {
+            let keep = self.sockets.get(&sid).is_some_and(|s| {
+                !matches!(s.state, State::Failed(_))
+                    && (!s.send_buf.is_empty() || (s.write_shut && !s.fin_sent))
+            });
+            // A socket that queues its FIN below has nothing left after it.
+            let fin_due = self.sockets.get(&sid).is_some_and(|s| {
+                s.state == State::Established
+                    && s.write_shut
+                    && !s.fin_sent
+                    && s.send_buf.is_empty()
+            });
+            if !keep || fin_due {
+                self.sendable.remove(&sid);
+            }
             let Some(s) = self.sockets.get_mut(&sid) else {
                 continue;
             };
@@ -1603,6 +1633,7 @@ impl Endpoint {
                 self.maybe_reap(sid);
             }
         }
+        self.schedule_ids = ids;
     }
 
     /// Sends one data chunk of `sid` if it can; returns whether it did.
