@@ -15,7 +15,8 @@
 //! stacks run on the same 2 cores. Environment: `NETCHANNEL_BENCH_SECS` (per measurement,
 //! default 2), `NETCHANNEL_BENCH_ROUNDS` (default 3), `NETCHANNEL_BENCH_CHANNELS`
 //! (throughput channels per peer, default 4), `NETCHANNEL_BENCH_CONNS` (comma-separated,
-//! default `1,8,32,128`), `NETCHANNEL_BENCH_SIZES` (default `64,4096`).
+//! default `1,8,32,128`), `NETCHANNEL_BENCH_SIZES` (default `64,4096`),
+//! `NETCHANNEL_BENCH_ONLY` (`virtual` or `kernel`: measure one side only, for profiling).
 //!
 //! Without `--bench` (`cargo test --all-targets`) it runs 1 and 8 connections for 0.1 s
 //! each, as a smoke test that checks every response.
@@ -139,6 +140,9 @@ mod run {
             if full { "1,8,32,128" } else { "1,8" },
         );
         let sizes = list("NETCHANNEL_BENCH_SIZES", "64,4096");
+        // For profiling one side: `virtual` or `kernel` skips the other's measurements.
+        let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
+        let (run_v, run_k) = (only != "kernel", only != "virtual");
         let max_conns = conns.iter().copied().max().unwrap_or(1);
         let bed = match TestBed::builder().queues(2).build() {
             Ok(bed) => bed,
@@ -210,12 +214,26 @@ mod run {
             let t = Instant::now();
             for (si, &size) in sizes.iter().enumerate() {
                 for (ci, &c) in conns.iter().enumerate() {
+                    let mut v = |rt: &Runtime| {
+                        if run_v {
+                            measure(rt, &mut virt, c, size, secs)
+                        } else {
+                            f64::NAN
+                        }
+                    };
+                    let mut k = |rt: &Runtime| {
+                        if run_k {
+                            measure(rt, &mut kernel, c, size, secs)
+                        } else {
+                            f64::NAN
+                        }
+                    };
                     let (v, k) = if round % 2 == 0 {
-                        let v = measure(&rt, &mut virt, c, size, secs);
-                        (v, measure(&rt, &mut kernel, c, size, secs))
+                        let v = v(&rt);
+                        (v, k(&rt))
                     } else {
-                        let k = measure(&rt, &mut kernel, c, size, secs);
-                        (measure(&rt, &mut virt, c, size, secs), k)
+                        let k = k(&rt);
+                        (v(&rt), k)
                     };
                     rates[si][ci].0.push(v);
                     rates[si][ci].1.push(k);
@@ -235,7 +253,9 @@ mod run {
         pair.stop();
 
         println!();
-        println!("rpc_rate summary (requests/s, median of {rounds} rounds; ratio = virtual / kernel):");
+        println!(
+            "rpc_rate summary (requests/s, median of {rounds} rounds; ratio = virtual / kernel):"
+        );
         println!(
             "{:>6} {:>6} {:>14} {:>14} {:>8}   {}",
             "size", "conns", "virtual_stream", "kernel_tcp", "ratio", "per-round ratios [min-max]"

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
@@ -80,6 +80,9 @@ pub(crate) fn parse_preamble(b: &[u8]) -> Option<ChannelClass> {
 pub(crate) struct Signal {
     notified: AtomicBool,
     stop: AtomicBool,
+    /// The driver sleeps without a timeout (no arrival for [`ACTIVE_WINDOW`]): an arrival
+    /// handed to a reader must wake it, since it would not look for an unpaid pull.
+    deep: AtomicBool,
     thread: OnceLock<Thread>,
 }
 
@@ -112,15 +115,33 @@ impl Wake for Signal {
     }
 }
 
-/// The waker channels hold for their received bytes: wakes the driver and, at the same
-/// time, the task that last waited to read (or to write, for credit), which then pulls the
-/// bytes from the channels itself ([`Core::pull`]) instead of waiting for the driver to do it and wake them:
-/// one thread hand-off less on the receive path. The driver stays the fallback (it is
-/// always woken), so a reader that never runs again loses nothing.
+/// The waker channels hold for their received bytes: wakes the task that last waited to
+/// read (or to write, for credit), which pulls the bytes from the channels itself
+/// ([`Core::pull`]); the driver thread is woken only when no reader waits. So one arrival
+/// costs one cross-thread wake-up (channel thread → reader), not two, and the driver does
+/// not contend for the stack's lock with the reader it would race.
+///
+/// A woken reader may never pull (its task was cancelled, or it waits on something else
+/// now): the arrival leaves `owed` set until some pull pays it. While arrivals are recent
+/// the driver parks at most [`PULL_FALLBACK`] and pulls an unpaid debt itself; after
+/// [`ACTIVE_WINDOW`] without arrivals it sleeps untimed, and an arrival that finds it so
+/// (`Signal::deep`) wakes it. Bytes therefore wait at most about [`PULL_FALLBACK`] for a
+/// reader that does not come.
 pub(crate) struct RxSignal {
     signal: Arc<Signal>,
     readers: Mutex<Vec<Waker>>,
+    /// An arrival was handed to a reader and no pull has taken it yet.
+    owed: AtomicBool,
+    /// Arrivals handed to readers so far (the driver's activity measure).
+    handed: AtomicU64,
 }
+
+/// Longest the driver sleeps while arrivals are recent, so that bytes handed to a reader
+/// that never pulls them still reach their sockets.
+const PULL_FALLBACK: Duration = Duration::from_millis(1);
+/// How long after the last arrival handed to a reader the driver keeps sleeping with
+/// [`PULL_FALLBACK`] (then untimed, woken by the next arrival).
+const ACTIVE_WINDOW: Duration = Duration::from_millis(20);
 
 /// Most reader wakers an [`RxSignal`] holds (more wait for the driver's wake-up).
 const MAX_RX_READERS: usize = 64;
@@ -131,12 +152,21 @@ impl Wake for RxSignal {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.signal.notify();
         // One reader is enough: it feeds every socket's bytes to the endpoint and wakes
-        // the other readers whose sockets became readable (no thundering herd).
+        // the other readers whose sockets became ready (no thundering herd).
         let reader = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        if let Some(w) = reader {
-            w.wake();
+        match reader {
+            Some(w) => {
+                self.owed.store(true, Ordering::SeqCst);
+                self.handed.fetch_add(1, Ordering::Relaxed);
+                w.wake();
+                // Paired with the driver's store of `deep` then load of `owed`: either it
+                // sees the debt before sleeping untimed, or this sees it asleep.
+                if self.signal.deep.load(Ordering::SeqCst) {
+                    self.signal.notify();
+                }
+            }
+            None => self.signal.notify(),
         }
     }
 }
@@ -238,6 +268,8 @@ impl Core {
             rx: Arc::new(RxSignal {
                 signal: signal.clone(),
                 readers: Mutex::new(Vec::new()),
+                owed: AtomicBool::new(false),
+                handed: AtomicU64::new(0),
             }),
             state: Mutex::new(State {
                 ep,
@@ -429,6 +461,8 @@ impl Core {
         if st.stopped {
             return false;
         }
+        // Whatever arrived before this point is taken now: the debt is paid.
+        self.rx.owed.store(false, Ordering::SeqCst);
         let rx_waker = Waker::from(self.rx.clone());
         let mut rx_cx = Context::from_waker(&rx_waker);
         let before = st.received;
@@ -436,6 +470,13 @@ impl Core {
             self.signal.notify();
         }
         st.received != before
+    }
+
+    /// [`Core::pull`] if an arrival was handed to a reader and nobody has pulled since
+    /// (the woken reader may not be this one): application calls start with it, so that
+    /// the bytes reach their sockets without waiting for the driver's fallback.
+    pub(crate) fn pull_owed(&self, st: &mut State) -> bool {
+        self.rx.owed.load(Ordering::SeqCst) && self.pull(st)
     }
 
     /// Moves the endpoint's output into the channels from the calling thread (chunks cut
@@ -473,11 +514,15 @@ impl Core {
         let mut rx_cx = Context::from_waker(&rx_waker);
         let mut acceptor = acceptor;
         let mut wake = Vec::new();
+        let mut handed_seen = 0;
+        let mut active_until: Option<Instant> = None;
         loop {
             self.signal.notified.store(false, Ordering::SeqCst);
             if self.signal.stop.load(Ordering::Acquire) {
                 break;
             }
+            // The round below pulls every channel: it pays any debt a reader left.
+            self.rx.owed.store(false, Ordering::SeqCst);
             let (busy, deadline) = {
                 let mut st = self.lock();
                 let busy = st.round(&mut cx, &mut rx_cx, &mut acceptor, &mut wake);
@@ -488,6 +533,26 @@ impl Core {
             if busy {
                 continue;
             }
+            let now = Instant::now();
+            let handed = self.rx.handed.load(Ordering::Relaxed);
+            if handed != handed_seen {
+                handed_seen = handed;
+                active_until = Some(now + ACTIVE_WINDOW);
+            }
+            let mut timed = active_until.is_some_and(|t| now < t);
+            if !timed {
+                self.signal.deep.store(true, Ordering::SeqCst);
+                if self.rx.owed.load(Ordering::SeqCst) {
+                    timed = true;
+                    self.signal.deep.store(false, Ordering::SeqCst);
+                }
+            }
+            let deadline = if timed {
+                let fallback = now + PULL_FALLBACK;
+                Some(deadline.map_or(fallback, |d| d.min(fallback)))
+            } else {
+                deadline
+            };
             while !self.signal.notified.load(Ordering::Acquire) {
                 match deadline {
                     Some(d) => {
@@ -500,6 +565,7 @@ impl Core {
                     None => std::thread::park(),
                 }
             }
+            self.signal.deep.store(false, Ordering::SeqCst);
         }
         let mut st = self.lock();
         st.stopped = true;

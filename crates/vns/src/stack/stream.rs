@@ -61,7 +61,7 @@ impl StreamInner {
             .map(|path| &path.pool);
         let core = self.stack.core();
         let mut st = core.lock();
-        let mut pulled = false;
+        let mut pulled = core.pull_owed(&mut st);
         loop {
             let dst = buf.initialize_unfilled();
             let read = match pool {
