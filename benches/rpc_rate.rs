@@ -257,8 +257,8 @@ mod run {
             "rpc_rate summary (requests/s, median of {rounds} rounds; ratio = virtual / kernel):"
         );
         println!(
-            "{:>6} {:>6} {:>14} {:>14} {:>8}   {}",
-            "size", "conns", "virtual_stream", "kernel_tcp", "ratio", "per-round ratios [min-max]"
+            "{:>6} {:>6} {:>14} {:>14} {:>8}   per-round ratios [min-max]",
+            "size", "conns", "virtual_stream", "kernel_tcp", "ratio"
         );
         for (si, &size) in sizes.iter().enumerate() {
             for (ci, &c) in conns.iter().enumerate() {
