@@ -228,6 +228,10 @@ struct ChanIo {
     /// Batches the channel refused (full), sent before anything new; with their length.
     tx_pending: VecDeque<Bytes>,
     tx_pending_bytes: usize,
+    /// The last load reported to the endpoint was zero. Only this stack enqueues into
+    /// the channel, so without new chunks its load can only have fallen since: a channel
+    /// with nothing to send and this set needs neither a visit nor a fresh report.
+    idle_reported: bool,
 }
 
 struct Incoming {
@@ -648,6 +652,7 @@ impl State {
                 rx_pending: None,
                 tx_pending: VecDeque::new(),
                 tx_pending_bytes: 0,
+                idle_reported: false,
             },
         );
     }
@@ -754,6 +759,15 @@ impl State {
         let mut buf = std::mem::take(&mut self.tx_buf);
         let mut busy = false;
         for &id in &ids {
+            // Most calls concern one socket: channels with nothing to move and an idle
+            // load on record are skipped (no statistics read, no endpoint poll).
+            let idle = self
+                .chans
+                .get(&id)
+                .is_some_and(|c| c.tx_pending.is_empty() && c.idle_reported);
+            if idle && !self.ep.has_transmit(id) {
+                continue;
+            }
             match self.transmit(id, cx, &mut buf) {
                 Ok(more) => busy |= more,
                 Err(why) => self.lose_channel(id, why),
@@ -887,15 +901,14 @@ impl State {
 
     /// Tells the endpoint how much the channel holds (its queue and our refused batches).
     fn report_load(&mut self, id: ChannelId) {
-        if let Some(c) = self.chans.get(&id) {
+        if let Some(c) = self.chans.get_mut(&id) {
             let stats = c.t.stats();
-            let _ = self.ep.set_channel_load(
-                id,
-                ChannelLoad {
-                    queued_bytes: (stats.tx_queued + c.tx_pending_bytes) as u64,
-                    in_flight_bytes: stats.tx_tcp_queued as u64,
-                },
-            );
+            let load = ChannelLoad {
+                queued_bytes: (stats.tx_queued + c.tx_pending_bytes) as u64,
+                in_flight_bytes: stats.tx_tcp_queued as u64,
+            };
+            c.idle_reported = load == ChannelLoad::default();
+            let _ = self.ep.set_channel_load(id, load);
         }
     }
 
