@@ -9,7 +9,7 @@
 
 use std::net::SocketAddrV4;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
 use atomic_waker::AtomicWaker;
@@ -17,6 +17,7 @@ use bytes::Bytes;
 use crossbeam_queue::ArrayQueue;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
+use super::thread::QueueState;
 use super::{ChannelError, ChannelState, ChannelStats, ChannelTransport, Dequeued, EnqueueError};
 use crate::tcp::Stats as TcpStats;
 use crate::time::{Duration, Instant};
@@ -29,6 +30,14 @@ pub(crate) struct ThreadSignal {
     pending: AtomicBool,
     stop: AtomicBool,
     efd: EventFd,
+    /// The queue's state, for inline rounds (`thread::run_inline`); weak, since the
+    /// state holds the channels that hold this signal.
+    inline: OnceLock<Weak<Mutex<QueueState>>>,
+    /// Largest chunk an enqueue into an empty Tx queue sends inline (0: never).
+    inline_max: AtomicUsize,
+    /// When the thread plans to wake (microseconds of its clock; `u64::MAX`: no timer),
+    /// stored before it announces sleep.
+    planned: AtomicU64,
 }
 
 impl ThreadSignal {
@@ -39,7 +48,48 @@ impl ThreadSignal {
             pending: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             efd,
+            inline: OnceLock::new(),
+            inline_max: AtomicUsize::new(0),
+            planned: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// Chunks up to `max` bytes enqueued into an empty Tx queue are sent by the enqueuing
+    /// thread when the channel thread is not running a round (0 turns that off).
+    pub(crate) fn set_inline_max(&self, max: usize) {
+        self.inline_max.store(max, Ordering::Relaxed);
+    }
+
+    fn inline_max(&self) -> usize {
+        self.inline_max.load(Ordering::Relaxed)
+    }
+
+    /// Thread side: makes the queue's state reachable for inline rounds.
+    pub(crate) fn set_inline_state(&self, state: Weak<Mutex<QueueState>>) {
+        let _ = self.inline.set(state);
+    }
+
+    pub(crate) fn inline_state(&self) -> Option<Arc<Mutex<QueueState>>> {
+        self.inline.get().and_then(Weak::upgrade)
+    }
+
+    /// Thread side: records when it will wake (before [`prepare_sleep`](Self::prepare_sleep)).
+    pub(crate) fn set_planned(&self, at: Option<Instant>) {
+        let v = at.map_or(u64::MAX, |d| d.total_micros());
+        self.planned.store(v, Ordering::SeqCst);
+    }
+
+    /// After an inline round: the thread looks again before it sleeps (`pending`, which
+    /// pairs with `prepare_sleep` as in [`notify`](Self::notify)), and a sleeping thread
+    /// is kicked only if the round armed a timer due before its planned wake-up.
+    pub(crate) fn after_inline(&self, next_timer: Option<Instant>) {
+        self.pending.store(true, Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) {
+            let next = next_timer.map_or(u64::MAX, |d| d.total_micros());
+            if next < self.planned.load(Ordering::SeqCst) {
+                self.kick();
+            }
+        }
     }
 
     /// Tells the thread it has work; a system call only if it sleeps (or is about to).
@@ -425,10 +475,17 @@ impl ChannelShared {
         if !self.tx_has_room() {
             return Err(EnqueueError::Full(chunk));
         }
+        let was_empty = self.tx.is_empty();
         self.tx_bytes.fetch_add(len, Ordering::AcqRel);
         if let Err(chunk) = self.tx.push(chunk) {
             self.tx_bytes.fetch_sub(len, Ordering::AcqRel);
             return Err(EnqueueError::Full(chunk));
+        }
+        // A small chunk with nothing queued before it is per-message traffic: send it
+        // from this thread if the channel thread is not running a round (no wake-up of
+        // that thread on the way out). Bulk stays with the channel thread.
+        if was_empty && len <= self.signal.inline_max() && super::thread::run_inline(&self.signal) {
+            return Ok(());
         }
         self.signal.notify();
         Ok(())

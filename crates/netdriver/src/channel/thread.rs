@@ -2,8 +2,8 @@
 //! connection on it. See the [module documentation](super) for the loop.
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
-use std::sync::Arc;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use bytes::BytesMut;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
@@ -26,6 +26,15 @@ const RX_CHUNK: usize = 64 * 1024;
 const COMMANDS_PER_ROUND: usize = 64;
 /// Most forwarded frames handled per round.
 const FORWARDED_PER_ROUND: usize = 256;
+/// While the queue was active within [`ACTIVE_WINDOW`], the thread sleeps at most this
+/// long, so that a timer armed by an inline round (a retransmission timeout, a delayed
+/// ACK) fires at most this late without a wake-up per message; a timer due sooner than
+/// the thread's planned wake-up gets a kick instead.
+const ACTIVE_TICK: Duration = Duration::from_millis(10);
+/// See [`ACTIVE_TICK`].
+const ACTIVE_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+/// Most rounds an inline caller runs before leaving the rest to the thread.
+const INLINE_ROUNDS: usize = 4;
 
 /// Work for a channel thread from the application side.
 #[derive(Debug)]
@@ -77,6 +86,9 @@ pub(crate) struct Worker {
     pub(crate) set: Arc<SetShared>,
     pub(crate) busy_poll: Duration,
     pub(crate) core: Option<usize>,
+    /// Told once the thread runs (named and pinned), so that `ChannelSet::start` returns
+    /// with every thread up.
+    pub(crate) started: Option<std::sync::mpsc::SyncSender<()>>,
 }
 
 /// Mutable bookkeeping of the loop, apart from the interface so both can be borrowed.
@@ -87,6 +99,77 @@ struct Book {
     listeners: HashMap<u16, Arc<ListenerShared>>,
     /// Flows claimed in the directory for a SYN during this round's receive.
     claims: Vec<Tuple>,
+}
+
+/// A queue's state: the thread runs its rounds under this lock and sleeps without it, so
+/// that an application thread that enqueues a small chunk can run a round itself when
+/// the thread is not at it (inline transmit, [`run_inline`]): the chunk leaves on the
+/// wire from the enqueuing thread, without a wake-up of the channel thread.
+pub(crate) struct QueueState {
+    worker: Worker,
+    book: Book,
+    rxbuf: BytesMut,
+}
+
+impl QueueState {
+    /// One round of the loop described in the [module documentation](super); returns
+    /// whether anything happened (the caller runs another round before sleeping).
+    fn round(&mut self, now: Instant) -> bool {
+        let (w, book) = (&mut self.worker, &mut self.book);
+        let mut active = w.handle_commands(book, now);
+        active |= w.handle_forwarded(book, now);
+        active |= w.push_tx(book);
+        let (set, me) = (&w.set, w.index);
+        let claims = &mut book.claims;
+        active |= w
+            .iface
+            .poll_with(now, &mut |s| stray_verdict(set, me, claims, s, true));
+        w.settle_claims(book);
+        active |= w.pull_rx(book, &mut self.rxbuf);
+        active |= w.accept(book);
+        active |= w.reap(book);
+        w.publish(book, now);
+        active
+    }
+}
+
+fn lock_state(state: &Mutex<QueueState>) -> MutexGuard<'_, QueueState> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs rounds of the queue behind `signal` from the calling thread, if its channel
+/// thread is not running one (never waits for the lock). Returns false when it ran
+/// nothing (the caller then wakes the thread as usual). After the rounds, the thread is
+/// told there was work (it looks again before it sleeps) and kicked if a timer is now
+/// due before its planned wake-up.
+pub(crate) fn run_inline(signal: &ThreadSignal) -> bool {
+    if signal.stop_requested() {
+        return false;
+    }
+    let Some(state) = signal.inline_state() else {
+        return false;
+    };
+    let mut g = match state.try_lock() {
+        Ok(g) => g,
+        Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(TryLockError::WouldBlock) => return false,
+    };
+    let mut settled = false;
+    for _ in 0..INLINE_ROUNDS {
+        let now = g.worker.clock.now();
+        if !g.round(now) {
+            settled = true;
+            break;
+        }
+    }
+    let next = g.worker.iface.poll_at();
+    drop(g);
+    if settled {
+        signal.after_inline(next);
+    } else {
+        signal.notify();
+    }
+    true
 }
 
 /// What the stray-segment hook decides, given the directory.
@@ -130,36 +213,58 @@ impl Worker {
             }
         }
         debug!(queue = self.queue, "channel thread up");
-        let mut book = Book::default();
-        let mut rxbuf = BytesMut::new();
+        if let Some(started) = self.started.take() {
+            let _ = started.send(());
+        }
+        let queue = self.queue;
+        let (signal, clock, busy_poll) = (self.signal.clone(), self.clock, self.busy_poll);
+        // The socket's descriptor to sleep on while the state is unlocked (a duplicate
+        // shares the open socket; poll(2) sees the same readiness).
+        let fd = match self.iface.link().as_fd().try_clone_to_owned() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                warn!(queue, error = %e, "duplicating the AF_XDP descriptor; sleeping on the eventfd and timers only");
+                None
+            }
+        };
+        let state = Arc::new(Mutex::new(QueueState {
+            worker: self,
+            book: Book::default(),
+            rxbuf: BytesMut::new(),
+        }));
+        if fd.is_some() {
+            signal.set_inline_state(Arc::downgrade(&state));
+        }
         let mut last_active = std::time::Instant::now();
         loop {
-            if self.signal.stop_requested() {
+            if signal.stop_requested() {
                 break;
             }
-            self.signal.take_pending();
-            let now = self.clock.now();
-            let mut active = self.handle_commands(&mut book, now);
-            active |= self.handle_forwarded(&mut book, now);
-            active |= self.push_tx(&mut book);
-            let (set, me) = (&self.set, self.index);
-            let claims = &mut book.claims;
-            active |= self
-                .iface
-                .poll_with(now, &mut |s| stray_verdict(set, me, claims, s, true));
-            self.settle_claims(&mut book);
-            active |= self.pull_rx(&mut book, &mut rxbuf);
-            active |= self.accept(&mut book);
-            active |= self.reap(&mut book);
-            self.publish(&book, now);
+            signal.take_pending();
+            let now = clock.now();
+            let (active, deadline) = {
+                let mut g = lock_state(&state);
+                let active = g.round(now);
+                (active, g.worker.iface.poll_at())
+            };
             if active {
                 last_active = std::time::Instant::now();
                 continue;
             }
-            self.idle(now, last_active);
+            idle(
+                &signal,
+                &state,
+                fd.as_ref(),
+                clock,
+                busy_poll,
+                now,
+                deadline,
+                last_active,
+            );
         }
-        let queue = self.queue;
-        self.stop(book);
+        let mut g = lock_state(&state);
+        let QueueState { worker, book, .. } = &mut *g;
+        worker.stop(book);
         debug!(queue, "channel thread down");
     }
 
@@ -469,52 +574,9 @@ impl Worker {
         }
     }
 
-    /// Nothing happened this round: spin briefly if configured and recently active, else
-    /// sleep in poll(2) on the socket and the eventfd until the next timer.
-    fn idle(&mut self, now: Instant, last_active: std::time::Instant) {
-        let deadline = self.iface.poll_at();
-        if deadline.is_some_and(|d| d <= now) {
-            return;
-        }
-        if !self.busy_poll.is_zero() && last_active.elapsed() < self.busy_poll {
-            while last_active.elapsed() < self.busy_poll {
-                if self.iface.link_mut().rx_ready()
-                    || self.signal.take_pending()
-                    || deadline.is_some_and(|d| d <= self.clock.now())
-                {
-                    return;
-                }
-                std::hint::spin_loop();
-            }
-        }
-        if !self.signal.prepare_sleep() {
-            return;
-        }
-        let timeout = match deadline {
-            None => PollTimeout::NONE,
-            Some(d) => {
-                let wait = d.saturating_duration_since(now);
-                // Round up: waking early would only spin.
-                let ms = wait.as_micros().div_ceil(1000);
-                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
-            }
-        };
-        let link = self.iface.link();
-        let mut fds = [
-            PollFd::new(link.as_fd(), PollFlags::POLLIN),
-            PollFd::new(self.signal.eventfd().as_fd(), PollFlags::POLLIN),
-        ];
-        if let Err(e) = nix::poll::poll(&mut fds, timeout) {
-            if e != nix::errno::Errno::EINTR {
-                warn!(queue = self.queue, error = %e, "poll(2) failed");
-            }
-        }
-        self.signal.awake();
-    }
-
     /// Aborts every connection, tells every channel the set is gone, fails pending
     /// commands.
-    fn stop(mut self, mut book: Book) {
+    fn stop(&mut self, book: &mut Book) {
         for e in book.entries.values() {
             e.shared.fail(Failure::ShutDown);
         }
@@ -527,7 +589,7 @@ impl Worker {
         let now = self.clock.now();
         // Sends the resets and forgets the connections.
         self.iface.poll(now);
-        self.reap(&mut book);
+        self.reap(book);
         for e in book.entries.values() {
             e.shared.set_closed();
         }
@@ -553,6 +615,83 @@ impl Worker {
             self.set.pool.put(frame);
         }
     }
+}
+
+/// Nothing happened this round: spin briefly if configured and recently active, else
+/// sleep in poll(2) on the socket and the eventfd until the next timer (at most
+/// [`ACTIVE_TICK`] while recently active, see there). The state is not locked while
+/// sleeping, so that application threads can run rounds inline meanwhile.
+#[allow(clippy::too_many_arguments)]
+fn idle(
+    signal: &ThreadSignal,
+    state: &Mutex<QueueState>,
+    fd: Option<&OwnedFd>,
+    clock: crate::time::Clock,
+    busy_poll: Duration,
+    now: Instant,
+    deadline: Option<Instant>,
+    last_active: std::time::Instant,
+) {
+    if deadline.is_some_and(|d| d <= now) {
+        return;
+    }
+    if !busy_poll.is_zero() && last_active.elapsed() < busy_poll {
+        while last_active.elapsed() < busy_poll {
+            // An inline round holds the lock: it is doing the work, look again after.
+            let rx_ready = state
+                .try_lock()
+                .map(|mut g| g.worker.iface.link_mut().rx_ready())
+                .unwrap_or(false);
+            if rx_ready || signal.take_pending() || deadline.is_some_and(|d| d <= clock.now()) {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    let planned = if last_active.elapsed() < ACTIVE_WINDOW {
+        let tick = now + ACTIVE_TICK;
+        Some(deadline.map_or(tick, |d| d.min(tick)))
+    } else {
+        deadline
+    };
+    signal.set_planned(planned);
+    if !signal.prepare_sleep() {
+        return;
+    }
+    let timeout = match planned {
+        None => PollTimeout::NONE,
+        Some(d) => {
+            let wait = d.saturating_duration_since(now);
+            // Round up: waking early would only spin.
+            let ms = wait.as_micros().div_ceil(1000);
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+        }
+    };
+    let res = match fd {
+        Some(fd) => {
+            let mut fds = [
+                PollFd::new(fd.as_fd(), PollFlags::POLLIN),
+                PollFd::new(signal.eventfd().as_fd(), PollFlags::POLLIN),
+            ];
+            nix::poll::poll(&mut fds, timeout)
+        }
+        None => {
+            // No duplicate of the socket (inline rounds are off): sleep on the link's own
+            // descriptor, holding the state, as the thread did before inline rounds.
+            let g = lock_state(state);
+            let mut fds = [
+                PollFd::new(g.worker.iface.link().as_fd(), PollFlags::POLLIN),
+                PollFd::new(signal.eventfd().as_fd(), PollFlags::POLLIN),
+            ];
+            nix::poll::poll(&mut fds, timeout)
+        }
+    };
+    if let Err(e) = res {
+        if e != nix::errno::Errno::EINTR {
+            warn!(error = %e, "poll(2) failed");
+        }
+    }
+    signal.awake();
 }
 
 impl Entry {
