@@ -39,7 +39,8 @@ pub use netsched as sched;
 pub use vns;
 
 pub use vns::stack::{
-    clear_default_stack, default_stack, set_default_stack, Liveness, OwnedReadHalf, OwnedWriteHalf,
-    ReadHalf, Stack, StackBuilder, StackError, VirtualListener, VirtualStream, WriteHalf,
+    clear_default_stack, default_stack, set_default_stack, BusyPoll, Liveness, OwnedReadHalf,
+    OwnedWriteHalf, ReadHalf, Stack, StackBuilder, StackError, VirtualListener, VirtualStream,
+    WriteHalf,
 };
 pub use vns::AppClass;

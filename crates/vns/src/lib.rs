@@ -77,7 +77,7 @@ pub use netsched::{AppClass, ChannelClass, ChannelId};
 pub use reorder::ReorderBuffer;
 pub use response_queue::ResponseQueue;
 pub use stack::{
-    default_stack, set_default_stack, Liveness, Stack, StackBuilder, StackError, VirtualListener,
-    VirtualStream,
+    default_stack, set_default_stack, BusyPoll, Liveness, Stack, StackBuilder, StackError,
+    VirtualListener, VirtualStream,
 };
 pub use wire::{ChunkPacket, ChunkRepr, ChunkType, Seq};

@@ -219,6 +219,9 @@ pub enum StackError {
     /// A required builder setting is missing.
     #[error("missing setting: {0}")]
     Missing(&'static str),
+    /// A builder setting has a value that cannot work (the message says which and why).
+    #[error("invalid setting: {0}")]
+    Invalid(&'static str),
     /// The virtual-socket configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -246,9 +249,10 @@ impl From<StackError> for io::Error {
         let kind = match &e {
             StackError::NotPermitted(_) => io::ErrorKind::PermissionDenied,
             StackError::NoSuchInterface(_) => io::ErrorKind::NotFound,
-            StackError::Missing(_) | StackError::Config(_) | StackError::Env { .. } => {
-                io::ErrorKind::InvalidInput
-            }
+            StackError::Missing(_)
+            | StackError::Invalid(_)
+            | StackError::Config(_)
+            | StackError::Env { .. } => io::ErrorKind::InvalidInput,
             StackError::Channels(c) => c.kind(),
             StackError::Spawn(s) => s.kind(),
             StackError::CopyWorkers(_) => io::ErrorKind::Other,
@@ -362,9 +366,24 @@ pub struct StackBuilder {
     /// `None`: [`Config::default`], or buffers sized for the copy workers when there are
     /// any ([`copy_worker_buffers`]).
     vns: Option<Config>,
+    busy_poll: Option<BusyPoll>,
+    inline_tx: Option<usize>,
     #[cfg(target_os = "linux")]
     #[allow(clippy::type_complexity)]
     tweak: Option<Box<dyn FnOnce(&mut netdriver::channel::ChannelSetConfig)>>,
+}
+
+/// Busy polling by the channel threads, for hosts with cores to spare
+/// ([`StackBuilder::busy_poll`]): the core budget is explicit, which cores may spin and
+/// for how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BusyPoll {
+    /// The cores the channel threads are pinned to (thread *i* on `cores[i % len]`):
+    /// only these spin.
+    pub cores: Vec<usize>,
+    /// How long a channel thread keeps spinning on its receive ring after its last
+    /// activity before it sleeps (it never spins longer than this past its last frame).
+    pub spin: Duration,
 }
 
 impl fmt::Debug for StackBuilder {
@@ -396,6 +415,8 @@ impl Default for StackBuilder {
             connect_timeout: Duration::from_secs(10),
             liveness: Liveness::default(),
             vns: None,
+            busy_poll: None,
+            inline_tx: None,
             #[cfg(target_os = "linux")]
             tweak: None,
         }
@@ -517,6 +538,44 @@ impl StackBuilder {
         self
     }
 
+    /// Turns on busy polling with an explicit core budget: the channel threads are pinned
+    /// to `cores` and, after their last activity, spin on their receive rings for at most
+    /// `spin` instead of sleeping, which takes the kernel's wake-up out of a message's
+    /// path. Off by default: a spinning thread takes its core from everything else, so
+    /// use it only on cores the application leaves free (never on a 2-core machine). An
+    /// empty `cores` or a zero `spin` is refused by [`build`](Self::build).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// let stack = vns::Stack::builder()
+    ///     .interface("eth1")
+    ///     .ipv4("10.0.0.2".parse()?)
+    ///     .busy_poll([6, 7], Duration::from_micros(200)) // cores 6 and 7 may spin
+    ///     .build()?;
+    /// # drop(stack);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn busy_poll(mut self, cores: impl IntoIterator<Item = usize>, spin: Duration) -> Self {
+        self.busy_poll = Some(BusyPoll {
+            cores: cores.into_iter().collect(),
+            spin,
+        });
+        self
+    }
+
+    /// Largest chunk batch a stream's write sends from the writing thread itself when its
+    /// channel's transmit queue is empty and the channel thread is not running a round
+    /// (inline transmit: no wake-up of the channel thread per message). Larger writes and
+    /// writes behind others go through the channel threads, which keep bulk transfers on
+    /// their own cores. `0` turns it off; default 16 KiB
+    /// (`netdriver::channel::ChannelSetConfig::inline_tx`).
+    pub fn inline_tx(mut self, max_bytes: usize) -> Self {
+        self.inline_tx = Some(max_bytes);
+        self
+    }
+
     /// Adjusts the AF_XDP channel set's configuration before [`build`](Self::build)
     /// starts it (queues, link, TCP, queue limits, ...). It runs after the builder's own
     /// settings are applied (the liveness policy included), so it may override them;
@@ -539,6 +598,13 @@ impl StackBuilder {
             .take()
             .ok_or(StackError::Missing("interface"))?;
         let ipv4 = self.ipv4.ok_or(StackError::Missing("ipv4"))?;
+        if let Some(b) = &self.busy_poll {
+            if b.cores.is_empty() || b.spin.is_zero() {
+                return Err(StackError::Invalid(
+                    "busy_poll needs at least one core and a non-zero spin time",
+                ));
+            }
+        }
         let cfg = self.channel_set_config(ifname.clone(), ipv4);
         // What the channels really run with, after `configure_channels`.
         self.liveness = Liveness::of_tcp(&cfg.tcp);
@@ -558,6 +624,13 @@ impl StackBuilder {
         let mut cfg = netdriver::channel::ChannelSetConfig::new(ifname, ipv4);
         cfg.channel_port = self.channel_port;
         cfg.connect_timeout = self.connect_timeout;
+        if let Some(b) = &self.busy_poll {
+            cfg.cores = Some(b.cores.clone());
+            cfg.link.busy_poll = b.spin;
+        }
+        if let Some(n) = self.inline_tx {
+            cfg.inline_tx = n;
+        }
         self.liveness.apply(&mut cfg.tcp);
         if let Some(f) = self.tweak.take() {
             f(&mut cfg);
@@ -898,7 +971,9 @@ pub fn clear_default_stack() -> Option<Stack> {
 
 /// The process's default stack: the installed one, or else one built (and installed) from
 /// `NETCHANNEL_INTERFACE` and `NETCHANNEL_IPV4` (and the optional `NETCHANNEL_CHANNELS`,
-/// `NETCHANNEL_COPY_WORKERS`).
+/// `NETCHANNEL_COPY_WORKERS`, `NETCHANNEL_INLINE_TX` (bytes, see
+/// [`StackBuilder::inline_tx`]), `NETCHANNEL_BUSY_POLL_US` with `NETCHANNEL_BUSY_POLL_CORES`
+/// (see [`StackBuilder::busy_poll`])).
 pub fn default_stack() -> io::Result<Stack> {
     let mut slot = DEFAULT_STACK.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(s) = slot.as_ref() {
@@ -949,6 +1024,25 @@ fn stack_from_env() -> Result<Stack, StackError> {
     }
     if let Some(n) = env_parse("NETCHANNEL_COPY_WORKERS")? {
         b = b.copy_workers(n);
+    }
+    if let Some(n) = env_parse("NETCHANNEL_INLINE_TX")? {
+        b = b.inline_tx(n);
+    }
+    if let Some(us) = env_parse::<u64>("NETCHANNEL_BUSY_POLL_US")? {
+        let cores = env_var("NETCHANNEL_BUSY_POLL_CORES")?.ok_or(StackError::Env {
+            name: "NETCHANNEL_BUSY_POLL_CORES",
+            msg: "must list the cores that may spin (e.g. 6,7) when NETCHANNEL_BUSY_POLL_US is set"
+                .into(),
+        })?;
+        let cores = cores
+            .split(',')
+            .map(|c| c.trim().parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StackError::Env {
+                name: "NETCHANNEL_BUSY_POLL_CORES",
+                msg: format!("a comma-separated list of core numbers: {e}"),
+            })?;
+        b = b.busy_poll(cores, Duration::from_micros(us));
     }
     #[cfg(target_os = "linux")]
     {
