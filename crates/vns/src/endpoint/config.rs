@@ -1,0 +1,89 @@
+//! The endpoint's tunables ([`Config`]) and their validation ([`ConfigError`]).
+
+use thiserror::Error;
+
+use crate::wire::MAX_PAYLOAD;
+
+#[cfg(doc)]
+use super::Endpoint;
+
+/// Tunables of an [`Endpoint`]. Sizes are in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Largest chunk payload this endpoint sends and accepts (the paper's code used at most
+    /// 62,620; the wire limit is 65,535).
+    pub max_chunk_payload: usize,
+    /// Per-socket send buffer: [`Endpoint::send`] accepts at most this many unsent bytes.
+    pub send_buffer: usize,
+    /// Per-socket receive buffer: the reorder window a socket holds itself. At least
+    /// `max_chunk_payload`.
+    pub recv_buffer: usize,
+    /// How far past the application's read position the peer may send (the credit). At
+    /// least `recv_buffer`; the excess over `recv_buffer` is what may end up parked in the
+    /// socket's response queue, charged to channel budgets.
+    pub credit_window: usize,
+    /// Send a credit update once the credit edge has moved this far past the last one
+    /// advertised (1 ..= `credit_window`).
+    pub credit_update_threshold: usize,
+    /// Per-channel budget of parked bytes (response queues charged to the channel). At
+    /// least `max_chunk_payload`. When a chunk would exceed it, the endpoint stops
+    /// consuming the channel's bytes (the last resort that holds the channel's window).
+    pub channel_budget: usize,
+    /// Local virtual ports [`Endpoint::connect`] picks from (inclusive).
+    pub ephemeral_ports: (u16, u16),
+    /// Initial sequence number of the first connection (later ones are spread from it);
+    /// set near `u32::MAX` to exercise wrap-around.
+    pub first_isn: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_chunk_payload: 62_620,
+            send_buffer: 256 * 1024,
+            recv_buffer: 256 * 1024,
+            credit_window: 512 * 1024,
+            credit_update_threshold: 128 * 1024,
+            channel_budget: 2 * 1024 * 1024,
+            ephemeral_ports: (49152, 65535),
+            first_isn: 0x4e43_0001,
+        }
+    }
+}
+
+/// Why a [`Config`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// A size relation documented on [`Config`] does not hold.
+    #[error("invalid configuration: {0}")]
+    Invalid(&'static str),
+}
+
+impl Config {
+    /// Checks the relations documented on each field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m| Err(ConfigError::Invalid(m));
+        if self.max_chunk_payload == 0 || self.max_chunk_payload > MAX_PAYLOAD {
+            return bad("max_chunk_payload must be 1..=65535");
+        }
+        if self.send_buffer == 0 {
+            return bad("send_buffer must be positive");
+        }
+        if self.recv_buffer < self.max_chunk_payload {
+            return bad("recv_buffer must be at least max_chunk_payload");
+        }
+        if self.credit_window < self.recv_buffer || self.credit_window > 1 << 30 {
+            return bad("credit_window must be recv_buffer..=2^30");
+        }
+        if self.credit_update_threshold == 0 || self.credit_update_threshold > self.credit_window {
+            return bad("credit_update_threshold must be 1..=credit_window");
+        }
+        if self.channel_budget < self.max_chunk_payload {
+            return bad("channel_budget must be at least max_chunk_payload");
+        }
+        if self.ephemeral_ports.0 > self.ephemeral_ports.1 {
+            return bad("ephemeral_ports must be a non-empty range");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,243 @@
+//! Chunks of established sockets and flow control: the absolute credit edge, STOP/RESUME
+//! with their epochs, FIN and RESET, placing DATA in the reorder buffer or parking it in the
+//! response queue, protocol violations, and the RESUME or credit update after a read
+//! (`docs/wire-format.md`, "Types", "STOP/RESUME epochs" and "RESET"; the NetChannel
+//! design's per-socket response queue, `docs/architecture.md`, "Flow control and
+//! head-of-line protection").
+
+use netsched::ChannelId;
+use tracing::{debug, trace, warn};
+
+use crate::deframer::Chunk;
+use crate::response_queue::ParkedChunk;
+use crate::wire::{ChunkRepr, ChunkType, Seq};
+
+use super::socket::State;
+use super::{Endpoint, Error, Event, Socket, SocketId};
+
+/// What to do with a received data chunk.
+pub(super) enum Placement {
+    Insert,
+    Park,
+    Violation,
+}
+
+impl Endpoint {
+    pub(super) fn placement(&self, s: &Socket, seq: Seq, len: usize) -> Placement {
+        let Some(rx) = s.rx.as_ref() else {
+            return Placement::Violation;
+        };
+        let end = seq.plus(len as u32);
+        let edge = s.credit_edge(&self.config).expect("rx exists");
+        if seq.since(rx.read_seq()) < 0
+            || end.is_after(edge)
+            || s.fin_seq.is_some_and(|f| end.is_after(f))
+        {
+            return Placement::Violation;
+        }
+        if rx.fits(seq, len) {
+            Placement::Insert
+        } else {
+            Placement::Park
+        }
+    }
+
+    pub(super) fn receive_established(&mut self, ch: ChannelId, sid: SocketId, chunk: Chunk) {
+        let Some(s) = self.sockets.get_mut(&sid) else {
+            return;
+        };
+        if matches!(s.state, State::Failed(_)) {
+            return;
+        }
+        let h = chunk.header;
+        if !matches!(
+            h.ty,
+            ChunkType::Sync | ChunkType::SyncAck | ChunkType::Reset
+        ) {
+            let limit = Seq(h.credit);
+            if limit.is_after(s.send_limit) {
+                s.send_limit = limit;
+                self.schedule_needed = true;
+            }
+        }
+        match h.ty {
+            ChunkType::Data => self.receive_data(ch, sid, chunk),
+            ChunkType::Ack | ChunkType::Sync | ChunkType::SyncAck => {}
+            ChunkType::Stop | ChunkType::Resume => {
+                if h.seq.is_after(s.peer_epoch) {
+                    s.peer_epoch = h.seq;
+                    s.peer_stopped = h.ty == ChunkType::Stop;
+                    debug!(socket = %sid, stopped = s.peer_stopped, "peer flow control");
+                    self.schedule_needed = true;
+                }
+            }
+            ChunkType::Fin => {
+                if s.fin_seq.is_some_and(|f| f != h.seq)
+                    || s.rx
+                        .as_ref()
+                        .is_some_and(|rx| h.seq.since(rx.contiguous_end()) < 0)
+                {
+                    self.protocol_violation(sid, "bad FIN");
+                    return;
+                }
+                s.fin_seq = Some(h.seq);
+                if s.detached && s.at_eof() {
+                    self.maybe_reap(sid);
+                } else if s.at_eof() {
+                    self.push_event(Event::Readable(sid));
+                }
+            }
+            ChunkType::Reset => {
+                if s.detached {
+                    self.remove_socket(sid);
+                } else {
+                    self.fail(sid, Error::ConnectionReset);
+                }
+            }
+        }
+    }
+
+    fn receive_data(&mut self, ch: ChannelId, sid: SocketId, chunk: Chunk) {
+        let s = &self.sockets[&sid];
+        if s.detached {
+            // The application closed this socket and will never read: abort, like TCP.
+            self.reset(sid);
+            return;
+        }
+        let (seq, len) = (chunk.header.seq, chunk.payload.len());
+        // Channels are reliable and a peer never sends a byte twice, so a chunk that
+        // overlaps a parked one is hostile or broken. Checked here, on arrival, so that
+        // every parked chunk is known to fit once the reader catches up (issue: two
+        // overlapping parked chunks used to panic the reading task in `after_read`).
+        if s.parked.overlaps(seq, len) {
+            self.protocol_violation(sid, "data overlaps a parked chunk");
+            return;
+        }
+        match self.placement(s, seq, len) {
+            Placement::Violation => self.protocol_violation(sid, "data outside credit or past FIN"),
+            Placement::Park if s.rx.as_ref().is_some_and(|rx| rx.overlaps_held(seq, len)) => {
+                self.protocol_violation(sid, "data overlaps bytes already received");
+            }
+            Placement::Insert => {
+                let s = self.sockets.get_mut(&sid).expect("exists");
+                let rx = s.rx.as_mut().expect("placement checked");
+                if rx.insert_vec(chunk.header.seq, chunk.payload).is_err() {
+                    self.protocol_violation(sid, "overlapping data");
+                    return;
+                }
+                if rx.readable() > 0 {
+                    self.push_event(Event::Readable(sid));
+                }
+            }
+            Placement::Park => {
+                let s = self.sockets.get_mut(&sid).expect("exists");
+                let n = chunk.payload.len();
+                s.parked.park(ParkedChunk {
+                    seq: chunk.header.seq,
+                    payload: chunk.payload,
+                    channel: ch,
+                });
+                let send_stop = !s.stop_sent;
+                if send_stop {
+                    s.stop_sent = true;
+                    s.epoch = s.epoch.plus(1);
+                }
+                let header = ChunkRepr {
+                    src_port: s.key.local,
+                    dst_port: s.key.remote,
+                    seq: s.epoch,
+                    credit: 0,
+                    ty: ChunkType::Stop,
+                    payload_len: 0,
+                };
+                self.channels.get_mut(&ch).expect("exists").parked_bytes += n;
+                trace!(socket = %sid, channel = %ch, n, "parked");
+                if send_stop {
+                    debug!(socket = %sid, "receive buffer full; STOP");
+                    self.queue_control(sid, header);
+                }
+            }
+        }
+    }
+
+    fn protocol_violation(&mut self, sid: SocketId, what: &'static str) {
+        warn!(socket = %sid, what, "protocol violation; resetting");
+        let Some(s) = self.sockets.get(&sid) else {
+            return;
+        };
+        let header = ChunkRepr {
+            src_port: s.key.local,
+            dst_port: s.key.remote,
+            seq: s.next_seq,
+            credit: 0,
+            ty: ChunkType::Reset,
+            payload_len: 0,
+        };
+        self.queue_control(sid, header);
+        self.fail(sid, Error::ConnectionReset);
+    }
+
+    /// After the application read: move parked chunks that now fit into the reorder
+    /// buffer, resume stalled channels, and send RESUME or a credit update when due.
+    pub(super) fn after_read(&mut self, sid: SocketId) {
+        let threshold = self.config.credit_update_threshold;
+        let half = self.config.recv_buffer / 2;
+        let s = self.sockets.get_mut(&sid).expect("caller checked");
+        let rx = s.rx.as_mut().expect("caller checked");
+        let fitting = s.parked.take_where(|p| rx.fits(p.seq, p.payload.len()));
+        let mut released = Vec::with_capacity(fitting.len());
+        let mut refused = false;
+        for p in fitting {
+            let n = p.payload.len();
+            // Arrival checks keep parked chunks apart from each other and from held bytes,
+            // so this cannot fail; if it ever does, the peer is at fault, never a panic.
+            // Either way the chunk's bytes leave the channel's budget below.
+            refused |= rx.insert_vec(p.seq, p.payload).is_err();
+            released.push((p.channel, n));
+        }
+        if refused {
+            for (ch, n) in released {
+                self.uncharge(ch, n);
+            }
+            self.protocol_violation(sid, "parked chunk overlaps received data");
+            self.retry_stalled();
+            return;
+        }
+        if rx.readable() > 0 || s.at_eof() {
+            self.push_event(Event::Readable(sid));
+        }
+        let s = self.sockets.get_mut(&sid).expect("exists");
+        let rx_len = s.rx.as_ref().map_or(0, |r| r.len());
+        let mut control = None;
+        if s.stop_sent && s.parked.is_empty() && rx_len <= half {
+            s.stop_sent = false;
+            s.epoch = s.epoch.plus(1);
+            debug!(socket = %sid, "receive buffer drained; RESUME");
+            control = Some(ChunkType::Resume);
+        } else if !s.ack_pending {
+            let edge = s.credit_edge(&self.config).expect("rx exists");
+            if edge.since(s.advertised) >= threshold as i64 {
+                s.ack_pending = true;
+                control = Some(ChunkType::Ack);
+            }
+        }
+        if let Some(ty) = control {
+            let header = ChunkRepr {
+                src_port: s.key.local,
+                dst_port: s.key.remote,
+                seq: s.epoch,
+                credit: 0,
+                ty,
+                payload_len: 0,
+            };
+            self.queue_control(sid, header);
+        }
+        let any = !released.is_empty();
+        for (ch, n) in released {
+            self.uncharge(ch, n);
+        }
+        if any {
+            self.retry_stalled();
+        }
+    }
+}

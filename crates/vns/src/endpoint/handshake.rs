@@ -1,0 +1,215 @@
+//! Connection set-up: listeners (`bind`, `unbind`, `accept`), `connect` with its ephemeral
+//! port and initial sequence number, the two-way SYNC → SYNC_ACK handshake, and the RESET
+//! answering chunks for no known socket (`docs/wire-format.md`, "Handshake" and "RESET").
+
+use std::collections::VecDeque;
+
+use netsched::{AppClass, ChannelClass, ChannelId};
+use tracing::debug;
+
+use crate::deframer::Chunk;
+use crate::reorder::ReorderBuffer;
+use crate::wire::{ChunkRepr, ChunkType, Seq};
+
+use super::send_buf::Piece;
+use super::socket::{Key, State};
+use super::transmit::OutChunk;
+use super::{Endpoint, Error, Event, PeerId, Socket, SocketId};
+
+#[derive(Debug)]
+pub(super) struct Listener {
+    pub(super) backlog: usize,
+    pub(super) queue: VecDeque<SocketId>,
+}
+
+impl Endpoint {
+    /// Listens on virtual port `port`, keeping at most `backlog` (at least 1) established
+    /// connections waiting for [`Endpoint::accept`]; further requests are refused.
+    pub fn bind(&mut self, port: u16, backlog: usize) -> Result<(), Error> {
+        if self.listeners.contains_key(&port) {
+            return Err(Error::AddrInUse);
+        }
+        self.listeners.insert(
+            port,
+            Listener {
+                backlog: backlog.max(1),
+                queue: VecDeque::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Stops listening on `port`; connections waiting in its accept queue are reset.
+    pub fn unbind(&mut self, port: u16) -> Result<(), Error> {
+        let l = self.listeners.remove(&port).ok_or(Error::NotListening)?;
+        for sid in l.queue {
+            self.reset(sid);
+        }
+        Ok(())
+    }
+
+    /// Takes the next established connection on listening port `port`.
+    pub fn accept(&mut self, port: u16) -> Result<SocketId, Error> {
+        let l = self.listeners.get_mut(&port).ok_or(Error::NotListening)?;
+        l.queue.pop_front().ok_or(Error::WouldBlock)
+    }
+
+    /// Opens a virtual socket to port `port` of `peer`, over that peer's channels of the
+    /// socket's class. Returns at once; [`Event::Connected`] or [`Event::Failed`] follows.
+    pub fn connect(&mut self, peer: PeerId, port: u16, class: AppClass) -> Result<SocketId, Error> {
+        if !self
+            .channels
+            .values()
+            .any(|c| c.peer == peer && c.class == class.channel_class())
+        {
+            return Err(Error::NoChannel);
+        }
+        let local = self.ephemeral_port(peer, port)?;
+        let key = Key {
+            peer,
+            local,
+            remote: port,
+        };
+        let isn = self.next_isn();
+        let sid = self.new_socket(Socket::new(key, class, isn));
+        let header = ChunkRepr {
+            src_port: local,
+            dst_port: port,
+            seq: isn,
+            credit: self.config.credit_window as u32,
+            ty: ChunkType::Sync,
+            payload_len: 0,
+        };
+        debug!(socket = %sid, ?peer, local, port, "connect");
+        self.queue_control(sid, header);
+        Ok(sid)
+    }
+
+    fn next_isn(&mut self) -> Seq {
+        let isn = Seq(self.config.first_isn).plus(self.connections.wrapping_mul(0x9e37_79b9));
+        self.connections = self.connections.wrapping_add(1);
+        isn
+    }
+
+    fn ephemeral_port(&mut self, peer: PeerId, remote: u16) -> Result<u16, Error> {
+        let (lo, hi) = self.config.ephemeral_ports;
+        let span = u32::from(hi - lo) + 1;
+        for _ in 0..span {
+            let p = self.next_ephemeral;
+            self.next_ephemeral = if p >= hi { lo } else { p + 1 };
+            if !self.listeners.contains_key(&p)
+                && !self.by_key.contains_key(&Key {
+                    peer,
+                    local: p,
+                    remote,
+                })
+            {
+                return Ok(p);
+            }
+        }
+        Err(Error::PortsExhausted)
+    }
+
+    pub(super) fn receive_unmatched(&mut self, ch: ChannelId, key: Key, chunk: Chunk) {
+        let h = chunk.header;
+        match h.ty {
+            ChunkType::Sync => self.receive_sync(ch, key, h),
+            ChunkType::Data | ChunkType::Fin | ChunkType::SyncAck => {
+                debug!(channel = %ch, ?key, ty = ?h.ty, "chunk for no socket; resetting");
+                self.reply_reset(ch, key);
+            }
+            // Never answer these: a late credit update or reset to a socket that is
+            // already gone is harmless.
+            ChunkType::Ack | ChunkType::Stop | ChunkType::Resume | ChunkType::Reset => {}
+        }
+    }
+
+    fn reply_reset(&mut self, ch: ChannelId, key: Key) {
+        let header = ChunkRepr {
+            src_port: key.local,
+            dst_port: key.remote,
+            seq: Seq(0),
+            credit: 0,
+            ty: ChunkType::Reset,
+            payload_len: 0,
+        };
+        self.enqueue(
+            ch,
+            OutChunk {
+                header,
+                payload: Piece::default(),
+                socket: None,
+            },
+        );
+    }
+
+    fn receive_sync(&mut self, ch: ChannelId, key: Key, h: ChunkRepr) {
+        let Some(l) = self.listeners.get(&key.local) else {
+            debug!(?key, "SYNC to a port nobody listens on; refusing");
+            self.reply_reset(ch, key);
+            return;
+        };
+        if l.queue.len() >= l.backlog {
+            debug!(?key, backlog = l.backlog, "backlog full; refusing");
+            self.reply_reset(ch, key);
+            return;
+        }
+        let class = match self.channels[&ch].class {
+            ChannelClass::Latency => AppClass::Latency,
+            ChannelClass::Throughput => AppClass::Throughput,
+        };
+        let isn = self.next_isn();
+        let mut s = Socket::new(key, class, isn);
+        s.state = State::Established;
+        s.send_limit = isn.plus(h.credit.min(1 << 30));
+        s.rx = Some(ReorderBuffer::new(h.seq, self.config.recv_buffer));
+        s.advertised = h.seq.plus(self.config.credit_window as u32);
+        s.channels_used.insert(ch);
+        let sid = self.new_socket(s);
+        self.listeners
+            .get_mut(&key.local)
+            .expect("checked")
+            .queue
+            .push_back(sid);
+        let header = ChunkRepr {
+            src_port: key.local,
+            dst_port: key.remote,
+            seq: isn,
+            credit: self.config.credit_window as u32,
+            ty: ChunkType::SyncAck,
+            payload_len: 0,
+        };
+        debug!(socket = %sid, ?key, "accepted SYNC");
+        self.enqueue(
+            ch,
+            OutChunk {
+                header,
+                payload: Piece::default(),
+                socket: Some(sid),
+            },
+        );
+        self.push_event(Event::Incoming { port: key.local });
+        self.schedule_needed = true;
+    }
+
+    pub(super) fn establish_active(&mut self, sid: SocketId, h: ChunkRepr) {
+        let window = self.config.credit_window as u32;
+        let recv_buffer = self.config.recv_buffer;
+        let s = self.sockets.get_mut(&sid).expect("caller checked");
+        s.state = State::Established;
+        s.send_limit = s.next_seq.plus(h.credit.min(1 << 30));
+        s.rx = Some(ReorderBuffer::new(h.seq, recv_buffer));
+        s.advertised = h.seq.plus(window);
+        let early: Vec<_> = s.early.drain(..).collect();
+        debug!(socket = %sid, early = early.len(), "connected");
+        self.push_event(Event::Connected(sid));
+        self.push_event(Event::Writable(sid));
+        self.schedule_needed = true;
+        for (ch, chunk) in early {
+            self.uncharge(ch, chunk.payload.len());
+            if self.channels.contains_key(&ch) {
+                self.receive_established(ch, sid, chunk);
+            }
+        }
+    }
+}

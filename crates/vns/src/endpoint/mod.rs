@@ -1,0 +1,230 @@
+//! The per-host virtual-socket state machine.
+//!
+//! [`Endpoint`] and the state it owns are declared here, with its events and the check of
+//! its internal accounting; the rest of its methods live in one child module per concept,
+//! each an `impl Endpoint` block:
+//!
+//! - `config`: [`Config`], its validation, [`ConfigError`];
+//! - `error`: [`Error`] (socket operations) and [`ChannelError`] (channel-facing operations);
+//! - `socket`: [`PeerId`], [`SocketId`], a socket's state, and creating, failing and removing
+//!   sockets;
+//! - `send_buf`: a socket's send buffer and the endpoint's pool of send-buffer segments;
+//! - `channels`: per-channel state, adding and losing channels, their load, receiving chunk
+//!   bytes, the parked-byte budget;
+//! - `handshake`: listeners, `bind`/`accept`/`connect`, SYNC and SYNC_ACK, RESET to chunks
+//!   for no socket;
+//! - `flow`: chunks of established sockets: credit, STOP/RESUME, FIN, RESET, placing data;
+//! - `transmit`: cutting chunks from send buffers onto the scheduler's channels, handing them
+//!   to the driver;
+//! - `app`: the application-side calls (`send`, `recv`, `shutdown`, `close`, `reset`) and
+//!   socket accessors.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::fmt;
+
+use bytes::Bytes;
+
+use netsched::{ChannelId, NetScheduler};
+
+mod app;
+mod channels;
+mod config;
+mod error;
+mod flow;
+mod handshake;
+mod send_buf;
+mod socket;
+mod transmit;
+
+pub use app::SocketStats;
+pub use channels::ChannelLoad;
+pub use config::{Config, ConfigError};
+pub use error::{ChannelError, Error};
+pub use socket::{PeerId, SocketId};
+
+use channels::Channel;
+use handshake::Listener;
+use send_buf::SegPool;
+use socket::{Key, Socket};
+
+/// Readiness news from [`Endpoint::poll_events`]. Events are coalesced: one is queued at
+/// most once until it is polled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// A connection waits in the accept queue of the listener on this port.
+    Incoming {
+        /// The listening virtual port.
+        port: u16,
+    },
+    /// A connect completed (SYNC_ACK received).
+    Connected(SocketId),
+    /// [`Endpoint::recv`] can make progress (data, end of stream, or an error).
+    Readable(SocketId),
+    /// [`Endpoint::send`] can make progress again.
+    Writable(SocketId),
+    /// The socket failed (refused, reset, channel lost); its operations now return the error.
+    Failed(SocketId),
+    /// A channel whose reads were paused may be read again
+    /// ([`Endpoint::should_pause_channel_reads`] is now false).
+    ChannelUnpaused(ChannelId),
+}
+
+/// One host's virtual sockets over its channels: a deterministic, sans-IO state machine.
+///
+/// The caller (the channel layer, a tokio driver, or a test) owns the channels and moves
+/// bytes; the endpoint never does I/O and reads no clock. The driver:
+///
+/// 1. registers channels with [`Endpoint::add_channel`], and reports their load with
+///    [`Endpoint::set_channel_load`] whenever it changes;
+/// 2. feeds every byte a channel receives to [`Endpoint::handle_chunk_bytes`], keeping the
+///    bytes it does not consume, and stops offering bytes while
+///    [`Endpoint::should_pause_channel_reads`] is true (until [`Event::ChannelUnpaused`]);
+/// 3. after any call, drains [`Endpoint::poll_transmit`] for each channel with room and
+///    writes the chunks into the channel;
+/// 4. drains [`Endpoint::poll_events`] and wakes the tasks waiting on those sockets;
+/// 5. calls [`Endpoint::handle_channel_lost`] when a channel dies.
+///
+/// The application side calls [`Endpoint::bind`], [`Endpoint::accept`],
+/// [`Endpoint::connect`], [`Endpoint::send`], [`Endpoint::recv`], [`Endpoint::shutdown`],
+/// [`Endpoint::close`] and [`Endpoint::reset`].
+pub struct Endpoint {
+    config: Config,
+    scheduler: Box<dyn NetScheduler>,
+    channels: BTreeMap<ChannelId, Channel>,
+    sockets: BTreeMap<SocketId, Socket>,
+    by_key: BTreeMap<Key, SocketId>,
+    listeners: BTreeMap<u16, Listener>,
+    events: VecDeque<Event>,
+    queued_events: HashSet<Event>,
+    next_socket: u64,
+    connections: u32,
+    next_ephemeral: u16,
+    schedule_needed: bool,
+    /// Emptied chunk buffers of the maximum payload's capacity, for the deframers to reuse
+    /// (at most [`SPARE_BUFFERS`]).
+    spare: Vec<Vec<u8>>,
+    /// Buffers lent by [`Endpoint::send_chunks`] and sent: a reference each, until the
+    /// channel drops its own and [`Endpoint::reclaim_sent`] hands them back.
+    sent_lent: VecDeque<Bytes>,
+    /// Send-buffer segments for reuse by every socket's plain writes.
+    seg_pool: SegPool,
+    /// Sockets that may have something to schedule (unsent bytes or a FIN not yet
+    /// queued): [`Endpoint::schedule`] visits these only, so the cost of a call does not
+    /// grow with the number of idle sockets. A socket leaves once it has nothing left.
+    sendable: BTreeSet<SocketId>,
+    /// Scratch list of [`Endpoint::schedule`] (kept to avoid an allocation per call).
+    schedule_ids: Vec<SocketId>,
+}
+
+/// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
+const SPARE_BUFFERS: usize = 32;
+
+/// Most sent lent buffers the endpoint keeps references to; older ones are let go (freed
+/// by whoever drops them last) so that an application that stops lending buffers does not
+/// leave them held here.
+const SENT_LENT_MAX: usize = 4096;
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("channels", &self.channels.len())
+            .field("sockets", &self.sockets.len())
+            .field("listeners", &self.listeners.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Endpoint {
+    /// An endpoint with no channels, sockets or listeners.
+    pub fn new(
+        config: Config,
+        scheduler: impl NetScheduler + 'static,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let next_ephemeral = config.ephemeral_ports.0;
+        Ok(Endpoint {
+            config,
+            scheduler: Box::new(scheduler),
+            channels: BTreeMap::new(),
+            sockets: BTreeMap::new(),
+            by_key: BTreeMap::new(),
+            listeners: BTreeMap::new(),
+            events: VecDeque::new(),
+            queued_events: HashSet::new(),
+            next_socket: 0,
+            connections: 0,
+            next_ephemeral,
+            schedule_needed: false,
+            spare: Vec::new(),
+            sent_lent: VecDeque::new(),
+            seg_pool: SegPool::default(),
+            sendable: BTreeSet::new(),
+            schedule_ids: Vec::new(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The next readiness event, if any. Drain after every call into the endpoint.
+    pub fn poll_events(&mut self) -> Option<Event> {
+        let e = self.events.pop_front()?;
+        self.queued_events.remove(&e);
+        Some(e)
+    }
+
+    /// Checks the endpoint's internal accounting: every channel's parked bytes equal
+    /// what its sockets' response queues and early chunks hold charged to it and stay
+    /// within [`Config::channel_budget`]; no reorder buffer holds more than
+    /// [`Config::recv_buffer`]; the send buffers stay within [`Config::send_buffer`].
+    /// For tests and fuzzing (a hostile peer must never break these); `Err` names the
+    /// first broken one.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (&id, c) in &self.channels {
+            let charged: usize = self
+                .sockets
+                .values()
+                .map(|s| {
+                    s.parked.charged_to(id)
+                        + s.early
+                            .iter()
+                            .filter(|(ch, _)| *ch == id)
+                            .map(|(_, c)| c.payload.len())
+                            .sum::<usize>()
+                })
+                .sum();
+            if charged != c.parked_bytes {
+                return Err(format!(
+                    "{id}: {} bytes charged, sockets hold {charged}",
+                    c.parked_bytes
+                ));
+            }
+            if c.parked_bytes > self.config.channel_budget {
+                return Err(format!(
+                    "{id}: {} parked bytes over the budget",
+                    c.parked_bytes
+                ));
+            }
+        }
+        for (sid, s) in &self.sockets {
+            if let Some(rx) = &s.rx {
+                if rx.len() > self.config.recv_buffer {
+                    return Err(format!("{sid}: reorder buffer holds {}", rx.len()));
+                }
+            }
+            if s.send_buf.len() > self.config.send_buffer {
+                return Err(format!("{sid}: send buffer holds {}", s.send_buf.len()));
+            }
+        }
+        Ok(())
+    }
+
+    fn push_event(&mut self, e: Event) {
+        if self.queued_events.insert(e) {
+            self.events.push_back(e);
+        }
+    }
+}

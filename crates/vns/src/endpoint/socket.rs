@@ -1,0 +1,205 @@
+//! Virtual sockets: the ids ([`PeerId`], [`SocketId`]), a socket's key (peer host, local and
+//! remote virtual port, as in `docs/wire-format.md`), its state and per-socket send and
+//! receive state, and creating, failing, reaping and removing sockets.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use netsched::{AppClass, ChannelId};
+use tracing::debug;
+
+use crate::deframer::Chunk;
+use crate::reorder::ReorderBuffer;
+use crate::response_queue::ResponseQueue;
+use crate::wire::Seq;
+
+use super::send_buf::SendBuf;
+use super::{Config, Endpoint, Error, Event};
+
+/// A remote host, numbered by the caller (the layer that creates channels to it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PeerId(pub u32);
+
+/// A virtual socket of an [`Endpoint`]. Ids are never reused within an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SocketId(pub(super) u64);
+
+impl fmt::Display for SocketId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "vs{}", self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct Key {
+    pub(super) peer: PeerId,
+    pub(super) local: u16,
+    pub(super) remote: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum State {
+    SynSent,
+    Established,
+    Failed(Error),
+}
+
+#[derive(Debug)]
+pub(super) struct Socket {
+    pub(super) key: Key,
+    pub(super) class: AppClass,
+    pub(super) state: State,
+    /// Closed by the application after shutdown; lingers until FINs are exchanged.
+    pub(super) detached: bool,
+    pub(super) channels_used: BTreeSet<ChannelId>,
+    // Send side.
+    pub(super) send_buf: SendBuf,
+    pub(super) next_seq: Seq,
+    pub(super) send_limit: Seq,
+    pub(super) peer_stopped: bool,
+    pub(super) peer_epoch: Seq,
+    pub(super) write_shut: bool,
+    pub(super) fin_sent: bool,
+    pub(super) write_blocked: bool,
+    /// Free send-buffer bytes that wake a blocked writer ([`Endpoint::send_room`]).
+    pub(super) write_low_water: usize,
+    // Receive side (the reorder buffer exists once the peer's ISN is known).
+    pub(super) rx: Option<ReorderBuffer>,
+    pub(super) parked: ResponseQueue,
+    /// Chunks that arrived before SYNC_ACK (they may overtake it on other channels).
+    pub(super) early: Vec<(ChannelId, Chunk)>,
+    pub(super) fin_seq: Option<Seq>,
+    pub(super) advertised: Seq,
+    pub(super) stop_sent: bool,
+    pub(super) epoch: Seq,
+    pub(super) ack_pending: bool,
+}
+
+impl Socket {
+    pub(super) fn new(key: Key, class: AppClass, isn: Seq) -> Self {
+        Socket {
+            key,
+            class,
+            state: State::SynSent,
+            detached: false,
+            channels_used: BTreeSet::new(),
+            send_buf: SendBuf::default(),
+            next_seq: isn,
+            send_limit: isn,
+            peer_stopped: false,
+            peer_epoch: Seq(0),
+            write_shut: false,
+            fin_sent: false,
+            write_blocked: false,
+            write_low_water: 1,
+            rx: None,
+            parked: ResponseQueue::new(),
+            early: Vec::new(),
+            fin_seq: None,
+            advertised: Seq(0),
+            stop_sent: false,
+            epoch: Seq(0),
+            ack_pending: false,
+        }
+    }
+
+    pub(super) fn credit_edge(&self, cfg: &Config) -> Option<Seq> {
+        self.rx
+            .as_ref()
+            .map(|rx| rx.read_seq().plus(cfg.credit_window as u32))
+    }
+
+    pub(super) fn send_credit(&self) -> usize {
+        self.send_limit.since(self.next_seq).max(0) as usize
+    }
+
+    /// Its FIN has left and every byte up to the peer's FIN is here (read or not).
+    pub(super) fn finished_both_ways(&self) -> bool {
+        let received_all = match (&self.rx, self.fin_seq) {
+            (Some(rx), Some(fin)) => rx.contiguous_end() == fin && self.parked.is_empty(),
+            _ => false,
+        };
+        self.state == State::Established && self.fin_sent && received_all
+    }
+
+    pub(super) fn at_eof(&self) -> bool {
+        match (&self.rx, self.fin_seq) {
+            (Some(rx), Some(fin)) => rx.readable() == 0 && rx.read_seq() == fin,
+            _ => false,
+        }
+    }
+}
+
+impl Endpoint {
+    pub(super) fn live_socket(&mut self, id: SocketId) -> Result<&mut Socket, Error> {
+        match self.sockets.get_mut(&id) {
+            Some(s) if !s.detached => Ok(s),
+            _ => Err(Error::InvalidSocket),
+        }
+    }
+
+    pub(super) fn new_socket(&mut self, s: Socket) -> SocketId {
+        let sid = SocketId(self.next_socket);
+        self.next_socket += 1;
+        self.by_key.insert(s.key, sid);
+        self.sockets.insert(sid, s);
+        sid
+    }
+
+    pub(super) fn remove_socket(&mut self, id: SocketId) {
+        let Some(mut s) = self.sockets.remove(&id) else {
+            return;
+        };
+        self.by_key.remove(&s.key);
+        for p in s.parked.take_all() {
+            self.uncharge(p.channel, p.payload.len());
+        }
+        for (ch, c) in s.early.drain(..) {
+            self.uncharge(ch, c.payload.len());
+        }
+        for l in self.listeners.values_mut() {
+            l.queue.retain(|&q| q != id);
+        }
+        self.retry_stalled();
+    }
+
+    pub(super) fn fail(&mut self, id: SocketId, err: Error) {
+        let Some(s) = self.sockets.get_mut(&id) else {
+            return;
+        };
+        if matches!(s.state, State::Failed(_)) {
+            return;
+        }
+        debug!(socket = %id, %err, "socket failed");
+        s.state = State::Failed(err);
+        s.send_buf.clear();
+        let detached = s.detached;
+        let parked = s.parked.take_all();
+        let early: Vec<_> = s.early.drain(..).collect();
+        for p in parked {
+            self.uncharge(p.channel, p.payload.len());
+        }
+        for (ch, c) in early {
+            self.uncharge(ch, c.payload.len());
+        }
+        if detached {
+            self.remove_socket(id);
+            return;
+        }
+        self.push_event(Event::Failed(id));
+        self.push_event(Event::Readable(id));
+        self.push_event(Event::Writable(id));
+        self.retry_stalled();
+    }
+
+    /// Removes a detached socket once both directions are finished.
+    pub(super) fn maybe_reap(&mut self, id: SocketId) {
+        let Some(s) = self.sockets.get(&id) else {
+            return;
+        };
+        if s.detached && s.fin_sent && s.at_eof() {
+            debug!(socket = %id, "closed");
+            self.remove_socket(id);
+        }
+    }
+}
