@@ -71,7 +71,7 @@ pub mod wire;
 pub use deframer::{Chunk, Deframer};
 pub use endpoint::{
     ChannelError, ChannelLoad, Config, ConfigError, Endpoint, Error, Event, PeerId, SocketId,
-    SocketStats,
+    SocketStats, MAX_QUEUED_REPLIES,
 };
 pub use netsched::{AppClass, ChannelClass, ChannelId};
 pub use reorder::ReorderBuffer;

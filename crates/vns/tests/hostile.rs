@@ -7,7 +7,9 @@ mod common;
 
 use common::{pattern, small_config, Sim, A, B};
 use proptest::prelude::*;
-use vns::{AppClass, ChannelId, ChunkRepr, ChunkType, Error, PeerId, Seq, SocketId};
+use vns::{
+    AppClass, ChannelId, ChunkRepr, ChunkType, Error, PeerId, Seq, SocketId, MAX_QUEUED_REPLIES,
+};
 
 /// One chunk as bytes on a channel.
 fn chunk(ty: ChunkType, src: u16, dst: u16, seq: Seq, credit: u32, payload: &[u8]) -> Vec<u8> {
@@ -172,6 +174,53 @@ fn disjoint_parked_chunks_are_delivered_after_the_reader_catches_up() {
     assert_eq!(&got[cfg.recv_buffer..], &tail[..]);
     assert_eq!(sim.ends[B].channel_parked_bytes(ChannelId(0)), 0);
     assert_eq!(sim.ends[B].channel_parked_bytes(ChannelId(1)), 0);
+}
+
+/// A peer that sends DATA for sockets that do not exist and never reads its channel: each
+/// such chunk used to queue a RESET reply without limit. The replies are bounded per
+/// channel and the excess counted; a real socket on the same channels keeps working.
+#[test]
+fn replies_to_unknown_sockets_are_bounded_while_the_peer_does_not_read() {
+    let cfg = small_config(256);
+    let mut sim = Sim::throughput(2, cfg.clone(), 1 << 16, 14);
+    let (_c, s, _, _) = connected(&mut sim, 80, 100);
+    let ch = ChannelId(1);
+    let flood = 10_000;
+    for i in 0..flood {
+        let bytes = chunk(
+            ChunkType::Data,
+            10_000 + (i % 50_000) as u16,
+            81,
+            Seq(i),
+            0,
+            &[0; 8],
+        );
+        sim.ends[B].handle_chunk_bytes(ch, &bytes).unwrap();
+    }
+    let b = &mut sim.ends[B];
+    assert_eq!(
+        b.dropped_replies(),
+        (flood as usize - MAX_QUEUED_REPLIES) as u64
+    );
+    // What the channel's outbox holds: the bounded replies (16-byte headers), nothing else.
+    let queued = b.channel_stats(ch).unwrap().queued_bytes;
+    assert_eq!(queued, (MAX_QUEUED_REPLIES * 16) as u64);
+    b.check_invariants().unwrap();
+    // Draining the replies makes room for new ones.
+    let mut out = Vec::new();
+    let mut n = 0;
+    while b.poll_transmit(ch, &mut out).is_some() {
+        n += 1;
+    }
+    assert_eq!(n, MAX_QUEUED_REPLIES);
+    let again = chunk(ChunkType::Data, 9, 81, Seq(0), 0, &[0; 8]);
+    b.handle_chunk_bytes(ch, &again).unwrap();
+    assert!(
+        b.poll_transmit(ch, &mut out).is_some(),
+        "a reply is queued again"
+    );
+    // The honest socket still gets its bytes.
+    assert_eq!(read_some(&mut sim, s, 4096), Ok(100));
 }
 
 /// What a hostile peer does, one step at a time.

@@ -60,6 +60,11 @@ impl ThreadSignal {
         self.inline_max.store(max, Ordering::Relaxed);
     }
 
+    /// Whether the thread announced sleep (a hint: it may be waking up right now).
+    pub(crate) fn is_sleeping(&self) -> bool {
+        self.sleeping.load(Ordering::Relaxed)
+    }
+
     fn inline_max(&self) -> usize {
         self.inline_max.load(Ordering::Relaxed)
     }
@@ -481,10 +486,15 @@ impl ChannelShared {
             self.tx_bytes.fetch_sub(len, Ordering::AcqRel);
             return Err(EnqueueError::Full(chunk));
         }
-        // A small chunk with nothing queued before it is per-message traffic: send it
-        // from this thread if the channel thread is not running a round (no wake-up of
-        // that thread on the way out). Bulk stays with the channel thread.
-        if was_empty && len <= self.signal.inline_max() && super::thread::run_inline(&self.signal) {
+        // A small chunk with nothing queued before it is per-message traffic: if the
+        // channel thread sleeps (it would need a wake-up), send it from this thread.
+        // An awake thread takes it without one, and bulk stays with the thread: inline
+        // rounds then would only contend with it for the queue.
+        if was_empty
+            && len <= self.signal.inline_max()
+            && self.signal.is_sleeping()
+            && super::thread::run_inline(&self.signal)
+        {
             return Ok(());
         }
         self.signal.notify();

@@ -37,7 +37,17 @@ pub(super) struct Channel {
     pub(super) parked_bytes: usize,
     /// A chunk that could not be parked within the budget; reads pause until it can.
     pub(super) stalled: Option<Chunk>,
+    /// RESETs answering chunks for no socket, queued in `outbox` (bounded by
+    /// [`MAX_QUEUED_REPLIES`]).
+    pub(super) queued_replies: usize,
 }
+
+/// Most RESET replies to chunks for unknown sockets a channel's outbox holds. A peer that
+/// sends DATA for sockets that do not exist while keeping its window closed would
+/// otherwise grow the outbox by one chunk per chunk it sends; past the bound replies are
+/// dropped (and counted, [`Endpoint::dropped_replies`]): a peer that never reads them
+/// loses nothing it would have seen.
+pub const MAX_QUEUED_REPLIES: usize = 256;
 
 impl Endpoint {
     /// Registers an established channel to `peer`. Call before feeding its bytes.
@@ -62,6 +72,7 @@ impl Endpoint {
                 load: ChannelLoad::default(),
                 parked_bytes: 0,
                 stalled: None,
+                queued_replies: 0,
             },
         );
         self.schedule_needed = true;

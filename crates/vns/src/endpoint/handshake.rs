@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use netsched::{AppClass, ChannelClass, ChannelId};
-use tracing::debug;
+use tracing::{debug, trace};
 
 use crate::deframer::Chunk;
 use crate::reorder::ReorderBuffer;
@@ -125,6 +125,17 @@ impl Endpoint {
     }
 
     fn reply_reset(&mut self, ch: ChannelId, key: Key) {
+        match self.channels.get_mut(&ch) {
+            Some(c) if c.queued_replies < super::channels::MAX_QUEUED_REPLIES => {
+                c.queued_replies += 1;
+            }
+            Some(_) => {
+                self.dropped_replies += 1;
+                trace!(channel = %ch, ?key, "reply queue full; RESET dropped");
+                return;
+            }
+            None => return,
+        }
         let header = ChunkRepr {
             src_port: key.local,
             dst_port: key.remote,

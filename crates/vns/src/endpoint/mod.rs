@@ -37,7 +37,7 @@ mod socket;
 mod transmit;
 
 pub use app::SocketStats;
-pub use channels::ChannelLoad;
+pub use channels::{ChannelLoad, MAX_QUEUED_REPLIES};
 pub use config::{Config, ConfigError};
 pub use error::{ChannelError, Error};
 pub use socket::{PeerId, SocketId};
@@ -114,6 +114,8 @@ pub struct Endpoint {
     sendable: BTreeSet<SocketId>,
     /// Scratch list of [`Endpoint::schedule`] (kept to avoid an allocation per call).
     schedule_ids: Vec<SocketId>,
+    /// RESET replies dropped because a channel's reply queue was full.
+    dropped_replies: u64,
 }
 
 /// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
@@ -160,12 +162,20 @@ impl Endpoint {
             seg_pool: SegPool::default(),
             sendable: BTreeSet::new(),
             schedule_ids: Vec::new(),
+            dropped_replies: 0,
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// RESET replies to chunks for unknown sockets that were dropped because the
+    /// channel already held [`MAX_QUEUED_REPLIES`] of them
+    /// unsent (a peer sending to sockets that do not exist while not reading).
+    pub fn dropped_replies(&self) -> u64 {
+        self.dropped_replies
     }
 
     /// The next readiness event, if any. Drain after every call into the endpoint.
@@ -177,7 +187,8 @@ impl Endpoint {
 
     /// Checks the endpoint's internal accounting: every channel's parked bytes equal
     /// what its sockets' response queues and early chunks hold charged to it and stay
-    /// within [`Config::channel_budget`]; no reorder buffer holds more than
+    /// within [`Config::channel_budget`]; its queued RESET replies stay within
+    /// [`MAX_QUEUED_REPLIES`]; no reorder buffer holds more than
     /// [`Config::recv_buffer`]; the send buffers stay within [`Config::send_buffer`].
     /// For tests and fuzzing (a hostile peer must never break these); `Err` names the
     /// first broken one.
@@ -206,6 +217,13 @@ impl Endpoint {
                 return Err(format!(
                     "{id}: {} parked bytes over the budget",
                     c.parked_bytes
+                ));
+            }
+            let replies = c.outbox.iter().filter(|o| o.socket.is_none()).count();
+            if replies != c.queued_replies || replies > MAX_QUEUED_REPLIES {
+                return Err(format!(
+                    "{id}: {replies} replies queued, {} counted (bound {MAX_QUEUED_REPLIES})",
+                    c.queued_replies
                 ));
             }
         }

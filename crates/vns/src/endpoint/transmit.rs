@@ -82,6 +82,9 @@ impl Endpoint {
         let ch = self.channels.get_mut(&id)?;
         let mut item = ch.outbox.pop_front()?;
         ch.outbox_bytes -= item.header.wire_len();
+        if item.socket.is_none() && item.header.ty == ChunkType::Reset {
+            ch.queued_replies = ch.queued_replies.saturating_sub(1);
+        }
         self.schedule_needed = true;
         if let Some(sid) = item.socket {
             if let Some(s) = self.sockets.get_mut(&sid) {
