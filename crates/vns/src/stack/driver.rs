@@ -179,6 +179,8 @@ pub(crate) struct CoreConfig {
     pub channel_port: u16,
     pub backlog: usize,
     pub connect_timeout: Duration,
+    /// How long an accepted channel may take to send its preamble.
+    pub preamble_timeout: Duration,
 }
 
 /// What the stack shares between its driver thread, its handles and its streams.
@@ -238,7 +240,14 @@ struct Incoming {
     t: BoxedTransport,
     peer: SocketAddrV4,
     got: Vec<u8>,
+    /// When the channel is dropped if its preamble is not complete.
+    deadline: Instant,
 }
+
+/// Most accepted channels waiting for their preamble at once; past it the one that has
+/// waited longest is aborted (a peer opening channels and never speaking must not fill
+/// the queue's connection table, which our own connects share).
+pub(crate) const MAX_PENDING_PREAMBLES: usize = 256;
 
 /// Everything behind the stack's lock.
 pub(crate) struct State {
@@ -263,6 +272,10 @@ pub(crate) struct State {
     ids: Vec<ChannelId>,
     /// Channel chunks fed to the endpoint so far.
     received: u64,
+    preamble_timeout: Duration,
+    /// Accepted channels aborted before they joined: no preamble in time, too many
+    /// waiting, or a bad preamble.
+    pub dropped_channels: u64,
 }
 
 impl Core {
@@ -292,6 +305,8 @@ impl Core {
                 tx_buf: Vec::with_capacity(SMALL_BATCH),
                 ids: Vec::new(),
                 received: 0,
+                preamble_timeout: config.preamble_timeout,
+                dropped_channels: 0,
             }),
             signal,
             backend,
@@ -686,11 +701,23 @@ impl State {
         // New channels, then their preambles.
         while let Some(a) = acceptor.as_ref() {
             match a.poll_accept(cx) {
-                Poll::Ready(Ok((t, peer))) => self.incoming.push(Incoming {
-                    t,
-                    peer,
-                    got: Vec::new(),
-                }),
+                Poll::Ready(Ok((t, peer))) => {
+                    if self.incoming.len() >= MAX_PENDING_PREAMBLES {
+                        let oldest = (0..self.incoming.len())
+                            .min_by_key(|&i| self.incoming[i].deadline)
+                            .expect("not empty");
+                        let inc = self.incoming.swap_remove(oldest);
+                        debug!(peer = %inc.peer, "too many channels without a preamble; aborting the oldest");
+                        inc.t.abort();
+                        self.dropped_channels += 1;
+                    }
+                    self.incoming.push(Incoming {
+                        t,
+                        peer,
+                        got: Vec::new(),
+                        deadline: Instant::now() + self.preamble_timeout,
+                    })
+                }
                 Poll::Ready(Err(e)) => {
                     warn!(error = %e, "channel listener failed; no more incoming channels");
                     *acceptor = None;
@@ -706,6 +733,7 @@ impl State {
                     let Some(class) = parse_preamble(&inc.got) else {
                         warn!(peer = %inc.peer, "bad channel preamble; aborting the channel");
                         inc.t.abort();
+                        self.dropped_channels += 1;
                         continue;
                     };
                     let ip = *inc.peer.ip();
@@ -940,6 +968,19 @@ impl State {
     /// Fails connects past their deadline; returns the next deadline.
     fn expire(&mut self, now: Instant, wake: &mut Vec<Waker>) -> Option<Instant> {
         let mut next = None;
+        let mut i = 0;
+        while i < self.incoming.len() {
+            let d = self.incoming[i].deadline;
+            if d <= now {
+                let inc = self.incoming.swap_remove(i);
+                debug!(peer = %inc.peer, "no channel preamble in time; aborting the channel");
+                inc.t.abort();
+                self.dropped_channels += 1;
+            } else {
+                next = Some(next.map_or(d, |n: Instant| n.min(d)));
+                i += 1;
+            }
+        }
         let mut expired = Vec::new();
         for (&sid, &d) in &self.deadlines {
             if d <= now {

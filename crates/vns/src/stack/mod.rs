@@ -368,6 +368,7 @@ pub struct StackBuilder {
     vns: Option<Config>,
     busy_poll: Option<BusyPoll>,
     inline_tx: Option<usize>,
+    preamble_timeout: Duration,
     #[cfg(target_os = "linux")]
     #[allow(clippy::type_complexity)]
     tweak: Option<Box<dyn FnOnce(&mut netdriver::channel::ChannelSetConfig)>>,
@@ -417,6 +418,7 @@ impl Default for StackBuilder {
             vns: None,
             busy_poll: None,
             inline_tx: None,
+            preamble_timeout: Duration::from_secs(5),
             #[cfg(target_os = "linux")]
             tweak: None,
         }
@@ -535,6 +537,15 @@ impl StackBuilder {
     /// (2 MiB by default) and a credit window of twice that.
     pub fn vns_config(mut self, c: Config) -> Self {
         self.vns = Some(c);
+        self
+    }
+
+    /// How long a channel accepted on the channel port may take to send its preamble
+    /// before it is aborted (default 5 s). At most 256 accepted channels wait at once; past
+    /// that the one that has waited longest is aborted. [`Stack::dropped_channels`]
+    /// counts both, and bad preambles.
+    pub fn preamble_timeout(mut self, d: Duration) -> Self {
+        self.preamble_timeout = d;
         self
     }
 
@@ -668,6 +679,7 @@ impl StackBuilder {
             channel_port: self.channel_port,
             backlog: self.backlog,
             connect_timeout: self.connect_timeout,
+            preamble_timeout: self.preamble_timeout,
         };
         let core = Arc::new(Core::new(ep, backend, config));
         let c = core.clone();
@@ -863,6 +875,13 @@ impl Stack {
     /// beneath them: there it is only what was asked for.
     pub fn liveness(&self) -> Liveness {
         self.inner.liveness
+    }
+
+    /// Channels accepted on the channel port and aborted before they joined: no preamble
+    /// within [`StackBuilder::preamble_timeout`], too many waiting at once, or a bad
+    /// preamble (a peer that opens channels and never speaks, or speaks garbage).
+    pub fn dropped_channels(&self) -> u64 {
+        self.core().lock().dropped_channels
     }
 
     /// Channels the stack holds now (to all peers).

@@ -1,0 +1,113 @@
+//! A hostile peer against a whole stack (in-memory network, no privileges): channels
+//! opened to the channel port that never send their preamble, or send garbage. They must
+//! be dropped (bounded in number and in time, counted) while an honest peer's streams
+//! keep working.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::timeout;
+use vns::stack::{Backend, MemNetwork, Stack};
+
+const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const EVIL: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 66);
+const CHANNEL_PORT: u16 = 9000;
+/// Bound on any single wait: a hang fails the test instead of blocking CI.
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// Waits until the channel `t` is closed or reset by the other side.
+async fn closed(t: &vns::stack::BoxedTransport) -> bool {
+    let ended = std::future::poll_fn(|cx| loop {
+        match t.poll_dequeue(cx) {
+            std::task::Poll::Ready(Ok(Some(_))) => continue,
+            std::task::Poll::Ready(Ok(None) | Err(_)) => return std::task::Poll::Ready(()),
+            std::task::Poll::Pending => return std::task::Poll::Pending,
+        }
+    });
+    timeout(LIMIT, ended).await.is_ok()
+}
+
+/// Opens a channel, retrying while the network's accept backlog (128 not yet taken by
+/// the stack's driver) is full, as a client retries a refused SYN.
+async fn connect_retrying(
+    net: &vns::stack::MemBackend,
+    to: SocketAddrV4,
+) -> vns::stack::BoxedTransport {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        match net.connect(to) {
+            Ok((t, _)) => return t,
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "connect: {e}");
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_garbage_channels_are_dropped_and_counted() {
+    let net = MemNetwork::new();
+    let b = Stack::builder()
+        .ipv4(B)
+        .channels(2)
+        .preamble_timeout(Duration::from_millis(300))
+        .build_in_memory(&net)
+        .unwrap();
+    let a = Stack::builder()
+        .ipv4(A)
+        .channels(2)
+        .build_in_memory(&net)
+        .unwrap();
+    let evil = net.backend(EVIL);
+    let to = SocketAddrV4::new(B, CHANNEL_PORT);
+
+    // More silent channels than may wait at once: the oldest are aborted right away.
+    let silent = 300;
+    let mut held = Vec::new();
+    for _ in 0..silent {
+        held.push(connect_retrying(&evil, to).await);
+    }
+    // Garbage instead of a preamble.
+    let junk = connect_retrying(&evil, to).await;
+    junk.enqueue(bytes::Bytes::from_static(b"GET / HTTP/1.1\r\n\r\n"))
+        .unwrap();
+
+    // Meanwhile an honest peer connects and is served.
+    let l = b
+        .bind(SocketAddr::V4(SocketAddrV4::new(B, 7000)))
+        .await
+        .unwrap();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = vec![0u8; 100_000];
+        s.read_exact(&mut buf).await.unwrap();
+        s.write_all(&buf).await.unwrap();
+        s.shutdown().await.unwrap();
+    });
+    let mut c = timeout(LIMIT, a.connect(SocketAddr::V4(SocketAddrV4::new(B, 7000))))
+        .await
+        .unwrap()
+        .unwrap();
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+    c.write_all(&data).await.unwrap();
+    let mut back = Vec::new();
+    timeout(LIMIT, c.read_to_end(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, data);
+    server.await.unwrap();
+
+    // Every silent channel and the garbage one end (cap, then timeout), and are counted.
+    assert!(closed(&junk).await, "a garbage preamble aborts the channel");
+    for t in &held {
+        assert!(closed(t).await, "a silent channel is aborted");
+    }
+    assert_eq!(b.dropped_channels(), silent as u64 + 1);
+    // The honest peer's channels were not touched.
+    assert_eq!(a.dropped_channels(), 0);
+    assert!(b.channel_count() >= 2);
+}
