@@ -89,8 +89,10 @@ impl StackPair {
         let start = |side: Side| {
             let e = bed.side(side).clone();
             bed.run_in(side, move || {
-                let set = ChannelSet::start(ChannelSetConfig::new(e.ifname.clone(), e.ipv4))
-                    .expect("channel set");
+                let mut cfg = ChannelSetConfig::new(e.ifname.clone(), e.ipv4);
+                // For A/B runs of inline transmit (netdriver's `inline_tx`).
+                cfg.inline_tx = env_or("NETCHANNEL_BENCH_INLINE_TX", cfg.inline_tx);
+                let set = ChannelSet::start(cfg).expect("channel set");
                 let backend = Arc::new(XdpBackend::new(set));
                 let stack = Stack::builder()
                     .vns_config(vns_config())

@@ -142,7 +142,7 @@ mod sys;
 mod thread;
 
 #[cfg(target_os = "linux")]
-pub use queue::Channel;
+pub use queue::{Channel, DeferredKick};
 #[cfg(target_os = "linux")]
 pub use set::{ChannelListener, ChannelSet, ChannelSetConfig, QueueLimits, DEFAULT_CHANNEL_PORT};
 #[cfg(target_os = "linux")]
@@ -366,6 +366,14 @@ impl ChannelStats {
 pub trait ChannelTransport: Send + Sync {
     /// Queues `chunk` for sending. `Full` hands it back when the Tx queue is at its limit.
     fn enqueue(&self, chunk: Bytes) -> Result<(), EnqueueError>;
+
+    /// [`enqueue`](Self::enqueue), except that the wake-up of whoever sends the chunk may
+    /// be handed back, to be run ([`DeferredKick::run`]) once the caller holds no lock
+    /// (see [`Channel::enqueue_deferred`]). The default hands nothing back.
+    #[cfg(target_os = "linux")]
+    fn enqueue_deferred(&self, chunk: Bytes) -> Result<Option<DeferredKick>, EnqueueError> {
+        self.enqueue(chunk).map(|()| None)
+    }
 
     /// Takes the next received chunk, if any, or reports the end of the stream.
     fn dequeue(&self) -> Result<Dequeued, ChannelError>;

@@ -38,7 +38,17 @@ pub(crate) struct ThreadSignal {
     /// When the thread plans to wake (microseconds of its clock; `u64::MAX`: no timer),
     /// stored before it announces sleep.
     planned: AtomicU64,
+    /// When the last round of the queue (the thread's or an inline one) ended, in
+    /// microseconds since `origin`: inline rounds are for a quiet queue only.
+    last_round: AtomicU64,
+    origin: std::time::Instant,
 }
+
+/// A queue whose last round ended less than this long ago is busy: a kick then wakes the
+/// thread (which batches) instead of running an inline round per message. Measured on
+/// the 2-core bed: per-message inline rounds cost 40-50 % of the request rate at 32-128
+/// connections, while a ping-pong's gaps between rounds are tens of microseconds.
+const INLINE_QUIET: std::time::Duration = std::time::Duration::from_micros(20);
 
 impl ThreadSignal {
     pub(crate) fn new() -> std::io::Result<ThreadSignal> {
@@ -51,6 +61,8 @@ impl ThreadSignal {
             inline: OnceLock::new(),
             inline_max: AtomicUsize::new(0),
             planned: AtomicU64::new(u64::MAX),
+            last_round: AtomicU64::new(0),
+            origin: std::time::Instant::now(),
         })
     }
 
@@ -58,6 +70,19 @@ impl ThreadSignal {
     /// thread when the channel thread is not running a round (0 turns that off).
     pub(crate) fn set_inline_max(&self, max: usize) {
         self.inline_max.store(max, Ordering::Relaxed);
+    }
+
+    /// A round of the queue just ended (the thread's or an inline one).
+    pub(crate) fn round_ended(&self) {
+        let t = self.origin.elapsed().as_micros() as u64;
+        self.last_round.store(t, Ordering::Relaxed);
+    }
+
+    /// Whether no round ended within [`INLINE_QUIET`].
+    fn quiet(&self) -> bool {
+        let now = self.origin.elapsed().as_micros() as u64;
+        now.saturating_sub(self.last_round.load(Ordering::Relaxed))
+            >= INLINE_QUIET.as_micros() as u64
     }
 
     /// Whether the thread announced sleep (a hint: it may be waking up right now).
@@ -145,6 +170,40 @@ impl ThreadSignal {
 
     pub(crate) fn eventfd(&self) -> &EventFd {
         &self.efd
+    }
+}
+
+/// The wake-up of a channel thread that [`Channel::enqueue_deferred`] handed back: run it
+/// once the caller holds no lock. Dropping it without running it would leave the chunk
+/// until the thread's next wake-up for another reason (at most its timer tick while active,
+/// or much later): always run it.
+#[derive(Debug)]
+#[must_use = "the channel thread is not woken until the kick runs"]
+pub struct DeferredKick {
+    signal: Arc<ThreadSignal>,
+}
+
+impl DeferredKick {
+    /// Sends the chunk from this thread if the channel thread sleeps, is not running a
+    /// round and the queue has been quiet for a while (inline transmit: no wake-up of that
+    /// thread on the message's path); else wakes the thread as an enqueue does. An awake
+    /// thread takes the chunk without a wake-up, and on a busy queue the thread batches
+    /// many messages per round where inline rounds would cost one round (and one system
+    /// call) each.
+    pub fn run(self) {
+        if self.signal.is_sleeping()
+            && self.signal.quiet()
+            && super::thread::run_inline(&self.signal)
+        {
+            return;
+        }
+        self.signal.notify();
+    }
+
+    /// Wakes the channel thread as an enqueue does, never sending inline (for channels
+    /// that carry bulk or many streams, where the thread batches better).
+    pub fn wake(self) {
+        self.signal.notify();
     }
 }
 
@@ -468,11 +527,20 @@ impl ChannelShared {
     }
 
     fn enqueue(&self, chunk: Bytes) -> Result<(), EnqueueError> {
+        if let Some(kick) = self.enqueue_deferred(chunk)? {
+            kick.run();
+        }
+        Ok(())
+    }
+
+    /// Queues the chunk; the wake-up of the thread is done at once, except for a small
+    /// chunk into an empty queue, whose wake-up (or inline round) is handed back.
+    fn enqueue_deferred(&self, chunk: Bytes) -> Result<Option<DeferredKick>, EnqueueError> {
         if let Some(e) = self.send_error() {
             return Err(EnqueueError::Closed(e));
         }
         if chunk.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let len = chunk.len();
         // Taken while fewer bytes than the limit are queued: the last chunk may overshoot
@@ -486,19 +554,15 @@ impl ChannelShared {
             self.tx_bytes.fetch_sub(len, Ordering::AcqRel);
             return Err(EnqueueError::Full(chunk));
         }
-        // A small chunk with nothing queued before it is per-message traffic: if the
-        // channel thread sleeps (it would need a wake-up), send it from this thread.
-        // An awake thread takes it without one, and bulk stays with the thread: inline
-        // rounds then would only contend with it for the queue.
-        if was_empty
-            && len <= self.signal.inline_max()
-            && self.signal.is_sleeping()
-            && super::thread::run_inline(&self.signal)
-        {
-            return Ok(());
+        // A small chunk with nothing queued before it is per-message traffic: its kick
+        // may send it inline (see `DeferredKick::run`). Bulk stays with the thread.
+        if was_empty && len <= self.signal.inline_max() {
+            return Ok(Some(DeferredKick {
+                signal: self.signal.clone(),
+            }));
         }
         self.signal.notify();
-        Ok(())
+        Ok(None)
     }
 
     fn pop_rx(&self) -> Option<Bytes> {
@@ -693,6 +757,15 @@ impl Channel {
         self.shared.enqueue(chunk)
     }
 
+    /// [`enqueue`](Channel::enqueue), except that for a small chunk into an empty Tx queue
+    /// the channel thread's wake-up (or the inline transmit that replaces it) is handed
+    /// back instead of done: the caller runs it with [`DeferredKick::run`] once it holds
+    /// no lock of its own, so that a round with a system call in it never runs inside the
+    /// caller's critical section. The chunk is queued either way, in order.
+    pub fn enqueue_deferred(&self, chunk: Bytes) -> Result<Option<DeferredKick>, EnqueueError> {
+        self.shared.enqueue_deferred(chunk)
+    }
+
     /// Takes the next received chunk without blocking: a chunk, `Empty` (nothing yet), or
     /// `Finished` (the peer closed and everything was dequeued). Chunks queued before a
     /// failure are still delivered; then the failure (`Reset`, `TimedOut`, ...) is
@@ -815,6 +888,9 @@ impl Drop for Channel {
 impl ChannelTransport for Channel {
     fn enqueue(&self, chunk: Bytes) -> Result<(), EnqueueError> {
         Channel::enqueue(self, chunk)
+    }
+    fn enqueue_deferred(&self, chunk: Bytes) -> Result<Option<DeferredKick>, EnqueueError> {
+        Channel::enqueue_deferred(self, chunk)
     }
     fn dequeue(&self) -> Result<Dequeued, ChannelError> {
         Channel::dequeue(self)

@@ -129,6 +129,7 @@ impl QueueState {
         active |= w.accept(book);
         active |= w.reap(book);
         w.publish(book, now);
+        w.signal.round_ended();
         active
     }
 }
