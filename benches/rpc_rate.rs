@@ -36,7 +36,6 @@ mod run {
     use std::time::{Duration, Instant};
 
     use netchannel::VirtualStream;
-    use testbed::TestBed;
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use tokio::net::TcpStream;
     use tokio::runtime::Runtime;
@@ -144,18 +143,9 @@ mod run {
         let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
         let (run_v, run_k) = (only != "kernel", only != "virtual");
         let max_conns = conns.iter().copied().max().unwrap_or(1);
-        let bed = match TestBed::builder().queues(2).build() {
-            Ok(bed) => bed,
-            Err(e) => {
-                println!("skipping rpc_rate: {e}");
-                return;
-            }
+        let Some((bed, rt)) = vns::bed_and_runtime("rpc_rate") else {
+            return;
         };
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
         println!(
             "rpc_rate: closed loop, {secs} s per measurement, {rounds} rounds, sizes {sizes:?}, \
              connections {conns:?}, {channels} channels per peer, test bed with 2 queues, MTU 1500"

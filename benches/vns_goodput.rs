@@ -42,7 +42,6 @@ mod vns;
 
 #[cfg(target_os = "linux")]
 mod run {
-    use testbed::TestBed;
 
     use super::bed::gbps;
     use super::vns::{self, env_or, kernel_transfer, Phase, StackBench};
@@ -58,18 +57,9 @@ mod run {
         let many: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 4);
         let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
         let on = |name: &str| only.split(',').any(|o| name.contains(o));
-        let bed = match TestBed::builder().queues(2).build() {
-            Ok(bed) => bed,
-            Err(e) => {
-                println!("skipping vns_goodput: {e}");
-                return;
-            }
+        let Some((bed, rt)) = vns::bed_and_runtime("vns_goodput") else {
+            return;
         };
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
         println!(
             "vns_goodput: {} MiB per transfer, {rounds} rounds, test bed with 2 queues, MTU 1500",
             total >> 20

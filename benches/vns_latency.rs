@@ -212,18 +212,9 @@ mod run {
         let warm_up = if full { WARM_UP } else { 20 };
         let channels: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 4);
         let per_round = total.div_ceil(rounds);
-        let bed = match TestBed::builder().queues(2).build() {
-            Ok(bed) => bed,
-            Err(e) => {
-                println!("skipping vns_latency: {e}");
-                return;
-            }
+        let Some((bed, rt)) = vns::bed_and_runtime("vns_latency") else {
+            return;
         };
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
         println!(
             "vns_latency: {} samples per measurement in {rounds} rounds, 4 KB each way, test bed with 2 queues, MTU 1500",
             per_round * rounds

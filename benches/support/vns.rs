@@ -41,6 +41,24 @@ pub fn bench_mode() -> bool {
     std::env::args().any(|a| a == "--bench")
 }
 
+/// The 2-queue test bed and a tokio runtime with 2 workers for bench `name`, or `None`
+/// after printing why the bench skips (no root, no namespaces).
+pub fn bed_and_runtime(name: &str) -> Option<(TestBed, Runtime)> {
+    let bed = match TestBed::builder().queues(2).build() {
+        Ok(bed) => bed,
+        Err(e) => {
+            println!("skipping {name}: {e}");
+            return None;
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    Some((bed, rt))
+}
+
 /// A number from the environment, or `default`.
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
