@@ -153,28 +153,9 @@ mod run {
 
         let pair = StackPair::start(&bed, channels);
         // Kernel TCP: a listener in B echoing on every connection.
-        let kl = {
-            let _g = rt.enter();
-            tokio::net::TcpListener::from_std(vns::kernel_listener(&bed, vns::KERNEL_PORT))
-                .expect("tokio listener")
-        };
-        let kaddr = match kl.local_addr().expect("addr") {
-            std::net::SocketAddr::V4(v4) => v4,
-            std::net::SocketAddr::V6(_) => unreachable!("IPv4 listener"),
-        };
-        rt.spawn(async move {
-            while let Ok((s, _)) = kl.accept().await {
-                let _ = s.set_nodelay(true);
-                tokio::spawn(echo(s));
-            }
-        });
+        let kaddr = vns::kernel_server(&bed, &rt, echo);
         let mut kernel: Vec<TcpStream> = (0..max_conns)
-            .map(|_| {
-                let s = vns::kernel_connect(&bed, kaddr);
-                s.set_nodelay(true).expect("nodelay");
-                let _g = rt.enter();
-                TcpStream::from_std(s).expect("tokio stream")
-            })
+            .map(|_| vns::kernel_stream(&bed, &rt, kaddr))
             .collect();
         // VirtualStreams: B's listener echoing on every accepted stream.
         let l = rt

@@ -221,27 +221,8 @@ mod run {
         );
 
         // Kernel TCP: one listener in B serving every connection.
-        let kl = {
-            let _g = rt.enter();
-            tokio::net::TcpListener::from_std(vns::kernel_listener(&bed, vns::KERNEL_PORT))
-                .expect("tokio listener")
-        };
-        let kaddr = match kl.local_addr().expect("addr") {
-            std::net::SocketAddr::V4(v4) => v4,
-            std::net::SocketAddr::V6(_) => unreachable!("IPv4 listener"),
-        };
-        rt.spawn(async move {
-            while let Ok((s, _)) = kl.accept().await {
-                let _ = s.set_nodelay(true);
-                tokio::spawn(echo_server(s));
-            }
-        });
-        let kernel_stream = |bed: &TestBed| {
-            let s = vns::kernel_connect(bed, kaddr);
-            s.set_nodelay(true).expect("nodelay");
-            let _g = rt.enter();
-            tokio::net::TcpStream::from_std(s).expect("tokio stream")
-        };
+        let kaddr = vns::kernel_server(&bed, &rt, echo_server);
+        let kernel_stream = |bed: &TestBed| vns::kernel_stream(bed, &rt, kaddr);
 
         // 0. Nothing attached.
         let mut k0 = Samples::with_capacity(per_round * rounds);

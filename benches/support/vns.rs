@@ -59,6 +59,39 @@ pub fn bed_and_runtime(name: &str) -> Option<(TestBed, Runtime)> {
     Some((bed, rt))
 }
 
+/// Kernel TCP in B: a listener on [`KERNEL_PORT`] whose every connection (`TCP_NODELAY`)
+/// is served by `serve` in its own task on `rt`. Returns the listener's address.
+pub fn kernel_server<F, Fut>(bed: &TestBed, rt: &Runtime, serve: F) -> SocketAddrV4
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let kl = {
+        let _g = rt.enter();
+        tokio::net::TcpListener::from_std(kernel_listener(bed, KERNEL_PORT))
+            .expect("tokio listener")
+    };
+    let addr = match kl.local_addr().expect("addr") {
+        SocketAddr::V4(v4) => v4,
+        SocketAddr::V6(_) => unreachable!("IPv4 listener"),
+    };
+    rt.spawn(async move {
+        while let Ok((s, _)) = kl.accept().await {
+            let _ = s.set_nodelay(true);
+            tokio::spawn(serve(s));
+        }
+    });
+    addr
+}
+
+/// A kernel TCP connection from A to `to` (`TCP_NODELAY`), registered with `rt`.
+pub fn kernel_stream(bed: &TestBed, rt: &Runtime, to: SocketAddrV4) -> tokio::net::TcpStream {
+    let s = kernel_connect(bed, to);
+    s.set_nodelay(true).expect("nodelay");
+    let _g = rt.enter();
+    tokio::net::TcpStream::from_std(s).expect("tokio stream")
+}
+
 /// A number from the environment, or `default`.
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)

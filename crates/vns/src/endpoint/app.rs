@@ -36,12 +36,6 @@ pub struct SocketStats {
 }
 
 impl Endpoint {
-    /// Sockets the endpoint holds (live, lingering after a graceful close, or failed and
-    /// not yet closed by the application).
-    pub fn socket_count(&self) -> usize {
-        self.sockets.len()
-    }
-
     /// Changes a socket's application class (the paper's `SO_APP_TYPE`): its later chunks
     /// go to channels of the new class. [`Error::NoChannel`] when no channel of that class
     /// leads to the socket's peer.
