@@ -299,8 +299,9 @@ fn test_bed(args: &Args) -> Result<(), String> {
     }
     println!();
     println!("Raw figures count whole 1514-byte frames; transfers count TCP payload (1460 of");
-    println!("each 1514 bytes). Kernel transfers other than kernel_offloads_on run with tx");
-    println!("checksumming off, as our stack needs finished checksums from its peer.");
+    println!("each 1514 bytes). Kernel peers run at veth's defaults (tx checksum offload and");
+    println!("TSO on; our channels accept their partial checksums on veth) except");
+    println!("kernel_nothing_attached, which turns tx checksumming off for comparison.");
     if !phases.is_empty() {
         println!("In the VirtualStream phase each round runs raw_channel, raw_channel_copy,");
         println!("virtual_stream and kernel_xdp_attached one after the other on the same two");

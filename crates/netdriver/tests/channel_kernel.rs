@@ -29,11 +29,22 @@ fn bulk_bytes() -> u64 {
         * MB
 }
 
-/// A kernel client in A sends 100 MB to our listener in B, which echoes it; the client
-/// verifies every byte that comes back.
+/// A kernel client in A, at its default offloads, sends 100 MB to our listener in B,
+/// which echoes it; the client verifies every byte that comes back. Its segments reach
+/// our link with partial checksums, accepted because the link is a veth.
 #[test]
 fn kernel_client_to_our_listener_echoes_100_mb() {
-    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+    kernel_client_echo(true);
+}
+
+/// The same with A's tx checksum offload off: complete checksums, all verified.
+#[test]
+fn kernel_client_without_checksum_offload_echoes_100_mb() {
+    kernel_client_echo(false);
+}
+
+fn kernel_client_echo(offload: bool) {
+    let Some(bed) = testbed_or_skip(TestBed::builder().tx_checksum_offload(offload)) else {
         return;
     };
     let bulk = bulk_bytes();
@@ -78,6 +89,14 @@ fn kernel_client_to_our_listener_echoes_100_mb() {
         bulk / MB,
         (bulk * 8) as f64 / secs / 1e6
     );
+    let sums = set.rx_checksum_stats();
+    assert!(sums.accept_partial, "veth is host-local: {sums:?}");
+    assert_eq!(sums.bad, 0, "{sums:?}");
+    if offload {
+        assert!(sums.partial > 1000, "{sums:?}");
+    } else {
+        assert_eq!(sums.partial, 0, "{sums:?}");
+    }
     set.shutdown().unwrap();
     assert!(!program_attached(&bed, Side::B));
 }

@@ -18,8 +18,12 @@
 //! One more run uses MTU 9000, where every full-size segment crosses our link as a chain of
 //! UMEM frames (multi-buffer AF_XDP).
 //!
-//! A's kernel has tx checksum offload switched off (`ethtool -K vA tx off`): with it on,
-//! veth hands its segments over with unfinished checksums, which our stack rightly drops.
+//! A's kernel runs at veth's defaults (tx checksum offload on) unless a test says
+//! otherwise: its segments then reach our link with partial checksums (the pseudo-header
+//! sum only, `CHECKSUM_PARTIAL`), which our stack accepts because the driver is veth, as
+//! `ChannelSet` does with `PartialChecksums::Auto`. The variants with offload off
+//! (`ethtool -K vA tx off`) check the path where every checksum is complete, and the fault
+//! injector's test needs it: it corrupts frames, which a partial checksum cannot catch.
 //!
 //! They need root; without it each test prints why it skips, unless
 //! `NETCHANNEL_REQUIRE_XDP=1`, which turns the skip into a failure.
@@ -31,6 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant as StdInstant};
 
+use netdriver::channel::{driver_name, is_host_local_driver};
 use netdriver::link::fault::{FaultConfig, FaultDirection, FaultInjector, FaultStats};
 use netdriver::link::xdp::{XdpLink, XdpLinkConfig};
 use netdriver::link::{Link, LinkStats};
@@ -352,7 +357,10 @@ impl<L: Waitable> OurStack<L> {
         steering.register_socket(0, link.fd()).expect("register");
         steering.own_port(OUR_PORT).expect("own the server port");
         let ports = EphemeralRange::from_kernel().expect("ephemeral ports");
+        let driver = driver_name(&b.ifname).expect("ETHTOOL_GDRVINFO on the bed's veth");
+        assert_eq!(driver, "veth");
         let config = InterfaceConfig {
+            accept_partial_checksums: is_host_local_driver(&driver),
             mac: EthernetAddress(b.mac),
             ipv4: b.ipv4,
             ephemeral_ports: ports.ours,
@@ -659,13 +667,13 @@ fn chain_counts(link: &XdpLink, report: &mut Report) {
 // Tests
 // ---------------------------------------------------------------------------------------
 
-/// 8 MiB each way while A's kernel drops 1% of the TCP segments it sends and receives.
+/// 8 MiB each way while A's kernel, at its defaults, drops 1% of the TCP segments it
+/// sends and receives.
 #[test]
 fn transfers_survive_kernel_side_random_drops() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(1)) else {
         return;
     };
-    kernel_checksums_in_software(&bed);
     let tool = kernel_random_drops(&bed, 0.01);
     println!("kernel-side drops with {tool}");
     let retrans_before = kernel_retransmits(&bed, Side::A);
@@ -683,6 +691,26 @@ fn transfers_survive_kernel_side_random_drops() {
         "drops but no retransmissions"
     );
     assert_eq!(report.iface.rx_bad_checksum, 0, "{:?}", report.iface);
+    // Offload on: the kernel's segments came with partial checksums, and were accepted.
+    assert!(
+        report.iface.rx_partial_checksum > 1000,
+        "{:?}",
+        report.iface
+    );
+}
+
+/// 8 MiB each way with A's tx checksum offload off: every segment arrives with a complete
+/// checksum, which is verified, and none is counted as partial.
+#[test]
+fn transfers_with_kernel_checksums_in_software() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(1)) else {
+        return;
+    };
+    kernel_checksums_in_software(&bed);
+    let report = transfer(&bed, 8 << 20, Arc::default(), |l| l, no_faults, || {});
+    let s = report.iface;
+    assert_eq!((s.rx_bad_checksum, s.rx_partial_checksum), (0, 0), "{s:?}");
+    assert!(s.rx_segments > 1000, "{s:?}");
 }
 
 /// 8 MiB each way at MTU 9000: both TCPs use 8960-byte segments, which our link receives
@@ -692,13 +720,13 @@ fn transfers_with_jumbo_frames() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(1).mtu(9000)) else {
         return;
     };
-    kernel_checksums_in_software(&bed);
     let report = transfer(&bed, 8 << 20, Arc::default(), |l| l, chain_counts, || {});
     let (rx_chains, tx_chains) = report.chains;
     assert!(rx_chains > 500, "only {rx_chains} frames came as chains");
     assert!(tx_chains > 500, "only {tx_chains} frames left as chains");
     assert_eq!(report.link.dropped_oversize, 0);
     assert_eq!(report.iface.rx_bad_checksum + report.iface.rx_malformed, 0);
+    assert!(report.iface.rx_partial_checksum > 0, "{:?}", report.iface);
 }
 
 /// 8 MiB each way with our own fault injector on both directions of our link.
@@ -707,6 +735,9 @@ fn transfers_survive_our_fault_injector() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(1)) else {
         return;
     };
+    // The injector corrupts frames, as a faulty NIC or cable would: only a complete
+    // checksum catches that, so A computes them (a partial one would let the corruption
+    // through, which is why partial checksums are trusted on veth only).
     kernel_checksums_in_software(&bed);
     let retrans_before = kernel_retransmits(&bed, Side::A);
     let config = FaultConfig {
@@ -940,7 +971,6 @@ fn garbage_on_the_wire_is_counted_and_survived() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(1)) else {
         return;
     };
-    kernel_checksums_in_software(&bed);
     let a = bed.side(Side::A).clone();
     let b = bed.side(Side::B).clone();
     // Our stack keeps counting until every injected frame had time to arrive.

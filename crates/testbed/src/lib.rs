@@ -33,13 +33,15 @@
 //! - **Queues.** `numtxqueues`/`numrxqueues` at creation, then `ethtool -L dev rx N tx N`
 //!   (a request that changes nothing is not an error). A veth rx queue is the sender's tx
 //!   queue index.
-//! - **Tx checksum offload** is switched off on both veth ends (`ethtool -K <dev> tx off`
-//!   inside each namespace) unless [`TestBedBuilder::tx_checksum_offload`] keeps it. With
-//!   it on (the veth default), the kernel leaves the TCP checksum of the frames it sends
-//!   unfinished (`CHECKSUM_PARTIAL`: only the pseudo-header sum is filled in), trusting
-//!   the "NIC" to complete it; a frame redirected to AF_XDP on the other end arrives that
-//!   way, and the user-space stack rightly drops it as corrupt. Turning tx checksumming
-//!   off also turns off TSO and GSO, so no frame longer than the MTU reaches AF_XDP.
+//! - **Offloads** stay at veth's defaults (tx checksum offload, TSO/GSO, as a user's
+//!   namespaces have them) unless [`TestBedBuilder::tx_checksum_offload`]`(false)` switches
+//!   tx checksumming off on both ends (`ethtool -K <dev> tx off` inside each namespace),
+//!   which also turns off TSO and GSO. With it on, the kernel leaves the TCP checksum of
+//!   the frames it sends unfinished (`CHECKSUM_PARTIAL`: only the pseudo-header sum is
+//!   filled in), trusting the "NIC" to complete it; a frame redirected to AF_XDP on the
+//!   other end arrives that way, and the user-space stack accepts it only because the
+//!   link is a veth (netdriver's `PartialChecksums`). Attaching an XDP program to one end
+//!   makes veth drop GSO on the other, so no frame longer than the MTU reaches AF_XDP.
 //! - **IPv6** is disabled in both namespaces unless [`TestBedBuilder::ipv6`] asks for it,
 //!   so no neighbour-discovery or MLD frames show up on the link beside the test's own.
 //! - **Privileges.** Creating the bed needs `CAP_SYS_ADMIN` and `CAP_NET_ADMIN` (root).
@@ -280,7 +282,7 @@ impl Default for TestBedBuilder {
             subnet: Ipv4Addr::new(10, 77, 0, 0),
             prefix_len: 24,
             ipv6: false,
-            tx_checksum_offload: false,
+            tx_checksum_offload: true,
         }
     }
 }
@@ -314,9 +316,10 @@ impl TestBedBuilder {
         self
     }
 
-    /// Keep tx checksum offload (and with it TSO/GSO) on both veth ends, as veth starts
-    /// (default: off, so that frames the kernel sends carry finished checksums and at most
-    /// MTU-sized payloads; see the [crate documentation](crate)).
+    /// Whether tx checksum offload (and with it TSO/GSO) stays on on both veth ends, as
+    /// veth starts (default: on). `false` switches it off, so that frames the kernel sends
+    /// carry complete checksums and at most MTU-sized payloads; see the
+    /// [crate documentation](crate).
     pub fn tx_checksum_offload(mut self, enabled: bool) -> Self {
         self.tx_checksum_offload = enabled;
         self

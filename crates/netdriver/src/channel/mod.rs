@@ -144,11 +144,14 @@ mod thread;
 #[cfg(target_os = "linux")]
 pub use queue::{Channel, DeferredKick};
 #[cfg(target_os = "linux")]
-pub use set::{ChannelListener, ChannelSet, ChannelSetConfig, QueueLimits, DEFAULT_CHANNEL_PORT};
+pub use set::{
+    ChannelListener, ChannelSet, ChannelSetConfig, PartialChecksums, QueueLimits, RxChecksumStats,
+    DEFAULT_CHANNEL_PORT,
+};
 #[cfg(target_os = "linux")]
 pub use stream::ChannelStream;
 #[cfg(target_os = "linux")]
-pub use sys::rx_queue_count;
+pub use sys::{driver_name, is_host_local_driver, rx_queue_count};
 
 /// Why a channel, a listener or a channel set failed.
 #[derive(Debug, thiserror::Error)]

@@ -112,6 +112,9 @@ pub struct ChannelSetConfig {
     /// behind others stay with the channel thread, so bulk transfers keep their own
     /// cores. `0` turns it off. Default 16 KiB.
     pub inline_tx: usize,
+    /// Whether segments with a Linux sender's partial checksum are accepted (default
+    /// [`PartialChecksums::Auto`]: on veth and netkit only).
+    pub partial_checksums: PartialChecksums,
 }
 
 impl ChannelSetConfig {
@@ -139,6 +142,7 @@ impl ChannelSetConfig {
             max_connections: 4096,
             forward_queue: 1024,
             inline_tx: 16 * 1024,
+            partial_checksums: PartialChecksums::Auto,
         }
     }
 }
@@ -150,6 +154,65 @@ pub(crate) struct Peer {
     pub(crate) signal: Arc<ThreadSignal>,
     pub(crate) commands: Sender<Command>,
     pub(crate) forward: Sender<Vec<u8>>,
+    /// The thread's checksum counters, republished every round.
+    pub(crate) checksums: ChecksumCounters,
+}
+
+/// A channel thread's receive checksum counters, copied from its interface every round.
+#[derive(Debug, Default)]
+pub(crate) struct ChecksumCounters {
+    pub(crate) partial: AtomicU64,
+    pub(crate) bad: AtomicU64,
+}
+
+/// Whether a [`ChannelSet`] accepts TCP segments that carry a Linux sender's partial
+/// checksum (`CHECKSUM_PARTIAL`: the pseudo-header sum only).
+///
+/// With transmit checksum offload on (veth's default), a Linux peer leaves the TCP
+/// checksum for the device to complete; a veth pair never does, because the frame never
+/// leaves the host, so the segment reaches the XDP program with the partial value and
+/// full verification would drop every segment of every kernel peer. Linux itself trusts
+/// such segments on veth. Accepting them gives up the end-to-end check of those bytes,
+/// which is sound only where the link is a memory copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PartialChecksums {
+    /// Accept them when the interface's driver is host-local (`veth`, `netkit`, as
+    /// `ETHTOOL_GDRVINFO` reports it); verify every checksum on any other interface,
+    /// real NICs included. The default.
+    #[default]
+    Auto,
+    /// Accept them on this interface whatever its driver (a link you trust the way Linux
+    /// trusts veth).
+    Accept,
+    /// Verify every checksum; segments with a partial one count as bad and are dropped.
+    Reject,
+}
+
+impl std::str::FromStr for PartialChecksums {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(PartialChecksums::Auto),
+            "accept" => Ok(PartialChecksums::Accept),
+            "reject" => Ok(PartialChecksums::Reject),
+            other => Err(format!(
+                "{other:?} is not a partial-checksum policy (auto, accept or reject)"
+            )),
+        }
+    }
+}
+
+/// Receive checksum counters of a [`ChannelSet`], summed over its channel threads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RxChecksumStats {
+    /// Whether segments with a partial checksum are accepted (the resolved
+    /// [`PartialChecksums`] policy).
+    pub accept_partial: bool,
+    /// Segments accepted with a partial checksum.
+    pub partial: u64,
+    /// IPv4 headers and TCP segments dropped for a checksum that does not verify.
+    pub bad: u64,
 }
 
 /// What all threads of a set and its handles share.
@@ -277,6 +340,35 @@ pub struct ChannelSet {
     neighbors: Mutex<HashMap<Ipv4Addr, EthernetAddress>>,
     next_queue: AtomicUsize,
     config: ChannelSetConfig,
+    /// The resolved [`ChannelSetConfig::partial_checksums`].
+    accept_partial: bool,
+}
+
+/// Resolves [`ChannelSetConfig::partial_checksums`] for the interface, in the calling
+/// thread's network namespace.
+fn resolve_partial_checksums(config: &ChannelSetConfig) -> bool {
+    match config.partial_checksums {
+        PartialChecksums::Accept => true,
+        PartialChecksums::Reject => false,
+        PartialChecksums::Auto => match super::sys::driver_name(&config.ifname) {
+            Ok(driver) => {
+                let local = super::sys::is_host_local_driver(&driver);
+                info!(
+                    ifname = %config.ifname,
+                    %driver,
+                    accept_partial_checksums = local,
+                    "receive checksum policy"
+                );
+                local
+            }
+            Err(e) => {
+                // Unknown driver: verify everything, the safe side.
+                warn!(ifname = %config.ifname, error = %e,
+                    "driver unknown (ETHTOOL_GDRVINFO); verifying every checksum");
+                false
+            }
+        },
+    }
 }
 
 impl ChannelSet {
@@ -316,6 +408,7 @@ impl ChannelSet {
         if config.cores.as_ref().is_some_and(|c| c.is_empty()) {
             return Err(ChannelError::InvalidConfig("empty core list".into()));
         }
+        let accept_partial = resolve_partial_checksums(&config);
         let mac = crate::neigh::interface_mac(&config.ifname).map_err(ChannelError::Neighbor)?;
         let ifindex = crate::neigh::ifindex_of(&config.ifname).map_err(ChannelError::Neighbor)?;
         let ports = match &config.ephemeral_ports {
@@ -355,6 +448,7 @@ impl ChannelSet {
                 signal: signal.clone(),
                 commands: ctx,
                 forward: ftx,
+                checksums: ChecksumCounters::default(),
             });
             ends.push((signal, crx, frx));
         }
@@ -381,6 +475,7 @@ impl ChannelSet {
             neighbors: Mutex::new(HashMap::new()),
             next_queue: AtomicUsize::new(0),
             config: config.clone(),
+            accept_partial,
         };
 
         let (rtx, rrx) = crossbeam_channel::unbounded();
@@ -408,6 +503,7 @@ impl ChannelSet {
                     rx_batch: config.link.rx_batch,
                     tx_batch: config.link.tx_batch,
                     ttl: 64,
+                    accept_partial_checksums: accept_partial,
                 },
             );
             debug!(
@@ -633,6 +729,20 @@ impl ChannelSet {
             self.shared.forwarded.load(Ordering::Relaxed),
             self.shared.forward_dropped.load(Ordering::Relaxed),
         )
+    }
+
+    /// Receive checksum counters of all channel threads, and whether partial checksums
+    /// are accepted on this interface (see [`PartialChecksums`]).
+    pub fn rx_checksum_stats(&self) -> RxChecksumStats {
+        let mut stats = RxChecksumStats {
+            accept_partial: self.accept_partial,
+            ..RxChecksumStats::default()
+        };
+        for p in &self.shared.peers {
+            stats.partial += p.checksums.partial.load(Ordering::Relaxed);
+            stats.bad += p.checksums.bad.load(Ordering::Relaxed);
+        }
+        stats
     }
 
     /// Local ports of outgoing channels in use.

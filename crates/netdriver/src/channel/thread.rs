@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use bytes::BytesMut;
@@ -568,6 +569,13 @@ impl Worker {
     }
 
     fn publish(&self, book: &Book, now: Instant) {
+        let stats = self.iface.stats();
+        if let Some(peer) = self.set.peers.get(self.index) {
+            let c = &peer.checksums;
+            c.partial
+                .store(stats.rx_partial_checksum, Ordering::Relaxed);
+            c.bad.store(stats.rx_bad_checksum, Ordering::Relaxed);
+        }
         for (&h, e) in &book.entries {
             if let Some(conn) = self.iface.conn(h) {
                 e.shared.publish(&conn.stats(), now);
@@ -749,6 +757,7 @@ mod tests {
                 signal: Arc::new(ThreadSignal::new().unwrap()),
                 commands: ctx,
                 forward: ftx,
+                checksums: Default::default(),
             });
             rxs.push(frx);
         }

@@ -311,6 +311,19 @@ impl<T: AsRef<[u8]>> TcpPacket<T> {
         let pseudo = checksum::pseudo_header_v4(src, dst, PROTOCOL, len);
         checksum::add(pseudo, checksum::data(b)) == 0xffff
     }
+
+    /// Whether the checksum field holds only the pseudo-header sum, as a Linux sender with
+    /// transmit checksum offload leaves it (`CHECKSUM_PARTIAL`: the device was to add the
+    /// segment's sum and complement it). Such a segment crossed a host-local link (veth)
+    /// that never computed the rest; nothing about its bytes is verified. Only a caller that
+    /// trusts the link may accept it (see `InterfaceConfig::accept_partial_checksums`).
+    pub fn has_partial_checksum(&self, src: Ipv4Addr, dst: Ipv4Addr) -> bool {
+        let Ok(len) = u32::try_from(self.buffer.as_ref().len()) else {
+            return false;
+        };
+        // Linux writes `~csum_tcpudp_magic(..)`, the folded sum itself, not complemented.
+        self.checksum() == checksum::pseudo_header_v4(src, dst, PROTOCOL, len)
+    }
 }
 
 impl<'a, T: AsRef<[u8]> + ?Sized> TcpPacket<&'a T> {

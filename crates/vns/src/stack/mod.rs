@@ -370,6 +370,8 @@ pub struct StackBuilder {
     inline_tx: Option<usize>,
     preamble_timeout: Duration,
     #[cfg(target_os = "linux")]
+    partial_checksums: Option<netdriver::channel::PartialChecksums>,
+    #[cfg(target_os = "linux")]
     #[allow(clippy::type_complexity)]
     tweak: Option<Box<dyn FnOnce(&mut netdriver::channel::ChannelSetConfig)>>,
 }
@@ -418,6 +420,8 @@ impl Default for StackBuilder {
             vns: None,
             busy_poll: None,
             inline_tx: None,
+            #[cfg(target_os = "linux")]
+            partial_checksums: None,
             preamble_timeout: Duration::from_secs(5),
             #[cfg(target_os = "linux")]
             tweak: None,
@@ -589,6 +593,18 @@ impl StackBuilder {
         self
     }
 
+    /// Whether channels accept TCP segments with a Linux sender's partial checksum
+    /// (`CHECKSUM_PARTIAL`, what a kernel peer with tx checksum offload on sends across a
+    /// veth pair). Default [`PartialChecksums::Auto`](netdriver::channel::PartialChecksums):
+    /// accepted on veth and netkit interfaces, where frames never leave the host; every
+    /// checksum verified on any other interface. Environment:
+    /// `NETCHANNEL_PARTIAL_CHECKSUMS=auto|accept|reject`.
+    #[cfg(target_os = "linux")]
+    pub fn partial_checksums(mut self, policy: netdriver::channel::PartialChecksums) -> Self {
+        self.partial_checksums = Some(policy);
+        self
+    }
+
     /// Adjusts the AF_XDP channel set's configuration before [`build`](Self::build)
     /// starts it (queues, link, TCP, queue limits, ...). It runs after the builder's own
     /// settings are applied (the liveness policy included), so it may override them;
@@ -643,6 +659,9 @@ impl StackBuilder {
         }
         if let Some(n) = self.inline_tx {
             cfg.inline_tx = n;
+        }
+        if let Some(p) = self.partial_checksums {
+            cfg.partial_checksums = p;
         }
         self.liveness.apply(&mut cfg.tcp);
         if let Some(f) = self.tweak.take() {
@@ -994,7 +1013,8 @@ pub fn clear_default_stack() -> Option<Stack> {
 /// `NETCHANNEL_INTERFACE` and `NETCHANNEL_IPV4` (and the optional `NETCHANNEL_CHANNELS`,
 /// `NETCHANNEL_COPY_WORKERS`, `NETCHANNEL_INLINE_TX` (bytes, see
 /// [`StackBuilder::inline_tx`]), `NETCHANNEL_BUSY_POLL_US` with `NETCHANNEL_BUSY_POLL_CORES`
-/// (see [`StackBuilder::busy_poll`])).
+/// (see [`StackBuilder::busy_poll`]), `NETCHANNEL_PARTIAL_CHECKSUMS` (`auto`, `accept` or
+/// `reject`, see `StackBuilder::partial_checksums`)).
 pub fn default_stack() -> io::Result<Stack> {
     let mut slot = DEFAULT_STACK.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(s) = slot.as_ref() {
@@ -1067,6 +1087,11 @@ fn stack_from_env() -> Result<Stack, StackError> {
     }
     #[cfg(target_os = "linux")]
     {
+        if let Some(p) =
+            env_parse::<netdriver::channel::PartialChecksums>("NETCHANNEL_PARTIAL_CHECKSUMS")?
+        {
+            b = b.partial_checksums(p);
+        }
         b.build()
     }
     #[cfg(not(target_os = "linux"))]
