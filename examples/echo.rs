@@ -90,6 +90,15 @@ struct Args {
     /// Longest wait for progress (connect, data, close) before giving up, in seconds.
     #[arg(long, default_value_t = 30)]
     timeout_secs: u64,
+    /// Secret that authenticates our stack's channels (at least 16 bytes; every
+    /// NetChannel peer needs the same one). Without it channels are unauthenticated.
+    #[arg(
+        long,
+        value_name = "SECRET",
+        env = "NETCHANNEL_CHANNEL_KEY",
+        hide_env_values = true
+    )]
+    channel_key: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -236,7 +245,7 @@ mod linux {
 
     pub fn run(args: Args) -> Result<(), String> {
         let stack = match (&args.interface, args.ipv4) {
-            (Some(i), Some(a)) => Some((i.clone(), a)),
+            (Some(i), Some(a)) => Some((i.clone(), a, args.channel_key.clone())),
             (None, None) => None,
             _ => return Err(EchoError::HalfStack.to_string()),
         };
@@ -245,7 +254,14 @@ mod linux {
             match stack {
                 None => Err(EchoError::ServerNeedsStack),
                 Some(_) if port == DEFAULT_CHANNEL_PORT => Err(EchoError::ChannelPort(port)),
-                Some((ifname, ipv4)) => server(&ifname, ipv4, port, args.max_connections, timeout),
+                Some((ifname, ipv4, key)) => server(
+                    &ifname,
+                    ipv4,
+                    key.as_deref(),
+                    port,
+                    args.max_connections,
+                    timeout,
+                ),
             }
         } else if let (Some(target), Some(bytes)) = (args.connect, args.bytes) {
             client(stack, target, bytes, timeout)
@@ -256,24 +272,24 @@ mod linux {
     }
 
     /// Our stack on `ifname`: AF_XDP on every queue, channel port 9000 (the default).
-    fn start_stack(ifname: &str, ipv4: Ipv4Addr) -> Result<Stack, EchoError> {
-        Stack::builder()
-            .interface(ifname)
-            .ipv4(ipv4)
-            .build()
-            .map_err(|source| {
-                if nix::unistd::geteuid().is_root() {
-                    EchoError::Start {
-                        ifname: ifname.into(),
-                        source,
-                    }
-                } else {
-                    EchoError::NotRoot {
-                        ifname: ifname.into(),
-                        source,
-                    }
+    fn start_stack(ifname: &str, ipv4: Ipv4Addr, key: Option<&str>) -> Result<Stack, EchoError> {
+        let mut builder = Stack::builder().interface(ifname).ipv4(ipv4);
+        if let Some(k) = key {
+            builder = builder.channel_key(k);
+        }
+        builder.build().map_err(|source| {
+            if nix::unistd::geteuid().is_root() {
+                EchoError::Start {
+                    ifname: ifname.into(),
+                    source,
                 }
-            })
+            } else {
+                EchoError::NotRoot {
+                    ifname: ifname.into(),
+                    source,
+                }
+            }
+        })
     }
 
     /// Stops `stack` (its last handle: threads joined, XDP program detached) and checks
@@ -323,12 +339,13 @@ mod linux {
     fn server(
         ifname: &str,
         ipv4: Ipv4Addr,
+        key: Option<&str>,
         port: u16,
         max_connections: Option<u64>,
         timeout: Duration,
     ) -> Result<(), EchoError> {
         let stop = stop_on_signals("echo").map_err(io_err("handling SIGINT/SIGTERM"))?;
-        let stack = start_stack(ifname, ipv4)?;
+        let stack = start_stack(ifname, ipv4, key)?;
         let rt = runtime()?;
         let res = rt.block_on(serve(&stack, ifname, port, max_connections, timeout, stop));
         // Connections still open are reset as their tasks are dropped.
@@ -529,7 +546,7 @@ mod linux {
     }
 
     fn client(
-        stack: Option<(String, Ipv4Addr)>,
+        stack: Option<(String, Ipv4Addr, Option<String>)>,
         target: SocketAddrV4,
         bytes: u64,
         timeout: Duration,
@@ -542,10 +559,10 @@ mod linux {
             scratch: Vec::new(),
         };
         let (which, secs) = match stack {
-            Some((ifname, ipv4)) => {
+            Some((ifname, ipv4, key)) => {
                 let mut stop =
                     stop_on_signals("echo").map_err(io_err("handling SIGINT/SIGTERM"))?;
-                let stack = start_stack(&ifname, ipv4)?;
+                let stack = start_stack(&ifname, ipv4, key.as_deref())?;
                 let rt = runtime()?;
                 let res = rt.block_on(async {
                     tokio::select! {

@@ -124,6 +124,59 @@ fn echo_server_serves_kernel_and_netchannel_clients() {
     assert!(!program_attached(&bed, Side::A), "the server detached XDP");
 }
 
+/// With `--channel-key`, our server in A admits over real AF_XDP channels only NetChannel
+/// clients that prove the same key: one with another key fails, saying why, and never
+/// reaches the listener; one with the key is echoed.
+#[test]
+fn echo_server_with_a_channel_key_serves_only_clients_with_it() {
+    const KEY: &str = "a channel key shared by the test's stacks";
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let bin = example_binary("echo");
+    let mut server = ExampleServer::start(
+        &bed,
+        &bin,
+        PORT,
+        &["--max-connections", "1", "--channel-key", KEY],
+    );
+    let target = SocketAddr::from((bed.side(Side::A).ipv4, PORT));
+
+    let out = client_command(&bed, &bin, target, "1M", true)
+        .args(["--channel-key", "another key, long enough to be accepted"])
+        .output()
+        .expect("run the echo client in B");
+    show("client with another key", &out);
+    assert!(
+        !out.status.success(),
+        "a client with another key was served"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("does not hold our channel key"),
+        "the client says why: {stderr}"
+    );
+    assert!(
+        !program_attached(&bed, Side::B),
+        "the failed client detached XDP"
+    );
+
+    let out = client_command(&bed, &bin, target, BYTES, true)
+        .args(["--channel-key", KEY])
+        .output()
+        .expect("run the echo client in B");
+    let stdout = show("client with the key", &out);
+    assert!(out.status.success(), "the client with the key failed");
+    assert!(stdout.contains("over netchannel"), "{stdout}");
+    assert!(stdout.contains("every byte verified"), "{stdout}");
+    // The refused client never became a connection: the one served is number 1.
+    let line = server.wait_for(&["accepted connection 1 "]);
+    assert!(line.ends_with("over netchannel"), "{line}");
+    server.wait_for(&["stopped after 1 connection(s)"]);
+    let status = server.wait_exit();
+    assert!(status.success(), "server exit: {status}");
+}
+
 /// Several clients at once, both kinds: three kernel clients and one NetChannel client
 /// (one stack per interface: a second one on vB would find its XDP program busy), all
 /// verified; then SIGTERM stops the idle server with success.

@@ -29,6 +29,7 @@ use netdriver::channel::{ChannelError, ChannelTransport, EnqueueError};
 use netsched::{ChannelClass, ChannelId};
 use tracing::{debug, trace, warn};
 
+use super::auth;
 use super::backend::{Acceptor, Backend, BoxedTransport};
 use crate::endpoint::{ChannelLoad, Endpoint, Event, PeerId, SocketId};
 use crate::wire::HEADER_LEN;
@@ -47,30 +48,101 @@ const RX_BUDGET: usize = 64;
 /// Batches written to one channel per driver round (in bytes: `TX_BUDGET * TX_BATCH`).
 const TX_BUDGET: usize = 16;
 
-/// The first bytes on every channel a stack opens: magic, version, channel class, two
-/// reserved zero bytes. The acceptor reads them before the channel joins the endpoint,
-/// so both ends agree on the channel's class (documented in `docs/wire-format.md`).
+/// The first bytes on every channel a stack opens: magic, version, channel class, a
+/// flags byte ([`auth::FLAG_AUTH`]: an authentication exchange follows) and a reserved
+/// zero byte. The acceptor reads them before the channel joins the endpoint, so both
+/// ends agree on the channel's class (documented in `docs/wire-format.md`).
 pub(crate) const PREAMBLE_LEN: usize = 8;
 const PREAMBLE_MAGIC: &[u8; 4] = b"NCHN";
 const PREAMBLE_VERSION: u8 = 1;
 
-pub(crate) fn preamble(class: ChannelClass) -> [u8; PREAMBLE_LEN] {
-    let c = match class {
+fn class_byte(class: ChannelClass) -> u8 {
+    match class {
         ChannelClass::Throughput => 0,
         ChannelClass::Latency => 1,
-    };
-    let m = PREAMBLE_MAGIC;
-    [m[0], m[1], m[2], m[3], PREAMBLE_VERSION, c, 0, 0]
+    }
 }
 
-pub(crate) fn parse_preamble(b: &[u8]) -> Option<ChannelClass> {
+pub(crate) fn preamble(class: ChannelClass, flags: u8) -> [u8; PREAMBLE_LEN] {
+    let m = PREAMBLE_MAGIC;
+    [
+        m[0],
+        m[1],
+        m[2],
+        m[3],
+        PREAMBLE_VERSION,
+        class_byte(class),
+        flags,
+        0,
+    ]
+}
+
+/// The class and the flags byte of a preamble.
+pub(crate) fn parse_preamble(b: &[u8]) -> Option<(ChannelClass, u8)> {
     if b.len() < PREAMBLE_LEN || &b[..4] != PREAMBLE_MAGIC || b[4] != PREAMBLE_VERSION {
         return None;
     }
-    match b[5] {
-        0 => Some(ChannelClass::Throughput),
-        1 => Some(ChannelClass::Latency),
-        _ => None,
+    let class = match b[5] {
+        0 => ChannelClass::Throughput,
+        1 => ChannelClass::Latency,
+        _ => return None,
+    };
+    Some((class, b[6]))
+}
+
+/// Where an accepted channel is in its handshake.
+#[derive(Debug)]
+enum Stage {
+    /// Reading the preamble (and the opener's nonce when it authenticates).
+    Preamble,
+    /// Our nonce and tag are sent; reading the opener's tag.
+    Challenged {
+        class: ChannelClass,
+        nc: [u8; auth::NONCE_LEN],
+        ns: [u8; auth::NONCE_LEN],
+    },
+}
+
+/// What the bytes an accepted channel has sent so far decide.
+enum Verdict {
+    /// It joins the endpoint; the first `consumed` bytes were its handshake.
+    Join {
+        class: ChannelClass,
+        consumed: usize,
+    },
+    /// Our challenge went out: wait for the tag.
+    Challenged,
+    /// Abort it; `auth` when it failed authentication rather than sent garbage.
+    Reject { why: &'static str, auth: bool },
+}
+
+/// Wakes a thread parked in [`dequeue_until`].
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// The channel's next bytes, waiting on this thread until `deadline`: `Ok(None)` when
+/// the peer closed it, `Err` when it failed or the deadline passed. For helper threads
+/// only (it parks the calling thread).
+fn dequeue_until(t: &dyn ChannelTransport, deadline: Instant) -> Result<Option<Bytes>, String> {
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        match t.poll_dequeue(&mut cx) {
+            Poll::Ready(Ok(b)) => return Ok(b),
+            Poll::Ready(Err(e)) => return Err(e.to_string()),
+            Poll::Pending => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err("no answer from the peer in time".into());
+                }
+                std::thread::park_timeout(deadline - now);
+            }
+        }
     }
 }
 
@@ -179,8 +251,12 @@ pub(crate) struct CoreConfig {
     pub channel_port: u16,
     pub backlog: usize,
     pub connect_timeout: Duration,
-    /// How long an accepted channel may take to send its preamble.
+    /// How long an accepted channel may take to send its preamble (and to complete the
+    /// authentication exchange), and how long an opened one waits for the acceptor's
+    /// challenge.
     pub preamble_timeout: Duration,
+    /// The key channels authenticate with; `None`: unauthenticated channels.
+    pub channel_key: Option<auth::ChannelKey>,
 }
 
 /// What the stack shares between its driver thread, its handles and its streams.
@@ -240,6 +316,7 @@ struct Incoming {
     t: BoxedTransport,
     peer: SocketAddrV4,
     got: Vec<u8>,
+    stage: Stage,
     /// When the channel is dropped if its preamble is not complete.
     deadline: Instant,
 }
@@ -273,6 +350,7 @@ pub(crate) struct State {
     /// Channel chunks fed to the endpoint so far.
     received: u64,
     preamble_timeout: Duration,
+    channel_key: Option<auth::ChannelKey>,
     /// Channel wake-ups (or inline transmits) that enqueues handed back, run by whoever
     /// releases the lock next ([`Core::finish_call`], the driver's round): a round of a
     /// channel thread, with its system call, never runs under the stack's lock.
@@ -283,8 +361,11 @@ pub(crate) struct State {
     /// of the request rate at 32-128 connections, where the channel threads batch.
     kicks: Vec<(netdriver::channel::DeferredKick, bool)>,
     /// Accepted channels aborted before they joined: no preamble in time, too many
-    /// waiting, or a bad preamble.
+    /// waiting, a bad preamble, or failed authentication.
     pub dropped_channels: u64,
+    /// Of those, channels that failed authentication (no, or a wrong, proof of the key;
+    /// or asking to authenticate when this stack has no key).
+    pub auth_failures: u64,
 }
 
 impl Core {
@@ -315,9 +396,11 @@ impl Core {
                 ids: Vec::new(),
                 received: 0,
                 preamble_timeout: config.preamble_timeout,
+                channel_key: config.channel_key.clone(),
                 #[cfg(target_os = "linux")]
                 kicks: Vec::new(),
                 dropped_channels: 0,
+                auth_failures: 0,
             }),
             signal,
             backend,
@@ -411,15 +494,19 @@ impl Core {
             );
         let mut opened = Vec::new();
         let mut error = None;
+        let mut auth_error = None;
         for class in plan {
             match self.backend.connect(remote) {
-                Ok((t, _)) => {
-                    if let Err(e) = t.enqueue(Bytes::copy_from_slice(&preamble(class))) {
-                        warn!(%remote, error = %e, "channel failed before its preamble");
-                        continue;
+                Ok((t, _)) => match self.open_handshake(&t, class) {
+                    Ok(leftover) => opened.push((t, class, leftover)),
+                    Err(why) => {
+                        // Every further channel would fail the same way.
+                        warn!(%remote, why = %why, "channel handshake failed; aborting it");
+                        t.abort();
+                        auth_error = Some(why);
+                        break;
                     }
-                    opened.push((t, class));
-                }
+                },
                 Err(e) => {
                     debug!(%remote, error = %e, "opening a channel failed");
                     error = Some(e);
@@ -431,9 +518,13 @@ impl Core {
             let mut st = self.lock();
             let peer = st.peer_id(ip);
             let mut n = 0;
-            for (t, class) in opened {
+            for (t, class, leftover) in opened {
                 if !st.stopped {
+                    let id = ChannelId(st.next_channel);
                     st.add_channel(t, ip, peer, class);
+                    if let (Some(b), Some(c)) = (leftover, st.chans.get_mut(&id)) {
+                        c.rx_pending = Some(b);
+                    }
                     n += 1;
                 } else {
                     t.abort();
@@ -441,8 +532,13 @@ impl Core {
             }
             debug!(%remote, channels = n, "channels opened");
             let p = st.peers.get_mut(&ip).expect("peer_id inserted it");
-            let next = match error {
-                Some(e) if n == 0 => {
+            let next = match (error, auth_error) {
+                (_, Some(why)) if n == 0 => Opening::Failed {
+                    attempt,
+                    kind: io::ErrorKind::PermissionDenied,
+                    msg: format!("opening channels to {remote}: {why}"),
+                },
+                (Some(e), None) if n == 0 => {
                     let kind = io::Error::from(e).kind();
                     Opening::Failed {
                         attempt,
@@ -459,6 +555,54 @@ impl Core {
         };
         self.signal.notify();
         waiters.into_iter().for_each(Waker::wake);
+    }
+
+    /// Sends the preamble on a channel this stack opened and, with a channel key, runs the
+    /// opener's side of the authentication exchange (see [`auth`]), blocking this helper
+    /// thread for at most the preamble timeout. Returns bytes that arrived after the
+    /// exchange (chunks for the endpoint), or why the channel cannot be used.
+    fn open_handshake(
+        &self,
+        t: &BoxedTransport,
+        class: ChannelClass,
+    ) -> Result<Option<Bytes>, String> {
+        let Some(key) = &self.config.channel_key else {
+            t.enqueue(Bytes::copy_from_slice(&preamble(class, 0)))
+                .map_err(|e| format!("channel failed before its preamble: {e}"))?;
+            return Ok(None);
+        };
+        let nc = auth::nonce().map_err(|e| format!("no randomness for a nonce: {e}"))?;
+        let mut hello = Vec::with_capacity(PREAMBLE_LEN + auth::NONCE_LEN);
+        hello.extend_from_slice(&preamble(class, auth::FLAG_AUTH));
+        hello.extend_from_slice(&nc);
+        t.enqueue(Bytes::from(hello))
+            .map_err(|e| format!("channel failed before its preamble: {e}"))?;
+        let deadline = Instant::now() + self.config.preamble_timeout;
+        let mut got = Vec::new();
+        while got.len() < auth::NONCE_LEN + auth::TAG_LEN {
+            match dequeue_until(t.as_ref(), deadline) {
+                Ok(Some(b)) => got.extend_from_slice(&b),
+                Ok(None) => {
+                    return Err(
+                        "channel authentication failed: the peer closed the channel \
+                         (it has no channel key, or another one)"
+                            .into(),
+                    )
+                }
+                Err(why) => return Err(format!("channel authentication failed: {why}")),
+            }
+        }
+        let (ns, rest) = got.split_at(auth::NONCE_LEN);
+        let (tag, leftover) = rest.split_at(auth::TAG_LEN);
+        if !key.verify_accept(&nc, ns, class_byte(class), tag) {
+            return Err(
+                "channel authentication failed: the peer does not hold our channel key".into(),
+            );
+        }
+        let proof = key.open_tag(&nc, ns, class_byte(class));
+        t.enqueue(Bytes::copy_from_slice(&proof))
+            .map_err(|e| format!("channel failed during authentication: {e}"))?;
+        Ok((!leftover.is_empty()).then(|| Bytes::copy_from_slice(leftover)))
     }
 
     /// Ends an application call that changed the endpoint, given the stack's lock: moves
@@ -740,6 +884,7 @@ impl State {
                         t,
                         peer,
                         got: Vec::new(),
+                        stage: Stage::Preamble,
                         deadline: Instant::now() + self.preamble_timeout,
                     })
                 }
@@ -753,26 +898,30 @@ impl State {
         let mut i = 0;
         while i < self.incoming.len() {
             match self.poll_incoming(i, cx) {
-                Some(true) => {
-                    let inc = self.incoming.swap_remove(i);
-                    let Some(class) = parse_preamble(&inc.got) else {
-                        warn!(peer = %inc.peer, "bad channel preamble; aborting the channel");
+                Some(true) => match self.judge_incoming(i) {
+                    Verdict::Challenged => {}
+                    Verdict::Reject { why, auth } => {
+                        let inc = self.incoming.swap_remove(i);
+                        warn!(peer = %inc.peer, why, "channel refused; aborting it");
                         inc.t.abort();
                         self.dropped_channels += 1;
-                        continue;
-                    };
-                    let ip = *inc.peer.ip();
-                    let peer = self.peer_id(ip);
-                    let id = ChannelId(self.next_channel);
-                    self.add_channel(inc.t, ip, peer, class);
-                    if inc.got.len() > PREAMBLE_LEN {
-                        if let Some(c) = self.chans.get_mut(&id) {
-                            c.rx_pending = Some(Bytes::copy_from_slice(&inc.got[PREAMBLE_LEN..]));
-                        }
+                        self.auth_failures += u64::from(auth);
                     }
-                    debug!(channel = %id, peer = %inc.peer, ?class, "channel accepted");
-                    busy = true;
-                }
+                    Verdict::Join { class, consumed } => {
+                        let inc = self.incoming.swap_remove(i);
+                        let ip = *inc.peer.ip();
+                        let peer = self.peer_id(ip);
+                        let id = ChannelId(self.next_channel);
+                        self.add_channel(inc.t, ip, peer, class);
+                        if inc.got.len() > consumed {
+                            if let Some(c) = self.chans.get_mut(&id) {
+                                c.rx_pending = Some(Bytes::copy_from_slice(&inc.got[consumed..]));
+                            }
+                        }
+                        debug!(channel = %id, peer = %inc.peer, ?class, "channel accepted");
+                        busy = true;
+                    }
+                },
                 Some(false) => {
                     let inc = self.incoming.swap_remove(i);
                     inc.t.abort();
@@ -831,17 +980,100 @@ impl State {
         busy
     }
 
-    /// Reads a preamble; `Some(true)` when complete, `Some(false)` when the channel died.
+    /// Reads what the accepted channel's handshake needs at its stage; `Some(true)` when
+    /// it is all there, `Some(false)` when the channel died.
     fn poll_incoming(&mut self, i: usize, cx: &mut Context<'_>) -> Option<bool> {
         let inc = &mut self.incoming[i];
-        while inc.got.len() < PREAMBLE_LEN {
+        loop {
+            let need = match inc.stage {
+                Stage::Challenged { .. } => PREAMBLE_LEN + auth::NONCE_LEN + auth::TAG_LEN,
+                Stage::Preamble
+                    if inc.got.len() >= PREAMBLE_LEN && inc.got[6] & auth::FLAG_AUTH != 0 =>
+                {
+                    PREAMBLE_LEN + auth::NONCE_LEN
+                }
+                Stage::Preamble => PREAMBLE_LEN,
+            };
+            if inc.got.len() >= need {
+                return Some(true);
+            }
             match inc.t.poll_dequeue(cx) {
                 Poll::Ready(Ok(Some(b))) => inc.got.extend_from_slice(&b),
                 Poll::Ready(Ok(None)) | Poll::Ready(Err(_)) => return Some(false),
                 Poll::Pending => return None,
             }
         }
-        Some(true)
+    }
+
+    /// Decides on accepted channel `i`, whose handshake bytes for its stage are all in:
+    /// parses its preamble, sends our challenge when it authenticates, checks its tag.
+    fn judge_incoming(&mut self, i: usize) -> Verdict {
+        let key = self.channel_key.clone();
+        let inc = &mut self.incoming[i];
+        match inc.stage {
+            Stage::Preamble => {
+                let Some((class, flags)) = parse_preamble(&inc.got) else {
+                    return Verdict::Reject {
+                        why: "bad channel preamble",
+                        auth: false,
+                    };
+                };
+                let wants_auth = flags & auth::FLAG_AUTH != 0;
+                match (key, wants_auth) {
+                    (None, false) => Verdict::Join {
+                        class,
+                        consumed: PREAMBLE_LEN,
+                    },
+                    (Some(_), false) => Verdict::Reject {
+                        why: "unauthenticated channel, and this stack has a channel key",
+                        auth: true,
+                    },
+                    (None, true) => Verdict::Reject {
+                        why:
+                            "the peer authenticates its channels, and this stack has no channel key",
+                        auth: true,
+                    },
+                    (Some(key), true) => {
+                        let mut nc = [0u8; auth::NONCE_LEN];
+                        nc.copy_from_slice(&inc.got[PREAMBLE_LEN..PREAMBLE_LEN + auth::NONCE_LEN]);
+                        let Ok(ns) = auth::nonce() else {
+                            return Verdict::Reject {
+                                why: "no randomness for a nonce",
+                                auth: false,
+                            };
+                        };
+                        let tag = key.accept_tag(&nc, &ns, class_byte(class));
+                        let mut challenge = Vec::with_capacity(auth::NONCE_LEN + auth::TAG_LEN);
+                        challenge.extend_from_slice(&ns);
+                        challenge.extend_from_slice(&tag);
+                        if inc.t.enqueue(Bytes::from(challenge)).is_err() {
+                            return Verdict::Reject {
+                                why: "channel failed before its challenge",
+                                auth: false,
+                            };
+                        }
+                        inc.stage = Stage::Challenged { class, nc, ns };
+                        Verdict::Challenged
+                    }
+                }
+            }
+            Stage::Challenged { class, nc, ns } => {
+                let at = PREAMBLE_LEN + auth::NONCE_LEN;
+                let tag = &inc.got[at..at + auth::TAG_LEN];
+                match key {
+                    Some(key) if key.verify_open(&nc, &ns, class_byte(class), tag) => {
+                        Verdict::Join {
+                            class,
+                            consumed: at + auth::TAG_LEN,
+                        }
+                    }
+                    _ => Verdict::Reject {
+                        why: "channel authentication failed (wrong key)",
+                        auth: true,
+                    },
+                }
+            }
+        }
     }
 
     /// Feeds a channel's received chunks to the endpoint. `Err` when the channel is gone.
@@ -1154,14 +1386,18 @@ mod tests {
     #[test]
     fn preamble_round_trips_and_rejects_garbage() {
         for class in [ChannelClass::Throughput, ChannelClass::Latency] {
-            assert_eq!(parse_preamble(&preamble(class)), Some(class));
+            assert_eq!(parse_preamble(&preamble(class, 0)), Some((class, 0)));
+            assert_eq!(
+                parse_preamble(&preamble(class, auth::FLAG_AUTH)),
+                Some((class, auth::FLAG_AUTH))
+            );
         }
         assert_eq!(parse_preamble(b"NCHN"), None);
         assert_eq!(parse_preamble(b"GET / HTTP/1.1"), None);
-        let mut p = preamble(ChannelClass::Latency);
+        let mut p = preamble(ChannelClass::Latency, 0);
         p[5] = 7;
         assert_eq!(parse_preamble(&p), None);
-        p = preamble(ChannelClass::Latency);
+        p = preamble(ChannelClass::Latency, 0);
         p[4] = 2;
         assert_eq!(parse_preamble(&p), None);
     }

@@ -177,6 +177,7 @@
 //! # }
 //! ```
 
+mod auth;
 mod backend;
 mod driver;
 mod listener;
@@ -194,6 +195,7 @@ use netsched::{NetScheduler, RoundRobin};
 use thiserror::Error;
 use tracing::{debug, warn};
 
+pub use auth::{ChannelKey, MIN_KEY_LEN};
 #[cfg(target_os = "linux")]
 pub use backend::XdpBackend;
 pub use backend::{Acceptor, Backend, BoxedTransport};
@@ -369,6 +371,8 @@ pub struct StackBuilder {
     busy_poll: Option<BusyPoll>,
     inline_tx: Option<usize>,
     preamble_timeout: Duration,
+    /// `Err` holds a refused key until `build` reports it.
+    channel_key: Result<Option<ChannelKey>, ()>,
     #[cfg(target_os = "linux")]
     partial_checksums: Option<netdriver::channel::PartialChecksums>,
     #[cfg(target_os = "linux")]
@@ -420,6 +424,7 @@ impl Default for StackBuilder {
             vns: None,
             busy_poll: None,
             inline_tx: None,
+            channel_key: Ok(None),
             #[cfg(target_os = "linux")]
             partial_checksums: None,
             preamble_timeout: Duration::from_secs(5),
@@ -550,6 +555,34 @@ impl StackBuilder {
     /// counts both, and bad preambles.
     pub fn preamble_timeout(mut self, d: Duration) -> Self {
         self.preamble_timeout = d;
+        self
+    }
+
+    /// Authenticates every channel with `secret`, a key shared by all the stacks that
+    /// talk to each other (at least [`MIN_KEY_LEN`] = 16 bytes; use 32 random characters
+    /// or more). A channel then joins only after a challenge-response that proves both
+    /// ends hold the key (HMAC-SHA256 over fresh nonces from each side, so a recorded
+    /// exchange cannot be replayed); channels without the proof are aborted and counted
+    /// in [`Stack::auth_failures`], and opening channels to a peer with another key, or
+    /// none, fails with `PermissionDenied`. It authenticates who joins; it does not
+    /// encrypt or protect the chunks that follow (see `docs/security.md`). Without a key
+    /// (the default) any process reaching the channel port from a peer's address can
+    /// join as one of its channels; the stack logs that once. Environment:
+    /// `NETCHANNEL_CHANNEL_KEY`. A shorter key makes [`build`](Self::build) fail.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let net = vns::stack::MemNetwork::new();
+    /// let stack = vns::Stack::builder()
+    ///     .ipv4("10.0.0.1".parse()?)
+    ///     .channel_key("a shared secret of 32 characters")
+    ///     .build_in_memory(&net)?;
+    /// # drop(stack);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn channel_key(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.channel_key = ChannelKey::new(secret).map(Some).ok_or(());
         self
     }
 
@@ -694,6 +727,19 @@ impl StackBuilder {
         let acceptor = backend
             .listen(self.channel_port)
             .map_err(StackError::Channels)?;
+        let channel_key = self.channel_key.map_err(|()| {
+            StackError::Invalid("a channel key must be at least 16 bytes (vns::stack::MIN_KEY_LEN)")
+        })?;
+        if channel_key.is_none() {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "channels are unauthenticated: any process that reaches the channel port \
+                     from a peer's address can join as one of its channels (set a channel \
+                     key: StackBuilder::channel_key or NETCHANNEL_CHANNEL_KEY)"
+                )
+            });
+        }
         let config = CoreConfig {
             channels: self.channels,
             latency_channels: self.latency_channels,
@@ -701,6 +747,7 @@ impl StackBuilder {
             backlog: self.backlog,
             connect_timeout: self.connect_timeout,
             preamble_timeout: self.preamble_timeout,
+            channel_key,
         };
         let core = Arc::new(Core::new(ep, backend, config));
         let c = core.clone();
@@ -905,6 +952,14 @@ impl Stack {
         self.core().lock().dropped_channels
     }
 
+    /// Channels accepted on the channel port that failed authentication: no proof of the
+    /// key when this stack has one ([`StackBuilder::channel_key`]), a wrong proof, or a
+    /// request to authenticate when it has none. Also counted in
+    /// [`Stack::dropped_channels`].
+    pub fn auth_failures(&self) -> u64 {
+        self.core().lock().auth_failures
+    }
+
     /// Channels the stack holds now (to all peers).
     pub fn channel_count(&self) -> usize {
         self.core().lock().channel_count()
@@ -1012,7 +1067,8 @@ pub fn clear_default_stack() -> Option<Stack> {
 /// The process's default stack: the installed one, or else one built (and installed) from
 /// `NETCHANNEL_INTERFACE` and `NETCHANNEL_IPV4` (and the optional `NETCHANNEL_CHANNELS`,
 /// `NETCHANNEL_COPY_WORKERS`, `NETCHANNEL_INLINE_TX` (bytes, see
-/// [`StackBuilder::inline_tx`]), `NETCHANNEL_BUSY_POLL_US` with `NETCHANNEL_BUSY_POLL_CORES`
+/// [`StackBuilder::inline_tx`]), `NETCHANNEL_CHANNEL_KEY` (see
+/// [`StackBuilder::channel_key`]), `NETCHANNEL_BUSY_POLL_US` with `NETCHANNEL_BUSY_POLL_CORES`
 /// (see [`StackBuilder::busy_poll`]), `NETCHANNEL_PARTIAL_CHECKSUMS` (`auto`, `accept` or
 /// `reject`, see `StackBuilder::partial_checksums`)).
 pub fn default_stack() -> io::Result<Stack> {
@@ -1068,6 +1124,15 @@ fn stack_from_env() -> Result<Stack, StackError> {
     }
     if let Some(n) = env_parse("NETCHANNEL_INLINE_TX")? {
         b = b.inline_tx(n);
+    }
+    if let Some(key) = env_var("NETCHANNEL_CHANNEL_KEY")? {
+        if key.len() < MIN_KEY_LEN {
+            return Err(StackError::Env {
+                name: "NETCHANNEL_CHANNEL_KEY",
+                msg: format!("must be at least {MIN_KEY_LEN} bytes (32 random characters or more)"),
+            });
+        }
+        b = b.channel_key(key);
     }
     if let Some(us) = env_parse::<u64>("NETCHANNEL_BUSY_POLL_US")? {
         let cores = env_var("NETCHANNEL_BUSY_POLL_CORES")?.ok_or(StackError::Env {
