@@ -1488,6 +1488,51 @@ mod tests {
     }
 
     #[test]
+    fn half_open_connections_hold_no_ring_memory() {
+        let (mut a, mut b) = hosts();
+        b.listen(80, 64).unwrap();
+        let target = SocketAddrV4::new(IP_B, 80);
+        let mut now = Instant::ZERO;
+        for port in 0..40 {
+            a.connect_from(41_000 + port, target, now).unwrap();
+        }
+        // SYNs out, SYN-ACKs back; A does not complete the handshakes yet.
+        a.poll(now);
+        for _ in 0..10_000 {
+            if b.handles().count() == 40 {
+                break;
+            }
+            now += Duration::from_micros(10);
+            b.poll(now);
+        }
+        let half_open: Vec<_> = b.handles().collect();
+        assert_eq!(half_open.len(), 40);
+        for &h in &half_open {
+            let c = b.conn(h).unwrap();
+            assert_eq!(c.state(), State::SynReceived);
+            assert_eq!(c.buffer_memory(), 0, "a SYN allocated buffers");
+        }
+        // Completing one handshake and moving data allocates that connection's rings.
+        let first = a.handles().next().unwrap();
+        run_until(&mut a, &mut b, &mut now, |a, _| {
+            a.conn(first).unwrap().state() == State::Established
+        });
+        assert_eq!(a.conn_mut(first).unwrap().send(b"hello"), Ok(5));
+        run_until(&mut a, &mut b, &mut now, |_, b| {
+            b.handles()
+                .filter_map(|h| b.conn(h))
+                .any(|c| c.recv_queue() == 5)
+        });
+        let (used, idle): (Vec<_>, Vec<_>) = b
+            .handles()
+            .filter_map(|h| b.conn(h))
+            .partition(|c| c.recv_queue() == 5);
+        assert_eq!(used.len(), 1);
+        assert!(used[0].buffer_memory() > 0);
+        assert!(idle.iter().all(|c| c.buffer_memory() == 0));
+    }
+
+    #[test]
     fn partial_checksums_are_accepted_only_when_configured() {
         let data = b"partial checksum payload";
         let partial = syn_frame(data, |_, pseudo| pseudo);

@@ -1,7 +1,9 @@
 //! Fixed-capacity byte rings for the send and receive directions.
 //!
-//! Both are allocated once at connection creation and never grow, so a connection's memory
-//! is bounded by its configuration whatever the peer sends.
+//! Each is allocated in full when its first byte arrives (not when the connection is
+//! created: a SYN, or a flood of them, costs no ring memory until data flows) and never
+//! grows, so a connection's memory is bounded by its configuration whatever the peer
+//! sends.
 
 /// Copies `data` into `ring` starting at physical index `start`, wrapping at the end.
 /// `data.len()` must not exceed `ring.len()`.
@@ -23,16 +25,19 @@ fn copy_out(ring: &[u8], start: usize, out: &mut [u8]) {
 /// Acknowledged bytes are consumed from the front; retransmissions read at an offset.
 #[derive(Debug, Clone)]
 pub struct TxRing {
+    /// Empty until the first byte is pushed, then `capacity` bytes.
     buf: Vec<u8>,
+    capacity: usize,
     head: usize,
     len: usize,
 }
 
 impl TxRing {
-    /// An empty ring of `capacity` bytes.
+    /// An empty ring of `capacity` bytes (allocated at the first push).
     pub fn new(capacity: usize) -> Self {
         TxRing {
-            buf: vec![0; capacity],
+            buf: Vec::new(),
+            capacity,
             head: 0,
             len: 0,
         }
@@ -40,6 +45,11 @@ impl TxRing {
 
     /// Total size in bytes.
     pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes of memory the ring holds: 0 until its first byte, then its capacity.
+    pub fn allocated(&self) -> usize {
         self.buf.len()
     }
 
@@ -63,6 +73,9 @@ impl TxRing {
         let n = data.len().min(self.free());
         if n == 0 {
             return 0;
+        }
+        if self.buf.is_empty() {
+            self.buf = vec![0; self.capacity];
         }
         let tail = (self.head + self.len) % self.capacity();
         copy_in(&mut self.buf, tail, &data[..n]);
@@ -103,17 +116,20 @@ impl TxRing {
 /// data is tracked separately by the [`Assembler`](crate::tcp::assembler::Assembler).
 #[derive(Debug, Clone)]
 pub struct RxRing {
+    /// Empty until the first byte is written, then `capacity` bytes.
     buf: Vec<u8>,
+    capacity: usize,
     head: usize,
     /// Readable (in-order, committed) bytes.
     len: usize,
 }
 
 impl RxRing {
-    /// An empty ring of `capacity` bytes.
+    /// An empty ring of `capacity` bytes (allocated at the first write).
     pub fn new(capacity: usize) -> Self {
         RxRing {
-            buf: vec![0; capacity],
+            buf: Vec::new(),
+            capacity,
             head: 0,
             len: 0,
         }
@@ -121,6 +137,11 @@ impl RxRing {
 
     /// Total size in bytes.
     pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes of memory the ring holds: 0 until its first byte, then its capacity.
+    pub fn allocated(&self) -> usize {
         self.buf.len()
     }
 
@@ -145,6 +166,9 @@ impl RxRing {
         let n = data.len().min(room - offset);
         if n == 0 {
             return 0;
+        }
+        if self.buf.is_empty() {
+            self.buf = vec![0; self.capacity];
         }
         let start = (self.head + self.len + offset) % self.capacity();
         copy_in(&mut self.buf, start, &data[..n]);
@@ -190,6 +214,30 @@ impl RxRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rings_allocate_at_their_first_byte() {
+        let mut t = TxRing::new(1 << 18);
+        let mut r = RxRing::new(1 << 18);
+        assert_eq!((t.allocated(), r.allocated()), (0, 0));
+        assert_eq!(
+            (t.capacity(), t.free(), r.free()),
+            (1 << 18, 1 << 18, 1 << 18)
+        );
+        // Nothing to store: still nothing allocated, nothing to read.
+        assert_eq!(t.push(b""), 0);
+        assert_eq!(r.write_at(0, b""), 0);
+        assert_eq!(r.write_at(1 << 18, b"x"), 0);
+        assert_eq!(t.read_at(0, &mut [0; 4]), 0);
+        assert_eq!(r.read(&mut [0; 4]), 0);
+        assert_eq!((t.allocated(), r.allocated()), (0, 0));
+        assert_eq!(t.push(b"abc"), 3);
+        assert_eq!(r.write_at(5, b"xyz"), 3);
+        assert_eq!((t.allocated(), r.allocated()), (1 << 18, 1 << 18));
+        let mut out = [0u8; 3];
+        assert_eq!(t.read_at(0, &mut out), 3);
+        assert_eq!(&out, b"abc");
+    }
 
     #[test]
     fn tx_ring_wraps() {

@@ -717,6 +717,13 @@ impl Connection {
         }
     }
 
+    /// Bytes of send and receive ring memory the connection holds: 0 until data flows
+    /// (a half-open connection from a SYN costs no ring memory), then the configured
+    /// buffer sizes.
+    pub fn buffer_memory(&self) -> usize {
+        self.tx.allocated() + self.rx.allocated()
+    }
+
     /// A snapshot of counters and congestion state.
     pub fn stats(&self) -> Stats {
         let c = &self.counters;
