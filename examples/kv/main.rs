@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! kv --interface IFACE --ipv4 ADDR --listen PORT [--max-connections N] [--max-keys N]
-//!    [--max-memory SIZE] [--max-request SIZE] [--timeout-secs S]
+//!    [--max-memory SIZE] [--max-request SIZE] [--max-request-memory SIZE]
+//!    [--timeout-secs S]
 //! ```
 //!
 //! Commands (names in any case, arity errors and replies as Redis gives them): `PING
@@ -20,11 +21,21 @@
 //! Bounds: `--max-keys` (default 1000000) and `--max-memory` (bytes of keys and values
 //! plus 64 per entry, default 256MiB) refuse writes beyond them with Redis's `-OOM`
 //! error; `--max-request` (default 16MiB) bounds one request (a longer one gets a
-//! protocol error and the connection closes); `--max-connections` (default 1024) bounds
+//! protocol error and the connection closes); `--max-request-memory` (default 128MiB, at
+//! least `--max-request`) bounds the bytes of requests being received by all clients
+//! together (each connection's first 64 KiB of buffered input, room for small pipelined
+//! requests, are not counted); `--max-connections` (default 1024) bounds
 //! the clients served at once (one more gets `-ERR max number of clients reached` and is
 //! closed, as with Redis's `maxclients`; unlike `echo --max-connections`, which counts
 //! connections until it exits). `--timeout-secs` (default 30) bounds how long a client
 //! may leave our replies unread; idle clients are kept, as Redis keeps them.
+//!
+//! A client whose request needs more of `--max-request-memory` than is left gets `-ERR
+//! requests in progress from all clients hold the server's request memory ...` and is
+//! closed, as Redis closes clients beyond its client memory limits; it is not made to
+//! wait, since waiting partial requests would keep what they hold and could stall each
+//! other for good. The other clients, and every client whose requests are small, go on
+//! being served. The server counts such refusals and prints the count when it stops.
 //!
 //! The server is a [`netchannel::Stack`] on IFACE (AF_XDP on every queue, channel port
 //! 9000, like `examples/echo.rs`) with a [`netchannel::VirtualListener`] on PORT, serving
@@ -74,6 +85,10 @@ struct Args {
     /// Longest request (one command with its arguments, as sent), e.g. 16MiB.
     #[arg(long, value_name = "SIZE", value_parser = support::parse_size, default_value = "16MiB")]
     max_request: u64,
+    /// Most bytes of requests being received, all clients together, e.g. 128MiB (at
+    /// least --max-request).
+    #[arg(long, value_name = "SIZE", value_parser = support::parse_size, default_value = "128MiB")]
+    max_request_memory: u64,
     /// Longest time a client may leave our replies unread, in seconds.
     #[arg(long, default_value_t = 30)]
     timeout_secs: u64,
@@ -119,7 +134,7 @@ mod linux {
 
     use super::Args;
     use crate::resp::Limits;
-    use crate::store::{serve_connection, Store, StoreLimits};
+    use crate::store::{serve_connection, RequestMemory, Store, StoreLimits};
 
     /// Why the server failed.
     #[derive(Debug, thiserror::Error)]
@@ -130,6 +145,14 @@ mod linux {
         /// A bound of zero would refuse everything.
         #[error("{0} must be at least 1")]
         Zero(&'static str),
+        /// The shared request memory could never hold one request of the largest size.
+        #[error("--max-request-memory ({memory} bytes) must be at least --max-request ({request} bytes)")]
+        RequestMemoryBelowRequest {
+            /// `--max-request-memory`.
+            memory: u64,
+            /// `--max-request`.
+            request: u64,
+        },
         /// Starting our stack failed while not root.
         #[error(
             "starting netchannel on {ifname} needs root (AF_XDP sockets and an XDP program); \
@@ -177,6 +200,7 @@ mod linux {
     struct Shared {
         store: Store,
         limits: Limits,
+        memory: RequestMemory,
         timeout: Duration,
     }
 
@@ -193,10 +217,17 @@ mod linux {
             ("--max-keys", args.max_keys as u64),
             ("--max-memory", args.max_memory),
             ("--max-request", args.max_request),
+            ("--max-request-memory", args.max_request_memory),
         ] {
             if v == 0 {
                 return Err(KvError::Zero(name));
             }
+        }
+        if args.max_request_memory < args.max_request {
+            return Err(KvError::RequestMemoryBelowRequest {
+                memory: args.max_request_memory,
+                request: args.max_request,
+            });
         }
         let clamp = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
         let shared = Arc::new(Shared {
@@ -205,6 +236,7 @@ mod linux {
                 max_memory: clamp(args.max_memory),
             }),
             limits: Limits::with_max_request(clamp(args.max_request)),
+            memory: RequestMemory::new(clamp(args.max_request_memory)),
             timeout: Duration::from_secs(args.timeout_secs.max(1)),
         });
         let stop = stop_on_signals("kv").map_err(io_err("handling SIGINT/SIGTERM"))?;
@@ -221,7 +253,7 @@ mod linux {
             ifname,
             args.listen,
             args.max_connections,
-            shared,
+            shared.clone(),
             stop,
         ));
         // Connections still open are reset as their tasks are dropped.
@@ -237,7 +269,12 @@ mod linux {
         };
         let accepted = res?;
         detached?;
-        println!("kv server: stopped after {accepted} connection(s)");
+        let memory = shared.memory.stats();
+        println!(
+            "kv server: stopped after {accepted} connection(s); request memory: peak {} of {} \
+             bytes, {} request(s) refused for want of it",
+            memory.peak, memory.limit, memory.refused
+        );
         Ok(())
     }
 
@@ -348,7 +385,7 @@ mod linux {
         let kind = connection_kind(&stream);
         let started = Instant::now();
         let res = tokio::select! {
-            r = serve_connection(&mut stream, &shared.store, shared.limits, shared.timeout) => Some(r),
+            r = serve_connection(&mut stream, &shared.store, shared.limits, &shared.memory, shared.timeout) => Some(r),
             _ = stopped(&mut stop) => None,
         };
         let secs = started.elapsed().as_secs_f64();

@@ -21,10 +21,20 @@
 //! The program is attached through a BPF link (`BPF_LINK_CREATE`), not the netlink
 //! `IFLA_XDP` attribute: the kernel detaches a link-attached program as soon as the last
 //! descriptor of the link closes, so a crashed process leaves nothing behind. Dropping
-//! [`XdpSteering`] detaches it explicitly as well. Programs attached through netlink by other
-//! tools (or by a loader that crashed) do outlive their process; [`XdpSteering::attach`]
-//! removes such a stale program first when [`AttachOptions::replace_stale`] is set, and
-//! [`detach_stale`] does it on its own.
+//! [`XdpSteering`] detaches it explicitly as well. Programs attached through netlink (by a
+//! loader that crashed, or that attached our program some other way) do outlive their
+//! process; [`XdpSteering::attach`] removes such a stale program first when
+//! [`AttachOptions::replace_stale`] is set, and [`detach_stale`] does it on its own.
+//!
+//! Only a stale copy of *this crate's* program is ever removed: an XDP program named
+//! `steer_linear` or `steer_frags` whose maps are exactly `xsks` (XSKMAP), `owned_ports`
+//! (HASH) and `counters` (PERCPU_ARRAY), as in `src/bpf/steer.bpf.c`. Anything else on the
+//! interface belongs to another tool, which may need it; it is left in place and the
+//! removal fails with [`XdpError::ForeignProgram`], which says how to remove it by hand
+//! (`ip link set dev IFACE xdpdrv off`, or `xdpgeneric off`) if it is not needed. The
+//! removal names the program it expects (`XDP_FLAGS_REPLACE`), so a program swapped in
+//! between the check and the removal is not touched either. A program held by a live BPF
+//! link (another running process) is never removed ([`XdpError::Busy`]).
 //!
 //! [`AttachMode::Auto`] tries native (driver) mode and falls back to generic (SKB) mode,
 //! logging the reason at `warn` level. [`AttachOptions::frags`] selects the `xdp.frags`
@@ -75,7 +85,7 @@ use std::sync::Once;
 
 use libbpf_rs::libbpf_sys;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, MapHandle, OpenObject};
+use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, OpenObject};
 use tracing::{debug, info, warn};
 
 #[allow(missing_docs, clippy::all, clippy::pedantic, unsafe_op_in_unsafe_fn)]
@@ -119,8 +129,10 @@ pub struct AttachOptions {
     /// Attach the `xdp.frags` (multi-buffer) variant. Needed on veth when the peer's MTU is
     /// above 3506; AF_XDP sockets must then bind with `XDP_USE_SG`.
     pub frags: bool,
-    /// Detach a program already attached to the interface through netlink (a stale one left
-    /// by a crashed run or another tool) instead of failing with [`XdpError::Busy`].
+    /// Detach a stale copy of this crate's program attached to the interface through
+    /// netlink (left by a crashed loader) instead of failing with [`XdpError::Busy`].
+    /// Another tool's program is never replaced: with this set, it gives
+    /// [`XdpError::ForeignProgram`].
     pub replace_stale: bool,
 }
 
@@ -192,6 +204,37 @@ pub enum XdpError {
         /// Why it was left in place.
         reason: &'static str,
     },
+    /// The XDP program attached to the interface is not this crate's (another tool's), so
+    /// it was neither replaced ([`AttachOptions::replace_stale`]) nor detached
+    /// ([`detach_stale`]).
+    #[error(
+        "interface {ifname:?} has another tool's XDP program attached ({mode} mode, id \
+         {prog_id}, name {name:?}; not netchannel's steering program), left in place; if \
+         nothing needs it, remove it with `{off}` (or stop the program that holds it) and \
+         try again",
+        off = ip_xdp_off(.ifname, .mode)
+    )]
+    ForeignProgram {
+        /// The interface.
+        ifname: String,
+        /// The kernel's id of the program found there (`bpftool prog show id N`).
+        prog_id: u32,
+        /// Its name as the kernel keeps it (at most 15 bytes; empty if it has none).
+        name: String,
+        /// Where it runs.
+        mode: AttachMode,
+    },
+    /// Finding out what the program attached to an interface is failed.
+    #[error("inspecting XDP program id {prog_id} attached to {ifname:?}: {source}")]
+    Inspect {
+        /// The interface.
+        ifname: String,
+        /// The kernel's id of the program.
+        prog_id: u32,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
     /// The kernel refused to attach the program in this mode.
     #[error("attaching XDP to {ifname:?} in {mode} mode: {source}{hint}")]
     Attach {
@@ -259,9 +302,10 @@ impl XdpSteering {
     /// Loads the program and attaches it to `ifname` (in the calling thread's network
     /// namespace).
     ///
-    /// A program already attached through netlink is detached first when
-    /// `opts.replace_stale` is set; one held by a live BPF link (another running process)
-    /// is never touched and gives [`XdpError::Busy`].
+    /// A stale copy of this crate's program attached through netlink is detached first
+    /// when `opts.replace_stale` is set. Another tool's program is never touched and gives
+    /// [`XdpError::ForeignProgram`]; one held by a live BPF link (another running process)
+    /// is never touched either and gives [`XdpError::Busy`].
     pub fn attach(ifname: &str, opts: AttachOptions) -> Result<XdpSteering, XdpError> {
         route_libbpf_logs();
         let ifindex = ifindex_of(ifname)?;
@@ -274,7 +318,7 @@ impl XdpSteering {
                     reason: "replace_stale is off",
                 });
             }
-            detach_found(ifname, ifindex, old)?;
+            remove_stale(ifname, ifindex)?;
         }
 
         let loaded = load(opts.frags)?;
@@ -499,26 +543,31 @@ impl Drop for XdpSteering {
     }
 }
 
-/// Detaches a program attached to `ifname` through netlink — a stale one left by a crashed
-/// run or another tool — and returns it, or `None` when nothing was attached.
+/// Detaches a stale copy of this crate's program attached to `ifname` through netlink (left
+/// by a crashed loader) and returns it, or `None` when nothing was attached.
 ///
-/// A program held by a live BPF link (such as a running [`XdpSteering`]) is not touched and
-/// gives [`XdpError::Busy`].
+/// Another tool's program is not touched and gives [`XdpError::ForeignProgram`]; a program
+/// held by a live BPF link (such as a running [`XdpSteering`]) is not touched and gives
+/// [`XdpError::Busy`].
 pub fn detach_stale(ifname: &str) -> Result<Option<AttachedProgram>, XdpError> {
     let ifindex = ifindex_of(ifname)?;
-    match query(ifname, ifindex)? {
-        Some(old) => {
-            detach_found(ifname, ifindex, old)?;
-            Ok(Some(old))
-        }
-        None => Ok(None),
-    }
+    remove_stale(ifname, ifindex)
 }
 
 /// The XDP program attached to `ifname`, if any.
 pub fn attached_program(ifname: &str) -> Result<Option<AttachedProgram>, XdpError> {
     let ifindex = ifindex_of(ifname)?;
     query(ifname, ifindex)
+}
+
+/// The iproute2 command that detaches a program attached through netlink in `mode`
+/// (without a mode keyword, `ip` detaches the native one only).
+fn ip_xdp_off(ifname: &str, mode: &AttachMode) -> String {
+    let keyword = match mode {
+        AttachMode::Generic => "xdpgeneric",
+        _ => "xdpdrv",
+    };
+    format!("ip link set dev {ifname} {keyword} off")
 }
 
 /// The error codes this crate tests for (Linux values, the same on every architecture this
@@ -730,8 +779,152 @@ fn query(ifname: &str, ifindex: u32) -> Result<Option<AttachedProgram>, XdpError
         .or_else(|| found(opts.prog_id, AttachMode::Native)))
 }
 
-/// Detaches `old` through netlink, then checks that nothing is left.
-fn detach_found(ifname: &str, ifindex: u32, old: AttachedProgram) -> Result<(), XdpError> {
+/// The names of the programs in `src/bpf/steer.bpf.c` (their C function names).
+const OUR_PROGRAMS: [&str; 2] = ["steer_linear", "steer_frags"];
+
+/// The maps of `src/bpf/steer.bpf.c`, by name and type: all of them, none else.
+const OUR_MAPS: [(&str, MapType); 3] = [
+    ("xsks", MapType::Xskmap),
+    ("owned_ports", MapType::Hash),
+    ("counters", MapType::PercpuArray),
+];
+
+/// What [`inspect`] found out about a program.
+#[derive(Debug)]
+struct Inspected {
+    /// Its name as the kernel keeps it.
+    name: String,
+    /// Whether it is this crate's program.
+    ours: bool,
+    /// A descriptor of it, to name it as the program expected when detaching.
+    fd: OwnedFd,
+}
+
+/// Whether a program with this type, name and maps (name, type) is this crate's: an XDP
+/// program with one of [`OUR_PROGRAMS`]' names and exactly [`OUR_MAPS`]. Any version of
+/// the crate with the same program and map names passes, so that a stale program left by
+/// an older build is recognised too.
+fn is_ours(prog_type: u32, name: &str, maps: &[(String, MapType)]) -> bool {
+    prog_type == libbpf_sys::BPF_PROG_TYPE_XDP
+        && OUR_PROGRAMS.contains(&name)
+        && maps.len() == OUR_MAPS.len()
+        && OUR_MAPS
+            .iter()
+            .all(|(n, t)| maps.iter().any(|(m, u)| m == n && u == t))
+}
+
+/// Inspects program `prog_id` (found attached to `ifname`): its name, and whether it is
+/// ours; `None` when it no longer exists.
+fn inspect(ifname: &str, prog_id: u32) -> Result<Option<Inspected>, XdpError> {
+    let err = |source: io::Error| match source.raw_os_error() {
+        Some(libc_errno::EPERM | libc_errno::EACCES) => XdpError::NotPermitted {
+            op: "inspecting the XDP program attached to the interface",
+        },
+        _ => XdpError::Inspect {
+            ifname: ifname.to_owned(),
+            prog_id,
+            source,
+        },
+    };
+    let fd = match libbpf_rs::Program::fd_from_id(prog_id) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(err(io::Error::other(e))),
+    };
+    // Twice: first for the number of maps, then with room for their ids.
+    let mut map_ids: Vec<u32> = Vec::new();
+    let info = loop {
+        // SAFETY: `bpf_prog_info` is plain integers and arrays of them; all zeroes is a
+        // valid value, and the kernel requires the fields it is not asked to fill to be 0.
+        let mut info: libbpf_sys::bpf_prog_info = unsafe { std::mem::zeroed() };
+        info.nr_map_ids = map_ids.len() as u32;
+        info.map_ids = map_ids.as_mut_ptr() as u64;
+        let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+        // SAFETY: BPF_OBJ_GET_INFO_BY_FD on a program descriptor we own; `info` is `len`
+        // bytes, and `map_ids` has room for the `nr_map_ids` ids the kernel may write.
+        let ret =
+            unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd.as_raw_fd(), &mut info, &mut len) };
+        if ret < 0 {
+            return Err(err(io::Error::from_raw_os_error(-ret)));
+        }
+        // A loaded program's maps do not change in number (short of BPF_PROG_BIND_MAP
+        // between the calls, which the next round catches).
+        if info.nr_map_ids as usize <= map_ids.len() {
+            map_ids.truncate(info.nr_map_ids as usize);
+            break info;
+        }
+        map_ids = vec![0; info.nr_map_ids as usize];
+    };
+    let raw: [u8; 16] = info.name.map(|c| c as u8);
+    let name = std::ffi::CStr::from_bytes_until_nul(&raw)
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| String::from_utf8_lossy(&raw).into_owned());
+    let mut maps = Vec::with_capacity(map_ids.len());
+    for id in map_ids {
+        let map = MapHandle::from_map_id(id).map_err(|e| err(io::Error::other(e)))?;
+        maps.push((map.name().to_string_lossy().into_owned(), map.map_type()));
+    }
+    let ours = is_ours(info.type_, &name, &maps);
+    debug!(
+        ifname,
+        prog_id,
+        name,
+        ?maps,
+        ours,
+        "inspected the attached XDP program"
+    );
+    Ok(Some(Inspected { name, ours, fd }))
+}
+
+/// Detaches from `ifname` what is attached through netlink if it is a stale copy of our
+/// program, until nothing is left; the first program removed.
+fn remove_stale(ifname: &str, ifindex: u32) -> Result<Option<AttachedProgram>, XdpError> {
+    let mut removed = None;
+    // Each round removes one program. More than one round: native and generic programs
+    // cannot coexist, but a program may be swapped in between our look and our removal
+    // (the kernel then refuses the removal, and we look again).
+    for _ in 0..4 {
+        let Some(found) = query(ifname, ifindex)? else {
+            return Ok(removed);
+        };
+        let Some(program) = inspect(ifname, found.id)? else {
+            // Gone meanwhile.
+            continue;
+        };
+        if !program.ours {
+            return Err(XdpError::ForeignProgram {
+                ifname: ifname.to_owned(),
+                prog_id: found.id,
+                name: program.name,
+                mode: found.mode,
+            });
+        }
+        if detach_expected(ifname, ifindex, found, &program.fd)? {
+            warn!(
+                ifname,
+                prog_id = found.id,
+                mode = %found.mode,
+                name = program.name,
+                "detached a stale copy of netchannel's XDP program"
+            );
+            removed.get_or_insert(found);
+        }
+    }
+    Err(XdpError::Busy {
+        ifname: ifname.to_owned(),
+        prog_id: query(ifname, ifindex)?.map_or(0, |p| p.id),
+        reason: "the attached program kept changing while stale ones were being removed",
+    })
+}
+
+/// Detaches `old` through netlink if it is still the program `expected` names
+/// (`XDP_FLAGS_REPLACE`); `false` when another program (or none) is attached now.
+fn detach_expected(
+    ifname: &str,
+    ifindex: u32,
+    old: AttachedProgram,
+    expected: &OwnedFd,
+) -> Result<bool, XdpError> {
     let flags = match old.mode {
         AttachMode::Generic => libbpf_sys::XDP_FLAGS_SKB_MODE,
         _ => libbpf_sys::XDP_FLAGS_DRV_MODE,
@@ -739,36 +932,34 @@ fn detach_found(ifname: &str, ifindex: u32, old: AttachedProgram) -> Result<(), 
     let target = i32::try_from(ifindex).map_err(|_| XdpError::NoSuchInterface {
         ifname: ifname.to_owned(),
     })?;
-    // SAFETY: an RTM_SETLINK netlink request; a null options pointer is allowed.
-    let ret = unsafe { libbpf_sys::bpf_xdp_detach(target, flags, std::ptr::null()) };
+    // With `old_prog_fd` set, libbpf adds XDP_FLAGS_REPLACE and the kernel detaches only if
+    // that program is the one attached.
+    let opts = libbpf_sys::bpf_xdp_attach_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_xdp_attach_opts>() as libbpf_sys::size_t,
+        old_prog_fd: expected.as_raw_fd(),
+        ..Default::default()
+    };
+    // SAFETY: an RTM_SETLINK netlink request; `opts` is a properly sized, initialised
+    // options struct that outlives the call, and `expected` is a program descriptor we own.
+    let ret = unsafe { libbpf_sys::bpf_xdp_detach(target, flags, &opts) };
     match -ret {
-        0 => {}
-        libc_errno::EBUSY => {
-            return Err(XdpError::Busy {
-                ifname: ifname.to_owned(),
-                prog_id: old.id,
-                reason: "it is held by a live BPF link, i.e. a running process",
-            })
-        }
-        libc_errno::EPERM | libc_errno::EACCES => {
-            return Err(XdpError::NotPermitted {
-                op: "detaching a stale XDP program",
-            })
-        }
-        errno => {
-            return Err(XdpError::Netlink {
-                op: "detaching a stale program from",
-                ifname: ifname.to_owned(),
-                source: io::Error::from_raw_os_error(errno),
-            })
-        }
+        0 => Ok(true),
+        // Another program, or none, is attached now.
+        libc_errno::EEXIST => Ok(false),
+        libc_errno::EBUSY => Err(XdpError::Busy {
+            ifname: ifname.to_owned(),
+            prog_id: old.id,
+            reason: "it is held by a live BPF link, i.e. a running process",
+        }),
+        libc_errno::EPERM | libc_errno::EACCES => Err(XdpError::NotPermitted {
+            op: "detaching a stale XDP program",
+        }),
+        errno => Err(XdpError::Netlink {
+            op: "detaching a stale program from",
+            ifname: ifname.to_owned(),
+            source: io::Error::from_raw_os_error(errno),
+        }),
     }
-    warn!(ifname, prog_id = old.id, mode = %old.mode, "detached a stale XDP program");
-    if let Some(left) = query(ifname, ifindex)? {
-        // Native and generic programs cannot coexist, but a second detach is harmless.
-        return detach_found(ifname, ifindex, left);
-    }
-    Ok(())
 }
 
 /// Sends libbpf's own messages (verifier logs included) to `tracing`, target `libbpf`.
@@ -844,6 +1035,54 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn only_our_program_with_exactly_our_maps_is_ours() {
+        let ours: Vec<(String, MapType)> = OUR_MAPS
+            .iter()
+            .rev()
+            .map(|(n, t)| (n.to_string(), *t))
+            .collect();
+        let xdp = libbpf_sys::BPF_PROG_TYPE_XDP;
+        assert!(is_ours(xdp, "steer_linear", &ours));
+        assert!(is_ours(xdp, "steer_frags", &ours));
+        assert!(!is_ours(xdp, "xdp_dispatcher", &ours), "libxdp's");
+        assert!(!is_ours(xdp, "steer_linear", &[]), "our name, no maps");
+        assert!(!is_ours(xdp, "steer_linear", &ours[..2]), "a map missing");
+        let mut more = ours.clone();
+        more.push(("xsks_map".into(), MapType::Xskmap));
+        assert!(!is_ours(xdp, "steer_linear", &more), "a map more");
+        let mut retyped = ours.clone();
+        retyped[0].1 = MapType::Array;
+        assert!(
+            !is_ours(xdp, "steer_linear", &retyped),
+            "a map of another type"
+        );
+        assert!(!is_ours(
+            libbpf_sys::BPF_PROG_TYPE_SCHED_CLS,
+            "steer_linear",
+            &ours
+        ));
+    }
+
+    #[test]
+    fn foreign_program_error_says_how_to_remove_it() {
+        for (mode, off) in [
+            (AttachMode::Native, "`ip link set dev eth0 xdpdrv off`"),
+            (AttachMode::Generic, "`ip link set dev eth0 xdpgeneric off`"),
+        ] {
+            let e = XdpError::ForeignProgram {
+                ifname: "eth0".into(),
+                prog_id: 42,
+                name: "xdp_dispatcher".into(),
+                mode,
+            };
+            let msg = e.to_string();
+            for part in ["\"eth0\"", "id 42", "\"xdp_dispatcher\"", off] {
+                assert!(msg.contains(part), "{part} in {msg}");
+            }
+        }
     }
 
     #[test]

@@ -14,7 +14,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use xdp_prog::{attached_program, detach_stale, AttachMode, AttachOptions, XdpError, XdpSteering};
+use xdp_prog::{
+    attached_program, detach_stale, AttachMode, AttachOptions, AttachedProgram, XdpError,
+    XdpSteering,
+};
 
 /// The end the program is attached to (in namespace `a`).
 const DEV_A: &str = "vxa";
@@ -540,9 +543,24 @@ fn steers_to_the_socket_of_the_receiving_queue() {
     });
 }
 
-/// Loads a two-instruction XDP_PASS program and attaches it through netlink, then closes its
+/// Attaches the program `prog` to `DEV_A` through netlink in `mode`, then closes the
 /// descriptor: like a loader that crashed, it stays attached. Returns its id.
-fn attach_foreign_netlink_program(mode: AttachMode) -> u32 {
+fn netlink_attach(prog: OwnedFd, mode: AttachMode) -> u32 {
+    let flags = || match mode {
+        AttachMode::Generic => libbpf_rs::XdpFlags::SKB_MODE,
+        _ => libbpf_rs::XdpFlags::DRV_MODE,
+    };
+    let ifindex = nix::net::if_::if_nametoindex(DEV_A).unwrap() as i32;
+    let xdp = libbpf_rs::Xdp::new(prog.as_fd());
+    xdp.attach(ifindex, flags()).expect("netlink attach");
+    let id = xdp.query_id(ifindex, flags()).unwrap();
+    drop(prog);
+    id
+}
+
+/// Another tool's program: loads a two-instruction XDP_PASS program named `name` (no
+/// maps) and attaches it through netlink. Returns its id.
+fn attach_foreign_netlink_program(mode: AttachMode, name: &std::ffi::CStr) -> u32 {
     use libbpf_rs::libbpf_sys;
     // r0 = XDP_PASS (2); exit
     let insns = [
@@ -561,7 +579,7 @@ fn attach_foreign_netlink_program(mode: AttachMode) -> u32 {
     let fd = unsafe {
         libbpf_sys::bpf_prog_load(
             libbpf_sys::BPF_PROG_TYPE_XDP,
-            c"stale".as_ptr(),
+            name.as_ptr(),
             c"GPL".as_ptr(),
             insns.as_ptr(),
             insns.len() as _,
@@ -570,20 +588,24 @@ fn attach_foreign_netlink_program(mode: AttachMode) -> u32 {
     };
     assert!(
         fd >= 0,
-        "loading the stale program: {}",
+        "loading the foreign program: {}",
         io::Error::from_raw_os_error(-fd)
     );
     // SAFETY: a fresh descriptor nothing else owns.
-    let prog = unsafe { OwnedFd::from_raw_fd(fd) };
-    let flags = || match mode {
-        AttachMode::Generic => libbpf_rs::XdpFlags::SKB_MODE,
-        _ => libbpf_rs::XdpFlags::DRV_MODE,
-    };
-    let ifindex = nix::net::if_::if_nametoindex(DEV_A).unwrap() as i32;
-    let xdp = libbpf_rs::Xdp::new(prog.as_fd());
-    xdp.attach(ifindex, flags()).expect("netlink attach");
-    let id = xdp.query_id(ifindex, flags()).unwrap();
-    drop(prog);
+    netlink_attach(unsafe { OwnedFd::from_raw_fd(fd) }, mode)
+}
+
+/// A stale copy of our own program, as a loader of it that attached through netlink and
+/// crashed would leave: attached with a BPF link, a descriptor of the program kept, the
+/// link removed, the program attached through netlink and its descriptor closed. Returns
+/// its id.
+fn leave_stale_copy_of_ours(mode: AttachMode) -> u32 {
+    let s = XdpSteering::attach(DEV_A, opts(mode, false, false)).expect("attach ours");
+    let id = s.prog_id();
+    let prog = libbpf_rs::Program::fd_from_id(id).expect("a descriptor of our program");
+    s.detach().expect("detach our link");
+    assert_eq!(attached_program(DEV_A).unwrap(), None);
+    assert_eq!(netlink_attach(prog, mode), id, "the same program");
     id
 }
 
@@ -594,8 +616,8 @@ fn stale_program_is_replaced_and_live_ones_are_not() {
     }
     let bed = Bed::new(1500, 1);
     in_ns(&bed.a, || {
-        // A stale generic-mode program, removed on its own.
-        let stale = attach_foreign_netlink_program(AttachMode::Generic);
+        // A stale generic-mode copy of ours, removed on its own.
+        let stale = leave_stale_copy_of_ours(AttachMode::Generic);
         let found = attached_program(DEV_A)
             .unwrap()
             .expect("stale program attached");
@@ -605,7 +627,7 @@ fn stale_program_is_replaced_and_live_ones_are_not() {
         assert_eq!(detach_stale(DEV_A).unwrap(), None);
 
         // A stale native one: refused without replace_stale, replaced with it.
-        let stale = attach_foreign_netlink_program(AttachMode::Native);
+        let stale = leave_stale_copy_of_ours(AttachMode::Native);
         match XdpSteering::attach(DEV_A, opts(AttachMode::Native, false, false)) {
             Err(XdpError::Busy { prog_id, .. }) => assert_eq!(prog_id, stale),
             other => panic!("expected Busy, got {other:?}"),
@@ -647,6 +669,65 @@ fn stale_program_is_replaced_and_live_ones_are_not() {
     });
     in_ns(&bed.a, || {
         assert_eq!(attached_program(DEV_A).unwrap(), None, "detached on drop")
+    });
+}
+
+/// Another tool's program (one with a name of its own, and one named like ours but without
+/// our maps) is never replaced nor detached, even with `replace_stale`: the error names it
+/// and the command that removes it, and that command works.
+#[test]
+fn foreign_programs_are_left_in_place() {
+    if !privileged("foreign_programs_are_left_in_place") {
+        return;
+    }
+    let bed = Bed::new(1500, 1);
+    let ns = bed.a.clone();
+    in_ns(&bed.a, move || {
+        for (mode, name) in [
+            (AttachMode::Native, c"other_tool"),
+            (AttachMode::Generic, c"steer_linear"),
+        ] {
+            let foreign = attach_foreign_netlink_program(mode, name);
+            let name = name.to_str().unwrap();
+            let err = XdpSteering::attach(DEV_A, opts(AttachMode::Auto, false, true))
+                .expect_err("a foreign program is not replaced");
+            let msg = err.to_string();
+            match err {
+                XdpError::ForeignProgram {
+                    ifname,
+                    prog_id,
+                    name: found,
+                    mode: found_mode,
+                } => assert_eq!(
+                    (ifname.as_str(), prog_id, found.as_str(), found_mode),
+                    (DEV_A, foreign, name, mode)
+                ),
+                other => panic!("expected ForeignProgram, got {other:?}"),
+            }
+            let keyword = match mode {
+                AttachMode::Generic => "xdpgeneric",
+                _ => "xdpdrv",
+            };
+            let off = format!("ip link set dev {DEV_A} {keyword} off");
+            assert!(msg.contains(&format!("`{off}`")), "{msg}");
+            assert!(
+                matches!(detach_stale(DEV_A), Err(XdpError::ForeignProgram { prog_id, .. }) if prog_id == foreign)
+            );
+            assert_eq!(
+                attached_program(DEV_A).unwrap(),
+                Some(AttachedProgram { id: foreign, mode }),
+                "still attached"
+            );
+
+            // The command the error gives removes it; then ours attaches.
+            let mut cmd: Vec<&str> = vec!["ip", "-n", &ns];
+            cmd.extend(off.split(' ').skip(1));
+            run_ok(&cmd);
+            assert_eq!(attached_program(DEV_A).unwrap(), None, "{off}");
+            let s = XdpSteering::attach(DEV_A, opts(AttachMode::Auto, false, true))
+                .expect("attach once it is gone");
+            s.detach().unwrap();
+        }
     });
 }
 
