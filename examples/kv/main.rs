@@ -92,6 +92,15 @@ struct Args {
     /// Longest time a client may leave our replies unread, in seconds.
     #[arg(long, default_value_t = 30)]
     timeout_secs: u64,
+    /// Secret that authenticates our stack's channels (at least 16 bytes; every
+    /// NetChannel peer needs the same one). Without it channels are unauthenticated.
+    #[arg(
+        long,
+        value_name = "SECRET",
+        env = "NETCHANNEL_CHANNEL_KEY",
+        hide_env_values = true
+    )]
+    channel_key: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -241,7 +250,7 @@ mod linux {
         });
         let stop = stop_on_signals("kv").map_err(io_err("handling SIGINT/SIGTERM"))?;
         let ifname = args.interface.as_str();
-        let stack = start_stack(ifname, args.ipv4)?;
+        let stack = start_stack(ifname, args.ipv4, args.channel_key.as_deref())?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("kv-tokio")
@@ -279,24 +288,24 @@ mod linux {
     }
 
     /// Our stack on `ifname`: AF_XDP on every queue, channel port 9000 (the default).
-    fn start_stack(ifname: &str, ipv4: Ipv4Addr) -> Result<Stack, KvError> {
-        Stack::builder()
-            .interface(ifname)
-            .ipv4(ipv4)
-            .build()
-            .map_err(|source| {
-                if nix::unistd::geteuid().is_root() {
-                    KvError::Start {
-                        ifname: ifname.into(),
-                        source,
-                    }
-                } else {
-                    KvError::NotRoot {
-                        ifname: ifname.into(),
-                        source,
-                    }
+    fn start_stack(ifname: &str, ipv4: Ipv4Addr, key: Option<&str>) -> Result<Stack, KvError> {
+        let mut builder = Stack::builder().interface(ifname).ipv4(ipv4);
+        if let Some(k) = key {
+            builder = builder.channel_key(k);
+        }
+        builder.build().map_err(|source| {
+            if nix::unistd::geteuid().is_root() {
+                KvError::Start {
+                    ifname: ifname.into(),
+                    source,
                 }
-            })
+            } else {
+                KvError::NotRoot {
+                    ifname: ifname.into(),
+                    source,
+                }
+            }
+        })
     }
 
     /// Accepts and serves connections until a signal; returns how many were accepted.
