@@ -5,10 +5,13 @@
 
 mod common;
 
+use std::time::{Duration, Instant};
+
 use common::{pattern, small_config, Sim, A, B};
 use proptest::prelude::*;
 use vns::{
-    AppClass, ChannelId, ChunkRepr, ChunkType, Error, PeerId, Seq, SocketId, MAX_QUEUED_REPLIES,
+    AppClass, ChannelClass, ChannelId, ChunkRepr, ChunkType, Error, PeerId, Seq, SocketId,
+    MAX_QUEUED_REPLIES,
 };
 
 /// One chunk as bytes on a channel.
@@ -223,6 +226,160 @@ fn replies_to_unknown_sockets_are_bounded_while_the_peer_does_not_read() {
     assert_eq!(read_some(&mut sim, s, 4096), Ok(100));
 }
 
+/// Sends `data` from A's `c` and reads it at B's `s`, byte for byte.
+fn transfer(sim: &mut Sim, c: SocketId, s: SocketId, data: &[u8]) {
+    let mut sent = 0;
+    let mut got = Vec::new();
+    while got.len() < data.len() {
+        if sent < data.len() {
+            match sim.ends[A].send(c, &data[sent..]) {
+                Ok(n) => sent += n,
+                Err(Error::WouldBlock) => {}
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+        sim.settle();
+        let mut buf = [0; 700];
+        loop {
+            match sim.ends[B].recv(s, &mut buf) {
+                Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                Ok(_) | Err(Error::WouldBlock) => break,
+                Err(e) => panic!("recv: {e}"),
+            }
+        }
+    }
+    assert_eq!(got, data);
+}
+
+/// A SYNC costs its sender 16 bytes and used to cost the endpoint a socket each: a flood
+/// of them from one peer (to a listener with room) stops at `max_peer_sockets`, a second
+/// peer's stops at what is left of `max_sockets`, the excess is refused with RESET and
+/// counted, and the honest connection on the same channels keeps its bytes exact. Once a
+/// flood socket goes, a SYNC is taken again.
+#[test]
+fn a_sync_flood_is_bounded_per_peer_and_in_all() {
+    let mut cfg = small_config(256);
+    cfg.max_peer_sockets = 8;
+    cfg.max_sockets = 12;
+    let mut sim = Sim::throughput(2, cfg.clone(), 1 << 16, 21);
+    // The honest connection is the first of peer 0's sockets at B.
+    let (c, s, _, _) = connected(&mut sim, 80, 0);
+    sim.ends[B].bind(90, 10_000).unwrap();
+    let evil = PeerId(7);
+    sim.ends[B]
+        .add_channel(ChannelId(9), evil, ChannelClass::Throughput)
+        .unwrap();
+    let flood = 1000u16;
+    for ch in [ChannelId(1), ChannelId(9)] {
+        for i in 0..flood {
+            let sync = chunk(ChunkType::Sync, 20_000 + i, 90, Seq(5), 4096, &[]);
+            let b = &mut sim.ends[B];
+            b.handle_chunk_bytes(ch, &sync).unwrap();
+            b.check_invariants().unwrap();
+        }
+    }
+    let b = &mut sim.ends[B];
+    assert_eq!(b.peer_sockets(PeerId(0)), 8);
+    assert_eq!(b.peer_sockets(evil), 4, "what max_sockets leaves");
+    let counters = b.counters();
+    assert_eq!(
+        counters.refused_syncs,
+        u64::from(flood - 7) + u64::from(flood - 4)
+    );
+    // The refusals are RESETs (bounded per channel, the rest counted as dropped).
+    let mut out = Vec::new();
+    let mut resets = 0;
+    while b.poll_transmit(ChannelId(9), &mut out).is_some() {}
+    for piece in out.chunks(16) {
+        let h = ChunkRepr::parse_header(&vns::ChunkPacket::new_checked(piece).unwrap()).unwrap();
+        resets += usize::from(h.ty == ChunkType::Reset);
+    }
+    assert_eq!(resets, MAX_QUEUED_REPLIES);
+
+    // The honest socket still carries exact bytes both ways.
+    transfer(&mut sim, c, s, &pattern(3, 5000));
+    sim.ends[B].send(s, b"pong").unwrap();
+    sim.settle();
+    let mut buf = [0; 8];
+    assert_eq!(sim.ends[A].recv(c, &mut buf), Ok(4));
+    assert_eq!(&buf[..4], b"pong");
+
+    // One flood socket reset by the application: room for one SYNC more.
+    let b = &mut sim.ends[B];
+    let victim = b.accept(90).unwrap();
+    b.reset(victim);
+    assert_eq!(b.peer_sockets(PeerId(0)) + b.peer_sockets(evil), 11);
+    let sync = chunk(ChunkType::Sync, 30_000, 90, Seq(5), 4096, &[]);
+    b.handle_chunk_bytes(ChannelId(9), &sync).unwrap();
+    assert_eq!(b.peer_sockets(evil), 5);
+    b.handle_chunk_bytes(
+        ChannelId(9),
+        &chunk(ChunkType::Sync, 30_001, 90, Seq(5), 4096, &[]),
+    )
+    .unwrap();
+    assert_eq!(b.counters().refused_syncs, counters.refused_syncs + 1);
+    b.check_invariants().unwrap();
+}
+
+/// A socket closed after shutdown lingers for the peer's FIN; a peer that never sends it
+/// used to keep the socket forever. Past `linger_timeout` (time passed in with
+/// `handle_timeout`) it is reset and removed, counted, and the peer is told; a socket
+/// whose peer does finish is reaped as before, uncounted; a connection beside them keeps
+/// its bytes exact.
+#[test]
+fn a_closed_socket_waits_for_the_peer_fin_only_until_the_linger_timeout() {
+    let mut cfg = small_config(256);
+    cfg.linger_timeout = Duration::from_secs(10);
+    let mut sim = Sim::throughput(2, cfg.clone(), 1 << 16, 22);
+    let t0 = Instant::now();
+    // Before any time is known nothing is timed.
+    assert_eq!(sim.ends[B].poll_timeout(), None);
+    sim.ends[B].handle_timeout(t0);
+    let (c_silent, s_silent, _, _) = connected(&mut sim, 80, 100);
+    let (c_honest, s_honest, _, _) = connected(&mut sim, 81, 0);
+    let (c_other, s_other, _, _) = connected(&mut sim, 82, 0);
+    let mut buf = [0; 200];
+    assert_eq!(sim.ends[B].recv(s_silent, &mut buf), Ok(100));
+    for s in [s_silent, s_honest] {
+        sim.ends[B].shutdown(s).unwrap();
+        sim.ends[B].close(s);
+    }
+    sim.settle();
+    let b = &mut sim.ends[B];
+    assert_eq!(b.lingering_sockets(), 2);
+    // Closed since the last tick: due at once, so that the deadline gets set.
+    assert_eq!(b.poll_timeout(), Some(t0));
+    let t1 = t0 + Duration::from_secs(1);
+    b.handle_timeout(t1);
+    assert_eq!(b.poll_timeout(), Some(t1 + cfg.linger_timeout));
+    b.check_invariants().unwrap();
+    // The honest peer finishes: its socket goes, uncounted.
+    sim.ends[A].shutdown(c_honest).unwrap();
+    sim.settle();
+    let b = &mut sim.ends[B];
+    assert_eq!(b.lingering_sockets(), 1);
+    b.handle_timeout(t1 + cfg.linger_timeout - Duration::from_millis(1));
+    assert_eq!(b.lingering_sockets(), 1, "not yet");
+    b.handle_timeout(t1 + cfg.linger_timeout);
+    assert_eq!(b.lingering_sockets(), 0);
+    assert_eq!(b.counters().linger_expired, 1);
+    assert_eq!(b.poll_timeout(), None);
+    assert_eq!(b.socket_stats(s_silent), None);
+    b.check_invariants().unwrap();
+    sim.settle();
+    assert_eq!(
+        sim.ends[A].recv(c_silent, &mut buf),
+        Err(Error::ConnectionReset),
+        "the silent peer is told"
+    );
+    assert_eq!(
+        sim.ends[A].recv(c_honest, &mut buf),
+        Ok(0),
+        "honest: end of stream"
+    );
+    transfer(&mut sim, c_other, s_other, &pattern(4, 3000));
+}
+
 /// What a hostile peer does, one step at a time.
 #[derive(Debug, Clone)]
 enum Op {
@@ -250,6 +407,8 @@ enum Op {
     /// The channel's outgoing chunks are drained (else they pile up, as with a peer that
     /// keeps its window closed).
     Drain(u8),
+    /// Time passes: this many seconds (closed sockets' linger timers run out).
+    Tick(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -285,6 +444,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Accept),
         1 => any::<bool>().prop_map(|shutdown| Op::Close { shutdown }),
         2 => (0u8..4).prop_map(Op::Drain),
+        1 => (0u8..40).prop_map(Op::Tick),
     ]
 }
 
@@ -310,10 +470,13 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..120),
         seed in any::<u64>(),
     ) {
-        let cfg = small_config(256);
+        let mut cfg = small_config(256);
+        cfg.linger_timeout = Duration::from_secs(30);
         let mut sim = Sim::throughput(4, cfg.clone(), 1 << 16, seed);
         let (_c, first, a_port, next) = connected(&mut sim, 80, cfg.recv_buffer / 2);
         let b = &mut sim.ends[B];
+        let mut now = Instant::now();
+        b.handle_timeout(now);
         let mut accepted = vec![first];
         let ports = [(a_port, 80), (a_port + 1, 80), (40_000, 80), (a_port, 81)];
         let mut dead = [false; 4];
@@ -370,6 +533,11 @@ proptest! {
                 Op::Drain(ch) => {
                     let mut out = Vec::new();
                     while b.poll_transmit(ChannelId(u32::from(ch)), &mut out).is_some() {}
+                }
+                Op::Tick(secs) => {
+                    now += Duration::from_secs(u64::from(secs));
+                    b.handle_timeout(now);
+                    prop_assert!(b.poll_timeout().is_none_or(|t| t > now));
                 }
             }
             while b.poll_events().is_some() {}

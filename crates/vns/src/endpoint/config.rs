@@ -1,11 +1,13 @@
 //! The endpoint's tunables ([`Config`]) and their validation ([`ConfigError`]).
 
+use std::time::Duration;
+
 use thiserror::Error;
 
 use crate::wire::MAX_PAYLOAD;
 
 #[cfg(doc)]
-use super::Endpoint;
+use super::{Endpoint, EndpointCounters};
 
 /// Tunables of an [`Endpoint`]. Sizes are in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +36,23 @@ pub struct Config {
     /// Initial sequence number of the first connection (later ones are spread from it);
     /// set near `u32::MAX` to exercise wrap-around.
     pub first_isn: u32,
+    /// Most virtual sockets that SYNCs from one peer may have created and that still
+    /// exist (waiting to be accepted, open, or closed and lingering). A SYNC past the
+    /// bound is refused with RESET, as a full backlog is, and counted
+    /// ([`EndpointCounters::refused_syncs`]); a SYNC costs the peer 16 bytes and the
+    /// endpoint a socket, so without a bound a peer could fill the memory. Sockets the
+    /// application opens with [`Endpoint::connect`] do not count. At least 1.
+    pub max_peer_sockets: usize,
+    /// Most sockets that SYNCs from all peers together may have created and that still
+    /// exist; past it SYNCs are refused like past `max_peer_sockets`. With one endpoint
+    /// per stack this is the stack's total. At least 1.
+    pub max_sockets: usize,
+    /// How long a socket released with [`Endpoint::close`] after a shutdown may linger
+    /// waiting for its bytes and FIN to leave and for the peer's FIN. Past it the socket is
+    /// reset and removed ([`EndpointCounters::linger_expired`]): a peer that never sends
+    /// its FIN (or never grants credit) would otherwise hold the socket forever. Time is
+    /// passed in: see [`Endpoint::handle_timeout`].
+    pub linger_timeout: Duration,
 }
 
 impl Default for Config {
@@ -47,6 +66,9 @@ impl Default for Config {
             channel_budget: 2 * 1024 * 1024,
             ephemeral_ports: (49152, 65535),
             first_isn: 0x4e43_0001,
+            max_peer_sockets: 16 * 1024,
+            max_sockets: 64 * 1024,
+            linger_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -83,6 +105,9 @@ impl Config {
         }
         if self.ephemeral_ports.0 > self.ephemeral_ports.1 {
             return bad("ephemeral_ports must be a non-empty range");
+        }
+        if self.max_peer_sockets == 0 || self.max_sockets == 0 {
+            return bad("max_peer_sockets and max_sockets must be positive");
         }
         Ok(())
     }

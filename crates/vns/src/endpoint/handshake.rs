@@ -130,7 +130,7 @@ impl Endpoint {
                 c.queued_replies += 1;
             }
             Some(_) => {
-                self.dropped_replies += 1;
+                self.counters.dropped_replies += 1;
                 trace!(channel = %ch, ?key, "reply queue full; RESET dropped");
                 return;
             }
@@ -165,12 +165,26 @@ impl Endpoint {
             self.reply_reset(ch, key);
             return;
         }
+        let held = self.peers.get(&key.peer).map_or(0, |p| p.sockets);
+        if held >= self.config.max_peer_sockets || self.passive_sockets >= self.config.max_sockets {
+            // Each SYNC costs the peer 16 bytes and would cost us a socket.
+            debug!(
+                ?key,
+                held,
+                total = self.passive_sockets,
+                "too many sockets from peers; refusing"
+            );
+            self.counters.refused_syncs += 1;
+            self.reply_reset(ch, key);
+            return;
+        }
         let class = match self.channels[&ch].class {
             ChannelClass::Latency => AppClass::Latency,
             ChannelClass::Throughput => AppClass::Throughput,
         };
         let isn = self.next_isn();
         let mut s = Socket::new(key, class, isn);
+        s.passive = true;
         s.state = State::Established;
         s.send_limit = isn.plus(h.credit.min(1 << 30));
         s.rx = Some(ReorderBuffer::new(h.seq, self.config.recv_buffer));

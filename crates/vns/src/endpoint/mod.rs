@@ -21,6 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::fmt;
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -114,8 +115,41 @@ pub struct Endpoint {
     sendable: BTreeSet<SocketId>,
     /// Scratch list of [`Endpoint::schedule`] (kept to avoid an allocation per call).
     schedule_ids: Vec<SocketId>,
-    /// RESET replies dropped because a channel's reply queue was full.
-    dropped_replies: u64,
+    /// What each peer holds: sockets its SYNCs created, bytes parked on its channels.
+    peers: BTreeMap<PeerId, PeerLoad>,
+    /// Sockets created by SYNCs from all peers together (bounded by
+    /// [`Config::max_sockets`]).
+    passive_sockets: usize,
+    /// Sockets closed by the application that linger for the peer's FIN, with the time
+    /// they are reset at; `None` until [`Endpoint::handle_timeout`] first sees them (the
+    /// endpoint reads no clock, so a close does not know the time).
+    lingering: BTreeMap<SocketId, Option<Instant>>,
+    /// The latest time passed to [`Endpoint::handle_timeout`].
+    clock: Option<Instant>,
+    counters: EndpointCounters,
+}
+
+/// What one peer holds of an endpoint's memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct PeerLoad {
+    /// Sockets its SYNCs created that still exist.
+    sockets: usize,
+}
+
+/// Counts of hostile or broken input an endpoint refused or cut short, for monitoring
+/// (each one is also logged at debug level). Never reset.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EndpointCounters {
+    /// RESET replies to chunks for unknown sockets dropped because the channel already
+    /// held [`MAX_QUEUED_REPLIES`] of them unsent.
+    pub dropped_replies: u64,
+    /// SYNCs refused because their peer already had [`Config::max_peer_sockets`] sockets
+    /// or all peers together [`Config::max_sockets`].
+    pub refused_syncs: u64,
+    /// Closed sockets reset because the peer's FIN (or the credit for the last bytes) did
+    /// not come within [`Config::linger_timeout`].
+    pub linger_expired: u64,
 }
 
 /// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
@@ -162,7 +196,11 @@ impl Endpoint {
             seg_pool: SegPool::default(),
             sendable: BTreeSet::new(),
             schedule_ids: Vec::new(),
-            dropped_replies: 0,
+            peers: BTreeMap::new(),
+            passive_sockets: 0,
+            lingering: BTreeMap::new(),
+            clock: None,
+            counters: EndpointCounters::default(),
         })
     }
 
@@ -175,7 +213,24 @@ impl Endpoint {
     /// channel already held [`MAX_QUEUED_REPLIES`] of them
     /// unsent (a peer sending to sockets that do not exist while not reading).
     pub fn dropped_replies(&self) -> u64 {
-        self.dropped_replies
+        self.counters.dropped_replies
+    }
+
+    /// Counts of refused or cut-short hostile input ([`EndpointCounters`]).
+    pub fn counters(&self) -> EndpointCounters {
+        self.counters
+    }
+
+    /// Sockets that SYNCs from `peer` created and that still exist (bounded by
+    /// [`Config::max_peer_sockets`]).
+    pub fn peer_sockets(&self, peer: PeerId) -> usize {
+        self.peers.get(&peer).map_or(0, |p| p.sockets)
+    }
+
+    /// Sockets closed by the application that still linger for the peer's FIN (each is
+    /// reset [`Config::linger_timeout`] after its close at the latest).
+    pub fn lingering_sockets(&self) -> usize {
+        self.lingering.len()
     }
 
     /// The next readiness event, if any. Drain after every call into the endpoint.
@@ -189,7 +244,10 @@ impl Endpoint {
     /// what its sockets' response queues and early chunks hold charged to it and stay
     /// within [`Config::channel_budget`]; its queued RESET replies stay within
     /// [`MAX_QUEUED_REPLIES`]; no reorder buffer holds more than
-    /// [`Config::recv_buffer`]; the send buffers stay within [`Config::send_buffer`].
+    /// [`Config::recv_buffer`]; the send buffers stay within [`Config::send_buffer`];
+    /// sockets created by SYNCs are counted right and stay within
+    /// [`Config::max_peer_sockets`] per peer and [`Config::max_sockets`] in all; every
+    /// closed, lingering socket has a timer.
     /// For tests and fuzzing (a hostile peer must never break these); `Err` names the
     /// first broken one.
     #[doc(hidden)]
@@ -225,6 +283,57 @@ impl Endpoint {
                     "{id}: {replies} replies queued, {} counted (bound {MAX_QUEUED_REPLIES})",
                     c.queued_replies
                 ));
+            }
+        }
+        let mut passive: BTreeMap<PeerId, usize> = BTreeMap::new();
+        for s in self.sockets.values().filter(|s| s.passive) {
+            *passive.entry(s.key.peer).or_default() += 1;
+        }
+        let counted: BTreeMap<PeerId, usize> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.sockets > 0)
+            .map(|(&peer, p)| (peer, p.sockets))
+            .collect();
+        if passive != counted {
+            return Err(format!(
+                "peers' sockets: {passive:?} exist, {counted:?} counted"
+            ));
+        }
+        let total: usize = passive.values().sum();
+        if total != self.passive_sockets || total > self.config.max_sockets {
+            return Err(format!(
+                "{total} sockets opened by peers, {} counted (bound {})",
+                self.passive_sockets, self.config.max_sockets
+            ));
+        }
+        if let Some((peer, n)) = passive
+            .iter()
+            .find(|(_, &n)| n > self.config.max_peer_sockets)
+        {
+            return Err(format!("{peer:?} holds {n} sockets over the bound"));
+        }
+        let detached: BTreeSet<SocketId> = self
+            .sockets
+            .iter()
+            .filter(|(_, s)| s.detached)
+            .map(|(&id, _)| id)
+            .collect();
+        if !detached.iter().eq(self.lingering.keys()) {
+            return Err(format!(
+                "{} closed sockets linger, {} timed",
+                detached.len(),
+                self.lingering.len()
+            ));
+        }
+        for (sid, at) in &self.lingering {
+            let Some(at) = at else { continue };
+            // A deadline is set from the clock, which only moves forward.
+            if self
+                .clock
+                .is_none_or(|now| *at > now + self.config.linger_timeout)
+            {
+                return Err(format!("{sid} lingers past its timeout"));
             }
         }
         for (sid, s) in &self.sockets {

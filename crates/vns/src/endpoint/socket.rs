@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::time::Instant;
 
 use netsched::{AppClass, ChannelId};
 use tracing::debug;
@@ -49,8 +50,11 @@ pub(super) struct Socket {
     pub(super) key: Key,
     pub(super) class: AppClass,
     pub(super) state: State,
-    /// Closed by the application after shutdown; lingers until FINs are exchanged.
+    /// Closed by the application after shutdown; lingers until FINs are exchanged (or
+    /// [`Config::linger_timeout`] passes).
     pub(super) detached: bool,
+    /// Created by the peer's SYNC (counted in its [`super::PeerLoad`]).
+    pub(super) passive: bool,
     pub(super) channels_used: BTreeSet<ChannelId>,
     // Send side.
     pub(super) send_buf: SendBuf,
@@ -82,6 +86,7 @@ impl Socket {
             class,
             state: State::SynSent,
             detached: false,
+            passive: false,
             channels_used: BTreeSet::new(),
             send_buf: SendBuf::default(),
             next_seq: isn,
@@ -141,6 +146,10 @@ impl Endpoint {
     pub(super) fn new_socket(&mut self, s: Socket) -> SocketId {
         let sid = SocketId(self.next_socket);
         self.next_socket += 1;
+        if s.passive {
+            self.peers.entry(s.key.peer).or_default().sockets += 1;
+            self.passive_sockets += 1;
+        }
         self.by_key.insert(s.key, sid);
         self.sockets.insert(sid, s);
         sid
@@ -151,6 +160,16 @@ impl Endpoint {
             return;
         };
         self.by_key.remove(&s.key);
+        self.lingering.remove(&id);
+        if s.passive {
+            self.passive_sockets -= 1;
+            if let Some(p) = self.peers.get_mut(&s.key.peer) {
+                p.sockets -= 1;
+                if *p == super::PeerLoad::default() {
+                    self.peers.remove(&s.key.peer);
+                }
+            }
+        }
         for p in s.parked.take_all() {
             self.uncharge(p.channel, p.payload.len());
         }
@@ -190,6 +209,59 @@ impl Endpoint {
         self.push_event(Event::Readable(id));
         self.push_event(Event::Writable(id));
         self.retry_stalled();
+    }
+
+    /// Releases a socket the application closed gracefully: it lingers, invisible to the
+    /// application, until both directions are finished or its linger time is up.
+    pub(super) fn detach(&mut self, id: SocketId) {
+        let Some(s) = self.sockets.get_mut(&id) else {
+            return;
+        };
+        s.detached = true;
+        // The deadline is set by the next `handle_timeout`: the clock seen last may be
+        // long past (a driver that slept), and would cut the linger short.
+        self.lingering.insert(id, None);
+        self.maybe_reap(id);
+    }
+
+    /// When [`Endpoint::handle_timeout`] should be called next: the earliest linger
+    /// deadline; the latest time it was given (so at once) when a socket was closed since,
+    /// whose deadline it sets; `None` when nothing is timed. Before the first
+    /// `handle_timeout` no deadline is known: a driver calls `handle_timeout` once when it
+    /// starts, then whenever this instant has passed (and again after any call, since a
+    /// call may change it).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let unset = self.lingering.values().any(Option::is_none);
+        let earliest = self.lingering.values().flatten().min().copied();
+        match (unset, self.clock) {
+            (true, Some(now)) => Some(now),
+            _ => earliest,
+        }
+    }
+
+    /// Advances the endpoint's clock to `now` (an earlier time than one seen before is
+    /// ignored) and acts on what timed out: a closed socket that has lingered
+    /// [`Config::linger_timeout`] is reset (a RESET goes to the peer) and removed, and
+    /// counted in [`EndpointCounters::linger_expired`](super::EndpointCounters). The
+    /// endpoint reads no clock of its own; the caller passes monotonic time in, as for a
+    /// sans-IO QUIC connection.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let now = self.clock.map_or(now, |c| c.max(now));
+        self.clock = Some(now);
+        let linger = self.config.linger_timeout;
+        let mut expired = Vec::new();
+        for (&sid, at) in &mut self.lingering {
+            match at {
+                None => *at = Some(now + linger),
+                Some(t) if *t <= now => expired.push(sid),
+                Some(_) => {}
+            }
+        }
+        for sid in expired {
+            debug!(socket = %sid, ?linger, "closed socket lingered too long; resetting");
+            self.counters.linger_expired += 1;
+            self.reset(sid);
+        }
     }
 
     /// Removes a detached socket once both directions are finished.
