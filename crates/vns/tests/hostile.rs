@@ -380,6 +380,76 @@ fn a_closed_socket_waits_for_the_peer_fin_only_until_the_linger_timeout() {
     transfer(&mut sim, c_other, s_other, &pattern(4, 3000));
 }
 
+/// A peer with many channels used to be able to park `channel_budget` bytes on each of
+/// them. Its parked bytes are bounded in sum by `peer_budget`: past it, the channel of the
+/// chunk that would exceed it pauses (counted), the peer's total stays at the budget, and
+/// another peer's connection keeps its bytes exact meanwhile. Once the application drops
+/// the flood's sockets, the budget comes back and the channel resumes.
+#[test]
+fn parked_bytes_are_bounded_per_peer_over_all_its_channels() {
+    let mut cfg = small_config(256);
+    // Each channel could hold 4096 parked bytes; the peer may hold 2048 in all.
+    cfg.peer_budget = 2048;
+    cfg.channel_budget = 1024;
+    let mut sim = Sim::throughput(2, cfg.clone(), 1 << 16, 23);
+    let (c, s, _, _) = connected(&mut sim, 80, 0);
+    let evil = PeerId(7);
+    let chans: Vec<ChannelId> = (10..18).map(ChannelId).collect();
+    let b = &mut sim.ends[B];
+    b.bind(90, 100).unwrap();
+    for &ch in &chans {
+        b.add_channel(ch, evil, ChannelClass::Throughput).unwrap();
+    }
+    // Eight sockets, each with room to park credit_window - recv_buffer = 1024 bytes.
+    let isn = Seq(5000);
+    for i in 0..8u16 {
+        let sync = chunk(ChunkType::Sync, 20_000 + i, 90, isn, 4096, &[]);
+        b.handle_chunk_bytes(chans[0], &sync).unwrap();
+    }
+    let credit = isn.plus(cfg.credit_window as u32).0;
+    let mut stalled = None;
+    'flood: for k in 0..4u32 {
+        for i in 0..8u16 {
+            // Past the reorder buffer, inside the credit: parked. Socket i's chunks go on
+            // channel i, so that no channel reaches its own budget.
+            let seq = isn.plus(cfg.recv_buffer as u32 + k * 256);
+            let data = chunk(ChunkType::Data, 20_000 + i, 90, seq, credit, &[0xee; 256]);
+            let ch = chans[usize::from(i)];
+            b.handle_chunk_bytes(ch, &data).unwrap();
+            b.check_invariants().unwrap();
+            if b.should_pause_channel_reads(ch) {
+                stalled = Some(ch);
+                break 'flood;
+            }
+        }
+    }
+    let stalled = stalled.expect("the peer budget paused a channel");
+    assert_eq!(b.peer_parked_bytes(evil), cfg.peer_budget);
+    assert!(chans
+        .iter()
+        .all(|&ch| b.channel_parked_bytes(ch) <= cfg.channel_budget / 2));
+    let counters = b.counters();
+    assert_eq!(counters.peer_budget_stalls, 1);
+    assert_eq!(counters.channel_budget_stalls, 0);
+    // A paused channel takes no bytes.
+    let more = chunk(ChunkType::Data, 20_000, 90, isn, credit, &[1; 10]);
+    assert_eq!(b.handle_chunk_bytes(stalled, &more), Ok(0));
+
+    // The other peer's connection is not held up.
+    transfer(&mut sim, c, s, &pattern(5, 6000));
+    assert_eq!(sim.ends[B].peer_parked_bytes(PeerId(0)), 0);
+
+    // The application drops the flood: the budget comes back, the channel resumes.
+    let b = &mut sim.ends[B];
+    while let Ok(sock) = b.accept(90) {
+        b.close(sock);
+    }
+    while b.poll_events().is_some() {}
+    assert!(!b.should_pause_channel_reads(stalled));
+    assert_eq!(b.peer_parked_bytes(evil), 0);
+    b.check_invariants().unwrap();
+}
+
 /// What a hostile peer does, one step at a time.
 #[derive(Debug, Clone)]
 enum Op {

@@ -31,6 +31,12 @@ pub struct Config {
     /// least `max_chunk_payload`. When a chunk would exceed it, the endpoint stops
     /// consuming the channel's bytes (the last resort that holds the channel's window).
     pub channel_budget: usize,
+    /// Per-peer budget of parked bytes: the sum over all of one peer's channels (each
+    /// within `channel_budget`). A peer may open many channels, so the per-channel budget
+    /// alone does not bound what it can make the endpoint hold. When a chunk would exceed
+    /// it, the endpoint stops consuming that channel's bytes, as for `channel_budget`, and
+    /// counts it ([`EndpointCounters::peer_budget_stalls`]). At least `channel_budget`.
+    pub peer_budget: usize,
     /// Local virtual ports [`Endpoint::connect`] picks from (inclusive).
     pub ephemeral_ports: (u16, u16),
     /// Initial sequence number of the first connection (later ones are spread from it);
@@ -64,6 +70,7 @@ impl Default for Config {
             credit_window: 512 * 1024,
             credit_update_threshold: 128 * 1024,
             channel_budget: 2 * 1024 * 1024,
+            peer_budget: 32 * 1024 * 1024,
             ephemeral_ports: (49152, 65535),
             first_isn: 0x4e43_0001,
             max_peer_sockets: 16 * 1024,
@@ -102,6 +109,9 @@ impl Config {
         }
         if self.channel_budget < self.max_chunk_payload {
             return bad("channel_budget must be at least max_chunk_payload");
+        }
+        if self.peer_budget < self.channel_budget {
+            return bad("peer_budget must be at least channel_budget");
         }
         if self.ephemeral_ports.0 > self.ephemeral_ports.1 {
             return bad("ephemeral_ports must be a non-empty range");

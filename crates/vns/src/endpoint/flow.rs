@@ -150,7 +150,7 @@ impl Endpoint {
                     ty: ChunkType::Stop,
                     payload_len: 0,
                 };
-                self.channels.get_mut(&ch).expect("exists").parked_bytes += n;
+                self.charge(ch, n);
                 trace!(socket = %sid, channel = %ch, n, "parked");
                 if send_stop {
                     debug!(socket = %sid, "receive buffer full; STOP");

@@ -134,6 +134,8 @@ pub struct Endpoint {
 struct PeerLoad {
     /// Sockets its SYNCs created that still exist.
     sockets: usize,
+    /// Bytes parked (or held early) on its channels: the sum of their `parked_bytes`.
+    parked: usize,
 }
 
 /// Counts of hostile or broken input an endpoint refused or cut short, for monitoring
@@ -150,6 +152,12 @@ pub struct EndpointCounters {
     /// Closed sockets reset because the peer's FIN (or the credit for the last bytes) did
     /// not come within [`Config::linger_timeout`].
     pub linger_expired: u64,
+    /// Times a channel's reads paused because a chunk would have taken its bytes parked
+    /// past [`Config::channel_budget`].
+    pub channel_budget_stalls: u64,
+    /// Times a channel's reads paused because a chunk would have taken its peer's bytes
+    /// parked (over all its channels) past [`Config::peer_budget`].
+    pub peer_budget_stalls: u64,
 }
 
 /// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
@@ -227,6 +235,12 @@ impl Endpoint {
         self.peers.get(&peer).map_or(0, |p| p.sockets)
     }
 
+    /// Bytes parked (or held early) on all of `peer`'s channels together (bounded by
+    /// [`Config::peer_budget`]).
+    pub fn peer_parked_bytes(&self, peer: PeerId) -> usize {
+        self.peers.get(&peer).map_or(0, |p| p.parked)
+    }
+
     /// Sockets closed by the application that still linger for the peer's FIN (each is
     /// reset [`Config::linger_timeout`] after its close at the latest).
     pub fn lingering_sockets(&self) -> usize {
@@ -242,7 +256,8 @@ impl Endpoint {
 
     /// Checks the endpoint's internal accounting: every channel's parked bytes equal
     /// what its sockets' response queues and early chunks hold charged to it and stay
-    /// within [`Config::channel_budget`]; its queued RESET replies stay within
+    /// within [`Config::channel_budget`], and each peer's sum within
+    /// [`Config::peer_budget`]; its queued RESET replies stay within
     /// [`MAX_QUEUED_REPLIES`]; no reorder buffer holds more than
     /// [`Config::recv_buffer`]; the send buffers stay within [`Config::send_buffer`];
     /// sockets created by SYNCs are counted right and stay within
@@ -284,6 +299,24 @@ impl Endpoint {
                     c.queued_replies
                 ));
             }
+        }
+        let mut parked: BTreeMap<PeerId, usize> = BTreeMap::new();
+        for c in self.channels.values().filter(|c| c.parked_bytes > 0) {
+            *parked.entry(c.peer).or_default() += c.parked_bytes;
+        }
+        let counted: BTreeMap<PeerId, usize> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.parked > 0)
+            .map(|(&peer, p)| (peer, p.parked))
+            .collect();
+        if parked != counted {
+            return Err(format!(
+                "peers' parked bytes: channels hold {parked:?}, {counted:?} counted"
+            ));
+        }
+        if let Some((peer, n)) = parked.iter().find(|(_, &n)| n > self.config.peer_budget) {
+            return Err(format!("{peer:?}: {n} parked bytes over the peer budget"));
         }
         let mut passive: BTreeMap<PeerId, usize> = BTreeMap::new();
         for s in self.sockets.values().filter(|s| s.passive) {
