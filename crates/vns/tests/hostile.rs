@@ -11,7 +11,7 @@ use common::{pattern, small_config, Sim, A, B};
 use proptest::prelude::*;
 use vns::{
     AppClass, ChannelClass, ChannelId, ChunkRepr, ChunkType, Error, PeerId, Seq, SocketId,
-    MAX_QUEUED_REPLIES,
+    EARLY_CHUNK_COST, MAX_QUEUED_REPLIES,
 };
 
 /// One chunk as bytes on a channel.
@@ -448,6 +448,61 @@ fn parked_bytes_are_bounded_per_peer_over_all_its_channels() {
     assert!(!b.should_pause_channel_reads(stalled));
     assert_eq!(b.peer_parked_bytes(evil), 0);
     b.check_invariants().unwrap();
+}
+
+/// Chunks that overtake a SYNC_ACK are held until it comes. Those without payload (ACK,
+/// STOP, FIN) used to be held for free, so a peer could send them without end to a socket
+/// still connecting. Each is now charged at least `EARLY_CHUNK_COST` to the channel's and
+/// the peer's budgets: the flood pauses the channel at the budget (counted), and once the
+/// connect is given up everything is given back and the connection beside it keeps its
+/// bytes exact.
+#[test]
+fn chunks_before_the_sync_ack_are_charged_and_bounded() {
+    let cfg = small_config(256);
+    let mut sim = Sim::throughput(2, cfg.clone(), 1 << 16, 24);
+    let (c_honest, s_honest, _, _) = connected(&mut sim, 81, 0);
+    sim.ends[B].bind(80, 4).unwrap();
+    let a = &mut sim.ends[A];
+    // Its SYNC is still in A's outbox: whatever arrives for it is early.
+    let c = a.connect(PeerId(1), 80, AppClass::Throughput).unwrap();
+    let (_, local, _) = a.socket_addr(c).unwrap();
+    let ch = ChannelId(1);
+    let mut flood = Vec::new();
+    for i in 0..10_000u32 {
+        let ty = [ChunkType::Ack, ChunkType::Stop, ChunkType::Resume][i as usize % 3];
+        flood.extend(chunk(ty, 80, local, Seq(i), i, &[]));
+        if i % 100 == 0 {
+            flood.extend(chunk(ChunkType::Data, 80, local, Seq(i), 0, &[7; 10]));
+        }
+    }
+    let used = a.handle_chunk_bytes(ch, &flood).unwrap();
+    assert!(used < flood.len(), "the channel paused");
+    assert!(a.should_pause_channel_reads(ch));
+    a.check_invariants().unwrap();
+    let parked = a.channel_parked_bytes(ch);
+    assert!(parked <= cfg.channel_budget);
+    assert!(
+        parked + EARLY_CHUNK_COST > cfg.channel_budget,
+        "held up to the budget"
+    );
+    assert_eq!(a.peer_parked_bytes(PeerId(1)), parked);
+    assert_eq!(a.counters().channel_budget_stalls, 1);
+    // Offering the rest again takes nothing while paused.
+    assert_eq!(a.handle_chunk_bytes(ch, &flood[used..]), Ok(0));
+    assert_eq!(a.counters().channel_budget_stalls, 1, "counted once");
+
+    // The application gives up on the connect (as the stack's connect timeout does).
+    a.reset(c);
+    assert!(!a.should_pause_channel_reads(ch));
+    assert_eq!(a.channel_parked_bytes(ch), 0);
+    assert_eq!(a.peer_parked_bytes(PeerId(1)), 0);
+    a.check_invariants().unwrap();
+    // The rest of the flood is now for no socket: dropped, or answered (bounded).
+    a.handle_chunk_bytes(ch, &flood[used..]).unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.channel_parked_bytes(ch), 0);
+    sim.settle();
+    transfer(&mut sim, c_honest, s_honest, &pattern(6, 4000));
 }
 
 /// What a hostile peer does, one step at a time.

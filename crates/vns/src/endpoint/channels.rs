@@ -42,6 +42,19 @@ pub(super) struct Channel {
     pub(super) queued_replies: usize,
 }
 
+/// Least bytes an early chunk (one that overtook its socket's SYNC_ACK) is charged: what
+/// holding it costs besides its payload (its header and place in the list, about 48
+/// bytes), rounded up. Without it, control chunks with no payload (ACK, STOP, FIN) were
+/// held for free, and a peer could send them without end to a socket still connecting.
+pub const EARLY_CHUNK_COST: usize = 64;
+
+/// Bytes an early chunk is charged to its channel and peer budgets: its payload, at least
+/// [`EARLY_CHUNK_COST`] (capped at the largest payload, so that one chunk always fits an
+/// empty budget).
+pub(super) fn early_cost(chunk: &Chunk, max_payload: usize) -> usize {
+    chunk.payload.len().max(EARLY_CHUNK_COST.min(max_payload))
+}
+
 /// Most RESET replies to chunks for unknown sockets a channel's outbox holds. A peer that
 /// sends DATA for sockets that do not exist while keeping its window closed would
 /// otherwise grow the outbox by one chunk per chunk it sends; past the bound replies are
@@ -250,7 +263,7 @@ impl Endpoint {
         };
         match s.state {
             State::SynSent if h.ty != ChunkType::SyncAck && h.ty != ChunkType::Reset => {
-                chunk.payload.len()
+                early_cost(chunk, self.config.max_chunk_payload)
             }
             State::Established if h.ty == ChunkType::Data && !s.detached => {
                 match self.placement(s, h.seq, chunk.payload.len()) {
@@ -331,7 +344,7 @@ impl Endpoint {
                 ChunkType::SyncAck => self.establish_active(sid, h),
                 ChunkType::Reset => self.fail(sid, Error::ConnectionRefused),
                 _ => {
-                    let n = chunk.payload.len();
+                    let n = early_cost(&chunk, self.config.max_chunk_payload);
                     s.early.push((ch, chunk));
                     self.charge(ch, n);
                 }

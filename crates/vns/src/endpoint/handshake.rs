@@ -11,6 +11,7 @@ use crate::deframer::Chunk;
 use crate::reorder::ReorderBuffer;
 use crate::wire::{ChunkRepr, ChunkType, Seq};
 
+use super::channels::early_cost;
 use super::send_buf::Piece;
 use super::socket::{Key, State};
 use super::transmit::OutChunk;
@@ -230,11 +231,14 @@ impl Endpoint {
         self.push_event(Event::Connected(sid));
         self.push_event(Event::Writable(sid));
         self.schedule_needed = true;
+        let max = self.config.max_chunk_payload;
         for (ch, chunk) in early {
-            self.uncharge(ch, chunk.payload.len());
+            self.uncharge(ch, early_cost(&chunk, max));
             if self.channels.contains_key(&ch) {
                 self.receive_established(ch, sid, chunk);
             }
         }
+        // What they held (less what is parked again) is free for stalled channels.
+        self.retry_stalled();
     }
 }

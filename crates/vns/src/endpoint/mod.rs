@@ -38,7 +38,7 @@ mod socket;
 mod transmit;
 
 pub use app::SocketStats;
-pub use channels::{ChannelLoad, MAX_QUEUED_REPLIES};
+pub use channels::{ChannelLoad, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES};
 pub use config::{Config, ConfigError};
 pub use error::{ChannelError, Error};
 pub use socket::{PeerId, SocketId};
@@ -255,7 +255,8 @@ impl Endpoint {
     }
 
     /// Checks the endpoint's internal accounting: every channel's parked bytes equal
-    /// what its sockets' response queues and early chunks hold charged to it and stay
+    /// what its sockets' response queues and early chunks (each at least
+    /// [`EARLY_CHUNK_COST`]) hold charged to it and stay
     /// within [`Config::channel_budget`], and each peer's sum within
     /// [`Config::peer_budget`]; its queued RESET replies stay within
     /// [`MAX_QUEUED_REPLIES`]; no reorder buffer holds more than
@@ -276,7 +277,7 @@ impl Endpoint {
                         + s.early
                             .iter()
                             .filter(|(ch, _)| *ch == id)
-                            .map(|(_, c)| c.payload.len())
+                            .map(|(_, c)| channels::early_cost(c, self.config.max_chunk_payload))
                             .sum::<usize>()
                 })
                 .sum();

@@ -14,6 +14,7 @@ use crate::reorder::ReorderBuffer;
 use crate::response_queue::ResponseQueue;
 use crate::wire::Seq;
 
+use super::channels::early_cost;
 use super::send_buf::SendBuf;
 use super::{Config, Endpoint, Error, Event};
 
@@ -174,7 +175,7 @@ impl Endpoint {
             self.uncharge(p.channel, p.payload.len());
         }
         for (ch, c) in s.early.drain(..) {
-            self.uncharge(ch, c.payload.len());
+            self.uncharge(ch, early_cost(&c, self.config.max_chunk_payload));
         }
         for l in self.listeners.values_mut() {
             l.queue.retain(|&q| q != id);
@@ -199,7 +200,7 @@ impl Endpoint {
             self.uncharge(p.channel, p.payload.len());
         }
         for (ch, c) in early {
-            self.uncharge(ch, c.payload.len());
+            self.uncharge(ch, early_cost(&c, self.config.max_chunk_payload));
         }
         if detached {
             self.remove_socket(id);
