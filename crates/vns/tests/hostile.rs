@@ -230,7 +230,10 @@ fn replies_to_unknown_sockets_are_bounded_while_the_peer_does_not_read() {
 fn transfer(sim: &mut Sim, c: SocketId, s: SocketId, data: &[u8]) {
     let mut sent = 0;
     let mut got = Vec::new();
+    let mut rounds = 0;
     while got.len() < data.len() {
+        rounds += 1;
+        assert!(rounds < 10_000, "transfer stuck at {} bytes", got.len());
         if sent < data.len() {
             match sim.ends[A].send(c, &data[sent..]) {
                 Ok(n) => sent += n,
@@ -503,6 +506,51 @@ fn chunks_before_the_sync_ack_are_charged_and_bounded() {
     assert_eq!(a.channel_parked_bytes(ch), 0);
     sim.settle();
     transfer(&mut sim, c_honest, s_honest, &pattern(6, 4000));
+}
+
+/// STOP and RESUME apply only newer epochs, so a STOP with a far-future epoch used to
+/// freeze its socket for good (every later RESUME looked stale). The peer bumps its epoch
+/// twice at most per DATA chunk it received: an epoch past that is ignored and counted.
+/// Likewise a credit edge past the peer's window beyond anything it could have read. The
+/// socket keeps sending byte-exact data, and an honest STOP still stops it.
+#[test]
+fn impossible_epochs_and_credit_edges_are_ignored() {
+    let cfg = small_config(256);
+    let mut sim = Sim::throughput(2, cfg.clone(), 1 << 16, 25);
+    let (c, s, a_port, next) = connected(&mut sim, 80, 0);
+    let edge = next.plus(cfg.credit_window as u32);
+    let a = &mut sim.ends[A];
+    let ch = ChannelId(1);
+    for (ty, epoch) in [(ChunkType::Stop, 0x4000_0000), (ChunkType::Stop, 1)] {
+        let stop = chunk(ty, 80, a_port, Seq(epoch), edge.0, &[]);
+        a.handle_chunk_bytes(ch, &stop).unwrap();
+        assert!(!a.socket_stats(c).unwrap().peer_stopped);
+    }
+    // Nothing sent yet: even epoch 1 is impossible.
+    assert_eq!(a.counters().rejected_epochs, 2);
+    let greedy = chunk(ChunkType::Ack, 80, a_port, Seq(0), edge.plus(1).0, &[]);
+    a.handle_chunk_bytes(ch, &greedy).unwrap();
+    let far = chunk(
+        ChunkType::Ack,
+        80,
+        a_port,
+        Seq(0),
+        edge.plus(1 << 30).0,
+        &[],
+    );
+    a.handle_chunk_bytes(ch, &far).unwrap();
+    assert_eq!(a.counters().rejected_credits, 2);
+    assert_eq!(a.socket_stats(c).unwrap().send_credit, cfg.credit_window);
+    a.check_invariants().unwrap();
+
+    transfer(&mut sim, c, s, &pattern(7, 5000));
+    let a = &mut sim.ends[A];
+    a.check_invariants().unwrap();
+    // Chunks have gone out: a STOP with the next epoch is possible, and applied.
+    let stop = chunk(ChunkType::Stop, 80, a_port, Seq(1), 0, &[]);
+    a.handle_chunk_bytes(ch, &stop).unwrap();
+    assert!(a.socket_stats(c).unwrap().peer_stopped);
+    assert_eq!(a.counters().rejected_epochs, 2);
 }
 
 /// What a hostile peer does, one step at a time.

@@ -187,7 +187,8 @@ impl Endpoint {
         let mut s = Socket::new(key, class, isn);
         s.passive = true;
         s.state = State::Established;
-        s.send_limit = isn.plus(h.credit.min(1 << 30));
+        s.peer_window = h.credit.min(1 << 30);
+        s.send_limit = isn.plus(s.peer_window);
         s.rx = Some(ReorderBuffer::new(h.seq, self.config.recv_buffer));
         s.advertised = h.seq.plus(self.config.credit_window as u32);
         s.channels_used.insert(ch);
@@ -223,7 +224,8 @@ impl Endpoint {
         let recv_buffer = self.config.recv_buffer;
         let s = self.sockets.get_mut(&sid).expect("caller checked");
         s.state = State::Established;
-        s.send_limit = s.next_seq.plus(h.credit.min(1 << 30));
+        s.peer_window = h.credit.min(1 << 30);
+        s.send_limit = s.next_seq.plus(s.peer_window);
         s.rx = Some(ReorderBuffer::new(h.seq, recv_buffer));
         s.advertised = h.seq.plus(window);
         let early: Vec<_> = s.early.drain(..).collect();

@@ -158,6 +158,12 @@ pub struct EndpointCounters {
     /// Times a channel's reads paused because a chunk would have taken its peer's bytes
     /// parked (over all its channels) past [`Config::peer_budget`].
     pub peer_budget_stalls: u64,
+    /// STOP or RESUME chunks ignored because their epoch is past any the peer could have
+    /// reached (two per DATA chunk sent to it).
+    pub rejected_epochs: u64,
+    /// Credit edges ignored because they reach past the peer's window beyond anything it
+    /// could have read.
+    pub rejected_credits: u64,
 }
 
 /// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
@@ -263,7 +269,8 @@ impl Endpoint {
     /// [`Config::recv_buffer`]; the send buffers stay within [`Config::send_buffer`];
     /// sockets created by SYNCs are counted right and stay within
     /// [`Config::max_peer_sockets`] per peer and [`Config::max_sockets`] in all; every
-    /// closed, lingering socket has a timer.
+    /// closed, lingering socket has a timer; no established socket's credit edge or peer
+    /// epoch is past what its peer could have granted.
     /// For tests and fuzzing (a hostile peer must never break these); `Err` names the
     /// first broken one.
     #[doc(hidden)]
@@ -375,6 +382,14 @@ impl Endpoint {
                 if rx.len() > self.config.recv_buffer {
                     return Err(format!("{sid}: reorder buffer holds {}", rx.len()));
                 }
+            }
+            if s.state == socket::State::Established
+                && (!s.credit_possible(s.send_limit) || !s.epoch_possible(s.peer_epoch))
+            {
+                return Err(format!(
+                    "{sid}: credit edge {} or epoch {} past what the peer could grant",
+                    s.send_limit, s.peer_epoch
+                ));
             }
             if s.send_buf.len() > self.config.send_buffer {
                 return Err(format!("{sid}: send buffer holds {}", s.send_buf.len()));

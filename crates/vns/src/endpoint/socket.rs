@@ -63,6 +63,12 @@ pub(super) struct Socket {
     pub(super) send_limit: Seq,
     pub(super) peer_stopped: bool,
     pub(super) peer_epoch: Seq,
+    /// The peer's credit window (from its SYNC or SYNC_ACK): its credit edge is its read
+    /// position, at most `next_seq`, plus this.
+    pub(super) peer_window: u32,
+    /// DATA chunks cut for the peer: each of its STOPs answers one it parked and each
+    /// RESUME follows a STOP, so its epoch is at most twice this.
+    pub(super) data_chunks_sent: u64,
     pub(super) write_shut: bool,
     pub(super) fin_sent: bool,
     pub(super) write_blocked: bool,
@@ -94,6 +100,8 @@ impl Socket {
             send_limit: isn,
             peer_stopped: false,
             peer_epoch: Seq(0),
+            peer_window: 0,
+            data_chunks_sent: 0,
             write_shut: false,
             fin_sent: false,
             write_blocked: false,
@@ -113,6 +121,19 @@ impl Socket {
         self.rx
             .as_ref()
             .map(|rx| rx.read_seq().plus(cfg.credit_window as u32))
+    }
+
+    /// Whether a credit edge is one the peer could have granted: its read position (at
+    /// most our next byte) plus its window.
+    pub(super) fn credit_possible(&self, edge: Seq) -> bool {
+        !edge.is_after(self.next_seq.plus(self.peer_window))
+    }
+
+    /// Whether a STOP/RESUME epoch is one the peer could have reached (see
+    /// `data_chunks_sent`). Epochs compare circularly, so past 2^31 chunks anything goes.
+    pub(super) fn epoch_possible(&self, epoch: Seq) -> bool {
+        let max = self.data_chunks_sent.saturating_mul(2);
+        max >= 1 << 31 || u64::from(epoch.0) <= max
     }
 
     pub(super) fn send_credit(&self) -> usize {
