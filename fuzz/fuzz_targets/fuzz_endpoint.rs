@@ -28,7 +28,8 @@ fn config() -> Config {
         credit_window: 2048,
         credit_update_threshold: 256,
         channel_budget: 4096,
-        first_isn: 1000,
+        first_isn: Some(1000),
+        rng_seed: Some(0),
         linger_timeout: Duration::from_secs(30),
         ..Config::default()
     }

@@ -508,7 +508,9 @@ fn stop_and_resume_apply_only_newer_epochs() {
     sim.settle();
     // The client is A's first connection: its credit limit is its ISN, plus what the
     // peer read, plus the window.
-    let limit = Seq(cfg.first_isn).plus((sent + cfg.credit_window) as u32).0;
+    let limit = Seq(cfg.first_isn.expect("small_config fixes it"))
+        .plus((sent + cfg.credit_window) as u32)
+        .0;
     let inject = |sim: &mut Sim, ty: ChunkType, epoch: u32| {
         let mut bytes = Vec::new();
         ChunkRepr {

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use common::{pattern, small_config, Sim, A, B};
 use proptest::prelude::*;
 use vns::{
-    AppClass, ChannelClass, ChannelId, ChunkRepr, ChunkType, Error, PeerId, Seq, SocketId,
-    EARLY_CHUNK_COST, MAX_QUEUED_REPLIES,
+    AppClass, ChannelClass, ChannelId, ChunkPacket, ChunkRepr, ChunkType, Config, Endpoint, Error,
+    PeerId, Seq, SocketId, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES,
 };
 
 /// One chunk as bytes on a channel.
@@ -48,7 +48,10 @@ fn connected(sim: &mut Sim, port: u16, fill: usize) -> (SocketId, SocketId, u16,
     sim.drain_events();
     let (_, a_port, _) = sim.ends[A].socket_addr(c).unwrap();
     // The first connection of an endpoint starts at the configured ISN.
-    let isn = Seq(sim.ends[A].config().first_isn);
+    let isn = Seq(sim.ends[A]
+        .config()
+        .first_isn
+        .expect("small_config fixes it"));
     (c, s, a_port, isn.plus(fill as u32))
 }
 
@@ -294,7 +297,7 @@ fn a_sync_flood_is_bounded_per_peer_and_in_all() {
     let mut resets = 0;
     while b.poll_transmit(ChannelId(9), &mut out).is_some() {}
     for piece in out.chunks(16) {
-        let h = ChunkRepr::parse_header(&vns::ChunkPacket::new_checked(piece).unwrap()).unwrap();
+        let h = ChunkRepr::parse_header(&ChunkPacket::new_checked(piece).unwrap()).unwrap();
         resets += usize::from(h.ty == ChunkType::Reset);
     }
     assert_eq!(resets, MAX_QUEUED_REPLIES);
@@ -551,6 +554,85 @@ fn impossible_epochs_and_credit_edges_are_ignored() {
     a.handle_chunk_bytes(ch, &stop).unwrap();
     assert!(a.socket_stats(c).unwrap().peer_stopped);
     assert_eq!(a.counters().rejected_epochs, 2);
+}
+
+/// The (local port, ISN) of `n` connects of a fresh endpoint, read from its SYNCs.
+fn sync_ids(cfg: Config, n: usize) -> Vec<(u16, Seq)> {
+    let mut ep = Endpoint::new(cfg, netsched::RoundRobin::default()).unwrap();
+    ep.add_channel(ChannelId(0), PeerId(1), ChannelClass::Throughput)
+        .unwrap();
+    for _ in 0..n {
+        ep.connect(PeerId(1), 80, AppClass::Throughput).unwrap();
+    }
+    let mut out = Vec::new();
+    while ep.poll_transmit(ChannelId(0), &mut out).is_some() {}
+    out.chunks(16)
+        .map(|h| {
+            let h = ChunkRepr::parse_header(&ChunkPacket::new_checked(h).unwrap()).unwrap();
+            assert_eq!(h.ty, ChunkType::Sync);
+            (h.src_port, h.seq)
+        })
+        .collect()
+}
+
+/// Ephemeral ports and ISNs used to be sequential: a peer that saw one connection could
+/// predict the next one's port and sequence space (and inject into it). They are drawn
+/// from a CSPRNG now, seeded from the OS unless a test fixes the seed; connections with
+/// random ISNs (wrap-around included) carry exact bytes.
+#[test]
+fn ephemeral_ports_and_isns_are_unpredictable() {
+    let cfg = Config::default();
+    let a = sync_ids(cfg.clone(), 64);
+    let (lo, hi) = cfg.ephemeral_ports;
+    let mut ports: Vec<u16> = a.iter().map(|&(p, _)| p).collect();
+    assert!(ports.iter().all(|p| (lo..=hi).contains(p)));
+    let successive = ports
+        .windows(2)
+        .filter(|w| w[1] == w[0].wrapping_add(1))
+        .count();
+    assert!(
+        successive < 4,
+        "{successive} ports follow their predecessor"
+    );
+    ports.sort_unstable();
+    ports.dedup();
+    assert_eq!(ports.len(), 64, "distinct ports");
+    let steps: std::collections::BTreeSet<u32> = a
+        .windows(2)
+        .map(|w| w[1].1 .0.wrapping_sub(w[0].1 .0))
+        .collect();
+    assert!(steps.len() > 60, "ISNs do not step by a constant");
+    // Another endpoint draws others.
+    assert_ne!(sync_ids(cfg.clone(), 64), a);
+    // A fixed seed reproduces them (tests and simulations).
+    let seeded = |seed| {
+        sync_ids(
+            Config {
+                rng_seed: Some(seed),
+                ..cfg.clone()
+            },
+            16,
+        )
+    };
+    assert_eq!(seeded(5), seeded(5));
+    assert_ne!(seeded(5), seeded(6));
+
+    // Random ISNs and ports on both ends: exact bytes over reordering channels.
+    let mut small = small_config(256);
+    small.first_isn = None;
+    small.rng_seed = None;
+    for seed in 0..8 {
+        let mut sim = Sim::throughput(3, small.clone(), 1 << 12, 30 + seed);
+        sim.ends[B].bind(80, 4).unwrap();
+        let c = sim.ends[A]
+            .connect(PeerId(1), 80, AppClass::Throughput)
+            .unwrap();
+        sim.settle();
+        let s = sim.ends[B].accept(80).unwrap();
+        transfer(&mut sim, c, s, &pattern(seed as u8, 20_000));
+        sim.ends[A].check_invariants().unwrap();
+        sim.ends[B].check_invariants().unwrap();
+    }
 }
 
 /// What a hostile peer does, one step at a time.

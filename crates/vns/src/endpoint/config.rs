@@ -37,11 +37,19 @@ pub struct Config {
     /// it, the endpoint stops consuming that channel's bytes, as for `channel_budget`, and
     /// counts it ([`EndpointCounters::peer_budget_stalls`]). At least `channel_budget`.
     pub peer_budget: usize,
-    /// Local virtual ports [`Endpoint::connect`] picks from (inclusive).
+    /// Local virtual ports [`Endpoint::connect`] picks from (inclusive). Each connect
+    /// starts its search for a free one at a random port of the range, so that an
+    /// off-path peer cannot guess the ports of the next connections.
     pub ephemeral_ports: (u16, u16),
-    /// Initial sequence number of the first connection (later ones are spread from it);
-    /// set near `u32::MAX` to exercise wrap-around.
-    pub first_isn: u32,
+    /// `None` (the default): every socket's initial sequence number is random, so that a
+    /// peer cannot predict another connection's sequence space. `Some(isn)`, for tests
+    /// only: the first connection starts at `isn` and later ones are spread from it
+    /// (predictable); set it near `u32::MAX` to exercise wrap-around.
+    pub first_isn: Option<u32>,
+    /// Seed of the endpoint's random generator (ISNs and ephemeral ports). `None` (the
+    /// default): seeded from the operating system's entropy. `Some`: reproducible runs, for
+    /// tests and simulations; anyone who knows the seed can predict ports and ISNs.
+    pub rng_seed: Option<u64>,
     /// Most virtual sockets that SYNCs from one peer may have created and that still
     /// exist (waiting to be accepted, open, or closed and lingering). A SYNC past the
     /// bound is refused with RESET, as a full backlog is, and counted
@@ -72,7 +80,8 @@ impl Default for Config {
             channel_budget: 2 * 1024 * 1024,
             peer_budget: 32 * 1024 * 1024,
             ephemeral_ports: (49152, 65535),
-            first_isn: 0x4e43_0001,
+            first_isn: None,
+            rng_seed: None,
             max_peer_sockets: 16 * 1024,
             max_sockets: 64 * 1024,
             linger_timeout: Duration::from_secs(60),

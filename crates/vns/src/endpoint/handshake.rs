@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 
 use netsched::{AppClass, ChannelClass, ChannelId};
+use rand::Rng;
 use tracing::{debug, trace};
 
 use crate::deframer::Chunk;
@@ -86,18 +87,26 @@ impl Endpoint {
         Ok(sid)
     }
 
+    /// A random ISN, or with [`Config::first_isn`](super::Config::first_isn) set the
+    /// next of a predictable series (tests).
     fn next_isn(&mut self) -> Seq {
-        let isn = Seq(self.config.first_isn).plus(self.connections.wrapping_mul(0x9e37_79b9));
+        let Some(first) = self.config.first_isn else {
+            return Seq(self.rng.gen());
+        };
+        let isn = Seq(first).plus(self.connections.wrapping_mul(0x9e37_79b9));
         self.connections = self.connections.wrapping_add(1);
         isn
     }
 
+    /// A free local port for a connection to `remote` of `peer`: the first free one from
+    /// a random place in the range (a sequential search would let a peer that sees one
+    /// connection guess the next one's port).
     fn ephemeral_port(&mut self, peer: PeerId, remote: u16) -> Result<u16, Error> {
         let (lo, hi) = self.config.ephemeral_ports;
         let span = u32::from(hi - lo) + 1;
-        for _ in 0..span {
-            let p = self.next_ephemeral;
-            self.next_ephemeral = if p >= hi { lo } else { p + 1 };
+        let start = self.rng.gen_range(0..span);
+        for i in 0..span {
+            let p = lo + ((start + i) % span) as u16;
             if !self.listeners.contains_key(&p)
                 && !self.by_key.contains_key(&Key {
                     peer,

@@ -24,6 +24,8 @@ use std::fmt;
 use std::time::Instant;
 
 use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use netsched::{ChannelId, NetScheduler};
 
@@ -99,7 +101,8 @@ pub struct Endpoint {
     queued_events: HashSet<Event>,
     next_socket: u64,
     connections: u32,
-    next_ephemeral: u16,
+    /// Picks ISNs and ephemeral ports (a CSPRNG: they must not be predictable).
+    rng: StdRng,
     schedule_needed: bool,
     /// Emptied chunk buffers of the maximum payload's capacity, for the deframers to reuse
     /// (at most [`SPARE_BUFFERS`]).
@@ -191,7 +194,10 @@ impl Endpoint {
         scheduler: impl NetScheduler + 'static,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
-        let next_ephemeral = config.ephemeral_ports.0;
+        let rng = match config.rng_seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_entropy(),
+        };
         Ok(Endpoint {
             config,
             scheduler: Box::new(scheduler),
@@ -203,7 +209,7 @@ impl Endpoint {
             queued_events: HashSet::new(),
             next_socket: 0,
             connections: 0,
-            next_ephemeral,
+            rng,
             schedule_needed: false,
             spare: Vec::new(),
             sent_lent: VecDeque::new(),
