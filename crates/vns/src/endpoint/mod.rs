@@ -127,6 +127,12 @@ pub struct Endpoint {
     /// they are reset at; `None` until [`Endpoint::handle_timeout`] first sees them (the
     /// endpoint reads no clock, so a close does not know the time).
     lingering: BTreeMap<SocketId, Option<Instant>>,
+    /// Some socket in `lingering` has no deadline yet.
+    linger_unset: bool,
+    /// No lingering deadline is before this (the earliest when it was computed; sockets
+    /// removed since may have left it early). Lets `handle_timeout`, which the driver
+    /// calls on every round, skip the walk over `lingering` until something is due.
+    linger_next: Option<Instant>,
     /// The latest time passed to [`Endpoint::handle_timeout`].
     clock: Option<Instant>,
     counters: EndpointCounters,
@@ -219,6 +225,8 @@ impl Endpoint {
             peers: BTreeMap::new(),
             passive_sockets: 0,
             lingering: BTreeMap::new(),
+            linger_unset: false,
+            linger_next: None,
             clock: None,
             counters: EndpointCounters::default(),
         })
@@ -374,7 +382,15 @@ impl Endpoint {
             ));
         }
         for (sid, at) in &self.lingering {
-            let Some(at) = at else { continue };
+            let Some(at) = at else {
+                if !self.linger_unset {
+                    return Err(format!("{sid} lingers untimed, unflagged"));
+                }
+                continue;
+            };
+            if self.linger_next.is_none_or(|next| next > *at) {
+                return Err(format!("{sid}: its deadline is before the earliest noted"));
+            }
             // A deadline is set from the clock, which only moves forward.
             if self
                 .clock

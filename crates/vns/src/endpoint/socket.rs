@@ -243,6 +243,7 @@ impl Endpoint {
         // The deadline is set by the next `handle_timeout`: the clock seen last may be
         // long past (a driver that slept), and would cut the linger short.
         self.lingering.insert(id, None);
+        self.linger_unset = true;
         self.maybe_reap(id);
     }
 
@@ -253,11 +254,9 @@ impl Endpoint {
     /// starts, then whenever this instant has passed (and again after any call, since a
     /// call may change it).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let unset = self.lingering.values().any(Option::is_none);
-        let earliest = self.lingering.values().flatten().min().copied();
-        match (unset, self.clock) {
+        match (self.linger_unset, self.clock) {
             (true, Some(now)) => Some(now),
-            _ => earliest,
+            _ => self.linger_next,
         }
     }
 
@@ -270,15 +269,22 @@ impl Endpoint {
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.map_or(now, |c| c.max(now));
         self.clock = Some(now);
+        if !self.linger_unset && self.linger_next.is_none_or(|next| now < next) {
+            return;
+        }
         let linger = self.config.linger_timeout;
         let mut expired = Vec::new();
+        let mut next: Option<Instant> = None;
         for (&sid, at) in &mut self.lingering {
-            match at {
-                None => *at = Some(now + linger),
-                Some(t) if *t <= now => expired.push(sid),
-                Some(_) => {}
+            let t = *at.get_or_insert(now + linger);
+            if t <= now {
+                expired.push(sid);
+            } else {
+                next = Some(next.map_or(t, |n| n.min(t)));
             }
         }
+        self.linger_unset = false;
+        self.linger_next = next;
         for sid in expired {
             debug!(socket = %sid, ?linger, "closed socket lingered too long; resetting");
             self.counters.linger_expired += 1;
