@@ -6,11 +6,14 @@
 //! Input: a sequence of operations, each one byte of opcode then its arguments:
 //! `0..=3` feed (channel = opcode, then a length byte, then that many bytes of the stream);
 //! `4` read (a length byte); `5` accept; `6` shutdown the oldest socket; `7` close it;
-//! `8` drain a channel's output (a channel byte); `9` lose a channel (a channel byte).
+//! `8` drain a channel's output (a channel byte); `9` lose a channel (a channel byte);
+//! `10` let time pass (a byte of seconds; closed sockets' linger timers run out).
 //! After every operation: no panic, and `check_invariants` holds (parked bytes equal what
 //! the response queues hold and stay within the channel budget; reorder and send buffers
 //! within their bounds).
 #![no_main]
+
+use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use vns::wire::{ChunkRepr, ChunkType, Seq};
@@ -25,7 +28,9 @@ fn config() -> Config {
         credit_window: 2048,
         credit_update_threshold: 256,
         channel_budget: 4096,
-        first_isn: 1000,
+        first_isn: Some(1000),
+        rng_seed: Some(0),
+        linger_timeout: Duration::from_secs(30),
         ..Config::default()
     }
 }
@@ -37,6 +42,8 @@ fuzz_target!(|data: &[u8]| {
             .expect("new channel");
     }
     ep.bind(80, 4).expect("free port");
+    let mut now = Instant::now();
+    ep.handle_timeout(now);
     let sync = ChunkRepr {
         src_port: 5000,
         dst_port: 80,
@@ -58,7 +65,7 @@ fuzz_target!(|data: &[u8]| {
             rest = t;
             Some(a)
         };
-        match op % 10 {
+        match op % 11 {
             ch @ 0..=3 => {
                 let Some(n) = arg() else { break };
                 let n = usize::from(n).min(rest.len());
@@ -93,9 +100,14 @@ fuzz_target!(|data: &[u8]| {
                 out.clear();
                 while ep.poll_transmit(ChannelId(u32::from(ch % 4)), &mut out).is_some() {}
             }
-            _ => {
+            9 => {
                 let Some(ch) = arg() else { break };
                 ep.handle_channel_lost(ChannelId(u32::from(ch % 4)));
+            }
+            _ => {
+                let Some(secs) = arg() else { break };
+                now += Duration::from_secs(u64::from(secs));
+                ep.handle_timeout(now);
             }
         }
         while ep.poll_events().is_some() {}

@@ -70,8 +70,8 @@ pub mod wire;
 
 pub use deframer::{Chunk, Deframer};
 pub use endpoint::{
-    ChannelError, ChannelLoad, Config, ConfigError, Endpoint, Error, Event, PeerId, SocketId,
-    SocketStats, MAX_QUEUED_REPLIES,
+    ChannelError, ChannelLoad, Config, ConfigError, Endpoint, EndpointCounters, Error, Event,
+    PeerId, SocketId, SocketStats, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES,
 };
 pub use netsched::{AppClass, ChannelClass, ChannelId};
 pub use reorder::ReorderBuffer;

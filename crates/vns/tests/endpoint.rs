@@ -497,10 +497,20 @@ fn stop_and_resume_apply_only_newer_epochs() {
     let cfg = small_config(256);
     let mut sim = Sim::throughput(2, cfg.clone(), 512, 16);
     sim.ends[B].bind(7, 1).unwrap();
-    let (c, _s) = connect(&mut sim, 7);
+    let (c, s) = connect(&mut sim, 7);
     let (_, local, _) = sim.ends[A].socket_addr(c).unwrap();
-    // The client is A's first connection: its credit limit is its ISN plus the window.
-    let limit = Seq(cfg.first_isn).plus(cfg.credit_window as u32).0;
+    // Three chunks sent and read: the peer may have reached epoch 6 (a STOP and a RESUME
+    // per chunk it parked), no further.
+    let sent = 3 * cfg.max_chunk_payload;
+    assert_eq!(sim.ends[A].send(c, &pattern(8, sent)), Ok(sent));
+    sim.settle();
+    assert_eq!(read_all_now(&mut sim, B, s), pattern(8, sent));
+    sim.settle();
+    // The client is A's first connection: its credit limit is its ISN, plus what the
+    // peer read, plus the window.
+    let limit = Seq(cfg.first_isn.expect("small_config fixes it"))
+        .plus((sent + cfg.credit_window) as u32)
+        .0;
     let inject = |sim: &mut Sim, ty: ChunkType, epoch: u32| {
         let mut bytes = Vec::new();
         ChunkRepr {
@@ -530,6 +540,26 @@ fn stop_and_resume_apply_only_newer_epochs() {
     assert!(!inject(&mut sim, ChunkType::Resume, 5));
     sim.settle();
     assert_eq!(sim.ends[A].socket_stats(c).unwrap().unsent_bytes, 0);
+    // Four chunks sent now: epoch 8 is possible, 9 is not.
+    assert!(inject(&mut sim, ChunkType::Stop, 8));
+    assert!(
+        inject(&mut sim, ChunkType::Resume, 9),
+        "impossible epoch ignored"
+    );
+    assert_eq!(sim.ends[A].counters().rejected_epochs, 1);
+}
+
+/// Reads what is readable now (no stepping).
+fn read_all_now(sim: &mut Sim, end: usize, sock: vns::SocketId) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 777];
+    while let Ok(n) = sim.ends[end].recv(sock, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    out
 }
 
 #[test]

@@ -111,3 +111,66 @@ async fn silent_and_garbage_channels_are_dropped_and_counted() {
     assert_eq!(a.dropped_channels(), 0);
     assert!(b.channel_count() >= 2);
 }
+
+/// A stream closed after shutdown lingers for the peer's FIN. A peer that never sends it
+/// (here one that keeps its stream open and silent) no longer holds the socket for good:
+/// the stack's driver runs the endpoint's linger timer by itself, resets the socket once
+/// `linger_timeout` has passed, and counts it; the peer reads end of stream, then the
+/// reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_peer_never_finishes_is_reset_after_the_linger_timeout() {
+    let net = MemNetwork::new();
+    let b = Stack::builder()
+        .ipv4(B)
+        .channels(2)
+        .vns_config(vns::Config {
+            linger_timeout: Duration::from_millis(200),
+            ..vns::Config::default()
+        })
+        .build_in_memory(&net)
+        .unwrap();
+    let a = Stack::builder()
+        .ipv4(A)
+        .channels(2)
+        .build_in_memory(&net)
+        .unwrap();
+    let l = b
+        .bind(SocketAddr::V4(SocketAddrV4::new(B, 7000)))
+        .await
+        .unwrap();
+    let mut c = timeout(LIMIT, a.connect(SocketAddr::V4(SocketAddrV4::new(B, 7000))))
+        .await
+        .unwrap()
+        .unwrap();
+    c.write_all(b"hello").await.unwrap();
+    let (mut s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    let mut got = [0u8; 5];
+    s.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"hello");
+    s.shutdown().await.unwrap();
+    drop(s);
+    // The peer sees end of stream, and keeps its own side open.
+    let mut rest = Vec::new();
+    timeout(LIMIT, c.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(rest.is_empty());
+    // Then the reset, once the linger timeout has passed on B (no other traffic to wake
+    // its driver).
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let err = loop {
+        let mut buf = [0u8; 8];
+        match c.read(&mut buf).await {
+            Ok(0) => {
+                assert!(tokio::time::Instant::now() < deadline, "no reset came");
+                tokio::task::yield_now().await;
+            }
+            Ok(n) => panic!("{n} bytes after end of stream"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
+    assert_eq!(b.endpoint_counters().linger_expired, 1);
+    assert_eq!(a.endpoint_counters().linger_expired, 0);
+}

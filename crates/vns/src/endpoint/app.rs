@@ -286,8 +286,7 @@ impl Endpoint {
             self.reset(id);
             return;
         }
-        s.detached = true;
-        self.maybe_reap(id);
+        self.detach(id);
     }
 
     /// Aborts the connection: a RESET goes to the peer and the socket is released.

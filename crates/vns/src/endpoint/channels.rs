@@ -42,6 +42,19 @@ pub(super) struct Channel {
     pub(super) queued_replies: usize,
 }
 
+/// Least bytes an early chunk (one that overtook its socket's SYNC_ACK) is charged: what
+/// holding it costs besides its payload (its header and place in the list, about 48
+/// bytes), rounded up. Without it, control chunks with no payload (ACK, STOP, FIN) were
+/// held for free, and a peer could send them without end to a socket still connecting.
+pub const EARLY_CHUNK_COST: usize = 64;
+
+/// Bytes an early chunk is charged to its channel and peer budgets: its payload, at least
+/// [`EARLY_CHUNK_COST`] (capped at the largest payload, so that one chunk always fits an
+/// empty budget).
+pub(super) fn early_cost(chunk: &Chunk, max_payload: usize) -> usize {
+    chunk.payload.len().max(EARLY_CHUNK_COST.min(max_payload))
+}
+
 /// Most RESET replies to chunks for unknown sockets a channel's outbox holds. A peer that
 /// sends DATA for sockets that do not exist while keeping its window closed would
 /// otherwise grow the outbox by one chunk per chunk it sends; past the bound replies are
@@ -131,6 +144,10 @@ impl Endpoint {
         let Some(ch) = self.channels.remove(&id) else {
             return;
         };
+        // Every socket holding bytes charged to the channel used it and fails below (or
+        // has none parked): its share of the peer's budget goes now, while the channel's
+        // peer is known.
+        self.release_peer(ch.peer, ch.parked_bytes);
         debug!(channel = %id, outbox = ch.outbox.len(), %error, "channel lost");
         let victims: Vec<SocketId> = self
             .sockets
@@ -183,7 +200,7 @@ impl Endpoint {
             };
             consumed += used;
             if let Some(chunk) = chunk {
-                self.receive_chunk(id, chunk);
+                self.receive_chunk(id, chunk, false);
             }
         }
         if !self.channels.contains_key(&id) {
@@ -192,10 +209,32 @@ impl Endpoint {
         Ok(consumed)
     }
 
+    /// Charges `n` parked (or early) bytes to channel `ch` and its peer.
+    pub(super) fn charge(&mut self, ch: ChannelId, n: usize) {
+        if let Some(c) = self.channels.get_mut(&ch) {
+            c.parked_bytes += n;
+            self.peers.entry(c.peer).or_default().parked += n;
+        }
+    }
+
+    /// Gives back what [`Endpoint::charge`] took. A channel already lost gave its peer's
+    /// share back when it went.
     pub(super) fn uncharge(&mut self, ch: ChannelId, n: usize) {
         if let Some(c) = self.channels.get_mut(&ch) {
             debug_assert!(c.parked_bytes >= n, "uncharging more than was charged");
             c.parked_bytes = c.parked_bytes.saturating_sub(n);
+            let peer = c.peer;
+            self.release_peer(peer, n);
+        }
+    }
+
+    fn release_peer(&mut self, peer: PeerId, n: usize) {
+        if let Some(p) = self.peers.get_mut(&peer) {
+            debug_assert!(p.parked >= n, "uncharging more than the peer was charged");
+            p.parked = p.parked.saturating_sub(n);
+            if *p == super::PeerLoad::default() {
+                self.peers.remove(&peer);
+            }
         }
     }
 
@@ -224,7 +263,7 @@ impl Endpoint {
         };
         match s.state {
             State::SynSent if h.ty != ChunkType::SyncAck && h.ty != ChunkType::Reset => {
-                chunk.payload.len()
+                early_cost(chunk, self.config.max_chunk_payload)
             }
             State::Established if h.ty == ChunkType::Data && !s.detached => {
                 match self.placement(s, h.seq, chunk.payload.len()) {
@@ -236,14 +275,28 @@ impl Endpoint {
         }
     }
 
-    fn receive_chunk(&mut self, ch: ChannelId, chunk: Chunk) {
+    /// Dispatches a chunk, or holds it (pausing the channel's reads) when parking it
+    /// would exceed its channel's or its peer's budget. `retry`: the chunk was held
+    /// before (not counted again).
+    fn receive_chunk(&mut self, ch: ChannelId, chunk: Chunk, retry: bool) {
         let need = self.parking_need(ch, &chunk);
-        let budget = self.config.channel_budget;
-        let c = self.channels.get_mut(&ch).expect("caller checked");
-        if need > 0 && c.parked_bytes + need > budget {
-            debug!(channel = %ch, parked = c.parked_bytes, need, "channel budget exhausted; pausing reads");
-            c.stalled = Some(chunk);
-            return;
+        if need > 0 {
+            let c = self.channels.get_mut(&ch).expect("caller checked");
+            let peer_parked = self.peers.get(&c.peer).map_or(0, |p| p.parked);
+            let over_channel = c.parked_bytes + need > self.config.channel_budget;
+            let over_peer = peer_parked + need > self.config.peer_budget;
+            if over_channel || over_peer {
+                debug!(channel = %ch, parked = c.parked_bytes, peer_parked, need, "budget exhausted; pausing reads");
+                c.stalled = Some(chunk);
+                if !retry {
+                    if over_channel {
+                        self.counters.channel_budget_stalls += 1;
+                    } else {
+                        self.counters.peer_budget_stalls += 1;
+                    }
+                }
+                return;
+            }
         }
         self.dispatch(ch, chunk);
     }
@@ -262,7 +315,7 @@ impl Endpoint {
                 .get_mut(&ch)
                 .and_then(|c| c.stalled.take())
                 .expect("listed above");
-            self.receive_chunk(ch, chunk);
+            self.receive_chunk(ch, chunk, true);
             if !self.should_pause_channel_reads(ch) {
                 debug!(channel = %ch, "channel reads resume");
                 self.push_event(Event::ChannelUnpaused(ch));
@@ -291,9 +344,9 @@ impl Endpoint {
                 ChunkType::SyncAck => self.establish_active(sid, h),
                 ChunkType::Reset => self.fail(sid, Error::ConnectionRefused),
                 _ => {
-                    let n = chunk.payload.len();
+                    let n = early_cost(&chunk, self.config.max_chunk_payload);
                     s.early.push((ch, chunk));
-                    self.channels.get_mut(&ch).expect("exists").parked_bytes += n;
+                    self.charge(ch, n);
                 }
             },
             State::Established => self.receive_established(ch, sid, chunk),

@@ -1,11 +1,13 @@
 //! The endpoint's tunables ([`Config`]) and their validation ([`ConfigError`]).
 
+use std::time::Duration;
+
 use thiserror::Error;
 
 use crate::wire::MAX_PAYLOAD;
 
 #[cfg(doc)]
-use super::Endpoint;
+use super::{Endpoint, EndpointCounters};
 
 /// Tunables of an [`Endpoint`]. Sizes are in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,11 +31,42 @@ pub struct Config {
     /// least `max_chunk_payload`. When a chunk would exceed it, the endpoint stops
     /// consuming the channel's bytes (the last resort that holds the channel's window).
     pub channel_budget: usize,
-    /// Local virtual ports [`Endpoint::connect`] picks from (inclusive).
+    /// Per-peer budget of parked bytes: the sum over all of one peer's channels (each
+    /// within `channel_budget`). A peer may open many channels, so the per-channel budget
+    /// alone does not bound what it can make the endpoint hold. When a chunk would exceed
+    /// it, the endpoint stops consuming that channel's bytes, as for `channel_budget`, and
+    /// counts it ([`EndpointCounters::peer_budget_stalls`]). At least `channel_budget`.
+    pub peer_budget: usize,
+    /// Local virtual ports [`Endpoint::connect`] picks from (inclusive). Each connect
+    /// starts its search for a free one at a random port of the range, so that an
+    /// off-path peer cannot guess the ports of the next connections.
     pub ephemeral_ports: (u16, u16),
-    /// Initial sequence number of the first connection (later ones are spread from it);
-    /// set near `u32::MAX` to exercise wrap-around.
-    pub first_isn: u32,
+    /// `None` (the default): every socket's initial sequence number is random, so that a
+    /// peer cannot predict another connection's sequence space. `Some(isn)`, for tests
+    /// only: the first connection starts at `isn` and later ones are spread from it
+    /// (predictable); set it near `u32::MAX` to exercise wrap-around.
+    pub first_isn: Option<u32>,
+    /// Seed of the endpoint's random generator (ISNs and ephemeral ports). `None` (the
+    /// default): seeded from the operating system's entropy. `Some`: reproducible runs, for
+    /// tests and simulations; anyone who knows the seed can predict ports and ISNs.
+    pub rng_seed: Option<u64>,
+    /// Most virtual sockets that SYNCs from one peer may have created and that still
+    /// exist (waiting to be accepted, open, or closed and lingering). A SYNC past the
+    /// bound is refused with RESET, as a full backlog is, and counted
+    /// ([`EndpointCounters::refused_syncs`]); a SYNC costs the peer 16 bytes and the
+    /// endpoint a socket, so without a bound a peer could fill the memory. Sockets the
+    /// application opens with [`Endpoint::connect`] do not count. At least 1.
+    pub max_peer_sockets: usize,
+    /// Most sockets that SYNCs from all peers together may have created and that still
+    /// exist; past it SYNCs are refused like past `max_peer_sockets`. With one endpoint
+    /// per stack this is the stack's total. At least 1.
+    pub max_sockets: usize,
+    /// How long a socket released with [`Endpoint::close`] after a shutdown may linger
+    /// waiting for its bytes and FIN to leave and for the peer's FIN. Past it the socket is
+    /// reset and removed ([`EndpointCounters::linger_expired`]): a peer that never sends
+    /// its FIN (or never grants credit) would otherwise hold the socket forever. Time is
+    /// passed in: see [`Endpoint::handle_timeout`].
+    pub linger_timeout: Duration,
 }
 
 impl Default for Config {
@@ -45,8 +78,13 @@ impl Default for Config {
             credit_window: 512 * 1024,
             credit_update_threshold: 128 * 1024,
             channel_budget: 2 * 1024 * 1024,
+            peer_budget: 32 * 1024 * 1024,
             ephemeral_ports: (49152, 65535),
-            first_isn: 0x4e43_0001,
+            first_isn: None,
+            rng_seed: None,
+            max_peer_sockets: 16 * 1024,
+            max_sockets: 64 * 1024,
+            linger_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -81,8 +119,14 @@ impl Config {
         if self.channel_budget < self.max_chunk_payload {
             return bad("channel_budget must be at least max_chunk_payload");
         }
+        if self.peer_budget < self.channel_budget {
+            return bad("peer_budget must be at least channel_budget");
+        }
         if self.ephemeral_ports.0 > self.ephemeral_ports.1 {
             return bad("ephemeral_ports must be a non-empty range");
+        }
+        if self.max_peer_sockets == 0 || self.max_sockets == 0 {
+            return bad("max_peer_sockets and max_sockets must be positive");
         }
         Ok(())
     }

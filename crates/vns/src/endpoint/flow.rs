@@ -55,16 +55,28 @@ impl Endpoint {
             ChunkType::Sync | ChunkType::SyncAck | ChunkType::Reset
         ) {
             let limit = Seq(h.credit);
-            if limit.is_after(s.send_limit) {
+            if !limit.is_after(s.send_limit) {
+                // Stale (reordered across channels): the edge only moves forward.
+            } else if s.credit_possible(limit) {
                 s.send_limit = limit;
                 self.schedule_needed = true;
+            } else {
+                // More than the peer's window past anything it could have read: a hostile
+                // or broken peer. The edge is left where it was, the chunk otherwise taken.
+                debug!(socket = %sid, credit = %limit, next = %s.next_seq, "credit beyond the peer's window; ignored");
+                self.counters.rejected_credits += 1;
             }
         }
         match h.ty {
             ChunkType::Data => self.receive_data(ch, sid, chunk),
             ChunkType::Ack | ChunkType::Sync | ChunkType::SyncAck => {}
             ChunkType::Stop | ChunkType::Resume => {
-                if h.seq.is_after(s.peer_epoch) {
+                if h.seq.is_after(s.peer_epoch) && !s.epoch_possible(h.seq) {
+                    // A far-future epoch would make every later honest RESUME look stale
+                    // and freeze the socket.
+                    debug!(socket = %sid, epoch = %h.seq, "epoch beyond what the peer could have reached; ignored");
+                    self.counters.rejected_epochs += 1;
+                } else if h.seq.is_after(s.peer_epoch) {
                     s.peer_epoch = h.seq;
                     s.peer_stopped = h.ty == ChunkType::Stop;
                     debug!(socket = %sid, stopped = s.peer_stopped, "peer flow control");
@@ -150,7 +162,7 @@ impl Endpoint {
                     ty: ChunkType::Stop,
                     payload_len: 0,
                 };
-                self.channels.get_mut(&ch).expect("exists").parked_bytes += n;
+                self.charge(ch, n);
                 trace!(socket = %sid, channel = %ch, n, "parked");
                 if send_stop {
                     debug!(socket = %sid, "receive buffer full; STOP");

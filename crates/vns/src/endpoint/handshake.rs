@@ -5,12 +5,14 @@
 use std::collections::VecDeque;
 
 use netsched::{AppClass, ChannelClass, ChannelId};
+use rand::Rng;
 use tracing::{debug, trace};
 
 use crate::deframer::Chunk;
 use crate::reorder::ReorderBuffer;
 use crate::wire::{ChunkRepr, ChunkType, Seq};
 
+use super::channels::early_cost;
 use super::send_buf::Piece;
 use super::socket::{Key, State};
 use super::transmit::OutChunk;
@@ -85,18 +87,26 @@ impl Endpoint {
         Ok(sid)
     }
 
+    /// A random ISN, or with [`Config::first_isn`](super::Config::first_isn) set the
+    /// next of a predictable series (tests).
     fn next_isn(&mut self) -> Seq {
-        let isn = Seq(self.config.first_isn).plus(self.connections.wrapping_mul(0x9e37_79b9));
+        let Some(first) = self.config.first_isn else {
+            return Seq(self.rng.gen());
+        };
+        let isn = Seq(first).plus(self.connections.wrapping_mul(0x9e37_79b9));
         self.connections = self.connections.wrapping_add(1);
         isn
     }
 
+    /// A free local port for a connection to `remote` of `peer`: the first free one from
+    /// a random place in the range (a sequential search would let a peer that sees one
+    /// connection guess the next one's port).
     fn ephemeral_port(&mut self, peer: PeerId, remote: u16) -> Result<u16, Error> {
         let (lo, hi) = self.config.ephemeral_ports;
         let span = u32::from(hi - lo) + 1;
-        for _ in 0..span {
-            let p = self.next_ephemeral;
-            self.next_ephemeral = if p >= hi { lo } else { p + 1 };
+        let start = self.rng.gen_range(0..span);
+        for i in 0..span {
+            let p = lo + ((start + i) % span) as u16;
             if !self.listeners.contains_key(&p)
                 && !self.by_key.contains_key(&Key {
                     peer,
@@ -130,7 +140,7 @@ impl Endpoint {
                 c.queued_replies += 1;
             }
             Some(_) => {
-                self.dropped_replies += 1;
+                self.counters.dropped_replies += 1;
                 trace!(channel = %ch, ?key, "reply queue full; RESET dropped");
                 return;
             }
@@ -165,14 +175,29 @@ impl Endpoint {
             self.reply_reset(ch, key);
             return;
         }
+        let held = self.peers.get(&key.peer).map_or(0, |p| p.sockets);
+        if held >= self.config.max_peer_sockets || self.passive_sockets >= self.config.max_sockets {
+            // Each SYNC costs the peer 16 bytes and would cost us a socket.
+            debug!(
+                ?key,
+                held,
+                total = self.passive_sockets,
+                "too many sockets from peers; refusing"
+            );
+            self.counters.refused_syncs += 1;
+            self.reply_reset(ch, key);
+            return;
+        }
         let class = match self.channels[&ch].class {
             ChannelClass::Latency => AppClass::Latency,
             ChannelClass::Throughput => AppClass::Throughput,
         };
         let isn = self.next_isn();
         let mut s = Socket::new(key, class, isn);
+        s.passive = true;
         s.state = State::Established;
-        s.send_limit = isn.plus(h.credit.min(1 << 30));
+        s.peer_window = h.credit.min(1 << 30);
+        s.send_limit = isn.plus(s.peer_window);
         s.rx = Some(ReorderBuffer::new(h.seq, self.config.recv_buffer));
         s.advertised = h.seq.plus(self.config.credit_window as u32);
         s.channels_used.insert(ch);
@@ -208,7 +233,8 @@ impl Endpoint {
         let recv_buffer = self.config.recv_buffer;
         let s = self.sockets.get_mut(&sid).expect("caller checked");
         s.state = State::Established;
-        s.send_limit = s.next_seq.plus(h.credit.min(1 << 30));
+        s.peer_window = h.credit.min(1 << 30);
+        s.send_limit = s.next_seq.plus(s.peer_window);
         s.rx = Some(ReorderBuffer::new(h.seq, recv_buffer));
         s.advertised = h.seq.plus(window);
         let early: Vec<_> = s.early.drain(..).collect();
@@ -216,11 +242,14 @@ impl Endpoint {
         self.push_event(Event::Connected(sid));
         self.push_event(Event::Writable(sid));
         self.schedule_needed = true;
+        let max = self.config.max_chunk_payload;
         for (ch, chunk) in early {
-            self.uncharge(ch, chunk.payload.len());
+            self.uncharge(ch, early_cost(&chunk, max));
             if self.channels.contains_key(&ch) {
                 self.receive_established(ch, sid, chunk);
             }
         }
+        // What they held (less what is parked again) is free for stalled channels.
+        self.retry_stalled();
     }
 }

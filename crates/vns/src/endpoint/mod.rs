@@ -21,8 +21,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::fmt;
+use std::time::Instant;
 
 use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use netsched::{ChannelId, NetScheduler};
 
@@ -37,7 +40,7 @@ mod socket;
 mod transmit;
 
 pub use app::SocketStats;
-pub use channels::{ChannelLoad, MAX_QUEUED_REPLIES};
+pub use channels::{ChannelLoad, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES};
 pub use config::{Config, ConfigError};
 pub use error::{ChannelError, Error};
 pub use socket::{PeerId, SocketId};
@@ -98,7 +101,8 @@ pub struct Endpoint {
     queued_events: HashSet<Event>,
     next_socket: u64,
     connections: u32,
-    next_ephemeral: u16,
+    /// Picks ISNs and ephemeral ports (a CSPRNG: they must not be predictable).
+    rng: StdRng,
     schedule_needed: bool,
     /// Emptied chunk buffers of the maximum payload's capacity, for the deframers to reuse
     /// (at most [`SPARE_BUFFERS`]).
@@ -114,8 +118,61 @@ pub struct Endpoint {
     sendable: BTreeSet<SocketId>,
     /// Scratch list of [`Endpoint::schedule`] (kept to avoid an allocation per call).
     schedule_ids: Vec<SocketId>,
-    /// RESET replies dropped because a channel's reply queue was full.
-    dropped_replies: u64,
+    /// What each peer holds: sockets its SYNCs created, bytes parked on its channels.
+    peers: BTreeMap<PeerId, PeerLoad>,
+    /// Sockets created by SYNCs from all peers together (bounded by
+    /// [`Config::max_sockets`]).
+    passive_sockets: usize,
+    /// Sockets closed by the application that linger for the peer's FIN, with the time
+    /// they are reset at; `None` until [`Endpoint::handle_timeout`] first sees them (the
+    /// endpoint reads no clock, so a close does not know the time).
+    lingering: BTreeMap<SocketId, Option<Instant>>,
+    /// Some socket in `lingering` has no deadline yet.
+    linger_unset: bool,
+    /// No lingering deadline is before this (the earliest when it was computed; sockets
+    /// removed since may have left it early). Lets `handle_timeout`, which the driver
+    /// calls on every round, skip the walk over `lingering` until something is due.
+    linger_next: Option<Instant>,
+    /// The latest time passed to [`Endpoint::handle_timeout`].
+    clock: Option<Instant>,
+    counters: EndpointCounters,
+}
+
+/// What one peer holds of an endpoint's memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct PeerLoad {
+    /// Sockets its SYNCs created that still exist.
+    sockets: usize,
+    /// Bytes parked (or held early) on its channels: the sum of their `parked_bytes`.
+    parked: usize,
+}
+
+/// Counts of hostile or broken input an endpoint refused or cut short, for monitoring
+/// (each one is also logged at debug level). Never reset.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EndpointCounters {
+    /// RESET replies to chunks for unknown sockets dropped because the channel already
+    /// held [`MAX_QUEUED_REPLIES`] of them unsent.
+    pub dropped_replies: u64,
+    /// SYNCs refused because their peer already had [`Config::max_peer_sockets`] sockets
+    /// or all peers together [`Config::max_sockets`].
+    pub refused_syncs: u64,
+    /// Closed sockets reset because the peer's FIN (or the credit for the last bytes) did
+    /// not come within [`Config::linger_timeout`].
+    pub linger_expired: u64,
+    /// Times a channel's reads paused because a chunk would have taken its bytes parked
+    /// past [`Config::channel_budget`].
+    pub channel_budget_stalls: u64,
+    /// Times a channel's reads paused because a chunk would have taken its peer's bytes
+    /// parked (over all its channels) past [`Config::peer_budget`].
+    pub peer_budget_stalls: u64,
+    /// STOP or RESUME chunks ignored because their epoch is past any the peer could have
+    /// reached (two per DATA chunk sent to it).
+    pub rejected_epochs: u64,
+    /// Credit edges ignored because they reach past the peer's window beyond anything it
+    /// could have read.
+    pub rejected_credits: u64,
 }
 
 /// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
@@ -143,7 +200,10 @@ impl Endpoint {
         scheduler: impl NetScheduler + 'static,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
-        let next_ephemeral = config.ephemeral_ports.0;
+        let rng = match config.rng_seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_entropy(),
+        };
         Ok(Endpoint {
             config,
             scheduler: Box::new(scheduler),
@@ -155,14 +215,20 @@ impl Endpoint {
             queued_events: HashSet::new(),
             next_socket: 0,
             connections: 0,
-            next_ephemeral,
+            rng,
             schedule_needed: false,
             spare: Vec::new(),
             sent_lent: VecDeque::new(),
             seg_pool: SegPool::default(),
             sendable: BTreeSet::new(),
             schedule_ids: Vec::new(),
-            dropped_replies: 0,
+            peers: BTreeMap::new(),
+            passive_sockets: 0,
+            lingering: BTreeMap::new(),
+            linger_unset: false,
+            linger_next: None,
+            clock: None,
+            counters: EndpointCounters::default(),
         })
     }
 
@@ -175,7 +241,30 @@ impl Endpoint {
     /// channel already held [`MAX_QUEUED_REPLIES`] of them
     /// unsent (a peer sending to sockets that do not exist while not reading).
     pub fn dropped_replies(&self) -> u64 {
-        self.dropped_replies
+        self.counters.dropped_replies
+    }
+
+    /// Counts of refused or cut-short hostile input ([`EndpointCounters`]).
+    pub fn counters(&self) -> EndpointCounters {
+        self.counters
+    }
+
+    /// Sockets that SYNCs from `peer` created and that still exist (bounded by
+    /// [`Config::max_peer_sockets`]).
+    pub fn peer_sockets(&self, peer: PeerId) -> usize {
+        self.peers.get(&peer).map_or(0, |p| p.sockets)
+    }
+
+    /// Bytes parked (or held early) on all of `peer`'s channels together (bounded by
+    /// [`Config::peer_budget`]).
+    pub fn peer_parked_bytes(&self, peer: PeerId) -> usize {
+        self.peers.get(&peer).map_or(0, |p| p.parked)
+    }
+
+    /// Sockets closed by the application that still linger for the peer's FIN (each is
+    /// reset [`Config::linger_timeout`] after its close at the latest).
+    pub fn lingering_sockets(&self) -> usize {
+        self.lingering.len()
     }
 
     /// The next readiness event, if any. Drain after every call into the endpoint.
@@ -186,10 +275,16 @@ impl Endpoint {
     }
 
     /// Checks the endpoint's internal accounting: every channel's parked bytes equal
-    /// what its sockets' response queues and early chunks hold charged to it and stay
-    /// within [`Config::channel_budget`]; its queued RESET replies stay within
+    /// what its sockets' response queues and early chunks (each at least
+    /// [`EARLY_CHUNK_COST`]) hold charged to it and stay
+    /// within [`Config::channel_budget`], and each peer's sum within
+    /// [`Config::peer_budget`]; its queued RESET replies stay within
     /// [`MAX_QUEUED_REPLIES`]; no reorder buffer holds more than
-    /// [`Config::recv_buffer`]; the send buffers stay within [`Config::send_buffer`].
+    /// [`Config::recv_buffer`]; the send buffers stay within [`Config::send_buffer`];
+    /// sockets created by SYNCs are counted right and stay within
+    /// [`Config::max_peer_sockets`] per peer and [`Config::max_sockets`] in all; every
+    /// closed, lingering socket has a timer; no established socket's credit edge or peer
+    /// epoch is past what its peer could have granted.
     /// For tests and fuzzing (a hostile peer must never break these); `Err` names the
     /// first broken one.
     #[doc(hidden)]
@@ -203,7 +298,7 @@ impl Endpoint {
                         + s.early
                             .iter()
                             .filter(|(ch, _)| *ch == id)
-                            .map(|(_, c)| c.payload.len())
+                            .map(|(_, c)| channels::early_cost(c, self.config.max_chunk_payload))
                             .sum::<usize>()
                 })
                 .sum();
@@ -227,11 +322,96 @@ impl Endpoint {
                 ));
             }
         }
+        let mut parked: BTreeMap<PeerId, usize> = BTreeMap::new();
+        for c in self.channels.values().filter(|c| c.parked_bytes > 0) {
+            *parked.entry(c.peer).or_default() += c.parked_bytes;
+        }
+        let counted: BTreeMap<PeerId, usize> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.parked > 0)
+            .map(|(&peer, p)| (peer, p.parked))
+            .collect();
+        if parked != counted {
+            return Err(format!(
+                "peers' parked bytes: channels hold {parked:?}, {counted:?} counted"
+            ));
+        }
+        if let Some((peer, n)) = parked.iter().find(|(_, &n)| n > self.config.peer_budget) {
+            return Err(format!("{peer:?}: {n} parked bytes over the peer budget"));
+        }
+        let mut passive: BTreeMap<PeerId, usize> = BTreeMap::new();
+        for s in self.sockets.values().filter(|s| s.passive) {
+            *passive.entry(s.key.peer).or_default() += 1;
+        }
+        let counted: BTreeMap<PeerId, usize> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.sockets > 0)
+            .map(|(&peer, p)| (peer, p.sockets))
+            .collect();
+        if passive != counted {
+            return Err(format!(
+                "peers' sockets: {passive:?} exist, {counted:?} counted"
+            ));
+        }
+        let total: usize = passive.values().sum();
+        if total != self.passive_sockets || total > self.config.max_sockets {
+            return Err(format!(
+                "{total} sockets opened by peers, {} counted (bound {})",
+                self.passive_sockets, self.config.max_sockets
+            ));
+        }
+        if let Some((peer, n)) = passive
+            .iter()
+            .find(|(_, &n)| n > self.config.max_peer_sockets)
+        {
+            return Err(format!("{peer:?} holds {n} sockets over the bound"));
+        }
+        let detached: BTreeSet<SocketId> = self
+            .sockets
+            .iter()
+            .filter(|(_, s)| s.detached)
+            .map(|(&id, _)| id)
+            .collect();
+        if !detached.iter().eq(self.lingering.keys()) {
+            return Err(format!(
+                "{} closed sockets linger, {} timed",
+                detached.len(),
+                self.lingering.len()
+            ));
+        }
+        for (sid, at) in &self.lingering {
+            let Some(at) = at else {
+                if !self.linger_unset {
+                    return Err(format!("{sid} lingers untimed, unflagged"));
+                }
+                continue;
+            };
+            if self.linger_next.is_none_or(|next| next > *at) {
+                return Err(format!("{sid}: its deadline is before the earliest noted"));
+            }
+            // A deadline is set from the clock, which only moves forward.
+            if self
+                .clock
+                .is_none_or(|now| *at > now + self.config.linger_timeout)
+            {
+                return Err(format!("{sid} lingers past its timeout"));
+            }
+        }
         for (sid, s) in &self.sockets {
             if let Some(rx) = &s.rx {
                 if rx.len() > self.config.recv_buffer {
                     return Err(format!("{sid}: reorder buffer holds {}", rx.len()));
                 }
+            }
+            if s.state == socket::State::Established
+                && (!s.credit_possible(s.send_limit) || !s.epoch_possible(s.peer_epoch))
+            {
+                return Err(format!(
+                    "{sid}: credit edge {} or epoch {} past what the peer could grant",
+                    s.send_limit, s.peer_epoch
+                ));
             }
             if s.send_buf.len() > self.config.send_buffer {
                 return Err(format!("{sid}: send buffer holds {}", s.send_buf.len()));

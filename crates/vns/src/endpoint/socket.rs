@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::time::Instant;
 
 use netsched::{AppClass, ChannelId};
 use tracing::debug;
@@ -13,6 +14,7 @@ use crate::reorder::ReorderBuffer;
 use crate::response_queue::ResponseQueue;
 use crate::wire::Seq;
 
+use super::channels::early_cost;
 use super::send_buf::SendBuf;
 use super::{Config, Endpoint, Error, Event};
 
@@ -49,8 +51,11 @@ pub(super) struct Socket {
     pub(super) key: Key,
     pub(super) class: AppClass,
     pub(super) state: State,
-    /// Closed by the application after shutdown; lingers until FINs are exchanged.
+    /// Closed by the application after shutdown; lingers until FINs are exchanged (or
+    /// [`Config::linger_timeout`] passes).
     pub(super) detached: bool,
+    /// Created by the peer's SYNC (counted in its [`super::PeerLoad`]).
+    pub(super) passive: bool,
     pub(super) channels_used: BTreeSet<ChannelId>,
     // Send side.
     pub(super) send_buf: SendBuf,
@@ -58,6 +63,12 @@ pub(super) struct Socket {
     pub(super) send_limit: Seq,
     pub(super) peer_stopped: bool,
     pub(super) peer_epoch: Seq,
+    /// The peer's credit window (from its SYNC or SYNC_ACK): its credit edge is its read
+    /// position, at most `next_seq`, plus this.
+    pub(super) peer_window: u32,
+    /// DATA chunks cut for the peer: each of its STOPs answers one it parked and each
+    /// RESUME follows a STOP, so its epoch is at most twice this.
+    pub(super) data_chunks_sent: u64,
     pub(super) write_shut: bool,
     pub(super) fin_sent: bool,
     pub(super) write_blocked: bool,
@@ -82,12 +93,15 @@ impl Socket {
             class,
             state: State::SynSent,
             detached: false,
+            passive: false,
             channels_used: BTreeSet::new(),
             send_buf: SendBuf::default(),
             next_seq: isn,
             send_limit: isn,
             peer_stopped: false,
             peer_epoch: Seq(0),
+            peer_window: 0,
+            data_chunks_sent: 0,
             write_shut: false,
             fin_sent: false,
             write_blocked: false,
@@ -107,6 +121,19 @@ impl Socket {
         self.rx
             .as_ref()
             .map(|rx| rx.read_seq().plus(cfg.credit_window as u32))
+    }
+
+    /// Whether a credit edge is one the peer could have granted: its read position (at
+    /// most our next byte) plus its window.
+    pub(super) fn credit_possible(&self, edge: Seq) -> bool {
+        !edge.is_after(self.next_seq.plus(self.peer_window))
+    }
+
+    /// Whether a STOP/RESUME epoch is one the peer could have reached (see
+    /// `data_chunks_sent`). Epochs compare circularly, so past 2^31 chunks anything goes.
+    pub(super) fn epoch_possible(&self, epoch: Seq) -> bool {
+        let max = self.data_chunks_sent.saturating_mul(2);
+        max >= 1 << 31 || u64::from(epoch.0) <= max
     }
 
     pub(super) fn send_credit(&self) -> usize {
@@ -141,6 +168,10 @@ impl Endpoint {
     pub(super) fn new_socket(&mut self, s: Socket) -> SocketId {
         let sid = SocketId(self.next_socket);
         self.next_socket += 1;
+        if s.passive {
+            self.peers.entry(s.key.peer).or_default().sockets += 1;
+            self.passive_sockets += 1;
+        }
         self.by_key.insert(s.key, sid);
         self.sockets.insert(sid, s);
         sid
@@ -151,11 +182,21 @@ impl Endpoint {
             return;
         };
         self.by_key.remove(&s.key);
+        self.lingering.remove(&id);
+        if s.passive {
+            self.passive_sockets -= 1;
+            if let Some(p) = self.peers.get_mut(&s.key.peer) {
+                p.sockets -= 1;
+                if *p == super::PeerLoad::default() {
+                    self.peers.remove(&s.key.peer);
+                }
+            }
+        }
         for p in s.parked.take_all() {
             self.uncharge(p.channel, p.payload.len());
         }
         for (ch, c) in s.early.drain(..) {
-            self.uncharge(ch, c.payload.len());
+            self.uncharge(ch, early_cost(&c, self.config.max_chunk_payload));
         }
         for l in self.listeners.values_mut() {
             l.queue.retain(|&q| q != id);
@@ -180,7 +221,7 @@ impl Endpoint {
             self.uncharge(p.channel, p.payload.len());
         }
         for (ch, c) in early {
-            self.uncharge(ch, c.payload.len());
+            self.uncharge(ch, early_cost(&c, self.config.max_chunk_payload));
         }
         if detached {
             self.remove_socket(id);
@@ -190,6 +231,65 @@ impl Endpoint {
         self.push_event(Event::Readable(id));
         self.push_event(Event::Writable(id));
         self.retry_stalled();
+    }
+
+    /// Releases a socket the application closed gracefully: it lingers, invisible to the
+    /// application, until both directions are finished or its linger time is up.
+    pub(super) fn detach(&mut self, id: SocketId) {
+        let Some(s) = self.sockets.get_mut(&id) else {
+            return;
+        };
+        s.detached = true;
+        // The deadline is set by the next `handle_timeout`: the clock seen last may be
+        // long past (a driver that slept), and would cut the linger short.
+        self.lingering.insert(id, None);
+        self.linger_unset = true;
+        self.maybe_reap(id);
+    }
+
+    /// When [`Endpoint::handle_timeout`] should be called next: the earliest linger
+    /// deadline; the latest time it was given (so at once) when a socket was closed since,
+    /// whose deadline it sets; `None` when nothing is timed. Before the first
+    /// `handle_timeout` no deadline is known: a driver calls `handle_timeout` once when it
+    /// starts, then whenever this instant has passed (and again after any call, since a
+    /// call may change it).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.linger_unset, self.clock) {
+            (true, Some(now)) => Some(now),
+            _ => self.linger_next,
+        }
+    }
+
+    /// Advances the endpoint's clock to `now` (an earlier time than one seen before is
+    /// ignored) and acts on what timed out: a closed socket that has lingered
+    /// [`Config::linger_timeout`] is reset (a RESET goes to the peer) and removed, and
+    /// counted in [`EndpointCounters::linger_expired`](super::EndpointCounters). The
+    /// endpoint reads no clock of its own; the caller passes monotonic time in, as for a
+    /// sans-IO QUIC connection.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let now = self.clock.map_or(now, |c| c.max(now));
+        self.clock = Some(now);
+        if !self.linger_unset && self.linger_next.is_none_or(|next| now < next) {
+            return;
+        }
+        let linger = self.config.linger_timeout;
+        let mut expired = Vec::new();
+        let mut next: Option<Instant> = None;
+        for (&sid, at) in &mut self.lingering {
+            let t = *at.get_or_insert(now + linger);
+            if t <= now {
+                expired.push(sid);
+            } else {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        self.linger_unset = false;
+        self.linger_next = next;
+        for sid in expired {
+            debug!(socket = %sid, ?linger, "closed socket lingered too long; resetting");
+            self.counters.linger_expired += 1;
+            self.reset(sid);
+        }
     }
 
     /// Removes a detached socket once both directions are finished.

@@ -303,6 +303,7 @@ impl Endpoint {
             payload_len: len as u16,
         };
         s.next_seq = s.next_seq.plus(len as u32);
+        s.data_chunks_sent += 1;
         let wake = s.write_blocked && cap.saturating_sub(s.send_buf.len()) >= s.write_low_water;
         if wake {
             s.write_blocked = false;

@@ -1236,7 +1236,8 @@ impl State {
         unpaused
     }
 
-    /// Fails connects past their deadline; returns the next deadline.
+    /// Fails connects past their deadline and runs the endpoint's timers; returns the next
+    /// deadline.
     fn expire(&mut self, now: Instant, wake: &mut Vec<Waker>) -> Option<Instant> {
         let mut next = None;
         let mut i = 0;
@@ -1272,6 +1273,16 @@ impl State {
                 wake.extend(sw.write.take());
                 self.ep.reset(sid);
             }
+        }
+        // The endpoint's own timers (closed sockets lingering for a FIN). A socket reset
+        // there queued a RESET: run another round at once to send it.
+        let reaped = self.ep.counters().linger_expired;
+        self.ep.handle_timeout(now);
+        if self.ep.counters().linger_expired != reaped {
+            next = Some(now);
+        }
+        if let Some(d) = self.ep.poll_timeout() {
+            next = Some(next.map_or(d, |n: Instant| n.min(d)));
         }
         next
     }

@@ -960,6 +960,12 @@ impl Stack {
         self.core().lock().auth_failures
     }
 
+    /// Hostile or broken input the stack's endpoint refused or cut short (SYNCs past the
+    /// socket bounds, closed sockets whose peer never sent its FIN, ...).
+    pub fn endpoint_counters(&self) -> crate::EndpointCounters {
+        self.core().lock().ep.counters()
+    }
+
     /// Channels the stack holds now (to all peers).
     pub fn channel_count(&self) -> usize {
         self.core().lock().channel_count()
