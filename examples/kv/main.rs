@@ -289,11 +289,7 @@ mod linux {
 
     /// Our stack on `ifname`: AF_XDP on every queue, channel port 9000 (the default).
     fn start_stack(ifname: &str, ipv4: Ipv4Addr, key: Option<&str>) -> Result<Stack, KvError> {
-        let mut builder = Stack::builder().interface(ifname).ipv4(ipv4);
-        if let Some(k) = key {
-            builder = builder.channel_key(k);
-        }
-        builder.build().map_err(|source| {
+        crate::support::build_stack(ifname, ipv4, key).map_err(|source| {
             if nix::unistd::geteuid().is_root() {
                 KvError::Start {
                     ifname: ifname.into(),

@@ -87,6 +87,20 @@ mod linux {
         }
     }
 
+    /// Our stack on `ifname` (AF_XDP on every queue, channel port 9000), its channels
+    /// authenticated with `channel_key` when one is given (`--channel-key`).
+    pub fn build_stack(
+        ifname: &str,
+        ipv4: std::net::Ipv4Addr,
+        channel_key: Option<&str>,
+    ) -> Result<netchannel::Stack, netchannel::StackError> {
+        let mut builder = netchannel::Stack::builder().interface(ifname).ipv4(ipv4);
+        if let Some(k) = channel_key {
+            builder = builder.channel_key(k);
+        }
+        builder.build()
+    }
+
     /// How a connection reached the server, as the examples print it.
     pub fn connection_kind(s: &netchannel::VirtualStream) -> &'static str {
         if s.is_plain_tcp() {

@@ -1366,31 +1366,7 @@ mod tests {
         let mut a = host(la, MAC_A, IP_A);
         a.listen(80, 8).unwrap();
         // A valid SYN to mutate.
-        let syn = TcpRepr {
-            src_port: 1234,
-            dst_port: 80,
-            seq: crate::tcp::SeqNumber(1),
-            ack: None,
-            flags: TcpFlags::SYN,
-            window: 1000,
-            urgent: 0,
-            options: Default::default(),
-        };
-        let mut valid = vec![0u8; 54];
-        let ip = Ipv4Repr {
-            src: IP_B,
-            dst: IP_A,
-            protocol: IpProtocol::Tcp,
-            payload_len: 20,
-            ttl: 64,
-            dscp_ecn: 0,
-        };
-        let eth = EthernetRepr {
-            src: MAC_B,
-            dst: MAC_A,
-            ethertype: EtherType::Ipv4,
-        };
-        crate::wire::emit_tcp_frame(&mut valid, &eth, &ip, 1, &syn, 0).unwrap();
+        let valid = syn_frame(b"", |full, _| full);
         let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
         let mut now = Instant::ZERO;
         for i in 0..5000u32 {

@@ -7,7 +7,7 @@ use bytes::BytesMut;
 use netsched::AppClass;
 use tracing::debug;
 
-use crate::wire::{ChunkRepr, ChunkType, HEADER_LEN};
+use crate::wire::HEADER_LEN;
 
 use super::socket::State;
 #[cfg(doc)]
@@ -295,14 +295,7 @@ impl Endpoint {
             return;
         };
         if !matches!(s.state, State::Failed(_)) {
-            let header = ChunkRepr {
-                src_port: s.key.local,
-                dst_port: s.key.remote,
-                seq: s.next_seq,
-                credit: 0,
-                ty: ChunkType::Reset,
-                payload_len: 0,
-            };
+            let header = s.reset_header();
             debug!(socket = %id, "reset");
             self.queue_control(id, header);
         }

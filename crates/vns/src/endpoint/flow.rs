@@ -177,14 +177,7 @@ impl Endpoint {
         let Some(s) = self.sockets.get(&sid) else {
             return;
         };
-        let header = ChunkRepr {
-            src_port: s.key.local,
-            dst_port: s.key.remote,
-            seq: s.next_seq,
-            credit: 0,
-            ty: ChunkType::Reset,
-            payload_len: 0,
-        };
+        let header = s.reset_header();
         self.queue_control(sid, header);
         self.fail(sid, Error::ConnectionReset);
     }

@@ -12,7 +12,7 @@ use tracing::debug;
 use crate::deframer::Chunk;
 use crate::reorder::ReorderBuffer;
 use crate::response_queue::ResponseQueue;
-use crate::wire::Seq;
+use crate::wire::{ChunkRepr, ChunkType, Seq};
 
 use super::channels::early_cost;
 use super::send_buf::SendBuf;
@@ -87,6 +87,18 @@ pub(super) struct Socket {
 }
 
 impl Socket {
+    /// The RESET that aborts this socket, at its next sequence number.
+    pub(super) fn reset_header(&self) -> ChunkRepr {
+        ChunkRepr {
+            src_port: self.key.local,
+            dst_port: self.key.remote,
+            seq: self.next_seq,
+            credit: 0,
+            ty: ChunkType::Reset,
+            payload_len: 0,
+        }
+    }
+
     pub(super) fn new(key: Key, class: AppClass, isn: Seq) -> Self {
         Socket {
             key,

@@ -330,6 +330,24 @@ mod tests {
     use crate::endpoint::{Config, Error, PeerId};
     use netsched::{AppClass, ChannelClass, RoundRobin};
 
+    /// A client and a server endpoint joined by channel `ch`, the server listening on 7000
+    /// and the client's socket to it connecting (its SYNC not yet delivered).
+    fn connecting(cfg: Config, ch: ChannelId) -> (Endpoint, Endpoint, SocketId) {
+        let mut client = Endpoint::new(cfg.clone(), RoundRobin::default()).unwrap();
+        let mut server = Endpoint::new(cfg, RoundRobin::default()).unwrap();
+        client
+            .add_channel(ch, PeerId(1), ChannelClass::Throughput)
+            .unwrap();
+        server
+            .add_channel(ch, PeerId(0), ChannelClass::Throughput)
+            .unwrap();
+        server.bind(7000, 4).unwrap();
+        let sid = client
+            .connect(PeerId(1), 7000, AppClass::Throughput)
+            .unwrap();
+        (client, server, sid)
+    }
+
     /// Moves every chunk `from` has for `ch` to `to`; returns the payload buffers handed
     /// out (to compare their memory with what was lent).
     fn deliver(from: &mut Endpoint, to: &mut Endpoint, ch: ChannelId) -> Vec<Bytes> {
@@ -370,19 +388,8 @@ mod tests {
             channel_budget: 4 * P,
             ..Config::default()
         };
-        let mut client = Endpoint::new(cfg.clone(), RoundRobin::default()).unwrap();
-        let mut server = Endpoint::new(cfg, RoundRobin::default()).unwrap();
         let ch = ChannelId(0);
-        client
-            .add_channel(ch, PeerId(1), ChannelClass::Throughput)
-            .unwrap();
-        server
-            .add_channel(ch, PeerId(0), ChannelClass::Throughput)
-            .unwrap();
-        server.bind(7000, 4).unwrap();
-        let sid = client
-            .connect(PeerId(1), 7000, AppClass::Throughput)
-            .unwrap();
+        let (mut client, mut server, sid) = connecting(cfg, ch);
 
         let data: Vec<u8> = (0..4 * P).map(|i| (i * 7 + 1) as u8).collect();
         let mut segs: Vec<BytesMut> = data
@@ -458,19 +465,8 @@ mod tests {
             channel_budget: 8 * P,
             ..Config::default()
         };
-        let mut client = Endpoint::new(cfg.clone(), RoundRobin::default()).unwrap();
-        let mut server = Endpoint::new(cfg, RoundRobin::default()).unwrap();
         let ch = ChannelId(0);
-        client
-            .add_channel(ch, PeerId(1), ChannelClass::Throughput)
-            .unwrap();
-        server
-            .add_channel(ch, PeerId(0), ChannelClass::Throughput)
-            .unwrap();
-        server.bind(7000, 4).unwrap();
-        let sid = client
-            .connect(PeerId(1), 7000, AppClass::Throughput)
-            .unwrap();
+        let (mut client, mut server, sid) = connecting(cfg, ch);
         let data: Vec<u8> = (0..3 * 4 * P).map(|i| (i * 13 + 5) as u8).collect();
         let ptrs = |b: &[Bytes]| -> Vec<*const u8> { b.iter().map(|p| p.as_ptr()).collect() };
         let mut got = Vec::new();
@@ -543,19 +539,8 @@ mod tests {
             channel_budget: 4 * P,
             ..Config::default()
         };
-        let mut client = Endpoint::new(cfg.clone(), RoundRobin::default()).unwrap();
-        let mut server = Endpoint::new(cfg, RoundRobin::default()).unwrap();
         let ch = ChannelId(0);
-        client
-            .add_channel(ch, PeerId(1), ChannelClass::Throughput)
-            .unwrap();
-        server
-            .add_channel(ch, PeerId(0), ChannelClass::Throughput)
-            .unwrap();
-        server.bind(7000, 4).unwrap();
-        let sid = client
-            .connect(PeerId(1), 7000, AppClass::Throughput)
-            .unwrap();
+        let (mut client, mut server, sid) = connecting(cfg, ch);
         let mut segs: Vec<BytesMut> = (0..2u8)
             .map(|i| {
                 let mut b = BytesMut::with_capacity(HEADER_LEN + P);
