@@ -234,13 +234,19 @@ fn drop_removes_namespaces_and_processes() {
     for n in &names {
         assert!(listed.contains(n), "{n} not in {listed:?}");
     }
-    // A process left running inside namespace B is killed by the drop.
+    // A process left running inside namespace B is killed by the drop. It says "ready"
+    // once it runs inside the namespace (`spawn` returns while `ip netns exec` may not
+    // have entered it yet), then becomes `sleep` with the same pid.
     let mut child = bed
-        .command_in(Side::B, "sleep")
-        .arg("600")
+        .command_in(Side::B, "sh")
+        .args(["-c", "echo ready; exec sleep 600"])
         .stdin(Stdio::null())
+        .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut ready = [0u8; 6];
+    child.stdout.take().unwrap().read_exact(&mut ready).unwrap();
+    assert_eq!(&ready, b"ready\n");
     let pids = bed.output_in(
         Side::B,
         "ip",
