@@ -17,6 +17,10 @@
 //! (throughput channels per peer, default 4), `NETCHANNEL_BENCH_CONNS` (comma-separated,
 //! default `1,8,32,128`), `NETCHANNEL_BENCH_SIZES` (default `64,4096`),
 //! `NETCHANNEL_BENCH_ONLY` (`virtual` or `kernel`: measure one side only, for profiling).
+//! Each round also measures the VirtualStreams with run-to-completion receive for every
+//! socket on both stacks (`Stack::set_runtime_rx(RuntimeRx::All)`: the reading tasks
+//! process arrivals in their runtime; by default only latency-class sockets do), column
+//! `vs_runtime_rx`; `NETCHANNEL_BENCH_RUNTIME_RX=0` skips it.
 //!
 //! Without `--bench` (`cargo test --all-targets`) it runs 1 and 8 connections for 0.1 s
 //! each, as a smoke test that checks every response.
@@ -35,6 +39,7 @@ mod vns;
 mod run {
     use std::time::{Duration, Instant};
 
+    use netchannel::RuntimeRx;
     use netchannel::VirtualStream;
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use tokio::net::TcpStream;
@@ -142,6 +147,8 @@ mod run {
         // For profiling one side: `virtual` or `kernel` skips the other's measurements.
         let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
         let (run_v, run_k) = (only != "kernel", only != "virtual");
+        // `NETCHANNEL_BENCH_RUNTIME_RX=0` skips the third measurement.
+        let runtime_rx = env_or("NETCHANNEL_BENCH_RUNTIME_RX", 1u8) != 0;
         let max_conns = conns.iter().copied().max().unwrap_or(1);
         let Some((bed, rt)) = vns::bed_and_runtime("rpc_rate") else {
             return;
@@ -179,8 +186,9 @@ mod run {
         measure(&rt, &mut virt, max_conns, 64, secs.min(0.2));
         measure(&rt, &mut kernel, max_conns, 64, secs.min(0.2));
 
-        // rates[size][conns] = (virtual per round, kernel per round)
-        let mut rates = vec![vec![(Vec::new(), Vec::new()); conns.len()]; sizes.len()];
+        // rates[size][conns] = (virtual per round, kernel per round, virtual with
+        // run-to-completion receive off per round)
+        let mut rates = vec![vec![(Vec::new(), Vec::new(), Vec::new()); conns.len()]; sizes.len()];
         for round in 0..rounds {
             let t = Instant::now();
             for (si, &size) in sizes.iter().enumerate() {
@@ -206,8 +214,20 @@ mod run {
                         let k = k(&rt);
                         (v(&rt), k)
                     };
+                    // The same streams with run-to-completion receive for every socket.
+                    let t = if run_v && runtime_rx {
+                        pair.a.set_runtime_rx(RuntimeRx::All);
+                        pair.b.set_runtime_rx(RuntimeRx::All);
+                        let t = measure(&rt, &mut virt, c, size, secs);
+                        pair.a.set_runtime_rx(RuntimeRx::default());
+                        pair.b.set_runtime_rx(RuntimeRx::default());
+                        t
+                    } else {
+                        f64::NAN
+                    };
                     rates[si][ci].0.push(v);
                     rates[si][ci].1.push(k);
+                    rates[si][ci].2.push(t);
                 }
             }
             println!("round {round} done in {:.1} s", t.elapsed().as_secs_f64());
@@ -228,19 +248,23 @@ mod run {
             "rpc_rate summary (requests/s, median of {rounds} rounds; ratio = virtual / kernel):"
         );
         println!(
-            "{:>6} {:>6} {:>14} {:>14} {:>8}   per-round ratios [min-max]",
-            "size", "conns", "virtual_stream", "kernel_tcp", "ratio"
+            "{:>6} {:>6} {:>14} {:>14} {:>8}   per-round ratios [min-max]   {:>14} {:>8} [min-max]",
+            "size", "conns", "virtual_stream", "kernel_tcp", "ratio", "vs_runtime_rx", "rt/vs"
         );
         for (si, &size) in sizes.iter().enumerate() {
             for (ci, &c) in conns.iter().enumerate() {
-                let (v, k) = &rates[si][ci];
+                let (v, k, t) = &rates[si][ci];
                 let (_, vm, _) = spread(v);
                 let (_, km, _) = spread(k);
+                let (_, tm, _) = spread(t);
                 let per: Vec<f64> = v.iter().zip(k).map(|(a, b)| a / b.max(1e-9)).collect();
                 let (lo, _, hi) = spread(&per);
+                let per_t: Vec<f64> = t.iter().zip(v).map(|(a, b)| a / b.max(1e-9)).collect();
+                let (tlo, _, thi) = spread(&per_t);
                 println!(
-                    "{size:>6} {c:>6} {vm:>14.0} {km:>14.0} {:>8.2}   [{lo:.2}-{hi:.2}]",
-                    vm / km.max(1e-9)
+                    "{size:>6} {c:>6} {vm:>14.0} {km:>14.0} {:>8.2}   [{lo:.2}-{hi:.2}]   {tm:>14.0} {:>8.2} [{tlo:.2}-{thi:.2}]",
+                    vm / km.max(1e-9),
+                    tm / vm.max(1e-9)
                 );
             }
         }

@@ -10,14 +10,20 @@
 //! - `kernel_nothing_attached`: kernel TCP before any stack runs (tx checksumming off);
 //! - with a stack on each end (N throughput channels, default 4, and 1 latency channel):
 //!   `raw_channel` (one channel between the same `ChannelSet`s, blocking threads),
-//!   `virtual_stream` (throughput class), `virtual_stream_latency` (after
+//!   `virtual_stream` (throughput class: by default the channel threads process arrivals
+//!   and wake the reader), `virtual_stream_runtime_rx` (the same stream with
+//!   `RuntimeRx::All` on both stacks: the reading task processes arrivals in its runtime),
+//!   `virtual_stream_latency_thread_rx` (the latency stream below with `RuntimeRx::Off`),
+//!   `virtual_stream_latency` (after
 //!   `set_app_class(AppClass::Latency)`: its chunks use the latency channel only),
 //!   `kernel_xdp_attached` (kernel TCP with both stacks' steering programs attached).
 //!
 //! Client and server tasks run on one tokio multi-thread runtime with 2 workers (the raw
 //! channel uses two plain threads). Environment: `NETCHANNEL_BENCH_SAMPLES` (per
 //! measurement, default 20000), `NETCHANNEL_BENCH_ROUNDS` (default 4),
-//! `NETCHANNEL_BENCH_CHANNELS` (default 4).
+//! `NETCHANNEL_BENCH_CHANNELS` (default 4), `NETCHANNEL_BENCH_ONLY` (a comma-separated
+//! list of measurement names: only those are sampled in the rounds, e.g. under a
+//! profiler).
 //!
 //! Without `--bench` (`cargo test --all-targets`) it takes 200 samples each, as a smoke
 //! test.
@@ -41,6 +47,7 @@ mod run {
 
     use bytes::Bytes;
     use netchannel::netdriver::channel::{Channel, ChannelError, Dequeued};
+    use netchannel::RuntimeRx;
     use netchannel::{AppClass, VirtualStream};
     use testbed::TestBed;
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -95,6 +102,19 @@ mod run {
             .await
             .expect("client task")
         })
+    }
+
+    /// Switches both stacks to `mode`, then runs 50 exchanges on `s` (not counted), so
+    /// that leases given under the previous mode have run out.
+    fn with_runtime_rx<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        rt: &Runtime,
+        pair: &StackPair,
+        mode: RuntimeRx,
+        s: S,
+    ) -> S {
+        pair.a.set_runtime_rx(mode);
+        pair.b.set_runtime_rx(mode);
+        ping_pong(rt, s, 50, Samples::default()).0
     }
 
     /// Reads exactly `n` bytes from a channel.
@@ -185,14 +205,20 @@ mod run {
             ("virtual_stream", "kernel_xdp_attached"),
             ("virtual_stream", "kernel_nothing_attached"),
             ("virtual_stream", "raw_channel"),
+            ("virtual_stream_runtime_rx", "virtual_stream"),
+            ("virtual_stream_runtime_rx", "kernel_xdp_attached"),
             ("virtual_stream_latency", "kernel_xdp_attached"),
             ("virtual_stream_latency", "raw_channel"),
+            ("virtual_stream_latency", "virtual_stream_latency_thread_rx"),
             ("raw_channel", "kernel_xdp_attached"),
             ("kernel_xdp_attached", "kernel_nothing_attached"),
         ] {
             let (Some(i), Some(j)) = (find(rows, a), find(rows, b)) else {
                 continue;
             };
+            if rows[i].samples.len() == 0 || rows[j].samples.len() == 0 {
+                continue;
+            }
             let q = |rows: &mut [Row], k: usize, p: f64| rows[k].samples.quantile_us(p);
             println!(
                 "{:<52} p50 {:>5.2}  p99 {:>5.2}  p99.9 {:>5.2}",
@@ -246,8 +272,12 @@ mod run {
         let to = pair.vns_addr();
         let (vs, vl) = rt.block_on(async move {
             let server = tokio::spawn(async move {
-                for _ in 0..2 {
+                // The second stream is the latency one: its server end is latency class too.
+                for i in 0..2 {
                     let (s, _) = l.accept().await.expect("accept");
+                    if i == 1 {
+                        s.set_app_class(AppClass::Latency).expect("latency class");
+                    }
                     tokio::spawn(echo_server(s));
                 }
             });
@@ -267,19 +297,48 @@ mod run {
         let (mut ks, _) = ping_pong(&rt, ks, warm_up, Samples::default());
         let mut vs_s = Samples::with_capacity(per_round * rounds);
         let mut vl_s = Samples::with_capacity(per_round * rounds);
+        let mut vr_s = Samples::with_capacity(per_round * rounds);
+        let mut vlt_s = Samples::with_capacity(per_round * rounds);
         let mut ks_s = Samples::with_capacity(per_round * rounds);
+        let only = std::env::var("NETCHANNEL_BENCH_ONLY").ok();
+        let wanted = |name: &str| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|w| w.trim() == name))
+        };
         for round in 0..rounds {
             let t = Instant::now();
-            channel_ping_pong(&raw, per_round, &mut raw_s);
-            let s: VirtualStream;
-            (s, vs_s) = ping_pong(&rt, vs, per_round, vs_s);
-            vs = s;
-            let s: VirtualStream;
-            (s, vl_s) = ping_pong(&rt, vl, per_round, vl_s);
-            vl = s;
-            let s: tokio::net::TcpStream;
-            (s, ks_s) = ping_pong(&rt, ks, per_round, ks_s);
-            ks = s;
+            if wanted("raw_channel") {
+                channel_ping_pong(&raw, per_round, &mut raw_s);
+            }
+            if wanted("virtual_stream") {
+                let s: VirtualStream;
+                (s, vs_s) = ping_pong(&rt, vs, per_round, vs_s);
+                vs = s;
+            }
+            if wanted("virtual_stream_runtime_rx") {
+                // The same stream with run-to-completion receive for every socket.
+                let s = with_runtime_rx(&rt, &pair, RuntimeRx::All, vs);
+                let (s, samples) = ping_pong(&rt, s, per_round, vr_s);
+                vr_s = samples;
+                vs = with_runtime_rx(&rt, &pair, RuntimeRx::default(), s);
+            }
+            if wanted("virtual_stream_latency_thread_rx") {
+                // The latency stream with the channel threads' hand-off.
+                let s = with_runtime_rx(&rt, &pair, RuntimeRx::Off, vl);
+                let (s, samples) = ping_pong(&rt, s, per_round, vlt_s);
+                vlt_s = samples;
+                vl = with_runtime_rx(&rt, &pair, RuntimeRx::default(), s);
+            }
+            if wanted("virtual_stream_latency") {
+                let s: VirtualStream;
+                (s, vl_s) = ping_pong(&rt, vl, per_round, vl_s);
+                vl = s;
+            }
+            if wanted("kernel_xdp_attached") {
+                let s: tokio::net::TcpStream;
+                (s, ks_s) = ping_pong(&rt, ks, per_round, ks_s);
+                ks = s;
+            }
             println!("round {round} done in {:.1} s", t.elapsed().as_secs_f64());
         }
         raw.close();
@@ -313,8 +372,16 @@ mod run {
                 samples: vs_s,
             },
             Row {
+                name: "virtual_stream_runtime_rx",
+                samples: vr_s,
+            },
+            Row {
                 name: "virtual_stream_latency",
                 samples: vl_s,
+            },
+            Row {
+                name: "virtual_stream_latency_thread_rx",
+                samples: vlt_s,
             },
         ];
         print(&mut rows);

@@ -38,6 +38,8 @@ pub use netsched;
 pub use netsched as sched;
 pub use vns;
 
+#[cfg(target_os = "linux")]
+pub use vns::stack::RuntimeRx;
 pub use vns::stack::{
     clear_default_stack, default_stack, set_default_stack, BusyPoll, Liveness, OwnedReadHalf,
     OwnedWriteHalf, ReadHalf, Stack, StackBuilder, StackError, VirtualListener, VirtualStream,

@@ -429,3 +429,167 @@ fn copy_workers_over_af_xdp() {
     }
     assert!(tids.iter().all(gone), "copy workers left running");
 }
+
+/// Closed-loop exchanges on `s`: `n` messages of varying size (1 B to 20 kB), each
+/// echoed and checked byte for byte.
+async fn exchange(s: &mut VirtualStream, tag: u64, n: u64) {
+    let mut off = 0u64;
+    let mut back = vec![0u8; 20_000];
+    for i in 0..n {
+        let len = 1 + ((i * 7919 + tag * 104_729) % 20_000) as usize;
+        let mut msg = vec![0u8; len];
+        fill(tag, off, &mut msg);
+        s.write_all(&msg).await.expect("write");
+        s.read_exact(&mut back[..len]).await.expect("read the echo");
+        assert!(back[..len] == msg[..], "stream {tag}, message {i}");
+        off += len as u64;
+    }
+}
+
+/// Run-to-completion receive (`RuntimeRx`): reading tasks that process the queues'
+/// arrivals in their runtime, alone and many at once, with reads, writes, shutdowns and
+/// drops interleaved; every byte exact, in bounded time. Then the default (latency-class
+/// sockets only) and `Off` are told apart by the stacks' round counters, and a second
+/// runtime still gets its bytes after the first one, which holds the registration, is
+/// gone.
+#[test]
+fn run_to_completion_receive_over_af_xdp() {
+    use netchannel::{AppClass, RuntimeRx};
+
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let a = stack_in(&bed, Side::A);
+    let b = stack_in(&bed, Side::B);
+    let b_ip = bed.side(Side::B).ipv4;
+    let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
+    const TASKS: u64 = 24;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        assert!(a.set_runtime_rx(RuntimeRx::All) && b.set_runtime_rx(RuntimeRx::All));
+        let l = b.bind_with_backlog(at(7100), TASKS as usize).await.unwrap();
+        let server = tokio::spawn(async move {
+            let mut tasks = Vec::new();
+            for _ in 0..TASKS {
+                let (mut s, _) = l.accept().await.unwrap();
+                tasks.push(tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    // The peer either shuts down (EOF) or drops its stream.
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        let clients: Vec<_> = (0..TASKS)
+            .map(|tag| {
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let mut c = a.connect(at(7100)).await.unwrap();
+                    if tag % 3 == 0 {
+                        c.set_app_class(AppClass::Latency).unwrap();
+                    }
+                    exchange(&mut c, tag, 40 + tag * 5).await;
+                    if tag % 2 == 0 {
+                        // Shut down, then read the server's end of stream.
+                        c.shutdown().await.unwrap();
+                        let mut rest = Vec::new();
+                        c.read_to_end(&mut rest).await.unwrap();
+                        assert!(rest.is_empty(), "stream {tag}: bytes after the echoes");
+                    }
+                    // Odd streams are dropped with everything read.
+                })
+            })
+            .collect();
+        timeout(LIMIT, async {
+            for c in clients {
+                c.await.unwrap();
+            }
+            server.await.unwrap();
+        })
+        .await
+        .expect("streams stalled with run-to-completion receive");
+        assert!(
+            a.runtime_rx_rounds() > 0 && b.runtime_rx_rounds() > 0,
+            "no task ran a queue round: A {} B {}",
+            a.runtime_rx_rounds(),
+            b.runtime_rx_rounds()
+        );
+
+        // Default mode: a latency-class stream's tasks run rounds, and with `Off`
+        // nobody does.
+        assert!(a.set_runtime_rx(RuntimeRx::default()) && b.set_runtime_rx(RuntimeRx::default()));
+        let l = b.bind(at(7101)).await.unwrap();
+        let server = tokio::spawn(async move {
+            for _ in 0..2 {
+                let (mut s, _) = l.accept().await.unwrap();
+                s.set_app_class(AppClass::Latency).unwrap();
+                let mut buf = vec![0u8; 20_000];
+                loop {
+                    let n = s.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    s.write_all(&buf[..n]).await.unwrap();
+                }
+                s.shutdown().await.unwrap();
+            }
+        });
+        for (mode, tag) in [(RuntimeRx::LatencyClass, 100), (RuntimeRx::Off, 101)] {
+            a.set_runtime_rx(mode);
+            b.set_runtime_rx(mode);
+            let mut c = a.connect(at(7101)).await.unwrap();
+            c.set_app_class(AppClass::Latency).unwrap();
+            let before = (a.runtime_rx_rounds(), b.runtime_rx_rounds());
+            timeout(LIMIT, exchange(&mut c, tag, 200))
+                .await
+                .expect("latency stream stalled");
+            let after = (a.runtime_rx_rounds(), b.runtime_rx_rounds());
+            match mode {
+                RuntimeRx::Off => assert_eq!(after, before, "rounds with RuntimeRx::Off"),
+                _ => assert!(
+                    after.0 > before.0 && after.1 > before.1,
+                    "latency-class tasks ran no rounds: {before:?} -> {after:?}"
+                ),
+            }
+            c.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            c.read_to_end(&mut rest).await.unwrap();
+        }
+        timeout(LIMIT, server).await.unwrap().unwrap();
+        a.set_runtime_rx(RuntimeRx::All);
+        b.set_runtime_rx(RuntimeRx::All);
+    });
+    // The registration belongs to the runtime just dropped: a new one (current-thread)
+    // still gets every byte, through the channel threads.
+    drop(rt);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let l = b.bind(at(7102)).await.unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let (mut r, mut w) = s.split();
+            tokio::io::copy(&mut r, &mut w).await.unwrap();
+            w.shutdown().await.unwrap();
+        });
+        let mut c = a.connect(at(7102)).await.unwrap();
+        timeout(LIMIT, exchange(&mut c, 200, 100))
+            .await
+            .expect("stalled after the first runtime was dropped");
+        c.shutdown().await.unwrap();
+        timeout(LIMIT, server).await.unwrap().unwrap();
+    });
+    drop(rt);
+    drop(a);
+    drop(b);
+}

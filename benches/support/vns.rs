@@ -41,8 +41,9 @@ pub fn bench_mode() -> bool {
     std::env::args().any(|a| a == "--bench")
 }
 
-/// The 2-queue test bed and a tokio runtime with 2 workers for bench `name`, or `None`
-/// after printing why the bench skips (no root, no namespaces).
+/// The 2-queue test bed and a tokio runtime with 2 workers (`NETCHANNEL_BENCH_WORKERS`)
+/// for bench `name`, or `None` after printing why the bench skips (no root, no
+/// namespaces).
 pub fn bed_and_runtime(name: &str) -> Option<(TestBed, Runtime)> {
     let bed = match TestBed::builder().queues(2).build() {
         Ok(bed) => bed,
@@ -52,7 +53,7 @@ pub fn bed_and_runtime(name: &str) -> Option<(TestBed, Runtime)> {
         }
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(env_or("NETCHANNEL_BENCH_WORKERS", 2usize).max(1))
         .enable_all()
         .build()
         .expect("runtime");

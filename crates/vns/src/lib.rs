@@ -76,6 +76,8 @@ pub use endpoint::{
 pub use netsched::{AppClass, ChannelClass, ChannelId};
 pub use reorder::ReorderBuffer;
 pub use response_queue::ResponseQueue;
+#[cfg(target_os = "linux")]
+pub use stack::RuntimeRx;
 pub use stack::{
     default_stack, set_default_stack, BusyPoll, Liveness, Stack, StackBuilder, StackError,
     VirtualListener, VirtualStream,

@@ -142,7 +142,7 @@ mod sys;
 mod thread;
 
 #[cfg(target_os = "linux")]
-pub use queue::{Channel, DeferredKick};
+pub use queue::{Channel, DeferredKick, RxPoller};
 #[cfg(target_os = "linux")]
 pub use set::{
     ChannelListener, ChannelSet, ChannelSetConfig, PartialChecksums, QueueLimits, RxChecksumStats,

@@ -42,6 +42,12 @@ pub(crate) struct ThreadSignal {
     /// microseconds since `origin`: inline rounds are for a quiet queue only.
     last_round: AtomicU64,
     origin: std::time::Instant,
+    /// Until when (microseconds since `origin`) a runtime watches the queue's socket and
+    /// runs the receive rounds itself ([`RxPoller`]): the thread then sleeps on its
+    /// eventfd and timers only, so that an arrival wakes one thread, not two.
+    rx_lease: AtomicU64,
+    /// A duplicate of the queue's AF_XDP socket for [`RxPoller`]s (set at start).
+    rx_fd: OnceLock<std::os::fd::OwnedFd>,
 }
 
 /// A queue whose last round ended less than this long ago is busy: a kick then wakes the
@@ -63,6 +69,8 @@ impl ThreadSignal {
             planned: AtomicU64::new(u64::MAX),
             last_round: AtomicU64::new(0),
             origin: std::time::Instant::now(),
+            rx_lease: AtomicU64::new(0),
+            rx_fd: OnceLock::new(),
         })
     }
 
@@ -83,6 +91,39 @@ impl ThreadSignal {
         let now = self.origin.elapsed().as_micros() as u64;
         now.saturating_sub(self.last_round.load(Ordering::Relaxed))
             >= INLINE_QUIET.as_micros() as u64
+    }
+
+    fn micros(&self) -> u64 {
+        self.origin.elapsed().as_micros() as u64
+    }
+
+    /// Leaves the queue's arrivals to a runtime's [`RxPoller`] for `d`.
+    pub(crate) fn lease_rx(&self, d: std::time::Duration) {
+        let until = self.micros().saturating_add(d.as_micros() as u64);
+        self.rx_lease.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// How long a runtime still watches the queue's socket (`None`: nobody does).
+    pub(crate) fn rx_lease_left(&self) -> Option<std::time::Duration> {
+        let left = self
+            .rx_lease
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.micros());
+        (left > 0).then(|| std::time::Duration::from_micros(left))
+    }
+
+    pub(crate) fn set_rx_fd(&self, fd: std::os::fd::OwnedFd) {
+        let _ = self.rx_fd.set(fd);
+    }
+
+    /// The last round's end time, for a round that should not count as one (see
+    /// [`RxPoller::poll_now`]).
+    pub(crate) fn last_round(&self) -> u64 {
+        self.last_round.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn restore_last_round(&self, t: u64) {
+        self.last_round.store(t, Ordering::Relaxed);
     }
 
     /// Whether the thread announced sleep (a hint: it may be waking up right now).
@@ -204,6 +245,59 @@ impl DeferredKick {
     /// that carry bulk or many streams, where the thread batches better).
     pub fn wake(self) {
         self.signal.notify();
+    }
+}
+
+/// The receive side of one channel thread's queue, for a runtime that waits for
+/// arrivals itself and processes them on its own thread (run to completion): a task
+/// with nothing to read registers [`fd`](RxPoller::fd) with its reactor (tokio's
+/// `AsyncFd`), takes a [`lease`](RxPoller::lease), and when the descriptor turns readable
+/// calls [`poll_now`](RxPoller::poll_now), which runs the queue's round (receive, TCP,
+/// the channels' Rx queues and wakers) on the calling thread. During the lease the
+/// channel thread does not wait on the socket itself, so an arrival wakes one thread
+/// (the reader's) instead of the channel thread, which would then wake the reader.
+///
+/// A lease that nobody serves (the task went away) delays the queue's arrivals until it
+/// ends: the thread wakes at its end and takes over. Keep leases short (milliseconds)
+/// and renew them each time the task waits again.
+#[derive(Debug, Clone)]
+pub struct RxPoller {
+    pub(crate) queue: u32,
+    pub(crate) signal: Arc<ThreadSignal>,
+}
+
+impl RxPoller {
+    /// The NIC queue this poller serves.
+    pub fn queue(&self) -> u32 {
+        self.queue
+    }
+
+    /// A descriptor that is readable while frames wait on the queue's AF_XDP socket (a
+    /// duplicate of it; `None` if duplicating failed at start).
+    pub fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.signal.rx_fd.get().map(|fd| fd.as_fd())
+    }
+
+    /// Runs the queue's rounds on the calling thread unless its channel thread (or
+    /// another caller) is running one right now; returns whether it ran them. Never
+    /// waits for a lock. Received bytes land in the channels' Rx queues and their
+    /// wakers are woken, as when the thread does it.
+    pub fn poll_now(&self) -> bool {
+        // A receive round must not make the queue look busy to the inline transmit that
+        // usually follows it (the reply), which only runs on a quiet queue.
+        let before = self.signal.last_round();
+        let ran = super::thread::run_inline(&self.signal);
+        if ran {
+            self.signal.restore_last_round(before);
+        }
+        ran
+    }
+
+    /// Leaves the queue's arrivals to this caller for `d` (extends, never shortens, a
+    /// lease already given).
+    pub fn lease(&self, d: std::time::Duration) {
+        self.signal.lease_rx(d);
     }
 }
 

@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 use xdp_prog::{AttachOptions, XdpSteering};
 
 use super::directory::{BufferPool, FlowDirectory, PortAllocator, Tuple};
-use super::queue::{block_on, ChannelShared, Limits, ThreadSignal};
+use super::queue::{block_on, ChannelShared, Limits, RxPoller, ThreadSignal};
 use super::thread::{resolver, Command, ResolveRequest, Worker};
 use super::{Channel, ChannelError};
 use crate::link::xdp::{XdpLink, XdpLinkConfig};
@@ -26,6 +26,7 @@ use crate::netif::{Interface, InterfaceConfig, StrayVerdict};
 use crate::tcp;
 use crate::time::{Clock, Duration};
 use crate::wire::EthernetAddress;
+use std::os::fd::AsFd;
 
 /// The paper's channel port: where channels listen unless told otherwise.
 pub const DEFAULT_CHANNEL_PORT: u16 = 9000;
@@ -491,6 +492,13 @@ impl ChannelSet {
         for (index, ((link, &q), (signal, crx, frx))) in
             links.into_iter().zip(&queues).zip(ends).enumerate()
         {
+            // For `RxPoller`s; without it the queue is served by its thread alone.
+            match link.as_fd().try_clone_to_owned() {
+                Ok(fd) => signal.set_rx_fd(fd),
+                Err(e) => {
+                    warn!(queue = q, error = %e, "duplicating the AF_XDP descriptor for runtime polling")
+                }
+            }
             let iface = Interface::new(
                 link,
                 InterfaceConfig {
@@ -705,6 +713,19 @@ impl ChannelSet {
     /// The queue ids, one per channel thread.
     pub fn queues(&self) -> Vec<u32> {
         self.shared.peers.iter().map(|p| p.queue).collect()
+    }
+
+    /// One [`RxPoller`] per channel thread: the receive side of its queue, for a runtime
+    /// that waits for arrivals and runs the queue's rounds on its own threads.
+    pub fn rx_pollers(&self) -> Vec<RxPoller> {
+        self.shared
+            .peers
+            .iter()
+            .map(|p| RxPoller {
+                queue: p.queue,
+                signal: p.signal.clone(),
+            })
+            .collect()
     }
 
     /// The set's configuration.

@@ -663,6 +663,30 @@ fn idle(
     } else {
         deadline
     };
+    // A runtime watches the socket (`RxPoller`): the thread waits for the lease to end,
+    // on the eventfd and timers only, then takes the socket back. The lease's end is part
+    // of the planned wake-up, so that a timer the runtime's rounds arm (a delayed ACK)
+    // kicks the thread only if it is due before that.
+    let lease = fd.and_then(|_| signal.rx_lease_left());
+    let planned = match lease {
+        Some(left) => {
+            // Frames already on the ring may have made the socket readable before the
+            // runtime's task looked, and found this thread in its round then: they
+            // raise no new readiness, so they are this thread's to take.
+            let waiting = match state.try_lock() {
+                Ok(mut g) => g.worker.iface.link_mut().rx_ready(),
+                Err(TryLockError::Poisoned(p)) => p.into_inner().worker.iface.link_mut().rx_ready(),
+                // A round runs inline: it takes them.
+                Err(TryLockError::WouldBlock) => false,
+            };
+            if waiting {
+                return;
+            }
+            let end = now + left;
+            Some(planned.map_or(end, |p| p.min(end)))
+        }
+        None => planned,
+    };
     signal.set_planned(planned);
     if !signal.prepare_sleep() {
         return;
@@ -676,15 +700,19 @@ fn idle(
             PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
         }
     };
-    let res = match fd {
-        Some(fd) => {
+    let res = match (fd, lease) {
+        (Some(_), Some(_)) => {
+            let mut fds = [PollFd::new(signal.eventfd().as_fd(), PollFlags::POLLIN)];
+            nix::poll::poll(&mut fds, timeout)
+        }
+        (Some(fd), None) => {
             let mut fds = [
                 PollFd::new(fd.as_fd(), PollFlags::POLLIN),
                 PollFd::new(signal.eventfd().as_fd(), PollFlags::POLLIN),
             ];
             nix::poll::poll(&mut fds, timeout)
         }
-        None => {
+        (None, _) => {
             // No duplicate of the socket (inline rounds are off): sleep on the link's own
             // descriptor, holding the state, as the thread did before inline rounds.
             let g = lock_state(state);

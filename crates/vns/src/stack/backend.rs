@@ -28,6 +28,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Listens on `port`; accepted channels arrive through the returned [`Acceptor`],
     /// which stops listening when dropped.
     fn listen(&self, port: u16) -> Result<Box<dyn Acceptor>, ChannelError>;
+
+    /// The receive sides of the backend's NIC queues, for a runtime that waits on them
+    /// itself (run-to-completion receive); none by default.
+    #[cfg(target_os = "linux")]
+    fn rx_pollers(&self) -> Vec<netdriver::channel::RxPoller> {
+        Vec::new()
+    }
 }
 
 /// Accepted channels of one listened port.
@@ -84,6 +91,10 @@ mod xdp {
 
         fn listen(&self, port: u16) -> Result<Box<dyn Acceptor>, ChannelError> {
             Ok(Box::new(self.set.listen(port)?))
+        }
+
+        fn rx_pollers(&self) -> Vec<netdriver::channel::RxPoller> {
+            self.set.rx_pollers()
         }
     }
 

@@ -257,6 +257,10 @@ pub(crate) struct CoreConfig {
     pub preamble_timeout: Duration,
     /// The key channels authenticate with; `None`: unauthenticated channels.
     pub channel_key: Option<auth::ChannelKey>,
+    /// Which tasks with nothing to read wait on the AF_XDP queues in their runtime and run
+    /// the receive rounds themselves (see `stack::rx_poll`).
+    #[cfg(target_os = "linux")]
+    pub runtime_rx: super::rx_poll::RuntimeRx,
 }
 
 /// What the stack shares between its driver thread, its handles and its streams.
@@ -266,6 +270,10 @@ pub(crate) struct Core {
     rx: Arc<RxSignal>,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) config: CoreConfig,
+    /// The backend's queues for tasks that wait on them in their runtime (`None`: no
+    /// such queues, or turned off).
+    #[cfg(target_os = "linux")]
+    pub(crate) rt_rx: Option<super::rx_poll::RuntimeQueues>,
 }
 
 /// A stream's or connect's wakers.
@@ -403,6 +411,8 @@ impl Core {
                 auth_failures: 0,
             }),
             signal,
+            #[cfg(target_os = "linux")]
+            rt_rx: super::rx_poll::RuntimeQueues::new(backend.rx_pollers(), config.runtime_rx),
             backend,
             config,
         }
@@ -677,7 +687,19 @@ impl Core {
     /// Registers a task waiting to read (or to write: credit comes in on the receive
     /// side) for the next wake-up of a channel's receive side
     /// (see [`RxSignal`]), then ends the call like [`Core::finish_call`].
-    pub(crate) fn want_rx(&self, st: MutexGuard<'_, State>, w: &Waker) {
+    ///
+    /// Then, where the task's runtime waits on the AF_XDP queues itself (`rx_poll`), runs
+    /// the rounds of queues with arrivals on this thread and waits on the rest. Returns
+    /// whether it ran a round: the caller looks again before it returns `Pending` (or
+    /// wakes its task to do so).
+    pub(crate) fn want_rx(
+        &self,
+        st: MutexGuard<'_, State>,
+        sid: SocketId,
+        cx: &mut Context<'_>,
+    ) -> bool {
+        let latency = st.ep.app_class(sid) == Some(crate::AppClass::Latency);
+        let w = cx.waker();
         {
             let mut readers = self.rx.readers.lock().unwrap_or_else(|p| p.into_inner());
             if readers.len() < MAX_RX_READERS && !readers.iter().any(|r| r.will_wake(w)) {
@@ -685,6 +707,12 @@ impl Core {
             }
         }
         self.finish_call(st);
+        #[cfg(target_os = "linux")]
+        if let Some(rt) = &self.rt_rx {
+            return rt.poll(cx, latency);
+        }
+        let _ = latency;
+        false
     }
 
     /// The driver thread's loop, until [`Signal::stop`].

@@ -182,6 +182,8 @@ mod backend;
 mod driver;
 mod listener;
 mod mem;
+#[cfg(target_os = "linux")]
+mod rx_poll;
 mod stream;
 
 use std::fmt;
@@ -201,6 +203,8 @@ pub use backend::XdpBackend;
 pub use backend::{Acceptor, Backend, BoxedTransport};
 pub use listener::VirtualListener;
 pub use mem::{MemAcceptor, MemBackend, MemChannel, MemLimits, MemNetwork};
+#[cfg(target_os = "linux")]
+pub use rx_poll::RuntimeRx;
 pub use stream::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, VirtualStream, WriteHalf};
 
 use crate::copy::{CopyConfig, CopyError, CopyStats, CopyWorkerPool};
@@ -370,6 +374,8 @@ pub struct StackBuilder {
     vns: Option<Config>,
     busy_poll: Option<BusyPoll>,
     inline_tx: Option<usize>,
+    #[cfg(target_os = "linux")]
+    runtime_rx: RuntimeRx,
     preamble_timeout: Duration,
     /// `Err` holds a refused key until `build` reports it.
     channel_key: Result<Option<ChannelKey>, ()>,
@@ -424,6 +430,8 @@ impl Default for StackBuilder {
             vns: None,
             busy_poll: None,
             inline_tx: None,
+            #[cfg(target_os = "linux")]
+            runtime_rx: RuntimeRx::default(),
             channel_key: Ok(None),
             #[cfg(target_os = "linux")]
             partial_checksums: None,
@@ -626,6 +634,25 @@ impl StackBuilder {
         self
     }
 
+    /// Which tasks with nothing to read wait on the AF_XDP queues in their own tokio
+    /// runtime and process the arrivals themselves (run-to-completion receive), rather
+    /// than wait for the queue's channel thread to process them and wake them: one thread
+    /// hand-off less per received message, at the cost of batching (see [`RuntimeRx`]).
+    /// Needs a runtime with I/O enabled (without it, or outside tokio, the hand-off
+    /// stays). Default [`RuntimeRx::LatencyClass`]; environment:
+    /// `NETCHANNEL_RUNTIME_RX=off|latency|all`.
+    ///
+    /// ```
+    /// use vns::stack::{RuntimeRx, Stack};
+    /// let builder = Stack::builder().runtime_rx(RuntimeRx::All);
+    /// # drop(builder);
+    /// ```
+    #[cfg(target_os = "linux")]
+    pub fn runtime_rx(mut self, mode: RuntimeRx) -> Self {
+        self.runtime_rx = mode;
+        self
+    }
+
     /// Whether channels accept TCP segments with a Linux sender's partial checksum
     /// (`CHECKSUM_PARTIAL`, what a kernel peer with tx checksum offload on sends across a
     /// veth pair). Default [`PartialChecksums::Auto`](netdriver::channel::PartialChecksums):
@@ -748,6 +775,8 @@ impl StackBuilder {
             connect_timeout: self.connect_timeout,
             preamble_timeout: self.preamble_timeout,
             channel_key,
+            #[cfg(target_os = "linux")]
+            runtime_rx: self.runtime_rx,
         };
         let core = Arc::new(Core::new(ep, backend, config));
         let c = core.clone();
@@ -901,6 +930,30 @@ impl Stack {
 
     pub(crate) fn core(&self) -> &Arc<Core> {
         &self.inner.core
+    }
+
+    /// Queue rounds that tasks waiting to read ran in their runtime so far
+    /// (run-to-completion receive, [`StackBuilder::runtime_rx`]); 0 without it.
+    pub fn runtime_rx_rounds(&self) -> u64 {
+        #[cfg(target_os = "linux")]
+        if let Some(rt) = &self.core().rt_rx {
+            return rt.rounds();
+        }
+        0
+    }
+
+    /// Changes which tasks use run-to-completion receive ([`StackBuilder::runtime_rx`])
+    /// while the stack runs (for A/B measurements); returns whether the stack can use it
+    /// at all (it needs AF_XDP queues).
+    #[cfg(target_os = "linux")]
+    pub fn set_runtime_rx(&self, mode: RuntimeRx) -> bool {
+        match &self.core().rt_rx {
+            Some(rt) => {
+                rt.set_mode(mode);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The stack's address.
@@ -1130,6 +1183,21 @@ fn stack_from_env() -> Result<Stack, StackError> {
     }
     if let Some(n) = env_parse("NETCHANNEL_INLINE_TX")? {
         b = b.inline_tx(n);
+    }
+    #[cfg(target_os = "linux")]
+    if let Some(v) = env_var("NETCHANNEL_RUNTIME_RX")? {
+        let mode = match v.as_str() {
+            "off" | "0" => RuntimeRx::Off,
+            "latency" => RuntimeRx::LatencyClass,
+            "all" | "1" => RuntimeRx::All,
+            _ => {
+                return Err(StackError::Env {
+                    name: "NETCHANNEL_RUNTIME_RX",
+                    msg: format!("{v:?}: expected off, latency or all"),
+                })
+            }
+        };
+        b = b.runtime_rx(mode);
     }
     if let Some(key) = env_var("NETCHANNEL_CHANNEL_KEY")? {
         if key.len() < MIN_KEY_LEN {

@@ -62,6 +62,9 @@ impl StreamInner {
         let core = self.stack.core();
         let mut st = core.lock();
         let mut pulled = core.pull_owed(&mut st);
+        // Receive rounds this call ran itself (`Core::want_rx`): a few, then the task
+        // yields, so that arrivals for other sockets cannot keep it here.
+        let mut rounds = 0;
         loop {
             let dst = buf.initialize_unfilled();
             let read = match pool {
@@ -86,7 +89,15 @@ impl StreamInner {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         w.read = Some(cx.waker().clone());
                     }
-                    core.want_rx(st, cx.waker());
+                    if core.want_rx(st, self.sid, cx) {
+                        rounds += 1;
+                        if rounds < 3 {
+                            st = core.lock();
+                            pulled = false;
+                            continue;
+                        }
+                        cx.waker().wake_by_ref();
+                    }
                     return Poll::Pending;
                 }
                 Err(e) => return Poll::Ready(Err(e.into())),
@@ -123,7 +134,9 @@ impl StreamInner {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         w.write = Some(cx.waker().clone());
                     }
-                    core.want_rx(st, cx.waker());
+                    if core.want_rx(st, self.sid, cx) {
+                        cx.waker().wake_by_ref();
+                    }
                     return Poll::Pending;
                 }
                 Err(e) => return Poll::Ready(Err(e.into())),
@@ -160,7 +173,9 @@ impl StreamInner {
                 if let Some(w) = st.socks.get_mut(&self.sid) {
                     w.write = Some(cx.waker().clone());
                 }
-                core.want_rx(st, cx.waker());
+                if core.want_rx(st, self.sid, cx) {
+                    cx.waker().wake_by_ref();
+                }
                 Poll::Pending
             }
             Err(e) => Poll::Ready(Err(e.into())),
@@ -195,7 +210,9 @@ impl StreamInner {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         w.write = Some(cx.waker().clone());
                     }
-                    core.want_rx(st, cx.waker());
+                    if core.want_rx(st, self.sid, cx) {
+                        cx.waker().wake_by_ref();
+                    }
                     return Poll::Pending;
                 }
                 Err(e) => return Poll::Ready(Err(e.into())),
