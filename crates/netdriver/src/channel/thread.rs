@@ -183,14 +183,17 @@ fn stray_verdict(
     from_link: bool,
 ) -> StrayVerdict {
     let tuple = (s.local, s.remote);
-    let owner = if s.syn_to_listener {
+    // A SYN cookie's ACK may open a connection just as a SYN does: claim it the same way
+    // (settle_claims releases the claim if the cookie does not verify).
+    let may_open = s.syn_to_listener || s.cookie_ack;
+    let owner = if may_open {
         set.directory.claim(tuple, me)
     } else {
         set.directory.owner(&tuple, me)
     };
     match owner {
         Owner::Me => {
-            if s.syn_to_listener {
+            if may_open {
                 claims.push(tuple);
             }
             StrayVerdict::Local
@@ -575,6 +578,14 @@ impl Worker {
             c.partial
                 .store(stats.rx_partial_checksum, Ordering::Relaxed);
             c.bad.store(stats.rx_bad_checksum, Ordering::Relaxed);
+            let s = &peer.syns;
+            s.dropped.store(stats.syn_dropped, Ordering::Relaxed);
+            s.cookies_sent
+                .store(stats.syn_cookies_sent, Ordering::Relaxed);
+            s.cookies_accepted
+                .store(stats.syn_cookies_accepted, Ordering::Relaxed);
+            s.cookies_rejected
+                .store(stats.syn_cookies_rejected, Ordering::Relaxed);
         }
         for (&h, e) in &book.entries {
             if let Some(conn) = self.iface.conn(h) {
@@ -758,6 +769,7 @@ mod tests {
                 commands: ctx,
                 forward: ftx,
                 checksums: Default::default(),
+                syns: Default::default(),
             });
             rxs.push(frx);
         }
@@ -769,6 +781,7 @@ mod tests {
             local: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 9000),
             remote: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), port),
             syn_to_listener,
+            cookie_ack: false,
             frame,
         }
     }
@@ -803,6 +816,22 @@ mod tests {
         assert_eq!(rx[0].try_recv().unwrap(), b"syn");
         assert!(set.peers[0].signal.take_pending());
         assert!(!set.peers[1].signal.take_pending());
+    }
+
+    #[test]
+    fn a_cookie_ack_is_claimed_like_a_syn() {
+        let (set, _rx) = two_threads();
+        let mut claims = Vec::new();
+        let s = StraySegment {
+            cookie_ack: true,
+            ..seg(4, false, b"ack")
+        };
+        assert_eq!(
+            stray_verdict(&set, 1, &mut claims, &s, true),
+            StrayVerdict::Local
+        );
+        assert_eq!(claims, [(s.local, s.remote)]);
+        assert_eq!(set.directory.owner(&(s.local, s.remote), 1), Owner::Me);
     }
 
     #[test]
