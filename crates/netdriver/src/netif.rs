@@ -518,6 +518,13 @@ impl<L: Link> Interface<L> {
         self.core.slot(h)?.conn.as_ref()
     }
 
+    /// The MAC address segments of `h` are sent to (the neighbour entry, or for a passive
+    /// open without one, the source of the SYN or cookie ACK).
+    pub fn remote_mac(&self, h: ConnHandle) -> Option<EthernetAddress> {
+        self.core.slot(h)?.conn.as_ref()?;
+        self.core.slot(h)?.remote_mac
+    }
+
     /// The connection behind `h`, mutably, if it still exists.
     pub fn conn_mut(&mut self, h: ConnHandle) -> Option<&mut Connection> {
         self.core.slot_mut(h)?.conn.as_mut()

@@ -173,6 +173,9 @@ pub(crate) struct SynCounters {
     pub(crate) cookies_sent: AtomicU64,
     pub(crate) cookies_accepted: AtomicU64,
     pub(crate) cookies_rejected: AtomicU64,
+    /// Incremented by the thread itself (not copied from the interface).
+    pub(crate) neighbor_mismatches: AtomicU64,
+    pub(crate) neighbor_unverified: AtomicU64,
 }
 
 /// Passive-open counters of a [`ChannelSet`], summed over its channel threads (see
@@ -189,6 +192,12 @@ pub struct SynStats {
     pub cookies_accepted: u64,
     /// ACKs whose cookie was forged or expired.
     pub cookies_rejected: u64,
+    /// Passive opens aborted because the peer's MAC differed from the kernel's neighbour
+    /// entry for its address.
+    pub neighbor_mismatches: u64,
+    /// Passive opens accepted with the SYN's MAC because the kernel had no usable
+    /// neighbour entry for the peer.
+    pub neighbor_unverified: u64,
 }
 
 /// A channel thread's receive checksum counters, copied from its interface every round.
@@ -560,6 +569,8 @@ impl ChannelSet {
                 forwarded: frx,
                 set: shared.clone(),
                 busy_poll: config.link.busy_poll,
+                ifindex,
+                neigh: None,
                 core: config.cores.as_ref().map(|c| c[index % c.len()]),
                 started: Some(started_tx.clone()),
             };
@@ -796,6 +807,8 @@ impl ChannelSet {
             stats.cookies_sent += s.cookies_sent.load(Ordering::Relaxed);
             stats.cookies_accepted += s.cookies_accepted.load(Ordering::Relaxed);
             stats.cookies_rejected += s.cookies_rejected.load(Ordering::Relaxed);
+            stats.neighbor_mismatches += s.neighbor_mismatches.load(Ordering::Relaxed);
+            stats.neighbor_unverified += s.neighbor_unverified.load(Ordering::Relaxed);
         }
         stats
     }

@@ -87,6 +87,12 @@ pub(crate) struct Worker {
     pub(crate) set: Arc<SetShared>,
     pub(crate) busy_poll: Duration,
     pub(crate) core: Option<usize>,
+    /// The interface's index, for neighbour lookups.
+    pub(crate) ifindex: u32,
+    /// The kernel's neighbour table, opened by the thread itself (in the interface's
+    /// namespace) when it starts; `None` if that failed (accepted peers then go
+    /// unverified).
+    pub(crate) neigh: Option<crate::neigh::KernelNeighbors>,
     /// Told once the thread runs (named and pinned), so that `ChannelSet::start` returns
     /// with every thread up.
     pub(crate) started: Option<std::sync::mpsc::SyncSender<()>>,
@@ -218,6 +224,13 @@ impl Worker {
             }
         }
         debug!(queue = self.queue, "channel thread up");
+        self.neigh = match crate::neigh::KernelNeighbors::open() {
+            Ok(n) => Some(n),
+            Err(e) => {
+                warn!(queue = self.queue, error = %e, "opening the neighbour table; accepted peers' MAC addresses go unchecked");
+                None
+            }
+        };
         if let Some(started) = self.started.take() {
             let _ = started.send(());
         }
@@ -529,6 +542,11 @@ impl Worker {
                 };
                 conn.set_nodelay(self.set.nodelay);
                 let tuple = (conn.local(), conn.remote());
+                self.own_passive_in(&mut book.owned, h, tuple);
+                if !self.neighbor_check(h, *tuple.1.ip()) {
+                    // Aborted; `reap` releases the flow once the interface forgets it.
+                    continue;
+                }
                 let shared = Arc::new(ChannelShared::new(
                     tuple.0,
                     tuple.1,
@@ -537,7 +555,6 @@ impl Worker {
                     self.set.rx_limits,
                     self.signal.clone(),
                 ));
-                self.own_passive_in(&mut book.owned, h, tuple);
                 self.set.directory.insert(tuple, self.index);
                 book.entries.insert(h, Entry::new(shared.clone()));
                 trace!(queue = self.queue, local = %tuple.0, peer = %tuple.1, "channel accepted");
@@ -549,6 +566,48 @@ impl Worker {
             }
         }
         any
+    }
+
+    /// Checks the MAC address a passive open learnt from the peer's SYN (or cookie ACK)
+    /// against the kernel's neighbour entry for its IP address: a host on the link that
+    /// answers from another MAC than the kernel knows for that address is spoofing it,
+    /// and its connection is aborted (counted in `SynStats::neighbor_mismatches`). When
+    /// the kernel has no usable entry (or the table cannot be read) the connection keeps
+    /// the SYN's MAC, counted in `SynStats::neighbor_unverified`. Returns whether the
+    /// connection may be handed to its listener.
+    fn neighbor_check(&mut self, h: ConnHandle, ip: std::net::Ipv4Addr) -> bool {
+        let Some(mac) = self.iface.remote_mac(h) else {
+            return true;
+        };
+        let known = match self.neigh.as_mut().map(|n| n.entry(self.ifindex, ip)) {
+            Some(Ok(entry)) => entry.and_then(|e| e.usable_mac()),
+            Some(Err(e)) => {
+                debug!(queue = self.queue, %ip, error = %e, "neighbour lookup failed");
+                None
+            }
+            None => None,
+        };
+        let counters = self.set.peers.get(self.index).map(|p| &p.syns);
+        match known {
+            Some(k) if k == mac => true,
+            Some(k) => {
+                warn!(queue = self.queue, %ip, syn_mac = %mac, kernel_mac = %k, "passive open from a MAC the kernel does not know for this address; aborted");
+                if let Some(c) = counters {
+                    c.neighbor_mismatches.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Some(conn) = self.iface.conn_mut(h) {
+                    conn.abort();
+                }
+                false
+            }
+            None => {
+                debug!(queue = self.queue, %ip, %mac, "no kernel neighbour entry; keeping the SYN's MAC");
+                if let Some(c) = counters {
+                    c.neighbor_unverified.fetch_add(1, Ordering::Relaxed);
+                }
+                true
+            }
+        }
     }
 
     /// Forgets connections the interface removed, releasing their flows and ports.
