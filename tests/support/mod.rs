@@ -143,6 +143,20 @@ impl ExampleServer {
         status
     }
 
+    /// Whether the process is still running (it has not exited so far).
+    pub fn running(&mut self) -> bool {
+        if self.status.is_some() {
+            return false;
+        }
+        match self.exited.try_recv() {
+            Ok(status) => {
+                self.status = Some(status);
+                false
+            }
+            Err(_) => true,
+        }
+    }
+
     /// Sends SIGTERM and waits (bounded) for the process to exit; its status.
     pub fn stop(&mut self) -> ExitStatus {
         self.sigterm();

@@ -8,7 +8,9 @@
 //!    this host or not understood is dropped and counted in [`InterfaceStats`]; no frame
 //!    can make it panic. A segment goes to the connection with its 4-tuple, or opens a
 //!    connection if it is a SYN to a listening port with room in its backlog, or is
-//!    answered with a reset ([`rst_for_unexpected`]);
+//!    answered with a SYN cookie when the backlog is full (RFC 4987 §3.6, see
+//!    [`syncookie`](crate::tcp::syncookie); the connection is created when the cookie
+//!    comes back in a valid ACK), or is answered with a reset ([`rst_for_unexpected`]);
 //! 2. fires every connection's due timer;
 //! 3. asks the connections, in turn, for segments, writing each payload straight into a tx
 //!    frame of the link and then the TCP, IPv4 and Ethernet headers in front of it (the
@@ -36,9 +38,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::RangeInclusive;
+use std::sync::Arc;
 
 use crate::link::{Link, ETHERNET_HEADER_LEN};
 use crate::tcp::isn::IsnGenerator;
+use crate::tcp::syncookie::{cookie_syn_ack, CookieError, SynCookies};
 use crate::tcp::{rst_for_unexpected, Config, Connection, State, TcpError};
 use crate::time::Instant;
 use crate::wire::{
@@ -86,6 +90,16 @@ pub struct InterfaceConfig {
     /// NICs keep full verification. Counted in [`InterfaceStats::rx_partial_checksum`].
     /// Off by default.
     pub accept_partial_checksums: bool,
+    /// Answer SYNs with SYN cookies (RFC 4987 §3.6) instead of dropping them when a
+    /// listener's backlog or the connection table is full, so that a spoofed-SYN flood
+    /// does not lock real peers out until its half-open connections time out. Connections
+    /// opened from a cookie run without window scaling, SACK and timestamps
+    /// ([`syncookie`](crate::tcp::syncookie)). On by default.
+    pub syn_cookies: bool,
+    /// The cookie secret, shared by every interface answering for this address (a peer's
+    /// ACK may arrive on another NIC queue than its SYN). `None`: a fresh secret from the
+    /// OS's random generator. Fix it for reproducible runs.
+    pub syn_cookie_secret: Option<Arc<SynCookies>>,
 }
 
 impl Default for InterfaceConfig {
@@ -103,6 +117,8 @@ impl Default for InterfaceConfig {
             tx_batch: 64,
             ttl: 64,
             accept_partial_checksums: false,
+            syn_cookies: true,
+            syn_cookie_secret: None,
         }
     }
 }
@@ -136,6 +152,10 @@ pub struct StraySegment<'a> {
     /// Whether the segment is a plain SYN (no ACK, no RST) to a port this interface
     /// listens on: the usual processing would open a passive connection.
     pub syn_to_listener: bool,
+    /// Whether the segment is a bare ACK to a port this interface listens on while SYN
+    /// cookies are in use: the usual processing checks it for a cookie and, if it holds
+    /// one, opens a passive connection.
+    pub cookie_ack: bool,
     /// The whole Ethernet frame, checksums verified.
     pub frame: &'a [u8],
 }
@@ -185,8 +205,18 @@ pub struct InterfaceStats {
     pub rx_segments: u64,
     /// Segments for no connection (answered with RST unless they were one).
     pub rx_no_connection: u64,
-    /// SYNs dropped because the listener's backlog or the connection table was full.
+    /// SYNs dropped because the listener's backlog or the connection table was full
+    /// (with SYN cookies off), and valid cookie ACKs dropped because the listener's
+    /// established unaccepted connections or the connection table were at their limit.
     pub syn_dropped: u64,
+    /// SYN-ACKs sent with a SYN cookie (RFC 4987) because a backlog or the connection
+    /// table was full.
+    pub syn_cookies_sent: u64,
+    /// ACKs whose SYN cookie verified: each opened a connection.
+    pub syn_cookies_accepted: u64,
+    /// ACKs for no connection, to a listening port while cookies were in use, whose
+    /// cookie did not verify or had expired (answered with RST).
+    pub syn_cookies_rejected: u64,
     /// ARP packets received and understood.
     pub rx_arp: u64,
     /// TCP segments sent (RSTs included).
@@ -239,6 +269,12 @@ enum Control {
         dst_ip: Ipv4Addr,
         repr: TcpRepr,
     },
+    /// A SYN-ACK carrying a SYN cookie.
+    CookieSynAck {
+        dst_mac: EthernetAddress,
+        dst_ip: Ipv4Addr,
+        repr: TcpRepr,
+    },
     ArpReply(ArpRepr),
 }
 
@@ -254,6 +290,7 @@ const MAX_CONTROL: usize = 256;
 struct Core {
     config: InterfaceConfig,
     isn: IsnGenerator,
+    cookies: Arc<SynCookies>,
     neighbors: HashMap<Ipv4Addr, EthernetAddress>,
     slots: Vec<Slot>,
     free_slots: Vec<u32>,
@@ -295,11 +332,16 @@ impl<L: Link> Interface<L> {
             None => IsnGenerator::new(),
         };
         let next_port = *config.ephemeral_ports.start();
+        let cookies = config
+            .syn_cookie_secret
+            .clone()
+            .unwrap_or_else(|| Arc::new(SynCookies::new()));
         Interface {
             link,
             core: Core {
                 config,
                 isn,
+                cookies,
                 neighbors: HashMap::new(),
                 slots: Vec::new(),
                 free_slots: Vec::new(),
@@ -350,8 +392,10 @@ impl<L: Link> Interface<L> {
     }
 
     /// Starts listening on `port`, keeping at most `backlog` connections that have not
-    /// been accepted yet (half-open ones included); SYNs beyond that are dropped, and the
-    /// peer retries.
+    /// been accepted yet (half-open ones included); SYNs beyond that are answered with SYN
+    /// cookies ([`InterfaceConfig::syn_cookies`]) or, with cookies off, dropped (the peer
+    /// retries). Connections opened from cookies may take the queue up to twice
+    /// `backlog`: they only need fewer than `backlog` *established* connections waiting.
     pub fn listen(&mut self, port: u16, backlog: usize) -> Result<(), NetifError> {
         if self.core.listeners.contains_key(&port) {
             return Err(NetifError::AddrInUse);
@@ -472,6 +516,13 @@ impl<L: Link> Interface<L> {
     /// The connection behind `h`, if it still exists.
     pub fn conn(&self, h: ConnHandle) -> Option<&Connection> {
         self.core.slot(h)?.conn.as_ref()
+    }
+
+    /// The MAC address segments of `h` are sent to (the neighbour entry, or for a passive
+    /// open without one, the source of the SYN or cookie ACK).
+    pub fn remote_mac(&self, h: ConnHandle) -> Option<EthernetAddress> {
+        self.core.slot(h)?.conn.as_ref()?;
+        self.core.slot(h)?.remote_mac
     }
 
     /// The connection behind `h`, mutably, if it still exists.
@@ -816,11 +867,18 @@ impl Core {
             self.remove(index);
         }
         let plain_syn = repr.flags.syn() && !repr.flags.rst() && repr.ack.is_none();
-        let syn_to_listener = plain_syn && self.listeners.contains_key(&repr.dst_port);
+        let listening = self.listeners.contains_key(&repr.dst_port);
+        let syn_to_listener = plain_syn && listening;
+        // Checked for a cookie only while cookies are out: otherwise a blind guess of an
+        // ACK could open a connection at any time (Linux's "recent overflow" test).
+        let bare_ack = repr.ack.is_some() && !repr.flags.syn() && !repr.flags.rst();
+        let cookie_ack =
+            bare_ack && listening && self.config.syn_cookies && self.cookies.recently_sent(now);
         let verdict = stray(&StraySegment {
             local,
             remote,
             syn_to_listener,
+            cookie_ack,
             frame,
         });
         match verdict {
@@ -836,6 +894,9 @@ impl Core {
         }
         if syn_to_listener {
             self.passive_open(now, src_mac, local, remote, repr, payload.len());
+            return;
+        }
+        if cookie_ack && self.cookie_open(now, src_mac, local, remote, repr, payload) {
             return;
         }
         self.stats.rx_no_connection += 1;
@@ -856,6 +917,19 @@ impl Core {
             .get(&local.port())
             .is_none_or(|l| l.queue.len() >= l.backlog);
         if full || self.live >= self.config.max_connections {
+            if self.config.syn_cookies {
+                // RFC 4987 §3.6: answer, and keep nothing.
+                let (cookie, mss) = self.cookies.generate(now, local, remote, syn);
+                let repr = cookie_syn_ack(&self.config.tcp, syn, cookie);
+                let dst_mac = *self.neighbors.get(remote.ip()).unwrap_or(&src_mac);
+                tracing::trace!(%local, %remote, cookie = cookie.0, mss, "netif: backlog full, SYN cookie");
+                self.queue_control(Control::CookieSynAck {
+                    dst_mac,
+                    dst_ip: *remote.ip(),
+                    repr,
+                });
+                return;
+            }
             // Dropped, not reset: the peer's SYN retransmission is the retry.
             self.stats.syn_dropped += 1;
             return;
@@ -874,6 +948,79 @@ impl Core {
             Err(_) => {
                 self.stats.rx_no_connection += 1;
                 self.reset(src_mac, *remote.ip(), syn, payload_len);
+            }
+        }
+    }
+
+    /// A bare ACK to a listening port for no connection, while cookies are out: opens the
+    /// connection if it returns a valid cookie (RFC 4987 §3.6). Returns false when the
+    /// cookie does not verify (the caller then resets, as for any stray segment).
+    fn cookie_open(
+        &mut self,
+        now: Instant,
+        src_mac: EthernetAddress,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        repr: &TcpRepr,
+        payload: &[u8],
+    ) -> bool {
+        let mss = match self.cookies.check(now, local, remote, repr) {
+            Ok(mss) => mss,
+            Err(e) => {
+                let why = match e {
+                    CookieError::Expired => "expired",
+                    CookieError::Invalid | CookieError::NotAnAck => "invalid",
+                };
+                tracing::debug!(%local, %remote, why, "netif: SYN cookie rejected");
+                self.stats.syn_cookies_rejected += 1;
+                return false;
+            }
+        };
+        // The cookie is genuine; what remains is room. Half-open connections in the queue
+        // (a SYN flood's) do not count against a cookie connection, or cookies would be
+        // useless exactly when they are needed.
+        let room = self.listeners.get(&local.port()).is_some_and(|l| {
+            let established = l
+                .queue
+                .iter()
+                .filter(|&&h| {
+                    self.slots
+                        .get(h.index as usize)
+                        .and_then(|s| s.conn.as_ref())
+                        .is_some_and(|c| c.state() != State::SynReceived)
+                })
+                .count();
+            established < l.backlog
+        });
+        if !room || self.live >= self.config.max_connections {
+            // Dropped, not reset: the peer's data retransmission carries the cookie again.
+            self.stats.syn_dropped += 1;
+            return true;
+        }
+        let cookie = repr.ack.unwrap_or_default() - 1;
+        match Connection::accept_cookie(
+            self.config.tcp.clone(),
+            local,
+            remote,
+            repr,
+            payload,
+            cookie,
+            mss,
+            now,
+        ) {
+            Ok(conn) => {
+                self.stats.syn_cookies_accepted += 1;
+                self.stats.rx_segments += 1;
+                let mac = *self.neighbors.get(remote.ip()).unwrap_or(&src_mac);
+                let h = self.insert(conn, Some(mac), Some(local.port()));
+                if let Some(l) = self.listeners.get_mut(&local.port()) {
+                    l.queue.push_back(h);
+                }
+                true
+            }
+            Err(_) => {
+                self.stats.syn_cookies_rejected += 1;
+                false
             }
         }
     }
@@ -944,6 +1091,17 @@ impl Core {
                 let r = self.emit_segment(buf, dst_mac, dst_ip, &repr, 0);
                 if r.is_some() {
                     self.stats.tx_rst += 1;
+                }
+                r
+            }
+            Control::CookieSynAck {
+                dst_mac,
+                dst_ip,
+                repr,
+            } => {
+                let r = self.emit_segment(buf, dst_mac, dst_ip, &repr, 0);
+                if r.is_some() {
+                    self.stats.syn_cookies_sent += 1;
                 }
                 r
             }
@@ -1289,6 +1447,9 @@ mod tests {
     #[test]
     fn the_backlog_bounds_unaccepted_connections() {
         let (mut a, mut b) = hosts();
+        // Without cookies, SYNs beyond the backlog are dropped (see the cookie tests in
+        // tests/tcp_syncookie.rs for the default).
+        b.core.config.syn_cookies = false;
         let mut now = Instant::ZERO;
         b.listen(80, 2).unwrap();
         let hs: Vec<_> = (0..4)

@@ -284,3 +284,82 @@ fn a_slow_reader_closes_the_window() {
     client.join().unwrap();
     println!("slow reader: the sender had written {sent} of {TOTAL} bytes when held back");
 }
+
+/// Passive opens check the peer's MAC against the kernel's neighbour entry (issue 14):
+/// with B's kernel holding a permanent entry that puts A's address at another MAC (as it
+/// would if the real host had that MAC and A were an impostor on the link), A's kernel
+/// client completes the handshake but B aborts the connection before any listener sees
+/// it; without an entry the SYN's MAC is kept (counted) and the channel works.
+#[test]
+fn a_passive_open_from_a_mac_the_kernel_does_not_know_is_aborted() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let (a, b) = (bed.side(Side::A).clone(), bed.side(Side::B).clone());
+    let set = start(&bed, Side::B, config(&bed, Side::B));
+    let listener = set.listen(7000).expect("listen");
+    let a_ip = a.ipv4.to_string();
+    bed.output_in(
+        Side::B,
+        "ip",
+        &[
+            "neigh",
+            "replace",
+            &a_ip,
+            "lladdr",
+            "02:00:00:00:00:99",
+            "dev",
+            &b.ifname,
+            "nud",
+            "permanent",
+        ],
+    )
+    .expect("ip neigh replace");
+    let target = SocketAddr::from((b.ipv4, 7000));
+    let err = bed
+        .run_in(Side::A, move || {
+            // The reset may beat connect(2) back to the caller, or come after the write.
+            let mut conn = TcpStream::connect_timeout(&target, DEADLINE)?;
+            conn.set_read_timeout(Some(DEADLINE))?;
+            conn.write_all(b"impostor")?;
+            let mut buf = [0u8; 16];
+            io::Read::read(&mut conn, &mut buf)
+        })
+        .unwrap();
+    assert_eq!(
+        err.as_ref().map_err(|e| e.kind()),
+        Err(io::ErrorKind::ConnectionReset),
+        "{err:?}"
+    );
+    let stats = set.syn_stats();
+    assert_eq!(stats.neighbor_mismatches, 1, "{stats:?}");
+
+    // No entry at all: the connection keeps the SYN's MAC and works.
+    bed.output_in(Side::B, "ip", &["neigh", "del", &a_ip, "dev", &b.ifname])
+        .expect("ip neigh del");
+    let client = bed
+        .spawn_thread_in(Side::A, move || {
+            let mut conn = TcpStream::connect_timeout(&target, DEADLINE).expect("connect");
+            conn.set_read_timeout(Some(DEADLINE)).unwrap();
+            conn.write_all(b"genuine").unwrap();
+            conn.shutdown(Shutdown::Write).unwrap();
+            let mut back = Vec::new();
+            io::Read::read_to_end(&mut conn, &mut back).unwrap();
+            back
+        })
+        .unwrap();
+    let (ch, peer) = listener.accept_timeout(DEADLINE).expect("accept");
+    assert_eq!(*peer.ip(), a.ipv4);
+    let mut stream = ChannelStream::new(ch);
+    echo(&mut stream).expect("echo");
+    stream.shutdown_write().unwrap();
+    stream.flush().unwrap();
+    assert_eq!(client.join().unwrap(), b"genuine");
+    // Unverified, unless A's kernel re-probed B meanwhile and B's kernel learnt A anew.
+    let stats = set.syn_stats();
+    assert!(
+        stats.neighbor_mismatches == 1 && stats.neighbor_unverified <= 1,
+        "{stats:?}"
+    );
+    set.shutdown().unwrap();
+}

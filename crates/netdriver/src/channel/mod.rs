@@ -146,7 +146,7 @@ pub use queue::{Channel, DeferredKick, RxPoller};
 #[cfg(target_os = "linux")]
 pub use set::{
     ChannelListener, ChannelSet, ChannelSetConfig, PartialChecksums, QueueLimits, RxChecksumStats,
-    DEFAULT_CHANNEL_PORT,
+    SynStats, DEFAULT_CHANNEL_PORT,
 };
 #[cfg(target_os = "linux")]
 pub use stream::ChannelStream;

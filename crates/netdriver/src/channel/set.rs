@@ -116,6 +116,11 @@ pub struct ChannelSetConfig {
     /// Whether segments with a Linux sender's partial checksum are accepted (default
     /// [`PartialChecksums::Auto`]: on veth and netkit only).
     pub partial_checksums: PartialChecksums,
+    /// Answer SYNs with SYN cookies (RFC 4987) when a listener's backlog (or a queue's
+    /// connection table) is full, instead of dropping them; see
+    /// [`InterfaceConfig::syn_cookies`]. One secret, drawn from the OS's generator, serves
+    /// every queue of the set. Default on.
+    pub syn_cookies: bool,
 }
 
 impl ChannelSetConfig {
@@ -144,6 +149,7 @@ impl ChannelSetConfig {
             forward_queue: 1024,
             inline_tx: 16 * 1024,
             partial_checksums: PartialChecksums::Auto,
+            syn_cookies: true,
         }
     }
 }
@@ -157,6 +163,42 @@ pub(crate) struct Peer {
     pub(crate) forward: Sender<Vec<u8>>,
     /// The thread's checksum counters, republished every round.
     pub(crate) checksums: ChecksumCounters,
+    /// The thread's SYN counters, republished every round.
+    pub(crate) syns: SynCounters,
+}
+
+/// A channel thread's SYN and SYN-cookie counters, copied from its interface every round.
+#[derive(Debug, Default)]
+pub(crate) struct SynCounters {
+    pub(crate) dropped: AtomicU64,
+    pub(crate) cookies_sent: AtomicU64,
+    pub(crate) cookies_accepted: AtomicU64,
+    pub(crate) cookies_rejected: AtomicU64,
+    /// Incremented by the thread itself (not copied from the interface).
+    pub(crate) neighbor_mismatches: AtomicU64,
+    pub(crate) neighbor_unverified: AtomicU64,
+}
+
+/// Passive-open counters of a [`ChannelSet`], summed over its channel threads (see
+/// [`InterfaceStats`](crate::netif::InterfaceStats) for each).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SynStats {
+    /// Whether SYN cookies are on ([`ChannelSetConfig::syn_cookies`]).
+    pub cookies_enabled: bool,
+    /// SYNs (or valid cookie ACKs) dropped for want of room.
+    pub dropped: u64,
+    /// SYN-ACKs sent with a cookie.
+    pub cookies_sent: u64,
+    /// Connections opened from a valid cookie.
+    pub cookies_accepted: u64,
+    /// ACKs whose cookie was forged or expired.
+    pub cookies_rejected: u64,
+    /// Passive opens aborted because the peer's MAC differed from the kernel's neighbour
+    /// entry for its address.
+    pub neighbor_mismatches: u64,
+    /// Passive opens accepted with the SYN's MAC because the kernel had no usable
+    /// neighbour entry for the peer.
+    pub neighbor_unverified: u64,
 }
 
 /// A channel thread's receive checksum counters, copied from its interface every round.
@@ -450,6 +492,7 @@ impl ChannelSet {
                 commands: ctx,
                 forward: ftx,
                 checksums: ChecksumCounters::default(),
+                syns: SynCounters::default(),
             });
             ends.push((signal, crx, frx));
         }
@@ -488,6 +531,9 @@ impl ChannelSet {
         set.resolver = Some((rtx, handle));
 
         let clock = Clock::new();
+        // One secret for all queues: a peer's ACK may come back on another queue than the
+        // SYN its cookie answered.
+        let syn_cookie_secret = Some(Arc::new(crate::tcp::syncookie::SynCookies::new()));
         let (started_tx, started_rx) = std::sync::mpsc::sync_channel(queues.len());
         for (index, ((link, &q), (signal, crx, frx))) in
             links.into_iter().zip(&queues).zip(ends).enumerate()
@@ -512,6 +558,8 @@ impl ChannelSet {
                     tx_batch: config.link.tx_batch,
                     ttl: 64,
                     accept_partial_checksums: accept_partial,
+                    syn_cookies: config.syn_cookies,
+                    syn_cookie_secret: syn_cookie_secret.clone(),
                 },
             );
             debug!(
@@ -529,6 +577,8 @@ impl ChannelSet {
                 forwarded: frx,
                 set: shared.clone(),
                 busy_poll: config.link.busy_poll,
+                ifindex,
+                neigh: None,
                 core: config.cores.as_ref().map(|c| c[index % c.len()]),
                 started: Some(started_tx.clone()),
             };
@@ -762,6 +812,24 @@ impl ChannelSet {
         for p in &self.shared.peers {
             stats.partial += p.checksums.partial.load(Ordering::Relaxed);
             stats.bad += p.checksums.bad.load(Ordering::Relaxed);
+        }
+        stats
+    }
+
+    /// SYN and SYN-cookie counters of all channel threads.
+    pub fn syn_stats(&self) -> SynStats {
+        let mut stats = SynStats {
+            cookies_enabled: self.config.syn_cookies,
+            ..SynStats::default()
+        };
+        for p in &self.shared.peers {
+            let s = &p.syns;
+            stats.dropped += s.dropped.load(Ordering::Relaxed);
+            stats.cookies_sent += s.cookies_sent.load(Ordering::Relaxed);
+            stats.cookies_accepted += s.cookies_accepted.load(Ordering::Relaxed);
+            stats.cookies_rejected += s.cookies_rejected.load(Ordering::Relaxed);
+            stats.neighbor_mismatches += s.neighbor_mismatches.load(Ordering::Relaxed);
+            stats.neighbor_unverified += s.neighbor_unverified.load(Ordering::Relaxed);
         }
         stats
     }

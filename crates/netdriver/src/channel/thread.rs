@@ -87,6 +87,12 @@ pub(crate) struct Worker {
     pub(crate) set: Arc<SetShared>,
     pub(crate) busy_poll: Duration,
     pub(crate) core: Option<usize>,
+    /// The interface's index, for neighbour lookups.
+    pub(crate) ifindex: u32,
+    /// The kernel's neighbour table, opened by the thread itself (in the interface's
+    /// namespace) when it starts; `None` if that failed (accepted peers then go
+    /// unverified).
+    pub(crate) neigh: Option<crate::neigh::KernelNeighbors>,
     /// Told once the thread runs (named and pinned), so that `ChannelSet::start` returns
     /// with every thread up.
     pub(crate) started: Option<std::sync::mpsc::SyncSender<()>>,
@@ -183,14 +189,17 @@ fn stray_verdict(
     from_link: bool,
 ) -> StrayVerdict {
     let tuple = (s.local, s.remote);
-    let owner = if s.syn_to_listener {
+    // A SYN cookie's ACK may open a connection just as a SYN does: claim it the same way
+    // (settle_claims releases the claim if the cookie does not verify).
+    let may_open = s.syn_to_listener || s.cookie_ack;
+    let owner = if may_open {
         set.directory.claim(tuple, me)
     } else {
         set.directory.owner(&tuple, me)
     };
     match owner {
         Owner::Me => {
-            if s.syn_to_listener {
+            if may_open {
                 claims.push(tuple);
             }
             StrayVerdict::Local
@@ -215,6 +224,13 @@ impl Worker {
             }
         }
         debug!(queue = self.queue, "channel thread up");
+        self.neigh = match crate::neigh::KernelNeighbors::open() {
+            Ok(n) => Some(n),
+            Err(e) => {
+                warn!(queue = self.queue, error = %e, "opening the neighbour table; accepted peers' MAC addresses go unchecked");
+                None
+            }
+        };
         if let Some(started) = self.started.take() {
             let _ = started.send(());
         }
@@ -526,6 +542,11 @@ impl Worker {
                 };
                 conn.set_nodelay(self.set.nodelay);
                 let tuple = (conn.local(), conn.remote());
+                self.own_passive_in(&mut book.owned, h, tuple);
+                if !self.neighbor_check(h, *tuple.1.ip()) {
+                    // Aborted; `reap` releases the flow once the interface forgets it.
+                    continue;
+                }
                 let shared = Arc::new(ChannelShared::new(
                     tuple.0,
                     tuple.1,
@@ -534,7 +555,6 @@ impl Worker {
                     self.set.rx_limits,
                     self.signal.clone(),
                 ));
-                self.own_passive_in(&mut book.owned, h, tuple);
                 self.set.directory.insert(tuple, self.index);
                 book.entries.insert(h, Entry::new(shared.clone()));
                 trace!(queue = self.queue, local = %tuple.0, peer = %tuple.1, "channel accepted");
@@ -546,6 +566,48 @@ impl Worker {
             }
         }
         any
+    }
+
+    /// Checks the MAC address a passive open learnt from the peer's SYN (or cookie ACK)
+    /// against the kernel's neighbour entry for its IP address: a host on the link that
+    /// answers from another MAC than the kernel knows for that address is spoofing it,
+    /// and its connection is aborted (counted in `SynStats::neighbor_mismatches`). When
+    /// the kernel has no usable entry (or the table cannot be read) the connection keeps
+    /// the SYN's MAC, counted in `SynStats::neighbor_unverified`. Returns whether the
+    /// connection may be handed to its listener.
+    fn neighbor_check(&mut self, h: ConnHandle, ip: std::net::Ipv4Addr) -> bool {
+        let Some(mac) = self.iface.remote_mac(h) else {
+            return true;
+        };
+        let known = match self.neigh.as_mut().map(|n| n.entry(self.ifindex, ip)) {
+            Some(Ok(entry)) => entry.and_then(|e| e.usable_mac()),
+            Some(Err(e)) => {
+                debug!(queue = self.queue, %ip, error = %e, "neighbour lookup failed");
+                None
+            }
+            None => None,
+        };
+        let counters = self.set.peers.get(self.index).map(|p| &p.syns);
+        match known {
+            Some(k) if k == mac => true,
+            Some(k) => {
+                warn!(queue = self.queue, %ip, syn_mac = %mac, kernel_mac = %k, "passive open from a MAC the kernel does not know for this address; aborted");
+                if let Some(c) = counters {
+                    c.neighbor_mismatches.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Some(conn) = self.iface.conn_mut(h) {
+                    conn.abort();
+                }
+                false
+            }
+            None => {
+                debug!(queue = self.queue, %ip, %mac, "no kernel neighbour entry; keeping the SYN's MAC");
+                if let Some(c) = counters {
+                    c.neighbor_unverified.fetch_add(1, Ordering::Relaxed);
+                }
+                true
+            }
+        }
     }
 
     /// Forgets connections the interface removed, releasing their flows and ports.
@@ -575,6 +637,14 @@ impl Worker {
             c.partial
                 .store(stats.rx_partial_checksum, Ordering::Relaxed);
             c.bad.store(stats.rx_bad_checksum, Ordering::Relaxed);
+            let s = &peer.syns;
+            s.dropped.store(stats.syn_dropped, Ordering::Relaxed);
+            s.cookies_sent
+                .store(stats.syn_cookies_sent, Ordering::Relaxed);
+            s.cookies_accepted
+                .store(stats.syn_cookies_accepted, Ordering::Relaxed);
+            s.cookies_rejected
+                .store(stats.syn_cookies_rejected, Ordering::Relaxed);
         }
         for (&h, e) in &book.entries {
             if let Some(conn) = self.iface.conn(h) {
@@ -786,6 +856,7 @@ mod tests {
                 commands: ctx,
                 forward: ftx,
                 checksums: Default::default(),
+                syns: Default::default(),
             });
             rxs.push(frx);
         }
@@ -797,6 +868,7 @@ mod tests {
             local: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 9000),
             remote: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), port),
             syn_to_listener,
+            cookie_ack: false,
             frame,
         }
     }
@@ -831,6 +903,22 @@ mod tests {
         assert_eq!(rx[0].try_recv().unwrap(), b"syn");
         assert!(set.peers[0].signal.take_pending());
         assert!(!set.peers[1].signal.take_pending());
+    }
+
+    #[test]
+    fn a_cookie_ack_is_claimed_like_a_syn() {
+        let (set, _rx) = two_threads();
+        let mut claims = Vec::new();
+        let s = StraySegment {
+            cookie_ack: true,
+            ..seg(4, false, b"ack")
+        };
+        assert_eq!(
+            stray_verdict(&set, 1, &mut claims, &s, true),
+            StrayVerdict::Local
+        );
+        assert_eq!(claims, [(s.local, s.remote)]);
+        assert_eq!(set.directory.owner(&(s.local, s.remote), 1), Owner::Me);
     }
 
     #[test]

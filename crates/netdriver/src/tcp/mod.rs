@@ -7,6 +7,7 @@ pub mod congestion;
 pub mod isn;
 pub mod rtt;
 pub mod sack;
+pub mod syncookie;
 
 pub mod buffer;
 pub mod config;

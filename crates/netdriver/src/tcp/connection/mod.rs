@@ -429,6 +429,59 @@ impl Connection {
         Ok(conn)
     }
 
+    /// Passive open from the ACK that returns a SYN cookie (RFC 4987 §3.6), after the
+    /// caller checked it ([`SynCookies::check`](crate::tcp::syncookie::SynCookies::check)):
+    /// the connection is rebuilt as if the SYN (`SEG.SEQ - 1`, with the MSS `peer_mss`
+    /// the cookie encodes and no other option) had been accepted and our cookie SYN-ACK
+    /// ([`cookie_syn_ack`](crate::tcp::syncookie::cookie_syn_ack), ISN `cookie`) sent,
+    /// then `ack` and its payload are processed as the handshake's ACK, which normally
+    /// makes it ESTABLISHED. No window scaling, SACK or timestamps: the SYN-ACK offered
+    /// none.
+    ///
+    /// Returns `Err(TcpError::Refused)` if `ack` is not a bare ACK (the caller answers
+    /// with [`rst_for_unexpected`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn accept_cookie(
+        config: Config,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        ack: &TcpRepr,
+        payload: &[u8],
+        cookie: SeqNumber,
+        peer_mss: u16,
+        now: Instant,
+    ) -> Result<Connection, TcpError> {
+        if ack.ack.is_none() || ack.flags.syn() || ack.flags.rst() {
+            return Err(TcpError::Refused);
+        }
+        let syn = TcpRepr {
+            src_port: ack.src_port,
+            dst_port: ack.dst_port,
+            seq: ack.seq - 1,
+            ack: None,
+            flags: TcpFlags::SYN,
+            window: ack.window,
+            urgent: 0,
+            options: crate::wire::tcp::TcpOptions {
+                mss: Some(peer_mss),
+                ..Default::default()
+            },
+        };
+        let mut conn = Connection::accept(config, local, remote, &syn, cookie, now)?;
+        // The state `transmit_syn` would have left after sending the cookie SYN-ACK, less
+        // the retransmission timer (nothing is outstanding once `ack` is processed) and
+        // the RTT sample (the SYN-ACK's send time is not known).
+        let window = usize::from(crate::tcp::syncookie::cookie_window(&conn.config));
+        conn.rcv_adv = conn.rcv_nxt + window;
+        conn.note_ack_sent();
+        conn.snd_nxt = cookie + 1;
+        conn.snd_max = cookie + 1;
+        conn.last_progress = now;
+        debug!(%local, %remote, isn = cookie.0, peer_mss, "tcp: passive open from a SYN cookie");
+        conn.handle_segment(now, ack, payload);
+        Ok(conn)
+    }
+
     /// Records the peer's SYN: IRS, RCV.NXT, and the option negotiation (RFC 9293 §3.7.1
     /// MSS, RFC 7323 §2.2 window scale and §3.2 timestamps, RFC 2018 §2 SACK-permitted).
     /// Everything is (re)derived here so nothing stale survives (smoltcp #518).

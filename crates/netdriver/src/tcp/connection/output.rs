@@ -437,7 +437,7 @@ impl Connection {
     }
 
     /// Every segment we send carries an ACK of RCV.NXT: pending ACK state is satisfied.
-    fn note_ack_sent(&mut self) {
+    pub(super) fn note_ack_sent(&mut self) {
         self.ack_now = false;
         self.window_update_check = false;
         self.segs_unacked = 0;

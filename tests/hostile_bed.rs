@@ -1,0 +1,559 @@
+//! Hostile peers on the test bed (issue 14): the `echo` example serves in namespace A
+//! (virtual listener on port 7000, channel port 9000), and namespace B attacks it the way
+//! a hostile host on the network would:
+//!
+//! - a plain kernel `TcpStream` that speaks the chunk format by hand
+//!   (`docs/wire-format.md`: preamble, then 16-byte headers and payloads) on port 9000:
+//!   overlapping parked chunks, a RESET spray, a SYNC flood, garbage after a valid
+//!   preamble, STOP with a wild epoch, credit beyond the window, and hundreds of channels
+//!   that never send their preamble;
+//! - a spoofed-SYN flood at port 9000 from an `AF_PACKET` socket (random source
+//!   addresses and ports, frames built with `netdriver::wire`), which only SYN cookies
+//!   get through.
+//!
+//! After each attack a legitimate NetChannel client (the example on our stack in B)
+//! echoes 2 MB byte-exact, and the server process is still running; at the end it stops
+//! cleanly on SIGTERM.
+//!
+//! Privileged: skips without root, and fails instead when `NETCHANNEL_REQUIRE_XDP=1`.
+#![cfg(target_os = "linux")]
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{example_binary, ExampleServer, DEADLINE};
+use testbed::{testbed_or_skip, Side, TestBed};
+
+mod support;
+
+const PORT: u16 = 7000;
+const CHANNEL_PORT: u16 = 9000;
+const BYTES: &str = "2M";
+const BYTES_N: u64 = 2_000_000;
+
+// Chunk types (docs/wire-format.md).
+const DATA: u8 = 1;
+const ACK: u8 = 2;
+const SYNC: u8 = 3;
+const SYNC_ACK: u8 = 4;
+const RESET: u8 = 6;
+const STOP: u8 = 7;
+
+/// A 16-byte version-1 header and its payload.
+fn chunk(src: u16, dst: u16, seq: u32, credit: u32, ty: u8, payload: &[u8]) -> Vec<u8> {
+    let mut c = Vec::with_capacity(16 + payload.len());
+    c.extend_from_slice(&src.to_be_bytes());
+    c.extend_from_slice(&dst.to_be_bytes());
+    c.extend_from_slice(&seq.to_be_bytes());
+    c.extend_from_slice(&credit.to_be_bytes());
+    c.push(0x14); // version 1, 4 words
+    c.push(ty);
+    c.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    c.extend_from_slice(payload);
+    c
+}
+
+/// A received chunk's header fields.
+#[derive(Debug, Clone, Copy)]
+struct Header {
+    src: u16,
+    dst: u16,
+    seq: u32,
+    ty: u8,
+}
+
+/// A hand-speaking channel: a kernel TCP connection to the channel port.
+struct Hostile {
+    s: TcpStream,
+}
+
+impl Hostile {
+    /// Connects and sends the preamble (throughput class, no authentication).
+    fn open(target: SocketAddr) -> Hostile {
+        let mut s = TcpStream::connect_timeout(&target, DEADLINE).expect("connect to 9000");
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        s.write_all(b"NCHN\x01\x00\x00\x00").expect("preamble");
+        Hostile { s }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).expect("write chunks");
+    }
+
+    fn read_chunk(&mut self) -> io::Result<(Header, Vec<u8>)> {
+        let mut h = [0u8; 16];
+        self.s.read_exact(&mut h)?;
+        let len = usize::from(u16::from_be_bytes([h[14], h[15]]));
+        let mut payload = vec![0u8; len];
+        self.s.read_exact(&mut payload)?;
+        let header = Header {
+            src: u16::from_be_bytes([h[0], h[1]]),
+            dst: u16::from_be_bytes([h[2], h[3]]),
+            seq: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
+            ty: h[13],
+        };
+        Ok((header, payload))
+    }
+
+    /// Opens virtual socket `port` → 7000 with ISN `isn` and window `window`; returns the
+    /// server's ISN from its SYNC_ACK (other chunks before it are skipped).
+    fn sync(&mut self, port: u16, isn: u32, window: u32) -> u32 {
+        self.send(&chunk(port, PORT, isn, window, SYNC, b""));
+        loop {
+            let (h, _) = self.read_chunk().expect("SYNC_ACK");
+            if h.ty == SYNC_ACK && h.dst == port && h.src == PORT {
+                return h.seq;
+            }
+        }
+    }
+
+    /// Reads the echo of `want` on socket `port` (DATA chunks in order on this channel).
+    fn read_echo(&mut self, port: u16, want: &[u8]) -> Vec<u8> {
+        let mut got = Vec::new();
+        while got.len() < want.len() {
+            let (h, p) = self.read_chunk().expect("echoed DATA");
+            assert!(h.ty != RESET || h.dst != port, "socket {port} was reset");
+            if h.ty == DATA && h.dst == port {
+                got.extend_from_slice(&p);
+            }
+        }
+        got
+    }
+}
+
+/// Runs the example client on our stack in B against the server in A and checks that it
+/// echoed every byte over NetChannel.
+fn legit_client(bed: &TestBed, bin: &PathBuf, after: &str) {
+    let b = bed.side(Side::B);
+    let target = SocketAddr::from((bed.side(Side::A).ipv4, PORT));
+    let out = bed
+        .command_in(Side::B, bin)
+        .args(["--connect", &target.to_string(), "--bytes", BYTES])
+        .args(["--timeout-secs", "30"])
+        .args(["--interface", &b.ifname, "--ipv4", &b.ipv4.to_string()])
+        .output()
+        .expect("run the echo client in B");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "legitimate client after {after}: {}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("{BYTES_N} bytes"))
+            && stdout.contains("every byte verified")
+            && stdout.contains("over netchannel"),
+        "after {after}: {stdout}"
+    );
+}
+
+fn assert_alive(server: &mut ExampleServer, after: &str) {
+    assert!(server.running(), "the server died after {after}");
+}
+
+/// The chunk-format attacks, one after the other, each followed by a legitimate echo.
+#[test]
+fn echo_server_survives_hand_written_chunk_attacks() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let bin = example_binary("echo");
+    let mut server = ExampleServer::start(&bed, &bin, PORT, &[]);
+    let target = SocketAddr::from((bed.side(Side::A).ipv4, CHANNEL_PORT));
+    legit_client(&bed, &bin, "nothing");
+
+    // 1. Overlapping DATA chunks parked beyond the reorder buffer (256 KiB) within the
+    //    credit (512 KiB), then the gap filled so that the reader catches up with them:
+    //    the remote panic of issue 14. The socket may be reset (an overlap is a protocol
+    //    violation); the server must not fall over.
+    bed.run_in(Side::B, move || {
+        let mut h = Hostile::open(target);
+        let isn = 1_000u32;
+        h.sync(40_001, isn, 1 << 20);
+        let blob = vec![0x5au8; 1000];
+        for off in [300_000u32, 300_500, 299_800, 301_000] {
+            h.send(&chunk(40_001, PORT, isn + off, 1 << 20, DATA, &blob));
+        }
+        let fill = vec![0xa5u8; 60_000];
+        let mut off = 0u32;
+        while off < 302_000 {
+            h.send(&chunk(40_001, PORT, isn + off, 1 << 20, DATA, &fill));
+            off += fill.len() as u32;
+        }
+        h.s.shutdown(Shutdown::Both).ok();
+    })
+    .unwrap();
+    assert_alive(&mut server, "overlapping parked chunks");
+    legit_client(&bed, &bin, "overlapping parked chunks");
+
+    // 2. A RESET spray over the whole virtual port range, from many source ports.
+    bed.run_in(Side::B, move || {
+        let mut h = Hostile::open(target);
+        let mut batch = Vec::new();
+        for dst in 1..=u16::MAX {
+            batch.extend_from_slice(&chunk(dst.wrapping_mul(7), dst, 0, 0, RESET, b""));
+            if batch.len() > 64 * 1024 {
+                h.send(&batch);
+                batch.clear();
+            }
+        }
+        h.send(&batch);
+        // The channel still works afterwards: a socket opened on it echoes.
+        let sisn = h.sync(40_002, 5, 1 << 20);
+        h.send(&chunk(
+            40_002,
+            PORT,
+            5,
+            sisn.wrapping_add(1 << 20),
+            DATA,
+            b"after the spray",
+        ));
+        assert_eq!(h.read_echo(40_002, b"after the spray"), b"after the spray");
+    })
+    .unwrap();
+    assert_alive(&mut server, "a RESET spray");
+    legit_client(&bed, &bin, "a RESET spray");
+
+    // 3. A SYNC flood: 20,000 sockets requested on one channel (more than the 16,384 a
+    //    peer may hold); the excess is refused with RESET. Sent in batches of 200, each
+    //    answered (SYNC_ACK or RESET, one per SYNC) before the next, so that the replies
+    //    stay within the 256 the server queues for a channel (beyond, it drops them).
+    bed.run_in(Side::B, move || {
+        let mut h = Hostile::open(target);
+        let (mut acks, mut resets) = (0u32, 0u32);
+        for b in 0..100u32 {
+            let mut batch = Vec::new();
+            for i in 0..200u32 {
+                let n = b * 200 + i;
+                batch.extend_from_slice(&chunk(20_000 + n as u16, PORT, n, 4096, SYNC, b""));
+            }
+            h.send(&batch);
+            let mut answered = 0;
+            while answered < 200 {
+                match h.read_chunk() {
+                    Ok((hd, _)) if hd.ty == SYNC_ACK => (acks, answered) = (acks + 1, answered + 1),
+                    Ok((hd, _)) if hd.ty == RESET => {
+                        (resets, answered) = (resets + 1, answered + 1)
+                    }
+                    Ok(_) => {}
+                    Err(e) => panic!("after {acks} SYNC_ACKs and {resets} RESETs: {e}"),
+                }
+            }
+        }
+        assert_eq!(acks + resets, 20_000);
+        assert!(
+            acks <= 16_384 && resets >= 20_000 - 16_384,
+            "{acks} accepted, {resets} refused"
+        );
+        h.s.shutdown(Shutdown::Both).ok();
+    })
+    .unwrap();
+    assert_alive(&mut server, "a SYNC flood");
+    legit_client(&bed, &bin, "a SYNC flood");
+
+    // 4. Garbage after a valid preamble: the stream has lost framing and the server drops
+    //    the channel (our read ends).
+    bed.run_in(Side::B, move || {
+        let mut h = Hostile::open(target);
+        let garbage: Vec<u8> = (0..4096u32).map(|i| (i * 131 + 7) as u8).collect();
+        h.send(&garbage);
+        let mut buf = [0u8; 64];
+        loop {
+            match h.s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("the server kept a channel that sent garbage: {e}"),
+            }
+        }
+    })
+    .unwrap();
+    assert_alive(&mut server, "garbage after a preamble");
+    legit_client(&bed, &bin, "garbage after a preamble");
+
+    // 5. STOP with a wild epoch (it would freeze the socket if applied), then 6. credit
+    //    far beyond the window: both ignored, and the socket still echoes.
+    bed.run_in(Side::B, move || {
+        let mut h = Hostile::open(target);
+        let isn = 77u32;
+        let sisn = h.sync(40_003, isn, 1 << 16);
+        let edge = sisn.wrapping_add(1 << 16);
+        h.send(&chunk(40_003, PORT, 0x7fff_fff0, edge, STOP, b""));
+        h.send(&chunk(
+            40_003,
+            PORT,
+            1,
+            sisn.wrapping_add(0x4000_0000),
+            ACK,
+            b"",
+        ));
+        let msg = b"still echoing after a wild STOP and a wild credit";
+        h.send(&chunk(40_003, PORT, isn, edge, DATA, msg));
+        assert_eq!(h.read_echo(40_003, msg), msg);
+        h.s.shutdown(Shutdown::Both).ok();
+    })
+    .unwrap();
+    assert_alive(&mut server, "a wild STOP and credit");
+    legit_client(&bed, &bin, "a wild STOP and credit");
+
+    // 7. 300 channels that never send their preamble (more than the 256 that may wait),
+    //    held open while the legitimate client runs; the server drops them (preamble
+    //    timeout, 5 s), which ends our reads.
+    let silent: Vec<TcpStream> = bed
+        .run_in(Side::B, move || {
+            (0..300)
+                .map(|_| TcpStream::connect_timeout(&target, DEADLINE).expect("connect"))
+                .collect()
+        })
+        .unwrap();
+    legit_client(&bed, &bin, "300 silent channels");
+    for mut s in silent {
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        let mut buf = [0u8; 8];
+        match s.read(&mut buf) {
+            Ok(0) => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
+            other => panic!("a channel without a preamble was kept: {other:?}"),
+        }
+    }
+    assert_alive(&mut server, "silent channels");
+
+    server.sigterm();
+    let status = server.wait_exit();
+    assert!(status.success(), "server exit after the attacks: {status}");
+}
+
+/// An `AF_PACKET` socket on `ifname` (in the calling thread's namespace).
+struct RawSocket {
+    fd: std::os::fd::OwnedFd,
+    ifindex: i32,
+}
+
+impl RawSocket {
+    fn open(ifindex: u32) -> RawSocket {
+        use std::os::fd::FromRawFd;
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: plain socket(2) call; the result is checked before use.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
+        assert!(fd >= 0, "AF_PACKET socket: {}", io::Error::last_os_error());
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let raw = RawSocket {
+            fd,
+            ifindex: ifindex as i32,
+        };
+        let sll = raw.addr(proto);
+        use std::os::fd::AsRawFd;
+        // SAFETY: `sll` is a valid sockaddr_ll and its size is passed with it.
+        let rc = unsafe {
+            libc::bind(
+                raw.fd.as_raw_fd(),
+                &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(rc, 0, "bind AF_PACKET: {}", io::Error::last_os_error());
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 50_000,
+        };
+        // SAFETY: SO_RCVTIMEO takes a timeval, passed with its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                raw.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const libc::timeval as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as u32,
+            )
+        };
+        assert_eq!(rc, 0, "SO_RCVTIMEO: {}", io::Error::last_os_error());
+        raw
+    }
+
+    fn addr(&self, proto: u16) -> libc::sockaddr_ll {
+        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = self.ifindex;
+        sll
+    }
+
+    fn send(&self, frame: &[u8]) -> bool {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the buffer is valid for its length; the socket is bound.
+        let n = unsafe {
+            libc::send(
+                self.fd.as_raw_fd(),
+                frame.as_ptr() as *const libc::c_void,
+                frame.len(),
+                0,
+            )
+        };
+        n == frame.len() as isize
+    }
+
+    /// One frame (incoming or outgoing), or `None` after the receive timeout.
+    fn recv(&self, buf: &mut [u8]) -> Option<usize> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the buffer is valid for its length.
+        let n = unsafe {
+            libc::recv(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+                0,
+            )
+        };
+        usize::try_from(n).ok()
+    }
+}
+
+/// A SYN from a spoofed `src` (an address nobody on the link has) to A's port 9000.
+fn spoofed_syn(
+    bed_a: &testbed::Endpoint,
+    b_mac: [u8; 6],
+    src: Ipv4Addr,
+    port: u16,
+    seq: u32,
+) -> Vec<u8> {
+    use netdriver::tcp::SeqNumber;
+    use netdriver::wire::{
+        emit_tcp_frame, EtherType, EthernetAddress, EthernetRepr, IpProtocol, Ipv4Repr, TcpFlags,
+        TcpOptions, TcpRepr,
+    };
+    let tcp = TcpRepr {
+        src_port: port,
+        dst_port: CHANNEL_PORT,
+        seq: SeqNumber(seq),
+        ack: None,
+        flags: TcpFlags::SYN,
+        window: 64240,
+        urgent: 0,
+        options: TcpOptions {
+            mss: Some(1460),
+            window_scale: Some(7),
+            sack_permitted: true,
+            ..TcpOptions::default()
+        },
+    };
+    let mut frame = vec![0u8; netdriver::wire::tcp_payload_offset(&tcp)];
+    let eth = EthernetRepr {
+        src: EthernetAddress(b_mac),
+        dst: EthernetAddress(bed_a.mac),
+        ethertype: EtherType::Ipv4,
+    };
+    let ip = Ipv4Repr {
+        src,
+        dst: bed_a.ipv4,
+        protocol: IpProtocol::Tcp,
+        payload_len: 0,
+        ttl: 64,
+        dscp_ecn: 0,
+    };
+    let len = emit_tcp_frame(&mut frame, &eth, &ip, 1, &tcp, 0).expect("emit SYN");
+    frame.truncate(len);
+    frame
+}
+
+/// A spoofed-SYN flood at port 9000 (random source addresses in the bed's subnet that no
+/// host has, random ports) fills the listener's backlogs with half-open connections that
+/// never complete; a legitimate NetChannel client opens its channels meanwhile, through
+/// SYN cookies, and echoes byte-exact. The flood's own socket sees the cookie SYN-ACKs
+/// (only an MSS option, where an ordinary SYN-ACK negotiates window scaling).
+#[test]
+fn legitimate_channels_open_through_a_spoofed_syn_flood() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let bin = example_binary("echo");
+    let mut server = ExampleServer::start(&bed, &bin, PORT, &[]);
+    let (a, b) = (bed.side(Side::A).clone(), bed.side(Side::B).clone());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let (synacks, cookies) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (primed_tx, primed_rx) = std::sync::mpsc::channel();
+
+    let flood = {
+        let (stop, sent, a) = (stop.clone(), sent.clone(), a.clone());
+        let (b_mac, ifindex) = (b.mac, b.ifindex);
+        bed.spawn_thread_in(Side::B, move || {
+            use rand::Rng;
+            let raw = RawSocket::open(ifindex);
+            let mut rng = rand::thread_rng();
+            let one = |rng: &mut rand::rngs::ThreadRng| {
+                let src = Ipv4Addr::new(10, 77, 0, rng.gen_range(100..250));
+                let frame = spoofed_syn(&a, b_mac, src, rng.gen_range(1024..65535), rng.gen());
+                if raw.send(&frame) {
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+            };
+            // Far more than the backlogs (128 per queue) before the client starts.
+            for _ in 0..3000 {
+                one(&mut rng);
+            }
+            primed_tx.send(()).unwrap();
+            // Then a steady ~30,000 SYNs/s until the client is done (paced so that the
+            // flood does not take a whole core of the two that the bed shares).
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..30 {
+                    one(&mut rng);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+        .unwrap()
+    };
+    let capture = {
+        let (stop, synacks, cookies, a) =
+            (stop.clone(), synacks.clone(), cookies.clone(), a.clone());
+        let ifindex = b.ifindex;
+        let b_ip = b.ipv4;
+        bed.spawn_thread_in(Side::B, move || {
+            let raw = RawSocket::open(ifindex);
+            let mut buf = vec![0u8; 2048];
+            while !stop.load(Ordering::Relaxed) {
+                let Some(n) = raw.recv(&mut buf) else {
+                    continue;
+                };
+                let Ok(f) = netdriver::wire::parse_tcp_frame(&buf[..n], false) else {
+                    continue;
+                };
+                let to_spoofed = f.ip.src == a.ipv4 && f.ip.dst != b_ip;
+                if to_spoofed && f.tcp.flags.syn() && f.tcp.ack.is_some() {
+                    synacks.fetch_add(1, Ordering::Relaxed);
+                    if f.tcp.options.window_scale.is_none() && f.tcp.options.mss.is_some() {
+                        cookies.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        })
+        .unwrap()
+    };
+    primed_rx.recv_timeout(DEADLINE).expect("the flood started");
+    legit_client(&bed, &bin, "a spoofed-SYN flood (running)");
+    stop.store(true, Ordering::Relaxed);
+    flood.join().unwrap();
+    capture.join().unwrap();
+    assert_alive(&mut server, "a spoofed-SYN flood");
+    let (sent, synacks, cookies) = (
+        sent.load(Ordering::Relaxed),
+        synacks.load(Ordering::Relaxed),
+        cookies.load(Ordering::Relaxed),
+    );
+    println!("spoofed SYNs sent {sent}, SYN-ACKs to spoofed addresses {synacks}, of which cookies {cookies}");
+    assert!(sent >= 3000, "{sent}");
+    assert!(
+        cookies > 256,
+        "the backlog never overflowed into cookies: {synacks} SYN-ACKs, {cookies} cookies"
+    );
+    server.sigterm();
+    let status = server.wait_exit();
+    assert!(status.success(), "server exit after the flood: {status}");
+}
