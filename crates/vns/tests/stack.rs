@@ -164,19 +164,96 @@ async fn shutdown_then_read_to_eof_both_ways() {
     assert_eq!(e.kind(), ErrorKind::BrokenPipe);
 }
 
-#[tokio::test]
-async fn drop_without_shutdown_resets_the_peer() {
+/// Dropping a stream without `shutdown` closes it like the kernel's `close()`: a client
+/// that writes 1 MB and drops at once (most of it still in its stack) loses nothing; the
+/// server reads every byte, then end of stream, and its own drop finishes the exchange.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_without_shutdown_delivers_the_data_then_eof() {
+    const LEN: usize = 1 << 20;
     let (a, b) = pair(2);
     let (c, mut s) = connected(&a, &b, 7004).await;
-    drop(c);
-    let e = timeout(LIMIT, s.read(&mut [0u8; 16]))
+    let data = pattern(4, LEN);
+    let sent = data.clone();
+    let client = tokio::spawn(async move {
+        let mut c = c;
+        c.write_all(&sent).await.unwrap();
+        // Dropped here, no shutdown.
+    });
+    let mut got = Vec::new();
+    timeout(LIMIT, s.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got == data, "got {} of {LEN} bytes", got.len());
+    timeout(LIMIT, client).await.unwrap().unwrap();
+    drop(s);
+    // Both closed gracefully: nothing lingers, nothing was reset.
+    assert!(
+        eventually(|| a.lingering_sockets() == 0 && b.lingering_sockets() == 0).await,
+        "closed sockets were not reaped"
+    );
+    assert_eq!(a.endpoint_counters().linger_expired, 0);
+    assert_eq!(a.pending_tx_bytes(), 0);
+}
+
+/// A server that writes its reply and returns (dropping the stream) delivers the reply,
+/// then end of stream, to the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_reply_then_drop_reaches_the_client() {
+    const LEN: usize = 600_000;
+    let (a, b) = pair(2);
+    let l = b.bind(addr(B, 7006)).await.unwrap();
+    let reply = pattern(6, LEN);
+    let sent = reply.clone();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut req = [0u8; 7];
+        s.read_exact(&mut req).await.unwrap();
+        assert_eq!(&req, b"request");
+        s.write_all(&sent).await.unwrap();
+    });
+    let mut c = timeout(LIMIT, a.connect(addr(B, 7006)))
+        .await
+        .unwrap()
+        .unwrap();
+    c.write_all(b"request").await.unwrap();
+    let mut got = Vec::new();
+    timeout(LIMIT, c.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got == reply, "got {} of {LEN} bytes", got.len());
+    timeout(LIMIT, server).await.unwrap().unwrap();
+    // The client can still write (half-closed), and closes without a reset.
+    c.write_all(b"thanks").await.unwrap();
+}
+
+/// Dropping a stream with received bytes left unread resets the connection, as a kernel
+/// socket does: the peer first reads what was sent to it before, then `ConnectionReset`,
+/// and its writes fail.
+#[tokio::test]
+async fn drop_with_unread_data_resets_the_peer() {
+    let (a, b) = pair(2);
+    let (mut c, mut s) = connected(&a, &b, 7007).await;
+    s.write_all(b"sent before").await.unwrap();
+    c.write_all(b"hello").await.unwrap();
+    let mut two = [0u8; 2];
+    s.read_exact(&mut two).await.unwrap();
+    drop(s); // "llo" unread
+    let mut got = Vec::new();
+    let e = timeout(LIMIT, c.read_to_end(&mut got))
         .await
         .unwrap()
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionReset);
+    assert_eq!(got, b"sent before");
     // Later operations keep failing.
-    let e = s.write_all(b"x").await.unwrap_err();
+    let e = c.write_all(b"x").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionReset);
+    assert_eq!(
+        c.read(&mut [0u8; 4]).await.unwrap_err().kind(),
+        ErrorKind::ConnectionReset
+    );
 }
 
 #[tokio::test]

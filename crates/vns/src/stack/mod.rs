@@ -966,6 +966,14 @@ impl Stack {
         self.core().lock().ep.counters()
     }
 
+    /// Streams dropped (or closed) that are still finishing inside the stack: their
+    /// unsent bytes and FIN leaving, or the peer's FIN on its way. Each goes when both
+    /// directions are finished, or is reset after [`crate::Config::linger_timeout`]
+    /// (counted in [`crate::EndpointCounters::linger_expired`]).
+    pub fn lingering_sockets(&self) -> usize {
+        self.core().lock().ep.lingering_sockets()
+    }
+
     /// Channels the stack holds now (to all peers).
     pub fn channel_count(&self) -> usize {
         self.core().lock().channel_count()
