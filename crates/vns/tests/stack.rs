@@ -764,6 +764,126 @@ async fn pending_tx_bytes_cover_closed_plain_streams() {
     assert!(eventually(|| b.pending_tx_bytes() == 0).await);
 }
 
+/// A plain-TCP host connected to a `VirtualListener` on a stack `b` (with `linger` as
+/// its linger timeout): the host's transport and the accepted stream.
+async fn plain_pair(
+    port: u16,
+    linger: Duration,
+) -> (Stack, vns::stack::BoxedTransport, VirtualStream) {
+    let net = MemNetwork::new();
+    let b = Stack::builder()
+        .ipv4(B)
+        .vns_config(vns::Config {
+            linger_timeout: linger,
+            ..vns::Config::default()
+        })
+        .build_in_memory(&net)
+        .unwrap();
+    let l = b.bind(addr(B, port)).await.unwrap();
+    let plain_host = net.backend(Ipv4Addr::new(10, 0, 0, 3));
+    let (t, _) = plain_host.connect(SocketAddrV4::new(B, port)).unwrap();
+    let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    assert!(s.is_plain_tcp());
+    (b, t, s)
+}
+
+/// The error a plain transport's next read meets (after any bytes still queued).
+async fn transport_error(t: &dyn netdriver::channel::ChannelTransport) -> std::io::Error {
+    loop {
+        match timeout(LIMIT, std::future::poll_fn(|cx| t.poll_dequeue(cx)))
+            .await
+            .unwrap()
+        {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("end of stream instead of a reset"),
+            Err(e) => return e.into(),
+        }
+    }
+}
+
+/// A plain-TCP stream dropped without `shutdown` closes like a kernel socket: the bytes
+/// written reach the peer, then end of stream; once the peer closes too, the stack lets
+/// the channel go, uncounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_stream_drop_without_shutdown_delivers_the_data_then_fin() {
+    let (b, t, mut s) = plain_pair(7034, Duration::from_secs(60)).await;
+    let data = pattern(34, 300_000);
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        s.write_all(&sent).await.unwrap();
+        // Dropped here, no shutdown.
+    });
+    let got = timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap();
+    assert!(got == data, "got {} bytes", got.len());
+    timeout(LIMIT, writer).await.unwrap().unwrap();
+    assert_eq!(b.closing_plain_streams(), 1, "waits for the peer's FIN");
+    t.close();
+    assert!(eventually(|| b.closing_plain_streams() == 0).await);
+    assert_eq!(b.plain_linger_expired(), 0);
+    assert_eq!(b.pending_tx_bytes(), 0);
+}
+
+/// A plain-TCP stream dropped with received bytes unread (part of a chunk, or bytes it
+/// never read) resets the connection; so does data arriving after a graceful drop.
+#[tokio::test]
+async fn plain_stream_drop_with_unread_data_resets_the_peer() {
+    // Partly read.
+    let (_b, t, mut s) = plain_pair(7035, Duration::from_secs(60)).await;
+    t.enqueue(bytes::Bytes::from_static(b"hello")).unwrap();
+    let mut two = [0u8; 2];
+    timeout(LIMIT, s.read_exact(&mut two))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(s);
+    assert_eq!(
+        transport_error(&*t).await.kind(),
+        ErrorKind::ConnectionReset
+    );
+    // Never read.
+    let (_b, t, s) = plain_pair(7036, Duration::from_secs(60)).await;
+    t.enqueue(bytes::Bytes::from_static(b"unread")).unwrap();
+    drop(s);
+    assert_eq!(
+        transport_error(&*t).await.kind(),
+        ErrorKind::ConnectionReset
+    );
+    // Data after a graceful drop: nobody will read it.
+    let (b, t, s) = plain_pair(7037, Duration::from_secs(60)).await;
+    drop(s);
+    assert_eq!(
+        timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap(),
+        b""
+    );
+    t.enqueue(bytes::Bytes::from_static(b"too late")).unwrap();
+    assert!(eventually(|| b.closing_plain_streams() == 0).await);
+    assert_eq!(
+        t.poll_enqueue_ready(&mut std::task::Context::from_waker(
+            futures_util::task::noop_waker_ref()
+        ))
+        .map_err(|e| std::io::Error::from(e).kind()),
+        std::task::Poll::Ready(Err(ErrorKind::ConnectionReset))
+    );
+}
+
+/// A plain-TCP stream dropped while its peer neither reads nor closes is held only until
+/// the linger timeout: then the connection is reset and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_plain_stream_is_reset_after_the_linger_timeout() {
+    let (b, t, mut s) = plain_pair(7038, Duration::from_millis(200)).await;
+    s.write_all(b"unread by the peer").await.unwrap();
+    drop(s);
+    assert_eq!(b.closing_plain_streams(), 1);
+    assert!(b.pending_tx_bytes() > 0);
+    assert!(eventually(|| b.closing_plain_streams() == 0).await);
+    assert_eq!(b.plain_linger_expired(), 1);
+    assert_eq!(b.pending_tx_bytes(), 0);
+    assert_eq!(
+        transport_error(&*t).await.kind(),
+        ErrorKind::ConnectionReset
+    );
+}
+
 /// Makes every channel of a host fail as TCP does when keep-alive probes or the user
 /// timeout run out (`ChannelError::TimedOut`), on command: a silent peer, in memory.
 #[derive(Default)]

@@ -323,15 +323,29 @@ impl PlainInner {
 }
 
 impl Drop for PlainInner {
+    /// Closes like the kernel's `close()`: with received bytes left unread (a partly
+    /// read chunk, or bytes in the channel's queues) the connection is reset; otherwise
+    /// the queued bytes and a FIN go, and the stack keeps the channel until they are
+    /// acknowledged and the peer's FIN is in (`Stack::pending_tx_bytes`), resetting it if
+    /// data arrives meanwhile or the linger timeout passes first.
     fn drop(&mut self) {
         let Some(t) = self.t.take() else { return };
-        if self.shut.load(Ordering::Acquire) {
-            // Closed gracefully: the stack watches the channel until its bytes and FIN
-            // are acknowledged (`Stack::pending_tx_bytes`).
-            self.stack.core().lock().keep_closing_plain(t);
-        } else {
+        let held = self
+            .rx
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if held || t.stats().rx_total() > 0 {
+            debug!(peer = %self.peer, "plain-TCP stream dropped with unread data; resetting");
             t.abort();
+            return;
         }
+        if !self.shut.swap(true, Ordering::AcqRel) {
+            t.close();
+        }
+        let core = self.stack.core();
+        core.lock().keep_closing_plain(t);
+        core.signal.notify();
     }
 }
 
