@@ -22,8 +22,8 @@ use super::{default_stack, first_v4, Stack};
 use crate::copy::CopyWorkerPool;
 use crate::endpoint::{Error, SocketId};
 
-/// The socket behind a stream and its halves; dropping the last reference closes it
-/// (gracefully after a shutdown with everything read, else with a reset).
+/// The socket behind a stream and its halves; dropping the last reference closes it like
+/// the kernel's `close()` (`Endpoint::close`: a reset only with received bytes unread).
 pub(crate) struct StreamInner {
     stack: Stack,
     sid: SocketId,
@@ -428,16 +428,37 @@ impl Sock {
 /// channels. The drop-in for `tokio::net::TcpStream`.
 ///
 /// Reads and writes are tokio [`AsyncRead`]/[`AsyncWrite`]; `shutdown` (through
-/// `AsyncWriteExt`) sends a FIN after the bytes written, and the peer reads end of stream;
-/// dropping the stream without a shutdown (or with unread data) resets the connection,
-/// and the peer's operations fail with `ConnectionReset`. A lost channel the socket used
-/// fails its pending and later operations with `ConnectionAborted`.
+/// `AsyncWriteExt`) sends a FIN after the bytes written, and the peer reads end of stream.
+/// A lost channel the socket used fails its pending and later operations with
+/// `ConnectionAborted`.
+///
+/// # Closing
+///
+/// Dropping the stream (both halves, after `into_split`) closes it as the kernel's
+/// `close()` closes a TCP socket, `shutdown` or not:
+///
+/// - if every byte received was read, the bytes written are still delivered, then a FIN:
+///   the peer reads them all, then end of stream. The socket lingers inside the stack
+///   (see [`Stack::lingering_sockets`]) until its bytes and FIN are out and the peer's
+///   FIN is in; data arriving meanwhile resets it (nobody will read it), and so does
+///   `linger_timeout` (`vns::Config`, default 60 s) passing first, e.g. with a peer that
+///   keeps its window closed (counted in `EndpointCounters::linger_expired`);
+/// - if received bytes were left unread, the connection is reset at once and bytes
+///   written but not yet sent are discarded (RFC 1122 4.2.2.13, RFC 2525 §2.17). The peer
+///   still reads every byte sent before the reset, then fails with `ConnectionReset`;
+///   its writes fail at once.
+///
+/// A peer's reset never overtakes its data: the in-order bytes received before it stay
+/// readable, then reads fail with `ConnectionReset` (`docs/wire-format.md`, "RESET
+/// ordering"). The stack itself must keep running until the bytes are delivered
+/// ([`Stack::pending_tx_bytes`]): stopping it aborts its channels.
 ///
 /// `poll_flush` returns at once: bytes written are in the socket's send buffer and leave
 /// as credit allows, like a kernel socket's.
 ///
 /// A stream to or from a host that does not speak NetChannel (a kernel TCP peer) is the
-/// same type: it runs over one dedicated channel carrying the bytes as they are.
+/// same type: it runs over one dedicated channel carrying the bytes as they are, and
+/// closes by the same rules (its TCP connection sends a FIN or a RST).
 #[derive(Debug)]
 pub struct VirtualStream {
     inner: Sock,
