@@ -256,6 +256,32 @@ async fn drop_with_unread_data_resets_the_peer() {
     );
 }
 
+/// `set_linger(Some(Duration::ZERO))` makes a drop abortive, as `SO_LINGER` 0 does on a
+/// kernel socket: a reset even with nothing unread, for virtual and plain-TCP streams.
+#[tokio::test]
+async fn linger_zero_makes_drop_a_reset() {
+    let (a, b) = pair(2);
+    let (mut c, s) = connected(&a, &b, 7008).await;
+    assert_eq!(s.linger().unwrap(), None);
+    s.set_linger(Some(Duration::ZERO)).unwrap();
+    assert_eq!(s.linger().unwrap(), Some(Duration::ZERO));
+    drop(s);
+    let e = timeout(LIMIT, c.read(&mut [0u8; 4]))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset);
+    assert_eq!(b.lingering_sockets(), 0);
+
+    let (_b, t, s) = plain_pair(7009, Duration::from_secs(60)).await;
+    s.set_linger(Some(Duration::ZERO)).unwrap();
+    drop(s);
+    assert_eq!(
+        transport_error(&*t).await.kind(),
+        ErrorKind::ConnectionReset
+    );
+}
+
 #[tokio::test]
 async fn read_and_write_after_peer_close() {
     let (a, b) = pair(2);

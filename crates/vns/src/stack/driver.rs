@@ -1331,11 +1331,16 @@ impl State {
         self.socks.entry(sid).or_default();
     }
 
-    /// Releases a socket whose handle is gone.
-    pub(crate) fn release(&mut self, sid: SocketId) {
+    /// Releases a socket whose handle is gone: closes it (`Endpoint::close`), or with
+    /// `abort` resets it.
+    pub(crate) fn release(&mut self, sid: SocketId, abort: bool) {
         self.socks.remove(&sid);
         self.deadlines.remove(&sid);
-        self.ep.close(sid);
+        if abort {
+            self.ep.reset(sid);
+        } else {
+            self.ep.close(sid);
+        }
     }
 
     /// Keeps a plain-TCP channel closed gracefully (its stream dropped) until its bytes

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use netdriver::channel::{ChannelTransport, EnqueueError};
@@ -30,6 +30,7 @@ pub(crate) struct StreamInner {
     local: SocketAddrV4,
     peer: SocketAddrV4,
     nodelay: AtomicBool,
+    linger: Mutex<Option<Duration>>,
 }
 
 impl StreamInner {
@@ -45,6 +46,7 @@ impl StreamInner {
             local,
             peer,
             nodelay: AtomicBool::new(false),
+            linger: Mutex::new(None),
         }
     }
 
@@ -220,10 +222,16 @@ impl StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
+        let abort = aborts(&self.linger);
         let core = self.stack.core();
-        core.lock().release(self.sid);
+        core.lock().release(self.sid, abort);
         core.signal.notify();
     }
+}
+
+/// Whether a stream's linger setting makes its drop an abort (`Some(Duration::ZERO)`).
+fn aborts(linger: &Mutex<Option<Duration>>) -> bool {
+    *linger.lock().unwrap_or_else(|p| p.into_inner()) == Some(Duration::ZERO)
 }
 
 impl fmt::Debug for StreamInner {
@@ -247,6 +255,7 @@ pub(crate) struct PlainInner {
     local: SocketAddrV4,
     peer: SocketAddrV4,
     nodelay: AtomicBool,
+    linger: Mutex<Option<Duration>>,
 }
 
 impl PlainInner {
@@ -264,6 +273,7 @@ impl PlainInner {
             local,
             peer,
             nodelay: AtomicBool::new(false),
+            linger: Mutex::new(None),
         }
     }
 
@@ -335,8 +345,8 @@ impl Drop for PlainInner {
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .is_some();
-        if held || t.stats().rx_total() > 0 {
-            debug!(peer = %self.peer, "plain-TCP stream dropped with unread data; resetting");
+        if held || t.stats().rx_total() > 0 || aborts(&self.linger) {
+            debug!(peer = %self.peer, "plain-TCP stream dropped with unread data (or linger 0); resetting");
             t.abort();
             return;
         }
@@ -412,6 +422,13 @@ impl Sock {
         match self {
             Sock::Virtual(v) => &v.nodelay,
             Sock::Plain(p) => &p.nodelay,
+        }
+    }
+
+    fn linger(&self) -> &Mutex<Option<Duration>> {
+        match self {
+            Sock::Virtual(v) => &v.linger,
+            Sock::Plain(p) => &p.linger,
         }
     }
 
@@ -509,6 +526,29 @@ impl VirtualStream {
     /// The value last given to [`set_nodelay`](Self::set_nodelay).
     pub fn nodelay(&self) -> io::Result<bool> {
         Ok(self.inner.nodelay().load(Ordering::Relaxed))
+    }
+
+    /// Like `TcpStream::set_linger`: `Some(Duration::ZERO)` makes dropping the stream
+    /// abort the connection (a reset; bytes not yet sent are discarded), as `SO_LINGER`
+    /// with a zero timeout does. `None`, the default, closes as described in "Closing"
+    /// above. Any other duration is recorded only: the close stays graceful, bounded by
+    /// the stack's `linger_timeout`, and a drop never blocks.
+    pub fn set_linger(&self, dur: Option<Duration>) -> io::Result<()> {
+        *self
+            .inner
+            .linger()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = dur;
+        Ok(())
+    }
+
+    /// The value last given to [`set_linger`](Self::set_linger).
+    pub fn linger(&self) -> io::Result<Option<Duration>> {
+        Ok(*self
+            .inner
+            .linger()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Declares the socket latency-sensitive or throughput-oriented (the paper's
