@@ -465,6 +465,9 @@ impl Sock {
 ///   still reads every byte sent before the reset, then fails with `ConnectionReset`;
 ///   its writes fail at once.
 ///
+/// [`set_linger(Some(Duration::ZERO))`](Self::set_linger) makes the drop a reset
+/// instead, as `SO_LINGER` 0 does.
+///
 /// A peer's reset never overtakes its data: the in-order bytes received before it stay
 /// readable, then reads fail with `ConnectionReset` (`docs/wire-format.md`, "RESET
 /// ordering"). The stack itself must keep running until the bytes are delivered
