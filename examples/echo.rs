@@ -439,6 +439,12 @@ mod linux {
             r = echo(&mut stream, timeout) => r,
             _ = stopped(&mut stop) => Err(EchoError::Interrupted),
         };
+        if matches!(res, Err(EchoError::Interrupted)) {
+            // Stopped by a signal: reset the connection when the stream drops below (a
+            // plain drop would close it gracefully, and the client would read end of
+            // stream as if the echo were complete).
+            let _ = stream.set_linger(Some(Duration::ZERO));
+        }
         match res {
             Ok(n) => println!(
                 "echo server: connection {id} from {peer} over {kind}: echoed {n} bytes in {:.3} s",

@@ -352,7 +352,8 @@ mod linux {
             }
         }
         drop(listener);
-        // Each connection resets itself on the signal; give them a bounded time to go.
+        // Each connection resets itself on the signal (linger 0); give them a bounded
+        // time to go.
         let _ = tokio::time::timeout(STOP_GRACE, async {
             while conns.join_next().await.is_some() {}
         })
@@ -394,6 +395,11 @@ mod linux {
             _ = stopped(&mut stop) => None,
         };
         let secs = started.elapsed().as_secs_f64();
+        if res.is_none() {
+            // Stopped by a signal: reset the connection when the stream drops (a plain
+            // drop closes gracefully, like a kernel socket's close()).
+            let _ = stream.set_linger(Some(Duration::ZERO));
+        }
         // The stream is done with (closed, or reset when dropped below).
         drop(slot);
         match res {

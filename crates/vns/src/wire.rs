@@ -81,7 +81,8 @@ pub enum ChunkType {
     SyncAck,
     /// The sender will send no more data; the sequence number is the stream's end.
     Fin,
-    /// Abortive close, or refusal of a connection request.
+    /// Abortive close (ordered: applies once the bytes before its sequence number have
+    /// arrived), or refusal of a connection request (unordered).
     Reset,
     /// The receiver's buffer is full: stop sending data even within credit.
     Stop,
@@ -288,10 +289,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> ChunkPacket<T> {
 /// A parsed, validated chunk header.
 ///
 /// Field meaning depends on the type (see `docs/wire-format.md`): `seq` is the first
-/// payload byte for DATA, the end of the stream for FIN, the initial sequence number for
-/// SYNC/SYNC_ACK, and the sender's flow-control epoch for STOP/RESUME/ACK. `credit` is a
-/// window size in bytes in SYNC/SYNC_ACK and otherwise the absolute sequence number up to
-/// which the peer may send.
+/// payload byte for DATA, the end of the stream for FIN and for an ordered RESET, the
+/// initial sequence number for SYNC/SYNC_ACK, and the sender's flow-control epoch for
+/// STOP/RESUME/ACK. `credit` is a window size in bytes in SYNC/SYNC_ACK, whether a RESET
+/// is ordered (`1`) or not (`0`) in RESET, and otherwise the absolute sequence number up
+/// to which the peer may send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ChunkRepr {
     /// Sender's virtual port.

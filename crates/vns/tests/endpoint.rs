@@ -3,9 +3,11 @@
 mod common;
 
 use common::{pattern, small_config, Sim, A, B};
+use std::time::{Duration, Instant};
+
 use vns::{
-    AppClass, ChannelClass, ChannelError, ChannelId, ChunkRepr, ChunkType, Error, Event, PeerId,
-    Seq,
+    AppClass, ChannelClass, ChannelError, ChannelId, ChunkRepr, ChunkType, Endpoint, Error, Event,
+    PeerId, Seq, SocketId, RESET_ORDERED,
 };
 
 fn connect(sim: &mut Sim, port: u16) -> (vns::SocketId, vns::SocketId) {
@@ -206,23 +208,19 @@ fn close_after_shutdown_lingers_until_data_is_delivered() {
 }
 
 #[test]
-fn close_without_shutdown_resets_the_peer() {
+fn close_without_shutdown_delivers_the_data_then_fin() {
     let mut sim = Sim::throughput(2, small_config(256), 512, 7);
     sim.ends[B].bind(7, 1).unwrap();
     let (c, s) = connect(&mut sim, 7);
     sim.ends[A].send(c, b"some bytes").unwrap();
     sim.settle();
     sim.ends[A].close(c);
-    sim.settle();
-    assert!(events(&mut sim, B).contains(&Event::Failed(s)));
+    assert_eq!(read_all(&mut sim, B, s).unwrap(), b"some bytes");
+    assert!(!events(&mut sim, B).contains(&Event::Failed(s)));
     assert_eq!(
-        sim.ends[B].recv(s, &mut [0; 16]),
-        Err(Error::ConnectionReset)
-    );
-    assert_eq!(sim.ends[B].send(s, b"x"), Err(Error::ConnectionReset));
-    assert_eq!(
-        Error::ConnectionReset.kind(),
-        std::io::ErrorKind::ConnectionReset
+        sim.ends[B].send(s, b"x"),
+        Ok(1),
+        "the peer's write side is open"
     );
 }
 
@@ -591,4 +589,377 @@ fn config_relations_are_validated() {
     for cfg in bad {
         assert!(vns::Endpoint::new(cfg, netsched::RoundRobin::default()).is_err());
     }
+}
+
+// Closing like the kernel's close() (RFC 1122 4.2.2.13, RFC 2525 §2.17), and the order of
+// a RESET against the data sent before it (docs/wire-format.md, "RESET"): two endpoints
+// wired by hand, every chunk looked at, delivered in the order each test chooses.
+
+/// One chunk taken from an endpoint: the channel it was queued on, header, payload.
+type Taken = (u32, ChunkRepr, Vec<u8>);
+
+/// Two endpoints with `n` throughput channels (ids 0..n), B listening on 7, and A's
+/// socket connected to it (SYNC and SYNC_ACK delivered in channel order). Both sockets
+/// start at `small_config`'s ISN.
+fn wired(n: u32) -> (Endpoint, Endpoint, SocketId, SocketId) {
+    let cfg = small_config(256);
+    let mk = || Endpoint::new(cfg.clone(), netsched::RoundRobin::default()).unwrap();
+    let (mut a, mut b) = (mk(), mk());
+    for ch in (0..n).map(ChannelId) {
+        a.add_channel(ch, PeerId(1), ChannelClass::Throughput)
+            .unwrap();
+        b.add_channel(ch, PeerId(0), ChannelClass::Throughput)
+            .unwrap();
+    }
+    b.bind(7, 1).unwrap();
+    let c = a.connect(PeerId(1), 7, AppClass::Throughput).unwrap();
+    move_all(&mut a, &mut b, n);
+    move_all(&mut b, &mut a, n);
+    let s = b.accept(7).unwrap();
+    assert!(a.is_connected(c));
+    while a.poll_events().is_some() {}
+    while b.poll_events().is_some() {}
+    (a, b, c, s)
+}
+
+fn isn() -> Seq {
+    Seq(small_config(256).first_isn.expect("fixed"))
+}
+
+/// Every chunk `from` has queued, channel by channel (0..n), each in its channel's order.
+fn take(from: &mut Endpoint, n: u32) -> Vec<Taken> {
+    let mut out = Vec::new();
+    for ch in 0..n {
+        let mut wire = Vec::new();
+        while from.poll_transmit(ChannelId(ch), &mut wire).is_some() {}
+        let mut rest = &wire[..];
+        while !rest.is_empty() {
+            let (h, p) = ChunkRepr::parse(rest).unwrap();
+            out.push((ch, h, p.to_vec()));
+            rest = &rest[h.wire_len()..];
+        }
+    }
+    out
+}
+
+fn feed(to: &mut Endpoint, chunks: &[Taken]) {
+    for (ch, h, p) in chunks {
+        let mut b = Vec::new();
+        h.emit_to_vec(p, &mut b);
+        assert_eq!(to.handle_chunk_bytes(ChannelId(*ch), &b), Ok(b.len()));
+    }
+}
+
+fn move_all(from: &mut Endpoint, to: &mut Endpoint, n: u32) {
+    let chunks = take(from, n);
+    feed(to, &chunks);
+}
+
+/// (type, sequence) of each chunk.
+fn kinds(chunks: &[Taken]) -> Vec<(ChunkType, Seq)> {
+    chunks.iter().map(|(_, h, _)| (h.ty, h.seq)).collect()
+}
+
+/// Reads everything readable now: the bytes, and how the read ended.
+fn drain(ep: &mut Endpoint, sock: SocketId) -> (Vec<u8>, Result<usize, Error>) {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 100];
+    loop {
+        match ep.recv(sock, &mut buf) {
+            Ok(n) if n > 0 => out.extend_from_slice(&buf[..n]),
+            end => return (out, end),
+        }
+    }
+}
+
+/// Written bytes still queued at close leave as DATA chunks, then the FIN; no RESET. The
+/// peer reads them all, then end of stream, and the closed socket goes once the peer's
+/// FIN arrives.
+#[test]
+fn close_with_queued_data_sends_data_chunks_then_fin() {
+    let (mut a, mut b, c, s) = wired(1);
+    let data = pattern(20, 1000);
+    assert_eq!(a.send(c, &data), Ok(1000));
+    a.close(c);
+    assert_eq!(
+        a.recv(c, &mut [0; 4]),
+        Err(Error::InvalidSocket),
+        "released"
+    );
+    assert_eq!(a.lingering_sockets(), 1);
+    let out = take(&mut a, 1);
+    let isn = isn();
+    assert_eq!(
+        kinds(&out),
+        [
+            (ChunkType::Data, isn),
+            (ChunkType::Data, isn.plus(256)),
+            (ChunkType::Data, isn.plus(512)),
+            (ChunkType::Data, isn.plus(768)),
+            (ChunkType::Fin, isn.plus(1000)),
+        ]
+    );
+    let sent: Vec<u8> = out.iter().flat_map(|(_, _, p)| p.clone()).collect();
+    assert_eq!(sent, data);
+    feed(&mut b, &out);
+    assert_eq!(drain(&mut b, s), (data, Ok(0)));
+    move_all(&mut b, &mut a, 1); // the reads' credit update
+                                 // The peer closes in turn (it read everything): a FIN only, and A's socket is reaped.
+    b.close(s);
+    let back = take(&mut b, 1);
+    assert_eq!(kinds(&back), [(ChunkType::Fin, isn)]);
+    feed(&mut a, &back);
+    assert_eq!(a.lingering_sockets(), 0);
+    assert_eq!(a.socket_stats(c), None);
+    assert_eq!(b.socket_stats(s), None);
+    assert!(take(&mut a, 1).is_empty());
+    a.check_invariants().unwrap();
+    b.check_invariants().unwrap();
+}
+
+/// Received bytes left unread at close reset the connection at once: bytes written but
+/// not yet cut into chunks are discarded, and the RESET (ordered, at the end of what was
+/// sent) is the only chunk. The peer's reads and writes then fail.
+#[test]
+fn close_with_unread_data_sends_reset() {
+    let (mut a, mut b, c, s) = wired(1);
+    b.send(s, b"left unread").unwrap();
+    move_all(&mut b, &mut a, 1);
+    assert_eq!(a.send(c, b"never sent"), Ok(10));
+    a.close(c);
+    let out = take(&mut a, 1);
+    assert_eq!(kinds(&out), [(ChunkType::Reset, isn())]);
+    assert_eq!(out[0].1.credit, RESET_ORDERED);
+    assert_eq!(a.socket_stats(c), None);
+    assert_eq!(a.lingering_sockets(), 0);
+    feed(&mut b, &out);
+    assert!(std::iter::from_fn(|| b.poll_events()).any(|e| e == Event::Failed(s)));
+    assert_eq!(b.recv(s, &mut [0; 16]), Err(Error::ConnectionReset));
+    assert_eq!(b.send(s, b"x"), Err(Error::ConnectionReset));
+}
+
+/// After everything received was read, close sends a FIN and nothing else.
+#[test]
+fn close_after_reading_everything_sends_fin_only() {
+    let (mut a, mut b, c, s) = wired(1);
+    b.send(s, b"hello").unwrap();
+    move_all(&mut b, &mut a, 1);
+    assert_eq!(
+        drain(&mut a, c),
+        (b"hello".to_vec(), Err(Error::WouldBlock))
+    );
+    // The read's credit update, if any, goes before the close.
+    move_all(&mut a, &mut b, 1);
+    a.close(c);
+    let out = take(&mut a, 1);
+    assert_eq!(kinds(&out), [(ChunkType::Fin, isn())]);
+    feed(&mut b, &out);
+    assert_eq!(drain(&mut b, s), (Vec::new(), Ok(0)));
+    assert_eq!(
+        b.send(s, b"reply"),
+        Ok(5),
+        "half-closed: the peer may still write"
+    );
+}
+
+/// A closed socket whose peer keeps its window closed holds its unsent bytes only until
+/// the linger timeout: then it is reset, removed and counted. The peer still reads every
+/// byte that was sent before the RESET, then the reset.
+#[test]
+fn close_with_the_peer_window_closed_ends_at_the_linger_timeout() {
+    let (mut a, mut b, c, s) = wired(1);
+    let cfg = small_config(256);
+    let t0 = Instant::now();
+    a.handle_timeout(t0);
+    let data = pattern(21, 8 * 1024);
+    let mut written = 0;
+    // B never reads: its buffer fills, then the credit runs out.
+    for _ in 0..100 {
+        if let Ok(n) = a.send(c, &data[written..]) {
+            written += n;
+        }
+        move_all(&mut a, &mut b, 1);
+        move_all(&mut b, &mut a, 1);
+    }
+    let unsent = a.socket_stats(c).unwrap().unsent_bytes;
+    assert!(unsent > 0, "the send buffer is stuck");
+    let cut = written - unsent;
+    a.close(c);
+    assert!(take(&mut a, 1).is_empty(), "nothing can go");
+    assert_eq!(a.lingering_sockets(), 1);
+    let t1 = t0 + Duration::from_secs(1);
+    a.handle_timeout(t1);
+    a.handle_timeout(t1 + cfg.linger_timeout - Duration::from_millis(1));
+    assert_eq!(a.lingering_sockets(), 1);
+    a.handle_timeout(t1 + cfg.linger_timeout);
+    assert_eq!(a.lingering_sockets(), 0);
+    assert_eq!(a.counters().linger_expired, 1);
+    assert_eq!(a.socket_stats(c), None);
+    assert_eq!(a.pending_tx_bytes(), 16, "the RESET only");
+    a.check_invariants().unwrap();
+    let out = take(&mut a, 1);
+    assert_eq!(kinds(&out), [(ChunkType::Reset, isn().plus(cut as u32))]);
+    feed(&mut b, &out);
+    // B reads on: the bytes sent (some parked until now), then the reset.
+    let mut got = Vec::new();
+    let end = loop {
+        let (bytes, end) = drain(&mut b, s);
+        got.extend(bytes);
+        if end != Err(Error::WouldBlock) {
+            break end;
+        }
+        let back = take(&mut b, 1);
+        assert!(back.iter().all(|(_, h, _)| h.ty != ChunkType::Reset));
+    };
+    assert_eq!(end, Err(Error::ConnectionReset));
+    assert_eq!(got, data[..cut]);
+    b.check_invariants().unwrap();
+}
+
+/// The adversarial order for a RESET: it travels on a channel of its own and arrives
+/// before every data chunk sent earlier, which then arrive in reverse order. The
+/// receiver holds the reset: its write side fails at once, but it reads every byte sent
+/// before the RESET, in order, and only then the reset.
+#[test]
+fn reset_overtaking_data_on_other_channels_waits_for_it() {
+    let (mut a, mut b, c, s) = wired(3);
+    b.send(s, b"unread").unwrap();
+    move_all(&mut b, &mut a, 3);
+    let data = pattern(22, 600);
+    assert_eq!(a.send(c, &data), Ok(600));
+    let mut sent = take(&mut a, 3);
+    assert_eq!(sent.len(), 3, "three DATA chunks");
+    let used: std::collections::BTreeSet<u32> = sent.iter().map(|(ch, _, _)| *ch).collect();
+    assert_eq!(used.len(), 3, "spread over the channels");
+    sent.sort_by_key(|(_, h, _)| h.seq.since(isn()));
+    a.close(c);
+    let mut reset = take(&mut a, 3);
+    assert_eq!(reset.len(), 1);
+    assert_eq!(
+        (reset[0].1.ty, reset[0].1.seq, reset[0].1.credit),
+        (ChunkType::Reset, isn().plus(600), RESET_ORDERED)
+    );
+    // The RESET first, then the data chunks last to first, each on its own channel.
+    reset[0].0 = 0;
+    for (k, chunk) in sent.iter_mut().enumerate() {
+        chunk.0 = k as u32 + 1;
+    }
+    b.add_channel(ChannelId(3), PeerId(0), ChannelClass::Throughput)
+        .unwrap();
+    feed(&mut b, &reset);
+    while b.poll_events().is_some() {}
+    assert_eq!(
+        b.send(s, b"x"),
+        Err(Error::ConnectionReset),
+        "write side: at once"
+    );
+    assert_eq!(drain(&mut b, s), (Vec::new(), Err(Error::WouldBlock)));
+    assert_eq!(b.pending_tx_bytes(), 0);
+    feed(&mut b, &sent[2..]);
+    feed(&mut b, &sent[1..2]);
+    assert_eq!(drain(&mut b, s), (Vec::new(), Err(Error::WouldBlock)));
+    assert!(!std::iter::from_fn(|| b.poll_events()).any(|e| e == Event::Failed(s)));
+    feed(&mut b, &sent[..1]);
+    assert!(std::iter::from_fn(|| b.poll_events()).any(|e| e == Event::Failed(s)));
+    assert_eq!(drain(&mut b, s), (data, Err(Error::ConnectionReset)));
+    assert_eq!(
+        b.recv(s, &mut [0; 4]),
+        Err(Error::ConnectionReset),
+        "stays so"
+    );
+    b.check_invariants().unwrap();
+}
+
+/// A RESET that finds in-order bytes unread does not throw them away: the reader gets
+/// them, then the reset. So for an ordered RESET whose end is already reached, and for an
+/// unordered one (a reply to a chunk for no socket: credit field 0), which applies on
+/// arrival whatever is still missing.
+#[test]
+fn in_order_bytes_held_at_a_reset_are_read_before_it() {
+    for ordered in [true, false] {
+        let (mut a, mut b, c, s) = wired(2);
+        b.send(s, b"unread").unwrap();
+        move_all(&mut b, &mut a, 2);
+        let data = pattern(23, 300);
+        assert_eq!(a.send(c, &data), Ok(300));
+        let mut sent = take(&mut a, 2);
+        sent.sort_by_key(|(_, h, _)| h.seq.since(isn()));
+        assert_eq!(sent.len(), 2);
+        a.close(c);
+        let mut reset = take(&mut a, 2);
+        assert_eq!(kinds(&reset), [(ChunkType::Reset, isn().plus(300))]);
+        if !ordered {
+            reset[0].1.credit = 0;
+            reset[0].1.seq = Seq(0);
+        }
+        // The first chunk arrives and is left unread; the RESET comes next.
+        feed(&mut b, &sent[..1]);
+        feed(&mut b, &reset);
+        if ordered {
+            // Its end (300) is not reached yet: held, the write side fails at once.
+            assert_eq!(b.send(s, b"x"), Err(Error::ConnectionReset));
+            feed(&mut b, &sent[1..]);
+            assert_eq!(
+                drain(&mut b, s),
+                (data.clone(), Err(Error::ConnectionReset))
+            );
+        } else {
+            // Applies now: the 256 in-order bytes stay readable, the rest is never waited
+            // for (a late chunk for the failed socket is ignored).
+            feed(&mut b, &sent[1..]);
+            assert_eq!(
+                drain(&mut b, s),
+                (data[..256].to_vec(), Err(Error::ConnectionReset))
+            );
+        }
+        assert_eq!(b.send(s, b"x"), Err(Error::ConnectionReset));
+        b.check_invariants().unwrap();
+        // Closing the reset socket sends nothing: the peer is gone.
+        b.close(s);
+        assert!(take(&mut b, 2).is_empty());
+        assert_eq!(b.socket_stats(s), None);
+    }
+}
+
+/// An ordered RESET comes from the peer's socket, so it was sent after the SYNC_ACK; one
+/// that overtakes the SYNC_ACK on another channel is held like early data: the connect
+/// completes, then the reset applies (not a refusal).
+#[test]
+fn an_ordered_reset_overtaking_the_sync_ack_is_not_a_refusal() {
+    let cfg = small_config(256);
+    let mk = || Endpoint::new(cfg.clone(), netsched::RoundRobin::default()).unwrap();
+    let (mut a, mut b) = (mk(), mk());
+    for ch in (0..2).map(ChannelId) {
+        a.add_channel(ch, PeerId(1), ChannelClass::Throughput)
+            .unwrap();
+        b.add_channel(ch, PeerId(0), ChannelClass::Throughput)
+            .unwrap();
+    }
+    b.bind(7, 1).unwrap();
+    let c = a.connect(PeerId(1), 7, AppClass::Throughput).unwrap();
+    move_all(&mut a, &mut b, 2);
+    // The listener goes away before accepting: the waiting connection is reset.
+    b.unbind(7).unwrap();
+    let mut out = take(&mut b, 2);
+    let mut ks = kinds(&out);
+    ks.sort_by_key(|(ty, _)| ty.code());
+    assert_eq!(ks, [(ChunkType::SyncAck, isn()), (ChunkType::Reset, isn())]);
+    out.sort_by_key(|(_, h, _)| h.ty != ChunkType::Reset);
+    assert_eq!(out[0].1.ty, ChunkType::Reset);
+    assert_eq!(out[0].1.credit, RESET_ORDERED);
+    // The RESET on the other channel, first.
+    let sync_ch = out[1].0;
+    out[0].0 = 1 - sync_ch;
+    feed(&mut a, &out[..1]);
+    assert!(!a.is_connected(c));
+    assert_eq!(
+        a.recv(c, &mut [0; 4]),
+        Err(Error::WouldBlock),
+        "not refused"
+    );
+    a.check_invariants().unwrap();
+    feed(&mut a, &out[1..]);
+    assert_eq!(a.recv(c, &mut [0; 4]), Err(Error::ConnectionReset));
+    assert_eq!(a.channel_parked_bytes(ChannelId(1 - sync_ch)), 0);
+    a.check_invariants().unwrap();
 }

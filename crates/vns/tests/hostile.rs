@@ -11,7 +11,7 @@ use common::{pattern, small_config, Sim, A, B};
 use proptest::prelude::*;
 use vns::{
     AppClass, ChannelClass, ChannelId, ChunkPacket, ChunkRepr, ChunkType, Config, Endpoint, Error,
-    PeerId, Seq, SocketId, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES,
+    PeerId, Seq, SocketId, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES, RESET_ORDERED,
 };
 
 /// One chunk as bytes on a channel.
@@ -325,6 +325,54 @@ fn a_sync_flood_is_bounded_per_peer_and_in_all() {
     .unwrap();
     assert_eq!(b.counters().refused_syncs, counters.refused_syncs + 1);
     b.check_invariants().unwrap();
+}
+
+/// An ordered RESET is held only for a stream end an honest peer could have reached:
+/// one past the credit granted applies at once (the in-order bytes held stay readable).
+/// While one is held, data past its end is a protocol violation, and a second RESET
+/// changes nothing.
+#[test]
+fn an_ordered_reset_is_held_only_within_the_credit() {
+    let cfg = small_config(256);
+    let mut sim = Sim::throughput(2, cfg.clone(), 1 << 16, 31);
+    let (_c, s, a_port, next) = connected(&mut sim, 80, 100);
+    let far = next.plus(cfg.credit_window as u32 + 1);
+    let reset = chunk(ChunkType::Reset, a_port, 80, far, RESET_ORDERED, &[]);
+    sim.ends[B]
+        .handle_chunk_bytes(ChannelId(0), &reset)
+        .unwrap();
+    assert_eq!(read_some(&mut sim, s, 4096), Ok(100));
+    assert_eq!(read_some(&mut sim, s, 4096), Err(Error::ConnectionReset));
+    sim.ends[B].check_invariants().unwrap();
+
+    let mut sim = Sim::throughput(2, cfg.clone(), 1 << 16, 32);
+    let (_c, s, a_port, next) = connected(&mut sim, 80, 100);
+    let reset = chunk(
+        ChunkType::Reset,
+        a_port,
+        80,
+        next.plus(50),
+        RESET_ORDERED,
+        &[],
+    );
+    let b = &mut sim.ends[B];
+    b.handle_chunk_bytes(ChannelId(1), &reset).unwrap();
+    assert_eq!(b.send(s, b"x"), Err(Error::ConnectionReset), "held");
+    let again = chunk(
+        ChunkType::Reset,
+        a_port,
+        80,
+        next.plus(20),
+        RESET_ORDERED,
+        &[],
+    );
+    b.handle_chunk_bytes(ChannelId(1), &again).unwrap();
+    let credit = next.plus(cfg.credit_window as u32).0;
+    let past = chunk(ChunkType::Data, a_port, 80, next, credit, &[7; 60]);
+    b.handle_chunk_bytes(ChannelId(0), &past).unwrap();
+    b.check_invariants().unwrap();
+    // A violation: reset by us, the bytes held are not handed out.
+    assert_eq!(read_some(&mut sim, s, 4096), Err(Error::ConnectionReset));
 }
 
 /// A socket closed after shutdown lingers for the peer's FIN; a peer that never sends it
@@ -747,7 +795,13 @@ proptest! {
                         (_, Some(w)) => Seq(w),
                         (_, None) => next.plus(seq as u32),
                     };
-                    let credit = next.plus(cfg.credit_window as u32).plus(credit as u32).0;
+                    // RESETs: mostly ordered (held until the bytes before their end
+                    // arrive), some not.
+                    let credit = if ty == ChunkType::Reset && credit % 2 == 0 {
+                        RESET_ORDERED
+                    } else {
+                        next.plus(cfg.credit_window as u32).plus(credit as u32).0
+                    };
                     let payload = pattern(len as u8, usize::from(len));
                     let bytes = chunk(ty, src, dst, seq, credit, &payload);
                     for piece in bytes.chunks(usize::from(split)) {

@@ -164,19 +164,122 @@ async fn shutdown_then_read_to_eof_both_ways() {
     assert_eq!(e.kind(), ErrorKind::BrokenPipe);
 }
 
-#[tokio::test]
-async fn drop_without_shutdown_resets_the_peer() {
+/// Dropping a stream without `shutdown` closes it like the kernel's `close()`: a client
+/// that writes 1 MB and drops at once (most of it still in its stack) loses nothing; the
+/// server reads every byte, then end of stream, and its own drop finishes the exchange.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_without_shutdown_delivers_the_data_then_eof() {
+    const LEN: usize = 1 << 20;
     let (a, b) = pair(2);
     let (c, mut s) = connected(&a, &b, 7004).await;
-    drop(c);
-    let e = timeout(LIMIT, s.read(&mut [0u8; 16]))
+    let data = pattern(4, LEN);
+    let sent = data.clone();
+    let client = tokio::spawn(async move {
+        let mut c = c;
+        c.write_all(&sent).await.unwrap();
+        // Dropped here, no shutdown.
+    });
+    let mut got = Vec::new();
+    timeout(LIMIT, s.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got == data, "got {} of {LEN} bytes", got.len());
+    timeout(LIMIT, client).await.unwrap().unwrap();
+    drop(s);
+    // Both closed gracefully: nothing lingers, nothing was reset.
+    assert!(
+        eventually(|| a.lingering_sockets() == 0 && b.lingering_sockets() == 0).await,
+        "closed sockets were not reaped"
+    );
+    assert_eq!(a.endpoint_counters().linger_expired, 0);
+    assert_eq!(a.pending_tx_bytes(), 0);
+}
+
+/// A server that writes its reply and returns (dropping the stream) delivers the reply,
+/// then end of stream, to the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_reply_then_drop_reaches_the_client() {
+    const LEN: usize = 600_000;
+    let (a, b) = pair(2);
+    let l = b.bind(addr(B, 7006)).await.unwrap();
+    let reply = pattern(6, LEN);
+    let sent = reply.clone();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut req = [0u8; 7];
+        s.read_exact(&mut req).await.unwrap();
+        assert_eq!(&req, b"request");
+        s.write_all(&sent).await.unwrap();
+    });
+    let mut c = timeout(LIMIT, a.connect(addr(B, 7006)))
+        .await
+        .unwrap()
+        .unwrap();
+    c.write_all(b"request").await.unwrap();
+    let mut got = Vec::new();
+    timeout(LIMIT, c.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got == reply, "got {} of {LEN} bytes", got.len());
+    timeout(LIMIT, server).await.unwrap().unwrap();
+    // The client can still write (half-closed), and closes without a reset.
+    c.write_all(b"thanks").await.unwrap();
+}
+
+/// Dropping a stream with received bytes left unread resets the connection, as a kernel
+/// socket does: the peer first reads what was sent to it before, then `ConnectionReset`,
+/// and its writes fail.
+#[tokio::test]
+async fn drop_with_unread_data_resets_the_peer() {
+    let (a, b) = pair(2);
+    let (mut c, mut s) = connected(&a, &b, 7007).await;
+    s.write_all(b"sent before").await.unwrap();
+    c.write_all(b"hello").await.unwrap();
+    let mut two = [0u8; 2];
+    s.read_exact(&mut two).await.unwrap();
+    drop(s); // "llo" unread
+    let mut got = Vec::new();
+    let e = timeout(LIMIT, c.read_to_end(&mut got))
         .await
         .unwrap()
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionReset);
+    assert_eq!(got, b"sent before");
     // Later operations keep failing.
-    let e = s.write_all(b"x").await.unwrap_err();
+    let e = c.write_all(b"x").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionReset);
+    assert_eq!(
+        c.read(&mut [0u8; 4]).await.unwrap_err().kind(),
+        ErrorKind::ConnectionReset
+    );
+}
+
+/// `set_linger(Some(Duration::ZERO))` makes a drop abortive, as `SO_LINGER` 0 does on a
+/// kernel socket: a reset even with nothing unread, for virtual and plain-TCP streams.
+#[tokio::test]
+async fn linger_zero_makes_drop_a_reset() {
+    let (a, b) = pair(2);
+    let (mut c, s) = connected(&a, &b, 7008).await;
+    assert_eq!(s.linger().unwrap(), None);
+    s.set_linger(Some(Duration::ZERO)).unwrap();
+    assert_eq!(s.linger().unwrap(), Some(Duration::ZERO));
+    drop(s);
+    let e = timeout(LIMIT, c.read(&mut [0u8; 4]))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset);
+    assert_eq!(b.lingering_sockets(), 0);
+
+    let (_b, t, s) = plain_pair(7009, Duration::from_secs(60)).await;
+    s.set_linger(Some(Duration::ZERO)).unwrap();
+    drop(s);
+    assert_eq!(
+        transport_error(&*t).await.kind(),
+        ErrorKind::ConnectionReset
+    );
 }
 
 #[tokio::test]
@@ -685,6 +788,126 @@ async fn pending_tx_bytes_cover_closed_plain_streams() {
     let got = timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap();
     assert!(got == data, "got {} bytes", got.len());
     assert!(eventually(|| b.pending_tx_bytes() == 0).await);
+}
+
+/// A plain-TCP host connected to a `VirtualListener` on a stack `b` (with `linger` as
+/// its linger timeout): the host's transport and the accepted stream.
+async fn plain_pair(
+    port: u16,
+    linger: Duration,
+) -> (Stack, vns::stack::BoxedTransport, VirtualStream) {
+    let net = MemNetwork::new();
+    let b = Stack::builder()
+        .ipv4(B)
+        .vns_config(vns::Config {
+            linger_timeout: linger,
+            ..vns::Config::default()
+        })
+        .build_in_memory(&net)
+        .unwrap();
+    let l = b.bind(addr(B, port)).await.unwrap();
+    let plain_host = net.backend(Ipv4Addr::new(10, 0, 0, 3));
+    let (t, _) = plain_host.connect(SocketAddrV4::new(B, port)).unwrap();
+    let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    assert!(s.is_plain_tcp());
+    (b, t, s)
+}
+
+/// The error a plain transport's next read meets (after any bytes still queued).
+async fn transport_error(t: &dyn netdriver::channel::ChannelTransport) -> std::io::Error {
+    loop {
+        match timeout(LIMIT, std::future::poll_fn(|cx| t.poll_dequeue(cx)))
+            .await
+            .unwrap()
+        {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("end of stream instead of a reset"),
+            Err(e) => return e.into(),
+        }
+    }
+}
+
+/// A plain-TCP stream dropped without `shutdown` closes like a kernel socket: the bytes
+/// written reach the peer, then end of stream; once the peer closes too, the stack lets
+/// the channel go, uncounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_stream_drop_without_shutdown_delivers_the_data_then_fin() {
+    let (b, t, mut s) = plain_pair(7034, Duration::from_secs(60)).await;
+    let data = pattern(34, 300_000);
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        s.write_all(&sent).await.unwrap();
+        // Dropped here, no shutdown.
+    });
+    let got = timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap();
+    assert!(got == data, "got {} bytes", got.len());
+    timeout(LIMIT, writer).await.unwrap().unwrap();
+    assert_eq!(b.closing_plain_streams(), 1, "waits for the peer's FIN");
+    t.close();
+    assert!(eventually(|| b.closing_plain_streams() == 0).await);
+    assert_eq!(b.plain_linger_expired(), 0);
+    assert_eq!(b.pending_tx_bytes(), 0);
+}
+
+/// A plain-TCP stream dropped with received bytes unread (part of a chunk, or bytes it
+/// never read) resets the connection; so does data arriving after a graceful drop.
+#[tokio::test]
+async fn plain_stream_drop_with_unread_data_resets_the_peer() {
+    // Partly read.
+    let (_b, t, mut s) = plain_pair(7035, Duration::from_secs(60)).await;
+    t.enqueue(bytes::Bytes::from_static(b"hello")).unwrap();
+    let mut two = [0u8; 2];
+    timeout(LIMIT, s.read_exact(&mut two))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(s);
+    assert_eq!(
+        transport_error(&*t).await.kind(),
+        ErrorKind::ConnectionReset
+    );
+    // Never read.
+    let (_b, t, s) = plain_pair(7036, Duration::from_secs(60)).await;
+    t.enqueue(bytes::Bytes::from_static(b"unread")).unwrap();
+    drop(s);
+    assert_eq!(
+        transport_error(&*t).await.kind(),
+        ErrorKind::ConnectionReset
+    );
+    // Data after a graceful drop: nobody will read it.
+    let (b, t, s) = plain_pair(7037, Duration::from_secs(60)).await;
+    drop(s);
+    assert_eq!(
+        timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap(),
+        b""
+    );
+    t.enqueue(bytes::Bytes::from_static(b"too late")).unwrap();
+    assert!(eventually(|| b.closing_plain_streams() == 0).await);
+    assert_eq!(
+        t.poll_enqueue_ready(&mut std::task::Context::from_waker(
+            futures_util::task::noop_waker_ref()
+        ))
+        .map_err(|e| std::io::Error::from(e).kind()),
+        std::task::Poll::Ready(Err(ErrorKind::ConnectionReset))
+    );
+}
+
+/// A plain-TCP stream dropped while its peer neither reads nor closes is held only until
+/// the linger timeout: then the connection is reset and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_plain_stream_is_reset_after_the_linger_timeout() {
+    let (b, t, mut s) = plain_pair(7038, Duration::from_millis(200)).await;
+    s.write_all(b"unread by the peer").await.unwrap();
+    drop(s);
+    assert_eq!(b.closing_plain_streams(), 1);
+    assert!(b.pending_tx_bytes() > 0);
+    assert!(eventually(|| b.closing_plain_streams() == 0).await);
+    assert_eq!(b.plain_linger_expired(), 1);
+    assert_eq!(b.pending_tx_bytes(), 0);
+    assert_eq!(
+        transport_error(&*t).await.kind(),
+        ErrorKind::ConnectionReset
+    );
 }
 
 /// Makes every channel of a host fail as TCP does when keep-alive probes or the user

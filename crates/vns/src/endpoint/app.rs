@@ -99,7 +99,7 @@ impl Endpoint {
             Some(s) if !s.detached => s,
             _ => return Err(Error::InvalidSocket),
         };
-        if let State::Failed(e) = s.state {
+        if let Some(e) = s.write_error() {
             return Err(e);
         }
         if s.write_shut {
@@ -128,7 +128,7 @@ impl Endpoint {
     pub(crate) fn send_room(&mut self, id: SocketId, min: usize) -> Result<usize, Error> {
         let cap = self.config.send_buffer;
         let s = self.live_socket(id)?;
-        if let State::Failed(e) = s.state {
+        if let Some(e) = s.write_error() {
             return Err(e);
         }
         if s.write_shut {
@@ -157,7 +157,7 @@ impl Endpoint {
         let cap = self.config.send_buffer;
         let seg = self.config.max_chunk_payload;
         let s = self.live_socket(id)?;
-        if let State::Failed(e) = s.state {
+        if let Some(e) = s.write_error() {
             return Err(e);
         }
         if s.write_shut {
@@ -191,7 +191,9 @@ impl Endpoint {
     }
 
     /// Reads in-order bytes. `Ok(0)` (with a non-empty `buf`) is the end of the stream:
-    /// the peer shut down its write side and everything before was read.
+    /// the peer shut down its write side and everything before was read. A socket the
+    /// peer reset still hands out the in-order bytes it received before the RESET, then
+    /// fails with [`Error::ConnectionReset`].
     /// [`Error::WouldBlock`] when nothing is readable yet ([`Event::Readable`] follows).
     pub fn recv(&mut self, id: SocketId, buf: &mut [u8]) -> Result<usize, Error> {
         let max = self.config.max_chunk_payload;
@@ -199,7 +201,8 @@ impl Endpoint {
             Some(s) if !s.detached => s,
             _ => return Err(Error::InvalidSocket),
         };
-        if let State::Failed(e) = s.state {
+        let failed = s.read_error(buf.len());
+        if let Some(Err(e)) = failed {
             return Err(e);
         }
         let Some(rx) = s.rx.as_mut() else {
@@ -216,7 +219,9 @@ impl Endpoint {
                 Err(Error::WouldBlock)
             };
         }
-        self.after_read(id);
+        if failed.is_none() {
+            self.after_read(id);
+        }
         Ok(n)
     }
 
@@ -234,7 +239,8 @@ impl Endpoint {
             Some(s) if !s.detached => s,
             _ => return Err(Error::InvalidSocket),
         };
-        if let State::Failed(e) = s.state {
+        let failed = s.read_error(len);
+        if let Some(Err(e)) = failed {
             return Err(e);
         }
         let Some(rx) = s.rx.as_mut() else {
@@ -251,7 +257,9 @@ impl Endpoint {
                 Err(Error::WouldBlock)
             };
         }
-        self.after_read(id);
+        if failed.is_none() {
+            self.after_read(id);
+        }
         Ok(n)
     }
 
@@ -259,7 +267,7 @@ impl Endpoint {
     /// of stream after them. Reading continues to work.
     pub fn shutdown(&mut self, id: SocketId) -> Result<(), Error> {
         let s = self.live_socket(id)?;
-        if let State::Failed(e) = s.state {
+        if let Some(e) = s.write_error() {
             return Err(e);
         }
         s.write_shut = true;
@@ -268,9 +276,19 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Releases the socket, as dropping a stream does. After a [`Endpoint::shutdown`] with
-    /// all received data read, the socket lingers (invisible to the caller) until its bytes
-    /// and FIN are sent and the peer's FIN arrives; otherwise the connection is reset.
+    /// Releases the socket, as dropping a stream does, with the kernel's `close()` rules
+    /// (RFC 1122 4.2.2.13, RFC 2525 §2.17):
+    ///
+    /// - received bytes left unread (readable, out of order or parked): the connection is
+    ///   reset at once. Unsent bytes are discarded; chunks already handed to channels
+    ///   still go, and the RESET is ordered after them (`docs/wire-format.md`, "RESET");
+    /// - otherwise the write side is shut (if it was not) and the socket lingers,
+    ///   invisible to the caller, until its unsent bytes and FIN have left and the peer's
+    ///   FIN has arrived. Data arriving meanwhile resets it (nobody will read it), and so
+    ///   does [`Config::linger_timeout`](super::Config::linger_timeout) passing first
+    ///   (counted in [`EndpointCounters::linger_expired`](super::EndpointCounters));
+    /// - a socket still connecting is reset; a failed one (or one the peer reset) is
+    ///   released without a word to the peer.
     pub fn close(&mut self, id: SocketId) {
         let Some(s) = self.sockets.get_mut(&id) else {
             return;
@@ -278,23 +296,30 @@ impl Endpoint {
         if s.detached {
             return;
         }
-        let graceful = s.state == State::Established
-            && s.write_shut
-            && s.rx.as_ref().is_some_and(|r| r.is_empty())
-            && s.parked.is_empty();
-        if !graceful {
+        if s.write_error().is_some() {
+            self.remove_socket(id);
+            return;
+        }
+        let unread = s.rx.as_ref().is_none_or(|r| !r.is_empty()) || !s.parked.is_empty();
+        if s.state != State::Established || unread {
             self.reset(id);
             return;
+        }
+        if !s.write_shut {
+            s.write_shut = true;
+            self.sendable.insert(id);
+            self.schedule_needed = true;
         }
         self.detach(id);
     }
 
-    /// Aborts the connection: a RESET goes to the peer and the socket is released.
+    /// Aborts the connection: a RESET goes to the peer (unless it failed or was reset
+    /// already) and the socket is released.
     pub fn reset(&mut self, id: SocketId) {
         let Some(s) = self.sockets.get(&id) else {
             return;
         };
-        if !matches!(s.state, State::Failed(_)) {
+        if s.write_error().is_none() {
             let header = s.reset_header();
             debug!(socket = %id, "reset");
             self.queue_control(id, header);

@@ -10,10 +10,10 @@ use netsched::{ChannelClass, ChannelId, ChannelStats};
 use tracing::{debug, trace};
 
 use crate::deframer::{Chunk, Deframer};
-use crate::wire::ChunkType;
+use crate::wire::{ChunkRepr, ChunkType};
 
 use super::flow::Placement;
-use super::socket::{Key, State};
+use super::socket::{Key, State, RESET_ORDERED};
 use super::transmit::OutChunk;
 use super::{ChannelError, Endpoint, Error, Event, PeerId, Socket, SocketId};
 
@@ -262,7 +262,7 @@ impl Endpoint {
             return 0;
         };
         match s.state {
-            State::SynSent if h.ty != ChunkType::SyncAck && h.ty != ChunkType::Reset => {
+            State::SynSent if h.ty != ChunkType::SyncAck && !refusal(*h) => {
                 early_cost(chunk, self.config.max_chunk_payload)
             }
             State::Established if h.ty == ChunkType::Data && !s.detached => {
@@ -342,7 +342,9 @@ impl Endpoint {
             State::Failed(_) => {}
             State::SynSent => match h.ty {
                 ChunkType::SyncAck => self.establish_active(sid, h),
-                ChunkType::Reset => self.fail(sid, Error::ConnectionRefused),
+                // An ordered RESET comes from the peer's socket, so the SYNC_ACK was sent
+                // before it: held like any chunk that overtook the SYNC_ACK.
+                ChunkType::Reset if refusal(h) => self.fail(sid, Error::ConnectionRefused),
                 _ => {
                     let n = early_cost(&chunk, self.config.max_chunk_payload);
                     s.early.push((ch, chunk));
@@ -352,6 +354,11 @@ impl Endpoint {
             State::Established => self.receive_established(ch, sid, chunk),
         }
     }
+}
+
+/// A RESET that refuses a connection request (no socket sent it): unordered.
+fn refusal(h: ChunkRepr) -> bool {
+    h.ty == ChunkType::Reset && h.credit != RESET_ORDERED
 }
 
 fn stats_of(id: ChannelId, c: &Channel) -> ChannelStats {

@@ -23,8 +23,9 @@ pub enum Error {
     /// The peer has no listener on the port, or its backlog was full.
     #[error("connection refused")]
     ConnectionRefused,
-    /// The peer reset the connection (dropped its socket without shutdown, or a protocol
-    /// violation was seen).
+    /// The peer reset the connection (closed its socket with received bytes unread, its
+    /// closed socket lingered too long, or it saw a protocol violation), or this end saw
+    /// a protocol violation.
     #[error("connection reset by peer")]
     ConnectionReset,
     /// A channel this socket used was lost; chunks on it may never arrive.

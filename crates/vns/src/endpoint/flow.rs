@@ -12,7 +12,7 @@ use crate::deframer::Chunk;
 use crate::response_queue::ParkedChunk;
 use crate::wire::{ChunkRepr, ChunkType, Seq};
 
-use super::socket::State;
+use super::socket::{State, RESET_ORDERED};
 use super::{Endpoint, Error, Event, Socket, SocketId};
 
 /// What to do with a received data chunk.
@@ -32,6 +32,7 @@ impl Endpoint {
         if seq.since(rx.read_seq()) < 0
             || end.is_after(edge)
             || s.fin_seq.is_some_and(|f| end.is_after(f))
+            || s.reset_at.is_some_and(|r| end.is_after(r))
         {
             return Placement::Violation;
         }
@@ -99,12 +100,58 @@ impl Endpoint {
                     self.push_event(Event::Readable(sid));
                 }
             }
-            ChunkType::Reset => {
-                if s.detached {
-                    self.remove_socket(sid);
-                } else {
-                    self.fail(sid, Error::ConnectionReset);
-                }
+            ChunkType::Reset => self.receive_reset(sid, h),
+        }
+    }
+
+    /// The peer reset the socket. An ordered RESET (`docs/wire-format.md`, "RESET") whose
+    /// stream end is still ahead of the bytes received in order is held: the write side
+    /// fails at once (the peer discards whatever comes), and the reset takes effect once
+    /// every byte before its end has arrived ([`Endpoint::maybe_apply_reset`]). Any other
+    /// RESET takes effect now. Either way the in-order bytes received before it stay
+    /// readable, then reads fail with `ConnectionReset`. A closed socket just goes.
+    fn receive_reset(&mut self, sid: SocketId, h: ChunkRepr) {
+        let s = self.sockets.get_mut(&sid).expect("caller checked");
+        if s.detached {
+            self.remove_socket(sid);
+            return;
+        }
+        if s.reset_at.is_some() {
+            return;
+        }
+        let end = h.seq;
+        // An honest peer's stream ends within the credit we granted it, at its FIN if it
+        // sent one; anything else cannot be waited for and applies now.
+        let ahead = h.credit == RESET_ORDERED
+            && s.rx
+                .as_ref()
+                .is_some_and(|rx| end.is_after(rx.contiguous_end()))
+            && !end.is_after(s.advertised)
+            && s.fin_seq.is_none_or(|f| f == end);
+        if !ahead {
+            debug!(socket = %sid, "reset by the peer");
+            self.fail_by_reset(sid);
+            return;
+        }
+        debug!(socket = %sid, end = %end, "reset by the peer; held for the bytes before it");
+        s.reset_at = Some(end);
+        s.send_buf.clear();
+        let wake = std::mem::take(&mut s.write_blocked);
+        self.sendable.remove(&sid);
+        if wake {
+            self.push_event(Event::Writable(sid));
+        }
+    }
+
+    /// Applies a held RESET once every byte before its stream end has arrived.
+    pub(super) fn maybe_apply_reset(&mut self, sid: SocketId) {
+        let Some(s) = self.sockets.get(&sid) else {
+            return;
+        };
+        if let (Some(end), Some(rx)) = (s.reset_at, s.rx.as_ref()) {
+            if !end.is_after(rx.contiguous_end()) && !matches!(s.state, State::Failed(_)) {
+                debug!(socket = %sid, "every byte before the peer's reset arrived; reset");
+                self.fail_by_reset(sid);
             }
         }
     }
@@ -140,6 +187,7 @@ impl Endpoint {
                 if rx.readable() > 0 {
                     self.push_event(Event::Readable(sid));
                 }
+                self.maybe_apply_reset(sid);
             }
             Placement::Park => {
                 let s = self.sockets.get_mut(&sid).expect("exists");
@@ -214,7 +262,9 @@ impl Endpoint {
         let s = self.sockets.get_mut(&sid).expect("exists");
         let rx_len = s.rx.as_ref().map_or(0, |r| r.len());
         let mut control = None;
-        if s.stop_sent && s.parked.is_empty() && rx_len <= half {
+        if s.reset_at.is_some() {
+            // The peer reset: no credit or RESUME for it any more.
+        } else if s.stop_sent && s.parked.is_empty() && rx_len <= half {
             s.stop_sent = false;
             s.epoch = s.epoch.plus(1);
             debug!(socket = %sid, "receive buffer drained; RESUME");
@@ -244,5 +294,6 @@ impl Endpoint {
         if any {
             self.retry_stalled();
         }
+        self.maybe_apply_reset(sid);
     }
 }

@@ -43,7 +43,7 @@ pub use app::SocketStats;
 pub use channels::{ChannelLoad, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES};
 pub use config::{Config, ConfigError};
 pub use error::{ChannelError, Error};
-pub use socket::{PeerId, SocketId};
+pub use socket::{PeerId, SocketId, RESET_ORDERED};
 
 use channels::Channel;
 use handshake::Listener;

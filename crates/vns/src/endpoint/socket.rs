@@ -18,6 +18,12 @@ use super::channels::early_cost;
 use super::send_buf::SendBuf;
 use super::{Config, Endpoint, Error, Event};
 
+/// The credit field of a RESET that a socket sends: its sequence field is the end of the
+/// sender's stream, and the receiver applies it only once every byte before that arrived.
+/// A RESET with `0` there (a reply to a chunk for no socket, or a refused SYNC) carries no
+/// stream position and applies on arrival (`docs/wire-format.md`, "RESET").
+pub const RESET_ORDERED: u32 = 1;
+
 /// A remote host, numbered by the caller (the layer that creates channels to it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PeerId(pub u32);
@@ -84,16 +90,24 @@ pub(super) struct Socket {
     pub(super) stop_sent: bool,
     pub(super) epoch: Seq,
     pub(super) ack_pending: bool,
+    /// The peer's ordered RESET arrived, ending its stream here, before every byte up to
+    /// it did: the write side is dead already, the read side delivers the bytes before it
+    /// and then fails (`docs/wire-format.md`, "RESET").
+    pub(super) reset_at: Option<Seq>,
+    /// Failed by the peer's RESET: the in-order bytes received before it stay readable,
+    /// and reads report the error after them.
+    pub(super) readable_after_reset: bool,
 }
 
 impl Socket {
-    /// The RESET that aborts this socket, at its next sequence number.
+    /// The RESET that aborts this socket: ordered, at the end of its stream (one past the
+    /// last byte cut into a DATA chunk), so that the peer reads every byte sent before it.
     pub(super) fn reset_header(&self) -> ChunkRepr {
         ChunkRepr {
             src_port: self.key.local,
             dst_port: self.key.remote,
             seq: self.next_seq,
-            credit: 0,
+            credit: RESET_ORDERED,
             ty: ChunkType::Reset,
             payload_len: 0,
         }
@@ -126,6 +140,33 @@ impl Socket {
             stop_sent: false,
             epoch: Seq(0),
             ack_pending: false,
+            reset_at: None,
+            readable_after_reset: false,
+        }
+    }
+
+    /// What a read of `len` bytes meets on a failed socket: `None` when it has not failed,
+    /// `Some(Ok(()))` when it failed by the peer's RESET and still holds in-order bytes
+    /// (the read hands them out, `len` > 0), else `Some(Err)`.
+    pub(super) fn read_error(&self, len: usize) -> Option<Result<(), Error>> {
+        let State::Failed(e) = self.state else {
+            return None;
+        };
+        let readable = self.rx.as_ref().is_some_and(|rx| rx.readable() > 0);
+        Some(if self.readable_after_reset && readable && len > 0 {
+            Ok(())
+        } else {
+            Err(e)
+        })
+    }
+
+    /// The error a write meets: the socket's failure, or `ConnectionReset` while a RESET
+    /// of the peer's is held for the bytes before it; `None` when writes may go on.
+    pub(super) fn write_error(&self) -> Option<Error> {
+        match self.state {
+            State::Failed(e) => Some(e),
+            _ if self.reset_at.is_some() => Some(Error::ConnectionReset),
+            _ => None,
         }
     }
 
@@ -243,6 +284,15 @@ impl Endpoint {
         self.push_event(Event::Readable(id));
         self.push_event(Event::Writable(id));
         self.retry_stalled();
+    }
+
+    /// Fails a socket because the peer reset it: the in-order bytes it holds stay
+    /// readable before the error.
+    pub(super) fn fail_by_reset(&mut self, id: SocketId) {
+        if let Some(s) = self.sockets.get_mut(&id) {
+            s.readable_after_reset = true;
+        }
+        self.fail(id, Error::ConnectionReset);
     }
 
     /// Releases a socket the application closed gracefully: it lingers, invisible to the

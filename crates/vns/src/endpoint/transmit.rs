@@ -152,7 +152,7 @@ impl Endpoint {
         let sockets: usize = self
             .sockets
             .values()
-            .filter(|s| !matches!(s.state, State::Failed(_)))
+            .filter(|s| s.write_error().is_none())
             .map(|s| s.send_buf.len() + usize::from(s.write_shut && !s.fin_sent))
             .sum();
         let outboxes: usize = self.channels.values().map(|c| c.outbox_bytes).sum();
@@ -230,12 +230,13 @@ impl Endpoint {
         }
         for &sid in &ids {
             let keep = self.sockets.get(&sid).is_some_and(|s| {
-                !matches!(s.state, State::Failed(_))
+                s.write_error().is_none()
                     && (!s.send_buf.is_empty() || (s.write_shut && !s.fin_sent))
             });
             // A socket that queues its FIN below has nothing left after it.
             let fin_due = self.sockets.get(&sid).is_some_and(|s| {
                 s.state == State::Established
+                    && s.reset_at.is_none()
                     && s.write_shut
                     && !s.fin_sent
                     && s.send_buf.is_empty()
@@ -246,8 +247,7 @@ impl Endpoint {
             let Some(s) = self.sockets.get_mut(&sid) else {
                 continue;
             };
-            if s.state == State::Established && s.write_shut && !s.fin_sent && s.send_buf.is_empty()
-            {
+            if fin_due {
                 s.fin_sent = true;
                 let header = ChunkRepr {
                     src_port: s.key.local,

@@ -350,8 +350,11 @@ pub(crate) struct State {
     /// The driver has stopped: no channel will ever move again.
     pub stopped: bool,
     /// Plain-TCP channels closed gracefully whose streams are gone, watched until their
-    /// bytes and FIN are acknowledged.
-    closing_plain: Vec<BoxedTransport>,
+    /// bytes and FIN are acknowledged and the peer's FIN is in, or their linger deadline.
+    closing_plain: Vec<ClosingPlain>,
+    /// Closed plain-TCP channels reset because they were not finished within the
+    /// endpoint's `linger_timeout` (bytes unacknowledged, or no FIN from the peer).
+    pub plain_linger_expired: u64,
     /// Scratch space of [`State::transmit_all`]: the batch being gathered, channel ids.
     tx_buf: Vec<u8>,
     ids: Vec<ChannelId>,
@@ -400,6 +403,7 @@ impl Core {
                 deadlines: BTreeMap::new(),
                 stopped: false,
                 closing_plain: Vec::new(),
+                plain_linger_expired: 0,
                 tx_buf: Vec::with_capacity(SMALL_BATCH),
                 ids: Vec::new(),
                 received: 0,
@@ -960,7 +964,30 @@ impl State {
         busy |= self.receive_all(rx_cx);
         busy |= self.transmit_all(cx);
         busy |= self.drain_events(wake);
+        self.poll_closing_plain(cx);
         busy
+    }
+
+    /// Watches the plain-TCP channels closed gracefully (their streams dropped): a chunk
+    /// arriving now has no reader, so the connection is reset, as a kernel resets a
+    /// closed socket that receives data; one whose peer's FIN came and whose bytes are
+    /// all acknowledged is let go (closed, not aborted).
+    fn poll_closing_plain(&mut self, cx: &mut Context<'_>) {
+        self.closing_plain.retain_mut(|c| {
+            while !c.finished {
+                match c.t.poll_dequeue(cx) {
+                    Poll::Ready(Ok(Some(_))) => {
+                        debug!("data for a closed plain-TCP stream; resetting");
+                        c.t.abort();
+                        return false;
+                    }
+                    Poll::Ready(Ok(None)) => c.finished = true,
+                    Poll::Ready(Err(_)) => return false,
+                    Poll::Pending => break,
+                }
+            }
+            !(c.finished && channel_pending(c.t.as_ref()) == 0)
+        });
     }
 
     /// Feeds every channel's received chunks to the endpoint; returns whether work is left
@@ -1302,6 +1329,18 @@ impl State {
                 self.ep.reset(sid);
             }
         }
+        // Closed plain-TCP channels past their linger deadline.
+        let plain_linger_expired = &mut self.plain_linger_expired;
+        self.closing_plain.retain(|c| {
+            if c.deadline <= now {
+                debug!("closed plain-TCP stream lingered too long; resetting");
+                c.t.abort();
+                *plain_linger_expired += 1;
+                return false;
+            }
+            next = Some(next.map_or(c.deadline, |n: Instant| n.min(c.deadline)));
+            true
+        });
         // The endpoint's own timers (closed sockets lingering for a FIN). A socket reset
         // there queued a RESET: run another round at once to send it.
         let reaped = self.ep.counters().linger_expired;
@@ -1320,36 +1359,49 @@ impl State {
         self.socks.entry(sid).or_default();
     }
 
-    /// Releases a socket whose handle is gone.
-    pub(crate) fn release(&mut self, sid: SocketId) {
+    /// Releases a socket whose handle is gone: closes it (`Endpoint::close`), or with
+    /// `abort` resets it.
+    pub(crate) fn release(&mut self, sid: SocketId, abort: bool) {
         self.socks.remove(&sid);
         self.deadlines.remove(&sid);
-        self.ep.close(sid);
+        if abort {
+            self.ep.reset(sid);
+        } else {
+            self.ep.close(sid);
+        }
     }
 
-    /// Keeps a gracefully closed plain-TCP channel for [`State::pending_tx_bytes`],
-    /// letting go of those already at zero (so the list stays as short as the number of
-    /// closes still under way).
+    /// Keeps a plain-TCP channel closed gracefully (its stream dropped) until its bytes
+    /// and FIN are acknowledged and the peer's FIN is in, for [`State::pending_tx_bytes`]
+    /// and to reset it if data arrives; at most the endpoint's `linger_timeout`, then it
+    /// is reset (counted in `plain_linger_expired`). Wake the driver after, so that it
+    /// watches the channel.
     pub(crate) fn keep_closing_plain(&mut self, t: BoxedTransport) {
-        self.closing_plain
-            .retain(|t| channel_pending(t.as_ref()) > 0);
-        self.closing_plain.push(t);
+        let deadline = Instant::now() + self.ep.config().linger_timeout;
+        self.closing_plain.push(ClosingPlain {
+            t,
+            deadline,
+            finished: false,
+        });
     }
 
     /// Bytes not yet delivered to peers: the endpoint's, those on the way to and in the
     /// channels (queued, unsent or unacknowledged), and those of gracefully closed
-    /// plain-TCP channels (which are let go once at zero).
+    /// plain-TCP channels.
     pub(crate) fn pending_tx_bytes(&mut self) -> usize {
         let mut n = self.ep.pending_tx_bytes();
         for c in self.chans.values() {
             n += c.tx_pending_bytes + channel_pending(c.t.as_ref());
         }
-        self.closing_plain.retain(|t| {
-            let p = channel_pending(t.as_ref());
-            n += p;
-            p > 0
-        });
+        for c in &self.closing_plain {
+            n += channel_pending(c.t.as_ref());
+        }
         n
+    }
+
+    /// Plain-TCP channels closed gracefully and still finishing.
+    pub(crate) fn closing_plain(&self) -> usize {
+        self.closing_plain.len()
     }
 
     /// Channels held now.
@@ -1366,6 +1418,15 @@ fn run_kick((kick, inline): (netdriver::channel::DeferredKick, bool)) {
     } else {
         kick.wake();
     }
+}
+
+/// A plain-TCP channel closed gracefully whose stream is gone.
+struct ClosingPlain {
+    t: BoxedTransport,
+    /// Reset if not finished by then.
+    deadline: Instant,
+    /// The peer's FIN came (every byte it sent was dequeued).
+    finished: bool,
 }
 
 /// Bytes a channel holds towards its peer: queued, in TCP's send buffer or unacknowledged.

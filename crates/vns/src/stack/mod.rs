@@ -1019,6 +1019,26 @@ impl Stack {
         self.core().lock().ep.counters()
     }
 
+    /// Streams dropped (or closed) that are still finishing inside the stack: their
+    /// unsent bytes and FIN leaving, or the peer's FIN on its way. Each goes when both
+    /// directions are finished, or is reset after [`crate::Config::linger_timeout`]
+    /// (counted in [`crate::EndpointCounters::linger_expired`]).
+    pub fn lingering_sockets(&self) -> usize {
+        self.core().lock().ep.lingering_sockets()
+    }
+
+    /// Plain-TCP streams dropped (or closed) whose connections are still finishing:
+    /// their bytes and FIN unacknowledged, or the peer's FIN not yet in.
+    pub fn closing_plain_streams(&self) -> usize {
+        self.core().lock().closing_plain()
+    }
+
+    /// Plain-TCP streams closed gracefully whose connections were reset because they
+    /// did not finish within [`crate::Config::linger_timeout`].
+    pub fn plain_linger_expired(&self) -> u64 {
+        self.core().lock().plain_linger_expired
+    }
+
     /// Channels the stack holds now (to all peers).
     pub fn channel_count(&self) -> usize {
         self.core().lock().channel_count()

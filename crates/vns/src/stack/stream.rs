@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use netdriver::channel::{ChannelTransport, EnqueueError};
@@ -22,14 +22,15 @@ use super::{default_stack, first_v4, Stack};
 use crate::copy::CopyWorkerPool;
 use crate::endpoint::{Error, SocketId};
 
-/// The socket behind a stream and its halves; dropping the last reference closes it
-/// (gracefully after a shutdown with everything read, else with a reset).
+/// The socket behind a stream and its halves; dropping the last reference closes it like
+/// the kernel's `close()` (`Endpoint::close`: a reset only with received bytes unread).
 pub(crate) struct StreamInner {
     stack: Stack,
     sid: SocketId,
     local: SocketAddrV4,
     peer: SocketAddrV4,
     nodelay: AtomicBool,
+    linger: Mutex<Option<Duration>>,
 }
 
 impl StreamInner {
@@ -45,6 +46,7 @@ impl StreamInner {
             local,
             peer,
             nodelay: AtomicBool::new(false),
+            linger: Mutex::new(None),
         }
     }
 
@@ -237,10 +239,16 @@ impl StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
+        let abort = aborts(&self.linger);
         let core = self.stack.core();
-        core.lock().release(self.sid);
+        core.lock().release(self.sid, abort);
         core.signal.notify();
     }
+}
+
+/// Whether a stream's linger setting makes its drop an abort (`Some(Duration::ZERO)`).
+fn aborts(linger: &Mutex<Option<Duration>>) -> bool {
+    *linger.lock().unwrap_or_else(|p| p.into_inner()) == Some(Duration::ZERO)
 }
 
 impl fmt::Debug for StreamInner {
@@ -264,6 +272,7 @@ pub(crate) struct PlainInner {
     local: SocketAddrV4,
     peer: SocketAddrV4,
     nodelay: AtomicBool,
+    linger: Mutex<Option<Duration>>,
 }
 
 impl PlainInner {
@@ -281,6 +290,7 @@ impl PlainInner {
             local,
             peer,
             nodelay: AtomicBool::new(false),
+            linger: Mutex::new(None),
         }
     }
 
@@ -340,15 +350,29 @@ impl PlainInner {
 }
 
 impl Drop for PlainInner {
+    /// Closes like the kernel's `close()`: with received bytes left unread (a partly
+    /// read chunk, or bytes in the channel's queues) the connection is reset; otherwise
+    /// the queued bytes and a FIN go, and the stack keeps the channel until they are
+    /// acknowledged and the peer's FIN is in (`Stack::pending_tx_bytes`), resetting it if
+    /// data arrives meanwhile or the linger timeout passes first.
     fn drop(&mut self) {
         let Some(t) = self.t.take() else { return };
-        if self.shut.load(Ordering::Acquire) {
-            // Closed gracefully: the stack watches the channel until its bytes and FIN
-            // are acknowledged (`Stack::pending_tx_bytes`).
-            self.stack.core().lock().keep_closing_plain(t);
-        } else {
+        let held = self
+            .rx
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if held || t.stats().rx_total() > 0 || aborts(&self.linger) {
+            debug!(peer = %self.peer, "plain-TCP stream dropped with unread data (or linger 0); resetting");
             t.abort();
+            return;
         }
+        if !self.shut.swap(true, Ordering::AcqRel) {
+            t.close();
+        }
+        let core = self.stack.core();
+        core.lock().keep_closing_plain(t);
+        core.signal.notify();
     }
 }
 
@@ -418,6 +442,13 @@ impl Sock {
         }
     }
 
+    fn linger(&self) -> &Mutex<Option<Duration>> {
+        match self {
+            Sock::Virtual(v) => &v.linger,
+            Sock::Plain(p) => &p.linger,
+        }
+    }
+
     fn same(&self, other: &Sock) -> bool {
         match (self, other) {
             (Sock::Virtual(a), Sock::Virtual(b)) => Arc::ptr_eq(a, b),
@@ -431,16 +462,40 @@ impl Sock {
 /// channels. The drop-in for `tokio::net::TcpStream`.
 ///
 /// Reads and writes are tokio [`AsyncRead`]/[`AsyncWrite`]; `shutdown` (through
-/// `AsyncWriteExt`) sends a FIN after the bytes written, and the peer reads end of stream;
-/// dropping the stream without a shutdown (or with unread data) resets the connection,
-/// and the peer's operations fail with `ConnectionReset`. A lost channel the socket used
-/// fails its pending and later operations with `ConnectionAborted`.
+/// `AsyncWriteExt`) sends a FIN after the bytes written, and the peer reads end of stream.
+/// A lost channel the socket used fails its pending and later operations with
+/// `ConnectionAborted`.
+///
+/// # Closing
+///
+/// Dropping the stream (both halves, after `into_split`) closes it as the kernel's
+/// `close()` closes a TCP socket, `shutdown` or not:
+///
+/// - if every byte received was read, the bytes written are still delivered, then a FIN:
+///   the peer reads them all, then end of stream. The socket lingers inside the stack
+///   (see [`Stack::lingering_sockets`]) until its bytes and FIN are out and the peer's
+///   FIN is in; data arriving meanwhile resets it (nobody will read it), and so does
+///   `linger_timeout` (`vns::Config`, default 60 s) passing first, e.g. with a peer that
+///   keeps its window closed (counted in `EndpointCounters::linger_expired`);
+/// - if received bytes were left unread, the connection is reset at once and bytes
+///   written but not yet sent are discarded (RFC 1122 4.2.2.13, RFC 2525 §2.17). The peer
+///   still reads every byte sent before the reset, then fails with `ConnectionReset`;
+///   its writes fail at once.
+///
+/// [`set_linger(Some(Duration::ZERO))`](Self::set_linger) makes the drop a reset
+/// instead, as `SO_LINGER` 0 does.
+///
+/// A peer's reset never overtakes its data: the in-order bytes received before it stay
+/// readable, then reads fail with `ConnectionReset` (`docs/wire-format.md`, "RESET
+/// ordering"). The stack itself must keep running until the bytes are delivered
+/// ([`Stack::pending_tx_bytes`]): stopping it aborts its channels.
 ///
 /// `poll_flush` returns at once: bytes written are in the socket's send buffer and leave
 /// as credit allows, like a kernel socket's.
 ///
 /// A stream to or from a host that does not speak NetChannel (a kernel TCP peer) is the
-/// same type: it runs over one dedicated channel carrying the bytes as they are.
+/// same type: it runs over one dedicated channel carrying the bytes as they are, and
+/// closes by the same rules (its TCP connection sends a FIN or a RST).
 #[derive(Debug)]
 pub struct VirtualStream {
     inner: Sock,
@@ -491,6 +546,29 @@ impl VirtualStream {
     /// The value last given to [`set_nodelay`](Self::set_nodelay).
     pub fn nodelay(&self) -> io::Result<bool> {
         Ok(self.inner.nodelay().load(Ordering::Relaxed))
+    }
+
+    /// Like `TcpStream::set_linger`: `Some(Duration::ZERO)` makes dropping the stream
+    /// abort the connection (a reset; bytes not yet sent are discarded), as `SO_LINGER`
+    /// with a zero timeout does. `None`, the default, closes as described in "Closing"
+    /// above. Any other duration is recorded only: the close stays graceful, bounded by
+    /// the stack's `linger_timeout`, and a drop never blocks.
+    pub fn set_linger(&self, dur: Option<Duration>) -> io::Result<()> {
+        *self
+            .inner
+            .linger()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = dur;
+        Ok(())
+    }
+
+    /// The value last given to [`set_linger`](Self::set_linger).
+    pub fn linger(&self) -> io::Result<Option<Duration>> {
+        Ok(*self
+            .inner
+            .linger()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Declares the socket latency-sensitive or throughput-oriented (the paper's
