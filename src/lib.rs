@@ -40,6 +40,36 @@ pub use vns;
 
 #[cfg(target_os = "linux")]
 pub use vns::stack::RuntimeRx;
+
+/// tokio's networking names for netchannel's streams, so that porting a tokio program is
+/// a rename: `use netchannel::net::{TcpListener, TcpStream};` in place of
+/// `use tokio::net::{TcpListener, TcpStream};`, and `netchannel::net::tcp::OwnedReadHalf`
+/// and friends in place of `tokio::net::tcp::...`.
+///
+/// ```no_run
+/// use netchannel::net::{TcpListener, TcpStream};
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+///
+/// # async fn demo() -> std::io::Result<()> {
+/// // On the default stack (`NETCHANNEL_INTERFACE`, `NETCHANNEL_IPV4`).
+/// let listener = TcpListener::bind("10.0.0.1:7000").await?;
+/// let (mut socket, _) = listener.accept().await?;
+/// let mut buf = [0u8; 1024];
+/// let n = socket.read(&mut buf).await?;
+/// socket.write_all(&buf[..n]).await?;
+/// let mut client = TcpStream::connect("10.0.0.2:7000").await?;
+/// client.write_all(b"hello").await?;
+/// # Ok(())
+/// # }
+/// ```
+pub mod net {
+    pub use vns::stack::{VirtualListener as TcpListener, VirtualStream as TcpStream};
+
+    /// The halves of a stream, as in `tokio::net::tcp`.
+    pub mod tcp {
+        pub use vns::stack::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, WriteHalf};
+    }
+}
 pub use vns::stack::{
     clear_default_stack, default_stack, set_default_stack, BusyPoll, Liveness, OwnedReadHalf,
     OwnedWriteHalf, ReadHalf, Stack, StackBuilder, StackError, VirtualListener, VirtualStream,

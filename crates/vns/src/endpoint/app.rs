@@ -225,6 +225,43 @@ impl Endpoint {
         Ok(n)
     }
 
+    /// Copies in-order bytes into `buf` without consuming them: the next
+    /// [`recv`](Endpoint::recv) returns them again (`MSG_PEEK`). Same results as `recv`
+    /// otherwise (`Ok(0)` at end of stream, [`Error::WouldBlock`] when nothing is
+    /// readable yet); no credit update, since nothing was read.
+    pub fn peek(&mut self, id: SocketId, buf: &mut [u8]) -> Result<usize, Error> {
+        let s = match self.sockets.get_mut(&id) {
+            Some(s) if !s.detached => s,
+            _ => return Err(Error::InvalidSocket),
+        };
+        if let Some(Err(e)) = s.read_error(buf.len()) {
+            return Err(e);
+        }
+        let Some(rx) = s.rx.as_mut() else {
+            return Err(Error::WouldBlock);
+        };
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut copied = 0;
+        rx.read_with(buf.len(), &mut Vec::new(), 0, 0, |slices| {
+            for sl in slices {
+                buf[copied..copied + sl.len()].copy_from_slice(sl);
+                copied += sl.len();
+            }
+            // Nothing is consumed.
+            0
+        });
+        if copied == 0 {
+            return if s.at_eof() {
+                Ok(0)
+            } else {
+                Err(Error::WouldBlock)
+            };
+        }
+        Ok(copied)
+    }
+
     /// [`Endpoint::recv`] into `len` bytes (> 0) of the caller's, copied by `copy`: it is
     /// lent the in-order bytes (at most `len`) as the received chunks' slices and returns
     /// how many it copied. Same results, events and credit updates as `recv`.

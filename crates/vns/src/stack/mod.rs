@@ -205,7 +205,7 @@ pub use listener::VirtualListener;
 pub use mem::{MemAcceptor, MemBackend, MemChannel, MemLimits, MemNetwork};
 #[cfg(target_os = "linux")]
 pub use rx_poll::RuntimeRx;
-pub use stream::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, VirtualStream, WriteHalf};
+pub use stream::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, VirtualStream, WriteHalf};
 
 use crate::copy::{CopyConfig, CopyError, CopyStats, CopyWorkerPool};
 use crate::endpoint::{Config, ConfigError, Endpoint, Error};

@@ -11,9 +11,10 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use netdriver::channel::Dequeued;
 use netdriver::channel::{ChannelTransport, EnqueueError};
 use netsched::AppClass;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf, Ready};
 use tracing::debug;
 
 use super::backend::BoxedTransport;
@@ -599,7 +600,10 @@ impl VirtualStream {
     /// Borrowed read and write halves, usable from two tasks at once (like
     /// `TcpStream::split`).
     pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>) {
-        (ReadHalf(&self.inner), WriteHalf(&self.inner))
+        (
+            ReadHalf { inner: &self.inner },
+            WriteHalf { inner: &self.inner },
+        )
     }
 
     /// Owned halves (like `TcpStream::into_split`). Dropping the write half shuts the
@@ -648,11 +652,15 @@ impl AsyncWrite for VirtualStream {
 
 /// The read half of [`VirtualStream::split`].
 #[derive(Debug)]
-pub struct ReadHalf<'a>(&'a Sock);
+pub struct ReadHalf<'a> {
+    inner: &'a Sock,
+}
 
 /// The write half of [`VirtualStream::split`].
 #[derive(Debug)]
-pub struct WriteHalf<'a>(&'a Sock);
+pub struct WriteHalf<'a> {
+    inner: &'a Sock,
+}
 
 impl AsyncRead for ReadHalf<'_> {
     fn poll_read(
@@ -660,7 +668,7 @@ impl AsyncRead for ReadHalf<'_> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        self.0.poll_read(cx, buf)
+        self.inner.poll_read(cx, buf)
     }
 }
 
@@ -670,7 +678,7 @@ impl AsyncWrite for WriteHalf<'_> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.0.poll_write(cx, buf)
+        self.inner.poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -678,7 +686,7 @@ impl AsyncWrite for WriteHalf<'_> {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.0.poll_shutdown()
+        self.inner.poll_shutdown()
     }
 }
 
@@ -706,11 +714,9 @@ impl OwnedReadHalf {
         Ok(self.inner.local().into())
     }
 
-    /// Rejoins the halves of one stream; hands them back if they do not match.
-    pub fn reunite(
-        self,
-        other: OwnedWriteHalf,
-    ) -> Result<VirtualStream, (OwnedReadHalf, OwnedWriteHalf)> {
+    /// Rejoins the halves of one stream; hands them back in the error if they do not
+    /// match.
+    pub fn reunite(self, other: OwnedWriteHalf) -> Result<VirtualStream, ReuniteError> {
         if self.inner.same(&other.inner) {
             let mut other = other;
             other.shutdown_on_drop = false;
@@ -718,7 +724,7 @@ impl OwnedReadHalf {
                 inner: self.inner.clone(),
             })
         } else {
-            Err((self, other))
+            Err(ReuniteError(self, other))
         }
     }
 }
@@ -887,3 +893,475 @@ async fn connect_plain(stack: &Stack, addr: SocketAddrV4) -> io::Result<VirtualS
         addr,
     )))
 }
+
+fn would_block() -> io::Error {
+    io::ErrorKind::WouldBlock.into()
+}
+
+/// Readiness, peeking and non-blocking calls (the rest of `tokio::net::TcpStream`'s
+/// surface). Readiness means the next call would not block: bytes, end of stream or an
+/// error to report for reading; room in the send buffer, or an error, for writing.
+impl StreamInner {
+    /// Peeks into `probe` (`None`: only asks whether something is readable); registers
+    /// `cx` for the socket's next readable event when nothing is.
+    fn poll_peek_into(
+        &self,
+        cx: &mut Context<'_>,
+        probe: Option<&mut ReadBuf<'_>>,
+    ) -> Poll<io::Result<usize>> {
+        let core = self.stack.core();
+        let mut st = core.lock();
+        let mut pulled = core.pull_owed(&mut st);
+        let mut one = [0u8; 1];
+        let mut probe = probe;
+        loop {
+            let peeked = match probe.as_deref_mut() {
+                Some(buf) => st.ep.peek(self.sid, buf.initialize_unfilled()),
+                None => st.ep.peek(self.sid, &mut one).map(|_| 0),
+            };
+            match peeked {
+                Ok(n) => {
+                    core.finish_call(st);
+                    if let Some(buf) = probe {
+                        buf.advance(n);
+                    }
+                    return Poll::Ready(Ok(n));
+                }
+                Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
+                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => pulled = true,
+                Err(Error::WouldBlock) => {
+                    if let Some(w) = st.socks.get_mut(&self.sid) {
+                        w.read = Some(cx.waker().clone());
+                    }
+                    if core.want_rx(st, self.sid, cx) {
+                        cx.waker().wake_by_ref();
+                    }
+                    return Poll::Pending;
+                }
+                // Ready: the read reports it.
+                Err(_) if probe.is_none() => return Poll::Ready(Ok(0)),
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+        }
+    }
+
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let core = self.stack.core();
+        let mut st = core.lock();
+        let mut pulled = core.pull_owed(&mut st);
+        loop {
+            match st.ep.recv(self.sid, buf) {
+                Ok(n) => {
+                    core.finish_call(st);
+                    return Ok(n);
+                }
+                Err(Error::WouldBlock) if st.stopped => return Err(stopped_error()),
+                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => pulled = true,
+                Err(Error::WouldBlock) => {
+                    core.finish_call(st);
+                    return Err(would_block());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let core = self.stack.core();
+        let mut st = core.lock();
+        if st.stopped {
+            return Poll::Ready(Err(stopped_error()));
+        }
+        let mut pulled = false;
+        loop {
+            match st.ep.send_room(self.sid, 1) {
+                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => {
+                    pulled = true;
+                    core.flush(&mut st);
+                }
+                Err(Error::WouldBlock) => {
+                    if let Some(w) = st.socks.get_mut(&self.sid) {
+                        w.write = Some(cx.waker().clone());
+                    }
+                    if core.want_rx(st, self.sid, cx) {
+                        cx.waker().wake_by_ref();
+                    }
+                    return Poll::Pending;
+                }
+                // Room, or an error the write reports.
+                _ => return Poll::Ready(Ok(())),
+            }
+        }
+    }
+
+    fn try_write(&self, data: &[u8]) -> io::Result<usize> {
+        let core = self.stack.core();
+        let mut st = core.lock();
+        if st.stopped {
+            return Err(stopped_error());
+        }
+        let mut pulled = false;
+        loop {
+            match st.ep.send(self.sid, data) {
+                Ok(n) => {
+                    core.finish_call(st);
+                    return Ok(n);
+                }
+                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => {
+                    pulled = true;
+                    core.flush(&mut st);
+                }
+                Err(Error::WouldBlock) => {
+                    core.finish_call(st);
+                    return Err(would_block());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl PlainInner {
+    /// Makes sure a received chunk (or the end of stream, or an error) is at hand; the
+    /// chunk is kept for the next read.
+    fn poll_peek_into(
+        &self,
+        cx: &mut Context<'_>,
+        probe: Option<&mut ReadBuf<'_>>,
+    ) -> Poll<io::Result<usize>> {
+        let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        if rx.is_none() {
+            match self.t().poll_dequeue(cx) {
+                Poll::Ready(Ok(Some(b))) => *rx = Some(b),
+                Poll::Ready(Ok(None)) => return Poll::Ready(Ok(0)),
+                Poll::Ready(Err(_)) if probe.is_none() => return Poll::Ready(Ok(0)),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let chunk = rx.as_ref().expect("filled above");
+        match probe {
+            Some(buf) => {
+                let n = chunk.len().min(buf.remaining());
+                buf.put_slice(&chunk[..n]);
+                Poll::Ready(Ok(n))
+            }
+            None => Poll::Ready(Ok(0)),
+        }
+    }
+
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut chunk = match rx.take() {
+            Some(b) => b,
+            None => match self.t().dequeue() {
+                Ok(Dequeued::Chunk(b)) => b,
+                Ok(Dequeued::Empty) => return Err(would_block()),
+                Ok(Dequeued::Finished) => return Ok(0),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let n = chunk.len().min(buf.len());
+        buf[..n].copy_from_slice(&chunk.split_to(n));
+        if !chunk.is_empty() {
+            *rx = Some(chunk);
+        }
+        Ok(n)
+    }
+
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.shut.load(Ordering::Acquire) {
+            return Poll::Ready(Ok(()));
+        }
+        // An error is readiness too: the write reports it.
+        self.t().poll_enqueue_ready(cx).map(|_| Ok(()))
+    }
+
+    fn try_write(&self, data: &[u8]) -> io::Result<usize> {
+        if self.shut.load(Ordering::Acquire) {
+            return Err(Error::WriteClosed.into());
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let n = data.len().min(PLAIN_WRITE_MAX);
+        match self.t().enqueue(Bytes::copy_from_slice(&data[..n])) {
+            Ok(()) => Ok(n),
+            Err(EnqueueError::Full(_)) => Err(would_block()),
+            Err(EnqueueError::Closed(e)) => Err(e.into()),
+        }
+    }
+}
+
+impl Sock {
+    fn poll_peek_into(
+        &self,
+        cx: &mut Context<'_>,
+        probe: Option<&mut ReadBuf<'_>>,
+    ) -> Poll<io::Result<usize>> {
+        match self {
+            Sock::Virtual(v) => v.poll_peek_into(cx, probe),
+            Sock::Plain(p) => p.poll_peek_into(cx, probe),
+        }
+    }
+
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_peek_into(cx, None).map_ok(|_| ())
+    }
+
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Sock::Virtual(v) => v.poll_write_ready(cx),
+            Sock::Plain(p) => p.poll_write_ready(cx),
+        }
+    }
+
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Sock::Virtual(v) => v.try_read(buf),
+            Sock::Plain(p) => p.try_read(buf),
+        }
+    }
+
+    fn try_write(&self, data: &[u8]) -> io::Result<usize> {
+        match self {
+            Sock::Virtual(v) => v.try_write(data),
+            Sock::Plain(p) => p.try_write(data),
+        }
+    }
+
+    async fn ready(&self, interest: Interest) -> io::Result<Ready> {
+        poll_fn(|cx| {
+            let mut ready = Ready::EMPTY;
+            if interest.is_readable() {
+                if let Poll::Ready(r) = self.poll_read_ready(cx) {
+                    r?;
+                    ready |= Ready::READABLE;
+                }
+            }
+            if interest.is_writable() {
+                if let Poll::Ready(r) = self.poll_write_ready(cx) {
+                    r?;
+                    ready |= Ready::WRITABLE;
+                }
+            }
+            if ready.is_empty() {
+                Poll::Pending
+            } else {
+                Poll::Ready(Ok(ready))
+            }
+        })
+        .await
+    }
+
+    fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        let mut total = 0;
+        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
+            match self.try_read(b) {
+                Ok(n) => {
+                    total += n;
+                    if n < b.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && total > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+
+    fn try_read_buf<B: bytes::BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+        // `BufMut`'s spare room is uninitialised memory, which this crate does not touch
+        // without `unsafe`: the bytes go through a scratch buffer.
+        let mut scratch = vec![0u8; buf.remaining_mut().min(64 * 1024)];
+        let n = self.try_read(&mut scratch)?;
+        buf.put_slice(&scratch[..n]);
+        Ok(n)
+    }
+
+    fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let mut total = 0;
+        for b in bufs.iter().filter(|b| !b.is_empty()) {
+            match self.try_write(b) {
+                Ok(n) => {
+                    total += n;
+                    if n < b.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && total > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// The readiness and non-blocking methods of `tokio::net::TcpStream` (and its halves), on
+/// a type holding a `Sock` in `inner`.
+macro_rules! read_side {
+    () => {
+        /// Waits until the stream is readable: bytes to read, the end of the stream, or
+        /// an error the next read reports. As with tokio, a read may still find nothing
+        /// (another task took the bytes): it then returns `WouldBlock` from
+        /// [`try_read`](Self::try_read).
+        pub async fn readable(&self) -> io::Result<()> {
+            poll_fn(|cx| self.inner.poll_read_ready(cx)).await
+        }
+
+        /// Polls for read readiness (see [`readable`](Self::readable)). Only the task of
+        /// the last call is woken, as with tokio.
+        pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.inner.poll_read_ready(cx)
+        }
+
+        /// Reads what is readable now, without waiting: `Ok(0)` at the end of the
+        /// stream, an error of kind `WouldBlock` when nothing is readable yet.
+        pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+            self.inner.try_read(buf)
+        }
+
+        /// [`try_read`](Self::try_read) into several buffers, in order.
+        pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+            self.inner.try_read_vectored(bufs)
+        }
+
+        /// [`try_read`](Self::try_read) into a [`BufMut`](bytes::BufMut), advancing it.
+        pub fn try_read_buf<B: bytes::BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+            self.inner.try_read_buf(buf)
+        }
+
+        /// Copies readable bytes into `buf` without consuming them (`MSG_PEEK`): the next
+        /// read returns them again. Waits until something is readable; `Ok(0)` at the end
+        /// of the stream.
+        pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+            let mut buf = ReadBuf::new(buf);
+            poll_fn(|cx| self.inner.poll_peek_into(cx, Some(&mut buf))).await
+        }
+
+        /// Polls a [`peek`](Self::peek): fills `buf` (advancing it) with readable bytes
+        /// without consuming them and returns how many.
+        pub fn poll_peek(
+            &self,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<usize>> {
+            self.inner.poll_peek_into(cx, Some(buf))
+        }
+    };
+}
+
+macro_rules! write_side {
+    () => {
+        /// Waits until the stream is writable: room in the send buffer, or an error the
+        /// next write reports.
+        pub async fn writable(&self) -> io::Result<()> {
+            poll_fn(|cx| self.inner.poll_write_ready(cx)).await
+        }
+
+        /// Polls for write readiness (see [`writable`](Self::writable)). Only the task of
+        /// the last call is woken, as with tokio.
+        pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.inner.poll_write_ready(cx)
+        }
+
+        /// Writes what fits in the send buffer now, without waiting; an error of kind
+        /// `WouldBlock` when nothing fits.
+        pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+            self.inner.try_write(buf)
+        }
+
+        /// [`try_write`](Self::try_write) from several buffers, in order.
+        pub fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+            self.inner.try_write_vectored(bufs)
+        }
+    };
+}
+
+macro_rules! both_sides {
+    () => {
+        /// Waits until the stream is ready for any of `interest` and returns which.
+        pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
+            self.inner.ready(interest).await
+        }
+
+        /// Runs `f`, a non-blocking operation, if the stream is ready for `interest`
+        /// now; `WouldBlock` otherwise (also from `f`). The closure sees no socket
+        /// descriptor (there is none): it uses this stream's `try_*` methods.
+        pub fn try_io<R>(
+            &self,
+            interest: Interest,
+            f: impl FnOnce() -> io::Result<R>,
+        ) -> io::Result<R> {
+            let waker = Waker::noop();
+            let mut cx = Context::from_waker(waker);
+            let ready = (interest.is_readable()
+                && self.inner.poll_peek_into(&mut cx, None).is_ready())
+                || (interest.is_writable() && self.inner.poll_write_ready(&mut cx).is_ready());
+            if !ready {
+                return Err(would_block());
+            }
+            f()
+        }
+    };
+}
+
+impl VirtualStream {
+    read_side!();
+    write_side!();
+    both_sides!();
+}
+
+impl ReadHalf<'_> {
+    read_side!();
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.inner.peer().into())
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.inner.local().into())
+    }
+}
+
+impl WriteHalf<'_> {
+    write_side!();
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.inner.peer().into())
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.inner.local().into())
+    }
+}
+
+impl OwnedReadHalf {
+    read_side!();
+}
+
+impl OwnedWriteHalf {
+    write_side!();
+
+    /// Rejoins the halves of one stream (see [`OwnedReadHalf::reunite`]).
+    pub fn reunite(self, other: OwnedReadHalf) -> Result<VirtualStream, ReuniteError> {
+        other.reunite(self)
+    }
+}
+
+/// The halves given to `reunite` belong to different streams; both are handed back.
+#[derive(Debug)]
+pub struct ReuniteError(pub OwnedReadHalf, pub OwnedWriteHalf);
+
+impl fmt::Display for ReuniteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("tried to reunite halves that are not from the same stream")
+    }
+}
+
+impl std::error::Error for ReuniteError {}

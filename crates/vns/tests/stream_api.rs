@@ -1,0 +1,213 @@
+//! The rest of `tokio::net::TcpStream`'s surface on `VirtualStream` and its halves:
+//! readiness (`ready`, `readable`, `writable`, `poll_*_ready`), non-blocking calls
+//! (`try_read*`, `try_write*`, `try_io`), `peek`, and `reunite` with its error type; on
+//! virtual sockets and on plain-TCP streams, over the in-memory network.
+
+use std::io::{ErrorKind, IoSlice, IoSliceMut};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::time::timeout;
+use vns::stack::{Backend, MemNetwork, Stack};
+use vns::VirtualStream;
+
+const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn addr(ip: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddrV4::new(ip, port).into()
+}
+
+async fn connected(a: &Stack, b: &Stack, port: u16) -> (VirtualStream, VirtualStream) {
+    let l = b.bind(addr(B, port)).await.unwrap();
+    let c = timeout(LIMIT, a.connect(addr(B, port)))
+        .await
+        .unwrap()
+        .unwrap();
+    let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    (c, s)
+}
+
+#[tokio::test]
+async fn readiness_and_non_blocking_calls() {
+    let (a, b) = Stack::pair_in_memory(2).unwrap();
+    let (c, s) = connected(&a, &b, 7300).await;
+
+    // Nothing to read yet: `try_read` does not wait, `ready` reports writable only.
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        s.try_read(&mut buf).unwrap_err().kind(),
+        ErrorKind::WouldBlock
+    );
+    let r = timeout(LIMIT, s.ready(Interest::READABLE | Interest::WRITABLE))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(r.is_writable() && !r.is_readable(), "{r:?}");
+    timeout(LIMIT, c.writable()).await.unwrap().unwrap();
+
+    // Written without waiting, then readable on the other side.
+    assert_eq!(c.try_write(b"hello, ").unwrap(), 7);
+    let parts = [IoSlice::new(b"vectored "), IoSlice::new(b"world")];
+    assert_eq!(c.try_write_vectored(&parts).unwrap(), 14);
+    timeout(LIMIT, s.readable()).await.unwrap().unwrap();
+    let mut got = Vec::new();
+    while got.len() < 21 {
+        match s.try_read(&mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                timeout(LIMIT, s.readable()).await.unwrap().unwrap()
+            }
+            Err(e) => panic!("try_read: {e}"),
+        }
+    }
+    assert_eq!(got, b"hello, vectored world");
+    assert_eq!(
+        s.try_read(&mut buf).unwrap_err().kind(),
+        ErrorKind::WouldBlock
+    );
+
+    // `try_read_vectored` fills its buffers in order, `try_read_buf` advances a BufMut.
+    c.try_write(b"0123456789").unwrap();
+    timeout(LIMIT, s.readable()).await.unwrap().unwrap();
+    let (mut x, mut y) = ([0u8; 4], [0u8; 3]);
+    let n = {
+        let mut bufs = [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)];
+        s.try_read_vectored(&mut bufs).unwrap()
+    };
+    assert_eq!(n, 7);
+    assert_eq!((&x, &y), (b"0123", b"456"));
+    let mut rest = bytes::BytesMut::with_capacity(16);
+    assert_eq!(s.try_read_buf(&mut rest).unwrap(), 3);
+    assert_eq!(&rest[..], b"789");
+
+    // `try_io` runs the closure only when ready.
+    let r = s.try_io(Interest::READABLE, || Ok::<_, std::io::Error>(1));
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::WouldBlock);
+    c.try_write(b"!").unwrap();
+    timeout(LIMIT, s.readable()).await.unwrap().unwrap();
+    let r = s.try_io(Interest::READABLE, || s.try_read(&mut buf));
+    assert_eq!(r.unwrap(), 1);
+
+    // End of stream is readiness, and `try_read` returns 0.
+    let mut c = c;
+    c.shutdown().await.unwrap();
+    timeout(LIMIT, s.readable()).await.unwrap().unwrap();
+    assert_eq!(s.try_read(&mut buf).unwrap(), 0);
+}
+
+#[tokio::test]
+async fn peek_leaves_the_bytes_for_the_next_read() {
+    let (a, b) = Stack::pair_in_memory(3).unwrap();
+    let (mut c, mut s) = connected(&a, &b, 7301).await;
+    c.write_all(b"peekaboo").await.unwrap();
+    let mut p = [0u8; 4];
+    let n = timeout(LIMIT, s.peek(&mut p)).await.unwrap().unwrap();
+    assert_eq!(&p[..n], &b"peekaboo"[..n]);
+    // Peeking again sees the same bytes; reading consumes them.
+    let mut p2 = [0u8; 4];
+    let n2 = s.peek(&mut p2).await.unwrap();
+    assert_eq!(&p2[..n2], &p[..n2.min(n)]);
+    let mut all = [0u8; 8];
+    s.read_exact(&mut all).await.unwrap();
+    assert_eq!(&all, b"peekaboo");
+    // A large message across several chunks peeks whole up to the buffer.
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    c.write_all(&big).await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < big.len() {
+        let mut window = vec![0u8; 50_000];
+        let n = timeout(LIMIT, s.peek(&mut window)).await.unwrap().unwrap();
+        assert!(n > 0);
+        assert_eq!(
+            &window[..n],
+            &big[got.len()..got.len() + n],
+            "peek at {}",
+            got.len()
+        );
+        let mut take = vec![0u8; n];
+        s.read_exact(&mut take).await.unwrap();
+        assert_eq!(take, &window[..n]);
+        got.extend_from_slice(&take);
+    }
+    c.shutdown().await.unwrap();
+    let mut p = [0u8; 4];
+    assert_eq!(timeout(LIMIT, s.peek(&mut p)).await.unwrap().unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn halves_have_readiness_and_reunite_checks_its_halves() {
+    let (a, b) = Stack::pair_in_memory(2).unwrap();
+    let (mut c, mut s) = connected(&a, &b, 7302).await;
+    {
+        let (r, w) = s.split();
+        assert_eq!(r.local_addr().unwrap(), addr(B, 7302));
+        assert_eq!(w.peer_addr().unwrap(), c.local_addr().unwrap());
+        c.write_all(b"ab").await.unwrap();
+        timeout(LIMIT, r.readable()).await.unwrap().unwrap();
+        let mut p = [0u8; 2];
+        let n = r.peek(&mut p).await.unwrap();
+        assert!(n >= 1 && p[0] == b'a');
+        timeout(LIMIT, w.writable()).await.unwrap().unwrap();
+        assert_eq!(w.try_write(b"cd").unwrap(), 2);
+    }
+    let mut back = [0u8; 2];
+    c.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"cd");
+
+    let (sr, sw) = s.into_split();
+    let (cr, cw) = c.into_split();
+    // Halves of different streams: both come back in the error.
+    let err = sr.reunite(cw).unwrap_err();
+    assert!(err.to_string().contains("not from the same stream"));
+    let vns::stack::ReuniteError(sr, cw) = err;
+    let _s = sw.reunite(sr).expect("halves of one stream");
+    let _c = cw.reunite(cr).expect("halves of one stream");
+}
+
+#[tokio::test]
+async fn plain_tcp_streams_peek_and_try_read() {
+    let net = MemNetwork::new();
+    let a = Stack::builder().ipv4(A).build_in_memory(&net).unwrap();
+    // A plain server (no channel port): the stream falls back to plain TCP.
+    let plain_host = net.backend(Ipv4Addr::new(10, 0, 0, 3));
+    let acceptor = plain_host.listen(7303).unwrap();
+    let mut c = timeout(LIMIT, a.connect(addr(Ipv4Addr::new(10, 0, 0, 3), 7303)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(c.is_plain_tcp());
+    let (t, _) = std::future::poll_fn(|cx| acceptor.poll_accept(cx))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(
+        c.try_read(&mut buf).unwrap_err().kind(),
+        ErrorKind::WouldBlock
+    );
+    t.enqueue(bytes::Bytes::from_static(b"plain bytes"))
+        .unwrap();
+    timeout(LIMIT, c.readable()).await.unwrap().unwrap();
+    let mut p = [0u8; 5];
+    let n = c.peek(&mut p).await.unwrap();
+    assert_eq!(&p[..n], &b"plain"[..n]);
+    let mut got = Vec::new();
+    while got.len() < 11 {
+        match c.try_read(&mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                timeout(LIMIT, c.readable()).await.unwrap().unwrap()
+            }
+            Err(e) => panic!("try_read: {e}"),
+        }
+    }
+    assert_eq!(got, b"plain bytes");
+    timeout(LIMIT, c.writable()).await.unwrap().unwrap();
+    assert_eq!(c.try_write(b"reply").unwrap(), 5);
+    t.close();
+    timeout(LIMIT, c.readable()).await.unwrap().unwrap();
+    assert_eq!(c.try_read(&mut buf).unwrap(), 0);
+    c.shutdown().await.unwrap();
+}
