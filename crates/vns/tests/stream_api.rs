@@ -211,3 +211,76 @@ async fn plain_tcp_streams_peek_and_try_read() {
     assert_eq!(c.try_read(&mut buf).unwrap(), 0);
     c.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn listener_local_addr_is_the_bound_address() {
+    let (_a, b) = Stack::pair_in_memory(1).unwrap();
+    let any = b.bind(addr(Ipv4Addr::UNSPECIFIED, 7310)).await.unwrap();
+    assert_eq!(any.local_addr().unwrap(), addr(Ipv4Addr::UNSPECIFIED, 7310));
+    let own = b.bind(addr(B, 7311)).await.unwrap();
+    assert_eq!(own.local_addr().unwrap(), addr(B, 7311));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_awaited_from_several_tasks() {
+    let (a, b) = Stack::pair_in_memory(2).unwrap();
+    let l = std::sync::Arc::new(b.bind(addr(B, 7313)).await.unwrap());
+    // Three tasks wait in `accept` at once; each must get one of the three connections.
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let l = l.clone();
+            tokio::spawn(async move {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut b = [0u8; 1];
+                s.read_exact(&mut b).await.unwrap();
+                b[0]
+            })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    let mut clients = Vec::new();
+    for i in 0..3u8 {
+        let mut c = timeout(LIMIT, a.connect(addr(B, 7313)))
+            .await
+            .unwrap()
+            .unwrap();
+        c.write_all(&[i]).await.unwrap();
+        clients.push(c);
+    }
+    let mut got = Vec::new();
+    for t in tasks {
+        got.push(
+            timeout(LIMIT, t)
+                .await
+                .expect("an accept was never woken")
+                .unwrap(),
+        );
+    }
+    got.sort_unstable();
+    assert_eq!(got, [0, 1, 2]);
+}
+
+#[tokio::test]
+async fn connect_and_bind_resolve_names_on_the_default_stack() {
+    let (a, b) = Stack::pair_in_memory(1).unwrap();
+    vns::stack::set_default_stack(a.clone());
+    let l = b.bind(addr(B, 7314)).await.unwrap();
+    // A string, resolved without blocking; then a list where only the last connects.
+    let mut c = timeout(LIMIT, VirtualStream::connect("10.0.0.2:7314"))
+        .await
+        .unwrap()
+        .unwrap();
+    let (mut s, _) = l.accept().await.unwrap();
+    c.write_all(b"x").await.unwrap();
+    let mut one = [0u8; 1];
+    s.read_exact(&mut one).await.unwrap();
+    let tried: &[SocketAddr] = &[addr(B, 7399), addr(B, 7314)];
+    let c2 = timeout(LIMIT, VirtualStream::connect(tried)).await.unwrap();
+    assert!(c2.is_ok(), "the second address listens: {c2:?}");
+    // IPv6 only: a clear error.
+    let e = VirtualStream::connect("[::1]:7314").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AddrNotAvailable);
+    let l2 = vns::VirtualListener::bind("0.0.0.0:7315").await.unwrap();
+    assert_eq!(l2.local_addr().unwrap(), addr(Ipv4Addr::UNSPECIFIED, 7315));
+    vns::stack::clear_default_stack();
+}

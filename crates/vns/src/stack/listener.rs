@@ -3,15 +3,16 @@
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
-use std::net::{SocketAddr, SocketAddrV4, ToSocketAddrs};
-use std::task::{Context, Poll};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 
 use tracing::debug;
 
 use super::backend::Acceptor;
 use super::driver::stopped_error;
 use super::stream::{PlainInner, StreamInner, VirtualStream};
-use super::{default_stack, first_v4, Stack};
+use super::{default_stack, resolve_v4, Stack};
 use crate::endpoint::Error;
 
 /// Listens on a virtual port of a stack: the drop-in for `tokio::net::TcpListener`.
@@ -21,9 +22,38 @@ use crate::endpoint::Error;
 /// resets connections still in the backlog.
 pub struct VirtualListener {
     stack: Stack,
+    /// The address it was bound to (`0.0.0.0` stays so, as with the kernel).
+    ip: Ipv4Addr,
     port: u16,
     /// Plain-TCP connections to the same port, from hosts without NetChannel.
     plain: Option<Box<dyn Acceptor>>,
+    /// The tasks waiting in `accept`: the stack and the plain acceptor hold one waker,
+    /// this list's, which wakes them all (each tries again; one gets the connection).
+    waiters: Arc<Waiters>,
+}
+
+/// Wakers of the tasks awaiting `accept` on one listener.
+#[derive(Default)]
+struct Waiters(Mutex<Vec<Waker>>);
+
+impl Waiters {
+    fn add(&self, w: &Waker) {
+        let mut ws = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !ws.iter().any(|x| x.will_wake(w)) {
+            ws.push(w.clone());
+        }
+    }
+}
+
+impl Wake for Waiters {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let ws = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
+        ws.into_iter().for_each(Waker::wake);
+    }
 }
 
 impl fmt::Debug for VirtualListener {
@@ -35,24 +65,43 @@ impl fmt::Debug for VirtualListener {
 }
 
 impl VirtualListener {
-    pub(crate) fn new(stack: Stack, port: u16, plain: Option<Box<dyn Acceptor>>) -> Self {
-        VirtualListener { stack, port, plain }
+    pub(crate) fn new(
+        stack: Stack,
+        ip: Ipv4Addr,
+        port: u16,
+        plain: Option<Box<dyn Acceptor>>,
+    ) -> Self {
+        VirtualListener {
+            stack,
+            ip,
+            port,
+            plain,
+            waiters: Arc::default(),
+        }
     }
 
     /// Listens on `addr` through the process's default stack (see
     /// [`set_default_stack`](super::set_default_stack)).
-    pub async fn bind(addr: impl ToSocketAddrs) -> io::Result<VirtualListener> {
-        let addr = first_v4(addr)?;
-        default_stack()?.bind(addr.into()).await
+    pub async fn bind(addr: impl tokio::net::ToSocketAddrs) -> io::Result<VirtualListener> {
+        let stack = default_stack()?;
+        let mut last = None;
+        for a in resolve_v4(addr).await? {
+            match stack.bind(a.into()).await {
+                Ok(l) => return Ok(l),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("resolve_v4 returns at least one address"))
     }
 
+    /// The address connections arrive at (the stack's, also for a `0.0.0.0` bind).
     fn local(&self) -> SocketAddrV4 {
         SocketAddrV4::new(self.stack.core().backend.ipv4(), self.port)
     }
 
     /// The address listened on.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.local().into())
+        Ok(SocketAddrV4::new(self.ip, self.port).into())
     }
 
     /// Waits for the next connection; returns it with the peer's address.
@@ -86,9 +135,11 @@ impl VirtualListener {
             }
             Err(Error::WouldBlock) if st.stopped => Poll::Ready(Err(stopped_error())),
             Err(Error::WouldBlock) => {
-                st.listeners.insert(self.port, Some(cx.waker().clone()));
+                self.waiters.add(cx.waker());
+                let waker = Waker::from(self.waiters.clone());
+                st.listeners.insert(self.port, Some(waker.clone()));
                 drop(st);
-                self.poll_accept_plain(cx)
+                self.poll_accept_plain(&mut Context::from_waker(&waker))
             }
             Err(e) => Poll::Ready(Err(e.into())),
         }

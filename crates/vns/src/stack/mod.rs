@@ -188,7 +188,7 @@ mod stream;
 
 use std::fmt;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -1100,7 +1100,11 @@ impl Stack {
                 return Err(e.into());
             }
         };
-        Ok(VirtualListener::new(self.clone(), port, plain))
+        let ip = match addr.ip() {
+            IpAddr::V4(ip) => ip,
+            IpAddr::V6(_) => unreachable!("refused above"),
+        };
+        Ok(VirtualListener::new(self.clone(), ip, port, plain))
     }
 
     /// Opens a virtual socket to `addr`: on first use of the host, opens the stack's
@@ -1261,18 +1265,25 @@ fn stack_from_env() -> Result<Stack, StackError> {
 }
 
 /// The first IPv4 address `addr` resolves to.
-pub(crate) fn first_v4(addr: impl ToSocketAddrs) -> io::Result<SocketAddrV4> {
-    addr.to_socket_addrs()?
-        .find_map(|a| match a {
+/// The IPv4 addresses `addr` resolves to, in order, resolving names without blocking the
+/// runtime (tokio's resolver); an error when there is none.
+pub(crate) async fn resolve_v4(
+    addr: impl tokio::net::ToSocketAddrs,
+) -> io::Result<Vec<SocketAddrV4>> {
+    let v4: Vec<SocketAddrV4> = tokio::net::lookup_host(addr)
+        .await?
+        .filter_map(|a| match a {
             SocketAddr::V4(v4) => Some(v4),
             SocketAddr::V6(_) => None,
         })
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::AddrNotAvailable,
-                "no IPv4 address (virtual sockets are IPv4 only)",
-            )
-        })
+        .collect();
+    if v4.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrNotAvailable,
+            "no IPv4 address (virtual sockets are IPv4 only)",
+        ));
+    }
+    Ok(v4)
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
-use std::net::{SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::net::{SocketAddr, SocketAddrV4};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +19,7 @@ use tracing::debug;
 
 use super::backend::BoxedTransport;
 use super::driver::stopped_error;
-use super::{default_stack, first_v4, Stack};
+use super::{default_stack, Stack};
 use crate::copy::CopyWorkerPool;
 use crate::endpoint::{Error, SocketId};
 
@@ -522,9 +522,20 @@ impl VirtualStream {
 
     /// Connects to `addr` through the process's default stack (see
     /// [`set_default_stack`](super::set_default_stack)).
-    pub async fn connect(addr: impl ToSocketAddrs) -> io::Result<VirtualStream> {
-        let addr = first_v4(addr)?;
-        default_stack()?.connect(addr.into()).await
+    ///
+    /// Names are resolved without blocking the runtime (tokio's resolver); every IPv4
+    /// address they resolve to is tried in turn, and the last error is returned if none
+    /// connects.
+    pub async fn connect(addr: impl tokio::net::ToSocketAddrs) -> io::Result<VirtualStream> {
+        let stack = default_stack()?;
+        let mut last = None;
+        for a in super::resolve_v4(addr).await? {
+            match stack.connect(a.into()).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("resolve_v4 returns at least one address"))
     }
 
     /// The local address: the stack's address and the socket's virtual port.
