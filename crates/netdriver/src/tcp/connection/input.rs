@@ -361,6 +361,7 @@ impl Connection {
             newly_sacked = self
                 .sack_board
                 .on_sack_blocks(una, self.snd_max, &blocks[..n]);
+            self.tlp_mark_lost(newly_sacked);
         }
 
         if advance > 0 {
@@ -379,6 +380,10 @@ impl Connection {
             if is_dup || newly_sacked > 0 {
                 self.on_duplicate_ack(now, newly_sacked);
             }
+        }
+
+        if advance >= 0 && self.state.is_synchronized() {
+            self.tlp_on_ack(now, repr, ack, advance, payload_len);
         }
 
         // Window update (§3.10.7.4): only from a segment at least as new as the last one
@@ -466,6 +471,7 @@ impl Connection {
                 self.in_recovery = false;
                 self.recovery_inflation = 0;
                 self.dup_acks = 0;
+                self.lost_below = None;
                 self.cc.on_recovery_exit(now);
             } else if !self.sack_enabled {
                 // NewReno partial ACK (RFC 6582 §3.2 step 4): retransmit the next hole,
@@ -519,11 +525,7 @@ impl Connection {
             return;
         }
         let threshold_hit = self.dup_acks >= self.config.dup_ack_threshold.max(1);
-        let sack_loss = self.sack_enabled
-            && newly_sacked > 0
-            && self
-                .sack_board
-                .is_lost(self.snd_una, self.config.dup_ack_threshold.max(1), smss);
+        let sack_loss = self.sack_enabled && newly_sacked > 0 && self.deemed_lost(self.snd_una);
         // RFC 6582 §3.2 step 1-2: no new recovery for ACKs below the previous recovery
         // point (duplicates caused by our own retransmissions after an RTO).
         let past_recover = self.snd_una.distance_from(self.recover) >= 0;
@@ -533,7 +535,7 @@ impl Connection {
     }
 
     /// Enters fast retransmit / fast recovery (RFC 5681 §3.2 steps 2-3, RFC 6675 §5).
-    fn enter_recovery(&mut self, now: Instant) {
+    pub(super) fn enter_recovery(&mut self, now: Instant) {
         let smss = self.send_mss();
         trace!(
             snd_una = self.snd_una.0,
@@ -552,6 +554,11 @@ impl Connection {
         self.fast_rtx_pending = true;
         self.rtt_timed = None;
         self.counters.fast_retransmits += 1;
+        // Recovery makes its own congestion response: the TLP episode, if any, ends here
+        // (no second response in RFC 8985 §7.4.2), and no probe runs during recovery.
+        self.tlp_high = None;
+        self.tlp_deadline = None;
+        self.tlp_pending = false;
     }
 
     /// Segment text and FIN (§3.10.7.4 seventh and eighth steps). `seq` is the sequence

@@ -12,7 +12,7 @@ use crate::wire::tcp::{SackBlock, TcpFlags, TcpOptions, TcpRepr};
 
 /// Why a data segment is being sent, for accounting.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum SendKind {
+pub(super) enum SendKind {
     /// First transmission of new sequence space (advances SND.NXT).
     New,
     /// Resends sequence space already sent.
@@ -135,6 +135,12 @@ impl Connection {
             }
         }
 
+        if self.tlp_pending {
+            if let Some(probe) = self.transmit_tlp(now, buf, options, max_seg) {
+                return Some(probe);
+            }
+        }
+
         if self.in_recovery && self.sack_enabled {
             return self.transmit_sack_recovery(now, buf, options, max_seg);
         }
@@ -228,12 +234,11 @@ impl Connection {
         if self.congestion_window() < pipe.saturating_add(smss) {
             return None;
         }
-        let dup_thresh = self.config.dup_ack_threshold.max(1);
         let from = self.high_rxt.max(self.snd_una);
         let hole = self.sack_board.next_hole(from);
         // Rule 1: the first un-SACKed, lost sequence number above HighRxt.
         if let Some((start, end)) = hole {
-            if self.sack_board.is_lost(start, dup_thresh, smss) {
+            if self.deemed_lost(start) {
                 let len = seq_len(start, end).min(max_seg);
                 return Some(self.emit_data(now, start, len, buf, options, SendKind::Retransmit));
             }
@@ -262,8 +267,6 @@ impl Connection {
 
     /// RFC 6675 §4 SetPipe: un-SACKed bytes not deemed lost, plus retransmitted ones.
     pub(super) fn sack_pipe(&self) -> usize {
-        let smss = self.send_mss();
-        let dup_thresh = self.config.dup_ack_threshold.max(1);
         let mut pipe = 0usize;
         let mut cursor = self.snd_una;
         // Holes lie below the highest SACKed byte; the scoreboard holds a bounded number.
@@ -272,11 +275,12 @@ impl Connection {
                 break;
             };
             // IsLost is monotone: true for every byte below some boundary in the hole.
-            let boundary = if self.sack_board.is_lost(start, dup_thresh, smss) {
+            // So is the TLP rule (everything below a point), and so their disjunction.
+            let boundary = if self.deemed_lost(start) {
                 let (mut lost, mut kept) = (start, end);
                 while seq_len(lost, kept) > 1 {
                     let mid = lost + seq_len(lost, kept) / 2;
-                    if self.sack_board.is_lost(mid, dup_thresh, smss) {
+                    if self.deemed_lost(mid) {
                         lost = mid;
                     } else {
                         kept = mid;
@@ -298,7 +302,7 @@ impl Connection {
     }
 
     /// Builds and accounts one data/FIN segment of up to `max_len` payload bytes at `seq`.
-    fn emit_data(
+    pub(super) fn emit_data(
         &mut self,
         now: Instant,
         seq: SeqNumber,
@@ -366,6 +370,10 @@ impl Connection {
                 // RFC 6298 §5.1: start the timer if it is not running.
                 if self.rtx_deadline.is_none() && seq_len(seq, seq_end) > 0 {
                     self.rtx_deadline = Some(now + self.rtt.rto());
+                }
+                if kind == SendKind::New && seq_len(seq, seq_end) > 0 {
+                    // RFC 8985 §7.2: (re)start the PTO after sending new data.
+                    self.arm_tlp(now);
                 }
             }
         }

@@ -1232,7 +1232,9 @@ fn user_timeout_on_data_sends_rst() {
     let start = p.now;
     p.a.send(b"are you there").unwrap();
     let _ = one(&mut p.a, start);
-    // RTO 200 ms doubling: 0.2, 0.6, 1.4, 3.0 s; then the 5 s user timeout.
+    // A lone segment: the tail loss probe takes the first RTO's instant (0.2 s, RFC 8985
+    // §7.2, without backing off), then the RTO from there, doubling: 0.4, 0.8, 1.6, 3.2 s;
+    // then the 5 s user timeout.
     let mut now = start;
     let mut retransmissions = 0;
     while let Some(t) = p.a.poll_timeout() {
@@ -1247,7 +1249,9 @@ fn user_timeout_on_data_sends_rst() {
         }
     }
     assert_eq!(now, start + Duration::from_secs(5));
-    assert_eq!(retransmissions, 4);
+    assert_eq!(retransmissions, 5);
+    assert_eq!(p.a.stats().tail_loss_probes, 1);
+    assert_eq!(p.a.stats().rto_timeouts, 4);
     assert_eq!(p.a.error(), Some(TcpError::TimedOut));
     assert_eq!(p.a.send(b"x"), Err(TcpError::TimedOut));
     assert!(p.a.is_closed());
