@@ -564,6 +564,16 @@ impl Connection {
     /// Segment text and FIN (§3.10.7.4 seventh and eighth steps). `seq` is the sequence
     /// number of the first payload byte (or of the FIN if there is no payload).
     pub(super) fn process_text(&mut self, now: Instant, seq: SeqNumber, payload: &[u8], fin: bool) {
+        if !payload.is_empty() {
+            // Linux's rule: data after a silence longer than the RTO starts a new burst
+            // whose sender waits on our ACKs again; refill the quick-ACK budget.
+            if let Some(last) = self.last_data_rcv {
+                if now.saturating_duration_since(last) > self.rtt.rto() {
+                    self.quick_acks = super::quick_ack_budget(&self.config);
+                }
+            }
+            self.last_data_rcv = Some(now);
+        }
         let had_ooo = !self.assembler.is_empty();
         let rel = seq.distance_from(self.rcv_nxt);
         // Bytes before RCV.NXT are duplicates: skip them.
@@ -671,9 +681,21 @@ impl Connection {
     /// RFC 5681 §4.2 / RFC 9293 §3.8.6.3: ACK at least every second data segment, else
     /// within the delayed-ACK timeout. The timer is armed by the first unacknowledged
     /// segment and not pushed back by later ones (smoltcp #935).
+    ///
+    /// Quick-ACK (Linux's quickack mode, `tcp_incr_quickack`): while the budget lasts,
+    /// in-order data is acknowledged at once. A sender in slow start or holding a small
+    /// segment back by Nagle waits on our ACKs; delaying them at the start of a connection
+    /// or of a burst after idle costs it the delayed-ACK timeout (the 40 ms stall). Unlike
+    /// Linux there is no ping-pong mode that suppresses quick ACKs for interactive
+    /// exchanges: a reply sent at once still carries the ACK, at the price of a pure ACK
+    /// before it.
     fn schedule_delayed_ack(&mut self, now: Instant) {
         match self.config.delayed_ack {
             None => self.ack_now = true,
+            Some(_) if self.quick_acks > 0 => {
+                self.quick_acks -= 1;
+                self.ack_now = true;
+            }
             Some(delay) => {
                 self.segs_unacked += 1;
                 if self.segs_unacked >= 2 {

@@ -249,12 +249,8 @@ pub struct Connection {
     /// Data segments left to acknowledge at once (quick-ACK mode, see
     /// [`Config::quick_ack_segments`]).
     quick_acks: usize,
-    /// When the last data segment arrived (quick-ACK after idle, ping-pong detection).
+    /// When the last data segment arrived (quick-ACK after idle).
     last_data_rcv: Option<Instant>,
-    /// Interactive exchange detected (Linux's ping-pong mode): we sent data within the
-    /// delayed-ACK timeout of receiving some, so ACKs are left to ride on our replies
-    /// instead of being sent at once by quick-ACK.
-    pingpong: bool,
     /// A duplicate segment arrived: the next ACK's first SACK block reports this range
     /// (D-SACK, RFC 2883 §4).
     dsack: Option<(SeqNumber, SeqNumber)>,
@@ -409,7 +405,6 @@ impl Connection {
             window_update_check: false,
             quick_acks: quick_ack_budget(&config),
             last_data_rcv: None,
-            pingpong: false,
             dsack: None,
             challenge_window_start: None,
             challenge_count: 0,

@@ -244,7 +244,13 @@ fn handshake_without_options_defaults_mss_and_scale() {
 
 #[test]
 fn data_and_delayed_ack() {
-    let mut p = Pair::new(Config::default(), Config::default(), 5 * MS);
+    // No quick-ACK budget at B: it would acknowledge these first segments at once, and
+    // this test is about the delayed-ACK rules that follow it (tests/tcp_quick_ack.rs).
+    let b_cfg = Config {
+        quick_ack_segments: 0,
+        ..Config::default()
+    };
+    let mut p = Pair::new(Config::default(), b_cfg, 5 * MS);
     p.run_until(|p| p.b.state() == State::Established, 10);
     assert_eq!(p.a.send(b"hello").unwrap(), 5);
     let now = p.now;
@@ -1138,7 +1144,12 @@ fn window_scale_for_large_buffers_and_peer_clamp() {
 
 #[test]
 fn delayed_ack_timer_and_second_segment_race() {
-    let (mut b, _) = passive_b(Config::default(), TcpOptions::default());
+    // Without the quick-ACK budget, which would acknowledge the first segments at once.
+    let cfg = Config {
+        quick_ack_segments: 0,
+        ..Config::default()
+    };
+    let (mut b, _) = passive_b(cfg, TcpOptions::default());
     let base = A_ISN + 1;
     b.handle_segment(
         ms(10),
