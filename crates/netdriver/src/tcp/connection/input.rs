@@ -471,6 +471,7 @@ impl Connection {
                 self.in_recovery = false;
                 self.recovery_inflation = 0;
                 self.dup_acks = 0;
+                self.limited_sent = 0;
                 self.lost_below = None;
                 self.cc.on_recovery_exit(now);
             } else if !self.sack_enabled {
@@ -485,6 +486,7 @@ impl Connection {
             }
         } else {
             self.dup_acks = 0;
+            self.limited_sent = 0;
             if self.state.is_synchronized() && data_acked > 0 && self.cwnd_limited(in_flight) {
                 self.cc.on_ack(now, data_acked, sample, in_flight);
             }

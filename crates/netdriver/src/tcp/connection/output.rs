@@ -149,6 +149,13 @@ impl Connection {
         let in_flight = seq_len(self.snd_una, self.snd_nxt);
         let room_wnd = self.snd_wnd.saturating_sub(in_flight);
         let room_cwnd = self.congestion_window().saturating_sub(in_flight);
+        // RFC 3042 limited transmit: the first and second duplicate ACKs each let one new
+        // segment out beyond cwnd (FlightSize <= cwnd + 2·SMSS), cwnd itself unchanged.
+        let limited_allowance = self.limited_transmit_allowance();
+        let room_limited = self
+            .congestion_window()
+            .saturating_add(limited_allowance)
+            .saturating_sub(in_flight);
         let nothing_outstanding = self.snd_una == self.snd_max;
 
         if self.snd_nxt.distance_from(send_end) < 0 {
@@ -191,7 +198,12 @@ impl Connection {
                     SendKind::Retransmit,
                 ));
             }
-            let len = avail.min(max_seg).min(room_wnd).min(room_cwnd);
+            let room = if retransmission {
+                room_cwnd
+            } else {
+                room_limited
+            };
+            let len = avail.min(max_seg).min(room_wnd).min(room);
             if len > 0 {
                 self.rto_probe = false;
                 let kind = if retransmission {
@@ -208,6 +220,10 @@ impl Connection {
                 // window is worth sending.
                 let big_enough = len >= (self.max_snd_wnd / 2).max(1);
                 if retransmission || full || (nagle_ok && (all_queued || big_enough)) {
+                    if len > room_cwnd {
+                        self.limited_sent += 1;
+                        self.counters.limited_transmits += 1;
+                    }
                     let seq = self.snd_nxt;
                     return Some(self.emit_data(now, seq, len, buf, options, kind));
                 }
@@ -219,6 +235,26 @@ impl Connection {
             return Some(self.emit_data(now, seq, 0, buf, options, SendKind::New));
         }
         None
+    }
+
+    /// Bytes limited transmit adds to cwnd now (RFC 3042 §2): one SMSS per duplicate ACK
+    /// received, at most two, less what it already let out; only outside recovery, for
+    /// new data, when enabled.
+    fn limited_transmit_allowance(&self) -> usize {
+        if !self.config.limited_transmit
+            || self.in_recovery
+            || self.dup_acks == 0
+            || self.snd_nxt != self.snd_max
+        {
+            return 0;
+        }
+        let granted = self.dup_acks.min(2);
+        if self.limited_sent >= granted {
+            return 0;
+        }
+        // The segments already sent by it are in the flight: the allowance covers them and
+        // one more.
+        (self.limited_sent + 1).saturating_mul(self.send_mss())
     }
 
     /// RFC 6675 §5 step (C): while `cwnd - pipe >= SMSS`, send NextSeg (§4 rules 1-3).

@@ -128,6 +128,7 @@ impl Connection {
         self.in_recovery = false;
         self.recovery_inflation = 0;
         self.dup_acks = 0;
+        self.limited_sent = 0;
         self.fast_rtx_pending = false;
         self.sack_board.clear();
         self.recover = self.snd_max;
