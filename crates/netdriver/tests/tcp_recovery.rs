@@ -433,3 +433,75 @@ fn limited_transmit_with_sack_and_its_limits() {
     t.expect_none();
     assert_eq!(t.stats().limited_transmits, 0);
 }
+
+// ---- D-SACK blocks we emit (RFC 2883) ----
+
+#[test]
+fn duplicate_segment_is_reported_in_a_dsack_block() {
+    let mut t = Tcb::new();
+    let d = data(3000);
+    t.send(t.seg().payload(&d[..1000]));
+    t.expect(t.out().ack(r(1000)).win(BUF as u16 - 1000));
+    t.expect_none();
+    // RFC 2883 §4.1.1: the whole segment again (its ACK was lost): the first SACK block
+    // reports it, below the cumulative ACK.
+    t.send(t.seg().payload(&d[..1000]));
+    t.expect(
+        t.out()
+            .ack(r(1000))
+            .win(BUF as u16 - 1000)
+            .sack(&[(r(0), r(1000))]),
+    );
+    t.expect_none();
+    assert_eq!(t.stats().dsacks_sent, 1);
+    // Reported once: the next ACK has no SACK blocks.
+    t.send(t.seg().seq(r(1000)).payload(&d[1000..2000]));
+    t.expect(t.out().ack(r(2000)).win(BUF as u16 - 2000));
+    t.expect_none();
+    // A segment half old, half new: the old half is reported, the new half accepted.
+    t.send(t.seg().seq(r(1500)).payload(&d[1500..2500]));
+    t.expect(
+        t.out()
+            .ack(r(2500))
+            .win(BUF as u16 - 2500)
+            .sack(&[(r(1500), r(2000))]),
+    );
+    t.expect_none();
+    assert_eq!(t.stats().dsacks_sent, 2);
+}
+
+#[test]
+fn duplicate_out_of_order_segment_dsack_then_its_sack_block() {
+    let mut t = Tcb::new();
+    let d = data(6000);
+    t.send(ooo_seg(&t, &d, 1000));
+    t.expect(t.out().ack(r(0)).sack(&[(r(1000), r(2000))]));
+    t.send(ooo_seg(&t, &d, 3000));
+    t.expect(
+        t.out()
+            .ack(r(0))
+            .sack(&[(r(3000), r(4000)), (r(1000), r(2000))]),
+    );
+    // RFC 2883 §4.1.2: a duplicate of held out-of-order data: the D-SACK block first,
+    // then the SACK block that contains it, then the others.
+    t.send(ooo_seg(&t, &d, 1000));
+    t.expect(
+        t.out()
+            .ack(r(0))
+            .sack(&[(r(1000), r(2000)), (r(1000), r(2000)), (r(3000), r(4000))]),
+    );
+    t.expect_none();
+    assert_eq!(t.stats().dsacks_sent, 1);
+}
+
+#[test]
+fn no_dsack_without_sack() {
+    let mut t = Tcb::established(test_config(), PeerOpts::no_sack());
+    let d = data(1000);
+    t.send(t.seg().payload(&d));
+    t.expect(t.out().ack(r(1000)).win(BUF as u16 - 1000));
+    t.send(t.seg().payload(&d));
+    t.expect(t.out().ack(r(1000)).win(BUF as u16 - 1000));
+    t.expect_none();
+    assert_eq!(t.stats().dsacks_sent, 0);
+}

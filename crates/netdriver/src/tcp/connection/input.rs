@@ -154,6 +154,10 @@ impl Connection {
                 rcv_wnd,
                 "tcp: unacceptable segment, ACK"
             );
+            // A data segment wholly below RCV.NXT is a duplicate: report it (RFC 2883 §4).
+            if !payload.is_empty() && (seq + payload.len()).distance_from(self.rcv_nxt) <= 0 {
+                self.note_duplicate(seq, seq + payload.len());
+            }
             self.ack_now = true;
             return;
         }
@@ -585,6 +589,12 @@ impl Connection {
             0
         };
         let offset = if rel > 0 { rel as usize } else { 0 };
+        if skip > 0 {
+            // The front of the segment was received already (RFC 2883 §4.1.1 reports
+            // the duplicated part).
+            let dup_end = seq + skip.min(payload.len());
+            self.note_duplicate(seq, dup_end);
+        }
         let data = payload.get(skip..).unwrap_or(&[]);
         let room = self.rx.free();
         let fit = data.len().min(room.saturating_sub(offset));
@@ -606,6 +616,14 @@ impl Connection {
                 };
             }
         } else if !data.is_empty() {
+            let held = self
+                .assembler
+                .ranges()
+                .any(|(start, len)| start <= offset && offset + data.len() <= start + len);
+            if held {
+                // Out-of-order data we hold already (RFC 2883 §4.1.2).
+                self.note_duplicate(seq, seq + data.len());
+            }
             match self.assembler.add(offset, data.len()) {
                 Ok(()) => {
                     self.rx.write_at(offset, data);
@@ -707,6 +725,18 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// A duplicate segment `[left, right)` arrived: the next ACK reports it in its first
+    /// SACK block (D-SACK, RFC 2883 §4), so that the sender can tell a spurious
+    /// retransmission from a loss. Only the latest duplicate is reported (§4: at most
+    /// one D-SACK block per ACK), and it is sent at once.
+    fn note_duplicate(&mut self, left: SeqNumber, right: SeqNumber) {
+        if !self.sack_enabled || right.distance_from(left) <= 0 {
+            return;
+        }
+        self.dsack = Some((left, right));
+        self.ack_now = true;
     }
 
     /// Remembers that an out-of-order segment starting at `seq` arrived, newest first, for

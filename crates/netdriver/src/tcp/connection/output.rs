@@ -462,6 +462,12 @@ impl Connection {
 
     /// Fills in ports, ACK, window and the ACK bookkeeping of a non-SYN segment.
     fn finish_segment(&mut self, seq: SeqNumber, flags: TcpFlags, options: TcpOptions) -> TcpRepr {
+        if let Some((left, right)) = self.dsack.take() {
+            // Reported once: the block rides on this segment if its options carry it.
+            if options.sack_blocks[0] == Some(SackBlock { left, right }) {
+                self.counters.dsacks_sent += 1;
+            }
+        }
         let window = self.window_field();
         let right_edge = self.rcv_nxt + (usize::from(window) << self.rcv_wscale);
         if right_edge.distance_from(self.rcv_adv) > 0 {
@@ -495,7 +501,7 @@ impl Connection {
         if self.ts_enabled {
             options.timestamp = Some((timestamp_value(now), self.ts_recent));
         }
-        if self.sack_enabled && !self.assembler.is_empty() {
+        if self.sack_enabled && (!self.assembler.is_empty() || self.dsack.is_some()) {
             options.sack_blocks = self.sack_blocks();
         }
         options
@@ -503,7 +509,8 @@ impl Connection {
 
     /// RFC 2018 §4: the first block holds the most recently received segment, then the
     /// other recently reported ones, then the remaining ranges; 3 blocks beside timestamps,
-    /// 4 without.
+    /// 4 without. A pending D-SACK (RFC 2883 §4) goes first, followed by the SACKed range
+    /// that contains it, if any.
     fn sack_blocks(&self) -> [Option<SackBlock>; 4] {
         let limit = if self.ts_enabled { 3 } else { 4 };
         let mut blocks: [Option<SackBlock>; 4] = [None; 4];
@@ -512,6 +519,19 @@ impl Connection {
             left: self.rcv_nxt + offset,
             right: self.rcv_nxt + offset + len,
         };
+        let mut containing = None;
+        if let Some((left, right)) = self.dsack {
+            blocks[0] = Some(SackBlock { left, right });
+            n = 1;
+            let rel = left.distance_from(self.rcv_nxt);
+            if rel >= 0 {
+                let (lo, hi) = (rel as usize, seq_len(self.rcv_nxt, right));
+                containing = self
+                    .assembler
+                    .ranges()
+                    .find(|&(offset, len)| offset <= lo && hi <= offset + len);
+            }
+        }
         let recent_ranges = self.sack_recent.iter().flatten().filter_map(|seq| {
             let rel = seq.distance_from(self.rcv_nxt);
             if rel < 0 {
@@ -522,12 +542,19 @@ impl Connection {
                 .ranges()
                 .find(|&(offset, len)| offset <= rel && rel < offset + len)
         });
-        for range in recent_ranges.chain(self.assembler.ranges()) {
+        for range in containing
+            .into_iter()
+            .chain(recent_ranges)
+            .chain(self.assembler.ranges())
+        {
             if n == limit {
                 break;
             }
             let block = to_block(range);
-            if blocks[..n].iter().flatten().any(|b| *b == block) {
+            // The D-SACK block (index 0) may equal a SACKed range; that range is still
+            // reported after it (RFC 2883 §4).
+            let start = usize::from(self.dsack.is_some()).min(n);
+            if blocks[start..n].iter().flatten().any(|b| *b == block) {
                 continue;
             }
             blocks[n] = Some(block);
