@@ -12,9 +12,13 @@ use tcp_support_b::*;
 /// MSS the implementation compares with.
 const FULL: usize = 1460;
 
+/// Delayed ACKs without the quick-ACK budget, which would acknowledge the first
+/// segments of the connection at once: these tests are about the delayed-ACK rules that
+/// apply once it is spent (quick-ACK has its own tests in `tcp_quick_ack.rs`).
 fn delayed() -> Tcb {
     let config = Config {
         delayed_ack: Some(ms(40)),
+        quick_ack_segments: 0,
         ..test_config()
     };
     Tcb::established(config, PeerOpts::default())

@@ -155,9 +155,15 @@ fn duplicate_segment_is_acked_and_not_delivered_twice() {
     let d = data(1000);
     t.send(t.seg().payload(&d));
     t.expect(t.out().ack(r(1000)).win(BUF as u16 - 1000));
-    // RFC 9293 §3.10.7.4: an unacceptable (old) segment is answered with an ACK.
+    // RFC 9293 §3.10.7.4: an unacceptable (old) segment is answered with an ACK; the
+    // peer permitted SACK, so the ACK reports the duplicate in a D-SACK block (RFC 2883).
     t.send(t.seg().payload(&d));
-    t.expect(t.out().ack(r(1000)).win(BUF as u16 - 1000));
+    t.expect(
+        t.out()
+            .ack(r(1000))
+            .win(BUF as u16 - 1000)
+            .sack(&[(r(0), r(1000))]),
+    );
     t.expect_none();
     assert_eq!(t.conn.recv_queue(), 1000);
     assert_eq!(t.app_recv(5000), d);
@@ -169,8 +175,14 @@ fn overlapping_segment_delivers_only_new_bytes() {
     let d = data(1500);
     t.send(t.seg().payload(&d[..1000]));
     t.expect(t.out().ack(r(1000)).win(BUF as u16 - 1000));
+    // The duplicated half is reported in a D-SACK block (RFC 2883 §4.1.1).
     t.send(t.seg().seq(r(500)).payload(&d[500..1500]));
-    t.expect(t.out().ack(r(1500)).win(BUF as u16 - 1500));
+    t.expect(
+        t.out()
+            .ack(r(1500))
+            .win(BUF as u16 - 1500)
+            .sack(&[(r(500), r(1000))]),
+    );
     t.expect_none();
     assert_eq!(t.app_recv(5000), d);
 }

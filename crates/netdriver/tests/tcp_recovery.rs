@@ -351,3 +351,157 @@ fn sack_block_spray_is_bounded() {
     assert_eq!(t.conn.send_queue(), 0);
     assert_eq!(t.conn.poll_timeout(), None);
 }
+
+// ---- limited transmit (RFC 3042) ----
+
+/// Established with `peer`, nodelay, 14 segments queued and the initial window (10) sent;
+/// segment 0 is lost, so every ACK that follows is a duplicate of l(0).
+fn ten_sent_four_queued(config: Config, peer: PeerOpts) -> (Tcb, Vec<u8>) {
+    let mut t = Tcb::established(config, peer);
+    t.conn.set_nodelay(true);
+    let d = data(14_000);
+    t.app_send(&d);
+    for i in 0..10 {
+        t.expect(
+            t.out()
+                .seq(l(i * 1000))
+                .payload(&d[i * 1000..(i + 1) * 1000]),
+        );
+    }
+    t.expect_none();
+    t.advance(ms(10));
+    (t, d)
+}
+
+#[test]
+fn limited_transmit_sends_one_new_segment_per_first_two_dup_acks() {
+    let (mut t, d) = ten_sent_four_queued(test_config(), PeerOpts::no_sack());
+    // RFC 3042 §2: first duplicate ACK, one new segment beyond cwnd.
+    t.send(t.seg().ack(l(0)));
+    t.expect(t.out().seq(l(10_000)).payload(&d[10_000..11_000]));
+    t.expect_none();
+    // Second: one more (FlightSize = cwnd + 2·SMSS).
+    t.send(t.seg().ack(l(0)));
+    t.expect(t.out().seq(l(11_000)).payload(&d[11_000..12_000]));
+    t.expect_none();
+    let s = t.stats();
+    assert_eq!(s.cwnd, 10_000, "cwnd is not changed by limited transmit");
+    assert_eq!(s.limited_transmits, 2);
+    assert_eq!(s.bytes_in_flight, 12_000);
+    // Third: fast retransmit of the hole, and nothing new: ssthresh = 12000 / 2 and
+    // cwnd = ssthresh + 3·SMSS = 9000 is below the 12000 in flight.
+    t.send(t.seg().ack(l(0)));
+    t.expect(t.out().seq(l(0)).payload(&d[..1000]));
+    t.expect_none();
+    let s = t.stats();
+    assert_eq!(s.fast_retransmits, 1);
+    assert_eq!(s.ssthresh, 6000);
+    assert_eq!(s.limited_transmits, 2);
+}
+
+#[test]
+fn limited_transmit_with_sack_and_its_limits() {
+    // With SACK the duplicate ACKs carry blocks; the same two segments go out.
+    let (mut t, d) = ten_sent_four_queued(test_config(), PeerOpts::default());
+    t.send(t.seg().ack(l(0)).sack(&[(l(1000), l(2000))]));
+    t.expect(t.out().seq(l(10_000)).payload(&d[10_000..11_000]));
+    t.expect_none();
+    t.send(t.seg().ack(l(0)).sack(&[(l(1000), l(3000))]));
+    t.expect(t.out().seq(l(11_000)).payload(&d[11_000..12_000]));
+    t.expect_none();
+    assert_eq!(t.stats().limited_transmits, 2);
+
+    // The peer's window must allow it: a window of exactly the flight lets nothing out.
+    let peer = PeerOpts {
+        window: 10_000,
+        ..PeerOpts::no_sack()
+    };
+    let (mut t, _) = ten_sent_four_queued(test_config(), peer);
+    t.send(t.seg().ack(l(0)));
+    t.expect_none();
+    assert_eq!(t.stats().limited_transmits, 0);
+
+    // Disabled in the config.
+    let config = Config {
+        limited_transmit: false,
+        ..test_config()
+    };
+    let (mut t, _) = ten_sent_four_queued(config, PeerOpts::no_sack());
+    t.send(t.seg().ack(l(0)));
+    t.expect_none();
+    t.send(t.seg().ack(l(0)));
+    t.expect_none();
+    assert_eq!(t.stats().limited_transmits, 0);
+}
+
+// ---- D-SACK blocks we emit (RFC 2883) ----
+
+#[test]
+fn duplicate_segment_is_reported_in_a_dsack_block() {
+    let mut t = Tcb::new();
+    let d = data(3000);
+    t.send(t.seg().payload(&d[..1000]));
+    t.expect(t.out().ack(r(1000)).win(BUF as u16 - 1000));
+    t.expect_none();
+    // RFC 2883 §4.1.1: the whole segment again (its ACK was lost): the first SACK block
+    // reports it, below the cumulative ACK.
+    t.send(t.seg().payload(&d[..1000]));
+    t.expect(
+        t.out()
+            .ack(r(1000))
+            .win(BUF as u16 - 1000)
+            .sack(&[(r(0), r(1000))]),
+    );
+    t.expect_none();
+    assert_eq!(t.stats().dsacks_sent, 1);
+    // Reported once: the next ACK has no SACK blocks.
+    t.send(t.seg().seq(r(1000)).payload(&d[1000..2000]));
+    t.expect(t.out().ack(r(2000)).win(BUF as u16 - 2000));
+    t.expect_none();
+    // A segment half old, half new: the old half is reported, the new half accepted.
+    t.send(t.seg().seq(r(1500)).payload(&d[1500..2500]));
+    t.expect(
+        t.out()
+            .ack(r(2500))
+            .win(BUF as u16 - 2500)
+            .sack(&[(r(1500), r(2000))]),
+    );
+    t.expect_none();
+    assert_eq!(t.stats().dsacks_sent, 2);
+}
+
+#[test]
+fn duplicate_out_of_order_segment_dsack_then_its_sack_block() {
+    let mut t = Tcb::new();
+    let d = data(6000);
+    t.send(ooo_seg(&t, &d, 1000));
+    t.expect(t.out().ack(r(0)).sack(&[(r(1000), r(2000))]));
+    t.send(ooo_seg(&t, &d, 3000));
+    t.expect(
+        t.out()
+            .ack(r(0))
+            .sack(&[(r(3000), r(4000)), (r(1000), r(2000))]),
+    );
+    // RFC 2883 §4.1.2: a duplicate of held out-of-order data: the D-SACK block first,
+    // then the SACK block that contains it, then the others.
+    t.send(ooo_seg(&t, &d, 1000));
+    t.expect(
+        t.out()
+            .ack(r(0))
+            .sack(&[(r(1000), r(2000)), (r(1000), r(2000)), (r(3000), r(4000))]),
+    );
+    t.expect_none();
+    assert_eq!(t.stats().dsacks_sent, 1);
+}
+
+#[test]
+fn no_dsack_without_sack() {
+    let mut t = Tcb::established(test_config(), PeerOpts::no_sack());
+    let d = data(1000);
+    t.send(t.seg().payload(&d));
+    t.expect(t.out().ack(r(1000)).win(BUF as u16 - 1000));
+    t.send(t.seg().payload(&d));
+    t.expect(t.out().ack(r(1000)).win(BUF as u16 - 1000));
+    t.expect_none();
+    assert_eq!(t.stats().dsacks_sent, 0);
+}

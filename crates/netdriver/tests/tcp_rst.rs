@@ -296,6 +296,7 @@ fn challenge_ack_limit_does_not_apply_to_data_acks() {
         );
     }
     // Duplicate (already received) data is also ACKed, not rate-limited (RFC 9293 §3.10.7.4).
+    // SACK is in effect, so each ACK reports the duplicate in a D-SACK block (RFC 2883).
     for _ in 0..5 {
         send!(h, seg(), &[0u8; 10]);
         let w = h.win();
@@ -304,6 +305,7 @@ fn challenge_ack_limit_does_not_apply_to_data_acks() {
             TcpRepr {
                 ack: Some(REMOTE_ISN + 51),
                 window: w,
+                options: sack_opts(&[(REMOTE_ISN + 1, REMOTE_ISN + 11)]),
                 ..out()
             }
         );

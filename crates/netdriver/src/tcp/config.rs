@@ -70,6 +70,24 @@ pub struct Config {
     pub time_wait: Duration,
     /// Duplicate-ACK threshold for fast retransmit (RFC 5681 §3.2). Default 3.
     pub dup_ack_threshold: usize,
+    /// Tail Loss Probe (RFC 8985 §7): when SACK is negotiated and an RTT sample exists, a
+    /// probe timeout (PTO, 2·SRTT) after the last new data or cumulative ACK sends one new
+    /// segment, or resends the last one, so that a lost tail is repaired by SACK recovery
+    /// instead of waiting for the RTO (at least `min_rto`). Default true.
+    pub tail_loss_probe: bool,
+    /// The allowance added to the PTO when a single segment is in flight, for the peer's
+    /// delayed ACK (RFC 8985 §7.2 WCDelAckT). Default 200 ms, RFC 8985's value.
+    pub tlp_max_ack_delay: Duration,
+    /// Quick-ACK budget (Linux's quickack mode): this many data segments at the start of
+    /// the connection, and again after more than an RTO without data from the peer, are
+    /// acknowledged at once instead of by the delayed-ACK rules, so that a peer's slow
+    /// start and Nagle do not wait on our delayed-ACK timer. The budget is capped, like
+    /// Linux's, at `rx_buffer / (2 × mss)` (at least 2). 0 disables it. Only matters when
+    /// [`delayed_ack`](Self::delayed_ack) is on. Default 16 (Linux's `TCP_MAX_QUICKACKS`).
+    pub quick_ack_segments: usize,
+    /// Limited transmit (RFC 3042): on the first and second duplicate ACK, send one new
+    /// segment each if the peer's window allows, beyond the congestion window. Default true.
+    pub limited_transmit: bool,
     /// Challenge ACKs per second (RFC 5961 §7), counted per connection: a global counter
     /// leaks sequence state across connections (CVE-2016-5696). Default 10.
     pub challenge_ack_limit_per_sec: u32,
@@ -99,6 +117,10 @@ impl Default for Config {
             max_sack_ranges: 32,
             time_wait: Duration::from_secs(60),
             dup_ack_threshold: 3,
+            tail_loss_probe: true,
+            tlp_max_ack_delay: Duration::from_millis(200),
+            quick_ack_segments: 16,
+            limited_transmit: true,
             challenge_ack_limit_per_sec: 10,
         }
     }

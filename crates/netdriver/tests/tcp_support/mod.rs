@@ -71,14 +71,17 @@ pub fn ms(n: u64) -> Duration {
 }
 
 /// The harness default config: the crate defaults with buffers small enough to reason
-/// about, immediate ACKs (delayed ACKs are tested elsewhere) and no timestamps (their TSval
-/// is the core's choice; the tests that use timestamps turn them on explicitly).
+/// about, immediate ACKs (delayed ACKs are tested elsewhere), no timestamps (their TSval
+/// is the core's choice; the tests that use timestamps turn them on explicitly) and no
+/// tail loss probe (it would take the first RTO's place, and these tests are about the
+/// RTO; `tcp_tlp.rs` and `tcp_default_config.rs` test the probe).
 pub fn config() -> Config {
     Config {
         rx_buffer: RX_BUFFER,
         tx_buffer: TX_BUFFER,
         delayed_ack: None,
         timestamps: false,
+        tail_loss_probe: false,
         ..Config::default()
     }
 }

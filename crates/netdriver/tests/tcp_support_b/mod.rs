@@ -63,7 +63,10 @@ pub fn data(len: usize) -> Vec<u8> {
 /// Config used by most tests: 16 KiB buffers (windows fit in 16 bits unscaled), ACK for
 /// every segment (delayed ACKs are tested on their own), NewReno (exact arithmetic), RTO
 /// initial = minimum = 200 ms so the value after the harness handshake does not depend on
-/// whether the handshake produced an RTT sample (it is 200 ms either way).
+/// whether the handshake produced an RTT sample (it is 200 ms either way). No tail loss
+/// probe, so that `deadline()` with data outstanding is the RTO these tests are about; the
+/// probe has its own tests (`tcp_tlp.rs`), as does the default configuration
+/// (`tcp_default_config.rs`).
 pub fn test_config() -> Config {
     Config {
         rx_buffer: BUF,
@@ -72,6 +75,7 @@ pub fn test_config() -> Config {
         initial_rto: ms(200),
         min_rto: ms(200),
         congestion: CongestionAlgorithm::NewReno,
+        tail_loss_probe: false,
         ..Config::default()
     }
 }

@@ -154,6 +154,10 @@ impl Connection {
                 rcv_wnd,
                 "tcp: unacceptable segment, ACK"
             );
+            // A data segment wholly below RCV.NXT is a duplicate: report it (RFC 2883 §4).
+            if !payload.is_empty() && (seq + payload.len()).distance_from(self.rcv_nxt) <= 0 {
+                self.note_duplicate(seq, seq + payload.len());
+            }
             self.ack_now = true;
             return;
         }
@@ -361,6 +365,7 @@ impl Connection {
             newly_sacked = self
                 .sack_board
                 .on_sack_blocks(una, self.snd_max, &blocks[..n]);
+            self.tlp_mark_lost(newly_sacked);
         }
 
         if advance > 0 {
@@ -379,6 +384,10 @@ impl Connection {
             if is_dup || newly_sacked > 0 {
                 self.on_duplicate_ack(now, newly_sacked);
             }
+        }
+
+        if advance >= 0 && self.state.is_synchronized() {
+            self.tlp_on_ack(now, repr, ack, advance, payload_len);
         }
 
         // Window update (§3.10.7.4): only from a segment at least as new as the last one
@@ -466,6 +475,8 @@ impl Connection {
                 self.in_recovery = false;
                 self.recovery_inflation = 0;
                 self.dup_acks = 0;
+                self.limited_sent = 0;
+                self.lost_below = None;
                 self.cc.on_recovery_exit(now);
             } else if !self.sack_enabled {
                 // NewReno partial ACK (RFC 6582 §3.2 step 4): retransmit the next hole,
@@ -479,6 +490,7 @@ impl Connection {
             }
         } else {
             self.dup_acks = 0;
+            self.limited_sent = 0;
             if self.state.is_synchronized() && data_acked > 0 && self.cwnd_limited(in_flight) {
                 self.cc.on_ack(now, data_acked, sample, in_flight);
             }
@@ -519,11 +531,7 @@ impl Connection {
             return;
         }
         let threshold_hit = self.dup_acks >= self.config.dup_ack_threshold.max(1);
-        let sack_loss = self.sack_enabled
-            && newly_sacked > 0
-            && self
-                .sack_board
-                .is_lost(self.snd_una, self.config.dup_ack_threshold.max(1), smss);
+        let sack_loss = self.sack_enabled && newly_sacked > 0 && self.deemed_lost(self.snd_una);
         // RFC 6582 §3.2 step 1-2: no new recovery for ACKs below the previous recovery
         // point (duplicates caused by our own retransmissions after an RTO).
         let past_recover = self.snd_una.distance_from(self.recover) >= 0;
@@ -533,7 +541,7 @@ impl Connection {
     }
 
     /// Enters fast retransmit / fast recovery (RFC 5681 §3.2 steps 2-3, RFC 6675 §5).
-    fn enter_recovery(&mut self, now: Instant) {
+    pub(super) fn enter_recovery(&mut self, now: Instant) {
         let smss = self.send_mss();
         trace!(
             snd_una = self.snd_una.0,
@@ -552,11 +560,26 @@ impl Connection {
         self.fast_rtx_pending = true;
         self.rtt_timed = None;
         self.counters.fast_retransmits += 1;
+        // Recovery makes its own congestion response: the TLP episode, if any, ends here
+        // (no second response in RFC 8985 §7.4.2), and no probe runs during recovery.
+        self.tlp_high = None;
+        self.tlp_deadline = None;
+        self.tlp_pending = false;
     }
 
     /// Segment text and FIN (§3.10.7.4 seventh and eighth steps). `seq` is the sequence
     /// number of the first payload byte (or of the FIN if there is no payload).
     pub(super) fn process_text(&mut self, now: Instant, seq: SeqNumber, payload: &[u8], fin: bool) {
+        if !payload.is_empty() {
+            // Linux's rule: data after a silence longer than the RTO starts a new burst
+            // whose sender waits on our ACKs again; refill the quick-ACK budget.
+            if let Some(last) = self.last_data_rcv {
+                if now.saturating_duration_since(last) > self.rtt.rto() {
+                    self.quick_acks = super::quick_ack_budget(&self.config);
+                }
+            }
+            self.last_data_rcv = Some(now);
+        }
         let had_ooo = !self.assembler.is_empty();
         let rel = seq.distance_from(self.rcv_nxt);
         // Bytes before RCV.NXT are duplicates: skip them.
@@ -566,6 +589,12 @@ impl Connection {
             0
         };
         let offset = if rel > 0 { rel as usize } else { 0 };
+        if skip > 0 {
+            // The front of the segment was received already (RFC 2883 §4.1.1 reports
+            // the duplicated part).
+            let dup_end = seq + skip.min(payload.len());
+            self.note_duplicate(seq, dup_end);
+        }
         let data = payload.get(skip..).unwrap_or(&[]);
         let room = self.rx.free();
         let fit = data.len().min(room.saturating_sub(offset));
@@ -587,6 +616,14 @@ impl Connection {
                 };
             }
         } else if !data.is_empty() {
+            let held = self
+                .assembler
+                .ranges()
+                .any(|(start, len)| start <= offset && offset + data.len() <= start + len);
+            if held {
+                // Out-of-order data we hold already (RFC 2883 §4.1.2).
+                self.note_duplicate(seq, seq + data.len());
+            }
             match self.assembler.add(offset, data.len()) {
                 Ok(()) => {
                     self.rx.write_at(offset, data);
@@ -664,9 +701,21 @@ impl Connection {
     /// RFC 5681 §4.2 / RFC 9293 §3.8.6.3: ACK at least every second data segment, else
     /// within the delayed-ACK timeout. The timer is armed by the first unacknowledged
     /// segment and not pushed back by later ones (smoltcp #935).
+    ///
+    /// Quick-ACK (Linux's quickack mode, `tcp_incr_quickack`): while the budget lasts,
+    /// in-order data is acknowledged at once. A sender in slow start or holding a small
+    /// segment back by Nagle waits on our ACKs; delaying them at the start of a connection
+    /// or of a burst after idle costs it the delayed-ACK timeout (the 40 ms stall). Unlike
+    /// Linux there is no ping-pong mode that suppresses quick ACKs for interactive
+    /// exchanges: a reply sent at once still carries the ACK, at the price of a pure ACK
+    /// before it.
     fn schedule_delayed_ack(&mut self, now: Instant) {
         match self.config.delayed_ack {
             None => self.ack_now = true,
+            Some(_) if self.quick_acks > 0 => {
+                self.quick_acks -= 1;
+                self.ack_now = true;
+            }
             Some(delay) => {
                 self.segs_unacked += 1;
                 if self.segs_unacked >= 2 {
@@ -676,6 +725,18 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// A duplicate segment `[left, right)` arrived: the next ACK reports it in its first
+    /// SACK block (D-SACK, RFC 2883 §4), so that the sender can tell a spurious
+    /// retransmission from a loss. Only the latest duplicate is reported (§4: at most
+    /// one D-SACK block per ACK), and it is sent at once.
+    fn note_duplicate(&mut self, left: SeqNumber, right: SeqNumber) {
+        if !self.sack_enabled || right.distance_from(left) <= 0 {
+            return;
+        }
+        self.dsack = Some((left, right));
+        self.ack_now = true;
     }
 
     /// Remembers that an out-of-order segment starting at `seq` arrived, newest first, for

@@ -7,10 +7,12 @@
 //! ([`Connection::poll_timeout`]).
 //!
 //! The code is split by direction:
-//! - `input`: segment arrival (RFC 9293 §3.10.7, RFC 5961, RFC 7323, loss detection),
+//! - `input`: segment arrival (RFC 9293 §3.10.7, RFC 5961, RFC 7323, loss detection,
+//!   RFC 3042 limited transmit, quick-ACK, D-SACK generation per RFC 2883),
 //! - `output`: segment construction (sender and receiver SWS avoidance, Nagle, delayed
-//!   ACK, SACK blocks, NewReno and RFC 6675 SACK recovery),
-//! - `timers`: retransmission, persist, delayed ACK, keep-alive, TIME-WAIT, user timeout.
+//!   ACK, SACK and D-SACK blocks, NewReno and RFC 6675 SACK recovery),
+//! - `timers`: retransmission, persist, delayed ACK, keep-alive, TIME-WAIT, user timeout,
+//! - `tlp`: the Tail Loss Probe of RFC 8985 §7.
 //!
 //! Conventions a test writer needs:
 //! - Timestamps: TSval is `now` in **microseconds** (truncated to 32 bits). RFC 7323 §5.4
@@ -40,6 +42,7 @@ use crate::wire::tcp::{TcpFlags, TcpRepr};
 mod input;
 mod output;
 mod timers;
+mod tlp;
 
 #[cfg(test)]
 mod tests;
@@ -142,6 +145,15 @@ pub struct Stats {
     pub ooo_dropped: u64,
     /// Challenge ACKs sent (RFC 5961).
     pub challenge_acks: u64,
+    /// Tail loss probes sent (RFC 8985 §7), new data or a retransmission.
+    pub tail_loss_probes: u64,
+    /// Losses repaired by a retransmitted probe, which cost a congestion response
+    /// (RFC 8985 §7.4.2).
+    pub tlp_recoveries: u64,
+    /// Segments sent by limited transmit (RFC 3042).
+    pub limited_transmits: u64,
+    /// ACKs sent whose first SACK block reported a duplicate segment (D-SACK, RFC 2883).
+    pub dsacks_sent: u64,
 }
 
 /// Mutable counters kept in the connection; [`Stats`] adds the derived values.
@@ -157,6 +169,10 @@ struct Counters {
     rto_timeouts: u64,
     ooo_dropped: u64,
     challenge_acks: u64,
+    tail_loss_probes: u64,
+    tlp_recoveries: u64,
+    limited_transmits: u64,
+    dsacks_sent: u64,
 }
 
 /// One TCP connection (a transmission control block, RFC 9293 §3.3.1) and its buffers.
@@ -230,6 +246,14 @@ pub struct Connection {
     delayed_ack_deadline: Option<Instant>,
     /// The application read data since our last segment: a window update may be due.
     window_update_check: bool,
+    /// Data segments left to acknowledge at once (quick-ACK mode, see
+    /// [`Config::quick_ack_segments`]).
+    quick_acks: usize,
+    /// When the last data segment arrived (quick-ACK after idle).
+    last_data_rcv: Option<Instant>,
+    /// A duplicate segment arrived: the next ACK's first SACK block reports this range
+    /// (D-SACK, RFC 2883 §4).
+    dsack: Option<(SeqNumber, SeqNumber)>,
     /// Start of the current one-second challenge-ACK accounting window (RFC 5961 §7).
     challenge_window_start: Option<Instant>,
     challenge_count: u32,
@@ -258,6 +282,30 @@ pub struct Connection {
     /// RFC 6675 HighRxt.
     high_rxt: SeqNumber,
     sack_board: SackScoreboard,
+    /// Un-SACKed sequence space below this is deemed lost (besides RFC 6675 IsLost): set
+    /// when a tail loss probe is SACKed, since everything below it was sent a PTO
+    /// (2·SRTT) earlier and would have been delivered before it (RFC 8985 §6.2's rule,
+    /// applied to the probe only).
+    lost_below: Option<SeqNumber>,
+
+    // ---- tail loss probe (RFC 8985 §7) ----
+    /// When the probe timeout fires.
+    tlp_deadline: Option<Instant>,
+    /// The PTO fired: the next `poll_transmit` sends the probe.
+    tlp_pending: bool,
+    /// TLP.end_seq: SND.MAX when the probe went out; `Some` while the episode lasts (at
+    /// most one probe per episode).
+    tlp_high: Option<SeqNumber>,
+    /// Start of the probe segment.
+    tlp_probe_seq: SeqNumber,
+    /// The probe resent sequence space (rather than sending new data).
+    tlp_retrans: bool,
+    /// Bytes in flight when the probe went out: the flight a repaired loss belonged to,
+    /// for the congestion response (RFC 8985 §7.4.2).
+    tlp_flight: usize,
+    /// Limited-transmit segments sent since the last cumulative ACK (RFC 3042: one per
+    /// duplicate ACK, two at most).
+    limited_sent: usize,
 
     // ---- persist (zero window) ----
     persist_deadline: Option<Instant>,
@@ -355,6 +403,9 @@ impl Connection {
             segs_unacked: 0,
             delayed_ack_deadline: None,
             window_update_check: false,
+            quick_acks: quick_ack_budget(&config),
+            last_data_rcv: None,
+            dsack: None,
             challenge_window_start: None,
             challenge_count: 0,
             rtt: RttEstimator::new(config.initial_rto, config.min_rto, config.max_rto),
@@ -371,6 +422,14 @@ impl Connection {
             fast_rtx_pending: false,
             high_rxt: isn,
             sack_board: SackScoreboard::new(config.max_sack_ranges),
+            lost_below: None,
+            tlp_deadline: None,
+            tlp_pending: false,
+            tlp_high: None,
+            tlp_probe_seq: isn,
+            tlp_retrans: false,
+            tlp_flight: 0,
+            limited_sent: 0,
             persist_deadline: None,
             persist_backoff: 0,
             persist_force: false,
@@ -798,6 +857,10 @@ impl Connection {
             recv_queue: self.rx.readable(),
             ooo_dropped: c.ooo_dropped,
             challenge_acks: c.challenge_acks,
+            tail_loss_probes: c.tail_loss_probes,
+            tlp_recoveries: c.tlp_recoveries,
+            limited_transmits: c.limited_transmits,
+            dsacks_sent: c.dsacks_sent,
         }
     }
 
@@ -829,6 +892,8 @@ impl Connection {
     fn enter_closed(&mut self) {
         self.set_state(State::Closed);
         self.rtx_deadline = None;
+        self.tlp_deadline = None;
+        self.tlp_pending = false;
         self.persist_deadline = None;
         self.delayed_ack_deadline = None;
         self.keepalive_deadline = None;
@@ -869,6 +934,7 @@ impl Connection {
         self.set_state(State::TimeWait);
         self.time_wait_deadline = Some(now + self.config.time_wait);
         self.rtx_deadline = None;
+        self.tlp_deadline = None;
         self.persist_deadline = None;
         self.keepalive_deadline = None;
     }
@@ -893,6 +959,17 @@ impl Connection {
         self.ack_now = true;
         trace!("tcp: challenge ACK");
     }
+}
+
+/// The quick-ACK budget (Linux's `tcp_incr_quickack`): the configured number of segments,
+/// but no more than half the receive buffer in MSS-sized segments (at least 2), since
+/// acknowledging every segment of a window larger than the buffer gains nothing.
+fn quick_ack_budget(config: &Config) -> usize {
+    if config.quick_ack_segments == 0 {
+        return 0;
+    }
+    let per_window = config.rx_buffer / (2 * usize::from(config.mss.max(1)));
+    config.quick_ack_segments.min(per_window.max(2))
 }
 
 /// The length of `[from, to)` in sequence space, 0 when `to` is not after `from`.

@@ -12,7 +12,7 @@ use crate::wire::tcp::{SackBlock, TcpFlags, TcpOptions, TcpRepr};
 
 /// Why a data segment is being sent, for accounting.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum SendKind {
+pub(super) enum SendKind {
     /// First transmission of new sequence space (advances SND.NXT).
     New,
     /// Resends sequence space already sent.
@@ -135,6 +135,12 @@ impl Connection {
             }
         }
 
+        if self.tlp_pending {
+            if let Some(probe) = self.transmit_tlp(now, buf, options, max_seg) {
+                return Some(probe);
+            }
+        }
+
         if self.in_recovery && self.sack_enabled {
             return self.transmit_sack_recovery(now, buf, options, max_seg);
         }
@@ -143,6 +149,13 @@ impl Connection {
         let in_flight = seq_len(self.snd_una, self.snd_nxt);
         let room_wnd = self.snd_wnd.saturating_sub(in_flight);
         let room_cwnd = self.congestion_window().saturating_sub(in_flight);
+        // RFC 3042 limited transmit: the first and second duplicate ACKs each let one new
+        // segment out beyond cwnd (FlightSize <= cwnd + 2·SMSS), cwnd itself unchanged.
+        let limited_allowance = self.limited_transmit_allowance();
+        let room_limited = self
+            .congestion_window()
+            .saturating_add(limited_allowance)
+            .saturating_sub(in_flight);
         let nothing_outstanding = self.snd_una == self.snd_max;
 
         if self.snd_nxt.distance_from(send_end) < 0 {
@@ -185,7 +198,12 @@ impl Connection {
                     SendKind::Retransmit,
                 ));
             }
-            let len = avail.min(max_seg).min(room_wnd).min(room_cwnd);
+            let room = if retransmission {
+                room_cwnd
+            } else {
+                room_limited
+            };
+            let len = avail.min(max_seg).min(room_wnd).min(room);
             if len > 0 {
                 self.rto_probe = false;
                 let kind = if retransmission {
@@ -202,6 +220,10 @@ impl Connection {
                 // window is worth sending.
                 let big_enough = len >= (self.max_snd_wnd / 2).max(1);
                 if retransmission || full || (nagle_ok && (all_queued || big_enough)) {
+                    if len > room_cwnd {
+                        self.limited_sent += 1;
+                        self.counters.limited_transmits += 1;
+                    }
                     let seq = self.snd_nxt;
                     return Some(self.emit_data(now, seq, len, buf, options, kind));
                 }
@@ -213,6 +235,26 @@ impl Connection {
             return Some(self.emit_data(now, seq, 0, buf, options, SendKind::New));
         }
         None
+    }
+
+    /// Bytes limited transmit adds to cwnd now (RFC 3042 §2): one SMSS per duplicate ACK
+    /// received, at most two, less what it already let out; only outside recovery, for
+    /// new data, when enabled.
+    fn limited_transmit_allowance(&self) -> usize {
+        if !self.config.limited_transmit
+            || self.in_recovery
+            || self.dup_acks == 0
+            || self.snd_nxt != self.snd_max
+        {
+            return 0;
+        }
+        let granted = self.dup_acks.min(2);
+        if self.limited_sent >= granted {
+            return 0;
+        }
+        // The segments already sent by it are in the flight: the allowance covers them and
+        // one more.
+        (self.limited_sent + 1).saturating_mul(self.send_mss())
     }
 
     /// RFC 6675 §5 step (C): while `cwnd - pipe >= SMSS`, send NextSeg (§4 rules 1-3).
@@ -228,12 +270,11 @@ impl Connection {
         if self.congestion_window() < pipe.saturating_add(smss) {
             return None;
         }
-        let dup_thresh = self.config.dup_ack_threshold.max(1);
         let from = self.high_rxt.max(self.snd_una);
         let hole = self.sack_board.next_hole(from);
         // Rule 1: the first un-SACKed, lost sequence number above HighRxt.
         if let Some((start, end)) = hole {
-            if self.sack_board.is_lost(start, dup_thresh, smss) {
+            if self.deemed_lost(start) {
                 let len = seq_len(start, end).min(max_seg);
                 return Some(self.emit_data(now, start, len, buf, options, SendKind::Retransmit));
             }
@@ -262,8 +303,6 @@ impl Connection {
 
     /// RFC 6675 §4 SetPipe: un-SACKed bytes not deemed lost, plus retransmitted ones.
     pub(super) fn sack_pipe(&self) -> usize {
-        let smss = self.send_mss();
-        let dup_thresh = self.config.dup_ack_threshold.max(1);
         let mut pipe = 0usize;
         let mut cursor = self.snd_una;
         // Holes lie below the highest SACKed byte; the scoreboard holds a bounded number.
@@ -272,11 +311,12 @@ impl Connection {
                 break;
             };
             // IsLost is monotone: true for every byte below some boundary in the hole.
-            let boundary = if self.sack_board.is_lost(start, dup_thresh, smss) {
+            // So is the TLP rule (everything below a point), and so their disjunction.
+            let boundary = if self.deemed_lost(start) {
                 let (mut lost, mut kept) = (start, end);
                 while seq_len(lost, kept) > 1 {
                     let mid = lost + seq_len(lost, kept) / 2;
-                    if self.sack_board.is_lost(mid, dup_thresh, smss) {
+                    if self.deemed_lost(mid) {
                         lost = mid;
                     } else {
                         kept = mid;
@@ -298,7 +338,7 @@ impl Connection {
     }
 
     /// Builds and accounts one data/FIN segment of up to `max_len` payload bytes at `seq`.
-    fn emit_data(
+    pub(super) fn emit_data(
         &mut self,
         now: Instant,
         seq: SeqNumber,
@@ -367,6 +407,10 @@ impl Connection {
                 if self.rtx_deadline.is_none() && seq_len(seq, seq_end) > 0 {
                     self.rtx_deadline = Some(now + self.rtt.rto());
                 }
+                if kind == SendKind::New && seq_len(seq, seq_end) > 0 {
+                    // RFC 8985 §7.2: (re)start the PTO after sending new data.
+                    self.arm_tlp(now);
+                }
             }
         }
         self.counters.bytes_sent += len as u64;
@@ -418,6 +462,12 @@ impl Connection {
 
     /// Fills in ports, ACK, window and the ACK bookkeeping of a non-SYN segment.
     fn finish_segment(&mut self, seq: SeqNumber, flags: TcpFlags, options: TcpOptions) -> TcpRepr {
+        if let Some((left, right)) = self.dsack.take() {
+            // Reported once: the block rides on this segment if its options carry it.
+            if options.sack_blocks[0] == Some(SackBlock { left, right }) {
+                self.counters.dsacks_sent += 1;
+            }
+        }
         let window = self.window_field();
         let right_edge = self.rcv_nxt + (usize::from(window) << self.rcv_wscale);
         if right_edge.distance_from(self.rcv_adv) > 0 {
@@ -451,7 +501,7 @@ impl Connection {
         if self.ts_enabled {
             options.timestamp = Some((timestamp_value(now), self.ts_recent));
         }
-        if self.sack_enabled && !self.assembler.is_empty() {
+        if self.sack_enabled && (!self.assembler.is_empty() || self.dsack.is_some()) {
             options.sack_blocks = self.sack_blocks();
         }
         options
@@ -459,7 +509,8 @@ impl Connection {
 
     /// RFC 2018 §4: the first block holds the most recently received segment, then the
     /// other recently reported ones, then the remaining ranges; 3 blocks beside timestamps,
-    /// 4 without.
+    /// 4 without. A pending D-SACK (RFC 2883 §4) goes first, followed by the SACKed range
+    /// that contains it, if any.
     fn sack_blocks(&self) -> [Option<SackBlock>; 4] {
         let limit = if self.ts_enabled { 3 } else { 4 };
         let mut blocks: [Option<SackBlock>; 4] = [None; 4];
@@ -468,6 +519,19 @@ impl Connection {
             left: self.rcv_nxt + offset,
             right: self.rcv_nxt + offset + len,
         };
+        let mut containing = None;
+        if let Some((left, right)) = self.dsack {
+            blocks[0] = Some(SackBlock { left, right });
+            n = 1;
+            let rel = left.distance_from(self.rcv_nxt);
+            if rel >= 0 {
+                let (lo, hi) = (rel as usize, seq_len(self.rcv_nxt, right));
+                containing = self
+                    .assembler
+                    .ranges()
+                    .find(|&(offset, len)| offset <= lo && hi <= offset + len);
+            }
+        }
         let recent_ranges = self.sack_recent.iter().flatten().filter_map(|seq| {
             let rel = seq.distance_from(self.rcv_nxt);
             if rel < 0 {
@@ -478,12 +542,19 @@ impl Connection {
                 .ranges()
                 .find(|&(offset, len)| offset <= rel && rel < offset + len)
         });
-        for range in recent_ranges.chain(self.assembler.ranges()) {
+        for range in containing
+            .into_iter()
+            .chain(recent_ranges)
+            .chain(self.assembler.ranges())
+        {
             if n == limit {
                 break;
             }
             let block = to_block(range);
-            if blocks[..n].iter().flatten().any(|b| *b == block) {
+            // The D-SACK block (index 0) may equal a SACKed range; that range is still
+            // reported after it (RFC 2883 §4).
+            let start = usize::from(self.dsack.is_some()).min(n);
+            if blocks[start..n].iter().flatten().any(|b| *b == block) {
                 continue;
             }
             blocks[n] = Some(block);

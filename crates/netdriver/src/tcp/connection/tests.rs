@@ -244,7 +244,13 @@ fn handshake_without_options_defaults_mss_and_scale() {
 
 #[test]
 fn data_and_delayed_ack() {
-    let mut p = Pair::new(Config::default(), Config::default(), 5 * MS);
+    // No quick-ACK budget at B: it would acknowledge these first segments at once, and
+    // this test is about the delayed-ACK rules that follow it (tests/tcp_quick_ack.rs).
+    let b_cfg = Config {
+        quick_ack_segments: 0,
+        ..Config::default()
+    };
+    let mut p = Pair::new(Config::default(), b_cfg, 5 * MS);
     p.run_until(|p| p.b.state() == State::Established, 10);
     assert_eq!(p.a.send(b"hello").unwrap(), 5);
     let now = p.now;
@@ -1138,7 +1144,12 @@ fn window_scale_for_large_buffers_and_peer_clamp() {
 
 #[test]
 fn delayed_ack_timer_and_second_segment_race() {
-    let (mut b, _) = passive_b(Config::default(), TcpOptions::default());
+    // Without the quick-ACK budget, which would acknowledge the first segments at once.
+    let cfg = Config {
+        quick_ack_segments: 0,
+        ..Config::default()
+    };
+    let (mut b, _) = passive_b(cfg, TcpOptions::default());
     let base = A_ISN + 1;
     b.handle_segment(
         ms(10),
@@ -1232,7 +1243,9 @@ fn user_timeout_on_data_sends_rst() {
     let start = p.now;
     p.a.send(b"are you there").unwrap();
     let _ = one(&mut p.a, start);
-    // RTO 200 ms doubling: 0.2, 0.6, 1.4, 3.0 s; then the 5 s user timeout.
+    // A lone segment: the tail loss probe takes the first RTO's instant (0.2 s, RFC 8985
+    // §7.2, without backing off), then the RTO from there, doubling: 0.4, 0.8, 1.6, 3.2 s;
+    // then the 5 s user timeout.
     let mut now = start;
     let mut retransmissions = 0;
     while let Some(t) = p.a.poll_timeout() {
@@ -1247,7 +1260,9 @@ fn user_timeout_on_data_sends_rst() {
         }
     }
     assert_eq!(now, start + Duration::from_secs(5));
-    assert_eq!(retransmissions, 4);
+    assert_eq!(retransmissions, 5);
+    assert_eq!(p.a.stats().tail_loss_probes, 1);
+    assert_eq!(p.a.stats().rto_timeouts, 4);
     assert_eq!(p.a.error(), Some(TcpError::TimedOut));
     assert_eq!(p.a.send(b"x"), Err(TcpError::TimedOut));
     assert!(p.a.is_closed());

@@ -1,4 +1,5 @@
-//! Timers: retransmission (RFC 6298), SYN retries, persist (RFC 9293 §3.8.6.1), delayed
+//! Timers: retransmission (RFC 6298), the tail loss probe's PTO (RFC 8985 §7, see `tlp`),
+//! SYN retries, persist (RFC 9293 §3.8.6.1), delayed
 //! ACK (§3.8.6.3), keep-alive (§3.8.4), TIME-WAIT (§3.4.2) and the user timeout (§3.8.3).
 //! Timers only set flags and state; the segments they call for come out of the next
 //! `poll_transmit`.
@@ -20,6 +21,7 @@ impl Connection {
             (self.snd_una != self.snd_max).then(|| self.last_progress + self.config.user_timeout);
         [
             self.rtx_deadline,
+            self.tlp_deadline,
             self.delayed_ack_deadline,
             self.persist_deadline,
             self.keepalive_deadline,
@@ -48,6 +50,12 @@ impl Connection {
             let in_handshake = matches!(self.state, State::SynSent);
             self.fail(TcpError::TimedOut, !in_handshake);
             return;
+        }
+        // The PTO first: one clamped to the RTO's instant replaces the RTO (RFC 8985 §7.2).
+        if let Some(deadline) = self.tlp_deadline {
+            if now >= deadline {
+                self.on_tlp_timeout(now);
+            }
         }
         if let Some(deadline) = self.rtx_deadline {
             if now >= deadline {
@@ -120,6 +128,7 @@ impl Connection {
         self.in_recovery = false;
         self.recovery_inflation = 0;
         self.dup_acks = 0;
+        self.limited_sent = 0;
         self.fast_rtx_pending = false;
         self.sack_board.clear();
         self.recover = self.snd_max;
@@ -127,6 +136,11 @@ impl Connection {
         self.rtt_timed = None;
         self.probe_end = None;
         self.rto_probe = true;
+        // The RTO takes over from any tail loss probe (RFC 8985 §7.3).
+        self.tlp_deadline = None;
+        self.tlp_pending = false;
+        self.tlp_high = None;
+        self.lost_below = None;
         self.rtx_deadline = Some(now + self.rtt.rto());
     }
 
