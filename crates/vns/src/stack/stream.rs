@@ -795,7 +795,7 @@ pub(crate) async fn connect(stack: &Stack, addr: SocketAddrV4) -> io::Result<Vir
         };
     let (sid, local) = {
         let mut st = core.lock();
-        if st.stopped {
+        if st.refuses_new() {
             return Err(stopped_error());
         }
         let sid = st.ep.connect(peer, addr.port(), class)?;
