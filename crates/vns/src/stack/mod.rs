@@ -934,7 +934,9 @@ pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
 
 /// A host's virtual-socket stack: an [`Endpoint`](crate::Endpoint) over channels to other
 /// hosts, driven by its own thread. Cheap to clone (a handle); streams and listeners keep
-/// it alive, and it stops when the last handle is gone or on [`Stack::shutdown`].
+/// it alive. [`Stack::shutdown_graceful`] stops it after delivering what its streams
+/// hold, [`Stack::abort`] at once; dropping the last handle drains in the background for
+/// at most [`StackBuilder::linger`], then stops.
 #[derive(Clone)]
 pub struct Stack {
     inner: Arc<StackInner>,
@@ -1091,11 +1093,11 @@ impl Stack {
     /// Bytes written to this stack's streams that have not reached their peers yet:
     /// unsent bytes of open and gracefully closed sockets (a pending FIN counts one), and
     /// bytes queued on its channels or sent and not yet acknowledged, plain-TCP
-    /// connections closed gracefully included. Stopping the stack (dropping its last
-    /// handle, [`Stack::shutdown`]) aborts its channels and loses these, so a program
-    /// whose last replies matter waits, bounded, for 0 before it stops. The channels'
-    /// parts are snapshots their threads publish after each poll: a reading may miss
-    /// bytes in the instant a thread moves them, so confirm a 0 with a second reading.
+    /// connections closed gracefully included. [`Stack::abort`] loses these;
+    /// [`Stack::shutdown_graceful`] and dropping the last handle deliver them first.
+    /// To wait for 0, await [`Stack::drained`] rather than poll this. The channels' parts
+    /// are snapshots their threads publish after each poll: a reading may miss bytes in
+    /// the instant a thread moves them (`drained` confirms a 0 with a second reading).
     pub fn pending_tx_bytes(&self) -> usize {
         self.core().lock().pending_tx_bytes()
     }
@@ -1205,13 +1207,13 @@ impl Stack {
     /// let mut client = a.connect("10.0.0.2:7000".parse().unwrap()).await?;
     /// let (mut server, _) = listener.accept().await?;
     ///
-    /// // The last reply is written and the stream dropped: it is not delivered yet.
-    /// server.write_all(&[7u8; 1 << 20]).await?;
-    /// drop(server);
     /// let reader = tokio::spawn(async move {
     ///     let mut got = Vec::new();
     ///     client.read_to_end(&mut got).await.map(|_| got.len())
     /// });
+    /// // The last reply is written and the stream dropped: it is not all delivered yet.
+    /// server.write_all(&[7u8; 1 << 20]).await?;
+    /// drop(server);
     /// // Stopping b gracefully delivers it all, then closes.
     /// b.shutdown_graceful(Duration::from_secs(5)).await?;
     /// assert_eq!(reader.await.unwrap()?, 1 << 20);
