@@ -481,8 +481,8 @@ fn in_memory_stream(args: &Args) -> Result<(), String> {
         }
         Ok((peer, elapsed))
     });
-    a.shutdown();
-    b.shutdown();
+    a.abort();
+    b.abort();
     let (peer, elapsed) = result?;
     println!(
         "one VirtualStream {peer} -> {to}: {total} bytes, every byte verified, in {:.3} s",

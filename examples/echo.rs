@@ -46,11 +46,11 @@
 //! on veth). It needs root (AF_XDP sockets and an XDP program). The server runs until
 //! SIGINT or SIGTERM, then resets the connections still open, stops its stack and
 //! detaches the XDP program and exits with success; with `--max-connections N` it stops
-//! by itself once N connections have ended, their last bytes were acknowledged
-//! (`Stack::pending_tx_bytes`) and the NetChannel clients' stacks have closed their
-//! channels (`Stack::channel_count`: stopping earlier would reset channels whose last
-//! bytes a client may not have read yet), waiting at most `--timeout-secs` for each. The
-//! client on our stack also detaches on a signal (and then fails).
+//! by itself once N connections have ended, with `Stack::shutdown_graceful`: their last
+//! bytes are delivered, then the channels are closed (a FIN after their bytes, so that a
+//! NetChannel client reads what they still hold) and the stack stops once the clients
+//! have seen their end, waiting at most `--timeout-secs` for each. The client on our
+//! stack also detaches on a signal (and then fails).
 //!
 //! ```text
 //! ip netns exec nsA cargo run --release --example echo -- --interface vA --ipv4 10.77.0.1 --listen 7000
@@ -289,8 +289,11 @@ mod linux {
     }
 
     /// Stops `stack` (its last handle: threads joined, XDP program detached) and checks
-    /// that nothing stays attached to `ifname`.
+    /// that nothing stays attached to `ifname`. Callers stop it gracefully first, where
+    /// its last bytes matter; what is left now is aborted, so that the drop does not go
+    /// on delivering in the background ([`netchannel::StackBuilder::linger`]).
     fn stop_stack(stack: Stack, ifname: &str) -> Result<(), EchoError> {
+        stack.abort();
         drop(stack);
         match xdp_prog::attached_program(ifname) {
             Ok(Some(_)) => Err(EchoError::StillAttached(ifname.into())),
@@ -309,27 +312,6 @@ mod linux {
             .enable_all()
             .build()
             .map_err(io_err("starting the tokio runtime"))
-    }
-
-    /// Waits until the stack holds no undelivered bytes (two readings in a row, since
-    /// channel figures are snapshots), at most `limit`. Whether it got there.
-    async fn drain(stack: &Stack, limit: Duration) -> bool {
-        let end = Instant::now() + limit;
-        let mut zeros = 0;
-        loop {
-            if stack.pending_tx_bytes() == 0 {
-                zeros += 1;
-                if zeros == 2 {
-                    return true;
-                }
-            } else {
-                zeros = 0;
-            }
-            if Instant::now() >= end {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
     }
 
     fn server(
@@ -399,27 +381,11 @@ mod linux {
         let grace = if signalled { STOP_GRACE } else { timeout };
         let _ =
             tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
-        if !drain(stack, grace).await {
-            tracing::warn!(
-                pending = stack.pending_tx_bytes(),
-                "stopping with bytes not yet delivered"
-            );
-        }
-        if !signalled {
-            // Acknowledged is not yet read: a NetChannel client's stack may still hold the
-            // last echoed bytes in its channels' buffers, and stopping ours now would reset
-            // those channels under it. Our clients close their channels once they have
-            // read everything (their stack stops), so wait for that, bounded.
-            let end = Instant::now() + timeout;
-            while stack.channel_count() > 0 && Instant::now() < end {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            if stack.channel_count() > 0 {
-                tracing::info!(
-                    channels = stack.channel_count(),
-                    "NetChannel peers still hold channels; stopping anyway"
-                );
-            }
+        // Delivers what the connections left behind, then closes the channels (a FIN
+        // after their bytes, so that a NetChannel client reads the last echoed bytes its
+        // channels still hold) and stops once the clients have seen their end.
+        if let Err(e) = stack.shutdown_graceful(grace).await {
+            tracing::warn!(error = %e, "stopping with bytes not yet delivered");
         }
         Ok(accepted)
     }
@@ -572,6 +538,11 @@ mod linux {
                         _ = stopped(&mut stop) => Err(EchoError::Interrupted),
                     }
                 });
+                // The client's own last bytes (its FIN) were acknowledged by the echo;
+                // a graceful stop closes its channels rather than resetting them.
+                if let Err(e) = rt.block_on(stack.shutdown_graceful(STOP_GRACE)) {
+                    tracing::info!(error = %e, "stopping with bytes not yet delivered");
+                }
                 rt.shutdown_timeout(STOP_GRACE);
                 let stopped = stop_stack(stack, &ifname);
                 let (kind, secs) = res?;

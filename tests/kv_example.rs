@@ -320,6 +320,11 @@ fn netchannel_client_speaks_resp_and_the_bounds_hold() {
     assert_eq!(cli(&bed, &["DBSIZE"]), "2\n");
 
     drop(vs);
+    // Dropping the last handle would deliver our FIN in the background (linger); stop
+    // gracefully here instead, so that the stack is gone (XDP detached) when this
+    // returns.
+    rt.block_on(stack.shutdown_graceful(DEADLINE))
+        .expect("our stack delivered everything and closed its channels");
     drop(rt);
     drop(stack);
     assert!(

@@ -66,20 +66,9 @@ async fn connected(a: &Stack, b: &Stack, at: SocketAddr) -> (VirtualStream, Virt
 /// Waits (bounded) until everything `s` sent is acknowledged, so that its channels are
 /// idle: keep-alive only probes channels with nothing unacknowledged.
 async fn acknowledged(s: &Stack) {
-    timeout(LIMIT, async {
-        loop {
-            if s.pending_tx_bytes() == 0 {
-                // The channels' parts are snapshots: confirm with a second reading.
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                if s.pending_tx_bytes() == 0 {
-                    return;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("A's bytes acknowledged");
+    timeout(LIMIT, s.drained())
+        .await
+        .expect("A's bytes acknowledged");
 }
 
 /// B's host vanishes: its interface goes down, so nothing it sends reaches A any more.

@@ -191,8 +191,8 @@ impl StackPair {
 
     /// Stops both stacks (and so their channel sets, threads joined, programs detached).
     pub fn stop(self) {
-        self.a.shutdown();
-        self.b.shutdown();
+        self.a.abort();
+        self.b.abort();
     }
 }
 

@@ -265,8 +265,14 @@ mod linux {
             shared.clone(),
             stop,
         ));
-        // Connections still open are reset as their tasks are dropped.
+        // What ended connections left behind is delivered, the channels closed; then
+        // connections still open are reset as their tasks are dropped, and the stack's
+        // last handle goes with nothing left to drain in the background.
+        if let Err(e) = rt.block_on(stack.shutdown_graceful(STOP_GRACE)) {
+            tracing::warn!(error = %e, "stopping with bytes not yet delivered");
+        }
         rt.shutdown_timeout(STOP_GRACE);
+        stack.abort();
         drop(stack);
         let detached = match xdp_prog::attached_program(ifname) {
             Ok(Some(_)) => Err(KvError::StillAttached(ifname.into())),

@@ -535,7 +535,7 @@ async fn peer_vanishing_fails_pending_and_later_operations() {
     });
     // Give the read a chance to park, then make the peer host disappear.
     tokio::task::yield_now().await;
-    b.shutdown();
+    b.abort();
     let (mut c, r) = timeout(LIMIT, pending).await.unwrap().unwrap();
     assert_eq!(r.unwrap_err().kind(), ErrorKind::ConnectionAborted);
     assert_eq!(
@@ -718,9 +718,11 @@ async fn pending_tx_bytes_cover_closed_streams_until_delivered() {
         .unwrap();
     assert!(got == data, "got {} bytes", got.len());
     timeout(LIMIT, writer).await.unwrap().unwrap();
-    assert!(eventually(|| b.pending_tx_bytes() == 0).await);
+    timeout(LIMIT, b.drained()).await.unwrap();
+    assert_eq!(b.pending_tx_bytes(), 0);
     c.shutdown().await.unwrap();
-    assert!(eventually(|| a.pending_tx_bytes() == 0).await);
+    timeout(LIMIT, a.drained()).await.unwrap();
+    assert_eq!(a.pending_tx_bytes(), 0);
 }
 
 /// A socket finished both ways (its FIN sent, everything up to the peer's FIN received)
@@ -743,9 +745,14 @@ async fn finished_stream_keeps_its_bytes_when_the_channels_go() {
     assert!(eof.is_empty());
     drop(s);
     // Everything (and both FINs) delivered; then the server's stack stops.
-    assert!(eventually(|| b.pending_tx_bytes() == 0 && a.pending_tx_bytes() == 0).await);
-    b.shutdown();
-    assert!(eventually(|| a.channel_count() == 0).await, "channels lost");
+    timeout(LIMIT, async { tokio::join!(a.drained(), b.drained()) })
+        .await
+        .unwrap();
+    b.abort();
+    timeout(LIMIT, a.channels_closed())
+        .await
+        .expect("channels lost");
+    assert_eq!(a.channel_count(), 0);
     let mut got = Vec::new();
     timeout(LIMIT, c.read_to_end(&mut got))
         .await
@@ -755,8 +762,8 @@ async fn finished_stream_keeps_its_bytes_when_the_channels_go() {
     // A stream that was not finished still fails.
     let (a2, b2) = pair(2);
     let (mut c2, _s2) = connected(&a2, &b2, 7032).await;
-    b2.shutdown();
-    assert!(eventually(|| a2.channel_count() == 0).await);
+    b2.abort();
+    timeout(LIMIT, a2.channels_closed()).await.unwrap();
     assert_eq!(
         c2.read(&mut [0u8; 8]).await.unwrap_err().kind(),
         ErrorKind::ConnectionAborted
@@ -787,7 +794,8 @@ async fn pending_tx_bytes_cover_closed_plain_streams() {
     t.close();
     let got = timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap();
     assert!(got == data, "got {} bytes", got.len());
-    assert!(eventually(|| b.pending_tx_bytes() == 0).await);
+    timeout(LIMIT, b.drained()).await.unwrap();
+    assert_eq!(b.pending_tx_bytes(), 0);
 }
 
 /// A plain-TCP host connected to a `VirtualListener` on a stack `b` (with `linger` as
@@ -1072,4 +1080,254 @@ async fn channel_timeout_fails_pending_and_later_operations_with_timed_out() {
         .unwrap()
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+}
+
+/// Socket buffers (and credit) large enough for 4 MiB to sit in a send buffer, and then
+/// in the peer's receive buffer, without anyone reading.
+fn big_buffers() -> vns::Config {
+    vns::Config {
+        send_buffer: 8 << 20,
+        recv_buffer: 8 << 20,
+        credit_window: 8 << 20,
+        ..vns::Config::default()
+    }
+}
+
+/// Stacks `a` and `b` with these socket configurations; `b` gets `linger` as its drop
+/// linger time.
+fn stacks(a_cfg: vns::Config, b_cfg: vns::Config, linger: Duration) -> (Stack, Stack) {
+    let net = MemNetwork::new();
+    let a = Stack::builder()
+        .ipv4(A)
+        .channels(2)
+        .vns_config(a_cfg)
+        .build_in_memory(&net)
+        .unwrap();
+    let b = Stack::builder()
+        .ipv4(B)
+        .channels(2)
+        .vns_config(b_cfg)
+        .linger(linger)
+        .build_in_memory(&net)
+        .unwrap();
+    (a, b)
+}
+
+/// Reads until end of stream or an error: what was read, and the error if any.
+async fn read_until_end_or_error(s: &mut VirtualStream) -> (Vec<u8>, Option<std::io::Error>) {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match s.read(&mut buf).await {
+            Ok(0) => return (got, None),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => return (got, Some(e)),
+        }
+    }
+}
+
+/// A stream writes 4 MB and is dropped; the stack's graceful shutdown delivers all of
+/// it and closes before it returns, and the peer, which had not read anything yet, then
+/// reads all 4 MB and end of stream although the channels are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_delivers_a_dropped_streams_bytes() {
+    const LEN: usize = 4 << 20;
+    let (a, b) = stacks(big_buffers(), big_buffers(), Duration::from_secs(5));
+    let (mut c, mut s) = connected(&a, &b, 7100).await;
+    let data = pattern(100, LEN);
+    s.write_all(&data).await.unwrap();
+    drop(s);
+    timeout(LIMIT, b.shutdown_graceful(LIMIT))
+        .await
+        .unwrap()
+        .expect("everything delivered within the linger time");
+    // The stopped stack refuses new work.
+    assert!(b.bind(addr(B, 7101)).await.is_err());
+    assert!(a.connect(addr(B, 7100)).await.is_err());
+    let (got, err) = timeout(LIMIT, read_until_end_or_error(&mut c))
+        .await
+        .unwrap();
+    assert!(
+        err.is_none(),
+        "read failed: {err:?} after {} bytes",
+        got.len()
+    );
+    assert!(got == data, "got {} of {LEN} bytes", got.len());
+    // Our write side lost its channels with the peer's stack.
+    assert!(c.write_all(b"x").await.is_err());
+}
+
+/// With default buffers 4 MB do not fit: the shutdown waits for the reader (reading
+/// meanwhile), whose last bytes survive the channels' closing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_waits_for_a_slow_reader() {
+    const LEN: usize = 4 << 20;
+    let (a, b) = pair(2);
+    let (mut c, s) = connected(&a, &b, 7102).await;
+    let data = pattern(102, LEN);
+    let sent = data.clone();
+    let reader = tokio::spawn(async move { read_until_end_or_error(&mut c).await });
+    let writer = tokio::spawn(async move {
+        let mut s = s;
+        s.write_all(&sent).await.unwrap();
+        // Dropped without shutdown: closes gracefully and lingers in the stack.
+    });
+    timeout(LIMIT, writer).await.unwrap().unwrap();
+    timeout(LIMIT, b.shutdown_graceful(LIMIT))
+        .await
+        .unwrap()
+        .expect("delivered within the linger time");
+    let (got, err) = timeout(LIMIT, reader).await.unwrap().unwrap();
+    assert!(
+        err.is_none(),
+        "read failed: {err:?} after {} bytes",
+        got.len()
+    );
+    assert!(got == data, "got {} of {LEN} bytes", got.len());
+}
+
+/// A peer that never reads: `drained` does not resolve, and the graceful shutdown gives
+/// up after its linger time, aborts and says so; the peer's stream fails (bounded)
+/// without the bytes it never got, and so does the open stream's writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_gives_up_after_the_linger_time() {
+    const LEN: usize = 4 << 20;
+    let linger = Duration::from_millis(300);
+    // The server's send buffer takes it all; the client's credit is the default.
+    let (a, b) = stacks(
+        vns::Config::default(),
+        big_buffers(),
+        Duration::from_secs(5),
+    );
+    let (mut c, mut s) = connected(&a, &b, 7104).await;
+    s.write_all(&pattern(104, LEN)).await.unwrap();
+    // Not dropped: an open stream is shut by the shutdown.
+    assert!(b.pending_tx_bytes() > 0);
+    assert!(
+        timeout(Duration::from_millis(50), b.drained())
+            .await
+            .is_err(),
+        "drained with {} bytes pending",
+        b.pending_tx_bytes()
+    );
+    let started = std::time::Instant::now();
+    let r = timeout(LIMIT, b.shutdown_graceful(linger)).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(
+        r.expect_err("not everything can be delivered").kind(),
+        ErrorKind::TimedOut
+    );
+    assert!(took >= linger, "returned after {took:?}");
+    assert!(
+        took < linger + Duration::from_secs(5),
+        "returned after {took:?}"
+    );
+    assert!(s.write_all(b"x").await.is_err());
+    let (got, err) = timeout(LIMIT, read_until_end_or_error(&mut c))
+        .await
+        .unwrap();
+    assert!(got.len() < LEN, "read {} bytes", got.len());
+    assert_eq!(
+        err.expect("the stream fails").kind(),
+        ErrorKind::ConnectionAborted
+    );
+}
+
+/// Dropping the last handle of a stack with bytes undelivered returns at once; the
+/// driver delivers them in the background (the peer reads all 4 MB and end of stream),
+/// then closes the channels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_handle_delivers_in_the_background() {
+    const LEN: usize = 4 << 20;
+    let (a, b) = stacks(
+        vns::Config::default(),
+        big_buffers(),
+        Duration::from_secs(20),
+    );
+    let (mut c, mut s) = connected(&a, &b, 7106).await;
+    let data = pattern(106, LEN);
+    s.write_all(&data).await.unwrap();
+    drop(s);
+    // The client's credit is the default: most of it waits in b's stack.
+    assert!(b.pending_tx_bytes() > LEN / 2, "{}", b.pending_tx_bytes());
+    let started = std::time::Instant::now();
+    drop(b);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "the drop waited {took:?}");
+    let (got, err) = timeout(LIMIT, read_until_end_or_error(&mut c))
+        .await
+        .unwrap();
+    assert!(
+        err.is_none(),
+        "read failed: {err:?} after {} bytes",
+        got.len()
+    );
+    assert!(got == data, "got {} of {LEN} bytes", got.len());
+    // Then b's driver closed its channels and stopped.
+    timeout(LIMIT, a.channels_closed()).await.unwrap();
+    assert_eq!(a.channel_count(), 0);
+}
+
+/// Linger zero is the old behaviour: dropping the last handle aborts at once, and the
+/// peer loses what was not delivered; `shutdown_graceful(ZERO)` aborts too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn linger_zero_aborts_at_once() {
+    const LEN: usize = 4 << 20;
+    let (a, b) = stacks(vns::Config::default(), big_buffers(), Duration::ZERO);
+    let (mut c, mut s) = connected(&a, &b, 7108).await;
+    s.write_all(&pattern(108, LEN)).await.unwrap();
+    drop(s);
+    assert!(b.pending_tx_bytes() > LEN / 2, "{}", b.pending_tx_bytes());
+    drop(b);
+    let (got, err) = timeout(LIMIT, read_until_end_or_error(&mut c))
+        .await
+        .unwrap();
+    assert!(got.len() < LEN, "read {} bytes", got.len());
+    assert_eq!(
+        err.expect("the stream fails").kind(),
+        ErrorKind::ConnectionAborted
+    );
+
+    let (a, b) = stacks(
+        vns::Config::default(),
+        big_buffers(),
+        Duration::from_secs(5),
+    );
+    let (mut c, mut s) = connected(&a, &b, 7109).await;
+    s.write_all(&pattern(109, LEN)).await.unwrap();
+    let e = b.shutdown_graceful(Duration::ZERO).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotConnected);
+    let (got, err) = timeout(LIMIT, read_until_end_or_error(&mut c))
+        .await
+        .unwrap();
+    assert!(got.len() < LEN, "read {} bytes", got.len());
+    assert_eq!(
+        err.expect("the stream fails").kind(),
+        ErrorKind::ConnectionAborted
+    );
+}
+
+/// `drained` resolves once a dropped stream's bytes are delivered, woken by the stack
+/// (the reader reads after the wait began), and at once on a stack with nothing
+/// pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_resolves_when_everything_is_delivered() {
+    let (a, b) = pair(2);
+    timeout(LIMIT, b.drained()).await.unwrap();
+    let (mut c, mut s) = connected(&a, &b, 7110).await;
+    let data = pattern(110, 100_000);
+    s.write_all(&data).await.unwrap();
+    drop(s);
+    let wait = tokio::spawn(b.drained());
+    let mut got = Vec::new();
+    timeout(LIMIT, c.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got == data);
+    timeout(LIMIT, wait).await.unwrap().unwrap();
+    assert_eq!(b.pending_tx_bytes(), 0);
+    // A stopped stack resolves at once.
+    b.abort();
+    timeout(LIMIT, b.drained()).await.unwrap();
 }

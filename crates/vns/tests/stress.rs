@@ -25,7 +25,7 @@
 //! sizes. Three stack profiles: `Stack::pair_in_memory(4)` (72 client tasks), small
 //! chunks, buffers and channel queues (32), and a copy worker per stack (32). Once every
 //! connection is done, both stacks must deliver what closed streams left behind
-//! (`pending_tx_bytes` back to 0). The whole run is bounded by [`LIMIT`]: a deadlock fails the test and prints
+//! (`Stack::drained`: `pending_tx_bytes` back to 0). The whole run is bounded by [`LIMIT`]: a deadlock fails the test and prints
 //! what every unfinished connection was doing. The seed is printed (random, or fixed when
 //! `CI` is set); set `STRESS_SEED` to replay the same operation mix (the thread
 //! interleaving is not replayed), and `STRESS_CLIENTS` to change the number of client
@@ -793,20 +793,15 @@ async fn run(seed: u64, prof: &Profile, clients: usize, p: Progress) {
         reports.len()
     );
     // What closed streams left behind (a FIN, the last echo) reaches the peers.
-    let drained = Instant::now() + DRAIN_LIMIT;
-    loop {
-        let pending = (a.pending_tx_bytes(), b.pending_tx_bytes());
-        if pending == (0, 0) {
-            break;
-        }
-        assert!(
-            Instant::now() < drained,
-            "stacks still hold {pending:?} bytes {DRAIN_LIMIT:?} after the last stream closed"
-        );
-        // The stack offers no awaitable "drained" notification yet (issue 13 asks for
-        // one); until then this polls the snapshot under a deadline.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let drained = tokio::time::timeout(DRAIN_LIMIT, async {
+        tokio::join!(a.drained(), b.drained());
+    })
+    .await;
+    assert!(
+        drained.is_ok(),
+        "stacks still hold {:?} bytes {DRAIN_LIMIT:?} after the last stream closed",
+        (a.pending_tx_bytes(), b.pending_tx_bytes())
+    );
 }
 
 /// Runs `prof` under [`LIMIT`], with the seed from `STRESS_SEED` (else fixed under CI,

@@ -166,6 +166,15 @@ impl Endpoint {
             {
                 continue;
             }
+            // One whose read side is complete (the peer's FIN and every byte before it
+            // are here) keeps them: reads hand out the bytes, then end of stream; only
+            // writes fail. The peer's stack stopping right after its last bytes (a
+            // graceful `Stack::shutdown_graceful`) must not take them back.
+            if let Some(s) = self.sockets.get_mut(&sid) {
+                if s.state == State::Established && s.received_all() {
+                    s.eof_after_failure = true;
+                }
+            }
             self.fail(sid, error);
         }
         self.schedule_needed = true;

@@ -50,6 +50,11 @@ impl Endpoint {
         Ok(())
     }
 
+    /// The ports listened on now.
+    pub fn listening_ports(&self) -> Vec<u16> {
+        self.listeners.keys().copied().collect()
+    }
+
     /// Takes the next established connection on listening port `port`.
     pub fn accept(&mut self, port: u16) -> Result<SocketId, Error> {
         let l = self.listeners.get_mut(&port).ok_or(Error::NotListening)?;

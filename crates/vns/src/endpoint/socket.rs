@@ -97,6 +97,10 @@ pub(super) struct Socket {
     /// Failed by the peer's RESET: the in-order bytes received before it stay readable,
     /// and reads report the error after them.
     pub(super) readable_after_reset: bool,
+    /// Failed (its channels lost) after every byte up to the peer's FIN had arrived: the
+    /// read side is complete, so reads hand out the bytes and then end of stream, as
+    /// after a clean close; only the write side fails.
+    pub(super) eof_after_failure: bool,
 }
 
 impl Socket {
@@ -142,6 +146,7 @@ impl Socket {
             ack_pending: false,
             reset_at: None,
             readable_after_reset: false,
+            eof_after_failure: false,
         }
     }
 
@@ -152,6 +157,9 @@ impl Socket {
         let State::Failed(e) = self.state else {
             return None;
         };
+        if self.eof_after_failure {
+            return Some(Ok(()));
+        }
         let readable = self.rx.as_ref().is_some_and(|rx| rx.readable() > 0);
         Some(if self.readable_after_reset && readable && len > 0 {
             Ok(())
@@ -195,11 +203,15 @@ impl Socket {
 
     /// Its FIN has left and every byte up to the peer's FIN is here (read or not).
     pub(super) fn finished_both_ways(&self) -> bool {
-        let received_all = match (&self.rx, self.fin_seq) {
+        self.state == State::Established && self.fin_sent && self.received_all()
+    }
+
+    /// Every byte up to the peer's FIN is here (read or not): the read side is complete.
+    pub(super) fn received_all(&self) -> bool {
+        match (&self.rx, self.fin_seq) {
             (Some(rx), Some(fin)) => rx.contiguous_end() == fin && self.parked.is_empty(),
             _ => false,
-        };
-        self.state == State::Established && self.fin_sent && received_all
+        }
     }
 
     pub(super) fn at_eof(&self) -> bool {

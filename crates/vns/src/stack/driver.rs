@@ -215,6 +215,57 @@ const PULL_FALLBACK: Duration = Duration::from_millis(1);
 /// [`PULL_FALLBACK`] (then untimed, woken by the next arrival).
 const ACTIVE_WINDOW: Duration = Duration::from_millis(20);
 
+/// How often the driver reads the stack's pending-bytes figure while a task waits for it
+/// to reach zero ([`Stack::drained`](super::Stack::drained)) or the stack is stopping:
+/// the channels' TCP acknowledgements do not wake the driver, so it re-reads them on this
+/// timer (and after every round). Two readings of zero at least this far apart make a
+/// drained stack (channel figures are snapshots their threads publish).
+const DRAIN_RECHECK: Duration = Duration::from_millis(2);
+
+/// What a task waits for ([`Core::poll_wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Goal {
+    /// Nothing written is undelivered: `pending_tx_bytes` read 0 twice,
+    /// [`DRAIN_RECHECK`] apart.
+    Drained,
+    /// The stack holds no channel.
+    NoChannels,
+    /// The driver has stopped.
+    Stopped,
+}
+
+/// A graceful stop in progress ([`Core::begin_stop`]).
+#[derive(Debug)]
+pub(crate) struct Stopping {
+    /// When whatever is left is aborted.
+    deadline: Instant,
+    /// Everything was drained and the channels are closed (a FIN after their bytes):
+    /// waiting for each peer to see the end of its channel.
+    closed: bool,
+}
+
+/// A task waiting for a [`Goal`] ([`Core::poll_wait`]).
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    goal: Goal,
+    waker: Option<Waker>,
+    /// The driver found the goal reached (the wait's next poll ends).
+    reached: bool,
+}
+
+/// How the driver stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StopOutcome {
+    /// A graceful stop delivered everything and closed the channels.
+    Drained,
+    /// A graceful stop ran out of linger time with this many bytes undelivered (0: the
+    /// peers had not yet seen the end of the channels); the rest was aborted.
+    Expired { pending: usize },
+    /// Stopped at once ([`Stack::abort`](super::Stack::abort)).
+    Aborted,
+}
+
 /// Most reader wakers an [`RxSignal`] holds (more wait for the driver's wake-up).
 const MAX_RX_READERS: usize = 64;
 
@@ -374,13 +425,33 @@ pub(crate) struct State {
     /// Accepted channels aborted before they joined: no preamble in time, too many
     /// waiting, a bad preamble, or failed authentication.
     pub dropped_channels: u64,
+    /// The channel port's acceptor; `None` once it failed or the stack is stopping.
+    acceptor: Option<Box<dyn Acceptor>>,
+    /// Tasks waiting for a [`Goal`].
+    waiters: Vec<Waiter>,
+    next_waiter: u64,
+    /// Readings of `pending_tx_bytes` in a row that found 0 (taken while someone waits).
+    zero_checks: u32,
+    /// When the next reading is due.
+    next_check: Option<Instant>,
+    /// A graceful stop in progress: no new channels or streams, the open ones draining.
+    pub stopping: Option<Stopping>,
+    /// Channels closed by a graceful stop, kept until their peers have seen the end.
+    closing_chans: Vec<BoxedTransport>,
+    /// How the driver stopped (`None` while it runs).
+    pub stop_outcome: Option<StopOutcome>,
     /// Of those, channels that failed authentication (no, or a wrong, proof of the key;
     /// or asking to authenticate when this stack has no key).
     pub auth_failures: u64,
 }
 
 impl Core {
-    pub(crate) fn new(ep: Endpoint, backend: Arc<dyn Backend>, config: CoreConfig) -> Core {
+    pub(crate) fn new(
+        ep: Endpoint,
+        backend: Arc<dyn Backend>,
+        config: CoreConfig,
+        acceptor: Box<dyn Acceptor>,
+    ) -> Core {
         let signal = Arc::new(Signal::default());
         Core {
             rx: Arc::new(RxSignal {
@@ -413,6 +484,14 @@ impl Core {
                 kicks: Vec::new(),
                 dropped_channels: 0,
                 auth_failures: 0,
+                acceptor: Some(acceptor),
+                waiters: Vec::new(),
+                next_waiter: 0,
+                zero_checks: 0,
+                next_check: None,
+                stopping: None,
+                closing_chans: Vec::new(),
+                stop_outcome: None,
             }),
             signal,
             #[cfg(target_os = "linux")]
@@ -437,7 +516,7 @@ impl Core {
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<PeerId>> {
         let mut st = self.lock();
-        if st.stopped {
+        if st.refuses_new() {
             return Poll::Ready(Err(stopped_error()));
         }
         let id = st.peer_id(ip);
@@ -533,7 +612,7 @@ impl Core {
             let peer = st.peer_id(ip);
             let mut n = 0;
             for (t, class, leftover) in opened {
-                if !st.stopped {
+                if !st.refuses_new() {
                     let id = ChannelId(st.next_channel);
                     st.add_channel(t, ip, peer, class);
                     if let (Some(b), Some(c)) = (leftover, st.chans.get_mut(&id)) {
@@ -719,14 +798,122 @@ impl Core {
         false
     }
 
-    /// The driver thread's loop, until [`Signal::stop`].
-    pub(crate) fn run(self: Arc<Self>, acceptor: Option<Box<dyn Acceptor>>) {
+    /// Starts a graceful stop: no new channels, connects, binds or accepts (listeners
+    /// stop listening, their queued connections are reset); every open stream's write
+    /// side is shut (a FIN after its bytes). The driver then waits until everything is
+    /// delivered, closes the channels (a FIN after their bytes) and stops once the peers
+    /// have seen their end, or at `now + linger`, aborting what is left. A second call
+    /// can only bring the deadline forward. Does not block.
+    pub(crate) fn begin_stop(&self, linger: Duration) {
+        let deadline = Instant::now() + linger;
+        let mut st = self.lock();
+        if st.stopped {
+            return;
+        }
+        if let Some(s) = &mut st.stopping {
+            s.deadline = s.deadline.min(deadline);
+            drop(st);
+            self.signal.notify();
+            return;
+        }
+        debug!(?linger, "stopping the stack gracefully");
+        st.stopping = Some(Stopping {
+            deadline,
+            closed: false,
+        });
+        let acceptor = st.acceptor.take();
+        for inc in st.incoming.drain(..) {
+            inc.t.abort();
+        }
+        let mut wake = Vec::new();
+        for port in st.ep.listening_ports() {
+            let _ = st.ep.unbind(port);
+        }
+        for l in st.listeners.values_mut() {
+            wake.extend(l.take());
+        }
+        let sids: Vec<SocketId> = st.socks.keys().copied().collect();
+        for sid in sids {
+            let _ = st.ep.shutdown(sid);
+        }
+        for w in st.socks.values_mut() {
+            wake.extend(w.read.take());
+            wake.extend(w.write.take());
+        }
+        for p in st.peers.values_mut() {
+            if let Opening::Running { waiters, .. } = &mut p.opening {
+                wake.append(waiters);
+            }
+        }
+        self.finish_call(st);
+        drop(acceptor);
+        wake.into_iter().for_each(Waker::wake);
+        self.signal.notify();
+    }
+
+    /// Whether the stack holds nothing undelivered (one reading of
+    /// [`State::pending_tx_bytes`]).
+    pub(crate) fn nothing_pending(&self) -> bool {
+        self.lock().pending_tx_bytes() == 0
+    }
+
+    /// Polls a wait for `goal`; `id` names the wait (given out on its first poll).
+    pub(crate) fn poll_wait(
+        &self,
+        goal: Goal,
+        id: &mut Option<u64>,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        let mut st = self.lock();
+        let pos = id.and_then(|i| st.waiters.iter().position(|w| w.id == i));
+        let reached = st.stopped
+            || pos.is_some_and(|p| st.waiters[p].reached)
+            || (goal == Goal::NoChannels && st.chans.is_empty() && st.closing_chans.is_empty());
+        if reached {
+            if let Some(p) = pos {
+                st.waiters.swap_remove(p);
+            }
+            *id = None;
+            return Poll::Ready(());
+        }
+        let w = cx.waker();
+        match pos {
+            Some(p) => {
+                let slot = &mut st.waiters[p].waker;
+                if !slot.as_ref().is_some_and(|old| old.will_wake(w)) {
+                    *slot = Some(w.clone());
+                }
+            }
+            None => {
+                let i = st.next_waiter;
+                st.next_waiter += 1;
+                st.waiters.push(Waiter {
+                    id: i,
+                    goal,
+                    waker: Some(w.clone()),
+                    reached: false,
+                });
+                *id = Some(i);
+            }
+        }
+        drop(st);
+        // The driver reads the figures now and on its re-check timer.
+        self.signal.notify();
+        Poll::Pending
+    }
+
+    /// Forgets a wait that is dropped before it ended.
+    pub(crate) fn cancel_wait(&self, id: u64) {
+        self.lock().waiters.retain(|w| w.id != id);
+    }
+
+    /// The driver thread's loop, until [`Signal::stop`] or the end of a graceful stop.
+    pub(crate) fn run(self: Arc<Self>) {
         let _ = self.signal.thread.set(std::thread::current());
         let waker = Waker::from(self.signal.clone());
         let mut cx = Context::from_waker(&waker);
         let rx_waker = Waker::from(self.rx.clone());
         let mut rx_cx = Context::from_waker(&rx_waker);
-        let mut acceptor = acceptor;
         let mut wake = Vec::new();
         let mut handed_seen = 0;
         let mut active_until: Option<Instant> = None;
@@ -739,17 +926,22 @@ impl Core {
             }
             // The round below pulls every channel: it pays any debt a reader left.
             self.rx.owed.store(false, Ordering::SeqCst);
-            let (busy, deadline) = {
+            let (busy, deadline, done) = {
                 let mut st = self.lock();
-                let busy = st.round(&mut cx, &mut rx_cx, &mut acceptor, &mut wake);
-                let deadline = st.expire(Instant::now(), &mut wake);
+                let busy = st.round(&mut cx, &mut rx_cx, &mut wake);
+                let now = Instant::now();
+                let deadline = st.expire(now, &mut wake);
+                let (done, check) = st.check_waiters(now, &mut cx, &mut wake);
                 #[cfg(target_os = "linux")]
                 kicks.append(&mut st.kicks);
-                (busy, deadline)
+                (busy, earliest(deadline, check), done)
             };
             #[cfg(target_os = "linux")]
             kicks.drain(..).for_each(run_kick);
             wake.drain(..).for_each(Waker::wake);
+            if done {
+                break;
+            }
             if busy {
                 continue;
             }
@@ -789,6 +981,9 @@ impl Core {
         }
         let mut st = self.lock();
         st.stopped = true;
+        if st.stop_outcome.is_none() {
+            st.stop_outcome = Some(StopOutcome::Aborted);
+        }
         let ids: Vec<ChannelId> = st.chans.keys().copied().collect();
         for id in ids {
             st.lose_channel(id, Gone::Lost);
@@ -796,6 +991,14 @@ impl Core {
         for inc in st.incoming.drain(..) {
             inc.t.abort();
         }
+        for t in st.closing_chans.drain(..) {
+            t.abort();
+        }
+        for w in &mut st.waiters {
+            w.reached = true;
+            wake.extend(w.waker.take());
+        }
+        let acceptor = st.acceptor.take();
         st.drain_events(&mut wake);
         for s in st.socks.values_mut() {
             wake.extend(s.read.take());
@@ -821,6 +1024,12 @@ pub(crate) fn stopped_error() -> io::Error {
 }
 
 impl State {
+    /// Whether new channels, connects, binds and accepts are refused: the stack has
+    /// stopped or is stopping.
+    pub(crate) fn refuses_new(&self) -> bool {
+        self.stopped || self.stopping.is_some()
+    }
+
     /// The id of the peer at `ip` (created on first use).
     fn peer_id(&mut self, ip: Ipv4Addr) -> PeerId {
         if let Some(p) = self.peers.get(&ip) {
@@ -895,11 +1104,11 @@ impl State {
         &mut self,
         cx: &mut Context<'_>,
         rx_cx: &mut Context<'_>,
-        acceptor: &mut Option<Box<dyn Acceptor>>,
         wake: &mut Vec<Waker>,
     ) -> bool {
         let mut busy = false;
         // New channels, then their preambles.
+        let mut acceptor = self.acceptor.take();
         while let Some(a) = acceptor.as_ref() {
             match a.poll_accept(cx) {
                 Poll::Ready(Ok((t, peer))) => {
@@ -922,11 +1131,12 @@ impl State {
                 }
                 Poll::Ready(Err(e)) => {
                     warn!(error = %e, "channel listener failed; no more incoming channels");
-                    *acceptor = None;
+                    acceptor = None;
                 }
                 Poll::Pending => break,
             }
         }
+        self.acceptor = acceptor;
         let mut i = 0;
         while i < self.incoming.len() {
             match self.poll_incoming(i, cx) {
@@ -1399,6 +1609,113 @@ impl State {
         n
     }
 
+    /// Wakes the tasks whose [`Goal`] is reached and runs a graceful stop: reads
+    /// `pending_tx_bytes` (at most every [`DRAIN_RECHECK`]) while anyone waits or the
+    /// stack is stopping. Returns whether the driver should stop now, and when it wants
+    /// to look again.
+    fn check_waiters(
+        &mut self,
+        now: Instant,
+        cx: &mut Context<'_>,
+        wake: &mut Vec<Waker>,
+    ) -> (bool, Option<Instant>) {
+        let waiting = self.waiters.iter().any(|w| !w.reached);
+        if !waiting && self.stopping.is_none() {
+            self.zero_checks = 0;
+            self.next_check = None;
+            return (false, None);
+        }
+        if self.next_check.is_none_or(|t| now >= t) {
+            if self.pending_tx_bytes() == 0 {
+                self.zero_checks = self.zero_checks.saturating_add(1);
+            } else {
+                self.zero_checks = 0;
+            }
+            self.next_check = Some(now + DRAIN_RECHECK);
+        }
+        let drained = self.zero_checks >= 2;
+        // A graceful stop: once everything is delivered, close the channels (a FIN
+        // after their bytes; the peer reads what they still hold, then their end) and
+        // wait for each peer to answer with its own end or a reset.
+        let mut done = false;
+        if let Some(stopping) = &self.stopping {
+            let (deadline, closed) = (stopping.deadline, stopping.closed);
+            if !closed && drained {
+                self.close_channels(wake);
+            }
+            let closed = closed || drained;
+            if closed {
+                self.closing_chans.retain(|t| loop {
+                    match t.poll_dequeue(cx) {
+                        Poll::Ready(Ok(Some(_))) => continue,
+                        Poll::Ready(Ok(None)) | Poll::Ready(Err(_)) => break false,
+                        Poll::Pending => break true,
+                    }
+                });
+                if self.closing_chans.is_empty() {
+                    debug!("stack drained and its channels closed; stopping");
+                    self.stop_outcome = Some(StopOutcome::Drained);
+                    done = true;
+                }
+            }
+            if !done && now >= deadline {
+                let pending = self.pending_tx_bytes();
+                warn!(
+                    pending,
+                    closing_channels = self.closing_chans.len(),
+                    "linger time is up; aborting what the stack has not delivered"
+                );
+                self.stop_outcome = Some(StopOutcome::Expired { pending });
+                done = true;
+            }
+            if let Some(s) = &mut self.stopping {
+                s.closed = closed;
+            }
+        }
+        let mut next = None;
+        let no_channels = self.chans.is_empty() && self.closing_chans.is_empty();
+        for w in self.waiters.iter_mut().filter(|w| !w.reached) {
+            let reached = match w.goal {
+                Goal::Drained => drained,
+                Goal::NoChannels => no_channels,
+                Goal::Stopped => false,
+            };
+            if reached {
+                w.reached = true;
+                wake.extend(w.waker.take());
+            } else if w.goal == Goal::Drained {
+                next = self.next_check;
+            }
+        }
+        if let Some(s) = &self.stopping {
+            next = earliest(earliest(next, self.next_check), Some(s.deadline));
+        }
+        (done, next)
+    }
+
+    /// Closes every channel gracefully for a stop (everything was delivered): its
+    /// sockets lose it like a lost channel (sockets whose peer's stream is complete keep
+    /// their bytes), the channel sends a FIN after what it holds and is kept in
+    /// `closing_chans` until the peer answers.
+    fn close_channels(&mut self, wake: &mut Vec<Waker>) {
+        let ids: Vec<ChannelId> = self.chans.keys().copied().collect();
+        for id in ids {
+            self.ep.handle_channel_lost(id);
+            if let Some(c) = self.chans.remove(&id) {
+                debug!(channel = %id, peer = %c.peer, "closing the channel");
+                c.t.close();
+                if let Some(p) = self.peers.get_mut(&c.peer) {
+                    match c.class {
+                        ChannelClass::Throughput => p.throughput -= 1,
+                        ChannelClass::Latency => p.latency -= 1,
+                    }
+                }
+                self.closing_chans.push(c.t);
+            }
+        }
+        self.drain_events(wake);
+    }
+
     /// Plain-TCP channels closed gracefully and still finishing.
     pub(crate) fn closing_plain(&self) -> usize {
         self.closing_plain.len()
@@ -1407,6 +1724,14 @@ impl State {
     /// Channels held now.
     pub(crate) fn channel_count(&self) -> usize {
         self.chans.len()
+    }
+}
+
+/// The earlier of two optional deadlines.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

@@ -116,6 +116,9 @@ impl VirtualListener {
     ) -> Poll<io::Result<(VirtualStream, SocketAddr)>> {
         let core = self.stack.core();
         let mut st = core.lock();
+        if st.stopping.is_some() {
+            return Poll::Ready(Err(stopped_error()));
+        }
         match st.ep.accept(self.port) {
             Ok(sid) => {
                 st.track(sid);

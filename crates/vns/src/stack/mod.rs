@@ -377,6 +377,7 @@ pub struct StackBuilder {
     #[cfg(target_os = "linux")]
     runtime_rx: RuntimeRx,
     preamble_timeout: Duration,
+    linger: Duration,
     /// `Err` holds a refused key until `build` reports it.
     channel_key: Result<Option<ChannelKey>, ()>,
     #[cfg(target_os = "linux")]
@@ -436,6 +437,7 @@ impl Default for StackBuilder {
             #[cfg(target_os = "linux")]
             partial_checksums: None,
             preamble_timeout: Duration::from_secs(5),
+            linger: DEFAULT_LINGER,
             #[cfg(target_os = "linux")]
             tweak: None,
         }
@@ -554,6 +556,20 @@ impl StackBuilder {
     /// (2 MiB by default) and a credit window of twice that.
     pub fn vns_config(mut self, c: Config) -> Self {
         self.vns = Some(c);
+        self
+    }
+
+    /// How long dropping the stack's last handle lets what it has not delivered yet drain
+    /// in the background before the rest is aborted (default 5 s; environment
+    /// `NETCHANNEL_LINGER_MS` for the default stack). `Duration::ZERO` aborts at once, as
+    /// [`Stack::abort`] does. The dropping thread never waits: the driver thread keeps
+    /// running until every stream has delivered its bytes and FIN and the channels are
+    /// closed, or until the linger time is up (see [`Stack::shutdown_graceful`], which
+    /// does the same and waits for it). A stack with nothing undelivered stops at once.
+    /// A process that exits right after the drop (returning from `main`) ends the
+    /// background drain with it: await [`Stack::shutdown_graceful`] there instead.
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
         self
     }
 
@@ -778,11 +794,11 @@ impl StackBuilder {
             #[cfg(target_os = "linux")]
             runtime_rx: self.runtime_rx,
         };
-        let core = Arc::new(Core::new(ep, backend, config));
+        let core = Arc::new(Core::new(ep, backend, config, acceptor));
         let c = core.clone();
         let driver = std::thread::Builder::new()
             .name("vns-driver".into())
-            .spawn(move || c.run(Some(acceptor)))
+            .spawn(move || c.run())
             .map_err(StackError::Spawn)?;
         debug!(ipv4 = %core.backend.ipv4(), "stack started");
         Ok(Stack {
@@ -792,6 +808,7 @@ impl StackBuilder {
                 copy_workers: self.copy_workers,
                 copy,
                 liveness: self.liveness,
+                linger: self.linger,
             }),
         })
     }
@@ -868,11 +885,19 @@ struct StackInner {
     /// Dropped after the driver is joined (field order), which joins the workers.
     copy: Option<CopyPath>,
     liveness: Liveness,
+    /// How long the drop of the last handle lets the stack drain ([`StackBuilder::linger`]).
+    linger: Duration,
 }
 
 impl StackInner {
+    /// Stops the driver now (every channel aborted) and waits for its thread.
     fn stop(&self) {
         self.core.signal.stop();
+        self.join();
+    }
+
+    /// Waits for the driver thread (it has stopped, or is about to).
+    fn join(&self) {
         let handle = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = handle {
             if h.thread().id() != std::thread::current().id() {
@@ -883,14 +908,35 @@ impl StackInner {
 }
 
 impl Drop for StackInner {
+    /// With a linger time and bytes not yet delivered, the driver thread drains them in
+    /// the background and stops by itself (detached); otherwise it stops now.
     fn drop(&mut self) {
-        self.stop();
+        if self.linger.is_zero() || self.core.nothing_pending() {
+            self.stop();
+            return;
+        }
+        debug!(linger = ?self.linger, "last handle dropped with bytes undelivered; draining in the background");
+        self.core.begin_stop(self.linger);
+        drop(
+            self.driver
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
     }
 }
 
+/// The default [`StackBuilder::linger`]: long enough for the last replies of a
+/// datacenter service to be acknowledged many times over (a few round trips, a
+/// retransmission or two), short enough that a peer which stopped reading does not hold
+/// the stack's threads (and, on AF_XDP, its XDP program) for long after it was dropped.
+pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
+
 /// A host's virtual-socket stack: an [`Endpoint`](crate::Endpoint) over channels to other
 /// hosts, driven by its own thread. Cheap to clone (a handle); streams and listeners keep
-/// it alive, and it stops when the last handle is gone or on [`Stack::shutdown`].
+/// it alive. [`Stack::shutdown_graceful`] stops it after delivering what its streams
+/// hold, [`Stack::abort`] at once; dropping the last handle drains in the background for
+/// at most [`StackBuilder::linger`], then stops.
 #[derive(Clone)]
 pub struct Stack {
     inner: Arc<StackInner>,
@@ -1047,11 +1093,11 @@ impl Stack {
     /// Bytes written to this stack's streams that have not reached their peers yet:
     /// unsent bytes of open and gracefully closed sockets (a pending FIN counts one), and
     /// bytes queued on its channels or sent and not yet acknowledged, plain-TCP
-    /// connections closed gracefully included. Stopping the stack (dropping its last
-    /// handle, [`Stack::shutdown`]) aborts its channels and loses these, so a program
-    /// whose last replies matter waits, bounded, for 0 before it stops. The channels'
-    /// parts are snapshots their threads publish after each poll: a reading may miss
-    /// bytes in the instant a thread moves them, so confirm a 0 with a second reading.
+    /// connections closed gracefully included. [`Stack::abort`] loses these;
+    /// [`Stack::shutdown_graceful`] and dropping the last handle deliver them first.
+    /// To wait for 0, await [`Stack::drained`] rather than poll this. The channels' parts
+    /// are snapshots their threads publish after each poll: a reading may miss bytes in
+    /// the instant a thread moves them (`drained` confirms a 0 with a second reading).
     pub fn pending_tx_bytes(&self) -> usize {
         self.core().lock().pending_tx_bytes()
     }
@@ -1079,7 +1125,7 @@ impl Stack {
             }
         }
         let mut st = self.core().lock();
-        if st.stopped {
+        if st.refuses_new() {
             return Err(driver::stopped_error());
         }
         let port = if addr.port() != 0 {
@@ -1122,9 +1168,160 @@ impl Stack {
     }
 
     /// Stops the driver now: every channel is aborted, and the stack's streams and
-    /// listeners fail. Other handles stay valid but unusable.
-    pub fn shutdown(&self) {
+    /// listeners fail; what they have not delivered is lost. Other handles stay valid but
+    /// unusable. This is what dropping the last handle does with
+    /// [`StackBuilder::linger`] zero; [`Stack::shutdown_graceful`] delivers first.
+    pub fn abort(&self) {
         self.inner.stop();
+    }
+
+    /// The old name of [`Stack::abort`] (stops at once, losing what is undelivered).
+    #[deprecated(
+        note = "use `abort()` (at once) or `shutdown_graceful(linger).await` (delivers first)"
+    )]
+    pub fn shutdown(&self) {
+        self.abort();
+    }
+
+    /// Stops the stack gracefully, as a process exit closes its TCP sockets: new
+    /// channels, connects, binds and accepts are refused at once (listeners stop
+    /// listening; connections they had queued are reset), and the write side of every
+    /// open stream is shut (its FIN follows its bytes; reads go on working). Then every
+    /// stream, open or dropped and lingering, delivers what it has not yet delivered
+    /// ([`Stack::pending_tx_bytes`] reaches 0), the channels are closed (a FIN after
+    /// their bytes, so that each peer reads everything they hold) and the driver stops
+    /// once each peer has seen the end of its channels. A peer's streams whose whole
+    /// incoming stream was delivered keep their bytes and end of stream when the
+    /// channels go.
+    ///
+    /// At most `linger` after the call, whatever is left is aborted, as by
+    /// [`Stack::abort`]: then this returns `TimedOut`. `NotConnected` when the stack was
+    /// aborted before (or meanwhile). `Duration::ZERO` aborts at once. The stack's
+    /// handles stay valid but unusable afterwards.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// use vns::stack::Stack;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let (a, b) = Stack::pair_in_memory(2)?;
+    /// let listener = b.bind("10.0.0.2:7000".parse().unwrap()).await?;
+    /// let mut client = a.connect("10.0.0.2:7000".parse().unwrap()).await?;
+    /// let (mut server, _) = listener.accept().await?;
+    ///
+    /// let reader = tokio::spawn(async move {
+    ///     let mut got = Vec::new();
+    ///     client.read_to_end(&mut got).await.map(|_| got.len())
+    /// });
+    /// // The last reply is written and the stream dropped: it is not all delivered yet.
+    /// server.write_all(&[7u8; 1 << 20]).await?;
+    /// drop(server);
+    /// // Stopping b gracefully delivers it all, then closes.
+    /// b.shutdown_graceful(Duration::from_secs(5)).await?;
+    /// assert_eq!(reader.await.unwrap()?, 1 << 20);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn shutdown_graceful(&self, linger: Duration) -> io::Result<()> {
+        let core = self.core();
+        if linger.is_zero() {
+            self.abort();
+        } else {
+            core.begin_stop(linger);
+            Wait::new(core.clone(), driver::Goal::Stopped).await;
+            self.inner.join();
+        }
+        match core.lock().stop_outcome {
+            Some(driver::StopOutcome::Drained) => Ok(()),
+            Some(driver::StopOutcome::Expired { pending }) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the stack did not finish within its linger time ({linger:?}); \
+                     {pending} byte(s) undelivered were aborted"
+                ),
+            )),
+            Some(driver::StopOutcome::Aborted) | None => Err(driver::stopped_error()),
+        }
+    }
+
+    /// Resolves once everything written to this stack's streams has been delivered:
+    /// [`Stack::pending_tx_bytes`] read 0 twice, a couple of milliseconds apart (channel
+    /// figures are snapshots). The stack's driver reads the figure after each of its
+    /// rounds and on a short timer while the future waits (the channels' TCP does not
+    /// report acknowledgements): no polling by the caller. Resolves at once when the
+    /// stack has stopped (then what is left is lost). Bound the wait with
+    /// `tokio::time::timeout`; writes meanwhile make it wait for them too.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// use vns::stack::Stack;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let (a, b) = Stack::pair_in_memory(2)?;
+    /// let listener = b.bind("10.0.0.2:7000".parse().unwrap()).await?;
+    /// let mut client = a.connect("10.0.0.2:7000".parse().unwrap()).await?;
+    /// let (mut server, _) = listener.accept().await?;
+    /// client.write_all(b"last words").await?;
+    /// drop(client); // lingers inside the stack until delivered
+    /// tokio::time::timeout(Duration::from_secs(5), a.drained()).await?;
+    /// assert_eq!(a.pending_tx_bytes(), 0);
+    /// let mut got = Vec::new();
+    /// server.read_to_end(&mut got).await?;
+    /// assert_eq!(got, b"last words");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn drained(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        Wait::new(self.core().clone(), driver::Goal::Drained)
+    }
+
+    /// Resolves once the stack holds no channel (its NetChannel peers have closed theirs,
+    /// or they were lost), or has stopped: what a server waits for before it stops when
+    /// its peers read its last bytes from their channels and then close them. Woken by
+    /// the driver when a channel goes; no polling.
+    pub fn channels_closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        Wait::new(self.core().clone(), driver::Goal::NoChannels)
+    }
+}
+
+/// A wait for a [`driver::Goal`], woken by the driver.
+struct Wait {
+    core: Arc<Core>,
+    goal: driver::Goal,
+    id: Option<u64>,
+}
+
+impl Wait {
+    fn new(core: Arc<Core>, goal: driver::Goal) -> Wait {
+        Wait {
+            core,
+            goal,
+            id: None,
+        }
+    }
+}
+
+impl std::future::Future for Wait {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        let this = &mut *self;
+        this.core.poll_wait(this.goal, &mut this.id, cx)
+    }
+}
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.core.cancel_wait(id);
+        }
     }
 }
 
@@ -1150,7 +1347,7 @@ pub fn clear_default_stack() -> Option<Stack> {
 /// The process's default stack: the installed one, or else one built (and installed) from
 /// `NETCHANNEL_INTERFACE` and `NETCHANNEL_IPV4` (and the optional `NETCHANNEL_CHANNELS`,
 /// `NETCHANNEL_COPY_WORKERS`, `NETCHANNEL_INLINE_TX` (bytes, see
-/// [`StackBuilder::inline_tx`]), `NETCHANNEL_CHANNEL_KEY` (see
+/// [`StackBuilder::inline_tx`]), `NETCHANNEL_LINGER_MS` (see [`StackBuilder::linger`]), `NETCHANNEL_CHANNEL_KEY` (see
 /// [`StackBuilder::channel_key`]), `NETCHANNEL_BUSY_POLL_US` with `NETCHANNEL_BUSY_POLL_CORES`
 /// (see [`StackBuilder::busy_poll`]), `NETCHANNEL_PARTIAL_CHECKSUMS` (`auto`, `accept` or
 /// `reject`, see `StackBuilder::partial_checksums`)).
@@ -1207,6 +1404,9 @@ fn stack_from_env() -> Result<Stack, StackError> {
     }
     if let Some(n) = env_parse("NETCHANNEL_INLINE_TX")? {
         b = b.inline_tx(n);
+    }
+    if let Some(ms) = env_parse::<u64>("NETCHANNEL_LINGER_MS")? {
+        b = b.linger(Duration::from_millis(ms));
     }
     #[cfg(target_os = "linux")]
     if let Some(v) = env_var("NETCHANNEL_RUNTIME_RX")? {

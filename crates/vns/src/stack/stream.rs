@@ -488,8 +488,9 @@ impl Sock {
 ///
 /// A peer's reset never overtakes its data: the in-order bytes received before it stay
 /// readable, then reads fail with `ConnectionReset` (`docs/wire-format.md`, "RESET
-/// ordering"). The stack itself must keep running until the bytes are delivered
-/// ([`Stack::pending_tx_bytes`]): stopping it aborts its channels.
+/// ordering"). Stopping the stack with [`Stack::shutdown_graceful`], or dropping its
+/// last handle (within [`StackBuilder::linger`](super::StackBuilder::linger)), delivers
+/// them first; [`Stack::abort`] loses what is undelivered.
 ///
 /// `poll_flush` returns at once: bytes written are in the socket's send buffer and leave
 /// as credit allows, like a kernel socket's.
@@ -812,7 +813,7 @@ pub(crate) async fn connect(stack: &Stack, addr: SocketAddrV4) -> io::Result<Vir
         };
     let (sid, local) = {
         let mut st = core.lock();
-        if st.stopped {
+        if st.refuses_new() {
             return Err(stopped_error());
         }
         let sid = st.ep.connect(peer, addr.port(), class)?;
