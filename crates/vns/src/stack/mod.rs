@@ -1344,13 +1344,33 @@ pub fn clear_default_stack() -> Option<Stack> {
         .take()
 }
 
-/// The process's default stack: the installed one, or else one built (and installed) from
-/// `NETCHANNEL_INTERFACE` and `NETCHANNEL_IPV4` (and the optional `NETCHANNEL_CHANNELS`,
-/// `NETCHANNEL_COPY_WORKERS`, `NETCHANNEL_INLINE_TX` (bytes, see
-/// [`StackBuilder::inline_tx`]), `NETCHANNEL_LINGER_MS` (see [`StackBuilder::linger`]), `NETCHANNEL_CHANNEL_KEY` (see
-/// [`StackBuilder::channel_key`]), `NETCHANNEL_BUSY_POLL_US` with `NETCHANNEL_BUSY_POLL_CORES`
-/// (see [`StackBuilder::busy_poll`]), `NETCHANNEL_PARTIAL_CHECKSUMS` (`auto`, `accept` or
-/// `reject`, see `StackBuilder::partial_checksums`)).
+/// The process's default stack: the installed one ([`set_default_stack`]), or else one
+/// built (and installed) from the environment. Every builder option that is a number, a
+/// switch or a string can be set there; the scheduler, `copy_config` and `vns_config`
+/// (structures) only through [`set_default_stack`]. A variable that does not parse fails
+/// with [`StackError::Env`] naming it and saying what it expects.
+///
+/// | variable | builder option |
+/// |---|---|
+/// | `NETCHANNEL_INTERFACE` (required) | [`StackBuilder::interface`] |
+/// | `NETCHANNEL_IPV4` (required) | [`StackBuilder::ipv4`] |
+/// | `NETCHANNEL_CHANNELS` | [`StackBuilder::channels`] |
+/// | `NETCHANNEL_LATENCY_CHANNELS` | [`StackBuilder::latency_channels`] |
+/// | `NETCHANNEL_COPY_WORKERS` | [`StackBuilder::copy_workers`] |
+/// | `NETCHANNEL_CHANNEL_PORT` | [`StackBuilder::channel_port`] |
+/// | `NETCHANNEL_BACKLOG` | [`StackBuilder::backlog`] |
+/// | `NETCHANNEL_CONNECT_TIMEOUT_MS` | [`StackBuilder::connect_timeout`] |
+/// | `NETCHANNEL_PREAMBLE_TIMEOUT_MS` | [`StackBuilder::preamble_timeout`] |
+/// | `NETCHANNEL_KEEPALIVE_MS` (0: off) | [`StackBuilder::keepalive`] |
+/// | `NETCHANNEL_KEEPALIVE_INTERVAL_MS` | [`StackBuilder::keepalive_interval`] |
+/// | `NETCHANNEL_KEEPALIVE_PROBES` | [`StackBuilder::keepalive_probes`] |
+/// | `NETCHANNEL_USER_TIMEOUT_MS` | [`StackBuilder::user_timeout`] |
+/// | `NETCHANNEL_INLINE_TX` (bytes) | [`StackBuilder::inline_tx`] |
+/// | `NETCHANNEL_RUNTIME_RX` (`off`, `latency`, `all`) | `StackBuilder::runtime_rx` |
+/// | `NETCHANNEL_LINGER_MS` | [`StackBuilder::linger`] |
+/// | `NETCHANNEL_CHANNEL_KEY` | [`StackBuilder::channel_key`] |
+/// | `NETCHANNEL_BUSY_POLL_US` with `NETCHANNEL_BUSY_POLL_CORES` | [`StackBuilder::busy_poll`] |
+/// | `NETCHANNEL_PARTIAL_CHECKSUMS` (`auto`, `accept`, `reject`) | `StackBuilder::partial_checksums` |
 pub fn default_stack() -> io::Result<Stack> {
     let mut slot = DEFAULT_STACK.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(s) = slot.as_ref() {
@@ -1399,8 +1419,37 @@ fn stack_from_env() -> Result<Stack, StackError> {
     if let Some(n) = env_parse("NETCHANNEL_CHANNELS")? {
         b = b.channels(n);
     }
+    if let Some(n) = env_parse("NETCHANNEL_LATENCY_CHANNELS")? {
+        b = b.latency_channels(n);
+    }
     if let Some(n) = env_parse("NETCHANNEL_COPY_WORKERS")? {
         b = b.copy_workers(n);
+    }
+    if let Some(port) = env_parse("NETCHANNEL_CHANNEL_PORT")? {
+        b = b.channel_port(port);
+    }
+    if let Some(n) = env_parse("NETCHANNEL_BACKLOG")? {
+        b = b.backlog(n);
+    }
+    let ms = |name| env_parse::<u64>(name).map(|v| v.map(Duration::from_millis));
+    if let Some(d) = ms("NETCHANNEL_CONNECT_TIMEOUT_MS")? {
+        b = b.connect_timeout(d);
+    }
+    if let Some(d) = ms("NETCHANNEL_PREAMBLE_TIMEOUT_MS")? {
+        b = b.preamble_timeout(d);
+    }
+    // Keep-alive idle time; 0 turns keep-alive off.
+    if let Some(d) = ms("NETCHANNEL_KEEPALIVE_MS")? {
+        b = b.keepalive((!d.is_zero()).then_some(d));
+    }
+    if let Some(d) = ms("NETCHANNEL_KEEPALIVE_INTERVAL_MS")? {
+        b = b.keepalive_interval(d);
+    }
+    if let Some(n) = env_parse("NETCHANNEL_KEEPALIVE_PROBES")? {
+        b = b.keepalive_probes(n);
+    }
+    if let Some(d) = ms("NETCHANNEL_USER_TIMEOUT_MS")? {
+        b = b.user_timeout(d);
     }
     if let Some(n) = env_parse("NETCHANNEL_INLINE_TX")? {
         b = b.inline_tx(n);
