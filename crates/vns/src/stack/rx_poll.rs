@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use netdriver::channel::RxPoller;
 use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tracing::{debug, warn};
 
 /// How long a waiting task holds a queue's arrivals (renewed each time it waits): the
@@ -131,13 +132,18 @@ impl RuntimeQueues {
         let mut fds = Vec::with_capacity(self.pollers.len());
         for p in &self.pollers {
             let fd = p.fd()?.try_clone_to_owned().ok()?;
-            // `AsyncFd::new` panics (rather than failing) in a runtime built without
-            // I/O; such a runtime keeps the channel threads' hand-off. It is deprecated
-            // in favour of the `unsafe` `AsyncFd::register` because a generic inner value
-            // could close or replace its descriptor while registered (tokio#8587); an
-            // `OwnedFd` owned by the `AsyncFd` cannot, and this crate has no `unsafe`.
+            // Read interest only: an AF_XDP socket is nearly always writable, and every
+            // writable edge would wake the runtime's reactor for nothing.
+            // `AsyncFd::with_interest` panics (rather than failing) in a runtime built
+            // without I/O; such a runtime keeps the channel threads' hand-off. It is
+            // deprecated in favour of the `unsafe` `AsyncFd::register_with_interest`
+            // because a generic inner value could close or replace its descriptor while
+            // registered (tokio#8587); an `OwnedFd` owned by the `AsyncFd` cannot, and
+            // this crate has no `unsafe`.
             #[allow(deprecated)]
-            let reg = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| AsyncFd::new(fd)));
+            let reg = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                AsyncFd::with_interest(fd, Interest::READABLE)
+            }));
             match reg {
                 Ok(Ok(fd)) => fds.push(fd),
                 Ok(Err(e)) => {
