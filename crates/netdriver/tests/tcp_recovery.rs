@@ -14,13 +14,7 @@ fn ten_in_flight(config: Config, peer: PeerOpts) -> (Tcb, Vec<u8>) {
     t.conn.set_nodelay(true);
     let d = data(10_000);
     t.app_send(&d);
-    for i in 0..10 {
-        t.expect(
-            t.out()
-                .seq(l(i * 1000))
-                .payload(&d[i * 1000..(i + 1) * 1000]),
-        );
-    }
+    t.expect_full_segments(&d, 0..10);
     t.expect_none();
     t.advance(ms(10));
     t.send(t.seg().ack(l(1000)));
@@ -361,13 +355,7 @@ fn ten_sent_four_queued(config: Config, peer: PeerOpts) -> (Tcb, Vec<u8>) {
     t.conn.set_nodelay(true);
     let d = data(14_000);
     t.app_send(&d);
-    for i in 0..10 {
-        t.expect(
-            t.out()
-                .seq(l(i * 1000))
-                .payload(&d[i * 1000..(i + 1) * 1000]),
-        );
-    }
+    t.expect_full_segments(&d, 0..10);
     t.expect_none();
     t.advance(ms(10));
     (t, d)

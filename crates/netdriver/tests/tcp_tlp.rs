@@ -25,13 +25,7 @@ fn ten_sent(config: Config, peer: PeerOpts) -> (Tcb, Vec<u8>) {
     assert_eq!(t.stats().srtt, Some(ms(10)));
     let d = data(10_000);
     t.app_send(&d);
-    for i in 0..10 {
-        t.expect(
-            t.out()
-                .seq(l(i * 1000))
-                .payload(&d[i * 1000..(i + 1) * 1000]),
-        );
-    }
+    t.expect_full_segments(&d, 0..10);
     t.expect_none();
     (t, d)
 }
@@ -141,13 +135,7 @@ fn probe_sends_new_data_when_the_window_allows() {
     t.conn.set_nodelay(true);
     let d = data(12_000);
     t.app_send(&d);
-    for i in 0..10 {
-        t.expect(
-            t.out()
-                .seq(l(i * 1000))
-                .payload(&d[i * 1000..(i + 1) * 1000]),
-        );
-    }
+    t.expect_full_segments(&d, 0..10);
     t.expect_none();
     let sent = t.now;
     // Every ACK is lost: the PTO fires 2·SRTT after the last new data.

@@ -394,6 +394,19 @@ impl Tcb {
         self.expect_with(4096, expected)
     }
 
+    /// Asserts that the next segments emitted are the full 1000-byte segments `range` of
+    /// `d` (the harness's MSS), the first byte of `d` being at `l(0)`.
+    #[track_caller]
+    pub fn expect_full_segments(&mut self, d: &[u8], range: std::ops::Range<usize>) {
+        for i in range {
+            self.expect(
+                self.out()
+                    .seq(l(i * 1000))
+                    .payload(&d[i * 1000..(i + 1) * 1000]),
+            );
+        }
+    }
+
     /// Asserts that the next segment emitted with a `buf_len`-byte buffer is `expected`.
     #[track_caller]
     pub fn expect_with(&mut self, buf_len: usize, expected: Seg) {
