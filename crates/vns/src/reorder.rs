@@ -137,6 +137,17 @@ impl ReorderBuffer {
             .is_some_and(|(&k, _)| k < end)
     }
 
+    /// Whether exactly `len` bytes at `seq` are held out of order as one chunk (the same
+    /// chunk arriving again).
+    pub fn holds_exactly(&self, seq: Seq, len: usize) -> bool {
+        let d = seq.since(self.read_seq);
+        if d < 0 || (d as u64) < self.ready_len as u64 {
+            return false;
+        }
+        let off = self.read_offset + d as u64;
+        self.pending.get(&off).is_some_and(|v| v.len() == len)
+    }
+
     /// Stores a chunk. Fails without storing anything if it is outside the window or
     /// overlaps bytes already held.
     pub fn insert(&mut self, seq: Seq, data: &[u8]) -> Result<(), ReorderError> {

@@ -55,6 +55,14 @@ impl ResponseQueue {
             })
     }
 
+    /// Whether a chunk of exactly `len` bytes at `seq` is parked (the same chunk arriving
+    /// again).
+    pub fn contains(&self, seq: Seq, len: usize) -> bool {
+        self.chunks
+            .iter()
+            .any(|c| c.seq == seq && c.payload.len() == len)
+    }
+
     /// Payload bytes parked that are charged to channel `ch`.
     pub fn charged_to(&self, ch: ChannelId) -> usize {
         self.chunks

@@ -255,7 +255,7 @@ fn data_to_a_closed_socket_resets_the_sender() {
 }
 
 #[test]
-fn lost_channel_fails_its_sockets_only() {
+fn lost_channel_moves_its_sockets_to_the_remaining_channel() {
     let classes = [ChannelClass::Throughput, ChannelClass::Latency];
     let mut sim = Sim::new(small_config(256), &classes, 512, 1 << 20, 10);
     sim.ends[B].bind(7, 4).unwrap();
@@ -272,27 +272,82 @@ fn lost_channel_fails_its_sockets_only() {
     sim.ends[A].send(lat, b"latency").unwrap();
     sim.settle();
     sim.drain_events();
+    // "bulk" was delivered on channel 0 but not read, so not acknowledged: A keeps it.
+    assert_eq!(sim.ends[A].socket_stats(bulk).unwrap().unacked_bytes, 4);
     sim.lose_channel(0);
-    assert_eq!(sim.ends[A].recv(bulk, &mut [0; 8]), Err(Error::ChannelLost));
-    assert_eq!(sim.ends[A].send(bulk, b"x"), Err(Error::ChannelLost));
-    assert!(events(&mut sim, A).contains(&Event::Failed(bulk)));
+    assert!(!events(&mut sim, A).contains(&Event::Failed(bulk)));
+    assert!(sim.ends[A].counters().resent_chunks >= 1);
     let (bulk_b, lat_b) =
         if sim.ends[B].socket_addr(s1).unwrap().2 == sim.ends[A].socket_addr(bulk).unwrap().1 {
             (s1, s2)
         } else {
             (s2, s1)
         };
-    assert_eq!(
-        sim.ends[B].recv(bulk_b, &mut [0; 8]),
-        Err(Error::ChannelLost)
-    );
-    // The latency socket used only the latency channel and carries on.
+    sim.settle();
+    // The resent copy arrived over the latency channel, the last one left, and was
+    // dropped as a duplicate: the bytes are read once.
+    assert!(sim.ends[B].counters().duplicate_chunks >= 1);
     let mut buf = [0u8; 16];
+    assert_eq!(sim.ends[B].recv(bulk_b, &mut buf), Ok(4));
+    assert_eq!(&buf[..4], b"bulk");
+    // The bulk socket carries on over the remaining channel, both ways.
+    sim.ends[A].send(bulk, b"more").unwrap();
+    sim.ends[B].send(bulk_b, b"back").unwrap();
+    sim.settle();
+    assert_eq!(sim.ends[B].recv(bulk_b, &mut buf), Ok(4));
+    assert_eq!(&buf[..4], b"more");
+    assert_eq!(sim.ends[A].recv(bulk, &mut buf), Ok(4));
+    assert_eq!(&buf[..4], b"back");
     assert_eq!(sim.ends[B].recv(lat_b, &mut buf), Ok(7));
     assert_eq!(&buf[..7], b"latency");
-    sim.ends[B].send(lat_b, b"pong").unwrap();
+    for end in &sim.ends {
+        end.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn sockets_without_a_channel_fail_after_the_loss_timeout_keeping_read_bytes() {
+    let classes = [ChannelClass::Throughput, ChannelClass::Latency];
+    let cfg = small_config(256);
+    let wait = cfg.channel_loss_timeout;
+    let mut sim = Sim::new(cfg, &classes, 512, 1 << 20, 12);
+    sim.ends[B].bind(7, 4).unwrap();
+    let bulk = sim.ends[A]
+        .connect(PeerId(1), 7, AppClass::Throughput)
+        .unwrap();
     sim.settle();
-    assert_eq!(sim.ends[A].recv(lat, &mut buf), Ok(4));
+    let s = sim.ends[B].accept(7).unwrap();
+    sim.ends[B].send(s, b"bulk").unwrap();
+    sim.settle();
+    sim.drain_events();
+    // A's transport gave up on both channels (keep-alive or user timeout).
+    let t0 = std::time::Instant::now();
+    sim.ends[A].handle_timeout(t0);
+    sim.ends[A].handle_channel_timed_out(sim.channels[0]);
+    sim.ends[A].handle_channel_timed_out(sim.channels[1]);
+    assert!(sim.ends[A].peer_orphaned(PeerId(1)));
+    // It waits for a channel: writes are still taken.
+    assert_eq!(sim.ends[A].send(bulk, b"x"), Ok(1));
+    assert_eq!(sim.ends[A].poll_timeout(), Some(t0));
+    sim.ends[A].handle_timeout(t0);
+    assert_eq!(sim.ends[A].poll_timeout(), Some(t0 + wait));
+    sim.ends[A].handle_timeout(t0 + wait / 2);
+    assert!(!events(&mut sim, A).contains(&Event::Failed(bulk)));
+    sim.ends[A].handle_timeout(t0 + wait);
+    assert!(events(&mut sim, A).contains(&Event::Failed(bulk)));
+    // The bytes received in order before stay readable, then the error.
+    let mut buf = [0u8; 8];
+    assert_eq!(sim.ends[A].recv(bulk, &mut buf), Ok(4));
+    assert_eq!(&buf[..4], b"bulk");
+    assert_eq!(
+        sim.ends[A].recv(bulk, &mut buf),
+        Err(Error::PeerUnreachable)
+    );
+    assert_eq!(sim.ends[A].send(bulk, b"x"), Err(Error::PeerUnreachable));
+    assert!(!sim.ends[A].peer_orphaned(PeerId(1)));
+    let e = std::io::Error::from(Error::PeerUnreachable);
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+    assert!(e.to_string().contains("peer unreachable"), "{e}");
     assert_eq!(
         Error::ChannelLost.kind(),
         std::io::ErrorKind::ConnectionAborted
@@ -300,46 +355,7 @@ fn lost_channel_fails_its_sockets_only() {
 }
 
 #[test]
-fn timed_out_channel_fails_its_sockets_as_peer_unreachable() {
-    let classes = [ChannelClass::Throughput, ChannelClass::Latency];
-    let mut sim = Sim::new(small_config(256), &classes, 512, 1 << 20, 12);
-    sim.ends[B].bind(7, 4).unwrap();
-    let bulk = sim.ends[A]
-        .connect(PeerId(1), 7, AppClass::Throughput)
-        .unwrap();
-    let lat = sim.ends[A]
-        .connect(PeerId(1), 7, AppClass::Latency)
-        .unwrap();
-    sim.settle();
-    sim.ends[B].accept(7).unwrap();
-    sim.ends[B].accept(7).unwrap();
-    sim.ends[A].send(bulk, b"bulk").unwrap();
-    sim.ends[A].send(lat, b"latency").unwrap();
-    sim.settle();
-    sim.drain_events();
-    // A's transport gave up on the throughput channel (keep-alive or user timeout).
-    let ch = sim.channels[0];
-    sim.ends[A].handle_channel_timed_out(ch);
-    assert_eq!(
-        sim.ends[A].recv(bulk, &mut [0; 8]),
-        Err(Error::PeerUnreachable)
-    );
-    assert_eq!(sim.ends[A].send(bulk, b"x"), Err(Error::PeerUnreachable));
-    // Later calls keep failing the same way.
-    assert_eq!(
-        sim.ends[A].recv(bulk, &mut [0; 8]),
-        Err(Error::PeerUnreachable)
-    );
-    assert!(events(&mut sim, A).contains(&Event::Failed(bulk)));
-    // The socket on the other channel is untouched.
-    assert_eq!(sim.ends[A].send(lat, b"more"), Ok(4));
-    let e = std::io::Error::from(Error::PeerUnreachable);
-    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
-    assert!(e.to_string().contains("peer unreachable"), "{e}");
-}
-
-#[test]
-fn pending_connect_fails_when_its_channel_is_lost() {
+fn pending_connect_sends_its_sync_again_on_a_new_channel() {
     let mut sim = Sim::throughput(1, small_config(256), 512, 11);
     sim.ends[B].bind(7, 1).unwrap();
     let c = sim.ends[A]
@@ -347,6 +363,28 @@ fn pending_connect_fails_when_its_channel_is_lost() {
         .unwrap();
     sim.pump_tx();
     sim.lose_channel(0);
+    assert_eq!(sim.ends[A].recv(c, &mut [0; 4]), Err(Error::WouldBlock));
+    // The stack opens channels again: the SYNC goes on the new one.
+    sim.add_channel(ChannelClass::Throughput);
+    sim.settle();
+    assert!(sim.ends[A].is_connected(c));
+    let s = sim.ends[B].accept(7).unwrap();
+    sim.ends[A].send(c, b"hi").unwrap();
+    sim.settle();
+    assert_eq!(sim.ends[B].recv(s, &mut [0; 4]), Ok(2));
+}
+
+#[test]
+fn pending_connect_fails_when_its_peer_is_gone() {
+    let mut sim = Sim::throughput(1, small_config(256), 512, 11);
+    sim.ends[B].bind(7, 1).unwrap();
+    let c = sim.ends[A]
+        .connect(PeerId(1), 7, AppClass::Throughput)
+        .unwrap();
+    sim.pump_tx();
+    sim.lose_channel(0);
+    // No channel could be opened again.
+    sim.ends[A].handle_peer_gone(PeerId(1), Error::ChannelLost);
     assert_eq!(sim.ends[A].recv(c, &mut [0; 4]), Err(Error::ChannelLost));
 }
 
@@ -425,7 +463,10 @@ fn malformed_bytes_poison_the_channel() {
         sim.ends[A].handle_chunk_bytes(ch, &bad),
         Err(ChannelError::UnknownChannel(ch))
     );
-    assert_eq!(sim.ends[A].recv(c, &mut [0; 4]), Err(Error::ChannelLost));
+    // The socket moved to the other channel and lives on.
+    assert!(sim.ends[A].channel_stats(ch).is_none());
+    assert_eq!(sim.ends[A].recv(c, &mut [0; 4]), Err(Error::WouldBlock));
+    assert_eq!(sim.ends[A].send(c, b"x"), Ok(1));
 }
 
 #[test]

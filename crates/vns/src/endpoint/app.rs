@@ -33,6 +33,9 @@ pub struct SocketStats {
     pub peer_stopped: bool,
     /// Whether we asked the peer to stop sending.
     pub stop_sent: bool,
+    /// Bytes sent and kept until the peer acknowledges them at the data level (to send
+    /// again on another channel if theirs dies).
+    pub unacked_bytes: usize,
 }
 
 impl Endpoint {
@@ -84,6 +87,7 @@ impl Endpoint {
             parked_bytes: s.parked.bytes(),
             peer_stopped: s.peer_stopped,
             stop_sent: s.stop_sent,
+            unacked_bytes: s.unacked_bytes(),
         })
     }
 

@@ -6,16 +6,18 @@
 
 use std::collections::VecDeque;
 
+use bytes::BytesMut;
 use netsched::{ChannelClass, ChannelId, ChannelStats};
 use tracing::{debug, trace};
 
 use crate::deframer::{Chunk, Deframer};
-use crate::wire::{ChunkRepr, ChunkType};
+use crate::wire::{ChunkRepr, ChunkType, Seq};
 
 use super::flow::Placement;
+use super::send_buf::Piece;
 use super::socket::{Key, State, RESET_ORDERED};
 use super::transmit::OutChunk;
-use super::{ChannelError, Endpoint, Error, Event, PeerId, Socket, SocketId};
+use super::{ChannelError, Endpoint, Error, Event, PeerId, SocketId};
 
 /// The channel layer's own statistics for a channel, fed in by the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,7 +42,14 @@ pub(super) struct Channel {
     /// RESETs answering chunks for no socket, queued in `outbox` (bounded by
     /// [`MAX_QUEUED_REPLIES`]).
     pub(super) queued_replies: usize,
+    /// The last RESETs of sockets (ordered ones, of sockets that are gone) handed to this
+    /// channel, at most [`RECENT_RESETS`]: they go again on another channel if this one
+    /// dies, since no socket is left to remember them.
+    pub(super) recent_resets: VecDeque<ChunkRepr>,
 }
+
+/// RESETs a channel remembers ([`Channel::recent_resets`]).
+pub(super) const RECENT_RESETS: usize = 64;
 
 /// Least bytes an early chunk (one that overtook its socket's SYNC_ACK) is charged: what
 /// holding it costs besides its payload (its header and place in the list, about 48
@@ -86,9 +95,18 @@ impl Endpoint {
                 parked_bytes: 0,
                 stalled: None,
                 queued_replies: 0,
+                recent_resets: VecDeque::new(),
             },
         );
         self.schedule_needed = true;
+        // Sockets waiting for a channel to this peer carry on over the new one.
+        self.orphaned.remove(&peer);
+        if let Some(items) = self.stranded.remove(&peer) {
+            debug!(channel = %id, ?peer, chunks = items.len(), "resending over the new channel");
+            for item in items {
+                self.enqueue(id, item);
+            }
+        }
         Ok(())
     }
 
@@ -125,30 +143,48 @@ impl Endpoint {
         self.channels.get(&id).is_some_and(|c| c.stalled.is_some())
     }
 
-    /// The channel died (connection reset, peer host down, poisoned stream). Every socket
-    /// that sent or received a chunk on it fails with [`Error::ChannelLost`], since those
-    /// chunks may be gone; other sockets are untouched.
+    /// The channel died (connection reset, peer host down, poisoned stream, bad bytes).
+    /// No socket fails for it while another channel to the peer remains
+    /// (`docs/wire-format.md`, "Data-level acknowledgement"):
+    ///
+    /// - DATA chunks handed to it and not yet acknowledged at the data level go again on
+    ///   the peer's remaining channels, and so do the chunks still queued for it, a FIN, a
+    ///   SYNC or SYNC_ACK that went on it, and its recent sockets' RESETs;
+    /// - each socket to the peer sends its credit and STOP/RESUME state again, since a
+    ///   credit update or STOP that went on the channel may be lost;
+    /// - chunks it delivered that wait in response queues (parked, or early for a socket
+    ///   still connecting) are dropped: they are not acknowledged, so the peer sends them
+    ///   again; a duplicate of bytes already received is ignored
+    ///   ([`EndpointCounters::duplicate_chunks`](super::EndpointCounters));
+    /// - a RESET held for the bytes before it applies now: those bytes may be gone.
+    ///
+    /// With no channel to the peer left, the sockets wait for a new one
+    /// ([`Endpoint::add_channel`]) for [`Config::channel_loss_timeout`](super::Config),
+    /// then fail with [`Error::ChannelLost`] (a socket whose peer's stream is complete
+    /// keeps its bytes and end of stream); [`Endpoint::handle_peer_gone`] fails them at
+    /// once when no channel can be opened.
     pub fn handle_channel_lost(&mut self, id: ChannelId) {
         self.lose_channel(id, Error::ChannelLost);
     }
 
     /// The channel timed out: its transport gave up on an unresponsive peer (TCP
     /// keep-alive or user timeout). Like [`Endpoint::handle_channel_lost`], except that
-    /// the sockets fail with [`Error::PeerUnreachable`] (`TimedOut`), which tells the
-    /// application the peer went silent rather than closed the channel.
+    /// sockets that fail for it fail with [`Error::PeerUnreachable`] (`TimedOut`), which
+    /// tells the application the peer went silent rather than closed the channel.
     pub fn handle_channel_timed_out(&mut self, id: ChannelId) {
         self.lose_channel(id, Error::PeerUnreachable);
     }
 
-    fn lose_channel(&mut self, id: ChannelId, error: Error) {
+    /// This side gives the channel up for good (the stack stops or aborts): nothing moves
+    /// to another channel, and every socket that sent or received a chunk on it fails with
+    /// [`Error::ChannelLost`] at once, except one finished both ways; one whose peer's
+    /// stream is complete keeps its bytes and end of stream, only its writes fail.
+    pub fn abandon_channel(&mut self, id: ChannelId) {
         let Some(ch) = self.channels.remove(&id) else {
             return;
         };
-        // Every socket holding bytes charged to the channel used it and fails below (or
-        // has none parked): its share of the peer's budget goes now, while the channel's
-        // peer is known.
         self.release_peer(ch.peer, ch.parked_bytes);
-        debug!(channel = %id, outbox = ch.outbox.len(), %error, "channel lost");
+        debug!(channel = %id, outbox = ch.outbox.len(), "channel abandoned");
         let victims: Vec<SocketId> = self
             .sockets
             .iter()
@@ -156,28 +192,239 @@ impl Endpoint {
             .map(|(&sid, _)| sid)
             .collect();
         for sid in victims {
-            // A socket finished both ways (its FIN out, everything up to the peer's FIN
-            // received) needs no channel any more: like a TCP socket after both FINs, it
-            // keeps its unread bytes and end of stream instead of failing.
-            if self
-                .sockets
-                .get(&sid)
-                .is_some_and(Socket::finished_both_ways)
-            {
-                continue;
-            }
-            // One whose read side is complete (the peer's FIN and every byte before it
-            // are here) keeps them: reads hand out the bytes, then end of stream; only
-            // writes fail. The peer's stack stopping right after its last bytes (a
-            // graceful `Stack::shutdown_graceful`) must not take them back.
-            if let Some(s) = self.sockets.get_mut(&sid) {
-                if s.state == State::Established && s.received_all() {
-                    s.eof_after_failure = true;
-                }
-            }
-            self.fail(sid, error);
+            self.fail_for_loss(sid, Error::ChannelLost);
+        }
+        if !self.channels.values().any(|c| c.peer == ch.peer) {
+            self.stranded.remove(&ch.peer);
         }
         self.schedule_needed = true;
+    }
+
+    /// No channel to `peer` can be opened (the stack tried, or the peer is known to be
+    /// gone): if none remains, its sockets fail now (with the error of the loss that left
+    /// them without a channel, else `error`) instead of waiting
+    /// [`Config::channel_loss_timeout`](super::Config), as after a loss. Does nothing
+    /// while a channel to the peer exists.
+    pub fn handle_peer_gone(&mut self, peer: PeerId, error: Error) {
+        if self.channels.values().any(|c| c.peer == peer) {
+            return;
+        }
+        // The loss's own error (a timed-out channel's `PeerUnreachable`) wins.
+        let error = self.orphaned.remove(&peer).map_or(error, |o| o.error);
+        self.stranded.remove(&peer);
+        let victims: Vec<SocketId> = self
+            .sockets
+            .iter()
+            .filter(|(_, s)| s.key.peer == peer)
+            .map(|(&sid, _)| sid)
+            .collect();
+        debug!(?peer, sockets = victims.len(), %error, "no channel to the peer; its sockets fail");
+        for sid in victims {
+            self.fail_for_loss(sid, error);
+        }
+    }
+
+    /// Whether sockets wait for a channel to `peer` (its last one was lost).
+    pub fn peer_orphaned(&self, peer: PeerId) -> bool {
+        self.orphaned.contains_key(&peer)
+    }
+
+    /// Fails a socket because its channels are gone. One finished both ways (its FIN out,
+    /// everything up to the peer's FIN received) needs no channel any more: like a TCP
+    /// socket after both FINs, it keeps its unread bytes and end of stream. One whose read
+    /// side is complete keeps them too (reads hand out the bytes, then end of stream); only
+    /// writes fail. Any other hands out the in-order bytes it holds, then the error. The peer's stack stopping right after its last bytes (a graceful
+    /// `Stack::shutdown_graceful`) must not take them back.
+    pub(super) fn fail_for_loss(&mut self, sid: SocketId, error: Error) {
+        let Some(s) = self.sockets.get_mut(&sid) else {
+            return;
+        };
+        if s.finished_both_ways() {
+            return;
+        }
+        if s.state == State::Established && s.received_all() {
+            s.eof_after_failure = true;
+        }
+        s.readable_after_failure = true;
+        self.fail(sid, error);
+    }
+
+    fn lose_channel(&mut self, id: ChannelId, error: Error) {
+        let Some(ch) = self.channels.remove(&id) else {
+            return;
+        };
+        let peer = ch.peer;
+        // What its sockets hold charged to it is dropped below (parked and early chunks)
+        // or given back with the channel now.
+        self.release_peer(peer, ch.parked_bytes);
+        debug!(channel = %id, outbox = ch.outbox.len(), %error, "channel lost");
+        // Queued for the channel and not handed to it: to another channel as they are.
+        // RESET replies to chunks for no socket are dropped (the peer asks again).
+        for item in ch.outbox {
+            if !item.is_reply() {
+                self.requeue(peer, ch.class, item);
+            }
+        }
+        for header in ch.recent_resets {
+            self.counters.resent_chunks += 1;
+            self.requeue(
+                peer,
+                ch.class,
+                OutChunk {
+                    header,
+                    payload: Piece::default(),
+                    socket: None,
+                },
+            );
+        }
+        let sids: Vec<SocketId> = self
+            .sockets
+            .iter()
+            .filter(|(_, s)| s.key.peer == peer)
+            .map(|(&sid, _)| sid)
+            .collect();
+        let mut held_resets = Vec::new();
+        for sid in sids {
+            let s = self.sockets.get_mut(&sid).expect("listed above");
+            s.channels_used.remove(&id);
+            // Chunks it delivered and we did not take in yet: the peer sends them again.
+            for p in s.parked.take_where(|p| p.channel == id) {
+                trace!(socket = %sid, seq = %p.seq, "dropping a parked chunk of the lost channel");
+            }
+            s.early.retain(|(c, _)| *c != id);
+            // A socket finished both ways still sends again what the peer has not read.
+            if matches!(s.state, State::Failed(_)) {
+                continue;
+            }
+            let resend = self.resend_for_loss(sid, id);
+            // The credit and STOP/RESUME refresh is news, not a copy.
+            self.counters.resent_chunks += resend
+                .iter()
+                .filter(|c| {
+                    !matches!(
+                        c.header.ty,
+                        ChunkType::Ack | ChunkType::Stop | ChunkType::Resume
+                    )
+                })
+                .count() as u64;
+            let class = self.sockets[&sid].class.channel_class();
+            for item in resend {
+                self.requeue(peer, class, item);
+            }
+            if self.sockets[&sid].reset_at.is_some() {
+                held_resets.push(sid);
+            }
+        }
+        for sid in held_resets {
+            debug!(socket = %sid, "channel lost under a held reset; applying it");
+            self.fail_by_reset(sid);
+        }
+        if !self.channels.values().any(|c| c.peer == peer) {
+            debug!(
+                ?peer,
+                "no channel to the peer left; its sockets wait for one"
+            );
+            self.orphaned.insert(
+                peer,
+                super::Orphan {
+                    deadline: None,
+                    error,
+                },
+            );
+            self.orphan_unset = true;
+        }
+        self.retry_stalled();
+        self.schedule_needed = true;
+    }
+
+    /// The chunks socket `sid` must send again because channel `lost` died: its DATA
+    /// chunks handed to that channel and not acknowledged (copies of the payloads kept),
+    /// a FIN, SYNC or SYNC_ACK that went on it, and its flow-control state.
+    fn resend_for_loss(&mut self, sid: SocketId, lost: ChannelId) -> Vec<OutChunk> {
+        let s = self.sockets.get_mut(&sid).expect("caller checked");
+        let mut out = Vec::new();
+        let (local, remote) = (s.key.local, s.key.remote);
+        let header = |ty, seq, credit, len: usize| ChunkRepr {
+            src_port: local,
+            dst_port: remote,
+            seq,
+            credit,
+            ty,
+            payload_len: len as u16,
+        };
+        let control = |header| OutChunk {
+            header,
+            payload: Piece::default(),
+            socket: Some(sid),
+        };
+        let window = self.config.credit_window as u32;
+        let handshake_lost = s.handshake_channel == Some(lost);
+        if s.state == State::SynSent {
+            if handshake_lost {
+                s.handshake_channel = None;
+                out.push(control(header(ChunkType::Sync, s.isn, window, 0)));
+            }
+            return out;
+        }
+        if handshake_lost && s.passive && !s.heard {
+            s.handshake_channel = None;
+            out.push(control(header(ChunkType::SyncAck, s.isn, window, 0)));
+        }
+        if s.write_error().is_none() {
+            for u in s.unacked.iter_mut().filter(|u| u.channel == Some(lost)) {
+                // Waits in an outbox until handed again (see `Unacked::channel`).
+                u.channel = None;
+                s.data_chunks_sent += 1;
+                out.push(OutChunk {
+                    header: header(ChunkType::Data, u.seq, 0, u.payload.len()),
+                    payload: Piece {
+                        buf: BytesMut::from(&u.payload[..]),
+                        ..Piece::default()
+                    },
+                    socket: Some(sid),
+                });
+            }
+        }
+        if s.fin_channel == Some(lost) {
+            s.fin_channel = None;
+            out.push(control(header(ChunkType::Fin, s.next_seq, 0, 0)));
+        }
+        if s.rx.is_some() && s.reset_at.is_none() {
+            // A credit update or STOP/RESUME may have gone with the channel; the peer
+            // takes each only if it is news (edges and epochs only move forward).
+            if s.epoch != Seq(0) {
+                let ty = if s.stop_sent {
+                    ChunkType::Stop
+                } else {
+                    ChunkType::Resume
+                };
+                out.push(control(header(ty, s.epoch, 0, 0)));
+            }
+            s.ack_pending = true;
+            out.push(control(header(ChunkType::Ack, s.epoch, 0, 0)));
+        }
+        out
+    }
+
+    /// Queues a chunk that must reach `peer`: on its least-loaded channel of `class`, else
+    /// of any class; with none left it waits for the next channel to the peer.
+    pub(super) fn requeue(&mut self, peer: PeerId, class: ChannelClass, item: OutChunk) {
+        let ch = self
+            .channels
+            .iter()
+            .filter(|(_, c)| c.peer == peer)
+            .min_by_key(|(&id, c)| {
+                (
+                    c.class != class,
+                    c.load.queued_bytes + c.outbox_bytes as u64,
+                    id,
+                )
+            })
+            .map(|(&id, _)| id);
+        match ch {
+            Some(ch) => self.enqueue(ch, item),
+            None => self.stranded.entry(peer).or_default().push_back(item),
+        }
     }
 
     /// Consumes bytes received on a channel: deframes chunks and dispatches them to their
@@ -347,6 +594,9 @@ impl Endpoint {
         };
         let s = self.sockets.get_mut(&sid).expect("by_key is consistent");
         s.channels_used.insert(ch);
+        if h.ty != ChunkType::Sync {
+            s.heard = true;
+        }
         match s.state {
             State::Failed(_) => {}
             State::SynSent => match h.ty {

@@ -67,6 +67,19 @@ pub struct Config {
     /// its FIN (or never grants credit) would otherwise hold the socket forever. Time is
     /// passed in: see [`Endpoint::handle_timeout`].
     pub linger_timeout: Duration,
+    /// Most bytes of one socket cut into DATA chunks and not yet acknowledged at the data
+    /// level (read by the peer's application), which the socket keeps to send again on
+    /// another channel if theirs dies. It bounds the memory a peer that grants a huge
+    /// window and never reads can make a socket hold; an honest peer's window (its
+    /// `credit_window`) below it never meets it. The bound applied is the larger of this
+    /// and `credit_window` (peers are usually configured alike), so raising the window
+    /// alone never throttles a socket. At least `max_chunk_payload`.
+    pub resend_buffer: usize,
+    /// How long the sockets to a peer wait, once its last channel is lost, for a channel to
+    /// it to be opened again (by either side; a stack that opened the channels reopens
+    /// them itself). Past it they fail with the loss's error. Time is passed in: see
+    /// [`Endpoint::handle_timeout`].
+    pub channel_loss_timeout: Duration,
 }
 
 impl Default for Config {
@@ -85,6 +98,8 @@ impl Default for Config {
             max_peer_sockets: 16 * 1024,
             max_sockets: 64 * 1024,
             linger_timeout: Duration::from_secs(60),
+            resend_buffer: 1024 * 1024,
+            channel_loss_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -124,6 +139,9 @@ impl Config {
         }
         if self.ephemeral_ports.0 > self.ephemeral_ports.1 {
             return bad("ephemeral_ports must be a non-empty range");
+        }
+        if self.resend_buffer < self.max_chunk_payload {
+            return bad("resend_buffer must be at least max_chunk_payload");
         }
         if self.max_peer_sockets == 0 || self.max_sockets == 0 {
             return bad("max_peer_sockets and max_sockets must be positive");

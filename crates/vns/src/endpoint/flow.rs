@@ -17,6 +17,8 @@ use super::{Endpoint, Error, Event, Socket, SocketId};
 
 /// What to do with a received data chunk.
 pub(super) enum Placement {
+    /// Every byte arrived before (a chunk sent again after a channel loss): ignored.
+    Duplicate,
     Insert,
     Park,
     Violation,
@@ -29,6 +31,13 @@ impl Endpoint {
         };
         let end = seq.plus(len as u32);
         let edge = s.credit_edge(&self.config).expect("rx exists");
+        // A copy sent again after a channel loss may arrive long after the original (it
+        // can wait behind other chunks on a slow channel while the stream moves on), so
+        // any distance behind counts, within the circular order's reach.
+        let behind = !end.is_after(rx.contiguous_end());
+        if len > 0 && (behind || rx.holds_exactly(seq, len) || s.parked.contains(seq, len)) {
+            return Placement::Duplicate;
+        }
         if seq.since(rx.read_seq()) < 0
             || end.is_after(edge)
             || s.fin_seq.is_some_and(|f| end.is_after(f))
@@ -51,6 +60,7 @@ impl Endpoint {
             return;
         }
         let h = chunk.header;
+        let mut acked_all = false;
         if !matches!(
             h.ty,
             ChunkType::Sync | ChunkType::SyncAck | ChunkType::Reset
@@ -60,6 +70,8 @@ impl Endpoint {
                 // Stale (reordered across channels): the edge only moves forward.
             } else if s.credit_possible(limit) {
                 s.send_limit = limit;
+                s.acknowledge_data(limit);
+                acked_all = s.unacked.is_empty();
                 self.schedule_needed = true;
             } else {
                 // More than the peer's window past anything it could have read: a hostile
@@ -68,6 +80,13 @@ impl Endpoint {
                 self.counters.rejected_credits += 1;
             }
         }
+        if acked_all && s.detached {
+            // A closed socket waited for the peer to read its last bytes.
+            self.maybe_reap(sid);
+        }
+        let Some(s) = self.sockets.get_mut(&sid) else {
+            return;
+        };
         match h.ty {
             ChunkType::Data => self.receive_data(ch, sid, chunk),
             ChunkType::Ack | ChunkType::Sync | ChunkType::SyncAck => {}
@@ -94,6 +113,24 @@ impl Endpoint {
                     return;
                 }
                 s.fin_seq = Some(h.seq);
+                if s.at_eof() {
+                    // Everything was read before the FIN came: acknowledge the last bytes.
+                    let edge = s.credit_edge(&self.config).expect("at_eof needs rx");
+                    if !s.ack_pending && edge != s.advertised {
+                        s.ack_pending = true;
+                        let header = ChunkRepr {
+                            src_port: s.key.local,
+                            dst_port: s.key.remote,
+                            seq: s.epoch,
+                            // Filled in again as it leaves, unless the socket is gone by then.
+                            credit: edge.0,
+                            ty: ChunkType::Ack,
+                            payload_len: 0,
+                        };
+                        self.queue_control(sid, header);
+                    }
+                }
+                let s = &self.sockets[&sid];
                 if s.detached && s.at_eof() {
                     self.maybe_reap(sid);
                 } else if s.at_eof() {
@@ -158,21 +195,29 @@ impl Endpoint {
 
     fn receive_data(&mut self, ch: ChannelId, sid: SocketId, chunk: Chunk) {
         let s = &self.sockets[&sid];
+        let (seq, len) = (chunk.header.seq, chunk.payload.len());
+        let placement = self.placement(s, seq, len);
+        if matches!(placement, Placement::Duplicate) {
+            // Sent again after a channel loss, though the lost channel had delivered it.
+            trace!(socket = %sid, seq = %seq, len, "duplicate data chunk; ignored");
+            self.counters.duplicate_chunks += 1;
+            return;
+        }
         if s.detached {
             // The application closed this socket and will never read: abort, like TCP.
             self.reset(sid);
             return;
         }
-        let (seq, len) = (chunk.header.seq, chunk.payload.len());
-        // Channels are reliable and a peer never sends a byte twice, so a chunk that
-        // overlaps a parked one is hostile or broken. Checked here, on arrival, so that
-        // every parked chunk is known to fit once the reader catches up (issue: two
-        // overlapping parked chunks used to panic the reading task in `after_read`).
+        // A peer sends bytes twice only as the same chunk again (a duplicate, above), so a
+        // chunk that overlaps a parked one is hostile or broken. Checked here, on arrival,
+        // so that every parked chunk is known to fit once the reader catches up (issue:
+        // two overlapping parked chunks used to panic the reading task in `after_read`).
         if s.parked.overlaps(seq, len) {
             self.protocol_violation(sid, "data overlaps a parked chunk");
             return;
         }
-        match self.placement(s, seq, len) {
+        match placement {
+            Placement::Duplicate => {}
             Placement::Violation => self.protocol_violation(sid, "data outside credit or past FIN"),
             Placement::Park if s.rx.as_ref().is_some_and(|rx| rx.overlaps_held(seq, len)) => {
                 self.protocol_violation(sid, "data overlaps bytes already received");
@@ -271,7 +316,10 @@ impl Endpoint {
             control = Some(ChunkType::Resume);
         } else if !s.ack_pending {
             let edge = s.credit_edge(&self.config).expect("rx exists");
-            if edge.since(s.advertised) >= threshold as i64 {
+            // At the end of the stream the last bytes are acknowledged at once: the peer
+            // keeps them for resending (and a closed peer socket lingers) until then.
+            if edge.since(s.advertised) >= threshold as i64 || (s.at_eof() && edge != s.advertised)
+            {
                 s.ack_pending = true;
                 control = Some(ChunkType::Ack);
             }
@@ -281,7 +329,8 @@ impl Endpoint {
                 src_port: s.key.local,
                 dst_port: s.key.remote,
                 seq: s.epoch,
-                credit: 0,
+                // Filled in again as it leaves, unless the socket is gone by then.
+                credit: s.credit_edge(&self.config).map_or(0, |e| e.0),
                 ty,
                 payload_len: 0,
             };

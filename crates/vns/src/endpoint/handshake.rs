@@ -129,13 +129,18 @@ impl Endpoint {
         let h = chunk.header;
         match h.ty {
             ChunkType::Sync => self.receive_sync(ch, key, h),
-            ChunkType::Data | ChunkType::Fin | ChunkType::SyncAck => {
+            ChunkType::Data | ChunkType::SyncAck => {
                 debug!(channel = %ch, ?key, ty = ?h.ty, "chunk for no socket; resetting");
                 self.reply_reset(ch, key);
             }
             // Never answer these: a late credit update or reset to a socket that is
-            // already gone is harmless.
-            ChunkType::Ack | ChunkType::Stop | ChunkType::Resume | ChunkType::Reset => {}
+            // already gone is harmless, and so is a FIN sent again after a channel loss
+            // to a socket that took the first one and is gone.
+            ChunkType::Ack
+            | ChunkType::Stop
+            | ChunkType::Resume
+            | ChunkType::Reset
+            | ChunkType::Fin => {}
         }
     }
 

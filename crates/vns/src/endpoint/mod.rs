@@ -29,6 +29,8 @@ use rand::SeedableRng;
 
 use netsched::{ChannelId, NetScheduler};
 
+use crate::wire;
+
 mod app;
 mod channels;
 mod config;
@@ -135,7 +137,23 @@ pub struct Endpoint {
     linger_next: Option<Instant>,
     /// The latest time passed to [`Endpoint::handle_timeout`].
     clock: Option<Instant>,
+    /// Peers whose last channel was lost, whose sockets wait for a new one (until the
+    /// deadline, set by the next `handle_timeout` like a linger deadline).
+    orphaned: BTreeMap<PeerId, Orphan>,
+    /// Some entry of `orphaned` has no deadline yet.
+    orphan_unset: bool,
+    /// Chunks to resend to a peer that has no channel left, for the next one.
+    stranded: BTreeMap<PeerId, VecDeque<transmit::OutChunk>>,
     counters: EndpointCounters,
+}
+
+/// Sockets waiting for a channel to their peer after its last one was lost.
+#[derive(Debug, Clone, Copy)]
+struct Orphan {
+    /// When they fail; `None` until [`Endpoint::handle_timeout`] first sees the entry.
+    deadline: Option<Instant>,
+    /// What they fail with: the last loss's error.
+    error: Error,
 }
 
 /// What one peer holds of an endpoint's memory.
@@ -173,6 +191,11 @@ pub struct EndpointCounters {
     /// Credit edges ignored because they reach past the peer's window beyond anything it
     /// could have read.
     pub rejected_credits: u64,
+    /// Chunks sent again because the channel they went on (or waited for) was lost.
+    pub resent_chunks: u64,
+    /// DATA chunks ignored because every byte of them had arrived already (a peer sending
+    /// again what a lost channel had in fact delivered).
+    pub duplicate_chunks: u64,
 }
 
 /// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
@@ -228,6 +251,9 @@ impl Endpoint {
             linger_unset: false,
             linger_next: None,
             clock: None,
+            orphaned: BTreeMap::new(),
+            orphan_unset: false,
+            stranded: BTreeMap::new(),
             counters: EndpointCounters::default(),
         })
     }
@@ -314,7 +340,7 @@ impl Endpoint {
                     c.parked_bytes
                 ));
             }
-            let replies = c.outbox.iter().filter(|o| o.socket.is_none()).count();
+            let replies = c.outbox.iter().filter(|o| o.is_reply()).count();
             if replies != c.queued_replies || replies > MAX_QUEUED_REPLIES {
                 return Err(format!(
                     "{id}: {replies} replies queued, {} counted (bound {MAX_QUEUED_REPLIES})",
@@ -415,6 +441,32 @@ impl Endpoint {
             }
             if s.send_buf.len() > self.config.send_buffer {
                 return Err(format!("{sid}: send buffer holds {}", s.send_buf.len()));
+            }
+            // Kept for resending: in order, between the data-level acknowledgement and
+            // the next byte to send, within the resend buffer.
+            let mut prev_end: Option<wire::Seq> = None;
+            for u in &s.unacked {
+                if !u.end().is_after(s.data_acked) {
+                    return Err(format!("{sid}: acknowledged chunk at {} kept", u.seq));
+                }
+                if prev_end.is_some_and(|p| u.seq.since(p) < 0) {
+                    return Err(format!("{sid}: kept chunks out of order at {}", u.seq));
+                }
+                if u.end().is_after(s.next_seq) {
+                    return Err(format!("{sid}: kept chunk at {} past next_seq", u.seq));
+                }
+                prev_end = Some(u.end());
+            }
+            if s.next_seq.since(s.data_acked) > self.resend_bound() as i64 {
+                return Err(format!(
+                    "{sid}: {} bytes unacknowledged over the resend buffer",
+                    s.next_seq.since(s.data_acked)
+                ));
+            }
+        }
+        for peer in self.stranded.keys() {
+            if self.channels.values().any(|c| c.peer == *peer) {
+                return Err(format!("{peer:?}: chunks stranded beside a channel"));
             }
         }
         Ok(())

@@ -2,10 +2,11 @@
 //! remote virtual port, as in `docs/wire-format.md`), its state and per-socket send and
 //! receive state, and creating, failing, reaping and removing sockets.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Instant;
 
+use bytes::Bytes;
 use netsched::{AppClass, ChannelId};
 use tracing::debug;
 
@@ -94,13 +95,48 @@ pub(super) struct Socket {
     /// it did: the write side is dead already, the read side delivers the bytes before it
     /// and then fails (`docs/wire-format.md`, "RESET").
     pub(super) reset_at: Option<Seq>,
-    /// Failed by the peer's RESET: the in-order bytes received before it stay readable,
-    /// and reads report the error after them.
-    pub(super) readable_after_reset: bool,
+    /// Failed by the peer's RESET, or by the loss of every channel to the peer: the
+    /// in-order bytes received before stay readable, and reads report the error after
+    /// them.
+    pub(super) readable_after_failure: bool,
     /// Failed (its channels lost) after every byte up to the peer's FIN had arrived: the
     /// read side is complete, so reads hand out the bytes and then end of stream, as
     /// after a clean close; only the write side fails.
     pub(super) eof_after_failure: bool,
+    // Data-level acknowledgement (`docs/wire-format.md`, "Data-level acknowledgement").
+    /// DATA chunks handed to a channel or queued for one, not yet acknowledged at the data
+    /// level, in sequence order: kept so that they can go again on another channel when
+    /// theirs dies. At most the peer's window (one can only send within its credit).
+    pub(super) unacked: VecDeque<Unacked>,
+    /// Every byte before this one is acknowledged at the data level: the peer's
+    /// application has read it (its credit edge less its window).
+    pub(super) data_acked: Seq,
+    /// The channel our FIN went out on (handed to it), until the socket goes.
+    pub(super) fin_channel: Option<ChannelId>,
+    /// The channel our SYNC (while connecting) or SYNC_ACK (a passive socket that has
+    /// heard nothing since) went out on: it goes again if that channel dies.
+    pub(super) handshake_channel: Option<ChannelId>,
+    /// A chunk other than SYNC arrived from the peer (a passive socket's SYNC_ACK arrived).
+    pub(super) heard: bool,
+    /// Our initial sequence number (a SYNC or SYNC_ACK that goes again carries it).
+    pub(super) isn: Seq,
+}
+
+/// A DATA chunk kept until the peer acknowledges it at the data level.
+#[derive(Debug)]
+pub(super) struct Unacked {
+    pub(super) seq: Seq,
+    /// The payload as it was sent (shares the send-buffer segment; no copy).
+    pub(super) payload: Bytes,
+    /// The channel that was handed the chunk; `None` while it waits in an outbox (where a
+    /// lost channel's chunks are moved from, not resent from here).
+    pub(super) channel: Option<ChannelId>,
+}
+
+impl Unacked {
+    pub(super) fn end(&self) -> Seq {
+        self.seq.plus(self.payload.len() as u32)
+    }
 }
 
 impl Socket {
@@ -145,13 +181,20 @@ impl Socket {
             epoch: Seq(0),
             ack_pending: false,
             reset_at: None,
-            readable_after_reset: false,
+            readable_after_failure: false,
             eof_after_failure: false,
+            unacked: VecDeque::new(),
+            data_acked: isn,
+            fin_channel: None,
+            handshake_channel: None,
+            heard: false,
+            isn,
         }
     }
 
     /// What a read of `len` bytes meets on a failed socket: `None` when it has not failed,
-    /// `Some(Ok(()))` when it failed by the peer's RESET and still holds in-order bytes
+    /// `Some(Ok(()))` when it failed by the peer's RESET or a loss of its channels and
+    /// still holds in-order bytes
     /// (the read hands them out, `len` > 0), else `Some(Err)`.
     pub(super) fn read_error(&self, len: usize) -> Option<Result<(), Error>> {
         let State::Failed(e) = self.state else {
@@ -161,7 +204,7 @@ impl Socket {
             return Some(Ok(()));
         }
         let readable = self.rx.as_ref().is_some_and(|rx| rx.readable() > 0);
-        Some(if self.readable_after_reset && readable && len > 0 {
+        Some(if self.readable_after_failure && readable && len > 0 {
             Ok(())
         } else {
             Err(e)
@@ -195,6 +238,54 @@ impl Socket {
     pub(super) fn epoch_possible(&self, epoch: Seq) -> bool {
         let max = self.data_chunks_sent.saturating_mul(2);
         max >= 1 << 31 || u64::from(epoch.0) <= max
+    }
+
+    /// Records a DATA chunk handed to channel `ch`. A chunk sent again (an entry for its
+    /// sequence number exists) only changes the entry's channel; one already acknowledged
+    /// is not kept.
+    pub(super) fn note_sent_data(&mut self, ch: ChannelId, seq: Seq, payload: Bytes) {
+        if !seq.plus(payload.len() as u32).is_after(self.data_acked) {
+            return;
+        }
+        let base = self.data_acked;
+        // Chunks leave their channels' outboxes in any order: keep the list sorted.
+        let at = self
+            .unacked
+            .partition_point(|u| u.seq.since(base) < seq.since(base));
+        match self.unacked.get_mut(at) {
+            Some(u) if u.seq == seq => u.channel = Some(ch),
+            _ => self.unacked.insert(
+                at,
+                Unacked {
+                    seq,
+                    payload,
+                    channel: Some(ch),
+                },
+            ),
+        }
+    }
+
+    /// Takes a credit edge from the peer as a cumulative data-level acknowledgement: the
+    /// peer grants its window past its read position, so every byte before `edge` less
+    /// the window has been read there and need never go again.
+    pub(super) fn acknowledge_data(&mut self, edge: Seq) {
+        let acked = Seq(edge.0.wrapping_sub(self.peer_window));
+        if !acked.is_after(self.data_acked) || acked.is_after(self.next_seq) {
+            return;
+        }
+        self.data_acked = acked;
+        while self
+            .unacked
+            .front()
+            .is_some_and(|u| !u.end().is_after(acked))
+        {
+            self.unacked.pop_front();
+        }
+    }
+
+    /// Payload bytes kept for a possible resend.
+    pub(super) fn unacked_bytes(&self) -> usize {
+        self.unacked.iter().map(|u| u.payload.len()).sum()
     }
 
     pub(super) fn send_credit(&self) -> usize {
@@ -302,7 +393,7 @@ impl Endpoint {
     /// readable before the error.
     pub(super) fn fail_by_reset(&mut self, id: SocketId) {
         if let Some(s) = self.sockets.get_mut(&id) {
-            s.readable_after_reset = true;
+            s.readable_after_failure = true;
         }
         self.fail(id, Error::ConnectionReset);
     }
@@ -328,21 +419,28 @@ impl Endpoint {
     /// starts, then whenever this instant has passed (and again after any call, since a
     /// call may change it).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.linger_unset, self.clock) {
-            (true, Some(now)) => Some(now),
-            _ => self.linger_next,
+        if let (true, Some(now)) = (self.linger_unset || self.orphan_unset, self.clock) {
+            return Some(now);
+        }
+        let orphans = self.orphaned.values().filter_map(|o| o.deadline).min();
+        match (self.linger_next, orphans) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
     /// Advances the endpoint's clock to `now` (an earlier time than one seen before is
     /// ignored) and acts on what timed out: a closed socket that has lingered
     /// [`Config::linger_timeout`] is reset (a RESET goes to the peer) and removed, and
-    /// counted in [`EndpointCounters::linger_expired`](super::EndpointCounters). The
+    /// counted in [`EndpointCounters::linger_expired`](super::EndpointCounters); the
+    /// sockets of a peer left without a channel for [`Config::channel_loss_timeout`] fail
+    /// ([`Endpoint::handle_channel_lost`]). The
     /// endpoint reads no clock of its own; the caller passes monotonic time in, as for a
     /// sans-IO QUIC connection.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.map_or(now, |c| c.max(now));
         self.clock = Some(now);
+        self.expire_orphans(now);
         if !self.linger_unset && self.linger_next.is_none_or(|next| now < next) {
             return;
         }
@@ -366,12 +464,36 @@ impl Endpoint {
         }
     }
 
+    /// Fails the sockets of peers that have waited [`Config::channel_loss_timeout`] for a
+    /// channel; sets the deadline of those that lost their last channel since the last
+    /// call.
+    fn expire_orphans(&mut self, now: Instant) {
+        if self.orphaned.is_empty() {
+            return;
+        }
+        let wait = self.config.channel_loss_timeout;
+        let mut expired = Vec::new();
+        for (&peer, o) in &mut self.orphaned {
+            let t = *o.deadline.get_or_insert(now + wait);
+            if t <= now {
+                expired.push((peer, o.error));
+            }
+        }
+        self.orphan_unset = false;
+        for (peer, error) in expired {
+            debug!(?peer, ?wait, "no channel to the peer came back in time");
+            self.handle_peer_gone(peer, error);
+        }
+    }
+
     /// Removes a detached socket once both directions are finished.
     pub(super) fn maybe_reap(&mut self, id: SocketId) {
         let Some(s) = self.sockets.get(&id) else {
             return;
         };
-        if s.detached && s.fin_sent && s.at_eof() {
+        // Kept while chunks it sent may still have to go again on another channel: until
+        // the peer has read every byte (as a TCP socket stays until its data is acked).
+        if s.detached && s.fin_sent && s.at_eof() && s.unacked.is_empty() {
             debug!(socket = %id, "closed");
             self.remove_socket(id);
         }

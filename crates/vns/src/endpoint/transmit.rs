@@ -11,8 +11,9 @@ use tracing::{trace, warn};
 
 use crate::wire::{ChunkPacket, ChunkRepr, ChunkType, HEADER_LEN};
 
+use super::channels::RECENT_RESETS;
 use super::send_buf::Piece;
-use super::socket::State;
+use super::socket::{State, RESET_ORDERED};
 use super::{Endpoint, Event, SocketId, SENT_LENT_MAX};
 
 #[derive(Debug)]
@@ -23,6 +24,17 @@ pub(super) struct OutChunk {
     pub(super) socket: Option<SocketId>,
 }
 
+impl OutChunk {
+    /// A RESET answering a chunk for no socket (counted in `Channel::queued_replies`); a
+    /// gone socket's own RESET sent again after a channel loss has no socket either, but
+    /// is ordered.
+    pub(super) fn is_reply(&self) -> bool {
+        self.socket.is_none()
+            && self.header.ty == ChunkType::Reset
+            && self.header.credit != RESET_ORDERED
+    }
+}
+
 impl Endpoint {
     /// Appends the next chunk for channel `id` (header and payload) to `out` and returns its
     /// length, or `None` when nothing is queued for the channel. Call it, after any other
@@ -31,13 +43,67 @@ impl Endpoint {
     pub fn poll_transmit(&mut self, id: ChannelId, out: &mut Vec<u8>) -> Option<usize> {
         let item = self.next_out(id)?;
         item.header.emit_to_vec(item.payload.data(), out);
-        if item.payload.track {
-            self.keep_lent(item.payload.buf.freeze());
-        } else if item.payload.recycle {
+        let (track, recycle, headroom) = (
+            item.payload.track,
+            item.payload.recycle,
+            item.payload.headroom,
+        );
+        let buf = item.payload.buf.freeze();
+        self.note_handed(id, &item.header, item.socket, &buf, headroom);
+        if track {
+            self.keep_lent(buf);
+        } else if recycle {
             let cap = self.seg_cap();
-            self.seg_pool.keep_sent(item.payload.buf.freeze(), cap);
+            self.seg_pool.keep_sent(buf, cap);
         }
         Some(item.header.wire_len())
+    }
+
+    /// Remembers what a chunk handed to channel `id` needs if that channel dies
+    /// (`docs/wire-format.md`, "Data-level acknowledgement"): a DATA chunk's payload until
+    /// the peer acknowledges it, where a FIN, SYNC or SYNC_ACK went, and a socket's RESET.
+    /// `buf` is the chunk's buffer, with room for the header in front when `headroom`.
+    fn note_handed(
+        &mut self,
+        id: ChannelId,
+        header: &ChunkRepr,
+        socket: Option<SocketId>,
+        buf: &Bytes,
+        headroom: bool,
+    ) {
+        if header.ty == ChunkType::Reset && header.credit == RESET_ORDERED {
+            // The socket is gone already; its RESET is remembered on the channel.
+            if let Some(c) = self.channels.get_mut(&id) {
+                if c.recent_resets.len() >= RECENT_RESETS {
+                    c.recent_resets.pop_front();
+                }
+                c.recent_resets.push_back(*header);
+            }
+            return;
+        }
+        let Some(s) = socket.and_then(|sid| self.sockets.get_mut(&sid)) else {
+            return;
+        };
+        match header.ty {
+            ChunkType::Data => {
+                let payload = if headroom {
+                    buf.slice(HEADER_LEN..)
+                } else {
+                    buf.clone()
+                };
+                s.note_sent_data(id, header.seq, payload);
+            }
+            ChunkType::Fin => s.fin_channel = Some(id),
+            ChunkType::Sync | ChunkType::SyncAck => s.handshake_channel = Some(id),
+            _ => {}
+        }
+    }
+
+    /// Most bytes a socket keeps cut and unacknowledged ([`Config::resend_buffer`]).
+    ///
+    /// [`Config::resend_buffer`]: super::Config::resend_buffer
+    pub(super) fn resend_bound(&self) -> usize {
+        self.config.resend_buffer.max(self.config.credit_window)
     }
 
     /// Capacity of a send-buffer segment: room for a header, then one chunk payload.
@@ -79,12 +145,30 @@ impl Endpoint {
         if self.schedule_needed {
             self.schedule();
         }
-        let ch = self.channels.get_mut(&id)?;
-        let mut item = ch.outbox.pop_front()?;
-        ch.outbox_bytes -= item.header.wire_len();
-        if item.socket.is_none() && item.header.ty == ChunkType::Reset {
-            ch.queued_replies = ch.queued_replies.saturating_sub(1);
-        }
+        let mut item = loop {
+            let ch = self.channels.get_mut(&id)?;
+            let item = ch.outbox.pop_front()?;
+            ch.outbox_bytes -= item.header.wire_len();
+            if item.is_reply() {
+                ch.queued_replies = ch.queued_replies.saturating_sub(1);
+            }
+            // A copy queued after a channel loss whose bytes the peer has read meanwhile
+            // (the lost channel had delivered them after all) need not go.
+            let acked = item.header.ty == ChunkType::Data
+                && item
+                    .socket
+                    .and_then(|sid| self.sockets.get(&sid))
+                    .is_some_and(|s| {
+                        !item
+                            .header
+                            .seq
+                            .plus(u32::from(item.header.payload_len))
+                            .is_after(s.data_acked)
+                    });
+            if !acked {
+                break item;
+            }
+        };
         self.schedule_needed = true;
         if let Some(sid) = item.socket {
             if let Some(s) = self.sockets.get_mut(&sid) {
@@ -114,7 +198,8 @@ impl Endpoint {
         let mut item = self.next_out(id)?;
         let track = item.payload.track;
         let recycle = item.payload.recycle;
-        let out = if item.payload.headroom {
+        let headroom = item.payload.headroom;
+        let out = if headroom {
             // The segment has room for the header in front: one `Bytes`, no copy.
             let buf = &mut item.payload.buf;
             item.header
@@ -127,6 +212,7 @@ impl Endpoint {
                 .emit(&mut ChunkPacket::new_unchecked(&mut header[at..]));
             item.payload.buf.freeze()
         };
+        self.note_handed(id, &item.header, item.socket, &out, headroom);
         if track {
             self.keep_lent(out.clone());
         } else if recycle {
@@ -172,7 +258,8 @@ impl Endpoint {
     }
 
     /// Queues a control chunk of socket `sid` on the channel the scheduler picks, or else
-    /// the least-loaded channel of the socket's class (control chunks bypass thresholds).
+    /// the least-loaded channel of the socket's class (control chunks bypass thresholds),
+    /// else of any class; with no channel to the peer left, for the next one.
     pub(super) fn queue_control(&mut self, sid: SocketId, header: ChunkRepr) {
         let Some(s) = self.sockets.get(&sid) else {
             return;
@@ -184,27 +271,18 @@ impl Endpoint {
             class,
             len: 0,
         };
-        let picked = self
+        let item = OutChunk {
+            header,
+            payload: Piece::default(),
+            socket: Some(sid),
+        };
+        match self
             .scheduler
             .pick_channel(&info, &stats)
-            .filter(|id| stats.iter().any(|c| c.id == *id));
-        let ch = picked.or_else(|| {
-            stats
-                .iter()
-                .filter(|c| c.class == class.channel_class())
-                .min_by_key(|c| (c.queued_bytes, c.id))
-                .map(|c| c.id)
-        });
-        match ch {
-            Some(ch) => self.enqueue(
-                ch,
-                OutChunk {
-                    header,
-                    payload: Piece::default(),
-                    socket: Some(sid),
-                },
-            ),
-            None => warn!(socket = %sid, ty = ?header.ty, "no channel for control chunk; dropped"),
+            .filter(|id| stats.iter().any(|c| c.id == *id))
+        {
+            Some(ch) => self.enqueue(ch, item),
+            None => self.requeue(peer, class.channel_class(), item),
         }
     }
 
@@ -274,7 +352,10 @@ impl Endpoint {
         if s.state != State::Established || s.peer_stopped || s.send_buf.is_empty() {
             return false;
         }
-        let len = s.send_buf.len().min(s.send_credit()).min(max);
+        // Bytes cut and not yet acknowledged at the data level stay held for resending.
+        let held = s.next_seq.since(s.data_acked).max(0) as usize;
+        let room = self.resend_bound().saturating_sub(held);
+        let len = s.send_buf.len().min(s.send_credit()).min(max).min(room);
         if len == 0 {
             return false;
         }
@@ -284,7 +365,19 @@ impl Endpoint {
             class: s.class,
             len,
         };
-        let Some(ch) = self.scheduler.pick_channel(&info, &stats) else {
+        let class = s.class.channel_class();
+        let picked = self.scheduler.pick_channel(&info, &stats);
+        let Some(ch) = picked.or_else(|| {
+            // Its class has no channel to the peer left (lost): the others carry it rather
+            // than the socket stall, isolation giving way to delivery.
+            if stats.iter().any(|c| c.class == class) {
+                return None;
+            }
+            stats
+                .iter()
+                .min_by_key(|c| (c.queued_bytes, c.id))
+                .map(|c| c.id)
+        }) else {
             return false;
         };
         if !stats.iter().any(|c| c.id == ch) {
@@ -575,6 +668,10 @@ mod tests {
         let mut back = Vec::new();
         assert_eq!(client.reclaim_sent(|b| back.push(b)), 1);
         drop(rest);
+        // The channel is done with the rest, but the socket keeps it for resending until
+        // the peer's credit says it was read.
+        assert_eq!(client.reclaim_sent(|b| back.push(b)), 0);
+        deliver(&mut server, &mut client, ch);
         assert_eq!(client.reclaim_sent(|b| back.push(b)), 1);
         for (mut b, ptr) in back.into_iter().zip(ptrs) {
             assert_eq!(b.as_ptr(), ptr);

@@ -31,7 +31,7 @@ use tracing::{debug, trace, warn};
 
 use super::auth;
 use super::backend::{Acceptor, Backend, BoxedTransport};
-use crate::endpoint::{ChannelLoad, Endpoint, Event, PeerId, SocketId};
+use crate::endpoint::{ChannelLoad, Endpoint, Error as VnsError, Event, PeerId, SocketId};
 use crate::wire::HEADER_LEN;
 
 /// Bytes of `poll_transmit` output gathered per batch (headers, small chunks and the
@@ -355,6 +355,9 @@ pub(crate) struct Peer {
     throughput: usize,
     latency: usize,
     opening: Opening,
+    /// This stack opened channels to the peer (so it opens them again when all are lost;
+    /// a peer that opened them does that itself).
+    opened: bool,
 }
 
 struct ChanIo {
@@ -443,6 +446,9 @@ pub(crate) struct State {
     /// Of those, channels that failed authentication (no, or a wrong, proof of the key;
     /// or asking to authenticate when this stack has no key).
     pub auth_failures: u64,
+    /// Peers whose last channel was lost, to open channels to again (the driver thread
+    /// starts the opening).
+    reopen: Vec<Ipv4Addr>,
 }
 
 impl Core {
@@ -492,6 +498,7 @@ impl Core {
                 stopping: None,
                 closing_chans: Vec::new(),
                 stop_outcome: None,
+                reopen: Vec::new(),
             }),
             signal,
             #[cfg(target_os = "linux")]
@@ -624,7 +631,13 @@ impl Core {
                 }
             }
             debug!(%remote, channels = n, "channels opened");
+            if n == 0 {
+                // Sockets left without a channel by a loss wait for this opening; it
+                // failed, so they fail now rather than at the end of their wait.
+                st.ep.handle_peer_gone(peer, VnsError::ChannelLost);
+            }
             let p = st.peers.get_mut(&ip).expect("peer_id inserted it");
+            p.opened |= n > 0;
             let next = match (error, auth_error) {
                 (_, Some(why)) if n == 0 => Opening::Failed {
                     attempt,
@@ -648,6 +661,37 @@ impl Core {
         };
         self.signal.notify();
         waiters.into_iter().for_each(Waker::wake);
+    }
+
+    /// Starts opening channels again to the peers that lost their last one (see
+    /// [`State::lose_channel`]), each in a helper thread like a first opening.
+    fn reopen_channels(self: &Arc<Self>, st: &mut State) {
+        for ip in std::mem::take(&mut st.reopen) {
+            let attempt = st.next_attempt;
+            let Some(p) = st.peers.get_mut(&ip) else {
+                continue;
+            };
+            if p.throughput + p.latency > 0 || matches!(p.opening, Opening::Running { .. }) {
+                continue;
+            }
+            p.opening = Opening::Running {
+                attempt,
+                waiters: Vec::new(),
+            };
+            let peer = p.id;
+            st.next_attempt += 1;
+            let core = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name("vns-open".into())
+                .spawn(move || core.open_channels(ip, attempt));
+            if let Err(e) = spawned {
+                warn!(%ip, error = %e, "cannot start opening channels again");
+                if let Some(p) = st.peers.get_mut(&ip) {
+                    p.opening = Opening::Idle;
+                }
+                st.ep.handle_peer_gone(peer, VnsError::ChannelLost);
+            }
+        }
     }
 
     /// Sends the preamble on a channel this stack opened and, with a channel key, runs the
@@ -713,6 +757,8 @@ impl Core {
         let mut wake = Vec::new();
         let mut more = st.transmit_all(&mut cx);
         more |= st.drain_events(&mut wake);
+        // A channel lost in this call: the driver thread opens channels again.
+        more |= !st.reopen.is_empty();
         #[cfg(target_os = "linux")]
         let kicks = std::mem::take(&mut st.kicks);
         drop(st);
@@ -929,6 +975,9 @@ impl Core {
             let (busy, deadline, done) = {
                 let mut st = self.lock();
                 let busy = st.round(&mut cx, &mut rx_cx, &mut wake);
+                if !st.reopen.is_empty() {
+                    self.reopen_channels(&mut st);
+                }
                 let now = Instant::now();
                 let deadline = st.expire(now, &mut wake);
                 let (done, check) = st.check_waiters(now, &mut cx, &mut wake);
@@ -986,7 +1035,7 @@ impl Core {
         }
         let ids: Vec<ChannelId> = st.chans.keys().copied().collect();
         for id in ids {
-            st.lose_channel(id, Gone::Lost);
+            st.lose_channel(id, Gone::Abandoned);
         }
         for inc in st.incoming.drain(..) {
             inc.t.abort();
@@ -1044,6 +1093,7 @@ impl State {
                 throughput: 0,
                 latency: 0,
                 opening: Opening::Idle,
+                opened: false,
             },
         );
         self.peer_ips.insert(id, ip);
@@ -1082,20 +1132,41 @@ impl State {
         );
     }
 
+    /// Drops a dead channel. Its sockets' chunks move to the peer's other channels (the
+    /// endpoint's data-level acknowledgement); when it was the peer's last one, a stack
+    /// that opened the channels opens them again, and one the peer closed gracefully means
+    /// the peer stops, so its sockets fail at once.
     fn lose_channel(&mut self, id: ChannelId, why: Gone) {
         match why {
             Gone::TimedOut => self.ep.handle_channel_timed_out(id),
-            Gone::Lost => self.ep.handle_channel_lost(id),
+            Gone::Lost | Gone::Closed => self.ep.handle_channel_lost(id),
+            Gone::Abandoned => self.ep.abandon_channel(id),
         }
-        if let Some(c) = self.chans.remove(&id) {
-            debug!(channel = %id, peer = %c.peer, "channel lost");
-            c.t.abort();
-            if let Some(p) = self.peers.get_mut(&c.peer) {
-                match c.class {
-                    ChannelClass::Throughput => p.throughput -= 1,
-                    ChannelClass::Latency => p.latency -= 1,
+        let Some(c) = self.chans.remove(&id) else {
+            return;
+        };
+        debug!(channel = %id, peer = %c.peer, "channel lost");
+        c.t.abort();
+        let refuses_new = self.refuses_new();
+        let Some(p) = self.peers.get_mut(&c.peer) else {
+            return;
+        };
+        match c.class {
+            ChannelClass::Throughput => p.throughput -= 1,
+            ChannelClass::Latency => p.latency -= 1,
+        }
+        if p.throughput + p.latency > 0 {
+            return;
+        }
+        match why {
+            Gone::Closed => self.ep.handle_peer_gone(p.id, VnsError::ChannelLost),
+            Gone::Lost | Gone::TimedOut if p.opened && !refuses_new => {
+                if matches!(p.opening, Opening::Idle | Opening::Failed { .. }) {
+                    debug!(peer = %c.peer, "last channel to the peer lost; opening channels again");
+                    self.reopen.push(c.peer);
                 }
             }
+            _ => {}
         }
     }
 
@@ -1354,7 +1425,7 @@ impl State {
                     Poll::Ready(Ok(Some(b))) => b,
                     Poll::Ready(Ok(None)) => {
                         debug!(channel = %id, "channel closed by the peer");
-                        return Err(Gone::Lost);
+                        return Err(Gone::Closed);
                     }
                     Poll::Ready(Err(e)) => {
                         debug!(channel = %id, error = %e, "channel failed");
@@ -1700,7 +1771,7 @@ impl State {
     fn close_channels(&mut self, wake: &mut Vec<Waker>) {
         let ids: Vec<ChannelId> = self.chans.keys().copied().collect();
         for id in ids {
-            self.ep.handle_channel_lost(id);
+            self.ep.abandon_channel(id);
             if let Some(c) = self.chans.remove(&id) {
                 debug!(channel = %id, peer = %c.peer, "closing the channel");
                 c.t.close();
@@ -1791,8 +1862,14 @@ fn lost(id: ChannelId, e: ChannelError) -> Result<bool, Gone> {
 /// out), with `ChannelLost` otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Gone {
+    /// The transport gave up on a silent peer.
     TimedOut,
+    /// Reset, failed, or poisoned by bad bytes.
     Lost,
+    /// The peer closed it (end of stream): with its last channel, the peer is stopping.
+    Closed,
+    /// This stack gives it up (abort).
+    Abandoned,
 }
 
 impl Gone {

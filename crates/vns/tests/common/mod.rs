@@ -192,6 +192,25 @@ impl Sim {
             .all(|p| p.staging.is_empty() && p.wire.is_empty())
     }
 
+    /// Opens another channel of `class` between the two ends (a fresh id); returns its
+    /// index.
+    pub fn add_channel(&mut self, class: ChannelClass) -> usize {
+        let id = ChannelId(self.channels.iter().map(|c| c.0 + 1).max().unwrap_or(0));
+        self.ends[A].add_channel(id, PeerId(1), class).unwrap();
+        self.ends[B].add_channel(id, PeerId(0), class).unwrap();
+        self.channels.push(id);
+        self.pipes.push(Default::default());
+        self.lost.push(false);
+        let w = self.rng.gen_range(1..=20);
+        self.weights.push(w);
+        self.channels.len() - 1
+    }
+
+    /// Whether channel `i` was lost.
+    pub fn is_lost(&self, i: usize) -> bool {
+        self.lost[i]
+    }
+
     pub fn lose_channel(&mut self, i: usize) {
         self.lost[i] = true;
         self.pipes[i] = Default::default();

@@ -1,0 +1,428 @@
+//! Issue 13 §2: no data lost when a channel dies. Each virtual socket keeps the chunks it
+//! sent until the peer acknowledges them at the data level (its credit edge less its
+//! window) and sends them again on a remaining channel when theirs dies; the receiver
+//! drops the copies of bytes the lost channel had in fact delivered.
+//!
+//! Seeded simulations lose channels mid-transfer (the bytes in flight on them vanish, as
+//! with a reset TCP connection) and check that every byte arrives exactly once, in order,
+//! with the endpoints' accounting intact at every step; exact-chunk tests cover the
+//! duplicate rules, the resend bound and the handshake and close chunks that go again.
+
+mod common;
+
+use common::{pattern, small_config, Sim, A, B};
+use rand::Rng;
+use vns::wire::{ChunkRepr, ChunkType, Seq};
+use vns::{AppClass, ChannelClass, ChannelId, Config, Endpoint, Error, Event, PeerId, SocketId};
+
+/// One socket pair's transfer both ways: what each end writes and has read.
+struct Flow {
+    a: SocketId,
+    b: SocketId,
+    to_b: Vec<u8>,
+    to_a: Vec<u8>,
+    sent_to_b: usize,
+    sent_to_a: usize,
+    got_b: Vec<u8>,
+    got_a: Vec<u8>,
+    eof_b: bool,
+    eof_a: bool,
+}
+
+/// Writes what fits, shuts down after the last byte, reads what is there.
+fn pump(sim: &mut Sim, f: &mut Flow) {
+    for (end, sock, data, sent) in [
+        (A, f.a, &f.to_b, &mut f.sent_to_b),
+        (B, f.b, &f.to_a, &mut f.sent_to_a),
+    ] {
+        if *sent < data.len() {
+            if let Ok(n) = sim.ends[end].send(sock, &data[*sent..]) {
+                *sent += n;
+                if *sent == data.len() {
+                    sim.ends[end].shutdown(sock).unwrap();
+                }
+            }
+        }
+    }
+    let mut buf = [0u8; 700];
+    for (end, sock, got, eof) in [
+        (B, f.b, &mut f.got_b, &mut f.eof_b),
+        (A, f.a, &mut f.got_a, &mut f.eof_a),
+    ] {
+        while !*eof {
+            match sim.ends[end].recv(sock, &mut buf) {
+                Ok(0) => *eof = true,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(Error::WouldBlock) => break,
+                Err(e) => panic!("socket failed: {e:?}"),
+            }
+        }
+    }
+}
+
+/// `sockets` pairs over `channels` channels; while they transfer, a live channel is lost
+/// every `loss_every` steps on average (never more than `max_losses`), and a new one
+/// opened whenever none is left (after a while) or at random.
+fn transfer_with_losses(
+    seed: u64,
+    channels: usize,
+    sockets: usize,
+    max_losses: usize,
+) -> (u64, u64) {
+    let cfg = small_config(256);
+    let mut sim = Sim::throughput(channels, cfg, 700, seed);
+    sim.ends[B].bind(7, sockets).unwrap();
+    let mut flows = Vec::new();
+    for i in 0..sockets {
+        let a = sim.ends[A]
+            .connect(PeerId(1), 7, AppClass::Throughput)
+            .unwrap();
+        sim.settle();
+        let b = sim.ends[B].accept(7).unwrap();
+        let len_b = sim.rng.gen_range(0..6000);
+        let len_a = sim.rng.gen_range(0..3000);
+        flows.push(Flow {
+            a,
+            b,
+            to_b: pattern(i as u8, len_b),
+            to_a: pattern(100 + i as u8, len_a),
+            sent_to_b: 0,
+            sent_to_a: 0,
+            got_b: Vec::new(),
+            got_a: Vec::new(),
+            eof_b: false,
+            eof_a: false,
+        });
+    }
+    let mut losses = 0;
+    let mut orphaned_for = 0;
+    for step in 0..400_000u64 {
+        for f in &mut flows {
+            pump(&mut sim, f);
+        }
+        if flows.iter().all(|f| f.eof_a && f.eof_b) {
+            break;
+        }
+        let live: Vec<usize> = (0..sim.channels.len())
+            .filter(|&i| !sim.is_lost(i))
+            .collect();
+        if live.is_empty() {
+            orphaned_for += 1;
+            assert!(sim.ends[A].peer_orphaned(PeerId(1)));
+            if orphaned_for > 50 {
+                sim.add_channel(ChannelClass::Throughput);
+                orphaned_for = 0;
+            }
+        } else if losses < max_losses && sim.rng.gen_ratio(1, 300) {
+            let i = live[sim.rng.gen_range(0..live.len())];
+            sim.lose_channel(i);
+            losses += 1;
+        } else if live.len() < channels && sim.rng.gen_ratio(1, 2000) {
+            sim.add_channel(ChannelClass::Throughput);
+        }
+        sim.step();
+        for end in &sim.ends {
+            if let Err(e) = end.check_invariants() {
+                panic!("seed {seed} step {step}: {e}");
+            }
+        }
+    }
+    for (i, f) in flows.iter().enumerate() {
+        if !(f.eof_a && f.eof_b) {
+            eprintln!(
+                "seed {seed} flow {i}: sent {}/{} {}/{} got {} {} eof {} {}\nA {:?}\nB {:?}",
+                f.sent_to_b,
+                f.to_b.len(),
+                f.sent_to_a,
+                f.to_a.len(),
+                f.got_b.len(),
+                f.got_a.len(),
+                f.eof_b,
+                f.eof_a,
+                sim.ends[A].socket_stats(f.a),
+                sim.ends[B].socket_stats(f.b)
+            );
+        }
+        assert!(f.eof_a && f.eof_b, "seed {seed}: flow {i} did not finish");
+        assert!(f.got_b == f.to_b, "seed {seed}: flow {i} A→B bytes differ");
+        assert!(f.got_a == f.to_a, "seed {seed}: flow {i} B→A bytes differ");
+    }
+    let resent = sim.ends[A].counters().resent_chunks + sim.ends[B].counters().resent_chunks;
+    let dups = sim.ends[A].counters().duplicate_chunks + sim.ends[B].counters().duplicate_chunks;
+    (resent, dups)
+}
+
+#[test]
+fn every_byte_arrives_once_in_order_across_channel_losses() {
+    let (mut resent, mut dups) = (0, 0);
+    let seeds = match std::env::var("SEED") {
+        Ok(v) => v.parse().unwrap()..v.parse::<u64>().unwrap() + 1,
+        Err(_) => 0..24,
+    };
+    for seed in seeds {
+        let (r, d) = transfer_with_losses(seed, 4, 6, 3);
+        resent += r;
+        dups += d;
+    }
+    // The runs did exercise the resend path and the duplicate rule.
+    assert!(resent > 0, "no chunk was resent");
+    assert!(dups > 0, "no duplicate was dropped");
+}
+
+#[test]
+fn every_byte_arrives_once_when_every_channel_dies_and_one_comes_back() {
+    for seed in 100..112 {
+        transfer_with_losses(seed, 1, 4, 4);
+    }
+}
+
+// Exact-chunk tests: endpoint A against a peer spoken by hand on channel 0.
+
+const PEER: PeerId = PeerId(1);
+const CH: ChannelId = ChannelId(0);
+
+fn chunk(ty: ChunkType, src: u16, dst: u16, seq: u32, credit: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    ChunkRepr {
+        src_port: src,
+        dst_port: dst,
+        seq: Seq(seq),
+        credit,
+        ty,
+        payload_len: payload.len() as u16,
+    }
+    .emit_to_vec(payload, &mut out);
+    out
+}
+
+/// Every chunk queued for channel `ch`, parsed.
+fn drain(ep: &mut Endpoint, ch: ChannelId) -> Vec<(ChunkRepr, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    while ep.poll_transmit(ch, &mut buf).is_some() {
+        let (h, payload) = ChunkRepr::parse(&buf).unwrap();
+        out.push((h, payload.to_vec()));
+        buf.clear();
+    }
+    out
+}
+
+/// A passive socket on port 7 of `ep`, opened by the peer's SYNC (ISN 1000, `window`) on
+/// channel 0; returns it and its ISN (from the SYNC_ACK).
+fn accept_from_peer(ep: &mut Endpoint, window: u32) -> (SocketId, u32) {
+    ep.bind(7, 4).unwrap();
+    ep.handle_chunk_bytes(CH, &chunk(ChunkType::Sync, 5000, 7, 1000, window, &[]))
+        .unwrap();
+    let sid = ep.accept(7).unwrap();
+    let out = drain(ep, CH);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0.ty, ChunkType::SyncAck);
+    (sid, out[0].0.seq.0)
+}
+
+fn two_channel_endpoint(cfg: Config) -> Endpoint {
+    let mut ep = Endpoint::new(cfg, netsched::RoundRobin::default()).unwrap();
+    ep.add_channel(CH, PEER, ChannelClass::Throughput).unwrap();
+    ep.add_channel(ChannelId(1), PEER, ChannelClass::Throughput)
+        .unwrap();
+    ep
+}
+
+#[test]
+fn a_chunk_arriving_again_is_dropped_but_a_partial_overlap_still_resets() {
+    let mut ep = two_channel_endpoint(small_config(256));
+    let (sid, _) = accept_from_peer(&mut ep, 2048);
+    let data = |seq, p: &[u8]| chunk(ChunkType::Data, 5000, 7, seq, 0, p);
+    // In order, then out of order (a hole at 1010..1020).
+    ep.handle_chunk_bytes(CH, &data(1000, &[1; 10])).unwrap();
+    ep.handle_chunk_bytes(CH, &data(1020, &[3; 10])).unwrap();
+    // The same chunks again, on the other channel: ignored, counted.
+    ep.handle_chunk_bytes(ChannelId(1), &data(1000, &[1; 10]))
+        .unwrap();
+    ep.handle_chunk_bytes(ChannelId(1), &data(1020, &[3; 10]))
+        .unwrap();
+    assert_eq!(ep.counters().duplicate_chunks, 2);
+    let mut buf = [0u8; 64];
+    assert_eq!(ep.recv(sid, &mut buf), Ok(10));
+    // Read bytes arriving again are duplicates too.
+    ep.handle_chunk_bytes(CH, &data(1000, &[1; 10])).unwrap();
+    assert_eq!(ep.counters().duplicate_chunks, 3);
+    assert!(drain(&mut ep, CH)
+        .iter()
+        .all(|(h, _)| h.ty != ChunkType::Reset));
+    assert!(drain(&mut ep, ChannelId(1))
+        .iter()
+        .all(|(h, _)| h.ty != ChunkType::Reset));
+    // A chunk that overlaps held bytes only in part is no copy: the peer is broken.
+    ep.handle_chunk_bytes(CH, &data(1015, &[9; 10])).unwrap();
+    let out: Vec<_> = [CH, ChannelId(1)]
+        .into_iter()
+        .flat_map(|c| drain(&mut ep, c))
+        .collect();
+    assert!(out.iter().any(|(h, _)| h.ty == ChunkType::Reset));
+    ep.check_invariants().unwrap();
+}
+
+#[test]
+fn data_handed_to_a_lost_channel_goes_again_until_acknowledged() {
+    let cfg = small_config(256);
+    let window = cfg.credit_window as u32;
+    let mut ep = two_channel_endpoint(cfg);
+    let (sid, isn) = accept_from_peer(&mut ep, window);
+    // The peer's first chunk tells the endpoint it heard the SYNC_ACK.
+    let ack = |credit| chunk(ChunkType::Ack, 5000, 7, 0, credit, &[]);
+    ep.handle_chunk_bytes(CH, &ack(isn.wrapping_add(window)))
+        .unwrap();
+    ep.send(sid, &pattern(1, 600)).unwrap();
+    let on0 = drain(&mut ep, CH);
+    let on1 = drain(&mut ep, ChannelId(1));
+    let data0: Vec<_> = on0
+        .iter()
+        .filter(|(h, _)| h.ty == ChunkType::Data)
+        .collect();
+    assert!(!data0.is_empty(), "round-robin put data on channel 0");
+    assert_eq!(ep.socket_stats(sid).unwrap().unacked_bytes, 600);
+    // The peer reads the first 256 bytes: its credit edge moves by as much.
+    ep.handle_chunk_bytes(ChannelId(1), &ack(isn.wrapping_add(window + 256)))
+        .unwrap();
+    assert_eq!(ep.socket_stats(sid).unwrap().unacked_bytes, 600 - 256);
+    ep.handle_channel_lost(CH);
+    let again = drain(&mut ep, ChannelId(1));
+    // Exactly the DATA chunks of channel 0 not yet acknowledged go again, byte for byte,
+    // with a credit update after them; those of channel 1 do not.
+    let resent: Vec<_> = again
+        .iter()
+        .filter(|(h, _)| h.ty == ChunkType::Data)
+        .collect();
+    let expect: Vec<_> = data0
+        .iter()
+        .filter(|(h, p)| Seq(h.seq.0).plus(p.len() as u32).since(Seq(isn + 256)) > 0)
+        .collect();
+    assert_eq!(resent.len(), expect.len());
+    for ((h, p), (eh, ep_)) in resent.iter().zip(&expect) {
+        assert_eq!((h.seq, p), (eh.seq, ep_));
+    }
+    assert!(on1.iter().all(|(h, _)| resent
+        .iter()
+        .all(|(r, _)| r.seq != h.seq || h.ty != ChunkType::Data)));
+    assert!(again.iter().any(|(h, _)| h.ty == ChunkType::Ack));
+    assert_eq!(ep.counters().resent_chunks as usize, resent.len());
+    ep.check_invariants().unwrap();
+}
+
+#[test]
+fn fin_and_reset_that_went_on_a_lost_channel_go_again() {
+    let cfg = small_config(256);
+    let window = cfg.credit_window as u32;
+    let mut ep = Endpoint::new(cfg, netsched::RoundRobin::default()).unwrap();
+    ep.add_channel(CH, PEER, ChannelClass::Throughput).unwrap();
+    let (fin_sock, isn) = accept_from_peer(&mut ep, window);
+    let ack = |port, credit| chunk(ChunkType::Ack, port, 7, 0, credit, &[]);
+    ep.handle_chunk_bytes(CH, &ack(5000, isn.wrapping_add(window)))
+        .unwrap();
+    ep.shutdown(fin_sock).unwrap();
+    assert!(drain(&mut ep, CH)
+        .iter()
+        .any(|(h, _)| h.ty == ChunkType::Fin));
+    // A second socket, reset by the application after it received unread bytes.
+    ep.handle_chunk_bytes(CH, &chunk(ChunkType::Sync, 5001, 7, 9000, window, &[]))
+        .unwrap();
+    let reset_sock = ep.accept(7).unwrap();
+    ep.handle_chunk_bytes(CH, &chunk(ChunkType::Data, 5001, 7, 9000, 0, b"unread"))
+        .unwrap();
+    ep.close(reset_sock);
+    let out = drain(&mut ep, CH);
+    let reset = out
+        .iter()
+        .find(|(h, _)| h.ty == ChunkType::Reset)
+        .unwrap()
+        .0;
+    assert_eq!(reset.credit, vns::RESET_ORDERED);
+    // Channel 0 dies; the stack opens channel 2.
+    ep.handle_channel_lost(CH);
+    assert!(ep.peer_orphaned(PEER));
+    ep.add_channel(ChannelId(2), PEER, ChannelClass::Throughput)
+        .unwrap();
+    let again = drain(&mut ep, ChannelId(2));
+    assert!(again
+        .iter()
+        .any(|(h, _)| h.ty == ChunkType::Fin && h.dst_port == 5000));
+    assert!(again
+        .iter()
+        .any(|(h, _)| h.ty == ChunkType::Reset && h.dst_port == 5001 && h.seq == reset.seq));
+    // The SYNC_ACK is not sent again: the peer was heard since.
+    assert!(again.iter().all(|(h, _)| h.ty != ChunkType::SyncAck));
+    ep.check_invariants().unwrap();
+}
+
+#[test]
+fn sync_ack_goes_again_while_the_peer_was_not_heard() {
+    let mut ep = two_channel_endpoint(small_config(256));
+    let (_sid, isn) = accept_from_peer(&mut ep, 2048);
+    ep.handle_channel_lost(CH);
+    let again = drain(&mut ep, ChannelId(1));
+    let sa = again
+        .iter()
+        .find(|(h, _)| h.ty == ChunkType::SyncAck)
+        .expect("SYNC_ACK sent again");
+    assert_eq!(sa.0.seq.0, isn);
+    assert_eq!(sa.0.dst_port, 5000);
+}
+
+#[test]
+fn a_held_reset_applies_when_a_channel_is_lost() {
+    let mut ep = two_channel_endpoint(small_config(256));
+    let (sid, _) = accept_from_peer(&mut ep, 2048);
+    ep.handle_chunk_bytes(CH, &chunk(ChunkType::Data, 5000, 7, 1000, 0, b"first"))
+        .unwrap();
+    // The peer's RESET ends its stream at 1010: bytes 1005..1010 are still on their way,
+    // on the channel that dies.
+    ep.handle_chunk_bytes(
+        ChannelId(1),
+        &chunk(ChunkType::Reset, 5000, 7, 1010, vns::RESET_ORDERED, &[]),
+    )
+    .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(ep.recv(sid, &mut buf), Ok(5));
+    assert_eq!(ep.recv(sid, &mut buf), Err(Error::WouldBlock));
+    ep.handle_channel_lost(CH);
+    assert_eq!(ep.recv(sid, &mut buf), Err(Error::ConnectionReset));
+}
+
+#[test]
+fn a_peer_granting_a_huge_window_and_never_reading_holds_at_most_the_resend_buffer() {
+    let cfg = Config {
+        send_buffer: 64 * 1024,
+        resend_buffer: 8 * 1024,
+        ..small_config(1024)
+    };
+    let mut ep = two_channel_endpoint(cfg);
+    // The peer claims a 1 GiB window.
+    let (sid, _) = accept_from_peer(&mut ep, 1 << 30);
+    ep.send(sid, &pattern(3, 64 * 1024)).unwrap();
+    let sent: usize = [CH, ChannelId(1)]
+        .into_iter()
+        .flat_map(|c| drain(&mut ep, c))
+        .filter(|(h, _)| h.ty == ChunkType::Data)
+        .map(|(_, p)| p.len())
+        .sum();
+    assert_eq!(sent, 8 * 1024);
+    let st = ep.socket_stats(sid).unwrap();
+    assert_eq!(st.unacked_bytes, 8 * 1024);
+    assert_eq!(st.unsent_bytes, 56 * 1024);
+    ep.check_invariants().unwrap();
+}
+
+#[test]
+fn orphaned_sockets_fail_at_once_when_the_peer_is_gone() {
+    let mut ep = Endpoint::new(small_config(256), netsched::RoundRobin::default()).unwrap();
+    ep.add_channel(CH, PEER, ChannelClass::Throughput).unwrap();
+    let (sid, _) = accept_from_peer(&mut ep, 2048);
+    ep.handle_channel_lost(CH);
+    while ep.poll_events().is_some() {}
+    ep.handle_peer_gone(PEER, Error::ChannelLost);
+    let events: Vec<Event> = std::iter::from_fn(|| ep.poll_events()).collect();
+    assert!(events.contains(&Event::Failed(sid)));
+    assert_eq!(ep.recv(sid, &mut [0; 4]), Err(Error::ChannelLost));
+    assert!(!ep.peer_orphaned(PEER));
+}
