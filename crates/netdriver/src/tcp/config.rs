@@ -88,6 +88,13 @@ pub struct Config {
     /// Limited transmit (RFC 3042): on the first and second duplicate ACK, send one new
     /// segment each if the peer's window allows, beyond the congestion window. Default true.
     pub limited_transmit: bool,
+    /// RACK loss detection (RFC 8985 §6) when SACK is negotiated: a segment is deemed
+    /// lost once a segment sent after it was delivered and `RTT + reo_wnd` has passed
+    /// since it was sent, `reo_wnd` being min_RTT/4 (widened by D-SACKs, 0 in recovery
+    /// until reordering is seen). It replaces the duplicate-ACK threshold and RFC 6675
+    /// IsLost for SACK connections; without SACK (or with this off) those remain.
+    /// Default true.
+    pub rack: bool,
     /// Challenge ACKs per second (RFC 5961 §7), counted per connection: a global counter
     /// leaks sequence state across connections (CVE-2016-5696). Default 10.
     pub challenge_ack_limit_per_sec: u32,
@@ -121,6 +128,7 @@ impl Default for Config {
             tlp_max_ack_delay: Duration::from_millis(200),
             quick_ack_segments: 16,
             limited_transmit: true,
+            rack: true,
             challenge_ack_limit_per_sec: 10,
         }
     }

@@ -367,6 +367,10 @@ impl Connection {
                 .on_sack_blocks(una, self.snd_max, &blocks[..n]);
             self.tlp_mark_lost(newly_sacked);
         }
+        let rack = self.rack_active() && advance >= 0 && self.state.is_synchronized();
+        if rack {
+            self.rack_on_ack(now, repr, ack);
+        }
 
         if advance > 0 {
             self.on_new_ack(now, repr, ack);
@@ -386,6 +390,9 @@ impl Connection {
             }
         }
 
+        if rack {
+            self.rack_detect(now);
+        }
         if advance >= 0 && self.state.is_synchronized() {
             self.tlp_on_ack(now, repr, ack, advance, payload_len);
         }
@@ -478,6 +485,7 @@ impl Connection {
                 self.limited_sent = 0;
                 self.lost_below = None;
                 self.cc.on_recovery_exit(now);
+                self.rack.on_recovery_exit();
             } else if !self.sack_enabled {
                 // NewReno partial ACK (RFC 6582 §3.2 step 4): retransmit the next hole,
                 // deflate by the amount acknowledged, add back one MSS.
@@ -528,6 +536,10 @@ impl Connection {
                 // Step 4: each further duplicate means a segment left the network.
                 self.recovery_inflation = self.recovery_inflation.saturating_add(smss);
             }
+            return;
+        }
+        if self.rack_active() {
+            // RACK decides (RFC 8985 §6.2), after this ACK's delivery information.
             return;
         }
         let threshold_hit = self.dup_acks >= self.config.dup_ack_threshold.max(1);

@@ -12,7 +12,9 @@
 //! - `output`: segment construction (sender and receiver SWS avoidance, Nagle, delayed
 //!   ACK, SACK and D-SACK blocks, NewReno and RFC 6675 SACK recovery),
 //! - `timers`: retransmission, persist, delayed ACK, keep-alive, TIME-WAIT, user timeout,
-//! - `tlp`: the Tail Loss Probe of RFC 8985 §7.
+//! - `tlp`: the Tail Loss Probe of RFC 8985 §7,
+//! - `recovery`: RACK loss detection (RFC 8985 §6, state in [`crate::tcp::rack`]) wired
+//!   into SACK recovery.
 //!
 //! Conventions a test writer needs:
 //! - Timestamps: TSval is `now` in **microseconds** (truncated to 32 bits). RFC 7323 §5.4
@@ -33,6 +35,7 @@ use crate::tcp::buffer::{RxRing, TxRing};
 use crate::tcp::config::Config;
 use crate::tcp::congestion::CongestionControl;
 use crate::tcp::error::TcpError;
+use crate::tcp::rack::Rack;
 use crate::tcp::rtt::RttEstimator;
 use crate::tcp::sack::SackScoreboard;
 use crate::tcp::SeqNumber;
@@ -41,6 +44,7 @@ use crate::wire::tcp::{TcpFlags, TcpRepr};
 
 mod input;
 mod output;
+mod recovery;
 mod timers;
 mod tlp;
 
@@ -287,6 +291,9 @@ pub struct Connection {
     /// (2·SRTT) earlier and would have been delivered before it (RFC 8985 §6.2's rule,
     /// applied to the probe only).
     lost_below: Option<SeqNumber>,
+    /// RACK loss detection (RFC 8985 §6): transmit times and loss marks, used when
+    /// [`Config::rack`] is on and SACK was negotiated.
+    rack: Rack,
 
     // ---- tail loss probe (RFC 8985 §7) ----
     /// When the probe timeout fires.
@@ -423,6 +430,7 @@ impl Connection {
             high_rxt: isn,
             sack_board: SackScoreboard::new(config.max_sack_ranges),
             lost_below: None,
+            rack: Rack::new(config.tx_buffer / 512 * 2 + 64),
             tlp_deadline: None,
             tlp_pending: false,
             tlp_high: None,
@@ -894,6 +902,7 @@ impl Connection {
         self.rtx_deadline = None;
         self.tlp_deadline = None;
         self.tlp_pending = false;
+        self.rack.stop_timer();
         self.persist_deadline = None;
         self.delayed_ack_deadline = None;
         self.keepalive_deadline = None;
@@ -935,8 +944,14 @@ impl Connection {
         self.time_wait_deadline = Some(now + self.config.time_wait);
         self.rtx_deadline = None;
         self.tlp_deadline = None;
+        self.rack.stop_timer();
         self.persist_deadline = None;
         self.keepalive_deadline = None;
+    }
+
+    /// Whether RACK (RFC 8985 §6) does loss detection: configured and SACK negotiated.
+    fn rack_active(&self) -> bool {
+        self.config.rack && self.sack_enabled
     }
 
     /// Queues a challenge ACK unless this connection's per-second budget is spent

@@ -1,0 +1,101 @@
+//! Loss detection for SACK recovery with RACK (RFC 8985 §6; the state machine is in
+//! [`crate::tcp::rack`]).
+//!
+//! With RACK active (configured and SACK negotiated):
+//! - every ACK feeds RACK its delivery information (§6.2 steps 1-4), then RACK marks
+//!   losses (step 5) and arms the reorder timer (step 6); its expiry runs detection again
+//!   (§6.3);
+//! - any newly marked loss outside recovery starts fast recovery (RFC 8985 §6.2: RACK
+//!   replaces the DupThresh trigger; the RFC 6582 "recover" rule still applies);
+//! - during recovery, RFC 6675 NextSeg rule 1 retransmits the lowest segment RACK marked
+//!   lost and SetPipe counts RACK's marks (rule 3 is not used, as in Linux);
+//! - an RTO marks everything outstanding lost (§6.3 `RACK_mark_losses_on_RTO`, all of it
+//!   since go-back-N resends everything anyway).
+//!
+//! Without SACK, or with [`Config::rack`](crate::tcp::Config::rack) off, the duplicate-ACK
+//! threshold (RFC 5681 §3.2) and RFC 6675 IsLost decide as before.
+
+use tracing::trace;
+
+use super::{timestamp_value, Connection};
+use crate::tcp::SeqNumber;
+use crate::time::Instant;
+use crate::wire::tcp::TcpRepr;
+
+impl Connection {
+    /// RACK's share of an acceptable ACK (`advance >= 0`), before the cumulative ACK is
+    /// processed: delivery information, reordering, and the D-SACK reordering window.
+    pub(super) fn rack_on_ack(&mut self, now: Instant, repr: &TcpRepr, ack: SeqNumber) {
+        let una = if ack.distance_from(self.snd_una) > 0 {
+            ack
+        } else {
+            self.snd_una
+        };
+        let mut blocks = [(SeqNumber(0), SeqNumber(0)); 4];
+        let mut n = 0;
+        let window = self.snd_max.distance_from(una);
+        for block in repr.options.sack_blocks.iter().flatten() {
+            // Clipped to (una, snd_max] like the scoreboard does; invalid blocks dropped.
+            let len = block.right.distance_from(block.left);
+            if len <= 0 || window <= 0 {
+                continue;
+            }
+            let lo = i64::from(block.left.distance_from(una)).max(0);
+            let hi =
+                (i64::from(block.left.distance_from(una)) + i64::from(len)).min(i64::from(window));
+            if hi <= lo {
+                continue;
+            }
+            blocks[n] = (una + lo as usize, una + hi as usize);
+            n += 1;
+        }
+        let tsecr = if self.ts_enabled {
+            repr.options.timestamp.map(|(_, ecr)| ecr)
+        } else {
+            None
+        };
+        self.rack.on_ack(
+            now,
+            una,
+            &blocks[..n],
+            tsecr,
+            timestamp_value,
+            self.rtt.min_rtt(),
+        );
+        let dsack = super::tlp::dsack_block(repr, ack).is_some();
+        self.rack.on_dsack_info(dsack, una, self.snd_nxt);
+    }
+
+    /// RACK_detect_loss and the reorder timer (RFC 8985 §6.2 steps 5-6), after an ACK or
+    /// at the timer's expiry; enters fast recovery on a new loss.
+    pub(super) fn rack_detect(&mut self, now: Instant) {
+        if !self.rack_active() || !self.state.is_synchronized() {
+            return;
+        }
+        let in_recovery = self.in_recovery || self.snd_una.distance_from(self.recover) < 0;
+        let reo_wnd = self.rack.reo_wnd(
+            in_recovery,
+            self.config.dup_ack_threshold.max(1),
+            self.rtt.min_rtt(),
+            self.rtt.srtt(),
+        );
+        let newly_lost = self.rack.detect_loss(now, reo_wnd);
+        if newly_lost {
+            trace!(?reo_wnd, "tcp: RACK marked segments lost");
+        }
+        if newly_lost
+            && !self.in_recovery
+            && self.snd_una != self.snd_max
+            && self.snd_una.distance_from(self.recover) >= 0
+        {
+            self.enter_recovery(now);
+        }
+    }
+
+    /// The reorder timer fired (RFC 8985 §6.3).
+    pub(super) fn on_rack_timeout(&mut self, now: Instant) {
+        trace!("tcp: RACK reorder timer expired");
+        self.rack.stop_timer();
+        self.rack_detect(now);
+    }
+}
