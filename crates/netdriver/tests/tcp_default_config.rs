@@ -105,13 +105,15 @@ fn default_config_handshake_request_reply_loss_and_recovery() {
             .sack(&[(l(2 * SMSS), l(5 * SMSS))]),
     );
     t.expect(t.out().seq(l(SMSS)).ack(r(100)).win(win).payload(seg(1)));
-    // pipe = 1 retransmitted + 5 above the SACKed range = 5928 < cwnd 7607, but there is
-    // no other hole and no new data: nothing more.
+    // PRR (RFC 6937): pipe = 5 segments above the SACKed range = 4940 <= ssthresh 7607,
+    // so the slow-start reduction bound applies: sndcnt = min(7607 - 4940,
+    // DeliveredData (one SMSS) + SMSS) = 1976 and cwnd = pipe + sndcnt = 6916. The
+    // retransmission uses one SMSS of it; there is no other hole and no new data.
     t.expect_none();
     let s = t.stats();
     assert_eq!(s.fast_retransmits, 1);
     assert_eq!(s.ssthresh, 7607);
-    assert_eq!(s.cwnd, 7607);
+    assert_eq!(s.cwnd, 6916);
     assert_eq!(s.tail_loss_probes, 0);
     // Everything arrives: recovery ends with cwnd = ssthresh.
     t.advance(ms(10));

@@ -116,13 +116,24 @@ fn a_sack_of_the_last_segment_marks_all_below_lost_after_the_window() {
     t.expect_none();
     // Segments 1-8 were sent before segment 9 (same instant, lower sequence): all wait
     // for the same timer, then are lost together. pipe is 0 then (RFC 6675 SetPipe with
-    // RACK's marks), so cwnd = ssthresh = 4500 lets four retransmissions out at once.
+    // RACK's marks), below ssthresh 4500: PRR's slow-start reduction bound lets one
+    // segment out (nothing delivered yet, plus SMSS), not a burst of four.
     assert_eq!(t.deadline(), t.now + us(2500));
     t.fire();
-    t.expect_full_segments(&d, 1..5);
+    t.expect_full_segments(&d, 1..2);
     t.expect_none();
     assert_eq!(t.stats().fast_retransmits, 1);
-    assert_eq!(t.stats().retransmitted_segments, 4);
+    assert_eq!(t.stats().retransmitted_segments, 1);
+    // Its ACK delivers one segment: sndcnt = DeliveredData + SMSS = two more.
+    t.advance(ms(10));
+    t.send(t.seg().ack(l(2000)).sack(&[(l(9000), l(10_000))]));
+    t.expect_full_segments(&d, 2..4);
+    t.expect_none();
+    assert_eq!(
+        t.stats().cwnd,
+        2000,
+        "pipe 0 (the rest is lost) + sndcnt 2000"
+    );
 }
 
 #[test]
@@ -156,4 +167,42 @@ fn rack_off_keeps_rfc6675_islost() {
     t.expect_none();
     t.send(t.seg().ack(l(1000)).sack(&[(l(2000), l(5000))]));
     t.expect(t.out().seq(l(1000)).payload(&d[1000..2000]));
+}
+
+#[test]
+fn a_lost_retransmission_is_detected_without_an_rto() {
+    // RACK's time order catches a retransmission that is lost again: once data sent after
+    // it is delivered and its RTT has passed, it is resent (RFC 8985 §6.2; RFC 6675 needs
+    // the RTO for this).
+    let mut t = Tcb::new();
+    t.conn.set_nodelay(true);
+    let d = data(16_000);
+    t.app_send(&d);
+    t.expect_full_segments(&d, 0..10);
+    t.advance(ms(10));
+    t.send(t.seg().ack(l(1000)));
+    t.expect_full_segments(&d, 10..12);
+    t.expect_none();
+    // Segment 1 lost; 2-4 SACKed: it is retransmitted at once (reo_wnd 0).
+    t.advance(ms(10));
+    t.send(t.seg().ack(l(1000)).sack(&[(l(2000), l(5000))]));
+    t.expect(t.out().seq(l(1000)).payload(&d[1000..2000]));
+    t.expect_none();
+    // One more SACKed segment: PRR lets segment 12 out, sent after the retransmission.
+    t.advance(ms(1));
+    t.send(t.seg().ack(l(1000)).sack(&[(l(2000), l(6000))]));
+    t.expect(t.out().seq(l(12_000)).payload(&d[12_000..13_000]));
+    t.expect_none();
+    // Everything but segment 1 arrives, segment 12 included, 10 ms after it was sent: the
+    // retransmission (sent 1 ms before segment 12) is lost too.
+    t.advance(ms(10));
+    t.send(t.seg().ack(l(1000)).sack(&[(l(2000), l(13_000))]));
+    t.expect(t.out().seq(l(1000)).payload(&d[1000..2000]));
+    // pipe 0 below ssthresh 5500: PRR-SSRB lets the rest of the queue follow.
+    t.expect_full_segments(&d, 13..16);
+    t.expect_none();
+    let s = t.stats();
+    assert_eq!(s.retransmitted_segments, 2);
+    assert_eq!(s.rto_timeouts, 0);
+    assert_eq!(s.fast_retransmits, 1);
 }

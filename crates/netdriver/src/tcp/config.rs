@@ -95,6 +95,13 @@ pub struct Config {
     /// IsLost for SACK connections; without SACK (or with this off) those remain.
     /// Default true.
     pub rack: bool,
+    /// Proportional Rate Reduction (RFC 6937, PRR-SSRB) during SACK fast recovery: instead
+    /// of cutting cwnd to ssthresh at once (and sending nothing until pipe falls below
+    /// it), each ACK lets out data in proportion to what it reports delivered, so that the
+    /// flight shrinks smoothly to ssthresh by the end of recovery, and grows back towards
+    /// it by slow start when losses drained it below. Without SACK the RFC 5681 / RFC 6582
+    /// window inflation remains. Default true.
+    pub prr: bool,
     /// Challenge ACKs per second (RFC 5961 §7), counted per connection: a global counter
     /// leaks sequence state across connections (CVE-2016-5696). Default 10.
     pub challenge_ack_limit_per_sec: u32,
@@ -129,6 +136,7 @@ impl Default for Config {
             quick_ack_segments: 16,
             limited_transmit: true,
             rack: true,
+            prr: true,
             challenge_ack_limit_per_sec: 10,
         }
     }

@@ -349,6 +349,8 @@ impl Connection {
     fn process_ack(&mut self, now: Instant, repr: &TcpRepr, ack: SeqNumber, payload_len: usize) {
         let advance = ack.distance_from(self.snd_una);
         let old_wnd = self.snd_wnd;
+        let una_before = self.snd_una;
+        let sacked_before = self.sack_board.sacked_bytes();
 
         let mut newly_sacked = 0;
         if self.sack_enabled {
@@ -392,6 +394,13 @@ impl Connection {
 
         if rack {
             self.rack_detect(now);
+        }
+        if self.in_recovery && advance >= 0 {
+            // RFC 6937 DeliveredData: change in SND.UNA plus change in SACKed bytes.
+            let delivered = seq_len(una_before, self.snd_una) as i64
+                + self.sack_board.sacked_bytes() as i64
+                - sacked_before as i64;
+            self.prr_update(delivered.max(0) as usize);
         }
         if advance >= 0 && self.state.is_synchronized() {
             self.tlp_on_ack(now, repr, ack, advance, payload_len);
@@ -563,7 +572,8 @@ impl Connection {
         self.in_recovery = true;
         self.recover = self.snd_max;
         self.high_rxt = self.snd_una;
-        self.cc.on_congestion_event(now, self.bytes_in_flight());
+        let flight = self.bytes_in_flight();
+        self.cc.on_congestion_event(now, flight);
         self.recovery_inflation = if self.sack_enabled {
             0
         } else {
@@ -577,6 +587,7 @@ impl Connection {
         self.tlp_high = None;
         self.tlp_deadline = None;
         self.tlp_pending = false;
+        self.prr_start(flight);
     }
 
     /// Segment text and FIN (§3.10.7.4 seventh and eighth steps). `seq` is the sequence

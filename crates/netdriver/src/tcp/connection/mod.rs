@@ -14,7 +14,7 @@
 //! - `timers`: retransmission, persist, delayed ACK, keep-alive, TIME-WAIT, user timeout,
 //! - `tlp`: the Tail Loss Probe of RFC 8985 §7,
 //! - `recovery`: RACK loss detection (RFC 8985 §6, state in [`crate::tcp::rack`]) wired
-//!   into SACK recovery.
+//!   into SACK recovery, and PRR (RFC 6937) for the window during it.
 //!
 //! Conventions a test writer needs:
 //! - Timestamps: TSval is `now` in **microseconds** (truncated to 32 bits). RFC 7323 §5.4
@@ -291,6 +291,14 @@ pub struct Connection {
     /// (2·SRTT) earlier and would have been delivered before it (RFC 8985 §6.2's rule,
     /// applied to the probe only).
     lost_below: Option<SeqNumber>,
+    /// PRR (RFC 6937): bytes delivered since recovery started (`prr_delivered`).
+    prr_delivered: usize,
+    /// PRR: bytes sent since recovery started (`prr_out`).
+    prr_out: usize,
+    /// PRR: the flight when recovery started (`RecoverFS`).
+    prr_recover_fs: usize,
+    /// PRR: the congestion window for this ACK, `pipe + sndcnt`, while in recovery.
+    prr_cwnd: Option<usize>,
     /// RACK loss detection (RFC 8985 §6): transmit times and loss marks, used when
     /// [`Config::rack`] is on and SACK was negotiated.
     rack: Rack,
@@ -430,6 +438,10 @@ impl Connection {
             high_rxt: isn,
             sack_board: SackScoreboard::new(config.max_sack_ranges),
             lost_below: None,
+            prr_delivered: 0,
+            prr_out: 0,
+            prr_recover_fs: 0,
+            prr_cwnd: None,
             rack: Rack::new(config.tx_buffer / 512 * 2 + 64),
             tlp_deadline: None,
             tlp_pending: false,
@@ -886,9 +898,18 @@ impl Connection {
         self.tx_base + self.tx.len()
     }
 
-    /// The congestion window, with NewReno's recovery inflation.
+    /// The congestion window: PRR's during SACK recovery, else the controller's with
+    /// NewReno's recovery inflation.
     fn congestion_window(&self) -> usize {
+        if let (true, Some(cwnd)) = (self.in_recovery, self.prr_cwnd) {
+            return cwnd;
+        }
         self.cc.window().saturating_add(self.recovery_inflation)
+    }
+
+    /// Whether PRR (RFC 6937) sets cwnd during recovery: configured and SACK negotiated.
+    fn prr_active(&self) -> bool {
+        self.config.prr && self.sack_enabled
     }
 
     /// Sent and not cumulatively acknowledged sequence space.

@@ -442,6 +442,10 @@ impl Connection {
                 {
                     self.high_rxt = seq_end;
                 }
+                if self.in_recovery {
+                    // RFC 6937 prr_out.
+                    self.prr_out = self.prr_out.saturating_add(seq_len(seq, seq_end));
+                }
                 if self.rack_active() && seq_len(seq, seq_end) > 0 {
                     self.rack.on_send(seq, seq_end, now);
                 }

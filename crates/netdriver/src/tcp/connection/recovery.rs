@@ -14,6 +14,17 @@
 //!
 //! Without SACK, or with [`Config::rack`](crate::tcp::Config::rack) off, the duplicate-ACK
 //! threshold (RFC 5681 §3.2) and RFC 6675 IsLost decide as before.
+//!
+//! Proportional Rate Reduction (RFC 6937 §3, the PRR-SSRB variant) sets the window during
+//! SACK recovery ([`Config::prr`](crate::tcp::Config::prr)): at entry `RecoverFS` is the
+//! flight, and on every ACK `DeliveredData` (the change in SND.UNA plus the change in
+//! SACKed bytes) is added to `prr_delivered`; while pipe exceeds ssthresh,
+//! `sndcnt = ⌈prr_delivered · ssthresh / RecoverFS⌉ − prr_out`, else
+//! `sndcnt = min(ssthresh − pipe, max(prr_delivered − prr_out, DeliveredData) + SMSS)`.
+//! cwnd is then `pipe + sndcnt` until the next ACK; every byte sent in recovery counts in
+//! `prr_out`. As in Linux, the first retransmission of an episode always goes out
+//! (`sndcnt >= SMSS` while `prr_out == 0`). The RFC 6582 / RFC 6675 exit on a full ACK
+//! leaves cwnd at ssthresh (the controller's own window).
 
 use tracing::trace;
 
@@ -90,6 +101,56 @@ impl Connection {
         {
             self.enter_recovery(now);
         }
+    }
+
+    /// PRR (RFC 6937 §3): a new ACK reported `delivered` bytes; recompute this ACK's
+    /// window. Also called at the entry of recovery with 0.
+    pub(super) fn prr_update(&mut self, delivered: usize) {
+        if !self.in_recovery || !self.prr_active() {
+            return;
+        }
+        self.prr_delivered = self.prr_delivered.saturating_add(delivered);
+        let pipe = self.sack_pipe();
+        let ssthresh = self.cc.ssthresh();
+        let smss = self.send_mss();
+        let sndcnt = if pipe > ssthresh {
+            // Proportional part: ceil(prr_delivered * ssthresh / RecoverFS) - prr_out.
+            let fs = self.prr_recover_fs.max(1) as u128;
+            let num = self.prr_delivered as u128 * ssthresh.min(1 << 40) as u128;
+            let target = num.div_ceil(fs).min(usize::MAX as u128) as usize;
+            target.saturating_sub(self.prr_out)
+        } else {
+            // Slow-start reduction bound (PRR-SSRB).
+            let limit = self
+                .prr_delivered
+                .saturating_sub(self.prr_out)
+                .max(delivered)
+                .saturating_add(smss);
+            (ssthresh - pipe).min(limit)
+        };
+        let sndcnt = if self.prr_out == 0 {
+            sndcnt.max(smss)
+        } else {
+            sndcnt
+        };
+        self.prr_cwnd = Some(pipe.saturating_add(sndcnt));
+        trace!(
+            pipe,
+            sndcnt,
+            prr_delivered = self.prr_delivered,
+            prr_out = self.prr_out,
+            "tcp: PRR"
+        );
+    }
+
+    /// PRR: recovery starts with nothing delivered or sent (RFC 6937 §3 "on entering
+    /// recovery"); `flight` is RecoverFS.
+    pub(super) fn prr_start(&mut self, flight: usize) {
+        self.prr_delivered = 0;
+        self.prr_out = 0;
+        self.prr_recover_fs = flight;
+        self.prr_cwnd = None;
+        self.prr_update(0);
     }
 
     /// The reorder timer fired (RFC 8985 §6.3).
