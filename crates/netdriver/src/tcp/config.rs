@@ -102,6 +102,13 @@ pub struct Config {
     /// it by slow start when losses drained it below. Without SACK the RFC 5681 / RFC 6582
     /// window inflation remains. Default true.
     pub prr: bool,
+    /// Undo of spurious fast recoveries (Linux's undo, after RFC 2883 §4 and RFC 3522):
+    /// the congestion controller's state is saved when recovery starts and restored when
+    /// every byte retransmitted in the episode is reported as a duplicate by D-SACK, or,
+    /// with timestamps, when the first ACK covering the first retransmission echoes a
+    /// TSval older than that retransmission (Eifel detection: the original arrived).
+    /// Default true.
+    pub undo: bool,
     /// Challenge ACKs per second (RFC 5961 §7), counted per connection: a global counter
     /// leaks sequence state across connections (CVE-2016-5696). Default 10.
     pub challenge_ack_limit_per_sec: u32,
@@ -137,6 +144,7 @@ impl Default for Config {
             limited_transmit: true,
             rack: true,
             prr: true,
+            undo: true,
             challenge_ack_limit_per_sec: 10,
         }
     }

@@ -395,6 +395,9 @@ impl Connection {
         if rack {
             self.rack_detect(now);
         }
+        if advance >= 0 && self.undo.is_some() {
+            self.check_undo(repr, ack, advance);
+        }
         if self.in_recovery && advance >= 0 {
             // RFC 6937 DeliveredData: change in SND.UNA plus change in SACKed bytes.
             let delivered = seq_len(una_before, self.snd_una) as i64
@@ -573,6 +576,14 @@ impl Connection {
         self.recover = self.snd_max;
         self.high_rxt = self.snd_una;
         let flight = self.bytes_in_flight();
+        self.undo = self.config.undo.then(|| super::Undo {
+            prior: self.cc.clone_box(),
+            start: self.snd_una,
+            end: self.snd_max,
+            retrans: 0,
+            retransmitted: false,
+            first_rtx_tsval: None,
+        });
         self.cc.on_congestion_event(now, flight);
         self.recovery_inflation = if self.sack_enabled {
             0

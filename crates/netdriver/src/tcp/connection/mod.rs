@@ -14,7 +14,8 @@
 //! - `timers`: retransmission, persist, delayed ACK, keep-alive, TIME-WAIT, user timeout,
 //! - `tlp`: the Tail Loss Probe of RFC 8985 §7,
 //! - `recovery`: RACK loss detection (RFC 8985 §6, state in [`crate::tcp::rack`]) wired
-//!   into SACK recovery, and PRR (RFC 6937) for the window during it.
+//!   into SACK recovery, PRR (RFC 6937) for the window during it, and the undo of
+//!   spurious recoveries (D-SACK, RFC 2883 §4; timestamps, RFC 3522).
 //!
 //! Conventions a test writer needs:
 //! - Timestamps: TSval is `now` in **microseconds** (truncated to 32 bits). RFC 7323 §5.4
@@ -158,6 +159,25 @@ pub struct Stats {
     pub limited_transmits: u64,
     /// ACKs sent whose first SACK block reported a duplicate segment (D-SACK, RFC 2883).
     pub dsacks_sent: u64,
+    /// Fast recoveries found spurious (by D-SACK or timestamps) whose congestion window
+    /// reduction was undone.
+    pub spurious_recoveries_undone: u64,
+}
+
+/// The undo record of one fast-recovery episode (see [`Config::undo`]).
+#[derive(Debug)]
+struct Undo {
+    /// The congestion controller as it was before the episode's reduction.
+    prior: Box<dyn CongestionControl>,
+    /// SND.UNA and SND.MAX when the episode started: the space it may retransmit.
+    start: SeqNumber,
+    end: SeqNumber,
+    /// Bytes retransmitted in the episode and not yet reported duplicate by D-SACK.
+    retrans: usize,
+    /// Some retransmission happened in the episode.
+    retransmitted: bool,
+    /// TSval of the episode's first retransmission (Eifel, RFC 3522), until checked.
+    first_rtx_tsval: Option<u32>,
 }
 
 /// Mutable counters kept in the connection; [`Stats`] adds the derived values.
@@ -177,6 +197,7 @@ struct Counters {
     tlp_recoveries: u64,
     limited_transmits: u64,
     dsacks_sent: u64,
+    spurious_recoveries_undone: u64,
 }
 
 /// One TCP connection (a transmission control block, RFC 9293 §3.3.1) and its buffers.
@@ -299,6 +320,8 @@ pub struct Connection {
     prr_recover_fs: usize,
     /// PRR: the congestion window for this ACK, `pipe + sndcnt`, while in recovery.
     prr_cwnd: Option<usize>,
+    /// Undo of a spurious recovery: what the episode saved and has seen since.
+    undo: Option<Undo>,
     /// RACK loss detection (RFC 8985 §6): transmit times and loss marks, used when
     /// [`Config::rack`] is on and SACK was negotiated.
     rack: Rack,
@@ -442,6 +465,7 @@ impl Connection {
             prr_out: 0,
             prr_recover_fs: 0,
             prr_cwnd: None,
+            undo: None,
             rack: Rack::new(config.tx_buffer / 512 * 2 + 64),
             tlp_deadline: None,
             tlp_pending: false,
@@ -881,6 +905,7 @@ impl Connection {
             tlp_recoveries: c.tlp_recoveries,
             limited_transmits: c.limited_transmits,
             dsacks_sent: c.dsacks_sent,
+            spurious_recoveries_undone: c.spurious_recoveries_undone,
         }
     }
 

@@ -442,6 +442,16 @@ impl Connection {
                 {
                     self.high_rxt = seq_end;
                 }
+                if resent || kind == SendKind::Retransmit {
+                    let ts = self.ts_enabled.then(|| timestamp_value(now));
+                    if let Some(undo) = self.undo.as_mut() {
+                        undo.retrans = undo.retrans.saturating_add(seq_len(seq, end));
+                        undo.retransmitted = true;
+                        if undo.first_rtx_tsval.is_none() {
+                            undo.first_rtx_tsval = ts;
+                        }
+                    }
+                }
                 if self.in_recovery {
                     // RFC 6937 prr_out.
                     self.prr_out = self.prr_out.saturating_add(seq_len(seq, seq_end));

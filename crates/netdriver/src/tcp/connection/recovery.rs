@@ -25,6 +25,18 @@
 //! `prr_out`. As in Linux, the first retransmission of an episode always goes out
 //! (`sndcnt >= SMSS` while `prr_out == 0`). The RFC 6582 / RFC 6675 exit on a full ACK
 //! leaves cwnd at ssthresh (the controller's own window).
+//!
+//! Undo of spurious recoveries ([`Config::undo`](crate::tcp::Config::undo), Linux's undo
+//! after RFC 2883 §4 and RFC 3708's ideas, and RFC 3522 Eifel detection): entering
+//! recovery saves the congestion controller. Every byte retransmitted in the episode is
+//! counted; D-SACK blocks (RFC 2883) inside the episode's space subtract what they report.
+//! When nothing is left, every retransmission was unnecessary: the saved controller is
+//! restored (cwnd and ssthresh as before the reduction), whether recovery is still on (PRR
+//! then works towards the restored ssthresh) or over. With timestamps, the first ACK that
+//! covers the episode's first retransmitted byte and echoes a TSval older than that
+//! retransmission shows that the original arrived (RFC 3522 §3): the same undo. A
+//! spurious retransmission also means the path reorders, which RACK is told. The record
+//! is dropped by the next episode or an RTO.
 
 use tracing::trace;
 
@@ -151,6 +163,57 @@ impl Connection {
         self.prr_recover_fs = flight;
         self.prr_cwnd = None;
         self.prr_update(0);
+    }
+
+    /// Undo detection on an acceptable ACK (see the module docs).
+    pub(super) fn check_undo(&mut self, repr: &TcpRepr, ack: SeqNumber, advance: i32) {
+        let Some(undo) = self.undo.as_mut() else {
+            return;
+        };
+        let mut spurious = false;
+        if let Some((left, right)) = super::tlp::dsack_block(repr, ack) {
+            // The part of the D-SACK inside the episode's space.
+            let lo = left.max(undo.start);
+            let hi = right.min(undo.end);
+            let dup = hi.distance_from(lo).max(0) as usize;
+            if dup > 0 && undo.retransmitted {
+                undo.retrans = undo.retrans.saturating_sub(dup);
+                spurious = undo.retrans == 0;
+            }
+        }
+        if let (Some(rtx_tsval), Some((_, tsecr)), true) = (
+            undo.first_rtx_tsval,
+            repr.options.timestamp,
+            self.ts_enabled,
+        ) {
+            if advance > 0 && ack.distance_from(undo.start) > 0 {
+                // RFC 3522 §3: only the first ACK for the retransmitted data decides.
+                undo.first_rtx_tsval = None;
+                if (tsecr.wrapping_sub(rtx_tsval) as i32) < 0 {
+                    spurious = true;
+                }
+            }
+        }
+        if spurious {
+            self.undo_recovery();
+        }
+    }
+
+    /// Restores the congestion state saved when the (spurious) episode started.
+    fn undo_recovery(&mut self) {
+        let Some(undo) = self.undo.take() else {
+            return;
+        };
+        trace!(
+            prior_cwnd = undo.prior.window(),
+            cwnd = self.cc.window(),
+            "tcp: spurious recovery, undoing the window reduction"
+        );
+        if undo.prior.window() >= self.cc.window() {
+            self.cc = undo.prior;
+        }
+        self.counters.spurious_recoveries_undone += 1;
+        self.rack.note_reordering();
     }
 
     /// The reorder timer fired (RFC 8985 §6.3).

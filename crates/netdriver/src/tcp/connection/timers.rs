@@ -149,6 +149,8 @@ impl Connection {
         self.tlp_high = None;
         self.lost_below = None;
         self.rack.on_rto();
+        // An RTO ends any chance to undo the fast recovery before it.
+        self.undo = None;
         self.rtx_deadline = Some(now + self.rtt.rto());
     }
 
