@@ -109,6 +109,17 @@ pub struct Config {
     /// TSval older than that retransmission (Eifel detection: the original arrived).
     /// Default true.
     pub undo: bool,
+    /// PAWS (RFC 7323 §5) when timestamps are negotiated: a segment (other than a RST)
+    /// whose TSval is older than TS.Recent is dropped, and answered with an ACK (a
+    /// zero-length one only within the challenge-ACK budget, since it may just be a
+    /// reordered ACK). Default true.
+    pub paws: bool,
+    /// PAWS's idle rule (RFC 7323 §5.5): after this long without updating TS.Recent it
+    /// is taken as invalid and the next segment's TSval is accepted whatever its value.
+    /// The RFC's 24 days assume a peer clock of at least 1 ms per tick; a netchannel
+    /// peer's TSval ticks in microseconds and crosses half the 32-bit space in 35.8
+    /// minutes, so the default is 30 minutes.
+    pub paws_idle_limit: Duration,
     /// Challenge ACKs per second (RFC 5961 §7), counted per connection: a global counter
     /// leaks sequence state across connections (CVE-2016-5696). Default 10.
     pub challenge_ack_limit_per_sec: u32,
@@ -145,6 +156,8 @@ impl Default for Config {
             rack: true,
             prr: true,
             undo: true,
+            paws: true,
+            paws_idle_limit: Duration::from_secs(30 * 60),
             challenge_ack_limit_per_sec: 10,
         }
     }

@@ -1,5 +1,5 @@
 //! Segment arrival: RFC 9293 §3.10.7 ("SEGMENT ARRIVES"), hardened by RFC 5961, with
-//! RFC 7323 timestamps, RFC 2018 / RFC 6675 SACK input and RFC 5681 / RFC 6582 loss
+//! RFC 7323 timestamps (§4.3 TS.Recent, §5.3 PAWS with the §5.5 idle rule), RFC 2018 / RFC 6675 SACK input and RFC 5681 / RFC 6582 loss
 //! detection. Every path is panic-free for any header values and payload.
 
 use tracing::trace;
@@ -69,6 +69,7 @@ impl Connection {
             return;
         }
         self.on_peer_syn(repr);
+        self.ts_recent_stamp = now;
         self.last_rcv = now;
         match repr.ack {
             Some(ack) => {
@@ -139,8 +140,24 @@ impl Connection {
         if self.state == State::TimeWait {
             // RFC 7323 §4.3 applies in TIME-WAIT too: a retransmitted FIN refreshes
             // TS.Recent, which RFC 6191 then compares a new SYN against.
-            self.update_ts_recent(repr);
+            self.update_ts_recent(now, repr);
             self.handle_in_time_wait(now, repr, payload);
+            return;
+        }
+
+        // RFC 7323 §5.3 R1: PAWS comes before the sequence check.
+        if self.paws_rejects(now, repr) {
+            trace!(
+                tsval = repr.options.timestamp.map(|t| t.0),
+                ts_recent = self.ts_recent,
+                "tcp: PAWS: old TSval, segment dropped"
+            );
+            self.counters.paws_rejected += 1;
+            if seg_len > 0 {
+                self.ack_now = true;
+            } else {
+                self.challenge_ack(now);
+            }
             return;
         }
 
@@ -166,7 +183,7 @@ impl Connection {
         self.keepalive_probes_out = 0;
         self.arm_keepalive(now);
 
-        self.update_ts_recent(repr);
+        self.update_ts_recent(now, repr);
 
         // Fifth: ACK. Without one the segment is dropped (§3.10.7.4).
         let Some(ack) = repr.ack else {
@@ -317,18 +334,38 @@ impl Connection {
         }
     }
 
-    /// RFC 7323 §4.3: TS.Recent follows the segment that covers Last.ACK.sent.
-    fn update_ts_recent(&mut self, repr: &TcpRepr) {
+    /// RFC 7323 §4.3 / §5.3 R3: TS.Recent follows the segment that covers Last.ACK.sent,
+    /// if its TSval is not older. After the §5.5 idle limit TS.Recent is invalid and any
+    /// TSval replaces it.
+    fn update_ts_recent(&mut self, now: Instant, repr: &TcpRepr) {
         if !self.ts_enabled {
             return;
         }
         if let Some((tsval, _)) = repr.options.timestamp {
-            if (tsval.wrapping_sub(self.ts_recent) as i32) >= 0
-                && repr.seq.distance_from(self.last_ack_sent) <= 0
-            {
+            let newer =
+                (tsval.wrapping_sub(self.ts_recent) as i32) >= 0 || self.ts_recent_stale(now);
+            if newer && repr.seq.distance_from(self.last_ack_sent) <= 0 {
                 self.ts_recent = tsval;
+                self.ts_recent_stamp = now;
             }
         }
+    }
+
+    /// RFC 7323 §5.5: TS.Recent unchanged for longer than the idle limit is invalid.
+    fn ts_recent_stale(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.ts_recent_stamp) > self.config.paws_idle_limit
+    }
+
+    /// RFC 7323 §5.3 R1: timestamps on, PAWS configured, not a RST, a TSval older than a
+    /// valid TS.Recent.
+    fn paws_rejects(&self, now: Instant, repr: &TcpRepr) -> bool {
+        if !self.config.paws || !self.ts_enabled || repr.flags.rst() {
+            return false;
+        }
+        let Some((tsval, _)) = repr.options.timestamp else {
+            return false;
+        };
+        (tsval.wrapping_sub(self.ts_recent) as i32) < 0 && !self.ts_recent_stale(now)
     }
 
     fn handle_in_time_wait(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {

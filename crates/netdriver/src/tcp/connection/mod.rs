@@ -20,9 +20,10 @@
 //! Conventions a test writer needs:
 //! - Timestamps: TSval is `now` in **microseconds** (truncated to 32 bits). RFC 7323 §5.4
 //!   suggests a 1 ms–1 s tick, but channels run on µs-scale links where millisecond RTT
-//!   samples are useless. The price is that a TSval wraps every 71 minutes, so PAWS
-//!   rejection is not implemented (it is optional); TS.Recent is still maintained and
-//!   used for RFC 6191.
+//!   samples are useless. The price is that a TSval wraps every 71 minutes. PAWS
+//!   (RFC 7323 §5.3, `input`) checks the peer's TSvals against TS.Recent, with an idle
+//!   limit ([`Config::paws_idle_limit`]) short enough for a peer with a µs clock like
+//!   ours; TS.Recent also serves RFC 6191.
 //! - Emitted segments carry `TcpFlags::ACK` in `flags` whenever `ack` is `Some`, as a
 //!   parser would report them. Data segments that empty the send queue carry PSH.
 //! - Our RSTs (abort, user timeout) are `<SEQ=SND.NXT><CTL=RST>` without ACK (§3.10.5).
@@ -162,6 +163,8 @@ pub struct Stats {
     /// Fast recoveries found spurious (by D-SACK or timestamps) whose congestion window
     /// reduction was undone.
     pub spurious_recoveries_undone: u64,
+    /// Segments dropped by PAWS (RFC 7323 §5): TSval older than TS.Recent.
+    pub paws_rejected: u64,
 }
 
 /// The undo record of one fast-recovery episode (see [`Config::undo`]).
@@ -198,6 +201,7 @@ struct Counters {
     limited_transmits: u64,
     dsacks_sent: u64,
     spurious_recoveries_undone: u64,
+    paws_rejected: u64,
 }
 
 /// One TCP connection (a transmission control block, RFC 9293 §3.3.1) and its buffers.
@@ -260,6 +264,8 @@ pub struct Connection {
     ts_enabled: bool,
     /// TS.Recent (RFC 7323 §4.3).
     ts_recent: u32,
+    /// When TS.Recent was last set (RFC 7323 §5.5 idle rule).
+    ts_recent_stamp: Instant,
     /// RCV.NXT as of the last ACK we sent (Last.ACK.sent, RFC 7323 §4.3).
     last_ack_sent: SeqNumber,
 
@@ -436,6 +442,7 @@ impl Connection {
             sack_enabled: false,
             ts_enabled: false,
             ts_recent: 0,
+            ts_recent_stamp: now,
             last_ack_sent: SeqNumber(0),
             ack_now: false,
             segs_unacked: 0,
@@ -906,6 +913,7 @@ impl Connection {
             limited_transmits: c.limited_transmits,
             dsacks_sent: c.dsacks_sent,
             spurious_recoveries_undone: c.spurious_recoveries_undone,
+            paws_rejected: c.paws_rejected,
         }
     }
 
