@@ -12,6 +12,7 @@
 mod tcp_support_b;
 
 use netdriver::tcp::Config;
+use netdriver::time::Duration;
 use tcp_support_b::*;
 
 /// Default receive buffer.
@@ -85,9 +86,16 @@ fn default_config_handshake_request_reply_loss_and_recovery() {
                 .sack(&[(l(2 * SMSS), l((2 + k) * SMSS))]),
         );
         t.expect_none();
-        assert_eq!(t.deadline(), t.now - ms(k as u64) + ms(200), "only the RTO");
+        // RACK (RFC 8985 §6.2): segment 1 was sent with the SACKed ones, RACK.rtt is
+        // 10 + k ms, so it is lost once reo_wnd = min_RTT/4 = 2.5 ms more have passed.
+        assert_eq!(
+            t.deadline(),
+            t.now + Duration::from_micros(2500),
+            "RACK reorder timer"
+        );
     }
-    // The third: more than 2·SMSS SACKed above the hole (RFC 6675 IsLost), fast recovery;
+    // The third: three segments SACKed and no reordering seen, so reo_wnd = 0 (RFC 8985
+    // §6.2 step 4) and RACK marks segment 1 lost at once: fast recovery;
     // CUBIC reduces cwnd to 0.7 × 10868.
     t.advance(ms(1));
     t.send(
@@ -97,13 +105,15 @@ fn default_config_handshake_request_reply_loss_and_recovery() {
             .sack(&[(l(2 * SMSS), l(5 * SMSS))]),
     );
     t.expect(t.out().seq(l(SMSS)).ack(r(100)).win(win).payload(seg(1)));
-    // pipe = 1 retransmitted + 5 above the SACKed range = 5928 < cwnd 7607, but there is
-    // no other hole and no new data: nothing more.
+    // PRR (RFC 6937): pipe = 5 segments above the SACKed range = 4940 <= ssthresh 7607,
+    // so the slow-start reduction bound applies: sndcnt = min(7607 - 4940,
+    // DeliveredData (one SMSS) + SMSS) = 1976 and cwnd = pipe + sndcnt = 6916. The
+    // retransmission uses one SMSS of it; there is no other hole and no new data.
     t.expect_none();
     let s = t.stats();
     assert_eq!(s.fast_retransmits, 1);
     assert_eq!(s.ssthresh, 7607);
-    assert_eq!(s.cwnd, 7607);
+    assert_eq!(s.cwnd, 6916);
     assert_eq!(s.tail_loss_probes, 0);
     // Everything arrives: recovery ends with cwnd = ssthresh.
     t.advance(ms(10));

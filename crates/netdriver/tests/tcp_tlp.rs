@@ -225,6 +225,23 @@ fn no_probe_while_sack_shows_holes_or_when_disabled() {
     t.advance(ms(10));
     t.send(t.seg().ack(l(1000)).sack(&[(l(2000), l(3000))]));
     t.expect_none();
+    // No PTO: the next deadline is RACK's reorder timer (min_RTT/4 = 2.5 ms, RFC 8985
+    // §6.2 step 6), then the RTO.
+    assert_eq!(
+        t.deadline(),
+        t.now + netdriver::time::Duration::from_micros(2500)
+    );
+    // Without RACK the RTO is all that is left.
+    let (mut t, _) = ten_sent(
+        Config {
+            rack: false,
+            ..tlp_config()
+        },
+        PeerOpts::default(),
+    );
+    t.advance(ms(10));
+    t.send(t.seg().ack(l(1000)).sack(&[(l(2000), l(3000))]));
+    t.expect_none();
     assert_eq!(t.deadline(), t.now + ms(200), "RTO, restarted by the ACK");
     // Disabled in the config.
     let (t, _) = ten_sent(test_config(), PeerOpts::default());

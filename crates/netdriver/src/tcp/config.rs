@@ -88,6 +88,38 @@ pub struct Config {
     /// Limited transmit (RFC 3042): on the first and second duplicate ACK, send one new
     /// segment each if the peer's window allows, beyond the congestion window. Default true.
     pub limited_transmit: bool,
+    /// RACK loss detection (RFC 8985 §6) when SACK is negotiated: a segment is deemed
+    /// lost once a segment sent after it was delivered and `RTT + reo_wnd` has passed
+    /// since it was sent, `reo_wnd` being min_RTT/4 (widened by D-SACKs, 0 in recovery
+    /// until reordering is seen). It replaces the duplicate-ACK threshold and RFC 6675
+    /// IsLost for SACK connections; without SACK (or with this off) those remain.
+    /// Default true.
+    pub rack: bool,
+    /// Proportional Rate Reduction (RFC 6937, PRR-SSRB) during SACK fast recovery: instead
+    /// of cutting cwnd to ssthresh at once (and sending nothing until pipe falls below
+    /// it), each ACK lets out data in proportion to what it reports delivered, so that the
+    /// flight shrinks smoothly to ssthresh by the end of recovery, and grows back towards
+    /// it by slow start when losses drained it below. Without SACK the RFC 5681 / RFC 6582
+    /// window inflation remains. Default true.
+    pub prr: bool,
+    /// Undo of spurious fast recoveries (Linux's undo, after RFC 2883 §4 and RFC 3522):
+    /// the congestion controller's state is saved when recovery starts and restored when
+    /// every byte retransmitted in the episode is reported as a duplicate by D-SACK, or,
+    /// with timestamps, when the first ACK covering the first retransmission echoes a
+    /// TSval older than that retransmission (Eifel detection: the original arrived).
+    /// Default true.
+    pub undo: bool,
+    /// PAWS (RFC 7323 §5) when timestamps are negotiated: a segment (other than a RST)
+    /// whose TSval is older than TS.Recent is dropped, and answered with an ACK (a
+    /// zero-length one only within the challenge-ACK budget, since it may just be a
+    /// reordered ACK). Default true.
+    pub paws: bool,
+    /// PAWS's idle rule (RFC 7323 §5.5): after this long without updating TS.Recent it
+    /// is taken as invalid and the next segment's TSval is accepted whatever its value.
+    /// The RFC's 24 days assume a peer clock of at least 1 ms per tick; a netchannel
+    /// peer's TSval ticks in microseconds and crosses half the 32-bit space in 35.8
+    /// minutes, so the default is 30 minutes.
+    pub paws_idle_limit: Duration,
     /// Challenge ACKs per second (RFC 5961 §7), counted per connection: a global counter
     /// leaks sequence state across connections (CVE-2016-5696). Default 10.
     pub challenge_ack_limit_per_sec: u32,
@@ -121,6 +153,11 @@ impl Default for Config {
             tlp_max_ack_delay: Duration::from_millis(200),
             quick_ack_segments: 16,
             limited_transmit: true,
+            rack: true,
+            prr: true,
+            undo: true,
+            paws: true,
+            paws_idle_limit: Duration::from_secs(30 * 60),
             challenge_ack_limit_per_sec: 10,
         }
     }

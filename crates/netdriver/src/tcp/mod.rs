@@ -5,6 +5,7 @@ pub mod seq;
 pub mod assembler;
 pub mod congestion;
 pub mod isn;
+pub mod rack;
 pub mod rtt;
 pub mod sack;
 pub mod syncookie;

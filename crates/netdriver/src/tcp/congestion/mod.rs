@@ -56,6 +56,11 @@ pub trait CongestionControl: Send + core::fmt::Debug {
     /// of one MSS (RFC 5681 §3.1).
     fn on_retransmission_timeout(&mut self, now: Instant, bytes_in_flight: usize);
 
+    /// A copy of the controller's whole state, saved when a loss recovery starts so that
+    /// the reduction can be undone if the recovery proves spurious (RFC 3522 / RFC 2883
+    /// §4 undo).
+    fn clone_box(&self) -> Box<dyn CongestionControl>;
+
     /// The sender was idle for longer than an RTO (RFC 5681 §4.1). The default does nothing.
     fn on_idle_restart(&mut self, now: Instant) {
         let _ = now;

@@ -34,6 +34,10 @@ impl NewReno {
 }
 
 impl CongestionControl for NewReno {
+    fn clone_box(&self) -> Box<dyn CongestionControl> {
+        Box::new(self.clone())
+    }
+
     fn name(&self) -> &'static str {
         "newreno"
     }

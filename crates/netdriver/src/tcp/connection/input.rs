@@ -1,5 +1,5 @@
 //! Segment arrival: RFC 9293 §3.10.7 ("SEGMENT ARRIVES"), hardened by RFC 5961, with
-//! RFC 7323 timestamps, RFC 2018 / RFC 6675 SACK input and RFC 5681 / RFC 6582 loss
+//! RFC 7323 timestamps (§4.3 TS.Recent, §5.3 PAWS with the §5.5 idle rule), RFC 2018 / RFC 6675 SACK input and RFC 5681 / RFC 6582 loss
 //! detection. Every path is panic-free for any header values and payload.
 
 use tracing::trace;
@@ -69,6 +69,7 @@ impl Connection {
             return;
         }
         self.on_peer_syn(repr);
+        self.ts_recent_stamp = now;
         self.last_rcv = now;
         match repr.ack {
             Some(ack) => {
@@ -139,8 +140,24 @@ impl Connection {
         if self.state == State::TimeWait {
             // RFC 7323 §4.3 applies in TIME-WAIT too: a retransmitted FIN refreshes
             // TS.Recent, which RFC 6191 then compares a new SYN against.
-            self.update_ts_recent(repr);
+            self.update_ts_recent(now, repr);
             self.handle_in_time_wait(now, repr, payload);
+            return;
+        }
+
+        // RFC 7323 §5.3 R1: PAWS comes before the sequence check.
+        if self.paws_rejects(now, repr) {
+            trace!(
+                tsval = repr.options.timestamp.map(|t| t.0),
+                ts_recent = self.ts_recent,
+                "tcp: PAWS: old TSval, segment dropped"
+            );
+            self.counters.paws_rejected += 1;
+            if seg_len > 0 {
+                self.ack_now = true;
+            } else {
+                self.challenge_ack(now);
+            }
             return;
         }
 
@@ -166,7 +183,7 @@ impl Connection {
         self.keepalive_probes_out = 0;
         self.arm_keepalive(now);
 
-        self.update_ts_recent(repr);
+        self.update_ts_recent(now, repr);
 
         // Fifth: ACK. Without one the segment is dropped (§3.10.7.4).
         let Some(ack) = repr.ack else {
@@ -317,18 +334,38 @@ impl Connection {
         }
     }
 
-    /// RFC 7323 §4.3: TS.Recent follows the segment that covers Last.ACK.sent.
-    fn update_ts_recent(&mut self, repr: &TcpRepr) {
+    /// RFC 7323 §4.3 / §5.3 R3: TS.Recent follows the segment that covers Last.ACK.sent,
+    /// if its TSval is not older. After the §5.5 idle limit TS.Recent is invalid and any
+    /// TSval replaces it.
+    fn update_ts_recent(&mut self, now: Instant, repr: &TcpRepr) {
         if !self.ts_enabled {
             return;
         }
         if let Some((tsval, _)) = repr.options.timestamp {
-            if (tsval.wrapping_sub(self.ts_recent) as i32) >= 0
-                && repr.seq.distance_from(self.last_ack_sent) <= 0
-            {
+            let newer =
+                (tsval.wrapping_sub(self.ts_recent) as i32) >= 0 || self.ts_recent_stale(now);
+            if newer && repr.seq.distance_from(self.last_ack_sent) <= 0 {
                 self.ts_recent = tsval;
+                self.ts_recent_stamp = now;
             }
         }
+    }
+
+    /// RFC 7323 §5.5: TS.Recent unchanged for longer than the idle limit is invalid.
+    fn ts_recent_stale(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.ts_recent_stamp) > self.config.paws_idle_limit
+    }
+
+    /// RFC 7323 §5.3 R1: timestamps on, PAWS configured, not a RST, a TSval older than a
+    /// valid TS.Recent.
+    fn paws_rejects(&self, now: Instant, repr: &TcpRepr) -> bool {
+        if !self.config.paws || !self.ts_enabled || repr.flags.rst() {
+            return false;
+        }
+        let Some((tsval, _)) = repr.options.timestamp else {
+            return false;
+        };
+        (tsval.wrapping_sub(self.ts_recent) as i32) < 0 && !self.ts_recent_stale(now)
     }
 
     fn handle_in_time_wait(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
@@ -349,6 +386,8 @@ impl Connection {
     fn process_ack(&mut self, now: Instant, repr: &TcpRepr, ack: SeqNumber, payload_len: usize) {
         let advance = ack.distance_from(self.snd_una);
         let old_wnd = self.snd_wnd;
+        let una_before = self.snd_una;
+        let sacked_before = self.sack_board.sacked_bytes();
 
         let mut newly_sacked = 0;
         if self.sack_enabled {
@@ -366,6 +405,10 @@ impl Connection {
                 .sack_board
                 .on_sack_blocks(una, self.snd_max, &blocks[..n]);
             self.tlp_mark_lost(newly_sacked);
+        }
+        let rack = self.rack_active() && advance >= 0 && self.state.is_synchronized();
+        if rack {
+            self.rack_on_ack(now, repr, ack);
         }
 
         if advance > 0 {
@@ -386,6 +429,19 @@ impl Connection {
             }
         }
 
+        if rack {
+            self.rack_detect(now);
+        }
+        if advance >= 0 && self.undo.is_some() {
+            self.check_undo(repr, ack, advance);
+        }
+        if self.in_recovery && advance >= 0 {
+            // RFC 6937 DeliveredData: change in SND.UNA plus change in SACKed bytes.
+            let delivered = seq_len(una_before, self.snd_una) as i64
+                + self.sack_board.sacked_bytes() as i64
+                - sacked_before as i64;
+            self.prr_update(delivered.max(0) as usize);
+        }
         if advance >= 0 && self.state.is_synchronized() {
             self.tlp_on_ack(now, repr, ack, advance, payload_len);
         }
@@ -478,6 +534,7 @@ impl Connection {
                 self.limited_sent = 0;
                 self.lost_below = None;
                 self.cc.on_recovery_exit(now);
+                self.rack.on_recovery_exit();
             } else if !self.sack_enabled {
                 // NewReno partial ACK (RFC 6582 §3.2 step 4): retransmit the next hole,
                 // deflate by the amount acknowledged, add back one MSS.
@@ -530,6 +587,10 @@ impl Connection {
             }
             return;
         }
+        if self.rack_active() {
+            // RACK decides (RFC 8985 §6.2), after this ACK's delivery information.
+            return;
+        }
         let threshold_hit = self.dup_acks >= self.config.dup_ack_threshold.max(1);
         let sack_loss = self.sack_enabled && newly_sacked > 0 && self.deemed_lost(self.snd_una);
         // RFC 6582 §3.2 step 1-2: no new recovery for ACKs below the previous recovery
@@ -551,7 +612,16 @@ impl Connection {
         self.in_recovery = true;
         self.recover = self.snd_max;
         self.high_rxt = self.snd_una;
-        self.cc.on_congestion_event(now, self.bytes_in_flight());
+        let flight = self.bytes_in_flight();
+        self.undo = self.config.undo.then(|| super::Undo {
+            prior: self.cc.clone_box(),
+            start: self.snd_una,
+            end: self.snd_max,
+            retrans: 0,
+            retransmitted: false,
+            first_rtx_tsval: None,
+        });
+        self.cc.on_congestion_event(now, flight);
         self.recovery_inflation = if self.sack_enabled {
             0
         } else {
@@ -565,6 +635,7 @@ impl Connection {
         self.tlp_high = None;
         self.tlp_deadline = None;
         self.tlp_pending = false;
+        self.prr_start(flight);
     }
 
     /// Segment text and FIN (§3.10.7.4 seventh and eighth steps). `seq` is the sequence

@@ -12,14 +12,18 @@
 //! - `output`: segment construction (sender and receiver SWS avoidance, Nagle, delayed
 //!   ACK, SACK and D-SACK blocks, NewReno and RFC 6675 SACK recovery),
 //! - `timers`: retransmission, persist, delayed ACK, keep-alive, TIME-WAIT, user timeout,
-//! - `tlp`: the Tail Loss Probe of RFC 8985 §7.
+//! - `tlp`: the Tail Loss Probe of RFC 8985 §7,
+//! - `recovery`: RACK loss detection (RFC 8985 §6, state in [`crate::tcp::rack`]) wired
+//!   into SACK recovery, PRR (RFC 6937) for the window during it, and the undo of
+//!   spurious recoveries (D-SACK, RFC 2883 §4; timestamps, RFC 3522).
 //!
 //! Conventions a test writer needs:
 //! - Timestamps: TSval is `now` in **microseconds** (truncated to 32 bits). RFC 7323 §5.4
 //!   suggests a 1 ms–1 s tick, but channels run on µs-scale links where millisecond RTT
-//!   samples are useless. The price is that a TSval wraps every 71 minutes, so PAWS
-//!   rejection is not implemented (it is optional); TS.Recent is still maintained and
-//!   used for RFC 6191.
+//!   samples are useless. The price is that a TSval wraps every 71 minutes. PAWS
+//!   (RFC 7323 §5.3, `input`) checks the peer's TSvals against TS.Recent, with an idle
+//!   limit ([`Config::paws_idle_limit`]) short enough for a peer with a µs clock like
+//!   ours; TS.Recent also serves RFC 6191.
 //! - Emitted segments carry `TcpFlags::ACK` in `flags` whenever `ack` is `Some`, as a
 //!   parser would report them. Data segments that empty the send queue carry PSH.
 //! - Our RSTs (abort, user timeout) are `<SEQ=SND.NXT><CTL=RST>` without ACK (§3.10.5).
@@ -33,6 +37,7 @@ use crate::tcp::buffer::{RxRing, TxRing};
 use crate::tcp::config::Config;
 use crate::tcp::congestion::CongestionControl;
 use crate::tcp::error::TcpError;
+use crate::tcp::rack::Rack;
 use crate::tcp::rtt::RttEstimator;
 use crate::tcp::sack::SackScoreboard;
 use crate::tcp::SeqNumber;
@@ -41,6 +46,7 @@ use crate::wire::tcp::{TcpFlags, TcpRepr};
 
 mod input;
 mod output;
+mod recovery;
 mod timers;
 mod tlp;
 
@@ -154,6 +160,27 @@ pub struct Stats {
     pub limited_transmits: u64,
     /// ACKs sent whose first SACK block reported a duplicate segment (D-SACK, RFC 2883).
     pub dsacks_sent: u64,
+    /// Fast recoveries found spurious (by D-SACK or timestamps) whose congestion window
+    /// reduction was undone.
+    pub spurious_recoveries_undone: u64,
+    /// Segments dropped by PAWS (RFC 7323 §5): TSval older than TS.Recent.
+    pub paws_rejected: u64,
+}
+
+/// The undo record of one fast-recovery episode (see [`Config::undo`]).
+#[derive(Debug)]
+struct Undo {
+    /// The congestion controller as it was before the episode's reduction.
+    prior: Box<dyn CongestionControl>,
+    /// SND.UNA and SND.MAX when the episode started: the space it may retransmit.
+    start: SeqNumber,
+    end: SeqNumber,
+    /// Bytes retransmitted in the episode and not yet reported duplicate by D-SACK.
+    retrans: usize,
+    /// Some retransmission happened in the episode.
+    retransmitted: bool,
+    /// TSval of the episode's first retransmission (Eifel, RFC 3522), until checked.
+    first_rtx_tsval: Option<u32>,
 }
 
 /// Mutable counters kept in the connection; [`Stats`] adds the derived values.
@@ -173,6 +200,8 @@ struct Counters {
     tlp_recoveries: u64,
     limited_transmits: u64,
     dsacks_sent: u64,
+    spurious_recoveries_undone: u64,
+    paws_rejected: u64,
 }
 
 /// One TCP connection (a transmission control block, RFC 9293 §3.3.1) and its buffers.
@@ -235,6 +264,8 @@ pub struct Connection {
     ts_enabled: bool,
     /// TS.Recent (RFC 7323 §4.3).
     ts_recent: u32,
+    /// When TS.Recent was last set (RFC 7323 §5.5 idle rule).
+    ts_recent_stamp: Instant,
     /// RCV.NXT as of the last ACK we sent (Last.ACK.sent, RFC 7323 §4.3).
     last_ack_sent: SeqNumber,
 
@@ -287,6 +318,19 @@ pub struct Connection {
     /// (2·SRTT) earlier and would have been delivered before it (RFC 8985 §6.2's rule,
     /// applied to the probe only).
     lost_below: Option<SeqNumber>,
+    /// PRR (RFC 6937): bytes delivered since recovery started (`prr_delivered`).
+    prr_delivered: usize,
+    /// PRR: bytes sent since recovery started (`prr_out`).
+    prr_out: usize,
+    /// PRR: the flight when recovery started (`RecoverFS`).
+    prr_recover_fs: usize,
+    /// PRR: the congestion window for this ACK, `pipe + sndcnt`, while in recovery.
+    prr_cwnd: Option<usize>,
+    /// Undo of a spurious recovery: what the episode saved and has seen since.
+    undo: Option<Undo>,
+    /// RACK loss detection (RFC 8985 §6): transmit times and loss marks, used when
+    /// [`Config::rack`] is on and SACK was negotiated.
+    rack: Rack,
 
     // ---- tail loss probe (RFC 8985 §7) ----
     /// When the probe timeout fires.
@@ -398,6 +442,7 @@ impl Connection {
             sack_enabled: false,
             ts_enabled: false,
             ts_recent: 0,
+            ts_recent_stamp: now,
             last_ack_sent: SeqNumber(0),
             ack_now: false,
             segs_unacked: 0,
@@ -423,6 +468,12 @@ impl Connection {
             high_rxt: isn,
             sack_board: SackScoreboard::new(config.max_sack_ranges),
             lost_below: None,
+            prr_delivered: 0,
+            prr_out: 0,
+            prr_recover_fs: 0,
+            prr_cwnd: None,
+            undo: None,
+            rack: Rack::new(config.tx_buffer / 512 * 2 + 64),
             tlp_deadline: None,
             tlp_pending: false,
             tlp_high: None,
@@ -861,6 +912,8 @@ impl Connection {
             tlp_recoveries: c.tlp_recoveries,
             limited_transmits: c.limited_transmits,
             dsacks_sent: c.dsacks_sent,
+            spurious_recoveries_undone: c.spurious_recoveries_undone,
+            paws_rejected: c.paws_rejected,
         }
     }
 
@@ -878,9 +931,18 @@ impl Connection {
         self.tx_base + self.tx.len()
     }
 
-    /// The congestion window, with NewReno's recovery inflation.
+    /// The congestion window: PRR's during SACK recovery, else the controller's with
+    /// NewReno's recovery inflation.
     fn congestion_window(&self) -> usize {
+        if let (true, Some(cwnd)) = (self.in_recovery, self.prr_cwnd) {
+            return cwnd;
+        }
         self.cc.window().saturating_add(self.recovery_inflation)
+    }
+
+    /// Whether PRR (RFC 6937) sets cwnd during recovery: configured and SACK negotiated.
+    fn prr_active(&self) -> bool {
+        self.config.prr && self.sack_enabled
     }
 
     /// Sent and not cumulatively acknowledged sequence space.
@@ -894,6 +956,7 @@ impl Connection {
         self.rtx_deadline = None;
         self.tlp_deadline = None;
         self.tlp_pending = false;
+        self.rack.stop_timer();
         self.persist_deadline = None;
         self.delayed_ack_deadline = None;
         self.keepalive_deadline = None;
@@ -935,8 +998,14 @@ impl Connection {
         self.time_wait_deadline = Some(now + self.config.time_wait);
         self.rtx_deadline = None;
         self.tlp_deadline = None;
+        self.rack.stop_timer();
         self.persist_deadline = None;
         self.keepalive_deadline = None;
+    }
+
+    /// Whether RACK (RFC 8985 §6) does loss detection: configured and SACK negotiated.
+    fn rack_active(&self) -> bool {
+        self.config.rack && self.sack_enabled
     }
 
     /// Queues a challenge ACK unless this connection's per-second budget is spent

@@ -129,7 +129,20 @@ impl Connection {
 
         if self.fast_rtx_pending {
             self.fast_rtx_pending = false;
-            if self.snd_una != self.snd_max {
+            if self.rack_active() {
+                // The lowest segment RACK deems lost (not necessarily at SND.UNA).
+                if let Some((start, end)) = self.rack.next_lost() {
+                    let len = seq_len(start, end).min(max_seg);
+                    return Some(self.emit_data(
+                        now,
+                        start,
+                        len,
+                        buf,
+                        options,
+                        SendKind::Retransmit,
+                    ));
+                }
+            } else if self.snd_una != self.snd_max {
                 let seq = self.snd_una;
                 return Some(self.emit_data(now, seq, max_seg, buf, options, SendKind::Retransmit));
             }
@@ -270,6 +283,14 @@ impl Connection {
         if self.congestion_window() < pipe.saturating_add(smss) {
             return None;
         }
+        if self.rack_active() {
+            // Rule 1 with RACK's marks (RFC 8985 §6.2), then rule 2; no rule 3.
+            if let Some((start, end)) = self.rack.next_lost() {
+                let len = seq_len(start, end).min(max_seg);
+                return Some(self.emit_data(now, start, len, buf, options, SendKind::Retransmit));
+            }
+            return self.transmit_new_in_recovery(now, buf, options, max_seg);
+        }
         let from = self.high_rxt.max(self.snd_una);
         let hole = self.sack_board.next_hole(from);
         // Rule 1: the first un-SACKed, lost sequence number above HighRxt.
@@ -280,6 +301,25 @@ impl Connection {
             }
         }
         // Rule 2: new data, if the receiver's window allows.
+        if let Some(t) = self.transmit_new_in_recovery(now, buf, options, max_seg) {
+            return Some(t);
+        }
+        // Rule 3: an un-SACKed hole above HighRxt even if not yet deemed lost.
+        if let Some((start, end)) = hole {
+            let len = seq_len(start, end).min(max_seg);
+            return Some(self.emit_data(now, start, len, buf, options, SendKind::Retransmit));
+        }
+        None
+    }
+
+    /// RFC 6675 §4 NextSeg rule 2: new data (or the FIN), if the receiver's window allows.
+    fn transmit_new_in_recovery(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        options: TcpOptions,
+        max_seg: usize,
+    ) -> Option<Transmit> {
         let send_end = self.send_end();
         let in_flight = seq_len(self.snd_una, self.snd_nxt);
         let room_wnd = self.snd_wnd.saturating_sub(in_flight);
@@ -293,16 +333,15 @@ impl Connection {
             let seq = self.snd_nxt;
             return Some(self.emit_data(now, seq, 0, buf, options, SendKind::New));
         }
-        // Rule 3: an un-SACKed hole above HighRxt even if not yet deemed lost.
-        if let Some((start, end)) = hole {
-            let len = seq_len(start, end).min(max_seg);
-            return Some(self.emit_data(now, start, len, buf, options, SendKind::Retransmit));
-        }
         None
     }
 
-    /// RFC 6675 §4 SetPipe: un-SACKed bytes not deemed lost, plus retransmitted ones.
+    /// RFC 6675 §4 SetPipe: un-SACKed bytes not deemed lost, plus retransmitted ones
+    /// (with RACK's loss marks when RACK is active).
     pub(super) fn sack_pipe(&self) -> usize {
+        if self.rack_active() {
+            return self.rack.pipe(self.snd_max);
+        }
         let mut pipe = 0usize;
         let mut cursor = self.snd_una;
         // Holes lie below the highest SACKed byte; the scoreboard holds a bounded number.
@@ -402,6 +441,23 @@ impl Connection {
                     && seq_end.distance_from(self.high_rxt) > 0
                 {
                     self.high_rxt = seq_end;
+                }
+                if resent || kind == SendKind::Retransmit {
+                    let ts = self.ts_enabled.then(|| timestamp_value(now));
+                    if let Some(undo) = self.undo.as_mut() {
+                        undo.retrans = undo.retrans.saturating_add(seq_len(seq, end));
+                        undo.retransmitted = true;
+                        if undo.first_rtx_tsval.is_none() {
+                            undo.first_rtx_tsval = ts;
+                        }
+                    }
+                }
+                if self.in_recovery {
+                    // RFC 6937 prr_out.
+                    self.prr_out = self.prr_out.saturating_add(seq_len(seq, seq_end));
+                }
+                if self.rack_active() && seq_len(seq, seq_end) > 0 {
+                    self.rack.on_send(seq, seq_end, now);
                 }
                 // RFC 6298 §5.1: start the timer if it is not running.
                 if self.rtx_deadline.is_none() && seq_len(seq, seq_end) > 0 {

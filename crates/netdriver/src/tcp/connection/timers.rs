@@ -1,4 +1,5 @@
 //! Timers: retransmission (RFC 6298), the tail loss probe's PTO (RFC 8985 §7, see `tlp`),
+//! RACK's reorder timer (RFC 8985 §6.3, see `recovery`),
 //! SYN retries, persist (RFC 9293 §3.8.6.1), delayed
 //! ACK (§3.8.6.3), keep-alive (§3.8.4), TIME-WAIT (§3.4.2) and the user timeout (§3.8.3).
 //! Timers only set flags and state; the segments they call for come out of the next
@@ -22,6 +23,7 @@ impl Connection {
         [
             self.rtx_deadline,
             self.tlp_deadline,
+            self.rack.deadline(),
             self.delayed_ack_deadline,
             self.persist_deadline,
             self.keepalive_deadline,
@@ -55,6 +57,11 @@ impl Connection {
         if let Some(deadline) = self.tlp_deadline {
             if now >= deadline {
                 self.on_tlp_timeout(now);
+            }
+        }
+        if let Some(deadline) = self.rack.deadline() {
+            if now >= deadline {
+                self.on_rack_timeout(now);
             }
         }
         if let Some(deadline) = self.rtx_deadline {
@@ -141,6 +148,9 @@ impl Connection {
         self.tlp_pending = false;
         self.tlp_high = None;
         self.lost_below = None;
+        self.rack.on_rto();
+        // An RTO ends any chance to undo the fast recovery before it.
+        self.undo = None;
         self.rtx_deadline = Some(now + self.rtt.rto());
     }
 

@@ -21,10 +21,11 @@
 //!   retransmitted probe, without a D-SACK for the probe, costs a congestion response
 //!   equivalent to fast recovery (ssthresh and cwnd reduced at once). A D-SACK for the
 //!   probe, or a pure duplicate ACK of TLP.end_seq, shows that nothing was lost.
-//! - RACK (§6) is not implemented. Its rule is applied to the probe alone: when the probe
-//!   (or anything above it) is SACKed, every un-SACKed byte below it, sent at least a PTO
-//!   earlier, is deemed lost, so the probe's ACK enters fast recovery and the holes are
-//!   resent at once rather than waiting for RFC 6675's three-segment evidence.
+//! - With `Config::rack` off, RACK's rule (§6.2) is applied to the probe alone: when the probe (or anything above it) is SACKed,
+//!   every un-SACKed byte below it, sent at least a PTO earlier, is deemed lost, so the
+//!   probe's ACK enters fast recovery and the holes are resent at once rather than waiting
+//!   for RFC 6675's three-segment evidence. With RACK on, RACK does this for every segment
+//!   (see `recovery`).
 
 use tracing::trace;
 
@@ -166,6 +167,9 @@ impl Connection {
     /// Whether un-SACKed byte `seq` counts as lost: RFC 6675 IsLost, or below a SACKed
     /// probe (see the module docs).
     pub(super) fn deemed_lost(&self, seq: SeqNumber) -> bool {
+        if self.rack_active() {
+            return self.rack.is_lost(seq);
+        }
         self.lost_below
             .is_some_and(|below| seq.distance_from(below) < 0)
             || self
@@ -176,7 +180,8 @@ impl Connection {
     /// Before loss detection runs on an ACK during an episode: when the probe or anything
     /// above it is SACKed, the holes below it are lost (RACK's rule, §6.2, for the probe).
     pub(super) fn tlp_mark_lost(&mut self, newly_sacked: usize) {
-        if self.tlp_high.is_none() || newly_sacked == 0 {
+        // RACK applies this rule to every segment, the probe included.
+        if self.tlp_high.is_none() || newly_sacked == 0 || self.rack_active() {
             return;
         }
         let probe = self.tlp_probe_seq;
