@@ -590,3 +590,136 @@ fn run_to_completion_receive_over_af_xdp() {
     drop(a);
     drop(b);
 }
+
+/// Issue 13 §2 on the bed: 4 channels carry one large stream (`NETCHANNEL_VNS_XDP_BYTES`,
+/// default 100 MB) and 32 small ones echoed both ways; mid-transfer one channel is reset
+/// by each side in turn (`Stack::reset_channel`: the resetting side aborts its TCP
+/// connection and the peer receives a real RST from the wire). Every byte arrives once,
+/// in order, and the counters show what went again.
+#[test]
+fn channel_resets_mid_transfer_lose_nothing_over_af_xdp() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let a = stack_in(&bed, Side::A);
+    let b = stack_in(&bed, Side::B);
+    let b_ip = bed.side(Side::B).ipv4;
+    let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
+    let total: u64 = std::env::var("NETCHANNEL_VNS_XDP_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000_000);
+    const SMALL: u32 = 32;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let big_l = b.bind(at(7400)).await.unwrap();
+        let small_l = b.bind_with_backlog(at(7401), SMALL as usize).await.unwrap();
+        let mut c = timeout(LIMIT, a.connect(at(7400))).await.unwrap().unwrap();
+        let (mut s, _) = timeout(LIMIT, big_l.accept()).await.unwrap().unwrap();
+        assert_eq!(a.channel_count(), CHANNELS + 1);
+        let echo = tokio::spawn(async move {
+            let mut tasks = Vec::new();
+            for _ in 0..SMALL {
+                let (mut s, _) = small_l.accept().await.unwrap();
+                tasks.push(tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    tokio::io::copy(&mut r, &mut w).await.unwrap();
+                    w.shutdown().await.unwrap();
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        let small: Vec<_> = (0..SMALL)
+            .map(|i| {
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let c = a.connect(at(7401)).await.unwrap();
+                    let (mut r, mut w) = c.into_split();
+                    let tag = 1000 + u64::from(i);
+                    let send = async move {
+                        // Written in pieces so that the streams span the resets.
+                        let mut buf = vec![0u8; PER_STREAM];
+                        fill(tag, 0, &mut buf);
+                        for piece in buf.chunks(PER_STREAM / 8) {
+                            w.write_all(piece).await.unwrap();
+                            tokio::task::yield_now().await;
+                        }
+                        w.shutdown().await.unwrap();
+                    };
+                    let recv = async move {
+                        let mut got = Vec::new();
+                        r.read_to_end(&mut got).await.unwrap();
+                        got
+                    };
+                    let (_, got) = tokio::join!(send, recv);
+                    let mut want = vec![0u8; PER_STREAM];
+                    fill(tag, 0, &mut want);
+                    assert!(got == want, "small stream {i}: {} bytes", got.len());
+                })
+            })
+            .collect();
+        let sender = tokio::spawn(async move {
+            send_pattern(&mut c, 77, total).await;
+            c.shutdown().await.unwrap();
+            c
+        });
+        // The receiver resets a channel at a third of the stream, the sender at two
+        // thirds: chunks in flight on them either way.
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut off = 0u64;
+        let mut resets = 0;
+        timeout(LIMIT, async {
+            loop {
+                let n = s.read(&mut buf).await.expect("read");
+                if n == 0 {
+                    break;
+                }
+                for (i, &x) in buf[..n].iter().enumerate() {
+                    assert_eq!(x, byte(77, off + i as u64), "large stream at {}", off + i as u64);
+                }
+                off += n as u64;
+                if resets == 0 && off >= total / 3 {
+                    assert!(b.reset_channel(1));
+                    resets += 1;
+                } else if resets == 1 && off >= 2 * total / 3 {
+                    assert!(a.reset_channel(2));
+                    resets += 1;
+                }
+            }
+        })
+        .await
+        .expect("large transfer stalled after a channel reset");
+        assert_eq!(off, total);
+        assert_eq!(resets, 2);
+        timeout(LIMIT, sender).await.unwrap().unwrap();
+        timeout(LIMIT, async {
+            for t in small {
+                t.await.unwrap();
+            }
+            echo.await.unwrap();
+        })
+        .await
+        .expect("small streams stalled after a channel reset");
+        let (ca, cb) = (a.endpoint_counters(), b.endpoint_counters());
+        println!(
+            "channel resets: resent {} + {} chunks, {} + {} duplicates dropped; channels now {} / {}",
+            ca.resent_chunks,
+            cb.resent_chunks,
+            ca.duplicate_chunks,
+            cb.duplicate_chunks,
+            a.channel_count(),
+            b.channel_count()
+        );
+        assert!(ca.resent_chunks + cb.resent_chunks > 0, "nothing went again");
+        assert_eq!(a.channel_count(), CHANNELS + 1 - 2);
+    });
+    drop(rt);
+    drop(a);
+    drop(b);
+}

@@ -1331,3 +1331,112 @@ async fn drained_resolves_when_everything_is_delivered() {
     b.abort();
     timeout(LIMIT, b.drained()).await.unwrap();
 }
+
+/// One 8 MB stream and 16 small ones both ways over 4 channels; `resets` channels are
+/// reset (by the side `from`) while they transfer. Every byte arrives once, in order.
+async fn transfer_through_channel_resets(from_a: bool, resets: usize) {
+    const BIG: usize = 8 << 20;
+    const SMALL: usize = 64 * 1024;
+    let (a, b) = pair(4);
+    let (mut big_c, mut big_s) = connected(&a, &b, 7200).await;
+    let mut small = Vec::new();
+    for i in 0..16u16 {
+        small.push(connected(&a, &b, 7201 + i).await);
+    }
+    let data = pattern(200, BIG);
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        big_c.write_all(&sent).await.unwrap();
+        big_c.shutdown().await.unwrap();
+        big_c
+    });
+    let mut tasks = Vec::new();
+    for (i, (mut c, mut s)) in small.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let up = pattern(300 + i as u32, SMALL);
+            let down = pattern(400 + i as u32, SMALL);
+            let (up2, down2) = (up.clone(), down.clone());
+            let w1 = async {
+                c.write_all(&up2).await.unwrap();
+                c.shutdown().await.unwrap();
+                read_until_end_or_error(&mut c).await
+            };
+            let w2 = async {
+                s.write_all(&down2).await.unwrap();
+                s.shutdown().await.unwrap();
+                read_until_end_or_error(&mut s).await
+            };
+            let ((got_down, e1), (got_up, e2)) = tokio::join!(w1, w2);
+            assert!(e1.is_none() && e2.is_none(), "{e1:?} {e2:?}");
+            assert!(got_up == up, "small stream {i} up");
+            assert!(got_down == down, "small stream {i} down");
+        }));
+    }
+    let mut got = Vec::with_capacity(BIG);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut resets_left = resets;
+    loop {
+        let n = timeout(LIMIT, big_s.read(&mut buf)).await.unwrap().unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        // Reset a channel each time another eighth of the stream arrived.
+        if resets_left > 0 && got.len() >= (resets - resets_left + 1) * BIG / 8 {
+            let side = if from_a { &a } else { &b };
+            assert!(side.reset_channel(0));
+            resets_left -= 1;
+        }
+    }
+    assert_eq!(resets_left, 0);
+    assert!(got == data, "got {} of {BIG} bytes", got.len());
+    timeout(LIMIT, writer).await.unwrap().unwrap();
+    for t in tasks {
+        timeout(LIMIT, t).await.unwrap().unwrap();
+    }
+    let resent = a.endpoint_counters().resent_chunks + b.endpoint_counters().resent_chunks;
+    assert!(resent > 0, "nothing was sent again");
+}
+
+/// Issue 13 §2: a channel reset mid-transfer loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_channel_loses_no_byte() {
+    transfer_through_channel_resets(true, 1).await;
+}
+
+/// The receiving side resets three of the four channels, one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_reset_channels_lose_no_byte() {
+    transfer_through_channel_resets(false, 3).await;
+}
+
+/// Every channel reset: the side that opened them opens them again and the streams carry
+/// on over the new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_reopen_after_the_last_one_is_reset() {
+    let (a, b) = pair(2);
+    let (mut c, mut s) = connected(&a, &b, 7300).await;
+    c.write_all(b"before").await.unwrap();
+    let mut buf = [0u8; 6];
+    timeout(LIMIT, s.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(a.reset_channel(0));
+    assert!(a.reset_channel(0));
+    c.write_all(b"after").await.unwrap();
+    let mut buf = [0u8; 5];
+    timeout(LIMIT, s.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"after");
+    s.write_all(b"back").await.unwrap();
+    let mut buf = [0u8; 4];
+    timeout(LIMIT, c.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"back");
+    assert!(a.channel_count() >= 1);
+}

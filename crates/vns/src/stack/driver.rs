@@ -1796,6 +1796,17 @@ impl State {
     pub(crate) fn channel_count(&self) -> usize {
         self.chans.len()
     }
+
+    /// Resets the `n`-th channel held (in id order) as a failed connection: see
+    /// [`Stack::reset_channel`](super::Stack::reset_channel).
+    pub(crate) fn reset_channel(&mut self, n: usize) -> bool {
+        let Some(&id) = self.chans.keys().nth(n) else {
+            return false;
+        };
+        warn!(channel = %id, "resetting a channel (fault injection)");
+        self.lose_channel(id, Gone::Lost);
+        true
+    }
 }
 
 /// The earlier of two optional deadlines.

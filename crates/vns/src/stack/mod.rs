@@ -1090,6 +1090,29 @@ impl Stack {
         self.core().lock().channel_count()
     }
 
+    /// Fault injection, for tests and failure drills: resets the `n`-th channel the stack
+    /// holds (in the order they were opened) as a failed connection. Its TCP connection is
+    /// aborted (the peer receives a RST) and nothing is lost: the chunks its sockets had
+    /// on it go again on the peer's other channels (the data-level acknowledgement,
+    /// `docs/wire-format.md`), or on channels opened again when it was the last one.
+    /// Returns `false` when the stack holds fewer than `n + 1` channels.
+    ///
+    /// ```no_run
+    /// # async fn f(stack: vns::Stack) {
+    /// assert!(stack.reset_channel(0));
+    /// // Streams carry on; the counters show what went again.
+    /// let c = stack.endpoint_counters();
+    /// println!("resent {} chunks", c.resent_chunks);
+    /// # }
+    /// ```
+    pub fn reset_channel(&self, n: usize) -> bool {
+        let core = self.core();
+        let mut st = core.lock();
+        let done = st.reset_channel(n);
+        core.finish_call(st);
+        done
+    }
+
     /// Bytes written to this stack's streams that have not reached their peers yet:
     /// unsent bytes of open and gracefully closed sockets (a pending FIN counts one), and
     /// bytes queued on its channels or sent and not yet acknowledged, plain-TCP
