@@ -28,12 +28,14 @@ pub enum Error {
     /// a protocol violation.
     #[error("connection reset by peer")]
     ConnectionReset,
-    /// A channel this socket used was lost; chunks on it may never arrive.
+    /// Every channel to the peer was lost and none came back within
+    /// [`Config::channel_loss_timeout`](super::Config::channel_loss_timeout) (or none could
+    /// be opened); in-order bytes received before stay readable.
     #[error("channel to the peer lost")]
     ChannelLost,
-    /// A channel this socket used timed out: the peer stopped answering (keep-alive
-    /// probes or retransmissions went unacknowledged), as when its host went down or the
-    /// path to it was cut. Chunks on the channel may never arrive.
+    /// The channels to the peer timed out: it stopped answering (keep-alive probes or
+    /// retransmissions went unacknowledged), as when its host went down or the path to it
+    /// was cut, and no channel to it came back (see [`Error::ChannelLost`]).
     #[error(
         "peer unreachable: a channel to it timed out (keep-alive or retransmissions unanswered)"
     )]
@@ -93,7 +95,8 @@ pub enum ChannelError {
     #[error("channel {0} already exists")]
     DuplicateChannel(ChannelId),
     /// The channel's byte stream carried a bad chunk header; the channel is treated as
-    /// lost (its sockets fail with [`Error::ChannelLost`]) and must be destroyed.
+    /// lost ([`Endpoint::handle_channel_lost`](super::Endpoint::handle_channel_lost)) and
+    /// must be destroyed.
     #[error("malformed chunk on channel: {0}")]
     Malformed(#[from] WireError),
 }

@@ -119,12 +119,15 @@
 //! - **Opening channels**: [`StackBuilder::connect_timeout`] (default 10 s) bounds a
 //!   `connect` to a host that does not answer.
 //!
-//! A channel that fails this way (`TimedOut` in TCP) fails the streams that used it with
-//! `io::ErrorKind::TimedOut` ("peer unreachable", [`Error::PeerUnreachable`]): the pending
-//! `read`/`write` and every later call return it at once, and the stack's next `connect`
-//! to that host opens new channels. A channel lost otherwise (reset, closed, malformed)
-//! fails them with `ConnectionAborted` ([`Error::ChannelLost`]); plain-TCP streams report
-//! the channel's own error (`TimedOut` here too). In-memory channels
+//! A channel that fails (reset, malformed, or `TimedOut` in TCP) costs its virtual
+//! streams nothing while another channel to the host remains: what it carried and the
+//! peer had not read goes again on the others (the data-level acknowledgement,
+//! `docs/wire-format.md`). When the last one is gone the stack opens channels again if it
+//! opened them, and the streams wait up to [`Config::channel_loss_timeout`] for one; then
+//! they fail with `io::ErrorKind::TimedOut` ("peer unreachable", [`Error::PeerUnreachable`])
+//! after a timeout, `ConnectionAborted` ([`Error::ChannelLost`]) otherwise, handing out the
+//! bytes received in order first: the pending `read`/`write` and every later call return
+//! it. Plain-TCP streams report their channel's own error (`TimedOut` here too). In-memory channels
 //! ([`MemNetwork`]) have no TCP and ignore the policy.
 //!
 //! ```
