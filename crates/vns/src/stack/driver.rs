@@ -1133,9 +1133,10 @@ impl State {
     }
 
     /// Drops a dead channel. Its sockets' chunks move to the peer's other channels (the
-    /// endpoint's data-level acknowledgement); when it was the peer's last one, a stack
-    /// that opened the channels opens them again, and one the peer closed gracefully means
-    /// the peer stops, so its sockets fail at once.
+    /// endpoint's data-level acknowledgement). When it was the peer's last one: after a
+    /// reset, a stack that opened the channels opens them again (the sockets wait for
+    /// them); one the peer closed gracefully means the peer stops, and one that timed out
+    /// that it is gone, so the sockets fail at once.
     fn lose_channel(&mut self, id: ChannelId, why: Gone) {
         match why {
             Gone::TimedOut => self.ep.handle_channel_timed_out(id),
@@ -1160,7 +1161,10 @@ impl State {
         }
         match why {
             Gone::Closed => self.ep.handle_peer_gone(p.id, VnsError::ChannelLost),
-            Gone::Lost | Gone::TimedOut if p.opened && !refuses_new => {
+            // Keep-alive or the user timeout gave up on a silent peer: opening channels
+            // again would only wait out `connect_timeout` past the liveness bound.
+            Gone::TimedOut => self.ep.handle_peer_gone(p.id, VnsError::PeerUnreachable),
+            Gone::Lost if p.opened && !refuses_new => {
                 if matches!(p.opening, Opening::Idle | Opening::Failed { .. }) {
                     debug!(peer = %c.peer, "last channel to the peer lost; opening channels again");
                     self.reopen.push(c.peer);
