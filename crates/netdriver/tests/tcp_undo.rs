@@ -108,9 +108,9 @@ fn ts_peer() -> PeerOpts {
     }
 }
 
-/// TSval the connection puts on segments sent at `t.now` (microseconds).
+/// TSval the connection puts on segments sent at `t.now` (milliseconds, offset 0).
 fn tsval_now(t: &Tcb) -> u32 {
-    t.now.total_micros() as u32
+    t.now.total_millis() as u32
 }
 
 #[test]

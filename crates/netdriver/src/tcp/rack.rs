@@ -213,14 +213,14 @@ impl Rack {
         una: SeqNumber,
         blocks: &[(SeqNumber, SeqNumber)],
         tsecr: Option<u32>,
-        tsval_of: fn(Instant) -> u32,
+        tsval_of: impl Fn(Instant) -> u32,
         min_rtt: Option<Duration>,
     ) {
         while let Some(front) = self.segs.front().copied() {
             if front.end.distance_from(una) <= 0 {
                 self.segs.pop_front();
                 if !front.sacked {
-                    self.delivered(&front, now, tsecr, tsval_of, min_rtt);
+                    self.delivered(&front, now, tsecr, &tsval_of, min_rtt);
                 }
             } else {
                 if front.start.distance_from(una) < 0 {
@@ -228,7 +228,7 @@ impl Rack {
                         f.start = una;
                     }
                     if !front.sacked {
-                        self.delivered(&front, now, tsecr, tsval_of, min_rtt);
+                        self.delivered(&front, now, tsecr, &tsval_of, min_rtt);
                     }
                 }
                 break;
@@ -261,7 +261,7 @@ impl Rack {
                 self.segs[i].sacked = true;
                 self.segs[i].lost = false;
                 self.segs[i].rtx_in_flight = false;
-                self.delivered(&s, now, tsecr, tsval_of, min_rtt);
+                self.delivered(&s, now, tsecr, &tsval_of, min_rtt);
             }
         }
     }
@@ -272,7 +272,7 @@ impl Rack {
         s: &Sent,
         now: Instant,
         tsecr: Option<u32>,
-        tsval_of: fn(Instant) -> u32,
+        tsval_of: &dyn Fn(Instant) -> u32,
         min_rtt: Option<Duration>,
     ) {
         // Step 2: reordering.
@@ -492,8 +492,9 @@ mod tests {
         Instant::from_millis(1000 + ms)
     }
 
+    /// Our TSval clock: milliseconds.
     fn tsval(i: Instant) -> u32 {
-        i.total_micros() as u32
+        i.total_millis() as u32
     }
 
     /// Ten 1000-byte segments sent at t(0).

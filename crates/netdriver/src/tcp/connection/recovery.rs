@@ -77,12 +77,13 @@ impl Connection {
         } else {
             None
         };
+        let offset = self.ts_offset;
         self.rack.on_ack(
             now,
             una,
             &blocks[..n],
             tsecr,
-            timestamp_value,
+            |t| timestamp_value(t, offset),
             self.rtt.min_rtt(),
         );
         let dsack = super::tlp::dsack_block(repr, ack).is_some();
