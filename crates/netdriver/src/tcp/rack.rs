@@ -11,7 +11,8 @@
 //! What is implemented:
 //! - §6.2 step 1 (`RACK_update`): a retransmitted segment whose ACK echoes a TSval older
 //!   than its last transmission, or that was acknowledged sooner than min_RTT after it, is
-//!   ambiguous and does not update RACK.
+//!   ambiguous and does not update RACK. (TSvals tick in ms: a retransmission in the
+//!   millisecond of the previous transmission is told apart by the min_RTT rule only.)
 //! - §6.2 step 2 (`RACK_detect_reordering`): a never-retransmitted segment delivered below
 //!   RACK.fack means the path reorders.
 //! - §6.2 step 4 (`RACK_update_reo_wnd`): `reo_wnd = min(reo_wnd_mult · min_RTT / 4,
