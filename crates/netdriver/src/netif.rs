@@ -458,7 +458,8 @@ impl<L: Link> Interface<L> {
         }
         let local = core.ephemeral_port(remote)?;
         let isn = core.isn.generate(now, local, remote);
-        let conn = Connection::connect(core.config.tcp.clone(), local, remote, isn, now);
+        let mut conn = Connection::connect(core.config.tcp.clone(), local, remote, isn, now);
+        conn.set_ts_offset(core.isn.ts_offset(local, remote));
         Ok(core.insert(conn, Some(mac), None))
     }
 
@@ -486,7 +487,8 @@ impl<L: Link> Interface<L> {
             return Err(NetifError::AddrInUse);
         }
         let isn = core.isn.generate(now, local, remote);
-        let conn = Connection::connect(core.config.tcp.clone(), local, remote, isn, now);
+        let mut conn = Connection::connect(core.config.tcp.clone(), local, remote, isn, now);
+        conn.set_ts_offset(core.isn.ts_offset(local, remote));
         Ok(core.insert(conn, Some(mac), None))
     }
 
@@ -936,7 +938,8 @@ impl Core {
         }
         let isn = self.isn.generate(now, local, remote);
         match Connection::accept(self.config.tcp.clone(), local, remote, syn, isn, now) {
-            Ok(conn) => {
+            Ok(mut conn) => {
+                conn.set_ts_offset(self.isn.ts_offset(local, remote));
                 // Static entries win; otherwise answer where the SYN came from, so that a
                 // peer without a static entry here can still connect.
                 let mac = *self.neighbors.get(remote.ip()).unwrap_or(&src_mac);

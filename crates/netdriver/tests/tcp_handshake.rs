@@ -24,7 +24,7 @@ fn active_open_syn_carries_all_options_for_default_config() {
                 window_scale: Some(3),
                 sack_permitted: true,
                 // TSval is the core's clock (µs); TSecr is 0 on an initial SYN (RFC 7323 §3.2).
-                timestamp: Some((T0.total_micros() as u32, 0)),
+                timestamp: Some((T0.total_millis() as u32, 0)),
                 ..TcpOptions::default()
             },
             ..out()
@@ -166,7 +166,7 @@ fn passive_open_syn_ack_mirrors_offered_options() {
                 mss: Some(1460),
                 window_scale: Some(3),
                 sack_permitted: true,
-                timestamp: Some((T0.total_micros() as u32, 777)),
+                timestamp: Some((T0.total_millis() as u32, 777)),
                 ..TcpOptions::default()
             },
             ..out()

@@ -108,9 +108,9 @@ fn ts_peer() -> PeerOpts {
     }
 }
 
-/// TSval the connection puts on segments sent at `t.now` (microseconds).
+/// TSval the connection puts on segments sent at `t.now` (milliseconds, offset 0).
 fn tsval_now(t: &Tcb) -> u32 {
-    t.now.total_micros() as u32
+    t.now.total_millis() as u32
 }
 
 #[test]
@@ -137,6 +137,7 @@ fn eifel_ack_echoing_the_original_undoes() {
             .ts(peer_ts(&t), original_ts),
     );
     let rtx_ts = tsval_now(&t);
+    assert_eq!(rtx_ts, original_ts + 10, "TSvals tick in ms");
     let rtx = t.poll().expect("the retransmission");
     assert_eq!(rtx.repr.seq, l(1000));
     assert_eq!(rtx.repr.options.timestamp.unwrap().0, rtx_ts);
@@ -173,6 +174,41 @@ fn eifel_ack_echoing_the_retransmission_keeps_the_reduction() {
     // The retransmission filled the hole: its TSval is echoed.
     t.advance(ms(10));
     t.send(t.seg().ack(l(10_000)).ts(peer_ts(&t), rtx_ts));
+    let s = t.stats();
+    assert_eq!(s.spurious_recoveries_undone, 0);
+    assert_eq!((s.cwnd, s.ssthresh), (4500, 4500));
+}
+
+#[test]
+fn eifel_is_not_applied_when_the_retransmission_shares_the_originals_millisecond() {
+    let us = netdriver::time::Duration::from_micros;
+    let mut t = Tcb::established(test_config(), ts_peer());
+    t.conn.set_nodelay(true);
+    let d = data(10_000);
+    t.app_send(&d);
+    let original_ts = tsval_now(&t);
+    t.drain();
+    // A µs-scale path: segment 0 is acknowledged after 200 µs, segments 2-4 SACKed
+    // 100 µs later, and RACK retransmits segment 1 at once, in the same millisecond.
+    let peer_ts = |t: &Tcb| t.seg().repr.options.timestamp.unwrap().0;
+    t.advance(us(200));
+    t.send(t.seg().ack(l(1000)).ts(peer_ts(&t), original_ts));
+    t.advance(us(100));
+    t.send(
+        t.seg()
+            .ack(l(1000))
+            .sack(&[(l(2000), l(5000))])
+            .ts(peer_ts(&t), original_ts),
+    );
+    let rtx = t.poll().expect("the retransmission");
+    assert_eq!(rtx.repr.seq, l(1000));
+    assert_eq!(rtx.repr.options.timestamp.unwrap().0, original_ts);
+    t.expect_none();
+    assert_eq!(t.stats().ssthresh, 4500);
+    // The echo of the original's TSval is also the retransmission's: which copy arrived
+    // cannot be told, so the reduction stays (RFC 3522 needs an older echo).
+    t.advance(us(300));
+    t.send(t.seg().ack(l(10_000)).ts(peer_ts(&t), original_ts));
     let s = t.stats();
     assert_eq!(s.spurious_recoveries_undone, 0);
     assert_eq!((s.cwnd, s.ssthresh), (4500, 4500));

@@ -116,9 +116,9 @@ pub struct Config {
     pub paws: bool,
     /// PAWS's idle rule (RFC 7323 §5.5): after this long without updating TS.Recent it
     /// is taken as invalid and the next segment's TSval is accepted whatever its value.
-    /// The RFC's 24 days assume a peer clock of at least 1 ms per tick; a netchannel
-    /// peer's TSval ticks in microseconds and crosses half the 32-bit space in 35.8
-    /// minutes, so the default is 30 minutes.
+    /// Default 24 days, the RFC's value (and Linux's): a peer clock ticking at most once
+    /// per millisecond (RFC 7323 §5.4, as ours does) takes 24.8 days to cross half the
+    /// 32-bit TSval space.
     pub paws_idle_limit: Duration,
     /// Challenge ACKs per second (RFC 5961 §7), counted per connection: a global counter
     /// leaks sequence state across connections (CVE-2016-5696). Default 10.
@@ -157,7 +157,7 @@ impl Default for Config {
             prr: true,
             undo: true,
             paws: true,
-            paws_idle_limit: Duration::from_secs(30 * 60),
+            paws_idle_limit: Duration::from_secs(24 * 24 * 60 * 60),
             challenge_ack_limit_per_sec: 10,
         }
     }

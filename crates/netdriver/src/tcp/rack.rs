@@ -11,7 +11,8 @@
 //! What is implemented:
 //! - §6.2 step 1 (`RACK_update`): a retransmitted segment whose ACK echoes a TSval older
 //!   than its last transmission, or that was acknowledged sooner than min_RTT after it, is
-//!   ambiguous and does not update RACK.
+//!   ambiguous and does not update RACK. (TSvals tick in ms: a retransmission in the
+//!   millisecond of the previous transmission is told apart by the min_RTT rule only.)
 //! - §6.2 step 2 (`RACK_detect_reordering`): a never-retransmitted segment delivered below
 //!   RACK.fack means the path reorders.
 //! - §6.2 step 4 (`RACK_update_reo_wnd`): `reo_wnd = min(reo_wnd_mult · min_RTT / 4,
@@ -213,14 +214,14 @@ impl Rack {
         una: SeqNumber,
         blocks: &[(SeqNumber, SeqNumber)],
         tsecr: Option<u32>,
-        tsval_of: fn(Instant) -> u32,
+        tsval_of: impl Fn(Instant) -> u32,
         min_rtt: Option<Duration>,
     ) {
         while let Some(front) = self.segs.front().copied() {
             if front.end.distance_from(una) <= 0 {
                 self.segs.pop_front();
                 if !front.sacked {
-                    self.delivered(&front, now, tsecr, tsval_of, min_rtt);
+                    self.delivered(&front, now, tsecr, &tsval_of, min_rtt);
                 }
             } else {
                 if front.start.distance_from(una) < 0 {
@@ -228,7 +229,7 @@ impl Rack {
                         f.start = una;
                     }
                     if !front.sacked {
-                        self.delivered(&front, now, tsecr, tsval_of, min_rtt);
+                        self.delivered(&front, now, tsecr, &tsval_of, min_rtt);
                     }
                 }
                 break;
@@ -261,7 +262,7 @@ impl Rack {
                 self.segs[i].sacked = true;
                 self.segs[i].lost = false;
                 self.segs[i].rtx_in_flight = false;
-                self.delivered(&s, now, tsecr, tsval_of, min_rtt);
+                self.delivered(&s, now, tsecr, &tsval_of, min_rtt);
             }
         }
     }
@@ -272,7 +273,7 @@ impl Rack {
         s: &Sent,
         now: Instant,
         tsecr: Option<u32>,
-        tsval_of: fn(Instant) -> u32,
+        tsval_of: &dyn Fn(Instant) -> u32,
         min_rtt: Option<Duration>,
     ) {
         // Step 2: reordering.
@@ -492,8 +493,9 @@ mod tests {
         Instant::from_millis(1000 + ms)
     }
 
+    /// Our TSval clock: milliseconds.
     fn tsval(i: Instant) -> u32 {
-        i.total_micros() as u32
+        i.total_millis() as u32
     }
 
     /// Ten 1000-byte segments sent at t(0).

@@ -6,7 +6,7 @@ use tracing::trace;
 
 use super::{seq_len, timestamp_value, Connection, State};
 use crate::tcp::SeqNumber;
-use crate::time::{Duration, Instant};
+use crate::time::Instant;
 use crate::wire::tcp::{SackBlock, TcpFlags, TcpRepr};
 
 impl Connection {
@@ -499,16 +499,17 @@ impl Connection {
             self.sack_board.on_cumulative_ack(ack);
         }
 
-        // RTT sample: RFC 7323 §4 (RTTM) when timestamps are on, else Karn's timed
-        // segment (RFC 6298 §3), which retransmissions invalidate.
+        // RTT sample: with timestamps, the µs send time of the segment the echo names
+        // (RTTM's sample, RFC 7323 §4, at µs resolution: our TSvals tick in ms), the echo
+        // disambiguating retransmissions; else Karn's timed segment (RFC 6298 §3), which
+        // retransmissions invalidate.
         let mut sample = None;
         if self.ts_enabled {
-            if let Some((_, tsecr)) = repr.options.timestamp {
-                let micros = timestamp_value(now).wrapping_sub(tsecr);
-                if (micros as i32) >= 0 {
-                    sample = Some(Duration::from_micros(u64::from(micros)));
-                }
-            }
+            let offset = self.ts_offset;
+            let tsecr = repr.options.timestamp.map(|(_, ecr)| ecr);
+            sample = self
+                .send_times
+                .on_ack(prev_una, ack, now, tsecr, |t| timestamp_value(t, offset));
         }
         if let Some((end, sent_at)) = self.rtt_timed {
             if end.distance_from(ack) <= 0 {

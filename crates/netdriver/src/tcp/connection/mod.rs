@@ -18,12 +18,14 @@
 //!   spurious recoveries (D-SACK, RFC 2883 §4; timestamps, RFC 3522).
 //!
 //! Conventions a test writer needs:
-//! - Timestamps: TSval is `now` in **microseconds** (truncated to 32 bits). RFC 7323 §5.4
-//!   suggests a 1 ms–1 s tick, but channels run on µs-scale links where millisecond RTT
-//!   samples are useless. The price is that a TSval wraps every 71 minutes. PAWS
-//!   (RFC 7323 §5.3, `input`) checks the peer's TSvals against TS.Recent, with an idle
-//!   limit ([`Config::paws_idle_limit`]) short enough for a peer with a µs clock like
-//!   ours; TS.Recent also serves RFC 6191.
+//! - Timestamps: TSval is `now` in **milliseconds** plus a per-connection offset
+//!   ([`Connection::set_ts_offset`], 0 unless the driver sets one), truncated to 32 bits:
+//!   RFC 7323 §5.4 asks for a clock of 1 ms to 1 s per tick, which peers' PAWS (§5.5,
+//!   Linux forgets TS.Recent only after 24 days idle) relies on. The echo is no longer
+//!   the RTT source: RTT samples come from per-segment µs send times
+//!   ([`crate::tcp::sendtimes`]), with the echo disambiguating retransmissions. PAWS
+//!   (RFC 7323 §5.3, `input`) checks the peer's TSvals against TS.Recent, with the idle
+//!   limit [`Config::paws_idle_limit`]; TS.Recent also serves RFC 6191.
 //! - Emitted segments carry `TcpFlags::ACK` in `flags` whenever `ack` is `Some`, as a
 //!   parser would report them. Data segments that empty the send queue carry PSH.
 //! - Our RSTs (abort, user timeout) are `<SEQ=SND.NXT><CTL=RST>` without ACK (§3.10.5).
@@ -40,6 +42,7 @@ use crate::tcp::error::TcpError;
 use crate::tcp::rack::Rack;
 use crate::tcp::rtt::RttEstimator;
 use crate::tcp::sack::SackScoreboard;
+use crate::tcp::sendtimes::SendTimes;
 use crate::tcp::SeqNumber;
 use crate::time::{Duration, Instant};
 use crate::wire::tcp::{TcpFlags, TcpRepr};
@@ -262,6 +265,8 @@ pub struct Connection {
     ws_enabled: bool,
     sack_enabled: bool,
     ts_enabled: bool,
+    /// Added to our millisecond clock to make TSvals (RFC 7323 §5.4, §7.1).
+    ts_offset: u32,
     /// TS.Recent (RFC 7323 §4.3).
     ts_recent: u32,
     /// When TS.Recent was last set (RFC 7323 §5.5 idle rule).
@@ -291,6 +296,9 @@ pub struct Connection {
 
     // ---- retransmission ----
     rtt: RttEstimator,
+    /// µs send times of the outstanding segments: the RTT samples while timestamps are
+    /// on (or offered in our SYN).
+    send_times: SendTimes,
     /// Karn's timed segment (end sequence, send time) when timestamps are off.
     rtt_timed: Option<(SeqNumber, Instant)>,
     rtx_deadline: Option<Instant>,
@@ -388,9 +396,10 @@ fn window_scale_for(buffer: usize) -> u8 {
     shift
 }
 
-/// A TSval for `now`: microseconds, truncated to 32 bits (see the module docs).
-fn timestamp_value(now: Instant) -> u32 {
-    now.total_micros() as u32
+/// The TSval for `now` with a connection's `offset`: milliseconds, truncated to 32 bits
+/// (see the module docs).
+fn timestamp_value(now: Instant, offset: u32) -> u32 {
+    (now.total_millis() as u32).wrapping_add(offset)
 }
 
 impl Connection {
@@ -441,6 +450,7 @@ impl Connection {
             ws_enabled: false,
             sack_enabled: false,
             ts_enabled: false,
+            ts_offset: 0,
             ts_recent: 0,
             ts_recent_stamp: now,
             last_ack_sent: SeqNumber(0),
@@ -454,6 +464,7 @@ impl Connection {
             challenge_window_start: None,
             challenge_count: 0,
             rtt: RttEstimator::new(config.initial_rto, config.min_rto, config.max_rto),
+            send_times: SendTimes::new(config.tx_buffer / 512 * 2 + 64),
             rtt_timed: None,
             rtx_deadline: None,
             syn_retries_done: 0,
@@ -628,7 +639,11 @@ impl Connection {
                 self.ts_enabled = true;
                 self.ts_recent = tsval;
             }
-            _ => self.ts_enabled = false,
+            _ => {
+                self.ts_enabled = false;
+                // Karn's timed segment takes the RTT samples.
+                self.send_times.clear();
+            }
         }
         // The window in a SYN is never scaled (RFC 7323 §2.2).
         self.snd_wnd = usize::from(syn.window);
@@ -638,6 +653,23 @@ impl Connection {
         self.cc.set_mss(smss);
         // Until we advertise, the promised right edge is RCV.NXT itself.
         self.rcv_adv = self.rcv_nxt;
+    }
+
+    /// Sets the offset added to our millisecond clock in every TSval (RFC 7323 §5.4 and
+    /// §7.1: a per-connection offset hides the host's uptime). Call it right after
+    /// [`connect`](Self::connect) or [`accept`](Self::accept), before the first
+    /// `poll_transmit`; a later change would make TSvals jump. The netif derives it from
+    /// its secret key and the 4-tuple ([`IsnGenerator::ts_offset`]), so that successive
+    /// incarnations of a 4-tuple keep monotonic TSvals (RFC 6191). Tests leave it at 0.
+    ///
+    /// [`IsnGenerator::ts_offset`]: crate::tcp::isn::IsnGenerator::ts_offset
+    pub fn set_ts_offset(&mut self, offset: u32) {
+        self.ts_offset = offset;
+    }
+
+    /// The TSval we send at `now`.
+    fn tsval(&self, now: Instant) -> u32 {
+        timestamp_value(now, self.ts_offset)
     }
 
     /// Queues `data` for sending; returns how many bytes were taken (fewer than

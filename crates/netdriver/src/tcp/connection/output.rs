@@ -5,7 +5,7 @@
 
 use tracing::trace;
 
-use super::{seq_len, timestamp_value, Connection, State, Transmit};
+use super::{seq_len, Connection, State, Transmit};
 use crate::tcp::SeqNumber;
 use crate::time::Instant;
 use crate::wire::tcp::{SackBlock, TcpFlags, TcpOptions, TcpRepr};
@@ -76,7 +76,7 @@ impl Connection {
         options.sack_permitted = self.config.sack && (!answering || self.sack_enabled);
         if self.config.timestamps && (!answering || self.ts_enabled) {
             let echo = if answering { self.ts_recent } else { 0 };
-            options.timestamp = Some((timestamp_value(now), echo));
+            options.timestamp = Some((self.tsval(now), echo));
         }
         // RFC 7323 §2.2: the window in a SYN is never scaled.
         let window = self.rx.free().min(usize::from(u16::MAX));
@@ -85,6 +85,9 @@ impl Connection {
             self.note_ack_sent();
         }
         self.snd_nxt = self.iss + 1;
+        if options.timestamp.is_some() {
+            self.send_times.on_send(self.iss, self.iss + 1, now);
+        }
         if retransmission {
             self.counters.retransmitted_segments += 1;
             self.rtt_timed = None;
@@ -443,7 +446,7 @@ impl Connection {
                     self.high_rxt = seq_end;
                 }
                 if resent || kind == SendKind::Retransmit {
-                    let ts = self.ts_enabled.then(|| timestamp_value(now));
+                    let ts = self.ts_enabled.then(|| self.tsval(now));
                     if let Some(undo) = self.undo.as_mut() {
                         undo.retrans = undo.retrans.saturating_add(seq_len(seq, end));
                         undo.retransmitted = true;
@@ -458,6 +461,9 @@ impl Connection {
                 }
                 if self.rack_active() && seq_len(seq, seq_end) > 0 {
                     self.rack.on_send(seq, seq_end, now);
+                }
+                if self.ts_enabled {
+                    self.send_times.on_send(seq, seq_end, now);
                 }
                 // RFC 6298 §5.1: start the timer if it is not running.
                 if self.rtx_deadline.is_none() && seq_len(seq, seq_end) > 0 {
@@ -555,7 +561,7 @@ impl Connection {
     fn data_options(&self, now: Instant) -> TcpOptions {
         let mut options = TcpOptions::default();
         if self.ts_enabled {
-            options.timestamp = Some((timestamp_value(now), self.ts_recent));
+            options.timestamp = Some((self.tsval(now), self.ts_recent));
         }
         if self.sack_enabled && (!self.assembler.is_empty() || self.dsack.is_some()) {
             options.sack_blocks = self.sack_blocks();

@@ -34,7 +34,9 @@
 //! restored (cwnd and ssthresh as before the reduction), whether recovery is still on (PRR
 //! then works towards the restored ssthresh) or over. With timestamps, the first ACK that
 //! covers the episode's first retransmitted byte and echoes a TSval older than that
-//! retransmission shows that the original arrived (RFC 3522 §3): the same undo. A
+//! retransmission shows that the original arrived (RFC 3522 §3): the same undo. Strictly
+//! older: TSvals tick in ms, so a retransmission sent in its original's millisecond
+//! carries the same TSval and its echo is ambiguous; then nothing is undone. A
 //! spurious retransmission also means the path reorders, which RACK is told. The record
 //! is dropped by the next episode or an RTO.
 
@@ -77,12 +79,13 @@ impl Connection {
         } else {
             None
         };
+        let offset = self.ts_offset;
         self.rack.on_ack(
             now,
             una,
             &blocks[..n],
             tsecr,
-            timestamp_value,
+            |t| timestamp_value(t, offset),
             self.rtt.min_rtt(),
         );
         let dsack = super::tlp::dsack_block(repr, ack).is_some();

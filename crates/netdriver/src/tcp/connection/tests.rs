@@ -202,7 +202,7 @@ fn handshake_exact_segments() {
     assert_eq!(syn_ack.options.mss, Some(1460));
     assert_eq!(syn_ack.options.window_scale, Some(3));
     assert!(syn_ack.options.sack_permitted);
-    assert_eq!(syn_ack.options.timestamp, Some((5000, 0)));
+    assert_eq!(syn_ack.options.timestamp, Some((5, 0)));
 
     a.handle_segment(ms(10), &syn_ack, &[]);
     assert_eq!(a.state(), State::Established);
@@ -212,7 +212,7 @@ fn handshake_exact_segments() {
     assert_eq!(ack.ack, Some(B_ISN + 1));
     assert_eq!(ack.flags, TcpFlags::ACK);
     assert_eq!(ack.window, ((256 * 1024) >> 3) as u16);
-    assert_eq!(ack.options.timestamp, Some((10_000, 5000)));
+    assert_eq!(ack.options.timestamp, Some((10, 5)));
     assert_eq!(a.stats().srtt, Some(Duration::from_millis(10)));
     assert_eq!(a.poll_timeout(), None);
 
@@ -1409,7 +1409,7 @@ fn time_wait_new_syn_rfc6191() {
     let (_, _, rcv_nxt) = p.a.sequence_state();
     let last_tsval = 1; // older than anything B sent
     let mut syn = seg(true, rcv_nxt + 100_000, None, TcpFlags::SYN);
-    syn.options.timestamp = Some((timestamp_value(p.now) + 1, 0));
+    syn.options.timestamp = Some((timestamp_value(p.now, 0) + 1, 0));
     assert!(p.a.accepts_new_syn_in_time_wait(&syn));
     syn.options.timestamp = Some((last_tsval, 0));
     assert!(!p.a.accepts_new_syn_in_time_wait(&syn));
