@@ -376,5 +376,6 @@ fn stats_of(id: ChannelId, c: &Channel) -> ChannelStats {
         class: c.class,
         queued_bytes: c.load.queued_bytes + c.outbox_bytes as u64,
         in_flight_bytes: c.load.in_flight_bytes,
+        ..ChannelStats::default()
     }
 }
