@@ -36,6 +36,7 @@ mod error;
 mod flow;
 mod handshake;
 mod send_buf;
+mod snapshot;
 mod socket;
 mod transmit;
 
