@@ -1,25 +1,50 @@
 //! The NetChannel scheduler layer.
 //!
-//! A [`NetScheduler`] decides which channel carries each chunk of a virtual socket. It sees
-//! only statistics snapshots ([`ChannelStats`]: queued bytes, bytes in flight, the
-//! channel's [`ChannelClass`]) and a description of the chunk ([`ChunkInfo`]), and returns
-//! a decision; it never touches a channel or a socket itself, so users can write their own
-//! policies against the trait.
+//! A [`NetScheduler`] makes three kinds of decision for a stack, each from read-only
+//! statistics snapshots; it never touches a channel, a socket or a queue itself, so users
+//! can write their own policies against the trait:
 //!
-//! [`RoundRobin`] is the paper's policy: round-robin per chunk over the channels of the
-//! socket's class, skipping any channel that holds more than a threshold of queued bytes
-//! (2 MB by default). A latency-class socket uses only latency channels and a
-//! throughput-class socket only throughput channels, so the two never share a queue.
+//! 1. **Per chunk** ([`NetScheduler::pick_channel`]): which channel carries each chunk of
+//!    a virtual socket, from the [`ChannelStats`] of the channels to the socket's peer.
+//! 2. **Per slow period** ([`NetScheduler::plan`]): how many channels exist to each peer,
+//!    of which class, and which core runs each (scaling and placement), from a whole
+//!    [`StackSnapshot`], as a list of [`PlanAction`]s. **Not executed yet**: the stack
+//!    computes and exposes plans (`vns::Stack::scheduler_plan`) but does not open, close
+//!    or pin channels at run time from them (issue 12, second part).
+//! 3. **Per large copy** ([`NetScheduler::pick_copy_worker`]): which copy worker copies
+//!    a large request, from the [`CopyWorkerStats`] of the workers.
+//!
+//! Policies shipped here:
+//!
+//! - [`RoundRobin`], the paper's: round-robin per chunk over the channels of the
+//!   socket's class, skipping a channel holding more than 2 MB queued, and round-robin
+//!   over copy workers, skipping one holding more than 640 KB.
+//! - [`SourcePort`], the paper's code default: each socket pinned to one channel of its
+//!   class by a hash of its flow number.
+//! - [`Isolating`]: latency-class sockets on latency channels that run on cores of their
+//!   own, throughput sockets never on them; its plan pins the two classes to disjoint
+//!   cores.
+//! - [`Scaler`] (with [`ScalingConfig`]): run-time scaling decisions any policy can use
+//!   from its `plan`; [`Scaled`] adds it to any policy.
+//!
+//! A latency-class socket uses only latency channels and a throughput-class socket only
+//! throughput channels in every policy here, so the two never share a queue.
 //!
 //! ```
 //! use netsched::{AppClass, ChannelClass, ChannelId, ChannelStats, ChunkInfo, NetScheduler, RoundRobin};
 //!
 //! let mut rr = RoundRobin::default();
+//! let chan = |id, class, queued_bytes| ChannelStats {
+//!     id: ChannelId(id),
+//!     class,
+//!     queued_bytes,
+//!     ..ChannelStats::default()
+//! };
 //! let stats = [
-//!     ChannelStats { id: ChannelId(0), class: ChannelClass::Throughput, queued_bytes: 0, in_flight_bytes: 0 },
-//!     ChannelStats { id: ChannelId(1), class: ChannelClass::Latency, queued_bytes: 0, in_flight_bytes: 0 },
-//!     ChannelStats { id: ChannelId(2), class: ChannelClass::Throughput, queued_bytes: 3 << 20, in_flight_bytes: 0 },
-//!     ChannelStats { id: ChannelId(3), class: ChannelClass::Throughput, queued_bytes: 0, in_flight_bytes: 0 },
+//!     chan(0, ChannelClass::Throughput, 0),
+//!     chan(1, ChannelClass::Latency, 0),
+//!     chan(2, ChannelClass::Throughput, 3 << 20),
+//!     chan(3, ChannelClass::Throughput, 0),
 //! ];
 //! let chunk = ChunkInfo { flow: 7, class: AppClass::Throughput, len: 4096 };
 //! // Channel 1 is latency-only, channel 2 is over the 2 MB threshold.
@@ -31,13 +56,35 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod isolating;
+mod plan;
+mod round_robin;
+mod scaling;
+mod source_port;
+mod stats;
+
 use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use isolating::Isolating;
+pub use plan::PlanAction;
+pub use round_robin::RoundRobin;
+pub use scaling::{Scaled, Scaler, ScalingConfig, ScalingConfigError};
+pub use source_port::SourcePort;
+pub use stats::{
+    ChannelStats, ChannelThreadId, CopyWorkerId, CopyWorkerStats, FlowStats, PeerId, StackSnapshot,
+    ThreadStats,
+};
 
 /// Identifies one channel (one L4 connection to a peer host) within a host.
 ///
 /// The number is chosen by whoever creates channels (the channel layer); the scheduler and
 /// the virtual-socket layer only compare it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 pub struct ChannelId(pub u32);
 
 impl fmt::Display for ChannelId {
@@ -47,7 +94,9 @@ impl fmt::Display for ChannelId {
 }
 
 /// What a channel is reserved for (the paper's isolation of latency-sensitive traffic).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 pub enum ChannelClass {
     /// Carries only latency-class sockets; runs on its own threads/cores.
     Latency,
@@ -57,7 +106,9 @@ pub enum ChannelClass {
 }
 
 /// What an application declared its socket to be (the paper's `SO_APP_TYPE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 pub enum AppClass {
     /// Latency-sensitive: uses only [`ChannelClass::Latency`] channels.
     Latency,
@@ -76,20 +127,6 @@ impl AppClass {
     }
 }
 
-/// A statistics snapshot of one channel, as the scheduler sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChannelStats {
-    /// The channel.
-    pub id: ChannelId,
-    /// What the channel is reserved for.
-    pub class: ChannelClass,
-    /// Bytes accepted for this channel and not yet sent on the wire (chunks waiting in the
-    /// virtual-socket layer's outbox plus the channel's own unsent transmit queue).
-    pub queued_bytes: u64,
-    /// Bytes sent on the wire and not yet acknowledged by the peer's channel.
-    pub in_flight_bytes: u64,
-}
-
 /// The chunk a scheduling decision is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkInfo {
@@ -101,11 +138,116 @@ pub struct ChunkInfo {
     pub len: usize,
 }
 
-/// A chunk-to-channel scheduling policy.
+/// Which way a copy goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CopyDirection {
+    /// From an application buffer into chunks leaving on channels (a write).
+    ToChannels,
+    /// From received chunks into an application buffer (a read).
+    FromChannels,
+}
+
+/// A large copy a copy-worker decision is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyRequest {
+    /// The flow (virtual socket) the copy is for.
+    pub flow: u64,
+    /// Bytes to copy.
+    pub len: usize,
+    /// Which way.
+    pub direction: CopyDirection,
+}
+
+/// The paper's default queued-bytes threshold: a channel holding more is skipped.
+pub const DEFAULT_QUEUED_THRESHOLD: u64 = 2 * 1024 * 1024;
+
+/// The paper's default copy-worker threshold: a worker holding more queued copy bytes is
+/// skipped.
+pub const DEFAULT_COPY_WORKER_THRESHOLD: u64 = 640 * 1024;
+
+/// How often a stack is meant to call [`NetScheduler::plan`] unless the policy says
+/// otherwise ([`NetScheduler::plan_period`]).
+pub const DEFAULT_PLAN_PERIOD: Duration = Duration::from_millis(100);
+
+/// A scheduling policy: where chunks go, how many channels exist and where they run,
+/// which worker copies.
 ///
-/// Implementations must be deterministic functions of their own state and their
+/// The trait is object safe; a stack holds its policy as `Box<dyn NetScheduler>`, chosen
+/// with `StackBuilder::scheduler`. It must be `Send` (the stack calls it from whichever
+/// thread holds the stack's lock, one call at a time, so it need not be `Sync`).
+///
+/// Implementations should be deterministic functions of their own state and their
 /// arguments: the virtual-socket core is a deterministic state machine and its tests replay
-/// exact schedules.
+/// exact schedules. Only [`pick_channel`](Self::pick_channel) is required; the other
+/// decisions have defaults (no plan; the least-loaded copy worker under 640 KB).
+///
+/// # Writing a policy
+///
+/// A complete user-written policy: each chunk goes to the least-loaded channel of its
+/// class, copies go to the emptiest worker, and the plan asks for a latency channel to
+/// every peer that has throughput channels only.
+///
+/// ```
+/// use netsched::{
+///     AppClass, ChannelClass, ChannelId, ChannelStats, ChunkInfo, CopyRequest, CopyWorkerId,
+///     CopyWorkerStats, NetScheduler, PeerId, PlanAction, StackSnapshot,
+/// };
+///
+/// /// Sends each chunk where the fewest bytes wait (queued plus in flight).
+/// #[derive(Debug, Default)]
+/// struct LeastLoaded {
+///     chunks_placed: u64,
+/// }
+///
+/// impl NetScheduler for LeastLoaded {
+///     fn pick_channel(&mut self, chunk: &ChunkInfo, channels: &[ChannelStats]) -> Option<ChannelId> {
+///         let class = chunk.class.channel_class();
+///         let pick = channels
+///             .iter()
+///             .filter(|c| c.class == class) // never mix classes
+///             .min_by_key(|c| (c.queued_bytes + c.in_flight_bytes, c.id))?;
+///         self.chunks_placed += 1;
+///         Some(pick.id)
+///     }
+///
+///     fn pick_copy_worker(&mut self, _: &CopyRequest, workers: &[CopyWorkerStats]) -> Option<CopyWorkerId> {
+///         workers.iter().min_by_key(|w| (w.queued_bytes, w.id)).map(|w| w.id)
+///     }
+///
+///     fn plan(&mut self, snapshot: &StackSnapshot) -> Vec<PlanAction> {
+///         snapshot
+///             .peers()
+///             .into_iter()
+///             .filter(|&p| snapshot.channels_to(p).all(|c| c.class == ChannelClass::Throughput))
+///             .map(|peer| PlanAction::OpenChannel { peer, class: ChannelClass::Latency })
+///             .collect()
+///     }
+/// }
+///
+/// let mut policy: Box<dyn NetScheduler> = Box::new(LeastLoaded::default());
+/// let chan = |id, class, queued_bytes| ChannelStats {
+///     id: ChannelId(id),
+///     class,
+///     queued_bytes,
+///     ..ChannelStats::default()
+/// };
+/// let channels = [
+///     chan(0, ChannelClass::Throughput, 9000),
+///     chan(1, ChannelClass::Throughput, 100),
+///     chan(2, ChannelClass::Latency, 0),
+/// ];
+/// let bulk = ChunkInfo { flow: 1, class: AppClass::Throughput, len: 4096 };
+/// assert_eq!(policy.pick_channel(&bulk, &channels), Some(ChannelId(1)));
+///
+/// let snapshot = StackSnapshot {
+///     channels: vec![ChannelStats { peer: PeerId(3), ..channels[0] }],
+///     ..StackSnapshot::default()
+/// };
+/// assert_eq!(
+///     policy.plan(&snapshot),
+///     [PlanAction::OpenChannel { peer: PeerId(3), class: ChannelClass::Latency }]
+/// );
+/// ```
 pub trait NetScheduler: Send {
     /// Picks the channel that carries `chunk`, among `channels` (every channel to the
     /// socket's peer host, of every class). Returns `None` when no channel should take the
@@ -113,157 +255,151 @@ pub trait NetScheduler: Send {
     /// data and asks again later. Returning an id that is not in `channels` is a bug the
     /// caller treats like `None`.
     fn pick_channel(&mut self, chunk: &ChunkInfo, channels: &[ChannelStats]) -> Option<ChannelId>;
+
+    /// Picks the copy worker that copies `request`, among `workers`. `None`: no worker
+    /// should take it, and the application thread copies it itself.
+    ///
+    /// The default takes the worker with the fewest queued bytes (the lowest id on a
+    /// tie), skipping workers over [`DEFAULT_COPY_WORKER_THRESHOLD`].
+    fn pick_copy_worker(
+        &mut self,
+        request: &CopyRequest,
+        workers: &[CopyWorkerStats],
+    ) -> Option<CopyWorkerId> {
+        let _ = request;
+        workers
+            .iter()
+            .filter(|w| w.queued_bytes <= DEFAULT_COPY_WORKER_THRESHOLD)
+            .min_by_key(|w| (w.queued_bytes, w.id))
+            .map(|w| w.id)
+    }
+
+    /// The slow-period decisions: channels to open or close and where channels run, from
+    /// a snapshot of the whole stack. Called every [`plan_period`](Self::plan_period).
+    /// Actions describe a wanted change; a policy may return the same action again while
+    /// the change has not happened, so executing one twice must be harmless. The default
+    /// wants no change.
+    ///
+    /// The stack does not execute plans yet (issue 12, second part): they are computed on
+    /// request and exposed (`vns::Stack::scheduler_plan`).
+    fn plan(&mut self, snapshot: &StackSnapshot) -> Vec<PlanAction> {
+        let _ = snapshot;
+        Vec::new()
+    }
+
+    /// How often [`plan`](Self::plan) is meant to run (default [`DEFAULT_PLAN_PERIOD`]).
+    fn plan_period(&self) -> Duration {
+        DEFAULT_PLAN_PERIOD
+    }
 }
 
 impl<S: NetScheduler + ?Sized> NetScheduler for Box<S> {
     fn pick_channel(&mut self, chunk: &ChunkInfo, channels: &[ChannelStats]) -> Option<ChannelId> {
         (**self).pick_channel(chunk, channels)
     }
-}
 
-/// The paper's default queued-bytes threshold: a channel holding more is skipped.
-pub const DEFAULT_QUEUED_THRESHOLD: u64 = 2 * 1024 * 1024;
+    fn pick_copy_worker(
+        &mut self,
+        request: &CopyRequest,
+        workers: &[CopyWorkerStats],
+    ) -> Option<CopyWorkerId> {
+        (**self).pick_copy_worker(request, workers)
+    }
 
-/// Round-robin per chunk over the channels of the chunk's class, skipping channels whose
-/// queued bytes exceed a threshold.
-#[derive(Debug, Clone)]
-pub struct RoundRobin {
-    queued_threshold: u64,
-    /// The id of the channel picked last; the next pick starts after it.
-    last: Option<ChannelId>,
-}
+    fn plan(&mut self, snapshot: &StackSnapshot) -> Vec<PlanAction> {
+        (**self).plan(snapshot)
+    }
 
-impl Default for RoundRobin {
-    fn default() -> Self {
-        Self::with_threshold(DEFAULT_QUEUED_THRESHOLD)
+    fn plan_period(&self) -> Duration {
+        (**self).plan_period()
     }
 }
 
-impl RoundRobin {
-    /// A round-robin policy that skips channels holding more than `queued_threshold` bytes.
-    pub fn with_threshold(queued_threshold: u64) -> Self {
-        RoundRobin {
-            queued_threshold,
-            last: None,
-        }
-    }
-
-    /// The queued-bytes threshold above which a channel is skipped.
-    pub fn queued_threshold(&self) -> u64 {
-        self.queued_threshold
-    }
-}
-
-impl NetScheduler for RoundRobin {
-    fn pick_channel(&mut self, chunk: &ChunkInfo, channels: &[ChannelStats]) -> Option<ChannelId> {
-        let class = chunk.class.channel_class();
-        let eligible =
-            |c: &&ChannelStats| c.class == class && c.queued_bytes <= self.queued_threshold;
-        // The cursor is an id, not an index, so channels coming and going do not skew the
-        // rotation: take the first eligible id after the last pick, wrapping around.
-        let after = channels
-            .iter()
-            .filter(eligible)
-            .filter(|c| self.last.is_some_and(|last| c.id > last))
-            .min_by_key(|c| c.id);
-        let pick = after.or_else(|| channels.iter().filter(eligible).min_by_key(|c| c.id))?;
-        self.last = Some(pick.id);
-        Some(pick.id)
-    }
+/// The first id after `last` among `ids`, wrapping to the smallest: one round-robin step.
+///
+/// The cursor is an id, not an index, so entries coming and going do not skew the
+/// rotation.
+fn next_after<K: Ord + Copy>(last: Option<K>, ids: impl Iterator<Item = K> + Clone) -> Option<K> {
+    ids.clone()
+        .filter(|&k| last.is_some_and(|l| k > l))
+        .min()
+        .or_else(|| ids.min())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn stats(id: u32, class: ChannelClass, queued: u64) -> ChannelStats {
-        ChannelStats {
-            id: ChannelId(id),
-            class,
-            queued_bytes: queued,
-            in_flight_bytes: 0,
+    struct OnlyPick;
+
+    impl NetScheduler for OnlyPick {
+        fn pick_channel(&mut self, _: &ChunkInfo, c: &[ChannelStats]) -> Option<ChannelId> {
+            c.first().map(|c| c.id)
         }
     }
 
-    fn bulk(len: usize) -> ChunkInfo {
-        ChunkInfo {
-            flow: 1,
-            class: AppClass::Throughput,
-            len,
+    fn worker(id: u32, queued_bytes: u64) -> CopyWorkerStats {
+        CopyWorkerStats {
+            id: CopyWorkerId(id),
+            queued_bytes,
+            ..CopyWorkerStats::default()
         }
     }
 
+    const COPY: CopyRequest = CopyRequest {
+        flow: 1,
+        len: 1 << 20,
+        direction: CopyDirection::ToChannels,
+    };
+
     #[test]
-    fn rotates_over_all_eligible_channels() {
-        let mut rr = RoundRobin::default();
-        let chans: Vec<_> = (0..4)
-            .map(|i| stats(i, ChannelClass::Throughput, 0))
-            .collect();
-        let picks: Vec<_> = (0..8)
-            .map(|_| rr.pick_channel(&bulk(1), &chans).unwrap().0)
-            .collect();
-        assert_eq!(picks, [0, 1, 2, 3, 0, 1, 2, 3]);
+    fn defaults_plan_nothing_and_take_the_emptiest_worker_under_640_kb() {
+        let mut s: Box<dyn NetScheduler> = Box::new(OnlyPick);
+        assert!(s.plan(&StackSnapshot::default()).is_empty());
+        assert_eq!(s.plan_period(), DEFAULT_PLAN_PERIOD);
+        let workers = [worker(0, 5000), worker(1, 100), worker(2, 100)];
+        assert_eq!(s.pick_copy_worker(&COPY, &workers), Some(CopyWorkerId(1)));
+        let over = [worker(0, 640 * 1024 + 1), worker(1, 640 * 1024)];
+        assert_eq!(s.pick_copy_worker(&COPY, &over), Some(CopyWorkerId(1)));
+        assert_eq!(s.pick_copy_worker(&COPY, &over[..1]), None);
+        assert_eq!(s.pick_copy_worker(&COPY, &[]), None);
     }
 
     #[test]
-    fn skips_channels_over_threshold_and_returns_none_when_all_are() {
-        let mut rr = RoundRobin::with_threshold(1000);
-        let chans = [
-            stats(0, ChannelClass::Throughput, 1001),
-            stats(1, ChannelClass::Throughput, 1000),
-            stats(2, ChannelClass::Throughput, 5000),
-        ];
-        for _ in 0..3 {
-            assert_eq!(rr.pick_channel(&bulk(1), &chans), Some(ChannelId(1)));
-        }
-        let full = [stats(0, ChannelClass::Throughput, 1001)];
-        assert_eq!(rr.pick_channel(&bulk(1), &full), None);
-        assert_eq!(rr.pick_channel(&bulk(1), &[]), None);
+    fn next_after_wraps_and_survives_missing_cursor() {
+        assert_eq!(next_after(None, [3, 1, 2].into_iter()), Some(1));
+        assert_eq!(next_after(Some(1), [3, 1, 2].into_iter()), Some(2));
+        assert_eq!(next_after(Some(3), [3, 1, 2].into_iter()), Some(1));
+        // The cursor's own id is gone: continue after it.
+        assert_eq!(next_after(Some(2), [3, 1].into_iter()), Some(3));
+        assert_eq!(next_after(Some(2), std::iter::empty::<u32>()), None);
     }
 
     #[test]
-    fn default_threshold_is_two_megabytes() {
-        let mut rr = RoundRobin::default();
-        assert_eq!(rr.queued_threshold(), 2 * 1024 * 1024);
-        let chans = [
-            stats(0, ChannelClass::Throughput, 2 * 1024 * 1024 + 1),
-            stats(1, ChannelClass::Throughput, 2 * 1024 * 1024),
-        ];
-        assert_eq!(rr.pick_channel(&bulk(1), &chans), Some(ChannelId(1)));
-    }
-
-    #[test]
-    fn classes_are_isolated() {
-        let mut rr = RoundRobin::default();
-        let chans = [
-            stats(0, ChannelClass::Latency, 0),
-            stats(1, ChannelClass::Throughput, 0),
-            stats(2, ChannelClass::Latency, 0),
-        ];
-        let lat = ChunkInfo {
-            flow: 2,
-            class: AppClass::Latency,
-            len: 10,
+    fn snapshot_round_trips_through_json() {
+        let snapshot = StackSnapshot {
+            channels: vec![ChannelStats {
+                id: ChannelId(4),
+                class: ChannelClass::Latency,
+                peer: PeerId(2),
+                srtt: Some(Duration::from_micros(30)),
+                thread: Some(ChannelThreadId(1)),
+                ..ChannelStats::default()
+            }],
+            threads: vec![ThreadStats {
+                id: ChannelThreadId(1),
+                core: Some(3),
+                busy: Duration::from_millis(5),
+                window: Duration::from_millis(10),
+            }],
+            cores: vec![0, 1, 2, 3],
+            ..StackSnapshot::default()
         };
-        for _ in 0..6 {
-            let l = rr.pick_channel(&lat, &chans).unwrap();
-            assert!(l == ChannelId(0) || l == ChannelId(2));
-            assert_eq!(rr.pick_channel(&bulk(10), &chans), Some(ChannelId(1)));
-        }
-        let only_bulk = [stats(5, ChannelClass::Throughput, 0)];
-        assert_eq!(rr.pick_channel(&lat, &only_bulk), None);
-    }
-
-    #[test]
-    fn rotation_survives_channels_coming_and_going() {
-        let mut rr = RoundRobin::default();
-        let all: Vec<_> = (0..3)
-            .map(|i| stats(i, ChannelClass::Throughput, 0))
-            .collect();
-        assert_eq!(rr.pick_channel(&bulk(1), &all), Some(ChannelId(0)));
-        assert_eq!(rr.pick_channel(&bulk(1), &all), Some(ChannelId(1)));
-        // Channel 2 disappears: wrap to 0.
-        assert_eq!(rr.pick_channel(&bulk(1), &all[..2]), Some(ChannelId(0)));
-        assert_eq!(rr.pick_channel(&bulk(1), &all), Some(ChannelId(1)));
+        let json = serde_json::to_string(&snapshot).unwrap();
+        let back: StackSnapshot = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, snapshot);
+        assert_eq!(back.core_of(ChannelId(4)), Some(3));
+        assert_eq!(back.core_of(ChannelId(5)), None);
+        assert_eq!(back.threads[0].utilisation(), 0.5);
     }
 }

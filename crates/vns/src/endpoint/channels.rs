@@ -26,6 +26,14 @@ pub struct ChannelLoad {
     pub queued_bytes: u64,
     /// Bytes sent and not yet acknowledged.
     pub in_flight_bytes: u64,
+    /// Congestion window in bytes (0: unknown, or no TCP beneath the channel).
+    pub cwnd_bytes: u64,
+    /// Smoothed round-trip time, once sampled.
+    pub srtt: Option<std::time::Duration>,
+    /// Segments retransmitted since the channel opened.
+    pub retransmitted_segments: u64,
+    /// Payload bytes sent since the channel opened.
+    pub sent_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -626,5 +634,12 @@ fn stats_of(id: ChannelId, c: &Channel) -> ChannelStats {
         class: c.class,
         queued_bytes: c.load.queued_bytes + c.outbox_bytes as u64,
         in_flight_bytes: c.load.in_flight_bytes,
+        peer: netsched::PeerId(c.peer.0),
+        cwnd_bytes: c.load.cwnd_bytes,
+        srtt: c.load.srtt,
+        retransmitted_segments: c.load.retransmitted_segments,
+        sent_bytes: c.load.sent_bytes,
+        // Which channel thread runs the channel is not known to the endpoint yet.
+        thread: None,
     }
 }

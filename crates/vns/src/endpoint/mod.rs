@@ -38,6 +38,7 @@ mod error;
 mod flow;
 mod handshake;
 mod send_buf;
+mod snapshot;
 mod socket;
 mod transmit;
 

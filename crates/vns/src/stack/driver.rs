@@ -1545,8 +1545,12 @@ impl State {
             let load = ChannelLoad {
                 queued_bytes: (stats.tx_queued + c.tx_pending_bytes) as u64,
                 in_flight_bytes: stats.tx_tcp_queued as u64,
+                cwnd_bytes: stats.cwnd as u64,
+                srtt: stats.srtt,
+                retransmitted_segments: stats.retransmitted_segments,
+                sent_bytes: stats.bytes_sent,
             };
-            c.idle_reported = load == ChannelLoad::default();
+            c.idle_reported = load.queued_bytes == 0 && load.in_flight_bytes == 0;
             let _ = self.ep.set_channel_load(id, load);
         }
     }

@@ -491,7 +491,11 @@ impl StackBuilder {
         self
     }
 
-    /// The policy that places chunks on channels (default [`RoundRobin`]).
+    /// The policy that places chunks on channels (default [`RoundRobin`]); see
+    /// [`netsched::NetScheduler`] to write one. Its per-chunk decisions are used; its
+    /// plans are only computed on request ([`Stack::scheduler_plan`]), not carried out
+    /// yet, and copy workers still share copies evenly rather than through
+    /// [`pick_copy_worker`](netsched::NetScheduler::pick_copy_worker).
     pub fn scheduler(mut self, s: impl NetScheduler + 'static) -> Self {
         self.scheduler = Box::new(s);
         self
@@ -812,6 +816,11 @@ impl StackBuilder {
                 copy,
                 liveness: self.liveness,
                 linger: self.linger,
+                cores: core_affinity::get_core_ids()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|c| c.id)
+                    .collect(),
             }),
         })
     }
@@ -890,6 +899,8 @@ struct StackInner {
     liveness: Liveness,
     /// How long the drop of the last handle lets the stack drain ([`StackBuilder::linger`]).
     linger: Duration,
+    /// The cores the building thread could run on, for [`Stack::stats`].
+    cores: Vec<usize>,
 }
 
 impl StackInner {
@@ -1114,6 +1125,48 @@ impl Stack {
         let done = st.reset_channel(n);
         core.finish_call(st);
         done
+    }
+
+    /// A statistics snapshot of the stack, as its scheduler's
+    /// [`plan`](netsched::NetScheduler::plan) sees it; serialisable with serde (to JSON,
+    /// say) for logs and tools.
+    ///
+    /// - `channels`: every channel to every peer, with the loads the channels last
+    ///   reported (refreshed whenever the stack moves chunks into a channel): queued and
+    ///   in-flight bytes, congestion window, smoothed RTT, retransmitted segments and
+    ///   payload bytes sent. In-memory channels have no TCP: their `cwnd_bytes` is 0 and
+    ///   `srtt` `None`. `thread` is `None`: not tracked yet.
+    /// - `flows`: every virtual socket with its class and unsent bytes;
+    ///   `recent_rate_bps` is 0 (not measured yet).
+    /// - `copy_workers`: each worker with its core; `queued_bytes` is 0, since the
+    ///   workers share copies through one queue rather than per-worker ones.
+    /// - `threads`: empty (channel-thread utilisation is not measured yet); `cores`: the
+    ///   cores the thread that built the stack was allowed to run on.
+    pub fn stats(&self) -> netsched::StackSnapshot {
+        let mut snapshot = self.core().lock().ep.scheduler_snapshot();
+        snapshot.cores.clone_from(&self.inner.cores);
+        if let Some(copy) = &self.inner.copy {
+            snapshot.copy_workers = (0..copy.pool.workers())
+                .map(|i| netsched::CopyWorkerStats {
+                    id: netsched::CopyWorkerId(i as u32),
+                    core: copy.pool.placement().cores.get(i).copied(),
+                    queued_bytes: 0,
+                })
+                .collect();
+        }
+        snapshot
+    }
+
+    /// What the stack's scheduler plans over [`Stack::stats`] now: channels it wants
+    /// opened or closed and where it wants them to run.
+    ///
+    /// TODO(issue 12, second part): the stack does not carry plans out yet — it keeps the
+    /// channels it opened on first use and the threads they started on. This shows what a
+    /// policy would do; calling it advances the policy's own state (streaks, cooldowns)
+    /// as one plan period would.
+    pub fn scheduler_plan(&self) -> Vec<netsched::PlanAction> {
+        let snapshot = self.stats();
+        self.core().lock().ep.scheduler_plan(&snapshot)
     }
 
     /// Bytes written to this stack's streams that have not reached their peers yet:

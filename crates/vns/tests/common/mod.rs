@@ -117,6 +117,7 @@ impl Sim {
                 let load = ChannelLoad {
                     queued_bytes: pipe.staging.len() as u64,
                     in_flight_bytes: pipe.wire.len() as u64,
+                    ..ChannelLoad::default()
                 };
                 self.ends[d].set_channel_load(ch, load).unwrap();
             }

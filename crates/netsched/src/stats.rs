@@ -1,0 +1,160 @@
+//! Read-only statistics snapshots: everything a [`NetScheduler`](crate::NetScheduler)
+//! decides from.
+//!
+//! The virtual-socket layer builds these; a scheduler only reads them. Every counter a
+//! producer cannot measure yet is 0 (or `None`, or an empty list) and documented as such
+//! where it is filled, so a policy must treat 0 as "unknown or nothing", never as a
+//! promise.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{AppClass, ChannelClass, ChannelId};
+
+/// A remote host, numbered by the layer that creates channels to it (the same number the
+/// virtual-socket layer uses for the peer).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+pub struct PeerId(pub u32);
+
+impl fmt::Display for PeerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "peer{}", self.0)
+    }
+}
+
+/// One channel thread (a thread that runs the protocol of one or more channels).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+pub struct ChannelThreadId(pub u32);
+
+/// One copy worker of a stack, by its index in the stack's worker pool.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+pub struct CopyWorkerId(pub u32);
+
+/// A statistics snapshot of one channel, as the scheduler sees it.
+///
+/// Build one with a struct literal ending in `..ChannelStats::default()`, so that fields
+/// added later keep such code compiling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ChannelStats {
+    /// The channel.
+    pub id: ChannelId,
+    /// What the channel is reserved for.
+    pub class: ChannelClass,
+    /// The peer host the channel leads to.
+    pub peer: PeerId,
+    /// Bytes accepted for this channel and not yet sent on the wire (chunks waiting in the
+    /// virtual-socket layer's outbox plus the channel's own unsent transmit queue).
+    pub queued_bytes: u64,
+    /// Bytes sent on the wire and not yet acknowledged by the peer's channel.
+    pub in_flight_bytes: u64,
+    /// The channel's congestion window in bytes; 0 when unknown (a channel without TCP
+    /// beneath it, such as an in-memory one, has none).
+    pub cwnd_bytes: u64,
+    /// The channel's smoothed round-trip time; `None` before the first sample or without
+    /// TCP beneath the channel.
+    pub srtt: Option<Duration>,
+    /// Segments the channel retransmitted since it opened (cumulative).
+    pub retransmitted_segments: u64,
+    /// Payload bytes the channel sent since it opened (cumulative, retransmissions
+    /// included): the difference between two snapshots is the channel's recent rate.
+    pub sent_bytes: u64,
+    /// The channel thread that runs the channel; `None` when unknown.
+    pub thread: Option<ChannelThreadId>,
+}
+
+/// How busy one channel thread was over the last measuring window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ThreadStats {
+    /// The thread.
+    pub id: ChannelThreadId,
+    /// The core the thread is pinned to; `None` when it is not pinned (or unknown).
+    pub core: Option<usize>,
+    /// Time the thread spent working (not sleeping or waiting) within `window`.
+    pub busy: Duration,
+    /// The measuring window.
+    pub window: Duration,
+}
+
+impl ThreadStats {
+    /// Busy time over the window, in `0.0..=1.0`; 0 for an empty window.
+    pub fn utilisation(&self) -> f64 {
+        if self.window.is_zero() {
+            return 0.0;
+        }
+        (self.busy.as_secs_f64() / self.window.as_secs_f64()).clamp(0.0, 1.0)
+    }
+}
+
+/// One virtual socket (a flow), as the scheduler sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FlowStats {
+    /// The flow's number, the same as [`ChunkInfo::flow`](crate::ChunkInfo::flow).
+    pub flow: u64,
+    /// The peer host of the socket.
+    pub peer: PeerId,
+    /// What the application declared the socket to be.
+    pub class: AppClass,
+    /// Bytes the application wrote that have not been cut into chunks yet.
+    pub queued_bytes: u64,
+    /// Bytes per second the socket sent recently; 0 when unknown.
+    pub recent_rate_bps: u64,
+}
+
+/// One copy worker, as the scheduler sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CopyWorkerStats {
+    /// The worker.
+    pub id: CopyWorkerId,
+    /// The core it is pinned to, when known.
+    pub core: Option<usize>,
+    /// Bytes of copies handed to it and not finished yet.
+    pub queued_bytes: u64,
+}
+
+/// Everything a scheduler's slow-period [`plan`](crate::NetScheduler::plan) looks at: every
+/// channel to every peer, the channel threads, the sockets and the copy workers.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StackSnapshot {
+    /// Every channel, to every peer, of every class.
+    pub channels: Vec<ChannelStats>,
+    /// The channel threads.
+    pub threads: Vec<ThreadStats>,
+    /// The virtual sockets.
+    pub flows: Vec<FlowStats>,
+    /// The copy workers.
+    pub copy_workers: Vec<CopyWorkerStats>,
+    /// The cores the stack may place channel threads on; empty when unknown.
+    pub cores: Vec<usize>,
+}
+
+impl StackSnapshot {
+    /// The peers some channel leads to, in order.
+    pub fn peers(&self) -> BTreeSet<PeerId> {
+        self.channels.iter().map(|c| c.peer).collect()
+    }
+
+    /// The channels to `peer`, of every class.
+    pub fn channels_to(&self, peer: PeerId) -> impl Iterator<Item = &ChannelStats> + '_ {
+        self.channels.iter().filter(move |c| c.peer == peer)
+    }
+
+    /// The statistics of thread `id`, if the snapshot has them.
+    pub fn thread(&self, id: ChannelThreadId) -> Option<&ThreadStats> {
+        self.threads.iter().find(|t| t.id == id)
+    }
+
+    /// The core channel `id` runs on: its thread's core, when both are known.
+    pub fn core_of(&self, id: ChannelId) -> Option<usize> {
+        let channel = self.channels.iter().find(|c| c.id == id)?;
+        self.thread(channel.thread?)?.core
+    }
+}

@@ -1,0 +1,41 @@
+//! What the endpoint shows its scheduler's slow-period `plan`: every channel and socket.
+
+use netsched::{FlowStats, PlanAction, StackSnapshot};
+
+use super::Endpoint;
+
+impl Endpoint {
+    /// The endpoint's part of a [`StackSnapshot`]: every channel (as
+    /// [`NetScheduler::pick_channel`](netsched::NetScheduler::pick_channel) sees it) and
+    /// every socket. Threads, cores and copy workers are the host's to fill in
+    /// (`Stack::stats` does). A socket's `recent_rate_bps` is 0: not measured yet.
+    pub fn scheduler_snapshot(&self) -> StackSnapshot {
+        let channels = self
+            .channels
+            .keys()
+            .filter_map(|&id| self.channel_stats(id))
+            .collect();
+        let flows = self
+            .sockets
+            .iter()
+            .map(|(sid, s)| FlowStats {
+                flow: sid.0,
+                peer: netsched::PeerId(s.key.peer.0),
+                class: s.class,
+                queued_bytes: s.send_buf.len() as u64,
+                recent_rate_bps: 0,
+            })
+            .collect();
+        StackSnapshot {
+            channels,
+            flows,
+            ..StackSnapshot::default()
+        }
+    }
+
+    /// Asks the scheduler for its plan over `snapshot`. The endpoint does not carry it
+    /// out: opening, closing and pinning channels at run time is not implemented yet.
+    pub fn scheduler_plan(&mut self, snapshot: &StackSnapshot) -> Vec<PlanAction> {
+        self.scheduler.plan(snapshot)
+    }
+}
