@@ -310,6 +310,64 @@ fn data_handed_to_a_lost_channel_goes_again_until_acknowledged() {
     ep.check_invariants().unwrap();
 }
 
+/// Regression (CI of the data-level acknowledgement): an idle socket's credit refresh,
+/// sent on the remaining channels whenever one died, put bytes in flight on channels
+/// that were idle, so they waited out the user timeout instead of detecting a vanished
+/// peer by keep-alive (`tests/vns_liveness.rs`). A channel that timed out idle delivered
+/// its flow-control chunks; only a reset one may have lost them.
+#[test]
+fn a_timed_out_channel_refreshes_flow_state_only_for_sockets_with_chunks_on_it() {
+    let cfg = small_config(256);
+    let window = cfg.credit_window as u32;
+    for timed_out in [true, false] {
+        let mut ep = two_channel_endpoint(cfg.clone());
+        let (sid, isn) = accept_from_peer(&mut ep, window);
+        let ack = |credit| chunk(ChunkType::Ack, 5000, 7, 0, credit, &[]);
+        ep.handle_chunk_bytes(CH, &ack(isn.wrapping_add(window)))
+            .unwrap();
+        // Bytes from the peer, read: the socket's credit edge has moved (it has flow
+        // state to refresh), and nothing of it waits on either channel.
+        ep.handle_chunk_bytes(CH, &chunk(ChunkType::Data, 5000, 7, 1000, 0, &[7; 100]))
+            .unwrap();
+        assert_eq!(ep.recv(sid, &mut [0u8; 128]), Ok(100));
+        drain(&mut ep, CH);
+        drain(&mut ep, ChannelId(1));
+        if timed_out {
+            ep.handle_channel_timed_out(CH);
+        } else {
+            ep.handle_channel_lost(CH);
+        }
+        let again = drain(&mut ep, ChannelId(1));
+        if timed_out {
+            assert!(again.is_empty(), "an idle socket sends nothing: {again:?}");
+        } else {
+            assert!(
+                again.iter().any(|(h, _)| h.ty == ChunkType::Ack),
+                "a reset channel's loss refreshes the credit: {again:?}"
+            );
+        }
+        assert_eq!(ep.counters().resent_chunks, 0);
+        ep.check_invariants().unwrap();
+    }
+    // A socket with DATA on the timed-out channel sends it again, credit refresh included.
+    let mut ep = two_channel_endpoint(cfg);
+    let (sid, isn) = accept_from_peer(&mut ep, window);
+    ep.handle_chunk_bytes(
+        CH,
+        &chunk(ChunkType::Ack, 5000, 7, 0, isn.wrapping_add(window), &[]),
+    )
+    .unwrap();
+    ep.send(sid, &pattern(2, 600)).unwrap();
+    let on0 = drain(&mut ep, CH);
+    drain(&mut ep, ChannelId(1));
+    assert!(on0.iter().any(|(h, _)| h.ty == ChunkType::Data));
+    ep.handle_channel_timed_out(CH);
+    let again = drain(&mut ep, ChannelId(1));
+    assert!(again.iter().any(|(h, _)| h.ty == ChunkType::Data));
+    assert!(again.iter().any(|(h, _)| h.ty == ChunkType::Ack));
+    ep.check_invariants().unwrap();
+}
+
 #[test]
 fn fin_and_reset_that_went_on_a_lost_channel_go_again() {
     let cfg = small_config(256);

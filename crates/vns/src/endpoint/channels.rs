@@ -304,7 +304,7 @@ impl Endpoint {
             if matches!(s.state, State::Failed(_)) {
                 continue;
             }
-            let resend = self.resend_for_loss(sid, id);
+            let resend = self.resend_for_loss(sid, id, error == Error::PeerUnreachable);
             // The credit and STOP/RESUME refresh is news, not a copy.
             self.counters.resent_chunks += resend
                 .iter()
@@ -348,7 +348,21 @@ impl Endpoint {
     /// The chunks socket `sid` must send again because channel `lost` died: its DATA
     /// chunks handed to that channel and not acknowledged (copies of the payloads kept),
     /// a FIN, SYNC or SYNC_ACK that went on it, and its flow-control state.
-    fn resend_for_loss(&mut self, sid: SocketId, lost: ChannelId) -> Vec<OutChunk> {
+    ///
+    /// `timed_out`: the channel's transport gave up on an unresponsive peer (keep-alive or
+    /// user timeout) rather than being reset. Then the flow-control state goes again only
+    /// for a socket that had something else to send again on the channel: a channel that
+    /// timed out idle had every byte acknowledged by the peer's transport long before
+    /// (keep-alive only probes an idle connection), so its credit updates and STOP/RESUME
+    /// arrived; and a refresh sent to the peer's other channels would put bytes in flight
+    /// on them, turning their own quick keep-alive detection of a vanished peer into a
+    /// wait for the user timeout (`tests/vns_liveness.rs`).
+    fn resend_for_loss(
+        &mut self,
+        sid: SocketId,
+        lost: ChannelId,
+        timed_out: bool,
+    ) -> Vec<OutChunk> {
         let s = self.sockets.get_mut(&sid).expect("caller checked");
         let mut out = Vec::new();
         let (local, remote) = (s.key.local, s.key.remote);
@@ -397,7 +411,7 @@ impl Endpoint {
             s.fin_channel = None;
             out.push(control(header(ChunkType::Fin, s.next_seq, 0, 0)));
         }
-        if s.rx.is_some() && s.reset_at.is_none() {
+        if s.rx.is_some() && s.reset_at.is_none() && (!timed_out || !out.is_empty()) {
             // A credit update or STOP/RESUME may have gone with the channel; the peer
             // takes each only if it is news (edges and epochs only move forward).
             if s.epoch != Seq(0) {
