@@ -102,7 +102,12 @@ fuzz_target!(|data: &[u8]| {
             }
             9 => {
                 let Some(ch) = arg() else { break };
-                ep.handle_channel_lost(ChannelId(u32::from(ch % 4)));
+                let id = ChannelId(u32::from(ch % 4));
+                match ch / 4 % 3 {
+                    0 => ep.handle_channel_lost(id),
+                    1 => ep.handle_channel_closed(id),
+                    _ => ep.handle_channel_timed_out(id),
+                }
             }
             _ => {
                 let Some(secs) = arg() else { break };

@@ -63,6 +63,11 @@ impl ResponseQueue {
             .any(|c| c.seq == seq && c.payload.len() == len)
     }
 
+    /// The parked chunks' sequence numbers and lengths, in arrival order.
+    pub fn spans(&self) -> impl Iterator<Item = (Seq, usize)> + '_ {
+        self.chunks.iter().map(|c| (c.seq, c.payload.len()))
+    }
+
     /// Payload bytes parked that are charged to channel `ch`.
     pub fn charged_to(&self, ch: ChannelId) -> usize {
         self.chunks

@@ -368,6 +368,69 @@ fn a_timed_out_channel_refreshes_flow_state_only_for_sockets_with_chunks_on_it()
     ep.check_invariants().unwrap();
 }
 
+/// Regression (echo example under load): a peer whose stack stops gracefully closes its
+/// channels once our transport has acknowledged everything, and sends nothing again. A
+/// slow reader's chunks parked past its receive buffer were dropped with the closed
+/// channel, so the reader got `ChannelLost` a few KB before the end. Now a gracefully
+/// closed channel's parked chunks stay, and the reader gets every byte, then end of
+/// stream; a reset channel's are still dropped (the peer sends them again).
+#[test]
+fn parked_bytes_of_a_gracefully_closed_channel_stay_readable() {
+    let cfg = small_config(256);
+    let window = cfg.credit_window as u32;
+    for graceful in [true, false] {
+        let mut ep = two_channel_endpoint(cfg.clone());
+        let (sid, _) = accept_from_peer(&mut ep, window);
+        let data = pattern(3, 8 * 256);
+        // The whole credit window arrives before the reader reads: the first 1024 bytes
+        // fill the receive buffer, the rest is parked, charged to channel 0.
+        for (i, part) in data.chunks(256).enumerate() {
+            let seq = 1000 + (i * 256) as u32;
+            ep.handle_chunk_bytes(CH, &chunk(ChunkType::Data, 5000, 7, seq, 0, part))
+                .unwrap();
+        }
+        let fin = chunk(ChunkType::Fin, 5000, 7, 1000 + data.len() as u32, 0, &[]);
+        ep.handle_chunk_bytes(ChannelId(1), &fin).unwrap();
+        assert_eq!(ep.channel_parked_bytes(CH), 4 * 256);
+        if graceful {
+            ep.handle_channel_closed(CH);
+            ep.handle_channel_closed(ChannelId(1));
+        } else {
+            ep.handle_channel_lost(CH);
+            ep.handle_channel_lost(ChannelId(1));
+        }
+        // No channel left, and none will come.
+        ep.handle_peer_gone(PEER, Error::ChannelLost);
+        ep.check_invariants().unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 300];
+        let end = loop {
+            match ep.recv(sid, &mut buf) {
+                Ok(0) => break Ok(()),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => break Err(e),
+            }
+            ep.check_invariants().unwrap();
+        };
+        if graceful {
+            assert_eq!(end, Ok(()), "end of stream after every byte");
+            assert!(got == data, "{} of {} bytes", got.len(), data.len());
+            assert_eq!(
+                ep.peer_parked_bytes(PEER),
+                0,
+                "the kept charge is given back"
+            );
+        } else {
+            assert_eq!(end, Err(Error::ChannelLost));
+            assert!(
+                got[..] == data[..4 * 256],
+                "the in-order part, then the error"
+            );
+        }
+        ep.check_invariants().unwrap();
+    }
+}
+
 #[test]
 fn fin_and_reset_that_went_on_a_lost_channel_go_again() {
     let cfg = small_config(256);

@@ -712,6 +712,9 @@ enum Op {
     Drain(u8),
     /// Time passes: this many seconds (closed sockets' linger timers run out).
     Tick(u8),
+    /// The channel goes: reset (0), closed gracefully by the peer (1, what it delivered
+    /// and is parked stays), or timed out (2).
+    Lose { ch: u8, how: u8 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -748,6 +751,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<bool>().prop_map(|shutdown| Op::Close { shutdown }),
         2 => (0u8..4).prop_map(Op::Drain),
         1 => (0u8..40).prop_map(Op::Tick),
+        1 => (0u8..4, 0u8..3).prop_map(|(ch, how)| Op::Lose { ch, how }),
     ]
 }
 
@@ -847,6 +851,15 @@ proptest! {
                     now += Duration::from_secs(u64::from(secs));
                     b.handle_timeout(now);
                     prop_assert!(b.poll_timeout().is_none_or(|t| t > now));
+                }
+                Op::Lose { ch, how } => {
+                    let id = ChannelId(u32::from(ch));
+                    match how {
+                        0 => b.handle_channel_lost(id),
+                        1 => b.handle_channel_closed(id),
+                        _ => b.handle_channel_timed_out(id),
+                    }
+                    dead[usize::from(ch)] = true;
                 }
             }
             while b.poll_events().is_some() {}

@@ -225,6 +225,10 @@ impl Endpoint {
         }
         if failed.is_none() {
             self.after_read(id);
+        } else if self.unpark(id) == Some(true) {
+            // A failed socket's parked bytes (kept when its received bytes stay readable)
+            // follow the ones just read; no credit goes to a peer that is gone.
+            self.retry_stalled();
         }
         Ok(n)
     }
@@ -300,6 +304,8 @@ impl Endpoint {
         }
         if failed.is_none() {
             self.after_read(id);
+        } else if self.unpark(id) == Some(true) {
+            self.retry_stalled();
         }
         Ok(n)
     }

@@ -172,7 +172,19 @@ impl Endpoint {
     /// keeps its bytes and end of stream); [`Endpoint::handle_peer_gone`] fails them at
     /// once when no channel can be opened.
     pub fn handle_channel_lost(&mut self, id: ChannelId) {
-        self.lose_channel(id, Error::ChannelLost);
+        self.lose_channel(id, Error::ChannelLost, false);
+    }
+
+    /// The peer closed the channel gracefully: its byte stream ended (a FIN after its last
+    /// byte, every one of which was fed to [`Endpoint::handle_chunk_bytes`]). Like
+    /// [`Endpoint::handle_channel_lost`], except that the chunks it delivered that wait
+    /// in response queues (parked past a receive buffer, or early for a socket still
+    /// connecting) are kept: they are the peer's bytes, and a peer that closes its
+    /// channels gracefully (its stack stopping after everything was acknowledged by our
+    /// transport) does not send them again. They stay charged to the peer's budget until
+    /// they leave.
+    pub fn handle_channel_closed(&mut self, id: ChannelId) {
+        self.lose_channel(id, Error::ChannelLost, true);
     }
 
     /// The channel timed out: its transport gave up on an unresponsive peer (TCP
@@ -180,7 +192,7 @@ impl Endpoint {
     /// sockets that fail for it fail with [`Error::PeerUnreachable`] (`TimedOut`), which
     /// tells the application the peer went silent rather than closed the channel.
     pub fn handle_channel_timed_out(&mut self, id: ChannelId) {
-        self.lose_channel(id, Error::PeerUnreachable);
+        self.lose_channel(id, Error::PeerUnreachable, false);
     }
 
     /// This side gives the channel up for good (the stack stops or aborts): nothing moves
@@ -257,14 +269,20 @@ impl Endpoint {
         self.fail(sid, error);
     }
 
-    fn lose_channel(&mut self, id: ChannelId, error: Error) {
+    /// `keep_delivered`: the chunks it delivered that wait in response queues are kept
+    /// (a graceful close), not dropped for the peer to send again.
+    fn lose_channel(&mut self, id: ChannelId, error: Error, keep_delivered: bool) {
         let Some(ch) = self.channels.remove(&id) else {
             return;
         };
         let peer = ch.peer;
         // What its sockets hold charged to it is dropped below (parked and early chunks)
-        // or given back with the channel now.
-        self.release_peer(peer, ch.parked_bytes);
+        // and given back with the channel now, or kept and given back as it leaves.
+        if keep_delivered && ch.parked_bytes > 0 {
+            self.closed_charges.insert(id, (peer, ch.parked_bytes));
+        } else {
+            self.release_peer(peer, ch.parked_bytes);
+        }
         debug!(channel = %id, outbox = ch.outbox.len(), %error, "channel lost");
         // Queued for the channel and not handed to it: to another channel as they are.
         // RESET replies to chunks for no socket are dropped (the peer asks again).
@@ -295,11 +313,14 @@ impl Endpoint {
         for sid in sids {
             let s = self.sockets.get_mut(&sid).expect("listed above");
             s.channels_used.remove(&id);
-            // Chunks it delivered and we did not take in yet: the peer sends them again.
-            for p in s.parked.take_where(|p| p.channel == id) {
-                trace!(socket = %sid, seq = %p.seq, "dropping a parked chunk of the lost channel");
+            // Chunks it delivered and we did not take in yet: the peer sends them again
+            // (unless it closed the channel gracefully: then they are kept).
+            if !keep_delivered {
+                for p in s.parked.take_where(|p| p.channel == id) {
+                    trace!(socket = %sid, seq = %p.seq, "dropping a parked chunk of the lost channel");
+                }
+                s.early.retain(|(c, _)| *c != id);
             }
-            s.early.retain(|(c, _)| *c != id);
             // A socket finished both ways still sends again what the peer has not read.
             if matches!(s.state, State::Failed(_)) {
                 continue;
@@ -502,6 +523,14 @@ impl Endpoint {
             debug_assert!(c.parked_bytes >= n, "uncharging more than was charged");
             c.parked_bytes = c.parked_bytes.saturating_sub(n);
             let peer = c.peer;
+            self.release_peer(peer, n);
+        } else if let Some((peer, left)) = self.closed_charges.get_mut(&ch) {
+            debug_assert!(*left >= n, "uncharging more than a closed channel kept");
+            let peer = *peer;
+            *left = left.saturating_sub(n);
+            if *left == 0 {
+                self.closed_charges.remove(&ch);
+            }
             self.release_peer(peer, n);
         }
     }

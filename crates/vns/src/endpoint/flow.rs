@@ -280,28 +280,13 @@ impl Endpoint {
     pub(super) fn after_read(&mut self, sid: SocketId) {
         let threshold = self.config.credit_update_threshold;
         let half = self.config.recv_buffer / 2;
-        let s = self.sockets.get_mut(&sid).expect("caller checked");
-        let rx = s.rx.as_mut().expect("caller checked");
-        let fitting = s.parked.take_where(|p| rx.fits(p.seq, p.payload.len()));
-        let mut released = Vec::with_capacity(fitting.len());
-        let mut refused = false;
-        for p in fitting {
-            let n = p.payload.len();
-            // Arrival checks keep parked chunks apart from each other and from held bytes,
-            // so this cannot fail; if it ever does, the peer is at fault, never a panic.
-            // Either way the chunk's bytes leave the channel's budget below.
-            refused |= rx.insert_vec(p.seq, p.payload).is_err();
-            released.push((p.channel, n));
-        }
-        if refused {
-            for (ch, n) in released {
-                self.uncharge(ch, n);
-            }
+        let Some(released) = self.unpark(sid) else {
             self.protocol_violation(sid, "parked chunk overlaps received data");
             self.retry_stalled();
             return;
-        }
-        if rx.readable() > 0 || s.at_eof() {
+        };
+        let s = self.sockets.get_mut(&sid).expect("caller checked");
+        if s.rx.as_ref().is_some_and(|rx| rx.readable() > 0) || s.at_eof() {
             self.push_event(Event::Readable(sid));
         }
         let s = self.sockets.get_mut(&sid).expect("exists");
@@ -336,13 +321,33 @@ impl Endpoint {
             };
             self.queue_control(sid, header);
         }
+        if released {
+            self.retry_stalled();
+        }
+        self.maybe_apply_reset(sid);
+    }
+
+    /// Moves the socket's parked chunks that fit its receive buffer now into it and gives
+    /// back their charge. Returns whether any moved, or `None` when one overlapped bytes
+    /// already held (the peer is at fault; the caller resets the socket).
+    pub(super) fn unpark(&mut self, sid: SocketId) -> Option<bool> {
+        let s = self.sockets.get_mut(&sid)?;
+        let rx = s.rx.as_mut()?;
+        let fitting = s.parked.take_where(|p| rx.fits(p.seq, p.payload.len()));
+        let mut released = Vec::with_capacity(fitting.len());
+        let mut refused = false;
+        for p in fitting {
+            let n = p.payload.len();
+            // Arrival checks keep parked chunks apart from each other and from held bytes,
+            // so this cannot fail; if it ever does, the peer is at fault, never a panic.
+            // Either way the chunk's bytes leave the channel's budget below.
+            refused |= rx.insert_vec(p.seq, p.payload).is_err();
+            released.push((p.channel, n));
+        }
         let any = !released.is_empty();
         for (ch, n) in released {
             self.uncharge(ch, n);
         }
-        if any {
-            self.retry_stalled();
-        }
-        self.maybe_apply_reset(sid);
+        (!refused).then_some(any)
     }
 }

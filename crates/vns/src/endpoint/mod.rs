@@ -145,6 +145,10 @@ pub struct Endpoint {
     orphan_unset: bool,
     /// Chunks to resend to a peer that has no channel left, for the next one.
     stranded: BTreeMap<PeerId, VecDeque<transmit::OutChunk>>,
+    /// Channels the peer closed gracefully whose delivered chunks still wait in response
+    /// queues (kept, see [`Endpoint::handle_channel_closed`]): their peer and the bytes
+    /// still charged to it, given back as the chunks leave.
+    closed_charges: BTreeMap<ChannelId, (PeerId, usize)>,
     counters: EndpointCounters,
 }
 
@@ -255,6 +259,7 @@ impl Endpoint {
             orphaned: BTreeMap::new(),
             orphan_unset: false,
             stranded: BTreeMap::new(),
+            closed_charges: BTreeMap::new(),
             counters: EndpointCounters::default(),
         })
     }
@@ -349,9 +354,33 @@ impl Endpoint {
                 ));
             }
         }
+        let held_for = |id: ChannelId| -> usize {
+            self.sockets
+                .values()
+                .map(|s| {
+                    s.parked.charged_to(id)
+                        + s.early
+                            .iter()
+                            .filter(|(ch, _)| *ch == id)
+                            .map(|(_, c)| channels::early_cost(c, self.config.max_chunk_payload))
+                            .sum::<usize>()
+                })
+                .sum()
+        };
+        for (&id, &(_, left)) in &self.closed_charges {
+            let held = held_for(id);
+            if held != left || left == 0 {
+                return Err(format!(
+                    "closed {id}: {left} bytes still charged, sockets hold {held}"
+                ));
+            }
+        }
         let mut parked: BTreeMap<PeerId, usize> = BTreeMap::new();
         for c in self.channels.values().filter(|c| c.parked_bytes > 0) {
             *parked.entry(c.peer).or_default() += c.parked_bytes;
+        }
+        for &(peer, left) in self.closed_charges.values() {
+            *parked.entry(peer).or_default() += left;
         }
         let counted: BTreeMap<PeerId, usize> = self
             .peers

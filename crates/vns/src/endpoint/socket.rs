@@ -298,11 +298,21 @@ impl Socket {
     }
 
     /// Every byte up to the peer's FIN is here (read or not): the read side is complete.
+    /// Bytes parked past the receive buffer count when they follow on without a gap.
     pub(super) fn received_all(&self) -> bool {
-        match (&self.rx, self.fin_seq) {
-            (Some(rx), Some(fin)) => rx.contiguous_end() == fin && self.parked.is_empty(),
-            _ => false,
+        let (Some(rx), Some(fin)) = (&self.rx, self.fin_seq) else {
+            return false;
+        };
+        let mut end = rx.contiguous_end();
+        let mut spans: Vec<(Seq, usize)> = self.parked.spans().collect();
+        spans.sort_by_key(|&(seq, _)| seq.since(end));
+        for (seq, len) in spans {
+            if seq != end {
+                return false;
+            }
+            end = end.plus(len as u32);
         }
+        end == fin
     }
 
     pub(super) fn at_eof(&self) -> bool {
@@ -371,7 +381,14 @@ impl Endpoint {
         s.state = State::Failed(err);
         s.send_buf.clear();
         let detached = s.detached;
-        let parked = s.parked.take_all();
+        // A socket whose received bytes stay readable keeps those parked past its receive
+        // buffer too: they reach the buffer as the application reads (`unpark`).
+        let keep = !detached && (s.readable_after_failure || s.eof_after_failure);
+        let parked = if keep {
+            Vec::new()
+        } else {
+            s.parked.take_all()
+        };
         let early: Vec<_> = s.early.drain(..).collect();
         for p in parked {
             self.uncharge(p.channel, p.payload.len());

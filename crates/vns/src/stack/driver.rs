@@ -1140,7 +1140,9 @@ impl State {
     fn lose_channel(&mut self, id: ChannelId, why: Gone) {
         match why {
             Gone::TimedOut => self.ep.handle_channel_timed_out(id),
-            Gone::Lost | Gone::Closed => self.ep.handle_channel_lost(id),
+            Gone::Lost => self.ep.handle_channel_lost(id),
+            // Everything it carried was read (up to its end): what waits parked stays.
+            Gone::Closed => self.ep.handle_channel_closed(id),
             Gone::Abandoned => self.ep.abandon_channel(id),
         }
         let Some(c) = self.chans.remove(&id) else {
