@@ -7,6 +7,8 @@
 //!   overlapping parked chunks, a RESET spray, a SYNC flood, garbage after a valid
 //!   preamble, STOP with a wild epoch, credit beyond the window, and hundreds of channels
 //!   that never send their preamble;
+//! - a zero-window channel from another address in B: a million DATA chunks for sockets
+//!   that do not exist, while it never reads the server's RESETs;
 //! - a spoofed-SYN flood at port 9000 from an `AF_PACKET` socket (random source
 //!   addresses and ports, frames built with `netdriver::wire`), which only SYN cookies
 //!   get through.
@@ -19,7 +21,7 @@
 #![cfg(target_os = "linux")]
 
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -74,8 +76,14 @@ struct Hostile {
 impl Hostile {
     /// Connects and sends the preamble (throughput class, no authentication).
     fn open(target: SocketAddr) -> Hostile {
-        let mut s = TcpStream::connect_timeout(&target, DEADLINE).expect("connect to 9000");
+        let s = TcpStream::connect_timeout(&target, DEADLINE).expect("connect to 9000");
+        Hostile::join(s)
+    }
+
+    /// Sends the preamble on a connected stream.
+    fn join(mut s: TcpStream) -> Hostile {
         s.set_read_timeout(Some(DEADLINE)).unwrap();
+        s.set_write_timeout(Some(DEADLINE)).unwrap();
         s.write_all(b"NCHN\x01\x00\x00\x00").expect("preamble");
         Hostile { s }
     }
@@ -326,6 +334,288 @@ fn echo_server_survives_hand_written_chunk_attacks() {
     server.sigterm();
     let status = server.wait_exit();
     assert!(status.success(), "server exit after the attacks: {status}");
+}
+
+/// DATA chunks in the zero-window flood (each answered, or not, by a 16-byte RESET).
+const FLOOD_CHUNKS: u32 = 1_000_000;
+/// Chunks sent before the legitimate client starts beside the rest of the flood.
+const FLOOD_PRIMED: u32 = 100_000;
+/// The attacker's receive buffer (`SO_RCVBUF`; the kernel doubles it): small, so that its
+/// window shuts after a few hundred RESETs and stays shut, since it never reads.
+const FLOOD_RCVBUF: i32 = 8 * 1024;
+/// The virtual port of the SYNC that ends the flood (its accept marks the flood's end).
+const MARKER_PORT: u16 = 33_333;
+/// Channel queue limits of the server's stack: `netdriver::channel::QueueLimits::default`
+/// (each channel's Rx and Tx queue), and its channels' TCP rings
+/// (`netdriver::tcp::Config::default`: 256 KiB each way).
+const QUEUE_BYTES: u64 = 4 << 20;
+const QUEUE_CHUNKS: u64 = 1024;
+const TCP_RING: u64 = 256 << 10;
+/// Most the echo server's resident memory may grow (its peak since the baseline) while one
+/// channel, whose window the attacker keeps shut, is flooded with DATA for sockets that do
+/// not exist and a legitimate client echoes meanwhile and afterwards. By the configured
+/// limits, what the flood can fill on the server is:
+///
+/// - the channel's TCP rings, allocated at its first byte: 2 × 256 KiB;
+/// - its Rx queue (received bytes the stack has not taken yet) and its Tx queue (RESETs
+///   that cannot leave while the window is shut): 4 MiB each at most;
+/// - the RESETs waiting in the endpoint's outbox for the Tx queue: `MAX_QUEUED_REPLIES`
+///   (256) of about 72 bytes, 18 KiB; more are dropped and counted;
+/// - the deframer's partial chunk: less than 64 KiB;
+///
+/// 8.6 MiB in all. The legitimate client adds its five channels (2 × 256 KiB of rings
+/// each) and its socket's buffers and the echo's (256 KiB + 256 KiB + 64 KiB), 3.1 MiB,
+/// although the warm-up echo before the baseline freed as much. 16 MiB leaves room for
+/// the allocator's rounding (batches grow by doubling). Without the reply bound, every
+/// RESET that finds the queues full waits in the outbox: about 72 bytes for each of the
+/// more than 700,000 such replies (1,000,000 less what the queues and rings take, see
+/// `held_replies`), 49 MiB or more (63 MiB measured with `MAX_QUEUED_REPLIES` lifted;
+/// 7-10 MiB with it, and 3 MiB with a flood of 4,000 chunks).
+const FLOOD_MEMORY_BOUND: u64 = 16 << 20;
+
+/// Most RESETs one channel can hold without dropping any: its Tx queue (at most
+/// `QUEUE_CHUNKS` batches, each gathered from an outbox of at most `MAX_QUEUED_REPLIES`
+/// = 256, and at most `QUEUE_BYTES`), its TCP send ring, the outbox, and what the
+/// attacker's receive queue took (`unread` bytes).
+fn held_replies(unread: u64) -> u64 {
+    let tx_queue = (QUEUE_CHUNKS * 256).min(QUEUE_BYTES / 16);
+    tx_queue + TCP_RING / 16 + 256 + unread.div_ceil(16)
+}
+
+/// A kernel TCP connection from `src` (an address of the calling thread's namespace) to
+/// `target`, with a receive buffer of `rcvbuf` bytes set before the handshake (so that
+/// the window scale it announces fits the small buffer).
+fn connect_from(src: Ipv4Addr, target: SocketAddrV4, rcvbuf: i32) -> TcpStream {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: plain socket(2) call; the result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket: {}", io::Error::last_os_error());
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let set = |opt: i32, value: *const libc::c_void, len: usize| {
+        // SAFETY: `value` points to an option value of `len` bytes.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                value,
+                len as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "setsockopt {opt}: {}", io::Error::last_os_error());
+    };
+    set(
+        libc::SO_RCVBUF,
+        &rcvbuf as *const i32 as *const libc::c_void,
+        std::mem::size_of::<i32>(),
+    );
+    // Bounds the blocking connect below (SO_SNDTIMEO applies to connect(2) on Linux).
+    let tv = libc::timeval {
+        tv_sec: DEADLINE.as_secs() as libc::time_t,
+        tv_usec: 0,
+    };
+    set(
+        libc::SO_SNDTIMEO,
+        &tv as *const libc::timeval as *const libc::c_void,
+        std::mem::size_of::<libc::timeval>(),
+    );
+    let sockaddr = |a: SocketAddrV4| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let local = sockaddr(SocketAddrV4::new(src, 0));
+    // SAFETY: `local` is a valid sockaddr_in and its size is passed with it.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &local as *const libc::sockaddr_in as *const libc::sockaddr,
+            len,
+        )
+    };
+    assert_eq!(rc, 0, "bind to {src}: {}", io::Error::last_os_error());
+    let remote = sockaddr(target);
+    // SAFETY: as above.
+    let rc = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &remote as *const libc::sockaddr_in as *const libc::sockaddr,
+            len,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "connect from {src} to {target}: {}",
+        io::Error::last_os_error()
+    );
+    TcpStream::from(fd)
+}
+
+/// Bytes received on `s` and not read yet (`FIONREAD`).
+fn unread_bytes(s: &TcpStream) -> u64 {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which is valid.
+    let rc = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n as *mut libc::c_int) };
+    assert_eq!(rc, 0, "FIONREAD: {}", io::Error::last_os_error());
+    u64::try_from(n).expect("FIONREAD is never negative")
+}
+
+/// The number after `name` in the server's stop line (`... replies dropped 12, ...`).
+fn stop_counter(line: &str, name: &str) -> u64 {
+    line.split(name)
+        .nth(1)
+        .and_then(|rest| {
+            rest.trim_start()
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no `{name} N` in the server's stop line: {line:?}"))
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1 << 20)
+}
+
+/// A zero-window channel while DATA for unknown sockets pours in (issue 14): another host
+/// on the link (B's next address) opens a channel to the echo server, keeps its receive
+/// buffer small and never reads, so the server's RESET replies fill it and its window
+/// shuts, and writes a million DATA chunks addressed to virtual sockets that do not
+/// exist. A legitimate client echoes 2 MB byte-exact while the flood runs and again once
+/// the server has taken all of it, with the channel still held shut; the server's peak
+/// resident memory since a baseline taken after a first echo stays under
+/// [`FLOOD_MEMORY_BOUND`], and its counters show that the replies it could not queue were
+/// dropped.
+///
+/// The attacker is another host rather than B's own address: a channel from B's address
+/// would be one of the legitimate peer's channels (channels are unauthenticated without a
+/// key; `docs/security.md`, "Threat model"), and the server's scheduler would hand it the
+/// client's chunks, which would wait behind the shut window.
+#[test]
+fn zero_window_channel_flooded_with_data_for_unknown_sockets() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let bin = example_binary("echo");
+    let mut server = ExampleServer::start(&bed, &bin, PORT, &[]);
+    let (a, b) = (bed.side(Side::A).clone(), bed.side(Side::B).clone());
+    let attacker = Ipv4Addr::from(u32::from(b.ipv4) + 1);
+    bed.output_in(
+        Side::B,
+        "ip",
+        &[
+            "address",
+            "add",
+            &format!("{attacker}/{}", b.prefix_len),
+            "dev",
+            &b.ifname,
+        ],
+    )
+    .expect("add the attacker's address in B");
+    // The baseline follows a first echo, so that what any echo allocates (the client's
+    // channels, socket buffers, tasks) is part of it.
+    legit_client(&bed, &bin, "nothing");
+    let base = server.reset_peak_memory();
+
+    let target = SocketAddrV4::new(a.ipv4, CHANNEL_PORT);
+    let (primed_tx, primed_rx) = std::sync::mpsc::channel();
+    let flood = bed
+        .spawn_thread_in(Side::B, move || {
+            let mut h = Hostile::join(connect_from(attacker, target, FLOOD_RCVBUF));
+            let mut batch = Vec::with_capacity(64 * 1024 + 64);
+            let mut primed = Some(primed_tx);
+            for i in 0..FLOOD_CHUNKS {
+                // Ports spread over the range; this peer has no socket at all.
+                let src = 1 + (i % 65_000) as u16;
+                let dst = 1 + ((i / 65_000 + i.wrapping_mul(7)) % 65_000) as u16;
+                batch.extend_from_slice(&chunk(src, dst, i, 1 << 16, DATA, &[0x5a]));
+                if batch.len() >= 64 * 1024 {
+                    h.send(&batch);
+                    batch.clear();
+                    if i >= FLOOD_PRIMED {
+                        if let Some(tx) = primed.take() {
+                            tx.send(()).unwrap();
+                        }
+                    }
+                }
+            }
+            // Last, a SYNC to the echo port: the server handles a channel's chunks in
+            // order, so once it accepts this socket it has handled every DATA before it.
+            batch.extend_from_slice(&chunk(MARKER_PORT, PORT, 1, 1 << 16, SYNC, b""));
+            h.send(&batch);
+            h
+        })
+        .unwrap();
+    primed_rx.recv_timeout(DEADLINE).expect("the flood started");
+    legit_client(
+        &bed,
+        &bin,
+        "DATA for unknown sockets on a zero-window channel (running)",
+    );
+    let during = server.memory();
+    let h = flood.join().expect("the flood was written");
+    server.wait_for(&[
+        "accepted connection",
+        &format!("from {attacker}:{MARKER_PORT} over netchannel"),
+    ]);
+    let flooded = server.memory();
+    assert_alive(&mut server, "a zero-window flood");
+    // The channel is still open and shut.
+    legit_client(
+        &bed,
+        &bin,
+        "DATA for unknown sockets on a zero-window channel",
+    );
+    let after = server.memory();
+    let unread = unread_bytes(&h.s);
+    let growth = after.peak.saturating_sub(base.rss);
+    println!(
+        "echo server memory (MiB): baseline RSS {:.1} (anon {:.1}); during the flood RSS {:.1}; \
+         after it RSS {:.1}; after the last echo RSS {:.1} (anon {:.1}), peak {:.1}: growth \
+         {:.1} (bound {:.1}); the attacker holds {unread} unread bytes of RESETs",
+        mib(base.rss),
+        mib(base.anon),
+        mib(during.rss),
+        mib(flooded.rss),
+        mib(after.rss),
+        mib(after.anon),
+        mib(after.peak),
+        mib(growth),
+        mib(FLOOD_MEMORY_BOUND),
+    );
+    // The server answered until the attacker's window shut (the kernel doubles the
+    // 8 KiB asked for; what it holds is far less than a million replies).
+    assert!(
+        unread > 0 && unread <= 4 * FLOOD_RCVBUF as u64,
+        "{unread} bytes of RESETs unread"
+    );
+    assert!(
+        growth < FLOOD_MEMORY_BOUND,
+        "the server's memory grew by {:.1} MiB under the flood (bound {:.1} MiB)",
+        mib(growth),
+        mib(FLOOD_MEMORY_BOUND)
+    );
+    drop(h);
+
+    server.sigterm();
+    let status = server.wait_exit();
+    assert!(status.success(), "server exit after the flood: {status}");
+    let line = server.wait_for(&["stopped after"]);
+    let dropped = stop_counter(&line, "replies dropped");
+    let held = held_replies(unread);
+    assert!(
+        dropped >= u64::from(FLOOD_CHUNKS).saturating_sub(held)
+            && dropped <= u64::from(FLOOD_CHUNKS),
+        "{dropped} RESET replies dropped of {FLOOD_CHUNKS}; at most {held} could be held"
+    );
 }
 
 /// An `AF_PACKET` socket on `ifname` (in the calling thread's namespace).
