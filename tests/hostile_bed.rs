@@ -17,6 +17,11 @@
 //! echoes 2 MB byte-exact, and the server process is still running; at the end it stops
 //! cleanly on SIGTERM.
 //!
+//! The server's resident memory (`/proc/PID/status`, its peak since a baseline taken
+//! after a first echo) is checked against bounds that follow from the stack's configured
+//! limits after the heaviest attacks (the SYNC flood, the silent channels, the zero-window
+//! flood), and its counters (printed when it stops) against what each attack must cost.
+//!
 //! Privileged: skips without root, and fails instead when `NETCHANNEL_REQUIRE_XDP=1`.
 #![cfg(target_os = "linux")]
 
@@ -44,6 +49,37 @@ const SYNC: u8 = 3;
 const SYNC_ACK: u8 = 4;
 const RESET: u8 = 6;
 const STOP: u8 = 7;
+
+// The SYNC flood (case 3 of the chunk attacks): `SYNC_BATCHES` batches of `SYNC_BATCH`
+// SYNCs from virtual ports `SYNC_PORTS..`, against `vns::Config::max_peer_sockets`.
+const SYNC_BATCH: u32 = 100;
+const SYNC_BATCHES: u32 = 200;
+const SYNC_PORTS: u16 = 20_000;
+const MAX_PEER_SOCKETS: u32 = 16_384;
+/// Most the echo server's resident memory may grow (its peak since a baseline taken after
+/// a first echo) by the end of the SYNC flood and the legitimate echo after it. The flood
+/// holds `MAX_PEER_SOCKETS` sockets at once, each accepted by the echo server. Each costs
+/// the endpoint's socket (its buffers are allocated at their first byte, and none comes),
+/// the stack's stream and the echo's task, a few KiB together, and the echo's 64 KiB
+/// read buffer, allocated zeroed: the allocator takes fresh pages, which stay out of the
+/// resident set until written, and writes a header next to each (one 4 KiB page). 16 KiB
+/// a socket, 256 MiB, leaves room for the legitimate client's channels (3.1 MiB, see
+/// `FLOOD_MEMORY_BOUND`) and the allocator; measured, about 10 KiB a socket. A stack that
+/// allocated each socket's 256 KiB buffers up front (or a TCP that allocated its rings on
+/// the SYNC) would pass it many times over.
+const SYNC_FLOOD_MEMORY_BOUND: u64 = 256 << 20;
+/// Channels opened to the channel port that never send their preamble (case 7).
+const SILENT_CHANNELS: usize = 300;
+/// Most the echo server's resident memory may grow while `SILENT_CHANNELS` channels that
+/// never send their preamble are held open and a legitimate client echoes. An accepted
+/// connection holds no TCP rings until its first byte (none comes), but its Rx and Tx
+/// queues are allocated when it is accepted: 2 × 1,024 slots (`QueueLimits::chunks`) of
+/// 40 bytes (a `Bytes` and a stamp), 80 KiB, with its TCP state beside, under 84 KiB.
+/// At most 256 wait for their preamble at once (the stack aborts the oldest past that),
+/// and at worst all 300 are there before it does: 300 × 84 KiB = 24.6 MiB, plus the
+/// legitimate client's 3.1 MiB; 32 MiB leaves room for the allocator. Measured: 20 MiB
+/// (256 connections held).
+const SILENT_MEMORY_BOUND: u64 = 32 << 20;
 
 /// A 16-byte version-1 header and its payload.
 fn chunk(src: u16, dst: u16, seq: u32, credit: u32, ty: u8, payload: &[u8]) -> Vec<u8> {
@@ -174,6 +210,8 @@ fn echo_server_survives_hand_written_chunk_attacks() {
     let mut server = ExampleServer::start(&bed, &bin, PORT, &[]);
     let target = SocketAddr::from((bed.side(Side::A).ipv4, CHANNEL_PORT));
     legit_client(&bed, &bin, "nothing");
+    // The baseline follows a first echo (see the zero-window test).
+    let base = server.reset_peak_memory();
 
     // 1. Overlapping DATA chunks parked beyond the reorder buffer (256 KiB) within the
     //    credit (512 KiB), then the gap filled so that the reader catches up with them:
@@ -227,42 +265,94 @@ fn echo_server_survives_hand_written_chunk_attacks() {
     assert_alive(&mut server, "a RESET spray");
     legit_client(&bed, &bin, "a RESET spray");
 
-    // 3. A SYNC flood: 20,000 sockets requested on one channel (more than the 16,384 a
-    //    peer may hold); the excess is refused with RESET. Sent in batches of 200, each
-    //    answered (SYNC_ACK or RESET, one per SYNC) before the next, so that the replies
-    //    stay within the 256 the server queues for a channel (beyond, it drops them).
-    bed.run_in(Side::B, move || {
-        let mut h = Hostile::open(target);
-        let (mut acks, mut resets) = (0u32, 0u32);
-        for b in 0..100u32 {
-            let mut batch = Vec::new();
-            for i in 0..200u32 {
-                let n = b * 200 + i;
-                batch.extend_from_slice(&chunk(20_000 + n as u16, PORT, n, 4096, SYNC, b""));
-            }
-            h.send(&batch);
-            let mut answered = 0;
-            while answered < 200 {
-                match h.read_chunk() {
-                    Ok((hd, _)) if hd.ty == SYNC_ACK => (acks, answered) = (acks + 1, answered + 1),
-                    Ok((hd, _)) if hd.ty == RESET => {
-                        (resets, answered) = (resets + 1, answered + 1)
-                    }
-                    Ok(_) => {}
-                    Err(e) => panic!("after {acks} SYNC_ACKs and {resets} RESETs: {e}"),
+    // 3. A SYNC flood: 20,000 sockets requested on one channel, more than the 16,384 a
+    //    peer may hold (`vns::Config::max_peer_sockets`); the excess is refused with
+    //    RESET. Sent in batches of 100, each answered (SYNC_ACK or RESET, one per SYNC)
+    //    before the next, so that the replies stay within the 256 the server queues for a
+    //    channel (beyond, it drops them), and each batch's sockets accepted by the echo
+    //    server (it prints a line for each) before the next, so that no SYNC finds the
+    //    listener's backlog (128) full: every refusal is then the cap's, as the server's
+    //    `SYNCs refused` counter shows at the end.
+    let b_ip = bed.side(Side::B).ipv4;
+    let (answered_tx, answered_rx) = std::sync::mpsc::channel::<Option<u16>>();
+    let (next_tx, next_rx) = std::sync::mpsc::channel::<()>();
+    let flood = bed
+        .spawn_thread_in(Side::B, move || {
+            let mut h = Hostile::open(target);
+            let (mut acks, mut resets) = (0u32, 0u32);
+            for b in 0..SYNC_BATCHES {
+                let first = SYNC_PORTS + (b * SYNC_BATCH) as u16;
+                let ports = first..first + SYNC_BATCH as u16;
+                let mut batch = Vec::new();
+                for port in ports.clone() {
+                    let isn = u32::from(port);
+                    batch.extend_from_slice(&chunk(port, PORT, isn, 4096, SYNC, b""));
                 }
+                h.send(&batch);
+                // Answers to this batch's SYNCs (a RESET of an earlier socket that the
+                // echo server gave up on is not one).
+                let (mut answered, mut last_accepted) = (0, None);
+                while answered < SYNC_BATCH {
+                    match h.read_chunk() {
+                        Ok((hd, _)) if ports.contains(&hd.dst) && hd.ty == SYNC_ACK => {
+                            (acks, answered) = (acks + 1, answered + 1);
+                            last_accepted = Some(hd.dst);
+                        }
+                        Ok((hd, _)) if ports.contains(&hd.dst) && hd.ty == RESET => {
+                            (resets, answered) = (resets + 1, answered + 1)
+                        }
+                        Ok(_) => {}
+                        Err(e) => panic!("after {acks} SYNC_ACKs and {resets} RESETs: {e}"),
+                    }
+                }
+                answered_tx.send(last_accepted).unwrap();
+                next_rx.recv().expect("the test goes on");
             }
+            h.s.shutdown(Shutdown::Both).ok();
+            (acks, resets)
+        })
+        .unwrap();
+    for _ in 0..SYNC_BATCHES {
+        let last = answered_rx
+            .recv_timeout(DEADLINE)
+            .expect("a batch of SYNCs answered");
+        // Accepts come in the order of the listener's queue.
+        if let Some(port) = last {
+            server.wait_for(&[
+                "accepted connection",
+                &format!("from {b_ip}:{port} over netchannel"),
+            ]);
         }
-        assert_eq!(acks + resets, 20_000);
-        assert!(
-            acks <= 16_384 && resets >= 20_000 - 16_384,
-            "{acks} accepted, {resets} refused"
-        );
-        h.s.shutdown(Shutdown::Both).ok();
-    })
-    .unwrap();
+        next_tx.send(()).unwrap();
+    }
+    let (acks, resets) = flood.join().expect("the SYNC flood");
+    println!("SYNC flood: {acks} accepted, {resets} refused");
+    assert_eq!(acks + resets, SYNC_BATCHES * SYNC_BATCH);
+    // A few sockets of this peer from the cases before may still exist (their channels
+    // are gone, and they wait `channel_loss_timeout` for another).
+    assert!(
+        (MAX_PEER_SOCKETS - 8..=MAX_PEER_SOCKETS).contains(&acks),
+        "{acks} accepted, {resets} refused (cap {MAX_PEER_SOCKETS})"
+    );
     assert_alive(&mut server, "a SYNC flood");
     legit_client(&bed, &bin, "a SYNC flood");
+    let syncs = server.memory();
+    let growth = syncs.peak.saturating_sub(base.rss);
+    println!(
+        "echo server memory (MiB): baseline RSS {:.1}; after the SYNC flood RSS {:.1}, peak \
+         {:.1}: growth {:.1} (bound {:.1})",
+        mib(base.rss),
+        mib(syncs.rss),
+        mib(syncs.peak),
+        mib(growth),
+        mib(SYNC_FLOOD_MEMORY_BOUND)
+    );
+    assert!(
+        growth < SYNC_FLOOD_MEMORY_BOUND,
+        "the server's memory grew by {:.1} MiB for {acks} sockets (bound {:.1} MiB)",
+        mib(growth),
+        mib(SYNC_FLOOD_MEMORY_BOUND)
+    );
 
     // 4. Garbage after a valid preamble: the stream has lost framing and the server drops
     //    the channel (our read ends).
@@ -309,12 +399,13 @@ fn echo_server_survives_hand_written_chunk_attacks() {
     assert_alive(&mut server, "a wild STOP and credit");
     legit_client(&bed, &bin, "a wild STOP and credit");
 
+    let before_silent = server.reset_peak_memory();
     // 7. 300 channels that never send their preamble (more than the 256 that may wait),
     //    held open while the legitimate client runs; the server drops them (preamble
-    //    timeout, 5 s), which ends our reads.
+    //    timeout, 5 s), which ends our reads. Its memory is measured from here.
     let silent: Vec<TcpStream> = bed
         .run_in(Side::B, move || {
-            (0..300)
+            (0..SILENT_CHANNELS)
                 .map(|_| TcpStream::connect_timeout(&target, DEADLINE).expect("connect"))
                 .collect()
         })
@@ -330,10 +421,40 @@ fn echo_server_survives_hand_written_chunk_attacks() {
         }
     }
     assert_alive(&mut server, "silent channels");
+    let silent = server.memory();
+    let growth = silent.peak.saturating_sub(before_silent.rss);
+    println!(
+        "echo server memory (MiB): before the silent channels RSS {:.1}; after them RSS \
+         {:.1}, peak {:.1}: growth {:.1} (bound {:.1})",
+        mib(before_silent.rss),
+        mib(silent.rss),
+        mib(silent.peak),
+        mib(growth),
+        mib(SILENT_MEMORY_BOUND)
+    );
+    assert!(
+        growth < SILENT_MEMORY_BOUND,
+        "the server's memory grew by {:.1} MiB for {SILENT_CHANNELS} silent channels (bound \
+         {:.1} MiB)",
+        mib(growth),
+        mib(SILENT_MEMORY_BOUND)
+    );
 
     server.sigterm();
     let status = server.wait_exit();
     assert!(status.success(), "server exit after the attacks: {status}");
+    // The server's own counts: every refused SYNC was the cap's, and every silent channel
+    // was dropped.
+    let line = server.wait_for(&["stopped after"]);
+    assert_eq!(
+        stop_counter(&line, "SYNCs refused"),
+        u64::from(resets),
+        "{line}"
+    );
+    assert!(
+        stop_counter(&line, "channels dropped") >= SILENT_CHANNELS as u64,
+        "{line}"
+    );
 }
 
 /// DATA chunks in the zero-window flood (each answered, or not, by a 16-byte RESET).
