@@ -33,6 +33,13 @@
 //! echo server: connection 1 from 10.77.0.2:49152 over netchannel: echoed 20000000 bytes in 1.234 s
 //! ```
 //!
+//! When it stops it prints how many connections it accepted and three of its stack's
+//! counters of what hostile or broken peers cost (`docs/security.md`):
+//!
+//! ```text
+//! echo server: stopped after 2 connection(s); replies dropped 0, SYNCs refused 0, channels dropped 0
+//! ```
+//!
 //! The client on our stack connects with `Stack::connect`, which falls back to plain TCP
 //! when the server has no channel port (a kernel echo server); it prints which kind it
 //! got (`over netchannel` or `over plain-tcp`). Without `--interface/--ipv4` it uses
@@ -328,10 +335,17 @@ mod linux {
         let res = rt.block_on(serve(&stack, ifname, port, max_connections, timeout, stop));
         // Connections still open are reset as their tasks are dropped.
         rt.shutdown_timeout(STOP_GRACE);
+        // What hostile or broken peers cost (docs/security.md, "Bounds and counters").
+        let counters = stack.endpoint_counters();
+        let dropped_channels = stack.dropped_channels();
         let stopped = stop_stack(stack, ifname);
         let accepted = res?;
         stopped?;
-        println!("echo server: stopped after {accepted} connection(s)");
+        println!(
+            "echo server: stopped after {accepted} connection(s); replies dropped {}, \
+             SYNCs refused {}, channels dropped {dropped_channels}",
+            counters.dropped_replies, counters.refused_syncs
+        );
         Ok(())
     }
 

@@ -46,10 +46,25 @@ pub fn example_binary(name: &str) -> PathBuf {
     bin
 }
 
+/// A process's memory (`/proc/PID/status`), in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    /// Resident set size now (`VmRSS`).
+    pub rss: u64,
+    /// Largest resident set size so far, or since the last
+    /// [`ExampleServer::reset_peak_memory`] (`VmHWM`).
+    pub peak: u64,
+    /// Anonymous memory resident now (`RssAnon`: heap, stacks; without the UMEM, which is
+    /// shared memory, nor the executable's pages).
+    pub anon: u64,
+}
+
 /// An example running as a server in namespace A (`--interface`, `--ipv4` of A's side and
 /// `--listen PORT`), killed on drop (the bed would kill it too).
 pub struct ExampleServer {
     pid: nix::unistd::Pid,
+    /// Its executable.
+    bin: PathBuf,
     /// Lines of its standard output, as they come.
     lines: mpsc::Receiver<String>,
     /// Lines received so far.
@@ -94,6 +109,7 @@ impl ExampleServer {
         });
         let server = ExampleServer {
             pid,
+            bin: bin.to_path_buf(),
             lines,
             seen: RefCell::new(Vec::new()),
             exited,
@@ -108,20 +124,65 @@ impl ExampleServer {
     /// `parts`; returns it.
     pub fn wait_for(&self, parts: &[&str]) -> String {
         let matches = |l: &String| parts.iter().all(|p| l.contains(p));
+        if let Some(l) = self.seen.borrow().iter().find(|l| matches(l)) {
+            return l.clone();
+        }
+        // Only new lines from here (a server may print thousands of lines: scanning all of
+        // them again for each would make many waits quadratic).
         let end = Instant::now() + DEADLINE;
         loop {
-            if let Some(l) = self.seen.borrow().iter().find(|l| matches(l)) {
-                return l.clone();
-            }
             let left = end.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.borrow_mut().push(line),
+                Ok(line) => {
+                    let hit = matches(&line).then(|| line.clone());
+                    self.seen.borrow_mut().push(line);
+                    if let Some(l) = hit {
+                        return l;
+                    }
+                }
                 Err(e) => panic!(
                     "server printed no line with {parts:?} ({e}); it printed {:#?}",
                     self.seen.borrow()
                 ),
             }
         }
+    }
+
+    /// The process's memory now, from `/proc/PID/status` (the example's own: `ip netns
+    /// exec` replaces itself with it).
+    pub fn memory(&self) -> Memory {
+        let path = format!("/proc/{}/status", self.pid);
+        let status =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+        let kib = |field: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no {field} in {path}:\n{status}"))
+                * 1024
+        };
+        let name = status.lines().next().unwrap_or_default();
+        let bin = self.bin.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        // `Name:` holds at most 15 characters of the executable's name.
+        assert!(
+            name.contains(&bin[..bin.len().min(15)]),
+            "{path} is not the example's: {name}"
+        );
+        Memory {
+            rss: kib("VmRSS"),
+            peak: kib("VmHWM"),
+            anon: kib("RssAnon"),
+        }
+    }
+
+    /// Resets the process's peak resident set size (`VmHWM`) to its current size
+    /// (`/proc/PID/clear_refs`, value 5; needs root), so that a later [`Self::memory`]'s
+    /// `peak` is the largest it has been since; returns the memory now.
+    pub fn reset_peak_memory(&self) -> Memory {
+        let path = format!("/proc/{}/clear_refs", self.pid);
+        std::fs::write(&path, "5").unwrap_or_else(|e| panic!("writing {path}: {e}"));
+        self.memory()
     }
 
     /// Sends SIGTERM. `ip netns exec` passes it on to the example, which it replaces

@@ -386,6 +386,8 @@ pub struct StackBuilder {
     #[cfg(target_os = "linux")]
     partial_checksums: Option<netdriver::channel::PartialChecksums>,
     #[cfg(target_os = "linux")]
+    syn_cookies: bool,
+    #[cfg(target_os = "linux")]
     #[allow(clippy::type_complexity)]
     tweak: Option<Box<dyn FnOnce(&mut netdriver::channel::ChannelSetConfig)>>,
 }
@@ -439,6 +441,8 @@ impl Default for StackBuilder {
             channel_key: Ok(None),
             #[cfg(target_os = "linux")]
             partial_checksums: None,
+            #[cfg(target_os = "linux")]
+            syn_cookies: true,
             preamble_timeout: Duration::from_secs(5),
             linger: DEFAULT_LINGER,
             #[cfg(target_os = "linux")]
@@ -688,6 +692,20 @@ impl StackBuilder {
         self
     }
 
+    /// Whether the channels answer SYNs with SYN cookies (RFC 4987) when a listener's
+    /// backlog of half-open connections, or a queue's connection table, is full (default
+    /// on): a spoofed-SYN flood at the channel port (or at a virtual listener's port) then
+    /// keeps no state and does not lock new channels and plain-TCP clients out. What a
+    /// connection opened from a cookie loses: window scaling, SACK and timestamps (a
+    /// 64 KiB window at most); see `docs/security.md`, "SYN cookies". Off, SYNs past the
+    /// backlog are dropped. Environment: `NETCHANNEL_SYN_COOKIES=0|1`
+    /// (`netdriver::channel::ChannelSetConfig::syn_cookies`).
+    #[cfg(target_os = "linux")]
+    pub fn syn_cookies(mut self, on: bool) -> Self {
+        self.syn_cookies = on;
+        self
+    }
+
     /// Adjusts the AF_XDP channel set's configuration before [`build`](Self::build)
     /// starts it (queues, link, TCP, queue limits, ...). It runs after the builder's own
     /// settings are applied (the liveness policy included), so it may override them;
@@ -746,6 +764,7 @@ impl StackBuilder {
         if let Some(p) = self.partial_checksums {
             cfg.partial_checksums = p;
         }
+        cfg.syn_cookies = self.syn_cookies;
         self.liveness.apply(&mut cfg.tcp);
         if let Some(f) = self.tweak.take() {
             f(&mut cfg);
@@ -1450,6 +1469,7 @@ pub fn clear_default_stack() -> Option<Stack> {
 /// | `NETCHANNEL_CHANNEL_KEY` | [`StackBuilder::channel_key`] |
 /// | `NETCHANNEL_BUSY_POLL_US` with `NETCHANNEL_BUSY_POLL_CORES` | [`StackBuilder::busy_poll`] |
 /// | `NETCHANNEL_PARTIAL_CHECKSUMS` (`auto`, `accept`, `reject`) | `StackBuilder::partial_checksums` |
+/// | `NETCHANNEL_SYN_COOKIES` (`0`, `1`) | `StackBuilder::syn_cookies` |
 pub fn default_stack() -> io::Result<Stack> {
     let mut slot = DEFAULT_STACK.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(s) = slot.as_ref() {
@@ -1483,6 +1503,19 @@ where
             })
         })
         .transpose()
+}
+
+/// A switch's value: `0` (off) or `1` (on).
+#[cfg(target_os = "linux")]
+fn parse_switch(name: &'static str, v: &str) -> Result<bool, StackError> {
+    match v {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => Err(StackError::Env {
+            name,
+            msg: format!("{v:?}: expected 0 (off) or 1 (on)"),
+        }),
+    }
 }
 
 fn stack_from_env() -> Result<Stack, StackError> {
@@ -1582,6 +1615,9 @@ fn stack_from_env() -> Result<Stack, StackError> {
             env_parse::<netdriver::channel::PartialChecksums>("NETCHANNEL_PARTIAL_CHECKSUMS")?
         {
             b = b.partial_checksums(p);
+        }
+        if let Some(v) = env_var("NETCHANNEL_SYN_COOKIES")? {
+            b = b.syn_cookies(parse_switch("NETCHANNEL_SYN_COOKIES", &v)?);
         }
         b.build()
     }
@@ -1689,5 +1725,30 @@ mod tests {
         let seen = Liveness::of_tcp(&cfg.tcp);
         assert_eq!(seen.user_timeout, Duration::from_secs(7));
         assert_eq!(seen.idle_detection(), None);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_syn_cookie_switch_reaches_the_channel_set() {
+        let ip = Ipv4Addr::new(10, 0, 0, 1);
+        let cookies = |mut b: StackBuilder| b.channel_set_config("x0".into(), ip).syn_cookies;
+        assert!(cookies(Stack::builder()), "on by default");
+        assert!(!cookies(Stack::builder().syn_cookies(false)));
+        assert!(cookies(
+            Stack::builder().syn_cookies(false).syn_cookies(true)
+        ));
+        // `configure_channels` still has the last word.
+        assert!(cookies(
+            Stack::builder()
+                .syn_cookies(false)
+                .configure_channels(|c| c.syn_cookies = true)
+        ));
+        // NETCHANNEL_SYN_COOKIES.
+        assert!(!parse_switch("NETCHANNEL_SYN_COOKIES", "0").unwrap());
+        assert!(parse_switch("NETCHANNEL_SYN_COOKIES", "1").unwrap());
+        for bad in ["", "on", "2", " 1"] {
+            let e = parse_switch("NETCHANNEL_SYN_COOKIES", bad).unwrap_err();
+            assert!(e.to_string().contains("NETCHANNEL_SYN_COOKIES"), "{e}");
+        }
     }
 }
