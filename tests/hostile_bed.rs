@@ -335,6 +335,18 @@ fn echo_server_survives_hand_written_chunk_attacks() {
         "{acks} accepted, {resets} refused (cap {MAX_PEER_SOCKETS})"
     );
     assert_alive(&mut server, "a SYNC flood");
+    // The flood's sockets fail once its channel is gone; the legitimate client comes from
+    // the same host, so it is within the same per-peer cap until the server has dropped
+    // them: wait until every flood connection has ended (the server prints each end).
+    let flood_ports = u32::from(SYNC_PORTS)..u32::from(SYNC_PORTS) + SYNC_BATCHES * SYNC_BATCH;
+    server.wait_for_count(acks as usize, |l| {
+        l.contains("over netchannel: after")
+            && l.split(&format!("from {b_ip}:"))
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .and_then(|p| p.parse::<u32>().ok())
+                .is_some_and(|p| flood_ports.contains(&p))
+    });
     legit_client(&bed, &bin, "a SYNC flood");
     let syncs = server.memory();
     let growth = syncs.peak.saturating_sub(base.rss);

@@ -148,6 +148,22 @@ impl ExampleServer {
         }
     }
 
+    /// Waits until `n` output lines (printed so far or later) satisfy `pred`.
+    pub fn wait_for_count(&self, n: usize, pred: impl Fn(&str) -> bool) {
+        let mut count = self.seen.borrow().iter().filter(|l| pred(l)).count();
+        let end = Instant::now() + DEADLINE;
+        while count < n {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    count += usize::from(pred(&line));
+                    self.seen.borrow_mut().push(line);
+                }
+                Err(e) => panic!("server printed {count} of {n} lines awaited ({e})"),
+            }
+        }
+    }
+
     /// The process's memory now, from `/proc/PID/status` (the example's own: `ip netns
     /// exec` replaces itself with it).
     pub fn memory(&self) -> Memory {
