@@ -148,6 +148,11 @@ impl NetScheduler for Isolating {
             })
             .collect()
     }
+
+    /// A copy: its per-chunk state (a cursor, or nothing per flow) is the shard's own.
+    fn fork(&self) -> Option<Box<dyn NetScheduler>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
 #[cfg(test)]

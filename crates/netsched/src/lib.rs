@@ -291,6 +291,18 @@ pub trait NetScheduler: Send {
     fn plan_period(&self) -> Duration {
         DEFAULT_PLAN_PERIOD
     }
+
+    /// Another instance of this policy, for another shard of the stack. A stack splits
+    /// its virtual sockets over shards that run independently (no lock shared between
+    /// their per-chunk calls), and each shard asks its own instance for
+    /// [`pick_channel`](Self::pick_channel); [`plan`](Self::plan) and
+    /// [`pick_copy_worker`](Self::pick_copy_worker) are asked of the first instance only.
+    /// The default, `None`, keeps the whole stack on one shard (one instance sees every
+    /// chunk). Policies whose per-chunk state is per flow or a cursor return a copy of
+    /// themselves; the shipped ones do.
+    fn fork(&self) -> Option<Box<dyn NetScheduler>> {
+        None
+    }
 }
 
 impl<S: NetScheduler + ?Sized> NetScheduler for Box<S> {
@@ -312,6 +324,10 @@ impl<S: NetScheduler + ?Sized> NetScheduler for Box<S> {
 
     fn plan_period(&self) -> Duration {
         (**self).plan_period()
+    }
+
+    fn fork(&self) -> Option<Box<dyn NetScheduler>> {
+        (**self).fork()
     }
 }
 

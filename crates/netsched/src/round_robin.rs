@@ -80,6 +80,11 @@ impl NetScheduler for RoundRobin {
         self.last_worker = Some(pick);
         Some(pick)
     }
+
+    /// A copy: its per-chunk state (a cursor, or nothing per flow) is the shard's own.
+    fn fork(&self) -> Option<Box<dyn NetScheduler>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
 #[cfg(test)]

@@ -327,6 +327,12 @@ impl<P: NetScheduler> NetScheduler for Scaled<P> {
     fn plan_period(&self) -> Duration {
         self.policy.plan_period()
     }
+
+    /// The wrapped policy's fork: per-chunk decisions are the policy's; the scaler's
+    /// plans are asked of the first instance only.
+    fn fork(&self) -> Option<Box<dyn NetScheduler>> {
+        self.policy.fork()
+    }
 }
 
 #[cfg(test)]

@@ -63,6 +63,11 @@ impl NetScheduler for SourcePort {
         let stats = channels.iter().find(|c| c.id == id)?;
         (stats.queued_bytes <= self.queued_threshold).then_some(id)
     }
+
+    /// A copy: its per-chunk state (a cursor, or nothing per flow) is the shard's own.
+    fn fork(&self) -> Option<Box<dyn NetScheduler>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
 /// Jump consistent hash: a bucket in `0..buckets` for `key` (`buckets` > 0), such that
