@@ -71,7 +71,7 @@ pub mod wire;
 pub use deframer::{Chunk, Deframer};
 pub use endpoint::{
     ChannelError, ChannelLoad, Config, ConfigError, Endpoint, EndpointCounters, Error, Event,
-    PeerId, SocketId, SocketStats, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES, RESET_ORDERED,
+    PeerId, ShardOf, SocketId, SocketStats, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES, RESET_ORDERED,
 };
 pub use netsched::{AppClass, ChannelClass, ChannelId};
 pub use reorder::ReorderBuffer;

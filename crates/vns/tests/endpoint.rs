@@ -1004,3 +1004,102 @@ fn an_ordered_reset_overtaking_the_sync_ack_is_not_a_refusal() {
     assert_eq!(a.channel_parked_bytes(ChannelId(1 - sync_ch)), 0);
     a.check_invariants().unwrap();
 }
+
+/// An endpoint that is one shard of several owns only the sockets whose ports map to it:
+/// its connects pick ephemeral ports that map back to it, and its socket ids step by the
+/// shard count from its index (unique over a stack's shards).
+#[test]
+fn a_shard_picks_ports_and_ids_of_its_own() {
+    for count in [1u16, 2, 3, 8] {
+        for index in 0..count {
+            let cfg = vns::Config {
+                shard: vns::ShardOf { index, count },
+                rng_seed: Some(u64::from(index)),
+                ..vns::Config::default()
+            };
+            let mut ep = Endpoint::new(cfg, netsched::RoundRobin::default()).unwrap();
+            ep.add_channel(ChannelId(0), PeerId(0), ChannelClass::Throughput)
+                .unwrap();
+            for remote in [80u16, 81, 65535] {
+                for _ in 0..50 {
+                    let sid = ep.connect(PeerId(0), remote, AppClass::Throughput).unwrap();
+                    let (_, local, r) = ep.socket_addr(sid).unwrap();
+                    assert_eq!(r, remote);
+                    assert_eq!(vns::ShardOf::of_ports(local, remote, count), index);
+                    let n: u64 = sid.to_string()[2..].parse().unwrap();
+                    assert_eq!(n % u64::from(count), u64::from(index), "{sid}");
+                }
+            }
+        }
+    }
+    // A shard index out of range is refused.
+    let bad = vns::Config {
+        shard: vns::ShardOf { index: 2, count: 2 },
+        ..vns::Config::default()
+    };
+    assert!(bad.validate().is_err());
+}
+
+/// `handle_chunk` (a caller that deframes channels itself) dispatches like
+/// `handle_chunk_bytes`, refuses chunks for unknown channels, and while the channel's reads
+/// are paused refuses the next chunk and hands it back.
+#[test]
+fn handle_chunk_dispatches_and_hands_back_what_it_cannot_take() {
+    // A channel budget of two chunks: the third parked chunk pauses the channel.
+    let cfg = vns::Config {
+        channel_budget: 512,
+        ..small_config(256)
+    };
+    let mut ep = Endpoint::new(cfg.clone(), netsched::RoundRobin::default()).unwrap();
+    ep.add_channel(ChannelId(0), PeerId(0), ChannelClass::Throughput)
+        .unwrap();
+    ep.bind(7, 4).unwrap();
+    let deframe = |bytes: &[u8]| {
+        let mut d = vns::Deframer::new(cfg.max_chunk_payload);
+        let (used, chunk) = d.feed(bytes).unwrap();
+        assert_eq!(used, bytes.len());
+        chunk.unwrap()
+    };
+    let chunk = |ty, seq: u32, credit: u32, payload: &[u8]| {
+        let mut out = Vec::new();
+        ChunkRepr {
+            src_port: 5000,
+            dst_port: 7,
+            seq: Seq(seq),
+            credit,
+            ty,
+            payload_len: payload.len() as u16,
+        }
+        .emit_to_vec(payload, &mut out);
+        out
+    };
+    let sync = deframe(&chunk(ChunkType::Sync, 1000, 1 << 20, &[]));
+    assert!(matches!(
+        ep.handle_chunk(ChannelId(9), sync.clone()),
+        Err((ChannelError::UnknownChannel(_), _))
+    ));
+    assert_eq!(ep.handle_chunk(ChannelId(0), sync), Ok(false));
+    let sid = ep.accept(7).unwrap();
+    // Park past the budget: the channel's reads pause.
+    let mut paused = false;
+    let mut seq = 1000 + 4 * 256;
+    for _ in 0..64 {
+        let c = deframe(&chunk(ChunkType::Data, seq, 0, &[1; 256]));
+        match ep.handle_chunk(ChannelId(0), c) {
+            Ok(false) => seq += 256,
+            Ok(true) => {
+                paused = true;
+                break;
+            }
+            Err((e, _)) => panic!("{e}"),
+        }
+    }
+    assert!(paused && ep.should_pause_channel_reads(ChannelId(0)));
+    let next = deframe(&chunk(ChunkType::Data, seq + 256, 0, &[2; 256]));
+    match ep.handle_chunk(ChannelId(0), next) {
+        Err((ChannelError::Paused(_), back)) => assert_eq!(back.payload, vec![2; 256]),
+        other => panic!("{other:?}"),
+    }
+    ep.check_invariants().unwrap();
+    let _ = sid;
+}

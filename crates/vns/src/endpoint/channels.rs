@@ -139,6 +139,12 @@ impl Endpoint {
         self.channels.get(&id).map(|c| stats_of(id, c))
     }
 
+    /// Bytes of the chunks queued in this endpoint for channel `id` and not yet handed to
+    /// it (headers included).
+    pub fn channel_outbox_bytes(&self, id: ChannelId) -> usize {
+        self.channels.get(&id).map_or(0, |c| c.outbox_bytes)
+    }
+
     /// Bytes parked in response queues and charged to this channel's budget.
     pub fn channel_parked_bytes(&self, id: ChannelId) -> usize {
         self.channels.get(&id).map_or(0, |c| c.parked_bytes)
@@ -506,6 +512,39 @@ impl Endpoint {
             return Err(ChannelError::UnknownChannel(id));
         }
         Ok(consumed)
+    }
+
+    /// Dispatches one chunk that the caller deframed from channel `id`'s bytes itself: the
+    /// form of [`Endpoint::handle_chunk_bytes`] for a caller whose channels feed several
+    /// endpoints (a stack's shards, each owning the sockets [`ShardOf`](super::ShardOf)
+    /// maps to it), which reads each channel's byte stream once and hands every chunk to
+    /// its socket's shard. Returns whether reads of the channel are paused after it
+    /// ([`Endpoint::should_pause_channel_reads`]): the chunk is then held here, and the
+    /// caller offers no more of the channel's chunks to this endpoint until
+    /// [`Event::ChannelUnpaused`]. A chunk for a channel this endpoint does not know is
+    /// refused with [`ChannelError::UnknownChannel`], one offered while the channel's
+    /// reads are paused with [`ChannelError::Paused`] (handing the chunk back).
+    pub fn handle_chunk(
+        &mut self,
+        id: ChannelId,
+        chunk: Chunk,
+    ) -> Result<bool, (ChannelError, Chunk)> {
+        match self.channels.get(&id) {
+            None => return Err((ChannelError::UnknownChannel(id), chunk)),
+            Some(ch) if ch.stalled.is_some() => return Err((ChannelError::Paused(id), chunk)),
+            Some(_) => {}
+        }
+        self.receive_chunk(id, chunk, false);
+        Ok(self.should_pause_channel_reads(id))
+    }
+
+    /// Moves up to `max` emptied chunk buffers (of the maximum payload's capacity) into
+    /// `out`, for a caller that deframes channels itself ([`Endpoint::handle_chunk`]) to
+    /// reuse: the endpoint collects them as the application reads its sockets' bytes.
+    pub fn take_spare_buffers(&mut self, out: &mut Vec<Vec<u8>>, max: usize) {
+        let n = self.spare.len().min(max);
+        let at = self.spare.len() - n;
+        out.extend(self.spare.drain(at..));
     }
 
     /// Charges `n` parked (or early) bytes to channel `ch` and its peer.

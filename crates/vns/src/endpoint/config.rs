@@ -80,6 +80,46 @@ pub struct Config {
     /// them itself). Past it they fail with the loss's error. Time is passed in: see
     /// [`Endpoint::handle_timeout`].
     pub channel_loss_timeout: Duration,
+    /// This endpoint as one shard of several that share one host's channels (a stack
+    /// splits its sockets over shards so that calls on sockets of different shards never
+    /// wait for each other; see [`ShardOf`]). The default, one shard of one, owns every
+    /// socket.
+    pub shard: ShardOf,
+}
+
+/// Which of a stack's endpoint shards an endpoint is: shard `index` of `count`.
+///
+/// A socket belongs to the shard [`ShardOf::of_ports`] names for its local and remote
+/// virtual ports, so that the layer that deframes a channel's chunks can hand each one to
+/// its socket's shard from the chunk header alone, before any lookup. A shard picks the
+/// ephemeral ports of its connects so that they map back to itself, and numbers its
+/// sockets `index`, `index + count`, ... so that socket ids are unique over the shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardOf {
+    /// This shard, `0..count`.
+    pub index: u16,
+    /// Shards of the stack, at least 1.
+    pub count: u16,
+}
+
+impl Default for ShardOf {
+    fn default() -> Self {
+        ShardOf { index: 0, count: 1 }
+    }
+}
+
+impl ShardOf {
+    /// The shard that owns the socket with these virtual ports (`local` on this host,
+    /// `remote` on the peer), of `count` shards. For a received chunk, `local` is its
+    /// destination port and `remote` its source port.
+    pub fn of_ports(local: u16, remote: u16, count: u16) -> u16 {
+        ((u32::from(local) + u32::from(remote)) % u32::from(count.max(1))) as u16
+    }
+
+    /// Whether this shard owns the socket with these ports.
+    pub fn owns(&self, local: u16, remote: u16) -> bool {
+        Self::of_ports(local, remote, self.count) == self.index
+    }
 }
 
 impl Default for Config {
@@ -100,6 +140,7 @@ impl Default for Config {
             linger_timeout: Duration::from_secs(60),
             resend_buffer: 1024 * 1024,
             channel_loss_timeout: Duration::from_secs(10),
+            shard: ShardOf::default(),
         }
     }
 }
@@ -145,6 +186,13 @@ impl Config {
         }
         if self.max_peer_sockets == 0 || self.max_sockets == 0 {
             return bad("max_peer_sockets and max_sockets must be positive");
+        }
+        if self.shard.count == 0 || self.shard.index >= self.shard.count {
+            return bad("shard.index must be below shard.count");
+        }
+        let span = u32::from(self.ephemeral_ports.1) - u32::from(self.ephemeral_ports.0) + 1;
+        if span < u32::from(self.shard.count) {
+            return bad("ephemeral_ports must hold at least one port per shard");
         }
         Ok(())
     }

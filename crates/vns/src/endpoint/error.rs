@@ -99,4 +99,9 @@ pub enum ChannelError {
     /// must be destroyed.
     #[error("malformed chunk on channel: {0}")]
     Malformed(#[from] WireError),
+    /// A chunk was offered ([`Endpoint::handle_chunk`](super::Endpoint::handle_chunk))
+    /// while the channel's reads are paused; it was not taken, and the caller keeps it
+    /// until [`Event::ChannelUnpaused`](super::Event::ChannelUnpaused).
+    #[error("reads of channel {0} are paused")]
+    Paused(ChannelId),
 }

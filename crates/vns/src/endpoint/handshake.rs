@@ -3,6 +3,8 @@
 //! answering chunks for no known socket (`docs/wire-format.md`, "Handshake" and "RESET").
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use netsched::{AppClass, ChannelClass, ChannelId};
 use rand::Rng;
@@ -22,12 +24,61 @@ use super::{Endpoint, Error, Event, PeerId, Socket, SocketId};
 pub(super) struct Listener {
     pub(super) backlog: usize,
     pub(super) queue: VecDeque<SocketId>,
+    /// Connections waiting on this port over every shard that shares the backlog
+    /// ([`Endpoint::bind_shared`]); `None`: this endpoint's queue alone.
+    pub(super) shared: Option<Arc<AtomicUsize>>,
+}
+
+impl Listener {
+    /// Takes a place in the backlog for a new connection; `false` when it is full.
+    fn reserve(&self) -> bool {
+        match &self.shared {
+            None => self.queue.len() < self.backlog,
+            Some(n) => n
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                    (q < self.backlog).then_some(q + 1)
+                })
+                .is_ok(),
+        }
+    }
+
+    /// Gives back `n` places (connections accepted or reset).
+    fn release(&self, n: usize) {
+        if let Some(q) = &self.shared {
+            let _ = q.fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                Some(q.saturating_sub(n))
+            });
+        }
+    }
 }
 
 impl Endpoint {
     /// Listens on virtual port `port`, keeping at most `backlog` (at least 1) established
     /// connections waiting for [`Endpoint::accept`]; further requests are refused.
     pub fn bind(&mut self, port: u16, backlog: usize) -> Result<(), Error> {
+        self.bind_listener(port, backlog, None)
+    }
+
+    /// [`Endpoint::bind`] for one of several endpoints that share the port's backlog
+    /// (the shards of a stack, [`ShardOf`](super::ShardOf)): `queued` counts the
+    /// connections waiting on the port over all of them, and a SYNC is refused once it
+    /// reaches `backlog`, whichever shard it arrives at. Give every shard the same
+    /// counter, starting at 0.
+    pub fn bind_shared(
+        &mut self,
+        port: u16,
+        backlog: usize,
+        queued: Arc<AtomicUsize>,
+    ) -> Result<(), Error> {
+        self.bind_listener(port, backlog, Some(queued))
+    }
+
+    fn bind_listener(
+        &mut self,
+        port: u16,
+        backlog: usize,
+        shared: Option<Arc<AtomicUsize>>,
+    ) -> Result<(), Error> {
         if self.listeners.contains_key(&port) {
             return Err(Error::AddrInUse);
         }
@@ -36,6 +87,7 @@ impl Endpoint {
             Listener {
                 backlog: backlog.max(1),
                 queue: VecDeque::new(),
+                shared,
             },
         );
         Ok(())
@@ -44,6 +96,7 @@ impl Endpoint {
     /// Stops listening on `port`; connections waiting in its accept queue are reset.
     pub fn unbind(&mut self, port: u16) -> Result<(), Error> {
         let l = self.listeners.remove(&port).ok_or(Error::NotListening)?;
+        l.release(l.queue.len());
         for sid in l.queue {
             self.reset(sid);
         }
@@ -58,7 +111,9 @@ impl Endpoint {
     /// Takes the next established connection on listening port `port`.
     pub fn accept(&mut self, port: u16) -> Result<SocketId, Error> {
         let l = self.listeners.get_mut(&port).ok_or(Error::NotListening)?;
-        l.queue.pop_front().ok_or(Error::WouldBlock)
+        let sid = l.queue.pop_front().ok_or(Error::WouldBlock)?;
+        l.release(1);
+        Ok(sid)
     }
 
     /// Opens a virtual socket to port `port` of `peer`, over that peer's channels of the
@@ -112,7 +167,9 @@ impl Endpoint {
         let start = self.rng.gen_range(0..span);
         for i in 0..span {
             let p = lo + ((start + i) % span) as u16;
-            if !self.listeners.contains_key(&p)
+            // A port whose chunks would be handed to another shard is not ours to use.
+            if self.config.shard.owns(p, remote)
+                && !self.listeners.contains_key(&p)
                 && !self.by_key.contains_key(&Key {
                     peer,
                     local: p,
@@ -180,13 +237,14 @@ impl Endpoint {
             self.reply_reset(ch, key);
             return;
         };
-        if l.queue.len() >= l.backlog {
+        if !l.reserve() {
             debug!(?key, backlog = l.backlog, "backlog full; refusing");
             self.reply_reset(ch, key);
             return;
         }
         let held = self.peers.get(&key.peer).map_or(0, |p| p.sockets);
         if held >= self.config.max_peer_sockets || self.passive_sockets >= self.config.max_sockets {
+            l.release(1);
             // Each SYNC costs the peer 16 bytes and would cost us a socket.
             debug!(
                 ?key,

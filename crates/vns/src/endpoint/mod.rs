@@ -44,7 +44,7 @@ mod transmit;
 
 pub use app::SocketStats;
 pub use channels::{ChannelLoad, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES};
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, ShardOf};
 pub use error::{ChannelError, Error};
 pub use socket::{PeerId, SocketId, RESET_ORDERED};
 
@@ -152,6 +152,21 @@ pub struct Endpoint {
     counters: EndpointCounters,
 }
 
+impl EndpointCounters {
+    /// Adds another endpoint's counts to these (a stack's shards, summed).
+    pub fn add(&mut self, o: &EndpointCounters) {
+        self.dropped_replies += o.dropped_replies;
+        self.refused_syncs += o.refused_syncs;
+        self.linger_expired += o.linger_expired;
+        self.channel_budget_stalls += o.channel_budget_stalls;
+        self.peer_budget_stalls += o.peer_budget_stalls;
+        self.rejected_epochs += o.rejected_epochs;
+        self.rejected_credits += o.rejected_credits;
+        self.resent_chunks += o.resent_chunks;
+        self.duplicate_chunks += o.duplicate_chunks;
+    }
+}
+
 /// Sockets waiting for a channel to their peer after its last one was lost.
 #[derive(Debug, Clone, Copy)]
 struct Orphan {
@@ -228,6 +243,7 @@ impl Endpoint {
         scheduler: impl NetScheduler + 'static,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
+        let first_socket = u64::from(config.shard.index);
         let rng = match config.rng_seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_entropy(),
@@ -241,7 +257,7 @@ impl Endpoint {
             listeners: BTreeMap::new(),
             events: VecDeque::new(),
             queued_events: HashSet::new(),
-            next_socket: 0,
+            next_socket: first_socket,
             connections: 0,
             rng,
             schedule_needed: false,

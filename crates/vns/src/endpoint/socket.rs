@@ -33,6 +33,13 @@ pub struct PeerId(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SocketId(pub(super) u64);
 
+impl SocketId {
+    /// The id's number (its shard is this modulo the shard count).
+    pub(crate) fn number(self) -> u64 {
+        self.0
+    }
+}
+
 impl fmt::Display for SocketId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "vs{}", self.0)
@@ -332,8 +339,9 @@ impl Endpoint {
     }
 
     pub(super) fn new_socket(&mut self, s: Socket) -> SocketId {
+        // Ids step by the shard count from the shard's index: unique over the shards.
         let sid = SocketId(self.next_socket);
-        self.next_socket += 1;
+        self.next_socket += u64::from(self.config.shard.count);
         if s.passive {
             self.peers.entry(s.key.peer).or_default().sockets += 1;
             self.passive_sockets += 1;
