@@ -159,6 +159,10 @@ mod run {
         );
 
         let pair = StackPair::start(&bed, channels);
+        println!(
+            "stacks: {} shards each (NETCHANNEL_BENCH_SHARDS)",
+            pair.a.shards()
+        );
         // Kernel TCP: a listener in B echoing on every connection.
         let kaddr = vns::kernel_server(&bed, &rt, echo);
         let mut kernel: Vec<TcpStream> = (0..max_conns)

@@ -259,6 +259,10 @@ mod run {
 
         // 1. With the stacks.
         let pair = StackPair::start_with(&bed, channels, 1);
+        println!(
+            "stacks: {} shards each (NETCHANNEL_BENCH_SHARDS)",
+            pair.a.shards()
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let echo = channel_echo(&pair, stop.clone());
         let raw = pair

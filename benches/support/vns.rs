@@ -146,14 +146,18 @@ impl StackPair {
                 cfg.inline_tx = env_or("NETCHANNEL_BENCH_INLINE_TX", cfg.inline_tx);
                 let set = ChannelSet::start(cfg).expect("channel set");
                 let backend = Arc::new(XdpBackend::new(set));
-                let stack = Stack::builder()
+                let mut builder = Stack::builder()
                     .vns_config(vns_config())
                     .ipv4(e.ipv4)
                     .channels(channels)
                     .latency_channels(latency)
-                    .connect_timeout(Duration::from_secs(10))
-                    .build_with_backend(backend.clone())
-                    .expect("stack");
+                    .connect_timeout(Duration::from_secs(10));
+                // For A/B runs of the stack's shards (0: the default, one per core).
+                let shards = env_or("NETCHANNEL_BENCH_SHARDS", 0usize);
+                if shards > 0 {
+                    builder = builder.shards(shards);
+                }
+                let stack = builder.build_with_backend(backend.clone()).expect("stack");
                 (stack, backend)
             })
             .expect("enter the namespace")

@@ -22,8 +22,9 @@
 //!   a shutdown: the server must see `ConnectionReset` after a correct prefix).
 //!
 //! Servers echo from one task or from two (owned halves and a queue), with random read
-//! sizes. Three stack profiles: `Stack::pair_in_memory(4)` (72 client tasks), small
-//! chunks, buffers and channel queues (32), and a copy worker per stack (32). Once every
+//! sizes. Four stack profiles: `Stack::pair_in_memory(4)` (72 client tasks), small
+//! chunks, buffers and channel queues (32), eight shards per stack from four runtime
+//! workers (48), and a copy worker per stack (32). Once every
 //! connection is done, both stacks must deliver what closed streams left behind
 //! (`Stack::drained`: `pending_tx_bytes` back to 0). The whole run is bounded by [`LIMIT`]: a deadlock fails the test and prints
 //! what every unfinished connection was doing. The seed is printed (random, or fixed when
@@ -116,6 +117,29 @@ const TIGHT: Profile = Profile {
                 .unwrap()
         };
         (build(A), build(B))
+    },
+};
+
+/// Eight shards per stack (`StackBuilder::shards`): sockets spread over eight endpoints,
+/// each behind its own lock, every channel shared by all of them; more runtime workers
+/// than cores, so that calls on different shards really run at the same time.
+const SHARDED: Profile = Profile {
+    name: "sharded",
+    clients: 48,
+    max_unread: MAX_MSG,
+    stacks: || {
+        let net = MemNetwork::new();
+        let build = |ip| {
+            Stack::builder()
+                .ipv4(ip)
+                .channels(CHANNELS)
+                .shards(8)
+                .build_in_memory(&net)
+                .unwrap()
+        };
+        let (a, b) = (build(A), build(B));
+        assert_eq!((a.shards(), b.shards()), (8, 8));
+        (a, b)
     },
 };
 
@@ -855,6 +879,12 @@ async fn many_tasks_many_sockets_mixed_operations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_tasks_with_tight_buffers_and_channels() {
     stress(&TIGHT).await;
+}
+
+/// The same over eight shards per stack, from four runtime workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_tasks_over_many_shards() {
+    stress(&SHARDED).await;
 }
 
 /// The same through the copy workers' pooled write and read path.

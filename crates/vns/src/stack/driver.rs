@@ -1,52 +1,42 @@
-//! The driver: one thread per stack that owns the channels and moves bytes between them
-//! and the [`Endpoint`].
+//! The driver: one thread per stack that owns the channels' comings and goings and does
+//! the work no application call does.
 //!
-//! The endpoint, the channel table and the tasks' wakers live in one [`State`] behind one
-//! mutex ([`Core::lock`]). Application calls (`poll_read`, `poll_write`, ...) lock it,
-//! call the endpoint and end with [`Core::finish_call`], which moves the call's output
-//! into the channels from the calling thread. The driver locks it once per round to
-//! accept channels, feed received chunks to [`Endpoint::handle_chunk_bytes`], push
-//! [`Endpoint::poll_transmit_parts`] output into the channels, report channel loads and
-//! losses, and turn endpoint events into task wake-ups (after unlocking). With nothing to
-//! do it parks until a channel waker, an application call or a connect deadline wakes
-//! it: no busy polling. Readers and blocked writers also pull received bytes themselves
-//! ([`Core::pull`]), woken by the channels' receive waker ([`RxSignal`]) beside the
-//! driver, so the receive path usually skips the driver's hand-off. One lock is the
-//! simple, first version: it serialises application calls of different streams of a
-//! stack (each call is short: a copy into or out of a socket buffer).
+//! The stack's sockets are split over shards (`shard.rs`), each an [`Endpoint`] with the
+//! wakers of its tasks behind a lock of its own; the channels (`chan.rs`) are shared by
+//! every shard, each direction behind a lock of its own; a control lock ([`Control`])
+//! holds what only channel set-up, stopping and statistics need. Application calls
+//! (`poll_read`, `poll_write`, ...) lock their socket's shard, call its endpoint and end
+//! with [`Core::finish_call`], which moves the call's output into the channels from the
+//! calling thread. Readers and blocked writers pull received bytes themselves
+//! ([`Core::pull`], holding no shard's lock: it takes each chunk's shard in turn), woken
+//! by the channels' receive waker ([`RxSignal`]) beside the driver, so the receive path
+//! usually skips the driver's hand-off. The driver, per round: accepts channels and reads
+//! their preambles, pulls every channel, moves every shard's output, turns events into
+//! task wake-ups, runs timers, and drops the channels a data-path call found dead (the
+//! endpoints resend their chunks on the peer's other channels). With nothing to do it
+//! parks until a channel waker, an application call or a deadline wakes it: no busy
+//! polling.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
-use netdriver::channel::{ChannelError, ChannelTransport, EnqueueError};
+use netdriver::channel::{ChannelError, ChannelTransport};
 use netsched::{ChannelClass, ChannelId};
-use tracing::{debug, trace, warn};
+use tracing::{debug, warn};
 
 use super::auth;
 use super::backend::{Acceptor, Backend, BoxedTransport};
-use crate::endpoint::{ChannelLoad, Endpoint, Error as VnsError, Event, PeerId, SocketId};
-use crate::wire::HEADER_LEN;
-
-/// Bytes of `poll_transmit` output gathered per batch (headers, small chunks and the
-/// large payloads enqueued beside them).
-const TX_BATCH: usize = 256 * 1024;
-/// Payloads up to this size are copied into the batch beside their header; larger ones
-/// are enqueued as they are (shared with the socket's send buffer).
-const INLINE_PAYLOAD: usize = 4 * 1024;
-/// Batches up to this size are copied out of the driver's batch buffer, which is kept.
-const SMALL_BATCH: usize = 16 * 1024;
-/// Chunks read from one channel per driver round (fairness between channels and with
-/// application calls, which wait for the lock).
-const RX_BUDGET: usize = 64;
-/// Batches written to one channel per driver round (in bytes: `TX_BUDGET * TX_BATCH`).
-const TX_BUDGET: usize = 16;
+use super::chan::{Chan, ChanTable};
+use super::shard::{Shard, ShardSet, MAX_SHARDS};
+use crate::endpoint::{Endpoint, Error as VnsError, PeerId, SocketId};
 
 /// The first bytes on every channel a stack opens: magic, version, channel class, a
 /// flags byte ([`auth::FLAG_AUTH`]: an authentication exchange follows) and a reserved
@@ -222,6 +212,10 @@ const ACTIVE_WINDOW: Duration = Duration::from_millis(20);
 /// drained stack (channel figures are snapshots their threads publish).
 const DRAIN_RECHECK: Duration = Duration::from_millis(2);
 
+/// When the driver looks again at a shard whose lock an application call held during
+/// its round.
+const SHARD_RETRY: Duration = Duration::from_millis(1);
+
 /// What a task waits for ([`Core::poll_wait`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Goal {
@@ -315,12 +309,27 @@ pub(crate) struct CoreConfig {
 }
 
 /// What the stack shares between its driver thread, its handles and its streams.
+///
+/// Three kinds of lock, none of them stack-wide on the per-message path: one per shard
+/// (its endpoint and wakers: application calls on its sockets), one per channel
+/// direction (`chan.rs`), and the control lock (channels coming and going, peers,
+/// waiters, stopping: the driver, connects to new hosts, statistics). The channel table
+/// is read without a lock.
 pub(crate) struct Core {
-    state: Mutex<State>,
+    ctl: Mutex<Control>,
+    shards: Box<[Mutex<Shard>]>,
+    pub(crate) chans: ArcSwap<ChanTable>,
+    /// Where the next connect's socket goes (round robin over the shards).
+    next_shard: AtomicUsize,
+    /// New channels, connects, binds and accepts are refused: the stack has stopped or is
+    /// stopping (mirrors [`Control::refuses_new`] for calls that hold a shard's lock).
+    refusing: AtomicBool,
     pub(crate) signal: Arc<Signal>,
     rx: Arc<RxSignal>,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) config: CoreConfig,
+    /// Largest chunk payload of the endpoints (the channels' deframers).
+    max_chunk_payload: usize,
     /// The backend's queues for tasks that wait on them in their runtime (`None`: no
     /// such queues, or turned off).
     #[cfg(target_os = "linux")]
@@ -360,20 +369,6 @@ pub(crate) struct Peer {
     opened: bool,
 }
 
-struct ChanIo {
-    t: BoxedTransport,
-    peer: Ipv4Addr,
-    class: ChannelClass,
-    rx_pending: Option<Bytes>,
-    /// Batches the channel refused (full), sent before anything new; with their length.
-    tx_pending: VecDeque<Bytes>,
-    tx_pending_bytes: usize,
-    /// The last load reported to the endpoint was zero. Only this stack enqueues into
-    /// the channel, so without new chunks its load can only have fallen since: a channel
-    /// with nothing to send and this set needs neither a visit nor a fresh report.
-    idle_reported: bool,
-}
-
 struct Incoming {
     t: BoxedTransport,
     peer: SocketAddrV4,
@@ -388,19 +383,15 @@ struct Incoming {
 /// the queue's connection table, which our own connects share).
 pub(crate) const MAX_PENDING_PREAMBLES: usize = 256;
 
-/// Everything behind the stack's lock.
-pub(crate) struct State {
-    pub ep: Endpoint,
-    chans: BTreeMap<ChannelId, ChanIo>,
+/// Everything behind the control lock: channels being accepted, peers and the opening
+/// of channels to them, waiters, a stop in progress.
+pub(crate) struct Control {
     incoming: Vec<Incoming>,
     peers: HashMap<Ipv4Addr, Peer>,
     peer_ips: HashMap<PeerId, Ipv4Addr>,
     next_channel: u32,
     next_peer: u32,
     next_attempt: u64,
-    pub socks: HashMap<SocketId, SockWake>,
-    pub listeners: HashMap<u16, Option<Waker>>,
-    pub deadlines: BTreeMap<SocketId, Instant>,
     /// The driver has stopped: no channel will ever move again.
     pub stopped: bool,
     /// Plain-TCP channels closed gracefully whose streams are gone, watched until their
@@ -409,22 +400,9 @@ pub(crate) struct State {
     /// Closed plain-TCP channels reset because they were not finished within the
     /// endpoint's `linger_timeout` (bytes unacknowledged, or no FIN from the peer).
     pub plain_linger_expired: u64,
-    /// Scratch space of [`State::transmit_all`]: the batch being gathered, channel ids.
-    tx_buf: Vec<u8>,
-    ids: Vec<ChannelId>,
-    /// Channel chunks fed to the endpoint so far.
-    received: u64,
     preamble_timeout: Duration,
     channel_key: Option<auth::ChannelKey>,
-    /// Channel wake-ups (or inline transmits) that enqueues handed back, run by whoever
-    /// releases the lock next ([`Core::finish_call`], the driver's round): a round of a
-    /// channel thread, with its system call, never runs under the stack's lock.
-    #[cfg(target_os = "linux")]
-    /// With whether the channel may send inline: latency-class channels only. Measured
-    /// on the 2-core bed (docs/performance.md): inline rounds save a sparse stream ~10 %
-    /// of its latency and up to 25 % of one connection's request rate, but cost 25-35 %
-    /// of the request rate at 32-128 connections, where the channel threads batch.
-    kicks: Vec<(netdriver::channel::DeferredKick, bool)>,
+    linger_timeout: Duration,
     /// Accepted channels aborted before they joined: no preamble in time, too many
     /// waiting, a bad preamble, or failed authentication.
     pub dropped_channels: u64,
@@ -440,7 +418,7 @@ pub(crate) struct State {
     /// A graceful stop in progress: no new channels or streams, the open ones draining.
     pub stopping: Option<Stopping>,
     /// Channels closed by a graceful stop, kept until their peers have seen the end.
-    closing_chans: Vec<BoxedTransport>,
+    closing_chans: Vec<Arc<Chan>>,
     /// How the driver stopped (`None` while it runs).
     pub stop_outcome: Option<StopOutcome>,
     /// Of those, channels that failed authentication (no, or a wrong, proof of the key;
@@ -451,14 +429,41 @@ pub(crate) struct State {
     reopen: Vec<Ipv4Addr>,
 }
 
+/// What a pass over some shards leaves to do once their locks are released.
+#[derive(Default)]
+pub(crate) struct Finish {
+    pub(crate) wake: Vec<Waker>,
+    #[cfg(target_os = "linux")]
+    kicks: Vec<(netdriver::channel::DeferredKick, bool)>,
+    /// Work for the driver: a budget ran out, a channel resumed or died.
+    pub(crate) more: bool,
+}
+
+impl Finish {
+    /// Runs the channel kicks and wakes the tasks (no lock held).
+    pub(crate) fn run(&mut self) {
+        #[cfg(target_os = "linux")]
+        self.kicks.drain(..).for_each(run_kick);
+        self.wake.drain(..).for_each(Waker::wake);
+    }
+}
+
 impl Core {
+    /// A core over `endpoints`, one per shard (each numbered as its index in its
+    /// config's [`ShardOf`](crate::ShardOf)).
     pub(crate) fn new(
-        ep: Endpoint,
+        endpoints: Vec<Endpoint>,
         backend: Arc<dyn Backend>,
         config: CoreConfig,
         acceptor: Box<dyn Acceptor>,
     ) -> Core {
+        assert!(
+            !endpoints.is_empty() && endpoints.len() <= MAX_SHARDS,
+            "1..=MAX_SHARDS shards"
+        );
         let signal = Arc::new(Signal::default());
+        let max_chunk_payload = endpoints[0].config().max_chunk_payload;
+        let linger_timeout = endpoints[0].config().linger_timeout;
         Core {
             rx: Arc::new(RxSignal {
                 signal: signal.clone(),
@@ -466,28 +471,19 @@ impl Core {
                 owed: AtomicBool::new(false),
                 handed: AtomicU64::new(0),
             }),
-            state: Mutex::new(State {
-                ep,
-                chans: BTreeMap::new(),
+            ctl: Mutex::new(Control {
                 incoming: Vec::new(),
                 peers: HashMap::new(),
                 peer_ips: HashMap::new(),
                 next_channel: 0,
                 next_peer: 0,
                 next_attempt: 0,
-                socks: HashMap::new(),
-                listeners: HashMap::new(),
-                deadlines: BTreeMap::new(),
                 stopped: false,
                 closing_plain: Vec::new(),
                 plain_linger_expired: 0,
-                tx_buf: Vec::with_capacity(SMALL_BATCH),
-                ids: Vec::new(),
-                received: 0,
                 preamble_timeout: config.preamble_timeout,
                 channel_key: config.channel_key.clone(),
-                #[cfg(target_os = "linux")]
-                kicks: Vec::new(),
+                linger_timeout,
                 dropped_channels: 0,
                 auth_failures: 0,
                 acceptor: Some(acceptor),
@@ -500,16 +496,89 @@ impl Core {
                 stop_outcome: None,
                 reopen: Vec::new(),
             }),
+            shards: endpoints
+                .into_iter()
+                .map(|ep| Mutex::new(Shard::new(ep)))
+                .collect(),
+            chans: ArcSwap::from_pointee(ChanTable::new()),
+            next_shard: AtomicUsize::new(0),
+            refusing: AtomicBool::new(false),
             signal,
             #[cfg(target_os = "linux")]
             rt_rx: super::rx_poll::RuntimeQueues::new(backend.rx_pollers(), config.runtime_rx),
             backend,
             config,
+            max_chunk_payload,
         }
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    /// The control lock.
+    pub(crate) fn ctl(&self) -> MutexGuard<'_, Control> {
+        self.ctl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Shard `i`'s lock.
+    pub(crate) fn lock_shard(&self, i: usize) -> MutexGuard<'_, Shard> {
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Shard `i`'s lock if it is free now.
+    fn try_lock_shard(&self, i: usize) -> Option<MutexGuard<'_, Shard>> {
+        match self.shards[i].try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// The shard that owns socket `sid` (ids step by the shard count from the shard's
+    /// index).
+    pub(crate) fn shard_of(&self, sid: SocketId) -> usize {
+        (sid.number() % self.shards.len() as u64) as usize
+    }
+
+    /// Socket `sid`'s shard's lock.
+    pub(crate) fn lock_socket(&self, sid: SocketId) -> MutexGuard<'_, Shard> {
+        self.lock_shard(self.shard_of(sid))
+    }
+
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The shard a new connect's socket goes to.
+    pub(crate) fn next_connect_shard(&self) -> usize {
+        self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len()
+    }
+
+    /// Hands the sent chunk buffers the channels are done with to `reuse`, from every
+    /// shard but `own` whose lock is free now (a large write reclaims its own shard's
+    /// under its lock; a write on a socket of another shard must not leave these idle).
+    pub(crate) fn reclaim_sent_elsewhere(
+        &self,
+        own: usize,
+        mut reuse: impl FnMut(bytes::BytesMut),
+    ) {
+        for (i, shard) in self.shards.iter().enumerate() {
+            if i == own {
+                continue;
+            }
+            if let Ok(mut s) = shard.try_lock() {
+                s.ep.reclaim_sent(&mut reuse);
+            }
+        }
+    }
+
+    /// Whether new channels, connects, binds and accepts are refused.
+    pub(crate) fn refuses_new(&self) -> bool {
+        self.refusing.load(Ordering::Acquire)
+    }
+
+    /// Runs `f` on every shard in turn (each locked while `f` runs), in index order.
+    pub(crate) fn each_shard(&self, mut f: impl FnMut(usize, &mut Shard)) {
+        for i in 0..self.shards.len() {
+            f(i, &mut self.lock_shard(i));
+        }
     }
 
     /// Resolves `ip` to a peer with at least one channel of `class`, opening the stack's
@@ -522,13 +591,13 @@ impl Core {
         attempt: &mut Option<u64>,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<PeerId>> {
-        let mut st = self.lock();
-        if st.refuses_new() {
+        let mut ctl = self.ctl();
+        if ctl.refuses_new() {
             return Poll::Ready(Err(stopped_error()));
         }
-        let id = st.peer_id(ip);
-        let next_attempt = st.next_attempt;
-        let peer = st.peers.get_mut(&ip).expect("peer_id inserted it");
+        let id = ctl.peer_id(ip);
+        let next_attempt = ctl.next_attempt;
+        let peer = ctl.peers.get_mut(&ip).expect("peer_id inserted it");
         let usable = match class {
             ChannelClass::Throughput => peer.throughput,
             ChannelClass::Latency => peer.latency,
@@ -569,15 +638,15 @@ impl Core {
             waiters: vec![cx.waker().clone()],
         };
         *attempt = Some(next_attempt);
-        st.next_attempt += 1;
-        drop(st);
+        ctl.next_attempt += 1;
+        drop(ctl);
         let core = self.clone();
         let spawned = std::thread::Builder::new()
             .name("vns-open".into())
             .spawn(move || core.open_channels(ip, next_attempt));
         if let Err(e) = spawned {
-            let mut st = self.lock();
-            if let Some(p) = st.peers.get_mut(&ip) {
+            let mut ctl = self.ctl();
+            if let Some(p) = ctl.peers.get_mut(&ip) {
                 p.opening = Opening::Idle;
             }
             return Poll::Ready(Err(e));
@@ -615,16 +684,12 @@ impl Core {
             }
         }
         let waiters = {
-            let mut st = self.lock();
-            let peer = st.peer_id(ip);
+            let mut ctl = self.ctl();
+            let peer = ctl.peer_id(ip);
             let mut n = 0;
             for (t, class, leftover) in opened {
-                if !st.refuses_new() {
-                    let id = ChannelId(st.next_channel);
-                    st.add_channel(t, ip, peer, class);
-                    if let (Some(b), Some(c)) = (leftover, st.chans.get_mut(&id)) {
-                        c.rx_pending = Some(b);
-                    }
+                if !ctl.refuses_new() {
+                    self.add_channel(&mut ctl, t, ip, peer, class, leftover);
                     n += 1;
                 } else {
                     t.abort();
@@ -634,9 +699,9 @@ impl Core {
             if n == 0 {
                 // Sockets left without a channel by a loss wait for this opening; it
                 // failed, so they fail now rather than at the end of their wait.
-                st.ep.handle_peer_gone(peer, VnsError::ChannelLost);
+                self.each_shard(|_, s| s.ep.handle_peer_gone(peer, VnsError::ChannelLost));
             }
-            let p = st.peers.get_mut(&ip).expect("peer_id inserted it");
+            let p = ctl.peers.get_mut(&ip).expect("peer_id inserted it");
             p.opened |= n > 0;
             let next = match (error, auth_error) {
                 (_, Some(why)) if n == 0 => Opening::Failed {
@@ -664,11 +729,11 @@ impl Core {
     }
 
     /// Starts opening channels again to the peers that lost their last one (see
-    /// [`State::lose_channel`]), each in a helper thread like a first opening.
-    fn reopen_channels(self: &Arc<Self>, st: &mut State) {
-        for ip in std::mem::take(&mut st.reopen) {
-            let attempt = st.next_attempt;
-            let Some(p) = st.peers.get_mut(&ip) else {
+    /// [`Core::lose_channel`]), each in a helper thread like a first opening.
+    fn reopen_channels(self: &Arc<Self>, ctl: &mut Control) {
+        for ip in std::mem::take(&mut ctl.reopen) {
+            let attempt = ctl.next_attempt;
+            let Some(p) = ctl.peers.get_mut(&ip) else {
                 continue;
             };
             if p.throughput + p.latency > 0 || matches!(p.opening, Opening::Running { .. }) {
@@ -679,17 +744,17 @@ impl Core {
                 waiters: Vec::new(),
             };
             let peer = p.id;
-            st.next_attempt += 1;
+            ctl.next_attempt += 1;
             let core = self.clone();
             let spawned = std::thread::Builder::new()
                 .name("vns-open".into())
                 .spawn(move || core.open_channels(ip, attempt));
             if let Err(e) = spawned {
                 warn!(%ip, error = %e, "cannot start opening channels again");
-                if let Some(p) = st.peers.get_mut(&ip) {
+                if let Some(p) = ctl.peers.get_mut(&ip) {
                     p.opening = Opening::Idle;
                 }
-                st.ep.handle_peer_gone(peer, VnsError::ChannelLost);
+                self.each_shard(|_, s| s.ep.handle_peer_gone(peer, VnsError::ChannelLost));
             }
         }
     }
@@ -742,75 +807,197 @@ impl Core {
         Ok((!leftover.is_empty()).then(|| Bytes::copy_from_slice(leftover)))
     }
 
-    /// Ends an application call that changed the endpoint, given the stack's lock: moves
-    /// what the call queued (data, a credit update) into the channels from the calling
-    /// thread, so that it does not wait for the driver to wake up; wakes the tasks whose
-    /// sockets became ready; and wakes the driver only for work left over (a channel's
-    /// round budget used up, channel reads to resume). A full channel wakes the driver
-    /// through its own waker when it has room again.
-    pub(crate) fn finish_call(&self, mut st: MutexGuard<'_, State>) {
-        if st.stopped {
+    /// A channel joins (the control lock held): every shard's endpoint learns it first,
+    /// then it enters the table, so that no chunk of it reaches a shard that does not know
+    /// it. `leftover`: bytes that came after its handshake.
+    fn add_channel(
+        &self,
+        ctl: &mut Control,
+        t: BoxedTransport,
+        ip: Ipv4Addr,
+        peer: PeerId,
+        class: ChannelClass,
+        leftover: Option<Bytes>,
+    ) {
+        let id = ChannelId(ctl.next_channel);
+        ctl.next_channel = ctl.next_channel.wrapping_add(1);
+        let mut failed = None;
+        self.each_shard(|i, s| {
+            if failed.is_none() {
+                if let Err(e) = s.ep.add_channel(id, peer, class) {
+                    failed = Some((i, e));
+                }
+            }
+        });
+        if let Some((upto, e)) = failed {
+            warn!(channel = %id, error = %e, "adding a channel");
+            self.each_shard(|i, s| {
+                if i < upto {
+                    s.ep.abandon_channel(id);
+                }
+            });
+            t.abort();
+            return;
+        }
+        let p = ctl.peers.get_mut(&ip).expect("caller made the peer");
+        match class {
+            ChannelClass::Throughput => p.throughput += 1,
+            ChannelClass::Latency => p.latency += 1,
+        }
+        let chan = Arc::new(Chan::new(
+            id,
+            t,
+            ip,
+            class,
+            self.max_chunk_payload,
+            leftover,
+        ));
+        let mut table = ChanTable::clone(&self.chans.load());
+        table.insert(id, chan);
+        self.chans.store(Arc::new(table));
+    }
+
+    /// Takes a channel out of the table (the control lock held, so that table changes do
+    /// not race); returns it.
+    fn unlist_channel(&self, id: ChannelId) -> Option<Arc<Chan>> {
+        let current = self.chans.load();
+        if !current.contains_key(&id) {
+            return None;
+        }
+        let mut table = ChanTable::clone(&current);
+        let chan = table.remove(&id);
+        self.chans.store(Arc::new(table));
+        chan
+    }
+
+    /// Drops a dead channel (the control lock held). Its sockets' chunks move to the peer's
+    /// other channels (the endpoints' data-level acknowledgement). When it was the peer's
+    /// last one: after a reset, a stack that opened the channels opens them again (the
+    /// sockets wait for them); one the peer closed gracefully means the peer stops, and
+    /// one that timed out that it is gone, so the sockets fail at once.
+    fn lose_channel(&self, ctl: &mut Control, id: ChannelId, why: Gone) {
+        let Some(c) = self.unlist_channel(id) else {
+            return;
+        };
+        self.each_shard(|_, s| {
+            match why {
+                Gone::TimedOut => s.ep.handle_channel_timed_out(id),
+                Gone::Lost => s.ep.handle_channel_lost(id),
+                // Everything it carried was read (up to its end): what waits parked stays.
+                Gone::Closed => s.ep.handle_channel_closed(id),
+                Gone::Abandoned => s.ep.abandon_channel(id),
+            }
+            s.forget_channel(id);
+        });
+        debug!(channel = %id, peer = %c.peer, "channel lost");
+        c.t.abort();
+        let refuses_new = ctl.refuses_new();
+        let Some(p) = ctl.peers.get_mut(&c.peer) else {
+            return;
+        };
+        match c.class {
+            ChannelClass::Throughput => p.throughput -= 1,
+            ChannelClass::Latency => p.latency -= 1,
+        }
+        if p.throughput + p.latency > 0 {
+            return;
+        }
+        let peer = p.id;
+        match why {
+            Gone::Closed => {
+                self.each_shard(|_, s| s.ep.handle_peer_gone(peer, VnsError::ChannelLost))
+            }
+            // Keep-alive or the user timeout gave up on a silent peer: opening channels
+            // again would only wait out `connect_timeout` past the liveness bound.
+            Gone::TimedOut => {
+                self.each_shard(|_, s| s.ep.handle_peer_gone(peer, VnsError::PeerUnreachable))
+            }
+            Gone::Lost if p.opened && !refuses_new => {
+                if matches!(p.opening, Opening::Idle | Opening::Failed { .. }) {
+                    debug!(peer = %c.peer, "last channel to the peer lost; opening channels again");
+                    ctl.reopen.push(c.peer);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Drops the channels a data-path call found dead (the control lock held); returns
+    /// whether there were any.
+    fn reap_dead(&self, ctl: &mut Control) -> bool {
+        let dead: Vec<(ChannelId, Gone)> = self
+            .chans
+            .load()
+            .values()
+            .filter_map(|c| c.dead().map(|why| (c.id, why)))
+            .collect();
+        for &(id, why) in &dead {
+            self.lose_channel(ctl, id, why);
+        }
+        !dead.is_empty()
+    }
+
+    /// Ends a call on shard `shard` (its lock given): moves what the call queued (data, a
+    /// credit update) into the channels from the calling thread, so that it does not wait
+    /// for the driver to wake up; wakes the tasks whose sockets became ready; and wakes
+    /// the driver only for work left over (a channel's budget used up, channel reads to
+    /// resume, a channel found dead). A full channel wakes the driver through its own
+    /// waker when it has room again.
+    pub(crate) fn finish_call(&self, shard: MutexGuard<'_, Shard>) {
+        let mut fin = Finish::default();
+        self.finish_shard(shard, &mut fin);
+        if fin.more {
+            self.signal.notify();
+        }
+        fin.run();
+    }
+
+    /// [`Core::finish_call`]'s work for one shard, leaving the kicks and wake-ups in
+    /// `fin` to run once no lock is held.
+    fn finish_shard(&self, mut shard: MutexGuard<'_, Shard>, fin: &mut Finish) {
+        if shard.stopped {
             return;
         }
         let waker = Waker::from(self.signal.clone());
         let mut cx = Context::from_waker(&waker);
-        let mut wake = Vec::new();
-        let mut more = st.transmit_all(&mut cx);
-        more |= st.drain_events(&mut wake);
-        // A channel lost in this call: the driver thread opens channels again.
-        more |= !st.reopen.is_empty();
+        let table = self.chans.load();
+        fin.more |= shard.transmit_all(&table, &mut cx);
+        fin.more |= shard.drain_events(&mut fin.wake);
         #[cfg(target_os = "linux")]
-        let kicks = std::mem::take(&mut st.kicks);
-        drop(st);
-        #[cfg(target_os = "linux")]
-        kicks.into_iter().for_each(run_kick);
-        wake.into_iter().for_each(Waker::wake);
-        if more {
-            self.signal.notify();
-        }
+        fin.kicks.append(&mut shard.kicks);
     }
 
-    /// A reader found nothing to read (or a writer no room): feeds what the channels hold
-    /// to the endpoint from
-    /// the calling thread (the driver may not have run yet). Returns whether any channel
-    /// had bytes. The caller ends with [`Core::finish_call`] or [`Core::want_rx`].
-    pub(crate) fn pull(&self, st: &mut State) -> bool {
-        if st.stopped {
-            return false;
-        }
+    /// Feeds what the channels hold to the shards' endpoints from the calling thread (the
+    /// driver may not have run yet), then finishes the shards that were handed chunks,
+    /// except `own`: the caller's, which it locks next and finishes itself
+    /// ([`Core::finish_call`]). Returns whether any channel had bytes. Call it holding no
+    /// shard's lock.
+    pub(crate) fn pull(&self, own: usize) -> bool {
         // Whatever arrived before this point is taken now: the debt is paid.
         self.rx.owed.store(false, Ordering::SeqCst);
         let rx_waker = Waker::from(self.rx.clone());
         let mut rx_cx = Context::from_waker(&rx_waker);
-        let before = st.received;
-        if st.receive_all(&mut rx_cx) {
+        let mut touched = ShardSet::default();
+        let r = self.receive_all(&mut rx_cx, &mut touched);
+        let mut fin = Finish {
+            more: r.more,
+            ..Finish::default()
+        };
+        for i in touched.iter().filter(|&i| i != own) {
+            self.finish_shard(self.lock_shard(i), &mut fin);
+        }
+        if fin.more {
             self.signal.notify();
         }
-        st.received != before
+        fin.run();
+        r.any
     }
 
     /// [`Core::pull`] if an arrival was handed to a reader and nobody has pulled since
     /// (the woken reader may not be this one): application calls start with it, so that
     /// the bytes reach their sockets without waiting for the driver's fallback.
-    pub(crate) fn pull_owed(&self, st: &mut State) -> bool {
-        self.rx.owed.load(Ordering::SeqCst) && self.pull(st)
-    }
-
-    /// Moves the endpoint's output into the channels from the calling thread (chunks cut
-    /// from send buffers that new credit opened, see [`Core::finish_call`]).
-    pub(crate) fn flush(&self, st: &mut State) {
-        if st.stopped {
-            return;
-        }
-        let waker = Waker::from(self.signal.clone());
-        let mut cx = Context::from_waker(&waker);
-        if st.transmit_all(&mut cx) {
-            self.signal.notify();
-        }
-        // Under the caller's lock (a rare path: a blocked writer that pulled credit):
-        // the kicks run now rather than wait for the caller's next release.
-        #[cfg(target_os = "linux")]
-        st.kicks.drain(..).for_each(run_kick);
+    pub(crate) fn pull_owed(&self, own: usize) -> bool {
+        self.rx.owed.load(Ordering::SeqCst) && self.pull(own)
     }
 
     /// Registers a task waiting to read (or to write: credit comes in on the receive
@@ -823,11 +1010,11 @@ impl Core {
     /// wakes its task to do so).
     pub(crate) fn want_rx(
         &self,
-        st: MutexGuard<'_, State>,
+        shard: MutexGuard<'_, Shard>,
         sid: SocketId,
         cx: &mut Context<'_>,
     ) -> bool {
-        let latency = st.ep.app_class(sid) == Some(crate::AppClass::Latency);
+        let latency = shard.ep.app_class(sid) == Some(crate::AppClass::Latency);
         let w = cx.waker();
         {
             let mut readers = self.rx.readers.lock().unwrap_or_else(|p| p.into_inner());
@@ -835,7 +1022,7 @@ impl Core {
                 readers.push(w.clone());
             }
         }
-        self.finish_call(st);
+        self.finish_call(shard);
         #[cfg(target_os = "linux")]
         if let Some(rt) = &self.rt_rx {
             return rt.poll(cx, latency);
@@ -852,55 +1039,83 @@ impl Core {
     /// can only bring the deadline forward. Does not block.
     pub(crate) fn begin_stop(&self, linger: Duration) {
         let deadline = Instant::now() + linger;
-        let mut st = self.lock();
-        if st.stopped {
+        let mut ctl = self.ctl();
+        if ctl.stopped {
             return;
         }
-        if let Some(s) = &mut st.stopping {
+        if let Some(s) = &mut ctl.stopping {
             s.deadline = s.deadline.min(deadline);
-            drop(st);
+            drop(ctl);
             self.signal.notify();
             return;
         }
         debug!(?linger, "stopping the stack gracefully");
-        st.stopping = Some(Stopping {
+        ctl.stopping = Some(Stopping {
             deadline,
             closed: false,
         });
-        let acceptor = st.acceptor.take();
-        for inc in st.incoming.drain(..) {
+        self.refusing.store(true, Ordering::Release);
+        let acceptor = ctl.acceptor.take();
+        for inc in ctl.incoming.drain(..) {
             inc.t.abort();
         }
         let mut wake = Vec::new();
-        for port in st.ep.listening_ports() {
-            let _ = st.ep.unbind(port);
-        }
-        for l in st.listeners.values_mut() {
-            wake.extend(l.take());
-        }
-        let sids: Vec<SocketId> = st.socks.keys().copied().collect();
-        for sid in sids {
-            let _ = st.ep.shutdown(sid);
-        }
-        for w in st.socks.values_mut() {
-            wake.extend(w.read.take());
-            wake.extend(w.write.take());
-        }
-        for p in st.peers.values_mut() {
+        for p in ctl.peers.values_mut() {
             if let Opening::Running { waiters, .. } = &mut p.opening {
                 wake.append(waiters);
             }
         }
-        self.finish_call(st);
+        let mut fin = Finish::default();
+        for i in 0..self.shards.len() {
+            let mut s = self.lock_shard(i);
+            for port in s.ep.listening_ports() {
+                let _ = s.ep.unbind(port);
+            }
+            for l in s.listeners.values_mut() {
+                wake.extend(l.take());
+            }
+            let sids: Vec<SocketId> = s.socks.keys().copied().collect();
+            for sid in sids {
+                let _ = s.ep.shutdown(sid);
+            }
+            for w in s.socks.values_mut() {
+                wake.extend(w.read.take());
+                wake.extend(w.write.take());
+            }
+            self.finish_shard(s, &mut fin);
+        }
+        drop(ctl);
+        fin.run();
         drop(acceptor);
         wake.into_iter().for_each(Waker::wake);
         self.signal.notify();
     }
 
+    /// Bytes not yet delivered to peers: the endpoints', those on the way to and in the
+    /// channels (queued, unsent or unacknowledged), and those of gracefully closed
+    /// plain-TCP channels (the control lock held).
+    fn pending_tx_bytes_locked(&self, ctl: &Control) -> usize {
+        let mut n = 0;
+        self.each_shard(|_, s| n += s.ep.pending_tx_bytes());
+        for c in self.chans.load().values() {
+            n += c.tx_pending_bytes.load(Ordering::Relaxed) + channel_pending(c.t.as_ref());
+        }
+        for c in &ctl.closing_plain {
+            n += channel_pending(c.t.as_ref());
+        }
+        n
+    }
+
+    /// [`Stack::pending_tx_bytes`](super::Stack::pending_tx_bytes).
+    pub(crate) fn pending_tx_bytes(&self) -> usize {
+        let ctl = self.ctl();
+        self.pending_tx_bytes_locked(&ctl)
+    }
+
     /// Whether the stack holds nothing undelivered (one reading of
-    /// [`State::pending_tx_bytes`]).
+    /// [`Core::pending_tx_bytes`]).
     pub(crate) fn nothing_pending(&self) -> bool {
-        self.lock().pending_tx_bytes() == 0
+        self.pending_tx_bytes() == 0
     }
 
     /// Polls a wait for `goal`; `id` names the wait (given out on its first poll).
@@ -910,14 +1125,16 @@ impl Core {
         id: &mut Option<u64>,
         cx: &mut Context<'_>,
     ) -> Poll<()> {
-        let mut st = self.lock();
-        let pos = id.and_then(|i| st.waiters.iter().position(|w| w.id == i));
-        let reached = st.stopped
-            || pos.is_some_and(|p| st.waiters[p].reached)
-            || (goal == Goal::NoChannels && st.chans.is_empty() && st.closing_chans.is_empty());
+        let mut ctl = self.ctl();
+        let pos = id.and_then(|i| ctl.waiters.iter().position(|w| w.id == i));
+        let reached = ctl.stopped
+            || pos.is_some_and(|p| ctl.waiters[p].reached)
+            || (goal == Goal::NoChannels
+                && self.chans.load().is_empty()
+                && ctl.closing_chans.is_empty());
         if reached {
             if let Some(p) = pos {
-                st.waiters.swap_remove(p);
+                ctl.waiters.swap_remove(p);
             }
             *id = None;
             return Poll::Ready(());
@@ -925,15 +1142,15 @@ impl Core {
         let w = cx.waker();
         match pos {
             Some(p) => {
-                let slot = &mut st.waiters[p].waker;
+                let slot = &mut ctl.waiters[p].waker;
                 if !slot.as_ref().is_some_and(|old| old.will_wake(w)) {
                     *slot = Some(w.clone());
                 }
             }
             None => {
-                let i = st.next_waiter;
-                st.next_waiter += 1;
-                st.waiters.push(Waiter {
+                let i = ctl.next_waiter;
+                ctl.next_waiter += 1;
+                ctl.waiters.push(Waiter {
                     id: i,
                     goal,
                     waker: Some(w.clone()),
@@ -942,7 +1159,7 @@ impl Core {
                 *id = Some(i);
             }
         }
-        drop(st);
+        drop(ctl);
         // The driver reads the figures now and on its re-check timer.
         self.signal.notify();
         Poll::Pending
@@ -950,7 +1167,7 @@ impl Core {
 
     /// Forgets a wait that is dropped before it ended.
     pub(crate) fn cancel_wait(&self, id: u64) {
-        self.lock().waiters.retain(|w| w.id != id);
+        self.ctl().waiters.retain(|w| w.id != id);
     }
 
     /// The driver thread's loop, until [`Signal::stop`] or the end of a graceful stop.
@@ -960,11 +1177,9 @@ impl Core {
         let mut cx = Context::from_waker(&waker);
         let rx_waker = Waker::from(self.rx.clone());
         let mut rx_cx = Context::from_waker(&rx_waker);
-        let mut wake = Vec::new();
+        let mut fin = Finish::default();
         let mut handed_seen = 0;
         let mut active_until: Option<Instant> = None;
-        #[cfg(target_os = "linux")]
-        let mut kicks = Vec::new();
         loop {
             self.signal.notified.store(false, Ordering::SeqCst);
             if self.signal.stop.load(Ordering::Acquire) {
@@ -972,22 +1187,8 @@ impl Core {
             }
             // The round below pulls every channel: it pays any debt a reader left.
             self.rx.owed.store(false, Ordering::SeqCst);
-            let (busy, deadline, done) = {
-                let mut st = self.lock();
-                let busy = st.round(&mut cx, &mut rx_cx, &mut wake);
-                if !st.reopen.is_empty() {
-                    self.reopen_channels(&mut st);
-                }
-                let now = Instant::now();
-                let deadline = st.expire(now, &mut wake);
-                let (done, check) = st.check_waiters(now, &mut cx, &mut wake);
-                #[cfg(target_os = "linux")]
-                kicks.append(&mut st.kicks);
-                (busy, earliest(deadline, check), done)
-            };
-            #[cfg(target_os = "linux")]
-            kicks.drain(..).for_each(run_kick);
-            wake.drain(..).for_each(Waker::wake);
+            let (busy, deadline, done) = self.round(&mut cx, &mut rx_cx, &mut fin);
+            fin.run();
             if done {
                 break;
             }
@@ -1028,43 +1229,328 @@ impl Core {
             }
             self.signal.deep.store(false, Ordering::SeqCst);
         }
-        let mut st = self.lock();
-        st.stopped = true;
-        if st.stop_outcome.is_none() {
-            st.stop_outcome = Some(StopOutcome::Aborted);
+        self.stop_now(&mut fin);
+        fin.run();
+        debug!("stack driver stopped");
+    }
+
+    /// One driver round; returns whether work is left over (run again without parking),
+    /// when it wants to run next, and whether the driver should stop now.
+    fn round(
+        self: &Arc<Self>,
+        cx: &mut Context<'_>,
+        rx_cx: &mut Context<'_>,
+        fin: &mut Finish,
+    ) -> (bool, Option<Instant>, bool) {
+        // New channels, their preambles, plain-TCP channels closing.
+        let mut busy = {
+            let mut ctl = self.ctl();
+            let busy = self.accept_channels(&mut ctl, cx);
+            ctl.poll_closing_plain(cx);
+            busy
+        };
+        // Every channel's arrivals, to their shards.
+        let mut touched = ShardSet::default();
+        let r = self.receive_all(rx_cx, &mut touched);
+        busy |= r.more;
+        // Every shard's output, events and timers.
+        let now = Instant::now();
+        let mut deadline = None;
+        let table = self.chans.load_full();
+        for i in 0..self.shards.len() {
+            // A shard an application call holds is not waited for: the call ends by
+            // moving the shard's output and events itself; its timers run next time.
+            let Some(mut s) = self.try_lock_shard(i) else {
+                deadline = earliest(deadline, Some(now + SHARD_RETRY));
+                continue;
+            };
+            busy |= s.transmit_all(&table, cx);
+            busy |= s.drain_events(&mut fin.wake);
+            deadline = earliest(deadline, s.expire(now, &mut fin.wake));
+            // A socket reset by a timer queued a RESET: send it now.
+            busy |= s.transmit_all(&table, cx);
+            busy |= s.drain_events(&mut fin.wake);
+            #[cfg(target_os = "linux")]
+            fin.kicks.append(&mut s.kicks);
         }
-        let ids: Vec<ChannelId> = st.chans.keys().copied().collect();
-        for id in ids {
-            st.lose_channel(id, Gone::Abandoned);
+        drop(table);
+        let mut ctl = self.ctl();
+        if self.reap_dead(&mut ctl) {
+            busy = true;
         }
-        for inc in st.incoming.drain(..) {
-            inc.t.abort();
+        if !ctl.reopen.is_empty() {
+            self.reopen_channels(&mut ctl);
         }
-        for t in st.closing_chans.drain(..) {
-            t.abort();
-        }
-        for w in &mut st.waiters {
-            w.reached = true;
-            wake.extend(w.waker.take());
-        }
-        let acceptor = st.acceptor.take();
-        st.drain_events(&mut wake);
-        for s in st.socks.values_mut() {
-            wake.extend(s.read.take());
-            wake.extend(s.write.take());
-        }
-        for l in st.listeners.values_mut() {
-            wake.extend(l.take());
-        }
-        for p in st.peers.values_mut() {
-            if let Opening::Running { waiters, .. } = &mut p.opening {
-                wake.append(waiters);
+        deadline = earliest(deadline, ctl.expire(now));
+        let (done, check) = self.check_waiters(&mut ctl, now, cx, &mut fin.wake);
+        (busy, earliest(deadline, check), done)
+    }
+
+    /// Accepts channels on the channel port and runs their handshakes (the control lock
+    /// held); returns whether any joined.
+    fn accept_channels(&self, ctl: &mut Control, cx: &mut Context<'_>) -> bool {
+        let mut busy = false;
+        let mut acceptor = ctl.acceptor.take();
+        while let Some(a) = acceptor.as_ref() {
+            match a.poll_accept(cx) {
+                Poll::Ready(Ok((t, peer))) => {
+                    if ctl.incoming.len() >= MAX_PENDING_PREAMBLES {
+                        let oldest = (0..ctl.incoming.len())
+                            .min_by_key(|&i| ctl.incoming[i].deadline)
+                            .expect("not empty");
+                        let inc = ctl.incoming.swap_remove(oldest);
+                        debug!(peer = %inc.peer, "too many channels without a preamble; aborting the oldest");
+                        inc.t.abort();
+                        ctl.dropped_channels += 1;
+                    }
+                    let deadline = Instant::now() + ctl.preamble_timeout;
+                    ctl.incoming.push(Incoming {
+                        t,
+                        peer,
+                        got: Vec::new(),
+                        stage: Stage::Preamble,
+                        deadline,
+                    })
+                }
+                Poll::Ready(Err(e)) => {
+                    warn!(error = %e, "channel listener failed; no more incoming channels");
+                    acceptor = None;
+                }
+                Poll::Pending => break,
             }
         }
-        drop(st);
+        ctl.acceptor = acceptor;
+        let mut i = 0;
+        while i < ctl.incoming.len() {
+            match ctl.poll_incoming(i, cx) {
+                Some(true) => match ctl.judge_incoming(i) {
+                    Verdict::Challenged => {}
+                    Verdict::Reject { why, auth } => {
+                        let inc = ctl.incoming.swap_remove(i);
+                        warn!(peer = %inc.peer, why, "channel refused; aborting it");
+                        inc.t.abort();
+                        ctl.dropped_channels += 1;
+                        ctl.auth_failures += u64::from(auth);
+                    }
+                    Verdict::Join { class, consumed } => {
+                        let inc = ctl.incoming.swap_remove(i);
+                        let ip = *inc.peer.ip();
+                        let peer = ctl.peer_id(ip);
+                        let leftover = (inc.got.len() > consumed)
+                            .then(|| Bytes::copy_from_slice(&inc.got[consumed..]));
+                        debug!(peer = %inc.peer, ?class, "channel accepted");
+                        self.add_channel(ctl, inc.t, ip, peer, class, leftover);
+                        busy = true;
+                    }
+                },
+                Some(false) => {
+                    let inc = ctl.incoming.swap_remove(i);
+                    inc.t.abort();
+                }
+                None => i += 1,
+            }
+        }
+        busy
+    }
+
+    /// Wakes the tasks whose [`Goal`] is reached and runs a graceful stop: reads
+    /// `pending_tx_bytes` (at most every [`DRAIN_RECHECK`]) while anyone waits or the
+    /// stack is stopping. Returns whether the driver should stop now, and when it wants
+    /// to look again.
+    fn check_waiters(
+        &self,
+        ctl: &mut Control,
+        now: Instant,
+        cx: &mut Context<'_>,
+        wake: &mut Vec<Waker>,
+    ) -> (bool, Option<Instant>) {
+        let waiting = ctl.waiters.iter().any(|w| !w.reached);
+        if !waiting && ctl.stopping.is_none() {
+            ctl.zero_checks = 0;
+            ctl.next_check = None;
+            return (false, None);
+        }
+        if ctl.next_check.is_none_or(|t| now >= t) {
+            if self.pending_tx_bytes_locked(ctl) == 0 {
+                ctl.zero_checks = ctl.zero_checks.saturating_add(1);
+            } else {
+                ctl.zero_checks = 0;
+            }
+            ctl.next_check = Some(now + DRAIN_RECHECK);
+        }
+        let drained = ctl.zero_checks >= 2;
+        // A graceful stop: once everything is delivered, close the channels (a FIN
+        // after their bytes; the peer reads what they still hold, then their end) and
+        // wait for each peer to answer with its own end or a reset.
+        let mut done = false;
+        if let Some(stopping) = &ctl.stopping {
+            let (deadline, closed) = (stopping.deadline, stopping.closed);
+            if !closed && drained {
+                self.close_channels(ctl, wake);
+            }
+            let closed = closed || drained;
+            if closed {
+                ctl.closing_chans.retain(|c| loop {
+                    match c.t.poll_dequeue(cx) {
+                        Poll::Ready(Ok(Some(_))) => continue,
+                        Poll::Ready(Ok(None)) | Poll::Ready(Err(_)) => break false,
+                        Poll::Pending => break true,
+                    }
+                });
+                if ctl.closing_chans.is_empty() {
+                    debug!("stack drained and its channels closed; stopping");
+                    ctl.stop_outcome = Some(StopOutcome::Drained);
+                    done = true;
+                }
+            }
+            if !done && now >= deadline {
+                let pending = self.pending_tx_bytes_locked(ctl);
+                warn!(
+                    pending,
+                    closing_channels = ctl.closing_chans.len(),
+                    "linger time is up; aborting what the stack has not delivered"
+                );
+                ctl.stop_outcome = Some(StopOutcome::Expired { pending });
+                done = true;
+            }
+            if let Some(s) = &mut ctl.stopping {
+                s.closed = closed;
+            }
+        }
+        let mut next = None;
+        let no_channels = self.chans.load().is_empty() && ctl.closing_chans.is_empty();
+        for w in ctl.waiters.iter_mut().filter(|w| !w.reached) {
+            let reached = match w.goal {
+                Goal::Drained => drained,
+                Goal::NoChannels => no_channels,
+                Goal::Stopped => false,
+            };
+            if reached {
+                w.reached = true;
+                wake.extend(w.waker.take());
+            } else if w.goal == Goal::Drained {
+                next = ctl.next_check;
+            }
+        }
+        if let Some(s) = &ctl.stopping {
+            next = earliest(earliest(next, ctl.next_check), Some(s.deadline));
+        }
+        (done, next)
+    }
+
+    /// Closes every channel gracefully for a stop (everything was delivered): its
+    /// sockets lose it like a lost channel (sockets whose peer's stream is complete keep
+    /// their bytes), the channel sends a FIN after what it holds and is kept in
+    /// `closing_chans` until the peer answers.
+    fn close_channels(&self, ctl: &mut Control, wake: &mut Vec<Waker>) {
+        let ids: Vec<ChannelId> = self.chans.load().keys().copied().collect();
+        for id in ids {
+            let Some(c) = self.unlist_channel(id) else {
+                continue;
+            };
+            self.each_shard(|_, s| {
+                s.ep.abandon_channel(id);
+                s.forget_channel(id);
+            });
+            debug!(channel = %id, peer = %c.peer, "closing the channel");
+            c.t.close();
+            if let Some(p) = ctl.peers.get_mut(&c.peer) {
+                match c.class {
+                    ChannelClass::Throughput => p.throughput -= 1,
+                    ChannelClass::Latency => p.latency -= 1,
+                }
+            }
+            ctl.closing_chans.push(c);
+        }
+        self.each_shard(|_, s| {
+            s.drain_events(wake);
+        });
+    }
+
+    /// The end of the driver: every channel is abandoned, and every task waiting on the
+    /// stack woken (their calls now fail).
+    fn stop_now(&self, fin: &mut Finish) {
+        let mut ctl = self.ctl();
+        ctl.stopped = true;
+        self.refusing.store(true, Ordering::Release);
+        if ctl.stop_outcome.is_none() {
+            ctl.stop_outcome = Some(StopOutcome::Aborted);
+        }
+        let ids: Vec<ChannelId> = self.chans.load().keys().copied().collect();
+        for id in ids {
+            self.lose_channel(&mut ctl, id, Gone::Abandoned);
+        }
+        for inc in ctl.incoming.drain(..) {
+            inc.t.abort();
+        }
+        for c in ctl.closing_chans.drain(..) {
+            c.t.abort();
+        }
+        for w in &mut ctl.waiters {
+            w.reached = true;
+            fin.wake.extend(w.waker.take());
+        }
+        let acceptor = ctl.acceptor.take();
+        for p in ctl.peers.values_mut() {
+            if let Opening::Running { waiters, .. } = &mut p.opening {
+                fin.wake.append(waiters);
+            }
+        }
+        self.each_shard(|_, s| {
+            s.stopped = true;
+            s.drain_events(&mut fin.wake);
+            s.wake_all(&mut fin.wake);
+            #[cfg(target_os = "linux")]
+            fin.kicks.append(&mut s.kicks);
+        });
+        drop(ctl);
         drop(acceptor);
-        wake.drain(..).for_each(Waker::wake);
-        debug!("stack driver stopped");
+    }
+
+    /// The address of a peer.
+    pub(crate) fn peer_ip(&self, id: PeerId) -> Option<Ipv4Addr> {
+        self.ctl().peer_ips.get(&id).copied()
+    }
+
+    /// Channels held now.
+    pub(crate) fn channel_count(&self) -> usize {
+        self.chans.load().len()
+    }
+
+    /// Resets the `n`-th channel held (in id order) as a failed connection: see
+    /// [`Stack::reset_channel`](super::Stack::reset_channel).
+    pub(crate) fn reset_channel(&self, n: usize) -> bool {
+        let mut ctl = self.ctl();
+        let Some(id) = self.chans.load().keys().nth(n).copied() else {
+            return false;
+        };
+        warn!(channel = %id, "resetting a channel (fault injection)");
+        self.lose_channel(&mut ctl, id, Gone::Lost);
+        drop(ctl);
+        // The lost channel's chunks are in other channels' outboxes now.
+        let mut fin = Finish::default();
+        for i in 0..self.shards.len() {
+            self.finish_shard(self.lock_shard(i), &mut fin);
+        }
+        self.signal.notify();
+        fin.run();
+        true
+    }
+
+    /// Keeps a plain-TCP channel closed gracefully (its stream dropped) until its bytes
+    /// and FIN are acknowledged and the peer's FIN is in, for `pending_tx_bytes` and to
+    /// reset it if data arrives; at most the endpoint's `linger_timeout`, then it is reset
+    /// (counted in `plain_linger_expired`). Wakes the driver, which watches the channel.
+    pub(crate) fn keep_closing_plain(&self, t: BoxedTransport) {
+        let mut ctl = self.ctl();
+        let deadline = Instant::now() + ctl.linger_timeout;
+        ctl.closing_plain.push(ClosingPlain {
+            t,
+            deadline,
+            finished: false,
+        });
+        drop(ctl);
+        self.signal.notify();
     }
 }
 
@@ -1072,7 +1558,7 @@ pub(crate) fn stopped_error() -> io::Error {
     io::Error::new(io::ErrorKind::NotConnected, "the stack was shut down")
 }
 
-impl State {
+impl Control {
     /// Whether new channels, connects, binds and accepts are refused: the stack has
     /// stopped or is stopping.
     pub(crate) fn refuses_new(&self) -> bool {
@@ -1100,161 +1586,6 @@ impl State {
         id
     }
 
-    /// The address of a peer.
-    pub(crate) fn peer_ip(&self, id: PeerId) -> Option<Ipv4Addr> {
-        self.peer_ips.get(&id).copied()
-    }
-
-    fn add_channel(&mut self, t: BoxedTransport, ip: Ipv4Addr, peer: PeerId, class: ChannelClass) {
-        let id = ChannelId(self.next_channel);
-        self.next_channel = self.next_channel.wrapping_add(1);
-        if let Err(e) = self.ep.add_channel(id, peer, class) {
-            warn!(channel = %id, error = %e, "adding a channel");
-            t.abort();
-            return;
-        }
-        let p = self.peers.get_mut(&ip).expect("caller made the peer");
-        match class {
-            ChannelClass::Throughput => p.throughput += 1,
-            ChannelClass::Latency => p.latency += 1,
-        }
-        self.chans.insert(
-            id,
-            ChanIo {
-                t,
-                peer: ip,
-                class,
-                rx_pending: None,
-                tx_pending: VecDeque::new(),
-                tx_pending_bytes: 0,
-                idle_reported: false,
-            },
-        );
-    }
-
-    /// Drops a dead channel. Its sockets' chunks move to the peer's other channels (the
-    /// endpoint's data-level acknowledgement). When it was the peer's last one: after a
-    /// reset, a stack that opened the channels opens them again (the sockets wait for
-    /// them); one the peer closed gracefully means the peer stops, and one that timed out
-    /// that it is gone, so the sockets fail at once.
-    fn lose_channel(&mut self, id: ChannelId, why: Gone) {
-        match why {
-            Gone::TimedOut => self.ep.handle_channel_timed_out(id),
-            Gone::Lost => self.ep.handle_channel_lost(id),
-            // Everything it carried was read (up to its end): what waits parked stays.
-            Gone::Closed => self.ep.handle_channel_closed(id),
-            Gone::Abandoned => self.ep.abandon_channel(id),
-        }
-        let Some(c) = self.chans.remove(&id) else {
-            return;
-        };
-        debug!(channel = %id, peer = %c.peer, "channel lost");
-        c.t.abort();
-        let refuses_new = self.refuses_new();
-        let Some(p) = self.peers.get_mut(&c.peer) else {
-            return;
-        };
-        match c.class {
-            ChannelClass::Throughput => p.throughput -= 1,
-            ChannelClass::Latency => p.latency -= 1,
-        }
-        if p.throughput + p.latency > 0 {
-            return;
-        }
-        match why {
-            Gone::Closed => self.ep.handle_peer_gone(p.id, VnsError::ChannelLost),
-            // Keep-alive or the user timeout gave up on a silent peer: opening channels
-            // again would only wait out `connect_timeout` past the liveness bound.
-            Gone::TimedOut => self.ep.handle_peer_gone(p.id, VnsError::PeerUnreachable),
-            Gone::Lost if p.opened && !refuses_new => {
-                if matches!(p.opening, Opening::Idle | Opening::Failed { .. }) {
-                    debug!(peer = %c.peer, "last channel to the peer lost; opening channels again");
-                    self.reopen.push(c.peer);
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// One driver round; returns whether work is left over (run again without parking).
-    fn round(
-        &mut self,
-        cx: &mut Context<'_>,
-        rx_cx: &mut Context<'_>,
-        wake: &mut Vec<Waker>,
-    ) -> bool {
-        let mut busy = false;
-        // New channels, then their preambles.
-        let mut acceptor = self.acceptor.take();
-        while let Some(a) = acceptor.as_ref() {
-            match a.poll_accept(cx) {
-                Poll::Ready(Ok((t, peer))) => {
-                    if self.incoming.len() >= MAX_PENDING_PREAMBLES {
-                        let oldest = (0..self.incoming.len())
-                            .min_by_key(|&i| self.incoming[i].deadline)
-                            .expect("not empty");
-                        let inc = self.incoming.swap_remove(oldest);
-                        debug!(peer = %inc.peer, "too many channels without a preamble; aborting the oldest");
-                        inc.t.abort();
-                        self.dropped_channels += 1;
-                    }
-                    self.incoming.push(Incoming {
-                        t,
-                        peer,
-                        got: Vec::new(),
-                        stage: Stage::Preamble,
-                        deadline: Instant::now() + self.preamble_timeout,
-                    })
-                }
-                Poll::Ready(Err(e)) => {
-                    warn!(error = %e, "channel listener failed; no more incoming channels");
-                    acceptor = None;
-                }
-                Poll::Pending => break,
-            }
-        }
-        self.acceptor = acceptor;
-        let mut i = 0;
-        while i < self.incoming.len() {
-            match self.poll_incoming(i, cx) {
-                Some(true) => match self.judge_incoming(i) {
-                    Verdict::Challenged => {}
-                    Verdict::Reject { why, auth } => {
-                        let inc = self.incoming.swap_remove(i);
-                        warn!(peer = %inc.peer, why, "channel refused; aborting it");
-                        inc.t.abort();
-                        self.dropped_channels += 1;
-                        self.auth_failures += u64::from(auth);
-                    }
-                    Verdict::Join { class, consumed } => {
-                        let inc = self.incoming.swap_remove(i);
-                        let ip = *inc.peer.ip();
-                        let peer = self.peer_id(ip);
-                        let id = ChannelId(self.next_channel);
-                        self.add_channel(inc.t, ip, peer, class);
-                        if inc.got.len() > consumed {
-                            if let Some(c) = self.chans.get_mut(&id) {
-                                c.rx_pending = Some(Bytes::copy_from_slice(&inc.got[consumed..]));
-                            }
-                        }
-                        debug!(channel = %id, peer = %inc.peer, ?class, "channel accepted");
-                        busy = true;
-                    }
-                },
-                Some(false) => {
-                    let inc = self.incoming.swap_remove(i);
-                    inc.t.abort();
-                }
-                None => i += 1,
-            }
-        }
-        busy |= self.receive_all(rx_cx);
-        busy |= self.transmit_all(cx);
-        busy |= self.drain_events(wake);
-        self.poll_closing_plain(cx);
-        busy
-    }
-
     /// Watches the plain-TCP channels closed gracefully (their streams dropped): a chunk
     /// arriving now has no reader, so the connection is reset, as a kernel resets a
     /// closed socket that receives data; one whose peer's FIN came and whose bytes are
@@ -1275,51 +1606,6 @@ impl State {
             }
             !(c.finished && channel_pending(c.t.as_ref()) == 0)
         });
-    }
-
-    /// Feeds every channel's received chunks to the endpoint; returns whether work is left
-    /// over (a channel's round budget was used up).
-    fn receive_all(&mut self, rx_cx: &mut Context<'_>) -> bool {
-        let mut ids = std::mem::take(&mut self.ids);
-        ids.clear();
-        ids.extend(self.chans.keys().copied());
-        let mut busy = false;
-        for &id in &ids {
-            match self.receive(id, rx_cx) {
-                Ok(more) => busy |= more,
-                Err(why) => self.lose_channel(id, why),
-            }
-        }
-        self.ids = ids;
-        busy
-    }
-
-    /// Moves the endpoint's output into every channel; returns whether work is left over
-    /// (a channel's round budget was used up).
-    fn transmit_all(&mut self, cx: &mut Context<'_>) -> bool {
-        let mut ids = std::mem::take(&mut self.ids);
-        ids.clear();
-        ids.extend(self.chans.keys().copied());
-        let mut buf = std::mem::take(&mut self.tx_buf);
-        let mut busy = false;
-        for &id in &ids {
-            // Most calls concern one socket: channels with nothing to move and an idle
-            // load on record are skipped (no statistics read, no endpoint poll).
-            let idle = self
-                .chans
-                .get(&id)
-                .is_some_and(|c| c.tx_pending.is_empty() && c.idle_reported);
-            if idle && !self.ep.has_transmit(id) {
-                continue;
-            }
-            match self.transmit(id, cx, &mut buf) {
-                Ok(more) => busy |= more,
-                Err(why) => self.lose_channel(id, why),
-            }
-        }
-        self.tx_buf = buf;
-        self.ids = ids;
-        busy
     }
 
     /// Reads what the accepted channel's handshake needs at its stage; `Some(true)` when
@@ -1346,7 +1632,6 @@ impl State {
             }
         }
     }
-
     /// Decides on accepted channel `i`, whose handshake bytes for its stage are all in:
     /// parses its preamble, sends our challenge when it authenticates, checks its tag.
     fn judge_incoming(&mut self, i: usize) -> Verdict {
@@ -1418,173 +1703,9 @@ impl State {
         }
     }
 
-    /// Feeds a channel's received chunks to the endpoint. `Err` when the channel is gone.
-    fn receive(&mut self, id: ChannelId, cx: &mut Context<'_>) -> Result<bool, Gone> {
-        for _ in 0..RX_BUDGET {
-            if self.ep.should_pause_channel_reads(id) {
-                return Ok(false);
-            }
-            let c = self.chans.get_mut(&id).ok_or(Gone::Lost)?;
-            let bytes = match c.rx_pending.take() {
-                Some(b) => b,
-                None => match c.t.poll_dequeue(cx) {
-                    Poll::Ready(Ok(Some(b))) => b,
-                    Poll::Ready(Ok(None)) => {
-                        debug!(channel = %id, "channel closed by the peer");
-                        return Err(Gone::Closed);
-                    }
-                    Poll::Ready(Err(e)) => {
-                        debug!(channel = %id, error = %e, "channel failed");
-                        return Err(Gone::of(&e));
-                    }
-                    Poll::Pending => return Ok(false),
-                },
-            };
-            self.received += 1;
-            match self.ep.handle_chunk_bytes(id, &bytes) {
-                Ok(n) if n < bytes.len() => {
-                    trace!(channel = %id, kept = bytes.len() - n, "channel reads paused");
-                    let c = self.chans.get_mut(&id).ok_or(Gone::Lost)?;
-                    c.rx_pending = Some(bytes.slice(n..));
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    warn!(channel = %id, error = %e, "bad bytes on a channel; dropping it");
-                    return Err(Gone::Lost);
-                }
-            }
-        }
-        Ok(true)
-    }
-
-    /// Moves the endpoint's chunks for a channel into it. `Err` when the channel is gone.
-    ///
-    /// Headers and small chunks are gathered into `buf` and enqueued as one `Bytes`; a
-    /// large payload is enqueued as the `Bytes` the endpoint hands out (a reference to the
-    /// socket's send-buffer segment), right after the batch holding its header: no copy.
-    fn transmit(
-        &mut self,
-        id: ChannelId,
-        cx: &mut Context<'_>,
-        buf: &mut Vec<u8>,
-    ) -> Result<bool, Gone> {
-        let mut more = false;
-        let mut budget = TX_BUDGET * TX_BATCH;
-        loop {
-            let c = self.chans.get_mut(&id).ok_or(Gone::Lost)?;
-            // What the channel refused before goes first, in order.
-            while let Some(b) = c.tx_pending.pop_front() {
-                let n = b.len();
-                #[cfg(target_os = "linux")]
-                let queued = c.t.enqueue_deferred(b).map(|kick| {
-                    match kick {
-                        // Latency channels may send inline, after the lock is released.
-                        Some(kick) if c.class == ChannelClass::Latency => {
-                            self.kicks.push((kick, true));
-                        }
-                        // Throughput channels: the thread is woken now, as ever.
-                        Some(kick) => kick.wake(),
-                        None => {}
-                    }
-                });
-                #[cfg(not(target_os = "linux"))]
-                let queued = c.t.enqueue(b);
-                match queued {
-                    Ok(()) => c.tx_pending_bytes -= n,
-                    Err(EnqueueError::Full(b)) => {
-                        c.tx_pending.push_front(b);
-                        match c.t.poll_enqueue_ready(cx) {
-                            Poll::Ready(Ok(())) => continue,
-                            Poll::Ready(Err(e)) => return lost(id, e),
-                            Poll::Pending => {
-                                self.report_load(id);
-                                return Ok(false);
-                            }
-                        }
-                    }
-                    Err(EnqueueError::Closed(e)) => return lost(id, e),
-                }
-            }
-            if budget == 0 {
-                more = true;
-                break;
-            }
-            self.report_load(id);
-            // Gather the next batch.
-            buf.clear();
-            let mut gathered = 0;
-            while gathered < TX_BATCH {
-                let Some(payload) = self.ep.poll_transmit_parts(id, buf) else {
-                    break;
-                };
-                if payload.len() <= INLINE_PAYLOAD {
-                    buf.extend_from_slice(&payload);
-                    gathered += HEADER_LEN + payload.len();
-                    continue;
-                }
-                gathered += HEADER_LEN + payload.len();
-                let c = self.chans.get_mut(&id).ok_or(Gone::Lost)?;
-                c.push_pending(take_batch(buf));
-                c.push_pending(payload);
-            }
-            let c = self.chans.get_mut(&id).ok_or(Gone::Lost)?;
-            if !buf.is_empty() {
-                c.push_pending(take_batch(buf));
-            }
-            if gathered == 0 {
-                break;
-            }
-            budget = budget.saturating_sub(gathered);
-        }
-        self.report_load(id);
-        Ok(more)
-    }
-
-    /// Tells the endpoint how much the channel holds (its queue and our refused batches).
-    fn report_load(&mut self, id: ChannelId) {
-        if let Some(c) = self.chans.get_mut(&id) {
-            let stats = c.t.stats();
-            let load = ChannelLoad {
-                queued_bytes: (stats.tx_queued + c.tx_pending_bytes) as u64,
-                in_flight_bytes: stats.tx_tcp_queued as u64,
-                cwnd_bytes: stats.cwnd as u64,
-                srtt: stats.srtt,
-                retransmitted_segments: stats.retransmitted_segments,
-                sent_bytes: stats.bytes_sent,
-            };
-            c.idle_reported = load.queued_bytes == 0 && load.in_flight_bytes == 0;
-            let _ = self.ep.set_channel_load(id, load);
-        }
-    }
-
-    /// Turns endpoint events into wake-ups; returns whether a paused channel resumed.
-    fn drain_events(&mut self, wake: &mut Vec<Waker>) -> bool {
-        let mut unpaused = false;
-        while let Some(e) = self.ep.poll_events() {
-            match e {
-                Event::Incoming { port } => {
-                    if let Some(w) = self.listeners.get_mut(&port).and_then(Option::take) {
-                        wake.push(w);
-                    }
-                }
-                Event::Connected(s)
-                | Event::Readable(s)
-                | Event::Writable(s)
-                | Event::Failed(s) => {
-                    if let Some(sw) = self.socks.get_mut(&s) {
-                        wake.extend(sw.read.take());
-                        wake.extend(sw.write.take());
-                    }
-                }
-                Event::ChannelUnpaused(_) => unpaused = true,
-            }
-        }
-        unpaused
-    }
-
-    /// Fails connects past their deadline and runs the endpoint's timers; returns the next
-    /// deadline.
-    fn expire(&mut self, now: Instant, wake: &mut Vec<Waker>) -> Option<Instant> {
+    /// Aborts accepted channels whose preamble did not come in time and closed plain-TCP
+    /// channels past their linger deadline; returns the next such deadline.
+    fn expire(&mut self, now: Instant) -> Option<Instant> {
         let mut next = None;
         let mut i = 0;
         while i < self.incoming.len() {
@@ -1599,28 +1720,6 @@ impl State {
                 i += 1;
             }
         }
-        let mut expired = Vec::new();
-        for (&sid, &d) in &self.deadlines {
-            if d <= now {
-                expired.push(sid);
-            } else {
-                next = Some(next.map_or(d, |n: Instant| n.min(d)));
-            }
-        }
-        for sid in expired {
-            self.deadlines.remove(&sid);
-            if self.ep.is_connected(sid) {
-                continue;
-            }
-            if let Some(sw) = self.socks.get_mut(&sid) {
-                debug!(socket = %sid, "connect timed out");
-                sw.timed_out = true;
-                wake.extend(sw.read.take());
-                wake.extend(sw.write.take());
-                self.ep.reset(sid);
-            }
-        }
-        // Closed plain-TCP channels past their linger deadline.
         let plain_linger_expired = &mut self.plain_linger_expired;
         self.closing_plain.retain(|c| {
             if c.deadline <= now {
@@ -1632,190 +1731,12 @@ impl State {
             next = Some(next.map_or(c.deadline, |n: Instant| n.min(c.deadline)));
             true
         });
-        // The endpoint's own timers (closed sockets lingering for a FIN). A socket reset
-        // there queued a RESET: run another round at once to send it.
-        let reaped = self.ep.counters().linger_expired;
-        self.ep.handle_timeout(now);
-        if self.ep.counters().linger_expired != reaped {
-            next = Some(now);
-        }
-        if let Some(d) = self.ep.poll_timeout() {
-            next = Some(next.map_or(d, |n: Instant| n.min(d)));
-        }
         next
-    }
-
-    /// Registers a socket created by `connect` or `accept`.
-    pub(crate) fn track(&mut self, sid: SocketId) {
-        self.socks.entry(sid).or_default();
-    }
-
-    /// Releases a socket whose handle is gone: closes it (`Endpoint::close`), or with
-    /// `abort` resets it.
-    pub(crate) fn release(&mut self, sid: SocketId, abort: bool) {
-        self.socks.remove(&sid);
-        self.deadlines.remove(&sid);
-        if abort {
-            self.ep.reset(sid);
-        } else {
-            self.ep.close(sid);
-        }
-    }
-
-    /// Keeps a plain-TCP channel closed gracefully (its stream dropped) until its bytes
-    /// and FIN are acknowledged and the peer's FIN is in, for [`State::pending_tx_bytes`]
-    /// and to reset it if data arrives; at most the endpoint's `linger_timeout`, then it
-    /// is reset (counted in `plain_linger_expired`). Wake the driver after, so that it
-    /// watches the channel.
-    pub(crate) fn keep_closing_plain(&mut self, t: BoxedTransport) {
-        let deadline = Instant::now() + self.ep.config().linger_timeout;
-        self.closing_plain.push(ClosingPlain {
-            t,
-            deadline,
-            finished: false,
-        });
-    }
-
-    /// Bytes not yet delivered to peers: the endpoint's, those on the way to and in the
-    /// channels (queued, unsent or unacknowledged), and those of gracefully closed
-    /// plain-TCP channels.
-    pub(crate) fn pending_tx_bytes(&mut self) -> usize {
-        let mut n = self.ep.pending_tx_bytes();
-        for c in self.chans.values() {
-            n += c.tx_pending_bytes + channel_pending(c.t.as_ref());
-        }
-        for c in &self.closing_plain {
-            n += channel_pending(c.t.as_ref());
-        }
-        n
-    }
-
-    /// Wakes the tasks whose [`Goal`] is reached and runs a graceful stop: reads
-    /// `pending_tx_bytes` (at most every [`DRAIN_RECHECK`]) while anyone waits or the
-    /// stack is stopping. Returns whether the driver should stop now, and when it wants
-    /// to look again.
-    fn check_waiters(
-        &mut self,
-        now: Instant,
-        cx: &mut Context<'_>,
-        wake: &mut Vec<Waker>,
-    ) -> (bool, Option<Instant>) {
-        let waiting = self.waiters.iter().any(|w| !w.reached);
-        if !waiting && self.stopping.is_none() {
-            self.zero_checks = 0;
-            self.next_check = None;
-            return (false, None);
-        }
-        if self.next_check.is_none_or(|t| now >= t) {
-            if self.pending_tx_bytes() == 0 {
-                self.zero_checks = self.zero_checks.saturating_add(1);
-            } else {
-                self.zero_checks = 0;
-            }
-            self.next_check = Some(now + DRAIN_RECHECK);
-        }
-        let drained = self.zero_checks >= 2;
-        // A graceful stop: once everything is delivered, close the channels (a FIN
-        // after their bytes; the peer reads what they still hold, then their end) and
-        // wait for each peer to answer with its own end or a reset.
-        let mut done = false;
-        if let Some(stopping) = &self.stopping {
-            let (deadline, closed) = (stopping.deadline, stopping.closed);
-            if !closed && drained {
-                self.close_channels(wake);
-            }
-            let closed = closed || drained;
-            if closed {
-                self.closing_chans.retain(|t| loop {
-                    match t.poll_dequeue(cx) {
-                        Poll::Ready(Ok(Some(_))) => continue,
-                        Poll::Ready(Ok(None)) | Poll::Ready(Err(_)) => break false,
-                        Poll::Pending => break true,
-                    }
-                });
-                if self.closing_chans.is_empty() {
-                    debug!("stack drained and its channels closed; stopping");
-                    self.stop_outcome = Some(StopOutcome::Drained);
-                    done = true;
-                }
-            }
-            if !done && now >= deadline {
-                let pending = self.pending_tx_bytes();
-                warn!(
-                    pending,
-                    closing_channels = self.closing_chans.len(),
-                    "linger time is up; aborting what the stack has not delivered"
-                );
-                self.stop_outcome = Some(StopOutcome::Expired { pending });
-                done = true;
-            }
-            if let Some(s) = &mut self.stopping {
-                s.closed = closed;
-            }
-        }
-        let mut next = None;
-        let no_channels = self.chans.is_empty() && self.closing_chans.is_empty();
-        for w in self.waiters.iter_mut().filter(|w| !w.reached) {
-            let reached = match w.goal {
-                Goal::Drained => drained,
-                Goal::NoChannels => no_channels,
-                Goal::Stopped => false,
-            };
-            if reached {
-                w.reached = true;
-                wake.extend(w.waker.take());
-            } else if w.goal == Goal::Drained {
-                next = self.next_check;
-            }
-        }
-        if let Some(s) = &self.stopping {
-            next = earliest(earliest(next, self.next_check), Some(s.deadline));
-        }
-        (done, next)
-    }
-
-    /// Closes every channel gracefully for a stop (everything was delivered): its
-    /// sockets lose it like a lost channel (sockets whose peer's stream is complete keep
-    /// their bytes), the channel sends a FIN after what it holds and is kept in
-    /// `closing_chans` until the peer answers.
-    fn close_channels(&mut self, wake: &mut Vec<Waker>) {
-        let ids: Vec<ChannelId> = self.chans.keys().copied().collect();
-        for id in ids {
-            self.ep.abandon_channel(id);
-            if let Some(c) = self.chans.remove(&id) {
-                debug!(channel = %id, peer = %c.peer, "closing the channel");
-                c.t.close();
-                if let Some(p) = self.peers.get_mut(&c.peer) {
-                    match c.class {
-                        ChannelClass::Throughput => p.throughput -= 1,
-                        ChannelClass::Latency => p.latency -= 1,
-                    }
-                }
-                self.closing_chans.push(c.t);
-            }
-        }
-        self.drain_events(wake);
     }
 
     /// Plain-TCP channels closed gracefully and still finishing.
     pub(crate) fn closing_plain(&self) -> usize {
         self.closing_plain.len()
-    }
-
-    /// Channels held now.
-    pub(crate) fn channel_count(&self) -> usize {
-        self.chans.len()
-    }
-
-    /// Resets the `n`-th channel held (in id order) as a failed connection: see
-    /// [`Stack::reset_channel`](super::Stack::reset_channel).
-    pub(crate) fn reset_channel(&mut self, n: usize) -> bool {
-        let Some(&id) = self.chans.keys().nth(n) else {
-            return false;
-        };
-        warn!(channel = %id, "resetting a channel (fault injection)");
-        self.lose_channel(id, Gone::Lost);
-        true
     }
 }
 
@@ -1852,28 +1773,7 @@ fn channel_pending(t: &dyn ChannelTransport) -> usize {
     s.tx_queued + s.tx_tcp_queued.max(s.bytes_in_flight)
 }
 
-impl ChanIo {
-    fn push_pending(&mut self, b: Bytes) {
-        if !b.is_empty() {
-            self.tx_pending_bytes += b.len();
-            self.tx_pending.push_back(b);
-        }
-    }
-}
-
-/// The gathered batch as `Bytes`: small ones are copied (the buffer is kept), larger ones
-/// handed over.
-fn take_batch(buf: &mut Vec<u8>) -> Bytes {
-    if buf.len() <= SMALL_BATCH {
-        let b = Bytes::copy_from_slice(buf);
-        buf.clear();
-        b
-    } else {
-        Bytes::from(std::mem::replace(buf, Vec::with_capacity(SMALL_BATCH)))
-    }
-}
-
-fn lost(id: ChannelId, e: ChannelError) -> Result<bool, Gone> {
+pub(crate) fn lost(id: ChannelId, e: ChannelError) -> Result<bool, Gone> {
     debug!(channel = %id, error = %e, "channel cannot send");
     Err(Gone::of(&e))
 }
@@ -1894,10 +1794,30 @@ pub(crate) enum Gone {
 }
 
 impl Gone {
-    fn of(e: &ChannelError) -> Gone {
+    pub(crate) fn of(e: &ChannelError) -> Gone {
         match e {
             ChannelError::TimedOut => Gone::TimedOut,
             _ => Gone::Lost,
+        }
+    }
+
+    /// A non-zero code, for an atomic.
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Gone::TimedOut => 1,
+            Gone::Lost => 2,
+            Gone::Closed => 3,
+            Gone::Abandoned => 4,
+        }
+    }
+
+    pub(crate) fn from_code(c: u8) -> Option<Gone> {
+        match c {
+            1 => Some(Gone::TimedOut),
+            2 => Some(Gone::Lost),
+            3 => Some(Gone::Closed),
+            4 => Some(Gone::Abandoned),
+            _ => None,
         }
     }
 }

@@ -4,6 +4,7 @@ use std::fmt;
 use std::future::poll_fn;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
@@ -30,6 +31,8 @@ pub struct VirtualListener {
     /// The tasks waiting in `accept`: the stack and the plain acceptor hold one waker,
     /// this list's, which wakes them all (each tries again; one gets the connection).
     waiters: Arc<Waiters>,
+    /// The shard the next `accept` looks in first.
+    next: AtomicUsize,
 }
 
 /// Wakers of the tasks awaiting `accept` on one listener.
@@ -77,6 +80,7 @@ impl VirtualListener {
             port,
             plain,
             waiters: Arc::default(),
+            next: AtomicUsize::new(0),
         }
     }
 
@@ -115,37 +119,48 @@ impl VirtualListener {
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<(VirtualStream, SocketAddr)>> {
         let core = self.stack.core();
-        let mut st = core.lock();
-        if st.stopping.is_some() {
+        if core.refuses_new() {
             return Poll::Ready(Err(stopped_error()));
         }
-        match st.ep.accept(self.port) {
-            Ok(sid) => {
-                st.track(sid);
-                let (peer, local, remote) = st.ep.socket_addr(sid).expect("just accepted");
-                let ip = st.peer_ip(peer).expect("channels of known peers only");
-                drop(st);
-                let peer_addr = SocketAddrV4::new(ip, remote);
-                debug!(socket = %sid, peer = %peer_addr, "accepted");
-                let inner = StreamInner::new(
-                    self.stack.clone(),
-                    sid,
-                    SocketAddrV4::new(core.backend.ipv4(), local),
-                    peer_addr,
-                );
-                core.signal.notify();
-                Poll::Ready(Ok((VirtualStream::from_inner(inner), peer_addr.into())))
+        // The listener is in every shard (a SYNC goes to the shard its ports map to):
+        // look in each, from a rotating start so that no shard's queue waits behind
+        // another's.
+        let count = core.shard_count();
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let waker = Waker::from(self.waiters.clone());
+        let mut registered = false;
+        for k in 0..count {
+            let i = (first + k) % count;
+            let mut st = core.lock_shard(i);
+            match st.ep.accept(self.port) {
+                Ok(sid) => {
+                    st.track(sid);
+                    let (peer, local, remote) = st.ep.socket_addr(sid).expect("just accepted");
+                    drop(st);
+                    let ip = core.peer_ip(peer).expect("channels of known peers only");
+                    let peer_addr = SocketAddrV4::new(ip, remote);
+                    debug!(socket = %sid, peer = %peer_addr, "accepted");
+                    let inner = StreamInner::new(
+                        self.stack.clone(),
+                        sid,
+                        SocketAddrV4::new(core.backend.ipv4(), local),
+                        peer_addr,
+                    );
+                    core.signal.notify();
+                    return Poll::Ready(Ok((VirtualStream::from_inner(inner), peer_addr.into())));
+                }
+                Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
+                Err(Error::WouldBlock) => {
+                    if !registered {
+                        self.waiters.add(cx.waker());
+                        registered = true;
+                    }
+                    st.listeners.insert(self.port, Some(waker.clone()));
+                }
+                Err(e) => return Poll::Ready(Err(e.into())),
             }
-            Err(Error::WouldBlock) if st.stopped => Poll::Ready(Err(stopped_error())),
-            Err(Error::WouldBlock) => {
-                self.waiters.add(cx.waker());
-                let waker = Waker::from(self.waiters.clone());
-                st.listeners.insert(self.port, Some(waker.clone()));
-                drop(st);
-                self.poll_accept_plain(&mut Context::from_waker(&waker))
-            }
-            Err(e) => Poll::Ready(Err(e.into())),
         }
+        self.poll_accept_plain(&mut Context::from_waker(&waker))
     }
 }
 
@@ -172,10 +187,10 @@ impl VirtualListener {
 impl Drop for VirtualListener {
     fn drop(&mut self) {
         let core = self.stack.core();
-        let mut st = core.lock();
-        st.listeners.remove(&self.port);
-        let _ = st.ep.unbind(self.port);
-        drop(st);
+        core.each_shard(|_, st| {
+            st.listeners.remove(&self.port);
+            let _ = st.ep.unbind(self.port);
+        });
         core.signal.notify();
     }
 }

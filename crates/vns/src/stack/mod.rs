@@ -13,17 +13,18 @@
 //!   [`ChannelSet`](netdriver::channel::ChannelSet) (in-crate TCP, one thread per NIC
 //!   queue); [`MemNetwork`]/[`MemBackend`] join stacks in one process with bounded
 //!   in-memory channels, for unprivileged, deterministic tests.
-//! - The driver (one thread per stack, `driver.rs`) owns the endpoint and the channels
-//!   behind one mutex: it accepts channels on the channel port (9000 unless configured),
-//!   feeds received chunks to the endpoint (pausing a channel's reads when the endpoint
-//!   says so, the last resort of head-of-line protection), pushes the endpoint's output
-//!   to the channels the [scheduler](netsched) picked, reports channel loads and losses,
-//!   fails connects past their deadline and wakes the tasks waiting on sockets. It sleeps
-//!   when idle, woken by channel wakers and application calls. Application calls move their
-//!   own output into the channels, and readers pull received bytes themselves, so the
-//!   driver is off the data path most of the time (see `driver.rs`). **One lock** guards the
-//!   endpoint: application calls of all streams of a stack serialise on it (each is one
-//!   short copy); sharding it is future work.
+//! - The sockets are split over **shards** ([`StackBuilder::shards`]), each an endpoint
+//!   behind its own lock: calls on streams of different shards share no lock but the
+//!   channels' (`shard.rs`, `chan.rs`; `docs/architecture.md`, "Threads and locking").
+//! - The driver (one thread per stack, `driver.rs`) accepts channels on the channel port
+//!   (9000 unless configured), feeds received chunks to their shards' endpoints (pausing a
+//!   channel's reads when an endpoint says so, the last resort of head-of-line
+//!   protection), pushes the endpoints' output to the channels the [scheduler](netsched)
+//!   picked, reports channel loads and losses, fails connects past their deadline and
+//!   wakes the tasks waiting on sockets. It sleeps when idle, woken by channel wakers and
+//!   application calls. Application calls move their own output into the channels, and
+//!   readers pull received bytes themselves, so the driver is off the data path most of
+//!   the time.
 //! - On the first `connect` to a host, a helper thread opens the configured number of
 //!   throughput channels (plus latency channels) to the host's channel port; each begins
 //!   with an 8-byte preamble naming its class (`docs/wire-format.md`). Channels accepted
@@ -182,11 +183,15 @@
 
 mod auth;
 mod backend;
+mod chan;
 mod driver;
 mod listener;
 mod mem;
 #[cfg(target_os = "linux")]
 mod rx_poll;
+mod shard;
+#[cfg(test)]
+mod shard_tests;
 mod stream;
 
 use std::fmt;
@@ -377,6 +382,8 @@ pub struct StackBuilder {
     vns: Option<Config>,
     busy_poll: Option<BusyPoll>,
     inline_tx: Option<usize>,
+    /// `None`: [`default_shards`].
+    shards: Option<usize>,
     #[cfg(target_os = "linux")]
     runtime_rx: RuntimeRx,
     preamble_timeout: Duration,
@@ -436,6 +443,7 @@ impl Default for StackBuilder {
             vns: None,
             busy_poll: None,
             inline_tx: None,
+            shards: None,
             #[cfg(target_os = "linux")]
             runtime_rx: RuntimeRx::default(),
             channel_key: Ok(None),
@@ -648,6 +656,34 @@ impl StackBuilder {
         self
     }
 
+    /// How many shards the stack splits its virtual sockets over (1 ..= 64; default: the
+    /// cores the building thread may run on, at most 16). Each shard is its own
+    /// [`Endpoint`](crate::Endpoint) behind its own lock, so that calls on streams of
+    /// different shards never wait for each other: no lock is shared by every stream
+    /// (`docs/architecture.md`, "Threads and locking"). A socket's shard follows from its
+    /// virtual ports; every shard uses every channel. The per-peer and per-stack bounds
+    /// of [`StackBuilder::vns_config`] (`channel_budget`, `peer_budget`,
+    /// `max_peer_sockets`, `max_sockets`) are shared out evenly; a listener's backlog is
+    /// one for all shards. A scheduler that cannot be forked
+    /// ([`NetScheduler::fork`](netsched::NetScheduler::fork) returns `None`) keeps the
+    /// stack on one shard. Environment: `NETCHANNEL_SHARDS`.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let net = vns::stack::MemNetwork::new();
+    /// let stack = vns::Stack::builder()
+    ///     .ipv4("10.0.0.1".parse()?)
+    ///     .shards(4)
+    ///     .build_in_memory(&net)?;
+    /// assert_eq!(stack.shards(), 4);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn shards(mut self, n: usize) -> Self {
+        self.shards = Some(n.clamp(1, shard::MAX_SHARDS));
+        self
+    }
+
     /// Largest chunk batch a write on a **latency-class** channel sends from the writing
     /// thread itself, after it releases the stack's lock, when the channel's transmit
     /// queue was empty, its thread sleeps and the queue has been quiet (inline transmit:
@@ -792,7 +828,8 @@ impl StackBuilder {
             None => Config::default(),
         };
         let copy = CopyPath::new(self.copy_workers, self.copy_config, &vns)?;
-        let ep = Endpoint::new(vns, self.scheduler)?;
+        vns.validate()?;
+        let endpoints = shard_endpoints(&vns, self.scheduler, self.shards)?;
         let acceptor = backend
             .listen(self.channel_port)
             .map_err(StackError::Channels)?;
@@ -820,7 +857,7 @@ impl StackBuilder {
             #[cfg(target_os = "linux")]
             runtime_rx: self.runtime_rx,
         };
-        let core = Arc::new(Core::new(ep, backend, config, acceptor));
+        let core = Arc::new(Core::new(endpoints, backend, config, acceptor));
         let c = core.clone();
         let driver = std::thread::Builder::new()
             .name("vns-driver".into())
@@ -843,6 +880,63 @@ impl StackBuilder {
             }),
         })
     }
+}
+
+/// The default number of shards: the cores the building thread may run on, at most 16.
+fn default_shards() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, 16)
+}
+
+/// One endpoint per shard, each with its share of the bounds and its own instance of the
+/// scheduler; one shard when the scheduler cannot be forked.
+fn shard_endpoints(
+    vns: &Config,
+    scheduler: Box<dyn NetScheduler>,
+    shards: Option<usize>,
+) -> Result<Vec<Endpoint>, StackError> {
+    let mut n = shards
+        .unwrap_or_else(default_shards)
+        .clamp(1, shard::MAX_SHARDS);
+    // Every shard needs ephemeral ports of its own.
+    let span = usize::from(vns.ephemeral_ports.1 - vns.ephemeral_ports.0) + 1;
+    n = n.min(span);
+    let mut schedulers = vec![scheduler];
+    while schedulers.len() < n {
+        match schedulers[0].fork() {
+            Some(s) => schedulers.push(s),
+            None => {
+                if shards.is_some_and(|s| s > 1) {
+                    warn!("the scheduler cannot be forked (NetScheduler::fork); the stack runs one shard");
+                } else {
+                    debug!("the scheduler cannot be forked; one shard");
+                }
+                schedulers.truncate(1);
+                n = 1;
+            }
+        }
+    }
+    let share = |v: usize, min: usize| (v / n).max(min);
+    schedulers
+        .into_iter()
+        .enumerate()
+        .map(|(i, scheduler)| {
+            let mut c = vns.clone();
+            if n > 1 {
+                c.channel_budget = share(vns.channel_budget, vns.max_chunk_payload);
+                c.peer_budget = share(vns.peer_budget, c.channel_budget);
+                c.max_peer_sockets = share(vns.max_peer_sockets, 1);
+                c.max_sockets = share(vns.max_sockets, 1);
+                c.rng_seed = vns.rng_seed.map(|s| s.wrapping_add(i as u64));
+            }
+            c.shard = crate::endpoint::ShardOf {
+                index: i as u16,
+                count: n as u16,
+            };
+            Endpoint::new(c, scheduler).map_err(StackError::from)
+        })
+        .collect()
 }
 
 /// The default virtual-socket configuration of a stack with copy workers: the default
@@ -1081,7 +1175,7 @@ impl Stack {
     /// within [`StackBuilder::preamble_timeout`], too many waiting at once, or a bad
     /// preamble (a peer that opens channels and never speaks, or speaks garbage).
     pub fn dropped_channels(&self) -> u64 {
-        self.core().lock().dropped_channels
+        self.core().ctl().dropped_channels
     }
 
     /// Channels accepted on the channel port that failed authentication: no proof of the
@@ -1089,13 +1183,15 @@ impl Stack {
     /// request to authenticate when it has none. Also counted in
     /// [`Stack::dropped_channels`].
     pub fn auth_failures(&self) -> u64 {
-        self.core().lock().auth_failures
+        self.core().ctl().auth_failures
     }
 
     /// Hostile or broken input the stack's endpoint refused or cut short (SYNCs past the
     /// socket bounds, closed sockets whose peer never sent its FIN, ...).
     pub fn endpoint_counters(&self) -> crate::EndpointCounters {
-        self.core().lock().ep.counters()
+        let mut c = crate::EndpointCounters::default();
+        self.core().each_shard(|_, s| c.add(&s.ep.counters()));
+        c
     }
 
     /// Streams dropped (or closed) that are still finishing inside the stack: their
@@ -1103,24 +1199,26 @@ impl Stack {
     /// directions are finished, or is reset after [`crate::Config::linger_timeout`]
     /// (counted in [`crate::EndpointCounters::linger_expired`]).
     pub fn lingering_sockets(&self) -> usize {
-        self.core().lock().ep.lingering_sockets()
+        let mut n = 0;
+        self.core().each_shard(|_, s| n += s.ep.lingering_sockets());
+        n
     }
 
     /// Plain-TCP streams dropped (or closed) whose connections are still finishing:
     /// their bytes and FIN unacknowledged, or the peer's FIN not yet in.
     pub fn closing_plain_streams(&self) -> usize {
-        self.core().lock().closing_plain()
+        self.core().ctl().closing_plain()
     }
 
     /// Plain-TCP streams closed gracefully whose connections were reset because they
     /// did not finish within [`crate::Config::linger_timeout`].
     pub fn plain_linger_expired(&self) -> u64 {
-        self.core().lock().plain_linger_expired
+        self.core().ctl().plain_linger_expired
     }
 
     /// Channels the stack holds now (to all peers).
     pub fn channel_count(&self) -> usize {
-        self.core().lock().channel_count()
+        self.core().channel_count()
     }
 
     /// Fault injection, for tests and failure drills: resets the `n`-th channel the stack
@@ -1139,11 +1237,7 @@ impl Stack {
     /// # }
     /// ```
     pub fn reset_channel(&self, n: usize) -> bool {
-        let core = self.core();
-        let mut st = core.lock();
-        let done = st.reset_channel(n);
-        core.finish_call(st);
-        done
+        self.core().reset_channel(n)
     }
 
     /// A statistics snapshot of the stack, as its scheduler's
@@ -1162,7 +1256,18 @@ impl Stack {
     /// - `threads`: empty (channel-thread utilisation is not measured yet); `cores`: the
     ///   cores the thread that built the stack was allowed to run on.
     pub fn stats(&self) -> netsched::StackSnapshot {
-        let mut snapshot = self.core().lock().ep.scheduler_snapshot();
+        let core = self.core();
+        let mut snapshot = core.lock_shard(0).ep.scheduler_snapshot();
+        // The channels' queues as every shard sees them: shard 0's loads (the channel
+        // layer's queue and TCP) plus what the other shards hold for them; every
+        // shard's sockets.
+        for i in 1..core.shard_count() {
+            let s = core.lock_shard(i);
+            for c in &mut snapshot.channels {
+                c.queued_bytes += s.ep.channel_outbox_bytes(c.id) as u64;
+            }
+            snapshot.flows.extend(s.ep.scheduler_snapshot().flows);
+        }
         snapshot.cores.clone_from(&self.inner.cores);
         if let Some(copy) = &self.inner.copy {
             snapshot.copy_workers = (0..copy.pool.workers())
@@ -1185,7 +1290,7 @@ impl Stack {
     /// as one plan period would.
     pub fn scheduler_plan(&self) -> Vec<netsched::PlanAction> {
         let snapshot = self.stats();
-        self.core().lock().ep.scheduler_plan(&snapshot)
+        self.core().lock_shard(0).ep.scheduler_plan(&snapshot)
     }
 
     /// Bytes written to this stack's streams that have not reached their peers yet:
@@ -1197,7 +1302,7 @@ impl Stack {
     /// are snapshots their threads publish after each poll: a reading may miss bytes in
     /// the instant a thread moves them (`drained` confirms a 0 with a second reading).
     pub fn pending_tx_bytes(&self) -> usize {
-        self.core().lock().pending_tx_bytes()
+        self.core().pending_tx_bytes()
     }
 
     /// Listens on virtual port `addr.port()` (0: any free port) with the stack's backlog.
@@ -1222,25 +1327,26 @@ impl Stack {
                 ))
             }
         }
-        let mut st = self.core().lock();
-        if st.refuses_new() {
+        let core = self.core();
+        if core.refuses_new() {
             return Err(driver::stopped_error());
         }
         let port = if addr.port() != 0 {
-            st.ep.bind(addr.port(), backlog)?;
+            self.bind_shards(addr.port(), backlog)?;
             addr.port()
         } else {
             (32768..=60999u16)
-                .filter(|&p| p != self.core().config.channel_port)
-                .find(|&p| st.ep.bind(p, backlog).is_ok())
+                .filter(|&p| p != core.config.channel_port)
+                .find(|&p| self.bind_shards(p, backlog).is_ok())
                 .ok_or(Error::PortsExhausted)?
         };
-        drop(st);
         // Plain-TCP peers connect to the same port.
-        let plain = match self.core().backend.listen(port) {
+        let plain = match core.backend.listen(port) {
             Ok(a) => Some(a),
             Err(e) => {
-                let _ = self.core().lock().ep.unbind(port);
+                core.each_shard(|_, s| {
+                    let _ = s.ep.unbind(port);
+                });
                 return Err(e.into());
             }
         };
@@ -1249,6 +1355,39 @@ impl Stack {
             IpAddr::V6(_) => unreachable!("refused above"),
         };
         Ok(VirtualListener::new(self.clone(), ip, port, plain))
+    }
+
+    /// Listens on `port` in every shard (a SYNC goes to the shard its ports map to), with
+    /// one backlog shared by all; undone if a shard refuses.
+    fn bind_shards(&self, port: u16, backlog: usize) -> Result<(), Error> {
+        let core = self.core();
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut bound = 0;
+        let mut failed = None;
+        core.each_shard(|i, s| {
+            if failed.is_none() {
+                match s.ep.bind_shared(port, backlog, queued.clone()) {
+                    Ok(()) => bound = i + 1,
+                    Err(e) => failed = Some(e),
+                }
+            }
+        });
+        match failed {
+            None => Ok(()),
+            Some(e) => {
+                core.each_shard(|i, s| {
+                    if i < bound {
+                        let _ = s.ep.unbind(port);
+                    }
+                });
+                Err(e)
+            }
+        }
+    }
+
+    /// The shards the stack splits its virtual sockets over ([`StackBuilder::shards`]).
+    pub fn shards(&self) -> usize {
+        self.core().shard_count()
     }
 
     /// Opens a virtual socket to `addr`: on first use of the host, opens the stack's
@@ -1331,7 +1470,8 @@ impl Stack {
             Wait::new(core.clone(), driver::Goal::Stopped).await;
             self.inner.join();
         }
-        match core.lock().stop_outcome {
+        let outcome = core.ctl().stop_outcome;
+        match outcome {
             Some(driver::StopOutcome::Drained) => Ok(()),
             Some(driver::StopOutcome::Expired { pending }) => Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -1457,6 +1597,7 @@ pub fn clear_default_stack() -> Option<Stack> {
 /// | `NETCHANNEL_COPY_WORKERS` | [`StackBuilder::copy_workers`] |
 /// | `NETCHANNEL_CHANNEL_PORT` | [`StackBuilder::channel_port`] |
 /// | `NETCHANNEL_BACKLOG` | [`StackBuilder::backlog`] |
+/// | `NETCHANNEL_SHARDS` | [`StackBuilder::shards`] |
 /// | `NETCHANNEL_CONNECT_TIMEOUT_MS` | [`StackBuilder::connect_timeout`] |
 /// | `NETCHANNEL_PREAMBLE_TIMEOUT_MS` | [`StackBuilder::preamble_timeout`] |
 /// | `NETCHANNEL_KEEPALIVE_MS` (0: off) | [`StackBuilder::keepalive`] |
@@ -1539,6 +1680,9 @@ fn stack_from_env() -> Result<Stack, StackError> {
     }
     if let Some(port) = env_parse("NETCHANNEL_CHANNEL_PORT")? {
         b = b.channel_port(port);
+    }
+    if let Some(n) = env_parse("NETCHANNEL_SHARDS")? {
+        b = b.shards(n);
     }
     if let Some(n) = env_parse("NETCHANNEL_BACKLOG")? {
         b = b.backlog(n);

@@ -63,12 +63,12 @@ impl StreamInner {
             .filter(|path| path.read_min.is_some_and(|min| buf.remaining() >= min))
             .map(|path| &path.pool);
         let core = self.stack.core();
-        let mut st = core.lock();
-        let mut pulled = core.pull_owed(&mut st);
+        let mut pulled = core.pull_owed(core.shard_of(self.sid));
         // Receive rounds this call ran itself (`Core::want_rx`): a few, then the task
         // yields, so that arrivals for other sockets cannot keep it here.
         let mut rounds = 0;
         loop {
+            let mut st = core.lock_socket(self.sid);
             let dst = buf.initialize_unfilled();
             let read = match pool {
                 Some(pool) => {
@@ -86,8 +86,13 @@ impl StreamInner {
                     return Poll::Ready(Ok(()));
                 }
                 Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
-                // Take what the channels hold before waiting for the driver.
-                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => pulled = true,
+                // Take what the channels hold before waiting for the driver (no shard's
+                // lock held: the chunks go to their own shards).
+                Err(Error::WouldBlock) if !pulled => {
+                    drop(st);
+                    core.pull(core.shard_of(self.sid));
+                    pulled = true;
+                }
                 Err(Error::WouldBlock) => {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         w.read = Some(cx.waker().clone());
@@ -95,7 +100,6 @@ impl StreamInner {
                     if core.want_rx(st, self.sid, cx) {
                         rounds += 1;
                         if rounds < 3 {
-                            st = core.lock();
                             pulled = false;
                             continue;
                         }
@@ -103,7 +107,11 @@ impl StreamInner {
                     }
                     return Poll::Pending;
                 }
-                Err(e) => return Poll::Ready(Err(e.into())),
+                Err(e) => {
+                    // Events a pull made for the shard's other sockets go out with it.
+                    core.finish_call(st);
+                    return Poll::Ready(Err(e.into()));
+                }
             }
         }
     }
@@ -121,17 +129,19 @@ impl StreamInner {
         min: usize,
     ) -> Poll<io::Result<usize>> {
         let core = self.stack.core();
-        let mut st = core.lock();
-        if st.stopped {
-            return Poll::Ready(Err(stopped_error()));
-        }
         let mut pulled = false;
-        let room = loop {
+        let (room, mut st) = loop {
+            let mut st = core.lock_socket(self.sid);
+            if st.stopped {
+                return Poll::Ready(Err(stopped_error()));
+            }
             match st.ep.send_room(self.sid, min) {
-                Ok(room) => break room,
-                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => {
+                Ok(room) => break (room, st),
+                // Take the credit updates the channels hold (no shard's lock held).
+                Err(Error::WouldBlock) if !pulled => {
+                    drop(st);
+                    core.pull(core.shard_of(self.sid));
                     pulled = true;
-                    core.flush(&mut st);
                 }
                 Err(Error::WouldBlock) => {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
@@ -142,7 +152,11 @@ impl StreamInner {
                     }
                     return Poll::Pending;
                 }
-                Err(e) => return Poll::Ready(Err(e.into())),
+                Err(e) => {
+                    // Events a pull made for the shard's other sockets go out with it.
+                    core.finish_call(st);
+                    return Poll::Ready(Err(e.into()));
+                }
             }
         };
         // Buffers the channels are done with go back to the pool before the copy takes
@@ -151,12 +165,17 @@ impl StreamInner {
             pool.buffers().put(b);
         });
         drop(st);
+        // Buffers this stack's earlier writes lent to other shards' sockets come back
+        // too (other shards are only tried, never waited for).
+        core.reclaim_sent_elsewhere(core.shard_of(self.sid), |b| {
+            pool.buffers().put(b);
+        });
         // Only this write half adds to the send buffer, so the room can only grow while
         // the lock is released for the copy.
         let n = room.min(data.len());
         let mut segs = Vec::new();
         pool.copy_in_mut(&data[..n], &mut segs);
-        let mut st = core.lock();
+        let mut st = core.lock_socket(self.sid);
         let r = if st.stopped {
             Err(Error::WouldBlock)
         } else {
@@ -192,22 +211,24 @@ impl StreamInner {
             }
         }
         let core = self.stack.core();
-        let mut st = core.lock();
-        if st.stopped {
-            return Poll::Ready(Err(stopped_error()));
-        }
         let mut pulled = false;
         loop {
+            let mut st = core.lock_socket(self.sid);
+            if st.stopped {
+                return Poll::Ready(Err(stopped_error()));
+            }
             match st.ep.send(self.sid, data) {
                 Ok(n) => {
                     // Sends what was written, from this thread.
                     core.finish_call(st);
                     return Poll::Ready(Ok(n));
                 }
-                // Take the credit updates the channels hold before waiting for the driver.
-                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => {
+                // Take the credit updates the channels hold before waiting for the driver
+                // (no shard's lock held).
+                Err(Error::WouldBlock) if !pulled => {
+                    drop(st);
+                    core.pull(core.shard_of(self.sid));
                     pulled = true;
-                    core.flush(&mut st);
                 }
                 Err(Error::WouldBlock) => {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
@@ -218,21 +239,25 @@ impl StreamInner {
                     }
                     return Poll::Pending;
                 }
-                Err(e) => return Poll::Ready(Err(e.into())),
+                Err(e) => {
+                    // Events a pull made for the shard's other sockets go out with it.
+                    core.finish_call(st);
+                    return Poll::Ready(Err(e.into()));
+                }
             }
         }
     }
 
     fn poll_shutdown(&self) -> Poll<io::Result<()>> {
         let core = self.stack.core();
-        let r = core.lock().ep.shutdown(self.sid);
+        let r = core.lock_socket(self.sid).ep.shutdown(self.sid);
         core.signal.notify();
         Poll::Ready(r.map_err(io::Error::from))
     }
 
     fn set_app_class(&self, class: AppClass) -> io::Result<()> {
         let core = self.stack.core();
-        let r = core.lock().ep.set_app_class(self.sid, class);
+        let r = core.lock_socket(self.sid).ep.set_app_class(self.sid, class);
         core.signal.notify();
         r.map_err(io::Error::from)
     }
@@ -242,7 +267,7 @@ impl Drop for StreamInner {
     fn drop(&mut self) {
         let abort = aborts(&self.linger);
         let core = self.stack.core();
-        core.lock().release(self.sid, abort);
+        core.lock_socket(self.sid).release(self.sid, abort);
         core.signal.notify();
     }
 }
@@ -372,8 +397,7 @@ impl Drop for PlainInner {
             t.close();
         }
         let core = self.stack.core();
-        core.lock().keep_closing_plain(t);
-        core.signal.notify();
+        core.keep_closing_plain(t);
     }
 }
 
@@ -504,6 +528,15 @@ pub struct VirtualStream {
 }
 
 impl VirtualStream {
+    /// The endpoint socket behind a virtual stream (`None` for plain TCP).
+    #[cfg(test)]
+    pub(crate) fn socket_id(&self) -> Option<SocketId> {
+        match &self.inner {
+            Sock::Virtual(v) => Some(v.sid),
+            Sock::Plain(_) => None,
+        }
+    }
+
     pub(crate) fn from_inner(inner: StreamInner) -> VirtualStream {
         VirtualStream {
             inner: Sock::Virtual(Arc::new(inner)),
@@ -601,7 +634,7 @@ impl VirtualStream {
             Sock::Virtual(v) => v
                 .stack
                 .core()
-                .lock()
+                .lock_socket(v.sid)
                 .ep
                 .app_class(v.sid)
                 .unwrap_or(AppClass::Throughput),
@@ -812,8 +845,8 @@ pub(crate) async fn connect(stack: &Stack, addr: SocketAddrV4) -> io::Result<Vir
             Err(e) => return Err(e),
         };
     let (sid, local) = {
-        let mut st = core.lock();
-        if st.refuses_new() {
+        let mut st = core.lock_shard(core.next_connect_shard());
+        if core.refuses_new() {
             return Err(stopped_error());
         }
         let sid = st.ep.connect(peer, addr.port(), class)?;
@@ -832,7 +865,7 @@ pub(crate) async fn connect(stack: &Stack, addr: SocketAddrV4) -> io::Result<Vir
         addr,
     ));
     poll_fn(|cx| {
-        let mut st = core.lock();
+        let mut st = core.lock_socket(sid);
         if st.ep.is_connected(sid) {
             st.deadlines.remove(&sid);
             return Poll::Ready(Ok(()));
@@ -922,11 +955,11 @@ impl StreamInner {
         probe: Option<&mut ReadBuf<'_>>,
     ) -> Poll<io::Result<usize>> {
         let core = self.stack.core();
-        let mut st = core.lock();
-        let mut pulled = core.pull_owed(&mut st);
+        let mut pulled = core.pull_owed(core.shard_of(self.sid));
         let mut one = [0u8; 1];
         let mut probe = probe;
         loop {
+            let mut st = core.lock_socket(self.sid);
             let peeked = match probe.as_deref_mut() {
                 Some(buf) => st.ep.peek(self.sid, buf.initialize_unfilled()),
                 None => st.ep.peek(self.sid, &mut one).map(|_| 0),
@@ -940,7 +973,11 @@ impl StreamInner {
                     return Poll::Ready(Ok(n));
                 }
                 Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
-                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => pulled = true,
+                Err(Error::WouldBlock) if !pulled => {
+                    drop(st);
+                    core.pull(core.shard_of(self.sid));
+                    pulled = true;
+                }
                 Err(Error::WouldBlock) => {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         w.read = Some(cx.waker().clone());
@@ -951,45 +988,60 @@ impl StreamInner {
                     return Poll::Pending;
                 }
                 // Ready: the read reports it.
-                Err(_) if probe.is_none() => return Poll::Ready(Ok(0)),
-                Err(e) => return Poll::Ready(Err(e.into())),
+                Err(_) if probe.is_none() => {
+                    core.finish_call(st);
+                    return Poll::Ready(Ok(0));
+                }
+                Err(e) => {
+                    // Events a pull made for the shard's other sockets go out with it.
+                    core.finish_call(st);
+                    return Poll::Ready(Err(e.into()));
+                }
             }
         }
     }
 
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         let core = self.stack.core();
-        let mut st = core.lock();
-        let mut pulled = core.pull_owed(&mut st);
+        let mut pulled = core.pull_owed(core.shard_of(self.sid));
         loop {
+            let mut st = core.lock_socket(self.sid);
             match st.ep.recv(self.sid, buf) {
                 Ok(n) => {
                     core.finish_call(st);
                     return Ok(n);
                 }
                 Err(Error::WouldBlock) if st.stopped => return Err(stopped_error()),
-                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => pulled = true,
+                Err(Error::WouldBlock) if !pulled => {
+                    drop(st);
+                    core.pull(core.shard_of(self.sid));
+                    pulled = true;
+                }
                 Err(Error::WouldBlock) => {
                     core.finish_call(st);
                     return Err(would_block());
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    core.finish_call(st);
+                    return Err(e.into());
+                }
             }
         }
     }
 
     fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let core = self.stack.core();
-        let mut st = core.lock();
-        if st.stopped {
-            return Poll::Ready(Err(stopped_error()));
-        }
         let mut pulled = false;
         loop {
+            let mut st = core.lock_socket(self.sid);
+            if st.stopped {
+                return Poll::Ready(Err(stopped_error()));
+            }
             match st.ep.send_room(self.sid, 1) {
-                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => {
+                Err(Error::WouldBlock) if !pulled => {
+                    drop(st);
+                    core.pull(core.shard_of(self.sid));
                     pulled = true;
-                    core.flush(&mut st);
                 }
                 Err(Error::WouldBlock) => {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
@@ -1000,34 +1052,44 @@ impl StreamInner {
                     }
                     return Poll::Pending;
                 }
-                // Room, or an error the write reports.
-                _ => return Poll::Ready(Ok(())),
+                // Room, or an error the write reports. What the pulled credit let the
+                // shard send goes now (`pull` leaves the caller's shard to the caller).
+                _ => {
+                    if pulled {
+                        core.finish_call(st);
+                    }
+                    return Poll::Ready(Ok(()));
+                }
             }
         }
     }
 
     fn try_write(&self, data: &[u8]) -> io::Result<usize> {
         let core = self.stack.core();
-        let mut st = core.lock();
-        if st.stopped {
-            return Err(stopped_error());
-        }
         let mut pulled = false;
         loop {
+            let mut st = core.lock_socket(self.sid);
+            if st.stopped {
+                return Err(stopped_error());
+            }
             match st.ep.send(self.sid, data) {
                 Ok(n) => {
                     core.finish_call(st);
                     return Ok(n);
                 }
-                Err(Error::WouldBlock) if !pulled && core.pull(&mut st) => {
+                Err(Error::WouldBlock) if !pulled => {
+                    drop(st);
+                    core.pull(core.shard_of(self.sid));
                     pulled = true;
-                    core.flush(&mut st);
                 }
                 Err(Error::WouldBlock) => {
                     core.finish_call(st);
                     return Err(would_block());
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    core.finish_call(st);
+                    return Err(e.into());
+                }
             }
         }
     }

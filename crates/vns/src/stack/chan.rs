@@ -1,0 +1,266 @@
+//! The stack's channels as its data path shares them, and the receive path: reading each
+//! channel's byte stream once, deframing it, and handing every chunk to the shard that
+//! owns its socket.
+//!
+//! A channel carries chunks of sockets of every shard, so its two directions have locks
+//! of their own, apart from the shards': [`Chan::rx`] is held by whoever reads the
+//! channel (a reader task pulling, the driver), [`Chan::tx`] by whoever moves a shard's
+//! output into it (so that one shard's chunk, header and payload, is never split by
+//! another's). The table of channels ([`ChanTable`]) is read without a lock
+//! (`arc_swap`) and replaced by the driver, under the control lock, when a channel comes
+//! or goes.
+//!
+//! Lock order (`docs/architecture.md`, "Threads and locking"): control → shard →
+//! channel tx; channel rx → shard → channel tx. Nothing takes a channel's rx lock while
+//! holding a shard's, or the control lock while holding either.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use netsched::{ChannelClass, ChannelId};
+use tracing::{debug, warn};
+
+use super::backend::BoxedTransport;
+use super::driver::{Core, Gone};
+use super::shard::{Shard, ShardSet};
+use crate::deframer::{Chunk, Deframer};
+use crate::endpoint::{ChannelError, ShardOf};
+
+/// Chunk buffers a channel's deframer keeps for reuse (refilled from the shards'
+/// endpoints, which collect them as the application reads).
+const RX_SPARE: usize = 8;
+
+/// Byte batches read from one channel per pass (fairness between channels and with the
+/// shards' application calls).
+const RX_BUDGET: usize = 64;
+
+/// One channel of the stack, shared by the driver and the data path of every shard.
+pub(crate) struct Chan {
+    pub(crate) id: ChannelId,
+    pub(crate) t: BoxedTransport,
+    pub(crate) peer: Ipv4Addr,
+    pub(crate) class: ChannelClass,
+    pub(crate) rx: Mutex<ChanRx>,
+    pub(crate) tx: Mutex<ChanTx>,
+    /// Bytes of the batches in `tx` the channel refused (full), readable without its
+    /// lock.
+    pub(crate) tx_pending_bytes: AtomicUsize,
+    /// Found dead by a data-path call: `Gone` as a code, 0 while alive. The driver drops
+    /// it from the table and tells the shards.
+    dead: AtomicU8,
+}
+
+/// The receive side of a channel.
+pub(crate) struct ChanRx {
+    /// Bytes dequeued and not yet deframed: the rest of a batch whose reads paused, or
+    /// what followed the preamble.
+    pub(crate) pending: Option<Bytes>,
+    deframer: Deframer,
+    spare: Vec<Vec<u8>>,
+    /// The shard whose endpoint holds a chunk of this channel it could not park within
+    /// its budgets: the channel is not read until that endpoint unpauses it.
+    stalled_in: Option<usize>,
+}
+
+/// The transmit side of a channel: batches it refused (full), sent before anything new.
+#[derive(Default)]
+pub(crate) struct ChanTx {
+    pub(crate) pending: VecDeque<Bytes>,
+}
+
+/// The stack's channels by id.
+pub(crate) type ChanTable = BTreeMap<ChannelId, Arc<Chan>>;
+
+impl Chan {
+    pub(crate) fn new(
+        id: ChannelId,
+        t: BoxedTransport,
+        peer: Ipv4Addr,
+        class: ChannelClass,
+        max_chunk_payload: usize,
+        leftover: Option<Bytes>,
+    ) -> Chan {
+        Chan {
+            id,
+            t,
+            peer,
+            class,
+            rx: Mutex::new(ChanRx {
+                pending: leftover,
+                deframer: Deframer::new(max_chunk_payload),
+                spare: Vec::new(),
+                stalled_in: None,
+            }),
+            tx: Mutex::new(ChanTx::default()),
+            tx_pending_bytes: AtomicUsize::new(0),
+            dead: AtomicU8::new(0),
+        }
+    }
+
+    pub(crate) fn lock_tx(&self) -> MutexGuard<'_, ChanTx> {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_rx(&self) -> MutexGuard<'_, ChanRx> {
+        self.rx.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that the channel is dead (the first reason found wins).
+    pub(crate) fn mark_dead(&self, why: Gone) {
+        let _ = self
+            .dead
+            .compare_exchange(0, why.code(), Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Why the channel is dead, if a data-path call found it so.
+    pub(crate) fn dead(&self) -> Option<Gone> {
+        Gone::from_code(self.dead.load(Ordering::Acquire))
+    }
+}
+
+impl ChanTx {
+    /// Keeps a batch the channel could not take now (after those it refused before).
+    pub(crate) fn push(&mut self, b: Bytes, bytes: &AtomicUsize) {
+        if !b.is_empty() {
+            bytes.fetch_add(b.len(), Ordering::Relaxed);
+            self.pending.push_back(b);
+        }
+    }
+}
+
+/// What a pass over the channels' received bytes did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Received {
+    /// Some channel had bytes.
+    pub(crate) any: bool,
+    /// Work is left over: a channel's budget was used up, or a channel died.
+    pub(crate) more: bool,
+}
+
+impl Core {
+    /// Reads every channel's received bytes, deframes them and hands each chunk to its
+    /// socket's shard; `touched` collects the shards that were handed chunks (the caller
+    /// finishes them: their output to the channels, their events to the tasks). A
+    /// channel another thread is reading is waited for, since that thread may be about
+    /// to stop short of what this caller came for.
+    pub(crate) fn receive_all(&self, cx: &mut Context<'_>, touched: &mut ShardSet) -> Received {
+        let table = self.chans.load();
+        let mut r = Received::default();
+        for chan in table.values() {
+            if chan.dead().is_some() {
+                continue;
+            }
+            let mut rx = chan.lock_rx();
+            match self.receive(chan, &mut rx, cx, touched) {
+                Ok((any, more)) => {
+                    r.any |= any;
+                    r.more |= more;
+                }
+                Err(why) => {
+                    chan.mark_dead(why);
+                    r.more = true;
+                }
+            }
+        }
+        r
+    }
+
+    /// Reads one channel (its rx lock held): returns whether it had bytes and whether
+    /// its budget ran out. `Err` when the channel is gone.
+    fn receive(
+        &self,
+        chan: &Chan,
+        rx: &mut ChanRx,
+        cx: &mut Context<'_>,
+        touched: &mut ShardSet,
+    ) -> Result<(bool, bool), Gone> {
+        if let Some(j) = rx.stalled_in {
+            if self.lock_shard(j).ep.should_pause_channel_reads(chan.id) {
+                return Ok((false, false));
+            }
+            debug!(channel = %chan.id, "channel reads resume");
+            rx.stalled_in = None;
+        }
+        let count = self.shard_count();
+        let mut any = false;
+        for _ in 0..RX_BUDGET {
+            let bytes = match rx.pending.take() {
+                Some(b) => b,
+                None => match chan.t.poll_dequeue(cx) {
+                    Poll::Ready(Ok(Some(b))) => b,
+                    Poll::Ready(Ok(None)) => {
+                        debug!(channel = %chan.id, "channel closed by the peer");
+                        return Err(Gone::Closed);
+                    }
+                    Poll::Ready(Err(e)) => {
+                        debug!(channel = %chan.id, error = %e, "channel failed");
+                        return Err(Gone::of(&e));
+                    }
+                    Poll::Pending => return Ok((any, false)),
+                },
+            };
+            any = true;
+            // The shard last handed a chunk, kept locked while the chunks of this batch
+            // go to it (one lock for a batch of one socket's chunks).
+            let mut held: Option<(usize, MutexGuard<'_, Shard>)> = None;
+            let mut off = 0;
+            while off < bytes.len() {
+                let (used, chunk) = match rx.deframer.feed_pooled(&bytes[off..], &mut rx.spare) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        warn!(channel = %chan.id, error = %e, "bad bytes on a channel; dropping it");
+                        return Err(Gone::Lost);
+                    }
+                };
+                off += used;
+                let Some(chunk) = chunk else {
+                    continue;
+                };
+                let j = usize::from(ShardOf::of_ports(
+                    chunk.header.dst_port,
+                    chunk.header.src_port,
+                    count as u16,
+                ));
+                if held.as_ref().is_none_or(|(i, _)| *i != j) {
+                    // Let the last shard go before taking the next (one at a time).
+                    drop(held.take());
+                    held = Some((j, self.lock_shard(j)));
+                }
+                let (_, shard) = held.as_mut().expect("just set");
+                touched.insert(j);
+                if deliver(chan.id, shard, chunk)? {
+                    debug!(channel = %chan.id, shard = j, "channel reads paused");
+                    rx.stalled_in = Some(j);
+                    if off < bytes.len() {
+                        rx.pending = Some(bytes.slice(off..));
+                    }
+                    return Ok((any, false));
+                }
+                if rx.spare.len() < RX_SPARE / 2 {
+                    let want = RX_SPARE - rx.spare.len();
+                    shard.ep.take_spare_buffers(&mut rx.spare, want);
+                }
+            }
+        }
+        Ok((any, true))
+    }
+}
+
+/// Hands a chunk to its shard's endpoint; returns whether the channel's reads pause.
+fn deliver(id: ChannelId, shard: &mut Shard, chunk: Chunk) -> Result<bool, Gone> {
+    match shard.ep.handle_chunk(id, chunk) {
+        Ok(paused) => Ok(paused),
+        // The shard has let the channel go (the driver is dropping it).
+        Err((ChannelError::UnknownChannel(_), _)) => Err(Gone::Lost),
+        // Not expected: reads stop at the first pause. Treated as one: the chunk is
+        // dropped with the channel's loss, and the peer sends it again.
+        Err((e, _)) => {
+            warn!(channel = %id, error = %e, "chunk refused by its shard; dropping the channel");
+            Err(Gone::Lost)
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! A shard of the stack: one [`Endpoint`] owning the sockets whose ports map to it
+//! ([`ShardOf`](crate::ShardOf)), the wakers of the tasks waiting on them, and the moving
+//! of its output into the channels.
+//!
+//! A stack runs several shards (`StackBuilder::shards`), each behind its own lock, so that
+//! calls on sockets of different shards never wait for each other: an application call
+//! locks its socket's shard only, and a channel's received chunks are handed to each
+//! chunk's shard in turn (`chan.rs`). Every shard's endpoint knows every channel (the
+//! driver adds and removes channels in all of them); each has its own scheduler instance
+//! ([`NetScheduler::fork`](netsched::NetScheduler::fork)), outboxes and budgets.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use bytes::Bytes;
+use netdriver::channel::EnqueueError;
+use netsched::{ChannelClass, ChannelId};
+use tracing::debug;
+
+use super::chan::{Chan, ChanTable, ChanTx};
+use super::driver::{lost, Gone, SockWake};
+use crate::endpoint::{ChannelLoad, Endpoint, Event, SocketId};
+use crate::wire::HEADER_LEN;
+
+/// Bytes of `poll_transmit` output gathered per batch (headers, small chunks and the
+/// large payloads enqueued beside them).
+const TX_BATCH: usize = 256 * 1024;
+/// Payloads up to this size are copied into the batch beside their header; larger ones
+/// are enqueued as they are (shared with the socket's send buffer).
+const INLINE_PAYLOAD: usize = 4 * 1024;
+/// Batches up to this size are copied out of the shard's batch buffer, which is kept.
+const SMALL_BATCH: usize = 16 * 1024;
+/// Batches written to one channel per call (in bytes: `TX_BUDGET * TX_BATCH`).
+const TX_BUDGET: usize = 16;
+
+/// Most shards a stack runs (a set of them is a bit mask).
+pub(crate) const MAX_SHARDS: usize = 64;
+
+/// A set of shard indices.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ShardSet(u64);
+
+impl ShardSet {
+    pub(crate) fn insert(&mut self, i: usize) {
+        self.0 |= 1 << i;
+    }
+
+    pub(crate) fn iter(self) -> impl Iterator<Item = usize> {
+        (0..MAX_SHARDS).filter(move |i| self.0 & (1 << i) != 0)
+    }
+}
+
+/// Everything behind one shard's lock.
+pub(crate) struct Shard {
+    pub(crate) ep: Endpoint,
+    pub(crate) socks: HashMap<SocketId, SockWake>,
+    pub(crate) listeners: HashMap<u16, Option<Waker>>,
+    pub(crate) deadlines: BTreeMap<SocketId, Instant>,
+    /// The driver has stopped: no channel will ever move again.
+    pub(crate) stopped: bool,
+    /// Channels whose last load reported to this shard's endpoint was zero. Only the
+    /// stack enqueues into a channel, so without new chunks its load can only have fallen
+    /// since: such a channel with nothing to send needs neither a visit nor a report.
+    idle: HashSet<ChannelId>,
+    /// Scratch space of [`Shard::transmit_all`]: the batch being gathered.
+    tx_buf: Vec<u8>,
+    /// Channel wake-ups (or inline transmits) that enqueues handed back, run by whoever
+    /// releases the lock next: a round of a channel thread, with its system call, never
+    /// runs under a shard's lock. With whether the channel may send inline:
+    /// latency-class channels only (measured on the 2-core bed, docs/performance.md:
+    /// inline rounds save a sparse stream ~10 % of its latency and up to 25 % of one
+    /// connection's request rate, but cost 25-35 % of the request rate at 32-128
+    /// connections, where the channel threads batch).
+    #[cfg(target_os = "linux")]
+    pub(crate) kicks: Vec<(netdriver::channel::DeferredKick, bool)>,
+}
+
+impl Shard {
+    pub(crate) fn new(ep: Endpoint) -> Shard {
+        Shard {
+            ep,
+            socks: HashMap::new(),
+            listeners: HashMap::new(),
+            deadlines: BTreeMap::new(),
+            stopped: false,
+            idle: HashSet::new(),
+            tx_buf: Vec::with_capacity(SMALL_BATCH),
+            #[cfg(target_os = "linux")]
+            kicks: Vec::new(),
+        }
+    }
+
+    /// Moves the endpoint's output into every channel; returns whether work is left over
+    /// (a channel's budget was used up, or a channel died: the driver drops it).
+    pub(crate) fn transmit_all(&mut self, table: &ChanTable, cx: &mut Context<'_>) -> bool {
+        let mut buf = std::mem::take(&mut self.tx_buf);
+        let mut busy = false;
+        for chan in table.values() {
+            // Most calls concern one socket: channels with nothing to move and an idle
+            // load on record are skipped (no statistics read, no endpoint poll).
+            let idle =
+                chan.tx_pending_bytes.load(Ordering::Relaxed) == 0 && self.idle.contains(&chan.id);
+            if idle && !self.ep.has_transmit(chan.id) {
+                continue;
+            }
+            if chan.dead().is_some() {
+                continue;
+            }
+            match self.transmit(chan, cx, &mut buf) {
+                Ok(more) => busy |= more,
+                Err(why) => {
+                    chan.mark_dead(why);
+                    busy = true;
+                }
+            }
+        }
+        self.tx_buf = buf;
+        busy
+    }
+
+    /// Moves the endpoint's chunks for a channel into it. `Err` when the channel is gone.
+    ///
+    /// Headers and small chunks are gathered into `buf` and enqueued as one `Bytes`; a
+    /// large payload is enqueued as the `Bytes` the endpoint hands out (a reference to the
+    /// socket's send-buffer segment), right after the batch holding its header: no copy.
+    /// The channel's tx lock is held throughout, so that no other shard's chunk comes
+    /// between a header and its payload.
+    fn transmit(
+        &mut self,
+        chan: &Chan,
+        cx: &mut Context<'_>,
+        buf: &mut Vec<u8>,
+    ) -> Result<bool, Gone> {
+        let id = chan.id;
+        let mut tx = chan.lock_tx();
+        let mut more = false;
+        let mut budget = TX_BUDGET * TX_BATCH;
+        loop {
+            // What the channel refused before goes first, in order.
+            while let Some(b) = tx.pending.pop_front() {
+                let n = b.len();
+                #[cfg(target_os = "linux")]
+                let queued = chan.t.enqueue_deferred(b).map(|kick| {
+                    match kick {
+                        // Latency channels may send inline, after the lock is released.
+                        Some(kick) if chan.class == ChannelClass::Latency => {
+                            self.kicks.push((kick, true));
+                        }
+                        // Throughput channels: the thread is woken now, as ever.
+                        Some(kick) => kick.wake(),
+                        None => {}
+                    }
+                });
+                #[cfg(not(target_os = "linux"))]
+                let queued = chan.t.enqueue(b);
+                match queued {
+                    Ok(()) => {
+                        chan.tx_pending_bytes.fetch_sub(n, Ordering::Relaxed);
+                    }
+                    Err(EnqueueError::Full(b)) => {
+                        tx.pending.push_front(b);
+                        match chan.t.poll_enqueue_ready(cx) {
+                            Poll::Ready(Ok(())) => continue,
+                            Poll::Ready(Err(e)) => return lost(id, e),
+                            Poll::Pending => {
+                                self.report_load(chan);
+                                return Ok(false);
+                            }
+                        }
+                    }
+                    Err(EnqueueError::Closed(e)) => return lost(id, e),
+                }
+            }
+            if budget == 0 {
+                more = true;
+                break;
+            }
+            self.report_load(chan);
+            // Gather the next batch.
+            buf.clear();
+            let mut gathered = 0;
+            while gathered < TX_BATCH {
+                let Some(payload) = self.ep.poll_transmit_parts(id, buf) else {
+                    break;
+                };
+                if payload.len() <= INLINE_PAYLOAD {
+                    buf.extend_from_slice(&payload);
+                    gathered += HEADER_LEN + payload.len();
+                    continue;
+                }
+                gathered += HEADER_LEN + payload.len();
+                push(&mut tx, chan, take_batch(buf));
+                push(&mut tx, chan, payload);
+            }
+            if !buf.is_empty() {
+                push(&mut tx, chan, take_batch(buf));
+            }
+            if gathered == 0 {
+                break;
+            }
+            budget = budget.saturating_sub(gathered);
+        }
+        drop(tx);
+        self.report_load(chan);
+        Ok(more)
+    }
+
+    /// Tells the endpoint how much the channel holds (its queue and the batches it
+    /// refused).
+    fn report_load(&mut self, chan: &Chan) {
+        let stats = chan.t.stats();
+        let pending = chan.tx_pending_bytes.load(Ordering::Relaxed);
+        let load = ChannelLoad {
+            queued_bytes: (stats.tx_queued + pending) as u64,
+            in_flight_bytes: stats.tx_tcp_queued as u64,
+            cwnd_bytes: stats.cwnd as u64,
+            srtt: stats.srtt,
+            retransmitted_segments: stats.retransmitted_segments,
+            sent_bytes: stats.bytes_sent,
+        };
+        if load.queued_bytes == 0 && load.in_flight_bytes == 0 {
+            self.idle.insert(chan.id);
+        } else {
+            self.idle.remove(&chan.id);
+        }
+        let _ = self.ep.set_channel_load(chan.id, load);
+    }
+
+    /// Forgets a channel the endpoint has let go.
+    pub(crate) fn forget_channel(&mut self, id: ChannelId) {
+        self.idle.remove(&id);
+    }
+
+    /// Turns endpoint events into wake-ups; returns whether a paused channel resumed.
+    pub(crate) fn drain_events(&mut self, wake: &mut Vec<Waker>) -> bool {
+        let mut unpaused = false;
+        while let Some(e) = self.ep.poll_events() {
+            match e {
+                Event::Incoming { port } => {
+                    if let Some(w) = self.listeners.get_mut(&port).and_then(Option::take) {
+                        wake.push(w);
+                    }
+                }
+                Event::Connected(s)
+                | Event::Readable(s)
+                | Event::Writable(s)
+                | Event::Failed(s) => {
+                    if let Some(sw) = self.socks.get_mut(&s) {
+                        wake.extend(sw.read.take());
+                        wake.extend(sw.write.take());
+                    }
+                }
+                Event::ChannelUnpaused(_) => unpaused = true,
+            }
+        }
+        unpaused
+    }
+
+    /// Fails connects past their deadline and runs the endpoint's timers; returns the next
+    /// deadline.
+    pub(crate) fn expire(&mut self, now: Instant, wake: &mut Vec<Waker>) -> Option<Instant> {
+        let mut next = None;
+        let mut expired = Vec::new();
+        for (&sid, &d) in &self.deadlines {
+            if d <= now {
+                expired.push(sid);
+            } else {
+                next = Some(next.map_or(d, |n: Instant| n.min(d)));
+            }
+        }
+        for sid in expired {
+            self.deadlines.remove(&sid);
+            if self.ep.is_connected(sid) {
+                continue;
+            }
+            if let Some(sw) = self.socks.get_mut(&sid) {
+                debug!(socket = %sid, "connect timed out");
+                sw.timed_out = true;
+                wake.extend(sw.read.take());
+                wake.extend(sw.write.take());
+                self.ep.reset(sid);
+            }
+        }
+        // The endpoint's own timers (closed sockets lingering for a FIN). A socket reset
+        // there queued a RESET: run another round at once to send it.
+        let reaped = self.ep.counters().linger_expired;
+        self.ep.handle_timeout(now);
+        if self.ep.counters().linger_expired != reaped {
+            next = Some(now);
+        }
+        if let Some(d) = self.ep.poll_timeout() {
+            next = Some(next.map_or(d, |n: Instant| n.min(d)));
+        }
+        next
+    }
+
+    /// Registers a socket created by `connect` or `accept`.
+    pub(crate) fn track(&mut self, sid: SocketId) {
+        self.socks.entry(sid).or_default();
+    }
+
+    /// Releases a socket whose handle is gone: closes it (`Endpoint::close`), or with
+    /// `abort` resets it.
+    pub(crate) fn release(&mut self, sid: SocketId, abort: bool) {
+        self.socks.remove(&sid);
+        self.deadlines.remove(&sid);
+        if abort {
+            self.ep.reset(sid);
+        } else {
+            self.ep.close(sid);
+        }
+    }
+
+    /// Wakes every task waiting on this shard's sockets and listeners.
+    pub(crate) fn wake_all(&mut self, wake: &mut Vec<Waker>) {
+        for s in self.socks.values_mut() {
+            wake.extend(s.read.take());
+            wake.extend(s.write.take());
+        }
+        for l in self.listeners.values_mut() {
+            wake.extend(l.take());
+        }
+    }
+}
+
+fn push(tx: &mut ChanTx, chan: &Chan, b: Bytes) {
+    tx.push(b, &chan.tx_pending_bytes);
+}
+
+/// The gathered batch as `Bytes`: small ones are copied (the buffer is kept), larger ones
+/// handed over.
+fn take_batch(buf: &mut Vec<u8>) -> Bytes {
+    if buf.len() <= SMALL_BATCH {
+        let b = Bytes::copy_from_slice(buf);
+        buf.clear();
+        b
+    } else {
+        Bytes::from(std::mem::replace(buf, Vec::with_capacity(SMALL_BATCH)))
+    }
+}

@@ -1,0 +1,203 @@
+//! The stack's shards: no lock is shared by every stream.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::timeout;
+
+use super::{MemNetwork, Stack, VirtualStream};
+
+const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const LIMIT: Duration = Duration::from_secs(10);
+
+fn pair(shards: usize) -> (Stack, Stack) {
+    let net = MemNetwork::new();
+    let build = |ip| {
+        Stack::builder()
+            .ipv4(ip)
+            .channels(3)
+            .shards(shards)
+            .build_in_memory(&net)
+            .unwrap()
+    };
+    (build(A), build(B))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// `n` connected pairs (client on `a`, server on `b`), with each end's shard.
+async fn pairs(a: &Stack, b: &Stack, port: u16, n: usize) -> Vec<(VirtualStream, VirtualStream)> {
+    let l = b
+        .bind(SocketAddr::V4(SocketAddrV4::new(B, port)))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let c = a
+            .connect(SocketAddr::V4(SocketAddrV4::new(B, port)))
+            .await
+            .unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        out.push((c, s));
+    }
+    out
+}
+
+fn shard(stack: &Stack, s: &VirtualStream) -> usize {
+    let sid = s.socket_id().expect("a virtual stream");
+    stack.core().shard_of(sid)
+}
+
+/// Holds shard `i` of `stack` locked in a thread of its own until the returned sender is
+/// dropped.
+fn hold_shard(stack: &Stack, i: usize) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let core = stack.core().clone();
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        let guard = core.lock_shard(i);
+        locked_tx.send(()).unwrap();
+        // Until the test lets go (the sender dropped).
+        let _ = release_rx.recv();
+        drop(guard);
+    });
+    locked_rx.recv().unwrap();
+    (release_tx, t)
+}
+
+#[test]
+fn sockets_spread_over_the_shards() {
+    let rt = runtime();
+    let (a, b) = pair(4);
+    assert_eq!((a.shards(), b.shards()), (4, 4));
+    rt.block_on(async {
+        let ps = pairs(&a, &b, 7600, 32).await;
+        let mut seen_a = [0usize; 4];
+        let mut seen_b = [0usize; 4];
+        for (c, s) in &ps {
+            seen_a[shard(&a, c)] += 1;
+            seen_b[shard(&b, s)] += 1;
+        }
+        // Connects go round robin; accepted sockets follow their ports.
+        assert_eq!(seen_a, [8; 4], "client sockets per shard");
+        assert!(seen_b.iter().filter(|&&n| n > 0).count() >= 2, "{seen_b:?}");
+    });
+}
+
+/// The point of the shards: while one shard's lock is held (a long call on one of its
+/// streams, say), streams of the other shards still exchange bytes, both ways, on both
+/// stacks. With one stack-wide lock this exchange would wait for the holder (checked:
+/// with every shard's lock taken through shard 0's, this test fails).
+#[test]
+fn streams_of_other_shards_run_while_one_shard_is_held() {
+    let rt = runtime();
+    let (a, b) = pair(4);
+    // Quiet first, every stream kept open: a chunk of a shard-0 socket still on its way
+    // (a FIN of a dropped stream, say) would hold its channel's receive side behind the
+    // held shard (a channel's chunks are taken in order), which is not what this tests.
+    let mut ps = rt.block_on(async {
+        let ps = pairs(&a, &b, 7601, 24).await;
+        timeout(LIMIT, a.drained()).await.unwrap();
+        timeout(LIMIT, b.drained()).await.unwrap();
+        ps
+    });
+    // A pair whose ends are in shards we do not hold: hold shard 0 of both stacks and use
+    // a pair outside it on both sides.
+    let at = ps
+        .iter()
+        .position(|(c, s)| shard(&a, c) != 0 && shard(&b, s) != 0)
+        .expect("a pair outside shard 0 on both stacks");
+    let (mut c, mut s) = ps.swap_remove(at);
+    let (ra, ta) = hold_shard(&a, 0);
+    let (rb, tb) = hold_shard(&b, 0);
+    // The exchange runs on the runtime; this thread only watches the clock (a task
+    // blocked on a lock would stop the runtime's own timers too).
+    let (done_tx, done_rx) = mpsc::channel();
+    rt.spawn(async move {
+        for round in 0..50u32 {
+            let msg = round.to_be_bytes().repeat(64);
+            c.write_all(&msg).await.unwrap();
+            let mut got = vec![0u8; msg.len()];
+            s.read_exact(&mut got).await.unwrap();
+            assert_eq!(got, msg);
+            s.write_all(&got).await.unwrap();
+            c.read_exact(&mut got).await.unwrap();
+            assert_eq!(got, msg);
+        }
+        done_tx.send(()).unwrap();
+    });
+    let finished = done_rx.recv_timeout(LIMIT);
+    // Let go of the shards before judging, so that a failure unwinds cleanly.
+    drop((ra, rb));
+    ta.join().unwrap();
+    tb.join().unwrap();
+    assert!(
+        finished.is_ok(),
+        "an exchange in other shards waited for the held one"
+    );
+    drop(ps);
+}
+
+/// One backlog for all shards: a SYNC is refused once `backlog` connections wait,
+/// whichever shards they went to.
+#[test]
+fn the_backlog_is_one_for_all_shards() {
+    let rt = runtime();
+    let (a, b) = pair(8);
+    rt.block_on(async {
+        let at = SocketAddr::V4(SocketAddrV4::new(B, 7602));
+        let l = b.bind_with_backlog(at, 3).await.unwrap();
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(a.connect(at).await.unwrap());
+        }
+        for _ in 0..5 {
+            let e = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+        }
+        let (_s, _) = l.accept().await.unwrap();
+        // Room for exactly one more.
+        held.push(a.connect(at).await.unwrap());
+        let e = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+    });
+}
+
+/// A scheduler that cannot be forked keeps the stack on one shard.
+#[test]
+fn a_scheduler_without_fork_keeps_one_shard() {
+    #[derive(Debug)]
+    struct First;
+    impl netsched::NetScheduler for First {
+        fn pick_channel(
+            &mut self,
+            _: &netsched::ChunkInfo,
+            c: &[netsched::ChannelStats],
+        ) -> Option<netsched::ChannelId> {
+            c.first().map(|c| c.id)
+        }
+    }
+    let net = MemNetwork::new();
+    let s = Stack::builder()
+        .ipv4(A)
+        .shards(4)
+        .scheduler(First)
+        .build_in_memory(&net)
+        .unwrap();
+    assert_eq!(s.shards(), 1);
+    let s = Stack::builder()
+        .ipv4(B)
+        .shards(4)
+        .build_in_memory(&net)
+        .unwrap();
+    assert_eq!(s.shards(), 4);
+}
