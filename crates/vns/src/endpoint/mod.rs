@@ -337,9 +337,9 @@ impl Endpoint {
     /// first broken one.
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        for (&id, c) in &self.channels {
-            let charged: usize = self
-                .sockets
+        // What the sockets hold charged to a channel: parked chunks and early ones.
+        let held_for = |id: ChannelId| -> usize {
+            self.sockets
                 .values()
                 .map(|s| {
                     s.parked.charged_to(id)
@@ -349,7 +349,10 @@ impl Endpoint {
                             .map(|(_, c)| channels::early_cost(c, self.config.max_chunk_payload))
                             .sum::<usize>()
                 })
-                .sum();
+                .sum()
+        };
+        for (&id, c) in &self.channels {
+            let charged = held_for(id);
             if charged != c.parked_bytes {
                 return Err(format!(
                     "{id}: {} bytes charged, sockets hold {charged}",
@@ -370,19 +373,6 @@ impl Endpoint {
                 ));
             }
         }
-        let held_for = |id: ChannelId| -> usize {
-            self.sockets
-                .values()
-                .map(|s| {
-                    s.parked.charged_to(id)
-                        + s.early
-                            .iter()
-                            .filter(|(ch, _)| *ch == id)
-                            .map(|(_, c)| channels::early_cost(c, self.config.max_chunk_payload))
-                            .sum::<usize>()
-                })
-                .sum()
-        };
         for (&id, &(_, left)) in &self.closed_charges {
             let held = held_for(id);
             if held != left || left == 0 {
