@@ -83,9 +83,15 @@ fn connect_to_unbound_port_is_refused() {
     assert_eq!(sim.ends[A].recv(c, &mut [0; 8]), Err(Error::InvalidSocket));
 }
 
+/// A full backlog drops the SYNC unanswered, as Linux drops a SYN, and the client sends
+/// the same SYNC again after `Config::sync_retry`, doubling the wait; it gets in once an
+/// accept has made room. It is never refused.
 #[test]
-fn backlog_is_bounded_and_frees_on_accept() {
+fn a_full_backlog_drops_the_sync_and_the_client_retries() {
     let mut sim = Sim::throughput(2, small_config(256), 512, 3);
+    let retry = sim.ends[A].config().sync_retry;
+    let t0 = std::time::Instant::now();
+    sim.ends[A].handle_timeout(t0);
     sim.ends[B].bind(90, 2).unwrap();
     let socks: Vec<_> = (0..3)
         .map(|_| {
@@ -95,22 +101,77 @@ fn backlog_is_bounded_and_frees_on_accept() {
         })
         .collect();
     sim.settle();
-    // The SYNCs race over two channels: any two get in, the third is refused.
-    let refused: Vec<_> = socks
+    // The SYNCs race over two channels: any two get in, the third waits.
+    let waiting: Vec<_> = socks
         .iter()
-        .filter(|&&s| !sim.ends[A].is_connected(s))
+        .copied()
+        .filter(|&s| !sim.ends[A].is_connected(s))
         .collect();
-    assert_eq!(refused.len(), 1);
-    assert_eq!(
-        sim.ends[A].recv(*refused[0], &mut [0; 1]),
-        Err(Error::ConnectionRefused)
-    );
-    sim.ends[B].accept(90).unwrap();
-    let again = sim.ends[A]
-        .connect(PeerId(1), 90, AppClass::Throughput)
-        .unwrap();
+    assert_eq!(waiting.len(), 1);
+    let w = waiting[0];
+    assert_eq!(sim.ends[A].recv(w, &mut [0; 1]), Err(Error::WouldBlock));
+    assert_eq!(sim.ends[B].counters().backlog_full_syncs, 1);
+    assert_eq!(sim.ends[B].counters().refused_syncs, 0);
+    // The first handle_timeout only sets the retry time; it is due `retry` later.
+    sim.ends[A].handle_timeout(t0);
+    assert_eq!(sim.ends[A].poll_timeout(), Some(t0 + retry));
+    sim.ends[A].handle_timeout(t0 + retry - std::time::Duration::from_millis(1));
     sim.settle();
-    assert!(sim.ends[A].is_connected(again));
+    assert_eq!(sim.ends[A].counters().sync_retries, 0);
+    // Due with the backlog still full: dropped again, and the wait doubles.
+    sim.ends[A].handle_timeout(t0 + retry);
+    sim.settle();
+    assert_eq!(sim.ends[A].counters().sync_retries, 1);
+    assert_eq!(sim.ends[B].counters().backlog_full_syncs, 2);
+    assert!(!sim.ends[A].is_connected(w));
+    assert_eq!(sim.ends[A].poll_timeout(), Some(t0 + retry * 3));
+    // An accept makes room; the next try gets in.
+    sim.ends[B].accept(90).unwrap();
+    sim.ends[A].handle_timeout(t0 + retry * 3);
+    sim.settle();
+    assert!(sim.ends[A].is_connected(w));
+    assert_eq!(sim.ends[A].counters().sync_retries, 2);
+    assert_eq!(sim.ends[B].counters().backlog_full_syncs, 2);
+    // Connected sockets are forgotten: nothing is timed any more.
+    sim.ends[A].handle_timeout(t0 + retry * 7);
+    assert_eq!(sim.ends[A].poll_timeout(), None);
+    assert_eq!(sim.ends[A].counters().sync_retries, 2);
+    // The retried socket is a whole connection: bytes go both ways.
+    let s = sim.ends[B].accept(90).unwrap();
+    let s2 = sim.ends[B].accept(90).unwrap();
+    sim.ends[A].send(w, b"late").unwrap();
+    sim.settle();
+    let mut got = [0u8; 4];
+    let n = [s, s2]
+        .iter()
+        .map(|&x| sim.ends[B].recv(x, &mut got).unwrap_or(0))
+        .sum::<usize>();
+    assert_eq!(n, 4);
+    assert_eq!(&got, b"late");
+}
+
+/// A retried SYNC that crosses the SYNC_ACK (the backlog had room after all) is ignored:
+/// one connection, not two.
+#[test]
+fn a_retried_sync_for_an_existing_socket_is_ignored() {
+    let mut sim = Sim::throughput(1, small_config(256), 512, 5);
+    let retry = sim.ends[A].config().sync_retry;
+    let t0 = std::time::Instant::now();
+    sim.ends[B].bind(91, 4).unwrap();
+    let c = sim.ends[A]
+        .connect(PeerId(1), 91, AppClass::Throughput)
+        .unwrap();
+    // The SYNC reaches B, but A retries before the SYNC_ACK is back.
+    sim.pump_tx();
+    sim.deliver(0, A, usize::MAX);
+    sim.ends[A].handle_timeout(t0);
+    sim.ends[A].handle_timeout(t0 + retry);
+    assert_eq!(sim.ends[A].counters().sync_retries, 1);
+    sim.settle();
+    assert!(sim.ends[A].is_connected(c));
+    sim.ends[B].accept(91).unwrap();
+    assert_eq!(sim.ends[B].accept(91), Err(Error::WouldBlock));
+    assert_eq!(sim.ends[B].counters().backlog_full_syncs, 0);
 }
 
 #[test]
@@ -123,6 +184,40 @@ fn no_channel_of_the_class_is_an_error() {
     assert_eq!(
         sim.ends[A].connect(PeerId(9), 1, AppClass::Throughput),
         Err(Error::NoChannel)
+    );
+}
+
+/// A vectored send joins its pieces in the send buffer: three small pieces leave as one
+/// DATA chunk (one header on the wire), where three sends of them would each be theirs.
+#[test]
+fn a_vectored_send_leaves_as_one_chunk() {
+    use std::io::IoSlice;
+    let mut sim = Sim::throughput(1, small_config(300), 4096, 6);
+    sim.ends[B].bind(8, 1).unwrap();
+    let (c, s) = connect(&mut sim, 8);
+    sim.settle();
+    let pieces = [
+        IoSlice::new(b"one,"),
+        IoSlice::new(b""),
+        IoSlice::new(b"two,three"),
+    ];
+    assert_eq!(sim.ends[A].send_vectored(c, &pieces), Ok(13));
+    sim.pump_tx();
+    assert_eq!(sim.wire_bytes(0, A), vns::wire::HEADER_LEN + 13);
+    sim.settle();
+    let mut got = [0u8; 13];
+    assert_eq!(sim.ends[B].recv(s, &mut got), Ok(13));
+    assert_eq!(&got, b"one,two,three");
+    // Bounded by the send buffer like `send`: the pieces are taken in order up to it.
+    let cap = sim.ends[A].config().send_buffer;
+    let big = vec![7u8; cap];
+    let n = sim.ends[A]
+        .send_vectored(c, &[IoSlice::new(b"xy"), IoSlice::new(&big)])
+        .unwrap();
+    assert_eq!(n, cap);
+    assert_eq!(
+        sim.ends[A].send_vectored(c, &[IoSlice::new(b"z")]),
+        Err(Error::WouldBlock)
     );
 }
 

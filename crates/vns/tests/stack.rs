@@ -422,23 +422,61 @@ async fn many_concurrent_streams_with_verified_data() {
     .unwrap();
 }
 
+/// A full backlog behaves like a kernel listener's: the next client is not refused; its
+/// SYNC is dropped and sent again, and it connects once an accept makes room.
 #[tokio::test]
-async fn backlog_is_bounded() {
+async fn a_full_backlog_makes_the_client_wait_not_fail() {
     let (a, b) = pair(2);
     let l = b.bind_with_backlog(addr(B, 7007), 2).await.unwrap();
     let c1 = a.connect(addr(B, 7007)).await.unwrap();
     let c2 = a.connect(addr(B, 7007)).await.unwrap();
-    let e = timeout(LIMIT, a.connect(addr(B, 7007)))
+    let a2 = a.clone();
+    let c3 = tokio::spawn(async move { a2.connect(addr(B, 7007)).await });
+    timeout(LIMIT, async {
+        while b.endpoint_counters().backlog_full_syncs == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the third SYNC never met the full backlog");
+    // Only an accept can make room, so the third connect is still waiting.
+    assert!(!c3.is_finished());
+    let (s1, _) = l.accept().await.unwrap();
+    assert_eq!(s1.peer_addr().unwrap(), c1.local_addr().unwrap());
+    let c3 = timeout(LIMIT, c3)
+        .await
+        .expect("the waiting client never got in")
+        .unwrap()
+        .unwrap();
+    assert!(a.endpoint_counters().sync_retries >= 1);
+    assert_eq!(b.endpoint_counters().refused_syncs, 0);
+    let (s2, _) = l.accept().await.unwrap();
+    assert_eq!(s2.peer_addr().unwrap(), c2.local_addr().unwrap());
+    let (s3, _) = l.accept().await.unwrap();
+    assert_eq!(s3.peer_addr().unwrap(), c3.local_addr().unwrap());
+}
+
+/// A client that waits on a full backlog nobody accepts from times out like a kernel
+/// client whose SYNs go unanswered.
+#[tokio::test]
+async fn a_backlog_nobody_drains_times_the_client_out() {
+    let net = vns::stack::MemNetwork::new();
+    let a = Stack::builder()
+        .ipv4(A)
+        .connect_timeout(Duration::from_millis(600))
+        .build_in_memory(&net)
+        .unwrap();
+    let b = Stack::builder().ipv4(B).build_in_memory(&net).unwrap();
+    let _l = b.bind_with_backlog(addr(B, 7017), 1).await.unwrap();
+    let _c1 = a.connect(addr(B, 7017)).await.unwrap();
+    let e = timeout(LIMIT, a.connect(addr(B, 7017)))
         .await
         .unwrap()
         .unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::ConnectionRefused);
-    let (s1, _) = l.accept().await.unwrap();
-    assert_eq!(s1.peer_addr().unwrap(), c1.local_addr().unwrap());
-    // Room again.
-    let _c3 = a.connect(addr(B, 7007)).await.unwrap();
-    let (s2, _) = l.accept().await.unwrap();
-    assert_eq!(s2.peer_addr().unwrap(), c2.local_addr().unwrap());
+    assert_eq!(e.kind(), ErrorKind::TimedOut);
+    // 200 ms, then 400 ms: at least the first retry went before the deadline.
+    assert!(a.endpoint_counters().sync_retries >= 1);
+    assert!(b.endpoint_counters().backlog_full_syncs >= 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

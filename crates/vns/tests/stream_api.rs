@@ -282,5 +282,162 @@ async fn connect_and_bind_resolve_names_on_the_default_stack() {
     assert_eq!(e.kind(), ErrorKind::AddrNotAvailable);
     let l2 = vns::VirtualListener::bind("0.0.0.0:7315").await.unwrap();
     assert_eq!(l2.local_addr().unwrap(), addr(Ipv4Addr::UNSPECIFIED, 7315));
+    // A real name of this host: `localhost`, resolved by the system (its IPv6 address,
+    // if any, is skipped), is served through the kernel's loopback.
+    let lo = vns::VirtualListener::bind("localhost:0").await.unwrap();
+    let lo_port = lo.local_addr().unwrap().port();
+    assert_eq!(lo.local_addr().unwrap(), addr(Ipv4Addr::LOCALHOST, lo_port));
+    let mut c3 = timeout(
+        LIMIT,
+        VirtualStream::connect(format!("localhost:{lo_port}")),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(c3.is_loopback());
+    let (mut s3, _) = lo.accept().await.unwrap();
+    c3.write_all(b"by name").await.unwrap();
+    let mut seven = [0u8; 7];
+    s3.read_exact(&mut seven).await.unwrap();
+    assert_eq!(&seven, b"by name");
+    // A name that does not resolve: the resolver's error, not a panic.
+    assert!(VirtualStream::connect("no-such-host.invalid:1")
+        .await
+        .is_err());
     vns::stack::clear_default_stack();
+}
+
+/// `poll_write_vectored` is a true vectored write: every piece in one call, read back in
+/// order (the endpoint joins them into one chunk: `tests/endpoint.rs`).
+#[tokio::test]
+async fn write_vectored_takes_every_piece_in_one_call() {
+    let (a, b) = Stack::pair_in_memory(2).unwrap();
+    let (mut c, mut s) = connected(&a, &b, 7320).await;
+    assert!(tokio::io::AsyncWrite::is_write_vectored(&c));
+    let pieces = [
+        IoSlice::new(b"ab"),
+        IoSlice::new(b""),
+        IoSlice::new(b"cdef"),
+    ];
+    let n = c.write_vectored(&pieces).await.unwrap();
+    assert_eq!(n, 6);
+    let n = c.try_write_vectored(&[IoSlice::new(b"g"), IoSlice::new(b"hi")]);
+    assert_eq!(n.unwrap(), 3);
+    c.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    timeout(LIMIT, s.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, b"abcdefghi");
+}
+
+/// Streams to the stack's own address and to 127.0.0.1 stay on the host: they are plain
+/// TCP over the kernel's loopback interface, accepted by the same listener that serves
+/// virtual sockets from other hosts.
+#[tokio::test]
+async fn connects_to_this_host_go_through_the_kernels_loopback() {
+    let (a, b) = Stack::pair_in_memory(1).unwrap();
+    let l = b.bind(addr(Ipv4Addr::UNSPECIFIED, 0)).await.unwrap();
+    assert!(l.serves_loopback());
+    let port = l.local_addr().unwrap().port();
+    // To the stack's own address.
+    let mut own = timeout(LIMIT, b.connect(addr(B, port)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(own.is_loopback() && own.is_plain_tcp());
+    assert_eq!(own.peer_addr().unwrap(), addr(B, port));
+    assert_eq!(own.local_addr().unwrap().ip(), B);
+    let (mut s, from) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    assert!(s.is_loopback());
+    assert_eq!(from.ip(), Ipv4Addr::LOCALHOST);
+    own.write_all(b"ping").await.unwrap();
+    let mut buf = [0u8; 4];
+    s.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"ping");
+    s.write_all(b"pong").await.unwrap();
+    own.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"pong");
+    // Real socket options, and the kernel socket can be handed over.
+    own.set_nodelay(true).unwrap();
+    assert!(own.nodelay().unwrap());
+    own.set_linger(Some(Duration::from_secs(3))).unwrap();
+    assert_eq!(own.linger().unwrap(), Some(Duration::from_secs(3)));
+    let std_stream = own.into_std().unwrap();
+    assert_eq!(
+        std_stream.peer_addr().unwrap(),
+        addr(Ipv4Addr::LOCALHOST, port)
+    );
+    drop(std_stream);
+    // The kernel's close: end of stream for the peer.
+    assert_eq!(s.read(&mut buf).await.unwrap(), 0);
+    // To 127.0.0.1, with a half close.
+    let mut lo = timeout(LIMIT, b.connect(addr(Ipv4Addr::LOCALHOST, port)))
+        .await
+        .unwrap()
+        .unwrap();
+    let (mut s2, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    lo.write_all(b"abc").await.unwrap();
+    lo.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    s2.read_to_end(&mut got).await.unwrap();
+    assert_eq!(got, b"abc");
+    s2.write_all(b"back").await.unwrap();
+    drop(s2);
+    let mut back = Vec::new();
+    lo.read_to_end(&mut back).await.unwrap();
+    assert_eq!(back, b"back");
+    // Another host still gets a virtual socket on the same listener.
+    let (remote, _) = tokio::join!(a.connect(addr(B, port)), async {
+        let (s, _) = l.accept().await.unwrap();
+        assert!(!s.is_loopback() && !s.is_plain_tcp());
+    });
+    let remote = remote.unwrap();
+    assert!(!remote.is_loopback());
+    let e = remote.into_std().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported);
+    assert!(e.to_string().contains("no kernel socket"), "{e}");
+}
+
+/// A listener on a loopback address is the kernel's only: this host reaches it, other
+/// hosts' virtual sockets do not; nothing listening is refused as by the kernel.
+#[tokio::test]
+async fn a_loopback_bind_serves_this_host_only() {
+    let (a, b) = Stack::pair_in_memory(1).unwrap();
+    let l = b.bind(addr(Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    assert_eq!(l.local_addr().unwrap(), addr(Ipv4Addr::LOCALHOST, port));
+    let e = timeout(LIMIT, a.connect(addr(B, port)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionRefused);
+    let c = timeout(LIMIT, b.connect(addr(Ipv4Addr::LOCALHOST, port)))
+        .await
+        .unwrap()
+        .unwrap();
+    let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    // Dropping a stream with unread bytes resets the peer, as the kernel does.
+    c.try_write(b"unread").unwrap();
+    s.readable().await.unwrap();
+    drop(s);
+    let mut c = c;
+    let mut buf = [0u8; 8];
+    let r = timeout(LIMIT, c.read(&mut buf)).await.unwrap();
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::ConnectionReset);
+    drop(l);
+    let e = b
+        .connect(addr(Ipv4Addr::LOCALHOST, port))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionRefused);
+    // Not an address of this host.
+    let e = b
+        .bind(addr(Ipv4Addr::new(10, 9, 9, 9), 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AddrNotAvailable);
+    let e = b.bind(addr(B, 0)).await.unwrap().into_std().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported);
 }

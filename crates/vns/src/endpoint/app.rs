@@ -96,6 +96,18 @@ impl Endpoint {
     /// handshake completes. [`Error::WouldBlock`] when the buffer is full
     /// ([`Event::Writable`] follows).
     pub fn send(&mut self, id: SocketId, data: &[u8]) -> Result<usize, Error> {
+        self.send_vectored(id, &[std::io::IoSlice::new(data)])
+    }
+
+    /// [`Endpoint::send`] of several buffers in order, as one write: the bytes join the
+    /// send buffer together, so that small pieces leave in one chunk rather than one each
+    /// (`writev`). Takes buffers from the front while the send buffer has room and returns
+    /// the bytes taken; [`Error::WouldBlock`] when it took none.
+    pub fn send_vectored(
+        &mut self,
+        id: SocketId,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Result<usize, Error> {
         let cap = self.config.send_buffer;
         let seg = self.config.max_chunk_payload;
         // Not `live_socket`: the segment pool is borrowed beside the socket.
@@ -109,19 +121,29 @@ impl Endpoint {
         if s.write_shut {
             return Err(Error::WriteClosed);
         }
-        if data.is_empty() {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total == 0 {
             return Ok(0);
         }
-        let n = cap.saturating_sub(s.send_buf.len()).min(data.len());
-        if n == 0 {
+        let mut room = cap.saturating_sub(s.send_buf.len());
+        if room == 0 {
             s.write_blocked = true;
             s.write_low_water = 1;
             return Err(Error::WouldBlock);
         }
-        s.send_buf.push(&data[..n], seg, &mut self.seg_pool);
+        let mut taken = 0;
+        for b in bufs {
+            let n = room.min(b.len());
+            s.send_buf.push(&b[..n], seg, &mut self.seg_pool);
+            room -= n;
+            taken += n;
+            if room == 0 {
+                break;
+            }
+        }
         self.sendable.insert(id);
         self.schedule_needed = true;
-        Ok(n)
+        Ok(taken)
     }
 
     /// Free bytes in the socket's send buffer, if at least `min` (clamped to

@@ -67,6 +67,14 @@ pub struct Config {
     /// its FIN (or never grants credit) would otherwise hold the socket forever. Time is
     /// passed in: see [`Endpoint::handle_timeout`].
     pub linger_timeout: Duration,
+    /// How long a connecting socket waits for the peer's SYNC_ACK before it sends its
+    /// SYNC again, doubling after each try (at most [`SYNC_RETRY_MAX`] apart) until the
+    /// caller's connect deadline fails it. A peer whose listener's backlog is full
+    /// drops the SYNC, as Linux drops a SYN, so the client retries rather than being
+    /// refused. Shorter than TCP's 1 s first SYN retransmission: nothing was lost, the
+    /// listener only had no room, and an `accept` may make room at any moment. Time is
+    /// passed in: see [`Endpoint::handle_timeout`].
+    pub sync_retry: Duration,
     /// Most bytes of one socket cut into DATA chunks and not yet acknowledged at the data
     /// level (read by the peer's application), which the socket keeps to send again on
     /// another channel if theirs dies. It bounds the memory a peer that grants a huge
@@ -138,6 +146,7 @@ impl Default for Config {
             max_peer_sockets: 16 * 1024,
             max_sockets: 64 * 1024,
             linger_timeout: Duration::from_secs(60),
+            sync_retry: Duration::from_millis(200),
             resend_buffer: 1024 * 1024,
             channel_loss_timeout: Duration::from_secs(10),
             shard: ShardOf::default(),
@@ -157,6 +166,9 @@ impl Config {
     /// Checks the relations documented on each field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m| Err(ConfigError::Invalid(m));
+        if self.sync_retry.is_zero() {
+            return bad("sync_retry must be positive");
+        }
         if self.max_chunk_payload == 0 || self.max_chunk_payload > MAX_PAYLOAD {
             return bad("max_chunk_payload must be 1..=65535");
         }
@@ -197,3 +209,6 @@ impl Config {
         Ok(())
     }
 }
+
+/// The longest wait between two tries of a SYNC ([`Config::sync_retry`] doubles up to it).
+pub const SYNC_RETRY_MAX: Duration = Duration::from_secs(3);

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use netsched::{AppClass, ChannelClass, ChannelId};
 use rand::Rng;
@@ -144,7 +145,53 @@ impl Endpoint {
         };
         debug!(socket = %sid, ?peer, local, port, "connect");
         self.queue_control(sid, header);
+        self.sync_retries
+            .insert(sid, (None, self.config.sync_retry));
+        self.sync_retry_unset = true;
         Ok(sid)
+    }
+
+    /// Sends again the SYNC of each connecting socket whose SYNC_ACK is overdue (see
+    /// [`Config::sync_retry`](super::Config::sync_retry)); forgets sockets that are no
+    /// longer connecting. Returns the earliest next try.
+    pub(super) fn retry_syncs(&mut self, now: Instant) -> Option<Instant> {
+        if self.sync_retries.is_empty() {
+            self.sync_retry_unset = false;
+            return None;
+        }
+        let window = self.config.credit_window as u32;
+        let mut again = Vec::new();
+        let mut next: Option<Instant> = None;
+        let sockets = &self.sockets;
+        self.sync_retries.retain(|sid, (at, wait)| {
+            let Some(s) = sockets.get(sid).filter(|s| s.state == State::SynSent) else {
+                return false;
+            };
+            let t = *at.get_or_insert(now + *wait);
+            if t <= now {
+                again.push((*sid, s.key, s.isn));
+                *wait = (*wait * 2).min(super::config::SYNC_RETRY_MAX);
+                *at = Some(now + *wait);
+            }
+            let t = at.expect("set above");
+            next = Some(next.map_or(t, |n| n.min(t)));
+            true
+        });
+        self.sync_retry_unset = false;
+        for (sid, key, isn) in again {
+            debug!(socket = %sid, ?key, "no SYNC_ACK yet; sending the SYNC again");
+            self.counters.sync_retries += 1;
+            let header = ChunkRepr {
+                src_port: key.local,
+                dst_port: key.remote,
+                seq: isn,
+                credit: window,
+                ty: ChunkType::Sync,
+                payload_len: 0,
+            };
+            self.queue_control(sid, header);
+        }
+        next
     }
 
     /// A random ISN, or with [`Config::first_isn`](super::Config::first_isn) set the
@@ -238,8 +285,11 @@ impl Endpoint {
             return;
         };
         if !l.reserve() {
-            debug!(?key, backlog = l.backlog, "backlog full; refusing");
-            self.reply_reset(ch, key);
+            // As Linux drops a SYN when the accept queue is full: the client sends the
+            // SYNC again (`Config::sync_retry`) and gets in once an accept makes room,
+            // or times out; it is not refused.
+            debug!(?key, backlog = l.backlog, "backlog full; SYNC dropped");
+            self.counters.backlog_full_syncs += 1;
             return;
         }
         let held = self.peers.get(&key.peer).map_or(0, |p| p.sockets);

@@ -149,6 +149,13 @@ pub struct Endpoint {
     /// queues (kept, see [`Endpoint::handle_channel_closed`]): their peer and the bytes
     /// still charged to it, given back as the chunks leave.
     closed_charges: BTreeMap<ChannelId, (PeerId, usize)>,
+    /// Connecting sockets: when each sends its SYNC again (`None` until
+    /// [`Endpoint::handle_timeout`] first sees it) and the wait after that.
+    sync_retries: BTreeMap<SocketId, (Option<Instant>, std::time::Duration)>,
+    /// Some entry of `sync_retries` has no time yet.
+    sync_retry_unset: bool,
+    /// No entry of `sync_retries` is due before this.
+    sync_retry_next: Option<Instant>,
     counters: EndpointCounters,
 }
 
@@ -164,6 +171,8 @@ impl EndpointCounters {
         self.rejected_credits += o.rejected_credits;
         self.resent_chunks += o.resent_chunks;
         self.duplicate_chunks += o.duplicate_chunks;
+        self.backlog_full_syncs += o.backlog_full_syncs;
+        self.sync_retries += o.sync_retries;
     }
 }
 
@@ -216,6 +225,12 @@ pub struct EndpointCounters {
     /// DATA chunks ignored because every byte of them had arrived already (a peer sending
     /// again what a lost channel had in fact delivered).
     pub duplicate_chunks: u64,
+    /// SYNCs dropped unanswered because the listener's backlog was full (the client
+    /// sends them again, [`Config::sync_retry`]), as Linux drops a SYN.
+    pub backlog_full_syncs: u64,
+    /// SYNCs this endpoint sent again because no SYNC_ACK had come within
+    /// [`Config::sync_retry`] (a peer's backlog was full).
+    pub sync_retries: u64,
 }
 
 /// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
@@ -276,6 +291,9 @@ impl Endpoint {
             orphan_unset: false,
             stranded: BTreeMap::new(),
             closed_charges: BTreeMap::new(),
+            sync_retries: BTreeMap::new(),
+            sync_retry_unset: false,
+            sync_retry_next: None,
             counters: EndpointCounters::default(),
         })
     }

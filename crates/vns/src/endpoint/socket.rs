@@ -438,20 +438,21 @@ impl Endpoint {
     }
 
     /// When [`Endpoint::handle_timeout`] should be called next: the earliest linger
-    /// deadline; the latest time it was given (so at once) when a socket was closed since,
+    /// deadline, channel-loss deadline or SYNC retry; the latest time it was given (so at once) when a socket was closed since,
     /// whose deadline it sets; `None` when nothing is timed. Before the first
     /// `handle_timeout` no deadline is known: a driver calls `handle_timeout` once when it
     /// starts, then whenever this instant has passed (and again after any call, since a
     /// call may change it).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        if let (true, Some(now)) = (self.linger_unset || self.orphan_unset, self.clock) {
+        let unset = self.linger_unset || self.orphan_unset || self.sync_retry_unset;
+        if let (true, Some(now)) = (unset, self.clock) {
             return Some(now);
         }
         let orphans = self.orphaned.values().filter_map(|o| o.deadline).min();
-        match (self.linger_next, orphans) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.linger_next, orphans, self.sync_retry_next]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Advances the endpoint's clock to `now` (an earlier time than one seen before is
@@ -459,13 +460,17 @@ impl Endpoint {
     /// [`Config::linger_timeout`] is reset (a RESET goes to the peer) and removed, and
     /// counted in [`EndpointCounters::linger_expired`](super::EndpointCounters); the
     /// sockets of a peer left without a channel for [`Config::channel_loss_timeout`] fail
-    /// ([`Endpoint::handle_channel_lost`]). The
+    /// ([`Endpoint::handle_channel_lost`]); a connecting socket whose SYNC_ACK is
+    /// overdue sends its SYNC again ([`Config::sync_retry`]). The
     /// endpoint reads no clock of its own; the caller passes monotonic time in, as for a
     /// sans-IO QUIC connection.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.map_or(now, |c| c.max(now));
         self.clock = Some(now);
         self.expire_orphans(now);
+        if self.sync_retry_unset || self.sync_retry_next.is_some_and(|t| t <= now) {
+            self.sync_retry_next = self.retry_syncs(now);
+        }
         if !self.linger_unset && self.linger_next.is_none_or(|next| now < next) {
             return;
         }

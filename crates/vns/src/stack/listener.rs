@@ -12,22 +12,29 @@ use tracing::debug;
 
 use super::backend::Acceptor;
 use super::driver::stopped_error;
+use super::loopback::LoopbackListener;
 use super::stream::{PlainInner, StreamInner, VirtualStream};
 use super::{default_stack, resolve_v4, Stack};
 use crate::endpoint::Error;
 
 /// Listens on a virtual port of a stack: the drop-in for `tokio::net::TcpListener`.
 ///
-/// Connections the peer completed wait in a bounded backlog (further SYNCs are refused)
-/// until [`accept`](Self::accept) takes them. Dropping the listener stops listening and
+/// Connections the peer completed wait in a bounded backlog until
+/// [`accept`](Self::accept) takes them. While it is full, further SYNCs are dropped and
+/// their clients send them again until an accept makes room or their connect times out,
+/// as with a kernel listener whose accept queue is full (not refused). Dropping the listener stops listening and
 /// resets connections still in the backlog.
 pub struct VirtualListener {
     stack: Stack,
     /// The address it was bound to (`0.0.0.0` stays so, as with the kernel).
     ip: Ipv4Addr,
     port: u16,
+    /// Whether the port is a virtual port (not for a listener on a loopback address).
+    virt: bool,
     /// Plain-TCP connections to the same port, from hosts without NetChannel.
     plain: Option<Box<dyn Acceptor>>,
+    /// Connections from this host, through the kernel's loopback interface.
+    kernel: Option<LoopbackListener>,
     /// The tasks waiting in `accept`: the stack and the plain acceptor hold one waker,
     /// this list's, which wakes them all (each tries again; one gets the connection).
     waiters: Arc<Waiters>,
@@ -73,15 +80,46 @@ impl VirtualListener {
         ip: Ipv4Addr,
         port: u16,
         plain: Option<Box<dyn Acceptor>>,
+        kernel: Option<LoopbackListener>,
     ) -> Self {
         VirtualListener {
             stack,
             ip,
             port,
+            virt: true,
             plain,
+            kernel,
             waiters: Arc::default(),
             next: AtomicUsize::new(0),
         }
+    }
+
+    /// A listener on a loopback address: only the kernel's.
+    pub(crate) fn loopback_only(
+        stack: Stack,
+        ip: Ipv4Addr,
+        port: u16,
+        kernel: LoopbackListener,
+    ) -> Self {
+        let mut l = VirtualListener::new(stack, ip, port, None, Some(kernel));
+        l.virt = false;
+        l
+    }
+
+    /// Like `TcpListener::into_std`, which cannot be honoured: a virtual port has no
+    /// kernel socket. Fails with `Unsupported` (the listener is dropped); for the same
+    /// reason `VirtualListener` implements neither `AsRawFd` nor `AsFd`.
+    pub fn into_std(self) -> io::Result<std::net::TcpListener> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "a virtual listener has no kernel socket; into_std, AsRawFd and AsFd cannot be honoured",
+        ))
+    }
+
+    /// Whether connections from this host reach the listener (through the kernel's
+    /// loopback interface; see [`Stack::bind`]).
+    pub fn serves_loopback(&self) -> bool {
+        self.kernel.is_some()
     }
 
     /// Listens on `addr` through the process's default stack (see
@@ -125,10 +163,10 @@ impl VirtualListener {
         // The listener is in every shard (a SYNC goes to the shard its ports map to):
         // look in each, from a rotating start so that no shard's queue waits behind
         // another's.
-        let count = core.shard_count();
+        let count = if self.virt { core.shard_count() } else { 0 };
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         let waker = Waker::from(self.waiters.clone());
-        let mut registered = false;
+        self.waiters.add(cx.waker());
         for k in 0..count {
             let i = (first + k) % count;
             let mut st = core.lock_shard(i);
@@ -151,16 +189,22 @@ impl VirtualListener {
                 }
                 Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
                 Err(Error::WouldBlock) => {
-                    if !registered {
-                        self.waiters.add(cx.waker());
-                        registered = true;
-                    }
                     st.listeners.insert(self.port, Some(waker.clone()));
                 }
                 Err(e) => return Poll::Ready(Err(e.into())),
             }
         }
-        self.poll_accept_plain(&mut Context::from_waker(&waker))
+        let mut cx = Context::from_waker(&waker);
+        if let Poll::Ready(r) = self.poll_accept_plain(&mut cx) {
+            return Poll::Ready(r);
+        }
+        match self.kernel.as_ref().map(|k| k.poll_accept(&mut cx)) {
+            Some(Poll::Ready(Ok((k, peer)))) => {
+                Poll::Ready(Ok((VirtualStream::loopback(k), peer.into())))
+            }
+            Some(Poll::Ready(Err(e))) => Poll::Ready(Err(e)),
+            Some(Poll::Pending) | None => Poll::Pending,
+        }
     }
 }
 
@@ -186,6 +230,9 @@ impl VirtualListener {
 
 impl Drop for VirtualListener {
     fn drop(&mut self) {
+        if !self.virt {
+            return;
+        }
         let core = self.stack.core();
         core.each_shard(|_, st| {
             st.listeners.remove(&self.port);

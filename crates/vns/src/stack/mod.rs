@@ -186,6 +186,7 @@ mod backend;
 mod chan;
 mod driver;
 mod listener;
+mod loopback;
 mod mem;
 #[cfg(target_os = "linux")]
 mod rx_poll;
@@ -1306,7 +1307,16 @@ impl Stack {
     }
 
     /// Listens on virtual port `addr.port()` (0: any free port) with the stack's backlog.
-    /// The address must be the stack's or unspecified.
+    /// The address must be the stack's, unspecified, or on the loopback network.
+    ///
+    /// Connections that stay on this host arrive through the kernel's loopback interface
+    /// (see [`Stack::connect`]):
+    /// - `127.x.y.z`: the listener is the kernel's on that address only (no virtual
+    ///   port), and binding fails as the kernel's `bind` would;
+    /// - `0.0.0.0` or the stack's address: a virtual port, and also the kernel's
+    ///   `127.0.0.1` on the same port when that is free (with port 0, a port free in
+    ///   both is chosen). When the kernel's port is taken (another process, or another
+    ///   stack in this one), the listener serves only virtual sockets, as logged.
     pub async fn bind(&self, addr: SocketAddr) -> io::Result<VirtualListener> {
         self.bind_with_backlog(addr, self.core().config.backlog)
             .await
@@ -1318,26 +1328,59 @@ impl Stack {
         addr: SocketAddr,
         backlog: usize,
     ) -> io::Result<VirtualListener> {
-        match addr.ip() {
-            IpAddr::V4(ip) if ip.is_unspecified() || ip == self.ipv4() => {}
+        let ip = match addr.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() || ip == self.ipv4() || ip.is_loopback() => ip,
             _ => {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrNotAvailable,
-                    format!("{addr} is not this stack's address {}", self.ipv4()),
+                    format!(
+                        "{addr} is not this stack's address {}, 0.0.0.0 or a loopback address",
+                        self.ipv4()
+                    ),
                 ))
             }
-        }
+        };
         let core = self.core();
         if core.refuses_new() {
             return Err(driver::stopped_error());
         }
+        if ip.is_loopback() && ip != self.ipv4() {
+            let kernel = loopback::LoopbackListener::bind(SocketAddrV4::new(ip, addr.port()))?;
+            let port = kernel.port()?;
+            return Ok(VirtualListener::loopback_only(
+                self.clone(),
+                ip,
+                port,
+                kernel,
+            ));
+        }
+        let mut kernel = None;
         let port = if addr.port() != 0 {
             self.bind_shards(addr.port(), backlog)?;
+            kernel = Self::bind_loopback_beside(addr.port(), false);
             addr.port()
         } else {
-            (32768..=60999u16)
-                .filter(|&p| p != core.config.channel_port)
-                .find(|&p| self.bind_shards(p, backlog).is_ok())
+            // A port free both as a virtual port and on the kernel's loopback; failing
+            // that, any free virtual port.
+            let free = |need_kernel: bool, kernel: &mut Option<_>| {
+                (32768..=60999u16)
+                    .filter(|&p| p != core.config.channel_port)
+                    .find(|&p| {
+                        if self.bind_shards(p, backlog).is_err() {
+                            return false;
+                        }
+                        *kernel = Self::bind_loopback_beside(p, need_kernel);
+                        if need_kernel && kernel.is_none() {
+                            core.each_shard(|_, s| {
+                                let _ = s.ep.unbind(p);
+                            });
+                            return false;
+                        }
+                        true
+                    })
+            };
+            free(true, &mut kernel)
+                .or_else(|| free(false, &mut kernel))
                 .ok_or(Error::PortsExhausted)?
         };
         // Plain-TCP peers connect to the same port.
@@ -1350,11 +1393,21 @@ impl Stack {
                 return Err(e.into());
             }
         };
-        let ip = match addr.ip() {
-            IpAddr::V4(ip) => ip,
-            IpAddr::V6(_) => unreachable!("refused above"),
-        };
-        Ok(VirtualListener::new(self.clone(), ip, port, plain))
+        Ok(VirtualListener::new(self.clone(), ip, port, plain, kernel))
+    }
+
+    /// The kernel's `127.0.0.1:port` for a listener bound to `0.0.0.0` or the stack's
+    /// address: `None` when it is taken (logged unless `quiet`, a port-0 search).
+    fn bind_loopback_beside(port: u16, quiet: bool) -> Option<loopback::LoopbackListener> {
+        match loopback::LoopbackListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                if !quiet {
+                    tracing::info!(port, error = %e, "no loopback listener beside the virtual port; connections from this host to it are refused");
+                }
+                None
+            }
+        }
     }
 
     /// Listens on `port` in every shard (a SYNC goes to the shard its ports map to), with
@@ -1394,6 +1447,24 @@ impl Stack {
     /// channels to its channel port, then the SYNC/SYNC_ACK handshake over them. Fails
     /// with `ConnectionRefused` when nothing listens there, `TimedOut` after the connect
     /// timeout.
+    ///
+    /// An address on this host (`127.0.0.0/8`, or the stack's own address) never reaches
+    /// a NIC queue: such a stream is plain TCP over the kernel's loopback interface
+    /// ([`VirtualStream::is_loopback`]), to the kernel's `127.x.y.z` (the stack's own
+    /// address is dialled as `127.0.0.1`) and the same port, where a
+    /// [`VirtualListener`] of this process (bound to `0.0.0.0`, a loopback address or
+    /// the stack's address) accepts it.
+    ///
+    /// ```no_run
+    /// # async fn demo(stack: vns::stack::Stack) -> std::io::Result<()> {
+    /// let listener = stack.bind("0.0.0.0:7000".parse().unwrap()).await?;
+    /// let own = std::net::SocketAddr::from((stack.ipv4(), 7000));
+    /// let client = stack.connect(own).await?;
+    /// let (server, _) = listener.accept().await?;
+    /// assert!(client.is_loopback() && server.is_loopback());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn connect(&self, addr: SocketAddr) -> io::Result<VirtualStream> {
         let SocketAddr::V4(v4) = addr else {
             return Err(io::Error::new(
@@ -1401,6 +1472,13 @@ impl Stack {
                 "virtual sockets are IPv4 only",
             ));
         };
+        if loopback::is_local(*v4.ip(), self.ipv4()) {
+            if self.core().refuses_new() {
+                return Err(driver::stopped_error());
+            }
+            let inner = loopback::connect(v4, self.ipv4()).await?;
+            return Ok(VirtualStream::loopback(inner));
+        }
         stream::connect(self, v4).await
     }
 

@@ -147,8 +147,9 @@ fn streams_of_other_shards_run_while_one_shard_is_held() {
     drop(ps);
 }
 
-/// One backlog for all shards: a SYNC is refused once `backlog` connections wait,
-/// whichever shards they went to.
+/// One backlog for all shards: once `backlog` connections wait, whichever shards they
+/// went to, further SYNCs are dropped (their clients wait and retry), and one accept lets
+/// exactly one of them in.
 #[test]
 fn the_backlog_is_one_for_all_shards() {
     let rt = runtime();
@@ -160,15 +161,35 @@ fn the_backlog_is_one_for_all_shards() {
         for _ in 0..3 {
             held.push(a.connect(at).await.unwrap());
         }
-        for _ in 0..5 {
-            let e = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap_err();
-            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
-        }
+        let waiting: Vec<_> = (0..5)
+            .map(|_| {
+                let a = a.clone();
+                tokio::spawn(async move { a.connect(at).await })
+            })
+            .collect();
+        timeout(LIMIT, async {
+            while b.endpoint_counters().backlog_full_syncs < 5 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the five SYNCs never met the full backlog");
+        assert!(waiting.iter().all(|w| !w.is_finished()));
+        assert_eq!(b.endpoint_counters().refused_syncs, 0);
         let (_s, _) = l.accept().await.unwrap();
-        // Room for exactly one more.
-        held.push(a.connect(at).await.unwrap());
-        let e = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap_err();
-        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+        // Room for exactly one more: one of the waiting clients gets in.
+        timeout(LIMIT, async {
+            while !waiting.iter().any(|w| w.is_finished()) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("no waiting client got in after an accept");
+        let done: Vec<_> = waiting.iter().filter(|w| w.is_finished()).collect();
+        assert_eq!(done.len(), 1, "one accept made room for one connection");
+        for w in &waiting {
+            w.abort();
+        }
     });
 }
 

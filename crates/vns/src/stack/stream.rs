@@ -19,6 +19,7 @@ use tracing::debug;
 
 use super::backend::BoxedTransport;
 use super::driver::stopped_error;
+use super::loopback::KernelInner;
 use super::{default_stack, Stack};
 use crate::copy::CopyWorkerPool;
 use crate::endpoint::{Error, SocketId};
@@ -205,8 +206,22 @@ impl StreamInner {
     }
 
     fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[io::IoSlice::new(data)])
+    }
+
+    /// Writes the buffers in order as one write (`Endpoint::send_vectored`: small pieces
+    /// leave in one chunk). A first buffer large enough for the copy workers goes alone
+    /// through the pooled path, as a plain write of it would.
+    fn poll_write_vectored(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         if let Some(path) = self.stack.copy_path() {
-            if let Some(min) = path.write_min.filter(|&min| data.len() >= min) {
+            let first = bufs.iter().find(|b| !b.is_empty());
+            if let Some((min, data)) =
+                first.and_then(|d| path.write_min.filter(|&min| d.len() >= min).zip(Some(d)))
+            {
                 return self.poll_write_pooled(cx, data, &path.pool, min);
             }
         }
@@ -217,7 +232,7 @@ impl StreamInner {
             if st.stopped {
                 return Poll::Ready(Err(stopped_error()));
             }
-            match st.ep.send(self.sid, data) {
+            match st.ep.send_vectored(self.sid, bufs) {
                 Ok(n) => {
                     // Sends what was written, from this thread.
                     core.finish_call(st);
@@ -367,6 +382,24 @@ impl PlainInner {
         }
     }
 
+    /// The buffers joined into one chunk (up to [`PLAIN_WRITE_MAX`] bytes), so that they
+    /// leave together.
+    fn poll_write_vectored(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let mut joined = Vec::new();
+        for b in bufs {
+            let n = (PLAIN_WRITE_MAX - joined.len()).min(b.len());
+            joined.extend_from_slice(&b[..n]);
+            if joined.len() == PLAIN_WRITE_MAX {
+                break;
+            }
+        }
+        self.poll_write(cx, &joined)
+    }
+
     fn poll_shutdown(&self) -> Poll<io::Result<()>> {
         if !self.shut.swap(true, Ordering::AcqRel) {
             self.t().close();
@@ -409,6 +442,8 @@ const PLAIN_WRITE_MAX: usize = 64 * 1024;
 pub(crate) enum Sock {
     Virtual(Arc<StreamInner>),
     Plain(Arc<PlainInner>),
+    /// To the stack's own host, through the kernel's loopback interface.
+    Kernel(Arc<KernelInner>),
 }
 
 impl fmt::Debug for Sock {
@@ -420,6 +455,11 @@ impl fmt::Debug for Sock {
                 .field("local", &p.local)
                 .field("peer", &p.peer)
                 .finish(),
+            Sock::Kernel(k) => f
+                .debug_struct("LoopbackStream")
+                .field("local", &k.local())
+                .field("peer", &k.peer())
+                .finish(),
         }
     }
 }
@@ -429,6 +469,7 @@ impl Sock {
         match self {
             Sock::Virtual(v) => v.poll_read(cx, buf),
             Sock::Plain(p) => p.poll_read(cx, buf),
+            Sock::Kernel(k) => k.poll_read(cx, buf),
         }
     }
 
@@ -436,6 +477,19 @@ impl Sock {
         match self {
             Sock::Virtual(v) => v.poll_write(cx, data),
             Sock::Plain(p) => p.poll_write(cx, data),
+            Sock::Kernel(k) => k.poll_write(cx, data),
+        }
+    }
+
+    fn poll_write_vectored(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self {
+            Sock::Virtual(v) => v.poll_write_vectored(cx, bufs),
+            Sock::Plain(p) => p.poll_write_vectored(cx, bufs),
+            Sock::Kernel(k) => k.poll_write_vectored(cx, bufs),
         }
     }
 
@@ -443,6 +497,7 @@ impl Sock {
         match self {
             Sock::Virtual(v) => v.poll_shutdown(),
             Sock::Plain(p) => p.poll_shutdown(),
+            Sock::Kernel(k) => k.poll_shutdown(),
         }
     }
 
@@ -450,6 +505,7 @@ impl Sock {
         match self {
             Sock::Virtual(v) => v.local,
             Sock::Plain(p) => p.local,
+            Sock::Kernel(k) => k.local(),
         }
     }
 
@@ -457,27 +513,51 @@ impl Sock {
         match self {
             Sock::Virtual(v) => v.peer,
             Sock::Plain(p) => p.peer,
+            Sock::Kernel(k) => k.peer(),
         }
     }
 
-    fn nodelay(&self) -> &AtomicBool {
+    fn set_nodelay(&self, on: bool) -> io::Result<()> {
         match self {
-            Sock::Virtual(v) => &v.nodelay,
-            Sock::Plain(p) => &p.nodelay,
+            Sock::Virtual(v) => v.nodelay.store(on, Ordering::Relaxed),
+            Sock::Plain(p) => p.nodelay.store(on, Ordering::Relaxed),
+            Sock::Kernel(k) => return k.set_nodelay(on),
         }
+        Ok(())
     }
 
-    fn linger(&self) -> &Mutex<Option<Duration>> {
-        match self {
+    fn nodelay(&self) -> io::Result<bool> {
+        Ok(match self {
+            Sock::Virtual(v) => v.nodelay.load(Ordering::Relaxed),
+            Sock::Plain(p) => p.nodelay.load(Ordering::Relaxed),
+            Sock::Kernel(k) => return k.nodelay(),
+        })
+    }
+
+    fn set_linger(&self, dur: Option<Duration>) -> io::Result<()> {
+        let slot = match self {
             Sock::Virtual(v) => &v.linger,
             Sock::Plain(p) => &p.linger,
-        }
+            Sock::Kernel(k) => return k.set_linger(dur),
+        };
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = dur;
+        Ok(())
+    }
+
+    fn linger(&self) -> io::Result<Option<Duration>> {
+        let slot = match self {
+            Sock::Virtual(v) => &v.linger,
+            Sock::Plain(p) => &p.linger,
+            Sock::Kernel(k) => return k.linger(),
+        };
+        Ok(*slot.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn same(&self, other: &Sock) -> bool {
         match (self, other) {
             (Sock::Virtual(a), Sock::Virtual(b)) => Arc::ptr_eq(a, b),
             (Sock::Plain(a), Sock::Plain(b)) => Arc::ptr_eq(a, b),
+            (Sock::Kernel(a), Sock::Kernel(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -533,7 +613,7 @@ impl VirtualStream {
     pub(crate) fn socket_id(&self) -> Option<SocketId> {
         match &self.inner {
             Sock::Virtual(v) => Some(v.sid),
-            Sock::Plain(_) => None,
+            Sock::Plain(_) | Sock::Kernel(_) => None,
         }
     }
 
@@ -549,9 +629,50 @@ impl VirtualStream {
         }
     }
 
-    /// Whether the peer is a plain-TCP host (no NetChannel channels, no virtual header).
+    pub(crate) fn loopback(inner: KernelInner) -> VirtualStream {
+        VirtualStream {
+            inner: Sock::Kernel(Arc::new(inner)),
+        }
+    }
+
+    /// Whether the stream carries plain TCP, without NetChannel channels or a virtual
+    /// header: to a host without NetChannel, or to this host ([`is_loopback`]).
+    ///
+    /// [`is_loopback`]: Self::is_loopback
     pub fn is_plain_tcp(&self) -> bool {
-        matches!(self.inner, Sock::Plain(_))
+        matches!(self.inner, Sock::Plain(_) | Sock::Kernel(_))
+    }
+
+    /// Whether the stream stays on this host (`127.0.0.0/8` or the stack's own address),
+    /// carried by the kernel's loopback interface (see [`Stack::connect`]).
+    pub fn is_loopback(&self) -> bool {
+        matches!(self.inner, Sock::Kernel(_))
+    }
+
+    /// Like `TcpStream::into_std`: only a loopback stream ([`is_loopback`]) has a kernel
+    /// socket to hand over. Any other stream lives in the stack's memory, with no file
+    /// descriptor, and fails with `Unsupported` (the stream is dropped, closing as
+    /// described under "Closing"). For the same reason `VirtualStream` implements neither `AsRawFd` nor `AsFd`.
+    ///
+    /// [`is_loopback`]: Self::is_loopback
+    pub fn into_std(self) -> io::Result<std::net::TcpStream> {
+        let unsupported = || {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a virtual stream has no kernel socket (only loopback streams do); \
+                 into_std, AsRawFd and AsFd cannot be honoured",
+            )
+        };
+        match self.inner {
+            Sock::Kernel(k) => match Arc::try_unwrap(k) {
+                Ok(k) => k.into_std(),
+                Err(_) => Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "into_std on a stream whose halves are still alive",
+                )),
+            },
+            _ => Err(unsupported()),
+        }
     }
 
     /// Connects to `addr` through the process's default stack (see
@@ -583,15 +704,15 @@ impl VirtualStream {
     }
 
     /// Recorded for compatibility with `TcpStream`; virtual sockets never delay small
-    /// writes (each driver round sends what was written).
+    /// writes (each driver round sends what was written). On a loopback stream it sets
+    /// the kernel socket's `TCP_NODELAY`.
     pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
-        self.inner.nodelay().store(nodelay, Ordering::Relaxed);
-        Ok(())
+        self.inner.set_nodelay(nodelay)
     }
 
     /// The value last given to [`set_nodelay`](Self::set_nodelay).
     pub fn nodelay(&self) -> io::Result<bool> {
-        Ok(self.inner.nodelay().load(Ordering::Relaxed))
+        self.inner.nodelay()
     }
 
     /// Like `TcpStream::set_linger`: `Some(Duration::ZERO)` makes dropping the stream
@@ -600,21 +721,12 @@ impl VirtualStream {
     /// above. Any other duration is recorded only: the close stays graceful, bounded by
     /// the stack's `linger_timeout`, and a drop never blocks.
     pub fn set_linger(&self, dur: Option<Duration>) -> io::Result<()> {
-        *self
-            .inner
-            .linger()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = dur;
-        Ok(())
+        self.inner.set_linger(dur)
     }
 
     /// The value last given to [`set_linger`](Self::set_linger).
     pub fn linger(&self) -> io::Result<Option<Duration>> {
-        Ok(*self
-            .inner
-            .linger()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()))
+        self.inner.linger()
     }
 
     /// Declares the socket latency-sensitive or throughput-oriented (the paper's
@@ -624,7 +736,7 @@ impl VirtualStream {
     pub fn set_app_class(&self, class: AppClass) -> io::Result<()> {
         match &self.inner {
             Sock::Virtual(v) => v.set_app_class(class),
-            Sock::Plain(_) => Ok(()),
+            Sock::Plain(_) | Sock::Kernel(_) => Ok(()),
         }
     }
 
@@ -638,7 +750,7 @@ impl VirtualStream {
                 .ep
                 .app_class(v.sid)
                 .unwrap_or(AppClass::Throughput),
-            Sock::Plain(_) => AppClass::Throughput,
+            Sock::Plain(_) | Sock::Kernel(_) => AppClass::Throughput,
         }
     }
 
@@ -686,6 +798,18 @@ impl AsyncWrite for VirtualStream {
         self.inner.poll_write(cx, buf)
     }
 
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.inner.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
     }
@@ -724,6 +848,18 @@ impl AsyncWrite for WriteHalf<'_> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         self.inner.poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.inner.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -816,6 +952,18 @@ impl AsyncWrite for OwnedWriteHalf {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         self.inner.poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.inner.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -1065,6 +1213,10 @@ impl StreamInner {
     }
 
     fn try_write(&self, data: &[u8]) -> io::Result<usize> {
+        self.try_write_vectored(&[io::IoSlice::new(data)])
+    }
+
+    fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         let core = self.stack.core();
         let mut pulled = false;
         loop {
@@ -1072,7 +1224,7 @@ impl StreamInner {
             if st.stopped {
                 return Err(stopped_error());
             }
-            match st.ep.send(self.sid, data) {
+            match st.ep.send_vectored(self.sid, bufs) {
                 Ok(n) => {
                     core.finish_call(st);
                     return Ok(n);
@@ -1176,6 +1328,7 @@ impl Sock {
         match self {
             Sock::Virtual(v) => v.poll_peek_into(cx, probe),
             Sock::Plain(p) => p.poll_peek_into(cx, probe),
+            Sock::Kernel(k) => k.poll_peek_into(cx, probe),
         }
     }
 
@@ -1187,6 +1340,7 @@ impl Sock {
         match self {
             Sock::Virtual(v) => v.poll_write_ready(cx),
             Sock::Plain(p) => p.poll_write_ready(cx),
+            Sock::Kernel(k) => k.poll_write_ready(cx),
         }
     }
 
@@ -1194,6 +1348,7 @@ impl Sock {
         match self {
             Sock::Virtual(v) => v.try_read(buf),
             Sock::Plain(p) => p.try_read(buf),
+            Sock::Kernel(k) => k.try_read(buf),
         }
     }
 
@@ -1201,6 +1356,7 @@ impl Sock {
         match self {
             Sock::Virtual(v) => v.try_write(data),
             Sock::Plain(p) => p.try_write(data),
+            Sock::Kernel(k) => k.try_write(data),
         }
     }
 
@@ -1255,20 +1411,18 @@ impl Sock {
     }
 
     fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        let mut total = 0;
-        for b in bufs.iter().filter(|b| !b.is_empty()) {
-            match self.try_write(b) {
-                Ok(n) => {
-                    total += n;
-                    if n < b.len() {
-                        break;
-                    }
+        match self {
+            Sock::Virtual(v) => v.try_write_vectored(bufs),
+            Sock::Plain(p) => {
+                let mut joined = Vec::new();
+                for b in bufs {
+                    let n = (PLAIN_WRITE_MAX - joined.len()).min(b.len());
+                    joined.extend_from_slice(&b[..n]);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock && total > 0 => break,
-                Err(e) => return Err(e),
+                p.try_write(&joined)
             }
+            Sock::Kernel(k) => k.try_write_vectored(bufs),
         }
-        Ok(total)
     }
 }
 
