@@ -43,8 +43,9 @@ pub use vns::stack::RuntimeRx;
 
 /// tokio's networking names for netchannel's streams, so that porting a tokio program is
 /// a rename: `use netchannel::net::{TcpListener, TcpStream};` in place of
-/// `use tokio::net::{TcpListener, TcpStream};`, and `netchannel::net::tcp::OwnedReadHalf`
-/// and friends in place of `tokio::net::tcp::...`.
+/// `use tokio::net::{TcpListener, TcpStream};` (and `TcpSocket` for options set before
+/// connecting or listening), and `netchannel::net::tcp::OwnedReadHalf` and friends in
+/// place of `tokio::net::tcp::...`.
 ///
 /// ```no_run
 /// use netchannel::net::{TcpListener, TcpStream};
@@ -63,7 +64,9 @@ pub use vns::stack::RuntimeRx;
 /// # }
 /// ```
 pub mod net {
-    pub use vns::stack::{VirtualListener as TcpListener, VirtualStream as TcpStream};
+    pub use vns::stack::{
+        VirtualListener as TcpListener, VirtualSocket as TcpSocket, VirtualStream as TcpStream,
+    };
 
     /// The halves of a stream, as in `tokio::net::tcp`.
     pub mod tcp {
@@ -72,7 +75,7 @@ pub mod net {
 }
 pub use vns::stack::{
     clear_default_stack, default_stack, set_default_stack, BusyPoll, Liveness, OwnedReadHalf,
-    OwnedWriteHalf, ReadHalf, Stack, StackBuilder, StackError, VirtualListener, VirtualStream,
-    WriteHalf,
+    OwnedWriteHalf, ReadHalf, Stack, StackBuilder, StackError, VirtualListener, VirtualSocket,
+    VirtualStream, WriteHalf,
 };
 pub use vns::AppClass;

@@ -71,7 +71,8 @@ pub mod wire;
 pub use deframer::{Chunk, Deframer};
 pub use endpoint::{
     ChannelError, ChannelLoad, Config, ConfigError, Endpoint, EndpointCounters, Error, Event,
-    PeerId, ShardOf, SocketId, SocketStats, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES, RESET_ORDERED,
+    PeerId, ShardOf, SocketId, SocketOptions, SocketStats, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES,
+    RESET_ORDERED,
 };
 pub use netsched::{AppClass, ChannelClass, ChannelId};
 pub use reorder::ReorderBuffer;
@@ -80,6 +81,6 @@ pub use response_queue::ResponseQueue;
 pub use stack::RuntimeRx;
 pub use stack::{
     default_stack, set_default_stack, BusyPoll, Liveness, Stack, StackBuilder, StackError,
-    VirtualListener, VirtualStream,
+    VirtualListener, VirtualSocket, VirtualStream,
 };
 pub use wire::{ChunkPacket, ChunkRepr, ChunkType, Seq};

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use vns::{
     AppClass, ChannelClass, ChannelError, ChannelId, ChunkRepr, ChunkType, Endpoint, Error, Event,
-    PeerId, Seq, SocketId, RESET_ORDERED,
+    PeerId, Seq, SocketId, SocketOptions, RESET_ORDERED,
 };
 
 fn connect(sim: &mut Sim, port: u16) -> (vns::SocketId, vns::SocketId) {
@@ -219,6 +219,180 @@ fn a_vectored_send_leaves_as_one_chunk() {
         sim.ends[A].send_vectored(c, &[IoSlice::new(b"z")]),
         Err(Error::WouldBlock)
     );
+}
+
+/// Per-socket buffers, set before the handshake as `SO_SNDBUF`/`SO_RCVBUF` are: a
+/// connecting socket's SYNC and a listener's SYNC_ACKs announce a credit window scaled to
+/// the receive buffer (the configuration's 2:1), and the send buffer bounds `send`.
+#[test]
+fn socket_options_size_each_sockets_buffers_and_window() {
+    let mut sim = Sim::throughput(1, small_config(256), 4096, 7);
+    let cfg = sim.ends[A].config().clone();
+    assert_eq!((cfg.recv_buffer, cfg.credit_window), (1024, 2048));
+    sim.ends[B].bind(10, 4).unwrap();
+    let mut small = SocketOptions::default();
+    small.recv_buffer = Some(512);
+    small.send_buffer = Some(100);
+    let c = sim.ends[A]
+        .connect_with(PeerId(1), 10, AppClass::Throughput, small)
+        .unwrap();
+    sim.settle();
+    let s = sim.ends[B].accept(10).unwrap();
+    let (cs, ss) = (
+        sim.ends[A].socket_stats(c).unwrap(),
+        sim.ends[B].socket_stats(s).unwrap(),
+    );
+    assert_eq!(cs.reorder_capacity, 512);
+    // The peer may send our window: 2 × 512.
+    assert_eq!(ss.send_credit, 1024);
+    assert_eq!(
+        ss.reorder_capacity, 1024,
+        "the listener's sockets: the defaults"
+    );
+    assert_eq!(cs.send_credit, 2048);
+    assert_eq!(sim.ends[A].send(c, &[1; 1000]), Ok(100));
+    assert_eq!(sim.ends[A].send(c, &[1; 10]), Err(Error::WouldBlock));
+    // The peer fills exactly our window and no more until we read.
+    let data = pattern(3, 3000);
+    let mut sent = 0;
+    while let Ok(n) = sim.ends[B].send(s, &data[sent..]) {
+        sent += n;
+        sim.settle();
+    }
+    let cs = sim.ends[A].socket_stats(c).unwrap();
+    assert_eq!(cs.reorder_bytes + cs.parked_bytes, 1024);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 333];
+    while got.len() < data.len() {
+        if sent < data.len() {
+            if let Ok(n) = sim.ends[B].send(s, &data[sent..]) {
+                sent += n;
+            }
+        }
+        match sim.ends[A].recv(c, &mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(Error::WouldBlock) => assert!(sim.step() > 0 || sent < data.len(), "stalled"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(got == data);
+    // A listener's options reach the sockets it accepts.
+    let mut big = SocketOptions::default();
+    big.recv_buffer = Some(2048);
+    sim.ends[B].set_listener_options(10, big).unwrap();
+    let c2 = sim.ends[A]
+        .connect(PeerId(1), 10, AppClass::Throughput)
+        .unwrap();
+    sim.settle();
+    assert_eq!(sim.ends[A].socket_stats(c2).unwrap().send_credit, 4096);
+    assert_eq!(
+        sim.ends[B].set_listener_options(11, big),
+        Err(Error::NotListening)
+    );
+    sim.ends[A].check_invariants().unwrap();
+    sim.ends[B].check_invariants().unwrap();
+}
+
+fn read_all_until(sim: &mut Sim, end: usize, sock: vns::SocketId, len: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 333];
+    while out.len() < len {
+        match sim.ends[end].recv(sock, &mut buf) {
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(Error::WouldBlock) => assert!(sim.step() > 0 || !sim.idle(), "stalled"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    out
+}
+
+/// Nagle's algorithm with `nodelay` off (RFC 896): a short chunk waits while earlier data
+/// is unacknowledged at the data level, and writes made meanwhile join it; it leaves when
+/// the peer's credit acknowledges the data (its reply), when the hold of
+/// `Config::nagle_delay` runs out, with the FIN, or when `nodelay` is turned on. A full
+/// chunk never waits. With `nodelay` on (the default) nothing waits.
+#[test]
+fn nagle_holds_short_chunks_while_data_is_unacknowledged() {
+    let mut sim = Sim::throughput(1, small_config(256), 4096, 8);
+    let delay = sim.ends[A].config().nagle_delay;
+    let t0 = std::time::Instant::now();
+    sim.ends[A].handle_timeout(t0);
+    sim.ends[B].bind(12, 1).unwrap();
+    let (c, s) = connect(&mut sim, 12);
+    sim.settle();
+    assert_eq!(sim.ends[A].nodelay(c), Ok(true));
+    let h = vns::wire::HEADER_LEN;
+    // nodelay on: every write leaves as its own chunk.
+    sim.ends[A].send(c, b"x").unwrap();
+    sim.pump_tx();
+    sim.ends[A].send(c, b"y").unwrap();
+    sim.pump_tx();
+    assert_eq!(sim.wire_bytes(0, A), 2 * (h + 1));
+    sim.settle();
+    assert_eq!(sim.ends[B].recv(s, &mut [0; 2]), Ok(2));
+    // B's read acknowledged them only once its credit reaches A: a reply carries it.
+    sim.ends[B].send(s, b"k").unwrap();
+    sim.settle();
+    assert_eq!(sim.ends[A].recv(c, &mut [0; 1]), Ok(1));
+    assert!(!sim.ends[A].timers_changed());
+
+    sim.ends[A].set_nodelay(c, false).unwrap();
+    // Nothing unacknowledged: the first short chunk goes at once.
+    sim.ends[A].send(c, b"a").unwrap();
+    sim.pump_tx();
+    assert_eq!(sim.wire_bytes(0, A), h + 1);
+    // Then "b" and "c" wait, together.
+    sim.ends[A].send(c, b"b").unwrap();
+    sim.pump_tx();
+    sim.ends[A].send(c, b"c").unwrap();
+    sim.pump_tx();
+    assert_eq!(sim.wire_bytes(0, A), h + 1);
+    assert!(
+        sim.ends[A].timers_changed(),
+        "a driver must learn of the hold"
+    );
+    sim.ends[A].handle_timeout(t0);
+    assert_eq!(sim.ends[A].poll_timeout(), Some(t0 + delay));
+    sim.settle();
+    // The hold runs out: "bc" leaves as one chunk.
+    sim.ends[A].handle_timeout(t0 + delay);
+    sim.pump_tx();
+    assert_eq!(sim.wire_bytes(0, A), h + 2);
+    sim.settle();
+    let mut got = [0u8; 3];
+    assert_eq!(sim.ends[B].recv(s, &mut got), Ok(3));
+    assert_eq!(&got, b"abc");
+
+    // A reply acknowledges what B read: what waited leaves without the timer.
+    sim.ends[A].send(c, b"d").unwrap();
+    sim.pump_tx();
+    assert_eq!(sim.wire_bytes(0, A), 0, "\"abc\" is not acknowledged yet");
+    sim.ends[B].send(s, b"r").unwrap();
+    sim.settle();
+    assert_eq!(sim.ends[B].recv(s, &mut got), Ok(1));
+    assert_eq!(got[0], b'd');
+
+    // A full chunk never waits; its short remainder does.
+    let full = pattern(4, 256 + 10);
+    assert_eq!(sim.ends[A].send(c, &full), Ok(266));
+    sim.pump_tx();
+    assert_eq!(sim.wire_bytes(0, A), h + 256);
+    // Turning nodelay on sends the remainder at once.
+    sim.ends[A].set_nodelay(c, true).unwrap();
+    sim.pump_tx();
+    assert_eq!(sim.wire_bytes(0, A), 2 * h + 266);
+    sim.settle();
+    assert_eq!(read_all_until(&mut sim, B, s, 266), full);
+
+    // The FIN takes what waits with it.
+    sim.ends[A].set_nodelay(c, false).unwrap();
+    sim.ends[A].send(c, b"e").unwrap();
+    sim.pump_tx();
+    sim.ends[A].send(c, b"f").unwrap();
+    sim.ends[A].shutdown(c).unwrap();
+    sim.settle();
+    assert_eq!(read_all(&mut sim, B, s).unwrap(), b"ef");
+    sim.ends[A].check_invariants().unwrap();
 }
 
 #[test]

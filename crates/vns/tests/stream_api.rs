@@ -441,3 +441,95 @@ async fn a_loopback_bind_serves_this_host_only() {
     let e = b.bind(addr(B, 0)).await.unwrap().into_std().unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unsupported);
 }
+
+/// `VirtualSocket` (`TcpSocket`): options set before connect and listen reach the stream:
+/// the send buffer bounds a write, `nodelay` and `linger` are the stream's (an accepting
+/// listener passes them on), a bound local port is the stream's, and one in use is
+/// refused.
+#[tokio::test]
+async fn virtual_socket_options_reach_the_stream() {
+    let (a, b) = Stack::pair_in_memory(2).unwrap();
+    let ls = b.socket();
+    ls.set_recv_buffer_size(64 * 1024).unwrap();
+    ls.set_nodelay(false).unwrap();
+    ls.set_linger(Some(Duration::ZERO)).unwrap();
+    ls.set_reuseaddr(true).unwrap();
+    assert!(ls.reuseaddr().unwrap());
+    assert_eq!(ls.recv_buffer_size().unwrap(), 64 * 1024);
+    ls.bind(addr(B, 7330)).unwrap();
+    assert_eq!(ls.local_addr().unwrap(), addr(B, 7330));
+    let l = ls.listen(16).unwrap();
+    assert_eq!(l.local_addr().unwrap(), addr(B, 7330));
+
+    let cs = a.socket();
+    assert!(cs.nodelay().unwrap(), "virtual sockets default to nodelay");
+    cs.set_send_buffer_size(1000).unwrap();
+    assert_eq!(cs.send_buffer_size().unwrap(), 1000);
+    cs.set_nodelay(false).unwrap();
+    cs.set_keepalive(true).unwrap();
+    assert!(cs.keepalive().unwrap());
+    // A local port that maps to a shard with the remote port, as received chunks do.
+    let count = a.shards() as u32;
+    let local = (40_000..41_000u32)
+        .find(|p| (p + 7330) % count == 0)
+        .unwrap() as u16;
+    cs.bind(addr(Ipv4Addr::UNSPECIFIED, local)).unwrap();
+    let c = timeout(LIMIT, cs.connect(addr(B, 7330)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.local_addr().unwrap().port(), local);
+    assert!(!c.nodelay().unwrap());
+    let (s, from) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+    assert_eq!(from, addr(A, local));
+    assert!(!s.nodelay().unwrap(), "the listener passes nodelay on");
+    assert_eq!(s.linger().unwrap(), Some(Duration::ZERO));
+    // The send buffer takes 1000 bytes and no more.
+    assert_eq!(c.try_write(&[5u8; 5000]).unwrap(), 1000);
+    // The same local port to the same peer port again: in use.
+    let again = a.socket();
+    again.bind(addr(Ipv4Addr::UNSPECIFIED, local)).unwrap();
+    let e = again.connect(addr(B, 7330)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AddrInUse);
+    // Not an address of this host; IPv6.
+    let e = a
+        .socket()
+        .bind(addr(Ipv4Addr::new(10, 9, 9, 9), 1))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AddrNotAvailable);
+    assert_eq!(
+        vns::VirtualSocket::new_v6().unwrap_err().kind(),
+        ErrorKind::Unsupported
+    );
+    drop(s);
+}
+
+/// With `nodelay` off, a short write that waits behind unacknowledged data (the peer read
+/// it but has nothing to reply, so no credit comes back) still leaves within
+/// `Config::nagle_delay`: the stack's driver wakes for the hold. Every byte arrives, in
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nagle_holds_are_released_by_the_stack() {
+    let (a, b) = Stack::pair_in_memory(2).unwrap();
+    let (c, mut s) = connected(&a, &b, 7331).await;
+    c.set_nodelay(false).unwrap();
+    let mut c = c;
+    let mut want = Vec::new();
+    let mut got = Vec::new();
+    for i in 0..50u8 {
+        let piece = [i; 3];
+        c.write_all(&piece).await.unwrap();
+        want.extend_from_slice(&piece);
+        // Each piece is read before the next is written: nothing comes back to the
+        // writer, so the hold, not an acknowledgement, lets the next one go.
+        while got.len() < want.len() {
+            let mut buf = [0u8; 64];
+            let n = timeout(LIMIT, s.read(&mut buf))
+                .await
+                .expect("a held write never left")
+                .unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+    assert_eq!(got, want);
+}

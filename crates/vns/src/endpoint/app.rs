@@ -82,13 +82,37 @@ impl Endpoint {
             unsent_bytes: s.send_buf.len(),
             send_credit: s.send_credit(),
             reorder_bytes: s.rx.as_ref().map_or(0, |r| r.len()),
-            reorder_capacity: self.config.recv_buffer,
+            reorder_capacity: s.bufs.recv,
             readable_bytes: s.rx.as_ref().map_or(0, |r| r.readable()),
             parked_bytes: s.parked.bytes(),
             peer_stopped: s.peer_stopped,
             stop_sent: s.stop_sent,
             unacked_bytes: s.unacked_bytes(),
         })
+    }
+
+    /// Whether the socket's short chunks leave at once (`true`, the default) or wait
+    /// while its earlier data is unacknowledged, at most [`Config::nagle_delay`]
+    /// (Nagle's algorithm, `TCP_NODELAY` off). Turning it on sends what waits at once.
+    ///
+    /// [`Config::nagle_delay`]: super::Config::nagle_delay
+    pub fn set_nodelay(&mut self, id: SocketId, on: bool) -> Result<(), Error> {
+        let s = self.live_socket(id)?;
+        s.nodelay = on;
+        let waiting = !s.send_buf.is_empty();
+        if on && self.nagle_holds.remove(&id).is_some() && waiting {
+            self.sendable.insert(id);
+            self.schedule_needed = true;
+        }
+        Ok(())
+    }
+
+    /// The socket's [`set_nodelay`](Self::set_nodelay) setting.
+    pub fn nodelay(&self, id: SocketId) -> Result<bool, Error> {
+        self.sockets
+            .get(&id)
+            .map(|s| s.nodelay)
+            .ok_or(Error::InvalidSocket)
     }
 
     /// Queues bytes for sending; returns how many were taken (bounded by the free space of
@@ -108,7 +132,6 @@ impl Endpoint {
         id: SocketId,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Result<usize, Error> {
-        let cap = self.config.send_buffer;
         let seg = self.config.max_chunk_payload;
         // Not `live_socket`: the segment pool is borrowed beside the socket.
         let s = match self.sockets.get_mut(&id) {
@@ -125,7 +148,7 @@ impl Endpoint {
         if total == 0 {
             return Ok(0);
         }
-        let mut room = cap.saturating_sub(s.send_buf.len());
+        let mut room = s.bufs.send.saturating_sub(s.send_buf.len());
         if room == 0 {
             s.write_blocked = true;
             s.write_low_water = 1;
@@ -152,7 +175,6 @@ impl Endpoint {
     /// woken for a large copy rather than for every chunk sent). Fails like
     /// [`Endpoint::send`] on a failed or shut-down socket.
     pub(crate) fn send_room(&mut self, id: SocketId, min: usize) -> Result<usize, Error> {
-        let cap = self.config.send_buffer;
         let s = self.live_socket(id)?;
         if let Some(e) = s.write_error() {
             return Err(e);
@@ -160,6 +182,7 @@ impl Endpoint {
         if s.write_shut {
             return Err(Error::WriteClosed);
         }
+        let cap = s.bufs.send;
         let room = cap.saturating_sub(s.send_buf.len());
         let min = min.clamp(1, cap);
         if room < min {
@@ -180,7 +203,6 @@ impl Endpoint {
         id: SocketId,
         segs: &mut Vec<BytesMut>,
     ) -> Result<usize, Error> {
-        let cap = self.config.send_buffer;
         let seg = self.config.max_chunk_payload;
         let s = self.live_socket(id)?;
         if let Some(e) = s.write_error() {
@@ -189,7 +211,7 @@ impl Endpoint {
         if s.write_shut {
             return Err(Error::WriteClosed);
         }
-        let mut room = cap.saturating_sub(s.send_buf.len());
+        let mut room = s.bufs.send.saturating_sub(s.send_buf.len());
         let mut taken = 0;
         let mut bytes = 0;
         for b in segs.iter() {

@@ -406,7 +406,7 @@ impl Endpoint {
             payload: Piece::default(),
             socket: Some(sid),
         };
-        let window = self.config.credit_window as u32;
+        let window = s.bufs.window as u32;
         let handshake_lost = s.handshake_channel == Some(lost);
         if s.state == State::SynSent {
             if handshake_lost {

@@ -75,6 +75,12 @@ pub struct Config {
     /// listener only had no room, and an `accept` may make room at any moment. Time is
     /// passed in: see [`Endpoint::handle_timeout`].
     pub sync_retry: Duration,
+    /// Longest a socket with `nodelay` off holds a chunk shorter than a full one while its
+    /// earlier data is unacknowledged (Nagle's algorithm, RFC 896; [`SocketOptions`]).
+    /// Our data-level acknowledgement comes when the peer's application reads, which an
+    /// idle peer may not be doing, so the hold is bounded, like Linux's by its delayed
+    /// ACK. Time is passed in: see [`Endpoint::handle_timeout`].
+    pub nagle_delay: Duration,
     /// Most bytes of one socket cut into DATA chunks and not yet acknowledged at the data
     /// level (read by the peer's application), which the socket keeps to send again on
     /// another channel if theirs dies. It bounds the memory a peer that grants a huge
@@ -147,6 +153,7 @@ impl Default for Config {
             max_sockets: 64 * 1024,
             linger_timeout: Duration::from_secs(60),
             sync_retry: Duration::from_millis(200),
+            nagle_delay: Duration::from_millis(1),
             resend_buffer: 1024 * 1024,
             channel_loss_timeout: Duration::from_secs(10),
             shard: ShardOf::default(),
@@ -212,3 +219,82 @@ impl Config {
 
 /// The longest wait between two tries of a SYNC ([`Config::sync_retry`] doubles up to it).
 pub const SYNC_RETRY_MAX: Duration = Duration::from_secs(3);
+
+/// Settings of one socket, chosen before it exists: a connecting socket's
+/// ([`Endpoint::connect_with`](super::Endpoint::connect_with)) or those a listener gives
+/// the sockets it accepts ([`Endpoint::set_listener_options`](super::Endpoint::set_listener_options)),
+/// as `SO_SNDBUF`/`SO_RCVBUF` are set on a socket before `connect` or `listen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SocketOptions {
+    /// Send buffer bytes; `None`: [`Config::send_buffer`]. Clamped to `1..=2^30`.
+    pub send_buffer: Option<usize>,
+    /// Receive (reorder) buffer bytes; `None`: [`Config::recv_buffer`]. Clamped to
+    /// `max_chunk_payload..=2^29`. The credit window the socket grants, and its update
+    /// threshold, scale with it in the configuration's proportions (by default twice the
+    /// buffer), and are announced in the SYNC or SYNC_ACK: set it before the handshake.
+    pub recv_buffer: Option<usize>,
+    /// Whether small chunks leave at once (`true`, the default) or wait while earlier
+    /// data is unacknowledged, as Nagle's algorithm (RFC 896) makes them wait
+    /// ([`Endpoint::set_nodelay`](super::Endpoint::set_nodelay)).
+    pub nodelay: bool,
+    /// The local virtual port of a connecting socket (`bind` before `connect`); `None`:
+    /// an ephemeral one. With shards ([`ShardOf`]), the port must map to this endpoint's
+    /// shard together with the remote port, or the connect fails with
+    /// [`Error::AddrInUse`](super::Error::AddrInUse). Ignored by listeners.
+    pub local_port: Option<u16>,
+}
+
+impl Default for SocketOptions {
+    fn default() -> Self {
+        SocketOptions {
+            send_buffer: None,
+            recv_buffer: None,
+            nodelay: true,
+            local_port: None,
+        }
+    }
+}
+
+/// A socket's buffer sizes, resolved from [`SocketOptions`] and the [`Config`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SocketBuffers {
+    pub(super) send: usize,
+    pub(super) recv: usize,
+    /// The credit window the socket grants (its credit edge is its read position plus it).
+    pub(super) window: usize,
+    pub(super) update_threshold: usize,
+}
+
+impl Config {
+    /// The buffers of a socket with `opts`.
+    pub(super) fn buffers(&self, opts: &SocketOptions) -> SocketBuffers {
+        let send = opts
+            .send_buffer
+            .unwrap_or(self.send_buffer)
+            .clamp(1, 1 << 30);
+        let Some(recv) = opts.recv_buffer else {
+            return SocketBuffers {
+                send,
+                recv: self.recv_buffer,
+                window: self.credit_window,
+                update_threshold: self.credit_update_threshold,
+            };
+        };
+        let recv = recv.clamp(self.max_chunk_payload, 1 << 29);
+        // The configuration's proportions (`validate` keeps window >= recv_buffer and the
+        // threshold within the window); u128 so that no product overflows.
+        let scale = |x: usize, num: usize, den: usize| {
+            (x as u128 * num as u128 / den.max(1) as u128) as usize
+        };
+        let window = scale(recv, self.credit_window, self.recv_buffer).clamp(recv, 1 << 30);
+        let update_threshold =
+            scale(window, self.credit_update_threshold, self.credit_window).clamp(1, window);
+        SocketBuffers {
+            send,
+            recv,
+            window,
+            update_threshold,
+        }
+    }
+}

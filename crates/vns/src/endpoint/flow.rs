@@ -30,7 +30,7 @@ impl Endpoint {
             return Placement::Violation;
         };
         let end = seq.plus(len as u32);
-        let edge = s.credit_edge(&self.config).expect("rx exists");
+        let edge = s.credit_edge().expect("rx exists");
         // A copy sent again after a channel loss may arrive long after the original (it
         // can wait behind other chunks on a slow channel while the stream moves on), so
         // any distance behind counts, within the circular order's reach.
@@ -115,7 +115,7 @@ impl Endpoint {
                 s.fin_seq = Some(h.seq);
                 if s.at_eof() {
                     // Everything was read before the FIN came: acknowledge the last bytes.
-                    let edge = s.credit_edge(&self.config).expect("at_eof needs rx");
+                    let edge = s.credit_edge().expect("at_eof needs rx");
                     if !s.ack_pending && edge != s.advertised {
                         s.ack_pending = true;
                         let header = ChunkRepr {
@@ -278,8 +278,6 @@ impl Endpoint {
     /// After the application read: move parked chunks that now fit into the reorder
     /// buffer, resume stalled channels, and send RESUME or a credit update when due.
     pub(super) fn after_read(&mut self, sid: SocketId) {
-        let threshold = self.config.credit_update_threshold;
-        let half = self.config.recv_buffer / 2;
         let Some(released) = self.unpark(sid) else {
             self.protocol_violation(sid, "parked chunk overlaps received data");
             self.retry_stalled();
@@ -290,6 +288,8 @@ impl Endpoint {
             self.push_event(Event::Readable(sid));
         }
         let s = self.sockets.get_mut(&sid).expect("exists");
+        let threshold = s.bufs.update_threshold;
+        let half = s.bufs.recv / 2;
         let rx_len = s.rx.as_ref().map_or(0, |r| r.len());
         let mut control = None;
         if s.reset_at.is_some() {
@@ -300,7 +300,7 @@ impl Endpoint {
             debug!(socket = %sid, "receive buffer drained; RESUME");
             control = Some(ChunkType::Resume);
         } else if !s.ack_pending {
-            let edge = s.credit_edge(&self.config).expect("rx exists");
+            let edge = s.credit_edge().expect("rx exists");
             // At the end of the stream the last bytes are acknowledged at once: the peer
             // keeps them for resending (and a closed peer socket lingers) until then.
             if edge.since(s.advertised) >= threshold as i64 || (s.at_eof() && edge != s.advertised)
@@ -315,7 +315,7 @@ impl Endpoint {
                 dst_port: s.key.remote,
                 seq: s.epoch,
                 // Filled in again as it leaves, unless the socket is gone by then.
-                credit: s.credit_edge(&self.config).map_or(0, |e| e.0),
+                credit: s.credit_edge().map_or(0, |e| e.0),
                 ty,
                 payload_len: 0,
             };

@@ -19,7 +19,7 @@ use super::channels::early_cost;
 use super::send_buf::Piece;
 use super::socket::{Key, State};
 use super::transmit::OutChunk;
-use super::{Endpoint, Error, Event, PeerId, Socket, SocketId};
+use super::{Endpoint, Error, Event, PeerId, Socket, SocketId, SocketOptions};
 
 #[derive(Debug)]
 pub(super) struct Listener {
@@ -28,6 +28,8 @@ pub(super) struct Listener {
     /// Connections waiting on this port over every shard that shares the backlog
     /// ([`Endpoint::bind_shared`]); `None`: this endpoint's queue alone.
     pub(super) shared: Option<Arc<AtomicUsize>>,
+    /// What the sockets it accepts get ([`Endpoint::set_listener_options`]).
+    pub(super) opts: SocketOptions,
 }
 
 impl Listener {
@@ -89,8 +91,18 @@ impl Endpoint {
                 backlog: backlog.max(1),
                 queue: VecDeque::new(),
                 shared,
+                opts: SocketOptions::default(),
             },
         );
+        Ok(())
+    }
+
+    /// Sets what the sockets `port`'s listener accepts from now on get (buffer sizes and
+    /// the window their SYNC_ACK announces; `nodelay`), as options set on a listening
+    /// socket pass to the sockets it accepts.
+    pub fn set_listener_options(&mut self, port: u16, opts: SocketOptions) -> Result<(), Error> {
+        let l = self.listeners.get_mut(&port).ok_or(Error::NotListening)?;
+        l.opts = opts;
         Ok(())
     }
 
@@ -120,6 +132,18 @@ impl Endpoint {
     /// Opens a virtual socket to port `port` of `peer`, over that peer's channels of the
     /// socket's class. Returns at once; [`Event::Connected`] or [`Event::Failed`] follows.
     pub fn connect(&mut self, peer: PeerId, port: u16, class: AppClass) -> Result<SocketId, Error> {
+        self.connect_with(peer, port, class, SocketOptions::default())
+    }
+
+    /// [`Endpoint::connect`] with per-socket settings (buffer sizes, and the credit
+    /// window its SYNC announces; `nodelay`).
+    pub fn connect_with(
+        &mut self,
+        peer: PeerId,
+        port: u16,
+        class: AppClass,
+        opts: SocketOptions,
+    ) -> Result<SocketId, Error> {
         if !self
             .channels
             .values()
@@ -127,19 +151,35 @@ impl Endpoint {
         {
             return Err(Error::NoChannel);
         }
-        let local = self.ephemeral_port(peer, port)?;
+        let local = match opts.local_port {
+            None => self.ephemeral_port(peer, port)?,
+            Some(p) => {
+                let taken = self.by_key.contains_key(&Key {
+                    peer,
+                    local: p,
+                    remote: port,
+                });
+                if p == 0 || taken || !self.config.shard.owns(p, port) {
+                    return Err(Error::AddrInUse);
+                }
+                p
+            }
+        };
         let key = Key {
             peer,
             local,
             remote: port,
         };
         let isn = self.next_isn();
-        let sid = self.new_socket(Socket::new(key, class, isn));
+        let bufs = self.config.buffers(&opts);
+        let mut s = Socket::new(key, class, isn, bufs);
+        s.nodelay = opts.nodelay;
+        let sid = self.new_socket(s);
         let header = ChunkRepr {
             src_port: local,
             dst_port: port,
             seq: isn,
-            credit: self.config.credit_window as u32,
+            credit: bufs.window as u32,
             ty: ChunkType::Sync,
             payload_len: 0,
         };
@@ -159,7 +199,6 @@ impl Endpoint {
             self.sync_retry_unset = false;
             return None;
         }
-        let window = self.config.credit_window as u32;
         let mut again = Vec::new();
         let mut next: Option<Instant> = None;
         let sockets = &self.sockets;
@@ -169,7 +208,7 @@ impl Endpoint {
             };
             let t = *at.get_or_insert(now + *wait);
             if t <= now {
-                again.push((*sid, s.key, s.isn));
+                again.push((*sid, s.key, s.isn, s.bufs.window as u32));
                 *wait = (*wait * 2).min(super::config::SYNC_RETRY_MAX);
                 *at = Some(now + *wait);
             }
@@ -178,7 +217,7 @@ impl Endpoint {
             true
         });
         self.sync_retry_unset = false;
-        for (sid, key, isn) in again {
+        for (sid, key, isn, window) in again {
             debug!(socket = %sid, ?key, "no SYNC_ACK yet; sending the SYNC again");
             self.counters.sync_retries += 1;
             let header = ChunkRepr {
@@ -310,14 +349,17 @@ impl Endpoint {
             ChannelClass::Latency => AppClass::Latency,
             ChannelClass::Throughput => AppClass::Throughput,
         };
+        let opts = l.opts;
+        let bufs = self.config.buffers(&opts);
         let isn = self.next_isn();
-        let mut s = Socket::new(key, class, isn);
+        let mut s = Socket::new(key, class, isn, bufs);
+        s.nodelay = opts.nodelay;
         s.passive = true;
         s.state = State::Established;
         s.peer_window = h.credit.min(1 << 30);
         s.send_limit = isn.plus(s.peer_window);
-        s.rx = Some(ReorderBuffer::new(h.seq, self.config.recv_buffer));
-        s.advertised = h.seq.plus(self.config.credit_window as u32);
+        s.rx = Some(ReorderBuffer::new(h.seq, bufs.recv));
+        s.advertised = h.seq.plus(bufs.window as u32);
         s.channels_used.insert(ch);
         let sid = self.new_socket(s);
         self.listeners
@@ -329,7 +371,7 @@ impl Endpoint {
             src_port: key.local,
             dst_port: key.remote,
             seq: isn,
-            credit: self.config.credit_window as u32,
+            credit: bufs.window as u32,
             ty: ChunkType::SyncAck,
             payload_len: 0,
         };
@@ -347,9 +389,8 @@ impl Endpoint {
     }
 
     pub(super) fn establish_active(&mut self, sid: SocketId, h: ChunkRepr) {
-        let window = self.config.credit_window as u32;
-        let recv_buffer = self.config.recv_buffer;
         let s = self.sockets.get_mut(&sid).expect("caller checked");
+        let (window, recv_buffer) = (s.bufs.window as u32, s.bufs.recv);
         s.state = State::Established;
         s.peer_window = h.credit.min(1 << 30);
         s.send_limit = s.next_seq.plus(s.peer_window);

@@ -44,7 +44,7 @@ mod transmit;
 
 pub use app::SocketStats;
 pub use channels::{ChannelLoad, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES};
-pub use config::{Config, ConfigError, ShardOf};
+pub use config::{Config, ConfigError, ShardOf, SocketOptions};
 pub use error::{ChannelError, Error};
 pub use socket::{PeerId, SocketId, RESET_ORDERED};
 
@@ -156,6 +156,13 @@ pub struct Endpoint {
     sync_retry_unset: bool,
     /// No entry of `sync_retries` is due before this.
     sync_retry_next: Option<Instant>,
+    /// Sockets holding a short chunk back (`nodelay` off), with when the hold ends
+    /// (`None` until [`Endpoint::handle_timeout`] first sees it).
+    nagle_holds: BTreeMap<SocketId, Option<Instant>>,
+    /// Some entry of `nagle_holds` has no time yet.
+    nagle_unset: bool,
+    /// A timer was added since [`Endpoint::timers_changed`] was last asked.
+    timers_changed: bool,
     counters: EndpointCounters,
 }
 
@@ -294,6 +301,9 @@ impl Endpoint {
             sync_retries: BTreeMap::new(),
             sync_retry_unset: false,
             sync_retry_next: None,
+            nagle_holds: BTreeMap::new(),
+            nagle_unset: false,
+            timers_changed: false,
             counters: EndpointCounters::default(),
         })
     }
@@ -331,6 +341,14 @@ impl Endpoint {
     /// reset [`Config::linger_timeout`] after its close at the latest).
     pub fn lingering_sockets(&self) -> usize {
         self.lingering.len()
+    }
+
+    /// Whether a call since the last time this was asked started a timer that
+    /// [`Endpoint::poll_timeout`] now reports (a short chunk held back, see
+    /// [`SocketOptions::nodelay`]): a driver that sleeps until the old timeout should
+    /// look again. Asking clears it.
+    pub fn timers_changed(&mut self) -> bool {
+        std::mem::take(&mut self.timers_changed)
     }
 
     /// The next readiness event, if any. Drain after every call into the endpoint.
@@ -481,7 +499,7 @@ impl Endpoint {
         }
         for (sid, s) in &self.sockets {
             if let Some(rx) = &s.rx {
-                if rx.len() > self.config.recv_buffer {
+                if rx.len() > s.bufs.recv {
                     return Err(format!("{sid}: reorder buffer holds {}", rx.len()));
                 }
             }
@@ -493,7 +511,7 @@ impl Endpoint {
                     s.send_limit, s.peer_epoch
                 ));
             }
-            if s.send_buf.len() > self.config.send_buffer {
+            if s.send_buf.len() > s.bufs.send {
                 return Err(format!("{sid}: send buffer holds {}", s.send_buf.len()));
             }
             // Kept for resending: in order, between the data-level acknowledgement and

@@ -16,8 +16,9 @@ use crate::response_queue::ResponseQueue;
 use crate::wire::{ChunkRepr, ChunkType, Seq};
 
 use super::channels::early_cost;
+use super::config::SocketBuffers;
 use super::send_buf::SendBuf;
-use super::{Config, Endpoint, Error, Event};
+use super::{Endpoint, Error, Event};
 
 /// The credit field of a RESET that a socket sends: its sequence field is the end of the
 /// sender's stream, and the receiver applies it only once every byte before that arrived.
@@ -127,6 +128,14 @@ pub(super) struct Socket {
     pub(super) heard: bool,
     /// Our initial sequence number (a SYNC or SYNC_ACK that goes again carries it).
     pub(super) isn: Seq,
+    /// Buffer sizes and the credit window this socket grants.
+    pub(super) bufs: SocketBuffers,
+    /// Small chunks leave at once; `false`: they wait while data is unacknowledged.
+    pub(super) nodelay: bool,
+    /// The hold on a short chunk ran out ([`Config::nagle_delay`]): it leaves now.
+    ///
+    /// [`Config::nagle_delay`]: super::Config::nagle_delay
+    pub(super) nagle_release: bool,
 }
 
 /// A DATA chunk kept until the peer acknowledges it at the data level.
@@ -160,7 +169,7 @@ impl Socket {
         }
     }
 
-    pub(super) fn new(key: Key, class: AppClass, isn: Seq) -> Self {
+    pub(super) fn new(key: Key, class: AppClass, isn: Seq, bufs: SocketBuffers) -> Self {
         Socket {
             key,
             class,
@@ -196,6 +205,9 @@ impl Socket {
             handshake_channel: None,
             heard: false,
             isn,
+            bufs,
+            nodelay: true,
+            nagle_release: false,
         }
     }
 
@@ -228,10 +240,10 @@ impl Socket {
         }
     }
 
-    pub(super) fn credit_edge(&self, cfg: &Config) -> Option<Seq> {
+    pub(super) fn credit_edge(&self) -> Option<Seq> {
         self.rx
             .as_ref()
-            .map(|rx| rx.read_seq().plus(cfg.credit_window as u32))
+            .map(|rx| rx.read_seq().plus(self.bufs.window as u32))
     }
 
     /// Whether a credit edge is one the peer could have granted: its read position (at
@@ -444,12 +456,14 @@ impl Endpoint {
     /// starts, then whenever this instant has passed (and again after any call, since a
     /// call may change it).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let unset = self.linger_unset || self.orphan_unset || self.sync_retry_unset;
+        let unset =
+            self.linger_unset || self.orphan_unset || self.sync_retry_unset || self.nagle_unset;
         if let (true, Some(now)) = (unset, self.clock) {
             return Some(now);
         }
         let orphans = self.orphaned.values().filter_map(|o| o.deadline).min();
-        [self.linger_next, orphans, self.sync_retry_next]
+        let holds = self.nagle_holds.values().flatten().min().copied();
+        [self.linger_next, orphans, self.sync_retry_next, holds]
             .into_iter()
             .flatten()
             .min()
@@ -471,6 +485,7 @@ impl Endpoint {
         if self.sync_retry_unset || self.sync_retry_next.is_some_and(|t| t <= now) {
             self.sync_retry_next = self.retry_syncs(now);
         }
+        self.expire_nagle_holds(now);
         if !self.linger_unset && self.linger_next.is_none_or(|next| now < next) {
             return;
         }

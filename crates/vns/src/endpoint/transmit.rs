@@ -4,6 +4,8 @@
 //! chunks to the driver (`poll_transmit`, `poll_transmit_parts`), and taking sent buffers
 //! back for reuse.
 
+use std::time::Instant;
+
 use bytes::{Bytes, BytesMut};
 
 use netsched::{ChannelId, ChunkInfo};
@@ -173,7 +175,7 @@ impl Endpoint {
         if let Some(sid) = item.socket {
             if let Some(s) = self.sockets.get_mut(&sid) {
                 let fresh = !matches!(item.header.ty, ChunkType::Sync | ChunkType::SyncAck);
-                if let (true, Some(edge)) = (fresh, s.credit_edge(&self.config)) {
+                if let (true, Some(edge)) = (fresh, s.credit_edge()) {
                     item.header.credit = edge.0;
                     if edge.is_after(s.advertised) {
                         s.advertised = edge;
@@ -342,13 +344,42 @@ impl Endpoint {
         self.schedule_ids = ids;
     }
 
+    /// Ends the holds on short chunks that have lasted [`Config::nagle_delay`]; forgets
+    /// sockets that are gone or no longer hold anything back.
+    ///
+    /// [`Config::nagle_delay`]: super::Config::nagle_delay
+    pub(super) fn expire_nagle_holds(&mut self, now: Instant) {
+        if self.nagle_holds.is_empty() {
+            self.nagle_unset = false;
+            return;
+        }
+        let delay = self.config.nagle_delay;
+        let mut due = Vec::new();
+        self.nagle_holds.retain(|&sid, at| {
+            let t = *at.get_or_insert(now + delay);
+            if t <= now {
+                due.push(sid);
+                return false;
+            }
+            true
+        });
+        self.nagle_unset = false;
+        for sid in due {
+            if let Some(s) = self.sockets.get_mut(&sid) {
+                s.nagle_release = true;
+                self.sendable.insert(sid);
+                self.schedule_needed = true;
+            }
+        }
+    }
+
     /// Sends one data chunk of `sid` if it can; returns whether it did.
     fn schedule_one(&mut self, sid: SocketId) -> bool {
         let max = self.config.max_chunk_payload;
-        let cap = self.config.send_buffer;
         let Some(s) = self.sockets.get(&sid) else {
             return false;
         };
+        let cap = s.bufs.send;
         if s.state != State::Established || s.peer_stopped || s.send_buf.is_empty() {
             return false;
         }
@@ -357,6 +388,24 @@ impl Endpoint {
         let room = self.resend_bound().saturating_sub(held);
         let len = s.send_buf.len().min(s.send_credit()).min(max).min(room);
         if len == 0 {
+            return false;
+        }
+        // Nagle's algorithm (RFC 896 §2, RFC 1122 4.2.3.4) with `nodelay` off: a chunk
+        // shorter than a full one waits while earlier data is unacknowledged, so that
+        // small writes made meanwhile join it; a FIN to follow, or the hold running out,
+        // sends it. A chunk the credit cuts short is not this rule's to hold.
+        if !s.nodelay
+            && len < max
+            && len == s.send_buf.len()
+            && !s.write_shut
+            && !s.nagle_release
+            && s.next_seq.since(s.data_acked) > 0
+        {
+            if let std::collections::btree_map::Entry::Vacant(e) = self.nagle_holds.entry(sid) {
+                e.insert(None);
+                self.nagle_unset = true;
+                self.timers_changed = true;
+            }
             return false;
         }
         let stats = self.peer_stats(s.key.peer);
@@ -397,6 +446,8 @@ impl Endpoint {
         };
         s.next_seq = s.next_seq.plus(len as u32);
         s.data_chunks_sent += 1;
+        s.nagle_release = false;
+        self.nagle_holds.remove(&sid);
         let wake = s.write_blocked && cap.saturating_sub(s.send_buf.len()) >= s.write_low_water;
         if wake {
             s.write_blocked = false;

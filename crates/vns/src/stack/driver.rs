@@ -963,6 +963,8 @@ impl Core {
         let table = self.chans.load();
         fin.more |= shard.transmit_all(&table, &mut cx);
         fin.more |= shard.drain_events(&mut fin.wake);
+        // A short chunk held back (Nagle): the driver's sleep must end by its deadline.
+        fin.more |= shard.ep.timers_changed();
         #[cfg(target_os = "linux")]
         fin.kicks.append(&mut shard.kicks);
     }

@@ -7,6 +7,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
 
 use tracing::debug;
 
@@ -15,7 +16,7 @@ use super::driver::stopped_error;
 use super::loopback::LoopbackListener;
 use super::stream::{PlainInner, StreamInner, VirtualStream};
 use super::{default_stack, resolve_v4, Stack};
-use crate::endpoint::Error;
+use crate::endpoint::{Error, SocketOptions};
 
 /// Listens on a virtual port of a stack: the drop-in for `tokio::net::TcpListener`.
 ///
@@ -40,6 +41,13 @@ pub struct VirtualListener {
     waiters: Arc<Waiters>,
     /// The shard the next `accept` looks in first.
     next: AtomicUsize,
+    /// `SO_LINGER` for the streams it accepts ([`VirtualSocket::listen`]).
+    ///
+    /// [`VirtualSocket::listen`]: super::VirtualSocket::listen
+    accept_linger: Option<Duration>,
+    /// `TCP_NODELAY` for the loopback streams it accepts (virtual ones get it from the
+    /// endpoint's listener options).
+    accept_nodelay: Option<bool>,
 }
 
 /// Wakers of the tasks awaiting `accept` on one listener.
@@ -91,7 +99,41 @@ impl VirtualListener {
             kernel,
             waiters: Arc::default(),
             next: AtomicUsize::new(0),
+            accept_linger: None,
+            accept_nodelay: None,
         }
+    }
+
+    /// What the streams it accepts from now on get: buffer sizes and `nodelay` (passed to
+    /// every shard's endpoint), and `linger`.
+    pub(crate) fn set_accept_options(
+        &mut self,
+        opts: SocketOptions,
+        linger: Option<Duration>,
+    ) -> io::Result<()> {
+        if self.virt {
+            let mut r = Ok(());
+            self.stack.core().each_shard(|_, s| {
+                if let Err(e) = s.ep.set_listener_options(self.port, opts) {
+                    r = Err(e);
+                }
+            });
+            r?;
+        }
+        self.accept_linger = linger;
+        self.accept_nodelay = Some(opts.nodelay);
+        Ok(())
+    }
+
+    /// Applies the accept options to a stream just accepted.
+    fn accepted(&self, s: VirtualStream) -> io::Result<VirtualStream> {
+        if self.accept_linger.is_some() {
+            s.set_linger(self.accept_linger)?;
+        }
+        if let (Some(on), true) = (self.accept_nodelay, s.is_loopback()) {
+            s.set_nodelay(on)?;
+        }
+        Ok(s)
     }
 
     /// A listener on a loopback address: only the kernel's.
@@ -185,7 +227,8 @@ impl VirtualListener {
                         peer_addr,
                     );
                     core.signal.notify();
-                    return Poll::Ready(Ok((VirtualStream::from_inner(inner), peer_addr.into())));
+                    let s = self.accepted(VirtualStream::from_inner(inner));
+                    return Poll::Ready(s.map(|s| (s, peer_addr.into())));
                 }
                 Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
                 Err(Error::WouldBlock) => {
@@ -196,11 +239,12 @@ impl VirtualListener {
         }
         let mut cx = Context::from_waker(&waker);
         if let Poll::Ready(r) = self.poll_accept_plain(&mut cx) {
-            return Poll::Ready(r);
+            return Poll::Ready(r.and_then(|(s, peer)| Ok((self.accepted(s)?, peer))));
         }
         match self.kernel.as_ref().map(|k| k.poll_accept(&mut cx)) {
             Some(Poll::Ready(Ok((k, peer)))) => {
-                Poll::Ready(Ok((VirtualStream::loopback(k), peer.into())))
+                let s = self.accepted(VirtualStream::loopback(k));
+                Poll::Ready(s.map(|s| (s, peer.into())))
             }
             Some(Poll::Ready(Err(e))) => Poll::Ready(Err(e)),
             Some(Poll::Pending) | None => Poll::Pending,

@@ -173,13 +173,32 @@ pub(crate) fn is_local(ip: Ipv4Addr, own: Ipv4Addr) -> bool {
 /// `own` address, which is dialled as `127.0.0.1`). Nothing listening is
 /// `ConnectionRefused`, as from the kernel.
 pub(crate) async fn connect(addr: SocketAddrV4, own: Ipv4Addr) -> io::Result<KernelInner> {
+    connect_socket(tokio::net::TcpSocket::new_v4()?, addr, own).await
+}
+
+/// [`connect`] through a kernel socket with options set
+/// ([`VirtualSocket`](super::VirtualSocket)).
+pub(crate) async fn connect_socket(
+    socket: tokio::net::TcpSocket,
+    addr: SocketAddrV4,
+    own: Ipv4Addr,
+) -> io::Result<KernelInner> {
     let to_self = *addr.ip() == own && !own.is_loopback();
     let dial = if to_self {
         SocketAddrV4::new(Ipv4Addr::LOCALHOST, addr.port())
     } else {
         addr
     };
-    let stream = tokio::net::TcpStream::connect(dial).await?;
+    let stream = socket.connect(dial.into()).await?;
+    wrap(stream, addr, own, to_self)
+}
+
+fn wrap(
+    stream: tokio::net::TcpStream,
+    addr: SocketAddrV4,
+    own: Ipv4Addr,
+    to_self: bool,
+) -> io::Result<KernelInner> {
     let mut local = v4(stream.local_addr()?);
     if to_self {
         // The kernel would report the address dialled on both sides.

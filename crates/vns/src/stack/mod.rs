@@ -193,6 +193,7 @@ mod rx_poll;
 mod shard;
 #[cfg(test)]
 mod shard_tests;
+mod socket;
 mod stream;
 
 use std::fmt;
@@ -214,6 +215,7 @@ pub use listener::VirtualListener;
 pub use mem::{MemAcceptor, MemBackend, MemChannel, MemLimits, MemNetwork};
 #[cfg(target_os = "linux")]
 pub use rx_poll::RuntimeRx;
+pub use socket::VirtualSocket;
 pub use stream::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, VirtualStream, WriteHalf};
 
 use crate::copy::{CopyConfig, CopyError, CopyStats, CopyWorkerPool};
@@ -1324,6 +1326,21 @@ impl Stack {
 
     /// [`bind`](Self::bind) with an explicit backlog.
     pub async fn bind_with_backlog(
+        &self,
+        addr: SocketAddr,
+        backlog: usize,
+    ) -> io::Result<VirtualListener> {
+        self.listen_now(addr, backlog)
+    }
+
+    /// A socket to set options on before it connects or listens (the stack's
+    /// `tokio::net::TcpSocket`; see [`VirtualSocket`]).
+    pub fn socket(&self) -> VirtualSocket {
+        VirtualSocket::new(self.clone())
+    }
+
+    /// [`Stack::bind_with_backlog`], which never waits.
+    pub(crate) fn listen_now(
         &self,
         addr: SocketAddr,
         backlog: usize,

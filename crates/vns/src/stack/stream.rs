@@ -22,7 +22,7 @@ use super::driver::stopped_error;
 use super::loopback::KernelInner;
 use super::{default_stack, Stack};
 use crate::copy::CopyWorkerPool;
-use crate::endpoint::{Error, SocketId};
+use crate::endpoint::{Error, SocketId, SocketOptions};
 
 /// The socket behind a stream and its halves; dropping the last reference closes it like
 /// the kernel's `close()` (`Endpoint::close`: a reset only with received bytes unread).
@@ -31,7 +31,6 @@ pub(crate) struct StreamInner {
     sid: SocketId,
     local: SocketAddrV4,
     peer: SocketAddrV4,
-    nodelay: AtomicBool,
     linger: Mutex<Option<Duration>>,
 }
 
@@ -47,7 +46,6 @@ impl StreamInner {
             sid,
             local,
             peer,
-            nodelay: AtomicBool::new(false),
             linger: Mutex::new(None),
         }
     }
@@ -519,7 +517,14 @@ impl Sock {
 
     fn set_nodelay(&self, on: bool) -> io::Result<()> {
         match self {
-            Sock::Virtual(v) => v.nodelay.store(on, Ordering::Relaxed),
+            Sock::Virtual(v) => {
+                let core = v.stack.core();
+                let mut st = core.lock_socket(v.sid);
+                let r = st.ep.set_nodelay(v.sid, on);
+                // What waited leaves now.
+                core.finish_call(st);
+                return r.map_err(io::Error::from);
+            }
             Sock::Plain(p) => p.nodelay.store(on, Ordering::Relaxed),
             Sock::Kernel(k) => return k.set_nodelay(on),
         }
@@ -528,7 +533,15 @@ impl Sock {
 
     fn nodelay(&self) -> io::Result<bool> {
         Ok(match self {
-            Sock::Virtual(v) => v.nodelay.load(Ordering::Relaxed),
+            Sock::Virtual(v) => {
+                return v
+                    .stack
+                    .core()
+                    .lock_socket(v.sid)
+                    .ep
+                    .nodelay(v.sid)
+                    .map_err(io::Error::from)
+            }
             Sock::Plain(p) => p.nodelay.load(Ordering::Relaxed),
             Sock::Kernel(k) => return k.nodelay(),
         })
@@ -703,9 +716,13 @@ impl VirtualStream {
         Ok(self.inner.peer().into())
     }
 
-    /// Recorded for compatibility with `TcpStream`; virtual sockets never delay small
-    /// writes (each driver round sends what was written). On a loopback stream it sets
-    /// the kernel socket's `TCP_NODELAY`.
+    /// Like `TcpStream::set_nodelay`. On a virtual socket, `true` (the default, unlike a
+    /// kernel socket's) sends every write's bytes at once, as their own chunk if need be;
+    /// `false` turns on Nagle's algorithm (RFC 896): a short chunk waits while earlier
+    /// data is unacknowledged (until the peer's application has read it), so that small
+    /// writes made meanwhile leave together, and at most `vns::Config::nagle_delay`
+    /// (1 ms). On a loopback stream it sets the kernel socket's `TCP_NODELAY`; on a
+    /// plain-TCP stream it is recorded only (the channel's TCP sends at once).
     pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
         self.inner.set_nodelay(nodelay)
     }
@@ -977,6 +994,15 @@ impl AsyncWrite for OwnedWriteHalf {
 
 /// Opens a virtual socket to `addr` on `stack` (see [`Stack::connect`]).
 pub(crate) async fn connect(stack: &Stack, addr: SocketAddrV4) -> io::Result<VirtualStream> {
+    connect_with(stack, addr, SocketOptions::default()).await
+}
+
+/// [`connect`] with per-socket settings ([`VirtualSocket`](super::VirtualSocket)).
+pub(crate) async fn connect_with(
+    stack: &Stack,
+    addr: SocketAddrV4,
+    opts: SocketOptions,
+) -> io::Result<VirtualStream> {
     let core = stack.core();
     let class = AppClass::Throughput;
     let mut attempt = None;
@@ -993,11 +1019,19 @@ pub(crate) async fn connect(stack: &Stack, addr: SocketAddrV4) -> io::Result<Vir
             Err(e) => return Err(e),
         };
     let (sid, local) = {
-        let mut st = core.lock_shard(core.next_connect_shard());
+        // A chosen local port decides the shard, as for a received chunk.
+        let shard = match opts.local_port {
+            Some(p) => {
+                let count = core.shard_count() as u16;
+                usize::from(crate::endpoint::ShardOf::of_ports(p, addr.port(), count))
+            }
+            None => core.next_connect_shard(),
+        };
+        let mut st = core.lock_shard(shard);
         if core.refuses_new() {
             return Err(stopped_error());
         }
-        let sid = st.ep.connect(peer, addr.port(), class)?;
+        let sid = st.ep.connect_with(peer, addr.port(), class, opts)?;
         let (_, local, _) = st.ep.socket_addr(sid).expect("just created");
         st.track(sid);
         st.deadlines
