@@ -38,9 +38,20 @@ fn default_stack_from_the_environment_end_to_end() {
     let e = netchannel::default_stack().unwrap_err();
     assert!(e.to_string().contains("NETCHANNEL_IPV4"), "{e}");
 
+    // A policy name it does not know: the message lists the ones it does.
+    std::env::set_var("NETCHANNEL_IPV4", a.ipv4.to_string());
+    std::env::set_var("NETCHANNEL_SCHEDULER", "fastest");
+    let e = netchannel::default_stack().unwrap_err();
+    assert!(
+        e.to_string().contains("NETCHANNEL_SCHEDULER") && e.to_string().contains("round-robin"),
+        "{e}"
+    );
+    std::env::set_var("NETCHANNEL_SCHEDULER", "source-port");
+    std::env::set_var("NETCHANNEL_SEND_BUFFER", "1048576");
+    std::env::set_var("NETCHANNEL_RECV_BUFFER", "524288");
+
     // Valid settings, some of the optional ones included; built inside A's namespace
     // (its threads and sockets stay there).
-    std::env::set_var("NETCHANNEL_IPV4", a.ipv4.to_string());
     std::env::set_var("NETCHANNEL_CHANNELS", "2");
     std::env::set_var("NETCHANNEL_CONNECT_TIMEOUT_MS", "10000");
     std::env::set_var("NETCHANNEL_RUNTIME_RX", "all");
@@ -49,6 +60,10 @@ fn default_stack_from_the_environment_end_to_end() {
         .expect("enter namespace A")
         .expect("the default stack from the environment");
     assert_eq!(stack.ipv4(), a.ipv4);
+    // The buffer sizes reached the stack's sockets.
+    let probe = stack.socket();
+    assert_eq!(probe.send_buffer_size().unwrap(), 1 << 20);
+    assert_eq!(probe.recv_buffer_size().unwrap(), 1 << 19);
 
     let (bif, bip) = (b.ifname.clone(), b.ipv4);
     let server = bed

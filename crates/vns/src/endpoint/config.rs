@@ -258,17 +258,17 @@ impl Default for SocketOptions {
 
 /// A socket's buffer sizes, resolved from [`SocketOptions`] and the [`Config`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct SocketBuffers {
-    pub(super) send: usize,
-    pub(super) recv: usize,
+pub(crate) struct SocketBuffers {
+    pub(crate) send: usize,
+    pub(crate) recv: usize,
     /// The credit window the socket grants (its credit edge is its read position plus it).
-    pub(super) window: usize,
-    pub(super) update_threshold: usize,
+    pub(crate) window: usize,
+    pub(crate) update_threshold: usize,
 }
 
 impl Config {
     /// The buffers of a socket with `opts`.
-    pub(super) fn buffers(&self, opts: &SocketOptions) -> SocketBuffers {
+    pub(crate) fn buffers(&self, opts: &SocketOptions) -> SocketBuffers {
         let send = opts
             .send_buffer
             .unwrap_or(self.send_buffer)

@@ -383,6 +383,8 @@ pub struct StackBuilder {
     /// `None`: [`Config::default`], or buffers sized for the copy workers when there are
     /// any ([`copy_worker_buffers`]).
     vns: Option<Config>,
+    /// Send and receive buffer sizes of every socket ([`StackBuilder::socket_buffers`]).
+    socket_buffers: Option<(usize, usize)>,
     busy_poll: Option<BusyPoll>,
     inline_tx: Option<usize>,
     /// `None`: [`default_shards`].
@@ -444,6 +446,7 @@ impl Default for StackBuilder {
             connect_timeout: Duration::from_secs(10),
             liveness: Liveness::default(),
             vns: None,
+            socket_buffers: None,
             busy_poll: None,
             inline_tx: None,
             shards: None,
@@ -578,6 +581,16 @@ impl StackBuilder {
     /// (2 MiB by default) and a credit window of twice that.
     pub fn vns_config(mut self, c: Config) -> Self {
         self.vns = Some(c);
+        self
+    }
+
+    /// The default send and receive buffer sizes of the stack's virtual sockets, in bytes,
+    /// applied over the [`vns_config`](Self::vns_config) (or the default one): the
+    /// credit window and its update threshold keep their proportions to the receive
+    /// buffer. A [`VirtualSocket`] sets them per socket. Environment:
+    /// `NETCHANNEL_SEND_BUFFER` and `NETCHANNEL_RECV_BUFFER` for the default stack.
+    pub fn socket_buffers(mut self, send: usize, recv: usize) -> Self {
+        self.socket_buffers = Some((send, recv));
         self
     }
 
@@ -830,6 +843,10 @@ impl StackBuilder {
             }
             None => Config::default(),
         };
+        let vns = match self.socket_buffers {
+            Some((send, recv)) => with_socket_buffers(vns, send, recv),
+            None => vns,
+        };
         let copy = CopyPath::new(self.copy_workers, self.copy_config, &vns)?;
         vns.validate()?;
         let endpoints = shard_endpoints(&vns, self.scheduler, self.shards)?;
@@ -940,6 +957,23 @@ fn shard_endpoints(
             Endpoint::new(c, scheduler).map_err(StackError::from)
         })
         .collect()
+}
+
+/// `c` with these socket buffers, the credit window and its update threshold scaled with
+/// the receive buffer (a socket's own buffers scale the same way, `Config::buffers`).
+fn with_socket_buffers(c: Config, send: usize, recv: usize) -> Config {
+    let b = c.buffers(&crate::endpoint::SocketOptions {
+        send_buffer: Some(send),
+        recv_buffer: Some(recv),
+        ..Default::default()
+    });
+    Config {
+        send_buffer: b.send,
+        recv_buffer: b.recv,
+        credit_window: b.window,
+        credit_update_threshold: b.update_threshold,
+        ..c
+    }
 }
 
 /// The default virtual-socket configuration of a stack with copy workers: the default
@@ -1692,6 +1726,8 @@ pub fn clear_default_stack() -> Option<Stack> {
 /// | `NETCHANNEL_COPY_WORKERS` | [`StackBuilder::copy_workers`] |
 /// | `NETCHANNEL_CHANNEL_PORT` | [`StackBuilder::channel_port`] |
 /// | `NETCHANNEL_BACKLOG` | [`StackBuilder::backlog`] |
+/// | `NETCHANNEL_SEND_BUFFER`, `NETCHANNEL_RECV_BUFFER` (bytes) | [`StackBuilder::socket_buffers`] |
+/// | `NETCHANNEL_SCHEDULER` (`round-robin`, `source-port`, `isolating`) | [`StackBuilder::scheduler`] |
 /// | `NETCHANNEL_SHARDS` | [`StackBuilder::shards`] |
 /// | `NETCHANNEL_CONNECT_TIMEOUT_MS` | [`StackBuilder::connect_timeout`] |
 /// | `NETCHANNEL_PREAMBLE_TIMEOUT_MS` | [`StackBuilder::preamble_timeout`] |
@@ -1781,6 +1817,29 @@ fn stack_from_env() -> Result<Stack, StackError> {
     }
     if let Some(n) = env_parse("NETCHANNEL_BACKLOG")? {
         b = b.backlog(n);
+    }
+    match (
+        env_parse::<usize>("NETCHANNEL_SEND_BUFFER")?,
+        env_parse::<usize>("NETCHANNEL_RECV_BUFFER")?,
+    ) {
+        (None, None) => {}
+        (send, recv) => {
+            let d = Config::default();
+            b = b.socket_buffers(send.unwrap_or(d.send_buffer), recv.unwrap_or(d.recv_buffer));
+        }
+    }
+    if let Some(v) = env_var("NETCHANNEL_SCHEDULER")? {
+        b = match v.as_str() {
+            "round-robin" => b.scheduler(netsched::RoundRobin::default()),
+            "source-port" => b.scheduler(netsched::SourcePort::default()),
+            "isolating" => b.scheduler(netsched::Isolating::default()),
+            _ => {
+                return Err(StackError::Env {
+                    name: "NETCHANNEL_SCHEDULER",
+                    msg: format!("{v:?}: expected round-robin, source-port or isolating"),
+                })
+            }
+        };
     }
     let ms = |name| env_parse::<u64>(name).map(|v| v.map(Duration::from_millis));
     if let Some(d) = ms("NETCHANNEL_CONNECT_TIMEOUT_MS")? {
@@ -1910,6 +1969,27 @@ mod tests {
             ..l
         };
         assert_eq!(zero.idle_detection(), Some(Duration::from_secs(11)));
+    }
+
+    #[test]
+    fn socket_buffers_keep_the_windows_proportions() {
+        let net = MemNetwork::new();
+        let s = Stack::builder()
+            .ipv4(Ipv4Addr::new(10, 0, 0, 1))
+            .socket_buffers(4096, 65536)
+            .build_in_memory(&net)
+            .unwrap();
+        let sock = s.socket();
+        assert_eq!(sock.send_buffer_size().unwrap(), 4096);
+        assert_eq!(sock.recv_buffer_size().unwrap(), 65536);
+        let c = s.core().lock_shard(0).ep.config().clone();
+        let d = Config::default();
+        assert_eq!(c.credit_window, 65536 * d.credit_window / d.recv_buffer);
+        assert_eq!(
+            c.credit_update_threshold,
+            c.credit_window * d.credit_update_threshold / d.credit_window
+        );
+        c.validate().unwrap();
     }
 
     #[test]
