@@ -72,7 +72,7 @@ pub use deframer::{Chunk, Deframer};
 pub use endpoint::{
     ChannelError, ChannelLoad, Config, ConfigError, Endpoint, EndpointCounters, Error, Event,
     PeerId, ShardOf, SocketId, SocketOptions, SocketStats, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES,
-    RESET_ORDERED,
+    RESET_ORDERED, SYNC_RETRY_MAX,
 };
 pub use netsched::{AppClass, ChannelClass, ChannelId};
 pub use reorder::ReorderBuffer;

@@ -68,7 +68,7 @@ pub struct Config {
     /// passed in: see [`Endpoint::handle_timeout`].
     pub linger_timeout: Duration,
     /// How long a connecting socket waits for the peer's SYNC_ACK before it sends its
-    /// SYNC again, doubling after each try (at most [`SYNC_RETRY_MAX`] apart) until the
+    /// SYNC again, doubling after each try (at most [`SYNC_RETRY_MAX`](crate::SYNC_RETRY_MAX) apart) until the
     /// caller's connect deadline fails it. A peer whose listener's backlog is full
     /// drops the SYNC, as Linux drops a SYN, so the client retries rather than being
     /// refused. Shorter than TCP's 1 s first SYN retransmission: nothing was lost, the

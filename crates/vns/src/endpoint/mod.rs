@@ -44,7 +44,7 @@ mod transmit;
 
 pub use app::SocketStats;
 pub use channels::{ChannelLoad, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES};
-pub use config::{Config, ConfigError, ShardOf, SocketOptions};
+pub use config::{Config, ConfigError, ShardOf, SocketOptions, SYNC_RETRY_MAX};
 pub use error::{ChannelError, Error};
 pub use socket::{PeerId, SocketId, RESET_ORDERED};
 

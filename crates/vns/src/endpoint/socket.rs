@@ -67,7 +67,7 @@ pub(super) struct Socket {
     pub(super) class: AppClass,
     pub(super) state: State,
     /// Closed by the application after shutdown; lingers until FINs are exchanged (or
-    /// [`Config::linger_timeout`] passes).
+    /// [`Config::linger_timeout`](super::Config::linger_timeout) passes).
     pub(super) detached: bool,
     /// Created by the peer's SYNC (counted in its [`super::PeerLoad`]).
     pub(super) passive: bool,
@@ -471,11 +471,11 @@ impl Endpoint {
 
     /// Advances the endpoint's clock to `now` (an earlier time than one seen before is
     /// ignored) and acts on what timed out: a closed socket that has lingered
-    /// [`Config::linger_timeout`] is reset (a RESET goes to the peer) and removed, and
+    /// [`Config::linger_timeout`](super::Config::linger_timeout) is reset (a RESET goes to the peer) and removed, and
     /// counted in [`EndpointCounters::linger_expired`](super::EndpointCounters); the
-    /// sockets of a peer left without a channel for [`Config::channel_loss_timeout`] fail
+    /// sockets of a peer left without a channel for [`Config::channel_loss_timeout`](super::Config::channel_loss_timeout) fail
     /// ([`Endpoint::handle_channel_lost`]); a connecting socket whose SYNC_ACK is
-    /// overdue sends its SYNC again ([`Config::sync_retry`]). The
+    /// overdue sends its SYNC again ([`Config::sync_retry`](super::Config::sync_retry)). The
     /// endpoint reads no clock of its own; the caller passes monotonic time in, as for a
     /// sans-IO QUIC connection.
     pub fn handle_timeout(&mut self, now: Instant) {
@@ -509,7 +509,7 @@ impl Endpoint {
         }
     }
 
-    /// Fails the sockets of peers that have waited [`Config::channel_loss_timeout`] for a
+    /// Fails the sockets of peers that have waited [`Config::channel_loss_timeout`](super::Config::channel_loss_timeout) for a
     /// channel; sets the deadline of those that lost their last channel since the last
     /// call.
     fn expire_orphans(&mut self, now: Instant) {

@@ -6,7 +6,7 @@
 //! This is the NetChannel paper's *virtual network system* seen by applications (§3.2 and
 //! §4 of the paper: virtual sockets multiplexed over channels, a two-way handshake over an
 //! existing channel, per-socket reordering and flow control, scheduler-driven placement of
-//! chunks). The protocol itself is the sans-IO [`Endpoint`](crate::Endpoint); this module
+//! chunks). The protocol itself is the sans-IO [`Endpoint`]; this module
 //! binds it to real channels and to tokio:
 //!
 //! - [`Backend`]: where channels come from. [`XdpBackend`] runs netdriver's AF_XDP
@@ -674,14 +674,14 @@ impl StackBuilder {
 
     /// How many shards the stack splits its virtual sockets over (1 ..= 64; default: the
     /// cores the building thread may run on, at most 16). Each shard is its own
-    /// [`Endpoint`](crate::Endpoint) behind its own lock, so that calls on streams of
+    /// [`Endpoint`] behind its own lock, so that calls on streams of
     /// different shards never wait for each other: no lock is shared by every stream
     /// (`docs/architecture.md`, "Threads and locking"). A socket's shard follows from its
     /// virtual ports; every shard uses every channel. The per-peer and per-stack bounds
     /// of [`StackBuilder::vns_config`] (`channel_budget`, `peer_budget`,
     /// `max_peer_sockets`, `max_sockets`) are shared out evenly; a listener's backlog is
     /// one for all shards. A scheduler that cannot be forked
-    /// ([`NetScheduler::fork`](netsched::NetScheduler::fork) returns `None`) keeps the
+    /// ([`NetScheduler::fork`] returns `None`) keeps the
     /// stack on one shard. Environment: `NETCHANNEL_SHARDS`.
     ///
     /// ```
@@ -1096,7 +1096,7 @@ impl Drop for StackInner {
 /// the stack's threads (and, on AF_XDP, its XDP program) for long after it was dropped.
 pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
 
-/// A host's virtual-socket stack: an [`Endpoint`](crate::Endpoint) over channels to other
+/// A host's virtual-socket stack: an [`Endpoint`] over channels to other
 /// hosts, driven by its own thread. Cheap to clone (a handle); streams and listeners keep
 /// it alive. [`Stack::shutdown_graceful`] stops it after delivering what its streams
 /// hold, [`Stack::abort`] at once; dropping the last handle drains in the background for
