@@ -54,6 +54,8 @@ pub(super) struct Channel {
     /// channel, at most [`RECENT_RESETS`]: they go again on another channel if this one
     /// dies, since no socket is left to remember them.
     pub(super) recent_resets: VecDeque<ChunkRepr>,
+    /// Being closed ([`Endpoint::retire_channel`]): no new chunk goes on it.
+    pub(super) retiring: bool,
 }
 
 /// RESETs a channel remembers ([`Channel::recent_resets`]).
@@ -80,6 +82,42 @@ pub(super) fn early_cost(chunk: &Chunk, max_payload: usize) -> usize {
 pub const MAX_QUEUED_REPLIES: usize = 256;
 
 impl Endpoint {
+    /// Starts closing channel `id` without losing anything (run-time scaling,
+    /// `netsched::PlanAction::CloseChannel`): from now on no chunk is scheduled on it
+    /// (the scheduler is not offered it), while those already queued on it still leave
+    /// and what arrives on it is still taken. Once [`Endpoint::channel_drained`], the
+    /// caller closes the channel's transport gracefully; its end then comes back as
+    /// [`Endpoint::handle_channel_closed`] (or `_lost`), which sends again on the other
+    /// channels whatever the peer had not acknowledged at the data level. Refused for a
+    /// channel that is unknown or the peer's last one not being retired.
+    pub fn retire_channel(&mut self, id: ChannelId) -> Result<(), ChannelError> {
+        let peer = self
+            .channels
+            .get(&id)
+            .ok_or(ChannelError::UnknownChannel(id))?
+            .peer;
+        let others = self
+            .channels
+            .iter()
+            .filter(|(&o, c)| o != id && c.peer == peer && !c.retiring)
+            .count();
+        if others == 0 {
+            return Err(ChannelError::LastChannel(id));
+        }
+        let c = self.channels.get_mut(&id).expect("checked");
+        c.retiring = true;
+        debug!(channel = %id, outbox = c.outbox.len(), "channel retiring");
+        Ok(())
+    }
+
+    /// Whether a retiring channel has handed everything queued on it to its transport
+    /// (see [`Endpoint::retire_channel`]); `false` for any other channel.
+    pub fn channel_drained(&self, id: ChannelId) -> bool {
+        self.channels
+            .get(&id)
+            .is_some_and(|c| c.retiring && c.outbox.is_empty())
+    }
+
     /// Registers an established channel to `peer`. Call before feeding its bytes.
     pub fn add_channel(
         &mut self,
@@ -104,6 +142,7 @@ impl Endpoint {
                 stalled: None,
                 queued_replies: 0,
                 recent_resets: VecDeque::new(),
+                retiring: false,
             },
         );
         self.schedule_needed = true;
@@ -464,6 +503,7 @@ impl Endpoint {
             .filter(|(_, c)| c.peer == peer)
             .min_by_key(|(&id, c)| {
                 (
+                    c.retiring,
                     c.class != class,
                     c.load.queued_bytes + c.outbox_bytes as u64,
                     id,
@@ -588,7 +628,7 @@ impl Endpoint {
     pub(super) fn peer_stats(&self, peer: PeerId) -> Vec<ChannelStats> {
         self.channels
             .iter()
-            .filter(|(_, c)| c.peer == peer)
+            .filter(|(_, c)| c.peer == peer && !c.retiring)
             .map(|(&id, c)| stats_of(id, c))
             .collect()
     }

@@ -104,4 +104,7 @@ pub enum ChannelError {
     /// until [`Event::ChannelUnpaused`](super::Event::ChannelUnpaused).
     #[error("reads of channel {0} are paused")]
     Paused(ChannelId),
+    /// The channel is its peer's last usable one: retiring it would strand its sockets.
+    #[error("channel {0} is its peer's last one")]
+    LastChannel(ChannelId),
 }

@@ -220,6 +220,24 @@ impl Sim {
         self.ends[B].handle_channel_lost(ch);
     }
 
+    /// Channel `i` ends as a retired channel does: `closer`'s side closed it gracefully
+    /// once drained, so everything it sent is delivered first and the other end sees the
+    /// end of the stream (`handle_channel_closed`); that end then aborts, so what it had
+    /// on the wire towards `closer` is lost (`handle_channel_lost` there).
+    pub fn close_retired_channel(&mut self, i: usize, closer: usize) {
+        let other = 1 - closer;
+        while self.deliver(i, closer, usize::MAX) > 0 {}
+        assert!(
+            self.pipes[i][closer].wire.is_empty() && self.pipes[i][closer].staging.is_empty(),
+            "a retired channel is closed only once drained"
+        );
+        self.lost[i] = true;
+        self.pipes[i] = Default::default();
+        let ch = self.channels[i];
+        self.ends[other].handle_channel_closed(ch);
+        self.ends[closer].handle_channel_lost(ch);
+    }
+
     /// Bytes each receiver holds on the wire for channel `i` (its channel receive buffer).
     pub fn wire_bytes(&self, i: usize, from: usize) -> usize {
         self.pipes[i][from].wire.len()
