@@ -34,8 +34,15 @@ impl Endpoint {
     }
 
     /// Asks the scheduler for its plan over `snapshot`. The endpoint does not carry it
-    /// out: opening, closing and pinning channels at run time is not implemented yet.
+    /// out: its host does (`vns::Stack` opens and closes channels, with
+    /// [`Endpoint::retire_channel`] for a close that loses nothing).
     pub fn scheduler_plan(&mut self, snapshot: &StackSnapshot) -> Vec<PlanAction> {
         self.scheduler.plan(snapshot)
+    }
+
+    /// How often the scheduler wants [`Endpoint::scheduler_plan`] asked
+    /// ([`NetScheduler::plan_period`](netsched::NetScheduler::plan_period)).
+    pub fn scheduler_plan_period(&self) -> std::time::Duration {
+        self.scheduler.plan_period()
     }
 }

@@ -38,6 +38,9 @@ use super::chan::{Chan, ChanTable};
 use super::shard::{Shard, ShardSet, MAX_SHARDS};
 use crate::endpoint::{Endpoint, Error as VnsError, PeerId, SocketId};
 
+mod plans;
+pub use plans::PlanCounters;
+
 /// The first bytes on every channel a stack opens: magic, version, channel class, a
 /// flags byte ([`auth::FLAG_AUTH`]: an authentication exchange follows) and a reserved
 /// zero byte. The acceptor reads them before the channel joins the endpoint, so both
@@ -306,6 +309,10 @@ pub(crate) struct CoreConfig {
     /// the receive rounds themselves (see `stack::rx_poll`).
     #[cfg(target_os = "linux")]
     pub runtime_rx: super::rx_poll::RuntimeRx,
+    /// The driver carries out the scheduler's plans (`StackBuilder::execute_plans`).
+    pub execute_plans: bool,
+    /// The cores the stack may place channel threads on, for the plans' snapshots.
+    pub cores: Vec<usize>,
 }
 
 /// What the stack shares between its driver thread, its handles and its streams.
@@ -427,6 +434,8 @@ pub(crate) struct Control {
     /// Peers whose last channel was lost, to open channels to again (the driver thread
     /// starts the opening).
     reopen: Vec<Ipv4Addr>,
+    /// Carrying out the scheduler's plans (`driver/plans.rs`).
+    pub(crate) plans: plans::PlanState,
 }
 
 /// What a pass over some shards leaves to do once their locks are released.
@@ -495,6 +504,7 @@ impl Core {
                 closing_chans: Vec::new(),
                 stop_outcome: None,
                 reopen: Vec::new(),
+                plans: plans::PlanState::default(),
             }),
             shards: endpoints
                 .into_iter()
@@ -879,6 +889,7 @@ impl Core {
         let Some(c) = self.unlist_channel(id) else {
             return;
         };
+        ctl.plans.forget(id);
         self.each_shard(|_, s| {
             match why {
                 Gone::TimedOut => s.ep.handle_channel_timed_out(id),
@@ -1284,6 +1295,7 @@ impl Core {
             self.reopen_channels(&mut ctl);
         }
         deadline = earliest(deadline, ctl.expire(now));
+        deadline = earliest(deadline, self.run_plans(&mut ctl, now));
         let (done, check) = self.check_waiters(&mut ctl, now, cx, &mut fin.wake);
         (busy, earliest(deadline, check), done)
     }

@@ -221,6 +221,7 @@ pub use stream::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, VirtualS
 use crate::copy::{CopyConfig, CopyError, CopyStats, CopyWorkerPool};
 use crate::endpoint::{Config, ConfigError, Endpoint, Error};
 use crate::wire::HEADER_LEN;
+pub use driver::PlanCounters;
 use driver::{Core, CoreConfig};
 
 /// Why a [`Stack`] could not be built.
@@ -385,6 +386,7 @@ pub struct StackBuilder {
     vns: Option<Config>,
     /// Send and receive buffer sizes of every socket ([`StackBuilder::socket_buffers`]).
     socket_buffers: Option<(usize, usize)>,
+    execute_plans: bool,
     busy_poll: Option<BusyPoll>,
     inline_tx: Option<usize>,
     /// `None`: [`default_shards`].
@@ -447,6 +449,7 @@ impl Default for StackBuilder {
             liveness: Liveness::default(),
             vns: None,
             socket_buffers: None,
+            execute_plans: true,
             busy_poll: None,
             inline_tx: None,
             shards: None,
@@ -581,6 +584,18 @@ impl StackBuilder {
     /// (2 MiB by default) and a credit window of twice that.
     pub fn vns_config(mut self, c: Config) -> Self {
         self.vns = Some(c);
+        self
+    }
+
+    /// Whether the driver carries out the scheduler's plans (default `true`): every
+    /// [`plan_period`](netsched::NetScheduler::plan_period) it shows the policy a
+    /// snapshot ([`Stack::stats`]) and opens the channels it asks for and retires those it
+    /// wants closed, without losing a byte (see [`Stack::plan_counters`]). Policies that
+    /// plan nothing (the default `plan`) cost one snapshot per period. `false` leaves
+    /// plans to [`Stack::scheduler_plan`], for tools that only want to see them.
+    /// Environment: `NETCHANNEL_EXECUTE_PLANS=0|1` for the default stack.
+    pub fn execute_plans(mut self, on: bool) -> Self {
+        self.execute_plans = on;
         self
     }
 
@@ -876,6 +891,12 @@ impl StackBuilder {
             channel_key,
             #[cfg(target_os = "linux")]
             runtime_rx: self.runtime_rx,
+            execute_plans: self.execute_plans,
+            cores: core_affinity::get_core_ids()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| c.id)
+                .collect(),
         };
         let core = Arc::new(Core::new(endpoints, backend, config, acceptor));
         let c = core.clone();
@@ -892,11 +913,6 @@ impl StackBuilder {
                 copy,
                 liveness: self.liveness,
                 linger: self.linger,
-                cores: core_affinity::get_core_ids()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|c| c.id)
-                    .collect(),
             }),
         })
     }
@@ -1049,8 +1065,6 @@ struct StackInner {
     liveness: Liveness,
     /// How long the drop of the last handle lets the stack drain ([`StackBuilder::linger`]).
     linger: Duration,
-    /// The cores the building thread could run on, for [`Stack::stats`].
-    cores: Vec<usize>,
 }
 
 impl StackInner {
@@ -1305,7 +1319,7 @@ impl Stack {
             }
             snapshot.flows.extend(s.ep.scheduler_snapshot().flows);
         }
-        snapshot.cores.clone_from(&self.inner.cores);
+        snapshot.cores.clone_from(&core.config.cores);
         if let Some(copy) = &self.inner.copy {
             snapshot.copy_workers = (0..copy.pool.workers())
                 .map(|i| netsched::CopyWorkerStats {
@@ -1319,15 +1333,19 @@ impl Stack {
     }
 
     /// What the stack's scheduler plans over [`Stack::stats`] now: channels it wants
-    /// opened or closed and where it wants them to run.
-    ///
-    /// TODO(issue 12, second part): the stack does not carry plans out yet — it keeps the
-    /// channels it opened on first use and the threads they started on. This shows what a
-    /// policy would do; calling it advances the policy's own state (streaks, cooldowns)
-    /// as one plan period would.
+    /// opened or closed and where it wants them to run. The driver carries plans out
+    /// itself every plan period ([`StackBuilder::execute_plans`]); this only shows one,
+    /// and calling it advances the policy's own state (streaks, cooldowns) as one plan
+    /// period would.
     pub fn scheduler_plan(&self) -> Vec<netsched::PlanAction> {
         let snapshot = self.stats();
         self.core().lock_shard(0).ep.scheduler_plan(&snapshot)
+    }
+
+    /// What the driver did with the scheduler's plans so far: plans asked for, channels
+    /// opened and retired, actions refused ([`StackBuilder::execute_plans`]).
+    pub fn plan_counters(&self) -> PlanCounters {
+        self.core().ctl().plans.counters
     }
 
     /// Bytes written to this stack's streams that have not reached their peers yet:
@@ -1728,6 +1746,7 @@ pub fn clear_default_stack() -> Option<Stack> {
 /// | `NETCHANNEL_BACKLOG` | [`StackBuilder::backlog`] |
 /// | `NETCHANNEL_SEND_BUFFER`, `NETCHANNEL_RECV_BUFFER` (bytes) | [`StackBuilder::socket_buffers`] |
 /// | `NETCHANNEL_SCHEDULER` (`round-robin`, `source-port`, `isolating`) | [`StackBuilder::scheduler`] |
+/// | `NETCHANNEL_EXECUTE_PLANS` (`0`, `1`) | [`StackBuilder::execute_plans`] |
 /// | `NETCHANNEL_SHARDS` | [`StackBuilder::shards`] |
 /// | `NETCHANNEL_CONNECT_TIMEOUT_MS` | [`StackBuilder::connect_timeout`] |
 /// | `NETCHANNEL_PREAMBLE_TIMEOUT_MS` | [`StackBuilder::preamble_timeout`] |
@@ -1827,6 +1846,9 @@ fn stack_from_env() -> Result<Stack, StackError> {
             let d = Config::default();
             b = b.socket_buffers(send.unwrap_or(d.send_buffer), recv.unwrap_or(d.recv_buffer));
         }
+    }
+    if let Some(v) = env_var("NETCHANNEL_EXECUTE_PLANS")? {
+        b = b.execute_plans(parse_switch("NETCHANNEL_EXECUTE_PLANS", &v)?);
     }
     if let Some(v) = env_var("NETCHANNEL_SCHEDULER")? {
         b = match v.as_str() {

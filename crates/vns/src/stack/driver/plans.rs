@@ -1,0 +1,247 @@
+//! Carrying out the scheduler's plans (`NetScheduler::plan`, issue 12): every plan
+//! period the driver shows the policy a snapshot of the stack and acts on what it wants.
+//!
+//! - `OpenChannel`: a helper thread opens one more channel of the class to the peer, as a
+//!   first connect does (the peer accepts it like any channel). One opening per peer at
+//!   a time; a repeated wish while one runs is ignored.
+//! - `CloseChannel`: the channel retires without losing anything. Every shard stops
+//!   scheduling on it (`Endpoint::retire_channel`); once every shard's queue for it is
+//!   empty and the channel holds no refused batch, its transport is closed gracefully
+//!   (a FIN after its last byte). The peer sees the end and drops the channel; whatever
+//!   either side had not had acknowledged at the data level goes again on the others
+//!   (`Endpoint::handle_channel_closed`/`_lost`). A peer's last channel is never retired.
+//! - `Pin`: not carried out yet (counted): a channel runs on its NIC queue's thread, and
+//!   moving queue threads at run time is not implemented.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use netsched::{ChannelClass, ChannelId, PlanAction, StackSnapshot};
+use tracing::{debug, warn};
+
+use super::{earliest, Control, Core, SHARD_RETRY};
+use crate::endpoint::PeerId;
+
+/// How often the driver looks at retiring channels between plan periods.
+const RETIRE_CHECK: Duration = Duration::from_millis(5);
+
+/// What the driver did with its scheduler's plans ([`Stack::plan_counters`]).
+///
+/// [`Stack::plan_counters`]: crate::stack::Stack::plan_counters
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PlanCounters {
+    /// Times the policy was asked for a plan.
+    pub plans: u64,
+    /// Channels opened because a plan asked for them.
+    pub opened: u64,
+    /// Openings a plan asked for that failed (the peer refused, or the handshake failed).
+    pub open_failed: u64,
+    /// Channels a plan asked to close that started retiring.
+    pub retired: u64,
+    /// Retiring channels whose transport was closed once drained.
+    pub closed: u64,
+    /// Actions not carried out: a close of a peer's last channel, of an unknown channel,
+    /// and `Pin` (not implemented yet).
+    pub refused: u64,
+}
+
+/// The driver's plan state, behind the control lock.
+#[derive(Debug, Default)]
+pub(crate) struct PlanState {
+    /// When the policy is asked next (`None`: at the next round).
+    next: Option<Instant>,
+    /// Peers a plan's opening is running for.
+    opening: HashSet<Ipv4Addr>,
+    /// Channels retiring: whether their transport was closed yet.
+    retiring: BTreeMap<ChannelId, bool>,
+    pub(crate) counters: PlanCounters,
+}
+
+impl PlanState {
+    /// A channel left the stack (its end, or a loss): nothing to retire any more.
+    pub(super) fn forget(&mut self, id: ChannelId) {
+        self.retiring.remove(&id);
+    }
+}
+
+impl Core {
+    /// Moves retiring channels on and, when the plan period is due, asks the policy for
+    /// its plan and carries it out (the control lock held). Returns when to come back.
+    pub(super) fn run_plans(self: &Arc<Self>, ctl: &mut Control, now: Instant) -> Option<Instant> {
+        if !self.config.execute_plans || ctl.refuses_new() {
+            return None;
+        }
+        let mut again = self.close_drained(ctl).then_some(now + RETIRE_CHECK);
+        if ctl.plans.next.is_none_or(|t| now >= t) {
+            match self.ask_plan() {
+                Some((actions, period)) => {
+                    ctl.plans.counters.plans += 1;
+                    ctl.plans.next = Some(now + period);
+                    for a in actions {
+                        self.carry_out(ctl, a);
+                    }
+                    if !ctl.plans.retiring.is_empty() {
+                        again = earliest(again, Some(now + RETIRE_CHECK));
+                    }
+                }
+                // A shard was busy: try again soon rather than wait for it.
+                None => again = earliest(again, Some(now + SHARD_RETRY)),
+            }
+        }
+        earliest(again, ctl.plans.next)
+    }
+
+    /// The stack's snapshot and the policy's plan over it, or `None` when a shard's lock
+    /// is held by an application call (the driver never waits for one). Like
+    /// `Stack::stats`, without the copy workers (a plan does not place them).
+    fn ask_plan(&self) -> Option<(Vec<PlanAction>, Duration)> {
+        let mut first = self.try_lock_shard(0)?;
+        let mut snapshot: StackSnapshot = first.ep.scheduler_snapshot();
+        for i in 1..self.shard_count() {
+            let s = self.try_lock_shard(i)?;
+            for c in &mut snapshot.channels {
+                c.queued_bytes += s.ep.channel_outbox_bytes(c.id) as u64;
+            }
+            snapshot.flows.extend(s.ep.scheduler_snapshot().flows);
+        }
+        snapshot.cores.clone_from(&self.config.cores);
+        let actions = first.ep.scheduler_plan(&snapshot);
+        Some((actions, first.ep.scheduler_plan_period()))
+    }
+
+    fn carry_out(self: &Arc<Self>, ctl: &mut Control, action: PlanAction) {
+        match action {
+            PlanAction::OpenChannel { peer, class } => self.plan_open(ctl, peer, class),
+            PlanAction::CloseChannel { channel } => self.plan_close(ctl, channel),
+            PlanAction::Pin { channel, core } => {
+                debug!(%channel, core, "plan: pinning at run time is not carried out yet");
+                ctl.plans.counters.refused += 1;
+            }
+            other => {
+                debug!(?other, "plan: action not known to this stack");
+                ctl.plans.counters.refused += 1;
+            }
+        }
+    }
+
+    fn plan_open(self: &Arc<Self>, ctl: &mut Control, peer: netsched::PeerId, class: ChannelClass) {
+        let Some(&ip) = ctl.peer_ips.get(&PeerId(peer.0)) else {
+            ctl.plans.counters.refused += 1;
+            return;
+        };
+        let busy = ctl
+            .peers
+            .get(&ip)
+            .is_some_and(|p| matches!(p.opening, super::Opening::Running { .. }));
+        if busy || !ctl.plans.opening.insert(ip) {
+            return;
+        }
+        debug!(%ip, ?class, "plan: opening a channel");
+        let core = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("vns-scale".into())
+            .spawn(move || core.open_one(ip, class));
+        if let Err(e) = spawned {
+            warn!(%ip, error = %e, "plan: cannot start opening a channel");
+            ctl.plans.opening.remove(&ip);
+            ctl.plans.counters.open_failed += 1;
+        }
+    }
+
+    /// Opens one channel of `class` to `ip` (helper thread) and adds it to the stack.
+    fn open_one(self: Arc<Self>, ip: Ipv4Addr, class: ChannelClass) {
+        let remote = SocketAddrV4::new(ip, self.config.channel_port);
+        let opened = match self.backend.connect(remote) {
+            Ok((t, _)) => match self.open_handshake(&t, class) {
+                Ok(leftover) => Ok((t, leftover)),
+                Err(why) => {
+                    t.abort();
+                    Err(why)
+                }
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        {
+            let mut ctl = self.ctl();
+            ctl.plans.opening.remove(&ip);
+            match opened {
+                Ok((t, leftover)) if !ctl.refuses_new() => {
+                    let peer = ctl.peer_id(ip);
+                    self.add_channel(&mut ctl, t, ip, peer, class, leftover);
+                    ctl.plans.counters.opened += 1;
+                    debug!(%remote, ?class, "plan: channel opened");
+                }
+                Ok((t, _)) => t.abort(),
+                Err(why) => {
+                    warn!(%remote, why = %why, "plan: opening a channel failed");
+                    ctl.plans.counters.open_failed += 1;
+                }
+            }
+        }
+        self.signal.notify();
+    }
+
+    fn plan_close(&self, ctl: &mut Control, id: ChannelId) {
+        if ctl.plans.retiring.contains_key(&id) {
+            return;
+        }
+        if !self.chans.load().contains_key(&id) {
+            ctl.plans.counters.refused += 1;
+            return;
+        }
+        // Every shard knows the same channels, so the first one's answer is every one's.
+        let mut refused = None;
+        self.each_shard(|i, s| {
+            if refused.is_none() {
+                if let Err(e) = s.ep.retire_channel(id) {
+                    debug_assert_eq!(i, 0, "shards disagree about channel {id}");
+                    refused = Some(e);
+                }
+            }
+        });
+        if let Some(e) = refused {
+            debug!(channel = %id, error = %e, "plan: close refused");
+            ctl.plans.counters.refused += 1;
+            return;
+        }
+        debug!(channel = %id, "plan: channel retiring");
+        ctl.plans.retiring.insert(id, false);
+        ctl.plans.counters.retired += 1;
+    }
+
+    /// Closes the retiring channels every shard has drained and that hold no refused
+    /// batch. Returns whether some still wait.
+    fn close_drained(&self, ctl: &mut Control) -> bool {
+        let table = self.chans.load();
+        let mut waiting = false;
+        for (id, closed) in ctl.plans.retiring.iter_mut().filter(|(_, c)| !**c) {
+            let Some(chan) = table.get(id) else {
+                continue;
+            };
+            let mut drained = chan
+                .tx_pending_bytes
+                .load(std::sync::atomic::Ordering::Acquire)
+                == 0;
+            for i in 0..self.shard_count() {
+                if !drained {
+                    break;
+                }
+                drained = self
+                    .try_lock_shard(i)
+                    .is_some_and(|s| s.ep.channel_drained(*id));
+            }
+            if drained {
+                debug!(channel = %id, "plan: retiring channel drained; closing it");
+                chan.t.close();
+                *closed = true;
+                ctl.plans.counters.closed += 1;
+            } else {
+                waiting = true;
+            }
+        }
+        waiting
+    }
+}
