@@ -1245,7 +1245,6 @@ impl Stack {
     /// the order [`Stack::reset_channel`] counts the channels; `None` for a channel with
     /// no TCP connection beneath it (in-memory). A test that forges a RST for a channel
     /// reads RCV.NXT here, since a RST is accepted only at exactly RCV.NXT (RFC 5961).
-    #[cfg(target_os = "linux")]
     pub fn channel_wire(&self) -> Vec<Option<netdriver::channel::ChannelWire>> {
         self.core()
             .chans
