@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use netchannel::vns::copy::CopyConfig;
 use netchannel::vns::Config;
-use netchannel::{Stack, VirtualStream};
+use netchannel::{RuntimeRx, Stack, VirtualStream};
 use testbed::{testbed_or_skip, Side, TestBed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
@@ -451,7 +451,7 @@ async fn exchange(s: &mut VirtualStream, tag: u64, n: u64) {
 /// gone.
 #[test]
 fn run_to_completion_receive_over_af_xdp() {
-    use netchannel::{AppClass, RuntimeRx};
+    use netchannel::AppClass;
 
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
@@ -591,18 +591,82 @@ fn run_to_completion_receive_over_af_xdp() {
     drop(b);
 }
 
+/// What happens mid-transfer in [`transfer_through`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// `Stack::reset_channel` on each side in turn: the receiver at a third of the
+    /// stream, the sender at two thirds.
+    StackResets,
+    /// From a third of the stream on, an outside sender (a raw IP socket in B's
+    /// namespace) forges RSTs for one of the bulk sender's channels until one takes.
+    WireRst,
+    /// At a third of the stream, the receiver's channel thread of one queue is killed
+    /// (`Stack::kill_queue_thread`): no FIN, no RST; the sender notices by its short
+    /// user timeout and keep-alive. With `runtime_rx`, both stacks' reading tasks run
+    /// the queues' receive rounds themselves (`RuntimeRx::All`): they must not serve the
+    /// dead queue, which would keep its connections answering and hide the death.
+    KilledThread { runtime_rx: bool },
+}
+
+/// Liveness for [`Fault::KilledThread`]: the side whose peer's thread died learns of it
+/// only by its own checks, so they are made short (the defaults take 15-30 s).
+const SHORT_USER_TIMEOUT: Duration = Duration::from_secs(3);
+
+fn stack_for(bed: &TestBed, side: Side, fault: Fault) -> Stack {
+    let Fault::KilledThread { runtime_rx } = fault else {
+        return stack_in(bed, side);
+    };
+    let e = bed.side(side);
+    let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
+    bed.run_in(side, move || {
+        let mode = if runtime_rx {
+            RuntimeRx::All
+        } else {
+            RuntimeRx::default()
+        };
+        Stack::builder()
+            .runtime_rx(mode)
+            .interface(ifname)
+            .ipv4(ipv4)
+            .channels(CHANNELS)
+            .connect_timeout(Duration::from_secs(10))
+            .keepalive(Some(Duration::from_secs(1)))
+            .keepalive_interval(Duration::from_millis(250))
+            .keepalive_probes(4)
+            .user_timeout(SHORT_USER_TIMEOUT)
+            .build()
+    })
+    .expect("enter the namespace")
+    .expect("build the stack")
+}
+
+/// Polls `cond` until it holds or `limit` passes; returns whether it held.
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Issue 13 §2 on the bed: 4 channels carry one large stream (`NETCHANNEL_VNS_XDP_BYTES`,
-/// default 100 MB) and 32 small ones echoed both ways; mid-transfer one channel is reset
-/// by each side in turn (`Stack::reset_channel`: the resetting side aborts its TCP
-/// connection and the peer receives a real RST from the wire). Every byte arrives once,
-/// in order, and the counters show what went again.
-#[test]
-fn channel_resets_mid_transfer_lose_nothing_over_af_xdp() {
+/// default 100 MB) and 32 small ones echoed both ways, while `fault` strikes a channel
+/// (or a queue's channels) mid-transfer. Every byte arrives once, in order, and the
+/// counters show what went again.
+fn transfer_through(fault: Fault) {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let a = stack_in(&bed, Side::A);
-    let b = stack_in(&bed, Side::B);
+    let a = stack_for(&bed, Side::A, fault);
+    let b = stack_for(&bed, Side::B, fault);
+    // The outside sender of `Fault::WireRst`: opened in B's namespace, so that its RSTs
+    // take the kernel's route over the veth into A's NIC queues like B's own segments.
+    let injector = (fault == Fault::WireRst).then(|| RstInjector::open_in(&bed, Side::B));
     let b_ip = bed.side(Side::B).ipv4;
     let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
     let total: u64 = std::env::var("NETCHANNEL_VNS_XDP_BYTES")
@@ -621,6 +685,7 @@ fn channel_resets_mid_transfer_lose_nothing_over_af_xdp() {
         let mut c = timeout(LIMIT, a.connect(at(7400))).await.unwrap().unwrap();
         let (mut s, _) = timeout(LIMIT, big_l.accept()).await.unwrap().unwrap();
         assert_eq!(a.channel_count(), CHANNELS + 1);
+        let resets_before = (a.channel_resets_received(), b.channel_resets_received());
         let echo = tokio::spawn(async move {
             let mut tasks = Vec::new();
             for _ in 0..SMALL {
@@ -643,7 +708,7 @@ fn channel_resets_mid_transfer_lose_nothing_over_af_xdp() {
                     let (mut r, mut w) = c.into_split();
                     let tag = 1000 + u64::from(i);
                     let send = async move {
-                        // Written in pieces so that the streams span the resets.
+                        // Written in pieces so that the streams span the faults.
                         let mut buf = vec![0u8; PER_STREAM];
                         fill(tag, 0, &mut buf);
                         for piece in buf.chunks(PER_STREAM / 8) {
@@ -669,11 +734,15 @@ fn channel_resets_mid_transfer_lose_nothing_over_af_xdp() {
             c.shutdown().await.unwrap();
             c
         });
-        // The receiver resets a channel at a third of the stream, the sender at two
-        // thirds: chunks in flight on them either way.
         let mut buf = vec![0u8; 64 * 1024];
         let mut off = 0u64;
-        let mut resets = 0;
+        let mut struck = 0;
+        // `Fault::WireRst`: the injecting thread, and how far the stream was when its
+        // RST took.
+        let mut rst: Option<std::thread::JoinHandle<Result<u32, String>>> = None;
+        let mut rst_done_at: Option<u64> = None;
+        // `Fault::KilledThread`: the killed queue and how many channels it carried.
+        let mut killed: Option<(u32, usize)> = None;
         timeout(LIMIT, async {
             loop {
                 let n = s.read(&mut buf).await.expect("read");
@@ -684,19 +753,45 @@ fn channel_resets_mid_transfer_lose_nothing_over_af_xdp() {
                     assert_eq!(x, byte(77, off + i as u64), "large stream at {}", off + i as u64);
                 }
                 off += n as u64;
-                if resets == 0 && off >= total / 3 {
-                    assert!(b.reset_channel(1));
-                    resets += 1;
-                } else if resets == 1 && off >= 2 * total / 3 {
-                    assert!(a.reset_channel(2));
-                    resets += 1;
+                if rst_done_at.is_none() && rst.as_ref().is_some_and(|h| h.is_finished()) {
+                    rst_done_at = Some(off);
+                }
+                match fault {
+                    // Chunks in flight on them either way.
+                    Fault::StackResets => {
+                        if struck == 0 && off >= total / 3 {
+                            assert!(b.reset_channel(1));
+                            struck += 1;
+                        } else if struck == 1 && off >= 2 * total / 3 {
+                            assert!(a.reset_channel(2));
+                            struck += 1;
+                        }
+                    }
+                    Fault::WireRst if struck == 0 && off >= total / 3 => {
+                        // On its own thread: the stream keeps flowing while it aims.
+                        let a = a.clone();
+                        let inj = injector.clone().expect("opened for this fault");
+                        rst = Some(std::thread::spawn(move || {
+                            reset_from_the_wire(&a, &inj, Duration::from_secs(60))
+                        }));
+                        struck += 1;
+                    }
+                    Fault::KilledThread { .. } if struck == 0 && off >= total / 3 => {
+                        let wire = b.channel_wire();
+                        let q = wire[1].expect("a TCP channel").queue;
+                        let on_q = wire.iter().flatten().filter(|w| w.queue == q).count();
+                        assert!(b.kill_queue_thread(q));
+                        killed = Some((q, on_q));
+                        struck += 1;
+                    }
+                    _ => {}
                 }
             }
         })
         .await
-        .expect("large transfer stalled after a channel reset");
+        .expect("large transfer stalled after a channel fault");
         assert_eq!(off, total);
-        assert_eq!(resets, 2);
+        assert_eq!(struck, if fault == Fault::StackResets { 2 } else { 1 });
         timeout(LIMIT, sender).await.unwrap().unwrap();
         timeout(LIMIT, async {
             for t in small {
@@ -705,21 +800,266 @@ fn channel_resets_mid_transfer_lose_nothing_over_af_xdp() {
             echo.await.unwrap();
         })
         .await
-        .expect("small streams stalled after a channel reset");
+        .expect("small streams stalled after a channel fault");
         let (ca, cb) = (a.endpoint_counters(), b.endpoint_counters());
         println!(
-            "channel resets: resent {} + {} chunks, {} + {} duplicates dropped; channels now {} / {}",
+            "{fault:?}: resent {} + {} chunks, {} + {} duplicates dropped; channels now {} / {}; \
+             RSTs received from the wire {} / {}",
             ca.resent_chunks,
             cb.resent_chunks,
             ca.duplicate_chunks,
             cb.duplicate_chunks,
             a.channel_count(),
-            b.channel_count()
+            b.channel_count(),
+            a.channel_resets_received() - resets_before.0,
+            b.channel_resets_received() - resets_before.1,
         );
+        match fault {
+            Fault::StackResets => assert_eq!(a.channel_count(), CHANNELS + 1 - 2),
+            Fault::WireRst => {
+                let attempts = rst
+                    .expect("injector started")
+                    .join()
+                    .expect("injector thread")
+                    .expect("the forged RST never took");
+                println!("the forged RST took after {attempts} attempt(s), {rst_done_at:?} bytes into the stream");
+                assert!(
+                    rst_done_at.is_some_and(|o| o < total),
+                    "the RST took only after the transfer ({rst_done_at:?} of {total})"
+                );
+                assert_eq!(a.channel_count(), CHANNELS + 1 - 1);
+                assert!(
+                    a.channel_resets_received() > resets_before.0,
+                    "the bulk sender lost its channel without a RST from the wire"
+                );
+                // The peer's half learns of it when it next sends (A's kernel, owning
+                // the released port no more than the stack does, answers with a RST)
+                // or by keep-alive.
+                assert!(
+                    wait_for(LIMIT, || b.channel_count() == CHANNELS),
+                    "the receiver still holds {} channels",
+                    b.channel_count()
+                );
+            }
+            Fault::KilledThread { runtime_rx } => {
+                let (q, on_q) = killed.expect("a queue was killed");
+                if runtime_rx {
+                    // The reading tasks did run queue rounds (of the live queue).
+                    assert!(a.runtime_rx_rounds() > 0 && b.runtime_rx_rounds() > 0);
+                }
+                println!("queue {q} killed with {on_q} channel(s) on it");
+                assert!(on_q > 0);
+                assert_eq!(b.channel_count(), CHANNELS + 1 - on_q);
+                // The sender's halves of those channels see no answer: its user timeout
+                // (data in flight) or keep-alive (idle) fails them.
+                assert!(
+                    wait_for(LIMIT, || a.channel_count() == CHANNELS + 1 - on_q),
+                    "the sender still holds {} channels",
+                    a.channel_count()
+                );
+                // The thread died silently: no RST on the wire either way.
+                assert_eq!(
+                    (a.channel_resets_received(), b.channel_resets_received()),
+                    resets_before
+                );
+            }
+        }
         assert!(ca.resent_chunks + cb.resent_chunks > 0, "nothing went again");
-        assert_eq!(a.channel_count(), CHANNELS + 1 - 2);
     });
     drop(rt);
     drop(a);
     drop(b);
+}
+
+/// Issue 13 §2 on the bed: one channel reset by each side in turn through the fault
+/// layer (`Stack::reset_channel`: the resetting side aborts its TCP connection and the
+/// peer receives a real RST from the wire); every byte arrives once, in order.
+#[test]
+fn channel_resets_mid_transfer_lose_nothing_over_af_xdp() {
+    transfer_through(Fault::StackResets);
+}
+
+/// Issue 13 §2 on the bed: a RST forged by an outside sender (a raw socket in the
+/// receiver's namespace, aimed at one of the bulk sender's channels at its RCV.NXT) resets
+/// a channel mid-transfer; every byte arrives once, in order.
+#[test]
+fn forged_rst_from_the_wire_mid_transfer_loses_nothing_over_af_xdp() {
+    transfer_through(Fault::WireRst);
+}
+
+/// Issue 13 §2 on the bed: the receiver's channel thread of one queue dies mid-transfer
+/// (fault injection: no FIN, no RST); the receiver loses that queue's channels at once,
+/// the sender by its user timeout or keep-alive; every byte arrives once, in order.
+#[test]
+fn killed_channel_thread_mid_transfer_loses_nothing_over_af_xdp() {
+    transfer_through(Fault::KilledThread { runtime_rx: false });
+}
+
+/// As [`killed_channel_thread_mid_transfer_loses_nothing_over_af_xdp`], with every
+/// reading task running the queues' receive rounds itself (`RuntimeRx::All`): the dead
+/// queue is served by nobody, so the sender still notices the death.
+#[test]
+fn killed_channel_thread_with_runtime_rx_loses_nothing_over_af_xdp() {
+    transfer_through(Fault::KilledThread { runtime_rx: true });
+}
+
+/// A raw IPv4 socket (`IPPROTO_RAW`: we write the IP header) opened in one side's
+/// namespace, sending forged TCP RSTs through that namespace's routing: an outside
+/// sender on the wire, as far as the other side's stack can tell.
+#[derive(Clone)]
+struct RstInjector {
+    fd: std::sync::Arc<std::os::fd::OwnedFd>,
+}
+
+impl RstInjector {
+    fn open_in(bed: &TestBed, side: Side) -> RstInjector {
+        let fd = bed
+            .run_in(side, || {
+                use std::os::fd::FromRawFd;
+                // SAFETY: plain socket(2) call; the result is checked before use.
+                let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+                assert!(
+                    fd >= 0,
+                    "raw IPv4 socket: {}",
+                    std::io::Error::last_os_error()
+                );
+                // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+                unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+            })
+            .expect("enter the namespace");
+        RstInjector {
+            fd: std::sync::Arc::new(fd),
+        }
+    }
+
+    /// Sends a RST from `from` to `to` with sequence number `seq` (valid IPv4 and TCP
+    /// checksums, no ACK, no options).
+    fn send(&self, from: SocketAddrV4, to: SocketAddrV4, seq: u32) -> std::io::Result<()> {
+        use netchannel::netdriver::tcp::SeqNumber;
+        use netchannel::netdriver::wire::{
+            emit_tcp_frame, ethernet, EtherType, EthernetAddress, EthernetRepr, IpProtocol,
+            Ipv4Repr, TcpFlags, TcpOptions, TcpRepr,
+        };
+        use std::os::fd::AsRawFd;
+        let tcp = TcpRepr {
+            src_port: from.port(),
+            dst_port: to.port(),
+            seq: SeqNumber(seq),
+            ack: None,
+            flags: TcpFlags::RST,
+            window: 0,
+            urgent: 0,
+            options: TcpOptions::default(),
+        };
+        // Built as an Ethernet frame (the codec's unit), sent without its Ethernet
+        // header: the kernel routes the IP datagram and resolves the MAC itself.
+        let mut frame = vec![0u8; netchannel::netdriver::wire::tcp_payload_offset(&tcp)];
+        let eth = EthernetRepr {
+            src: EthernetAddress([0; 6]),
+            dst: EthernetAddress([0; 6]),
+            ethertype: EtherType::Ipv4,
+        };
+        let ip = Ipv4Repr {
+            src: *from.ip(),
+            dst: *to.ip(),
+            protocol: IpProtocol::Tcp,
+            payload_len: 0,
+            ttl: 64,
+            dscp_ecn: 0,
+        };
+        let len = emit_tcp_frame(&mut frame, &eth, &ip, 1, &tcp, 0).expect("emit RST");
+        let datagram = &frame[ethernet::HEADER_LEN..len];
+        // SAFETY: sockaddr_in is plain data; all-zero is a valid value.
+        let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sin.sin_family = libc::AF_INET as libc::sa_family_t;
+        sin.sin_addr.s_addr = u32::from(*to.ip()).to_be();
+        // SAFETY: the buffer is valid for its length; `sin` is a valid sockaddr_in
+        // passed with its size.
+        let n = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                datagram.as_ptr() as *const libc::c_void,
+                datagram.len(),
+                0,
+                &sin as *const libc::sockaddr_in as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_in>() as u32,
+            )
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        assert_eq!(n as usize, datagram.len(), "short raw send");
+        Ok(())
+    }
+}
+
+/// Resets one of `victim`'s channels with a RST forged by `inj`, from the wire.
+///
+/// The victim's TCP takes a RST only at exactly its RCV.NXT (RFC 5961; anything else in
+/// the window draws a challenge ACK), and RCV.NXT moves whenever the peer sends on the
+/// channel; so it picks a channel that carries the victim's data (SND.NXT moving) while
+/// its RCV.NXT moves least, then reads RCV.NXT and sends a RST, again and again, until
+/// the channel is gone from the victim's table, at most `limit`. Returns the attempts.
+fn reset_from_the_wire(victim: &Stack, inj: &RstInjector, limit: Duration) -> Result<u32, String> {
+    let deadline = Instant::now() + limit;
+    let sample = || -> Vec<_> { victim.channel_wire().into_iter().flatten().collect() };
+    // Snapshots until the victim has sent a good amount on some channel since the first:
+    // then how far each channel's numbers moved tells which to aim at.
+    let first = sample();
+    let mut target = None;
+    wait_for(Duration::from_secs(10), || {
+        let now = sample();
+        let moved: Vec<_> = first
+            .iter()
+            .filter_map(|f| {
+                let n = now
+                    .iter()
+                    .find(|w| (w.local, w.peer) == (f.local, f.peer))?;
+                let sent = n.snd_nxt.wrapping_sub(f.snd_nxt);
+                let recvd = n.rcv_nxt.wrapping_sub(f.rcv_nxt);
+                Some((sent, recvd, n.local, n.peer))
+            })
+            .collect();
+        if moved.iter().all(|m| m.0 < 1 << 20) {
+            return false;
+        }
+        target = moved
+            .iter()
+            .filter(|m| m.0 > 0)
+            .min_by_key(|m| m.1)
+            .map(|m| (m.2, m.3));
+        true
+    });
+    let (local, peer) = target.ok_or("no channel carried the victim's data")?;
+    let present = || {
+        victim
+            .channel_wire()
+            .into_iter()
+            .flatten()
+            .find(|w| (w.local, w.peer) == (local, peer))
+    };
+    let mut attempts = 0;
+    while Instant::now() < deadline {
+        let Some(w) = present() else {
+            return Ok(attempts);
+        };
+        inj.send(w.peer, w.local, w.rcv_nxt)
+            .map_err(|e| format!("sending the RST: {e}"))?;
+        attempts += 1;
+        // It took if the channel goes; it missed if RCV.NXT moved first (aim again).
+        let mut gone = false;
+        wait_for(Duration::from_millis(20), || {
+            match present() {
+                None => gone = true,
+                Some(now) => return now.rcv_nxt != w.rcv_nxt,
+            }
+            true
+        });
+        if gone {
+            return Ok(attempts);
+        }
+    }
+    Err(format!(
+        "the channel {local} -> {peer} outlived {attempts} forged RSTs ({limit:?})"
+    ))
 }

@@ -1478,3 +1478,27 @@ async fn channels_reopen_after_the_last_one_is_reset() {
     assert_eq!(&buf, b"back");
     assert!(a.channel_count() >= 1);
 }
+
+/// The wire diagnostics and the queue-thread fault hook have nothing to act on in memory:
+/// channels without TCP have no wire snapshot, there are no queue threads to kill, and no
+/// RST is ever received; the channels carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_channels_have_no_wire_and_no_queue_threads() {
+    let (a, b) = pair(3);
+    let (mut c, mut s) = connected(&a, &b, 7300).await;
+    let wire = a.channel_wire();
+    assert_eq!(wire.len(), a.channel_count());
+    assert!(wire.len() >= 3 && wire.iter().all(Option::is_none));
+    assert!(!a.kill_queue_thread(0) && !b.kill_queue_thread(0));
+    c.write_all(b"still here").await.unwrap();
+    let mut got = [0u8; 10];
+    timeout(LIMIT, s.read_exact(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got, b"still here");
+    assert_eq!(
+        (a.channel_resets_received(), b.channel_resets_received()),
+        (0, 0)
+    );
+}

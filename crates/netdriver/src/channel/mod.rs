@@ -121,6 +121,7 @@
 //! ```
 
 use std::io;
+use std::net::SocketAddrV4;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -193,6 +194,11 @@ pub enum ChannelError {
     /// The interface's connection table is full.
     #[error("too many connections on the queue's interface")]
     TooManyConnections,
+    /// The channel thread of the channel's queue died (only by fault injection,
+    /// [`ChannelSet::kill_queue_thread`]): the connection is left as it was on the wire,
+    /// unserved, and the peer learns of it only by its own liveness checks.
+    #[error("the channel's queue thread died")]
+    ThreadDied,
     /// Attaching or updating the steering XDP program failed.
     #[cfg(target_os = "linux")]
     #[error("XDP steering: {0}")]
@@ -241,6 +247,7 @@ impl ChannelError {
             ChannelError::NoFreePort => io::ErrorKind::AddrNotAvailable,
             ChannelError::AddrInUse(_) => io::ErrorKind::AddrInUse,
             ChannelError::TooManyConnections => io::ErrorKind::OutOfMemory,
+            ChannelError::ThreadDied => io::ErrorKind::ConnectionAborted,
             #[cfg(target_os = "linux")]
             ChannelError::Xdp(_) | ChannelError::Link(_) => io::ErrorKind::Other,
             ChannelError::Ports(_) => io::ErrorKind::Other,
@@ -360,6 +367,29 @@ impl ChannelStats {
     }
 }
 
+/// Where a channel's TCP connection stands on the wire: its 4-tuple, its NIC queue and
+/// its sequence numbers as the channel thread last published them (after each of its
+/// rounds, so possibly a round old). For diagnostics and fault-injection tests: a test
+/// that forges a RST for a channel needs the 4-tuple and RCV.NXT, since a RST is accepted
+/// only at exactly RCV.NXT (RFC 5961 §3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelWire {
+    /// Our address of the connection.
+    pub local: SocketAddrV4,
+    /// The peer's address.
+    pub peer: SocketAddrV4,
+    /// The NIC queue (and so the channel thread) the connection lives on.
+    pub queue: u32,
+    /// RCV.NXT: the next sequence number expected from the peer (0 before the first
+    /// snapshot).
+    pub rcv_nxt: u32,
+    /// SND.NXT: the next sequence number to send (0 before the first snapshot).
+    pub snd_nxt: u32,
+    /// When the thread published these (its clock; `Instant::ZERO` before the first
+    /// snapshot).
+    pub updated_at: Instant,
+}
+
 /// The application-facing contract of a channel: opaque chunks in, opaque chunks out.
 ///
 /// Nothing here assumes a byte stream or an order across chunks; see the
@@ -397,6 +427,12 @@ pub trait ChannelTransport: Send + Sync {
 
     /// A statistics snapshot.
     fn stats(&self) -> ChannelStats;
+
+    /// The connection on the wire, for diagnostics and fault-injection tests; `None`
+    /// (the default) for transports without one (in-memory channels).
+    fn wire(&self) -> Option<ChannelWire> {
+        None
+    }
 }
 
 #[cfg(test)]

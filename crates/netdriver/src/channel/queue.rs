@@ -18,7 +18,9 @@ use crossbeam_queue::ArrayQueue;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use super::thread::QueueState;
-use super::{ChannelError, ChannelState, ChannelStats, ChannelTransport, Dequeued, EnqueueError};
+use super::{
+    ChannelError, ChannelState, ChannelStats, ChannelTransport, ChannelWire, Dequeued, EnqueueError,
+};
 use crate::tcp::Stats as TcpStats;
 use crate::time::{Duration, Instant};
 
@@ -48,6 +50,12 @@ pub(crate) struct ThreadSignal {
     rx_lease: AtomicU64,
     /// A duplicate of the queue's AF_XDP socket for [`RxPoller`]s (set at start).
     rx_fd: OnceLock<std::os::fd::OwnedFd>,
+    /// Fault injection ([`ChannelSet::kill_queue_thread`](super::ChannelSet::kill_queue_thread)):
+    /// the thread is to die as if it had crashed.
+    kill: AtomicBool,
+    /// The thread died ([`kill`](Self::kill)): nobody runs the queue's rounds any more,
+    /// neither the thread nor inline callers.
+    dead: AtomicBool,
 }
 
 /// A queue whose last round ended less than this long ago is busy: a kick then wakes the
@@ -71,6 +79,8 @@ impl ThreadSignal {
             origin: std::time::Instant::now(),
             rx_lease: AtomicU64::new(0),
             rx_fd: OnceLock::new(),
+            kill: AtomicBool::new(false),
+            dead: AtomicBool::new(false),
         })
     }
 
@@ -187,6 +197,30 @@ impl ThreadSignal {
         self.stop.load(Ordering::Acquire)
     }
 
+    /// Fault injection: asks the thread to die as if it had crashed (see
+    /// [`ChannelSet::kill_queue_thread`](super::ChannelSet::kill_queue_thread)). From
+    /// now on no inline round runs either.
+    pub(crate) fn request_kill(&self) {
+        self.kill.store(true, Ordering::SeqCst);
+        self.pending.store(true, Ordering::SeqCst);
+        self.kick();
+    }
+
+    pub(crate) fn kill_requested(&self) -> bool {
+        self.kill.load(Ordering::Acquire)
+    }
+
+    /// Thread side: the thread is gone (its channels were told).
+    pub(crate) fn set_dead(&self) {
+        self.dead.store(true, Ordering::Release);
+    }
+
+    /// Whether the queue's thread died or is dying (fault injection): its rounds are
+    /// run by nobody.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.kill_requested() || self.dead.load(Ordering::Acquire)
+    }
+
     /// Thread side: consumes the "work pending" flag at the start of a round.
     pub(crate) fn take_pending(&self) -> bool {
         self.pending.swap(false, Ordering::SeqCst)
@@ -280,8 +314,8 @@ impl RxPoller {
     }
 
     /// Runs the queue's rounds on the calling thread unless its channel thread (or
-    /// another caller) is running one right now; returns whether it ran them. Never
-    /// waits for a lock. Received bytes land in the channels' Rx queues and their
+    /// another caller) is running one right now, or the thread died
+    /// ([`is_dead`](Self::is_dead)); returns whether it ran them. Never waits for a lock. Received bytes land in the channels' Rx queues and their
     /// wakers are woken, as when the thread does it.
     pub fn poll_now(&self) -> bool {
         // A receive round must not make the queue look busy to the inline transmit that
@@ -294,6 +328,16 @@ impl RxPoller {
         ran
     }
 
+    /// Whether the queue's channel thread died (fault injection,
+    /// [`ChannelSet::kill_queue_thread`](super::ChannelSet::kill_queue_thread)). A dead
+    /// queue is served by nobody: [`poll_now`](Self::poll_now) runs nothing for it, so
+    /// that a runtime cannot keep a dead queue's connections going inline and hide the
+    /// death, and a runtime should stop waiting on its descriptor, which stays readable
+    /// while frames pile up on the ring.
+    pub fn is_dead(&self) -> bool {
+        self.signal.is_dead()
+    }
+
     /// Leaves the queue's arrivals to this caller for `d` (extends, never shortens, a
     /// lease already given).
     pub fn lease(&self, d: std::time::Duration) {
@@ -301,8 +345,15 @@ impl RxPoller {
     }
 }
 
+/// A connection's sequence numbers as the thread publishes them with its statistics.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WireSeq {
+    pub(crate) rcv_nxt: u32,
+    pub(crate) snd_nxt: u32,
+}
+
 /// Number of words in [`StatsCell`].
-const STATS_WORDS: usize = 11;
+const STATS_WORDS: usize = 13;
 const NO_SRTT: u64 = u64::MAX;
 
 /// The TCP part of [`ChannelStats`], written by the channel thread and read by anyone: a
@@ -315,7 +366,7 @@ struct StatsCell {
 }
 
 impl StatsCell {
-    fn write(&self, s: &TcpStats, now: Instant) {
+    fn write(&self, s: &TcpStats, wire: WireSeq, now: Instant) {
         let srtt = s.srtt.map_or(NO_SRTT, |d| {
             u64::try_from(d.as_micros()).unwrap_or(NO_SRTT - 1)
         });
@@ -331,6 +382,8 @@ impl StatsCell {
             s.bytes_acked,
             s.bytes_received,
             now.total_micros(),
+            u64::from(wire.rcv_nxt),
+            u64::from(wire.snd_nxt),
         ];
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
@@ -368,6 +421,7 @@ pub(crate) enum Failure {
     ShutDown = 5,
     TooManyConnections = 6,
     NoFreePort = 7,
+    ThreadDied = 8,
 }
 
 impl Failure {
@@ -380,6 +434,7 @@ impl Failure {
             5 => Failure::ShutDown,
             6 => Failure::TooManyConnections,
             7 => Failure::NoFreePort,
+            8 => Failure::ThreadDied,
             _ => return None,
         })
     }
@@ -403,6 +458,7 @@ impl Failure {
             Failure::ShutDown => ChannelError::ShutDown,
             Failure::TooManyConnections => ChannelError::TooManyConnections,
             Failure::NoFreePort => ChannelError::NoFreePort,
+            Failure::ThreadDied => ChannelError::ThreadDied,
         }
     }
 }
@@ -586,8 +642,8 @@ impl ChannelShared {
         self.tx_waker.wake();
     }
 
-    pub(crate) fn publish(&self, s: &TcpStats, now: Instant) {
-        self.stats.write(s, now);
+    pub(crate) fn publish(&self, s: &TcpStats, wire: WireSeq, now: Instant) {
+        self.stats.write(s, wire, now);
     }
 
     pub(crate) fn failure(&self) -> Option<Failure> {
@@ -781,6 +837,18 @@ impl ChannelShared {
             updated_at: Instant::from_micros(w[10]),
         }
     }
+
+    fn wire(&self) -> ChannelWire {
+        let w = self.stats.read();
+        ChannelWire {
+            local: self.local,
+            peer: self.peer,
+            queue: self.queue,
+            rcv_nxt: w[11] as u32,
+            snd_nxt: w[12] as u32,
+            updated_at: Instant::from_micros(w[10]),
+        }
+    }
 }
 
 /// Unparks a blocked thread: the waker behind the blocking calls.
@@ -969,6 +1037,12 @@ impl Channel {
     pub fn stats(&self) -> ChannelStats {
         self.shared.stats()
     }
+
+    /// The connection's 4-tuple, queue and sequence numbers as its thread last published
+    /// them, for diagnostics and fault-injection tests (see [`ChannelWire`]).
+    pub fn wire(&self) -> ChannelWire {
+        self.shared.wire()
+    }
 }
 
 impl Drop for Channel {
@@ -1003,6 +1077,9 @@ impl ChannelTransport for Channel {
     }
     fn stats(&self) -> ChannelStats {
         Channel::stats(self)
+    }
+    fn wire(&self) -> Option<ChannelWire> {
+        Some(Channel::wire(self))
     }
 }
 
@@ -1170,7 +1247,17 @@ mod tests {
             recv_queue: 7,
             ..TcpStats::default()
         };
-        s.publish(&t, Instant::from_millis(9));
+        let seq = WireSeq {
+            rcv_nxt: 0xfffe_0001,
+            snd_nxt: 77,
+        };
+        s.publish(&t, seq, Instant::from_millis(9));
+        let w = ch.wire();
+        assert_eq!(
+            (w.local, w.peer, w.queue, w.rcv_nxt, w.snd_nxt),
+            (s.local, s.peer, s.queue, 0xfffe_0001, 77)
+        );
+        assert_eq!(w.updated_at, Instant::from_millis(9));
         let st = ch.stats();
         assert_eq!(st.cwnd, 14600);
         assert_eq!(st.srtt, Some(Duration::from_micros(250)));
@@ -1189,6 +1276,26 @@ mod tests {
             (0, 0, 0)
         );
         assert_eq!(st.retransmitted_segments, 3);
+    }
+
+    #[test]
+    fn a_killed_queue_is_served_by_nobody() {
+        let sig = Arc::new(ThreadSignal::new().unwrap());
+        let poller = RxPoller {
+            queue: 3,
+            signal: sig.clone(),
+        };
+        assert!(!poller.is_dead());
+        sig.request_kill();
+        // Dead from the request on, before the thread has even looked: no inline round
+        // (receive or transmit) may run the queue in its place.
+        assert!(sig.kill_requested() && poller.is_dead());
+        assert!(!poller.poll_now());
+        assert!(!super::super::thread::run_inline(&sig));
+        sig.set_dead();
+        assert!(poller.is_dead());
+        // The request woke the thread: it must not sleep through it.
+        assert!(!sig.prepare_sleep());
     }
 
     #[test]

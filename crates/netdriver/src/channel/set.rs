@@ -18,7 +18,7 @@ use xdp_prog::{AttachOptions, XdpSteering};
 
 use super::directory::{BufferPool, FlowDirectory, PortAllocator, Tuple};
 use super::queue::{block_on, ChannelShared, Limits, RxPoller, ThreadSignal};
-use super::thread::{resolver, Command, ResolveRequest, Worker};
+use super::thread::{resolver, Command, DeadQueue, ResolveRequest, Worker};
 use super::{Channel, ChannelError};
 use crate::link::xdp::{XdpLink, XdpLinkConfig};
 use crate::link::Link;
@@ -165,6 +165,8 @@ pub(crate) struct Peer {
     pub(crate) checksums: ChecksumCounters,
     /// The thread's SYN counters, republished every round.
     pub(crate) syns: SynCounters,
+    /// Connections the thread lost to a RST from the peer.
+    pub(crate) resets_received: AtomicU64,
 }
 
 /// A channel thread's SYN and SYN-cookie counters, copied from its interface every round.
@@ -367,7 +369,9 @@ impl SetShared {
 #[derive(Debug)]
 struct ThreadHandle {
     signal: Arc<ThreadSignal>,
-    join: Option<JoinHandle<()>>,
+    /// A killed thread's result is its queue's state ([`DeadQueue`]), kept until the set
+    /// stops.
+    join: Option<JoinHandle<Option<DeadQueue>>>,
 }
 
 /// Channel threads on the queues of one interface, and the channels they drive. See the
@@ -493,6 +497,7 @@ impl ChannelSet {
                 forward: ftx,
                 checksums: ChecksumCounters::default(),
                 syns: SynCounters::default(),
+                resets_received: AtomicU64::new(0),
             });
             ends.push((signal, crx, frx));
         }
@@ -617,9 +622,18 @@ impl ChannelSet {
     /// be, at most [`ChannelSetConfig::neighbor_timeout`]) and is then cached for the
     /// life of the set; `remote` must be on-link. The local port comes from the set's
     /// shared allocator and is steered to the stack before the SYN leaves.
+    ///
+    /// Queues whose thread was killed ([`kill_queue_thread`](Self::kill_queue_thread))
+    /// are skipped; with none left it fails with [`ChannelError::ThreadDied`].
     pub fn connect(&self, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
-        let i = self.next_queue.fetch_add(1, Ordering::Relaxed) % self.shared.peers.len();
-        self.connect_index(i, remote)
+        let n = self.shared.peers.len();
+        for _ in 0..n {
+            let i = self.next_queue.fetch_add(1, Ordering::Relaxed) % n;
+            if !self.shared.peers[i].signal.is_dead() {
+                return self.connect_index(i, remote);
+            }
+        }
+        Err(ChannelError::ThreadDied)
     }
 
     /// Opens a channel to `remote` whose connection lives on queue `queue`.
@@ -638,6 +652,9 @@ impl ChannelSet {
     fn connect_index(&self, index: usize, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
         if self.shared.stopped.load(Ordering::Acquire) {
             return Err(ChannelError::ShutDown);
+        }
+        if self.shared.peers[index].signal.is_dead() {
+            return Err(ChannelError::ThreadDied);
         }
         let mac = self.resolve(*remote.ip())?;
         let port = self
@@ -737,7 +754,18 @@ impl ChannelSet {
         self.shared.with_steering(|s| s.own_port(port))?;
         let (done_tx, done_rx): (_, Receiver<Result<(), ChannelError>>) =
             crossbeam_channel::bounded(self.shared.peers.len());
-        for p in &self.shared.peers {
+        // A killed thread (fault injection) listens no more: its queue's SYNs go
+        // unanswered, as they would with a crashed thread.
+        let live: Vec<_> = self
+            .shared
+            .peers
+            .iter()
+            .filter(|p| !p.signal.is_dead())
+            .collect();
+        if live.is_empty() {
+            return Err(ChannelError::ThreadDied);
+        }
+        for p in &live {
             let cmd = Command::Listen {
                 port,
                 backlog,
@@ -747,7 +775,7 @@ impl ChannelSet {
             p.commands.send(cmd).map_err(|_| ChannelError::ShutDown)?;
             p.signal.notify();
         }
-        for _ in &self.shared.peers {
+        for _ in &live {
             done_rx
                 .recv_timeout(LISTEN_CONFIRM_TIMEOUT)
                 .map_err(|_| ChannelError::ShutDown)??;
@@ -834,6 +862,39 @@ impl ChannelSet {
         stats
     }
 
+    /// Connections of all channel threads failed by a RST from the peer (one that passed
+    /// RFC 5961's check: exactly at RCV.NXT). Local aborts are not counted.
+    pub fn resets_received(&self) -> u64 {
+        self.shared
+            .peers
+            .iter()
+            .map(|p| p.resets_received.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Fault injection, for tests and failure drills: the channel thread of `queue` dies
+    /// as if it had crashed. Its channels fail at once on this side
+    /// ([`ChannelError::ThreadDied`]), but nothing goes on the wire: no FIN, no RST. The
+    /// queue's AF_XDP socket stays open with every connection as it was, so arrivals for
+    /// them are dropped unread and the peer notices only through its keep-alive or user
+    /// timeout. Nobody serves the queue afterwards: no inline round runs it
+    /// ([`RxPoller::is_dead`]), new channels go to the other queues, and its SYNs go
+    /// unanswered. The state is released when the set stops.
+    ///
+    /// Returns at once (the thread dies at its next look at its signal); `false` when no
+    /// thread runs `queue` or it was killed before.
+    pub fn kill_queue_thread(&self, queue: u32) -> bool {
+        let Some(p) = self.shared.peers.iter().find(|p| p.queue == queue) else {
+            return false;
+        };
+        if p.signal.is_dead() {
+            return false;
+        }
+        warn!(queue, "killing a channel thread (fault injection)");
+        p.signal.request_kill();
+        true
+    }
+
     /// Local ports of outgoing channels in use.
     pub fn ports_in_use(&self) -> usize {
         self.shared.ports.in_use()
@@ -850,13 +911,19 @@ impl ChannelSet {
         for t in &self.threads {
             t.signal.request_stop();
         }
+        let mut dead = Vec::new();
         for t in &mut self.threads {
             if let Some(j) = t.join.take() {
-                if j.join().is_err() {
-                    warn!("a channel thread panicked");
+                match j.join() {
+                    Ok(Some(d)) => dead.push(d),
+                    Ok(None) => {}
+                    Err(_) => warn!("a channel thread panicked"),
                 }
             }
         }
+        // Killed threads' queues (fault injection): their sockets close here, with no
+        // more on the wire than a crashed process would send.
+        drop(dead);
         if let Some((requests, join)) = self.resolver.take() {
             drop(requests);
             let _ = join.join();

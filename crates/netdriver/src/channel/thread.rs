@@ -12,7 +12,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use tracing::{debug, trace, warn};
 
 use super::directory::{Owner, Tuple};
-use super::queue::{ChannelShared, Failure, ThreadSignal};
+use super::queue::{ChannelShared, Failure, ThreadSignal, WireSeq};
 use super::set::{ListenerShared, SetShared};
 use super::{Channel, ChannelError};
 use crate::link::xdp::XdpLink;
@@ -98,6 +98,22 @@ pub(crate) struct Worker {
     pub(crate) started: Option<std::sync::mpsc::SyncSender<()>>,
 }
 
+/// What a killed channel thread leaves behind (fault injection): its queue's state, with
+/// the interface, the AF_XDP socket and every connection in it, kept as it was, so that
+/// the socket stays open and bound (arrivals for its flows are redirected to it and
+/// dropped unread, as with a crashed thread, rather than passed to the kernel, which
+/// would answer them with resets). The set drops it when it stops.
+pub(crate) struct DeadQueue {
+    /// Held only to keep the socket and connections as they were.
+    _state: Arc<Mutex<QueueState>>,
+}
+
+impl std::fmt::Debug for DeadQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadQueue").finish_non_exhaustive()
+    }
+}
+
 /// Mutable bookkeeping of the loop, apart from the interface so both can be borrowed.
 #[derive(Debug, Default)]
 struct Book {
@@ -151,7 +167,9 @@ fn lock_state(state: &Mutex<QueueState>) -> MutexGuard<'_, QueueState> {
 /// told there was work (it looks again before it sleeps) and kicked if a timer is now
 /// due before its planned wake-up.
 pub(crate) fn run_inline(signal: &ThreadSignal) -> bool {
-    if signal.stop_requested() {
+    // A dead thread's queue stays dead: running its rounds here would keep its
+    // connections alive from application threads and hide the death.
+    if signal.stop_requested() || signal.is_dead() {
         return false;
     }
     let Some(state) = signal.inline_state() else {
@@ -213,7 +231,11 @@ fn stray_verdict(
 
 impl Worker {
     /// The thread's body: loops until asked to stop, then aborts its connections.
-    pub(crate) fn run(mut self) {
+    ///
+    /// Fault injection ([`ChannelSet::kill_queue_thread`](super::ChannelSet::kill_queue_thread)):
+    /// asked to die, it tells its channels they failed and returns its queue's state
+    /// untouched, which the set keeps until it stops (see [`DeadQueue`]).
+    pub(crate) fn run(mut self) -> Option<DeadQueue> {
         if let Some(id) = self.core {
             if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
                 warn!(
@@ -258,6 +280,18 @@ impl Worker {
             if signal.stop_requested() {
                 break;
             }
+            if signal.kill_requested() {
+                let mut g = lock_state(&state);
+                let QueueState { worker, book, .. } = &mut *g;
+                worker.die(book);
+                drop(g);
+                signal.set_dead();
+                warn!(
+                    queue,
+                    "channel thread killed (fault injection); its connections are left unserved"
+                );
+                return Some(DeadQueue { _state: state });
+            }
             signal.take_pending();
             let now = clock.now();
             let (active, deadline) = {
@@ -284,6 +318,37 @@ impl Worker {
         let QueueState { worker, book, .. } = &mut *g;
         worker.stop(book);
         debug!(queue, "channel thread down");
+        None
+    }
+
+    /// Fault injection: the thread dies as if it had crashed, except that its channels
+    /// learn of it (what a supervisor noticing the death would tell them), so that the
+    /// local side sees them lost. Nothing goes on the wire: no FIN, no RST; the
+    /// connections stay in the interface, their flows steered to the queue's socket,
+    /// where arrivals now pile up unread, so the peer learns of the death only by its
+    /// own liveness checks (keep-alive, user timeout). Connects and listens queued for
+    /// the thread fail.
+    fn die(&mut self, book: &mut Book) {
+        for e in book.entries.values() {
+            e.shared.fail(Failure::ThreadDied);
+            e.shared.set_closed();
+        }
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::Connect { shared, .. } => {
+                    // Its SYN never left: nothing of it is on the wire to keep steered.
+                    shared.fail(Failure::ThreadDied);
+                    shared.set_closed();
+                    let t = (shared.local, shared.peer);
+                    self.set
+                        .release_flow(self.index, &t, Some(shared.local.port()));
+                }
+                Command::Listen { done, .. } => {
+                    let _ = done.send(Err(ChannelError::ThreadDied));
+                }
+                Command::Unlisten { .. } => {}
+            }
+        }
     }
 
     fn handle_commands(&mut self, book: &mut Book, now: Instant) -> bool {
@@ -618,6 +683,13 @@ impl Worker {
             if let Some(o) = book.owned.remove(&h) {
                 self.set.release_flow(self.index, &o.tuple, o.active_port);
             }
+            if err == Some(TcpError::Reset) {
+                // Only a RST received from the peer (RFC 5961-checked) fails a connection
+                // with `Reset`; local aborts fail it with `Closed`.
+                if let Some(p) = self.set.peers.get(self.index) {
+                    p.resets_received.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             if let Some(e) = book.entries.remove(&h) {
                 match err {
                     Some(err) => e.shared.fail(Failure::from_tcp(err)),
@@ -648,7 +720,11 @@ impl Worker {
         }
         for (&h, e) in &book.entries {
             if let Some(conn) = self.iface.conn(h) {
-                e.shared.publish(&conn.stats(), now);
+                let wire = WireSeq {
+                    rcv_nxt: conn.rcv_nxt().0,
+                    snd_nxt: conn.snd_nxt().0,
+                };
+                e.shared.publish(&conn.stats(), wire, now);
             }
         }
     }
@@ -857,6 +933,7 @@ mod tests {
                 forward: ftx,
                 checksums: Default::default(),
                 syns: Default::default(),
+                resets_received: Default::default(),
             });
             rxs.push(frx);
         }

@@ -35,6 +35,19 @@ pub trait Backend: Send + Sync + 'static {
     fn rx_pollers(&self) -> Vec<netdriver::channel::RxPoller> {
         Vec::new()
     }
+
+    /// Connections lost to a RST received from the wire, for diagnostics and tests; 0
+    /// (the default) for backends without a wire.
+    fn resets_received(&self) -> u64 {
+        0
+    }
+
+    /// Fault injection: kills the thread that serves NIC queue `queue` as if it had
+    /// crashed (see netdriver's `ChannelSet::kill_queue_thread`). Returns whether it did;
+    /// `false` (the default) for backends without such threads.
+    fn kill_queue_thread(&self, _queue: u32) -> bool {
+        false
+    }
 }
 
 /// Accepted channels of one listened port.
@@ -95,6 +108,14 @@ mod xdp {
 
         fn rx_pollers(&self) -> Vec<netdriver::channel::RxPoller> {
             self.set.rx_pollers()
+        }
+
+        fn resets_received(&self) -> u64 {
+            self.set.resets_received()
+        }
+
+        fn kill_queue_thread(&self, queue: u32) -> bool {
+            self.set.kill_queue_thread(queue)
         }
     }
 

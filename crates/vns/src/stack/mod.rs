@@ -1291,6 +1291,45 @@ impl Stack {
         self.core().reset_channel(n)
     }
 
+    /// Diagnostics and fault-injection tests: each channel's connection on the wire
+    /// (4-tuple, NIC queue, RCV.NXT and SND.NXT as its thread last published them), in
+    /// the order [`Stack::reset_channel`] counts the channels; `None` for a channel with
+    /// no TCP connection beneath it (in-memory). A test that forges a RST for a channel
+    /// reads RCV.NXT here, since a RST is accepted only at exactly RCV.NXT (RFC 5961).
+    pub fn channel_wire(&self) -> Vec<Option<netdriver::channel::ChannelWire>> {
+        self.core()
+            .chans
+            .load()
+            .values()
+            .map(|c| c.t.wire())
+            .collect()
+    }
+
+    /// Channel connections this stack lost to a RST received from the wire (one at
+    /// exactly RCV.NXT, RFC 5961), over its whole life; always 0 for in-memory stacks.
+    /// Channels this stack resets itself ([`Stack::reset_channel`]) are not counted.
+    pub fn channel_resets_received(&self) -> u64 {
+        self.core().backend.resets_received()
+    }
+
+    /// Fault injection, for tests and failure drills: the channel thread of NIC queue
+    /// `queue` dies as if it had crashed. This stack sees the channels on that queue as
+    /// lost at once (their chunks go again on the other channels, as with
+    /// [`Stack::reset_channel`]), but nothing goes on the wire, no FIN and no RST: the
+    /// peer notices only through its keep-alive or user timeout
+    /// ([`StackBuilder::keepalive`], [`StackBuilder::user_timeout`]). The queue is served
+    /// by nobody afterwards, not even inline by [`RuntimeRx`] tasks; new channels use the
+    /// other queues. Returns `false` when no thread runs `queue` (or it is dead already,
+    /// or the stack has no NIC queues: in-memory).
+    pub fn kill_queue_thread(&self, queue: u32) -> bool {
+        let killed = self.core().backend.kill_queue_thread(queue);
+        if killed {
+            // The channels' failure wakes their readers; the driver also looks now.
+            self.core().signal.notify();
+        }
+        killed
+    }
+
     /// A statistics snapshot of the stack, as its scheduler's
     /// [`plan`](netsched::NetScheduler::plan) sees it; serialisable with serde (to JSON,
     /// say) for logs and tools.

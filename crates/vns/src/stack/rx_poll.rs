@@ -183,6 +183,12 @@ impl RuntimeQueues {
         };
         let mut ran = false;
         for (fd, poller) in fds.iter().zip(&self.pollers) {
+            // A queue whose thread died (fault injection) is served by nobody: its socket
+            // stays readable while frames pile up, and waiting on it would only spin,
+            // since `poll_now` runs nothing for it. Its channels are already failed.
+            if poller.is_dead() {
+                continue;
+            }
             for _ in 0..ROUNDS_PER_WAIT {
                 match fd.poll_read_ready(cx) {
                     Poll::Ready(Ok(mut ready)) => {

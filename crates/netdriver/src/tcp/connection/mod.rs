@@ -793,6 +793,18 @@ impl Connection {
         }
     }
 
+    /// RCV.NXT: the next sequence number expected from the peer. A RST is accepted only at
+    /// exactly this number (RFC 5961 §3.2); diagnostics and fault-injection tests read it
+    /// to forge one.
+    pub fn rcv_nxt(&self) -> SeqNumber {
+        self.rcv_nxt
+    }
+
+    /// SND.NXT: the next sequence number to send (rewound by an RTO), for diagnostics.
+    pub fn snd_nxt(&self) -> SeqNumber {
+        self.snd_nxt
+    }
+
     /// The current state.
     pub fn state(&self) -> State {
         self.state
