@@ -1063,3 +1063,233 @@ fn reset_from_the_wire(victim: &Stack, inj: &RstInjector, limit: Duration) -> Re
         "the channel {local} -> {peer} outlived {attempts} forged RSTs ({limit:?})"
     ))
 }
+
+/// A user's policy for the scaling test: round robin, and as many throughput channels to
+/// each peer as `target` says (one opened, or the newest closed, per plan).
+#[derive(Debug)]
+struct FollowTarget {
+    target: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    next: usize,
+}
+
+impl netchannel::sched::NetScheduler for FollowTarget {
+    fn pick_channel(
+        &mut self,
+        chunk: &netchannel::sched::ChunkInfo,
+        channels: &[netchannel::sched::ChannelStats],
+    ) -> Option<netchannel::sched::ChannelId> {
+        let fit: Vec<_> = channels
+            .iter()
+            .filter(|c| c.class == chunk.class.channel_class())
+            .collect();
+        self.next = self.next.wrapping_add(1);
+        fit.get(self.next % fit.len().max(1)).map(|c| c.id)
+    }
+
+    fn plan(
+        &mut self,
+        snapshot: &netchannel::sched::StackSnapshot,
+    ) -> Vec<netchannel::sched::PlanAction> {
+        use netchannel::sched::{ChannelClass, PlanAction};
+        let want = self.target.load(std::sync::atomic::Ordering::Relaxed);
+        let mut actions = Vec::new();
+        for peer in snapshot.peers() {
+            let mut ours: Vec<_> = snapshot
+                .channels_to(peer)
+                .filter(|c| c.class == ChannelClass::Throughput)
+                .map(|c| c.id)
+                .collect();
+            ours.sort();
+            if ours.len() < want {
+                actions.push(PlanAction::OpenChannel {
+                    peer,
+                    class: ChannelClass::Throughput,
+                });
+            } else if ours.len() > want {
+                let channel = *ours.last().expect("more than the target");
+                actions.push(PlanAction::CloseChannel { channel });
+            }
+        }
+        actions
+    }
+
+    fn plan_period(&self) -> Duration {
+        Duration::from_millis(10)
+    }
+}
+
+/// Issue 12 on the bed: the stack carries out a user policy's plans while one large
+/// stream and 16 small echoed ones move: channels go from 1 to 4 (opened over AF_XDP at
+/// run time, accepted by the peer) and back to 1 (retired: drained, then closed). Every
+/// byte arrives once, in order, and both stacks end with one channel.
+#[test]
+fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let target = Arc::new(AtomicUsize::new(1));
+    let build = |side: Side, policy: Option<FollowTarget>| {
+        let e = bed.side(side);
+        let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
+        bed.run_in(side, move || {
+            let b = Stack::builder()
+                .interface(ifname)
+                .ipv4(ipv4)
+                .channels(1)
+                .latency_channels(0)
+                .connect_timeout(Duration::from_secs(10));
+            match policy {
+                Some(p) => b.scheduler(p).build(),
+                None => b.build(),
+            }
+        })
+        .expect("enter the namespace")
+        .expect("stack")
+    };
+    let a = build(
+        Side::A,
+        Some(FollowTarget {
+            target: target.clone(),
+            next: 0,
+        }),
+    );
+    let b = build(Side::B, None);
+    let b_ip = bed.side(Side::B).ipv4;
+    let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
+    let total: u64 = std::env::var("NETCHANNEL_VNS_XDP_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000_000)
+        / 2;
+    const SMALL: u32 = 16;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let big_l = b.bind(at(7500)).await.unwrap();
+        let small_l = b.bind_with_backlog(at(7501), SMALL as usize).await.unwrap();
+        let mut c = timeout(LIMIT, a.connect(at(7500))).await.unwrap().unwrap();
+        let (mut s, _) = timeout(LIMIT, big_l.accept()).await.unwrap().unwrap();
+        assert_eq!(a.channel_count(), 1);
+        let echo = tokio::spawn(async move {
+            let mut tasks = Vec::new();
+            for _ in 0..SMALL {
+                let (mut s, _) = small_l.accept().await.unwrap();
+                tasks.push(tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    tokio::io::copy(&mut r, &mut w).await.unwrap();
+                    w.shutdown().await.unwrap();
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        let small: Vec<_> = (0..SMALL)
+            .map(|i| {
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let c = a.connect(at(7501)).await.unwrap();
+                    let (mut r, mut w) = c.into_split();
+                    let tag = 2000 + u64::from(i);
+                    let send = async move {
+                        let mut buf = vec![0u8; PER_STREAM];
+                        fill(tag, 0, &mut buf);
+                        for piece in buf.chunks(PER_STREAM / 16) {
+                            w.write_all(piece).await.unwrap();
+                            tokio::task::yield_now().await;
+                        }
+                        w.shutdown().await.unwrap();
+                    };
+                    let recv = async move {
+                        let mut got = Vec::new();
+                        r.read_to_end(&mut got).await.unwrap();
+                        got
+                    };
+                    let (_, got) = tokio::join!(send, recv);
+                    let mut want = vec![0u8; PER_STREAM];
+                    fill(tag, 0, &mut want);
+                    assert!(got == want, "small stream {i}: {} bytes", got.len());
+                })
+            })
+            .collect();
+        let sender = tokio::spawn(async move {
+            send_pattern(&mut c, 91, total).await;
+            c.shutdown().await.unwrap();
+            c
+        });
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut off = 0u64;
+        let mut phase = 0;
+        timeout(LIMIT, async {
+            loop {
+                let n = s.read(&mut buf).await.expect("read");
+                if n == 0 {
+                    break;
+                }
+                for (i, &x) in buf[..n].iter().enumerate() {
+                    assert_eq!(x, byte(91, off + i as u64), "at {}", off + i as u64);
+                }
+                off += n as u64;
+                if phase == 0 && off >= total / 5 {
+                    target.store(4, Ordering::Relaxed);
+                    phase = 1;
+                } else if phase == 1 && a.channel_count() == 4 {
+                    target.store(1, Ordering::Relaxed);
+                    phase = 2;
+                }
+            }
+        })
+        .await
+        .expect("the large stream stalled while channels scaled");
+        assert_eq!(off, total);
+        timeout(LIMIT, sender).await.unwrap().unwrap();
+        timeout(LIMIT, async {
+            for t in small {
+                t.await.unwrap();
+            }
+            echo.await.unwrap();
+        })
+        .await
+        .expect("small streams stalled while channels scaled");
+        // However far the scaling got during the transfer, it completes the round trip.
+        let reached = |stack: &Stack, n: usize| {
+            let stack = stack.clone();
+            async move {
+                while stack.channel_count() != n {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        };
+        if phase < 2 {
+            timeout(LIMIT, reached(&a, 4))
+                .await
+                .expect("never 4 channels");
+            target.store(1, Ordering::Relaxed);
+        }
+        timeout(LIMIT, reached(&a, 1))
+            .await
+            .expect("A never back to 1 channel");
+        timeout(LIMIT, reached(&b, 1))
+            .await
+            .expect("B never back to 1 channel");
+        let pc = a.plan_counters();
+        println!(
+            "scaling over AF_XDP: phase {phase} during the transfer; {pc:?}; resent {} + {} chunks",
+            a.endpoint_counters().resent_chunks,
+            b.endpoint_counters().resent_chunks
+        );
+        assert!(
+            pc.opened >= 3 && pc.retired >= 3 && pc.closed >= 3,
+            "{pc:?}"
+        );
+        assert_eq!(pc.open_failed, 0, "{pc:?}");
+    });
+    drop(rt);
+    drop(a);
+    drop(b);
+}

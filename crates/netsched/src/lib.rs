@@ -280,8 +280,10 @@ pub trait NetScheduler: Send {
     /// the change has not happened, so executing one twice must be harmless. The default
     /// wants no change.
     ///
-    /// The stack does not execute plans yet (issue 12, second part): they are computed on
-    /// request and exposed (`vns::Stack::scheduler_plan`).
+    /// `vns::Stack` carries plans out every period (`StackBuilder::execute_plans`, on by
+    /// default): it opens the channels asked for and retires those to close without
+    /// losing a byte (queued chunks leave first; nothing new goes on them). `Pin` is not
+    /// carried out yet. See `vns::Stack::plan_counters`.
     fn plan(&mut self, snapshot: &StackSnapshot) -> Vec<PlanAction> {
         let _ = snapshot;
         Vec::new()
