@@ -1288,6 +1288,18 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
             "{pc:?}"
         );
         assert_eq!(pc.open_failed, 0, "{pc:?}");
+        // What the plans saw: each channel on its queue's thread, and the threads'
+        // utilisation measured over a plan period.
+        let stats = a.stats();
+        assert!(
+            stats.channels.iter().all(|c| c.thread.is_some()),
+            "{stats:?}"
+        );
+        assert_eq!(stats.threads.len(), 2, "one thread per queue: {stats:?}");
+        assert!(stats
+            .threads
+            .iter()
+            .all(|t| !t.window.is_zero() && t.busy <= t.window));
     });
     drop(rt);
     drop(a);

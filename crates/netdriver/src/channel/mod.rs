@@ -146,8 +146,8 @@ mod thread;
 pub use queue::{Channel, DeferredKick, RxPoller};
 #[cfg(target_os = "linux")]
 pub use set::{
-    ChannelListener, ChannelSet, ChannelSetConfig, PartialChecksums, QueueLimits, RxChecksumStats,
-    SynStats, DEFAULT_CHANNEL_PORT,
+    ChannelListener, ChannelSet, ChannelSetConfig, PartialChecksums, QueueLimits, QueueThreadStats,
+    RxChecksumStats, SynStats, DEFAULT_CHANNEL_PORT,
 };
 #[cfg(target_os = "linux")]
 pub use stream::ChannelStream;

@@ -167,6 +167,10 @@ pub(crate) struct Peer {
     pub(crate) syns: SynCounters,
     /// Connections the thread lost to a RST from the peer.
     pub(crate) resets_received: AtomicU64,
+    /// Nanoseconds the thread spent in its rounds (not sleeping, not busy-polling idle).
+    pub(crate) busy_ns: AtomicU64,
+    /// The core the thread is pinned to, if any.
+    pub(crate) core: Option<usize>,
 }
 
 /// A channel thread's SYN and SYN-cookie counters, copied from its interface every round.
@@ -485,7 +489,7 @@ impl ChannelSet {
         let io_err = |op| move |source| ChannelError::Io { op, source };
         let mut peers = Vec::with_capacity(queues.len());
         let mut ends = Vec::with_capacity(queues.len());
-        for &q in &queues {
+        for (index, &q) in queues.iter().enumerate() {
             let signal = Arc::new(ThreadSignal::new().map_err(io_err("creating an eventfd"))?);
             signal.set_inline_max(config.inline_tx);
             let (ctx, crx) = crossbeam_channel::unbounded();
@@ -498,6 +502,8 @@ impl ChannelSet {
                 checksums: ChecksumCounters::default(),
                 syns: SynCounters::default(),
                 resets_received: AtomicU64::new(0),
+                busy_ns: AtomicU64::new(0),
+                core: config.cores.as_ref().map(|c| c[index % c.len()]),
             });
             ends.push((signal, crx, frx));
         }
@@ -872,6 +878,23 @@ impl ChannelSet {
             .sum()
     }
 
+    /// How much work each queue's channel thread has done so far: the time it spent in
+    /// its rounds (receiving, running the TCP state machines, transmitting), cumulative
+    /// since the set started, with the core it is pinned to. Sleeping and busy-polling an
+    /// idle queue do not count; rounds an application task runs inline do not either
+    /// (they are that task's thread's work). Sample it twice for a utilisation.
+    pub fn thread_stats(&self) -> Vec<QueueThreadStats> {
+        self.shared
+            .peers
+            .iter()
+            .map(|p| QueueThreadStats {
+                queue: p.queue,
+                core: p.core,
+                busy: std::time::Duration::from_nanos(p.busy_ns.load(Ordering::Relaxed)),
+            })
+            .collect()
+    }
+
     /// Fault injection, for tests and failure drills: the channel thread of `queue` dies
     /// as if it had crashed. Its channels fail at once on this side
     /// ([`ChannelError::ThreadDied`]), but nothing goes on the wire: no FIN, no RST. The
@@ -1099,4 +1122,15 @@ impl Drop for ChannelListener {
         }
         while self.shared.accept.pop().is_some() {}
     }
+}
+
+/// One queue's channel thread, as [`ChannelSet::thread_stats`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueThreadStats {
+    /// The NIC queue the thread serves.
+    pub queue: u32,
+    /// The core it is pinned to (`ChannelSetConfig::cores`), if any.
+    pub core: Option<usize>,
+    /// Time spent in its rounds since the set started.
+    pub busy: std::time::Duration,
 }

@@ -276,6 +276,10 @@ impl Worker {
             signal.set_inline_state(Arc::downgrade(&state));
         }
         let mut last_active = std::time::Instant::now();
+        let (set, me) = {
+            let g = lock_state(&state);
+            (g.worker.set.clone(), g.worker.index)
+        };
         loop {
             if signal.stop_requested() {
                 break;
@@ -294,11 +298,18 @@ impl Worker {
             }
             signal.take_pending();
             let now = clock.now();
+            let started = std::time::Instant::now();
             let (active, deadline) = {
                 let mut g = lock_state(&state);
                 let active = g.round(now);
                 (active, g.worker.iface.poll_at())
             };
+            // The thread's utilisation, for schedulers that scale channels by it.
+            if let Some(p) = set.peers.get(me) {
+                let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                p.busy_ns
+                    .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+            }
             if active {
                 last_active = std::time::Instant::now();
                 continue;

@@ -48,6 +48,15 @@ pub trait Backend: Send + Sync + 'static {
     fn kill_queue_thread(&self, _queue: u32) -> bool {
         false
     }
+
+    /// The work each channel thread has done so far (cumulative busy time per NIC queue,
+    /// see netdriver's `ChannelSet::thread_stats`), from which the stack derives the
+    /// utilisation its scheduler's plans see; none (the default) for backends without
+    /// channel threads.
+    #[cfg(target_os = "linux")]
+    fn thread_stats(&self) -> Vec<netdriver::channel::QueueThreadStats> {
+        Vec::new()
+    }
 }
 
 /// Accepted channels of one listened port.
@@ -116,6 +125,10 @@ mod xdp {
 
         fn kill_queue_thread(&self, queue: u32) -> bool {
             self.set.kill_queue_thread(queue)
+        }
+
+        fn thread_stats(&self) -> Vec<netdriver::channel::QueueThreadStats> {
+            self.set.thread_stats()
         }
     }
 

@@ -1338,13 +1338,16 @@ impl Stack {
     ///   reported (refreshed whenever the stack moves chunks into a channel): queued and
     ///   in-flight bytes, congestion window, smoothed RTT, retransmitted segments and
     ///   payload bytes sent. In-memory channels have no TCP: their `cwnd_bytes` is 0 and
-    ///   `srtt` `None`. `thread` is `None`: not tracked yet.
+    ///   `srtt` `None`. `thread`: the NIC queue whose thread runs the channel (`None` for
+    ///   in-memory channels).
     /// - `flows`: every virtual socket with its class and unsent bytes;
     ///   `recent_rate_bps` is 0 (not measured yet).
     /// - `copy_workers`: each worker with its core; `queued_bytes` is 0, since the
     ///   workers share copies through one queue rather than per-worker ones.
-    /// - `threads`: empty (channel-thread utilisation is not measured yet); `cores`: the
-    ///   cores the thread that built the stack was allowed to run on.
+    /// - `threads`: each channel thread (by NIC queue) with its core and its busy time
+    ///   over the last plan period ([`StackBuilder::execute_plans`]; empty before the
+    ///   first, with plans off, and for in-memory stacks); `cores`: the cores the thread
+    ///   that built the stack was allowed to run on.
     pub fn stats(&self) -> netsched::StackSnapshot {
         let core = self.core();
         let mut snapshot = core.lock_shard(0).ep.scheduler_snapshot();
@@ -1358,7 +1361,8 @@ impl Stack {
             }
             snapshot.flows.extend(s.ep.scheduler_snapshot().flows);
         }
-        snapshot.cores.clone_from(&core.config.cores);
+        let threads = core.ctl().plans.threads.clone();
+        core.place(&mut snapshot, &threads);
         if let Some(copy) = &self.inner.copy {
             snapshot.copy_workers = (0..copy.pool.workers())
                 .map(|i| netsched::CopyWorkerStats {

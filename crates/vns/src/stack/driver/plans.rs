@@ -13,12 +13,12 @@
 //! - `Pin`: not carried out yet (counted): a channel runs on its NIC queue's thread, and
 //!   moving queue threads at run time is not implemented.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use netsched::{ChannelClass, ChannelId, PlanAction, StackSnapshot};
+use netsched::{ChannelClass, ChannelId, ChannelThreadId, PlanAction, StackSnapshot, ThreadStats};
 use tracing::{debug, warn};
 
 use super::{earliest, Control, Core, SHARD_RETRY};
@@ -58,6 +58,10 @@ pub(crate) struct PlanState {
     /// Channels retiring: whether their transport was closed yet.
     retiring: BTreeMap<ChannelId, bool>,
     pub(crate) counters: PlanCounters,
+    /// Each channel thread's cumulative busy time at the last plan, and when.
+    last_busy: HashMap<u32, (Duration, Instant)>,
+    /// The channel threads' utilisation over the last plan period.
+    pub(crate) threads: Vec<ThreadStats>,
 }
 
 impl PlanState {
@@ -76,7 +80,8 @@ impl Core {
         }
         let mut again = self.close_drained(ctl).then_some(now + RETIRE_CHECK);
         if ctl.plans.next.is_none_or(|t| now >= t) {
-            match self.ask_plan() {
+            self.measure_threads(&mut ctl.plans, now);
+            match self.ask_plan(&ctl.plans.threads) {
                 Some((actions, period)) => {
                     ctl.plans.counters.plans += 1;
                     ctl.plans.next = Some(now + period);
@@ -97,9 +102,10 @@ impl Core {
     /// The stack's snapshot and the policy's plan over it, or `None` when a shard's lock
     /// is held by an application call (the driver never waits for one). Like
     /// `Stack::stats`, without the copy workers (a plan does not place them).
-    fn ask_plan(&self) -> Option<(Vec<PlanAction>, Duration)> {
+    fn ask_plan(&self, threads: &[ThreadStats]) -> Option<(Vec<PlanAction>, Duration)> {
         let mut first = self.try_lock_shard(0)?;
         let mut snapshot: StackSnapshot = first.ep.scheduler_snapshot();
+        self.place(&mut snapshot, threads);
         for i in 1..self.shard_count() {
             let s = self.try_lock_shard(i)?;
             for c in &mut snapshot.channels {
@@ -107,9 +113,45 @@ impl Core {
             }
             snapshot.flows.extend(s.ep.scheduler_snapshot().flows);
         }
-        snapshot.cores.clone_from(&self.config.cores);
         let actions = first.ep.scheduler_plan(&snapshot);
         Some((actions, first.ep.scheduler_plan_period()))
+    }
+
+    /// Fills in what the endpoints cannot know: which thread runs each channel (its NIC
+    /// queue's), the threads' utilisation, and the cores.
+    pub(crate) fn place(&self, snapshot: &mut StackSnapshot, threads: &[ThreadStats]) {
+        let table = self.chans.load();
+        for c in &mut snapshot.channels {
+            c.thread = table
+                .get(&c.id)
+                .and_then(|ch| ch.t.wire())
+                .map(|w| ChannelThreadId(w.queue));
+        }
+        snapshot.threads = threads.to_vec();
+        snapshot.cores.clone_from(&self.config.cores);
+    }
+
+    /// The channel threads' utilisation since the last plan (their busy time over the
+    /// period), kept for the plan and for `Stack::stats`.
+    fn measure_threads(&self, ps: &mut PlanState, now: Instant) {
+        #[cfg(target_os = "linux")]
+        {
+            let mut threads = Vec::new();
+            for t in self.backend.thread_stats() {
+                if let Some(&(busy, at)) = ps.last_busy.get(&t.queue) {
+                    threads.push(ThreadStats {
+                        id: ChannelThreadId(t.queue),
+                        core: t.core,
+                        busy: t.busy.saturating_sub(busy),
+                        window: now.saturating_duration_since(at),
+                    });
+                }
+                ps.last_busy.insert(t.queue, (t.busy, now));
+            }
+            ps.threads = threads;
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = (ps, now);
     }
 
     fn carry_out(self: &Arc<Self>, ctl: &mut Control, action: PlanAction) {
