@@ -945,6 +945,8 @@ mod tests {
                 checksums: Default::default(),
                 syns: Default::default(),
                 resets_received: Default::default(),
+                busy_ns: Default::default(),
+                core: None,
             });
             rxs.push(frx);
         }
