@@ -1300,6 +1300,11 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
             .threads
             .iter()
             .all(|t| !t.window.is_zero() && t.busy <= t.window));
+        let threads: std::collections::BTreeSet<_> = stats.threads.iter().map(|t| t.id).collect();
+        assert!(stats
+            .channels
+            .iter()
+            .all(|c| c.thread.is_some_and(|t| threads.contains(&t))));
     });
     drop(rt);
     drop(a);

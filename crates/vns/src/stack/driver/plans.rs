@@ -139,11 +139,14 @@ impl Core {
             let mut threads = Vec::new();
             for t in self.backend.thread_stats() {
                 if let Some(&(busy, at)) = ps.last_busy.get(&t.queue) {
+                    let window = now.saturating_duration_since(at);
                     threads.push(ThreadStats {
                         id: ChannelThreadId(t.queue),
                         core: t.core,
-                        busy: t.busy.saturating_sub(busy),
-                        window: now.saturating_duration_since(at),
+                        // A round is counted when it ends, so one that straddles two
+                        // periods counts whole in the later one: at most the window.
+                        busy: t.busy.saturating_sub(busy).min(window),
+                        window,
                     });
                 }
                 ps.last_busy.insert(t.queue, (t.busy, now));
