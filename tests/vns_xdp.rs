@@ -1310,3 +1310,186 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
     drop(a);
     drop(b);
 }
+
+/// Issue 12, isolation on the bed: with `Isolating` on both stacks (2 queues), the latency
+/// channel opens on a queue thread of its own, the policy's plans pin that thread and the
+/// bulk one to different cores, and while 4 bulk streams saturate the throughput channels
+/// a latency-class stream's exchanges go on the latency channel only: it never carries
+/// bulk bytes, and no thread runs channels of both classes.
+#[test]
+fn isolating_keeps_latency_streams_off_bulk_channels_threads_and_cores() {
+    use netchannel::sched::{ChannelClass, Isolating};
+    use netchannel::AppClass;
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let build = |side: Side| {
+        let e = bed.side(side);
+        let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
+        bed.run_in(side, move || {
+            Stack::builder()
+                .interface(ifname)
+                .ipv4(ipv4)
+                .channels(2)
+                .latency_channels(1)
+                .scheduler(Isolating::default())
+                .connect_timeout(Duration::from_secs(10))
+                .build()
+        })
+        .expect("enter the namespace")
+        .expect("stack")
+    };
+    let a = build(Side::A);
+    let b = build(Side::B);
+    let b_ip = bed.side(Side::B).ipv4;
+    let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
+    const BULK: u64 = 20_000_000;
+    const PINGS: usize = 200;
+    const MSG: usize = 4096;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let bulk_l = b.bind(at(7600)).await.unwrap();
+        let lat_l = b.bind(at(7601)).await.unwrap();
+        let sink = tokio::spawn(async move {
+            let mut readers = Vec::new();
+            for _ in 0..4u64 {
+                let (mut s, _) = bulk_l.accept().await.unwrap();
+                readers.push(tokio::spawn(async move {
+                    // Streams are accepted in any order: each names its pattern first.
+                    let i = s.read_u64().await.unwrap();
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let mut off = 0u64;
+                    loop {
+                        let n = s.read(&mut buf).await.unwrap();
+                        if n == 0 {
+                            break;
+                        }
+                        let mut want = vec![0u8; n];
+                        fill(300 + i, off, &mut want);
+                        assert!(buf[..n] == want[..], "bulk stream at {off}");
+                        off += n as u64;
+                    }
+                    off
+                }));
+            }
+            let mut total = 0;
+            for r in readers {
+                total += r.await.unwrap();
+            }
+            total
+        });
+        let echo = tokio::spawn(async move {
+            let (mut s, _) = lat_l.accept().await.unwrap();
+            s.set_app_class(AppClass::Latency).unwrap();
+            let mut buf = vec![0u8; MSG];
+            for _ in 0..PINGS {
+                s.read_exact(&mut buf).await.unwrap();
+                s.write_all(&buf).await.unwrap();
+            }
+        });
+        let mut lat = timeout(LIMIT, a.connect(at(7601))).await.unwrap().unwrap();
+        lat.set_app_class(AppClass::Latency).unwrap();
+        let senders: Vec<_> = (0..4u64)
+            .map(|i| {
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let mut c = a.connect(at(7600)).await.unwrap();
+                    c.write_u64(i).await.unwrap();
+                    send_pattern(&mut c, 300 + i, BULK).await;
+                    c.shutdown().await.unwrap();
+                })
+            })
+            .collect();
+        let mut msg = vec![0u8; MSG];
+        let mut back = vec![0u8; MSG];
+        timeout(LIMIT, async {
+            for k in 0..PINGS {
+                fill(900, (k * MSG) as u64, &mut msg);
+                lat.write_all(&msg).await.unwrap();
+                lat.read_exact(&mut back).await.unwrap();
+                assert!(back == msg, "echo {k}");
+            }
+        })
+        .await
+        .expect("the latency stream stalled");
+        for s in senders {
+            timeout(LIMIT, s).await.unwrap().unwrap();
+        }
+        assert_eq!(timeout(LIMIT, sink).await.unwrap().unwrap(), 4 * BULK);
+        timeout(LIMIT, echo).await.unwrap().unwrap();
+        // The plans pinned the latency thread and the bulk thread (a plan period or two).
+        timeout(LIMIT, async {
+            while a.plan_counters().pinned < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("threads not pinned apart: {:?}", a.plan_counters()));
+        for (name, stack) in [("A", &a), ("B", &b)] {
+            let st = stack.stats();
+            let threads_of = |class| -> std::collections::BTreeSet<_> {
+                st.channels
+                    .iter()
+                    .filter(|c| c.class == class)
+                    .map(|c| c.thread.expect("AF_XDP channels run on a queue thread"))
+                    .collect()
+            };
+            let (lat_t, bulk_t) = (
+                threads_of(ChannelClass::Latency),
+                threads_of(ChannelClass::Throughput),
+            );
+            assert!(!lat_t.is_empty() && !bulk_t.is_empty(), "{name}: {st:?}");
+            assert!(
+                lat_t.is_disjoint(&bulk_t),
+                "{name}: a thread runs both classes: {st:?}"
+            );
+            let lat_sent: u64 = st
+                .channels
+                .iter()
+                .filter(|c| c.class == ChannelClass::Latency)
+                .map(|c| c.sent_bytes)
+                .sum();
+            let bulk_sent: u64 = st
+                .channels
+                .iter()
+                .filter(|c| c.class == ChannelClass::Throughput)
+                .map(|c| c.sent_bytes)
+                .sum();
+            println!(
+                "{name}: latency channels sent {lat_sent} B on threads {lat_t:?}, \
+                 throughput channels {bulk_sent} B on {bulk_t:?}; threads {:?}",
+                st.threads
+            );
+            assert!(lat_sent >= (PINGS * MSG) as u64, "{name}: {lat_sent}");
+            assert!(
+                lat_sent < 2 * (PINGS * MSG) as u64 + (1 << 20),
+                "{name}: bulk bytes on the latency channel: {lat_sent}"
+            );
+        }
+        let st = a.stats();
+        let core_of = |class| {
+            let t = st
+                .channels
+                .iter()
+                .find(|c| c.class == class)
+                .and_then(|c| c.thread)
+                .unwrap();
+            st.threads.iter().find(|x| x.id == t).and_then(|x| x.core)
+        };
+        let (lc, bc) = (
+            core_of(ChannelClass::Latency),
+            core_of(ChannelClass::Throughput),
+        );
+        assert!(
+            lc.is_some() && bc.is_some() && lc != bc,
+            "cores: latency {lc:?}, bulk {bc:?}"
+        );
+    });
+    drop(rt);
+    drop(a);
+    drop(b);
+}

@@ -153,6 +153,11 @@ impl NetScheduler for Isolating {
     fn fork(&self) -> Option<Box<dyn NetScheduler>> {
         Some(Box::new(self.clone()))
     }
+
+    /// Latency channels on queue threads of their own.
+    fn separate_class_threads(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

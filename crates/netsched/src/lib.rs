@@ -305,6 +305,15 @@ pub trait NetScheduler: Send {
     fn fork(&self) -> Option<Box<dyn NetScheduler>> {
         None
     }
+
+    /// Whether the stack should open latency channels on channel threads (NIC queues) of
+    /// their own, apart from throughput channels, when it has more than one queue: the
+    /// placement half of isolation, decided when a channel opens (a channel cannot move
+    /// to another queue later). The default, `false`, spreads every channel over all
+    /// queues.
+    fn separate_class_threads(&self) -> bool {
+        false
+    }
 }
 
 impl<S: NetScheduler + ?Sized> NetScheduler for Box<S> {
@@ -330,6 +339,10 @@ impl<S: NetScheduler + ?Sized> NetScheduler for Box<S> {
 
     fn fork(&self) -> Option<Box<dyn NetScheduler>> {
         (**self).fork()
+    }
+
+    fn separate_class_threads(&self) -> bool {
+        (**self).separate_class_threads()
     }
 }
 

@@ -169,8 +169,11 @@ pub(crate) struct Peer {
     pub(crate) resets_received: AtomicU64,
     /// Nanoseconds the thread spent in its rounds (not sleeping, not busy-polling idle).
     pub(crate) busy_ns: AtomicU64,
-    /// The core the thread is pinned to, if any.
-    pub(crate) core: Option<usize>,
+    /// The core the thread is pinned to (`usize::MAX`: none); the thread moves itself
+    /// there when it changes ([`ChannelSet::pin_queue_thread`]).
+    pub(crate) core: AtomicUsize,
+    /// The core the thread last pinned itself to (`usize::MAX`: none).
+    pub(crate) pinned: AtomicUsize,
 }
 
 /// A channel thread's SYN and SYN-cookie counters, copied from its interface every round.
@@ -503,7 +506,13 @@ impl ChannelSet {
                 syns: SynCounters::default(),
                 resets_received: AtomicU64::new(0),
                 busy_ns: AtomicU64::new(0),
-                core: config.cores.as_ref().map(|c| c[index % c.len()]),
+                core: AtomicUsize::new(
+                    config
+                        .cores
+                        .as_ref()
+                        .map_or(usize::MAX, |c| c[index % c.len()]),
+                ),
+                pinned: AtomicUsize::new(usize::MAX),
             });
             ends.push((signal, crx, frx));
         }
@@ -889,10 +898,32 @@ impl ChannelSet {
             .iter()
             .map(|p| QueueThreadStats {
                 queue: p.queue,
-                core: p.core,
+                core: Some(p.core.load(Ordering::Relaxed)).filter(|&c| c != usize::MAX),
                 busy: std::time::Duration::from_nanos(p.busy_ns.load(Ordering::Relaxed)),
             })
             .collect()
+    }
+
+    /// Pins the channel thread of `queue` to `core` at run time (a scheduler's
+    /// `PlanAction::Pin`); the thread moves itself at its next round (it is woken for it).
+    /// Every channel of the queue moves with it. `false` when no thread runs `queue` or
+    /// `core` is not one this process may run on.
+    pub fn pin_queue_thread(&self, queue: u32, core: usize) -> bool {
+        let Some(p) = self.shared.peers.iter().find(|p| p.queue == queue) else {
+            return false;
+        };
+        let allowed = core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.id == core);
+        if !allowed || p.signal.is_dead() {
+            return false;
+        }
+        if p.core.swap(core, Ordering::AcqRel) != core {
+            debug!(queue, core, "pinning a channel thread");
+            p.signal.notify();
+        }
+        true
     }
 
     /// Fault injection, for tests and failure drills: the channel thread of `queue` dies

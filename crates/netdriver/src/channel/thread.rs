@@ -304,11 +304,20 @@ impl Worker {
                 let active = g.round(now);
                 (active, g.worker.iface.poll_at())
             };
-            // The thread's utilisation, for schedulers that scale channels by it.
             if let Some(p) = set.peers.get(me) {
+                use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+                // The thread's utilisation, for schedulers that scale channels by it.
                 let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                p.busy_ns
-                    .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+                p.busy_ns.fetch_add(ns, Relaxed);
+                // A run-time pin (`ChannelSet::pin_queue_thread`): the thread moves itself.
+                let want = p.core.load(Acquire);
+                if want != usize::MAX && p.pinned.swap(want, AcqRel) != want {
+                    if core_affinity::set_for_current(core_affinity::CoreId { id: want }) {
+                        debug!(queue, core = want, "channel thread pinned");
+                    } else {
+                        warn!(queue, core = want, "cannot pin the channel thread");
+                    }
+                }
             }
             if active {
                 last_active = std::time::Instant::now();
@@ -946,7 +955,8 @@ mod tests {
                 syns: Default::default(),
                 resets_received: Default::default(),
                 busy_ns: Default::default(),
-                core: None,
+                core: AtomicUsize::new(usize::MAX),
+                pinned: AtomicUsize::new(usize::MAX),
             });
             rxs.push(frx);
         }

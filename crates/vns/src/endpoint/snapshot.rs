@@ -40,6 +40,12 @@ impl Endpoint {
         self.scheduler.plan(snapshot)
     }
 
+    /// Whether the scheduler wants the classes' channels on threads of their own
+    /// ([`NetScheduler::separate_class_threads`](netsched::NetScheduler::separate_class_threads)).
+    pub fn scheduler_separates_classes(&self) -> bool {
+        self.scheduler.separate_class_threads()
+    }
+
     /// How often the scheduler wants [`Endpoint::scheduler_plan`] asked
     /// ([`NetScheduler::plan_period`](netsched::NetScheduler::plan_period)).
     pub fn scheduler_plan_period(&self) -> std::time::Duration {

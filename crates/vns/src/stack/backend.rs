@@ -25,6 +25,27 @@ pub trait Backend: Send + Sync + 'static {
     fn connect(&self, remote: SocketAddrV4)
         -> Result<(BoxedTransport, SocketAddrV4), ChannelError>;
 
+    /// [`connect`](Self::connect) for a channel of `class`; with `separate`, latency
+    /// channels go to channel threads (NIC queues) of their own, apart from throughput
+    /// ones, where the backend has more than one (`NetScheduler::separate_class_threads`).
+    /// The default ignores both.
+    fn connect_placed(
+        &self,
+        remote: SocketAddrV4,
+        class: netsched::ChannelClass,
+        separate: bool,
+    ) -> Result<(BoxedTransport, SocketAddrV4), ChannelError> {
+        let _ = (class, separate);
+        self.connect(remote)
+    }
+
+    /// Pins the channel thread of NIC queue `queue` to `core` (a plan's `Pin`); `false`
+    /// (the default) where the backend has no such threads or cannot.
+    fn pin_queue_thread(&self, queue: u32, core: usize) -> bool {
+        let _ = (queue, core);
+        false
+    }
+
     /// Listens on `port`; accepted channels arrive through the returned [`Acceptor`],
     /// which stops listening when dropped.
     fn listen(&self, port: u16) -> Result<Box<dyn Acceptor>, ChannelError>;
@@ -83,12 +104,17 @@ mod xdp {
     #[derive(Debug)]
     pub struct XdpBackend {
         set: ChannelSet,
+        /// The next queue a throughput channel goes to when classes are kept apart.
+        next_bulk: std::sync::atomic::AtomicUsize,
     }
 
     impl XdpBackend {
         /// A backend over a started channel set.
         pub fn new(set: ChannelSet) -> XdpBackend {
-            XdpBackend { set }
+            XdpBackend {
+                set,
+                next_bulk: std::sync::atomic::AtomicUsize::new(0),
+            }
         }
 
         /// The channel set.
@@ -113,6 +139,37 @@ mod xdp {
 
         fn listen(&self, port: u16) -> Result<Box<dyn Acceptor>, ChannelError> {
             Ok(Box::new(self.set.listen(port)?))
+        }
+
+        /// Keeping classes apart: latency channels on the last queue, throughput channels
+        /// round robin over the others (the peer's kernel delivers a veth frame on the
+        /// queue it was sent from, so the accepting side's threads follow).
+        fn connect_placed(
+            &self,
+            remote: SocketAddrV4,
+            class: netsched::ChannelClass,
+            separate: bool,
+        ) -> Result<(BoxedTransport, SocketAddrV4), ChannelError> {
+            let queues = self.set.queues();
+            if !separate || queues.len() < 2 {
+                return self.connect(remote);
+            }
+            let queue = match class {
+                netsched::ChannelClass::Latency => queues[queues.len() - 1],
+                netsched::ChannelClass::Throughput => {
+                    let i = self
+                        .next_bulk
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    queues[i % (queues.len() - 1)]
+                }
+            };
+            let c = self.set.connect_on(queue, remote)?;
+            let local = c.local_addr();
+            Ok((Box::new(c), local))
+        }
+
+        fn pin_queue_thread(&self, queue: u32, core: usize) -> bool {
+            self.set.pin_queue_thread(queue, core)
         }
 
         fn rx_pollers(&self) -> Vec<netdriver::channel::RxPoller> {

@@ -313,6 +313,9 @@ pub(crate) struct CoreConfig {
     pub execute_plans: bool,
     /// The cores the stack may place channel threads on, for the plans' snapshots.
     pub cores: Vec<usize>,
+    /// Latency channels open on channel threads of their own (the scheduler's
+    /// `separate_class_threads`).
+    pub separate_classes: bool,
 }
 
 /// What the stack shares between its driver thread, its handles and its streams.
@@ -675,7 +678,10 @@ impl Core {
         let mut error = None;
         let mut auth_error = None;
         for class in plan {
-            match self.backend.connect(remote) {
+            match self
+                .backend
+                .connect_placed(remote, class, self.config.separate_classes)
+            {
                 Ok((t, _)) => match self.open_handshake(&t, class) {
                     Ok(leftover) => opened.push((t, class, leftover)),
                     Err(why) => {

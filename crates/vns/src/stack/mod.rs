@@ -892,6 +892,7 @@ impl StackBuilder {
             #[cfg(target_os = "linux")]
             runtime_rx: self.runtime_rx,
             execute_plans: self.execute_plans,
+            separate_classes: endpoints[0].scheduler_separates_classes(),
             cores: core_affinity::get_core_ids()
                 .unwrap_or_default()
                 .into_iter()

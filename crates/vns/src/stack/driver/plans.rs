@@ -10,8 +10,10 @@
 //!   (a FIN after its last byte). The peer sees the end and drops the channel; whatever
 //!   either side had not had acknowledged at the data level goes again on the others
 //!   (`Endpoint::handle_channel_closed`/`_lost`). A peer's last channel is never retired.
-//! - `Pin`: not carried out yet (counted): a channel runs on its NIC queue's thread, and
-//!   moving queue threads at run time is not implemented.
+//! - `Pin { channel, core }`: the channel's thread (its NIC queue's: a channel cannot move
+//!   to another queue) is pinned to the core, unless it also runs channels of the other
+//!   class. Policies that keep classes apart (`separate_class_threads`) get latency
+//!   channels opened on queues of their own, so that their threads can be pinned apart.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -41,10 +43,13 @@ pub struct PlanCounters {
     pub open_failed: u64,
     /// Channels a plan asked to close that started retiring.
     pub retired: u64,
+    /// Channel threads a plan moved to another core (`Pin`).
+    pub pinned: u64,
     /// Retiring channels whose transport was closed once drained.
     pub closed: u64,
-    /// Actions not carried out: a close of a peer's last channel, of an unknown channel,
-    /// and `Pin` (not implemented yet).
+    /// Actions not carried out: a close of a peer's last channel or of an unknown
+    /// channel; a `Pin` of a thread that also runs channels of the other class, or to a
+    /// core the process may not use.
     pub refused: u64,
 }
 
@@ -62,6 +67,8 @@ pub(crate) struct PlanState {
     last_busy: HashMap<u32, (Duration, Instant)>,
     /// The channel threads' utilisation over the last plan period.
     pub(crate) threads: Vec<ThreadStats>,
+    /// The core each queue's thread was last pinned to by a plan.
+    pins: HashMap<u32, usize>,
 }
 
 impl PlanState {
@@ -161,10 +168,7 @@ impl Core {
         match action {
             PlanAction::OpenChannel { peer, class } => self.plan_open(ctl, peer, class),
             PlanAction::CloseChannel { channel } => self.plan_close(ctl, channel),
-            PlanAction::Pin { channel, core } => {
-                debug!(%channel, core, "plan: pinning at run time is not carried out yet");
-                ctl.plans.counters.refused += 1;
-            }
+            PlanAction::Pin { channel, core } => self.plan_pin(ctl, channel, core),
             other => {
                 debug!(?other, "plan: action not known to this stack");
                 ctl.plans.counters.refused += 1;
@@ -199,7 +203,10 @@ impl Core {
     /// Opens one channel of `class` to `ip` (helper thread) and adds it to the stack.
     fn open_one(self: Arc<Self>, ip: Ipv4Addr, class: ChannelClass) {
         let remote = SocketAddrV4::new(ip, self.config.channel_port);
-        let opened = match self.backend.connect(remote) {
+        let opened = match self
+            .backend
+            .connect_placed(remote, class, self.config.separate_classes)
+        {
             Ok((t, _)) => match self.open_handshake(&t, class) {
                 Ok(leftover) => Ok((t, leftover)),
                 Err(why) => {
@@ -227,6 +234,33 @@ impl Core {
             }
         }
         self.signal.notify();
+    }
+
+    /// Pins the channel's thread (its NIC queue's) to `core`, unless that thread also runs
+    /// channels of the other class: pinning it would move them too, against the policy's
+    /// wish for one of them (the stack keeps classes on threads of their own only when the
+    /// policy asks, `separate_class_threads`).
+    fn plan_pin(&self, ctl: &mut Control, id: ChannelId, core: usize) {
+        let table = self.chans.load();
+        let Some((queue, class)) = table
+            .get(&id)
+            .and_then(|c| Some((c.t.wire()?.queue, c.class)))
+        else {
+            ctl.plans.counters.refused += 1;
+            return;
+        };
+        let mixed = table
+            .values()
+            .any(|c| c.class != class && c.t.wire().is_some_and(|w| w.queue == queue));
+        if mixed || !self.backend.pin_queue_thread(queue, core) {
+            debug!(channel = %id, queue, core, mixed, "plan: pin refused");
+            ctl.plans.counters.refused += 1;
+            return;
+        }
+        if ctl.plans.pins.insert(queue, core) != Some(core) {
+            debug!(channel = %id, queue, core, "plan: channel thread pinned");
+            ctl.plans.counters.pinned += 1;
+        }
     }
 
     fn plan_close(&self, ctl: &mut Control, id: ChannelId) {
