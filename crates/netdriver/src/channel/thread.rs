@@ -955,8 +955,8 @@ mod tests {
                 syns: Default::default(),
                 resets_received: Default::default(),
                 busy_ns: Default::default(),
-                core: AtomicUsize::new(usize::MAX),
-                pinned: AtomicUsize::new(usize::MAX),
+                core: std::sync::atomic::AtomicUsize::new(usize::MAX),
+                pinned: std::sync::atomic::AtomicUsize::new(usize::MAX),
             });
             rxs.push(frx);
         }
