@@ -138,6 +138,17 @@ impl StackPair {
 
     /// [`start`](Self::start) with `latency` latency channels per peer besides.
     pub fn start_with(bed: &TestBed, channels: usize, latency: usize) -> StackPair {
+        StackPair::start_scheduled(bed, channels, latency, false)
+    }
+
+    /// [`start_with`](Self::start_with), the stacks scheduling with
+    /// `netchannel::sched::Isolating` when `isolating` (else the default round robin).
+    pub fn start_scheduled(
+        bed: &TestBed,
+        channels: usize,
+        latency: usize,
+        isolating: bool,
+    ) -> StackPair {
         let start = |side: Side| {
             let e = bed.side(side).clone();
             bed.run_in(side, move || {
@@ -156,6 +167,9 @@ impl StackPair {
                 let shards = env_or("NETCHANNEL_BENCH_SHARDS", 0usize);
                 if shards > 0 {
                     builder = builder.shards(shards);
+                }
+                if isolating {
+                    builder = builder.scheduler(netchannel::sched::Isolating::default());
                 }
                 let stack = builder.build_with_backend(backend.clone()).expect("stack");
                 (stack, backend)
