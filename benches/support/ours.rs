@@ -31,6 +31,20 @@ pub fn transfer(
     bandwidth_bps: Option<u64>,
     loss: f64,
 ) -> Outcome {
+    transfer_with(bytes, buffer, ip_mtu, latency, bandwidth_bps, loss, |_| {})
+}
+
+/// [`transfer`] with `tweak` applied to both ends' TCP configuration (for A/B runs of
+/// loss recovery).
+pub fn transfer_with(
+    bytes: usize,
+    buffer: usize,
+    ip_mtu: usize,
+    latency: Duration,
+    bandwidth_bps: Option<u64>,
+    loss: f64,
+    tweak: impl Fn(&mut Config),
+) -> Outcome {
     let (la, lb) = sim::pair(SimConfig {
         latency,
         bandwidth_bps,
@@ -48,17 +62,19 @@ pub fn transfer(
     let ip_a = Ipv4Addr::new(10, 77, 0, 1);
     let ip_b = Ipv4Addr::new(10, 77, 0, 2);
     let host = |link, mac, ip| {
+        let mut tcp = Config {
+            rx_buffer: buffer,
+            tx_buffer: buffer,
+            min_rto: Duration::from_millis(1),
+            ..Config::default()
+        };
+        tweak(&mut tcp);
         Interface::new(
             link,
             InterfaceConfig {
                 mac,
                 ipv4: ip,
-                tcp: Config {
-                    rx_buffer: buffer,
-                    tx_buffer: buffer,
-                    min_rto: Duration::from_millis(1),
-                    ..Config::default()
-                },
+                tcp,
                 isn_key: Some([7; 16]),
                 ..InterfaceConfig::default()
             },
