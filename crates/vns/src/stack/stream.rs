@@ -419,7 +419,15 @@ impl Drop for PlainInner {
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .is_some();
-        if held || t.stats().rx_total() > 0 || aborts(&self.linger) {
+        // Unread bytes are judged by the channel's queue itself, not by its statistics:
+        // those are a snapshot the channel thread publishes, which can still count bytes
+        // this stream has already read, and a reset on that stale figure discarded the
+        // replies a server wrote just before closing (seen under load in `kv_example`).
+        // Bytes still in the TCP receive buffer that reach the queue after this look
+        // count as data arriving after the close, which resets as well
+        // (`Core::keep_closing_plain`).
+        let unread = matches!(t.dequeue(), Ok(Dequeued::Chunk(_)));
+        if held || unread || aborts(&self.linger) {
             debug!(peer = %self.peer, "plain-TCP stream dropped with unread data (or linger 0); resetting");
             t.abort();
             return;
@@ -1627,3 +1635,73 @@ impl fmt::Display for ReuniteError {
 }
 
 impl std::error::Error for ReuniteError {}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+    use std::sync::atomic::AtomicU32;
+
+    use netdriver::channel::{ChannelError, ChannelStats};
+
+    use super::*;
+
+    /// A plain-TCP channel whose statistics still count received bytes the stream has
+    /// already read (a stale snapshot), with an empty queue; counts closes and aborts.
+    #[derive(Default)]
+    struct StaleStats {
+        closed: Arc<AtomicU32>,
+        aborted: Arc<AtomicU32>,
+    }
+
+    impl ChannelTransport for StaleStats {
+        fn enqueue(&self, _: Bytes) -> Result<(), EnqueueError> {
+            Ok(())
+        }
+        fn dequeue(&self) -> Result<Dequeued, ChannelError> {
+            Ok(Dequeued::Empty)
+        }
+        fn poll_enqueue_ready(&self, _: &mut Context<'_>) -> Poll<Result<(), ChannelError>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_dequeue(&self, _: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ChannelError>> {
+            Poll::Pending
+        }
+        fn close(&self) {
+            self.closed.fetch_add(1, Ordering::SeqCst);
+        }
+        fn abort(&self) {
+            self.aborted.fetch_add(1, Ordering::SeqCst);
+        }
+        fn stats(&self) -> ChannelStats {
+            ChannelStats {
+                rx_queued: 100,
+                ..ChannelStats::default()
+            }
+        }
+    }
+
+    /// Regression (`kv_example` under load): a plain-TCP stream dropped after reading
+    /// everything closed with a reset when the channel's published statistics were a
+    /// round behind, discarding the replies just written. It must close gracefully.
+    #[test]
+    fn a_plain_stream_read_to_the_end_closes_whatever_stale_statistics_say() {
+        let net = super::super::MemNetwork::new();
+        let stack = Stack::builder()
+            .ipv4(Ipv4Addr::new(10, 0, 0, 1))
+            .build_in_memory(&net)
+            .unwrap();
+        let t = StaleStats::default();
+        let (closed, aborted) = (t.closed.clone(), t.aborted.clone());
+        let a = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 1);
+        let b = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 2);
+        let s = VirtualStream::plain(PlainInner::new(stack.clone(), Box::new(t), a, b));
+        drop(s);
+        assert_eq!(
+            aborted.load(Ordering::SeqCst),
+            0,
+            "reset on stale statistics"
+        );
+        assert_eq!(closed.load(Ordering::SeqCst), 1);
+        stack.abort();
+    }
+}
