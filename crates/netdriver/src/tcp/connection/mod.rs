@@ -152,6 +152,8 @@ pub struct Stats {
     pub recv_queue: usize,
     /// Out-of-order segments dropped because the reassembly range limit was hit.
     pub ooo_dropped: u64,
+    /// Disjoint out-of-order ranges held now (at most [`Config::max_ooo_ranges`]).
+    pub ooo_ranges: usize,
     /// Challenge ACKs sent (RFC 5961).
     pub challenge_acks: u64,
     /// Tail loss probes sent (RFC 8985 §7), new data or a retransmission.
@@ -939,6 +941,7 @@ impl Connection {
             send_queue: self.tx.len(),
             recv_queue: self.rx.readable(),
             ooo_dropped: c.ooo_dropped,
+            ooo_ranges: self.assembler.range_count(),
             challenge_acks: c.challenge_acks,
             tail_loss_probes: c.tail_loss_probes,
             tlp_recoveries: c.tlp_recoveries,

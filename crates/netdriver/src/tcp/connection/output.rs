@@ -590,8 +590,8 @@ impl Connection {
                 let (lo, hi) = (rel as usize, seq_len(self.rcv_nxt, right));
                 containing = self
                     .assembler
-                    .ranges()
-                    .find(|&(offset, len)| offset <= lo && hi <= offset + len);
+                    .containing(lo)
+                    .filter(|&(offset, len)| hi <= offset + len);
             }
         }
         let recent_ranges = self.sack_recent.iter().flatten().filter_map(|seq| {
@@ -600,9 +600,7 @@ impl Connection {
                 return None;
             }
             let rel = rel as usize;
-            self.assembler
-                .ranges()
-                .find(|&(offset, len)| offset <= rel && rel < offset + len)
+            self.assembler.containing(rel)
         });
         for range in containing
             .into_iter()
