@@ -48,6 +48,7 @@ use crate::time::{Duration, Instant};
 use crate::wire::tcp::{TcpFlags, TcpRepr};
 
 mod input;
+mod options;
 mod output;
 mod recovery;
 mod timers;
@@ -238,6 +239,8 @@ pub struct Connection {
     snd_wscale: u8,
     /// Peer's MSS option (or the default), clamped.
     peer_mss: u16,
+    /// The application's MSS clamp (`set_mss_clamp`), on top of the peer's and ours.
+    mss_clamp: Option<u16>,
     tx: TxRing,
     /// Sequence number of the first byte in `tx`.
     tx_base: SeqNumber,
@@ -436,6 +439,7 @@ impl Connection {
             max_snd_wnd: 0,
             snd_wscale: 0,
             peer_mss: DEFAULT_PEER_MSS,
+            mss_clamp: None,
             tx: TxRing::new(config.tx_buffer),
             tx_base: isn + 1,
             fin_queued: false,
@@ -466,7 +470,7 @@ impl Connection {
             challenge_window_start: None,
             challenge_count: 0,
             rtt: RttEstimator::new(config.initial_rto, config.min_rto, config.max_rto),
-            send_times: SendTimes::new(config.tx_buffer / 512 * 2 + 64),
+            send_times: SendTimes::new(options::send_records_for(config.tx_buffer)),
             rtt_timed: None,
             rtx_deadline: None,
             syn_retries_done: 0,
@@ -486,7 +490,7 @@ impl Connection {
             prr_recover_fs: 0,
             prr_cwnd: None,
             undo: None,
-            rack: Rack::new(config.tx_buffer / 512 * 2 + 64),
+            rack: Rack::new(options::send_records_for(config.tx_buffer)),
             tlp_deadline: None,
             tlp_pending: false,
             tlp_high: None,
@@ -863,13 +867,22 @@ impl Connection {
     /// The effective send MSS: the peer's MSS and ours, less the timestamp option that
     /// every segment carries once negotiated (RFC 6691).
     pub fn send_mss(&self) -> usize {
-        let mss = usize::from(self.peer_mss.min(self.config.mss.max(MIN_PEER_MSS)));
+        let mss = usize::from(self.peer_mss.min(self.advertised_mss().max(MIN_PEER_MSS)));
         let opts = if self.ts_enabled {
             TIMESTAMP_OPTION_LEN
         } else {
             0
         };
         mss.saturating_sub(opts).max(1)
+    }
+
+    /// The MSS we advertise (or advertised) in our SYN: the configured one, lowered by an
+    /// MSS clamp set before the SYN went out. Also a bound on what we send.
+    fn advertised_mss(&self) -> u16 {
+        match self.mss_clamp {
+            Some(clamp) => self.config.mss.min(clamp),
+            None => self.config.mss,
+        }
     }
 
     /// The peer's MSS option as negotiated (536 if it sent none).

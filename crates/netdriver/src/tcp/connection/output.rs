@@ -65,7 +65,7 @@ impl Connection {
             None
         };
         let mut options = TcpOptions {
-            mss: Some(self.config.mss),
+            mss: Some(self.advertised_mss()),
             ..TcpOptions::default()
         };
         // In a SYN-ACK only what the peer offered is echoed (RFC 7323 §1.3, RFC 2018 §2).
