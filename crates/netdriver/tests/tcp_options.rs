@@ -4,7 +4,7 @@
 
 mod tcp_support_b;
 
-use netdriver::tcp::{Connection, SeqNumber, State, TcpError};
+use netdriver::tcp::{Connection, OptionChanges, SeqNumber, State, TcpError};
 use netdriver::time::Duration;
 use tcp_support_b::*;
 
@@ -314,4 +314,41 @@ fn recv_buffer_set_before_the_syn_picks_the_window_scale() {
         .expect("SYN again");
     assert!(again.repr.flags.syn());
     assert_eq!(again.repr.options.window_scale, Some(5));
+}
+
+// ---- batches (what a channel hands its thread) ----
+
+/// A batch applies every field it sets, as the setters would, and leaves the rest.
+#[test]
+fn option_batch_applies_each_field_it_sets() {
+    let mut t = Tcb::new();
+    let t1 = t.now;
+    let mut changes = OptionChanges::new()
+        .send_buffer(BUF * 2)
+        .keepalive(Some(ms(1000)));
+    changes.merge(
+        OptionChanges::new()
+            .mss_clamp(Some(500))
+            .user_timeout(ms(7000))
+            .keepalive_interval(Some(ms(100)))
+            .keepalive_probes(1),
+    );
+    assert!(!changes.is_empty());
+    let now = t.now;
+    t.conn.apply_options(now, &changes);
+    assert_eq!(t.conn.send_capacity(), BUF * 2);
+    assert_eq!(t.conn.recv_capacity(), BUF, "not in the batch: unchanged");
+    assert_eq!(t.conn.send_mss(), 500);
+    assert_eq!(t.conn.user_timeout(), ms(7000));
+    assert_eq!(t.conn.keepalive(), (Some(ms(1000)), Some(ms(100)), 1));
+    assert_eq!(t.fire(), t1 + ms(1000));
+    t.expect(t.out().seq(SeqNumber(LOCAL_ISN)));
+    assert_eq!(t.fire(), t1 + ms(1100));
+    assert_eq!(
+        t.conn.error(),
+        Some(TcpError::TimedOut),
+        "one probe allowed"
+    );
+    // An empty batch changes nothing.
+    assert!(OptionChanges::new().is_empty());
 }

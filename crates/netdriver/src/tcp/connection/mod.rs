@@ -57,6 +57,8 @@ mod tlp;
 #[cfg(test)]
 mod tests;
 
+pub use options::OptionChanges;
+
 /// Default of [`Config::keepalive_probes`]: unanswered keep-alive probes after which the
 /// connection fails (Linux's default 9).
 pub const KEEPALIVE_PROBES: u32 = 9;

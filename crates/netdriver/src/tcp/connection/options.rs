@@ -19,7 +19,128 @@ pub(super) fn send_records_for(tx_buffer: usize) -> usize {
     tx_buffer / 512 * 2 + 64
 }
 
+/// A batch of option changes for [`Connection::apply_options`]: each `Some` field is set,
+/// each `None` left alone. It lets a thread that does not own the connection (a channel's
+/// application side) hand changes to the one that does as one bounded value: a later
+/// batch [`merge`](Self::merge)d into a pending one overrides field by field, so any
+/// number of calls costs one slot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OptionChanges {
+    /// [`Connection::set_send_buffer`].
+    pub send_buffer: Option<usize>,
+    /// [`Connection::set_recv_buffer`].
+    pub recv_buffer: Option<usize>,
+    /// [`Connection::set_mss_clamp`] (`Some(None)` removes the clamp).
+    pub mss_clamp: Option<Option<u16>>,
+    /// [`Connection::set_user_timeout`].
+    pub user_timeout: Option<Duration>,
+    /// [`Connection::set_keepalive`] (`Some(None)` turns keep-alive off).
+    pub keepalive: Option<Option<Duration>>,
+    /// [`Connection::set_keepalive_interval`].
+    pub keepalive_interval: Option<Option<Duration>>,
+    /// [`Connection::set_keepalive_probes`].
+    pub keepalive_probes: Option<u32>,
+}
+
+impl OptionChanges {
+    /// No change.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the send buffer size.
+    pub fn send_buffer(mut self, size: usize) -> Self {
+        self.send_buffer = Some(size);
+        self
+    }
+
+    /// Sets the receive buffer size.
+    pub fn recv_buffer(mut self, size: usize) -> Self {
+        self.recv_buffer = Some(size);
+        self
+    }
+
+    /// Sets (`Some`) or removes (`None`) the MSS clamp.
+    pub fn mss_clamp(mut self, mss: Option<u16>) -> Self {
+        self.mss_clamp = Some(mss);
+        self
+    }
+
+    /// Sets the user timeout.
+    pub fn user_timeout(mut self, timeout: Duration) -> Self {
+        self.user_timeout = Some(timeout);
+        self
+    }
+
+    /// Turns keep-alive on with this idle time, or off with `None`.
+    pub fn keepalive(mut self, idle: Option<Duration>) -> Self {
+        self.keepalive = Some(idle);
+        self
+    }
+
+    /// Sets the keep-alive probe interval (`None`: the idle time).
+    pub fn keepalive_interval(mut self, interval: Option<Duration>) -> Self {
+        self.keepalive_interval = Some(interval);
+        self
+    }
+
+    /// Sets the unanswered keep-alive probes that fail the connection.
+    pub fn keepalive_probes(mut self, probes: u32) -> Self {
+        self.keepalive_probes = Some(probes);
+        self
+    }
+
+    /// Whether nothing is to change.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Folds `later` into `self`: the fields `later` sets override.
+    pub fn merge(&mut self, later: OptionChanges) {
+        fn take<T>(field: &mut Option<T>, later: Option<T>) {
+            if later.is_some() {
+                *field = later;
+            }
+        }
+        take(&mut self.send_buffer, later.send_buffer);
+        take(&mut self.recv_buffer, later.recv_buffer);
+        take(&mut self.mss_clamp, later.mss_clamp);
+        take(&mut self.user_timeout, later.user_timeout);
+        take(&mut self.keepalive, later.keepalive);
+        take(&mut self.keepalive_interval, later.keepalive_interval);
+        take(&mut self.keepalive_probes, later.keepalive_probes);
+    }
+}
+
 impl Connection {
+    /// Applies every change `changes` sets, as the individual setters would at `now`
+    /// (interval and probe count before the idle time, so a keep-alive turned on with
+    /// all three starts with its final settings).
+    pub fn apply_options(&mut self, now: Instant, changes: &OptionChanges) {
+        if let Some(size) = changes.send_buffer {
+            self.set_send_buffer(size);
+        }
+        if let Some(size) = changes.recv_buffer {
+            self.set_recv_buffer(size);
+        }
+        if let Some(mss) = changes.mss_clamp {
+            self.set_mss_clamp(mss);
+        }
+        if let Some(timeout) = changes.user_timeout {
+            self.set_user_timeout(timeout);
+        }
+        if let Some(interval) = changes.keepalive_interval {
+            self.set_keepalive_interval(interval);
+        }
+        if let Some(probes) = changes.keepalive_probes {
+            self.set_keepalive_probes(probes);
+        }
+        if let Some(idle) = changes.keepalive {
+            self.set_keepalive(now, idle);
+        }
+    }
+
     /// Resizes the send buffer (`SO_SNDBUF`) and returns the size now in effect.
     ///
     /// Growing takes effect at once: `send` accepts more, and the per-segment records
