@@ -13,6 +13,18 @@ pub struct Config {
     /// Receive buffer (ring) size in bytes; the advertised window never exceeds its free
     /// space. Default 256 KiB.
     pub rx_buffer: usize,
+    /// Receive-buffer auto-tuning (dynamic right-sizing, as Linux's
+    /// `tcp_rcv_space_adjust`): `Some(max)` lets the receive buffer grow from
+    /// [`rx_buffer`](Self::rx_buffer) up to `max` bytes as the application proves it reads
+    /// faster than the buffer allows. Once per round trip the bytes the application read in
+    /// that round trip are measured; when they exceed the most read in any round trip so
+    /// far, the buffer grows to twice that plus 16 segments (slow start doubles the
+    /// sender's flight per round trip, and the window must stay ahead of it), at most
+    /// `max`. It never shrinks by itself. The window scale offered in our SYN is chosen to
+    /// express `max` (RFC 7323 §2.3). `None` (default): the buffer stays at `rx_buffer`.
+    /// Memory is bounded by `max`, and growth needs a reader that keeps up: a peer alone
+    /// cannot make the buffer grow.
+    pub rx_buffer_max: Option<usize>,
     /// Send buffer (ring) size in bytes: data queued by `send` and not yet acknowledged.
     /// Default 256 KiB.
     pub tx_buffer: usize,
@@ -144,6 +156,7 @@ impl Default for Config {
         Config {
             mss: 1460,
             rx_buffer: 256 * 1024,
+            rx_buffer_max: None,
             tx_buffer: 256 * 1024,
             nagle: true,
             delayed_ack: Some(Duration::from_millis(40)),

@@ -7,7 +7,7 @@
 //! (§4.7) lowers `W_max` when losses come before the old maximum is reached, releasing
 //! bandwidth to newer flows. Congestion events and RTOs end the current epoch (§4.6, §4.8).
 //! Slow start is shared with NewReno (RFC 5681 with RFC 3465 ABC, growth per ACK up to
-//! one cwnd, see [`super::slow_start_increase`]).
+//! one cwnd, see `slow_start_increase` in the parent module).
 //!
 //! Windows are tracked in segments as `f64` for the curve, and in bytes for the connection.
 //! The epoch clock is the caller's `now`; nothing here reads a clock.

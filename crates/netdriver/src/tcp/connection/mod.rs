@@ -47,6 +47,7 @@ use crate::tcp::SeqNumber;
 use crate::time::{Duration, Instant};
 use crate::wire::tcp::{TcpFlags, TcpRepr};
 
+mod autotune;
 mod input;
 mod options;
 mod output;
@@ -157,6 +158,10 @@ pub struct Stats {
     pub ooo_dropped: u64,
     /// Disjoint out-of-order ranges held now (at most [`Config::max_ooo_ranges`]).
     pub ooo_ranges: usize,
+    /// Receive buffer size now (it changes by auto-tuning or `set_recv_buffer`).
+    pub rx_buffer: usize,
+    /// Times auto-tuning grew the receive buffer ([`Config::rx_buffer_max`]).
+    pub rx_buffer_grown: u64,
     /// Challenge ACKs sent (RFC 5961).
     pub challenge_acks: u64,
     /// Tail loss probes sent (RFC 8985 §7), new data or a retransmission.
@@ -210,6 +215,7 @@ struct Counters {
     dsacks_sent: u64,
     spurious_recoveries_undone: u64,
     paws_rejected: u64,
+    rx_buffer_grown: u64,
 }
 
 /// One TCP connection (a transmission control block, RFC 9293 §3.3.1) and its buffers.
@@ -260,6 +266,8 @@ pub struct Connection {
     offered_wscale: u8,
     rx: RxRing,
     assembler: Assembler,
+    /// Receive-buffer auto-tuning's measurements ([`Config::rx_buffer_max`]).
+    rcv_space: autotune::RcvSpace,
     /// The peer's FIN has been received in order (rcv_nxt includes it).
     fin_received: bool,
     /// Sequence number of a FIN that arrived ahead of missing data.
@@ -403,6 +411,12 @@ fn window_scale_for(buffer: usize) -> u8 {
     shift
 }
 
+/// The largest receive buffer a connection may reach, `size` or the auto-tuning maximum
+/// ([`Config::rx_buffer_max`]): what the window scale we offer must express.
+fn largest_rx_buffer(config: &Config, size: usize) -> usize {
+    size.max(config.rx_buffer_max.unwrap_or(0))
+}
+
 /// The TSval for `now` with a connection's `offset`: milliseconds, truncated to 32 bits
 /// (see the module docs).
 fn timestamp_value(now: Instant, offset: u32) -> u32 {
@@ -419,7 +433,7 @@ impl Connection {
         now: Instant,
     ) -> Connection {
         let offered_wscale = if config.window_scaling {
-            window_scale_for(config.rx_buffer)
+            window_scale_for(largest_rx_buffer(&config, config.rx_buffer))
         } else {
             0
         };
@@ -452,6 +466,7 @@ impl Connection {
             offered_wscale,
             rx: RxRing::new(config.rx_buffer),
             assembler: Assembler::new(config.max_ooo_ranges),
+            rcv_space: autotune::RcvSpace::default(),
             fin_received: false,
             pending_fin: None,
             sack_recent: [None; 4],
@@ -719,7 +734,9 @@ impl Connection {
                 return Ok(0);
             }
             self.window_update_check = true;
-            return Ok(self.rx.read(buf));
+            let n = self.rx.read(buf);
+            self.rcv_space.on_read(n);
+            return Ok(n);
         }
         if self.fin_received {
             return Ok(0);
@@ -744,7 +761,9 @@ impl Connection {
                 return Ok(0);
             }
             self.window_update_check = true;
-            return Ok(self.rx.read_with(max, sink));
+            let n = self.rx.read_with(max, sink);
+            self.rcv_space.on_read(n);
+            return Ok(n);
         }
         if self.fin_received {
             return Ok(0);
@@ -957,6 +976,8 @@ impl Connection {
             recv_queue: self.rx.readable(),
             ooo_dropped: c.ooo_dropped,
             ooo_ranges: self.assembler.range_count(),
+            rx_buffer: self.rx.capacity(),
+            rx_buffer_grown: c.rx_buffer_grown,
             challenge_acks: c.challenge_acks,
             tail_loss_probes: c.tail_loss_probes,
             tlp_recoveries: c.tlp_recoveries,

@@ -189,7 +189,7 @@ impl Connection {
         self.config.rx_buffer = size;
         let syn_unsent = self.snd_max == self.iss;
         if syn_unsent && self.config.window_scaling {
-            self.offered_wscale = window_scale_for(size);
+            self.offered_wscale = window_scale_for(super::largest_rx_buffer(&self.config, size));
             if self.ws_enabled {
                 self.rcv_wscale = self.offered_wscale;
             }

@@ -35,6 +35,8 @@ impl Connection {
                 payload_len: 0,
             });
         }
+        // Before any segment: a grown receive buffer goes out in this poll's window.
+        self.autotune_rx(now);
         let transmit = match self.state {
             State::Closed => None,
             State::SynSent | State::SynReceived if self.snd_nxt == self.iss => {
