@@ -299,8 +299,10 @@ fn segment_smack_flood_of_tiny_holes_is_bounded() {
         );
         assert_eq!(t.conn.recv_queue(), 0);
     }
-    // max_ooo_ranges defaults to 16: 16 held, the rest dropped and counted.
-    assert_eq!(t.stats().ooo_dropped, 2000 - 16);
+    // max_ooo_ranges defaults to 512 (it was 16 before issue 15 §3 sized it for a
+    // 100 Gbit/s window): 512 held, the rest dropped and counted.
+    assert_eq!(t.stats().ooo_ranges, 512);
+    assert_eq!(t.stats().ooo_dropped, 2000 - 512);
     t.send(t.seg().seq(r(0)).payload(&d[..1]));
     // Byte 1 was held (the first hole), so filling byte 0 delivers two bytes.
     let acks = t.drain();
@@ -424,7 +426,7 @@ fn send_stops_at_the_peer_window_and_resumes_when_it_slides() {
 #[test]
 fn send_is_limited_by_the_initial_window_then_slow_start() {
     // RFC 6928 IW = min(10*MSS, max(2*MSS, 14600)) = 10 segments of 1000; RFC 5681 slow
-    // start with RFC 3465 ABC (L = 2): an ACK of 2000 bytes grows cwnd by 2000.
+    // start with RFC 3465 ABC: an ACK of 2000 bytes grows cwnd by 2000.
     let config = Config {
         tx_buffer: 65536,
         ..test_config()
@@ -455,6 +457,42 @@ fn send_is_limited_by_the_initial_window_then_slow_start() {
     }
     t.expect_none();
     assert_eq!(t.stats().bytes_in_flight, 12_000);
+}
+
+/// Issue 15 §3: a stretch ACK from a GRO receiver covering 8 segments grows cwnd by all 8
+/// (RFC 3465 §2.1 byte counting, bounded by cwnd), not by L = 2 MSS, and the sender fills
+/// the grown window at once: 8 segments freed plus 8 of growth.
+#[test]
+fn stretch_ack_in_slow_start_grows_cwnd_by_every_acked_segment() {
+    let config = Config {
+        tx_buffer: 65536,
+        ..test_config()
+    };
+    let mut t = Tcb::established(config, PeerOpts::default());
+    t.conn.set_nodelay(true);
+    let d = data(40_000);
+    t.app_send(&d);
+    for i in 0..10 {
+        t.expect(
+            t.out()
+                .seq(l(i * 1000))
+                .payload(&d[i * 1000..(i + 1) * 1000]),
+        );
+    }
+    t.expect_none();
+    assert_eq!(t.stats().cwnd, 10_000);
+    t.advance(ms(10));
+    t.send(t.seg().ack(l(8000)));
+    assert_eq!(t.stats().cwnd, 18_000);
+    for i in 10..26 {
+        t.expect(
+            t.out()
+                .seq(l(i * 1000))
+                .payload(&d[i * 1000..(i + 1) * 1000]),
+        );
+    }
+    t.expect_none();
+    assert_eq!(t.stats().bytes_in_flight, 18_000);
 }
 
 #[test]

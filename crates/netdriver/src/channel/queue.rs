@@ -21,6 +21,7 @@ use super::thread::QueueState;
 use super::{
     ChannelError, ChannelState, ChannelStats, ChannelTransport, ChannelWire, Dequeued, EnqueueError,
 };
+use crate::tcp::OptionChanges;
 use crate::tcp::Stats as TcpStats;
 use crate::time::{Duration, Instant};
 
@@ -490,6 +491,11 @@ pub(crate) struct ChannelShared {
     rx_blocked: AtomicBool,
     close_requested: AtomicBool,
     abort_requested: AtomicBool,
+    /// Option changes the application asked for and the thread has not applied yet,
+    /// merged into one value (bounded whatever the number of calls).
+    options: Mutex<OptionChanges>,
+    /// `options` holds changes: the thread looks without taking the lock otherwise.
+    options_pending: AtomicBool,
     stats: StatsCell,
     signal: Arc<ThreadSignal>,
 }
@@ -528,6 +534,8 @@ impl ChannelShared {
             rx_blocked: AtomicBool::new(false),
             close_requested: AtomicBool::new(false),
             abort_requested: AtomicBool::new(false),
+            options: Mutex::new(OptionChanges::default()),
+            options_pending: AtomicBool::new(false),
             stats: StatsCell::default(),
             signal,
         }
@@ -582,6 +590,29 @@ impl ChannelShared {
 
     pub(crate) fn abort_requested(&self) -> bool {
         self.abort_requested.load(Ordering::Acquire)
+    }
+
+    /// The option changes pending since the last call, if any (thread side).
+    pub(crate) fn take_options(&self) -> Option<OptionChanges> {
+        if !self.options_pending.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        let mut pending = self.options.lock().unwrap_or_else(|e| e.into_inner());
+        Some(std::mem::take(&mut *pending))
+    }
+
+    /// Queues option changes for the thread (application side).
+    fn request_options(&self, changes: OptionChanges) {
+        if changes.is_empty() {
+            return;
+        }
+        self.options
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .merge(changes);
+        // After the merge: the thread that sees the flag finds the changes.
+        self.options_pending.store(true, Ordering::Release);
+        self.signal.notify();
     }
 
     pub(crate) fn set_open(&self) {
@@ -1013,6 +1044,16 @@ impl Channel {
         self.shared.signal.notify();
     }
 
+    /// Changes TCP options of the channel's connection after creation: buffer sizes,
+    /// MSS clamp, user timeout, keep-alive (see [`OptionChanges`] and the
+    /// [`Connection`](crate::tcp::Connection) setters it names for what each does). The
+    /// channel's thread applies them at its next round; changes requested before it
+    /// does are merged, the later ones winning. Options of a connection that is gone are
+    /// ignored.
+    pub fn set_options(&self, changes: OptionChanges) {
+        self.shared.request_options(changes);
+    }
+
     /// Our address of the connection.
     pub fn local_addr(&self) -> SocketAddrV4 {
         self.shared.local
@@ -1171,6 +1212,34 @@ mod tests {
         }
         assert_eq!(take(), 1);
         assert!(ch.poll_enqueue_ready(&mut cx).is_ready());
+    }
+
+    #[test]
+    fn option_changes_merge_into_one_pending_value_and_wake_the_thread() {
+        let s = shared(L, L);
+        let ch = Channel::new(s.clone());
+        assert_eq!(s.take_options(), None);
+        // An empty batch is no work.
+        ch.set_options(OptionChanges::new());
+        assert!(!s.signal.take_pending());
+        assert_eq!(s.take_options(), None);
+        ch.set_options(
+            OptionChanges::new()
+                .send_buffer(1 << 20)
+                .keepalive(Some(Duration::from_secs(5))),
+        );
+        assert!(s.signal.take_pending(), "the thread is told");
+        ch.set_options(
+            OptionChanges::new()
+                .send_buffer(1 << 21)
+                .mss_clamp(Some(1200)),
+        );
+        let want = OptionChanges::new()
+            .send_buffer(1 << 21)
+            .mss_clamp(Some(1200))
+            .keepalive(Some(Duration::from_secs(5)));
+        assert_eq!(s.take_options(), Some(want));
+        assert_eq!(s.take_options(), None, "taken once");
     }
 
     #[test]

@@ -141,7 +141,7 @@ impl QueueState {
         let (w, book) = (&mut self.worker, &mut self.book);
         let mut active = w.handle_commands(book, now);
         active |= w.handle_forwarded(book, now);
-        active |= w.push_tx(book);
+        active |= w.push_tx(book, now);
         let (set, me) = (&w.set, w.index);
         let claims = &mut book.claims;
         active |= w
@@ -459,8 +459,9 @@ impl Worker {
         any
     }
 
-    /// Moves chunks from each channel's Tx queue into its connection.
-    fn push_tx(&mut self, book: &mut Book) -> bool {
+    /// Applies each channel's pending option changes, then moves chunks from its Tx queue
+    /// into its connection.
+    fn push_tx(&mut self, book: &mut Book, now: Instant) -> bool {
         let mut any = false;
         for (&h, e) in book.entries.iter_mut() {
             let Some(conn) = self.iface.conn_mut(h) else {
@@ -478,6 +479,17 @@ impl Worker {
                 }
                 any = true;
                 continue;
+            }
+            // Before the data: a send buffer grown by these changes takes this round's
+            // chunks already.
+            if let Some(changes) = e.shared.take_options() {
+                trace!(
+                    queue = self.queue,
+                    ?changes,
+                    "channel: applying option changes"
+                );
+                conn.apply_options(now, &changes);
+                any = true;
             }
             // Read the close request before draining, so a chunk enqueued before close()
             // is never left behind the FIN.

@@ -95,6 +95,20 @@ impl TxRing {
         n
     }
 
+    /// Changes the capacity to `capacity`, at least the bytes held (nothing queued is
+    /// dropped). An allocated ring is reallocated with the held bytes moved to its start;
+    /// an unallocated one just records the new size.
+    pub fn resize(&mut self, capacity: usize) {
+        let capacity = capacity.max(self.len).max(1);
+        if !self.buf.is_empty() {
+            let mut buf = vec![0; capacity];
+            copy_out(&self.buf, self.head, &mut buf[..self.len]);
+            self.buf = buf;
+        }
+        self.capacity = capacity;
+        self.head = 0;
+    }
+
     /// Drops `n` bytes (clamped to what is held) from the front.
     pub fn consume(&mut self, n: usize) {
         let n = n.min(self.len);
@@ -173,6 +187,22 @@ impl RxRing {
         let start = (self.head + self.len + offset) % self.capacity();
         copy_in(&mut self.buf, start, &data[..n]);
         n
+    }
+
+    /// Changes the capacity to `capacity`, keeping the readable bytes and the first
+    /// `keep` bytes after them (where out-of-order data may sit); the capacity is at least
+    /// that much. An allocated ring is reallocated with those bytes moved to its start;
+    /// an unallocated one just records the new size.
+    pub fn resize(&mut self, capacity: usize, keep: usize) {
+        let held = self.len.saturating_add(keep).min(self.capacity);
+        let capacity = capacity.max(held).max(1);
+        if !self.buf.is_empty() {
+            let mut buf = vec![0; capacity];
+            copy_out(&self.buf, self.head, &mut buf[..held]);
+            self.buf = buf;
+        }
+        self.capacity = capacity;
+        self.head = 0;
     }
 
     /// Makes the next `n` written bytes readable (clamped to the free room).
@@ -291,6 +321,64 @@ mod tests {
         assert_eq!(r.write_at(4, b"wxyz"), 2);
         assert_eq!(r.write_at(8, b"z"), 0);
         assert_eq!(r.free(), 6);
+    }
+
+    #[test]
+    fn tx_ring_resize_keeps_wrapped_bytes_in_order() {
+        let mut r = TxRing::new(8);
+        // Unallocated: only the size changes.
+        r.resize(4);
+        assert_eq!((r.capacity(), r.allocated()), (4, 0));
+        r.resize(8);
+        assert_eq!(r.push(b"abcdef"), 6);
+        r.consume(4);
+        assert_eq!(r.push(b"ghijkl"), 6);
+        // "efghijkl", wrapped at index 8.
+        r.resize(12);
+        assert_eq!(
+            (r.capacity(), r.allocated(), r.len(), r.free()),
+            (12, 12, 8, 4)
+        );
+        assert_eq!(r.push(b"mnopq"), 4);
+        let mut out = [0u8; 12];
+        assert_eq!(r.read_at(0, &mut out), 12);
+        assert_eq!(&out, b"efghijklmnop");
+        // Shrinking never drops queued bytes.
+        r.resize(3);
+        assert_eq!((r.capacity(), r.len()), (12, 12));
+        r.consume(10);
+        r.resize(3);
+        assert_eq!((r.capacity(), r.len(), r.free()), (3, 2, 1));
+        assert_eq!(r.read_at(0, &mut out[..2]), 2);
+        assert_eq!(&out[..2], b"op");
+    }
+
+    #[test]
+    fn rx_ring_resize_keeps_readable_and_out_of_order_bytes() {
+        let mut r = RxRing::new(8);
+        r.resize(8, 0);
+        assert_eq!(r.write_at(0, b"abcdef"), 6);
+        r.commit(6);
+        let mut out = [0u8; 8];
+        assert_eq!(r.read(&mut out[..5]), 5);
+        // head at 5: "f" readable, "gh" committed (the ring wraps after them), "k" out
+        // of order two bytes further.
+        assert_eq!(r.write_at(0, b"gh"), 2);
+        r.commit(2);
+        assert_eq!(r.write_at(2, b"k"), 1);
+        r.resize(16, 4);
+        assert_eq!((r.capacity(), r.readable(), r.free()), (16, 3, 13));
+        assert_eq!(r.write_at(0, b"ij"), 2);
+        r.commit(3);
+        assert_eq!(r.read(&mut out), 6);
+        assert_eq!(&out[..6], b"fghijk");
+        // The kept region bounds a shrink.
+        assert_eq!(r.write_at(0, b"lm"), 2);
+        r.commit(2);
+        r.resize(1, 5);
+        assert_eq!(r.capacity(), 7);
+        assert_eq!(r.read(&mut out), 2);
+        assert_eq!(&out[..2], b"lm");
     }
 
     #[test]

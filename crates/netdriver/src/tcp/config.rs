@@ -13,6 +13,18 @@ pub struct Config {
     /// Receive buffer (ring) size in bytes; the advertised window never exceeds its free
     /// space. Default 256 KiB.
     pub rx_buffer: usize,
+    /// Receive-buffer auto-tuning (dynamic right-sizing, as Linux's
+    /// `tcp_rcv_space_adjust`): `Some(max)` lets the receive buffer grow from
+    /// [`rx_buffer`](Self::rx_buffer) up to `max` bytes as the application proves it reads
+    /// faster than the buffer allows. Once per round trip the bytes the application read in
+    /// that round trip are measured; when they exceed the most read in any round trip so
+    /// far, the buffer grows to twice that plus 16 segments (slow start doubles the
+    /// sender's flight per round trip, and the window must stay ahead of it), at most
+    /// `max`. It never shrinks by itself. The window scale offered in our SYN is chosen to
+    /// express `max` (RFC 7323 §2.3). `None` (default): the buffer stays at `rx_buffer`.
+    /// Memory is bounded by `max`, and growth needs a reader that keeps up: a peer alone
+    /// cannot make the buffer grow.
+    pub rx_buffer_max: Option<usize>,
     /// Send buffer (ring) size in bytes: data queued by `send` and not yet acknowledged.
     /// Default 256 KiB.
     pub tx_buffer: usize,
@@ -61,8 +73,22 @@ pub struct Config {
     pub sack: bool,
     /// Offer timestamps (RFC 7323 §3). Default true.
     pub timestamps: bool,
-    /// Most disjoint out-of-order ranges the receiver holds; a segment needing more is
-    /// dropped (bounded memory against SegmentSmack-like floods). Default 16.
+    /// Most disjoint out-of-order ranges (holes' far sides) the receiver holds; a segment
+    /// that would need one more is dropped and counted in
+    /// [`Stats::ooo_dropped`](crate::tcp::connection::Stats::ooo_dropped). Default 512.
+    ///
+    /// Why 512: a 100 Gbit/s path with a 100 µs RTT has a bandwidth-delay product of
+    /// 1.25 MB, about 860 full segments at MTU 1500; the worst loss pattern the receiver
+    /// must still reassemble (every other segment lost) leaves about 430 holes, and 512 is
+    /// the next power of two. The old default of 16 made a receiver drop out-of-order data
+    /// after the 16th hole of a window, turning a burst of losses into RTOs.
+    ///
+    /// Why it stays bounded (CVE-2019-11477 "SACK panic", CVE-2018-5390 "SegmentSmack"):
+    /// the ranges live in a B-tree of at most this many entries, allocated on demand (under
+    /// 48 KiB at 512, nothing while data arrives in order), the bytes they describe live
+    /// in the receive buffer and never exceed the window, and every segment costs
+    /// O(log ranges) to add, merge or look up, so a peer creating hole after hole gains
+    /// neither memory nor a linear walk per segment.
     pub max_ooo_ranges: usize,
     /// Most disjoint SACKed ranges the sender remembers (CVE-2019-11477). Default 32.
     pub max_sack_ranges: usize,
@@ -130,6 +156,7 @@ impl Default for Config {
         Config {
             mss: 1460,
             rx_buffer: 256 * 1024,
+            rx_buffer_max: None,
             tx_buffer: 256 * 1024,
             nagle: true,
             delayed_ack: Some(Duration::from_millis(40)),
@@ -145,7 +172,7 @@ impl Default for Config {
             window_scaling: true,
             sack: true,
             timestamps: true,
-            max_ooo_ranges: 16,
+            max_ooo_ranges: 512,
             max_sack_ranges: 32,
             time_wait: Duration::from_secs(60),
             dup_ack_threshold: 3,

@@ -116,6 +116,12 @@ impl Rack {
         }
     }
 
+    /// Changes the record bound (the send buffer was resized). Records beyond a lowered
+    /// bound stay until acknowledged.
+    pub fn set_max_segs(&mut self, max_segs: usize) {
+        self.max_segs = max_segs.max(8);
+    }
+
     /// Records the transmission of `[start, end)` at `now`: new sequence space gets a new
     /// record, resent space has its records' transmit time moved to `now` and is marked
     /// as retransmitted.

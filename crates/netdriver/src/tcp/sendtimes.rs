@@ -50,6 +50,12 @@ impl SendTimes {
         }
     }
 
+    /// Changes the record bound (the send buffer was resized). Records beyond a lowered
+    /// bound stay until acknowledged; new space then extends the last record.
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max.max(4);
+    }
+
     /// Forgets everything.
     pub fn clear(&mut self) {
         self.segs.clear();

@@ -6,7 +6,8 @@
 //! estimate `W_est` (§4.3) takes over so CUBIC is never slower than Reno. Fast convergence
 //! (§4.7) lowers `W_max` when losses come before the old maximum is reached, releasing
 //! bandwidth to newer flows. Congestion events and RTOs end the current epoch (§4.6, §4.8).
-//! Slow start is shared with NewReno (RFC 5681 with RFC 3465 ABC, L = 2).
+//! Slow start is shared with NewReno (RFC 5681 with RFC 3465 ABC, growth per ACK up to
+//! one cwnd, see `slow_start_increase` in the parent module).
 //!
 //! Windows are tracked in segments as `f64` for the curve, and in bytes for the connection.
 //! The epoch clock is the caller's `now`; nothing here reads a clock.
@@ -161,7 +162,7 @@ impl CongestionControl for Cubic {
         }
         self.touched = true;
         if self.window() < self.ssthresh {
-            let grown = self.cwnd + slow_start_increase(newly_acked, self.mss) as f64;
+            let grown = self.cwnd + slow_start_increase(newly_acked, self.window()) as f64;
             self.set_cwnd(grown.min(self.ssthresh as f64));
             return;
         }

@@ -2,7 +2,8 @@
 //!
 //! The connection calls into a [`CongestionControl`] at the events RFC 5681 names: new
 //! cumulative ACKs outside loss recovery (§3.1 slow start with RFC 3465 appropriate byte
-//! counting, L = 2, then congestion avoidance), entering fast recovery (§3.2, RFC 6582),
+//! counting, every acknowledged byte counted up to one cwnd per ACK so that stretch ACKs
+//! from GRO receivers do not slow it, then congestion avoidance), entering fast recovery (§3.2, RFC 6582),
 //! leaving it on a full ACK (RFC 6582 §3.2 step 3), a retransmission timeout (§3.1 eq. 4 and
 //! the loss window) and restarting after idle (§4.1). Loss detection and recovery bookkeeping
 //! stay in the connection; the algorithm only decides windows.
@@ -93,10 +94,27 @@ pub fn initial_window(mss: usize) -> usize {
     mss.saturating_mul(10).min(mss.saturating_mul(2).max(14600))
 }
 
-/// RFC 3465 appropriate byte counting in slow start: at most L = 2 MSS of growth per ACK,
-/// which bounds the burst a stretch ACK can release.
-pub(crate) fn slow_start_increase(newly_acked: usize, mss: usize) -> usize {
-    newly_acked.min(mss.saturating_mul(2))
+/// Slow-start growth for one ACK: the bytes it newly acknowledged (RFC 3465 §2.1
+/// appropriate byte counting), bounded by the current window (`L = cwnd / SMSS` in
+/// RFC 3465 §2.3's terms).
+///
+/// Why not RFC 3465's experimental `L = 2`: a GRO/LRO receiver acknowledges a 64 KB
+/// super-segment (44 full segments at MTU 1500) with one stretch ACK, and with `L = 2`
+/// slow start then grows by 2 MSS per 44 segments instead of doubling per round trip;
+/// a 100 Gbit/s path would need hundreds of round trips to open its window. Linux
+/// (`tcp_slow_start`, since 2015's "tcp: properly handle stretch acks in slow start") counts every newly acknowledged segment for the same
+/// reason, and so does this.
+///
+/// Why still a bound: the burst an ACK releases is what it freed plus what it added. With
+/// the growth capped at cwnd, one ACK can at most double the window, which is what slow
+/// start does in one round trip anyway. The case it matters for is an ACK that covers far
+/// more than the current window, e.g. after an RTO cut cwnd to one segment the originals
+/// turn out to have arrived and one ACK covers the whole old flight: uncapped, cwnd would
+/// jump to ssthresh and release it as one line-rate burst. ssthresh still ends slow start
+/// as before (RFC 5681 §3.1), and RFC 7661 cwnd validation (in the connection) keeps an
+/// application-limited sender from growing at all.
+pub(crate) fn slow_start_increase(newly_acked: usize, cwnd: usize) -> usize {
+    newly_acked.min(cwnd)
 }
 
 /// The RFC 5681 loss reduction `max(FlightSize/2, 2*MSS)`.
@@ -129,6 +147,76 @@ mod tests {
         assert_eq!(r.name(), "newreno");
         assert_eq!(r.window(), 10000);
         assert_eq!(r.ssthresh(), usize::MAX);
+    }
+
+    /// Slow start by bytes acknowledged (RFC 3465 §2.1) keeps up with stretch ACKs: one ACK
+    /// covering 8 segments grows every controller's window by 8 MSS, not by L = 2.
+    #[test]
+    fn stretch_ack_in_slow_start_counts_every_segment() {
+        for alg in [CongestionAlgorithm::NewReno, CongestionAlgorithm::Cubic] {
+            let mut cc = alg.build(1000);
+            assert_eq!(cc.window(), 10_000);
+            cc.on_ack(Instant::ZERO, 8 * 1000, None, 10_000);
+            assert_eq!(cc.window(), 18_000, "{alg:?}");
+            // A GRO-sized stretch ACK (44 segments) at 18 segments: the growth is bounded by
+            // the window itself, so one ACK at most doubles it.
+            cc.on_ack(Instant::ZERO, 44 * 1000, None, 18_000);
+            assert_eq!(cc.window(), 36_000, "{alg:?}");
+        }
+    }
+
+    /// The bound matters after an RTO: cwnd is one segment and a cumulative ACK covering
+    /// the whole old flight (the originals had arrived) must not jump to ssthresh.
+    #[test]
+    fn slow_start_growth_per_ack_is_bounded_by_cwnd() {
+        for alg in [CongestionAlgorithm::NewReno, CongestionAlgorithm::Cubic] {
+            let mut cc = alg.build(1000);
+            cc.on_retransmission_timeout(Instant::ZERO, 100_000);
+            assert_eq!(cc.window(), 1000, "{alg:?}");
+            assert!(cc.ssthresh() >= 50_000, "{alg:?}");
+            cc.on_ack(Instant::from_millis(1), 100_000, None, 100_000);
+            assert_eq!(cc.window(), 2000, "{alg:?}");
+            // Slow start still ends at ssthresh (RFC 5681 §3.1).
+            let ssthresh = cc.ssthresh();
+            for i in 0..20 {
+                cc.on_ack(Instant::from_millis(2 + i), 64_000, None, 64_000);
+            }
+            assert!(cc.window() >= ssthresh, "{alg:?}");
+            assert!(cc.window() < ssthresh + 64_000, "{alg:?}");
+        }
+    }
+
+    /// Congestion avoidance is untouched by the slow-start change: a stretch ACK there
+    /// earns at most one MSS per window with NewReno, and CUBIC's growth stays within its
+    /// 1.5x per-RTT clamp.
+    #[test]
+    fn stretch_ack_in_congestion_avoidance_is_unchanged() {
+        let mut reno = CongestionAlgorithm::NewReno.build(1000);
+        reno.on_congestion_event(Instant::ZERO, 20_000);
+        reno.on_recovery_exit(Instant::ZERO);
+        assert_eq!(reno.window(), 10_000);
+        reno.on_ack(Instant::ZERO, 8 * 1000, None, 10_000);
+        assert_eq!(reno.window(), 10_000);
+        reno.on_ack(Instant::ZERO, 8 * 1000, None, 10_000);
+        assert_eq!(reno.window(), 11_000);
+
+        let mut cubic = CongestionAlgorithm::Cubic.build(1000);
+        cubic.on_congestion_event(Instant::ZERO, 20_000);
+        cubic.on_recovery_exit(Instant::ZERO);
+        let w0 = cubic.window();
+        assert_eq!(w0, 7000);
+        cubic.on_ack(
+            Instant::from_millis(1),
+            8 * 1000,
+            Some(Duration::from_millis(1)),
+            7000,
+        );
+        let w1 = cubic.window();
+        // CUBIC in avoidance grows by far less than the 8 MSS slow start would give.
+        assert!(
+            w1 >= w0 && w1 < w0 + 8000 && w1 as f64 <= 1.5 * w0 as f64,
+            "{w0} -> {w1}"
+        );
     }
 
     /// Every algorithm survives degenerate and hostile inputs with a sane window.

@@ -71,7 +71,7 @@ impl CongestionControl for NewReno {
         if self.cwnd < self.ssthresh {
             self.cwnd = self
                 .cwnd
-                .saturating_add(slow_start_increase(newly_acked, self.mss));
+                .saturating_add(slow_start_increase(newly_acked, self.cwnd));
             // Slow start ends at ssthresh; growth past it is congestion avoidance's, at its
             // much slower rate.
             if self.cwnd > self.ssthresh {
@@ -122,18 +122,20 @@ mod tests {
     const T: Instant = Instant::ZERO;
 
     #[test]
-    fn slow_start_grows_by_acked_bytes_capped_at_two_mss() {
+    fn slow_start_grows_by_acked_bytes() {
         let mut cc = NewReno::new(MSS);
         assert_eq!(cc.window(), 10 * MSS);
         cc.on_ack(T, 1000, None, 10_000);
         assert_eq!(cc.window(), 11_000);
         cc.on_ack(T, 500, None, 10_000);
         assert_eq!(cc.window(), 11_500);
-        // A stretch ACK for 5 MSS only earns L = 2 MSS (RFC 3465).
+        // A stretch ACK for 5 MSS earns all 5 (RFC 3465 §2.1 byte counting). This test
+        // used to pin L = 2 (13 500); issue 15 §3 dropped that cap because GRO receivers
+        // send stretch ACKs, see `slow_start_increase`.
         cc.on_ack(T, 5000, None, 10_000);
-        assert_eq!(cc.window(), 13_500);
+        assert_eq!(cc.window(), 16_500);
         cc.on_ack(T, 0, None, 10_000);
-        assert_eq!(cc.window(), 13_500);
+        assert_eq!(cc.window(), 16_500);
     }
 
     #[test]
@@ -168,8 +170,10 @@ mod tests {
         cc.on_retransmission_timeout(T, 7000);
         assert_eq!(cc.ssthresh(), 3500);
         assert_eq!(cc.window(), MSS);
+        // Growth per ACK is bounded by cwnd (it used to be by L = 2 MSS, which gave 3000
+        // here): 1000 -> 2000, then 2000 more would pass ssthresh and stops at it.
         cc.on_ack(T, 2000, None, 1000);
-        assert_eq!(cc.window(), 3000);
+        assert_eq!(cc.window(), 2000);
         cc.on_ack(T, 2000, None, 1000);
         assert_eq!(cc.window(), 3500);
         cc.on_ack(T, 2000, None, 1000);

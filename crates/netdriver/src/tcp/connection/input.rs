@@ -688,10 +688,11 @@ impl Connection {
                 };
             }
         } else if !data.is_empty() {
+            // One O(log n) lookup, not a walk of every range (SegmentSmack, CVE-2018-5390).
             let held = self
                 .assembler
-                .ranges()
-                .any(|(start, len)| start <= offset && offset + data.len() <= start + len);
+                .containing(offset)
+                .is_some_and(|(start, len)| offset + data.len() <= start + len);
             if held {
                 // Out-of-order data we hold already (RFC 2883 §4.1.2).
                 self.note_duplicate(seq, seq + data.len());

@@ -47,7 +47,9 @@ use crate::tcp::SeqNumber;
 use crate::time::{Duration, Instant};
 use crate::wire::tcp::{TcpFlags, TcpRepr};
 
+mod autotune;
 mod input;
+mod options;
 mod output;
 mod recovery;
 mod timers;
@@ -55,6 +57,8 @@ mod tlp;
 
 #[cfg(test)]
 mod tests;
+
+pub use options::OptionChanges;
 
 /// Default of [`Config::keepalive_probes`]: unanswered keep-alive probes after which the
 /// connection fails (Linux's default 9).
@@ -152,6 +156,12 @@ pub struct Stats {
     pub recv_queue: usize,
     /// Out-of-order segments dropped because the reassembly range limit was hit.
     pub ooo_dropped: u64,
+    /// Disjoint out-of-order ranges held now (at most [`Config::max_ooo_ranges`]).
+    pub ooo_ranges: usize,
+    /// Receive buffer size now (it changes by auto-tuning or `set_recv_buffer`).
+    pub rx_buffer: usize,
+    /// Times auto-tuning grew the receive buffer ([`Config::rx_buffer_max`]).
+    pub rx_buffer_grown: u64,
     /// Challenge ACKs sent (RFC 5961).
     pub challenge_acks: u64,
     /// Tail loss probes sent (RFC 8985 §7), new data or a retransmission.
@@ -205,6 +215,7 @@ struct Counters {
     dsacks_sent: u64,
     spurious_recoveries_undone: u64,
     paws_rejected: u64,
+    rx_buffer_grown: u64,
 }
 
 /// One TCP connection (a transmission control block, RFC 9293 §3.3.1) and its buffers.
@@ -236,6 +247,8 @@ pub struct Connection {
     snd_wscale: u8,
     /// Peer's MSS option (or the default), clamped.
     peer_mss: u16,
+    /// The application's MSS clamp (`set_mss_clamp`), on top of the peer's and ours.
+    mss_clamp: Option<u16>,
     tx: TxRing,
     /// Sequence number of the first byte in `tx`.
     tx_base: SeqNumber,
@@ -253,6 +266,8 @@ pub struct Connection {
     offered_wscale: u8,
     rx: RxRing,
     assembler: Assembler,
+    /// Receive-buffer auto-tuning's measurements ([`Config::rx_buffer_max`]).
+    rcv_space: autotune::RcvSpace,
     /// The peer's FIN has been received in order (rcv_nxt includes it).
     fin_received: bool,
     /// Sequence number of a FIN that arrived ahead of missing data.
@@ -396,6 +411,12 @@ fn window_scale_for(buffer: usize) -> u8 {
     shift
 }
 
+/// The largest receive buffer a connection may reach, `size` or the auto-tuning maximum
+/// ([`Config::rx_buffer_max`]): what the window scale we offer must express.
+fn largest_rx_buffer(config: &Config, size: usize) -> usize {
+    size.max(config.rx_buffer_max.unwrap_or(0))
+}
+
 /// The TSval for `now` with a connection's `offset`: milliseconds, truncated to 32 bits
 /// (see the module docs).
 fn timestamp_value(now: Instant, offset: u32) -> u32 {
@@ -412,7 +433,7 @@ impl Connection {
         now: Instant,
     ) -> Connection {
         let offered_wscale = if config.window_scaling {
-            window_scale_for(config.rx_buffer)
+            window_scale_for(largest_rx_buffer(&config, config.rx_buffer))
         } else {
             0
         };
@@ -434,6 +455,7 @@ impl Connection {
             max_snd_wnd: 0,
             snd_wscale: 0,
             peer_mss: DEFAULT_PEER_MSS,
+            mss_clamp: None,
             tx: TxRing::new(config.tx_buffer),
             tx_base: isn + 1,
             fin_queued: false,
@@ -444,6 +466,7 @@ impl Connection {
             offered_wscale,
             rx: RxRing::new(config.rx_buffer),
             assembler: Assembler::new(config.max_ooo_ranges),
+            rcv_space: autotune::RcvSpace::default(),
             fin_received: false,
             pending_fin: None,
             sack_recent: [None; 4],
@@ -464,7 +487,7 @@ impl Connection {
             challenge_window_start: None,
             challenge_count: 0,
             rtt: RttEstimator::new(config.initial_rto, config.min_rto, config.max_rto),
-            send_times: SendTimes::new(config.tx_buffer / 512 * 2 + 64),
+            send_times: SendTimes::new(options::send_records_for(config.tx_buffer)),
             rtt_timed: None,
             rtx_deadline: None,
             syn_retries_done: 0,
@@ -484,7 +507,7 @@ impl Connection {
             prr_recover_fs: 0,
             prr_cwnd: None,
             undo: None,
-            rack: Rack::new(config.tx_buffer / 512 * 2 + 64),
+            rack: Rack::new(options::send_records_for(config.tx_buffer)),
             tlp_deadline: None,
             tlp_pending: false,
             tlp_high: None,
@@ -711,7 +734,9 @@ impl Connection {
                 return Ok(0);
             }
             self.window_update_check = true;
-            return Ok(self.rx.read(buf));
+            let n = self.rx.read(buf);
+            self.rcv_space.on_read(n);
+            return Ok(n);
         }
         if self.fin_received {
             return Ok(0);
@@ -736,7 +761,9 @@ impl Connection {
                 return Ok(0);
             }
             self.window_update_check = true;
-            return Ok(self.rx.read_with(max, sink));
+            let n = self.rx.read_with(max, sink);
+            self.rcv_space.on_read(n);
+            return Ok(n);
         }
         if self.fin_received {
             return Ok(0);
@@ -873,13 +900,22 @@ impl Connection {
     /// The effective send MSS: the peer's MSS and ours, less the timestamp option that
     /// every segment carries once negotiated (RFC 6691).
     pub fn send_mss(&self) -> usize {
-        let mss = usize::from(self.peer_mss.min(self.config.mss.max(MIN_PEER_MSS)));
+        let mss = usize::from(self.peer_mss.min(self.advertised_mss().max(MIN_PEER_MSS)));
         let opts = if self.ts_enabled {
             TIMESTAMP_OPTION_LEN
         } else {
             0
         };
         mss.saturating_sub(opts).max(1)
+    }
+
+    /// The MSS we advertise (or advertised) in our SYN: the configured one, lowered by an
+    /// MSS clamp set before the SYN went out. Also a bound on what we send.
+    fn advertised_mss(&self) -> u16 {
+        match self.mss_clamp {
+            Some(clamp) => self.config.mss.min(clamp),
+            None => self.config.mss,
+        }
     }
 
     /// The peer's MSS option as negotiated (536 if it sent none).
@@ -951,6 +987,9 @@ impl Connection {
             send_queue: self.tx.len(),
             recv_queue: self.rx.readable(),
             ooo_dropped: c.ooo_dropped,
+            ooo_ranges: self.assembler.range_count(),
+            rx_buffer: self.rx.capacity(),
+            rx_buffer_grown: c.rx_buffer_grown,
             challenge_acks: c.challenge_acks,
             tail_loss_probes: c.tail_loss_probes,
             tlp_recoveries: c.tlp_recoveries,

@@ -35,6 +35,8 @@ impl Connection {
                 payload_len: 0,
             });
         }
+        // Before any segment: a grown receive buffer goes out in this poll's window.
+        self.autotune_rx(now);
         let transmit = match self.state {
             State::Closed => None,
             State::SynSent | State::SynReceived if self.snd_nxt == self.iss => {
@@ -65,7 +67,7 @@ impl Connection {
             None
         };
         let mut options = TcpOptions {
-            mss: Some(self.config.mss),
+            mss: Some(self.advertised_mss()),
             ..TcpOptions::default()
         };
         // In a SYN-ACK only what the peer offered is echoed (RFC 7323 §1.3, RFC 2018 §2).
@@ -590,8 +592,8 @@ impl Connection {
                 let (lo, hi) = (rel as usize, seq_len(self.rcv_nxt, right));
                 containing = self
                     .assembler
-                    .ranges()
-                    .find(|&(offset, len)| offset <= lo && hi <= offset + len);
+                    .containing(lo)
+                    .filter(|&(offset, len)| hi <= offset + len);
             }
         }
         let recent_ranges = self.sack_recent.iter().flatten().filter_map(|seq| {
@@ -600,9 +602,7 @@ impl Connection {
                 return None;
             }
             let rel = rel as usize;
-            self.assembler
-                .ranges()
-                .find(|&(offset, len)| offset <= rel && rel < offset + len)
+            self.assembler.containing(rel)
         });
         for range in containing
             .into_iter()
