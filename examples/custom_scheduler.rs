@@ -72,8 +72,9 @@ impl NetScheduler for SizeSteering {
         Some(next)
     }
 
-    /// The slow-period hook, used here only to forget flows that are gone (the stack
-    /// does not carry out plans yet, so this wants no change of channels).
+    /// The slow-period hook, used here only to forget flows that are gone; it wants no
+    /// change of channels (a policy that returned `PlanAction`s here would have the stack
+    /// open, retire or pin channels: see `tests/vns_xdp.rs`, `FollowTarget`).
     fn plan(&mut self, snapshot: &StackSnapshot) -> Vec<PlanAction> {
         let live: BTreeSet<u64> = snapshot.flows.iter().map(|f| f.flow).collect();
         self.bulk_flows.retain(|f| live.contains(f));

@@ -389,3 +389,54 @@ fn oracle_regression_lossy_small_buffers() {
     ];
     run(ops, 15076262579989159836, 3, 0, false, true, (false, false));
 }
+
+/// Regression (found by `oracle_lossy_reordering`'s random seeds): after a loss pattern
+/// left one end's SND.MAX a byte below what the other had acknowledged, each end found the
+/// other's pure ACK out of window and answered it at once, forever (100,000+ ACKs, no
+/// convergence). Answers to out-of-window segments without data are now rate-limited
+/// (`Config::invalid_ack_interval`, as Linux's `tcp_invalid_ratelimit`), which breaks
+/// the loop; the transfer then completes and the oracle's checks hold.
+#[test]
+fn an_out_of_window_ack_loop_is_broken_by_the_rate_limit() {
+    use Op::*;
+    let ops = vec![
+        Write { a: false, n: 2648 },
+        Advance { ms: 1517 },
+        Read { a: false, n: 1 },
+        Read { a: true, n: 1624 },
+        Read { a: false, n: 1 },
+        Write { a: false, n: 1025 },
+        Write { a: false, n: 1 },
+        Write { a: false, n: 1 },
+        Read { a: false, n: 1 },
+        Write { a: true, n: 1449 },
+        Read { a: false, n: 1 },
+        Read { a: false, n: 1 },
+        Read { a: true, n: 1159 },
+        Advance { ms: 200 },
+        Write { a: true, n: 152 },
+        Read { a: false, n: 1 },
+        Write { a: false, n: 2605 },
+        Read { a: true, n: 1449 },
+        Advance { ms: 858 },
+        Write { a: true, n: 1448 },
+        Read { a: true, n: 1976 },
+        Write { a: true, n: 893 },
+        Advance { ms: 286 },
+        Read { a: false, n: 2817 },
+        Read { a: false, n: 1 },
+        Write { a: true, n: 1691 },
+        Write { a: false, n: 528 },
+        Advance { ms: 0 },
+        Write { a: false, n: 2048 },
+        Write { a: true, n: 232 },
+        Advance { ms: 858 },
+        Write { a: true, n: 1 },
+        Read { a: true, n: 1625 },
+        Close { a: true },
+        Advance { ms: 455 },
+        Write { a: false, n: 1025 },
+        Write { a: false, n: 1 },
+    ];
+    run(ops, 2729192589107940756, 8, 0, false, true, (false, true));
+}

@@ -450,6 +450,35 @@ fn out_of_window_data_is_acked_not_taken() {
     assert_eq!(h.conn.recv_queue(), 0);
 }
 
+/// Out-of-window segments without data are answered at most once per
+/// `Config::invalid_ack_interval` (500 ms, Linux's `tcp_invalid_ratelimit`): two ends
+/// that each find the other's ACK out of window would otherwise answer each other forever.
+/// Out-of-window data is always answered.
+#[test]
+fn acks_to_out_of_window_pure_acks_are_rate_limited() {
+    let mut h = established();
+    let c = challenge(&h);
+    let far = || TcpRepr {
+        seq: REMOTE_ISN + 20_000,
+        ..seg()
+    };
+    send!(h, far());
+    recv!(h, c);
+    send!(h, far());
+    recv_nothing!(h);
+    assert_eq!(h.conn.stats().oow_acks_suppressed, 1);
+    // Data out of the window still gets its ACK.
+    send!(h, far(), b"far");
+    recv!(h, c);
+    h.advance(ms(499));
+    send!(h, far());
+    recv_nothing!(h);
+    h.advance(ms(1));
+    send!(h, far());
+    recv!(h, c);
+    assert_eq!(h.conn.stats().oow_acks_suppressed, 2);
+}
+
 // ---- rst_for_unexpected (RFC 9293 §3.10.7.1) ----------------------------------------------
 
 #[test]

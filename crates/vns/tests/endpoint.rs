@@ -395,6 +395,58 @@ fn nagle_holds_short_chunks_while_data_is_unacknowledged() {
     sim.ends[A].check_invariants().unwrap();
 }
 
+/// A SYNC sent again (a retry) that arrives after the connection it opened is gone must
+/// not queue a phantom connection: the listener remembers the ports and initial sequence
+/// number of the SYNCs it accepted (TIME-WAIT's job for a late duplicate SYN). A SYNC
+/// from the same ports with another initial sequence number is a new connection.
+#[test]
+fn a_sync_repeated_after_its_connection_is_gone_queues_no_phantom() {
+    let mut sim = Sim::throughput(1, small_config(256), 4096, 14);
+    sim.ends[B].bind(95, 4).unwrap();
+    let (c, s) = connect(&mut sim, 95);
+    let (_, local, _) = sim.ends[A].socket_addr(c).unwrap();
+    // The first connection's ISN: `small_config` makes the series predictable.
+    let isn = Seq(0x4e43_0001);
+    let sync = |seq| {
+        let mut b = Vec::new();
+        ChunkRepr {
+            src_port: local,
+            dst_port: 95,
+            seq,
+            credit: 2048,
+            ty: ChunkType::Sync,
+            payload_len: 0,
+        }
+        .emit_to_vec(&[], &mut b);
+        b
+    };
+    // Close both ways; the sockets go.
+    sim.ends[A].shutdown(c).unwrap();
+    sim.ends[B].shutdown(s).unwrap();
+    sim.settle();
+    assert_eq!(sim.ends[A].recv(c, &mut [0; 1]), Ok(0));
+    assert_eq!(sim.ends[B].recv(s, &mut [0; 1]), Ok(0));
+    sim.ends[A].close(c);
+    sim.ends[B].close(s);
+    sim.settle();
+    assert!(
+        sim.ends[B].socket_stats(s).is_none(),
+        "the server socket is gone"
+    );
+    // The late copy of the first SYNC: dropped, nothing to accept.
+    sim.ends[B]
+        .handle_chunk_bytes(ChannelId(0), &sync(isn))
+        .unwrap();
+    assert_eq!(sim.ends[B].accept(95), Err(Error::WouldBlock));
+    assert_eq!(sim.ends[B].counters().duplicate_syncs, 1);
+    // Same ports, another ISN: a new connection.
+    sim.ends[B]
+        .handle_chunk_bytes(ChannelId(0), &sync(Seq(0x1234_5678)))
+        .unwrap();
+    assert!(sim.ends[B].accept(95).is_ok());
+    assert_eq!(sim.ends[B].counters().duplicate_syncs, 1);
+}
+
 #[test]
 fn half_close_then_read_to_eof_both_ways() {
     let mut sim = Sim::throughput(4, small_config(300), 700, 5);

@@ -57,10 +57,12 @@ async fn a_user_policy_places_every_chunk_and_stats_show_it() {
     let net = MemNetwork::new();
     let policy = HighestChannel::default();
     let (seen, planned_over) = (policy.seen.clone(), policy.planned_over.clone());
+    // Plans shown, not carried out: this policy always wants one more channel.
     let a = Stack::builder()
         .ipv4(A)
         .channels(3)
         .scheduler(policy)
+        .execute_plans(false)
         .build_in_memory(&net)
         .unwrap();
     let b = Stack::builder()
@@ -139,7 +141,8 @@ async fn a_user_policy_places_every_chunk_and_stats_show_it() {
     let over = planned_over.lock().unwrap().clone().unwrap();
     assert_eq!(over.channels.len(), 4);
     assert_eq!(over.cores, stats.cores);
-    assert_eq!(a.channel_count(), 4, "plans are not executed yet");
+    assert_eq!(a.channel_count(), 4, "plans off: nothing opened");
+    assert_eq!(a.plan_counters().plans, 0);
 }
 
 #[tokio::test]

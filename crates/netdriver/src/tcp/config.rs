@@ -149,6 +149,12 @@ pub struct Config {
     /// Challenge ACKs per second (RFC 5961 §7), counted per connection: a global counter
     /// leaks sequence state across connections (CVE-2016-5696). Default 10.
     pub challenge_ack_limit_per_sec: u32,
+    /// Shortest time between two ACKs answering out-of-window segments that carry no
+    /// data (RFC 9293 §3.10.7.4 answers every unacceptable segment with an ACK). Two ends
+    /// that each find the other's ACK out of window would otherwise answer each other
+    /// forever, an ACK loop; data segments are always answered. Default 500 ms, Linux's
+    /// `tcp_invalid_ratelimit`.
+    pub invalid_ack_interval: Duration,
 }
 
 impl Default for Config {
@@ -186,6 +192,7 @@ impl Default for Config {
             paws: true,
             paws_idle_limit: Duration::from_secs(24 * 24 * 60 * 60),
             challenge_ack_limit_per_sec: 10,
+            invalid_ack_interval: Duration::from_millis(500),
         }
     }
 }

@@ -21,6 +21,13 @@ use super::socket::{Key, State};
 use super::transmit::OutChunk;
 use super::{Endpoint, Error, Event, PeerId, Socket, SocketId, SocketOptions};
 
+/// Accepted SYNCs an endpoint remembers, so that one sent again after its connection is
+/// gone is not taken for a new one: a connection rate of 4,096 per [`SYNC_RETRY_MAX`]
+/// (3 s) and per shard before a late copy could be taken (about 100 KiB).
+///
+/// [`SYNC_RETRY_MAX`]: super::config::SYNC_RETRY_MAX
+pub(super) const SEEN_SYNCS: usize = 4096;
+
 #[derive(Debug)]
 pub(super) struct Listener {
     pub(super) backlog: usize,
@@ -191,6 +198,18 @@ impl Endpoint {
         Ok(sid)
     }
 
+    /// Remembers an accepted SYNC (at most [`SEEN_SYNCS`], the oldest forgotten first).
+    fn remember_sync(&mut self, key: Key, isn: Seq) {
+        if self.seen_sync_order.len() >= SEEN_SYNCS {
+            if let Some(old) = self.seen_sync_order.pop_front() {
+                self.seen_syncs.remove(&old);
+            }
+        }
+        if self.seen_syncs.insert((key, isn)) {
+            self.seen_sync_order.push_back((key, isn));
+        }
+    }
+
     /// Sends again the SYNC of each connecting socket whose SYNC_ACK is overdue (see
     /// [`Config::sync_retry`](super::Config::sync_retry)); forgets sockets that are no
     /// longer connecting. Returns the earliest next try.
@@ -318,6 +337,15 @@ impl Endpoint {
     }
 
     fn receive_sync(&mut self, ch: ChannelId, key: Key, h: ChunkRepr) {
+        // A SYNC sent again (`Config::sync_retry`) can arrive after the connection it
+        // opened has come and gone: the same ports and initial sequence number as one
+        // accepted before. Taking it would queue a phantom connection for `accept`, as a
+        // late duplicate SYN would without TIME-WAIT (RFC 9293 §3.6.1); it is dropped.
+        if self.seen_syncs.contains(&(key, h.seq)) {
+            debug!(?key, isn = %h.seq, "SYNC of a connection accepted before; dropped");
+            self.counters.duplicate_syncs += 1;
+            return;
+        }
         let Some(l) = self.listeners.get(&key.local) else {
             debug!(?key, "SYNC to a port nobody listens on; refusing");
             self.reply_reset(ch, key);
@@ -362,6 +390,7 @@ impl Endpoint {
         s.advertised = h.seq.plus(bufs.window as u32);
         s.channels_used.insert(ch);
         let sid = self.new_socket(s);
+        self.remember_sync(key, h.seq);
         self.listeners
             .get_mut(&key.local)
             .expect("checked")

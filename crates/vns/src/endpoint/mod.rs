@@ -163,6 +163,10 @@ pub struct Endpoint {
     nagle_unset: bool,
     /// A timer was added since [`Endpoint::timers_changed`] was last asked.
     timers_changed: bool,
+    /// Accepted SYNCs (ports and initial sequence number), at most
+    /// [`handshake::SEEN_SYNCS`], and their order for forgetting the oldest.
+    seen_syncs: HashSet<(socket::Key, crate::wire::Seq)>,
+    seen_sync_order: VecDeque<(socket::Key, crate::wire::Seq)>,
     counters: EndpointCounters,
 }
 
@@ -180,6 +184,7 @@ impl EndpointCounters {
         self.duplicate_chunks += o.duplicate_chunks;
         self.backlog_full_syncs += o.backlog_full_syncs;
         self.sync_retries += o.sync_retries;
+        self.duplicate_syncs += o.duplicate_syncs;
     }
 }
 
@@ -238,6 +243,9 @@ pub struct EndpointCounters {
     /// SYNCs this endpoint sent again because no SYNC_ACK had come within
     /// [`Config::sync_retry`] (a peer's backlog was full).
     pub sync_retries: u64,
+    /// SYNCs dropped because they repeated one accepted before (a retry that arrived
+    /// after its connection was gone).
+    pub duplicate_syncs: u64,
 }
 
 /// Chunk buffers an endpoint keeps for reuse (each of the maximum payload's capacity).
@@ -304,6 +312,8 @@ impl Endpoint {
             nagle_holds: BTreeMap::new(),
             nagle_unset: false,
             timers_changed: false,
+            seen_syncs: HashSet::new(),
+            seen_sync_order: VecDeque::new(),
             counters: EndpointCounters::default(),
         })
     }

@@ -175,7 +175,11 @@ impl Connection {
             if !payload.is_empty() && (seq + payload.len()).distance_from(self.rcv_nxt) <= 0 {
                 self.note_duplicate(seq, seq + payload.len());
             }
-            self.ack_now = true;
+            if seg_len > 0 {
+                self.ack_now = true;
+            } else {
+                self.oow_ack(now);
+            }
             return;
         }
         self.last_rcv = now;

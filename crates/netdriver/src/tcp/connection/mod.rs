@@ -164,6 +164,9 @@ pub struct Stats {
     pub rx_buffer_grown: u64,
     /// Challenge ACKs sent (RFC 5961).
     pub challenge_acks: u64,
+    /// Out-of-window segments without data left unanswered by the rate limit
+    /// ([`Config::invalid_ack_interval`]): an ACK loop broken.
+    pub oow_acks_suppressed: u64,
     /// Tail loss probes sent (RFC 8985 §7), new data or a retransmission.
     pub tail_loss_probes: u64,
     /// Losses repaired by a retransmitted probe, which cost a congestion response
@@ -209,6 +212,7 @@ struct Counters {
     rto_timeouts: u64,
     ooo_dropped: u64,
     challenge_acks: u64,
+    oow_acks_suppressed: u64,
     tail_loss_probes: u64,
     tlp_recoveries: u64,
     limited_transmits: u64,
@@ -308,6 +312,9 @@ pub struct Connection {
     /// Start of the current one-second challenge-ACK accounting window (RFC 5961 §7).
     challenge_window_start: Option<Instant>,
     challenge_count: u32,
+    /// When an out-of-window segment without data was last answered (rate limit,
+    /// [`Config::invalid_ack_interval`]).
+    last_oow_ack: Option<Instant>,
 
     // ---- retransmission ----
     rtt: RttEstimator,
@@ -486,6 +493,7 @@ impl Connection {
             dsack: None,
             challenge_window_start: None,
             challenge_count: 0,
+            last_oow_ack: None,
             rtt: RttEstimator::new(config.initial_rto, config.min_rto, config.max_rto),
             send_times: SendTimes::new(options::send_records_for(config.tx_buffer)),
             rtt_timed: None,
@@ -991,6 +999,7 @@ impl Connection {
             rx_buffer: self.rx.capacity(),
             rx_buffer_grown: c.rx_buffer_grown,
             challenge_acks: c.challenge_acks,
+            oow_acks_suppressed: c.oow_acks_suppressed,
             tail_loss_probes: c.tail_loss_probes,
             tlp_recoveries: c.tlp_recoveries,
             limited_transmits: c.limited_transmits,
@@ -1093,6 +1102,23 @@ impl Connection {
 
     /// Queues a challenge ACK unless this connection's per-second budget is spent
     /// (RFC 5961 §7; per connection, never global: CVE-2016-5696).
+    /// Answers an out-of-window segment without data with an ACK, at most once per
+    /// [`Config::invalid_ack_interval`] (Linux's `tcp_oow_rate_limited`): such answers
+    /// are what two ends in an ACK loop keep sending each other.
+    fn oow_ack(&mut self, now: Instant) {
+        let interval = self.config.invalid_ack_interval;
+        if self
+            .last_oow_ack
+            .is_some_and(|t| now.saturating_duration_since(t) < interval)
+        {
+            self.counters.oow_acks_suppressed += 1;
+            trace!("tcp: ACK to an out-of-window segment suppressed by rate limit");
+            return;
+        }
+        self.last_oow_ack = Some(now);
+        self.ack_now = true;
+    }
+
     fn challenge_ack(&mut self, now: Instant) {
         let window_expired = match self.challenge_window_start {
             Some(start) => now.saturating_duration_since(start) >= Duration::from_secs(1),
