@@ -513,9 +513,9 @@ impl StackBuilder {
     }
 
     /// The policy that places chunks on channels (default [`RoundRobin`]); see
-    /// [`netsched::NetScheduler`] to write one. Its per-chunk decisions are used; its
-    /// plans are only computed on request ([`Stack::scheduler_plan`]), not carried out
-    /// yet, and copy workers still share copies evenly rather than through
+    /// [`netsched::NetScheduler`] to write one. Its per-chunk decisions are used, its
+    /// plans carried out every plan period ([`StackBuilder::execute_plans`]); copy
+    /// workers still share copies evenly rather than through
     /// [`pick_copy_worker`](netsched::NetScheduler::pick_copy_worker).
     pub fn scheduler(mut self, s: impl NetScheduler + 'static) -> Self {
         self.scheduler = Box::new(s);
