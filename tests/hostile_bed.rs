@@ -38,6 +38,19 @@ use testbed::{testbed_or_skip, Side, TestBed};
 mod support;
 
 const PORT: u16 = 7000;
+
+/// The tests of this file run one at a time: each starts an echo server and floods it
+/// (a million chunks, a spoofed-SYN flood) while a legitimate client measures it, and
+/// three at once on a 2-core machine starve each other. Under that starvation the
+/// zero-window test's flood sometimes stalls (the server stops taking the attacker's
+/// channel until its TCP gives up on it, about 2 in 9 runs with three copies of it at
+/// once, and as often on the code before 2026-11-26's changes). That stall is an open
+/// problem of its own, not what these tests measure.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
 const CHANNEL_PORT: u16 = 9000;
 const BYTES: &str = "2M";
 const BYTES_N: u64 = 2_000_000;
@@ -203,6 +216,7 @@ fn assert_alive(server: &mut ExampleServer, after: &str) {
 /// The chunk-format attacks, one after the other, each followed by a legitimate echo.
 #[test]
 fn echo_server_survives_hand_written_chunk_attacks() {
+    let _serial = one_at_a_time();
     let Some(bed) = testbed_or_skip(TestBed::builder()) else {
         return;
     };
@@ -634,6 +648,7 @@ fn mib(bytes: u64) -> f64 {
 /// client's chunks, which would wait behind the shut window.
 #[test]
 fn zero_window_channel_flooded_with_data_for_unknown_sockets() {
+    let _serial = one_at_a_time();
     let Some(bed) = testbed_or_skip(TestBed::builder()) else {
         return;
     };
@@ -892,6 +907,7 @@ fn spoofed_syn(
 /// (only an MSS option, where an ordinary SYN-ACK negotiates window scaling).
 #[test]
 fn legitimate_channels_open_through_a_spoofed_syn_flood() {
+    let _serial = one_at_a_time();
     let Some(bed) = testbed_or_skip(TestBed::builder()) else {
         return;
     };
