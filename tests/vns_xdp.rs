@@ -23,6 +23,17 @@ const STREAMS: u32 = 64;
 const PER_STREAM: usize = 256 * 1024;
 const LIMIT: Duration = Duration::from_secs(120);
 
+/// The tests of this file run one at a time. Each drives two stacks and large transfers
+/// through the bed; ten at once on a 2-core machine starve each other, and under that
+/// starvation a transfer across a channel fault sometimes stalls (seen once in a clean
+/// run of all ten together, 2026-11-26; like the stall of `hostile_bed.rs`'s flood, an
+/// open problem of its own, not what these tests measure).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn stack_in(bed: &TestBed, side: Side) -> Stack {
     stack_with_workers_in(bed, side, 0)
 }
@@ -108,6 +119,7 @@ async fn recv_pattern(s: &mut VirtualStream, tag: u64) -> u64 {
 
 #[test]
 fn two_stacks_over_af_xdp() {
+    let _serial = one_at_a_time();
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
@@ -249,6 +261,7 @@ fn two_stacks_over_af_xdp() {
 
 #[test]
 fn plain_kernel_tcp_peers_over_af_xdp() {
+    let _serial = one_at_a_time();
     use std::io::{Read, Write};
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
@@ -343,6 +356,7 @@ fn plain_kernel_tcp_peers_over_af_xdp() {
 /// went through the workers of both stacks (2 each).
 #[test]
 fn copy_workers_over_af_xdp() {
+    let _serial = one_at_a_time();
     const IO: usize = 1 << 20;
     const HELD: u64 = 3 << 20;
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
@@ -451,6 +465,7 @@ async fn exchange(s: &mut VirtualStream, tag: u64, n: u64) {
 /// gone.
 #[test]
 fn run_to_completion_receive_over_af_xdp() {
+    let _serial = one_at_a_time();
     use netchannel::AppClass;
 
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
@@ -876,6 +891,7 @@ fn transfer_through(fault: Fault) {
 /// peer receives a real RST from the wire); every byte arrives once, in order.
 #[test]
 fn channel_resets_mid_transfer_lose_nothing_over_af_xdp() {
+    let _serial = one_at_a_time();
     transfer_through(Fault::StackResets);
 }
 
@@ -884,6 +900,7 @@ fn channel_resets_mid_transfer_lose_nothing_over_af_xdp() {
 /// a channel mid-transfer; every byte arrives once, in order.
 #[test]
 fn forged_rst_from_the_wire_mid_transfer_loses_nothing_over_af_xdp() {
+    let _serial = one_at_a_time();
     transfer_through(Fault::WireRst);
 }
 
@@ -892,6 +909,7 @@ fn forged_rst_from_the_wire_mid_transfer_loses_nothing_over_af_xdp() {
 /// the sender by its user timeout or keep-alive; every byte arrives once, in order.
 #[test]
 fn killed_channel_thread_mid_transfer_loses_nothing_over_af_xdp() {
+    let _serial = one_at_a_time();
     transfer_through(Fault::KilledThread { runtime_rx: false });
 }
 
@@ -900,6 +918,7 @@ fn killed_channel_thread_mid_transfer_loses_nothing_over_af_xdp() {
 /// queue is served by nobody, so the sender still notices the death.
 #[test]
 fn killed_channel_thread_with_runtime_rx_loses_nothing_over_af_xdp() {
+    let _serial = one_at_a_time();
     transfer_through(Fault::KilledThread { runtime_rx: true });
 }
 
@@ -1124,6 +1143,7 @@ impl netchannel::sched::NetScheduler for FollowTarget {
 /// byte arrives once, in order, and both stacks end with one channel.
 #[test]
 fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
+    let _serial = one_at_a_time();
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
@@ -1318,6 +1338,7 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
 /// bulk bytes, and no thread runs channels of both classes.
 #[test]
 fn isolating_keeps_latency_streams_off_bulk_channels_threads_and_cores() {
+    let _serial = one_at_a_time();
     use netchannel::sched::{ChannelClass, Isolating};
     use netchannel::AppClass;
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
