@@ -1405,7 +1405,22 @@ fn isolating_keeps_latency_streams_off_bulk_channels_threads_and_cores() {
         });
         let echo = tokio::spawn(async move {
             let (mut s, _) = lat_l.accept().await.unwrap();
-            s.set_app_class(AppClass::Latency).unwrap();
+            // B accepts A's channels one by one: the latency one may join after this
+            // socket's SYNC came in on a throughput one (then there is no channel of the
+            // class yet, `AddrNotAvailable`).
+            timeout(LIMIT, async {
+                loop {
+                    match s.set_app_class(AppClass::Latency) {
+                        Ok(()) => break,
+                        Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {
+                            tokio::time::sleep(Duration::from_millis(1)).await
+                        }
+                        Err(e) => panic!("set_app_class: {e}"),
+                    }
+                }
+            })
+            .await
+            .expect("B never got its latency channel");
             let mut buf = vec![0u8; MSG];
             for _ in 0..PINGS {
                 s.read_exact(&mut buf).await.unwrap();
