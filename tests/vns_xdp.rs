@@ -851,7 +851,7 @@ fn transfer_through(fault: Fault) {
                 // the released port no more than the stack does, answers with a RST)
                 // or by keep-alive.
                 assert!(
-                    wait_for(LIMIT, || b.channel_count() == CHANNELS),
+                    timeout(LIMIT, b.channels_reach(CHANNELS)).await.is_ok(),
                     "the receiver still holds {} channels",
                     b.channel_count()
                 );
@@ -868,7 +868,9 @@ fn transfer_through(fault: Fault) {
                 // The sender's halves of those channels see no answer: its user timeout
                 // (data in flight) or keep-alive (idle) fails them.
                 assert!(
-                    wait_for(LIMIT, || a.channel_count() == CHANNELS + 1 - on_q),
+                    timeout(LIMIT, a.channels_reach(CHANNELS + 1 - on_q))
+                        .await
+                        .is_ok(),
                     "the sender still holds {} channels",
                     a.channel_count()
                 );
@@ -1277,24 +1279,16 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
         .await
         .expect("small streams stalled while channels scaled");
         // However far the scaling got during the transfer, it completes the round trip.
-        let reached = |stack: &Stack, n: usize| {
-            let stack = stack.clone();
-            async move {
-                while stack.channel_count() != n {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-            }
-        };
         if phase < 2 {
-            timeout(LIMIT, reached(&a, 4))
+            timeout(LIMIT, a.channels_reach(4))
                 .await
                 .expect("never 4 channels");
             target.store(1, Ordering::Relaxed);
         }
-        timeout(LIMIT, reached(&a, 1))
+        timeout(LIMIT, a.channels_reach(1))
             .await
             .expect("A never back to 1 channel");
-        timeout(LIMIT, reached(&b, 1))
+        timeout(LIMIT, b.channels_reach(1))
             .await
             .expect("B never back to 1 channel");
         let pc = a.plan_counters();
@@ -1403,24 +1397,16 @@ fn isolating_keeps_latency_streams_off_bulk_channels_threads_and_cores() {
             }
             total
         });
+        let b2 = b.clone();
         let echo = tokio::spawn(async move {
             let (mut s, _) = lat_l.accept().await.unwrap();
             // B accepts A's channels one by one: the latency one may join after this
-            // socket's SYNC came in on a throughput one (then there is no channel of the
-            // class yet, `AddrNotAvailable`).
-            timeout(LIMIT, async {
-                loop {
-                    match s.set_app_class(AppClass::Latency) {
-                        Ok(()) => break,
-                        Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {
-                            tokio::time::sleep(Duration::from_millis(1)).await
-                        }
-                        Err(e) => panic!("set_app_class: {e}"),
-                    }
-                }
-            })
-            .await
-            .expect("B never got its latency channel");
+            // socket's SYNC came in on a throughput one (until then there is no channel
+            // of the class, `AddrNotAvailable`). All three (2 + 1) are there first.
+            timeout(LIMIT, b2.channels_reach(3))
+                .await
+                .expect("B never got its latency channel");
+            s.set_app_class(AppClass::Latency).unwrap();
             let mut buf = vec![0u8; MSG];
             for _ in 0..PINGS {
                 s.read_exact(&mut buf).await.unwrap();
@@ -1457,14 +1443,17 @@ fn isolating_keeps_latency_streams_off_bulk_channels_threads_and_cores() {
         }
         assert_eq!(timeout(LIMIT, sink).await.unwrap().unwrap(), 4 * BULK);
         timeout(LIMIT, echo).await.unwrap().unwrap();
-        // The plans pinned the latency thread and the bulk thread (a plan period or two).
-        timeout(LIMIT, async {
-            while a.plan_counters().pinned < 2 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("threads not pinned apart: {:?}", a.plan_counters()));
+        // The plans pinned the latency thread and the bulk thread (a plan period after
+        // the channels were there, long before now; two more plans to be sure).
+        let asked = a.plan_counters().plans;
+        timeout(LIMIT, a.plans_reach(asked + 2))
+            .await
+            .expect("no more plans were asked for");
+        assert!(
+            a.plan_counters().pinned >= 2,
+            "threads not pinned apart: {:?}",
+            a.plan_counters()
+        );
         for (name, stack) in [("A", &a), ("B", &b)] {
             let st = stack.stats();
             let threads_of = |class| -> std::collections::BTreeSet<_> {

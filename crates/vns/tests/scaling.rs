@@ -71,38 +71,33 @@ fn pattern(tag: u32, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Waits (polling the stack's own figure, bounded) until `a` holds `n` channels.
+/// Waits (woken by the stack's driver, bounded) until `a` holds `n` channels.
 async fn channels_become(a: &Stack, n: usize) {
-    timeout(LIMIT, async {
-        while a.channel_count() != n {
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("never reached {n} channels (at {})", a.channel_count()));
+    timeout(LIMIT, a.channels_reach(n))
+        .await
+        .unwrap_or_else(|_| panic!("never reached {n} channels (at {})", a.channel_count()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plans_scale_channels_1_to_4_to_1_under_load_losing_nothing() {
+/// Stack A with `FollowTarget` (starting at `target` channels) and stack B, one
+/// throughput channel each and no latency channel, over one in-memory network.
+fn one_channel_pair(target: usize) -> (MemNetwork, Arc<AtomicUsize>, Stack, Stack) {
     let net = MemNetwork::new();
-    let target = Arc::new(AtomicUsize::new(1));
-    let a = Stack::builder()
-        .ipv4(A)
-        .channels(1)
-        .latency_channels(0)
+    let target = Arc::new(AtomicUsize::new(target));
+    let one = |ip| Stack::builder().ipv4(ip).channels(1).latency_channels(0);
+    let a = one(A)
         .scheduler(FollowTarget {
             target: target.clone(),
             next: 0,
         })
         .build_in_memory(&net)
         .unwrap();
-    let b = Stack::builder()
-        .ipv4(B)
-        .channels(1)
-        .latency_channels(0)
-        .build_in_memory(&net)
-        .unwrap();
+    let b = one(B).build_in_memory(&net).unwrap();
+    (net, target, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_scale_channels_1_to_4_to_1_under_load_losing_nothing() {
+    let (_net, target, a, b) = one_channel_pair(1);
     let at = |port| SocketAddr::from(SocketAddrV4::new(B, port));
     const BIG: usize = 8 << 20;
     const SMALL: u32 = 16;
@@ -219,36 +214,17 @@ async fn plans_scale_channels_1_to_4_to_1_under_load_losing_nothing() {
 /// are refused, not carried out; with plans off, nothing is done at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plans_never_retire_the_last_channel() {
-    let net = MemNetwork::new();
-    let target = Arc::new(AtomicUsize::new(0));
-    let a = Stack::builder()
-        .ipv4(A)
-        .channels(1)
-        .latency_channels(0)
-        .scheduler(FollowTarget {
-            target: target.clone(),
-            next: 0,
-        })
-        .build_in_memory(&net)
-        .unwrap();
-    let b = Stack::builder()
-        .ipv4(B)
-        .channels(1)
-        .latency_channels(0)
-        .build_in_memory(&net)
-        .unwrap();
+    let (net, target, a, b) = one_channel_pair(0);
     let at = SocketAddr::from(SocketAddrV4::new(B, 7810));
     let l = b.bind(at).await.unwrap();
     let mut c = a.connect(at).await.unwrap();
     let (mut s, _) = l.accept().await.unwrap();
-    // Target 0: every plan asks to close the only channel, and is refused.
-    timeout(LIMIT, async {
-        while a.plan_counters().refused < 3 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await
-    .expect("the plans were never asked for");
+    // Target 0: every plan since the channel exists asks to close it, and is refused.
+    let asked = a.plan_counters().plans;
+    timeout(LIMIT, a.plans_reach(asked + 3))
+        .await
+        .expect("the plans were never asked for");
+    assert!(a.plan_counters().refused >= 3, "{:?}", a.plan_counters());
     assert_eq!(a.channel_count(), 1);
     assert_eq!(a.plan_counters().retired, 0);
     c.write_all(b"still here").await.unwrap();

@@ -227,6 +227,10 @@ pub(crate) enum Goal {
     Drained,
     /// The stack holds no channel.
     NoChannels,
+    /// The stack holds exactly this many channels.
+    Channels(usize),
+    /// The driver has asked the scheduler for at least this many plans.
+    Plans(u64),
     /// The driver has stopped.
     Stopped,
 }
@@ -1150,7 +1154,9 @@ impl Core {
             || pos.is_some_and(|p| ctl.waiters[p].reached)
             || (goal == Goal::NoChannels
                 && self.chans.load().is_empty()
-                && ctl.closing_chans.is_empty());
+                && ctl.closing_chans.is_empty())
+            || goal == Goal::Channels(self.chans.load().len())
+            || matches!(goal, Goal::Plans(k) if ctl.plans.counters.plans >= k);
         if reached {
             if let Some(p) = pos {
                 ctl.waiters.swap_remove(p);
@@ -1439,10 +1445,13 @@ impl Core {
         }
         let mut next = None;
         let no_channels = self.chans.load().is_empty() && ctl.closing_chans.is_empty();
+        let (channels, plans) = (self.chans.load().len(), ctl.plans.counters.plans);
         for w in ctl.waiters.iter_mut().filter(|w| !w.reached) {
             let reached = match w.goal {
                 Goal::Drained => drained,
                 Goal::NoChannels => no_channels,
+                Goal::Channels(n) => channels == n,
+                Goal::Plans(k) => plans >= k,
                 Goal::Stopped => false,
             };
             if reached {

@@ -1715,6 +1715,23 @@ impl Stack {
     pub fn channels_closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         Wait::new(self.core().clone(), driver::Goal::NoChannels)
     }
+
+    /// Resolves once the stack holds exactly `n` channels ([`Stack::channel_count`]),
+    /// or has stopped: for watching run-time scaling ([`StackBuilder::execute_plans`]).
+    /// Woken by the driver's round after channels come and go; no polling.
+    pub fn channels_reach(
+        &self,
+        n: usize,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        Wait::new(self.core().clone(), driver::Goal::Channels(n))
+    }
+
+    /// Resolves once the driver has asked the scheduler for at least `k` plans in all
+    /// ([`PlanCounters::plans`]) and carried them out, or the stack has stopped. Woken by
+    /// the driver's round; no polling.
+    pub fn plans_reach(&self, k: u64) -> impl std::future::Future<Output = ()> + Send + 'static {
+        Wait::new(self.core().clone(), driver::Goal::Plans(k))
+    }
 }
 
 /// A wait for a [`driver::Goal`], woken by the driver.
