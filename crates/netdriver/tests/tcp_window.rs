@@ -351,3 +351,90 @@ fn retransmission_timeout_probes_a_window_that_closed_with_data_outstanding() {
     t.send(t.seg().ack(l(100)).win(3000));
     assert_eq!(t.conn.send_queue(), 0);
 }
+
+/// Regression (found on the bed: a Linux peer at its defaults with a small `SO_RCVBUF`
+/// that never reads): data is in flight when the peer runs out of receive memory. Linux
+/// then drops what arrives and answers each segment with a zero-window ACK that
+/// acknowledges nothing new (`ICSK_ACK_NOMEM`). The persist timer is not armed (data is
+/// outstanding), so our retransmission timer probes the window; those probes are
+/// answered, which RFC 9293 §3.8.6.1 (RFC 1122 §4.2.2.17) says must keep the connection
+/// open. Before the fix the user timeout counted only acknowledged progress, so 30 s of
+/// answered probes ended the channel with a RST.
+#[test]
+fn answered_probes_into_a_window_closed_with_data_outstanding_keep_the_connection() {
+    let config = Config {
+        user_timeout: ms(1000),
+        max_rto: ms(2000),
+        ..test_config()
+    };
+    let mut t = Tcb::established(config, PeerOpts::default());
+    t.conn.set_nodelay(true);
+    let d = data(100);
+    let start = t.now;
+    t.app_send(&d);
+    t.expect(t.out().seq(l(0)).payload(&d));
+    t.expect_none();
+    // The peer drops the segment for lack of memory and says its window is closed.
+    t.send(t.seg().ack(l(0)).win(0));
+    t.expect_none();
+    // Each retransmission is a probe the peer answers the same way, for far longer than
+    // the user timeout.
+    let mut probes = 0;
+    while t.now < start + ms(10_000) {
+        t.fire();
+        t.expect(t.out().seq(l(0)).payload(&d[..1]));
+        t.expect_none();
+        t.send(t.seg().ack(l(0)).win(0));
+        assert_eq!(t.conn.state(), State::Established, "after {probes} probes");
+        probes += 1;
+    }
+    assert_eq!(t.conn.error(), None);
+    assert!(probes >= 5, "{probes} probes in 10 s");
+    // The peer reads: the window opens and everything goes.
+    t.send(t.seg().ack(l(0)).win(4000));
+    t.expect(t.out().seq(l(0)).payload(&d));
+    t.expect_none();
+    t.send(t.seg().ack(l(100)).win(4000));
+    assert_eq!(t.conn.send_queue(), 0);
+}
+
+/// The other side of the above: once the peer stops answering the probes into its closed
+/// window, the user timeout runs from its last answer and the connection fails.
+#[test]
+fn unanswered_probes_into_a_window_closed_with_data_outstanding_time_out() {
+    let config = Config {
+        user_timeout: ms(1000),
+        max_rto: ms(2000),
+        ..test_config()
+    };
+    let mut t = Tcb::established(config, PeerOpts::default());
+    t.conn.set_nodelay(true);
+    let d = data(100);
+    t.app_send(&d);
+    t.expect(t.out().seq(l(0)).payload(&d));
+    t.send(t.seg().ack(l(0)).win(0));
+    for _ in 0..3 {
+        t.fire();
+        t.expect(t.out().seq(l(0)).payload(&d[..1]));
+        t.send(t.seg().ack(l(0)).win(0));
+    }
+    let last_answer = t.now;
+    // Silence from here: probes go unanswered until the user timeout has passed since
+    // the last answer.
+    for _ in 0..20 {
+        let at = t.fire();
+        let out = t.drain();
+        if t.conn.state() == State::Closed {
+            assert!(
+                at >= last_answer + ms(1000),
+                "gave up at {:?}",
+                at - last_answer
+            );
+            assert!(at <= last_answer + ms(1000) + ms(2000), "gave up late");
+            assert!(out.iter().any(|s| s.repr.flags.rst()));
+            break;
+        }
+    }
+    assert_eq!(t.conn.state(), State::Closed, "still probing a silent peer");
+    assert_eq!(t.conn.error(), Some(netdriver::tcp::TcpError::TimedOut));
+}

@@ -465,8 +465,29 @@ impl Connection {
                     self.persist_deadline = None;
                     self.persist_backoff = 0;
                     self.persist_force = false;
+                    if old_wnd == 0
+                        && advance == 0
+                        && self.snd_una.distance_from(self.snd_nxt) < 0
+                        && self.snd_nxt.distance_from(self.snd_max) < 0
+                    {
+                        // Going back N after an RTO, and the window opened without taking
+                        // what was resent into it (the probe octet was dropped): resend
+                        // from SND.UNA rather than leave that octet for the next RTO.
+                        self.snd_nxt = self.snd_una;
+                    }
                 }
             }
+        }
+        // RFC 9293 §3.8.6.1 (RFC 1122 §4.2.2.17): a receiver that keeps answering with a
+        // closed window is alive, however long it holds the window shut. With data in
+        // flight the probes are our retransmissions (the persist timer is not armed), and
+        // a peer out of receive memory (Linux's ICSK_ACK_NOMEM) acknowledges nothing new;
+        // while its last answer stands the user timeout is not running, and it restarts at
+        // the next probe, as for persist probes (`unanswered_probes_give_up_after_user_timeout`).
+        if self.snd_wnd > 0 || advance > 0 {
+            self.closed_window_answered = false;
+        } else if advance == 0 && self.snd_una != self.snd_max && self.state.is_synchronized() {
+            self.closed_window_answered = true;
         }
     }
 

@@ -395,6 +395,10 @@ pub struct Connection {
     /// persist timer gives up only on this: answered probes keep the connection open
     /// however long the window stays closed (RFC 1122 §4.2.2.17).
     probe_unanswered_since: Option<Instant>,
+    /// The peer answered with a closed window while our data was in flight: the next
+    /// retransmission into that window is a fresh probe, and the user timeout counts from
+    /// it (RFC 9293 §3.8.6.1).
+    closed_window_answered: bool,
 
     // ---- keep-alive, TIME-WAIT, reset ----
     keepalive_deadline: Option<Instant>,
@@ -529,6 +533,7 @@ impl Connection {
             rto_probe: false,
             probe_end: None,
             probe_unanswered_since: None,
+            closed_window_answered: false,
             keepalive_deadline: None,
             keepalive_probes_out: 0,
             keepalive_pending: false,

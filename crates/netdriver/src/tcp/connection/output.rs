@@ -206,6 +206,10 @@ impl Connection {
                 // timer is not armed; if the RTO only rewound SND.NXT and then obeyed the
                 // window, a lost window update would leave both ends waiting for ever.
                 self.rto_probe = false;
+                if std::mem::take(&mut self.closed_window_answered) {
+                    // The last probe was answered: the user timeout restarts here.
+                    self.last_progress = now;
+                }
                 let seq = self.snd_nxt;
                 return Some(self.emit_data(
                     now,

@@ -18,8 +18,9 @@ impl Connection {
         if self.state == State::Closed {
             return None;
         }
-        let user_timeout =
-            (self.snd_una != self.snd_max).then(|| self.last_progress + self.config.user_timeout);
+        let user_timeout = self
+            .user_timeout_running()
+            .then(|| self.last_progress + self.config.user_timeout);
         [
             self.rtx_deadline,
             self.tlp_deadline,
@@ -48,7 +49,7 @@ impl Connection {
             }
         }
         // §3.8.3 user timeout: outstanding sequence space without progress.
-        if self.snd_una != self.snd_max && now >= self.last_progress + self.config.user_timeout {
+        if self.user_timeout_running() && now >= self.last_progress + self.config.user_timeout {
             let in_handshake = matches!(self.state, State::SynSent);
             self.fail(TcpError::TimedOut, !in_handshake);
             return;
@@ -100,6 +101,13 @@ impl Connection {
                 self.on_keepalive_timeout(now);
             }
         }
+    }
+
+    /// Whether the §3.8.3 user timeout runs: sequence space is outstanding, and the peer
+    /// has not answered our last probe into its closed window (§3.8.6.1: an answering
+    /// receiver is never timed out; the next probe restarts the clock).
+    fn user_timeout_running(&self) -> bool {
+        self.snd_una != self.snd_max && !self.closed_window_answered
     }
 
     /// RFC 6298 §5.4-5.7: retransmit the earliest unacknowledged segment, back off the
