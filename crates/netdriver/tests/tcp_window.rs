@@ -438,3 +438,46 @@ fn unanswered_probes_into_a_window_closed_with_data_outstanding_time_out() {
     assert_eq!(t.conn.state(), State::Closed, "still probing a silent peer");
     assert_eq!(t.conn.error(), Some(netdriver::tcp::TcpError::TimedOut));
 }
+
+/// Regression (found on the bed with the same Linux peer as above): once the peer has
+/// dropped our data in flight and closed its window, it accepts a segment only at its
+/// RCV.NXT, which is our SND.UNA (RFC 9293 §3.10.7.4: with RCV.WND = 0 a zero-length
+/// segment is acceptable only when SEG.SEQ = RCV.NXT). Our ACKs of its data carried
+/// SND.MAX, so it dropped every one of them: its own data was never acknowledged and its
+/// sending stalled until its retransmissions gave up. A segment without data now carries
+/// the right edge of the peer's window when SND.MAX lies beyond it (as Linux's
+/// `tcp_acceptable_seq` does).
+#[test]
+fn acks_into_a_closed_window_carry_its_right_edge() {
+    let mut t = Tcb::established(test_config(), PeerOpts::default());
+    t.conn.set_nodelay(true);
+    let d = data(100);
+    t.app_send(&d);
+    t.expect(t.out().seq(l(0)).payload(&d));
+    t.expect_none();
+    // The peer drops it for lack of memory and closes its window; then sends data.
+    t.send(t.seg().ack(l(0)).win(0));
+    t.expect_none();
+    t.send(t.seg().ack(l(0)).win(0).payload(b"hello"));
+    t.expect(t.out().seq(l(0)).ack(r(5)).win(t.window_for(BUF - 5)));
+    t.expect_none();
+    // After the RTO's one-octet probe the ACKs still carry SND.UNA.
+    t.fire();
+    t.expect(
+        t.out()
+            .seq(l(0))
+            .ack(r(5))
+            .win(t.window_for(BUF - 5))
+            .payload(&d[..1]),
+    );
+    t.expect_none();
+    t.send(t.seg().seq(r(5)).ack(l(0)).win(0).payload(b"world"));
+    t.expect(t.out().seq(l(0)).ack(r(10)).win(t.window_for(BUF - 10)));
+    t.expect_none();
+    // With the window open again, an ACK carries SND.MAX as before.
+    t.send(t.seg().seq(r(10)).ack(l(0)).win(4000));
+    t.expect(t.out().seq(l(0)).ack(r(10)).win(t.window_for(BUF - 10)).payload(&d));
+    t.expect_none();
+    t.send(t.seg().seq(r(10)).ack(l(0)).win(4000).payload(b"!"));
+    t.expect(t.out().seq(l(100)).ack(r(11)).win(t.window_for(BUF - 11)));
+}

@@ -513,10 +513,7 @@ impl Connection {
             return None;
         }
         let options = self.data_options(now);
-        // SND.MAX, not SND.NXT: after an RTO rewound SND.NXT (go-back-N), an ACK with the
-        // rewound number lies left of the peer's window and would be dropped unread
-        // (RFC 9293 §3.10.7.4), deadlocking two senders that both retransmit.
-        let repr = self.finish_segment(self.snd_max, TcpFlags::ACK, options);
+        let repr = self.finish_segment(self.ack_seq(), TcpFlags::ACK, options);
         trace!(
             ack = self.rcv_nxt.0,
             window = repr.window,
@@ -526,6 +523,24 @@ impl Connection {
             repr,
             payload_len: 0,
         })
+    }
+
+    /// The sequence number of a segment without data: one the peer accepts
+    /// (RFC 9293 §3.10.7.4), else it drops the segment unread, ACK and window included.
+    ///
+    /// SND.MAX, not SND.NXT: after an RTO rewound SND.NXT (go-back-N), the rewound number
+    /// lies left of the peer's window, which deadlocks two senders that both retransmit.
+    /// But not beyond the right edge of the peer's window either: a peer that dropped
+    /// our data in flight and closed its window (Linux out of receive memory) accepts
+    /// only its RCV.NXT, which is then SND.UNA + SND.WND (Linux's `tcp_acceptable_seq`
+    /// makes the same choice).
+    fn ack_seq(&self) -> SeqNumber {
+        let right_edge = self.snd_una + self.snd_wnd;
+        if right_edge.distance_from(self.snd_max) < 0 {
+            right_edge
+        } else {
+            self.snd_max
+        }
     }
 
     /// Fills in ports, ACK, window and the ACK bookkeeping of a non-SYN segment.
