@@ -41,11 +41,14 @@ const PORT: u16 = 7000;
 
 /// The tests of this file run one at a time: each starts an echo server and floods it
 /// (a million chunks, a spoofed-SYN flood) while a legitimate client measures it, and
-/// three at once on a 2-core machine starve each other. Under that starvation the
-/// zero-window test's flood sometimes stalls (the server stops taking the attacker's
-/// channel until its TCP gives up on it, about 2 in 9 runs with three copies of it at
-/// once, and as often on the code before 2026-11-26's changes). That stall is an open
-/// problem of its own, not what these tests measure.
+/// three at once on a 2-core machine starve each other. That starvation once exposed two
+/// TCP bugs in the zero-window test (about 2 in 9 runs of three concurrent copies
+/// stalled): the attacker's kernel ran out of receive memory with our RESETs in flight,
+/// then dropped our ACKs, which carried SND.MAX beyond its closed window, and our user
+/// timeout reset the channel although the kernel answered. Both are fixed and have their
+/// own deterministic test (`crates/netdriver/tests/channel_kernel.rs`,
+/// `a_kernel_peer_out_of_receive_memory_…`); 18 of 18 runs of three concurrent copies
+/// passed after the fix.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {

@@ -1,5 +1,6 @@
 //! Channels against the peer's kernel TCP on the test bed: bulk echo both ways (100 MB,
-//! verified byte for byte), refusal and reset mapped to `io::ErrorKind`s.
+//! verified byte for byte), refusal and reset mapped to `io::ErrorKind`s, a slow reader,
+//! and a kernel peer out of receive memory.
 //!
 //! Privileged: each test skips without root, and fails instead when
 //! `NETCHANNEL_REQUIRE_XDP=1`.
@@ -283,6 +284,71 @@ fn a_slow_reader_closes_the_window() {
     }
     client.join().unwrap();
     println!("slow reader: the sender had written {sent} of {TOTAL} bytes when held back");
+}
+
+/// A kernel peer at its defaults that stops reading and then shrinks its receive buffer
+/// (`SO_RCVBUF` to the minimum) runs out of receive memory with our data in flight: it
+/// drops what arrives and answers with a zero window that acknowledges nothing new. Two
+/// regressions (found by `tests/hostile_bed.rs`'s zero-window flood under load):
+/// - its own data must keep flowing to us: our ACKs must carry a sequence number its
+///   closed window accepts (SND.UNA + SND.WND), or it drops them and stalls;
+/// - the channel must outlive the user timeout (1 s here) while the kernel answers our
+///   retransmissions, since RFC 9293 §3.8.6.1 forbids timing out a receiver that answers.
+///
+/// Then the kernel reads, and every byte we sent arrives, then our FIN.
+#[test]
+fn a_kernel_peer_out_of_receive_memory_keeps_the_channel_and_its_data_flowing() {
+    const FROM_KERNEL: u64 = 4 * MB;
+    const TO_KERNEL: u64 = 2 * MB;
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let b_ip = bed.side(Side::B).ipv4;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (read_tx, read_rx) = mpsc::channel::<()>();
+    let server = bed
+        .spawn_thread_in(Side::B, move || {
+            let l = TcpListener::bind((b_ip, 0)).unwrap();
+            ready_tx.send(l.local_addr().unwrap()).unwrap();
+            let (mut c, _) = l.accept().unwrap();
+            // The kernel clamps this to its minimum; what it advertised before stays.
+            nix::sys::socket::setsockopt(&c, nix::sys::socket::sockopt::RcvBuf, &1)
+                .expect("SO_RCVBUF");
+            c.set_read_timeout(Some(DEADLINE)).unwrap();
+            c.set_write_timeout(Some(DEADLINE)).unwrap();
+            common::write_stream(&mut c, 5, FROM_KERNEL, 64 * 1024).expect("kernel write");
+            c.shutdown(Shutdown::Write).unwrap();
+            read_rx.recv_timeout(DEADLINE).expect("told to read");
+            read_verify(&mut c, 9).expect("kernel read")
+        })
+        .unwrap();
+    let addr = match ready_rx.recv().unwrap() {
+        SocketAddr::V4(a) => a,
+        other => panic!("{other}"),
+    };
+    let mut cfg = config(&bed, Side::A);
+    cfg.tcp.user_timeout = std::time::Duration::from_secs(1);
+    let set = start(&bed, Side::A, cfg);
+    let ch = set.connect(addr).expect("connect");
+    std::thread::scope(|s| {
+        let sender = s.spawn(|| send_stream(&ch, 9, TO_KERNEL, 16 * 1024));
+        // The kernel's data arrives whole while its window stays shut on ours.
+        assert_eq!(recv_stream(&ch, 5), FROM_KERNEL);
+        // Our retransmissions into the closed window back off past the user timeout
+        // (200 + 400 + 800 + 1600 ms from the first), answered each time.
+        assert!(
+            common::eventually(DEADLINE, || ch.stats().rto_timeouts >= 4),
+            "no retransmissions into a closed window: {:?}",
+            ch.stats()
+        );
+        read_tx.send(()).unwrap();
+        sender.join().unwrap();
+    });
+    assert_eq!(server.join().unwrap(), TO_KERNEL);
+    let stats = ch.stats();
+    println!("kernel peer out of receive memory: {stats:?}");
+    drop(ch);
+    set.shutdown().unwrap();
 }
 
 /// Passive opens check the peer's MAC against the kernel's neighbour entry (issue 14):

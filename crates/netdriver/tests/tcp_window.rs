@@ -476,7 +476,13 @@ fn acks_into_a_closed_window_carry_its_right_edge() {
     t.expect_none();
     // With the window open again, an ACK carries SND.MAX as before.
     t.send(t.seg().seq(r(10)).ack(l(0)).win(4000));
-    t.expect(t.out().seq(l(0)).ack(r(10)).win(t.window_for(BUF - 10)).payload(&d));
+    t.expect(
+        t.out()
+            .seq(l(0))
+            .ack(r(10))
+            .win(t.window_for(BUF - 10))
+            .payload(&d),
+    );
     t.expect_none();
     t.send(t.seg().seq(r(10)).ack(l(0)).win(4000).payload(b"!"));
     t.expect(t.out().seq(l(100)).ack(r(11)).win(t.window_for(BUF - 11)));
