@@ -17,7 +17,8 @@
 //! Every response and every bulk byte count is checked. Environment:
 //! `NETCHANNEL_BENCH_MB` (bulk transfer, default 200), `NETCHANNEL_BENCH_SECS` (per rate
 //! measurement, default 2), `NETCHANNEL_BENCH_CONNS` (default 32),
-//! `NETCHANNEL_BENCH_SAMPLES` (latency samples per case, default 5000). Without `--bench`
+//! `NETCHANNEL_BENCH_SAMPLES` (latency samples per case, default 5000),
+//! `NETCHANNEL_BENCH_POINTS` (which points to run, default `123`). Without `--bench`
 //! (`cargo test --all-targets`) it runs a small smoke version.
 //!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
@@ -273,8 +274,19 @@ mod run {
                     s
                 })
             };
+            // Frames the kernel dropped at the AF_XDP sockets (rings full), both ends.
+            let xsk_dropped = || -> u64 {
+                [&pair.a, &pair.b]
+                    .iter()
+                    .flat_map(|s| s.queue_threads())
+                    .filter_map(|t| t.xsk_drops)
+                    .map(|d| d.rx_dropped)
+                    .sum()
+            };
             let alone = p999::<_, VirtualStream>(rt, open(b'L'), Vec::new());
+            let dropped_alone = xsk_dropped();
             let loaded = p999(rt, open(b'L'), (0..8).map(|_| open(b'B')).collect());
+            let dropped_loaded = xsk_dropped() - dropped_alone;
             // Segments the channels sent again, by class, both ends: a tail of ~200 ms
             // is a retransmission (timeout or single-segment probe) on a channel.
             let resent = |class| -> u64 {
@@ -286,7 +298,7 @@ mod run {
                     .sum()
             };
             println!(
-                "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}× | latency channels resent {}, throughput {} |",
+                "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}× | latency channels resent {}, throughput {}; AF_XDP rx drops alone {dropped_alone}, loaded {dropped_loaded} |",
                 alone.0,
                 alone.1,
                 loaded.0,
@@ -339,11 +351,18 @@ mod run {
                 "release"
             }
         );
-        one_stream(&bed, &rt, total);
+        let points: String = env_or("NETCHANNEL_BENCH_POINTS", "123".to_string());
+        if points.contains('1') {
+            one_stream(&bed, &rt, total);
+        }
         // One kernel server for the rest (point 1's listener is gone with its port).
         let kaddr = vns::kernel_server(&bed, &rt, serve);
-        short_messages(&bed, &rt, kaddr, conns, secs);
-        isolation(&bed, &rt, kaddr);
+        if points.contains('2') {
+            short_messages(&bed, &rt, kaddr, conns, secs);
+        }
+        if points.contains('3') {
+            isolation(&bed, &rt, kaddr);
+        }
     }
 }
 

@@ -45,6 +45,14 @@ pub fn bench_mode() -> bool {
 /// for bench `name`, or `None` after printing why the bench skips (no root, no
 /// namespaces).
 pub fn bed_and_runtime(name: &str) -> Option<(TestBed, Runtime)> {
+    // Diagnostics on request only (`RUST_LOG=netdriver::tcp::connection::timers=trace`,
+    // say): logging costs time the figures would show.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let bed = match TestBed::builder().queues(2).build() {
         Ok(bed) => bed,
         Err(e) => {

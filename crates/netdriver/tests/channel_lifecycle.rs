@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{config, program_attached, start, DEADLINE};
-use netdriver::channel::{ChannelError, ChannelSet, EnqueueError};
+use netdriver::channel::{ChannelError, ChannelSet, EnqueueError, XskDrops};
 use testbed::{testbed_or_skip, Side, TestBed};
 
 /// Names of this process's threads that start with `prefix`.
@@ -84,6 +84,12 @@ fn shutdown_joins_threads_aborts_and_detaches() {
     ch.enqueue(Bytes::from_static(b"hello")).unwrap();
     ch.flush_blocking(Some(DEADLINE)).unwrap();
     assert_eq!(set.flow_count(), 1);
+    // Each queue reports its AF_XDP socket's kernel drop counters: none on a quiet link.
+    let threads = set.thread_stats();
+    assert_eq!(threads.len(), 2);
+    for t in &threads {
+        assert_eq!(t.xsk_drops, Some(XskDrops::default()), "{t:?}");
+    }
 
     // Idle threads sleep in poll(2): over half a second they use (almost) no CPU. A
     // spinning thread would use all of it (about 50 ticks at 100 Hz).

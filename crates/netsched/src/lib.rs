@@ -422,6 +422,7 @@ mod tests {
                 core: Some(3),
                 busy: Duration::from_millis(5),
                 window: Duration::from_millis(10),
+                rx_dropped: 2,
             }],
             cores: vec![0, 1, 2, 3],
             ..StackSnapshot::default()

@@ -362,6 +362,7 @@ mod tests {
                 core: None,
                 busy: Duration::from_millis(utilisation),
                 window: Duration::from_millis(1000),
+                rx_dropped: 0,
             });
         }
         s
@@ -557,6 +558,7 @@ mod tests {
                         core: None,
                         busy: Duration::from_millis(util),
                         window: Duration::from_millis(1000),
+                        rx_dropped: 0,
                     });
                 }
                 history.push((util, idle_now));

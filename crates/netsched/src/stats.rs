@@ -82,6 +82,11 @@ pub struct ThreadStats {
     pub busy: Duration,
     /// The measuring window.
     pub window: Duration,
+    /// Frames for the thread's NIC queue that the kernel dropped within `window`
+    /// because its AF_XDP rx ring was full or its fill ring empty: a thread that does not
+    /// keep up loses frames, which its channels then retransmit. 0 when unknown.
+    #[serde(default)]
+    pub rx_dropped: u64,
 }
 
 impl ThreadStats {

@@ -152,7 +152,7 @@ pub use set::{
 #[cfg(target_os = "linux")]
 pub use stream::ChannelStream;
 #[cfg(target_os = "linux")]
-pub use sys::{driver_name, is_host_local_driver, rx_queue_count};
+pub use sys::{driver_name, is_host_local_driver, rx_queue_count, xsk_drops, XskDrops};
 
 /// Why a channel, a listener or a channel set failed.
 #[derive(Debug, thiserror::Error)]

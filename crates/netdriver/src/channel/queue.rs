@@ -123,6 +123,12 @@ impl ThreadSignal {
         (left > 0).then(|| std::time::Duration::from_micros(left))
     }
 
+    /// The duplicate of the queue's AF_XDP descriptor, once the thread has bound it.
+    pub(crate) fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.rx_fd.get().map(|fd| fd.as_fd())
+    }
+
     pub(crate) fn set_rx_fd(&self, fd: std::os::fd::OwnedFd) {
         let _ = self.rx_fd.set(fd);
     }

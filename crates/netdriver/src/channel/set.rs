@@ -18,6 +18,7 @@ use xdp_prog::{AttachOptions, XdpSteering};
 
 use super::directory::{BufferPool, FlowDirectory, PortAllocator, Tuple};
 use super::queue::{block_on, ChannelShared, Limits, RxPoller, ThreadSignal};
+use super::sys::{xsk_drops, XskDrops};
 use super::thread::{resolver, Command, DeadQueue, ResolveRequest, Worker};
 use super::{Channel, ChannelError};
 use crate::link::xdp::{XdpLink, XdpLinkConfig};
@@ -900,6 +901,7 @@ impl ChannelSet {
                 queue: p.queue,
                 core: Some(p.core.load(Ordering::Relaxed)).filter(|&c| c != usize::MAX),
                 busy: std::time::Duration::from_nanos(p.busy_ns.load(Ordering::Relaxed)),
+                xsk_drops: p.signal.rx_fd().and_then(|fd| xsk_drops(fd).ok()),
             })
             .collect()
     }
@@ -1164,4 +1166,7 @@ pub struct QueueThreadStats {
     pub core: Option<usize>,
     /// Time spent in its rounds since the set started.
     pub busy: std::time::Duration,
+    /// What the kernel dropped at the queue's AF_XDP socket (its rx ring full, its fill
+    /// ring empty); `None` when the socket is not there to ask.
+    pub xsk_drops: Option<XskDrops>,
 }

@@ -1,5 +1,5 @@
-//! System details of the channel layer: how many rx queues an interface has, and which
-//! driver runs it.
+//! System details of the channel layer: how many rx queues an interface has, which
+//! driver runs it, and what an AF_XDP socket's rings dropped.
 //!
 //! Both come from `SIOCETHTOOL` ioctls (`ETHTOOL_GCHANNELS`, `ETHTOOL_GDRVINFO`) on a socket of the calling thread's
 //! network namespace, not from `/sys/class/net/<if>/queues`: sysfs shows the network
@@ -7,7 +7,7 @@
 //! would read the host's interfaces there (or none).
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// `ETHTOOL_GCHANNELS` from `<linux/ethtool.h>`.
 const ETHTOOL_GCHANNELS: u32 = 0x0000_003c;
@@ -128,6 +128,63 @@ pub fn is_host_local_driver(driver: &str) -> bool {
     matches!(driver, "veth" | "netkit")
 }
 
+/// `struct xdp_statistics` from `<linux/if_xdp.h>` (Linux 5.9 and later; older kernels
+/// fill only the first three fields and report the shorter length).
+#[repr(C)]
+#[derive(Debug, Default)]
+struct XdpStatistics {
+    rx_dropped: u64,
+    rx_invalid_descs: u64,
+    tx_invalid_descs: u64,
+    rx_ring_full: u64,
+    rx_fill_ring_empty_descs: u64,
+    tx_ring_empty_descs: u64,
+}
+
+/// What the kernel dropped at one AF_XDP socket's rings since it was bound
+/// (`XDP_STATISTICS`): frames the XDP program sent to the socket that never reached it.
+/// The rx ring is a queue the network fills, so these are its overflow counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XskDrops {
+    /// Frames dropped on receive for any reason (the two below included).
+    pub rx_dropped: u64,
+    /// Of those, dropped because the rx ring was full (the thread did not keep up).
+    pub rx_ring_full: u64,
+    /// Receives that found the fill ring empty (no frame to copy into).
+    pub rx_fill_ring_empty: u64,
+    /// Invalid descriptors on the rx side.
+    pub rx_invalid_descs: u64,
+    /// Invalid descriptors on the tx ring.
+    pub tx_invalid_descs: u64,
+}
+
+/// Reads the drop counters of the AF_XDP socket `fd`.
+pub fn xsk_drops(fd: BorrowedFd<'_>) -> io::Result<XskDrops> {
+    let mut stats = XdpStatistics::default();
+    let mut len = std::mem::size_of::<XdpStatistics>() as libc::socklen_t;
+    // SAFETY: getsockopt(2) writes at most `len` bytes into `stats`, a live, correctly
+    // aligned `xdp_statistics`, and updates `len`; the descriptor is borrowed for the call.
+    let ret = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_XDP,
+            libc::XDP_STATISTICS,
+            (&mut stats as *mut XdpStatistics).cast(),
+            &mut len,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(XskDrops {
+        rx_dropped: stats.rx_dropped,
+        rx_ring_full: stats.rx_ring_full,
+        rx_fill_ring_empty: stats.rx_fill_ring_empty_descs,
+        rx_invalid_descs: stats.rx_invalid_descs,
+        tx_invalid_descs: stats.tx_invalid_descs,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,6 +208,13 @@ mod tests {
             io::ErrorKind::InvalidInput
         );
         assert!(driver_name("nc-nonexist0").is_err());
+    }
+
+    #[test]
+    fn drop_counters_are_asked_only_of_af_xdp_sockets() {
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        use std::os::fd::AsFd;
+        assert!(xsk_drops(udp.as_fd()).is_err());
     }
 
     #[test]

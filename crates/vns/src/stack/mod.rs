@@ -1313,6 +1313,15 @@ impl Stack {
         self.core().backend.resets_received()
     }
 
+    /// Each channel thread (by NIC queue) since the stack started: its core, its busy
+    /// time, and what the kernel dropped at its AF_XDP socket because the thread did not
+    /// keep up (rx ring full, fill ring empty). Cumulative, unlike the per-period view in
+    /// [`Stack::stats`]; empty for in-memory stacks.
+    #[cfg(target_os = "linux")]
+    pub fn queue_threads(&self) -> Vec<netdriver::channel::QueueThreadStats> {
+        self.core().backend.thread_stats()
+    }
+
     /// Fault injection, for tests and failure drills: the channel thread of NIC queue
     /// `queue` dies as if it had crashed. This stack sees the channels on that queue as
     /// lost at once (their chunks go again on the other channels, as with
@@ -1345,8 +1354,8 @@ impl Stack {
     ///   `recent_rate_bps` is 0 (not measured yet).
     /// - `copy_workers`: each worker with its core; `queued_bytes` is 0, since the
     ///   workers share copies through one queue rather than per-worker ones.
-    /// - `threads`: each channel thread (by NIC queue) with its core and its busy time
-    ///   over the last plan period ([`StackBuilder::execute_plans`]; empty before the
+    /// - `threads`: each channel thread (by NIC queue) with its core, its busy time and
+    ///   the frames the kernel dropped for its queue over the last plan period ([`StackBuilder::execute_plans`]; empty before the
     ///   first, with plans off, and for in-memory stacks); `cores`: the cores the thread
     ///   that built the stack was allowed to run on.
     pub fn stats(&self) -> netsched::StackSnapshot {

@@ -63,8 +63,8 @@ pub(crate) struct PlanState {
     /// Channels retiring: whether their transport was closed yet.
     retiring: BTreeMap<ChannelId, bool>,
     pub(crate) counters: PlanCounters,
-    /// Each channel thread's cumulative busy time at the last plan, and when.
-    last_busy: HashMap<u32, (Duration, Instant)>,
+    /// Each channel thread's cumulative busy time and kernel rx drops at the last plan, and when.
+    last_busy: HashMap<u32, (Duration, u64, Instant)>,
     /// The channel threads' utilisation over the last plan period.
     pub(crate) threads: Vec<ThreadStats>,
     /// The core each queue's thread was last pinned to by a plan.
@@ -145,7 +145,8 @@ impl Core {
         {
             let mut threads = Vec::new();
             for t in self.backend.thread_stats() {
-                if let Some(&(busy, at)) = ps.last_busy.get(&t.queue) {
+                let dropped = t.xsk_drops.map_or(0, |d| d.rx_dropped);
+                if let Some(&(busy, dropped_before, at)) = ps.last_busy.get(&t.queue) {
                     let window = now.saturating_duration_since(at);
                     threads.push(ThreadStats {
                         id: ChannelThreadId(t.queue),
@@ -154,9 +155,10 @@ impl Core {
                         // periods counts whole in the later one: at most the window.
                         busy: t.busy.saturating_sub(busy).min(window),
                         window,
+                        rx_dropped: dropped.saturating_sub(dropped_before),
                     });
                 }
-                ps.last_busy.insert(t.queue, (t.busy, now));
+                ps.last_busy.insert(t.queue, (t.busy, dropped, now));
             }
             ps.threads = threads;
         }
