@@ -34,8 +34,8 @@ fn data_with_an_old_tsval_is_dropped_and_acknowledged() {
     let d = data(100);
     t.advance(ms(1));
     let echo = our_ts(&t);
-    t.send(t.seg().payload(&d).ts(4999, echo));
-    t.ts_recent = 5000; // the harness took 4999 as sent; the connection must not
+    t.send(t.seg().payload(&d).ts(4998, echo));
+    t.ts_recent = 5000; // the harness took 4998 as sent; the connection must not
                         // §5.3 R1: an ACK of what was received before, echoing the unchanged TS.Recent.
     t.expect(t.out().ack(r(0)));
     t.expect_none();
@@ -128,4 +128,21 @@ fn paws_can_be_disabled() {
     t.ts_recent = 5000;
     t.expect(t.out().ack(r(100)).win(t.window_for(BUF - 100)));
     assert_eq!(t.stats().paws_rejected, 0);
+}
+
+/// Like Linux (`TCP_PAWS_WINDOW`), PAWS forgives a TSval one tick older than TS.Recent:
+/// a peer whose threads read its millisecond clock just before and after a tick may send
+/// two segments in the other order, and dropping the second for it costs a
+/// retransmission for no protection (a sequence number cannot wrap within a tick).
+#[test]
+fn a_tsval_one_tick_old_is_taken() {
+    let mut t = tcb(test_config());
+    let d = data(100);
+    t.advance(ms(1));
+    let echo = our_ts(&t);
+    t.send(t.seg().payload(&d).ts(4999, echo));
+    t.ts_recent = 5000;
+    t.expect(t.out().ack(r(100)).win(t.window_for(BUF - 100)));
+    assert_eq!(t.stats().paws_rejected, 0);
+    assert_eq!(t.app_recv(200), d);
 }

@@ -284,3 +284,36 @@ fn rtt_stays_accurate_to_the_microsecond() {
     assert_eq!(c.stats().rto, ms(2), "no sample, the backoff stays");
     assert_eq!(c.stats().bytes_in_flight, 0);
 }
+
+/// Regression (found on the bed: 11,910 segments dropped by the peer's PAWS in one
+/// isolation benchmark run, each then resent): the threads that drive a connection
+/// (its queue's channel thread, an application task sending inline, a task receiving in
+/// its own runtime) each read the clock before taking the connection, so one may call in
+/// with an instant older than the last call's. A TSval from that older instant lies below
+/// the peer's TS.Recent and the peer drops the segment (RFC 7323 §5.3 R1). The
+/// connection's clock never runs backwards: an older `now` counts as the newest seen.
+#[test]
+fn an_older_now_never_lowers_the_tsval() {
+    let mut t = Tcb::established(test_config(), ts_peer());
+    t.conn.set_nodelay(true);
+    let later = t.now + ms(5);
+    t.app_send(&[1]);
+    let mut buf = [0u8; 2048];
+    let first = t
+        .conn
+        .poll_transmit(later, &mut buf)
+        .expect("the byte goes out");
+    let first_ts = first.repr.options.timestamp.unwrap().0;
+    assert_eq!(first_ts, t.last_tsval + 5, "5 ms after the handshake's ACK");
+    // Another thread calls in with the instant it read before this one.
+    t.app_send(&[2]);
+    let second = t
+        .conn
+        .poll_transmit(later - ms(3), &mut buf)
+        .expect("the byte goes out");
+    assert_eq!(second.repr.seq, l(1));
+    assert_eq!(second.repr.options.timestamp.unwrap().0, first_ts);
+    // Timers and input take the newest instant as well: nothing runs backwards.
+    t.conn.handle_timeout(later - ms(4));
+    assert!(t.conn.poll_timeout().is_some_and(|d| d > later));
+}

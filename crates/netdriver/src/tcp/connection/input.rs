@@ -9,11 +9,15 @@ use crate::tcp::SeqNumber;
 use crate::time::Instant;
 use crate::wire::tcp::{SackBlock, TcpFlags, TcpRepr};
 
+/// TSval ticks by which a segment may be older than TS.Recent and still pass PAWS
+/// (RFC 7323 §5.3 R1; Linux's `TCP_PAWS_WINDOW`).
+const PAWS_WINDOW: i32 = 1;
 impl Connection {
     /// Feeds one received segment for this connection's 4-tuple (RFC 9293 §3.10.7).
     /// Checksums must already be verified. The ACK field is taken as present exactly when
     /// `repr.ack` is `Some`. Any reply (ACK, RST, SYN-ACK) comes out of `poll_transmit`.
     pub fn handle_segment(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+        let now = self.clock(now);
         self.counters.segments_received += 1;
         if repr.dst_port != self.local.port() || repr.src_port != self.remote.port() {
             trace!(?repr, "tcp: segment for another port pair dropped");
@@ -369,7 +373,10 @@ impl Connection {
         let Some((tsval, _)) = repr.options.timestamp else {
             return false;
         };
-        (tsval.wrapping_sub(self.ts_recent) as i32) < 0 && !self.ts_recent_stale(now)
+        // One tick of grace, as Linux's TCP_PAWS_WINDOW: a peer's threads may read its
+        // clock on either side of a tick and send in the other order; no sequence number
+        // wraps within a tick.
+        (tsval.wrapping_sub(self.ts_recent) as i32) < -PAWS_WINDOW && !self.ts_recent_stale(now)
     }
 
     fn handle_in_time_wait(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {

@@ -406,6 +406,8 @@ pub struct Connection {
     keepalive_pending: bool,
     /// When the last segment arrived from the peer.
     last_rcv: Instant,
+    /// The newest instant any call passed in (`Connection::clock`).
+    clock: Instant,
     time_wait_deadline: Option<Instant>,
     pending_rst: Option<TcpRepr>,
 
@@ -538,6 +540,7 @@ impl Connection {
             keepalive_probes_out: 0,
             keepalive_pending: false,
             last_rcv: now,
+            clock: now,
             time_wait_deadline: None,
             pending_rst: None,
             counters: Counters::default(),
@@ -704,6 +707,19 @@ impl Connection {
     }
 
     /// The TSval we send at `now`.
+    /// The connection's clock: `now`, or the newest instant seen before it. Several
+    /// threads drive one connection (a queue's channel thread, tasks sending inline or
+    /// receiving in their own runtime), each reading the clock before it takes the
+    /// connection, so calls may come in with instants out of order; a TSval from an older
+    /// one would fall below the peer's TS.Recent and be dropped by its PAWS (RFC 7323
+    /// §5.3), and timers would be armed in the past.
+    fn clock(&mut self, now: Instant) -> Instant {
+        if now > self.clock {
+            self.clock = now;
+        }
+        self.clock
+    }
+
     fn tsval(&self, now: Instant) -> u32 {
         timestamp_value(now, self.ts_offset)
     }

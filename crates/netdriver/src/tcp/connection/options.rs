@@ -118,6 +118,7 @@ impl Connection {
     /// (interval and probe count before the idle time, so a keep-alive turned on with
     /// all three starts with its final settings).
     pub fn apply_options(&mut self, now: Instant, changes: &OptionChanges) {
+        let now = self.clock(now);
         if let Some(size) = changes.send_buffer {
             self.set_send_buffer(size);
         }
@@ -243,6 +244,7 @@ impl Connection {
     /// unanswered probes. Before the handshake completes the timer starts at
     /// establishment, as it does when configured.
     pub fn set_keepalive(&mut self, now: Instant, idle: Option<Duration>) {
+        let now = self.clock(now);
         self.config.keepalive = idle;
         self.keepalive_probes_out = 0;
         self.keepalive_pending = false;

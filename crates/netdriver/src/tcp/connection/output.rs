@@ -27,6 +27,7 @@ impl Connection {
     /// payload, as does the peer's MSS less the options this segment carries. Call until
     /// `None`, then consult `poll_timeout`.
     pub fn poll_transmit(&mut self, now: Instant, payload_buf: &mut [u8]) -> Option<Transmit> {
+        let now = self.clock(now);
         if let Some(rst) = self.pending_rst.take() {
             trace!(seq = rst.seq.0, "tcp: sending RST");
             self.counters.segments_sent += 1;

@@ -38,6 +38,7 @@ impl Connection {
 
     /// Processes every timer that has expired at `now`. Harmless to call early or often.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let now = self.clock(now);
         if self.state == State::Closed {
             return;
         }
