@@ -292,7 +292,8 @@ impl Endpoint {
         match h.ty {
             ChunkType::Sync => self.receive_sync(ch, key, h),
             ChunkType::Data | ChunkType::SyncAck => {
-                debug!(channel = %ch, ?key, ty = ?h.ty, "chunk for no socket; resetting");
+                // Trace, not debug: a peer chooses how many of these it sends.
+                trace!(channel = %ch, ?key, ty = ?h.ty, "chunk for no socket; resetting");
                 self.reply_reset(ch, key);
             }
             // Never answer these: a late credit update or reset to a socket that is
