@@ -1518,3 +1518,114 @@ fn isolating_keeps_latency_streams_off_bulk_channels_threads_and_cores() {
     drop(a);
     drop(b);
 }
+
+/// The shipped `Scaler` (issue 12), end to end over AF_XDP: stack A runs
+/// `Scaled<RoundRobin>` with plans carried out, starting with one channel to B. A bulk
+/// stream from A to B keeps A's channel thread busy above the scale-up threshold, so the
+/// scaler opens a second channel; once the stream ends and the channels idle through the
+/// grace periods, it closes one again. Every byte of the stream arrives exactly once, in
+/// order, across both changes. The thresholds are low (5 % busy to grow) so that the test
+/// does not depend on how fast this machine is; the decisions themselves, thresholds and
+/// hysteresis included, are unit-tested in `netsched::scaling`.
+#[test]
+fn the_scaler_grows_and_shrinks_channels_under_real_load_over_af_xdp() {
+    let _serial = one_at_a_time();
+    use netchannel::sched::{RoundRobin, Scaled, ScalingConfig};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let build = |side: Side, scaled: bool| {
+        let e = bed.side(side);
+        let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
+        bed.run_in(side, move || {
+            let b = Stack::builder()
+                .interface(ifname)
+                .ipv4(ipv4)
+                .channels(1)
+                .latency_channels(0)
+                .connect_timeout(Duration::from_secs(10));
+            if scaled {
+                let config = ScalingConfig {
+                    scale_up_utilisation: 0.05,
+                    scale_up_periods: 2,
+                    scale_down_utilisation: 0.04,
+                    idle_grace_periods: 3,
+                    cooldown_periods: 2,
+                    min_channels: 1,
+                    max_channels: 2,
+                };
+                let policy = Scaled::new(RoundRobin::default(), config).expect("scaling config");
+                b.scheduler(policy).execute_plans(true).build()
+            } else {
+                b.build()
+            }
+        })
+        .expect("enter the namespace")
+        .expect("stack")
+    };
+    let a = build(Side::A, true);
+    let b = build(Side::B, false);
+    let b_ip = bed.side(Side::B).ipv4;
+    let to = SocketAddr::from(SocketAddrV4::new(b_ip, 7600));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let l = b.bind(to).await.unwrap();
+        let mut c = timeout(LIMIT, a.connect(to)).await.unwrap().unwrap();
+        let (mut s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+        assert_eq!(a.channel_count(), 1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (progress_tx, mut progress) = tokio::sync::watch::channel(0u64);
+        let sender = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 60_000];
+                let mut off = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    fill(77, off, &mut buf);
+                    c.write_all(&buf).await.expect("write");
+                    off += buf.len() as u64;
+                    progress_tx.send_replace(off);
+                }
+                c.shutdown().await.expect("shutdown");
+                off
+            })
+        };
+        let receiver = tokio::spawn(async move { recv_pattern(&mut s, 77).await });
+        timeout(LIMIT, a.channels_reach(2))
+            .await
+            .expect("the scaler opened a second channel under load");
+        let plans = a.plan_counters();
+        // The stream goes on over both channels for a while before it ends.
+        let at_growth = *progress.borrow();
+        timeout(LIMIT, progress.wait_for(|&sent| sent >= at_growth + (32 << 20)))
+            .await
+            .expect("the stream went on")
+            .expect("the sender is running");
+        let carried: Vec<u64> = a.stats().channels.iter().map(|c| c.sent_bytes).collect();
+        assert_eq!(carried.len(), 2);
+        assert!(carried.iter().all(|&n| n > 0), "both channels carried bytes: {carried:?}");
+        stop.store(true, Ordering::Relaxed);
+        let sent = sender.await.unwrap();
+        let received = timeout(LIMIT, receiver).await.unwrap().unwrap();
+        assert_eq!(received, sent, "every byte once, in order");
+        assert!(sent > 0);
+        timeout(LIMIT, a.channels_reach(1))
+            .await
+            .expect("the scaler closed the idle channel");
+        assert_eq!(a.channel_count(), 1);
+        println!(
+            "scaler: 1 -> 2 -> 1 channels while {} MB went through; plans at growth {plans:?}, at the end {:?}",
+            sent >> 20,
+            a.plan_counters()
+        );
+    });
+    drop(rt);
+    a.abort();
+    b.abort();
+}
