@@ -90,7 +90,23 @@ pub struct Config {
     /// O(log ranges) to add, merge or look up, so a peer creating hole after hole gains
     /// neither memory nor a linear walk per segment.
     pub max_ooo_ranges: usize,
-    /// Most disjoint SACKed ranges the sender remembers (CVE-2019-11477). Default 32.
+    /// Most disjoint SACKed ranges the sender's scoreboard remembers; when one more
+    /// arrives, the lowest is forgotten (a needless retransmission at worst). Default 512.
+    ///
+    /// Why 512, as [`max_ooo_ranges`](Self::max_ooo_ranges): a 100 Gbit/s × 100 µs window
+    /// (1.25 MB, about 860 segments of 1460 bytes) with every other segment lost leaves
+    /// about 430 SACKed ranges, and the receivers of this crate report at most 512. The
+    /// old default of 32 covered 64 segments: beyond it the scoreboard forgot ranges, so
+    /// PRR counted delivered data short (and sent less) and, without RACK, RFC 6675 chose
+    /// holes from a partial picture. (RACK keeps its own per-segment SACK marks, bounded by
+    /// the send buffer.)
+    ///
+    /// Why it stays bounded (CVE-2019-11477 "SACK panic", CVE-2019-11478 "SACK
+    /// slowness"): at most this many 8-byte ranges, allocated on demand (4 KiB at 512),
+    /// only ever inside `(SND.UNA, SND.NXT]`; an ACK's blocks (at most 4) each cost a
+    /// binary search and at most one shift of the array, and the loss queries are binary
+    /// searches or stop after `dup_threshold` ranges (see `tcp::sack`), so a peer's SACK
+    /// pattern buys neither memory nor a per-segment walk.
     pub max_sack_ranges: usize,
     /// TIME-WAIT duration, 2*MSL (RFC 9293 §3.4.2). Default 60 s.
     pub time_wait: Duration,
@@ -179,7 +195,7 @@ impl Default for Config {
             sack: true,
             timestamps: true,
             max_ooo_ranges: 512,
-            max_sack_ranges: 32,
+            max_sack_ranges: 512,
             time_wait: Duration::from_secs(60),
             dup_ack_threshold: 3,
             tail_loss_probe: true,
