@@ -149,12 +149,26 @@ impl StackPair {
         latency: usize,
         isolating: bool,
     ) -> StackPair {
+        StackPair::start_configured(bed, channels, latency, isolating, |_| {})
+    }
+
+    /// [`start_scheduled`](Self::start_scheduled), each side's `ChannelSetConfig` passed
+    /// through `tune` before its set starts (MTU-dependent settings, TCP options).
+    pub fn start_configured(
+        bed: &TestBed,
+        channels: usize,
+        latency: usize,
+        isolating: bool,
+        tune: impl Fn(&mut ChannelSetConfig) + Clone + Send + 'static,
+    ) -> StackPair {
         let start = |side: Side| {
             let e = bed.side(side).clone();
+            let tune = tune.clone();
             bed.run_in(side, move || {
                 let mut cfg = ChannelSetConfig::new(e.ifname.clone(), e.ipv4);
                 // For A/B runs of inline transmit (netdriver's `inline_tx`).
                 cfg.inline_tx = env_or("NETCHANNEL_BENCH_INLINE_TX", cfg.inline_tx);
+                tune(&mut cfg);
                 let set = ChannelSet::start(cfg).expect("channel set");
                 let backend = Arc::new(XdpBackend::new(set));
                 let mut builder = Stack::builder()
@@ -539,7 +553,19 @@ impl StackBench {
     /// listener, and runs one small virtual-stream transfer that opens the stacks'
     /// channels (so that the first measured one does not pay for it).
     pub fn start(bed: &TestBed, rt: &Runtime, channels: usize, total: u64) -> StackBench {
-        let pair = StackPair::start(bed, channels);
+        StackBench::start_configured(bed, rt, channels, total, |_| {})
+    }
+
+    /// [`start`](Self::start) with each side's `ChannelSetConfig` passed through `tune`
+    /// (see [`StackPair::start_configured`]).
+    pub fn start_configured(
+        bed: &TestBed,
+        rt: &Runtime,
+        channels: usize,
+        total: u64,
+        tune: impl Fn(&mut ChannelSetConfig) + Clone + Send + 'static,
+    ) -> StackBench {
+        let pair = StackPair::start_configured(bed, channels, 0, false, tune);
         let sink = ChannelSink::start(
             pair.channels_b()
                 .listen(RAW_CHANNEL_PORT)
