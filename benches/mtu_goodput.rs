@@ -196,9 +196,13 @@ mod run {
                         );
                     }
                     if on(v.raw) {
-                        let r = gbps(total, bench.raw_channel());
+                        let (d, stats) = bench.raw_channel_stats();
+                        let r = gbps(total, d);
                         phase.add(v.raw, r);
-                        line += &format!("  {} {r:.3}", v.raw);
+                        line += &format!(
+                            "  {} {r:.3} (resent {}, RTOs {})",
+                            v.raw, stats.retransmitted_segments, stats.rto_timeouts
+                        );
                     }
                     if on(v.stream) {
                         let r = gbps(total, bench.virtual_stream(&rt));

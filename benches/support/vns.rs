@@ -595,14 +595,19 @@ impl StackBench {
 
     /// `raw_channel`: one channel of A's set to B's (64 KiB `Bytes` slices, no copy).
     pub fn raw_channel(&self) -> Duration {
+        self.raw_channel_stats().0
+    }
+
+    /// [`raw_channel`](Self::raw_channel), with the sending channel's last statistics.
+    pub fn raw_channel_stats(&self) -> (Duration, netchannel::netdriver::channel::ChannelStats) {
         let start = std::time::Instant::now();
-        bed::channel_send(
+        let stats = bed::channel_send(
             self.pair.channels_a(),
             self.pair.raw_addr(),
             &self.block,
             self.total,
         );
-        start.elapsed()
+        (start.elapsed(), stats)
     }
 
     /// `raw_channel_copy`: the same through `ChannelStream` (std `Read`/`Write`, a copy
