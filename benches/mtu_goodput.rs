@@ -9,8 +9,8 @@
 //!
 //! 1. `kernel_defaults`: kernel TCP A → B (tokio sockets in the namespaces), checked to
 //!    run with no XDP program attached on either end;
-//! 2. for each variant (`base`: the defaults; `autotune`: receive-buffer auto-tuning up
-//!    to `NETCHANNEL_BENCH_RX_MAX_KIB`, default 6 MiB, Linux's `tcp_rmem` maximum), a
+//! 2. for each variant (`base`: a fixed receive buffer; `autotune`: receive-buffer
+//!    auto-tuning up to `NETCHANNEL_BENCH_RX_MAX_KIB`, default 6 MiB), a
 //!    fresh pair of stacks with one throughput channel per peer, then `raw_channel` (one
 //!    channel of A's set to B's, 64 KiB `Bytes` slices, no copy) and `virtual_stream`
 //!    (one `VirtualStream`, 64 KiB `write_all`s, read to EOF), and the stacks stopped
@@ -18,8 +18,11 @@
 //!
 //! Above MTU 1500 the sets use 4096-byte UMEM frames (a 9014-byte frame is a chain of 3;
 //! at [`LARGEST_MTU`] 16, the most a chain may have) and an MSS of the MTU − 40 (TCP's
-//! default is 1460, which `Interface` only ever lowers to fit the link); the steering
-//! program's `xdp.frags` variant is chosen by `ChannelSet::start` from the MTU.
+//! default is 1460, which `Interface` only ever lowers to fit the link), as
+//! `support/vns.rs`'s `StackPair` sets them for any bed above MTU 1500; the steering
+//! program's `xdp.frags` variant is chosen by `ChannelSet::start` from the MTU. `base`
+//! pins `rx_buffer_max: None` (a fixed 256 KiB receive buffer, the default before
+//! 2026-11-26) and `autotune` sets it (the default since).
 //!
 //! Environment: `NETCHANNEL_BENCH_MTUS` (comma-separated), `NETCHANNEL_BENCH_BYTES` (per
 //! transfer, default 256 MiB), `NETCHANNEL_BENCH_ROUNDS` (default 5),
@@ -62,18 +65,13 @@ mod run {
         rx_max: Option<usize>,
     }
 
-    /// The set configuration for `mtu` and `variant` (see the module docs).
+    /// A variant's TCP settings (the MTU-dependent ones are `StackPair`'s, see the module
+    /// docs).
     fn tune(
-        mtu: u32,
         rx_max: Option<usize>,
         tx: Option<usize>,
     ) -> impl Fn(&mut ChannelSetConfig) + Clone + Send + 'static {
         move |cfg: &mut ChannelSetConfig| {
-            if mtu > 1500 {
-                cfg.link.frame_size = 4096;
-                // Clamped to the link's MTU − 40 by `Interface::new`.
-                cfg.tcp.mss = u16::MAX;
-            }
             cfg.tcp.rx_buffer_max = rx_max;
             if let Some(tx) = tx {
                 cfg.tcp.tx_buffer = tx;
@@ -187,7 +185,7 @@ mod run {
                         continue;
                     }
                     let bench =
-                        StackBench::start_configured(&bed, &rt, 1, total, tune(mtu, v.rx_max, tx));
+                        StackBench::start_configured(&bed, &rt, 1, total, tune(v.rx_max, tx));
                     if round == 0 {
                         line += &format!(
                             "  [program on vA: {}, vB: {}]",

@@ -153,7 +153,10 @@ impl StackPair {
     }
 
     /// [`start_scheduled`](Self::start_scheduled), each side's `ChannelSetConfig` passed
-    /// through `tune` before its set starts (MTU-dependent settings, TCP options).
+    /// through `tune` before its set starts (TCP options). Above MTU 1500 the sets use
+    /// 4096-byte UMEM frames (fewer descriptors per chain, and chains of up to 16 reach
+    /// MTU 61426) and an MSS of the MTU − 40 (TCP's default, 1460, is only ever lowered to
+    /// fit the link).
     pub fn start_configured(
         bed: &TestBed,
         channels: usize,
@@ -161,6 +164,7 @@ impl StackPair {
         isolating: bool,
         tune: impl Fn(&mut ChannelSetConfig) + Clone + Send + 'static,
     ) -> StackPair {
+        let jumbo = bed.mtu() > 1500;
         let start = |side: Side| {
             let e = bed.side(side).clone();
             let tune = tune.clone();
@@ -168,6 +172,11 @@ impl StackPair {
                 let mut cfg = ChannelSetConfig::new(e.ifname.clone(), e.ipv4);
                 // For A/B runs of inline transmit (netdriver's `inline_tx`).
                 cfg.inline_tx = env_or("NETCHANNEL_BENCH_INLINE_TX", cfg.inline_tx);
+                if jumbo {
+                    cfg.link.frame_size = 4096;
+                    // Clamped to the link's MTU − 40 by `Interface::new`.
+                    cfg.tcp.mss = u16::MAX;
+                }
                 tune(&mut cfg);
                 let set = ChannelSet::start(cfg).expect("channel set");
                 let backend = Arc::new(XdpBackend::new(set));
