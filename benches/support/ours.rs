@@ -66,6 +66,9 @@ pub fn transfer_with(
     let host = |link, mac, ip| {
         let mut tcp = Config {
             rx_buffer: buffer,
+            // Fixed, as smoltcp's (the like-for-like comparison); `tweak` may turn
+            // auto-tuning on.
+            rx_buffer_max: None,
             tx_buffer: buffer,
             min_rto: Duration::from_millis(1),
             ..Config::default()
