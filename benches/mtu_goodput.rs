@@ -17,10 +17,9 @@
 //!    again (which detaches their programs).
 //!
 //! Above MTU 1500 the sets use 4096-byte UMEM frames (a 9014-byte frame is a chain of 3;
-//! at [`LARGEST_MTU`] 16, the most a chain may have) and an MSS of the MTU − 40 (TCP's
-//! default is 1460, which `Interface` only ever lowers to fit the link), as
-//! `support/vns.rs`'s `StackPair` sets them for any bed above MTU 1500; the steering
-//! program's `xdp.frags` variant is chosen by `ChannelSet::start` from the MTU. `base`
+//! at [`LARGEST_MTU`] 16, the most a chain may have), as `support/vns.rs`'s `StackPair`
+//! sets them for any bed above MTU 1500; the MSS (MTU − 40) and the steering program's
+//! `xdp.frags` variant follow the MTU by `ChannelSet`'s defaults. `base`
 //! pins `rx_buffer_max: None` (a fixed 256 KiB receive buffer, the default before
 //! 2026-11-26) and `autotune` sets it (the default since).
 //!

@@ -155,8 +155,7 @@ impl StackPair {
     /// [`start_scheduled`](Self::start_scheduled), each side's `ChannelSetConfig` passed
     /// through `tune` before its set starts (TCP options). Above MTU 1500 the sets use
     /// 4096-byte UMEM frames (fewer descriptors per chain, and chains of up to 16 reach
-    /// MTU 61426) and an MSS of the MTU − 40 (TCP's default, 1460, is only ever lowered to
-    /// fit the link).
+    /// MTU 61426); the MSS follows the MTU by `ChannelSetConfig::new`'s default.
     pub fn start_configured(
         bed: &TestBed,
         channels: usize,
@@ -174,8 +173,6 @@ impl StackPair {
                 cfg.inline_tx = env_or("NETCHANNEL_BENCH_INLINE_TX", cfg.inline_tx);
                 if jumbo {
                     cfg.link.frame_size = 4096;
-                    // Clamped to the link's MTU − 40 by `Interface::new`.
-                    cfg.tcp.mss = u16::MAX;
                 }
                 tune(&mut cfg);
                 let set = ChannelSet::start(cfg).expect("channel set");

@@ -118,14 +118,8 @@ fn channel_sets_at_mtu_9000_attach_the_frags_program_natively() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(1).mtu(9000)) else {
         return;
     };
-    let jumbo = |side| {
-        let mut c = config(&bed, side);
-        // Clamped to the MTU − 40 by the interface; TCP's default is 1460.
-        c.tcp.mss = u16::MAX;
-        c
-    };
-    let a = start(&bed, Side::A, jumbo(Side::A));
-    let b = start(&bed, Side::B, jumbo(Side::B));
+    let a = start(&bed, Side::A, config(&bed, Side::A));
+    let b = start(&bed, Side::B, config(&bed, Side::B));
     assert_eq!(xdp_mode(&bed, Side::A), "xdp");
     assert_eq!(xdp_mode(&bed, Side::B), "xdp");
     let listener = b.listen_channels().expect("listen");

@@ -81,7 +81,11 @@ pub struct ChannelSetConfig {
     /// the `xdp.frags` variant where the interface's MTU needs it (above
     /// [`LINEAR_XDP_MAX_MTU`], or links binding multi-buffer).
     pub attach: AttachOptions,
-    /// Configuration of every TCP connection.
+    /// Configuration of every TCP connection. [`ChannelSetConfig::new`] sets its `mss` to
+    /// `u16::MAX`, which each queue's interface lowers to its link's MTU − 40: segments
+    /// fill the frames the interface carries (1460 bytes at MTU 1500, 8960 at 9000),
+    /// where `tcp::Config`'s own default, 1460, would leave a jumbo-frame link sending
+    /// 1500-byte frames.
     pub tcp: tcp::Config,
     /// Disable Nagle's algorithm on channels (default true: chunks are sent as they come).
     pub nodelay: bool,
@@ -127,8 +131,9 @@ pub struct ChannelSetConfig {
 
 impl ChannelSetConfig {
     /// Defaults for `ifname` with address `ipv4`: all queues, the link defaults
-    /// (4096 frames of 2 KiB, copy mode), default TCP, port 9000, no pinning, queues of
-    /// 1024 chunks / 4 MiB, 3 s neighbour and 10 s connect timeouts.
+    /// (4096 frames of 2 KiB, copy mode), default TCP with the MSS the MTU allows, port
+    /// 9000, no pinning, queues of 1024 chunks / 4 MiB, 3 s neighbour and 10 s connect
+    /// timeouts.
     pub fn new(ifname: impl Into<String>, ipv4: Ipv4Addr) -> ChannelSetConfig {
         let ifname = ifname.into();
         ChannelSetConfig {
@@ -137,7 +142,11 @@ impl ChannelSetConfig {
             ipv4,
             queues: None,
             attach: AttachOptions::default(),
-            tcp: tcp::Config::default(),
+            tcp: tcp::Config {
+                // Clamped to the MTU − 40 by `Interface::new`.
+                mss: u16::MAX,
+                ..tcp::Config::default()
+            },
             nodelay: true,
             channel_port: DEFAULT_CHANNEL_PORT,
             cores: None,
