@@ -5,7 +5,8 @@
 //!
 //! It also reports goodput at 0, 1 and 5 % loss on a 1 Gbit/s, 50 µs link, in virtual
 //! time (deterministic, independent of machine load), with today's loss recovery and with
-//! RFC 6675 alone.
+//! RFC 6675 alone; and goodput on a 100 Gbit/s, 100 µs round-trip link with the receive
+//! buffer fixed or auto-tuned.
 use criterion::{criterion_main, Criterion, Throughput};
 use netchannel::netdriver::time::Duration;
 
@@ -89,9 +90,53 @@ fn loss_report() {
     }
 }
 
+/// Goodput in virtual time on a 100 Gbit/s link with a 100 µs round trip (50 µs each
+/// way) at MTU 9000 and 1500, the sender's buffer large (8 MiB), with the receive buffer
+/// fixed at the default 256 KiB, auto-tuned from it up to 6 MiB (`rx_buffer_max`, Linux's
+/// `tcp_rmem` maximum), and fixed at 6 MiB from the start (issue 15 §3). Deterministic.
+fn window_report() {
+    const WINDOW_BYTES: usize = 64 << 20;
+    const MAX: usize = 6 << 20;
+    let run = |mtu: usize, rx: usize, rx_max: Option<usize>| {
+        let out = ours::transfer_with(
+            WINDOW_BYTES,
+            rx,
+            mtu,
+            Duration::from_micros(50),
+            Some(100_000_000_000),
+            0.0,
+            |c| {
+                c.mss = u16::MAX;
+                c.tx_buffer = 8 << 20;
+                c.rx_buffer_max = rx_max;
+            },
+        );
+        assert_eq!(out.received, WINDOW_BYTES);
+        out
+    };
+    let gbps = |o: &ours::Outcome| WINDOW_BYTES as f64 * 8.0 / o.elapsed.as_secs_f64() / 1e9;
+    println!("virtual goodput, 64 MiB over a 100 Gbit/s link, 100 us RTT, sender buffer 8 MiB:");
+    println!("| MTU | rx 256 KiB fixed | auto-tuned up to 6 MiB (final buffer) | rx 6 MiB fixed | auto / fixed 256 KiB |");
+    println!("|---|---|---|---|---|");
+    for mtu in [9000, 1500] {
+        let fixed = run(mtu, BUFFER, None);
+        let auto = run(mtu, BUFFER, Some(MAX));
+        let big = run(mtu, MAX, None);
+        println!(
+            "| {mtu} | {:.1} Gbit/s | {:.1} Gbit/s ({} KiB) | {:.1} Gbit/s | {:.2} |",
+            gbps(&fixed),
+            gbps(&auto),
+            auto.rx_buffer >> 10,
+            gbps(&big),
+            gbps(&auto) / gbps(&fixed)
+        );
+    }
+}
+
 /// Runs the benchmarks (written out by hand instead of `criterion_group!`, whose generated
 /// function has no doc comment).
 pub fn benches() {
+    window_report();
     loss_report();
     let mut c = Criterion::default().configure_from_args();
     bulk(&mut c);

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant as StdInstant};
 
 use bytes::Bytes;
 use netchannel::netdriver::channel::{
-    ChannelError, ChannelListener, ChannelSet, ChannelSetConfig, Dequeued,
+    ChannelError, ChannelListener, ChannelSet, ChannelSetConfig, ChannelStats, Dequeued,
 };
 use netchannel::netdriver::link::xdp::{XdpLink, XdpLinkConfig};
 use netchannel::netdriver::link::Link;
@@ -356,8 +356,14 @@ impl ChannelSink {
 }
 
 /// One channel from `set` to `target` carrying `total` bytes, enqueued as 64 KiB slices
-/// of `block` (no copy), then closed; returns once the receiver's FIN arrived.
-pub fn channel_send(set: &ChannelSet, target: SocketAddrV4, block: &Bytes, total: u64) {
+/// of `block` (no copy), then closed; returns once the receiver's FIN arrived, with the
+/// channel's last statistics (retransmissions).
+pub fn channel_send(
+    set: &ChannelSet,
+    target: SocketAddrV4,
+    block: &Bytes,
+    total: u64,
+) -> ChannelStats {
     let ch = set.connect(target).expect("channel connect");
     let step = block.len().min(64 << 10);
     let mut sent = 0u64;
@@ -369,7 +375,7 @@ pub fn channel_send(set: &ChannelSet, target: SocketAddrV4, block: &Bytes, total
     }
     ch.close();
     match ch.dequeue_blocking(Some(STEP_TIMEOUT)) {
-        Ok(Dequeued::Finished) => {}
+        Ok(Dequeued::Finished) => ch.stats(),
         Ok(Dequeued::Chunk(_)) => panic!("the sink sent data"),
         Ok(Dequeued::Empty) => panic!("no FIN from {target} within {STEP_TIMEOUT:?}"),
         Err(e) => panic!("channel to {target}: {e}"),

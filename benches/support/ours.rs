@@ -19,6 +19,8 @@ pub struct Outcome {
     pub elapsed: Duration,
     /// Segments the sender retransmitted.
     pub retransmitted: u64,
+    /// The receiver's receive buffer at the end (grown by auto-tuning, if on).
+    pub rx_buffer: usize,
 }
 
 /// Transfers `bytes` over a link with the given one-way `latency`, `bandwidth_bps`
@@ -64,6 +66,9 @@ pub fn transfer_with(
     let host = |link, mac, ip| {
         let mut tcp = Config {
             rx_buffer: buffer,
+            // Fixed, as smoltcp's (the like-for-like comparison); `tweak` may turn
+            // auto-tuning on.
+            rx_buffer_max: None,
             tx_buffer: buffer,
             min_rto: Duration::from_millis(1),
             ..Config::default()
@@ -143,9 +148,13 @@ pub fn transfer_with(
         .conn(client)
         .map(|c| c.stats().retransmitted_segments)
         .unwrap_or(0);
+    let rx_buffer = server
+        .and_then(|h| b.conn(h))
+        .map_or(0, |c| c.stats().rx_buffer);
     Outcome {
         received,
         elapsed: now - start,
         retransmitted,
+        rx_buffer,
     }
 }

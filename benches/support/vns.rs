@@ -157,12 +157,32 @@ impl StackPair {
         latency: usize,
         isolating: bool,
     ) -> StackPair {
+        StackPair::start_configured(bed, channels, latency, isolating, |_| {})
+    }
+
+    /// [`start_scheduled`](Self::start_scheduled), each side's `ChannelSetConfig` passed
+    /// through `tune` before its set starts (TCP options). Above MTU 1500 the sets use
+    /// 4096-byte UMEM frames (fewer descriptors per chain, and chains of up to 16 reach
+    /// MTU 61426); the MSS follows the MTU by `ChannelSetConfig::new`'s default.
+    pub fn start_configured(
+        bed: &TestBed,
+        channels: usize,
+        latency: usize,
+        isolating: bool,
+        tune: impl Fn(&mut ChannelSetConfig) + Clone + Send + 'static,
+    ) -> StackPair {
+        let jumbo = bed.mtu() > 1500;
         let start = |side: Side| {
             let e = bed.side(side).clone();
+            let tune = tune.clone();
             bed.run_in(side, move || {
                 let mut cfg = ChannelSetConfig::new(e.ifname.clone(), e.ipv4);
                 // For A/B runs of inline transmit (netdriver's `inline_tx`).
                 cfg.inline_tx = env_or("NETCHANNEL_BENCH_INLINE_TX", cfg.inline_tx);
+                if jumbo {
+                    cfg.link.frame_size = 4096;
+                }
+                tune(&mut cfg);
                 let set = ChannelSet::start(cfg).expect("channel set");
                 let backend = Arc::new(XdpBackend::new(set));
                 let mut builder = Stack::builder()
@@ -547,7 +567,19 @@ impl StackBench {
     /// listener, and runs one small virtual-stream transfer that opens the stacks'
     /// channels (so that the first measured one does not pay for it).
     pub fn start(bed: &TestBed, rt: &Runtime, channels: usize, total: u64) -> StackBench {
-        let pair = StackPair::start(bed, channels);
+        StackBench::start_configured(bed, rt, channels, total, |_| {})
+    }
+
+    /// [`start`](Self::start) with each side's `ChannelSetConfig` passed through `tune`
+    /// (see [`StackPair::start_configured`]).
+    pub fn start_configured(
+        bed: &TestBed,
+        rt: &Runtime,
+        channels: usize,
+        total: u64,
+        tune: impl Fn(&mut ChannelSetConfig) + Clone + Send + 'static,
+    ) -> StackBench {
+        let pair = StackPair::start_configured(bed, channels, 0, false, tune);
         let sink = ChannelSink::start(
             pair.channels_b()
                 .listen(RAW_CHANNEL_PORT)
@@ -577,14 +609,19 @@ impl StackBench {
 
     /// `raw_channel`: one channel of A's set to B's (64 KiB `Bytes` slices, no copy).
     pub fn raw_channel(&self) -> Duration {
+        self.raw_channel_stats().0
+    }
+
+    /// [`raw_channel`](Self::raw_channel), with the sending channel's last statistics.
+    pub fn raw_channel_stats(&self) -> (Duration, netchannel::netdriver::channel::ChannelStats) {
         let start = std::time::Instant::now();
-        bed::channel_send(
+        let stats = bed::channel_send(
             self.pair.channels_a(),
             self.pair.raw_addr(),
             &self.block,
             self.total,
         );
-        start.elapsed()
+        (start.elapsed(), stats)
     }
 
     /// `raw_channel_copy`: the same through `ChannelStream` (std `Read`/`Write`, a copy

@@ -429,3 +429,58 @@ fn a_passive_open_from_a_mac_the_kernel_does_not_know_is_aborted() {
     );
     set.shutdown().unwrap();
 }
+
+/// At MTU 9000 a set with default settings offers the MSS the MTU allows (8960), so a
+/// kernel peer sends it 8948-byte segments (8960 less the timestamp option); TCP's own
+/// default MSS, 1460, would have kept the jumbo link at 1448-byte segments.
+#[test]
+fn a_set_at_mtu_9000_offers_the_mss_of_its_mtu() {
+    use std::os::fd::AsRawFd;
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(1).mtu(9000)) else {
+        return;
+    };
+    let set = start(&bed, Side::B, config(&bed, Side::B));
+    let listener = set.listen(7000).expect("listen");
+    let server = std::thread::spawn(move || {
+        let (ch, _) = listener.accept_timeout(DEADLINE).expect("accept");
+        let mut stream = ChannelStream::new(ch);
+        let n = echo(&mut stream).expect("echo");
+        stream.shutdown_write().unwrap();
+        stream.flush().unwrap();
+        n
+    });
+    let target = SocketAddr::from((bed.side(Side::B).ipv4, 7000));
+    let (mss, got) = bed
+        .run_in(Side::A, move || {
+            let conn = TcpStream::connect_timeout(&target, DEADLINE).expect("connect");
+            conn.set_read_timeout(Some(DEADLINE)).unwrap();
+            let mut mss: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: getsockopt writes at most `len` bytes into `mss`, which lives across
+            // the call; the descriptor is the connected socket `conn` owns.
+            let rc = unsafe {
+                libc::getsockopt(
+                    conn.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_MAXSEG,
+                    (&mut mss as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+            let mut w = conn.try_clone().unwrap();
+            let writer = std::thread::spawn(move || {
+                write_stream(&mut w, 9, 4 * MB, 64 * 1024).expect("write");
+                w.shutdown(Shutdown::Write).unwrap();
+            });
+            let n = read_verify(&mut &conn, 9).expect("read back");
+            writer.join().unwrap();
+            (mss, n)
+        })
+        .unwrap();
+    assert_eq!(server.join().unwrap(), 4 * MB);
+    assert_eq!(got, 4 * MB);
+    assert_eq!(mss, 8960 - 12, "the kernel's send MSS towards our set");
+    set.shutdown().unwrap();
+    assert!(!program_attached(&bed, Side::B));
+}

@@ -1,5 +1,5 @@
 //! Two of our channel sets, one per side of a 2-queue test bed: several channels on each
-//! queue at once, data both ways verified.
+//! queue at once, data both ways verified; and at MTU 9000, with default settings.
 //!
 //! Privileged: skips without root, and fails instead when `NETCHANNEL_REQUIRE_XDP=1`.
 #![cfg(target_os = "linux")]
@@ -90,6 +90,55 @@ fn two_channel_sets_talk_on_every_queue() {
     // Both stacks steer each flow back to its owner's queue: nothing needed forwarding.
     assert_eq!(a.forwarded_frames(), (0, 0));
     drop(channels);
+    a.shutdown().unwrap();
+    b.shutdown().unwrap();
+    assert!(!program_attached(&bed, Side::A));
+    assert!(!program_attached(&bed, Side::B));
+}
+
+/// How `side`'s veth end has an XDP program attached, as `ip link` shows it: `xdp`
+/// (native), `xdpgeneric`, or `none`.
+fn xdp_mode(bed: &TestBed, side: Side) -> String {
+    let ifname = bed.side(side).ifname.clone();
+    let text = bed
+        .output_in(side, "ip", &["link", "show", "dev", &ifname])
+        .expect("ip link show");
+    text.split_whitespace()
+        .find(|w| w.starts_with("xdp"))
+        .unwrap_or("none")
+        .to_owned()
+}
+
+/// At MTU 9000 a set with default settings attaches the `xdp.frags` program, which veth
+/// accepts in native mode (a single-buffer one it refuses above MTU 3506, and the attach
+/// fell back to generic mode), and a channel's data crosses both ways (8960-byte segments,
+/// chains of UMEM frames).
+#[test]
+fn channel_sets_at_mtu_9000_attach_the_frags_program_natively() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(1).mtu(9000)) else {
+        return;
+    };
+    let a = start(&bed, Side::A, config(&bed, Side::A));
+    let b = start(&bed, Side::B, config(&bed, Side::B));
+    assert_eq!(xdp_mode(&bed, Side::A), "xdp");
+    assert_eq!(xdp_mode(&bed, Side::B), "xdp");
+    let listener = b.listen_channels().expect("listen");
+    let server = std::thread::spawn(move || {
+        let (ch, _) = listener.accept_timeout(DEADLINE).expect("accept");
+        let mut s = ChannelStream::new(ch);
+        let bytes = echo(&mut s).expect("echo");
+        s.shutdown_write().unwrap();
+        s.flush().unwrap();
+        bytes
+    });
+    let target = SocketAddrV4::new(bed.side(Side::B).ipv4, 9000);
+    let ch = a.connect(target).expect("connect");
+    std::thread::scope(|s| {
+        s.spawn(|| send_stream(&ch, 900, PER_CHANNEL, 60 * 1024));
+        s.spawn(|| assert_eq!(recv_stream(&ch, 900), PER_CHANNEL));
+    });
+    assert_eq!(server.join().unwrap(), PER_CHANNEL);
+    drop(ch);
     a.shutdown().unwrap();
     b.shutdown().unwrap();
     assert!(!program_attached(&bed, Side::A));

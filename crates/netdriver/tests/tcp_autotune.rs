@@ -109,11 +109,10 @@ fn a_slow_reader_does_not_grow_the_buffer() {
     assert_eq!(t.stats().rx_buffer_grown, 0);
 }
 
-/// Without `rx_buffer_max` (the default) the buffer is fixed as before, and the window
-/// scale offered is the one for `rx_buffer`.
+/// Without `rx_buffer_max` the buffer is fixed, and the window scale offered is the one
+/// for `rx_buffer`.
 #[test]
 fn without_a_maximum_nothing_grows() {
-    assert_eq!(Config::default().rx_buffer_max, None);
     let mut t = autotuned(None);
     assert_eq!(t.our_shift, 0);
     let d = data(100_000);
@@ -126,4 +125,23 @@ fn without_a_maximum_nothing_grows() {
     }
     assert_eq!(t.stats().rx_buffer, BUF);
     assert_eq!(t.stats().rx_buffer_grown, 0);
+}
+
+/// The default configuration auto-tunes (up to 6 MiB, Linux's `tcp_rmem` maximum): a
+/// reader that keeps up grows the buffer a round trip after reading more than the
+/// initial 10 segments, exactly as with an explicit maximum.
+#[test]
+fn the_default_configuration_auto_tunes() {
+    let max = Config::default().rx_buffer_max;
+    assert_eq!(max, Some(6 << 20));
+    let mut t = autotuned(max);
+    // 6 MiB >> 6 does not fit 16 bits, >> 7 does.
+    assert_eq!(t.our_shift, 7);
+    let d = data(16_000);
+    receive(&mut t, &d, 0, 16);
+    assert_eq!(t.app_recv(100_000), d[..16_000]);
+    t.advance(ms(10));
+    t.drain();
+    assert_eq!(t.stats().rx_buffer, 2 * 16_000 + 16 * 1460);
+    assert_eq!(t.stats().rx_buffer_grown, 1);
 }

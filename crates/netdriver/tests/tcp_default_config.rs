@@ -32,8 +32,9 @@ fn peer() -> PeerOpts {
 fn default_config_handshake_request_reply_loss_and_recovery() {
     let mut t = Tcb::established(Config::default(), peer());
     assert_eq!(t.conn.negotiated(), (true, true, true));
-    // 256 KiB needs shift 3 (RFC 7323 §2.3); the peer's shift is 7.
-    assert_eq!(t.conn.window_scales(), (3, 7));
+    // The shift expresses the auto-tuning maximum, 6 MiB: 7 (RFC 7323 §2.3; 256 KiB alone
+    // would need 3); the peer's shift is 7.
+    assert_eq!(t.conn.window_scales(), (7, 7));
     assert_eq!(t.conn.send_mss(), SMSS);
     let s = t.stats();
     assert_eq!(

@@ -8,7 +8,8 @@ use tcp_support::*;
 
 #[test]
 fn active_open_syn_carries_all_options_for_default_config() {
-    // Crate defaults: rx_buffer 256 KiB needs shift 3 (262144 >> 3 = 32768), timestamps on.
+    // Crate defaults: the auto-tuning maximum, 6 MiB, needs shift 7 (6 MiB >> 7 = 49152;
+    // the 256 KiB the buffer starts at would need 3), timestamps on.
     let cfg = Config::default();
     let mut h = connect_with(cfg);
     assert_eq!(h.state(), State::SynSent);
@@ -21,7 +22,7 @@ fn active_open_syn_carries_all_options_for_default_config() {
             window: 65535,
             options: TcpOptions {
                 mss: Some(1460),
-                window_scale: Some(3),
+                window_scale: Some(7),
                 sack_permitted: true,
                 // TSval is the core's clock (µs); TSecr is 0 on an initial SYN (RFC 7323 §3.2).
                 timestamp: Some((T0.total_millis() as u32, 0)),
@@ -152,7 +153,8 @@ fn passive_open_syn_ack_mirrors_offered_options() {
         conn,
         now: T0,
         cfg: Config::default(),
-        shift: 3,
+        // For the default's 6 MiB auto-tuning maximum.
+        shift: 7,
     };
     assert_eq!(h.state(), State::SynReceived);
     recv!(
@@ -164,7 +166,7 @@ fn passive_open_syn_ack_mirrors_offered_options() {
             window: 65535,
             options: TcpOptions {
                 mss: Some(1460),
-                window_scale: Some(3),
+                window_scale: Some(7),
                 sack_permitted: true,
                 timestamp: Some((T0.total_millis() as u32, 777)),
                 ..TcpOptions::default()

@@ -8,6 +8,8 @@
 //! - no operation panics (regression class: panics found by fuzzing the ingress path,
 //!   smoltcp #538, #562) and `poll_transmit` never livelocks.
 //!
+//! `ORACLE_TRACE=1` prints every delivered segment.
+//!
 //! At the end both sides close, the network becomes lossless and time advances through
 //! every timer: each side must then have read exactly everything the other wrote, followed
 //! by EOF (`Ok(0)`), and both connections must reach CLOSED without an error.
@@ -191,6 +193,18 @@ impl World {
                 } else {
                     &mut self.p.a
                 };
+                // Every delivered segment on stderr, for reading a failing case.
+                if std::env::var_os("ORACLE_TRACE").is_some() {
+                    eprintln!(
+                        "{now:?} {} seq={} ack={:?} win={} len={} flags={:?}",
+                        if dir == 0 { "A->B" } else { "B->A" },
+                        s.repr.seq.0,
+                        s.repr.ack.map(|a| a.0),
+                        s.repr.window,
+                        s.payload.len(),
+                        s.repr.flags
+                    );
+                }
                 for _ in 0..copies {
                     target.handle_segment(now, &s.repr, &s.payload);
                 }

@@ -444,11 +444,11 @@ fn unanswered_probes_into_a_window_closed_with_data_outstanding_time_out() {
 /// RCV.NXT, which is our SND.UNA (RFC 9293 §3.10.7.4: with RCV.WND = 0 a zero-length
 /// segment is acceptable only when SEG.SEQ = RCV.NXT). Our ACKs of its data carried
 /// SND.MAX, so it dropped every one of them: its own data was never acknowledged and its
-/// sending stalled until its retransmissions gave up. A segment without data now carries
-/// the right edge of the peer's window when SND.MAX lies beyond it (as Linux's
-/// `tcp_acceptable_seq` does).
+/// sending stalled until its retransmissions gave up. While the peer's window is shut
+/// with our data unacknowledged, each pure ACK now goes at SND.UNA and again at SND.MAX
+/// (a peer that took the data takes only the second).
 #[test]
-fn acks_into_a_closed_window_carry_its_right_edge() {
+fn acks_into_a_closed_window_go_at_snd_una_and_snd_max() {
     let mut t = Tcb::established(test_config(), PeerOpts::default());
     t.conn.set_nodelay(true);
     let d = data(100);
@@ -459,9 +459,11 @@ fn acks_into_a_closed_window_carry_its_right_edge() {
     t.send(t.seg().ack(l(0)).win(0));
     t.expect_none();
     t.send(t.seg().ack(l(0)).win(0).payload(b"hello"));
-    t.expect(t.out().seq(l(0)).ack(r(5)).win(t.window_for(BUF - 5)));
+    let ack = t.out().ack(r(5)).win(t.window_for(BUF - 5));
+    t.expect(ack.clone().seq(l(0)));
+    t.expect(ack.seq(l(100)));
     t.expect_none();
-    // After the RTO's one-octet probe the ACKs still carry SND.UNA.
+    // After the RTO's one-octet probe, the same.
     t.fire();
     t.expect(
         t.out()
@@ -472,9 +474,11 @@ fn acks_into_a_closed_window_carry_its_right_edge() {
     );
     t.expect_none();
     t.send(t.seg().seq(r(5)).ack(l(0)).win(0).payload(b"world"));
-    t.expect(t.out().seq(l(0)).ack(r(10)).win(t.window_for(BUF - 10)));
+    let ack = t.out().ack(r(10)).win(t.window_for(BUF - 10));
+    t.expect(ack.clone().seq(l(0)));
+    t.expect(ack.seq(l(100)));
     t.expect_none();
-    // With the window open again, an ACK carries SND.MAX as before.
+    // With the window open again, one ACK at SND.MAX as before.
     t.send(t.seg().seq(r(10)).ack(l(0)).win(4000));
     t.expect(
         t.out()
@@ -486,4 +490,28 @@ fn acks_into_a_closed_window_carry_its_right_edge() {
     t.expect_none();
     t.send(t.seg().seq(r(10)).ack(l(0)).win(4000).payload(b"!"));
     t.expect(t.out().seq(l(100)).ack(r(11)).win(t.window_for(BUF - 11)));
+    t.expect_none();
+}
+
+/// Regression (found by the lossless oracle proptest once receive-window auto-tuning made
+/// window scale 7 the default): both ends probed each other's zero window at once, each
+/// took the other's probe octet, and each ACK of it was dropped. Our later ACKs carried
+/// SND.MAX, one below the probe octet the peer had taken, so the peer dropped them as
+/// old (RFC 9293 §3.10.7.4), and so did we theirs: neither learned its probe was
+/// acknowledged. A pure ACK now also goes at the end of an unacknowledged probe.
+#[test]
+fn acks_after_a_probe_also_carry_its_end() {
+    let mut t = zero_window_peer(test_config());
+    let d = data(100);
+    t.app_send(&d);
+    t.expect_none();
+    t.fire();
+    t.expect(t.out().seq(l(0)).payload(&d[..1]));
+    t.expect_none();
+    // The peer took the octet; its ACK is lost. It sends data (its probe, say).
+    t.send(t.seg().ack(l(0)).win(0).payload(b"hi"));
+    let ack = t.out().ack(r(2)).win(t.window_for(BUF - 2));
+    t.expect(ack.clone().seq(l(0)));
+    t.expect(ack.seq(l(1)));
+    t.expect_none();
 }

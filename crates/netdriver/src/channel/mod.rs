@@ -147,7 +147,7 @@ pub use queue::{Channel, DeferredKick, RxPoller};
 #[cfg(target_os = "linux")]
 pub use set::{
     ChannelListener, ChannelSet, ChannelSetConfig, PartialChecksums, QueueLimits, QueueThreadStats,
-    RxChecksumStats, SynStats, DEFAULT_CHANNEL_PORT,
+    RxChecksumStats, SynStats, DEFAULT_CHANNEL_PORT, LINEAR_XDP_MAX_MTU,
 };
 #[cfg(target_os = "linux")]
 pub use stream::ChannelStream;

@@ -78,9 +78,15 @@ pub struct ChannelSetConfig {
     /// idle thread spins on its rx ring after its last activity.
     pub link: XdpLinkConfig,
     /// How the steering program is attached (default: native with generic fallback,
-    /// replacing a stale program).
+    /// replacing a stale program). With `frags` off, [`ChannelSet::start`] still attaches
+    /// the `xdp.frags` variant where the interface's MTU needs it (above
+    /// [`LINEAR_XDP_MAX_MTU`], or links binding multi-buffer).
     pub attach: AttachOptions,
-    /// Configuration of every TCP connection.
+    /// Configuration of every TCP connection. [`ChannelSetConfig::new`] sets its `mss` to
+    /// `u16::MAX`, which each queue's interface lowers to its link's MTU − 40: segments
+    /// fill the frames the interface carries (1460 bytes at MTU 1500, 8960 at 9000),
+    /// where `tcp::Config`'s own default, 1460, would leave a jumbo-frame link sending
+    /// 1500-byte frames.
     pub tcp: tcp::Config,
     /// Disable Nagle's algorithm on channels (default true: chunks are sent as they come).
     pub nodelay: bool,
@@ -126,8 +132,9 @@ pub struct ChannelSetConfig {
 
 impl ChannelSetConfig {
     /// Defaults for `ifname` with address `ipv4`: all queues, the link defaults
-    /// (4096 frames of 2 KiB, copy mode), default TCP, port 9000, no pinning, queues of
-    /// 1024 chunks / 4 MiB, 3 s neighbour and 10 s connect timeouts.
+    /// (4096 frames of 2 KiB, copy mode), default TCP with the MSS the MTU allows, port
+    /// 9000, no pinning, queues of 1024 chunks / 4 MiB, 3 s neighbour and 10 s connect
+    /// timeouts.
     pub fn new(ifname: impl Into<String>, ipv4: Ipv4Addr) -> ChannelSetConfig {
         let ifname = ifname.into();
         ChannelSetConfig {
@@ -136,7 +143,11 @@ impl ChannelSetConfig {
             ipv4,
             queues: None,
             attach: AttachOptions::default(),
-            tcp: tcp::Config::default(),
+            tcp: tcp::Config {
+                // Clamped to the MTU − 40 by `Interface::new`.
+                mss: u16::MAX,
+                ..tcp::Config::default()
+            },
             nodelay: true,
             channel_port: DEFAULT_CHANNEL_PORT,
             cores: None,
@@ -426,6 +437,30 @@ fn resolve_partial_checksums(config: &ChannelSetConfig) -> bool {
     }
 }
 
+/// The largest MTU at which a veth peer accepts an XDP program without `xdp.frags` (a
+/// 4 KiB page less XDP's headroom and the skb's shared info; measured in
+/// `docs/testbed.md`). NIC drivers have limits of the same order for single-buffer XDP.
+pub const LINEAR_XDP_MAX_MTU: usize = 3506;
+
+/// `config.attach`, with the `xdp.frags` variant chosen when the interface needs it: when
+/// the set's links will bind multi-buffer (`XDP_USE_SG`, whose frames only a frags program
+/// may redirect) or the MTU is above [`LINEAR_XDP_MAX_MTU`] (where veth refuses a
+/// single-buffer program, and a native attach would fall back to slow generic mode).
+fn resolve_attach(config: &ChannelSetConfig) -> Result<AttachOptions, ChannelError> {
+    let mut attach = config.attach;
+    if !attach.frags {
+        let mut link = config.link.clone();
+        link.ifname = config.ifname.clone();
+        let mtu = crate::link::xdp::mtu_of(&config.ifname).map_err(ChannelError::Link)?;
+        attach.frags =
+            mtu > LINEAR_XDP_MAX_MTU || link.binds_multi_buffer().map_err(ChannelError::Link)?;
+        if attach.frags {
+            debug!(ifname = %config.ifname, mtu, "attaching the xdp.frags steering program");
+        }
+    }
+    Ok(attach)
+}
+
 impl ChannelSet {
     /// Attaches the steering program to `config.ifname`, opens one AF_XDP link per queue,
     /// registers their sockets and spawns one channel thread per queue, all in the
@@ -475,9 +510,9 @@ impl ChannelSet {
             }
         };
 
+        let attach = resolve_attach(&config)?;
         // From here on, `steering` detaches on every early return.
-        let steering =
-            XdpSteering::attach(&config.ifname, config.attach).map_err(ChannelError::Xdp)?;
+        let steering = XdpSteering::attach(&config.ifname, attach).map_err(ChannelError::Xdp)?;
         let mut links = Vec::with_capacity(queues.len());
         for &q in &queues {
             let mut lc = config.link.clone();

@@ -187,6 +187,34 @@ impl XdpLinkConfig {
     }
 }
 
+impl XdpLinkConfig {
+    /// For an interface of `mtu`: whether a tx frame needs a chain of UMEM frames, and
+    /// whether the socket binds with `XDP_USE_SG` ([`multi_buffer`](Self::multi_buffer)).
+    fn chains_for(&self, mtu: usize) -> (bool, bool) {
+        let capacity = self.frame_size.saturating_sub(XDP_PACKET_HEADROOM) as usize;
+        let tx_chains = capacity < TX_HEADROOM + mtu + ETHERNET_HEADER_LEN;
+        let multi_buffer = match self.multi_buffer {
+            MultiBuffer::Off => false,
+            MultiBuffer::On => true,
+            MultiBuffer::Auto => tx_chains,
+        };
+        (tx_chains, multi_buffer)
+    }
+
+    /// Whether [`XdpLink::open`] with this configuration binds with `XDP_USE_SG` on
+    /// [`ifname`](Self::ifname) as its MTU is now (read in the calling thread's network
+    /// namespace). A steering program must then be the `xdp.frags` variant, so that a
+    /// loader can choose it before the links open.
+    pub fn binds_multi_buffer(&self) -> Result<bool, XdpLinkError> {
+        Ok(self.chains_for(interface_mtu(&self.ifname)?).1)
+    }
+}
+
+/// The MTU of `ifname` in the calling thread's network namespace (`SIOCGIFMTU`).
+pub fn mtu_of(ifname: &str) -> Result<usize, XdpLinkError> {
+    interface_mtu(ifname)
+}
+
 /// Why an [`XdpLink`] could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum XdpLinkError {
@@ -460,13 +488,8 @@ impl XdpLink {
         }
         let mtu = interface_mtu(&config.ifname)?;
         let capacity = (config.frame_size - XDP_PACKET_HEADROOM) as usize;
+        let (tx_chains, multi_buffer) = config.chains_for(mtu);
         let needed = TX_HEADROOM + mtu + ETHERNET_HEADER_LEN;
-        let tx_chains = capacity < needed;
-        let multi_buffer = match config.multi_buffer {
-            MultiBuffer::Off => false,
-            MultiBuffer::On => true,
-            MultiBuffer::Auto => tx_chains,
-        };
         if tx_chains && !multi_buffer {
             return Err(XdpLinkError::FrameTooSmall {
                 frame_size: config.frame_size,

@@ -13,6 +13,16 @@
 //!
 //! All stored ranges lie within one send window, far less than 2^31 bytes, so circular
 //! sequence comparisons between them are sound.
+//!
+//! Costs, with *n* ranges held (at most the cap, [`Config::max_sack_ranges`], 512 by
+//! default): recording one SACK block is a binary search plus at most one shift of the
+//! sorted array (*O(n)* word moves, 4 KiB at 512); [`next_hole`](SackScoreboard::next_hole)
+//! and [`is_sacked`](SackScoreboard::is_sacked) are binary searches;
+//! [`is_lost`](SackScoreboard::is_lost) stops at the `dup_thresh`-th range above the byte.
+//! So neither the cap nor a peer's SACK pattern turns a segment or an ACK into a long walk.
+//! The array is allocated on demand: a connection without losses holds nothing.
+//!
+//! [`Config::max_sack_ranges`]: crate::tcp::Config::max_sack_ranges
 
 use crate::tcp::SeqNumber;
 use crate::wire::tcp::SackBlock;
@@ -23,14 +33,17 @@ pub struct SackScoreboard {
     /// Half-open `[left, right)` ranges in ascending order; never longer than `max_ranges`.
     ranges: Vec<(SeqNumber, SeqNumber)>,
     max_ranges: usize,
+    /// Ranges forgotten for want of room (a new lowest one not kept counts too).
+    forgotten: u64,
 }
 
 impl SackScoreboard {
     /// An empty scoreboard that remembers at most `max_ranges` disjoint ranges.
     pub fn new(max_ranges: usize) -> Self {
         SackScoreboard {
-            ranges: Vec::with_capacity(max_ranges),
+            ranges: Vec::new(),
             max_ranges,
+            forgotten: 0,
         }
     }
 
@@ -76,9 +89,11 @@ impl SackScoreboard {
         let j = self.ranges.partition_point(|&(l, _)| l <= right);
         if i == j {
             if self.max_ranges == 0 {
+                self.forgotten += 1;
                 return 0;
             }
             if self.ranges.len() >= self.max_ranges {
+                self.forgotten += 1;
                 if i == 0 {
                     // The new range is the lowest of all: it is the one to forget.
                     return 0;
@@ -110,9 +125,11 @@ impl SackScoreboard {
 
     /// Whether the byte with sequence number `seq` has been SACKed.
     pub fn is_sacked(&self, seq: SeqNumber) -> bool {
+        // The first range ending above `seq` is the only one that can hold it.
+        let i = self.ranges.partition_point(|&(_, r)| r <= seq);
         self.ranges
-            .iter()
-            .any(|&(l, r)| seq.in_window(l, (r - l) as u32))
+            .get(i)
+            .is_some_and(|&(l, r)| seq.in_window(l, (r - l) as u32))
     }
 
     /// The total number of SACKed bytes.
@@ -137,6 +154,11 @@ impl SackScoreboard {
             }
             blocks += 1;
             bytes = bytes.saturating_add(r - l.max(seq + 1));
+            // Both counts only grow: stop as soon as the answer is known, so that a
+            // scoreboard of many ranges costs `dup_thresh` steps, not a walk.
+            if blocks >= dup_thresh || bytes > dup_thresh.saturating_sub(1).saturating_mul(mss) {
+                return true;
+            }
         }
         blocks >= dup_thresh || bytes > dup_thresh.saturating_sub(1).saturating_mul(mss)
     }
@@ -144,23 +166,25 @@ impl SackScoreboard {
     /// The first un-SACKed range `[start, end)` at or after `from` that lies below
     /// [`highest_sacked`](Self::highest_sacked), or `None` if there is none.
     pub fn next_hole(&self, from: SeqNumber) -> Option<(SeqNumber, SeqNumber)> {
-        let mut cursor = from;
-        for &(l, r) in &self.ranges {
-            if r <= cursor {
-                continue;
-            }
-            if l <= cursor {
-                cursor = r;
-                continue;
-            }
-            return Some((cursor, l));
+        // The first range ending above `from`; ranges are disjoint and never adjacent, so
+        // if it covers `from` the hole runs from its end to the next range's start.
+        let i = self.ranges.partition_point(|&(_, r)| r <= from);
+        let &(l, r) = self.ranges.get(i)?;
+        if l > from {
+            return Some((from, l));
         }
-        None
+        self.ranges.get(i + 1).map(|&(next, _)| (r, next))
     }
 
     /// The number of disjoint SACKed ranges held.
     pub fn range_count(&self) -> usize {
         self.ranges.len()
+    }
+
+    /// Ranges forgotten because the scoreboard was full (the lowest goes, or a new range
+    /// below all of them is not kept).
+    pub fn forgotten(&self) -> u64 {
+        self.forgotten
     }
 
     /// Forgets all SACK information (for instance after an RTO, RFC 6675 §5.1).
@@ -346,9 +370,11 @@ mod tests {
         );
         assert_eq!(n, 300);
         assert_eq!(offs(&sb), vec![(3000, 3100), (5000, 5100)]);
+        assert_eq!(sb.forgotten(), 1);
         // A block below everything kept is the one forgotten.
         assert_eq!(sb.on_sack_blocks(s(0), s(20_000), &[blk(100, 200)]), 0);
         assert_eq!(offs(&sb), vec![(3000, 3100), (5000, 5100)]);
+        assert_eq!(sb.forgotten(), 2);
         // Merging needs no new slot.
         sb.on_sack_blocks(s(0), s(20_000), &[blk(3100, 5000)]);
         assert_eq!(offs(&sb), vec![(3000, 5100)]);
@@ -359,6 +385,54 @@ mod tests {
         let mut none = SackScoreboard::new(0);
         assert_eq!(none.on_sack_blocks(s(0), s(20_000), &[blk(1, 2)]), 0);
         assert_eq!(none.range_count(), 0);
+    }
+
+    /// The default cap holds a 100 Gbit/s × 100 µs window (1.25 MB, 856 segments of 1460
+    /// bytes) with every other segment lost, as ACKs of 4 blocks report it, and the
+    /// queries still walk it exactly; the old cap of 32 kept only the top 32 ranges.
+    #[test]
+    fn default_cap_holds_a_100g_window_with_every_other_segment_lost() {
+        const MSS: usize = 1460;
+        const SEGMENTS: usize = 856;
+        let base = SeqNumber(u32::MAX - 100_000);
+        let at = |seg: usize| base + seg * MSS;
+        let nxt = at(SEGMENTS);
+        let blocks: Vec<SackBlock> = (1..SEGMENTS)
+            .step_by(2)
+            .map(|seg| SackBlock {
+                left: at(seg),
+                right: at(seg + 1),
+            })
+            .collect();
+        let cap = crate::tcp::Config::default().max_sack_ranges;
+        let mut sb = SackScoreboard::new(cap);
+        for ack in blocks.chunks(4) {
+            sb.on_sack_blocks(base, nxt, ack);
+        }
+        assert_eq!(sb.range_count(), SEGMENTS / 2);
+        assert_eq!(sb.sacked_bytes(), SEGMENTS / 2 * MSS);
+        // Every hole, in order, from the cumulative ACK point.
+        let mut from = base;
+        let mut holes = 0;
+        while let Some((a, b)) = sb.next_hole(from) {
+            assert_eq!((a, b), (at(2 * holes), at(2 * holes + 1)));
+            holes += 1;
+            from = b;
+        }
+        assert_eq!(holes, SEGMENTS / 2);
+        assert!(sb.is_sacked(at(1)) && !sb.is_sacked(at(0)));
+        assert!(sb.is_sacked(at(SEGMENTS - 1) + (MSS - 1)));
+        // The lowest hole is lost (hundreds of ranges above), the highest is not (one).
+        assert!(sb.is_lost(base, 3, MSS));
+        assert!(!sb.is_lost(at(SEGMENTS - 2), 3, MSS));
+        let mut old = SackScoreboard::new(32);
+        for ack in blocks.chunks(4) {
+            old.on_sack_blocks(base, nxt, ack);
+        }
+        assert_eq!(old.range_count(), 32);
+        assert_eq!(sb.forgotten(), 0);
+        assert_eq!(old.forgotten(), (SEGMENTS / 2 - 32) as u64);
+        assert_eq!(old.next_hole(base), Some((base, at(SEGMENTS - 63))));
     }
 
     #[test]

@@ -78,6 +78,9 @@ pub fn ms(n: u64) -> Duration {
 pub fn config() -> Config {
     Config {
         rx_buffer: RX_BUFFER,
+        // A fixed window: these tests predict every advertised window and the window
+        // scale from `rx_buffer` (auto-tuning has its own tests, `tcp_autotune.rs`).
+        rx_buffer_max: None,
         tx_buffer: TX_BUFFER,
         delayed_ack: None,
         timestamps: false,

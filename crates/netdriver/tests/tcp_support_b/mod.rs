@@ -70,6 +70,9 @@ pub fn data(len: usize) -> Vec<u8> {
 pub fn test_config() -> Config {
     Config {
         rx_buffer: BUF,
+        // A fixed window: these tests predict every advertised window and the window
+        // scale from `rx_buffer` (auto-tuning has its own tests, `tcp_autotune.rs`).
+        rx_buffer_max: None,
         tx_buffer: BUF,
         delayed_ack: None,
         initial_rto: ms(200),

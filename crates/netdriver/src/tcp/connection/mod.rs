@@ -158,6 +158,9 @@ pub struct Stats {
     pub ooo_dropped: u64,
     /// Disjoint out-of-order ranges held now (at most [`Config::max_ooo_ranges`]).
     pub ooo_ranges: usize,
+    /// SACKed ranges the sender's scoreboard forgot because it held
+    /// [`Config::max_sack_ranges`] already (each may cost a needless retransmission).
+    pub sack_ranges_forgotten: u64,
     /// Receive buffer size now (it changes by auto-tuning or `set_recv_buffer`).
     pub rx_buffer: usize,
     /// Times auto-tuning grew the receive buffer ([`Config::rx_buffer_max`]).
@@ -399,6 +402,9 @@ pub struct Connection {
     /// retransmission into that window is a fresh probe, and the user timeout counts from
     /// it (RFC 9293 §3.8.6.1).
     closed_window_answered: bool,
+    /// The second copy of a pure ACK still to send, at this sequence number
+    /// (`Connection::ack_seqs`).
+    second_ack: Option<SeqNumber>,
 
     // ---- keep-alive, TIME-WAIT, reset ----
     keepalive_deadline: Option<Instant>,
@@ -536,6 +542,7 @@ impl Connection {
             probe_end: None,
             probe_unanswered_since: None,
             closed_window_answered: false,
+            second_ack: None,
             keepalive_deadline: None,
             keepalive_probes_out: 0,
             keepalive_pending: false,
@@ -1017,6 +1024,7 @@ impl Connection {
             recv_queue: self.rx.readable(),
             ooo_dropped: c.ooo_dropped,
             ooo_ranges: self.assembler.range_count(),
+            sack_ranges_forgotten: self.sack_board.forgotten(),
             rx_buffer: self.rx.capacity(),
             rx_buffer_grown: c.rx_buffer_grown,
             challenge_acks: c.challenge_acks,

@@ -508,14 +508,22 @@ impl Connection {
     }
 
     /// A pure ACK when one is owed: an immediate ACK, a challenge ACK, an expired delayed
-    /// ACK, or a window update after the reader freed space (smoltcp #199).
+    /// ACK, or a window update after the reader freed space (smoltcp #199). Sometimes two
+    /// copies at different sequence numbers ([`Connection::ack_seqs`]).
     fn transmit_ack(&mut self, now: Instant) -> Option<Transmit> {
-        if !(self.ack_now || self.window_update_due()) {
-            return None;
-        }
+        let seq = match self.second_ack.take() {
+            Some(seq) => seq,
+            None if self.ack_now || self.window_update_due() => {
+                let (first, second) = self.ack_seqs();
+                self.second_ack = second;
+                first
+            }
+            None => return None,
+        };
         let options = self.data_options(now);
-        let repr = self.finish_segment(self.ack_seq(), TcpFlags::ACK, options);
+        let repr = self.finish_segment(seq, TcpFlags::ACK, options);
         trace!(
+            seq = seq.0,
             ack = self.rcv_nxt.0,
             window = repr.window,
             "tcp: sending ACK"
@@ -526,21 +534,30 @@ impl Connection {
         })
     }
 
-    /// The sequence number of a segment without data: one the peer accepts
-    /// (RFC 9293 §3.10.7.4), else it drops the segment unread, ACK and window included.
+    /// The sequence number(s) of a segment without data. The peer drops one whose number
+    /// it does not accept, ACK field and window included (RFC 9293 §3.10.7.4): with its
+    /// window open, RCV.NXT <= SEG.SEQ < RCV.NXT + RCV.WND; with it shut, exactly
+    /// RCV.NXT. Its RCV.NXT lies between SND.UNA and the end of what we sent (SND.MAX,
+    /// or a persist probe's octet beyond it), and we cannot tell where:
     ///
-    /// SND.MAX, not SND.NXT: after an RTO rewound SND.NXT (go-back-N), the rewound number
-    /// lies left of the peer's window, which deadlocks two senders that both retransmit.
-    /// But not beyond the right edge of the peer's window either: a peer that dropped
-    /// our data in flight and closed its window (Linux out of receive memory) accepts
-    /// only its RCV.NXT, which is then SND.UNA + SND.WND (Linux's `tcp_acceptable_seq`
-    /// makes the same choice).
-    fn ack_seq(&self) -> SeqNumber {
-        let right_edge = self.snd_una + self.snd_wnd;
-        if right_edge.distance_from(self.snd_max) < 0 {
-            right_edge
+    /// - The end, normally: after an RTO rewound SND.NXT (go-back-N) a rewound number lies
+    ///   left of a peer that took more, which deadlocks two senders that both retransmit.
+    /// - Both, while the peer's window is shut and sequence space is unacknowledged: a peer
+    ///   out of receive memory (Linux's `ICSK_ACK_NOMEM`) dropped what we sent and takes
+    ///   only SND.UNA; a peer that took our octets (a probe, a FIN, data whose ACK is still
+    ///   on its way) takes only the end. Sending one number alone stalled one of them: the
+    ///   first, a Linux peer's data flow (our ACKs unread); the second, two of our own
+    ///   stacks that each dropped the other's ACKs (found by the oracle proptest). The
+    ///   copy the peer does not take costs it a rate-limited reply at most.
+    fn ack_seqs(&self) -> (SeqNumber, Option<SeqNumber>) {
+        let end = match self.probe_end {
+            Some(end) if end.distance_from(self.snd_max) > 0 => end,
+            _ => self.snd_max,
+        };
+        if self.snd_wnd == 0 && self.snd_una != end {
+            (self.snd_una, Some(end))
         } else {
-            self.snd_max
+            (end, None)
         }
     }
 

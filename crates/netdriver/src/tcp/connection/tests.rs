@@ -186,8 +186,9 @@ fn handshake_exact_segments() {
     assert_eq!(syn.flags, TcpFlags::SYN);
     assert_eq!(syn.window, 65535);
     assert_eq!(syn.options.mss, Some(1460));
-    // 256 KiB needs shift 3: 2^18 >> 2 = 65536 does not fit 16 bits.
-    assert_eq!(syn.options.window_scale, Some(3));
+    // The shift offered expresses the auto-tuning maximum, 6 MiB, not the 256 KiB the
+    // buffer starts at: 6 MiB >> 6 = 98 304 does not fit 16 bits, >> 7 does.
+    assert_eq!(syn.options.window_scale, Some(7));
     assert!(syn.options.sack_permitted);
     assert_eq!(syn.options.timestamp, Some((0, 0)));
     assert_eq!(a.poll_timeout(), Some(ms(1000)));
@@ -200,7 +201,7 @@ fn handshake_exact_segments() {
     assert_eq!(syn_ack.flags, TcpFlags::SYN | TcpFlags::ACK);
     assert_eq!(syn_ack.window, 65535);
     assert_eq!(syn_ack.options.mss, Some(1460));
-    assert_eq!(syn_ack.options.window_scale, Some(3));
+    assert_eq!(syn_ack.options.window_scale, Some(7));
     assert!(syn_ack.options.sack_permitted);
     assert_eq!(syn_ack.options.timestamp, Some((5, 0)));
 
@@ -211,7 +212,7 @@ fn handshake_exact_segments() {
     assert_eq!(ack.seq, A_ISN + 1);
     assert_eq!(ack.ack, Some(B_ISN + 1));
     assert_eq!(ack.flags, TcpFlags::ACK);
-    assert_eq!(ack.window, ((256 * 1024) >> 3) as u16);
+    assert_eq!(ack.window, ((256 * 1024) >> 7) as u16);
     assert_eq!(ack.options.timestamp, Some((10, 5)));
     assert_eq!(a.stats().srtt, Some(Duration::from_millis(10)));
     assert_eq!(a.poll_timeout(), None);
@@ -951,8 +952,10 @@ fn passive_b(cfg: Config, options: TcpOptions) -> (Connection, TcpRepr) {
 
 #[test]
 fn zero_window_probe_backoff_and_update_after_drain() {
+    // A fixed 2000-byte window: auto-tuning would grow it once A's bytes are read.
     let cfg_b = Config {
         rx_buffer: 2000,
+        rx_buffer_max: None,
         ..Config::default()
     };
     let mut p = Pair::new(Config::default(), cfg_b, MS);
@@ -1099,8 +1102,10 @@ fn out_of_order_range_limit_drops_and_counts() {
 #[test]
 fn window_scale_for_large_buffers_and_peer_clamp() {
     // 1 MiB needs shift 5 (2^20 >> 4 = 65536 does not fit); a peer's 15 becomes 14.
+    // Without auto-tuning, whose maximum would set the shift instead.
     let cfg = Config {
         rx_buffer: 1 << 20,
+        rx_buffer_max: None,
         ..Config::default()
     };
     let options = TcpOptions {
@@ -1127,6 +1132,7 @@ fn window_scale_for_large_buffers_and_peer_clamp() {
     // 4 MiB needs shift 7; without the peer's option nothing is scaled.
     let cfg4 = Config {
         rx_buffer: 4 << 20,
+        rx_buffer_max: None,
         ..Config::default()
     };
     let (_, syn_ack) = passive_b(
