@@ -11,6 +11,8 @@ use netchannel::netdriver::tcp::{Config, TcpError};
 use netchannel::netdriver::time::{Duration, Instant};
 use netchannel::netdriver::wire::EthernetAddress;
 
+use super::pattern;
+
 /// What one transfer achieved.
 pub struct Outcome {
     /// Bytes the receiver read (equals the request unless the transfer stalled).
@@ -32,6 +34,17 @@ pub fn transfer(
     loss: f64,
 ) -> Outcome {
     transfer_with(bytes, buffer, ip_mtu, latency, bandwidth_bps, loss, |_| {})
+}
+
+/// The per-core comparison with smoltcp: [`transfer`] over a zero-latency,
+/// infinite-bandwidth link with Nagle and delayed ACK off on both ends (as the smoltcp peer
+/// runs). Returns the bytes received and checked.
+pub fn bulk(bytes: usize, buffer: usize, ip_mtu: usize) -> usize {
+    transfer_with(bytes, buffer, ip_mtu, Duration::ZERO, None, 0.0, |c| {
+        c.nagle = false;
+        c.delayed_ack = None;
+    })
+    .received
 }
 
 /// [`transfer`] with `tweak` applied to both ends' TCP configuration (for A/B runs of
@@ -92,7 +105,7 @@ pub fn transfer_with(
         .connect(SocketAddrV4::new(ip_b, 7000), now)
         .expect("connect");
     let mut server = None;
-    let chunk = vec![0x5au8; 64 * 1024];
+    let pattern = pattern::pattern();
     let mut sink = vec![0u8; 64 * 1024];
     let (mut sent, mut received) = (0usize, 0usize);
     let mut idle_rounds = 0u32;
@@ -100,7 +113,8 @@ pub fn transfer_with(
         let mut progressed = a.poll(now) | b.poll(now);
         if let Some(c) = a.conn_mut(client) {
             while sent < bytes {
-                match c.send(&chunk[..chunk.len().min(bytes - sent)]) {
+                match c.send(pattern::next(&pattern, sent, bytes - sent)) {
+                    Ok(0) => break,
                     Ok(n) => {
                         sent += n;
                         progressed = true;
@@ -117,6 +131,10 @@ pub fn transfer_with(
                 match s.recv(&mut sink) {
                     Ok(0) | Err(TcpError::WouldBlock) => break,
                     Ok(n) => {
+                        assert!(
+                            pattern::check(&pattern, received, &sink[..n]),
+                            "a wrong byte near offset {received}"
+                        );
                         received += n;
                         progressed = true;
                     }
