@@ -6,6 +6,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use netchannel::netdriver::link::fault::{FaultConfig, FaultDirection, FaultInjector};
 use netchannel::netdriver::link::sim::{self, SimConfig};
+use netchannel::netdriver::link::Link;
 use netchannel::netdriver::netif::{Interface, InterfaceConfig};
 use netchannel::netdriver::tcp::{Config, TcpError};
 use netchannel::netdriver::time::{Duration, Instant};
@@ -40,7 +41,13 @@ pub fn transfer(
 /// infinite-bandwidth link with Nagle and delayed ACK off on both ends (as the smoltcp peer
 /// runs). Returns the bytes received and checked.
 pub fn bulk(bytes: usize, buffer: usize, ip_mtu: usize) -> usize {
-    transfer_with(bytes, buffer, ip_mtu, Duration::ZERO, None, 0.0, |c| {
+    let (la, lb) = sim::pair(SimConfig {
+        latency: Duration::ZERO,
+        mtu: ip_mtu,
+        ..SimConfig::default()
+    });
+    // No fault injector: the smoltcp peer's link has none either.
+    run(la, lb, bytes, buffer, |c| {
         c.nagle = false;
         c.delayed_ack = None;
     })
@@ -70,6 +77,24 @@ pub fn transfer_with(
         direction: FaultDirection::Rx,
         ..FaultConfig::default()
     };
+    run(
+        FaultInjector::new(la, faults(1)),
+        FaultInjector::new(lb, faults(2)),
+        bytes,
+        buffer,
+        tweak,
+    )
+}
+
+/// Two interfaces over `la` and `lb`, one connection from A to B carrying `bytes` (each
+/// byte checked on arrival), driven in virtual time.
+fn run<L: Link>(
+    la: L,
+    lb: L,
+    bytes: usize,
+    buffer: usize,
+    tweak: impl Fn(&mut Config),
+) -> Outcome {
     let mac_a = EthernetAddress([2, 0, 0, 0, 0, 0xa]);
     let mac_b = EthernetAddress([2, 0, 0, 0, 0, 0xb]);
     let ip_a = Ipv4Addr::new(10, 77, 0, 1);
@@ -93,8 +118,8 @@ pub fn transfer_with(
             },
         )
     };
-    let mut a = host(FaultInjector::new(la, faults(1)), mac_a, ip_a);
-    let mut b = host(FaultInjector::new(lb, faults(2)), mac_b, ip_b);
+    let mut a = host(la, mac_a, ip_a);
+    let mut b = host(lb, mac_b, ip_b);
     a.add_neighbor(ip_b, mac_b);
     b.add_neighbor(ip_a, mac_a);
     b.listen(7000, 1).expect("listen");
@@ -156,6 +181,13 @@ pub fn transfer_with(
             Some(t) if t > now => t,
             _ => now + Duration::from_micros(1),
         };
+    }
+    if std::env::var_os("TCP_BULK_DEBUG").is_some() {
+        eprintln!(
+            "frames: a {:?} b {:?}",
+            a.link().stats(),
+            b.link().stats(),
+        );
     }
     let retransmitted = a
         .conn(client)
