@@ -560,7 +560,11 @@ mod tests {
             a.flush(at(i));
             assert_eq!(drain(&mut b, at(i)).len(), 1);
         }
-        assert!(a.buffers_allocated() <= 2, "allocated {}", a.buffers_allocated());
+        assert!(
+            a.buffers_allocated() <= 2,
+            "allocated {}",
+            a.buffers_allocated()
+        );
     }
 
     #[test]

@@ -681,13 +681,20 @@ impl Connection {
         if offset == 0 {
             if !data.is_empty() {
                 self.rx.write_at(0, data);
-                delivered = match self.assembler.add(0, data.len()) {
-                    Ok(()) => self.assembler.remove_front(),
-                    Err(_) => {
-                        // No range to spare, but in-order data needs none: consume it
-                        // directly and merge whatever it now touches.
-                        self.assembler.advance(data.len());
-                        data.len() + self.assembler.remove_front()
+                delivered = if self.assembler.is_empty() {
+                    // In order with nothing held beyond it (the common case): nothing to
+                    // merge. The assembler's ranges are relative to the contiguous point,
+                    // so an empty one needs no update.
+                    data.len()
+                } else {
+                    match self.assembler.add(0, data.len()) {
+                        Ok(()) => self.assembler.remove_front(),
+                        Err(_) => {
+                            // No range to spare, but in-order data needs none: consume it
+                            // directly and merge whatever it now touches.
+                            self.assembler.advance(data.len());
+                            data.len() + self.assembler.remove_front()
+                        }
                     }
                 };
             }

@@ -118,6 +118,10 @@ pub struct Transmit {
     pub repr: TcpRepr,
     /// Payload length; the bytes are `payload_buf[..payload_len]`.
     pub payload_len: usize,
+    /// The folded Internet checksum sum ([`checksum::data`](crate::wire::checksum::data))
+    /// of those bytes, computed in the pass that copied them out of the send ring (0
+    /// without payload), so that emitting the frame need not read the payload again.
+    pub payload_sum: u16,
 }
 
 /// A snapshot of a connection's counters and congestion state.
