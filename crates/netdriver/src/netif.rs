@@ -45,6 +45,7 @@ use crate::tcp::isn::IsnGenerator;
 use crate::tcp::syncookie::{cookie_syn_ack, CookieError, SynCookies};
 use crate::tcp::{rst_for_unexpected, Config, Connection, State, TcpError};
 use crate::time::Instant;
+use crate::wire::checksum;
 use crate::wire::{
     ethernet, ipv4, ArpOperation, ArpPacket, ArpRepr, EtherType, EthernetAddress, EthernetFrame,
     EthernetRepr, IpProtocol, Ipv4Packet, Ipv4Repr, TcpPacket, TcpRepr, WireError,
@@ -316,6 +317,16 @@ struct Core {
     /// Set when the last poll stopped sending because the link had no tx buffers.
     tx_blocked_at: Option<Instant>,
     live: usize,
+}
+
+/// A TCP checksum still to be completed by the payload's sum (see `receive_tcp`).
+#[derive(Debug, Clone, Copy)]
+struct PendingChecksum {
+    /// Folded sum of the pseudo-header and the TCP header.
+    head_sum: u16,
+    /// Whether a checksum holding only the pseudo-header sum is accepted for this segment
+    /// ([`InterfaceConfig::accept_partial_checksums`] and the field says so).
+    partial_ok: bool,
 }
 
 /// A minimal host over a link. See the [module documentation](self).
@@ -816,23 +827,32 @@ impl Core {
             Ok(tp) => tp,
             Err(e) => return count_error(&mut self.stats, e),
         };
-        let parsed = match TcpRepr::parse(&tp, ip.src, ip.dst, true) {
-            Err(WireError::Checksum)
-                if self.config.accept_partial_checksums
-                    && tp.has_partial_checksum(ip.src, ip.dst) =>
-            {
-                // A Linux peer with tx checksum offload on, across a link that never
-                // completes the sum (veth): trusted the way Linux trusts CHECKSUM_PARTIAL.
-                self.stats.rx_partial_checksum += 1;
-                TcpRepr::parse(&tp, ip.src, ip.dst, false)
-            }
-            parsed => parsed,
-        };
-        let (repr, payload) = match parsed {
+        // The checksum is verified in `receive_tcp`, from the pseudo-header and header sum
+        // taken here and a payload sum that the receive fast path computes while copying
+        // the payload into the connection's ring (one pass over the bytes, not two).
+        let partial_ok =
+            self.config.accept_partial_checksums && tp.has_partial_checksum(ip.src, ip.dst);
+        let (repr, payload) = match TcpRepr::parse(&tp, ip.src, ip.dst, false) {
             Ok(x) => x,
-            Err(e) => return count_error(&mut self.stats, e),
+            Err(e) => {
+                // A corrupt segment is counted as corrupt even when the corruption also
+                // broke its header, as verifying first would count it.
+                let bad = !partial_ok && !tp.verify_checksum(ip.src, ip.dst);
+                return count_error(&mut self.stats, if bad { WireError::Checksum } else { e });
+            }
         };
-        self.receive_tcp(now, src_mac, &ip, &repr, payload, frame, stray);
+        let header = segment
+            .get(..segment.len() - payload.len())
+            .unwrap_or_default();
+        let seg_len = u32::try_from(segment.len()).unwrap_or(u32::MAX);
+        let check = PendingChecksum {
+            head_sum: checksum::add(
+                checksum::pseudo_header_v4(ip.src, ip.dst, IpProtocol::Tcp.into(), seg_len),
+                checksum::data(header),
+            ),
+            partial_ok,
+        };
+        self.receive_tcp(now, src_mac, &ip, &repr, payload, check, frame, stray);
     }
 
     // The frame and the hook travel with the parsed headers so that a stray segment can be
@@ -845,6 +865,7 @@ impl Core {
         ip: &Ipv4Repr,
         repr: &TcpRepr,
         payload: &[u8],
+        check: PendingChecksum,
         frame: &[u8],
         stray: &mut StrayHook<'_>,
     ) {
@@ -861,6 +882,23 @@ impl Core {
                 index
             }
         };
+        let conn = found.and_then(|index| self.slots.get_mut(index as usize)?.conn.as_mut());
+        // Verify the checksum before anything depends on the segment. For the next
+        // in-order payload of an established connection, the sum comes from copying the
+        // payload into the receive ring (see `Connection::place_payload`); otherwise from
+        // reading it.
+        let placed = conn.and_then(|c| c.place_payload(repr.seq, payload));
+        let payload_sum = placed.unwrap_or_else(|| checksum::data(payload));
+        if checksum::add(check.head_sum, payload_sum) != 0xffff {
+            if !check.partial_ok {
+                // Whatever was placed lies in free ring space and is never committed:
+                // the marker dies with the next `handle_segment*`.
+                return count_error(&mut self.stats, WireError::Checksum);
+            }
+            // A Linux peer with tx checksum offload on, across a link that never
+            // completes the sum (veth): trusted the way Linux trusts CHECKSUM_PARTIAL.
+            self.stats.rx_partial_checksum += 1;
+        }
         if let Some(index) = found {
             let reopen = match self
                 .slots
@@ -874,7 +912,11 @@ impl Core {
                         true
                     } else {
                         self.stats.rx_segments += 1;
-                        conn.handle_segment(now, repr, payload);
+                        if placed.is_some() {
+                            conn.handle_segment_placed(now, repr, payload);
+                        } else {
+                            conn.handle_segment(now, repr, payload);
+                        }
                         false
                     }
                 }
@@ -1430,6 +1472,57 @@ mod tests {
         assert!(a.conn(ca).is_none() && b.conn(cb).is_none());
         assert_eq!(a.stats().connections_removed, 1);
         assert_eq!(b.stats().connections_removed, 1);
+    }
+
+    #[test]
+    fn a_corrupt_in_order_payload_placed_by_the_fast_path_is_never_delivered() {
+        let (mut a, mut b) = hosts();
+        let mut now = Instant::ZERO;
+        b.listen(80, 4).unwrap();
+        let ca = a.connect(SocketAddrV4::new(IP_B, 80), now).unwrap();
+        let mut cb = None;
+        run_until(&mut a, &mut b, &mut now, |_, b| {
+            cb = cb.or_else(|| b.accept(80));
+            cb.is_some()
+        });
+        let cb = cb.unwrap();
+        // Let the handshake's last ACK land, then take A's data frames off the wire.
+        run_until(&mut a, &mut b, &mut now, |_, b| b.link().incoming_len() == 0);
+        let data: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 1) as u8).collect();
+        assert_eq!(a.conn_mut(ca).unwrap().send(&data).unwrap(), data.len());
+        a.poll(now);
+        now += Duration::from_millis(1);
+        let mut frames = Vec::new();
+        b.link_mut()
+            .recv_batch(now, usize::MAX, &mut |f| frames.push(f.to_vec()));
+        assert!(frames.len() >= 2, "{} frames", frames.len());
+        let mut buf = vec![0u8; 4096];
+        let mut got = Vec::new();
+        for good in &frames {
+            // A flipped payload bit: the checksum catches it after the fast path has
+            // copied the payload into the ring, and nothing becomes readable.
+            let mut bad = good.clone();
+            let last = bad.len() - 1;
+            bad[last] ^= 0x10;
+            let before = b.stats().rx_bad_checksum;
+            b.receive_frame(now, &bad);
+            assert_eq!(b.stats().rx_bad_checksum, before + 1);
+            assert_eq!(
+                b.conn_mut(cb).unwrap().recv(&mut buf),
+                Err(TcpError::WouldBlock)
+            );
+            // The intact frame is delivered, byte for byte.
+            b.receive_frame(now, good);
+            while let Ok(n) = b.conn_mut(cb).unwrap().recv(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+        }
+        // Whatever the initial window let out, intact and in order.
+        assert!(got.len() >= 2000, "{} bytes", got.len());
+        assert!(got[..] == data[..got.len()], "delivered bytes differ");
     }
 
     #[test]

@@ -263,12 +263,16 @@ impl Link for SimLink {
             let len = frame.len();
             // Frames that have not started serialising sit in the bottleneck queue; the
             // wire is FIFO in start time, so they are a suffix of it.
-            let started = dir.wire.partition_point(|fr| fr.start_ns <= now_ns);
-            let waiting = dir.wire.len() - started;
             let start_ns = now_ns.max(dir.busy_until_ns);
             let queued = start_ns > now_ns;
+            // Counted only when this frame would wait itself (a binary search over the
+            // wire; never needed at infinite bandwidth).
+            let waiting = || {
+                let started = dir.wire.partition_point(|fr| fr.start_ns <= now_ns);
+                dir.wire.len() - started
+            };
             if dir.wire.len() >= self.config.max_in_flight
-                || (queued && waiting >= self.config.queue_frames)
+                || (queued && waiting() >= self.config.queue_frames)
             {
                 self.stats.dropped_no_buffer += 1;
                 self.free.push(buf);

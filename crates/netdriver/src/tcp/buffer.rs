@@ -169,7 +169,29 @@ pub struct RxRing {
     len: usize,
 }
 
+/// Where an [`RxRing`]'s bytes lie: equal layouts mean that a byte written at an offset
+/// after the readable region is still at that offset (nothing was read, committed,
+/// resized or reallocated in between).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxLayout {
+    /// The allocation's address (a number, so that connections stay `Send`).
+    buf: usize,
+    capacity: usize,
+    head: usize,
+    len: usize,
+}
+
 impl RxRing {
+    /// The ring's current [`RxLayout`].
+    pub fn layout(&self) -> RxLayout {
+        RxLayout {
+            buf: self.buf.as_ptr() as usize,
+            capacity: self.capacity,
+            head: self.head,
+            len: self.len,
+        }
+    }
+
     /// An empty ring of `capacity` bytes (allocated at the first write).
     pub fn new(capacity: usize) -> Self {
         RxRing {
@@ -453,7 +475,7 @@ mod tests {
                 let mut r = RxRing::new(13);
                 r.write_at(0, &bytes[..head]);
                 r.commit(head);
-                let mut sink = vec![0u8; 13];
+                let mut sink = [0u8; 13];
                 r.read(&mut sink[..head]);
                 for offset in 0..=len.min(12) {
                     let data = &bytes[20..20 + len - offset];

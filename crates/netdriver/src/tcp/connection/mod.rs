@@ -35,7 +35,7 @@ use core::net::SocketAddrV4;
 use tracing::{debug, trace};
 
 use crate::tcp::assembler::Assembler;
-use crate::tcp::buffer::{RxRing, TxRing};
+use crate::tcp::buffer::{RxLayout, RxRing, TxRing};
 use crate::tcp::config::Config;
 use crate::tcp::congestion::CongestionControl;
 use crate::tcp::error::TcpError;
@@ -273,6 +273,12 @@ pub struct Connection {
     /// The shift we offer in our SYN: the smallest that lets the window cover `rx_buffer`.
     offered_wscale: u8,
     rx: RxRing,
+    /// A payload [`place_payload`](Connection::place_payload) has copied into the receive
+    /// ring at RCV.NXT (while summing it for the checksum), for the
+    /// [`handle_segment_placed`](Connection::handle_segment_placed) call that follows:
+    /// its sequence number, length and the ring's layout when it was written. Honoured
+    /// only by that call and cleared by every `handle_segment*`.
+    rx_placed: Option<(SeqNumber, usize, RxLayout)>,
     assembler: Assembler,
     /// Receive-buffer auto-tuning's measurements ([`Config::rx_buffer_max`]).
     rcv_space: autotune::RcvSpace,
@@ -476,6 +482,7 @@ impl Connection {
             rcv_wscale: 0,
             offered_wscale,
             rx: RxRing::new(config.rx_buffer),
+            rx_placed: None,
             assembler: Assembler::new(config.max_ooo_ranges),
             rcv_space: autotune::RcvSpace::default(),
             fin_received: false,
