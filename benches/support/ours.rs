@@ -114,6 +114,10 @@ fn run<L: Link>(
                 ipv4: ip,
                 tcp,
                 isn_key: Some([7; 16]),
+                rx_batch: std::env::var("TCP_BULK_RX_BATCH")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(InterfaceConfig::default().rx_batch),
                 ..InterfaceConfig::default()
             },
         )
@@ -131,10 +135,13 @@ fn run<L: Link>(
         .expect("connect");
     let mut server = None;
     let pattern = pattern::pattern();
+    let lend = pattern::recv_lends();
     let mut sink = vec![0u8; 64 * 1024];
     let (mut sent, mut received) = (0usize, 0usize);
     let mut idle_rounds = 0u32;
+    let mut rounds = 0u64;
     while received < bytes {
+        rounds += 1;
         let mut progressed = a.poll(now) | b.poll(now);
         if let Some(c) = a.conn_mut(client) {
             while sent < bytes {
@@ -152,7 +159,23 @@ fn run<L: Link>(
             server = b.accept(7000);
         }
         if let Some(s) = server.and_then(|h| b.conn_mut(h)) {
-            loop {
+            while lend {
+                let mut at = received;
+                match s.recv_with(usize::MAX, |bytes| {
+                    assert!(
+                        pattern::check(&pattern, at, bytes),
+                        "a wrong byte near offset {at}"
+                    );
+                    at += bytes.len();
+                }) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        received += n;
+                        progressed = true;
+                    }
+                }
+            }
+            while !lend {
                 match s.recv(&mut sink) {
                     Ok(0) | Err(TcpError::WouldBlock) => break,
                     Ok(n) => {
@@ -184,7 +207,7 @@ fn run<L: Link>(
     }
     if std::env::var_os("TCP_BULK_DEBUG").is_some() {
         eprintln!(
-            "frames: a {:?} b {:?}",
+            "rounds {rounds}, frames: a {:?} b {:?}",
             a.link().stats(),
             b.link().stats(),
         );

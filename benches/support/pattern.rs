@@ -38,3 +38,11 @@ pub fn check(pattern: &[u8], mut offset: usize, mut data: &[u8]) -> bool {
     }
     true
 }
+
+/// Whether the receivers read through their stack's lending call (`TCP_BULK_RECV=lend`:
+/// ours `recv_with`, smoltcp's `recv`, the bytes checked where they lie in the receive
+/// buffer) instead of copying into a buffer of the application's (`recv` and `recv_slice`,
+/// the default).
+pub fn recv_lends() -> bool {
+    std::env::var("TCP_BULK_RECV").is_ok_and(|v| v == "lend")
+}

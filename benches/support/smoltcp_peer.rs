@@ -181,10 +181,13 @@ pub fn transfer(bytes: usize, buffer: usize, ip_mtu: usize) -> usize {
         .expect("connect");
 
     let pattern = pattern::pattern();
+    let lend = pattern::recv_lends();
     let mut sink = vec![0u8; 64 * 1024];
     let (mut sent, mut received) = (0usize, 0usize);
     let mut idle_rounds = 0u32;
+    let mut rounds = 0u64;
     while received < bytes {
+        rounds += 1;
         let ra = a.poll(now, &mut End { wire: &mut wire, side: 0 }, &mut sockets_a);
         let rb = b.poll(now, &mut End { wire: &mut wire, side: 1 }, &mut sockets_b);
         let mut progressed = matches!(ra, PollResult::SocketStateChanged)
@@ -201,7 +204,24 @@ pub fn transfer(bytes: usize, buffer: usize, ip_mtu: usize) -> usize {
             progressed = true;
         }
         let s = sockets_b.get_mut::<tcp::Socket>(server);
-        while s.can_recv() {
+        while lend && s.can_recv() {
+            let at = received;
+            let n = s
+                .recv(|bytes| {
+                    assert!(
+                        pattern::check(&pattern, at, bytes),
+                        "smoltcp delivered a wrong byte near offset {at}"
+                    );
+                    (bytes.len(), bytes.len())
+                })
+                .unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            received += n;
+            progressed = true;
+        }
+        while !lend && s.can_recv() {
             let n = s.recv_slice(&mut sink).unwrap_or(0);
             if n == 0 {
                 break;
@@ -228,6 +248,9 @@ pub fn transfer(bytes: usize, buffer: usize, ip_mtu: usize) -> usize {
                 .unwrap_or(Duration::from_millis(1));
             now += next.max(Duration::from_micros(1));
         }
+    }
+    if std::env::var_os("TCP_BULK_DEBUG").is_some() {
+        eprintln!("rounds {rounds}, allocated {} {}", wire.dirs[0].allocated, wire.dirs[1].allocated);
     }
     debug_assert!(wire.dirs.iter().all(|d| d.allocated <= QUEUE_FRAMES + 1));
     received
