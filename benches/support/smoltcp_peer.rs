@@ -1,7 +1,8 @@
 //! The reference peer for the bulk-transfer benchmark: smoltcp's TCP on two interfaces
 //! joined by an in-memory Ethernet link whose frame buffers are recycled (as our simulated
 //! link's are), with the same MTU, buffer sizes, congestion control, Nagle and delayed-ACK
-//! settings as our side, and checksums computed and verified in software like ours.
+//! settings as our side, timestamps on (as ours), and checksums computed and verified in
+//! software like ours. SACK is on in both by default.
 
 use smoltcp::iface::{Config, Interface, PollResult, SocketSet};
 use smoltcp::phy::{self, ChecksumCapabilities, Device, DeviceCapabilities, Medium};
@@ -9,7 +10,17 @@ use smoltcp::socket::tcp;
 use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{EthernetAddress, IpAddress, IpCidr};
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use super::pattern;
+
+/// Virtual time in milliseconds, for the timestamp option: smoltcp takes TSvals from a
+/// plain `fn() -> u32`, which cannot capture the transfer's clock.
+static NOW_MS: AtomicU32 = AtomicU32::new(0);
+
+fn tsval() -> u32 {
+    NOW_MS.load(Ordering::Relaxed)
+}
 
 /// Frames that may wait in one direction; beyond this `transmit` reports no buffer
 /// (backpressure, as a full tx ring does). A 256 KiB window is about 180 frames.
@@ -165,6 +176,8 @@ pub fn transfer(bytes: usize, buffer: usize, ip_mtu: usize) -> usize {
         s.set_congestion_control(tcp::CongestionControl::Cubic);
         s.set_nagle_enabled(false);
         s.set_ack_delay(None);
+        // Timestamps (RFC 7323) as ours sends them; smoltcp's default is off.
+        s.set_tsval_generator(Some(tsval));
         s
     };
     let mut sockets_a = SocketSet::new(Vec::new());
@@ -188,6 +201,7 @@ pub fn transfer(bytes: usize, buffer: usize, ip_mtu: usize) -> usize {
     let mut rounds = 0u64;
     while received < bytes {
         rounds += 1;
+        NOW_MS.store(now.total_millis() as u32, Ordering::Relaxed);
         let ra = a.poll(now, &mut End { wire: &mut wire, side: 0 }, &mut sockets_a);
         let rb = b.poll(now, &mut End { wire: &mut wire, side: 1 }, &mut sockets_b);
         let mut progressed = matches!(ra, PollResult::SocketStateChanged)

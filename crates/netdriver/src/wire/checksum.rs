@@ -46,7 +46,7 @@ pub fn data(buf: &[u8]) -> u16 {
     // Headers (20 to 60 bytes) are summed four times per segment: inline, without the
     // feature check and the call, which cost more than the sum itself at that size.
     if buf.len() <= 64 {
-        return data_lanes(buf);
+        return data_small(buf);
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
@@ -55,6 +55,26 @@ pub fn data(buf: &[u8]) -> u16 {
         return unsafe { data_avx2(buf) };
     }
     data_lanes(buf)
+}
+
+/// [`data`] for a header: 32-bit words into one accumulator (at most 16 of them, so no
+/// overflow), then the odd tail.
+#[inline(always)]
+fn data_small(buf: &[u8]) -> u16 {
+    let mut sum = 0u64;
+    let mut words = buf.chunks_exact(4);
+    for w in &mut words {
+        sum += u64::from(u32::from_ne_bytes([w[0], w[1], w[2], w[3]]));
+    }
+    let rest = words.remainder();
+    let mut pairs = rest.chunks_exact(2);
+    for pair in &mut pairs {
+        sum += u64::from(u16::from_ne_bytes([pair[0], pair[1]]));
+    }
+    if let [last] = pairs.remainder() {
+        sum += u64::from(u16::from_ne_bytes([*last, 0]));
+    }
+    u16::from_be(fold(sum))
 }
 
 /// [`data`] compiled for AVX2: the same safe code, which the compiler vectorises over
@@ -75,10 +95,10 @@ fn copy_and_sum_avx2(dst: &mut [u8], src: &[u8]) -> u16 {
 /// The body of [`data`], for every target.
 #[inline(always)]
 fn data_lanes(buf: &[u8]) -> u16 {
-    // Four independent accumulators, each fed two 32-bit lanes per 32-byte block, so the
-    // additions do not form one long dependency chain. A lane is < 2^32, so an accumulator
-    // gains < 2^33 per block and cannot overflow for any slice that fits in memory.
-    let mut acc = [0u64; 4];
+    // Eight independent accumulators, one per 32-bit lane of a 32-byte block, so the
+    // additions form no long dependency chain and vectorise as plain lane-wise adds. A
+    // lane is < 2^32, so no accumulator can overflow for any slice that fits in memory.
+    let mut acc = [0u64; 8];
     let mut blocks = buf.chunks_exact(32);
     for block in &mut blocks {
         add_block(&mut acc, block);
@@ -107,7 +127,7 @@ pub fn copy_and_sum(dst: &mut [u8], src: &[u8]) -> u16 {
 fn copy_and_sum_lanes(dst: &mut [u8], src: &[u8]) -> u16 {
     let n = dst.len().min(src.len());
     let (dst, src) = (&mut dst[..n], &src[..n]);
-    let mut acc = [0u64; 4];
+    let mut acc = [0u64; 8];
     let mut d_blocks = dst.chunks_exact_mut(32);
     let mut s_blocks = src.chunks_exact(32);
     for (d, s) in (&mut d_blocks).zip(&mut s_blocks) {
@@ -120,28 +140,18 @@ fn copy_and_sum_lanes(dst: &mut [u8], src: &[u8]) -> u16 {
     finish_lanes(&acc, tail)
 }
 
-/// Adds one 32-byte block to the four lane accumulators (see [`data`]).
+/// Adds one 32-byte block to the eight lane accumulators (see [`data`]).
 #[inline(always)]
-fn add_block(acc: &mut [u64; 4], block: &[u8]) {
-    for (i, word) in block.chunks_exact(8).enumerate().take(4) {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(word);
-        let w = u64::from_ne_bytes(w);
-        acc[i] += (w & 0xffff_ffff) + (w >> 32);
+fn add_block(acc: &mut [u64; 8], block: &[u8]) {
+    for (a, word) in acc.iter_mut().zip(block.chunks_exact(4)) {
+        *a += u64::from(u32::from_ne_bytes([word[0], word[1], word[2], word[3]]));
     }
 }
 
 /// Folds the lane accumulators and a tail of fewer than 32 bytes into a network-order sum.
 #[inline(always)]
-fn finish_lanes(acc: &[u64; 4], rest: &[u8]) -> u16 {
-    let mut sum = (acc[0] & 0xffff_ffff_ffff)
-        + (acc[0] >> 48)
-        + (acc[1] & 0xffff_ffff_ffff)
-        + (acc[1] >> 48)
-        + (acc[2] & 0xffff_ffff_ffff)
-        + (acc[2] >> 48)
-        + (acc[3] & 0xffff_ffff_ffff)
-        + (acc[3] >> 48);
+fn finish_lanes(acc: &[u64; 8], rest: &[u8]) -> u16 {
+    let mut sum: u64 = acc.iter().map(|&a| (a & 0xffff_ffff_ffff) + (a >> 48)).sum();
     // Each term above moved a whole number of 16-bit lanes, so the sum is unchanged mod
     // 0xffff. Now the tail: fewer than 32 bytes, eight at a time, then a pair at a time
     // (every piece starts at an even offset, so its 16-bit lanes stay in step).
