@@ -19,10 +19,10 @@
 use criterion::{criterion_main, Criterion, Throughput};
 use netchannel::netdriver::time::Duration;
 
-#[path = "support/pattern.rs"]
-mod pattern;
 #[path = "support/ours.rs"]
 mod ours;
+#[path = "support/pattern.rs"]
+mod pattern;
 #[path = "support/smoltcp_peer.rs"]
 mod smoltcp_peer;
 
@@ -148,7 +148,10 @@ fn interleaved(rounds: usize) {
     let bytes = env_usize("TCP_BULK_MIB", 1024) << 20;
     let mibs = |d: std::time::Duration| bytes as f64 / d.as_secs_f64() / (1 << 20) as f64;
     let (mut o, mut s, mut oc, mut sc) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    println!("interleaved: {} MiB per transfer, {rounds} rounds", bytes >> 20);
+    println!(
+        "interleaved: {} MiB per transfer, {rounds} rounds",
+        bytes >> 20
+    );
     for round in 0..rounds {
         let (ours, smol) = if round % 2 == 0 {
             let ours = timed("ours", bytes);

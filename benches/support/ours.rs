@@ -8,7 +8,7 @@ use netchannel::netdriver::link::fault::{FaultConfig, FaultDirection, FaultInjec
 use netchannel::netdriver::link::sim::{self, SimConfig};
 use netchannel::netdriver::link::Link;
 use netchannel::netdriver::netif::{Interface, InterfaceConfig};
-use netchannel::netdriver::tcp::{Config, TcpError};
+use netchannel::netdriver::tcp::Config;
 use netchannel::netdriver::time::{Duration, Instant};
 use netchannel::netdriver::wire::EthernetAddress;
 
@@ -88,13 +88,7 @@ pub fn transfer_with(
 
 /// Two interfaces over `la` and `lb`, one connection from A to B carrying `bytes` (each
 /// byte checked on arrival), driven in virtual time.
-fn run<L: Link>(
-    la: L,
-    lb: L,
-    bytes: usize,
-    buffer: usize,
-    tweak: impl Fn(&mut Config),
-) -> Outcome {
+fn run<L: Link>(la: L, lb: L, bytes: usize, buffer: usize, tweak: impl Fn(&mut Config)) -> Outcome {
     let mac_a = EthernetAddress([2, 0, 0, 0, 0, 0xa]);
     let mac_b = EthernetAddress([2, 0, 0, 0, 0, 0xb]);
     let ip_a = Ipv4Addr::new(10, 77, 0, 1);
@@ -159,34 +153,30 @@ fn run<L: Link>(
             server = b.accept(7000);
         }
         if let Some(s) = server.and_then(|h| b.conn_mut(h)) {
-            while lend {
-                let mut at = received;
-                match s.recv_with(usize::MAX, |bytes| {
-                    assert!(
-                        pattern::check(&pattern, at, bytes),
-                        "a wrong byte near offset {at}"
-                    );
-                    at += bytes.len();
-                }) {
+            loop {
+                let got = if lend {
+                    let mut at = received;
+                    s.recv_with(usize::MAX, |bytes| {
+                        assert!(
+                            pattern::check(&pattern, at, bytes),
+                            "a wrong byte near offset {at}"
+                        );
+                        at += bytes.len();
+                    })
+                } else {
+                    s.recv(&mut sink).inspect(|&n| {
+                        assert!(
+                            pattern::check(&pattern, received, &sink[..n]),
+                            "a wrong byte near offset {received}"
+                        );
+                    })
+                };
+                match got {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
                         received += n;
                         progressed = true;
                     }
-                }
-            }
-            while !lend {
-                match s.recv(&mut sink) {
-                    Ok(0) | Err(TcpError::WouldBlock) => break,
-                    Ok(n) => {
-                        assert!(
-                            pattern::check(&pattern, received, &sink[..n]),
-                            "a wrong byte near offset {received}"
-                        );
-                        received += n;
-                        progressed = true;
-                    }
-                    Err(_) => break,
                 }
             }
         }

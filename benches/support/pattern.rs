@@ -20,7 +20,7 @@ pub fn pattern() -> Vec<u8> {
 
 /// The bytes to send next from stream offset `offset`, at most `max` of them (one contiguous
 /// piece of the pattern, so it may be shorter than `max`).
-pub fn next<'a>(pattern: &'a [u8], offset: usize, max: usize) -> &'a [u8] {
+pub fn next(pattern: &[u8], offset: usize, max: usize) -> &[u8] {
     let start = offset % PERIOD;
     let len = max.min(PERIOD - start);
     &pattern[start..start + len]

@@ -202,8 +202,22 @@ pub fn transfer(bytes: usize, buffer: usize, ip_mtu: usize) -> usize {
     while received < bytes {
         rounds += 1;
         NOW_MS.store(now.total_millis() as u32, Ordering::Relaxed);
-        let ra = a.poll(now, &mut End { wire: &mut wire, side: 0 }, &mut sockets_a);
-        let rb = b.poll(now, &mut End { wire: &mut wire, side: 1 }, &mut sockets_b);
+        let ra = a.poll(
+            now,
+            &mut End {
+                wire: &mut wire,
+                side: 0,
+            },
+            &mut sockets_a,
+        );
+        let rb = b.poll(
+            now,
+            &mut End {
+                wire: &mut wire,
+                side: 1,
+            },
+            &mut sockets_b,
+        );
         let mut progressed = matches!(ra, PollResult::SocketStateChanged)
             | matches!(rb, PollResult::SocketStateChanged)
             | wire.dirs.iter().any(|d| !d.queue.is_empty());
@@ -218,32 +232,28 @@ pub fn transfer(bytes: usize, buffer: usize, ip_mtu: usize) -> usize {
             progressed = true;
         }
         let s = sockets_b.get_mut::<tcp::Socket>(server);
-        while lend && s.can_recv() {
-            let at = received;
-            let n = s
-                .recv(|bytes| {
+        while s.can_recv() {
+            let n = if lend {
+                let at = received;
+                s.recv(|bytes| {
                     assert!(
                         pattern::check(&pattern, at, bytes),
                         "smoltcp delivered a wrong byte near offset {at}"
                     );
                     (bytes.len(), bytes.len())
                 })
-                .unwrap_or(0);
+                .unwrap_or(0)
+            } else {
+                let n = s.recv_slice(&mut sink).unwrap_or(0);
+                assert!(
+                    pattern::check(&pattern, received, &sink[..n]),
+                    "smoltcp delivered a wrong byte near offset {received}"
+                );
+                n
+            };
             if n == 0 {
                 break;
             }
-            received += n;
-            progressed = true;
-        }
-        while !lend && s.can_recv() {
-            let n = s.recv_slice(&mut sink).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            assert!(
-                pattern::check(&pattern, received, &sink[..n]),
-                "smoltcp delivered a wrong byte near offset {received}"
-            );
             received += n;
             progressed = true;
         }
@@ -264,7 +274,10 @@ pub fn transfer(bytes: usize, buffer: usize, ip_mtu: usize) -> usize {
         }
     }
     if std::env::var_os("TCP_BULK_DEBUG").is_some() {
-        eprintln!("rounds {rounds}, allocated {} {}", wire.dirs[0].allocated, wire.dirs[1].allocated);
+        eprintln!(
+            "rounds {rounds}, allocated {} {}",
+            wire.dirs[0].allocated, wire.dirs[1].allocated
+        );
     }
     debug_assert!(wire.dirs.iter().all(|d| d.allocated <= QUEUE_FRAMES + 1));
     received

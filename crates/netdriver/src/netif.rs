@@ -1487,7 +1487,9 @@ mod tests {
         });
         let cb = cb.unwrap();
         // Let the handshake's last ACK land, then take A's data frames off the wire.
-        run_until(&mut a, &mut b, &mut now, |_, b| b.link().incoming_len() == 0);
+        run_until(&mut a, &mut b, &mut now, |_, b| {
+            b.link().incoming_len() == 0
+        });
         let data: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 1) as u8).collect();
         assert_eq!(a.conn_mut(ca).unwrap().send(&data).unwrap(), data.len());
         a.poll(now);

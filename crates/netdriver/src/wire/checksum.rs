@@ -151,7 +151,10 @@ fn add_block(acc: &mut [u64; 8], block: &[u8]) {
 /// Folds the lane accumulators and a tail of fewer than 32 bytes into a network-order sum.
 #[inline(always)]
 fn finish_lanes(acc: &[u64; 8], rest: &[u8]) -> u16 {
-    let mut sum: u64 = acc.iter().map(|&a| (a & 0xffff_ffff_ffff) + (a >> 48)).sum();
+    let mut sum: u64 = acc
+        .iter()
+        .map(|&a| (a & 0xffff_ffff_ffff) + (a >> 48))
+        .sum();
     // Each term above moved a whole number of 16-bit lanes, so the sum is unchanged mod
     // 0xffff. Now the tail: fewer than 32 bytes, eight at a time, then a pair at a time
     // (every piece starts at an even offset, so its 16-bit lanes stay in step).
