@@ -455,7 +455,14 @@ impl Connection {
                 .on_sack_blocks(una, self.snd_max, &blocks[..n]);
             self.tlp_mark_lost(newly_sacked);
         }
-        let rack = self.rack_active() && advance >= 0 && self.state.is_synchronized();
+        // An ACK that moves nothing while nothing is outstanding and carries no SACK
+        // blocks (what every data segment of a one-way transfer brings its receiver) has
+        // nothing for RACK: no records, and the state it would age was aged by the ACK
+        // that emptied the flight with this same SND.UNA.
+        let idle_ack = advance == 0
+            && self.snd_una == self.snd_max
+            && repr.options.sack_blocks.iter().all(Option::is_none);
+        let rack = self.rack_active() && advance >= 0 && self.state.is_synchronized() && !idle_ack;
         if rack {
             self.rack_on_ack(now, repr, ack);
         }
