@@ -6,10 +6,13 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use netchannel::netdriver::link::fault::{FaultConfig, FaultDirection, FaultInjector};
 use netchannel::netdriver::link::sim::{self, SimConfig};
+use netchannel::netdriver::link::Link;
 use netchannel::netdriver::netif::{Interface, InterfaceConfig};
-use netchannel::netdriver::tcp::{Config, TcpError};
+use netchannel::netdriver::tcp::Config;
 use netchannel::netdriver::time::{Duration, Instant};
 use netchannel::netdriver::wire::EthernetAddress;
+
+use super::pattern;
 
 /// What one transfer achieved.
 pub struct Outcome {
@@ -36,6 +39,23 @@ pub fn transfer(
     transfer_with(bytes, buffer, ip_mtu, latency, bandwidth_bps, loss, |_| {})
 }
 
+/// The per-core comparison with smoltcp: [`transfer`] over a zero-latency,
+/// infinite-bandwidth link with Nagle and delayed ACK off on both ends (as the smoltcp peer
+/// runs). Returns the bytes received and checked.
+pub fn bulk(bytes: usize, buffer: usize, ip_mtu: usize) -> usize {
+    let (la, lb) = sim::pair(SimConfig {
+        latency: Duration::ZERO,
+        mtu: ip_mtu,
+        ..SimConfig::default()
+    });
+    // No fault injector: the smoltcp peer's link has none either.
+    run(la, lb, bytes, buffer, |c| {
+        c.nagle = false;
+        c.delayed_ack = None;
+    })
+    .received
+}
+
 /// [`transfer`] with `tweak` applied to both ends' TCP configuration (for A/B runs of
 /// loss recovery).
 pub fn transfer_with(
@@ -59,6 +79,18 @@ pub fn transfer_with(
         direction: FaultDirection::Rx,
         ..FaultConfig::default()
     };
+    run(
+        FaultInjector::new(la, faults(1)),
+        FaultInjector::new(lb, faults(2)),
+        bytes,
+        buffer,
+        tweak,
+    )
+}
+
+/// Two interfaces over `la` and `lb`, one connection from A to B carrying `bytes` (each
+/// byte checked on arrival), driven in virtual time.
+fn run<L: Link>(la: L, lb: L, bytes: usize, buffer: usize, tweak: impl Fn(&mut Config)) -> Outcome {
     let mac_a = EthernetAddress([2, 0, 0, 0, 0, 0xa]);
     let mac_b = EthernetAddress([2, 0, 0, 0, 0, 0xb]);
     let ip_a = Ipv4Addr::new(10, 77, 0, 1);
@@ -81,12 +113,16 @@ pub fn transfer_with(
                 ipv4: ip,
                 tcp,
                 isn_key: Some([7; 16]),
+                rx_batch: std::env::var("TCP_BULK_RX_BATCH")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(InterfaceConfig::default().rx_batch),
                 ..InterfaceConfig::default()
             },
         )
     };
-    let mut a = host(FaultInjector::new(la, faults(1)), mac_a, ip_a);
-    let mut b = host(FaultInjector::new(lb, faults(2)), mac_b, ip_b);
+    let mut a = host(la, mac_a, ip_a);
+    let mut b = host(lb, mac_b, ip_b);
     a.add_neighbor(ip_b, mac_b);
     b.add_neighbor(ip_a, mac_a);
     b.listen(7000, 1).expect("listen");
@@ -97,15 +133,19 @@ pub fn transfer_with(
         .connect(SocketAddrV4::new(ip_b, 7000), now)
         .expect("connect");
     let mut server = None;
-    let chunk = vec![0x5au8; 64 * 1024];
+    let pattern = pattern::pattern();
+    let lend = pattern::recv_lends();
     let mut sink = vec![0u8; 64 * 1024];
     let (mut sent, mut received) = (0usize, 0usize);
     let mut idle_rounds = 0u32;
+    let mut rounds = 0u64;
     while received < bytes {
+        rounds += 1;
         let mut progressed = a.poll(now) | b.poll(now);
         if let Some(c) = a.conn_mut(client) {
             while sent < bytes {
-                match c.send(&chunk[..chunk.len().min(bytes - sent)]) {
+                match c.send(pattern::next(&pattern, sent, bytes - sent)) {
+                    Ok(0) => break,
                     Ok(n) => {
                         sent += n;
                         progressed = true;
@@ -119,13 +159,29 @@ pub fn transfer_with(
         }
         if let Some(s) = server.and_then(|h| b.conn_mut(h)) {
             loop {
-                match s.recv(&mut sink) {
-                    Ok(0) | Err(TcpError::WouldBlock) => break,
+                let got = if lend {
+                    let mut at = received;
+                    s.recv_with(usize::MAX, |bytes| {
+                        assert!(
+                            pattern::check(&pattern, at, bytes),
+                            "a wrong byte near offset {at}"
+                        );
+                        at += bytes.len();
+                    })
+                } else {
+                    s.recv(&mut sink).inspect(|&n| {
+                        assert!(
+                            pattern::check(&pattern, received, &sink[..n]),
+                            "a wrong byte near offset {received}"
+                        );
+                    })
+                };
+                match got {
+                    Ok(0) | Err(_) => break,
                     Ok(n) => {
                         received += n;
                         progressed = true;
                     }
-                    Err(_) => break,
                 }
             }
         }
@@ -143,6 +199,13 @@ pub fn transfer_with(
             Some(t) if t > now => t,
             _ => now + Duration::from_micros(1),
         };
+    }
+    if std::env::var_os("TCP_BULK_DEBUG").is_some() {
+        eprintln!(
+            "rounds {rounds}, frames: a {:?} b {:?}",
+            a.link().stats(),
+            b.link().stats(),
+        );
     }
     let retransmitted = a
         .conn(client)

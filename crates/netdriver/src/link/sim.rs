@@ -148,6 +148,12 @@ impl SimLink {
         &self.config
     }
 
+    /// Frame buffers this end has allocated so far; a steady transfer stops allocating once
+    /// enough buffers circulate.
+    pub fn buffers_allocated(&self) -> u64 {
+        self.buffers_allocated
+    }
+
     /// Frames currently on the wire towards this end (waiting or propagating).
     pub fn incoming_len(&self) -> usize {
         lock(&self.shared).dirs[1 - self.side].wire.len()
@@ -207,18 +213,21 @@ impl Link for SimLink {
     ) -> usize {
         let frame_len = self.max_frame_len();
         let buf_len = TX_HEADROOM + frame_len;
-        if self.free.is_empty() {
-            // Reclaim, in one batch, the buffers the peer has finished with.
-            let mut shared = lock(&self.shared);
-            self.free.append(&mut shared.dirs[self.side].returned);
-        }
         let mut produced = 0;
         while produced < max && self.staged.len() < self.config.tx_ring {
             let mut buf = match self.free.pop() {
                 Some(buf) => buf,
                 None => {
-                    self.buffers_allocated += 1;
-                    Vec::new()
+                    // Reclaim, in one batch, the buffers the peer has finished with, and
+                    // allocate only when there are none: a reclaim only at the start of a
+                    // batch would allocate one buffer per batch for the probe that ends it.
+                    let mut shared = lock(&self.shared);
+                    self.free.append(&mut shared.dirs[self.side].returned);
+                    drop(shared);
+                    self.free.pop().unwrap_or_else(|| {
+                        self.buffers_allocated += 1;
+                        Vec::new()
+                    })
                 }
             };
             // Buffers are all the same size unless the MTU changed; resizing is a no-op then.
@@ -254,12 +263,16 @@ impl Link for SimLink {
             let len = frame.len();
             // Frames that have not started serialising sit in the bottleneck queue; the
             // wire is FIFO in start time, so they are a suffix of it.
-            let started = dir.wire.partition_point(|fr| fr.start_ns <= now_ns);
-            let waiting = dir.wire.len() - started;
             let start_ns = now_ns.max(dir.busy_until_ns);
             let queued = start_ns > now_ns;
+            // Counted only when this frame would wait itself (a binary search over the
+            // wire; never needed at infinite bandwidth).
+            let waiting = || {
+                let started = dir.wire.partition_point(|fr| fr.start_ns <= now_ns);
+                dir.wire.len() - started
+            };
             if dir.wire.len() >= self.config.max_in_flight
-                || (queued && waiting >= self.config.queue_frames)
+                || (queued && waiting() >= self.config.queue_frames)
             {
                 self.stats.dropped_no_buffer += 1;
                 self.free.push(buf);
@@ -527,6 +540,35 @@ mod tests {
             a.buffers_allocated
         );
         assert_eq!(b.buffers_allocated, 0);
+    }
+
+    #[test]
+    fn batches_ended_by_a_probe_reuse_buffers() {
+        // A stack's tx phase sends what it has and then answers `None` to one more buffer:
+        // that probe must not allocate while the peer holds returned buffers (it once did,
+        // one buffer per batch, for ever).
+        let (mut a, mut b) = pair(SimConfig {
+            latency: Duration::ZERO,
+            ..SimConfig::default()
+        });
+        for i in 0..10_000u64 {
+            let mut left = 1;
+            a.tx_batch(at(i), 64, &mut |buf| {
+                if left == 0 {
+                    return None;
+                }
+                left -= 1;
+                buf[..60].fill(i as u8);
+                Some(0..60)
+            });
+            a.flush(at(i));
+            assert_eq!(drain(&mut b, at(i)).len(), 1);
+        }
+        assert!(
+            a.buffers_allocated() <= 2,
+            "allocated {}",
+            a.buffers_allocated()
+        );
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! grows, so a connection's memory is bounded by its configuration whatever the peer
 //! sends.
 
+use crate::wire::checksum;
+
 /// Copies `data` into `ring` starting at physical index `start`, wrapping at the end.
 /// `data.len()` must not exceed `ring.len()`.
 fn copy_in(ring: &mut [u8], start: usize, data: &[u8]) {
@@ -19,6 +21,23 @@ fn copy_out(ring: &[u8], start: usize, out: &mut [u8]) {
     out[..first].copy_from_slice(&ring[start..start + first]);
     let rest = out.len() - first;
     out[first..].copy_from_slice(&ring[..rest]);
+}
+
+/// [`copy_in`], summing the bytes copied (see [`checksum::copy_and_sum`]).
+fn copy_in_sum(ring: &mut [u8], start: usize, data: &[u8]) -> u16 {
+    let first = data.len().min(ring.len() - start);
+    let a = checksum::copy_and_sum(&mut ring[start..start + first], &data[..first]);
+    let b = checksum::copy_and_sum(&mut ring[..data.len() - first], &data[first..]);
+    checksum::add(a, checksum::at_offset(b, first))
+}
+
+/// [`copy_out`], summing the bytes copied (see [`checksum::copy_and_sum`]).
+fn copy_out_sum(ring: &[u8], start: usize, out: &mut [u8]) -> u16 {
+    let first = out.len().min(ring.len() - start);
+    let a = checksum::copy_and_sum(&mut out[..first], &ring[start..start + first]);
+    let rest = out.len() - first;
+    let b = checksum::copy_and_sum(&mut out[first..], &ring[..rest]);
+    checksum::add(a, checksum::at_offset(b, first))
 }
 
 /// The send ring: bytes the application queued, from the oldest unacknowledged byte on.
@@ -95,6 +114,18 @@ impl TxRing {
         n
     }
 
+    /// [`read_at`](Self::read_at), also returning the folded Internet checksum sum of the
+    /// bytes copied, computed in the same pass (the sender's ring → frame copy carries the
+    /// TCP payload's checksum).
+    pub fn read_at_sum(&self, offset: usize, out: &mut [u8]) -> (usize, u16) {
+        if offset >= self.len {
+            return (0, 0);
+        }
+        let n = out.len().min(self.len - offset);
+        let start = (self.head + offset) % self.capacity();
+        (n, copy_out_sum(&self.buf, start, &mut out[..n]))
+    }
+
     /// Changes the capacity to `capacity`, at least the bytes held (nothing queued is
     /// dropped). An allocated ring is reallocated with the held bytes moved to its start;
     /// an unallocated one just records the new size.
@@ -138,7 +169,29 @@ pub struct RxRing {
     len: usize,
 }
 
+/// Where an [`RxRing`]'s bytes lie: equal layouts mean that a byte written at an offset
+/// after the readable region is still at that offset (nothing was read, committed,
+/// resized or reallocated in between).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxLayout {
+    /// The allocation's address (a number, so that connections stay `Send`).
+    buf: usize,
+    capacity: usize,
+    head: usize,
+    len: usize,
+}
+
 impl RxRing {
+    /// The ring's current [`RxLayout`].
+    pub fn layout(&self) -> RxLayout {
+        RxLayout {
+            buf: self.buf.as_ptr() as usize,
+            capacity: self.capacity,
+            head: self.head,
+            len: self.len,
+        }
+    }
+
     /// An empty ring of `capacity` bytes (allocated at the first write).
     pub fn new(capacity: usize) -> Self {
         RxRing {
@@ -187,6 +240,25 @@ impl RxRing {
         let start = (self.head + self.len + offset) % self.capacity();
         copy_in(&mut self.buf, start, &data[..n]);
         n
+    }
+
+    /// [`write_at`](Self::write_at), also returning the folded Internet checksum sum of the
+    /// bytes stored, computed in the same pass (the receiver's frame → ring copy verifies
+    /// the TCP payload's checksum).
+    pub fn write_at_sum(&mut self, offset: usize, data: &[u8]) -> (usize, u16) {
+        let room = self.free();
+        if offset >= room {
+            return (0, 0);
+        }
+        let n = data.len().min(room - offset);
+        if n == 0 {
+            return (0, 0);
+        }
+        if self.buf.is_empty() {
+            self.buf = vec![0; self.capacity];
+        }
+        let start = (self.head + self.len + offset) % self.capacity();
+        (n, copy_in_sum(&mut self.buf, start, &data[..n]))
     }
 
     /// Changes the capacity to `capacity`, keeping the readable bytes and the first
@@ -379,6 +451,43 @@ mod tests {
         assert_eq!(r.capacity(), 7);
         assert_eq!(r.read(&mut out), 2);
         assert_eq!(&out[..2], b"lm");
+    }
+
+    #[test]
+    fn summing_reads_and_writes_match_plain_ones_across_wraps() {
+        use crate::wire::checksum::data_reference;
+        let bytes: Vec<u8> = (0..61u32).map(|i| (i * 97 + 11) as u8).collect();
+        // A 13-byte ring: every head position, so wraps fall at odd and even points.
+        for head in 0..13 {
+            for len in 0..=13 {
+                let mut t = TxRing::new(13);
+                t.push(&bytes[..head]);
+                t.consume(head);
+                t.push(&bytes[..len]);
+                for offset in 0..=len {
+                    let mut plain = vec![0u8; 13];
+                    let mut fused = vec![0u8; 13];
+                    let n = t.read_at(offset, &mut plain);
+                    let (m, sum) = t.read_at_sum(offset, &mut fused);
+                    assert_eq!((m, &fused[..m]), (n, &plain[..n]));
+                    assert_eq!(sum, data_reference(&plain[..n]), "head {head} off {offset}");
+                }
+                let mut r = RxRing::new(13);
+                r.write_at(0, &bytes[..head]);
+                r.commit(head);
+                let mut sink = [0u8; 13];
+                r.read(&mut sink[..head]);
+                for offset in 0..=len.min(12) {
+                    let data = &bytes[20..20 + len - offset];
+                    let (n, sum) = r.write_at_sum(offset, data);
+                    assert_eq!(sum, data_reference(&data[..n]), "head {head} off {offset}");
+                    r.commit(offset + n);
+                    let mut out = vec![0u8; offset + n];
+                    assert_eq!(r.read(&mut out), offset + n);
+                    assert_eq!(&out[offset..], &data[..n]);
+                }
+            }
+        }
     }
 
     #[test]

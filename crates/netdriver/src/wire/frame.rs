@@ -31,10 +31,29 @@ pub fn emit_tcp_frame(
     tcp: &TcpRepr,
     payload_len: usize,
 ) -> Result<usize, WireError> {
+    emit_tcp_frame_summed(buf, eth, ip, ident, tcp, payload_len, None)
+}
+
+/// [`emit_tcp_frame`] for a sender that summed the payload as it wrote it: with
+/// `Some(payload_sum)` (the payload's [`checksum::data`](super::checksum::data), e.g. from
+/// [`checksum::copy_and_sum`](super::checksum::copy_and_sum)) the TCP checksum is completed
+/// from the headers alone and the payload is not read again; `None` reads it.
+pub fn emit_tcp_frame_summed(
+    buf: &mut [u8],
+    eth: &EthernetRepr,
+    ip: &Ipv4Repr,
+    ident: u16,
+    tcp: &TcpRepr,
+    payload_len: usize,
+    payload_sum: Option<u16>,
+) -> Result<usize, WireError> {
     let ip_at = ethernet::HEADER_LEN;
     let tcp_at = ip_at + ipv4::HEADER_LEN;
     let seg = buf.get_mut(tcp_at..).ok_or(WireError::Truncated)?;
-    let seg_len = tcp.emit(seg, payload_len, ip.src, ip.dst)?;
+    let seg_len = match payload_sum {
+        Some(sum) => tcp.emit_with_payload_sum(seg, payload_len, sum, ip.src, ip.dst)?,
+        None => tcp.emit(seg, payload_len, ip.src, ip.dst)?,
+    };
     let ip = Ipv4Repr {
         protocol: IpProtocol::Tcp,
         payload_len: seg_len,
@@ -142,6 +161,23 @@ mod tests {
         for len in 0..n {
             assert!(parse_tcp_frame(&buf[..len], true).is_err(), "len {len}");
             assert!(emit_tcp_frame(&mut [0u8; 128][..len], &eth, &ip, 9, &tcp, 3).is_err());
+        }
+    }
+
+    #[test]
+    fn a_summed_payload_gives_the_same_frame() {
+        let (eth, ip, tcp) = reprs();
+        let at = tcp_payload_offset(&tcp);
+        for len in [0usize, 1, 2, 3, 31, 32, 33, 1000, 1001] {
+            let payload: Vec<u8> = (0..len as u32).map(|i| (i * 31 + 5) as u8).collect();
+            let mut plain = vec![0u8; at + len];
+            let mut summed = vec![0u8; at + len];
+            plain[at..].copy_from_slice(&payload);
+            let sum = crate::wire::checksum::copy_and_sum(&mut summed[at..], &payload);
+            let n = emit_tcp_frame(&mut plain, &eth, &ip, 9, &tcp, len).unwrap();
+            let m = emit_tcp_frame_summed(&mut summed, &eth, &ip, 9, &tcp, len, Some(sum)).unwrap();
+            assert_eq!((n, &plain), (m, &summed), "len {len}");
+            assert!(parse_tcp_frame(&summed, true).is_ok());
         }
     }
 

@@ -401,6 +401,28 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> TcpPacket<T> {
         &mut self.buffer.as_mut()[hl..]
     }
 
+    /// Fills the checksum field like [`fill_checksum`](Self::fill_checksum), given the
+    /// folded sum of the payload (the bytes after the header, from
+    /// [`checksum::data`] or [`checksum::copy_and_sum`]) instead of reading them again.
+    /// Only the header is read. A sum that is not the payload's makes a segment the peer
+    /// drops as corrupt, nothing worse.
+    pub fn fill_checksum_with_payload_sum(
+        &mut self,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        payload_sum: u16,
+    ) {
+        self.set_checksum(0);
+        let hl = self.header_len();
+        let b = self.buffer.as_ref();
+        let len = u32::try_from(b.len()).unwrap_or(u32::MAX);
+        let pseudo = checksum::pseudo_header_v4(src, dst, PROTOCOL, len);
+        // The header is a whole number of 32-bit words, so the payload's lanes line up.
+        let header = checksum::data(b.get(..hl).unwrap_or(b));
+        let sum = checksum::finish(checksum::combine(&[pseudo, header, payload_sum]));
+        self.set_checksum(sum);
+    }
+
     /// Computes the checksum over the pseudo-header and the whole buffer (header and
     /// payload as currently written) and stores it.
     pub fn fill_checksum(&mut self, src: Ipv4Addr, dst: Ipv4Addr) {
@@ -667,6 +689,37 @@ impl TcpRepr {
         p.set_urgent_at(self.urgent);
         self.options.emit(p.options_mut())?;
         p.fill_checksum(src_ip, dst_ip);
+        Ok(total)
+    }
+
+    /// [`TcpRepr::emit`] for a caller that summed the payload while writing it
+    /// (`payload_sum` is its [`checksum::data`]): the checksum is completed from the header
+    /// alone, so the payload is not read a second time.
+    pub fn emit_with_payload_sum(
+        &self,
+        segment: &mut [u8],
+        payload_len: usize,
+        payload_sum: u16,
+        src_ip: Ipv4Addr,
+        dst_ip: Ipv4Addr,
+    ) -> Result<usize, WireError> {
+        let hl = self.header_len();
+        let total = hl.checked_add(payload_len).ok_or(WireError::Malformed)?;
+        if total > super::ipv4::MAX_PACKET_LEN - super::ipv4::HEADER_LEN {
+            return Err(WireError::Malformed);
+        }
+        let seg = segment.get_mut(..total).ok_or(WireError::Truncated)?;
+        let mut p = TcpPacket::new_unchecked(seg);
+        p.set_src_port(self.src_port);
+        p.set_dst_port(self.dst_port);
+        p.set_seq_number(self.seq);
+        p.set_ack_number(self.ack.unwrap_or_default());
+        p.set_header_len(hl);
+        p.set_flags(self.wire_flags());
+        p.set_window_len(self.window);
+        p.set_urgent_at(self.urgent);
+        self.options.emit(p.options_mut())?;
+        p.fill_checksum_with_payload_sum(src_ip, dst_ip, payload_sum);
         Ok(total)
     }
 }

@@ -17,6 +17,51 @@ impl Connection {
     /// Checksums must already be verified. The ACK field is taken as present exactly when
     /// `repr.ack` is `Some`. Any reply (ACK, RST, SYN-ACK) comes out of `poll_transmit`.
     pub fn handle_segment(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+        self.rx_placed = None;
+        self.handle_segment_inner(now, repr, payload);
+    }
+
+    /// The receive fast path's first half: if this segment's payload is the next in-order
+    /// data of an established connection with nothing held out of order and room for all
+    /// of it, copies it into the receive ring at RCV.NXT (not yet readable) and returns its
+    /// folded checksum sum, computed in the same pass
+    /// ([`checksum::copy_and_sum`](crate::wire::checksum::copy_and_sum)); otherwise does
+    /// nothing and returns `None`.
+    ///
+    /// The caller completes the segment's checksum with this sum and then either calls
+    /// [`handle_segment_placed`](Self::handle_segment_placed), which skips copying the
+    /// payload again, or, if the checksum fails, drops the segment: the bytes written lie
+    /// in the ring's free space, where nothing is held (no out-of-order data), and are
+    /// overwritten by the next arrival. Either way the payload is read once.
+    pub fn place_payload(&mut self, seq: SeqNumber, payload: &[u8]) -> Option<u16> {
+        self.rx_placed = None;
+        if self.state != State::Established
+            || seq != self.rcv_nxt
+            || payload.is_empty()
+            || !self.assembler.is_empty()
+            || payload.len() > self.rx.free()
+        {
+            return None;
+        }
+        let (n, sum) = self.rx.write_at_sum(0, payload);
+        if n != payload.len() {
+            return None;
+        }
+        self.rx_placed = Some((seq, n, self.rx.layout()));
+        Some(sum)
+    }
+
+    /// [`handle_segment`](Self::handle_segment) for a segment whose payload
+    /// [`place_payload`](Self::place_payload) has just copied into the receive ring: if
+    /// the payload is accepted in order and the ring is unchanged since, it is committed
+    /// where it lies instead of being copied again; otherwise it is handled exactly like
+    /// `handle_segment` handles it.
+    pub fn handle_segment_placed(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+        self.handle_segment_inner(now, repr, payload);
+        self.rx_placed = None;
+    }
+
+    fn handle_segment_inner(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
         let now = self.clock(now);
         self.counters.segments_received += 1;
         if repr.dst_port != self.local.port() || repr.src_port != self.remote.port() {
@@ -417,7 +462,14 @@ impl Connection {
                 .on_sack_blocks(una, self.snd_max, &blocks[..n]);
             self.tlp_mark_lost(newly_sacked);
         }
-        let rack = self.rack_active() && advance >= 0 && self.state.is_synchronized();
+        // An ACK that moves nothing while nothing is outstanding and carries no SACK
+        // blocks (what every data segment of a one-way transfer brings its receiver) has
+        // nothing for RACK: no records, and the state it would age was aged by the ACK
+        // that emptied the flight with this same SND.UNA.
+        let idle_ack = advance == 0
+            && self.snd_una == self.snd_max
+            && repr.options.sack_blocks.iter().all(Option::is_none);
+        let rack = self.rack_active() && advance >= 0 && self.state.is_synchronized() && !idle_ack;
         if rack {
             self.rack_on_ack(now, repr, ack);
         }
@@ -708,14 +760,28 @@ impl Connection {
         let mut delivered = 0;
         if offset == 0 {
             if !data.is_empty() {
-                self.rx.write_at(0, data);
-                delivered = match self.assembler.add(0, data.len()) {
-                    Ok(()) => self.assembler.remove_front(),
-                    Err(_) => {
-                        // No range to spare, but in-order data needs none: consume it
-                        // directly and merge whatever it now touches.
-                        self.assembler.advance(data.len());
-                        data.len() + self.assembler.remove_front()
+                // Already in the ring if `place_payload` put this very segment there
+                // (same sequence number, at least these bytes, ring untouched since).
+                let placed = self.rx_placed.take().is_some_and(|(at, len, layout)| {
+                    at == seq && skip == 0 && data.len() <= len && layout == self.rx.layout()
+                });
+                if !placed {
+                    self.rx.write_at(0, data);
+                }
+                delivered = if self.assembler.is_empty() {
+                    // In order with nothing held beyond it (the common case): nothing to
+                    // merge. The assembler's ranges are relative to the contiguous point,
+                    // so an empty one needs no update.
+                    data.len()
+                } else {
+                    match self.assembler.add(0, data.len()) {
+                        Ok(()) => self.assembler.remove_front(),
+                        Err(_) => {
+                            // No range to spare, but in-order data needs none: consume it
+                            // directly and merge whatever it now touches.
+                            self.assembler.advance(data.len());
+                            data.len() + self.assembler.remove_front()
+                        }
                     }
                 };
             }

@@ -35,7 +35,7 @@ use core::net::SocketAddrV4;
 use tracing::{debug, trace};
 
 use crate::tcp::assembler::Assembler;
-use crate::tcp::buffer::{RxRing, TxRing};
+use crate::tcp::buffer::{RxLayout, RxRing, TxRing};
 use crate::tcp::config::Config;
 use crate::tcp::congestion::CongestionControl;
 use crate::tcp::error::TcpError;
@@ -118,6 +118,10 @@ pub struct Transmit {
     pub repr: TcpRepr,
     /// Payload length; the bytes are `payload_buf[..payload_len]`.
     pub payload_len: usize,
+    /// The folded Internet checksum sum ([`checksum::data`](crate::wire::checksum::data))
+    /// of those bytes, computed in the pass that copied them out of the send ring (0
+    /// without payload), so that emitting the frame need not read the payload again.
+    pub payload_sum: u16,
 }
 
 /// A snapshot of a connection's counters and congestion state.
@@ -272,6 +276,12 @@ pub struct Connection {
     /// The shift we offer in our SYN: the smallest that lets the window cover `rx_buffer`.
     offered_wscale: u8,
     rx: RxRing,
+    /// A payload [`place_payload`](Connection::place_payload) has copied into the receive
+    /// ring at RCV.NXT (while summing it for the checksum), for the
+    /// [`handle_segment_placed`](Connection::handle_segment_placed) call that follows:
+    /// its sequence number, length and the ring's layout when it was written. Honoured
+    /// only by that call and cleared by every `handle_segment*`.
+    rx_placed: Option<(SeqNumber, usize, RxLayout)>,
     assembler: Assembler,
     /// Receive-buffer auto-tuning's measurements ([`Config::rx_buffer_max`]).
     rcv_space: autotune::RcvSpace,
@@ -484,6 +494,7 @@ impl Connection {
             rcv_wscale: 0,
             offered_wscale,
             rx: RxRing::new(config.rx_buffer),
+            rx_placed: None,
             assembler: Assembler::new(config.max_ooo_ranges),
             rcv_space: autotune::RcvSpace::default(),
             fin_received: false,

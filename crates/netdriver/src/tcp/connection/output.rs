@@ -34,6 +34,7 @@ impl Connection {
             return Some(Transmit {
                 repr: rst,
                 payload_len: 0,
+                payload_sum: 0,
             });
         }
         // Before any segment: a grown receive buffer goes out in this poll's window.
@@ -115,6 +116,7 @@ impl Connection {
                 options,
             },
             payload_len: 0,
+            payload_sum: 0,
         }
     }
 
@@ -399,7 +401,7 @@ impl Connection {
         let send_end = self.send_end();
         let offset = seq_len(self.tx_base, seq);
         let len = max_len.min(seq_len(seq, send_end)).min(buf.len());
-        let len = self.tx.read_at(offset, &mut buf[..len]);
+        let (len, payload_sum) = self.tx.read_at_sum(offset, &mut buf[..len]);
         let end = seq + len;
         // The FIN rides on the segment that reaches the end of the queued data.
         let fin = self.fin_queued && end == send_end && kind != SendKind::Probe;
@@ -488,6 +490,7 @@ impl Connection {
         Transmit {
             repr,
             payload_len: len,
+            payload_sum,
         }
     }
 
@@ -504,6 +507,7 @@ impl Connection {
         Some(Transmit {
             repr,
             payload_len: 0,
+            payload_sum: 0,
         })
     }
 
@@ -531,6 +535,7 @@ impl Connection {
         Some(Transmit {
             repr,
             payload_len: 0,
+            payload_sum: 0,
         })
     }
 
