@@ -317,6 +317,43 @@ struct Core {
     /// Set when the last poll stopped sending because the link had no tx buffers.
     tx_blocked_at: Option<Instant>,
     live: usize,
+    /// Fault injection: received data segments to drop ([`Interface::drop_received`]).
+    rx_drop: Option<RxDrop>,
+}
+
+/// Fault injection for tests and failure drills ([`Interface::drop_received`]): received
+/// TCP segments carrying data from `from` are counted, and once `skip` of them have been
+/// taken, the next `count` are dropped before any connection sees them, as if lost on the
+/// wire after the sender's TCP sent them. Drives a real peer's (a Linux kernel's) loss
+/// recovery, which no drop on the peer's own side can: netfilter there is a local error its
+/// TCP sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxDrop {
+    /// The sender whose segments are counted.
+    pub from: SocketAddrV4,
+    /// Data segments to let through first.
+    pub skip: u64,
+    /// Data segments to drop after them.
+    pub count: u64,
+    /// Data segments from `from` seen so far (set to 0 when installing the rule).
+    pub seen: u64,
+    /// Dropped so far (set to 0 when installing the rule).
+    pub dropped: u64,
+}
+
+impl RxDrop {
+    /// Whether the data segment just seen from `remote` is to be dropped; counts it.
+    fn drops(&mut self, remote: SocketAddrV4) -> bool {
+        if remote != self.from {
+            return false;
+        }
+        self.seen += 1;
+        if self.seen > self.skip && self.dropped < self.count {
+            self.dropped += 1;
+            return true;
+        }
+        false
+    }
 }
 
 /// A TCP checksum still to be completed by the payload's sum (see `receive_tcp`).
@@ -371,6 +408,7 @@ impl<L: Link> Interface<L> {
                 tx_ready: Vec::new(),
                 tx_blocked_at: None,
                 live: 0,
+                rx_drop: None,
             },
         }
     }
@@ -393,6 +431,21 @@ impl<L: Link> Interface<L> {
     /// The counters.
     pub fn stats(&self) -> InterfaceStats {
         self.core.stats
+    }
+
+    /// Fault injection: installs (or with `None` removes) a rule dropping received data
+    /// segments ([`RxDrop`]; its counters start from 0).
+    pub fn drop_received(&mut self, rule: Option<RxDrop>) {
+        self.core.rx_drop = rule.map(|r| RxDrop {
+            seen: 0,
+            dropped: 0,
+            ..r
+        });
+    }
+
+    /// The installed [`RxDrop`] rule with its counters, if any.
+    pub fn rx_drop(&self) -> Option<RxDrop> {
+        self.core.rx_drop
     }
 
     /// Adds (or replaces) a static neighbour entry: `ip` is reachable at `mac`.
@@ -871,6 +924,9 @@ impl Core {
     ) {
         let local = SocketAddrV4::new(ip.dst, repr.dst_port);
         let remote = SocketAddrV4::new(ip.src, repr.src_port);
+        if !payload.is_empty() && self.rx_drop.as_mut().is_some_and(|r| r.drops(remote)) {
+            return;
+        }
         let key = (local, remote);
         let found = match self.last_flow {
             Some((k, index)) if k == key => Some(index),

@@ -8,11 +8,14 @@
 //! (`ChannelStats::rto_timeouts` stays 0 while a segment went again) and the exchange's
 //! time, and checks every byte. Offloads stay at veth's defaults.
 //!
-//! The other direction (the kernel's tail lost on the wire, its own TLP recovering) is
-//! not tested here: a netfilter drop in the kernel's OUTPUT or POSTROUTING chain is a
-//! local error its TCP sees (it sends the segment again later; no probe, no loss), and
-//! this bed's kernel has no qdisc or tc action that drops one chosen packet after the
-//! TCP layer (no `netem`, `prio` or `gact`).
+//! The other direction, the kernel's tail lost on the wire and its own TLP recovering, is
+//! made by our side: a netfilter drop in the kernel's OUTPUT or POSTROUTING chain would be
+//! a local error its TCP sees (it sends the segment again later; no probe, no loss), and
+//! this bed's kernel has no qdisc or tc action that drops one chosen packet after the TCP
+//! layer (no `netem`, `prio` or `gact`). So our channel set drops the kernel's segments
+//! as they arrive, before our TCP sees them (`ChannelSet::drop_received`): to the kernel
+//! they were lost on the wire. Its recovery then depends on our answers: the probe's
+//! SACK is what lets it repair the hole without a timeout.
 //!
 //! Privileged: each test skips without root, and fails instead when
 //! `NETCHANNEL_REQUIRE_XDP=1`. Rules live in the bed's namespaces and go with them.
@@ -189,6 +192,118 @@ fn our_tail_loss_is_recovered_by_a_probe_not_a_timeout() {
     assert!(
         took[DROPPED] < RTO_MIN,
         "the lost tail took {:?} to recover",
+        took[DROPPED]
+    );
+    drop(stream);
+    set.shutdown().unwrap();
+}
+
+/// Response size of the kernel-side test: four full segments.
+const RESPONSE: usize = 4 * 1448;
+
+/// A kernel server in B answering each request (`MSG` bytes) with `RESPONSE` bytes in one
+/// write.
+fn kernel_responder(bed: &TestBed) -> (SocketAddr, testbed::NsJoinHandle<()>) {
+    let b_ip = bed.side(Side::B).ipv4;
+    let (tx, rx) = mpsc::channel();
+    let server = bed
+        .spawn_thread_in(Side::B, move || {
+            let l = TcpListener::bind((b_ip, 0)).unwrap();
+            tx.send(l.local_addr().unwrap()).unwrap();
+            let (mut c, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(DEADLINE)).unwrap();
+            let mut req = vec![0u8; MSG];
+            for i in 0..EXCHANGES {
+                c.read_exact(&mut req).unwrap();
+                assert_eq!(req, message(i, 0x5a), "request {i}");
+                c.write_all(&response(i)).unwrap();
+            }
+        })
+        .unwrap();
+    (rx.recv().unwrap(), server)
+}
+
+fn response(i: usize) -> Vec<u8> {
+    (0..RESPONSE)
+        .map(|k| (i as u8).wrapping_mul(17) ^ (k as u8).rotate_left(3))
+        .collect()
+}
+
+/// B's kernel counter `TcpExt: name` (`/proc/net/netstat` of B's namespace).
+fn tcp_ext(bed: &TestBed, name: &str) -> u64 {
+    let text = bed
+        .output_in(Side::B, "cat", &["/proc/net/netstat"])
+        .expect("read /proc/net/netstat in B");
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no TcpExt {name} in B"))
+}
+
+/// The kernel's response loses its last two segments on the wire (dropped as they reach
+/// us), with nothing after them. The kernel at its defaults sends a tail loss probe (its
+/// last segment again, two RTTs later); our SACK of it shows the hole, which the kernel
+/// repairs at once: the exchange takes milliseconds, not a retransmission timeout.
+#[test]
+fn the_kernels_tail_loss_is_recovered_by_its_probe_and_our_sack() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let (addr, server) = kernel_responder(&bed);
+    let SocketAddr::V4(addr) = addr else {
+        panic!("IPv4 bed")
+    };
+    let mut cfg = config(&bed, Side::A);
+    // `NC_TEST_NO_SACK=1` takes our SACK away, to see the test fail (the kernel then
+    // waits for its retransmission timeout).
+    if std::env::var_os("NC_TEST_NO_SACK").is_some() {
+        cfg.tcp.sack = false;
+    }
+    let set = start(&bed, Side::A, cfg);
+    // The third and fourth data segments of the `DROPPED`-th response.
+    set.drop_received(Some(netdriver::netif::RxDrop {
+        from: addr,
+        skip: (4 * DROPPED + 2) as u64,
+        count: 2,
+        seen: 0,
+        dropped: 0,
+    }));
+    let probes_before = tcp_ext(&bed, "TCPLossProbes");
+    let ch = set.connect(addr).expect("connect");
+    let mut stream = ChannelStream::new(ch);
+    stream.set_read_timeout(Some(DEADLINE));
+    let mut took = Vec::new();
+    let mut resp = vec![0u8; RESPONSE];
+    for i in 0..EXCHANGES {
+        let t = Instant::now();
+        stream.write_all(&message(i, 0x5a)).unwrap();
+        stream.flush().unwrap();
+        stream.read_exact(&mut resp).unwrap();
+        assert_eq!(resp, response(i), "response {i}");
+        took.push(t.elapsed());
+    }
+    server.join().unwrap();
+    let probes = tcp_ext(&bed, "TCPLossProbes") - probes_before;
+    let stats = stream.channel().stats();
+    println!(
+        "kernel tail loss: exchange {DROPPED} took {:?} (others up to {:?}); kernel loss \
+         probes {probes}; {stats:?}",
+        took[DROPPED],
+        slowest_other(&took)
+    );
+    assert_eq!(
+        set.fault_dropped(),
+        2,
+        "the rule dropped the response's tail"
+    );
+    assert!(probes >= 1, "the kernel sent no tail loss probe");
+    assert!(
+        took[DROPPED] < RTO_MIN,
+        "the kernel's lost tail took {:?} to recover",
         took[DROPPED]
     );
     drop(stream);

@@ -181,6 +181,8 @@ pub(crate) struct Peer {
     pub(crate) resets_received: AtomicU64,
     /// Nanoseconds the thread spent in its rounds (not sleeping, not busy-polling idle).
     pub(crate) busy_ns: AtomicU64,
+    /// Segments its [`RxDrop`](crate::netif::RxDrop) rule dropped (fault injection).
+    pub(crate) rx_fault_dropped: AtomicU64,
     /// The core the thread is pinned to (`usize::MAX`: none); the thread moves itself
     /// there when it changes ([`ChannelSet::pin_queue_thread`]).
     pub(crate) core: AtomicUsize,
@@ -542,6 +544,7 @@ impl ChannelSet {
                 syns: SynCounters::default(),
                 resets_received: AtomicU64::new(0),
                 busy_ns: AtomicU64::new(0),
+                rx_fault_dropped: AtomicU64::new(0),
                 core: AtomicUsize::new(
                     config
                         .cores
@@ -984,6 +987,30 @@ impl ChannelSet {
         warn!(queue, "killing a channel thread (fault injection)");
         p.signal.request_kill();
         true
+    }
+
+    /// Fault injection, for tests and failure drills: every queue thread drops received
+    /// data segments by `rule` ([`RxDrop`](crate::netif::RxDrop): after `skip` data
+    /// segments from `rule.from`, the next `count`), before TCP sees them, as if they were
+    /// lost on the wire; `None` removes the rules. What a rule dropped is counted in
+    /// [`ChannelSet::fault_dropped`]. Takes effect at each thread's next round.
+    pub fn drop_received(&self, rule: Option<crate::netif::RxDrop>) {
+        warn!(?rule, "dropping received segments (fault injection)");
+        for p in &self.shared.peers {
+            p.rx_fault_dropped.store(0, Ordering::Relaxed);
+            if p.commands.send(Command::DropReceived(rule)).is_ok() {
+                p.signal.notify();
+            }
+        }
+    }
+
+    /// Segments the [`ChannelSet::drop_received`] rules have dropped, over all queues.
+    pub fn fault_dropped(&self) -> u64 {
+        self.shared
+            .peers
+            .iter()
+            .map(|p| p.rx_fault_dropped.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Local ports of outgoing channels in use.

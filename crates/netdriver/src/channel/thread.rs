@@ -54,6 +54,8 @@ pub(crate) enum Command {
     },
     /// Stop listening on `port` (connections not yet accepted are aborted).
     Unlisten { port: u16 },
+    /// Fault injection: install (or remove) a rule dropping received data segments.
+    DropReceived(Option<crate::netif::RxDrop>),
 }
 
 /// One channel's thread-side state.
@@ -299,16 +301,19 @@ impl Worker {
             signal.take_pending();
             let now = clock.now();
             let started = std::time::Instant::now();
-            let (active, deadline) = {
+            let (active, deadline, g_rx_drop) = {
                 let mut g = lock_state(&state);
                 let active = g.round(now);
-                (active, g.worker.iface.poll_at())
+                (active, g.worker.iface.poll_at(), g.worker.iface.rx_drop())
             };
             if let Some(p) = set.peers.get(me) {
                 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
                 // The thread's utilisation, for schedulers that scale channels by it.
                 let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 p.busy_ns.fetch_add(ns, Relaxed);
+                if let Some(rule) = g_rx_drop {
+                    p.rx_fault_dropped.store(rule.dropped, Relaxed);
+                }
                 // A run-time pin (`ChannelSet::pin_queue_thread`): the thread moves itself.
                 let want = p.core.load(Acquire);
                 if want != usize::MAX && p.pinned.swap(want, AcqRel) != want {
@@ -366,7 +371,7 @@ impl Worker {
                 Command::Listen { done, .. } => {
                     let _ = done.send(Err(ChannelError::ThreadDied));
                 }
-                Command::Unlisten { .. } => {}
+                Command::Unlisten { .. } | Command::DropReceived(_) => {}
             }
         }
     }
@@ -400,6 +405,7 @@ impl Worker {
                     self.iface.unlisten(port);
                     book.listeners.remove(&port);
                 }
+                Command::DropReceived(rule) => self.iface.drop_received(rule),
             }
         }
         any
@@ -795,7 +801,7 @@ impl Worker {
                 Command::Listen { done, .. } => {
                     let _ = done.send(Err(ChannelError::ShutDown));
                 }
-                Command::Unlisten { .. } => {}
+                Command::Unlisten { .. } | Command::DropReceived(_) => {}
             }
         }
         while let Ok(frame) = self.forwarded.try_recv() {
@@ -967,6 +973,7 @@ mod tests {
                 syns: Default::default(),
                 resets_received: Default::default(),
                 busy_ns: Default::default(),
+                rx_fault_dropped: Default::default(),
                 core: std::sync::atomic::AtomicUsize::new(usize::MAX),
                 pinned: std::sync::atomic::AtomicUsize::new(usize::MAX),
             });
