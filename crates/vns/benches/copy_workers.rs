@@ -13,10 +13,12 @@ use vns::copy::{CopyConfig, CopyWorkerPool};
 
 const CHUNK: usize = 64 * 1024;
 
-fn pools() -> Vec<(usize, CopyWorkerPool)> {
-    [0usize, 1, 2]
+/// Pools with 0, 1 and 2 workers splitting copies evenly, and 2 workers whose pieces the
+/// default policy's `pick_copy_worker` places (what the Stack runs), labelled `2wpick`.
+fn pools() -> Vec<(String, CopyWorkerPool)> {
+    [(0usize, false), (1, false), (2, false), (2, true)]
         .into_iter()
-        .map(|workers| {
+        .map(|(workers, pick)| {
             let pool = CopyWorkerPool::new(CopyConfig {
                 workers,
                 chunk_size: CHUNK,
@@ -27,7 +29,13 @@ fn pools() -> Vec<(usize, CopyWorkerPool)> {
                 ..CopyConfig::default()
             })
             .expect("copy worker pool");
-            (workers, pool)
+            if pick {
+                let mut policy = netsched::RoundRobin::default();
+                pool.set_picker(Box::new(move |r, w| {
+                    netsched::NetScheduler::pick_copy_worker(&mut policy, r, w)
+                }));
+            }
+            (format!("{workers}w{}", if pick { "pick" } else { "" }), pool)
         })
         .collect()
 }
@@ -36,13 +44,13 @@ fn data(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 131 + 17) as u8).collect()
 }
 
-fn bench_copy(c: &mut Criterion, pools: &[(usize, CopyWorkerPool)]) {
+fn bench_copy(c: &mut Criterion, pools: &[(String, CopyWorkerPool)]) {
     let mut group = c.benchmark_group("copy_in");
     for size in [1usize << 20, 16 << 20] {
         let src = data(size);
         group.throughput(Throughput::Bytes(size as u64));
         for (workers, pool) in pools {
-            let id = BenchmarkId::new(format!("{workers}w"), format!("{}MiB", size >> 20));
+            let id = BenchmarkId::new(workers.as_str(), format!("{}MiB", size >> 20));
             group.bench_function(id, |b| {
                 b.iter(|| {
                     let chunks = pool.copy_in(black_box(&src));
@@ -74,7 +82,7 @@ fn bench_copy(c: &mut Criterion, pools: &[(usize, CopyWorkerPool)]) {
             } else {
                 format!("{}KiB", size >> 10)
             };
-            let id = BenchmarkId::new(format!("{workers}w"), label);
+            let id = BenchmarkId::new(workers.as_str(), label);
             group.bench_function(id, |b| {
                 b.iter(|| pool.copy_out(black_box(&chunks), black_box(&mut dst)))
             });

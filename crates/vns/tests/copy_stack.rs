@@ -159,6 +159,8 @@ async fn large_transfers_go_through_the_copy_workers() {
             "{name}: no read went through the workers: {s:?}"
         );
         assert!(s.worker_bytes > 0 && s.worker_pieces >= 2 * s.parallel_copies);
+        // The default policy's `pick_copy_worker` placed every worker piece.
+        assert_eq!(s.picked_pieces, s.worker_pieces, "{name}: {s:?}");
         // No byte is copied twice: each written and read byte once at most (the rest
         // went the plain way), by a worker or by this thread.
         assert!(s.worker_bytes + s.app_bytes <= 2 * (LEN as u64 + (3 << 20)));
@@ -261,4 +263,60 @@ async fn copy_workers_without_vns_config_get_buffers_they_can_use() {
         "no write shared with the workers: {st:?}"
     );
     assert!(st.worker_bytes > 0, "{st:?}");
+}
+
+/// A user's scheduler decides which copy worker copies what
+/// (`NetScheduler::pick_copy_worker`): one that always declines leaves every copy to the
+/// application thread, and the bytes still arrive exact.
+#[tokio::test(flavor = "current_thread")]
+async fn the_schedulers_copy_worker_choice_is_followed() {
+    #[derive(Default)]
+    struct NoWorkers(netsched::RoundRobin);
+    impl netsched::NetScheduler for NoWorkers {
+        fn pick_channel(
+            &mut self,
+            chunk: &netsched::ChunkInfo,
+            channels: &[netsched::ChannelStats],
+        ) -> Option<netsched::ChannelId> {
+            self.0.pick_channel(chunk, channels)
+        }
+        fn pick_copy_worker(
+            &mut self,
+            _: &netsched::CopyRequest,
+            _: &[netsched::CopyWorkerStats],
+        ) -> Option<netsched::CopyWorkerId> {
+            None
+        }
+        fn fork(&self) -> Option<Box<dyn netsched::NetScheduler>> {
+            Some(Box::new(NoWorkers::default()))
+        }
+    }
+    let net = MemNetwork::new();
+    let build = |ip| {
+        Stack::builder()
+            .ipv4(ip)
+            .channels(CHANNELS)
+            .vns_config(vns_config())
+            .copy_workers(2)
+            .copy_config(CopyConfig {
+                small_copy_threshold: THRESHOLD,
+                ..CopyConfig::default()
+            })
+            .scheduler(NoWorkers::default())
+            .build_in_memory(&net)
+            .unwrap()
+    };
+    let (a, b) = (build(A), build(B));
+    both_ways(&a, &b, 7102).await;
+    for (name, stack) in [("a", &a), ("b", &b)] {
+        let s = stack.copy_stats();
+        assert!(s.parallel_copies > 0, "{name}: no large copy: {s:?}");
+        assert!(s.declined_pieces >= 2 * s.parallel_copies, "{name}: {s:?}");
+        assert_eq!(s.worker_bytes, 0, "{name}: a worker copied: {s:?}");
+        assert!(stack
+            .stats()
+            .copy_workers
+            .iter()
+            .all(|w| w.queued_bytes == 0));
+    }
 }

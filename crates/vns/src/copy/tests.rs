@@ -59,8 +59,22 @@ proptest! {
         workers in 0usize..4,
         threshold in prop_oneof![Just(0usize), 0usize..200_000],
         seed in any::<u8>(),
+        picker in 0u8..4,
     ) {
         let pool = mock_pool(workers, chunk_size, threshold);
+        // 0: copies split evenly; 1: a picker naming worker 0 always; 2: one declining
+        // every piece; 3: the default policy's choice (fewest queued bytes).
+        match picker {
+            1 => pool.set_picker(Box::new(|_, _| Some(netsched::CopyWorkerId(0)))),
+            2 => pool.set_picker(Box::new(|_, _| None)),
+            3 => {
+                let mut policy = netsched::RoundRobin::default();
+                pool.set_picker(Box::new(move |r, w| {
+                    netsched::NetScheduler::pick_copy_worker(&mut policy, r, w)
+                }));
+            }
+            _ => {}
+        }
         let data = pattern(len, seed);
         let chunks = pool.copy_in(&data);
         prop_assert_eq!(chunks.len(), len.div_ceil(chunk_size));
@@ -81,6 +95,11 @@ proptest! {
         }
         let s = pool.stats();
         prop_assert_eq!(s.app_bytes + s.worker_bytes, 3 * len as u64);
+        prop_assert_eq!(pool.copied_by_worker().iter().sum::<u64>(), s.worker_bytes);
+        prop_assert!(pool.worker_stats().iter().all(|w| w.queued_bytes == 0));
+        if picker == 2 {
+            prop_assert_eq!(s.worker_bytes, 0);
+        }
         if workers == 0 || len < threshold.max(1) {
             prop_assert_eq!(s.parallel_copies, 0);
         }
@@ -319,4 +338,51 @@ fn zero_chunk_size_is_rejected() {
 fn pool_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<CopyWorkerPool>();
+}
+
+/// The scheduler's copy-worker decision is followed: every piece after the application
+/// thread's goes to the worker the picker names, or stays with the application thread
+/// when it declines; the workers' queued bytes are what the picker sees, and return to 0.
+#[test]
+fn a_picker_places_each_piece_on_the_worker_it_names() {
+    let pool = mock_pool(2, 1024, 0);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    pool.set_picker(Box::new(move |request, workers| {
+        log.lock().unwrap().push((request.len, workers.to_vec()));
+        Some(netsched::CopyWorkerId(1))
+    }));
+    let data = pattern(30 * 1024, 9);
+    let chunks = pool.copy_in(&data);
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(pool.copy_out(&chunks, &mut back), data.len());
+    assert_eq!(back, data);
+    let s = pool.stats();
+    // Three pieces per copy (2 workers + the application thread): two picked per copy.
+    assert_eq!(s.parallel_copies, 2);
+    assert_eq!(s.picked_pieces, 4);
+    assert_eq!(s.declined_pieces, 0);
+    let by_worker = pool.copied_by_worker();
+    assert_eq!(by_worker[0], 0, "worker 0 was never named");
+    assert_eq!(by_worker[1], s.worker_bytes);
+    assert_eq!(s.worker_bytes + s.app_bytes, 2 * data.len() as u64);
+    // The second piece of a copy is picked while the first waits on worker 1.
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 4);
+    assert_eq!(seen[0].1[1].queued_bytes, 0);
+    assert_eq!(seen[1].1[1].queued_bytes, seen[0].0 as u64);
+    assert!(pool.worker_stats().iter().all(|w| w.queued_bytes == 0));
+}
+
+#[test]
+fn a_picker_that_declines_leaves_the_copy_to_the_application_thread() {
+    let pool = mock_pool(2, 1024, 0);
+    pool.set_picker(Box::new(|_, _| None));
+    let data = pattern(30 * 1024, 4);
+    let chunks = pool.copy_in(&data);
+    assert_eq!(chunks.concat(), data);
+    let s = pool.stats();
+    assert_eq!(s.declined_pieces, 2);
+    assert_eq!(s.worker_bytes, 0);
+    assert_eq!(s.app_bytes, data.len() as u64);
 }

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use bytes::{Bytes, BytesMut};
+use netsched::{CopyDirection, CopyRequest, CopyWorkerId, CopyWorkerStats};
 use tracing::{debug, warn};
 
 use super::buffers::{BufferPool, BufferStats};
@@ -84,9 +85,29 @@ pub struct CopyStats {
     pub app_bytes: u64,
     /// Workers that could not be pinned to their core.
     pub pin_failures: u64,
+    /// Pieces a [`CopyPicker`] placed on a worker of its choice.
+    pub picked_pieces: u64,
+    /// Pieces a [`CopyPicker`] gave back to the application thread (`None`).
+    pub declined_pieces: u64,
     /// The chunk buffer pool's counters.
     pub buffers: BufferStats,
 }
+
+/// An installed [`CopyPicker`] (a closure has no `Debug`).
+struct Picker(CopyPicker);
+
+impl std::fmt::Debug for Picker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CopyPicker")
+    }
+}
+
+/// Chooses the worker that copies each piece of a large copy, from the workers' queued
+/// bytes ([`CopyWorkerPool::set_picker`]); `None` leaves the piece to the application
+/// thread. The stack installs its scheduler's
+/// [`pick_copy_worker`](netsched::NetScheduler::pick_copy_worker) here.
+pub type CopyPicker =
+    Box<dyn FnMut(&CopyRequest, &[CopyWorkerStats]) -> Option<CopyWorkerId> + Send>;
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -97,6 +118,15 @@ struct Counters {
     worker_bytes: AtomicU64,
     app_bytes: AtomicU64,
     pin_failures: AtomicU64,
+    picked_pieces: AtomicU64,
+    declined_pieces: AtomicU64,
+}
+
+/// Counts `n` bytes copied by the calling worker thread.
+fn note_copied(copied: &[AtomicU64], n: usize) {
+    if let Some(slot) = rayon_core::current_thread_index().and_then(|i| copied.get(i)) {
+        slot.fetch_add(n as u64, Ordering::Relaxed);
+    }
 }
 
 fn add(c: &AtomicU64, n: usize) {
@@ -122,6 +152,12 @@ pub struct CopyWorkerPool {
     topology: Topology,
     buffers: BufferPool,
     counters: Arc<Counters>,
+    /// How pieces are placed on workers; `None`: a copy is split evenly over all of them.
+    picker: Mutex<Option<Picker>>,
+    /// Bytes handed to each worker and not copied yet.
+    queued: Vec<AtomicU64>,
+    /// Bytes each worker copied.
+    copied: Vec<AtomicU64>,
 }
 
 impl CopyWorkerPool {
@@ -203,7 +239,120 @@ impl CopyWorkerPool {
                 config.buffer_pool_capacity,
             ),
             counters,
+            picker: Mutex::new(None),
+            queued: (0..config.workers).map(|_| AtomicU64::new(0)).collect(),
+            copied: (0..config.workers).map(|_| AtomicU64::new(0)).collect(),
         })
+    }
+
+    /// Places the pieces of large copies on the workers `picker` chooses (the paper's
+    /// scheduler skips a worker holding more than 640 KB), instead of splitting every
+    /// copy evenly over all workers. A copy is still cut into one piece per worker plus
+    /// one for the application thread, which always copies that one itself.
+    pub fn set_picker(&self, picker: CopyPicker) {
+        *self.picker.lock().unwrap_or_else(|e| e.into_inner()) = Some(Picker(picker));
+    }
+
+    /// Each worker with its core and the bytes handed to it and not copied yet, as a
+    /// scheduler sees them.
+    pub fn worker_stats(&self) -> Vec<CopyWorkerStats> {
+        self.queued
+            .iter()
+            .enumerate()
+            .map(|(i, q)| CopyWorkerStats {
+                id: CopyWorkerId(i as u32),
+                core: self.placement.cores.get(i).copied(),
+                queued_bytes: q.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// Bytes each worker has copied, by worker index.
+    pub fn copied_by_worker(&self) -> Vec<u64> {
+        self.copied
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Whether a picker is installed (then large copies go through [`Self::run_picked`]).
+    fn picking(&self) -> bool {
+        self.picker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// A large copy's pieces: the first (`pieces[0]`) is the application thread's; each
+    /// other one goes to the worker the picker names, or stays with the application
+    /// thread. Workers run theirs in one broadcast over the pool, each taking the pieces
+    /// placed on it; the call returns once every piece is copied.
+    fn run_picked<P: Send>(
+        &self,
+        threads: &rayon_core::ThreadPool,
+        flow: u64,
+        direction: CopyDirection,
+        pieces: Vec<(usize, P)>,
+        work: impl Fn(P) + Sync,
+    ) {
+        let c = &self.counters;
+        let mut app = Vec::new();
+        let mut placed: Vec<Vec<(usize, P)>> = (0..self.workers).map(|_| Vec::new()).collect();
+        {
+            let mut picker = self.picker.lock().unwrap_or_else(|e| e.into_inner());
+            for (i, (len, piece)) in pieces.into_iter().enumerate() {
+                let pick = match picker.as_mut() {
+                    Some(Picker(pick)) if i > 0 => {
+                        let request = CopyRequest {
+                            flow,
+                            len,
+                            direction,
+                        };
+                        pick(&request, &self.worker_stats())
+                    }
+                    _ => None,
+                };
+                match pick.map(|w| w.0 as usize).filter(|&w| w < self.workers) {
+                    Some(w) => {
+                        self.queued[w].fetch_add(len as u64, Ordering::Relaxed);
+                        add(&c.picked_pieces, 1);
+                        placed[w].push((len, piece));
+                    }
+                    None => {
+                        if i > 0 {
+                            add(&c.declined_pieces, 1);
+                        }
+                        app.push((len, piece));
+                    }
+                }
+            }
+        }
+        let any_placed = placed.iter().any(|p| !p.is_empty());
+        let placed: Vec<Mutex<Vec<(usize, P)>>> = placed.into_iter().map(Mutex::new).collect();
+        let work = &work;
+        let placed = &placed;
+        threads.in_place_scope(|scope| {
+            if any_placed {
+                scope.spawn_broadcast(move |_, ctx| {
+                    let me = ctx.index();
+                    let Some(slot) = placed.get(me) else {
+                        return;
+                    };
+                    let mine = std::mem::take(&mut *slot.lock().unwrap_or_else(|e| e.into_inner()));
+                    for (len, piece) in mine {
+                        work(piece);
+                        self.queued[me].fetch_sub(len as u64, Ordering::Relaxed);
+                        self.copied[me].fetch_add(len as u64, Ordering::Relaxed);
+                        add(&c.worker_pieces, 1);
+                        add(&c.worker_bytes, len);
+                    }
+                });
+            }
+            for (len, piece) in app {
+                work(piece);
+                add(&c.app_bytes, len);
+            }
+        });
     }
 
     /// Number of worker threads.
@@ -269,6 +418,8 @@ impl CopyWorkerPool {
             worker_bytes: c.worker_bytes.load(Ordering::Relaxed),
             app_bytes: c.app_bytes.load(Ordering::Relaxed),
             pin_failures: c.pin_failures.load(Ordering::Relaxed),
+            picked_pieces: c.picked_pieces.load(Ordering::Relaxed),
+            declined_pieces: c.declined_pieces.load(Ordering::Relaxed),
             buffers: self.buffers.stats(),
         }
     }
@@ -286,7 +437,7 @@ impl CopyWorkerPool {
         let mut bufs = Vec::new();
         self.buffers
             .take_into(src.len().div_ceil(self.chunk_size), &mut bufs);
-        self.fill(src, &mut bufs);
+        self.fill(0, src, &mut bufs);
         bufs.into_iter().map(BytesMut::freeze).collect()
     }
 
@@ -295,6 +446,12 @@ impl CopyWorkerPool {
     /// surplus ones go back to it. Afterwards `out` holds exactly the chunks of `src`
     /// (each after [`CopyConfig::headroom`] zero bytes). Returns the number of chunks.
     pub fn copy_in_mut(&self, src: &[u8], out: &mut Vec<BytesMut>) -> usize {
+        self.copy_in_mut_for(0, src, out)
+    }
+
+    /// [`CopyWorkerPool::copy_in_mut`] for the virtual socket `flow` (what a
+    /// [`CopyPicker`] is told).
+    pub fn copy_in_mut_for(&self, flow: u64, src: &[u8], out: &mut Vec<BytesMut>) -> usize {
         let k = src.len().div_ceil(self.chunk_size);
         for surplus in out.drain(k.min(out.len())..) {
             self.buffers.put(surplus);
@@ -307,17 +464,38 @@ impl CopyWorkerPool {
         self.buffers.note_reuse(out.len());
         let missing = k - out.len();
         self.buffers.take_into(missing, out);
-        self.fill(src, out);
+        self.fill(flow, src, out);
         k
     }
 
     /// Fills `bufs` (empty, `len == ceil(src.len() / chunk_size)`) with the chunks of `src`.
-    fn fill(&self, src: &[u8], bufs: &mut [BytesMut]) {
+    fn fill(&self, flow: u64, src: &[u8], bufs: &mut [BytesMut]) {
         let cs = self.chunk_size;
         let h = self.headroom;
         let parts = self.parts(src.len()).min(bufs.len());
         let c = &self.counters;
         match (&self.threads, parts) {
+            (Some(threads), 2..) if self.picking() => {
+                add(&c.parallel_copies, 1);
+                let k = bufs.len();
+                let mut pieces = Vec::with_capacity(parts);
+                let (mut rest_bufs, mut rest_src) = (bufs, src);
+                for p in 0..parts {
+                    let n = k * (p + 1) / parts - k * p / parts;
+                    let (piece_bufs, tail_bufs) = rest_bufs.split_at_mut(n);
+                    let (piece_src, tail_src) = rest_src.split_at((n * cs).min(rest_src.len()));
+                    rest_bufs = tail_bufs;
+                    rest_src = tail_src;
+                    pieces.push((piece_src.len(), (piece_bufs, piece_src)));
+                }
+                self.run_picked(
+                    threads,
+                    flow,
+                    CopyDirection::ToChannels,
+                    pieces,
+                    |(b, s)| fill_chunks(b, s, cs, h),
+                );
+            }
             (Some(threads), 2..) => {
                 add(&c.parallel_copies, 1);
                 let k = bufs.len();
@@ -336,10 +514,12 @@ impl CopyWorkerPool {
                         let (piece_src, tail_src) = rest_src.split_at((n * cs).min(rest_src.len()));
                         rest_bufs = tail_bufs;
                         rest_src = tail_src;
+                        let copied = &self.copied;
                         scope.spawn(move |_| {
                             fill_chunks(piece_bufs, piece_src, cs, h);
                             add(&c.worker_pieces, 1);
                             add(&c.worker_bytes, piece_src.len());
+                            note_copied(copied, piece_src.len());
                         });
                     }
                     fill_chunks(app_bufs, app_src, cs, h);
@@ -359,6 +539,17 @@ impl CopyWorkerPool {
     /// worker plus one for the application thread, each writing its own part of `dst`.
     /// The chunks are plain data (no headroom): `Bytes`, `Vec<u8>`, `&[u8]`, ...
     pub fn copy_out<C: AsRef<[u8]> + Sync>(&self, chunks: &[C], dst: &mut [u8]) -> usize {
+        self.copy_out_for(0, chunks, dst)
+    }
+
+    /// [`CopyWorkerPool::copy_out`] for the virtual socket `flow` (what a [`CopyPicker`]
+    /// is told).
+    pub fn copy_out_for<C: AsRef<[u8]> + Sync>(
+        &self,
+        flow: u64,
+        chunks: &[C],
+        dst: &mut [u8],
+    ) -> usize {
         let total = chunks
             .iter()
             .map(|c| c.as_ref().len())
@@ -368,6 +559,27 @@ impl CopyWorkerPool {
         let parts = self.parts(total);
         let c = &self.counters;
         match (&self.threads, parts) {
+            (Some(threads), 2..) if self.picking() => {
+                add(&c.parallel_copies, 1);
+                add(&c.parallel_copies_out, 1);
+                let mut pieces = Vec::with_capacity(parts);
+                let mut rest = dst;
+                let mut offset = 0;
+                for p in 0..parts {
+                    let end = total * (p + 1) / parts;
+                    let (piece, tail) = rest.split_at_mut(end - offset);
+                    rest = tail;
+                    pieces.push((piece.len(), (offset, piece)));
+                    offset = end;
+                }
+                self.run_picked(
+                    threads,
+                    flow,
+                    CopyDirection::FromChannels,
+                    pieces,
+                    |(start, piece)| copy_range(chunks, start, piece),
+                );
+            }
             (Some(threads), 2..) => {
                 add(&c.parallel_copies, 1);
                 add(&c.parallel_copies_out, 1);
@@ -381,10 +593,12 @@ impl CopyWorkerPool {
                         rest = tail;
                         let start = offset;
                         offset = end;
+                        let copied = &self.copied;
                         scope.spawn(move |_| {
                             copy_range(chunks, start, piece);
                             add(&c.worker_pieces, 1);
                             add(&c.worker_bytes, piece.len());
+                            note_copied(copied, piece.len());
                         });
                     }
                     copy_range(chunks, 0, app_dst);

@@ -514,9 +514,11 @@ impl StackBuilder {
 
     /// The policy that places chunks on channels (default [`RoundRobin`]); see
     /// [`netsched::NetScheduler`] to write one. Its per-chunk decisions are used, its
-    /// plans carried out every plan period ([`StackBuilder::execute_plans`]); copy
-    /// workers still share copies evenly rather than through
-    /// [`pick_copy_worker`](netsched::NetScheduler::pick_copy_worker).
+    /// plans carried out every plan period ([`StackBuilder::execute_plans`]), and its
+    /// [`pick_copy_worker`](netsched::NetScheduler::pick_copy_worker) places the pieces of
+    /// large copies on the copy workers (asked of an instance of its own,
+    /// [`NetScheduler::fork`](netsched::NetScheduler::fork); a policy that cannot fork
+    /// leaves copies split evenly).
     pub fn scheduler(mut self, s: impl NetScheduler + 'static) -> Self {
         self.scheduler = Box::new(s);
         self
@@ -863,6 +865,18 @@ impl StackBuilder {
             None => vns,
         };
         let copy = CopyPath::new(self.copy_workers, self.copy_config, &vns)?;
+        if let Some(copy) = &copy {
+            // The scheduler's third decision: which worker copies each piece of a large
+            // copy. An instance of its own, so that copies never wait on a shard's lock.
+            match self.scheduler.fork() {
+                Some(mut picker) => copy.pool.set_picker(Box::new(move |request, workers| {
+                    picker.pick_copy_worker(request, workers)
+                })),
+                None => debug!(
+                    "the scheduler cannot be forked; copies are split evenly over the workers"
+                ),
+            }
+        }
         vns.validate()?;
         let endpoints = shard_endpoints(&vns, self.scheduler, self.shards)?;
         let acceptor = backend
@@ -1352,8 +1366,8 @@ impl Stack {
     ///   in-memory channels).
     /// - `flows`: every virtual socket with its class and unsent bytes;
     ///   `recent_rate_bps` is 0 (not measured yet).
-    /// - `copy_workers`: each worker with its core; `queued_bytes` is 0, since the
-    ///   workers share copies through one queue rather than per-worker ones.
+    /// - `copy_workers`: each worker with its core and the bytes of copies placed on it and
+    ///   not finished.
     /// - `threads`: each channel thread (by NIC queue) with its core, its busy time and
     ///   the frames the kernel dropped for its queue over the last plan period ([`StackBuilder::execute_plans`]; empty before the
     ///   first, with plans off, and for in-memory stacks); `cores`: the cores the thread
@@ -1374,13 +1388,7 @@ impl Stack {
         let threads = core.ctl().plans.threads.clone();
         core.place(&mut snapshot, &threads);
         if let Some(copy) = &self.inner.copy {
-            snapshot.copy_workers = (0..copy.pool.workers())
-                .map(|i| netsched::CopyWorkerStats {
-                    id: netsched::CopyWorkerId(i as u32),
-                    core: copy.pool.placement().cores.get(i).copied(),
-                    queued_bytes: 0,
-                })
-                .collect();
+            snapshot.copy_workers = copy.pool.worker_stats();
         }
         snapshot
     }

@@ -72,8 +72,9 @@ impl StreamInner {
             let read = match pool {
                 Some(pool) => {
                     let len = dst.len();
-                    st.ep
-                        .recv_with(self.sid, len, |chunks| pool.copy_out(chunks, dst))
+                    st.ep.recv_with(self.sid, len, |chunks| {
+                        pool.copy_out_for(self.sid.number(), chunks, dst)
+                    })
                 }
                 None => st.ep.recv(self.sid, dst),
             };
@@ -173,7 +174,7 @@ impl StreamInner {
         // the lock is released for the copy.
         let n = room.min(data.len());
         let mut segs = Vec::new();
-        pool.copy_in_mut(&data[..n], &mut segs);
+        pool.copy_in_mut_for(self.sid.number(), &data[..n], &mut segs);
         let mut st = core.lock_socket(self.sid);
         let r = if st.stopped {
             Err(Error::WouldBlock)
