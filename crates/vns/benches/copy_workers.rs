@@ -35,7 +35,10 @@ fn pools() -> Vec<(String, CopyWorkerPool)> {
                     netsched::NetScheduler::pick_copy_worker(&mut policy, r, w)
                 }));
             }
-            (format!("{workers}w{}", if pick { "pick" } else { "" }), pool)
+            (
+                format!("{workers}w{}", if pick { "pick" } else { "" }),
+                pool,
+            )
         })
         .collect()
 }
