@@ -8,11 +8,12 @@
 //!    a virtual socket, from the [`ChannelStats`] of the channels to the socket's peer.
 //! 2. **Per slow period** ([`NetScheduler::plan`]): how many channels exist to each peer,
 //!    of which class, and which core runs each (scaling and placement), from a whole
-//!    [`StackSnapshot`], as a list of [`PlanAction`]s. **Not executed yet**: the stack
-//!    computes and exposes plans (`vns::Stack::scheduler_plan`) but does not open, close
-//!    or pin channels at run time from them (issue 12, second part).
+//!    [`StackSnapshot`], as a list of [`PlanAction`]s, which the stack carries out every
+//!    [`plan_period`](NetScheduler::plan_period) (`vns::StackBuilder::execute_plans`):
+//!    channels opened, retired without losing a byte, channel threads pinned.
 //! 3. **Per large copy** ([`NetScheduler::pick_copy_worker`]): which copy worker copies
-//!    a large request, from the [`CopyWorkerStats`] of the workers.
+//!    each piece of a large copy, from the [`CopyWorkerStats`] of the workers (their
+//!    queued bytes); `None` leaves the piece to the application thread.
 //!
 //! Policies shipped here:
 //!
@@ -297,8 +298,9 @@ pub trait NetScheduler: Send {
     /// Another instance of this policy, for another shard of the stack. A stack splits
     /// its virtual sockets over shards that run independently (no lock shared between
     /// their per-chunk calls), and each shard asks its own instance for
-    /// [`pick_channel`](Self::pick_channel); [`plan`](Self::plan) and
-    /// [`pick_copy_worker`](Self::pick_copy_worker) are asked of the first instance only.
+    /// [`pick_channel`](Self::pick_channel); [`plan`](Self::plan) is asked of the first
+    /// instance only, and [`pick_copy_worker`](Self::pick_copy_worker) of one more instance
+    /// that the copy workers hold (so that a copy never waits on a shard).
     /// The default, `None`, keeps the whole stack on one shard (one instance sees every
     /// chunk). Policies whose per-chunk state is per flow or a cursor return a copy of
     /// themselves; the shipped ones do.
