@@ -2039,4 +2039,21 @@ mod tests {
         assert_eq!(lone.stats().rx_no_connection, 1);
         assert_eq!(lone.connection_count(), 0);
     }
+
+    #[test]
+    fn an_rx_drop_rule_drops_only_the_chosen_data_segments_of_its_sender() {
+        let from = SocketAddrV4::new(IP_B, 80);
+        let mut rule = RxDrop {
+            from,
+            skip: 2,
+            count: 2,
+            seen: 0,
+            dropped: 0,
+        };
+        let other = SocketAddrV4::new(IP_B, 81);
+        let verdicts: Vec<bool> = (0..6).map(|_| rule.drops(from)).collect();
+        assert_eq!(verdicts, [false, false, true, true, false, false]);
+        assert!(!rule.drops(other), "another sender is never counted");
+        assert_eq!((rule.seen, rule.dropped), (6, 2));
+    }
 }
