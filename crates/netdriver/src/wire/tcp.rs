@@ -672,22 +672,7 @@ impl TcpRepr {
         src_ip: Ipv4Addr,
         dst_ip: Ipv4Addr,
     ) -> Result<usize, WireError> {
-        let hl = self.header_len();
-        let total = hl.checked_add(payload_len).ok_or(WireError::Malformed)?;
-        if total > super::ipv4::MAX_PACKET_LEN - super::ipv4::HEADER_LEN {
-            return Err(WireError::Malformed);
-        }
-        let seg = segment.get_mut(..total).ok_or(WireError::Truncated)?;
-        let mut p = TcpPacket::new_unchecked(seg);
-        p.set_src_port(self.src_port);
-        p.set_dst_port(self.dst_port);
-        p.set_seq_number(self.seq);
-        p.set_ack_number(self.ack.unwrap_or_default());
-        p.set_header_len(hl);
-        p.set_flags(self.wire_flags());
-        p.set_window_len(self.window);
-        p.set_urgent_at(self.urgent);
-        self.options.emit(p.options_mut())?;
+        let (mut p, total) = self.emit_header(segment, payload_len)?;
         p.fill_checksum(src_ip, dst_ip);
         Ok(total)
     }
@@ -703,6 +688,18 @@ impl TcpRepr {
         src_ip: Ipv4Addr,
         dst_ip: Ipv4Addr,
     ) -> Result<usize, WireError> {
+        let (mut p, total) = self.emit_header(segment, payload_len)?;
+        p.fill_checksum_with_payload_sum(src_ip, dst_ip, payload_sum);
+        Ok(total)
+    }
+
+    /// Writes every header field and option of a segment of `payload_len` bytes of payload
+    /// into `segment`, all but the checksum; returns the packet view and the segment length.
+    fn emit_header<'a>(
+        &self,
+        segment: &'a mut [u8],
+        payload_len: usize,
+    ) -> Result<(TcpPacket<&'a mut [u8]>, usize), WireError> {
         let hl = self.header_len();
         let total = hl.checked_add(payload_len).ok_or(WireError::Malformed)?;
         if total > super::ipv4::MAX_PACKET_LEN - super::ipv4::HEADER_LEN {
@@ -719,8 +716,7 @@ impl TcpRepr {
         p.set_window_len(self.window);
         p.set_urgent_at(self.urgent);
         self.options.emit(p.options_mut())?;
-        p.fill_checksum_with_payload_sum(src_ip, dst_ip, payload_sum);
-        Ok(total)
+        Ok((p, total))
     }
 }
 
