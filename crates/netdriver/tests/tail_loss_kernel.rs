@@ -107,9 +107,18 @@ fn message(i: usize, tag: u8) -> Vec<u8> {
         .collect()
 }
 
-/// A kernel server in B: for each request, checks it and answers with the response in
-/// one write.
+/// A kernel server in B: for each request, checks it and answers with the request's
+/// message in one write.
 fn kernel_server(bed: &TestBed) -> (SocketAddr, testbed::NsJoinHandle<()>) {
+    kernel_answering(bed, |i| message(i, 0xa5))
+}
+
+/// A kernel server in B: for each request (`MSG` bytes), checks it and answers with
+/// `answer(i)` in one write.
+fn kernel_answering(
+    bed: &TestBed,
+    answer: fn(usize) -> Vec<u8>,
+) -> (SocketAddr, testbed::NsJoinHandle<()>) {
     let b_ip = bed.side(Side::B).ipv4;
     let (tx, rx) = mpsc::channel();
     let server = bed
@@ -122,7 +131,7 @@ fn kernel_server(bed: &TestBed) -> (SocketAddr, testbed::NsJoinHandle<()>) {
             for i in 0..EXCHANGES {
                 c.read_exact(&mut req).unwrap();
                 assert_eq!(req, message(i, 0x5a), "request {i}");
-                c.write_all(&message(i, 0xa5)).unwrap();
+                c.write_all(&answer(i)).unwrap();
             }
         })
         .unwrap();
@@ -201,28 +210,6 @@ fn our_tail_loss_is_recovered_by_a_probe_not_a_timeout() {
 /// Response size of the kernel-side test: four full segments.
 const RESPONSE: usize = 4 * 1448;
 
-/// A kernel server in B answering each request (`MSG` bytes) with `RESPONSE` bytes in one
-/// write.
-fn kernel_responder(bed: &TestBed) -> (SocketAddr, testbed::NsJoinHandle<()>) {
-    let b_ip = bed.side(Side::B).ipv4;
-    let (tx, rx) = mpsc::channel();
-    let server = bed
-        .spawn_thread_in(Side::B, move || {
-            let l = TcpListener::bind((b_ip, 0)).unwrap();
-            tx.send(l.local_addr().unwrap()).unwrap();
-            let (mut c, _) = l.accept().unwrap();
-            c.set_read_timeout(Some(DEADLINE)).unwrap();
-            let mut req = vec![0u8; MSG];
-            for i in 0..EXCHANGES {
-                c.read_exact(&mut req).unwrap();
-                assert_eq!(req, message(i, 0x5a), "request {i}");
-                c.write_all(&response(i)).unwrap();
-            }
-        })
-        .unwrap();
-    (rx.recv().unwrap(), server)
-}
-
 fn response(i: usize) -> Vec<u8> {
     (0..RESPONSE)
         .map(|k| (i as u8).wrapping_mul(17) ^ (k as u8).rotate_left(3))
@@ -253,7 +240,7 @@ fn the_kernels_tail_loss_is_recovered_by_its_probe_and_our_sack() {
     let Some(bed) = testbed_or_skip(TestBed::builder()) else {
         return;
     };
-    let (addr, server) = kernel_responder(&bed);
+    let (addr, server) = kernel_answering(&bed, response);
     let SocketAddr::V4(addr) = addr else {
         panic!("IPv4 bed")
     };
