@@ -655,17 +655,42 @@ fn stack_for(bed: &TestBed, side: Side, fault: Fault) -> Stack {
     .expect("build the stack")
 }
 
-/// Polls `cond` until it holds or `limit` passes; returns whether it held.
-fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
+/// The large stream's progress, announced by its reader: what moves the channels'
+/// sequence numbers that the wire-RST forger watches, so it re-checks them when the
+/// stream moves instead of polling on a timer.
+#[derive(Default)]
+struct Progress {
+    read: std::sync::Mutex<u64>,
+    moved: std::sync::Condvar,
+}
+
+impl Progress {
+    /// The reader has read `off` bytes.
+    fn announce(&self, off: u64) {
+        *self.read.lock().unwrap_or_else(|e| e.into_inner()) = off;
+        self.moved.notify_all();
+    }
+
+    /// Checks `cond` now and each time the stream moves, until it holds or `limit`
+    /// passes; returns whether it held.
+    fn wait_for(&self, limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut seen = *self.read.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if cond() {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let guard = self.read.lock().unwrap_or_else(|e| e.into_inner());
+            let (guard, _) = self
+                .moved
+                .wait_timeout_while(guard, left, |read| *read == seen)
+                .unwrap_or_else(|e| e.into_inner());
+            seen = *guard;
         }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -758,6 +783,7 @@ fn transfer_through(fault: Fault) {
         let mut rst_done_at: Option<u64> = None;
         // `Fault::KilledThread`: the killed queue and how many channels it carried.
         let mut killed: Option<(u32, usize)> = None;
+        let progress = std::sync::Arc::new(Progress::default());
         timeout(LIMIT, async {
             loop {
                 let n = s.read(&mut buf).await.expect("read");
@@ -768,6 +794,7 @@ fn transfer_through(fault: Fault) {
                     assert_eq!(x, byte(77, off + i as u64), "large stream at {}", off + i as u64);
                 }
                 off += n as u64;
+                progress.announce(off);
                 if rst_done_at.is_none() && rst.as_ref().is_some_and(|h| h.is_finished()) {
                     rst_done_at = Some(off);
                 }
@@ -786,8 +813,9 @@ fn transfer_through(fault: Fault) {
                         // On its own thread: the stream keeps flowing while it aims.
                         let a = a.clone();
                         let inj = injector.clone().expect("opened for this fault");
+                        let progress = progress.clone();
                         rst = Some(std::thread::spawn(move || {
-                            reset_from_the_wire(&a, &inj, Duration::from_secs(60))
+                            reset_from_the_wire(&a, &inj, &progress, Duration::from_secs(60))
                         }));
                         struck += 1;
                     }
@@ -1021,14 +1049,19 @@ impl RstInjector {
 /// channel; so it picks a channel that carries the victim's data (SND.NXT moving) while
 /// its RCV.NXT moves least, then reads RCV.NXT and sends a RST, again and again, until
 /// the channel is gone from the victim's table, at most `limit`. Returns the attempts.
-fn reset_from_the_wire(victim: &Stack, inj: &RstInjector, limit: Duration) -> Result<u32, String> {
+fn reset_from_the_wire(
+    victim: &Stack,
+    inj: &RstInjector,
+    progress: &Progress,
+    limit: Duration,
+) -> Result<u32, String> {
     let deadline = Instant::now() + limit;
     let sample = || -> Vec<_> { victim.channel_wire().into_iter().flatten().collect() };
     // Snapshots until the victim has sent a good amount on some channel since the first:
     // then how far each channel's numbers moved tells which to aim at.
     let first = sample();
     let mut target = None;
-    wait_for(Duration::from_secs(10), || {
+    progress.wait_for(Duration::from_secs(10), || {
         let now = sample();
         let moved: Vec<_> = first
             .iter()
@@ -1069,7 +1102,7 @@ fn reset_from_the_wire(victim: &Stack, inj: &RstInjector, limit: Duration) -> Re
         attempts += 1;
         // It took if the channel goes; it missed if RCV.NXT moved first (aim again).
         let mut gone = false;
-        wait_for(Duration::from_millis(20), || {
+        progress.wait_for(Duration::from_millis(20), || {
             match present() {
                 None => gone = true,
                 Some(now) => return now.rcv_nxt != w.rcv_nxt,
