@@ -344,7 +344,8 @@ mod run {
         let secs: f64 = env_or("NETCHANNEL_BENCH_SECS", if bench { 2.0 } else { 0.2 });
         let conns: usize = env_or("NETCHANNEL_BENCH_CONNS", if bench { 32 } else { 4 });
         println!(
-            "operating points on the bed (2 queues, MTU 1500; {} build)",
+            "operating points on the bed ({} queues, MTU 1500; {} build)",
+            vns::bed_queues(),
             if cfg!(debug_assertions) {
                 "debug"
             } else {

@@ -155,7 +155,8 @@ mod run {
         };
         println!(
             "rpc_rate: closed loop, {secs} s per measurement, {rounds} rounds, sizes {sizes:?}, \
-             connections {conns:?}, {channels} channels per peer, test bed with 2 queues, MTU 1500"
+             connections {conns:?}, {channels} channels per peer, test bed with {} queues, MTU 1500",
+            vns::bed_queues()
         );
 
         let pair = StackPair::start(&bed, channels);

@@ -242,8 +242,9 @@ mod run {
             return;
         };
         println!(
-            "vns_latency: {} samples per measurement in {rounds} rounds, 4 KB each way, test bed with 2 queues, MTU 1500",
-            per_round * rounds
+            "vns_latency: {} samples per measurement in {rounds} rounds, 4 KB each way, test bed with {} queues, MTU 1500",
+            per_round * rounds,
+            vns::bed_queues()
         );
 
         // Kernel TCP: one listener in B serving every connection.

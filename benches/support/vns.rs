@@ -41,9 +41,10 @@ pub fn bench_mode() -> bool {
     std::env::args().any(|a| a == "--bench")
 }
 
-/// The 2-queue test bed and a tokio runtime with 2 workers (`NETCHANNEL_BENCH_WORKERS`)
-/// for bench `name`, or `None` after printing why the bench skips (no root, no
-/// namespaces).
+/// The test bed (2 queues, or `NETCHANNEL_BENCH_QUEUES`: on a machine with cores to
+/// spare, more queues give more channel threads) and a tokio runtime with 2 workers
+/// (`NETCHANNEL_BENCH_WORKERS`) for bench `name`, or `None` after printing why the bench
+/// skips (no root, no namespaces).
 pub fn bed_and_runtime(name: &str) -> Option<(TestBed, Runtime)> {
     // Diagnostics on request only (`RUST_LOG=netdriver::tcp::connection::timers=trace`,
     // say): logging costs time the figures would show.
@@ -53,7 +54,7 @@ pub fn bed_and_runtime(name: &str) -> Option<(TestBed, Runtime)> {
             .with_writer(std::io::stderr)
             .try_init();
     }
-    let bed = match TestBed::builder().queues(2).build() {
+    let bed = match TestBed::builder().queues(bed_queues()).build() {
         Ok(bed) => bed,
         Err(e) => {
             println!("skipping {name}: {e}");
@@ -99,6 +100,35 @@ pub fn kernel_stream(bed: &TestBed, rt: &Runtime, to: SocketAddrV4) -> tokio::ne
     s.set_nodelay(true).expect("nodelay");
     let _g = rt.enter();
     tokio::net::TcpStream::from_std(s).expect("tokio stream")
+}
+
+/// The test bed's queue count: `NETCHANNEL_BENCH_QUEUES`, default 2.
+pub fn bed_queues() -> u32 {
+    env_or("NETCHANNEL_BENCH_QUEUES", 2u32).max(1)
+}
+
+/// Busy polling for the benches' channel sets, from the environment (off unless
+/// `NETCHANNEL_BENCH_BUSY_POLL_US` is set and non-zero): the channel threads of side A
+/// are pinned to `NETCHANNEL_BENCH_CORES_A` and those of B to `NETCHANNEL_BENCH_CORES_B`
+/// (comma-separated core ids), and spin that many µs after their last activity. Only for
+/// machines with cores to spare.
+fn bench_busy_poll(side: Side, cfg: &mut ChannelSetConfig) {
+    let spin: u64 = env_or("NETCHANNEL_BENCH_BUSY_POLL_US", 0u64);
+    let var = match side {
+        Side::A => "NETCHANNEL_BENCH_CORES_A",
+        Side::B => "NETCHANNEL_BENCH_CORES_B",
+    };
+    let cores: Vec<usize> = std::env::var(var)
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|c| c.trim().parse().ok())
+        .collect();
+    if !cores.is_empty() {
+        cfg.cores = Some(cores);
+    }
+    if spin > 0 {
+        cfg.link.busy_poll = Duration::from_micros(spin);
+    }
 }
 
 /// A number from the environment, or `default`.
@@ -182,6 +212,7 @@ impl StackPair {
                 if jumbo {
                     cfg.link.frame_size = 4096;
                 }
+                bench_busy_poll(side, &mut cfg);
                 tune(&mut cfg);
                 let set = ChannelSet::start(cfg).expect("channel set");
                 let backend = Arc::new(XdpBackend::new(set));

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The multi-core measurements of issues 11 and 12, for a machine with cores to spare and
+# no Rust toolchain: run `scripts/bench-bundle.sh make` first (here), carry `.devbundle/`,
+# then run this there as root. Logs go to $OUT (or /tmp/bench-16core). Each step has its
+# own time limit, so that one hanging step leaves the others' figures.
+#
+# Steps: (1) rpc_rate at 128 connections with 1, 2 and 4 channels per peer; (2) the
+# paper's three operating points; (3) rpc_rate over 1-128 connections with 4 channels;
+# (4) vns_latency without and with busy polling; (5) rpc_rate at 128 connections with
+# busy polling, 1 and 4 channels. The bed has 4 queues (so 4 channel threads per side)
+# and the tokio runtime 4 workers, for the VirtualStreams and kernel TCP alike.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/bench-16core}
+mkdir -p "$out"
+step() {
+    local log=$1 limit=$2
+    shift 2
+    echo "=== $(date +%T) $log: $*" | tee -a "$out/$log.log"
+    timeout -k 5 "$limit" env "$@" 2>&1 | tee -a "$out/$log.log"
+    echo "=== $(date +%T) exit ${PIPESTATUS[0]}" | tee -a "$out/$log.log"
+}
+{
+    echo "nproc $(nproc); kernel $(uname -r)"
+    grep -m1 'model name' /proc/cpuinfo
+    free -g | head -2
+} | tee "$out/machine.log"
+
+export NETCHANNEL_BENCH_QUEUES=4 NETCHANNEL_BENCH_WORKERS=4
+common=(NETCHANNEL_BENCH_SECS=1 NETCHANNEL_BENCH_ROUNDS=2 NETCHANNEL_BENCH_RUNTIME_RX=0)
+spin=(NETCHANNEL_BENCH_BUSY_POLL_US=200 NETCHANNEL_BENCH_CORES_A=8,9,10,11 NETCHANNEL_BENCH_CORES_B=12,13,14,15)
+
+for ch in 1 2 4; do
+    step rpc128 100 "${common[@]}" NETCHANNEL_BENCH_CONNS=128 NETCHANNEL_BENCH_CHANNELS=$ch \
+        scripts/bench-bundle.sh run rpc_rate
+done
+step points 200 NETCHANNEL_BENCH_SECS=1 scripts/bench-bundle.sh run operating_points
+step rpc_conns 120 "${common[@]}" NETCHANNEL_BENCH_CHANNELS=4 scripts/bench-bundle.sh run rpc_rate
+step latency 90 NETCHANNEL_BENCH_SAMPLES=8000 NETCHANNEL_BENCH_ROUNDS=2 \
+    scripts/bench-bundle.sh run vns_latency
+step latency 90 "${spin[@]}" NETCHANNEL_BENCH_SAMPLES=8000 NETCHANNEL_BENCH_ROUNDS=2 \
+    scripts/bench-bundle.sh run vns_latency
+for ch in 1 4; do
+    step rpc128_spin 100 "${common[@]}" "${spin[@]}" NETCHANNEL_BENCH_CONNS=128 \
+        NETCHANNEL_BENCH_CHANNELS=$ch scripts/bench-bundle.sh run rpc_rate
+done
+echo "=== $(date +%T) all steps done"
