@@ -16,16 +16,18 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::task::{Context, Poll, Wake, Waker};
+
+use crossbeam_utils::CachePadded;
 
 use bytes::Bytes;
 use netsched::{ChannelClass, ChannelId};
 use tracing::{debug, warn};
 
 use super::backend::BoxedTransport;
-use super::driver::{Core, Gone};
+use super::driver::{Core, Gone, RxSignal};
 use super::shard::{Shard, ShardSet};
 use crate::deframer::{Chunk, Deframer};
 use crate::endpoint::{ChannelError, ShardOf};
@@ -44,14 +46,46 @@ pub(crate) struct Chan {
     pub(crate) t: BoxedTransport,
     pub(crate) peer: Ipv4Addr,
     pub(crate) class: ChannelClass,
-    pub(crate) rx: Mutex<ChanRx>,
-    pub(crate) tx: Mutex<ChanTx>,
+    // The two locks and the counter each have a cache line of their own: readers and
+    // writers on other cores take them at once, and a line shared by them made every
+    // `Shard::transmit_all` pay for the receive side's traffic (16-core profile,
+    // docs/performance.md).
+    pub(crate) rx: CachePadded<Mutex<ChanRx>>,
+    pub(crate) tx: CachePadded<Mutex<ChanTx>>,
     /// Bytes of the batches in `tx` the channel refused (full), readable without its
     /// lock.
-    pub(crate) tx_pending_bytes: AtomicUsize,
+    pub(crate) tx_pending_bytes: CachePadded<AtomicUsize>,
+    /// What the channel's transport wakes when bytes arrive: marks the channel ready and
+    /// wakes one reader (see [`ChanRxWake`]).
+    rx_wake: Arc<ChanRxWake>,
+    /// [`Chan::rx_wake`] as a waker, built once.
+    rx_waker: Waker,
     /// Found dead by a data-path call: `Gone` as a code, 0 while alive. The driver drops
     /// it from the table and tells the shards.
     dead: AtomicU8,
+}
+
+/// A channel's receive waker: arrivals mark the channel *ready*, then wake one reader
+/// through the stack's [`RxSignal`]. A reader's pull ([`Core::pull`]) reads only ready
+/// channels, and skips one another thread is reading, so that readers woken by arrivals
+/// on different channels read those channels at the same time instead of queueing on
+/// every channel's lock in turn (which kept a stack's receive path to one thread
+/// whatever its number of channels). The driver's rounds still read every channel.
+pub(crate) struct ChanRxWake {
+    ready: AtomicBool,
+    rx: Arc<RxSignal>,
+}
+
+impl Wake for ChanRxWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Before the reader's wake-up, so that the reader sees it.
+        self.ready.store(true, Ordering::SeqCst);
+        self.rx.wake_by_ref();
+    }
 }
 
 /// The receive side of a channel.
@@ -83,20 +117,29 @@ impl Chan {
         class: ChannelClass,
         max_chunk_payload: usize,
         leftover: Option<Bytes>,
+        rx_signal: Arc<RxSignal>,
     ) -> Chan {
+        // Ready from the start: what came with the preamble waits, and no waker is
+        // registered with the transport before the first read.
+        let rx_wake = Arc::new(ChanRxWake {
+            ready: AtomicBool::new(true),
+            rx: rx_signal,
+        });
         Chan {
             id,
             t,
             peer,
             class,
-            rx: Mutex::new(ChanRx {
+            rx: CachePadded::new(Mutex::new(ChanRx {
                 pending: leftover,
                 deframer: Deframer::new(max_chunk_payload),
                 spare: Vec::new(),
                 stalled_in: None,
-            }),
-            tx: Mutex::new(ChanTx::default()),
-            tx_pending_bytes: AtomicUsize::new(0),
+            })),
+            tx: CachePadded::new(Mutex::new(ChanTx::default())),
+            tx_pending_bytes: CachePadded::new(AtomicUsize::new(0)),
+            rx_waker: Waker::from(rx_wake.clone()),
+            rx_wake,
             dead: AtomicU8::new(0),
         }
     }
@@ -141,21 +184,48 @@ pub(crate) struct Received {
     pub(crate) more: bool,
 }
 
+/// Which channels a pass over the received bytes reads ([`Core::receive_all`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sweep {
+    /// Every channel, waiting for one another thread is reading (the driver's rounds:
+    /// they also resume paused channels and catch what a reader left over).
+    Every,
+    /// Only channels marked ready by an arrival, skipping any another thread is
+    /// reading (a reader's pull): that thread reads on until the channel's queue is
+    /// empty, which re-arms its waker, or leaves the rest to the driver (budget used
+    /// up, reads paused), so nothing is stranded.
+    Ready,
+}
+
 impl Core {
-    /// Reads every channel's received bytes, deframes them and hands each chunk to its
-    /// socket's shard; `touched` collects the shards that were handed chunks (the caller
-    /// finishes them: their output to the channels, their events to the tasks). A
-    /// channel another thread is reading is waited for, since that thread may be about
-    /// to stop short of what this caller came for.
-    pub(crate) fn receive_all(&self, cx: &mut Context<'_>, touched: &mut ShardSet) -> Received {
+    /// Reads the channels' received bytes (which channels: `sweep`), deframes them and
+    /// hands each chunk to its socket's shard; `touched` collects the shards that were
+    /// handed chunks (the caller finishes them: their output to the channels, their
+    /// events to the tasks).
+    pub(crate) fn receive_all(&self, sweep: Sweep, touched: &mut ShardSet) -> Received {
         let table = self.chans.load();
         let mut r = Received::default();
         for chan in table.values() {
             if chan.dead().is_some() {
                 continue;
             }
-            let mut rx = chan.lock_rx();
-            match self.receive(chan, &mut rx, cx, touched) {
+            let ready = chan.rx_wake.ready.swap(false, Ordering::SeqCst);
+            let mut rx = match sweep {
+                Sweep::Every => chan.lock_rx(),
+                Sweep::Ready if !ready => continue,
+                Sweep::Ready => match chan.rx.try_lock() {
+                    Ok(g) => g,
+                    Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                    Err(TryLockError::WouldBlock) => {
+                        // Its reader takes these bytes; the mark stays for the next pass
+                        // (at worst one empty read).
+                        chan.rx_wake.ready.store(true, Ordering::SeqCst);
+                        continue;
+                    }
+                },
+            };
+            let mut cx = Context::from_waker(&chan.rx_waker);
+            match self.receive(chan, &mut rx, &mut cx, touched) {
                 Ok((any, more)) => {
                     r.any |= any;
                     r.more |= more;

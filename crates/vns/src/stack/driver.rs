@@ -34,7 +34,7 @@ use tracing::{debug, warn};
 
 use super::auth;
 use super::backend::{Acceptor, Backend, BoxedTransport};
-use super::chan::{Chan, ChanTable};
+use super::chan::{Chan, ChanTable, Sweep};
 use super::shard::{Shard, ShardSet, MAX_SHARDS};
 use crate::endpoint::{Endpoint, Error as VnsError, PeerId, SocketId};
 
@@ -871,6 +871,7 @@ impl Core {
             class,
             self.max_chunk_payload,
             leftover,
+            self.rx.clone(),
         ));
         let mut table = ChanTable::clone(&self.chans.load());
         table.insert(id, chan);
@@ -998,10 +999,8 @@ impl Core {
     pub(crate) fn pull(&self, own: usize) -> bool {
         // Whatever arrived before this point is taken now: the debt is paid.
         self.rx.owed.store(false, Ordering::SeqCst);
-        let rx_waker = Waker::from(self.rx.clone());
-        let mut rx_cx = Context::from_waker(&rx_waker);
         let mut touched = ShardSet::default();
-        let r = self.receive_all(&mut rx_cx, &mut touched);
+        let r = self.receive_all(Sweep::Ready, &mut touched);
         let mut fin = Finish {
             more: r.more,
             ..Finish::default()
@@ -1200,8 +1199,6 @@ impl Core {
         let _ = self.signal.thread.set(std::thread::current());
         let waker = Waker::from(self.signal.clone());
         let mut cx = Context::from_waker(&waker);
-        let rx_waker = Waker::from(self.rx.clone());
-        let mut rx_cx = Context::from_waker(&rx_waker);
         let mut fin = Finish::default();
         let mut handed_seen = 0;
         let mut active_until: Option<Instant> = None;
@@ -1212,7 +1209,7 @@ impl Core {
             }
             // The round below pulls every channel: it pays any debt a reader left.
             self.rx.owed.store(false, Ordering::SeqCst);
-            let (busy, deadline, done) = self.round(&mut cx, &mut rx_cx, &mut fin);
+            let (busy, deadline, done) = self.round(&mut cx, &mut fin);
             fin.run();
             if done {
                 break;
@@ -1264,7 +1261,6 @@ impl Core {
     fn round(
         self: &Arc<Self>,
         cx: &mut Context<'_>,
-        rx_cx: &mut Context<'_>,
         fin: &mut Finish,
     ) -> (bool, Option<Instant>, bool) {
         // New channels, their preambles, plain-TCP channels closing.
@@ -1276,7 +1272,7 @@ impl Core {
         };
         // Every channel's arrivals, to their shards.
         let mut touched = ShardSet::default();
-        let r = self.receive_all(rx_cx, &mut touched);
+        let r = self.receive_all(Sweep::Every, &mut touched);
         busy |= r.more;
         // Every shard's output, events and timers.
         let now = Instant::now();
