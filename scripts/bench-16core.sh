@@ -4,11 +4,13 @@
 # then run this there as root. Logs go to $OUT (or /tmp/bench-16core). Each step has its
 # own time limit, so that one hanging step leaves the others' figures.
 #
-# Steps: (1) rpc_rate at 128 connections with 1, 2 and 4 channels per peer; (2) the
-# paper's three operating points; (3) rpc_rate over 1-128 connections with 4 channels;
-# (4) vns_latency without and with busy polling; (5) rpc_rate at 128 connections with
-# busy polling, 1 and 4 channels. The bed has 4 queues (so 4 channel threads per side)
-# and the tokio runtime 4 workers, for the VirtualStreams and kernel TCP alike.
+# Steps: (1) rpc_rate at 128 connections with 1, 2 and 4 channels per peer, receive on
+# the channel threads on and off (`StackBuilder::channel_thread_rx`); (2) the paper's
+# three operating points; (3) rpc_rate over 1-128 connections with 4 channels; (4)
+# vns_latency with receive on the channel threads on and off. BUSY=1 adds (5) vns_latency
+# and rpc_rate at 128 connections with busy polling. The bed has 4 queues (so 4 channel
+# threads per side) and the tokio runtime 4 workers, for the VirtualStreams and kernel
+# TCP alike.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/bench-16core}
@@ -31,17 +33,23 @@ common=(NETCHANNEL_BENCH_SECS=1 NETCHANNEL_BENCH_ROUNDS=2 NETCHANNEL_BENCH_RUNTI
 spin=(NETCHANNEL_BENCH_BUSY_POLL_US=200 NETCHANNEL_BENCH_CORES_A=8,9,10,11 NETCHANNEL_BENCH_CORES_B=12,13,14,15)
 
 for ch in 1 2 4; do
-    step rpc128 100 "${common[@]}" NETCHANNEL_BENCH_CONNS=128 NETCHANNEL_BENCH_CHANNELS=$ch \
-        scripts/bench-bundle.sh run rpc_rate
+    for rx in 1 0; do
+        step rpc128 100 "${common[@]}" NETCHANNEL_BENCH_CONNS=128 NETCHANNEL_BENCH_CHANNELS=$ch \
+            NETCHANNEL_BENCH_CHANNEL_THREAD_RX=$rx scripts/bench-bundle.sh run rpc_rate
+    done
 done
 step points 200 NETCHANNEL_BENCH_SECS=1 scripts/bench-bundle.sh run operating_points
 step rpc_conns 120 "${common[@]}" NETCHANNEL_BENCH_CHANNELS=4 scripts/bench-bundle.sh run rpc_rate
-step latency 90 NETCHANNEL_BENCH_SAMPLES=8000 NETCHANNEL_BENCH_ROUNDS=2 \
-    scripts/bench-bundle.sh run vns_latency
-step latency 90 "${spin[@]}" NETCHANNEL_BENCH_SAMPLES=8000 NETCHANNEL_BENCH_ROUNDS=2 \
-    scripts/bench-bundle.sh run vns_latency
-for ch in 1 4; do
-    step rpc128_spin 100 "${common[@]}" "${spin[@]}" NETCHANNEL_BENCH_CONNS=128 \
-        NETCHANNEL_BENCH_CHANNELS=$ch scripts/bench-bundle.sh run rpc_rate
+for rx in 1 0; do
+    step latency 90 NETCHANNEL_BENCH_SAMPLES=8000 NETCHANNEL_BENCH_ROUNDS=2 \
+        NETCHANNEL_BENCH_CHANNEL_THREAD_RX=$rx scripts/bench-bundle.sh run vns_latency
 done
+if [ "${BUSY:-0}" = 1 ]; then
+    step latency 90 "${spin[@]}" NETCHANNEL_BENCH_SAMPLES=8000 NETCHANNEL_BENCH_ROUNDS=2 \
+        scripts/bench-bundle.sh run vns_latency
+    for ch in 1 4; do
+        step rpc128_spin 100 "${common[@]}" "${spin[@]}" NETCHANNEL_BENCH_CONNS=128 \
+            NETCHANNEL_BENCH_CHANNELS=$ch scripts/bench-bundle.sh run rpc_rate
+    done
+fi
 echo "=== $(date +%T) all steps done"

@@ -606,6 +606,99 @@ fn run_to_completion_receive_over_af_xdp() {
     drop(b);
 }
 
+/// Receive on the channel threads (`StackBuilder::channel_thread_rx`, on by default):
+/// many streams exchange echoed messages of every size at once, with reads, writes and
+/// shutdowns interleaved, every byte checked; the channel threads of both stacks did
+/// the reading (their pull counters moved). Then the same with it off on both stacks:
+/// the bytes still arrive, through the application's tasks, and no channel thread
+/// pulled.
+#[test]
+fn receive_on_the_channel_threads_over_af_xdp() {
+    let _serial = one_at_a_time();
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let b_ip = bed.side(Side::B).ipv4;
+    let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
+    const TASKS: u64 = 16;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for on in [true, false] {
+        let start = |side: Side| {
+            let e = bed.side(side).clone();
+            bed.run_in(side, move || {
+                Stack::builder()
+                    .interface(e.ifname.clone())
+                    .ipv4(e.ipv4)
+                    .channels(CHANNELS)
+                    .channel_thread_rx(on)
+                    .connect_timeout(Duration::from_secs(10))
+                    .build()
+            })
+            .expect("enter the namespace")
+            .expect("build the stack")
+        };
+        let (a, b) = (start(Side::A), start(Side::B));
+        rt.block_on(async {
+            let l = b.bind_with_backlog(at(7110), TASKS as usize).await.unwrap();
+            let server = tokio::spawn(async move {
+                let mut tasks = Vec::new();
+                for _ in 0..TASKS {
+                    let (mut s, _) = l.accept().await.unwrap();
+                    tasks.push(tokio::spawn(async move {
+                        let (mut r, mut w) = s.split();
+                        tokio::io::copy(&mut r, &mut w).await.unwrap();
+                        w.shutdown().await.unwrap();
+                    }));
+                }
+                for t in tasks {
+                    t.await.unwrap();
+                }
+            });
+            let clients: Vec<_> = (0..TASKS)
+                .map(|tag| {
+                    let a = a.clone();
+                    tokio::spawn(async move {
+                        let mut c = a.connect(at(7110)).await.unwrap();
+                        exchange(&mut c, tag, 30 + tag * 4).await;
+                        c.shutdown().await.unwrap();
+                        let mut rest = Vec::new();
+                        c.read_to_end(&mut rest).await.unwrap();
+                        assert!(rest.is_empty(), "stream {tag}: bytes after the echoes");
+                    })
+                })
+                .collect();
+            timeout(LIMIT, async {
+                for c in clients {
+                    c.await.unwrap();
+                }
+                server.await.unwrap();
+            })
+            .await
+            .unwrap_or_else(|_| panic!("streams stalled (channel_thread_rx {on})"));
+        });
+        let pulls = (a.channel_thread_pulls(), b.channel_thread_pulls());
+        if on {
+            assert!(
+                pulls.0 > 0 && pulls.1 > 0,
+                "channel threads read nothing themselves: {pulls:?}"
+            );
+        } else {
+            assert_eq!(
+                pulls,
+                (0, 0),
+                "channel threads read with channel_thread_rx off"
+            );
+        }
+        // At once, so that the next pair finds the interfaces free.
+        a.abort();
+        b.abort();
+    }
+}
+
 /// What happens mid-transfer in [`transfer_through`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {

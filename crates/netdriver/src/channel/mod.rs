@@ -143,7 +143,7 @@ mod sys;
 mod thread;
 
 #[cfg(target_os = "linux")]
-pub use queue::{Channel, DeferredKick, RxPoller};
+pub use queue::{on_channel_thread_rx, Channel, DeferredKick, RxPoller};
 #[cfg(target_os = "linux")]
 pub use set::{
     ChannelListener, ChannelSet, ChannelSetConfig, PartialChecksums, QueueLimits, QueueThreadStats,

@@ -25,6 +25,33 @@ use crate::tcp::OptionChanges;
 use crate::tcp::Stats as TcpStats;
 use crate::time::{Duration, Instant};
 
+thread_local! {
+    /// Set by [`ChannelShared::wake_rx_from_round`] for the length of a receive waker's
+    /// call on a channel thread.
+    static ON_THREAD_RX: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set once by every channel thread when it starts ([`mark_channel_thread`]).
+    static CHANNEL_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as a channel thread (for [`on_channel_thread_rx`]).
+pub(crate) fn mark_channel_thread() {
+    CHANNEL_THREAD.with(|f| f.set(true));
+}
+
+/// Whether the caller is a channel's receive waker, called by the channel thread of its
+/// queue right after it queued received bytes, from its own thread (not from an
+/// application thread running the queue's round inline or for run-to-completion
+/// receive). Such a waker may consume the bytes on the spot instead of waking another
+/// thread to do it, which takes a cross-thread wake-up out of each message's path and
+/// puts the consumer's receive work on the channel threads, which scale with the
+/// channels: the channel thread holds its queue's lock meanwhile, and nothing else is
+/// held, so the work may take the consumer's own locks (it must not block on another
+/// queue's state, which nothing does: inline rounds only try that lock). Anywhere else
+/// it returns false.
+pub fn on_channel_thread_rx() -> bool {
+    ON_THREAD_RX.with(|f| f.get())
+}
+
 /// How a channel thread is woken: an `eventfd` it sleeps on, written only when the thread
 /// said it is about to sleep.
 #[derive(Debug)]
@@ -659,6 +686,25 @@ impl ChannelShared {
 
     pub(crate) fn wake_rx(&self) {
         self.rx_waker.wake();
+    }
+
+    /// [`wake_rx`](Self::wake_rx) from a queue round's receive path: on the queue's
+    /// channel thread, [`on_channel_thread_rx`] is true during the call, so that the
+    /// consumer's waker may do the consumer's work right there (see there); on a thread
+    /// running the round inline, a plain wake-up.
+    pub(crate) fn wake_rx_from_round(&self) {
+        if !CHANNEL_THREAD.with(|f| f.get()) {
+            return self.wake_rx();
+        }
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                ON_THREAD_RX.with(|f| f.set(false));
+            }
+        }
+        ON_THREAD_RX.with(|f| f.set(true));
+        let _reset = Reset;
+        self.wake_rx();
     }
 
     /// Wakes the Tx side once the queue has drained to half its limits (chunks and

@@ -247,6 +247,7 @@ impl Worker {
                 );
             }
         }
+        super::queue::mark_channel_thread();
         debug!(queue = self.queue, "channel thread up");
         self.neigh = match crate::neigh::KernelNeighbors::open() {
             Ok(n) => Some(n),
@@ -627,7 +628,7 @@ impl Worker {
                 }
             }
             if moved {
-                e.shared.wake_rx();
+                e.shared.wake_rx_from_round();
                 any = true;
             }
         }

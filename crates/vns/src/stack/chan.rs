@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
 use crossbeam_utils::CachePadded;
@@ -67,13 +67,18 @@ pub(crate) struct Chan {
 
 /// A channel's receive waker: arrivals mark the channel *ready*, then wake one reader
 /// through the stack's [`RxSignal`]. A reader's pull ([`Core::pull`]) reads only ready
-/// channels, and skips one another thread is reading, so that readers woken by arrivals
-/// on different channels read those channels at the same time instead of queueing on
-/// every channel's lock in turn (which kept a stack's receive path to one thread
-/// whatever its number of channels). The driver's rounds still read every channel.
+/// channels, so that readers woken by arrivals on different channels read those
+/// channels at the same time instead of queueing on every channel's lock in turn (which
+/// kept a stack's receive path to one thread whatever its number of channels). The
+/// driver's rounds still read every channel.
+///
+/// Called by the channel thread of an AF_XDP channel right after it queued the bytes
+/// (`netdriver::channel::on_channel_thread_rx`), it reads the channel itself instead
+/// ([`Core::pull_here`]): one wake-up per arrival (of the socket's task) instead of two.
 pub(crate) struct ChanRxWake {
     ready: AtomicBool,
     rx: Arc<RxSignal>,
+    core: Weak<Core>,
 }
 
 impl Wake for ChanRxWake {
@@ -84,6 +89,20 @@ impl Wake for ChanRxWake {
     fn wake_by_ref(self: &Arc<Self>) {
         // Before the reader's wake-up, so that the reader sees it.
         self.ready.store(true, Ordering::SeqCst);
+        #[cfg(target_os = "linux")]
+        if netdriver::channel::on_channel_thread_rx() {
+            if let Some(core) = self.core.upgrade() {
+                core.pull_here();
+                // The stack may have gone meanwhile, leaving this the last handle: its
+                // channel set would then stop here, joining this very thread.
+                if let Some(last) = Arc::into_inner(core) {
+                    let _ = std::thread::Builder::new()
+                        .name("vns-drop".into())
+                        .spawn(move || drop(last));
+                }
+                return;
+            }
+        }
         self.rx.wake_by_ref();
     }
 }
@@ -118,12 +137,14 @@ impl Chan {
         max_chunk_payload: usize,
         leftover: Option<Bytes>,
         rx_signal: Arc<RxSignal>,
+        core: Weak<Core>,
     ) -> Chan {
         // Ready from the start: what came with the preamble waits, and no waker is
         // registered with the transport before the first read.
         let rx_wake = Arc::new(ChanRxWake {
             ready: AtomicBool::new(true),
             rx: rx_signal,
+            core,
         });
         Chan {
             id,
@@ -187,13 +208,12 @@ pub(crate) struct Received {
 /// Which channels a pass over the received bytes reads ([`Core::receive_all`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Sweep {
-    /// Every channel, waiting for one another thread is reading (the driver's rounds:
-    /// they also resume paused channels and catch what a reader left over).
+    /// Every channel (the driver's rounds: they also resume paused channels and catch
+    /// what a reader left over).
     Every,
-    /// Only channels marked ready by an arrival, skipping any another thread is
-    /// reading (a reader's pull): that thread reads on until the channel's queue is
-    /// empty, which re-arms its waker, or leaves the rest to the driver (budget used
-    /// up, reads paused), so nothing is stranded.
+    /// Only channels marked ready by an arrival (a reader's pull, a channel thread's):
+    /// the mark is set before the waker runs, so a pull woken by an arrival reads that
+    /// arrival's channel.
     Ready,
 }
 
@@ -209,21 +229,16 @@ impl Core {
             if chan.dead().is_some() {
                 continue;
             }
+            // Cleared before the read: an arrival from now on marks it again.
             let ready = chan.rx_wake.ready.swap(false, Ordering::SeqCst);
-            let mut rx = match sweep {
-                Sweep::Every => chan.lock_rx(),
-                Sweep::Ready if !ready => continue,
-                Sweep::Ready => match chan.rx.try_lock() {
-                    Ok(g) => g,
-                    Err(TryLockError::Poisoned(p)) => p.into_inner(),
-                    Err(TryLockError::WouldBlock) => {
-                        // Its reader takes these bytes; the mark stays for the next pass
-                        // (at worst one empty read).
-                        chan.rx_wake.ready.store(true, Ordering::SeqCst);
-                        continue;
-                    }
-                },
-            };
+            if sweep == Sweep::Ready && !ready {
+                continue;
+            }
+            // A channel another thread is reading is waited for, not skipped: that
+            // thread may be past its last look at the channel's queue (its waker
+            // registered and already spent on the arrival that brought this caller),
+            // and only a read after its unlock is sure to see those bytes.
+            let mut rx = chan.lock_rx();
             let mut cx = Context::from_waker(&chan.rx_waker);
             match self.receive(chan, &mut rx, &mut cx, touched) {
                 Ok((any, more)) => {

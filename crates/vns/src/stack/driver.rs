@@ -315,6 +315,8 @@ pub(crate) struct CoreConfig {
     pub runtime_rx: super::rx_poll::RuntimeRx,
     /// The driver carries out the scheduler's plans (`StackBuilder::execute_plans`).
     pub execute_plans: bool,
+    /// Channel threads deliver what they receive (`StackBuilder::channel_thread_rx`).
+    pub channel_thread_rx: bool,
     /// The cores the stack may place channel threads on, for the plans' snapshots.
     pub cores: Vec<usize>,
     /// Latency channels open on channel threads of their own (the scheduler's
@@ -340,6 +342,11 @@ pub(crate) struct Core {
     refusing: AtomicBool,
     pub(crate) signal: Arc<Signal>,
     rx: Arc<RxSignal>,
+    /// The core itself, for the channels' receive wakers (see [`Core::pull_here`]); set
+    /// once the core is in its `Arc` ([`Core::set_self`]).
+    me: std::sync::OnceLock<std::sync::Weak<Core>>,
+    /// Pulls channel threads ran ([`Core::pull_here`]).
+    pub(crate) channel_thread_pulls: AtomicU64,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) config: CoreConfig,
     /// Largest chunk payload of the endpoints (the channels' deframers).
@@ -481,6 +488,8 @@ impl Core {
         let max_chunk_payload = endpoints[0].config().max_chunk_payload;
         let linger_timeout = endpoints[0].config().linger_timeout;
         Core {
+            me: std::sync::OnceLock::new(),
+            channel_thread_pulls: AtomicU64::new(0),
             rx: Arc::new(RxSignal {
                 signal: signal.clone(),
                 readers: Mutex::new(Vec::new()),
@@ -872,6 +881,11 @@ impl Core {
             self.max_chunk_payload,
             leftover,
             self.rx.clone(),
+            if self.config.channel_thread_rx {
+                self.me.get().cloned().unwrap_or_default()
+            } else {
+                std::sync::Weak::new()
+            },
         ));
         let mut table = ChanTable::clone(&self.chans.load());
         table.insert(id, chan);
@@ -1013,6 +1027,37 @@ impl Core {
         }
         fin.run();
         r.any
+    }
+
+    /// Lets the channels' receive wakers reach the core (call once, right after the core
+    /// is put in its `Arc`).
+    pub(crate) fn set_self(self: &Arc<Self>) {
+        let _ = self.me.set(Arc::downgrade(self));
+    }
+
+    /// [`Core::pull`] from a channel thread that has just queued received bytes (a
+    /// channel's receive waker, see `ChanRxWake`): the channel thread deframes them,
+    /// hands the chunks to their shards, finishes those shards and wakes the tasks whose
+    /// sockets became ready. So an arrival costs one cross-thread wake-up (channel
+    /// thread → the socket's task) instead of two (→ some waiting reader → the socket's
+    /// task), and the receive work runs on the channel threads, which scale with the
+    /// channels, rather than on the application's threads. The caller holds no lock of
+    /// this stack.
+    pub(crate) fn pull_here(&self) {
+        self.channel_thread_pulls.fetch_add(1, Ordering::Relaxed);
+        let mut touched = ShardSet::default();
+        let r = self.receive_all(Sweep::Ready, &mut touched);
+        let mut fin = Finish {
+            more: r.more,
+            ..Finish::default()
+        };
+        for i in touched.iter() {
+            self.finish_shard(self.lock_shard(i), &mut fin);
+        }
+        if fin.more {
+            self.signal.notify();
+        }
+        fin.run();
     }
 
     /// [`Core::pull`] if an arrival was handed to a reader and nobody has pulled since

@@ -387,6 +387,7 @@ pub struct StackBuilder {
     /// Send and receive buffer sizes of every socket ([`StackBuilder::socket_buffers`]).
     socket_buffers: Option<(usize, usize)>,
     execute_plans: bool,
+    channel_thread_rx: bool,
     busy_poll: Option<BusyPoll>,
     inline_tx: Option<usize>,
     /// `None`: [`default_shards`].
@@ -450,6 +451,7 @@ impl Default for StackBuilder {
             vns: None,
             socket_buffers: None,
             execute_plans: true,
+            channel_thread_rx: true,
             busy_poll: None,
             inline_tx: None,
             shards: None,
@@ -717,6 +719,25 @@ impl StackBuilder {
         self
     }
 
+    /// Whether a channel thread that has received bytes for the stack also deframes them,
+    /// hands the chunks to their sockets and wakes those sockets' tasks itself (default
+    /// on), rather than wake one waiting task of the application to do that for every
+    /// socket. On: one cross-thread wake-up per arrival (channel thread → the socket's
+    /// task) instead of two, and the receive work runs on the channel threads, which
+    /// scale with the channels, not on the application's threads (`docs/performance.md`,
+    /// "Receive on the channel threads"). Off: the application's tasks read the
+    /// channels. Only AF_XDP channels have threads; in-memory channels always use the
+    /// tasks. Environment: `NETCHANNEL_CHANNEL_THREAD_RX=0|1`.
+    ///
+    /// ```
+    /// let builder = vns::Stack::builder().channel_thread_rx(false);
+    /// # drop(builder);
+    /// ```
+    pub fn channel_thread_rx(mut self, on: bool) -> Self {
+        self.channel_thread_rx = on;
+        self
+    }
+
     /// Largest chunk batch a write on a **latency-class** channel sends from the writing
     /// thread itself, after it releases the stack's lock, when the channel's transmit
     /// queue was empty, its thread sleeps and the queue has been quiet (inline transmit:
@@ -906,6 +927,7 @@ impl StackBuilder {
             #[cfg(target_os = "linux")]
             runtime_rx: self.runtime_rx,
             execute_plans: self.execute_plans,
+            channel_thread_rx: self.channel_thread_rx,
             separate_classes: endpoints[0].scheduler_separates_classes(),
             cores: core_affinity::get_core_ids()
                 .unwrap_or_default()
@@ -914,6 +936,7 @@ impl StackBuilder {
                 .collect(),
         };
         let core = Arc::new(Core::new(endpoints, backend, config, acceptor));
+        core.set_self();
         let c = core.clone();
         let driver = std::thread::Builder::new()
             .name("vns-driver".into())
@@ -1169,6 +1192,15 @@ impl Stack {
 
     pub(crate) fn core(&self) -> &Arc<Core> {
         &self.inner.core
+    }
+
+    /// How many times channel threads read this stack's channels themselves, right
+    /// after queueing what they received ([`StackBuilder::channel_thread_rx`]); 0 with it
+    /// off or without AF_XDP channels.
+    pub fn channel_thread_pulls(&self) -> u64 {
+        self.core()
+            .channel_thread_pulls
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Queue rounds that tasks waiting to read ran in their runtime so far
@@ -1834,6 +1866,7 @@ pub fn clear_default_stack() -> Option<Stack> {
 /// | `NETCHANNEL_USER_TIMEOUT_MS` | [`StackBuilder::user_timeout`] |
 /// | `NETCHANNEL_INLINE_TX` (bytes) | [`StackBuilder::inline_tx`] |
 /// | `NETCHANNEL_RUNTIME_RX` (`off`, `latency`, `all`) | `StackBuilder::runtime_rx` |
+/// | `NETCHANNEL_CHANNEL_THREAD_RX` (`0`, `1`) | [`StackBuilder::channel_thread_rx`] |
 /// | `NETCHANNEL_LINGER_MS` | [`StackBuilder::linger`] |
 /// | `NETCHANNEL_CHANNEL_KEY` | [`StackBuilder::channel_key`] |
 /// | `NETCHANNEL_BUSY_POLL_US` with `NETCHANNEL_BUSY_POLL_CORES` | [`StackBuilder::busy_poll`] |
@@ -1927,6 +1960,9 @@ fn stack_from_env() -> Result<Stack, StackError> {
     }
     if let Some(v) = env_var("NETCHANNEL_EXECUTE_PLANS")? {
         b = b.execute_plans(parse_switch("NETCHANNEL_EXECUTE_PLANS", &v)?);
+    }
+    if let Some(v) = env_var("NETCHANNEL_CHANNEL_THREAD_RX")? {
+        b = b.channel_thread_rx(parse_switch("NETCHANNEL_CHANNEL_THREAD_RX", &v)?);
     }
     if let Some(v) = env_var("NETCHANNEL_SCHEDULER")? {
         b = match v.as_str() {
