@@ -81,6 +81,20 @@ pub(crate) struct ChanRxWake {
     core: Weak<Core>,
 }
 
+impl ChanRxWake {
+    /// A channel's receive waker: wakes readers through `rx`, and reads on the channel
+    /// thread through `core` (`Weak::new()`: never).
+    pub(crate) fn new(rx: Arc<RxSignal>, core: Weak<Core>) -> Arc<ChanRxWake> {
+        // Ready from the start: what came with the preamble waits, and no waker is
+        // registered with the transport before the first read.
+        Arc::new(ChanRxWake {
+            ready: AtomicBool::new(true),
+            rx,
+            core,
+        })
+    }
+}
+
 impl Wake for ChanRxWake {
     fn wake(self: Arc<Self>) {
         self.wake_by_ref();
@@ -136,16 +150,8 @@ impl Chan {
         class: ChannelClass,
         max_chunk_payload: usize,
         leftover: Option<Bytes>,
-        rx_signal: Arc<RxSignal>,
-        core: Weak<Core>,
+        rx_wake: Arc<ChanRxWake>,
     ) -> Chan {
-        // Ready from the start: what came with the preamble waits, and no waker is
-        // registered with the transport before the first read.
-        let rx_wake = Arc::new(ChanRxWake {
-            ready: AtomicBool::new(true),
-            rx: rx_signal,
-            core,
-        });
         Chan {
             id,
             t,

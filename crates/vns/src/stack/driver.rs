@@ -34,7 +34,7 @@ use tracing::{debug, warn};
 
 use super::auth;
 use super::backend::{Acceptor, Backend, BoxedTransport};
-use super::chan::{Chan, ChanTable, Sweep};
+use super::chan::{Chan, ChanRxWake, ChanTable, Sweep};
 use super::shard::{Shard, ShardSet, MAX_SHARDS};
 use crate::endpoint::{Endpoint, Error as VnsError, PeerId, SocketId};
 
@@ -880,12 +880,14 @@ impl Core {
             class,
             self.max_chunk_payload,
             leftover,
-            self.rx.clone(),
-            if self.config.channel_thread_rx {
-                self.me.get().cloned().unwrap_or_default()
-            } else {
-                std::sync::Weak::new()
-            },
+            ChanRxWake::new(
+                self.rx.clone(),
+                if self.config.channel_thread_rx {
+                    self.me.get().cloned().unwrap_or_default()
+                } else {
+                    std::sync::Weak::new()
+                },
+            ),
         ));
         let mut table = ChanTable::clone(&self.chans.load());
         table.insert(id, chan);
