@@ -146,8 +146,9 @@ mod thread;
 pub use queue::{Channel, DeferredKick, RxPoller};
 #[cfg(target_os = "linux")]
 pub use set::{
-    ChannelListener, ChannelSet, ChannelSetConfig, PartialChecksums, QueueLimits, QueueThreadStats,
-    RxChecksumStats, SynStats, DEFAULT_CHANNEL_PORT, LINEAR_XDP_MAX_MTU,
+    ChannelListener, ChannelPlacement, ChannelSet, ChannelSetConfig, ChannelThreadPlacement,
+    PartialChecksums, QueueLimits, QueueThreadStats, RxChecksumStats, SynStats,
+    DEFAULT_CHANNEL_PORT, LINEAR_XDP_MAX_MTU,
 };
 #[cfg(target_os = "linux")]
 pub use stream::ChannelStream;
@@ -199,6 +200,19 @@ pub enum ChannelError {
     /// unserved, and the peer learns of it only by its own liveness checks.
     #[error("the channel's queue thread died")]
     ThreadDied,
+    /// No channel thread of the set has this id (never added, or removed).
+    #[error("no channel thread {0} in the set")]
+    NoSuchThread(u32),
+    /// No channel thread serves this NIC queue: the set was not started on it.
+    #[error("no queue {0} in the set")]
+    NoSuchQueue(u32),
+    /// The set's last live channel thread cannot be removed: its queues would have
+    /// nobody to serve them.
+    #[error("channel thread {0} is the set's last one")]
+    LastThread(u32),
+    /// The process may not run on this core (not in its affinity mask, or no such core).
+    #[error("core {0} is not available to this process")]
+    CoreNotAllowed(usize),
     /// Attaching or updating the steering XDP program failed.
     #[cfg(target_os = "linux")]
     #[error("XDP steering: {0}")]
@@ -248,6 +262,10 @@ impl ChannelError {
             ChannelError::AddrInUse(_) => io::ErrorKind::AddrInUse,
             ChannelError::TooManyConnections => io::ErrorKind::OutOfMemory,
             ChannelError::ThreadDied => io::ErrorKind::ConnectionAborted,
+            ChannelError::NoSuchThread(_) | ChannelError::NoSuchQueue(_) => io::ErrorKind::NotFound,
+            ChannelError::LastThread(_) | ChannelError::CoreNotAllowed(_) => {
+                io::ErrorKind::InvalidInput
+            }
             #[cfg(target_os = "linux")]
             ChannelError::Xdp(_) | ChannelError::Link(_) => io::ErrorKind::Other,
             ChannelError::Ports(_) => io::ErrorKind::Other,
