@@ -161,9 +161,17 @@ impl Core {
         let placement = self.placement();
         let mut queues = Vec::new();
         let mut listed = Vec::new();
-        for t in placement.iter().flat_map(|p| &p.threads).filter(|t| !t.dead) {
+        for t in placement
+            .iter()
+            .flat_map(|p| &p.threads)
+            .filter(|t| !t.dead)
+        {
             let id = ChannelThreadId(t.id);
-            queues.extend(t.queues.iter().map(|&queue| QueueStats { queue, thread: id }));
+            queues.extend(
+                t.queues
+                    .iter()
+                    .map(|&queue| QueueStats { queue, thread: id }),
+            );
             let mut stats = threads
                 .iter()
                 .find(|m| m.id == id)
