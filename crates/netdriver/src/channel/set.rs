@@ -1,6 +1,7 @@
-//! [`ChannelSet`]: the steering program, one AF_XDP link and one channel thread per
-//! queue, and the calls that create channels ([`ChannelSet::connect`],
-//! [`ChannelSet::listen`]).
+//! [`ChannelSet`]: the steering program, one AF_XDP link per queue, the channel threads
+//! that serve the queues (one per queue to begin with; added, moved and removed with
+//! [`ChannelSet::add_thread`], [`ChannelSet::move_queue`], [`ChannelSet::remove_thread`]),
+//! and the calls that create channels ([`ChannelSet::connect`], [`ChannelSet::listen`]).
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -497,7 +498,8 @@ fn resolve_attach(config: &ChannelSetConfig) -> Result<AttachOptions, ChannelErr
 
 impl ChannelSet {
     /// Attaches the steering program to `config.ifname`, opens one AF_XDP link per queue,
-    /// registers their sockets and spawns one channel thread per queue, all in the
+    /// registers their sockets and spawns one channel thread per queue (thread *i*
+    /// serving queue *i*, with id *i*), all in the
     /// calling thread's network namespace. On any error everything done so far is undone
     /// (threads joined, program detached).
     pub fn start(config: ChannelSetConfig) -> Result<ChannelSet, ChannelError> {

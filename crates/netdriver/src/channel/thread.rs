@@ -1,5 +1,8 @@
-//! The channel thread: one per NIC queue, owning that queue's interface and every
-//! connection on it. See the [module documentation](super) for the loop.
+//! Channel threads and the queue states they drive: a queue's state (its interface and
+//! every connection on it) is behind a mutex, and a thread serves any number of queues,
+//! running each one's rounds and sleeping on all their descriptors at once. Queues move
+//! between threads whole ([`QueueSlot`], through a thread's inbox). See the [module
+//! documentation](super) for the loop.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -96,11 +99,12 @@ pub(crate) struct Worker {
     pub(crate) neigh: Option<crate::neigh::KernelNeighbors>,
 }
 
-/// What a killed channel thread leaves behind (fault injection): its queue's state, with
+/// What a killed channel thread leaves behind (fault injection), per queue: its state, with
 /// the interface, the AF_XDP socket and every connection in it, kept as it was, so that
 /// the socket stays open and bound (arrivals for its flows are redirected to it and
 /// dropped unread, as with a crashed thread, rather than passed to the kernel, which
-/// would answer them with resets). The set drops it when it stops.
+/// would answer them with resets). The set keeps it in its graveyard and drops it when it
+/// stops.
 pub(crate) struct DeadQueue {
     /// Held only to keep the socket and connections as they were.
     _state: Arc<Mutex<QueueState>>,
