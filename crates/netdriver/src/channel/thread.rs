@@ -420,8 +420,26 @@ impl ThreadControl {
 /// A queue the thread serves, with what its last round left.
 struct Held {
     slot: QueueSlot,
-    /// Its interface's next timer.
+    /// Its interface's next timer, as its last round here left it (an inline round that
+    /// arms an earlier one kicks the thread, see `ThreadSignal::after_inline`).
     deadline: Option<Instant>,
+    /// Its round is due at the next pass: it just arrived, its descriptors were readable,
+    /// or the thread woke for a reason that may concern it (a timeout, a spin that ended).
+    ready: bool,
+    /// Its last round did something: the next pass runs one again, as a lone queue's
+    /// thread would before sleeping.
+    active: bool,
+}
+
+impl Held {
+    fn new(slot: QueueSlot) -> Held {
+        Held {
+            slot,
+            deadline: None,
+            ready: true,
+            active: false,
+        }
+    }
 }
 
 /// How a channel thread starts: see [`run_thread`].
@@ -456,13 +474,7 @@ pub(crate) fn run_thread(start: ThreadStart) {
     if let Some(started) = started {
         let _ = started.send(());
     }
-    let mut held: Vec<Held> = slots
-        .into_iter()
-        .map(|slot| Held {
-            slot,
-            deadline: None,
-        })
-        .collect();
+    let mut held: Vec<Held> = slots.into_iter().map(Held::new).collect();
     // Queues to hand on as soon as they arrive here.
     let mut forwards: HashMap<usize, Arc<ThreadControl>> = HashMap::new();
     let mut last_active = std::time::Instant::now();
@@ -497,10 +509,7 @@ pub(crate) fn run_thread(start: ThreadStart) {
                     Some(to) => hand_over(&set, slot, &to),
                     None => {
                         debug!(thread = id, queue = slot.queue, "queue adopted");
-                        held.push(Held {
-                            slot,
-                            deadline: None,
-                        });
+                        held.push(Held::new(slot));
                     }
                 },
                 Order::Release { index, to } => {
@@ -537,7 +546,15 @@ pub(crate) fn run_thread(start: ThreadStart) {
                 moved = true;
                 continue;
             }
-            h.slot.signal.take_pending();
+            // Only the queues with something to do get a round: a thread serving many
+            // queues does not walk every idle one on each wake-up.
+            let pending = h.slot.signal.take_pending();
+            let due = h.deadline.is_some_and(|d| d <= now);
+            if !(h.ready || h.active || pending || due) {
+                i += 1;
+                continue;
+            }
+            h.ready = false;
             let round_start = std::time::Instant::now();
             let (queue_active, rx_drop) = {
                 let mut g = lock_state(&h.slot.state);
@@ -545,6 +562,7 @@ pub(crate) fn run_thread(start: ThreadStart) {
                 h.deadline = g.worker.iface.poll_at();
                 (a, g.worker.iface.rx_drop())
             };
+            h.active = queue_active;
             active |= queue_active;
             if let Some(p) = set.peers.get(h.slot.index) {
                 // The queue's share of the thread's work, for per-queue utilisation.
@@ -562,7 +580,7 @@ pub(crate) fn run_thread(start: ThreadStart) {
             last_active = std::time::Instant::now();
             continue;
         }
-        idle(&ctl, &held, clock, busy_poll, now, last_active);
+        idle(&ctl, &mut held, clock, busy_poll, now, last_active);
     }
     // The set stops: every queue here, and every queue on its way here, stops.
     for h in held.drain(..) {
@@ -1080,10 +1098,11 @@ impl Worker {
 /// in one poll(2) on the thread's eventfd and, for each of its queues, the AF_XDP socket
 /// and the queue's eventfd, until the earliest timer (at most [`ACTIVE_TICK`] while
 /// recently active, see there). The queues' states are not locked while sleeping, so that
-/// application threads can run rounds inline meanwhile.
+/// application threads can run rounds inline meanwhile. Marks the queues whose rounds are
+/// due on waking ([`Held::ready`]).
 fn idle(
     ctl: &ThreadControl,
-    held: &[Held],
+    held: &mut [Held],
     clock: crate::time::Clock,
     busy_poll: Duration,
     now: Instant,
@@ -1109,6 +1128,8 @@ fn idle(
                 || ctl.signal.take_pending()
                 || deadline.is_some_and(|d| d <= clock.now())
             {
+                // Cheaper to run every round once than to tell which.
+                held.iter_mut().for_each(|h| h.ready = true);
                 return;
             }
             std::hint::spin_loop();
@@ -1125,7 +1146,7 @@ fn idle(
     // part of the planned wake-up, so that a timer the runtime's rounds arm (a delayed
     // ACK) kicks the thread only if it is due before that.
     let mut leased = Vec::with_capacity(held.len());
-    for h in held {
+    for h in held.iter_mut() {
         let lease = h.slot.signal.rx_lease_left();
         if let Some(left) = lease {
             // Frames already on the ring may have made the socket readable before the
@@ -1138,6 +1159,7 @@ fn idle(
                 Err(TryLockError::WouldBlock) => false,
             };
             if waiting {
+                h.ready = true;
                 return;
             }
             let end = now + left;
@@ -1147,7 +1169,7 @@ fn idle(
     }
     // Every queue's signal learns when the thread wakes (inline rounds kick it only for a
     // timer due before), and that it sleeps; work pending on any keeps it awake.
-    for h in held {
+    for h in held.iter() {
         h.slot.signal.set_planned(planned);
     }
     if !ctl.signal.prepare_sleep() {
@@ -1171,24 +1193,47 @@ fn idle(
             PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
         }
     };
+    // Which queue each descriptor is of (`None`: the thread's own eventfd).
+    let mut owner = Vec::with_capacity(1 + 2 * held.len());
     let mut fds = Vec::with_capacity(1 + 2 * held.len());
     fds.push(PollFd::new(ctl.signal.eventfd().as_fd(), PollFlags::POLLIN));
-    for (h, &leased) in held.iter().zip(&leased) {
+    owner.push(None);
+    for (i, (h, &leased)) in held.iter().zip(&leased).enumerate() {
         fds.push(PollFd::new(
             h.slot.signal.eventfd().as_fd(),
             PollFlags::POLLIN,
         ));
+        owner.push(Some(i));
         if !leased {
             fds.push(PollFd::new(h.slot.fd.as_fd(), PollFlags::POLLIN));
+            owner.push(Some(i));
         }
     }
-    if let Err(e) = nix::poll::poll(&mut fds, timeout) {
-        if e != nix::errno::Errno::EINTR {
-            warn!(thread = ctl.id, error = %e, "poll(2) failed");
+    let woken: Option<Vec<usize>> = match nix::poll::poll(&mut fds, timeout) {
+        Ok(n) if n > 0 => Some(
+            fds.iter()
+                .zip(&owner)
+                .filter(|(fd, _)| fd.revents().is_some_and(|r| !r.is_empty()))
+                .filter_map(|(_, &o)| o)
+                .collect(),
+        ),
+        // A timeout is a timer (or the end of a lease, or the active tick): every queue
+        // looks.
+        Ok(_) => None,
+        Err(e) => {
+            if e != nix::errno::Errno::EINTR {
+                warn!(thread = ctl.id, error = %e, "poll(2) failed");
+            }
+            None
         }
+    };
+    drop(fds);
+    match woken {
+        Some(queues) => queues.into_iter().for_each(|i| held[i].ready = true),
+        None => held.iter_mut().for_each(|h| h.ready = true),
     }
     ctl.signal.awake();
-    for h in held {
+    for h in held.iter() {
         h.slot.signal.awake();
     }
 }
