@@ -279,3 +279,39 @@ fn placement_calls_refuse_what_cannot_be() {
     b.shutdown().unwrap();
     assert!(!program_attached(&bed, Side::A) && !program_attached(&bed, Side::B));
 }
+
+/// A crash takes every queue of the thread with it: a thread given both queues (killed
+/// whether or not the handovers have happened yet) leaves the set with no live queue,
+/// while the two first threads, now serving nothing, live on; the set still shuts down
+/// cleanly.
+#[test]
+fn killing_a_thread_kills_every_queue_it_serves() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let a = start(&bed, Side::A, config(&bed, Side::A));
+    let t = a.add_thread(None).unwrap();
+    a.move_queue(0, t).unwrap();
+    a.move_queue(1, t).unwrap();
+    assert!(a.kill_queue_thread(1));
+    assert!(!a.kill_queue_thread(0), "died with its thread");
+    let pollers = a.rx_pollers();
+    assert!(
+        eventually(DEADLINE, || pollers.iter().all(|p| p.is_dead())),
+        "{}",
+        a.placement()
+    );
+    let p = a.placement();
+    assert!(p.thread(t).is_some_and(|x| x.dead), "{p}");
+    assert!(
+        p.threads
+            .iter()
+            .filter(|x| x.id != t)
+            .all(|x| !x.dead && x.queues.is_empty()),
+        "{p}"
+    );
+    let target = SocketAddrV4::new(bed.side(Side::B).ipv4, 9000);
+    assert!(matches!(a.connect(target), Err(ChannelError::ThreadDied)));
+    a.shutdown().unwrap();
+    assert!(!program_attached(&bed, Side::A));
+}
