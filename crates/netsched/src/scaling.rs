@@ -32,15 +32,6 @@ pub struct ScalingConfig {
     pub min_channels: usize,
     /// Most channels a group grows to (default 16, the paper's fixed count).
     pub max_channels: usize,
-    /// Also place channel threads (default off): a thread that serves several NIC queues
-    /// and stays busier than `scale_up_utilisation` for `scale_up_periods` evaluations
-    /// hands its highest queue to a thread that serves none, spawning one
-    /// ([`PlanAction::SpawnThread`]) on a core of the snapshot's `cores` that no thread is
-    /// pinned to when there is no such thread; a thread that serves no queue for
-    /// `idle_grace_periods` evaluations is retired. After a queue moves, threads are left
-    /// alone for `cooldown_periods`. Needs a snapshot with the placement
-    /// ([`StackSnapshot::queues`]); without one it does nothing.
-    pub place_threads: bool,
 }
 
 impl Default for ScalingConfig {
@@ -53,7 +44,6 @@ impl Default for ScalingConfig {
             cooldown_periods: 5,
             min_channels: 1,
             max_channels: 16,
-            place_threads: false,
         }
     }
 }
@@ -193,6 +183,8 @@ pub struct Scaler {
     threads: BTreeMap<ChannelThreadId, ThreadTrack>,
     /// Evaluations left during which threads are left alone.
     thread_cooldown: u32,
+    /// [`Scaler::placing_threads`].
+    place_threads: bool,
 }
 
 impl Scaler {
@@ -205,7 +197,28 @@ impl Scaler {
             channels: BTreeMap::new(),
             threads: BTreeMap::new(),
             thread_cooldown: 0,
+            place_threads: false,
         })
+    }
+
+    /// The scaler also places channel threads (off unless asked): a thread that serves
+    /// several NIC queues and stays busier than [`ScalingConfig::scale_up_utilisation`]
+    /// for [`ScalingConfig::scale_up_periods`] evaluations hands its highest queue
+    /// ([`PlanAction::AssignQueue`]) to a thread that serves none, spawning one
+    /// ([`PlanAction::SpawnThread`]) on a core of the snapshot's `cores` that no thread is
+    /// pinned to when there is no such thread; a thread that serves no queue for
+    /// [`ScalingConfig::idle_grace_periods`] evaluations is retired
+    /// ([`PlanAction::RetireThread`]). After a queue moves, threads are left alone for
+    /// [`ScalingConfig::cooldown_periods`]. It needs snapshots with the placement
+    /// ([`StackSnapshot::queues`]); without it, it does nothing.
+    pub fn placing_threads(mut self) -> Self {
+        self.place_threads = true;
+        self
+    }
+
+    /// Whether the scaler places channel threads ([`Scaler::placing_threads`]).
+    pub fn places_threads(&self) -> bool {
+        self.place_threads
     }
 
     /// The configuration.
@@ -296,13 +309,13 @@ impl Scaler {
                 }
             }
         }
-        if self.config.place_threads {
+        if self.place_threads {
             actions.extend(self.place_threads(snapshot));
         }
         actions
     }
 
-    /// The thread placement of [`ScalingConfig::place_threads`]: at most one action.
+    /// The thread placement of [`Scaler::placing_threads`]: at most one action.
     fn place_threads(&mut self, snapshot: &StackSnapshot) -> Option<PlanAction> {
         if snapshot.queues.is_empty() {
             return None;
@@ -391,6 +404,12 @@ impl<P: NetScheduler> Scaled<P> {
     /// The scaler.
     pub fn scaler(&self) -> &Scaler {
         &self.scaler
+    }
+
+    /// The scaler also places channel threads ([`Scaler::placing_threads`]).
+    pub fn placing_threads(mut self) -> Self {
+        self.scaler = self.scaler.placing_threads();
+        self
     }
 }
 
@@ -493,10 +512,10 @@ mod tests {
             scale_up_periods: 2,
             idle_grace_periods: 3,
             cooldown_periods: 2,
-            place_threads: true,
             ..ScalingConfig::default()
         })
         .unwrap()
+        .placing_threads()
     }
 
     #[test]
@@ -560,6 +579,7 @@ mod tests {
             ..ScalingConfig::default()
         })
         .unwrap();
+        assert!(!off.places_threads() && placing().places_threads());
         let crowded = placed(&[(0, Some(0), 990, &[0, 1]), (3, None, 0, &[])], &[0, 1]);
         for _ in 0..20 {
             assert!(off.evaluate(&crowded).is_empty());
