@@ -398,10 +398,14 @@ impl ThreadControl {
 
     /// Gives the thread a queue to serve; the queue back if the thread has ended.
     fn deliver(&self, slot: QueueSlot) -> Result<(), QueueSlot> {
-        self.send(Order::Adopt(slot)).map_err(|o| match o {
-            Order::Adopt(slot) => slot,
-            Order::Release { .. } => unreachable!("sent an Adopt"),
-        })
+        let mut inbox = self.inbox();
+        if inbox.exited {
+            return Err(slot);
+        }
+        inbox.orders.push(Order::Adopt(slot));
+        drop(inbox);
+        self.signal.notify();
+        Ok(())
     }
 
     /// Asks the thread to hand queue `index` to `to`; false if the thread has ended.
