@@ -1755,3 +1755,258 @@ fn the_scaler_grows_and_shrinks_channels_under_real_load_over_af_xdp() {
     a.abort();
     b.abort();
 }
+
+/// A user's policy for the thread-placement test: round robin, and by `phase`: 1, a
+/// channel thread on the last core the stack may use, serving every queue; 2, that
+/// thread retired.
+#[derive(Debug)]
+struct ThreadShaper {
+    phase: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    next: usize,
+}
+
+impl netchannel::sched::NetScheduler for ThreadShaper {
+    fn pick_channel(
+        &mut self,
+        chunk: &netchannel::sched::ChunkInfo,
+        channels: &[netchannel::sched::ChannelStats],
+    ) -> Option<netchannel::sched::ChannelId> {
+        let fit: Vec<_> = channels
+            .iter()
+            .filter(|c| c.class == chunk.class.channel_class())
+            .collect();
+        self.next = self.next.wrapping_add(1);
+        fit.get(self.next % fit.len().max(1)).map(|c| c.id)
+    }
+
+    fn plan(
+        &mut self,
+        snapshot: &netchannel::sched::StackSnapshot,
+    ) -> Vec<netchannel::sched::PlanAction> {
+        use netchannel::sched::PlanAction;
+        let Some(&core) = snapshot.cores.last() else {
+            return Vec::new();
+        };
+        let mine = snapshot
+            .threads
+            .iter()
+            .find(|t| t.core == Some(core))
+            .map(|t| t.id);
+        match (self.phase.load(std::sync::atomic::Ordering::Relaxed), mine) {
+            (1, None) => vec![PlanAction::SpawnThread { core }],
+            (1, Some(thread)) => snapshot
+                .queues
+                .iter()
+                .filter(|q| q.thread != thread)
+                .map(|q| PlanAction::AssignQueue {
+                    queue: q.queue,
+                    thread,
+                })
+                .collect(),
+            (2, Some(thread)) => vec![PlanAction::RetireThread { thread }],
+            _ => Vec::new(),
+        }
+    }
+
+    fn plan_period(&self) -> Duration {
+        Duration::from_millis(10)
+    }
+}
+
+/// Issue 12, thread placement on the bed: while one virtual stream carries data both
+/// ways, a plan spawns a channel thread on a core, moves both NIC queues (and with them
+/// every channel) onto it, and later retires it (the queues go back to the first
+/// threads). Every byte arrives once and in order both ways, the plans' counters and the
+/// snapshots show each step, and no channel was lost.
+#[test]
+fn plans_spawn_move_and_retire_channel_threads_under_load_over_af_xdp() {
+    let _serial = one_at_a_time();
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let phase = Arc::new(AtomicUsize::new(0));
+    let a = {
+        let e = bed.side(Side::A);
+        let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
+        let policy = ThreadShaper {
+            phase: phase.clone(),
+            next: 0,
+        };
+        bed.run_in(Side::A, move || {
+            Stack::builder()
+                .interface(ifname)
+                .ipv4(ipv4)
+                .channels(CHANNELS)
+                .connect_timeout(Duration::from_secs(10))
+                .scheduler(policy)
+                .build()
+        })
+        .expect("enter the namespace")
+        .expect("stack")
+    };
+    let b = stack_in(&bed, Side::B);
+    let b_ip = bed.side(Side::B).ipv4;
+    let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7600));
+    let total: u64 = std::env::var("NETCHANNEL_VNS_XDP_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000_000)
+        / 2;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The thread the plan spawned, if it is there and serves both queues.
+    let spawned_serving_all = |a: &Stack| {
+        let p = a.channel_placement().expect("AF_XDP stacks have threads");
+        let first: Vec<u32> = p
+            .threads
+            .iter()
+            .map(|t| t.id)
+            .filter(|&id| id < 2)
+            .collect();
+        p.threads
+            .iter()
+            .find(|t| !first.contains(&t.id) && t.queues.len() == 2)
+            .map(|t| t.id)
+    };
+    rt.block_on(async {
+        let l = b.bind(at).await.unwrap();
+        let c = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap();
+        let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+        let before = a.channel_placement().unwrap();
+        assert_eq!(before.threads.len(), 2, "one thread per queue: {before}");
+        let channels = a.channel_count();
+        let (mut a_rd, mut a_wr) = c.into_split();
+        let (mut b_rd, mut b_wr) = s.into_split();
+        // B to A, verified on A.
+        let back = tokio::spawn(async move {
+            let mut buf = vec![0u8; 60_000];
+            let mut off = 0u64;
+            while off < total {
+                let n = (total - off).min(buf.len() as u64) as usize;
+                fill(94, off, &mut buf[..n]);
+                b_wr.write_all(&buf[..n]).await.expect("write B to A");
+                off += n as u64;
+            }
+            b_wr.shutdown().await.unwrap();
+        });
+        let back_rx = tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut off = 0u64;
+            loop {
+                let n = a_rd.read(&mut buf).await.expect("read on A");
+                if n == 0 {
+                    return off;
+                }
+                for (i, &x) in buf[..n].iter().enumerate() {
+                    assert_eq!(x, byte(94, off + i as u64), "B to A at {}", off + i as u64);
+                }
+                off += n as u64;
+            }
+        });
+        let forth = tokio::spawn(async move {
+            let mut buf = vec![0u8; 60_000];
+            let mut off = 0u64;
+            while off < total {
+                let n = (total - off).min(buf.len() as u64) as usize;
+                fill(93, off, &mut buf[..n]);
+                a_wr.write_all(&buf[..n]).await.expect("write A to B");
+                off += n as u64;
+            }
+            a_wr.shutdown().await.unwrap();
+        });
+        // A to B, verified here, moving the phases on as it goes.
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut off = 0u64;
+        let mut last_look = 0u64;
+        let (mut moved_at, mut retired_at) = (None, None);
+        let mut spawned = None;
+        timeout(LIMIT, async {
+            loop {
+                let n = b_rd.read(&mut buf).await.expect("read on B");
+                if n == 0 {
+                    break;
+                }
+                for (i, &x) in buf[..n].iter().enumerate() {
+                    assert_eq!(x, byte(93, off + i as u64), "A to B at {}", off + i as u64);
+                }
+                off += n as u64;
+                if off - last_look < (1 << 20) {
+                    continue;
+                }
+                last_look = off;
+                match phase.load(Ordering::Relaxed) {
+                    0 if off >= total / 5 => phase.store(1, Ordering::Relaxed),
+                    1 if moved_at.is_some() && off >= total / 2 => {
+                        // The spawned thread carried both queues' traffic meanwhile.
+                        let t = spawned.expect("moved");
+                        let p = a.channel_placement().unwrap();
+                        let busy = p.thread(t).map(|x| x.busy).unwrap_or_default();
+                        assert!(!busy.is_zero(), "{p}");
+                        phase.store(2, Ordering::Relaxed);
+                    }
+                    1 if moved_at.is_none() => {
+                        if let Some(t) = spawned_serving_all(&a) {
+                            // What the scheduler sees: every channel on the new thread.
+                            let stats = a.stats();
+                            let id = netchannel::sched::ChannelThreadId(t);
+                            assert!(stats.queues.iter().all(|q| q.thread == id), "{stats:?}");
+                            assert!(
+                                stats.channels.iter().all(|c| c.thread == Some(id)),
+                                "{stats:?}"
+                            );
+                            spawned = Some(t);
+                            moved_at = Some(off);
+                        }
+                    }
+                    2 if retired_at.is_none() => {
+                        let p = a.channel_placement().unwrap();
+                        if spawned.is_some_and(|t| p.thread(t).is_none()) {
+                            retired_at = Some(off);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .await
+        .expect("A to B stalled while threads moved");
+        assert_eq!(off, total);
+        timeout(LIMIT, forth).await.unwrap().unwrap();
+        timeout(LIMIT, back).await.unwrap().unwrap();
+        assert_eq!(timeout(LIMIT, back_rx).await.unwrap().unwrap(), total);
+        let pc = a.plan_counters();
+        println!(
+            "thread placement over AF_XDP: queues moved at {moved_at:?}, thread retired at \
+             {retired_at:?} of {total} bytes; {pc:?}; placement now {}",
+            a.channel_placement().unwrap()
+        );
+        // Both happened while data was flowing.
+        assert!(moved_at.is_some_and(|m| m < total), "{moved_at:?}");
+        assert!(retired_at.is_some_and(|r| r < total), "{retired_at:?}");
+        assert_eq!(pc.threads_spawned, 1, "{pc:?}");
+        assert_eq!(pc.queues_moved, 2, "{pc:?}");
+        assert_eq!(pc.threads_retired, 1, "{pc:?}");
+        assert_eq!(pc.refused, 0, "{pc:?}");
+        // No channel was lost on the way, and the placement is back to two threads
+        // serving the queues, as the snapshot (serialisable) shows.
+        assert_eq!(a.channel_count(), channels);
+        assert_eq!(a.channel_resets_received(), 0);
+        let stats = a.stats();
+        assert_eq!(stats.threads.len(), 2, "{stats:?}");
+        let threads: std::collections::BTreeSet<_> = stats.threads.iter().map(|t| t.id).collect();
+        assert!(!threads.contains(&netchannel::sched::ChannelThreadId(spawned.unwrap())));
+        assert_eq!(stats.queues.len(), 2, "{stats:?}");
+        assert!(stats.queues.iter().all(|q| threads.contains(&q.thread)));
+        let json = serde_json::to_string(&stats).unwrap();
+        let back: netchannel::sched::StackSnapshot = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.queues, stats.queues);
+    });
+    drop(rt);
+    drop(a);
+    drop(b);
+}

@@ -75,8 +75,8 @@ pub use round_robin::RoundRobin;
 pub use scaling::{Scaled, Scaler, ScalingConfig, ScalingConfigError};
 pub use source_port::SourcePort;
 pub use stats::{
-    ChannelStats, ChannelThreadId, CopyWorkerId, CopyWorkerStats, FlowStats, PeerId, StackSnapshot,
-    ThreadStats,
+    ChannelStats, ChannelThreadId, CopyWorkerId, CopyWorkerStats, FlowStats, PeerId, QueueStats,
+    StackSnapshot, ThreadStats,
 };
 
 /// Identifies one channel (one L4 connection to a peer host) within a host.
@@ -417,6 +417,7 @@ mod tests {
                 peer: PeerId(2),
                 srtt: Some(Duration::from_micros(30)),
                 thread: Some(ChannelThreadId(1)),
+                queue: Some(6),
                 ..ChannelStats::default()
             }],
             threads: vec![ThreadStats {
@@ -426,6 +427,16 @@ mod tests {
                 window: Duration::from_millis(10),
                 rx_dropped: 2,
             }],
+            queues: vec![
+                QueueStats {
+                    queue: 6,
+                    thread: ChannelThreadId(1),
+                },
+                QueueStats {
+                    queue: 7,
+                    thread: ChannelThreadId(1),
+                },
+            ],
             cores: vec![0, 1, 2, 3],
             ..StackSnapshot::default()
         };
@@ -435,5 +446,36 @@ mod tests {
         assert_eq!(back.core_of(ChannelId(4)), Some(3));
         assert_eq!(back.core_of(ChannelId(5)), None);
         assert_eq!(back.threads[0].utilisation(), 0.5);
+        assert_eq!(back.thread_of_queue(7), Some(ChannelThreadId(1)));
+        assert_eq!(back.thread_of_queue(8), None);
+        assert_eq!(
+            back.queues_of(ChannelThreadId(1)).collect::<Vec<_>>(),
+            [6, 7]
+        );
+        // A snapshot from before the placement fields reads as "unknown".
+        let old = r#"{"channels":[],"threads":[],"flows":[],"copy_workers":[],"cores":[]}"#;
+        assert!(serde_json::from_str::<StackSnapshot>(old)
+            .unwrap()
+            .queues
+            .is_empty());
+    }
+
+    #[test]
+    fn thread_actions_round_trip_through_json() {
+        let plan = vec![
+            PlanAction::SpawnThread { core: 3 },
+            PlanAction::AssignQueue {
+                queue: 1,
+                thread: ChannelThreadId(4),
+            },
+            PlanAction::RetireThread {
+                thread: ChannelThreadId(0),
+            },
+        ];
+        let json = serde_json::to_string(&plan).unwrap();
+        assert_eq!(
+            serde_json::from_str::<Vec<PlanAction>>(&json).unwrap(),
+            plan
+        );
     }
 }

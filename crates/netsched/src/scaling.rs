@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::{
-    ChannelClass, ChannelId, ChannelStats, ChunkInfo, CopyRequest, CopyWorkerId, CopyWorkerStats,
-    NetScheduler, PeerId, PlanAction, StackSnapshot,
+    ChannelClass, ChannelId, ChannelStats, ChannelThreadId, ChunkInfo, CopyRequest, CopyWorkerId,
+    CopyWorkerStats, NetScheduler, PeerId, PlanAction, StackSnapshot,
 };
 
 /// When a [`Scaler`] opens and closes channels. Evaluations are counted in calls to
@@ -116,6 +116,14 @@ struct GroupState {
     cooldown: u32,
 }
 
+#[derive(Debug, Clone, Copy, Default)]
+struct ThreadTrack {
+    /// Consecutive evaluations the thread was busy.
+    busy_streak: u32,
+    /// Consecutive evaluations it served no queue.
+    empty_streak: u32,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct ChannelTrack {
     sent_bytes: u64,
@@ -172,6 +180,11 @@ pub struct Scaler {
     config: ScalingConfig,
     groups: BTreeMap<(PeerId, ChannelClass), GroupState>,
     channels: BTreeMap<ChannelId, ChannelTrack>,
+    threads: BTreeMap<ChannelThreadId, ThreadTrack>,
+    /// Evaluations left during which threads are left alone.
+    thread_cooldown: u32,
+    /// [`Scaler::placing_threads`].
+    place_threads: bool,
 }
 
 impl Scaler {
@@ -182,7 +195,30 @@ impl Scaler {
             config,
             groups: BTreeMap::new(),
             channels: BTreeMap::new(),
+            threads: BTreeMap::new(),
+            thread_cooldown: 0,
+            place_threads: false,
         })
+    }
+
+    /// The scaler also places channel threads (off unless asked): a thread that serves
+    /// several NIC queues and stays busier than [`ScalingConfig::scale_up_utilisation`]
+    /// for [`ScalingConfig::scale_up_periods`] evaluations hands its highest queue
+    /// ([`PlanAction::AssignQueue`]) to a thread that serves none, spawning one
+    /// ([`PlanAction::SpawnThread`]) on a core of the snapshot's `cores` that no thread is
+    /// pinned to when there is no such thread; a thread that serves no queue for
+    /// [`ScalingConfig::idle_grace_periods`] evaluations is retired
+    /// ([`PlanAction::RetireThread`]). After a queue moves, threads are left alone for
+    /// [`ScalingConfig::cooldown_periods`]. It needs snapshots with the placement
+    /// ([`StackSnapshot::queues`]); without it, it does nothing.
+    pub fn placing_threads(mut self) -> Self {
+        self.place_threads = true;
+        self
+    }
+
+    /// Whether the scaler places channel threads ([`Scaler::placing_threads`]).
+    pub fn places_threads(&self) -> bool {
+        self.place_threads
     }
 
     /// The configuration.
@@ -273,7 +309,73 @@ impl Scaler {
                 }
             }
         }
+        if self.place_threads {
+            actions.extend(self.place_threads(snapshot));
+        }
         actions
+    }
+
+    /// The thread placement of [`Scaler::placing_threads`]: at most one action.
+    fn place_threads(&mut self, snapshot: &StackSnapshot) -> Option<PlanAction> {
+        if snapshot.queues.is_empty() {
+            return None;
+        }
+        let cfg = &self.config;
+        let mut tracks = BTreeMap::new();
+        for t in &snapshot.threads {
+            let before = self.threads.get(&t.id).copied().unwrap_or_default();
+            let busy = t.utilisation() > cfg.scale_up_utilisation;
+            let empty = snapshot.queues_of(t.id).next().is_none();
+            tracks.insert(
+                t.id,
+                ThreadTrack {
+                    busy_streak: if busy { before.busy_streak + 1 } else { 0 },
+                    empty_streak: if empty { before.empty_streak + 1 } else { 0 },
+                },
+            );
+        }
+        self.threads = tracks;
+        if self.thread_cooldown > 0 {
+            self.thread_cooldown -= 1;
+            return None;
+        }
+        let crowded = snapshot
+            .threads
+            .iter()
+            .filter(|t| snapshot.queues_of(t.id).nth(1).is_some())
+            .filter(|t| self.threads[&t.id].busy_streak >= cfg.scale_up_periods)
+            .max_by(|a, b| a.utilisation().total_cmp(&b.utilisation()));
+        if let Some(crowded) = crowded {
+            let queue = snapshot.queues_of(crowded.id).max()?;
+            let spare = snapshot
+                .threads
+                .iter()
+                .find(|t| snapshot.queues_of(t.id).next().is_none());
+            return match spare {
+                Some(spare) => {
+                    self.thread_cooldown = cfg.cooldown_periods;
+                    if let Some(t) = self.threads.get_mut(&crowded.id) {
+                        t.busy_streak = 0;
+                    }
+                    Some(PlanAction::AssignQueue {
+                        queue,
+                        thread: spare.id,
+                    })
+                }
+                // Repeated until the thread shows up, which the stack makes harmless
+                // (one thread per core); the next evaluation then assigns.
+                None => snapshot
+                    .cores
+                    .iter()
+                    .find(|&&c| !snapshot.threads.iter().any(|t| t.core == Some(c)))
+                    .map(|&core| PlanAction::SpawnThread { core }),
+            };
+        }
+        snapshot
+            .threads
+            .iter()
+            .find(|t| self.threads[&t.id].empty_streak >= cfg.idle_grace_periods)
+            .map(|t| PlanAction::RetireThread { thread: t.id })
     }
 }
 
@@ -302,6 +404,12 @@ impl<P: NetScheduler> Scaled<P> {
     /// The scaler.
     pub fn scaler(&self) -> &Scaler {
         &self.scaler
+    }
+
+    /// The scaler also places channel threads ([`Scaler::placing_threads`]).
+    pub fn placing_threads(mut self) -> Self {
+        self.scaler = self.scaler.placing_threads();
+        self
     }
 }
 
@@ -372,6 +480,116 @@ mod tests {
         PlanAction::OpenChannel {
             peer: PEER,
             class: ChannelClass::Throughput,
+        }
+    }
+
+    /// Threads `(id, core, utilisation per mille, queues)`, the cores the stack may use.
+    fn placed(threads: &[(u32, Option<usize>, u64, &[u32])], cores: &[usize]) -> StackSnapshot {
+        let mut s = StackSnapshot {
+            cores: cores.to_vec(),
+            ..StackSnapshot::default()
+        };
+        for &(id, core, utilisation, queues) in threads {
+            s.threads.push(ThreadStats {
+                id: ChannelThreadId(id),
+                core,
+                busy: Duration::from_millis(utilisation),
+                window: Duration::from_millis(1000),
+                rx_dropped: 0,
+            });
+            for &queue in queues {
+                s.queues.push(crate::QueueStats {
+                    queue,
+                    thread: ChannelThreadId(id),
+                });
+            }
+        }
+        s
+    }
+
+    fn placing() -> Scaler {
+        Scaler::new(ScalingConfig {
+            scale_up_periods: 2,
+            idle_grace_periods: 3,
+            cooldown_periods: 2,
+            ..ScalingConfig::default()
+        })
+        .unwrap()
+        .placing_threads()
+    }
+
+    #[test]
+    fn a_busy_thread_with_two_queues_gets_a_thread_on_a_free_core_for_one() {
+        let mut scaler = placing();
+        let crowded = placed(&[(0, Some(0), 950, &[0, 1])], &[0, 1]);
+        assert!(scaler.evaluate(&crowded).is_empty(), "busy once: not yet");
+        let spawn = [PlanAction::SpawnThread { core: 1 }];
+        assert_eq!(scaler.evaluate(&crowded), spawn);
+        // Wished again until the thread shows up (the stack spawns one per core).
+        assert_eq!(scaler.evaluate(&crowded), spawn);
+        // It did, serving nothing (no utilisation measured yet): queue 1 goes to it.
+        let spare = placed(&[(0, Some(0), 950, &[0, 1]), (5, Some(1), 0, &[])], &[0, 1]);
+        assert_eq!(
+            scaler.evaluate(&spare),
+            [PlanAction::AssignQueue {
+                queue: 1,
+                thread: ChannelThreadId(5)
+            }]
+        );
+        // Cooling down, even though the snapshot does not show the move yet.
+        assert!(scaler.evaluate(&spare).is_empty());
+        assert!(scaler.evaluate(&spare).is_empty());
+        let spread = placed(&[(0, Some(0), 600, &[0]), (5, Some(1), 500, &[1])], &[0, 1]);
+        for _ in 0..10 {
+            assert!(scaler.evaluate(&spread).is_empty());
+        }
+    }
+
+    #[test]
+    fn no_free_core_no_spare_thread_no_move() {
+        let mut scaler = placing();
+        // Both cores have a thread; the busy one's queues have nowhere to go.
+        let s = placed(
+            &[(0, Some(0), 990, &[0, 1]), (1, Some(1), 990, &[2])],
+            &[0, 1],
+        );
+        for _ in 0..10 {
+            assert!(scaler.evaluate(&s).is_empty());
+        }
+    }
+
+    #[test]
+    fn a_thread_serving_nothing_is_retired_after_the_grace() {
+        let mut scaler = placing();
+        let s = placed(&[(0, None, 100, &[0, 1]), (3, None, 0, &[])], &[0, 1]);
+        assert!(scaler.evaluate(&s).is_empty());
+        assert!(scaler.evaluate(&s).is_empty());
+        assert_eq!(
+            scaler.evaluate(&s),
+            [PlanAction::RetireThread {
+                thread: ChannelThreadId(3)
+            }]
+        );
+    }
+
+    #[test]
+    fn thread_placement_is_off_by_default_and_without_a_placement() {
+        let mut off = Scaler::new(ScalingConfig {
+            scale_up_periods: 1,
+            ..ScalingConfig::default()
+        })
+        .unwrap();
+        assert!(!off.places_threads() && placing().places_threads());
+        let crowded = placed(&[(0, Some(0), 990, &[0, 1]), (3, None, 0, &[])], &[0, 1]);
+        for _ in 0..20 {
+            assert!(off.evaluate(&crowded).is_empty());
+        }
+        // On, but the snapshot has no placement (an in-memory stack): nothing.
+        let mut on = placing();
+        let mut bare = crowded.clone();
+        bare.queues.clear();
+        for _ in 0..20 {
+            assert!(on.evaluate(&bare).is_empty());
         }
     }
 

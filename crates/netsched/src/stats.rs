@@ -69,6 +69,10 @@ pub struct ChannelStats {
     pub sent_bytes: u64,
     /// The channel thread that runs the channel; `None` when unknown.
     pub thread: Option<ChannelThreadId>,
+    /// The NIC queue the channel's connection lives on (its thread is the queue's, see
+    /// [`StackSnapshot::queues`]); `None` when unknown or without one.
+    #[serde(default)]
+    pub queue: Option<u32>,
 }
 
 /// How busy one channel thread was over the last measuring window.
@@ -97,6 +101,15 @@ impl ThreadStats {
         }
         (self.busy.as_secs_f64() / self.window.as_secs_f64()).clamp(0.0, 1.0)
     }
+}
+
+/// One NIC queue and the channel thread that serves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct QueueStats {
+    /// The queue.
+    pub queue: u32,
+    /// The thread that serves it (every channel on the queue runs there).
+    pub thread: ChannelThreadId,
 }
 
 /// One virtual socket (a flow), as the scheduler sees it.
@@ -133,6 +146,10 @@ pub struct StackSnapshot {
     pub channels: Vec<ChannelStats>,
     /// The channel threads.
     pub threads: Vec<ThreadStats>,
+    /// Which channel thread serves each NIC queue (the placement); empty when the stack
+    /// has no queues (an in-memory backend).
+    #[serde(default)]
+    pub queues: Vec<QueueStats>,
     /// The virtual sockets.
     pub flows: Vec<FlowStats>,
     /// The copy workers.
@@ -155,6 +172,22 @@ impl StackSnapshot {
     /// The statistics of thread `id`, if the snapshot has them.
     pub fn thread(&self, id: ChannelThreadId) -> Option<&ThreadStats> {
         self.threads.iter().find(|t| t.id == id)
+    }
+
+    /// The queues thread `id` serves.
+    pub fn queues_of(&self, id: ChannelThreadId) -> impl Iterator<Item = u32> + '_ {
+        self.queues
+            .iter()
+            .filter(move |q| q.thread == id)
+            .map(|q| q.queue)
+    }
+
+    /// The thread that serves `queue`, if the snapshot says.
+    pub fn thread_of_queue(&self, queue: u32) -> Option<ChannelThreadId> {
+        self.queues
+            .iter()
+            .find(|q| q.queue == queue)
+            .map(|q| q.thread)
     }
 
     /// The core channel `id` runs on: its thread's core, when both are known.

@@ -241,3 +241,78 @@ async fn plans_never_retire_the_last_channel() {
     let _c = off.connect(at).await.unwrap();
     assert_eq!(off.plan_counters().plans, 0);
 }
+
+/// A policy that wants a channel thread spawned, a queue moved and a thread retired at
+/// every plan, whatever the snapshot says.
+#[derive(Debug, Default)]
+struct WantsThreads {
+    next: usize,
+}
+
+impl NetScheduler for WantsThreads {
+    fn pick_channel(&mut self, _chunk: &ChunkInfo, channels: &[ChannelStats]) -> Option<ChannelId> {
+        self.next = self.next.wrapping_add(1);
+        channels
+            .get(self.next % channels.len().max(1))
+            .map(|c| c.id)
+    }
+
+    fn plan(&mut self, _snapshot: &StackSnapshot) -> Vec<PlanAction> {
+        vec![
+            PlanAction::SpawnThread { core: 0 },
+            PlanAction::AssignQueue {
+                queue: 0,
+                thread: netsched::ChannelThreadId(0),
+            },
+            PlanAction::RetireThread {
+                thread: netsched::ChannelThreadId(0),
+            },
+        ]
+    }
+
+    fn plan_period(&self) -> Duration {
+        Duration::from_millis(5)
+    }
+}
+
+/// The thread actions need channel threads: an in-memory stack has none, so it refuses
+/// each (counted), shows no placement, and its streams carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thread_actions_are_refused_without_channel_threads() {
+    let net = MemNetwork::new();
+    let a = Stack::builder()
+        .ipv4(A)
+        .scheduler(WantsThreads::default())
+        .build_in_memory(&net)
+        .unwrap();
+    let b = Stack::builder().ipv4(B).build_in_memory(&net).unwrap();
+    let at = SocketAddr::from(SocketAddrV4::new(B, 7810));
+    let l = b.bind(at).await.unwrap();
+    let mut c = a.connect(at).await.unwrap();
+    let (mut s, _) = l.accept().await.unwrap();
+    timeout(LIMIT, a.plans_reach(3)).await.expect("plans");
+    let data = pattern(5, 256 * 1024);
+    let (w, r) = tokio::join!(c.write_all(&data), async {
+        let mut got = vec![0u8; data.len()];
+        s.read_exact(&mut got).await.map(|_| got)
+    });
+    w.unwrap();
+    assert!(r.unwrap() == data);
+    let pc = a.plan_counters();
+    assert!(pc.plans >= 3, "{pc:?}");
+    assert_eq!(
+        (pc.threads_spawned, pc.queues_moved, pc.threads_retired),
+        (0, 0, 0),
+        "{pc:?}"
+    );
+    assert_eq!(pc.refused, 3 * pc.plans, "{pc:?}");
+    let stats = a.stats();
+    assert!(
+        stats.queues.is_empty() && stats.threads.is_empty(),
+        "{stats:?}"
+    );
+    assert!(stats
+        .channels
+        .iter()
+        .all(|c| c.queue.is_none() && c.thread.is_none()));
+}

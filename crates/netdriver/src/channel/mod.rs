@@ -1,5 +1,5 @@
 //! Channels: in-crate TCP connections with application-facing Tx and Rx queues, driven by
-//! one thread per NIC queue.
+//! channel threads that each serve one or more NIC queues.
 //!
 //! A *channel* (the NetChannel paper's unit) is one L4 connection between two hosts plus
 //! two queues of opaque chunks: the application [`enqueue`](Channel::enqueue)s
@@ -13,10 +13,11 @@
 //!
 //! [`ChannelSet::start`] attaches the steering XDP program (`xdp_prog::XdpSteering`) to
 //! the interface, opens one AF_XDP [`XdpLink`](crate::link::xdp::XdpLink) per rx queue
-//! and spawns **one channel thread per queue**. Each thread owns its queue's
+//! and spawns **one channel thread per queue** to begin with. A queue's state, its
 //! [`Interface`](crate::netif::Interface) and every TCP connection whose frames arrive on
-//! that queue, timers included; nothing of a connection is shared with another thread
-//! except the channel's lock-free queues and atomics. A thread loops:
+//! that queue, timers included, sits behind one mutex and is run by one thread at a time;
+//! nothing of a connection is shared with another thread except the channel's lock-free
+//! queues and atomics. For each of its queues a thread runs rounds:
 //!
 //! 1. drain its command queue (connect, listen, unlisten) and frames forwarded to it;
 //! 2. move chunks from each channel's Tx queue into `Connection::send`, keeping the part
@@ -29,14 +30,33 @@
 //! 5. accept new connections of listened ports, notice closes and errors, publish each
 //!    channel's statistics, wake waiting users.
 //!
-//! With nothing to do it sleeps in `poll(2)` on the AF_XDP socket **and** an `eventfd`
-//! until the interface's next timer (`Interface::poll_at`). An application call that
-//! gives a thread work (an enqueue, a dequeue that made room in a full Rx queue, a
-//! command) writes the eventfd only when the thread has announced that it is about to
-//! sleep (an atomic flag, checked Dekker-style against a "work pending" flag), so busy
-//! threads get no system calls. With `busy_poll` set in the link template, a thread spins
-//! on the rx ring for at most that long after its last activity, and never while its link
-//! has been idle longer than that.
+//! With nothing to do it sleeps in one `poll(2)` on its own `eventfd` and, per queue, the
+//! AF_XDP socket **and** the queue's `eventfd`, until the earliest of its interfaces' next
+//! timers (`Interface::poll_at`). An application call that gives a queue work (an
+//! enqueue, a dequeue that made room in a full Rx queue, a command) writes the queue's
+//! eventfd only when its thread has announced that it is about to sleep (an atomic flag,
+//! checked Dekker-style against a "work pending" flag), so busy threads get no system
+//! calls. With `busy_poll` set in the link template, a thread spins on its rx rings for
+//! at most that long after its last activity, and never while its links have been idle
+//! longer than that.
+//!
+//! # Scaling and placement
+//!
+//! Threads are added ([`ChannelSet::add_thread`]), pinned ([`ChannelSet::pin_thread`])
+//! and removed ([`ChannelSet::remove_thread`]) at run time, and queues moved between them
+//! ([`ChannelSet::move_queue`]): a queue's state is handed over whole between two rounds,
+//! so nothing is lost, duplicated or reordered, and since every wake-up of a queue goes
+//! through the queue's own eventfd, wake-ups follow it. [`ChannelSet::placement`] is a
+//! `serde` snapshot of which thread serves which queue, where and how busily.
+//!
+//! ```no_run
+//! # fn f(set: &netdriver::channel::ChannelSet) -> Result<(), netdriver::channel::ChannelError> {
+//! let t = set.add_thread(Some(3))?;  // a thread on core 3
+//! set.move_queue(0, t)?;             // serves queue 0 from now on
+//! println!("{}", set.placement());   // thread 0 queues [] ...; thread 2 queues [0] core 3 ...
+//! set.remove_thread(0)?;             // queue-less now: it just ends
+//! # Ok(()) }
+//! ```
 //!
 //! # Queues and wake-ups
 //!
@@ -146,8 +166,9 @@ mod thread;
 pub use queue::{on_channel_thread_rx, Channel, DeferredKick, RxPoller};
 #[cfg(target_os = "linux")]
 pub use set::{
-    ChannelListener, ChannelSet, ChannelSetConfig, PartialChecksums, QueueLimits, QueueThreadStats,
-    RxChecksumStats, SynStats, DEFAULT_CHANNEL_PORT, LINEAR_XDP_MAX_MTU,
+    ChannelListener, ChannelPlacement, ChannelSet, ChannelSetConfig, ChannelThreadPlacement,
+    PartialChecksums, QueueLimits, QueueThreadStats, RxChecksumStats, SynStats,
+    DEFAULT_CHANNEL_PORT, LINEAR_XDP_MAX_MTU,
 };
 #[cfg(target_os = "linux")]
 pub use stream::ChannelStream;
@@ -199,6 +220,19 @@ pub enum ChannelError {
     /// unserved, and the peer learns of it only by its own liveness checks.
     #[error("the channel's queue thread died")]
     ThreadDied,
+    /// No channel thread of the set has this id (never added, or removed).
+    #[error("no channel thread {0} in the set")]
+    NoSuchThread(u32),
+    /// No channel thread serves this NIC queue: the set was not started on it.
+    #[error("no queue {0} in the set")]
+    NoSuchQueue(u32),
+    /// The set's last live channel thread cannot be removed: its queues would have
+    /// nobody to serve them.
+    #[error("channel thread {0} is the set's last one")]
+    LastThread(u32),
+    /// The process may not run on this core (not in its affinity mask, or no such core).
+    #[error("core {0} is not available to this process")]
+    CoreNotAllowed(usize),
     /// Attaching or updating the steering XDP program failed.
     #[cfg(target_os = "linux")]
     #[error("XDP steering: {0}")]
@@ -248,6 +282,10 @@ impl ChannelError {
             ChannelError::AddrInUse(_) => io::ErrorKind::AddrInUse,
             ChannelError::TooManyConnections => io::ErrorKind::OutOfMemory,
             ChannelError::ThreadDied => io::ErrorKind::ConnectionAborted,
+            ChannelError::NoSuchThread(_) | ChannelError::NoSuchQueue(_) => io::ErrorKind::NotFound,
+            ChannelError::LastThread(_) | ChannelError::CoreNotAllowed(_) => {
+                io::ErrorKind::InvalidInput
+            }
             #[cfg(target_os = "linux")]
             ChannelError::Xdp(_) | ChannelError::Link(_) => io::ErrorKind::Other,
             ChannelError::Ports(_) => io::ErrorKind::Other,

@@ -1,6 +1,7 @@
-//! [`ChannelSet`]: the steering program, one AF_XDP link and one channel thread per
-//! queue, and the calls that create channels ([`ChannelSet::connect`],
-//! [`ChannelSet::listen`]).
+//! [`ChannelSet`]: the steering program, one AF_XDP link per queue, the channel threads
+//! that serve the queues (one per queue to begin with; added, moved and removed with
+//! [`ChannelSet::add_thread`], [`ChannelSet::move_queue`], [`ChannelSet::remove_thread`]),
+//! and the calls that create channels ([`ChannelSet::connect`], [`ChannelSet::listen`]).
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -19,7 +20,10 @@ use xdp_prog::{AttachOptions, XdpSteering};
 use super::directory::{BufferPool, FlowDirectory, PortAllocator, Tuple};
 use super::queue::{block_on, ChannelShared, Limits, RxPoller, ThreadSignal};
 use super::sys::{xsk_drops, XskDrops};
-use super::thread::{resolver, Command, DeadQueue, ResolveRequest, Worker};
+use super::thread::{
+    resolver, run_thread, Command, DeadQueue, QueueSlot, ResolveRequest, ThreadControl,
+    ThreadStart, Worker,
+};
 use super::{Channel, ChannelError};
 use crate::link::xdp::{XdpLink, XdpLinkConfig};
 use crate::link::Link;
@@ -166,7 +170,7 @@ impl ChannelSetConfig {
     }
 }
 
-/// One channel thread as the rest of the set sees it.
+/// One queue as the rest of the set sees it (whichever channel thread serves it).
 #[derive(Debug)]
 pub(crate) struct Peer {
     pub(crate) queue: u32,
@@ -183,11 +187,6 @@ pub(crate) struct Peer {
     pub(crate) busy_ns: AtomicU64,
     /// Segments its [`RxDrop`](crate::netif::RxDrop) rule dropped (fault injection).
     pub(crate) rx_fault_dropped: AtomicU64,
-    /// The core the thread is pinned to (`usize::MAX`: none); the thread moves itself
-    /// there when it changes ([`ChannelSet::pin_queue_thread`]).
-    pub(crate) core: AtomicUsize,
-    /// The core the thread last pinned itself to (`usize::MAX`: none).
-    pub(crate) pinned: AtomicUsize,
 }
 
 /// A channel thread's SYN and SYN-cookie counters, copied from its interface every round.
@@ -302,6 +301,10 @@ pub(crate) struct SetShared {
     pub(crate) forwarded: AtomicU64,
     /// Frames dropped because the owner's forwarding queue was full.
     pub(crate) forward_dropped: AtomicU64,
+    /// Queues killed by fault injection, kept as they were until the set stops
+    /// ([`ChannelSet::kill_queue_thread`]). Each holds the set (through its worker): the
+    /// set empties this when it stops.
+    pub(crate) graveyard: Mutex<Vec<DeadQueue>>,
 }
 
 impl SetShared {
@@ -388,11 +391,40 @@ impl SetShared {
 
 /// A channel thread's handle in the set.
 #[derive(Debug)]
-struct ThreadHandle {
-    signal: Arc<ThreadSignal>,
-    /// A killed thread's result is its queue's state ([`DeadQueue`]), kept until the set
-    /// stops.
-    join: Option<JoinHandle<Option<DeadQueue>>>,
+struct ThreadEntry {
+    ctl: Arc<ThreadControl>,
+    join: Option<JoinHandle<()>>,
+    /// Killed (fault injection): it serves nothing and gets nothing.
+    dead: bool,
+}
+
+/// Which thread serves which queue, as the set has ordered it (a move takes effect at
+/// the source thread's next pass).
+#[derive(Debug, Default)]
+struct Threads {
+    /// By thread id.
+    threads: std::collections::BTreeMap<u32, ThreadEntry>,
+    /// The serving thread's id, by queue index (`SetShared::peers`).
+    queue_thread: Vec<u32>,
+    next_id: u32,
+}
+
+impl Threads {
+    fn live(&self, id: u32) -> Result<&ThreadEntry, ChannelError> {
+        match self.threads.get(&id) {
+            None => Err(ChannelError::NoSuchThread(id)),
+            Some(t) if t.dead => Err(ChannelError::ThreadDied),
+            Some(t) => Ok(t),
+        }
+    }
+
+    fn queues_of(&self, id: u32) -> impl Iterator<Item = usize> + '_ {
+        self.queue_thread
+            .iter()
+            .enumerate()
+            .filter(move |&(_, &t)| t == id)
+            .map(|(i, _)| i)
+    }
 }
 
 /// Channel threads on the queues of one interface, and the channels they drive. See the
@@ -403,7 +435,8 @@ struct ThreadHandle {
 #[derive(Debug)]
 pub struct ChannelSet {
     shared: Arc<SetShared>,
-    threads: Vec<ThreadHandle>,
+    threads: Mutex<Threads>,
+    clock: Clock,
     resolver: Option<(Sender<ResolveRequest>, JoinHandle<()>)>,
     neighbors: Mutex<HashMap<Ipv4Addr, EthernetAddress>>,
     next_queue: AtomicUsize,
@@ -465,7 +498,8 @@ fn resolve_attach(config: &ChannelSetConfig) -> Result<AttachOptions, ChannelErr
 
 impl ChannelSet {
     /// Attaches the steering program to `config.ifname`, opens one AF_XDP link per queue,
-    /// registers their sockets and spawns one channel thread per queue, all in the
+    /// registers their sockets and spawns one channel thread per queue (thread *i*
+    /// serving queue *i*, with id *i*), all in the
     /// calling thread's network namespace. On any error everything done so far is undone
     /// (threads joined, program detached).
     pub fn start(config: ChannelSetConfig) -> Result<ChannelSet, ChannelError> {
@@ -530,7 +564,7 @@ impl ChannelSet {
         let io_err = |op| move |source| ChannelError::Io { op, source };
         let mut peers = Vec::with_capacity(queues.len());
         let mut ends = Vec::with_capacity(queues.len());
-        for (index, &q) in queues.iter().enumerate() {
+        for &q in &queues {
             let signal = Arc::new(ThreadSignal::new().map_err(io_err("creating an eventfd"))?);
             signal.set_inline_max(config.inline_tx);
             let (ctx, crx) = crossbeam_channel::unbounded();
@@ -545,13 +579,6 @@ impl ChannelSet {
                 resets_received: AtomicU64::new(0),
                 busy_ns: AtomicU64::new(0),
                 rx_fault_dropped: AtomicU64::new(0),
-                core: AtomicUsize::new(
-                    config
-                        .cores
-                        .as_ref()
-                        .map_or(usize::MAX, |c| c[index % c.len()]),
-                ),
-                pinned: AtomicUsize::new(usize::MAX),
             });
             ends.push((signal, crx, frx));
         }
@@ -570,10 +597,13 @@ impl ChannelSet {
             endpoints: Mutex::new(HashMap::new()),
             forwarded: AtomicU64::new(0),
             forward_dropped: AtomicU64::new(0),
+            graveyard: Mutex::new(Vec::new()),
         });
+        let clock = Clock::new();
         let mut set = ChannelSet {
             shared: shared.clone(),
-            threads: Vec::with_capacity(queues.len()),
+            threads: Mutex::new(Threads::default()),
+            clock,
             resolver: None,
             neighbors: Mutex::new(HashMap::new()),
             next_queue: AtomicUsize::new(0),
@@ -589,11 +619,13 @@ impl ChannelSet {
             .map_err(io_err("spawning the resolver thread"))?;
         set.resolver = Some((rtx, handle));
 
-        let clock = Clock::new();
         // One secret for all queues: a peer's ACK may come back on another queue than the
         // SYN its cookie answered.
         let syn_cookie_secret = Some(Arc::new(crate::tcp::syncookie::SynCookies::new()));
         let (started_tx, started_rx) = std::sync::mpsc::sync_channel(queues.len());
+        set.threads_mut().queue_thread = (0..queues.len())
+            .map(|i| u32::try_from(i).unwrap_or(u32::MAX))
+            .collect();
         for (index, ((link, &q), (signal, crx, frx))) in
             links.into_iter().zip(&queues).zip(ends).enumerate()
         {
@@ -626,6 +658,15 @@ impl ChannelSet {
                 mtu = iface.link().mtu(),
                 "channel thread starting"
             );
+            // The neighbour table is opened here, in the interface's namespace, so that
+            // whichever thread serves the queue later (one added from anywhere) has it.
+            let neigh = match crate::neigh::KernelNeighbors::open() {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    warn!(queue = q, error = %e, "opening the neighbour table; accepted peers' MAC addresses go unchecked");
+                    None
+                }
+            };
             let worker = Worker {
                 index,
                 queue: q,
@@ -635,22 +676,14 @@ impl ChannelSet {
                 commands: crx,
                 forwarded: frx,
                 set: shared.clone(),
-                busy_poll: config.link.busy_poll,
                 ifindex,
-                neigh: None,
-                core: config.cores.as_ref().map(|c| c[index % c.len()]),
-                started: Some(started_tx.clone()),
+                neigh,
             };
-            // The handle goes into the set before the spawn result is checked, so a
-            // failure stops the threads already running.
-            let join = std::thread::Builder::new()
-                .name(format!("nc-chan-{}-q{q}", config.ifname))
-                .spawn(move || worker.run())
-                .map_err(io_err("spawning a channel thread"))?;
-            set.threads.push(ThreadHandle {
-                signal,
-                join: Some(join),
-            });
+            let slot =
+                QueueSlot::new(worker).map_err(io_err("duplicating the AF_XDP descriptor"))?;
+            let core = config.cores.as_ref().map(|c| c[index % c.len()]);
+            // Thread `index` serves queue `index` to begin with.
+            set.spawn_thread(core, vec![slot], &started_tx)?;
         }
         // Every thread is running (named, pinned) before the set is handed out.
         drop(started_tx);
@@ -667,6 +700,64 @@ impl ChannelSet {
             "channel set started"
         );
         Ok(set)
+    }
+
+    fn threads(&self) -> std::sync::MutexGuard<'_, Threads> {
+        self.threads.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn threads_mut(&mut self) -> &mut Threads {
+        self.threads.get_mut().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn queue_index(&self, queue: u32) -> Option<usize> {
+        self.shared.peers.iter().position(|p| p.queue == queue)
+    }
+
+    /// Spawns a channel thread serving `slots`; it says so on `started` once it runs.
+    fn spawn_thread(
+        &self,
+        core: Option<usize>,
+        slots: Vec<QueueSlot>,
+        started: &std::sync::mpsc::SyncSender<()>,
+    ) -> Result<u32, ChannelError> {
+        let mut threads = self.threads();
+        let id = threads.next_id;
+        let ctl = Arc::new(
+            ThreadControl::new(id, core).map_err(|source| ChannelError::Io {
+                op: "creating an eventfd",
+                source,
+            })?,
+        );
+        let name = match slots.as_slice() {
+            [one] => format!("nc-chan-{}-q{}", self.config.ifname, one.queue()),
+            _ => format!("nc-chan-{}-t{id}", self.config.ifname),
+        };
+        let start = ThreadStart {
+            ctl: ctl.clone(),
+            set: self.shared.clone(),
+            clock: self.clock,
+            busy_poll: self.config.link.busy_poll,
+            slots,
+            started: Some(started.clone()),
+        };
+        let join = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || run_thread(start))
+            .map_err(|source| ChannelError::Io {
+                op: "spawning a channel thread",
+                source,
+            })?;
+        threads.next_id += 1;
+        threads.threads.insert(
+            id,
+            ThreadEntry {
+                ctl,
+                join: Some(join),
+                dead: false,
+            },
+        );
+        Ok(id)
     }
 
     /// Opens a channel to `remote` on the next queue (round-robin) and waits for the
@@ -927,65 +1018,234 @@ impl ChannelSet {
     }
 
     /// How much work each queue's channel thread has done so far: the time it spent in
-    /// its rounds (receiving, running the TCP state machines, transmitting), cumulative
-    /// since the set started, with the core it is pinned to. Sleeping and busy-polling an
-    /// idle queue do not count; rounds an application task runs inline do not either
-    /// (they are that task's thread's work). Sample it twice for a utilisation.
+    /// the queue's rounds (receiving, running the TCP state machines, transmitting),
+    /// cumulative since the set started, whichever thread ran them, with the core of the
+    /// thread that serves the queue now. Sleeping and busy-polling an idle queue do not
+    /// count; rounds an application task runs inline do not either (they are that task's
+    /// thread's work). Sample it twice for a utilisation. [`placement`](Self::placement)
+    /// gives the same per thread.
     pub fn thread_stats(&self) -> Vec<QueueThreadStats> {
+        let threads = self.threads();
         self.shared
             .peers
             .iter()
-            .map(|p| QueueThreadStats {
+            .enumerate()
+            .map(|(i, p)| QueueThreadStats {
                 queue: p.queue,
-                core: Some(p.core.load(Ordering::Relaxed)).filter(|&c| c != usize::MAX),
+                core: threads
+                    .queue_thread
+                    .get(i)
+                    .and_then(|t| threads.threads.get(t))
+                    .and_then(|t| core_of(&t.ctl)),
                 busy: std::time::Duration::from_nanos(p.busy_ns.load(Ordering::Relaxed)),
                 xsk_drops: p.signal.rx_fd().and_then(|fd| xsk_drops(fd).ok()),
             })
             .collect()
     }
 
-    /// Pins the channel thread of `queue` to `core` at run time (a scheduler's
-    /// `PlanAction::Pin`); the thread moves itself at its next round (it is woken for it).
-    /// Every channel of the queue moves with it. `false` when no thread runs `queue` or
-    /// `core` is not one this process may run on.
+    /// Pins the channel thread that serves `queue` to `core` at run time (a scheduler's
+    /// `PlanAction::Pin`); the thread moves itself at its next pass (it is woken for it).
+    /// Every queue of that thread, and every channel of those queues, moves with it.
+    /// `false` when no live thread serves `queue` or `core` is not one this process may
+    /// run on; [`pin_thread`](Self::pin_thread) says which.
     pub fn pin_queue_thread(&self, queue: u32, core: usize) -> bool {
-        let Some(p) = self.shared.peers.iter().find(|p| p.queue == queue) else {
+        let Some(index) = self.queue_index(queue) else {
             return false;
         };
-        let allowed = core_affinity::get_core_ids()
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.id == core);
-        if !allowed || p.signal.is_dead() {
+        let threads = self.threads();
+        let Some(&id) = threads.queue_thread.get(index) else {
             return false;
-        }
-        if p.core.swap(core, Ordering::AcqRel) != core {
-            debug!(queue, core, "pinning a channel thread");
-            p.signal.notify();
-        }
-        true
+        };
+        drop(threads);
+        self.pin_thread(id, core).is_ok()
     }
 
-    /// Fault injection, for tests and failure drills: the channel thread of `queue` dies
-    /// as if it had crashed. Its channels fail at once on this side
+    /// Spawns a channel thread that serves no queue yet, pinned to `core` when given;
+    /// returns its id once it runs (pinned). Give it queues with
+    /// [`move_queue`](Self::move_queue).
+    ///
+    /// ```no_run
+    /// # fn f(set: &netdriver::channel::ChannelSet) -> Result<(), netdriver::channel::ChannelError> {
+    /// // Queue 1 gets a thread of its own on core 1.
+    /// let t = set.add_thread(Some(1))?;
+    /// set.move_queue(1, t)?;
+    /// assert_eq!(set.placement().thread_of(1), Some(t));
+    /// # Ok(()) }
+    /// ```
+    pub fn add_thread(&self, core: Option<usize>) -> Result<u32, ChannelError> {
+        if self.shared.stopped.load(Ordering::Acquire) {
+            return Err(ChannelError::ShutDown);
+        }
+        if let Some(c) = core {
+            check_core(c)?;
+        }
+        let (started_tx, started_rx) = std::sync::mpsc::sync_channel(1);
+        let id = self.spawn_thread(core, Vec::new(), &started_tx)?;
+        drop(started_tx);
+        if started_rx.recv().is_err() {
+            return Err(ChannelError::Io {
+                op: "starting a channel thread",
+                source: std::io::Error::other("a channel thread ended before it started"),
+            });
+        }
+        info!(thread = id, ?core, "channel thread added");
+        Ok(id)
+    }
+
+    /// Moves `queue` to thread `thread`. The queue's state (its interface, connections,
+    /// rings and buffers) is handed over whole at the serving thread's next pass, between
+    /// two of its rounds: nothing is lost, duplicated or reordered, and the queue's
+    /// wake-ups (its own eventfd, which the new thread sleeps on) reach the new thread.
+    /// Returns once ordered; [`placement`](Self::placement) shows the new thread at once.
+    /// Moving a queue to the thread that serves it does nothing.
+    pub fn move_queue(&self, queue: u32, thread: u32) -> Result<(), ChannelError> {
+        if self.shared.stopped.load(Ordering::Acquire) {
+            return Err(ChannelError::ShutDown);
+        }
+        let index = self
+            .queue_index(queue)
+            .ok_or(ChannelError::NoSuchQueue(queue))?;
+        let mut threads = self.threads();
+        let to = threads.live(thread)?.ctl.clone();
+        let from_id = threads.queue_thread[index];
+        if from_id == thread {
+            return Ok(());
+        }
+        let from = threads.live(from_id)?;
+        if !from.ctl.release(index, to) {
+            return Err(ChannelError::ThreadDied);
+        }
+        threads.queue_thread[index] = thread;
+        debug!(queue, from = from_id, to = thread, "moving a queue");
+        Ok(())
+    }
+
+    /// Removes thread `thread`: its queues first move to the remaining live threads (each
+    /// to the one serving the fewest queues then, as [`move_queue`](Self::move_queue)
+    /// moves them), then it ends. Returns once it has ended. The last live thread is not
+    /// removed ([`ChannelError::LastThread`]).
+    pub fn remove_thread(&self, thread: u32) -> Result<(), ChannelError> {
+        if self.shared.stopped.load(Ordering::Acquire) {
+            return Err(ChannelError::ShutDown);
+        }
+        let join = {
+            let mut threads = self.threads();
+            let ctl = threads.live(thread)?.ctl.clone();
+            let others: Vec<u32> = threads
+                .threads
+                .iter()
+                .filter(|(&id, t)| id != thread && !t.dead)
+                .map(|(&id, _)| id)
+                .collect();
+            if others.is_empty() {
+                return Err(ChannelError::LastThread(thread));
+            }
+            let mine: Vec<usize> = threads.queues_of(thread).collect();
+            for index in mine {
+                let to = *others
+                    .iter()
+                    .min_by_key(|&&id| threads.queues_of(id).count())
+                    .unwrap_or(&others[0]);
+                let to_ctl = threads.live(to)?.ctl.clone();
+                if !ctl.release(index, to_ctl) {
+                    return Err(ChannelError::ThreadDied);
+                }
+                threads.queue_thread[index] = to;
+                debug!(
+                    queue = self.shared.peers[index].queue,
+                    from = thread,
+                    to,
+                    "moving a queue off a retiring thread"
+                );
+            }
+            ctl.request_retire();
+            threads
+                .threads
+                .remove(&thread)
+                .and_then(|mut t| t.join.take())
+        };
+        // Not under the lock: the thread may wait for a queue still on its way to it.
+        if let Some(j) = join {
+            if j.join().is_err() {
+                warn!(thread, "a channel thread panicked");
+            }
+        }
+        info!(thread, "channel thread removed");
+        Ok(())
+    }
+
+    /// Pins thread `thread` to `core`; the thread moves itself at its next pass (it is
+    /// woken for it), with all its queues.
+    pub fn pin_thread(&self, thread: u32, core: usize) -> Result<(), ChannelError> {
+        check_core(core)?;
+        let threads = self.threads();
+        let t = threads.live(thread)?;
+        if t.ctl.core.swap(core, Ordering::AcqRel) != core {
+            debug!(thread, core, "pinning a channel thread");
+            t.ctl.signal.notify();
+        }
+        Ok(())
+    }
+
+    /// Which thread serves which queue, on which core, and how busy each thread has been
+    /// (a snapshot; `serde`-serialisable and printable).
+    pub fn placement(&self) -> ChannelPlacement {
+        let threads = self.threads();
+        let list = threads
+            .threads
+            .iter()
+            .map(|(&id, t)| ChannelThreadPlacement {
+                id,
+                queues: threads
+                    .queues_of(id)
+                    .map(|i| self.shared.peers[i].queue)
+                    .collect(),
+                core: core_of(&t.ctl),
+                busy: std::time::Duration::from_nanos(t.ctl.busy_ns.load(Ordering::Relaxed)),
+                dead: t.dead,
+            })
+            .collect();
+        ChannelPlacement { threads: list }
+    }
+
+    /// Fault injection, for tests and failure drills: the channel thread that serves
+    /// `queue` dies as if it had crashed, and with it every queue it serves (one, unless
+    /// queues were moved onto it). Their channels fail at once on this side
     /// ([`ChannelError::ThreadDied`]), but nothing goes on the wire: no FIN, no RST. The
-    /// queue's AF_XDP socket stays open with every connection as it was, so arrivals for
+    /// queues' AF_XDP sockets stay open with every connection as it was, so arrivals for
     /// them are dropped unread and the peer notices only through its keep-alive or user
-    /// timeout. Nobody serves the queue afterwards: no inline round runs it
-    /// ([`RxPoller::is_dead`]), new channels go to the other queues, and its SYNs go
-    /// unanswered. The state is released when the set stops.
+    /// timeout. Nobody serves those queues afterwards: no inline round runs them
+    /// ([`RxPoller::is_dead`]), new channels go to the other queues, and their SYNs go
+    /// unanswered. The states are released when the set stops. The dead thread stays in
+    /// [`placement`](Self::placement), marked dead, and takes no queue.
     ///
     /// Returns at once (the thread dies at its next look at its signal); `false` when no
-    /// thread runs `queue` or it was killed before.
+    /// thread serves `queue` or it was killed before.
     pub fn kill_queue_thread(&self, queue: u32) -> bool {
-        let Some(p) = self.shared.peers.iter().find(|p| p.queue == queue) else {
+        let Some(index) = self.queue_index(queue) else {
             return false;
         };
-        if p.signal.is_dead() {
+        let mut threads = self.threads();
+        let id = threads.queue_thread[index];
+        let victims: Vec<usize> = threads.queues_of(id).collect();
+        let Some(t) = threads.threads.get_mut(&id) else {
+            return false;
+        };
+        if t.dead || self.shared.peers[index].signal.is_dead() {
             return false;
         }
-        warn!(queue, "killing a channel thread (fault injection)");
-        p.signal.request_kill();
+        warn!(
+            queue,
+            thread = id,
+            "killing a channel thread (fault injection)"
+        );
+        t.dead = true;
+        // Marked before the thread looks, so that no inline round runs them any more,
+        // and a queue on its way to the thread dies wherever it is.
+        for i in victims {
+            self.shared.peers[i].signal.request_kill();
+        }
+        t.ctl.signal.request_kill();
         true
     }
 
@@ -1026,21 +1286,29 @@ impl ChannelSet {
 
     fn stop(&mut self) -> Result<(), ChannelError> {
         self.shared.stopped.store(true, Ordering::Release);
-        for t in &self.threads {
-            t.signal.request_stop();
+        for p in &self.shared.peers {
+            p.signal.request_stop();
         }
-        let mut dead = Vec::new();
-        for t in &mut self.threads {
+        let entries = std::mem::take(&mut self.threads_mut().threads);
+        for t in entries.values() {
+            t.ctl.signal.request_stop();
+        }
+        for (id, mut t) in entries {
             if let Some(j) = t.join.take() {
-                match j.join() {
-                    Ok(Some(d)) => dead.push(d),
-                    Ok(None) => {}
-                    Err(_) => warn!("a channel thread panicked"),
+                if j.join().is_err() {
+                    warn!(thread = id, "a channel thread panicked");
                 }
             }
         }
-        // Killed threads' queues (fault injection): their sockets close here, with no
-        // more on the wire than a crashed process would send.
+        // Killed queues (fault injection): their sockets close here, with no more on the
+        // wire than a crashed process would send.
+        let dead = std::mem::take(
+            &mut *self
+                .shared
+                .graveyard
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         drop(dead);
         if let Some((requests, join)) = self.resolver.take() {
             drop(requests);
@@ -1097,6 +1365,7 @@ impl SetShared {
             endpoints: Mutex::new(HashMap::new()),
             forwarded: AtomicU64::new(0),
             forward_dropped: AtomicU64::new(0),
+            graveyard: Mutex::new(Vec::new()),
         }
     }
 }
@@ -1231,4 +1500,89 @@ pub struct QueueThreadStats {
     /// What the kernel dropped at the queue's AF_XDP socket (its rx ring full, its fill
     /// ring empty); `None` when the socket is not there to ask.
     pub xsk_drops: Option<XskDrops>,
+}
+
+/// The core a thread is to run on, if it is pinned.
+fn core_of(ctl: &ThreadControl) -> Option<usize> {
+    Some(ctl.core.load(Ordering::Relaxed)).filter(|&c| c != usize::MAX)
+}
+
+/// Whether this process may run on `core`.
+fn check_core(core: usize) -> Result<(), ChannelError> {
+    let allowed = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.id == core);
+    if allowed {
+        Ok(())
+    } else {
+        Err(ChannelError::CoreNotAllowed(core))
+    }
+}
+
+/// Which channel thread serves which queue of a [`ChannelSet`], where the threads run and
+/// how busy they have been ([`ChannelSet::placement`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct ChannelPlacement {
+    /// Every thread of the set, by id, killed ones included.
+    pub threads: Vec<ChannelThreadPlacement>,
+}
+
+impl ChannelPlacement {
+    /// The thread that serves `queue`, if any.
+    pub fn thread_of(&self, queue: u32) -> Option<u32> {
+        self.threads
+            .iter()
+            .find(|t| t.queues.contains(&queue))
+            .map(|t| t.id)
+    }
+
+    /// Thread `id`, if the set has it.
+    pub fn thread(&self, id: u32) -> Option<&ChannelThreadPlacement> {
+        self.threads.iter().find(|t| t.id == id)
+    }
+}
+
+impl std::fmt::Display for ChannelPlacement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, t) in self.threads.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{t}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One channel thread in a [`ChannelPlacement`].
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct ChannelThreadPlacement {
+    /// The thread's id in its set (the first threads are numbered as their queues'
+    /// indices; added ones count on).
+    pub id: u32,
+    /// The queues it serves (as ordered: a move takes effect at the source thread's next
+    /// pass).
+    pub queues: Vec<u32>,
+    /// The core it is pinned to, if any.
+    pub core: Option<usize>,
+    /// Time it spent in rounds since it started, over all the queues it served.
+    pub busy: std::time::Duration,
+    /// Killed by fault injection ([`ChannelSet::kill_queue_thread`]).
+    pub dead: bool,
+}
+
+impl std::fmt::Display for ChannelThreadPlacement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "thread {} queues {:?}", self.id, self.queues)?;
+        match self.core {
+            Some(c) => write!(f, " core {c}")?,
+            None => f.write_str(" unpinned")?,
+        }
+        write!(f, " busy {:?}", self.busy)?;
+        if self.dead {
+            f.write_str(" dead")?;
+        }
+        Ok(())
+    }
 }

@@ -1,5 +1,8 @@
-//! The channel thread: one per NIC queue, owning that queue's interface and every
-//! connection on it. See the [module documentation](super) for the loop.
+//! Channel threads and the queue states they drive: a queue's state (its interface and
+//! every connection on it) is behind a mutex, and a thread serves any number of queues,
+//! running each one's rounds and sleeping on all their descriptors at once. Queues move
+//! between threads whole ([`QueueSlot`], through a thread's inbox). See the [module
+//! documentation](super) for the loop.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -87,24 +90,21 @@ pub(crate) struct Worker {
     pub(crate) commands: Receiver<Command>,
     pub(crate) forwarded: Receiver<Vec<u8>>,
     pub(crate) set: Arc<SetShared>,
-    pub(crate) busy_poll: Duration,
-    pub(crate) core: Option<usize>,
     /// The interface's index, for neighbour lookups.
     pub(crate) ifindex: u32,
-    /// The kernel's neighbour table, opened by the thread itself (in the interface's
-    /// namespace) when it starts; `None` if that failed (accepted peers then go
+    /// The kernel's neighbour table, opened when the queue is set up (by
+    /// `ChannelSet::start`, in the interface's namespace, so that threads added later in
+    /// any namespace can serve the queue); `None` if that failed (accepted peers then go
     /// unverified).
     pub(crate) neigh: Option<crate::neigh::KernelNeighbors>,
-    /// Told once the thread runs (named and pinned), so that `ChannelSet::start` returns
-    /// with every thread up.
-    pub(crate) started: Option<std::sync::mpsc::SyncSender<()>>,
 }
 
-/// What a killed channel thread leaves behind (fault injection): its queue's state, with
+/// What a killed channel thread leaves behind (fault injection), per queue: its state, with
 /// the interface, the AF_XDP socket and every connection in it, kept as it was, so that
 /// the socket stays open and bound (arrivals for its flows are redirected to it and
 /// dropped unread, as with a crashed thread, rather than passed to the kernel, which
-/// would answer them with resets). The set drops it when it stops.
+/// would answer them with resets). The set keeps it in its graveyard and drops it when it
+/// stops.
 pub(crate) struct DeadQueue {
     /// Held only to keep the socket and connections as they were.
     _state: Arc<Mutex<QueueState>>,
@@ -231,122 +231,410 @@ fn stray_verdict(
     }
 }
 
-impl Worker {
-    /// The thread's body: loops until asked to stop, then aborts its connections.
-    ///
-    /// Fault injection ([`ChannelSet::kill_queue_thread`](super::ChannelSet::kill_queue_thread)):
-    /// asked to die, it tells its channels they failed and returns its queue's state
-    /// untouched, which the set keeps until it stops (see [`DeadQueue`]).
-    pub(crate) fn run(mut self) -> Option<DeadQueue> {
-        if let Some(id) = self.core {
-            if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
-                warn!(
-                    queue = self.queue,
-                    core = id,
-                    "cannot pin the channel thread"
-                );
-            }
-        }
-        super::queue::mark_channel_thread();
-        debug!(queue = self.queue, "channel thread up");
-        self.neigh = match crate::neigh::KernelNeighbors::open() {
-            Ok(n) => Some(n),
-            Err(e) => {
-                warn!(queue = self.queue, error = %e, "opening the neighbour table; accepted peers' MAC addresses go unchecked");
-                None
-            }
-        };
-        if let Some(started) = self.started.take() {
-            let _ = started.send(());
-        }
-        let queue = self.queue;
-        let (signal, clock, busy_poll) = (self.signal.clone(), self.clock, self.busy_poll);
-        // The socket's descriptor to sleep on while the state is unlocked (a duplicate
-        // shares the open socket; poll(2) sees the same readiness).
-        let fd = match self.iface.link().as_fd().try_clone_to_owned() {
-            Ok(fd) => Some(fd),
-            Err(e) => {
-                warn!(queue, error = %e, "duplicating the AF_XDP descriptor; sleeping on the eventfd and timers only");
-                None
-            }
-        };
+/// One queue as a channel thread holds it: its state, its signal and a duplicate of its
+/// AF_XDP descriptor to sleep on while the state is unlocked. It is handed from thread to
+/// thread whole ([`ChannelSet::move_queue`](super::ChannelSet::move_queue)), so the
+/// connections, their rings and their buffers never exist twice or change hands piecewise.
+pub(crate) struct QueueSlot {
+    /// The queue's index in the set (`SetShared::peers`).
+    index: usize,
+    queue: u32,
+    signal: Arc<ThreadSignal>,
+    state: Arc<Mutex<QueueState>>,
+    /// A duplicate of the socket (it shares the open socket; poll(2) sees the same
+    /// readiness).
+    fd: OwnedFd,
+}
+
+impl std::fmt::Debug for QueueSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueSlot")
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QueueSlot {
+    /// The NIC queue.
+    pub(crate) fn queue(&self) -> u32 {
+        self.queue
+    }
+
+    /// Sets a queue up around its worker; makes its state reachable for inline rounds.
+    pub(crate) fn new(worker: Worker) -> std::io::Result<QueueSlot> {
+        let fd = worker.iface.link().as_fd().try_clone_to_owned()?;
+        let (index, queue, signal) = (worker.index, worker.queue, worker.signal.clone());
         let state = Arc::new(Mutex::new(QueueState {
-            worker: self,
+            worker,
             book: Book::default(),
             rxbuf: BytesMut::new(),
         }));
-        if fd.is_some() {
-            signal.set_inline_state(Arc::downgrade(&state));
+        signal.set_inline_state(Arc::downgrade(&state));
+        Ok(QueueSlot {
+            index,
+            queue,
+            signal,
+            state,
+            fd,
+        })
+    }
+
+    /// The queue dies as with a crashed thread (fault injection; see [`Worker::die`]): its
+    /// state goes to the set's graveyard, kept until the set stops.
+    fn bury(self) {
+        let mut g = lock_state(&self.state);
+        let QueueState { worker, book, .. } = &mut *g;
+        worker.die(book);
+        let set = worker.set.clone();
+        drop(g);
+        self.signal.set_dead();
+        warn!(
+            queue = self.queue,
+            "channel thread killed (fault injection); its connections are left unserved"
+        );
+        set.graveyard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(DeadQueue { _state: self.state });
+    }
+
+    /// The set stops: every connection is aborted (see [`Worker::stop`]).
+    fn stop(self) {
+        if self.signal.is_dead() {
+            return self.bury();
         }
-        let mut last_active = std::time::Instant::now();
-        let (set, me) = {
-            let g = lock_state(&state);
-            (g.worker.set.clone(), g.worker.index)
-        };
-        loop {
-            if signal.stop_requested() {
-                break;
+        let mut g = lock_state(&self.state);
+        let QueueState { worker, book, .. } = &mut *g;
+        worker.stop(book);
+        debug!(queue = self.queue, "queue stopped");
+    }
+
+    /// A queue that cannot reach a thread any more (handed to one that ended): stopped if
+    /// the set is stopping, else lost as with a crash, never left unserved but alive.
+    fn orphaned(self, set: &SetShared) {
+        if set.stopped.load(Ordering::Acquire) {
+            self.stop();
+        } else {
+            warn!(
+                queue = self.queue,
+                "a queue was handed to a thread that had ended"
+            );
+            self.signal.request_kill();
+            self.bury();
+        }
+    }
+}
+
+/// An order for a channel thread from the set ([`ThreadControl::release`]) or from
+/// another thread (a queue handed over).
+enum Order {
+    /// Serve this queue from now on.
+    Adopt(QueueSlot),
+    /// Hand queue `index` to `to`: now if this thread holds it, else as soon as it arrives
+    /// (it may still be on its way here from an earlier move).
+    Release {
+        index: usize,
+        to: Arc<ThreadControl>,
+    },
+}
+
+#[derive(Default)]
+struct Inbox {
+    orders: Vec<Order>,
+    /// The thread ended: nothing it is sent is ever taken.
+    exited: bool,
+}
+
+/// What the set and the other threads share with one channel thread: its wake-up
+/// eventfd, its orders, its core and its busy time.
+pub(crate) struct ThreadControl {
+    pub(crate) id: u32,
+    /// The thread's own wake-up (orders, pins, stop and kill); each of its queues has its
+    /// own signal besides, which the thread also sleeps on.
+    pub(crate) signal: ThreadSignal,
+    inbox: Mutex<Inbox>,
+    /// The thread is to end once it has handed every queue on (`ChannelSet::remove_thread`).
+    retire: std::sync::atomic::AtomicBool,
+    /// The core the thread is to run on (`usize::MAX`: unpinned); it moves itself.
+    pub(crate) core: std::sync::atomic::AtomicUsize,
+    /// Nanoseconds spent in rounds, over all its queues.
+    pub(crate) busy_ns: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for ThreadControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadControl")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ThreadControl {
+    pub(crate) fn new(id: u32, core: Option<usize>) -> std::io::Result<ThreadControl> {
+        Ok(ThreadControl {
+            id,
+            signal: ThreadSignal::new()?,
+            inbox: Mutex::new(Inbox::default()),
+            retire: std::sync::atomic::AtomicBool::new(false),
+            core: std::sync::atomic::AtomicUsize::new(core.unwrap_or(usize::MAX)),
+            busy_ns: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    fn inbox(&self) -> MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send(&self, order: Order) -> Result<(), Order> {
+        let mut inbox = self.inbox();
+        if inbox.exited {
+            return Err(order);
+        }
+        inbox.orders.push(order);
+        drop(inbox);
+        self.signal.notify();
+        Ok(())
+    }
+
+    /// Gives the thread a queue to serve; the queue back if the thread has ended.
+    fn deliver(&self, slot: QueueSlot) -> Result<(), QueueSlot> {
+        let mut inbox = self.inbox();
+        if inbox.exited {
+            return Err(slot);
+        }
+        inbox.orders.push(Order::Adopt(slot));
+        drop(inbox);
+        self.signal.notify();
+        Ok(())
+    }
+
+    /// Asks the thread to hand queue `index` to `to`; false if the thread has ended.
+    pub(crate) fn release(&self, index: usize, to: Arc<ThreadControl>) -> bool {
+        self.send(Order::Release { index, to }).is_ok()
+    }
+
+    /// Asks the thread to end once it has handed on every queue it holds or was asked to
+    /// hand on.
+    pub(crate) fn request_retire(&self) {
+        self.retire.store(true, Ordering::Release);
+        self.signal.notify();
+    }
+}
+
+/// A queue the thread serves, with what its last round left.
+struct Held {
+    slot: QueueSlot,
+    /// Its interface's next timer, as its last round here left it (an inline round that
+    /// arms an earlier one kicks the thread, see `ThreadSignal::after_inline`).
+    deadline: Option<Instant>,
+    /// Its round is due at the next pass: it just arrived, its descriptors were readable,
+    /// or the thread woke for a reason that may concern it (a timeout, a spin that ended).
+    ready: bool,
+    /// Its last round did something: the next pass runs one again, as a lone queue's
+    /// thread would before sleeping.
+    active: bool,
+}
+
+impl Held {
+    fn new(slot: QueueSlot) -> Held {
+        Held {
+            slot,
+            deadline: None,
+            ready: true,
+            active: false,
+        }
+    }
+}
+
+/// How a channel thread starts: see [`run_thread`].
+pub(crate) struct ThreadStart {
+    pub(crate) ctl: Arc<ThreadControl>,
+    pub(crate) set: Arc<SetShared>,
+    pub(crate) clock: Clock,
+    pub(crate) busy_poll: Duration,
+    /// The queues it serves from the start (the set's first threads: one each).
+    pub(crate) slots: Vec<QueueSlot>,
+    /// Told once the thread runs (named and pinned), so that the set hands it work only
+    /// then.
+    pub(crate) started: Option<std::sync::mpsc::SyncSender<()>>,
+}
+
+/// A channel thread's body: serves its queues (and those it is given) until the set stops,
+/// it is retired (its queues handed on), or killed (fault injection: its queues die, see
+/// [`QueueSlot::bury`]).
+pub(crate) fn run_thread(start: ThreadStart) {
+    let ThreadStart {
+        ctl,
+        set,
+        clock,
+        busy_poll,
+        slots,
+        started,
+    } = start;
+    let id = ctl.id;
+    let mut pinned = usize::MAX;
+    repin(&ctl, &mut pinned);
+    super::queue::mark_channel_thread();
+    debug!(thread = id, "channel thread up");
+    if let Some(started) = started {
+        let _ = started.send(());
+    }
+    let mut held: Vec<Held> = slots.into_iter().map(Held::new).collect();
+    // Queues to hand on as soon as they arrive here.
+    let mut forwards: HashMap<usize, Arc<ThreadControl>> = HashMap::new();
+    let mut last_active = std::time::Instant::now();
+    loop {
+        if set.stopped.load(Ordering::Acquire) {
+            break;
+        }
+        if ctl.signal.kill_requested() {
+            // A crash takes every queue of the thread with it.
+            for h in held.drain(..) {
+                h.slot.signal.request_kill();
+                h.slot.bury();
             }
-            if signal.kill_requested() {
-                let mut g = lock_state(&state);
-                let QueueState { worker, book, .. } = &mut *g;
-                worker.die(book);
-                drop(g);
-                signal.set_dead();
-                warn!(
-                    queue,
-                    "channel thread killed (fault injection); its connections are left unserved"
-                );
-                return Some(DeadQueue { _state: state });
-            }
-            signal.take_pending();
-            let now = clock.now();
-            let started = std::time::Instant::now();
-            let (active, deadline, g_rx_drop) = {
-                let mut g = lock_state(&state);
-                let active = g.round(now);
-                (active, g.worker.iface.poll_at(), g.worker.iface.rx_drop())
+            let orders = {
+                let mut inbox = ctl.inbox();
+                inbox.exited = true;
+                std::mem::take(&mut inbox.orders)
             };
-            if let Some(p) = set.peers.get(me) {
-                use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
-                // The thread's utilisation, for schedulers that scale channels by it.
-                let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                p.busy_ns.fetch_add(ns, Relaxed);
-                if let Some(rule) = g_rx_drop {
-                    p.rx_fault_dropped.store(rule.dropped, Relaxed);
+            for o in orders {
+                if let Order::Adopt(slot) = o {
+                    slot.orphaned(&set);
                 }
-                // A run-time pin (`ChannelSet::pin_queue_thread`): the thread moves itself.
-                let want = p.core.load(Acquire);
-                if want != usize::MAX && p.pinned.swap(want, AcqRel) != want {
-                    if core_affinity::set_for_current(core_affinity::CoreId { id: want }) {
-                        debug!(queue, core = want, "channel thread pinned");
-                    } else {
-                        warn!(queue, core = want, "cannot pin the channel thread");
+            }
+            ctl.signal.set_dead();
+            return;
+        }
+        let orders = std::mem::take(&mut ctl.inbox().orders);
+        let mut moved = !orders.is_empty();
+        for order in orders {
+            match order {
+                Order::Adopt(slot) => match forwards.remove(&slot.index) {
+                    Some(to) => hand_over(&set, slot, &to),
+                    None => {
+                        debug!(thread = id, queue = slot.queue, "queue adopted");
+                        held.push(Held::new(slot));
+                    }
+                },
+                Order::Release { index, to } => {
+                    match held.iter().position(|h| h.slot.index == index) {
+                        Some(i) => hand_over(&set, held.swap_remove(i).slot, &to),
+                        None => {
+                            forwards.insert(index, to);
+                        }
                     }
                 }
             }
-            if active {
-                last_active = std::time::Instant::now();
+        }
+        if ctl.retire.load(Ordering::Acquire) && held.is_empty() && forwards.is_empty() {
+            let mut inbox = ctl.inbox();
+            if inbox.orders.is_empty() {
+                inbox.exited = true;
+                debug!(thread = id, "channel thread retired");
+                return;
+            }
+            continue;
+        }
+        ctl.signal.take_pending();
+        repin(&ctl, &mut pinned);
+        let started = std::time::Instant::now();
+        let now = clock.now();
+        let mut active = moved;
+        let mut i = 0;
+        while i < held.len() {
+            let h = &mut held[i];
+            // Set by `kill_queue_thread` on a queue that was on its way here when its
+            // thread was killed.
+            if h.slot.signal.kill_requested() {
+                held.swap_remove(i).slot.bury();
+                moved = true;
                 continue;
             }
-            idle(
-                &signal,
-                &state,
-                fd.as_ref(),
-                clock,
-                busy_poll,
-                now,
-                deadline,
-                last_active,
-            );
+            // Only the queues with something to do get a round: a thread serving many
+            // queues does not walk every idle one on each wake-up.
+            let pending = h.slot.signal.take_pending();
+            let due = h.deadline.is_some_and(|d| d <= now);
+            if !(h.ready || h.active || pending || due) {
+                i += 1;
+                continue;
+            }
+            h.ready = false;
+            let round_start = std::time::Instant::now();
+            let (queue_active, rx_drop) = {
+                let mut g = lock_state(&h.slot.state);
+                let a = g.round(clock.now());
+                h.deadline = g.worker.iface.poll_at();
+                (a, g.worker.iface.rx_drop())
+            };
+            h.active = queue_active;
+            active |= queue_active;
+            if let Some(p) = set.peers.get(h.slot.index) {
+                // The queue's share of the thread's work, for per-queue utilisation.
+                let ns = u64::try_from(round_start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                p.busy_ns.fetch_add(ns, Ordering::Relaxed);
+                if let Some(rule) = rx_drop {
+                    p.rx_fault_dropped.store(rule.dropped, Ordering::Relaxed);
+                }
+            }
+            i += 1;
         }
-        let mut g = lock_state(&state);
-        let QueueState { worker, book, .. } = &mut *g;
-        worker.stop(book);
-        debug!(queue, "channel thread down");
-        None
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        ctl.busy_ns.fetch_add(ns, Ordering::Relaxed);
+        if active || moved {
+            last_active = std::time::Instant::now();
+            continue;
+        }
+        idle(&ctl, &mut held, clock, busy_poll, now, last_active);
     }
+    // The set stops: every queue here, and every queue on its way here, stops.
+    for h in held.drain(..) {
+        h.slot.stop();
+    }
+    let orders = {
+        let mut inbox = ctl.inbox();
+        inbox.exited = true;
+        std::mem::take(&mut inbox.orders)
+    };
+    for o in orders {
+        if let Order::Adopt(slot) = o {
+            slot.stop();
+        }
+    }
+    debug!(thread = id, "channel thread down");
+}
 
+/// Hands `slot` to `to`, waking it; a thread that ended gets none (see
+/// [`QueueSlot::orphaned`]).
+fn hand_over(set: &SetShared, slot: QueueSlot, to: &ThreadControl) {
+    let queue = slot.queue;
+    // The new thread runs a round at once: whatever woke the queue meanwhile (its
+    // pending flag) is looked at there.
+    match to.deliver(slot) {
+        Ok(()) => debug!(queue, to = to.id, "queue handed over"),
+        Err(slot) => slot.orphaned(set),
+    }
+}
+
+/// Moves the calling thread to the core its control names, if that changed.
+fn repin(ctl: &ThreadControl, pinned: &mut usize) {
+    let want = ctl.core.load(Ordering::Acquire);
+    if want == usize::MAX || want == *pinned {
+        return;
+    }
+    *pinned = want;
+    if core_affinity::set_for_current(core_affinity::CoreId { id: want }) {
+        debug!(thread = ctl.id, core = want, "channel thread pinned");
+    } else {
+        warn!(
+            thread = ctl.id,
+            core = want,
+            "cannot pin the channel thread"
+        );
+    }
+}
+
+impl Worker {
     /// Fault injection: the thread dies as if it had crashed, except that its channels
     /// learn of it (what a supervisor noticing the death would tell them), so that the
     /// local side sees them lost. Nothing goes on the wire: no FIN, no RST; the
@@ -811,70 +1099,95 @@ impl Worker {
     }
 }
 
-/// Nothing happened this round: spin briefly if configured and recently active, else
-/// sleep in poll(2) on the socket and the eventfd until the next timer (at most
-/// [`ACTIVE_TICK`] while recently active, see there). The state is not locked while
-/// sleeping, so that application threads can run rounds inline meanwhile.
-#[allow(clippy::too_many_arguments)]
+/// Nothing happened this pass: spin briefly if configured and recently active, else sleep
+/// in one poll(2) on the thread's eventfd and, for each of its queues, the AF_XDP socket
+/// and the queue's eventfd, until the earliest timer (at most [`ACTIVE_TICK`] while
+/// recently active, see there). The queues' states are not locked while sleeping, so that
+/// application threads can run rounds inline meanwhile. Marks the queues whose rounds are
+/// due on waking ([`Held::ready`]).
 fn idle(
-    signal: &ThreadSignal,
-    state: &Mutex<QueueState>,
-    fd: Option<&OwnedFd>,
+    ctl: &ThreadControl,
+    held: &mut [Held],
     clock: crate::time::Clock,
     busy_poll: Duration,
     now: Instant,
-    deadline: Option<Instant>,
     last_active: std::time::Instant,
 ) {
+    let deadline = held.iter().filter_map(|h| h.deadline).min();
     if deadline.is_some_and(|d| d <= now) {
         return;
     }
     if !busy_poll.is_zero() && last_active.elapsed() < busy_poll {
         while last_active.elapsed() < busy_poll {
             // An inline round holds the lock: it is doing the work, look again after.
-            let rx_ready = state
-                .try_lock()
-                .map(|mut g| g.worker.iface.link_mut().rx_ready())
-                .unwrap_or(false);
-            if rx_ready || signal.take_pending() || deadline.is_some_and(|d| d <= clock.now()) {
+            let rx_ready = held.iter().any(|h| {
+                h.slot
+                    .state
+                    .try_lock()
+                    .map(|mut g| g.worker.iface.link_mut().rx_ready())
+                    .unwrap_or(false)
+            });
+            let pending = held.iter().any(|h| h.slot.signal.take_pending());
+            if rx_ready
+                || pending
+                || ctl.signal.take_pending()
+                || deadline.is_some_and(|d| d <= clock.now())
+            {
+                // Cheaper to run every round once than to tell which.
+                held.iter_mut().for_each(|h| h.ready = true);
                 return;
             }
             std::hint::spin_loop();
         }
     }
-    let planned = if last_active.elapsed() < ACTIVE_WINDOW {
+    let mut planned = if last_active.elapsed() < ACTIVE_WINDOW {
         let tick = now + ACTIVE_TICK;
         Some(deadline.map_or(tick, |d| d.min(tick)))
     } else {
         deadline
     };
-    // A runtime watches the socket (`RxPoller`): the thread waits for the lease to end,
-    // on the eventfd and timers only, then takes the socket back. The lease's end is part
-    // of the planned wake-up, so that a timer the runtime's rounds arm (a delayed ACK)
-    // kicks the thread only if it is due before that.
-    let lease = fd.and_then(|_| signal.rx_lease_left());
-    let planned = match lease {
-        Some(left) => {
+    // A runtime watches a queue's socket (`RxPoller`): the thread waits for the lease to
+    // end, on the eventfds and timers only, then takes the socket back. The lease's end is
+    // part of the planned wake-up, so that a timer the runtime's rounds arm (a delayed
+    // ACK) kicks the thread only if it is due before that.
+    let mut leased = Vec::with_capacity(held.len());
+    for h in held.iter_mut() {
+        let lease = h.slot.signal.rx_lease_left();
+        if let Some(left) = lease {
             // Frames already on the ring may have made the socket readable before the
-            // runtime's task looked, and found this thread in its round then: they
-            // raise no new readiness, so they are this thread's to take.
-            let waiting = match state.try_lock() {
+            // runtime's task looked, and found this thread in its round then: they raise
+            // no new readiness, so they are this thread's to take.
+            let waiting = match h.slot.state.try_lock() {
                 Ok(mut g) => g.worker.iface.link_mut().rx_ready(),
                 Err(TryLockError::Poisoned(p)) => p.into_inner().worker.iface.link_mut().rx_ready(),
                 // A round runs inline: it takes them.
                 Err(TryLockError::WouldBlock) => false,
             };
             if waiting {
+                h.ready = true;
                 return;
             }
             let end = now + left;
-            Some(planned.map_or(end, |p| p.min(end)))
+            planned = Some(planned.map_or(end, |p| p.min(end)));
         }
-        None => planned,
-    };
-    signal.set_planned(planned);
-    if !signal.prepare_sleep() {
+        leased.push(lease.is_some());
+    }
+    // Every queue's signal learns when the thread wakes (inline rounds kick it only for a
+    // timer due before), and that it sleeps; work pending on any keeps it awake.
+    for h in held.iter() {
+        h.slot.signal.set_planned(planned);
+    }
+    if !ctl.signal.prepare_sleep() {
         return;
+    }
+    for (i, h) in held.iter().enumerate() {
+        if !h.slot.signal.prepare_sleep() {
+            ctl.signal.awake();
+            for earlier in &held[..i] {
+                earlier.slot.signal.awake();
+            }
+            return;
+        }
     }
     let timeout = match planned {
         None => PollTimeout::NONE,
@@ -885,35 +1198,49 @@ fn idle(
             PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
         }
     };
-    let res = match (fd, lease) {
-        (Some(_), Some(_)) => {
-            let mut fds = [PollFd::new(signal.eventfd().as_fd(), PollFlags::POLLIN)];
-            nix::poll::poll(&mut fds, timeout)
-        }
-        (Some(fd), None) => {
-            let mut fds = [
-                PollFd::new(fd.as_fd(), PollFlags::POLLIN),
-                PollFd::new(signal.eventfd().as_fd(), PollFlags::POLLIN),
-            ];
-            nix::poll::poll(&mut fds, timeout)
-        }
-        (None, _) => {
-            // No duplicate of the socket (inline rounds are off): sleep on the link's own
-            // descriptor, holding the state, as the thread did before inline rounds.
-            let g = lock_state(state);
-            let mut fds = [
-                PollFd::new(g.worker.iface.link().as_fd(), PollFlags::POLLIN),
-                PollFd::new(signal.eventfd().as_fd(), PollFlags::POLLIN),
-            ];
-            nix::poll::poll(&mut fds, timeout)
-        }
-    };
-    if let Err(e) = res {
-        if e != nix::errno::Errno::EINTR {
-            warn!(error = %e, "poll(2) failed");
+    // Which queue each descriptor is of (`None`: the thread's own eventfd).
+    let mut owner = Vec::with_capacity(1 + 2 * held.len());
+    let mut fds = Vec::with_capacity(1 + 2 * held.len());
+    fds.push(PollFd::new(ctl.signal.eventfd().as_fd(), PollFlags::POLLIN));
+    owner.push(None);
+    for (i, (h, &leased)) in held.iter().zip(&leased).enumerate() {
+        fds.push(PollFd::new(
+            h.slot.signal.eventfd().as_fd(),
+            PollFlags::POLLIN,
+        ));
+        owner.push(Some(i));
+        if !leased {
+            fds.push(PollFd::new(h.slot.fd.as_fd(), PollFlags::POLLIN));
+            owner.push(Some(i));
         }
     }
-    signal.awake();
+    let woken: Option<Vec<usize>> = match nix::poll::poll(&mut fds, timeout) {
+        Ok(n) if n > 0 => Some(
+            fds.iter()
+                .zip(&owner)
+                .filter(|(fd, _)| fd.revents().is_some_and(|r| !r.is_empty()))
+                .filter_map(|(_, &o)| o)
+                .collect(),
+        ),
+        // A timeout is a timer (or the end of a lease, or the active tick): every queue
+        // looks.
+        Ok(_) => None,
+        Err(e) => {
+            if e != nix::errno::Errno::EINTR {
+                warn!(thread = ctl.id, error = %e, "poll(2) failed");
+            }
+            None
+        }
+    };
+    drop(fds);
+    match woken {
+        Some(queues) => queues.into_iter().for_each(|i| held[i].ready = true),
+        None => held.iter_mut().for_each(|h| h.ready = true),
+    }
+    ctl.signal.awake();
+    for h in held.iter() {
+        h.slot.signal.awake();
+    }
 }
 
 impl Entry {
@@ -975,8 +1302,6 @@ mod tests {
                 resets_received: Default::default(),
                 busy_ns: Default::default(),
                 rx_fault_dropped: Default::default(),
-                core: std::sync::atomic::AtomicUsize::new(usize::MAX),
-                pinned: std::sync::atomic::AtomicUsize::new(usize::MAX),
             });
             rxs.push(frx);
         }

@@ -761,7 +761,9 @@ fn stats_of(id: ChannelId, c: &Channel) -> ChannelStats {
         srtt: c.load.srtt,
         retransmitted_segments: c.load.retransmitted_segments,
         sent_bytes: c.load.sent_bytes,
-        // Which channel thread runs the channel is not known to the endpoint yet.
+        // Which queue and thread run the channel are the stack's to fill in
+        // (`Core::place`): the endpoint does not know.
         thread: None,
+        queue: None,
     }
 }

@@ -46,6 +46,37 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Which channel thread serves which NIC queue, on which core, and each thread's
+    /// cumulative busy time (see netdriver's `ChannelSet::placement`); `None` (the default)
+    /// for backends without channel threads.
+    #[cfg(target_os = "linux")]
+    fn placement(&self) -> Option<netdriver::channel::ChannelPlacement> {
+        None
+    }
+
+    /// Runs one more channel thread, pinned to `core` when given, serving no queue yet (a
+    /// plan's `SpawnThread`); returns its id. Refused (the default) where the backend has
+    /// no channel threads.
+    fn add_thread(&self, core: Option<usize>) -> Result<u32, ChannelError> {
+        let _ = core;
+        Err(ChannelError::InvalidConfig(
+            "this backend has no channel threads".into(),
+        ))
+    }
+
+    /// Ends channel thread `thread` after moving its queues to the others (a plan's
+    /// `RetireThread`). Refused (the default) where the backend has no channel threads.
+    fn remove_thread(&self, thread: u32) -> Result<(), ChannelError> {
+        Err(ChannelError::NoSuchThread(thread))
+    }
+
+    /// Serves NIC queue `queue` from channel thread `thread` (a plan's `AssignQueue`).
+    /// Refused (the default) where the backend has no channel threads.
+    fn move_queue(&self, queue: u32, thread: u32) -> Result<(), ChannelError> {
+        let _ = thread;
+        Err(ChannelError::NoSuchQueue(queue))
+    }
+
     /// Listens on `port`; accepted channels arrive through the returned [`Acceptor`],
     /// which stops listening when dropped.
     fn listen(&self, port: u16) -> Result<Box<dyn Acceptor>, ChannelError>;
@@ -99,7 +130,7 @@ mod xdp {
     use netdriver::channel::{ChannelListener, ChannelSet};
 
     /// Channels over AF_XDP: a netdriver [`ChannelSet`] (one channel thread per NIC
-    /// queue). Dropping the backend shuts the set down (threads joined, XDP program
+    /// queue to begin with; plans add, move and retire threads). Dropping the backend shuts the set down (threads joined, XDP program
     /// detached).
     #[derive(Debug)]
     pub struct XdpBackend {
@@ -186,6 +217,22 @@ mod xdp {
 
         fn thread_stats(&self) -> Vec<netdriver::channel::QueueThreadStats> {
             self.set.thread_stats()
+        }
+
+        fn placement(&self) -> Option<netdriver::channel::ChannelPlacement> {
+            Some(self.set.placement())
+        }
+
+        fn add_thread(&self, core: Option<usize>) -> Result<u32, ChannelError> {
+            self.set.add_thread(core)
+        }
+
+        fn remove_thread(&self, thread: u32) -> Result<(), ChannelError> {
+            self.set.remove_thread(thread)
+        }
+
+        fn move_queue(&self, queue: u32, thread: u32) -> Result<(), ChannelError> {
+            self.set.move_queue(queue, thread)
         }
     }
 

@@ -1368,8 +1368,18 @@ impl Stack {
         self.core().backend.thread_stats()
     }
 
+    /// Which channel thread serves which NIC queue, on which core, and each thread's
+    /// busy time since it started (netdriver's `ChannelSet::placement`; printable and
+    /// serialisable). Plans change it (`PlanAction::SpawnThread`, `RetireThread`,
+    /// `AssignQueue`); [`Stack::stats`] shows the same in the scheduler's terms. `None`
+    /// for in-memory stacks.
+    #[cfg(target_os = "linux")]
+    pub fn channel_placement(&self) -> Option<netdriver::channel::ChannelPlacement> {
+        self.core().backend.placement()
+    }
+
     /// Fault injection, for tests and failure drills: the channel thread of NIC queue
-    /// `queue` dies as if it had crashed. This stack sees the channels on that queue as
+    /// `queue` dies as if it had crashed (with every queue it serves). This stack sees the channels on that queue as
     /// lost at once (their chunks go again on the other channels, as with
     /// [`Stack::reset_channel`]), but nothing goes on the wire, no FIN and no RST: the
     /// peer notices only through its keep-alive or user timeout
@@ -1394,16 +1404,18 @@ impl Stack {
     ///   reported (refreshed whenever the stack moves chunks into a channel): queued and
     ///   in-flight bytes, congestion window, smoothed RTT, retransmitted segments and
     ///   payload bytes sent. In-memory channels have no TCP: their `cwnd_bytes` is 0 and
-    ///   `srtt` `None`. `thread`: the NIC queue whose thread runs the channel (`None` for
-    ///   in-memory channels).
+    ///   `srtt` `None`. `queue`: the NIC queue the channel's connection lives on; `thread`:
+    ///   the channel thread that serves that queue (both `None` for in-memory channels).
     /// - `flows`: every virtual socket with its class and unsent bytes;
     ///   `recent_rate_bps` is 0 (not measured yet).
     /// - `copy_workers`: each worker with its core and the bytes of copies placed on it and
     ///   not finished.
-    /// - `threads`: each channel thread (by NIC queue) with its core, its busy time and
-    ///   the frames the kernel dropped for its queue over the last plan period ([`StackBuilder::execute_plans`]; empty before the
-    ///   first, with plans off, and for in-memory stacks); `cores`: the cores the thread
-    ///   that built the stack was allowed to run on.
+    /// - `threads`: each live channel thread with its core, its busy time and the frames
+    ///   the kernel dropped for its queues over the last plan period
+    ///   ([`StackBuilder::execute_plans`]; a zero window before the first period, with
+    ///   plans off, and for a thread started since; empty for in-memory stacks); `queues`:
+    ///   which thread serves each NIC queue, as of now (the placement); `cores`: the cores
+    ///   the thread that built the stack was allowed to run on.
     pub fn stats(&self) -> netsched::StackSnapshot {
         let core = self.core();
         let mut snapshot = core.lock_shard(0).ep.scheduler_snapshot();

@@ -10,17 +10,29 @@
 //!   (a FIN after its last byte). The peer sees the end and drops the channel; whatever
 //!   either side had not had acknowledged at the data level goes again on the others
 //!   (`Endpoint::handle_channel_closed`/`_lost`). A peer's last channel is never retired.
-//! - `Pin { channel, core }`: the channel's thread (its NIC queue's: a channel cannot move
-//!   to another queue) is pinned to the core, unless it also runs channels of the other
-//!   class. Policies that keep classes apart (`separate_class_threads`) get latency
-//!   channels opened on queues of their own, so that their threads can be pinned apart.
+//! - `Pin { channel, core }`: the channel's thread (the one serving its NIC queue: a
+//!   channel cannot move to another queue) is pinned to the core, unless it also runs
+//!   channels of the other class. Policies that keep classes apart
+//!   (`separate_class_threads`) get latency channels opened on queues of their own, so
+//!   that their threads can be pinned apart.
+//! - `SpawnThread { core }`: one more channel thread, pinned to the core, unless a live
+//!   thread is already pinned there (netdriver's `ChannelSet::add_thread`).
+//! - `RetireThread { thread }`: the thread's queues move to the others, then it ends
+//!   (`ChannelSet::remove_thread`); an unknown thread is taken as already retired, the
+//!   last one is refused.
+//! - `AssignQueue { queue, thread }`: the queue, with every channel on it, is served by
+//!   the thread from its current thread's next pass on (`ChannelSet::move_queue`: the
+//!   queue's state moves whole, nothing is lost or reordered); nothing if it is there
+//!   already.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use netsched::{ChannelClass, ChannelId, ChannelThreadId, PlanAction, StackSnapshot, ThreadStats};
+use netsched::{
+    ChannelClass, ChannelId, ChannelThreadId, PlanAction, QueueStats, StackSnapshot, ThreadStats,
+};
 use tracing::{debug, warn};
 
 use super::{earliest, Control, Core, SHARD_RETRY};
@@ -45,11 +57,19 @@ pub struct PlanCounters {
     pub retired: u64,
     /// Channel threads a plan moved to another core (`Pin`).
     pub pinned: u64,
+    /// Channel threads a plan started (`SpawnThread`).
+    pub threads_spawned: u64,
+    /// Channel threads a plan ended (`RetireThread`).
+    pub threads_retired: u64,
+    /// NIC queues a plan moved to another channel thread (`AssignQueue`).
+    pub queues_moved: u64,
     /// Retiring channels whose transport was closed once drained.
     pub closed: u64,
     /// Actions not carried out: a close of a peer's last channel or of an unknown
     /// channel; a `Pin` of a thread that also runs channels of the other class, or to a
-    /// core the process may not use.
+    /// core the process may not use; a thread action the backend cannot carry out (the
+    /// last thread's retirement, an unknown queue or thread, a dead thread, a backend
+    /// without channel threads).
     pub refused: u64,
 }
 
@@ -63,7 +83,8 @@ pub(crate) struct PlanState {
     /// Channels retiring: whether their transport was closed yet.
     retiring: BTreeMap<ChannelId, bool>,
     pub(crate) counters: PlanCounters,
-    /// Each channel thread's cumulative busy time and kernel rx drops at the last plan, and when.
+    /// Each channel thread's cumulative busy time and its queues' kernel rx drops at the
+    /// last plan, and when, by thread id.
     last_busy: HashMap<u32, (Duration, u64, Instant)>,
     /// The channel threads' utilisation over the last plan period.
     pub(crate) threads: Vec<ThreadStats>,
@@ -124,32 +145,88 @@ impl Core {
         Some((actions, first.ep.scheduler_plan_period()))
     }
 
-    /// Fills in what the endpoints cannot know: which thread runs each channel (its NIC
-    /// queue's), the threads' utilisation, and the cores.
+    /// The backend's channel threads and the queues they serve, now.
+    fn placement(&self) -> Option<netdriver::channel::ChannelPlacement> {
+        #[cfg(target_os = "linux")]
+        return self.backend.placement();
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
+    /// Fills in what the endpoints cannot know: which queue and thread run each channel,
+    /// which thread serves each queue, the threads' utilisation (`threads`, measured at
+    /// the last plan; a thread started since is listed with an empty window), and the
+    /// cores.
     pub(crate) fn place(&self, snapshot: &mut StackSnapshot, threads: &[ThreadStats]) {
+        let placement = self.placement();
+        let mut queues = Vec::new();
+        let mut listed = Vec::new();
+        for t in placement
+            .iter()
+            .flat_map(|p| &p.threads)
+            .filter(|t| !t.dead)
+        {
+            let id = ChannelThreadId(t.id);
+            queues.extend(
+                t.queues
+                    .iter()
+                    .map(|&queue| QueueStats { queue, thread: id }),
+            );
+            let mut stats = threads
+                .iter()
+                .find(|m| m.id == id)
+                .copied()
+                .unwrap_or(ThreadStats {
+                    id,
+                    ..ThreadStats::default()
+                });
+            // Pinned since the measurement, perhaps.
+            stats.core = t.core;
+            listed.push(stats);
+        }
         let table = self.chans.load();
         for c in &mut snapshot.channels {
-            c.thread = table
-                .get(&c.id)
-                .and_then(|ch| ch.t.wire())
-                .map(|w| ChannelThreadId(w.queue));
+            c.queue = table.get(&c.id).and_then(|ch| ch.t.wire()).map(|w| w.queue);
+            c.thread = c.queue.and_then(|q| {
+                queues
+                    .iter()
+                    .find(|s: &&QueueStats| s.queue == q)
+                    .map(|s| s.thread)
+            });
         }
-        snapshot.threads = threads.to_vec();
+        snapshot.threads = if placement.is_some() {
+            listed
+        } else {
+            threads.to_vec()
+        };
+        snapshot.queues = queues;
         snapshot.cores.clone_from(&self.config.cores);
     }
 
     /// The channel threads' utilisation since the last plan (their busy time over the
-    /// period), kept for the plan and for `Stack::stats`.
+    /// period), kept for the plan and for `Stack::stats`. A thread's kernel drops are its
+    /// queues' (a queue that moved counts with its new thread from the next period on).
     fn measure_threads(&self, ps: &mut PlanState, now: Instant) {
         #[cfg(target_os = "linux")]
         {
+            let Some(placement) = self.backend.placement() else {
+                ps.threads.clear();
+                return;
+            };
+            let drops: HashMap<u32, u64> = self
+                .backend
+                .thread_stats()
+                .into_iter()
+                .map(|q| (q.queue, q.xsk_drops.map_or(0, |d| d.rx_dropped)))
+                .collect();
             let mut threads = Vec::new();
-            for t in self.backend.thread_stats() {
-                let dropped = t.xsk_drops.map_or(0, |d| d.rx_dropped);
-                if let Some(&(busy, dropped_before, at)) = ps.last_busy.get(&t.queue) {
+            let mut seen = HashMap::new();
+            for t in placement.threads.iter().filter(|t| !t.dead) {
+                let dropped: u64 = t.queues.iter().filter_map(|q| drops.get(q)).sum();
+                if let Some(&(busy, dropped_before, at)) = ps.last_busy.get(&t.id) {
                     let window = now.saturating_duration_since(at);
                     threads.push(ThreadStats {
-                        id: ChannelThreadId(t.queue),
+                        id: ChannelThreadId(t.id),
                         core: t.core,
                         // A round is counted when it ends, so one that straddles two
                         // periods counts whole in the later one: at most the window.
@@ -158,8 +235,10 @@ impl Core {
                         rx_dropped: dropped.saturating_sub(dropped_before),
                     });
                 }
-                ps.last_busy.insert(t.queue, (t.busy, dropped, now));
+                seen.insert(t.id, (t.busy, dropped, now));
             }
+            // Retired threads are forgotten.
+            ps.last_busy = seen;
             ps.threads = threads;
         }
         #[cfg(not(target_os = "linux"))]
@@ -171,6 +250,9 @@ impl Core {
             PlanAction::OpenChannel { peer, class } => self.plan_open(ctl, peer, class),
             PlanAction::CloseChannel { channel } => self.plan_close(ctl, channel),
             PlanAction::Pin { channel, core } => self.plan_pin(ctl, channel, core),
+            PlanAction::SpawnThread { core } => self.plan_spawn(ctl, core),
+            PlanAction::RetireThread { thread } => self.plan_retire(ctl, thread),
+            PlanAction::AssignQueue { queue, thread } => self.plan_assign(ctl, queue, thread),
             other => {
                 debug!(?other, "plan: action not known to this stack");
                 ctl.plans.counters.refused += 1;
@@ -251,9 +333,16 @@ impl Core {
             ctl.plans.counters.refused += 1;
             return;
         };
-        let mixed = table
-            .values()
-            .any(|c| c.class != class && c.t.wire().is_some_and(|w| w.queue == queue));
+        // The thread's other queues move with it too.
+        let placement = self.placement();
+        let thread_of = |q: u32| placement.as_ref().and_then(|p| p.thread_of(q));
+        let thread = thread_of(queue);
+        let mixed = table.values().any(|c| {
+            c.class != class
+                && c.t.wire().is_some_and(|w| {
+                    w.queue == queue || (thread.is_some() && thread_of(w.queue) == thread)
+                })
+        });
         if mixed || !self.backend.pin_queue_thread(queue, core) {
             debug!(channel = %id, queue, core, mixed, "plan: pin refused");
             ctl.plans.counters.refused += 1;
@@ -262,6 +351,70 @@ impl Core {
         if ctl.plans.pins.insert(queue, core) != Some(core) {
             debug!(channel = %id, queue, core, "plan: channel thread pinned");
             ctl.plans.counters.pinned += 1;
+        }
+    }
+
+    /// Starts a channel thread pinned to `core`, unless a live one is pinned there.
+    fn plan_spawn(&self, ctl: &mut Control, core: usize) {
+        let placement = self.placement();
+        if placement
+            .iter()
+            .flat_map(|p| &p.threads)
+            .any(|t| !t.dead && t.core == Some(core))
+        {
+            return;
+        }
+        match self.backend.add_thread(Some(core)) {
+            Ok(id) => {
+                debug!(thread = id, core, "plan: channel thread spawned");
+                ctl.plans.counters.threads_spawned += 1;
+            }
+            Err(e) => {
+                debug!(core, error = %e, "plan: spawning a channel thread refused");
+                ctl.plans.counters.refused += 1;
+            }
+        }
+    }
+
+    /// Ends `thread` (its queues move to the others first), unless it is gone already.
+    fn plan_retire(&self, ctl: &mut Control, thread: ChannelThreadId) {
+        let Some(placement) = self.placement() else {
+            ctl.plans.counters.refused += 1;
+            return;
+        };
+        if placement.thread(thread.0).is_none() {
+            return;
+        }
+        match self.backend.remove_thread(thread.0) {
+            Ok(()) => {
+                debug!(thread = thread.0, "plan: channel thread retired");
+                ctl.plans.counters.threads_retired += 1;
+            }
+            Err(e) => {
+                debug!(thread = thread.0, error = %e, "plan: retiring a channel thread refused");
+                ctl.plans.counters.refused += 1;
+            }
+        }
+    }
+
+    /// Moves `queue` to `thread`, unless it is served there already.
+    fn plan_assign(&self, ctl: &mut Control, queue: u32, thread: ChannelThreadId) {
+        let Some(placement) = self.placement() else {
+            ctl.plans.counters.refused += 1;
+            return;
+        };
+        if placement.thread_of(queue) == Some(thread.0) {
+            return;
+        }
+        match self.backend.move_queue(queue, thread.0) {
+            Ok(()) => {
+                debug!(queue, thread = thread.0, "plan: queue moved");
+                ctl.plans.counters.queues_moved += 1;
+            }
+            Err(e) => {
+                debug!(queue, thread = thread.0, error = %e, "plan: moving a queue refused");
+                ctl.plans.counters.refused += 1;
+            }
         }
     }
 
