@@ -606,7 +606,7 @@ fn run_to_completion_receive_over_af_xdp() {
     drop(b);
 }
 
-/// Receive on the channel threads (`StackBuilder::channel_thread_rx`, on by default):
+/// Receive on the channel threads (`StackBuilder::channel_thread_rx`, off by default):
 /// many streams exchange echoed messages of every size at once, with reads, writes and
 /// shutdowns interleaved, every byte checked; the channel threads of both stacks did
 /// the reading (their pull counters moved). Then the same with it off on both stacks:

@@ -230,9 +230,11 @@ impl StackPair {
                 if isolating {
                     builder = builder.scheduler(netchannel::sched::Isolating::default());
                 }
-                // For A/B runs of receive on the channel threads (default on).
-                builder = builder
-                    .channel_thread_rx(env_or("NETCHANNEL_BENCH_CHANNEL_THREAD_RX", 1u8) != 0);
+                // For A/B runs of receive on the channel threads (the stack's default
+                // unless set).
+                if let Ok(v) = std::env::var("NETCHANNEL_BENCH_CHANNEL_THREAD_RX") {
+                    builder = builder.channel_thread_rx(v != "0");
+                }
                 let stack = builder.build_with_backend(backend.clone()).expect("stack");
                 (stack, backend)
             })

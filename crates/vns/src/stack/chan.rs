@@ -81,6 +81,11 @@ pub(crate) struct ChanRxWake {
     core: Weak<Core>,
 }
 
+thread_local! {
+    /// This thread runs [`Core::pull_here`] now (see [`ChanRxWake`]'s wake).
+    static PULLING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 impl ChanRxWake {
     /// A channel's receive waker: wakes readers through `rx`, and reads on the channel
     /// thread through `core` (`Weak::new()`: never).
@@ -103,10 +108,25 @@ impl Wake for ChanRxWake {
     fn wake_by_ref(self: &Arc<Self>) {
         // Before the reader's wake-up, so that the reader sees it.
         self.ready.store(true, Ordering::SeqCst);
+        // Never while this thread is already pulling: a waker can be called back from
+        // inside the pull, with its locks held (the transport's `AtomicWaker::register`
+        // wakes the new waker at once when an arrival raced the registration, and a
+        // channel failing mid-transmit wakes its reader), and a second pull there would
+        // wait for a lock this thread holds. That deadlocked the 16-core bench within
+        // seconds; the readers' path below takes such an arrival instead.
         #[cfg(target_os = "linux")]
-        if netdriver::channel::on_channel_thread_rx() {
+        if netdriver::channel::on_channel_thread_rx() && !PULLING.with(|p| p.get()) {
             if let Some(core) = self.core.upgrade() {
+                struct Done;
+                impl Drop for Done {
+                    fn drop(&mut self) {
+                        PULLING.with(|p| p.set(false));
+                    }
+                }
+                PULLING.with(|p| p.set(true));
+                let done = Done;
                 core.pull_here();
+                drop(done);
                 // The stack may have gone meanwhile, leaving this the last handle: its
                 // channel set would then stop here, joining this very thread.
                 if let Some(last) = Arc::into_inner(core) {

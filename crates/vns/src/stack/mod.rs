@@ -451,7 +451,7 @@ impl Default for StackBuilder {
             vns: None,
             socket_buffers: None,
             execute_plans: true,
-            channel_thread_rx: true,
+            channel_thread_rx: false,
             busy_poll: None,
             inline_tx: None,
             shards: None,
@@ -720,17 +720,19 @@ impl StackBuilder {
     }
 
     /// Whether a channel thread that has received bytes for the stack also deframes them,
-    /// hands the chunks to their sockets and wakes those sockets' tasks itself (default
-    /// on), rather than wake one waiting task of the application to do that for every
-    /// socket. On: one cross-thread wake-up per arrival (channel thread → the socket's
-    /// task) instead of two, and the receive work runs on the channel threads, which
-    /// scale with the channels, not on the application's threads (`docs/performance.md`,
-    /// "Receive on the channel threads"). Off: the application's tasks read the
+    /// hands the chunks to their sockets and wakes those sockets' tasks itself, rather
+    /// than wake one waiting task of the application to do that for every socket. On:
+    /// one cross-thread wake-up per arrival (channel thread → the socket's task) instead
+    /// of two, and the receive work runs on the channel threads, which scale with the
+    /// channels, not on the application's threads (`docs/performance.md`, "Receive on the
+    /// channel threads": +15 % requests/s at 128 connections over one channel on a
+    /// 16-core machine). Off (the default, until it has been measured over several
+    /// channels on a machine with cores to spare): the application's tasks read the
     /// channels. Only AF_XDP channels have threads; in-memory channels always use the
     /// tasks. Environment: `NETCHANNEL_CHANNEL_THREAD_RX=0|1`.
     ///
     /// ```
-    /// let builder = vns::Stack::builder().channel_thread_rx(false);
+    /// let builder = vns::Stack::builder().channel_thread_rx(true);
     /// # drop(builder);
     /// ```
     pub fn channel_thread_rx(mut self, on: bool) -> Self {
