@@ -86,6 +86,28 @@ thread_local! {
     static PULLING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Tests: this thread counts as a channel thread in its receive step, so that the
+    /// in-memory channels (which call the peer's waker from the sender's thread) run
+    /// [`Core::pull_here`] as an AF_XDP channel thread would.
+    pub(crate) static TEST_CHANNEL_THREAD: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
+/// Whether a channel's receive waker runs on a channel thread's receive step
+/// (`netdriver::channel::on_channel_thread_rx`).
+fn on_channel_thread() -> bool {
+    #[cfg(test)]
+    if TEST_CHANNEL_THREAD.with(|t| t.get()) {
+        return true;
+    }
+    #[cfg(target_os = "linux")]
+    return netdriver::channel::on_channel_thread_rx();
+    #[cfg(not(target_os = "linux"))]
+    false
+}
+
 impl ChanRxWake {
     /// A channel's receive waker: wakes readers through `rx`, and reads on the channel
     /// thread through `core` (`Weak::new()`: never).
@@ -114,8 +136,7 @@ impl Wake for ChanRxWake {
         // channel failing mid-transmit wakes its reader), and a second pull there would
         // wait for a lock this thread holds. That deadlocked the 16-core bench within
         // seconds; the readers' path below takes such an arrival instead.
-        #[cfg(target_os = "linux")]
-        if netdriver::channel::on_channel_thread_rx() && !PULLING.with(|p| p.get()) {
+        if on_channel_thread() && !PULLING.with(|p| p.get()) {
             if let Some(core) = self.core.upgrade() {
                 struct Done;
                 impl Drop for Done {

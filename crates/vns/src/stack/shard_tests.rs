@@ -222,3 +222,64 @@ fn a_scheduler_without_fork_keeps_one_shard() {
         .unwrap();
     assert_eq!(s.shards(), 4);
 }
+
+/// Regression (16-core bench, 2026-11-26): with receive on the channel threads, a channel's
+/// waker called back from inside a pull, with the pull's locks held, must not start a
+/// second pull on the same thread. In-memory channels call the peer's waker from the
+/// sender's thread while it holds its shard's lock (in its transmit); with that thread
+/// counted as a channel thread, the peer's pull answers (credit, echo) into the sender's
+/// own channels, whose waker then runs inside the peer's pull, on a thread that holds
+/// the sender's shard: a nested pull there waited for that lock forever. Every byte of
+/// many echoed messages over 3 channels must come back, in bounded time.
+#[test]
+fn a_waker_called_inside_a_pull_does_not_pull_again() {
+    let net = MemNetwork::new();
+    let build = |ip| {
+        Stack::builder()
+            .ipv4(ip)
+            .channels(3)
+            .shards(2)
+            .channel_thread_rx(true)
+            .build_in_memory(&net)
+            .unwrap()
+    };
+    let (a, b) = (build(A), build(B));
+    let (done_tx, done_rx) = mpsc::channel();
+    let (a2, b2) = (a.clone(), b.clone());
+    // Its own thread: a deadlock there fails the test instead of hanging it.
+    let t = std::thread::spawn(move || {
+        super::chan::TEST_CHANNEL_THREAD.with(|t| t.set(true));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut streams = pairs(&a2, &b2, 7300, 4).await;
+            for round in 0..200u32 {
+                for (i, (c, s)) in streams.iter_mut().enumerate() {
+                    let msg: Vec<u8> = (0..1 + (round as usize * 131 + i * 17) % 3000)
+                        .map(|k| (k as u32 ^ round) as u8)
+                        .collect();
+                    c.write_all(&msg).await.unwrap();
+                    let mut got = vec![0u8; msg.len()];
+                    s.read_exact(&mut got).await.unwrap();
+                    s.write_all(&got).await.unwrap();
+                    let mut back = vec![0u8; msg.len()];
+                    c.read_exact(&mut back).await.unwrap();
+                    assert_eq!(back, msg, "stream {i}, round {round}");
+                }
+            }
+        });
+        let _ = done_tx.send(());
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the exchanges deadlocked (a nested pull on a channel thread?)");
+    t.join().unwrap();
+    assert!(
+        a.channel_thread_pulls() > 0 && b.channel_thread_pulls() > 0,
+        "no pull ran on a (test) channel thread: A {} B {}",
+        a.channel_thread_pulls(),
+        b.channel_thread_pulls()
+    );
+}
