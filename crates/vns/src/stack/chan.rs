@@ -82,8 +82,25 @@ pub(crate) struct ChanRxWake {
 }
 
 thread_local! {
-    /// This thread runs [`Core::pull_here`] now (see [`ChanRxWake`]'s wake).
+    /// This thread is in a pull ([`Core::pull`], [`Core::pull_here`]) now: a receive
+    /// waker it calls must not start another (see [`ChanRxWake`]'s wake).
     static PULLING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as pulling until dropped (see [`PULLING`]).
+pub(crate) struct PullMark(bool);
+
+impl PullMark {
+    pub(crate) fn set() -> PullMark {
+        PullMark(PULLING.with(|p| p.replace(true)))
+    }
+}
+
+impl Drop for PullMark {
+    fn drop(&mut self) {
+        let was = self.0;
+        PULLING.with(|p| p.set(was));
+    }
 }
 
 #[cfg(test)]
@@ -138,16 +155,7 @@ impl Wake for ChanRxWake {
         // seconds; the readers' path below takes such an arrival instead.
         if on_channel_thread() && !PULLING.with(|p| p.get()) {
             if let Some(core) = self.core.upgrade() {
-                struct Done;
-                impl Drop for Done {
-                    fn drop(&mut self) {
-                        PULLING.with(|p| p.set(false));
-                    }
-                }
-                PULLING.with(|p| p.set(true));
-                let done = Done;
                 core.pull_here();
-                drop(done);
                 // The stack may have gone meanwhile, leaving this the last handle: its
                 // channel set would then stop here, joining this very thread.
                 if let Some(last) = Arc::into_inner(core) {

@@ -34,7 +34,7 @@ use tracing::{debug, warn};
 
 use super::auth;
 use super::backend::{Acceptor, Backend, BoxedTransport};
-use super::chan::{Chan, ChanRxWake, ChanTable, Sweep};
+use super::chan::{Chan, ChanRxWake, ChanTable, PullMark, Sweep};
 use super::shard::{Shard, ShardSet, MAX_SHARDS};
 use crate::endpoint::{Endpoint, Error as VnsError, PeerId, SocketId};
 
@@ -1013,6 +1013,7 @@ impl Core {
     /// ([`Core::finish_call`]). Returns whether any channel had bytes. Call it holding no
     /// shard's lock.
     pub(crate) fn pull(&self, own: usize) -> bool {
+        let _pulling = PullMark::set();
         // Whatever arrived before this point is taken now: the debt is paid.
         self.rx.owed.store(false, Ordering::SeqCst);
         let mut touched = ShardSet::default();
@@ -1047,6 +1048,7 @@ impl Core {
     /// this stack.
     pub(crate) fn pull_here(&self) {
         self.channel_thread_pulls.fetch_add(1, Ordering::Relaxed);
+        let _pulling = PullMark::set();
         let mut touched = ShardSet::default();
         let r = self.receive_all(Sweep::Ready, &mut touched);
         let mut fin = Finish {

@@ -55,6 +55,15 @@ struct Pipe {
     limits: MemLimits,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Tests: an empty channel read on this thread wakes its waker at once, as
+    /// `AtomicWaker::register` does when an arrival races the registration (a spurious
+    /// wake-up, which wakers must tolerate), inside the reader's locks.
+    pub(crate) static TEST_SPURIOUS_RX_WAKE: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -178,6 +187,11 @@ impl ChannelTransport for MemChannel {
             return Poll::Pending;
         }
         d.rx_waker = Some(cx.waker().clone());
+        #[cfg(test)]
+        if TEST_SPURIOUS_RX_WAKE.with(|t| t.get()) {
+            drop(p);
+            cx.waker().wake_by_ref();
+        }
         Poll::Pending
     }
 

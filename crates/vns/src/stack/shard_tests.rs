@@ -225,12 +225,12 @@ fn a_scheduler_without_fork_keeps_one_shard() {
 
 /// Regression (16-core bench, 2026-11-26): with receive on the channel threads, a channel's
 /// waker called back from inside a pull, with the pull's locks held, must not start a
-/// second pull on the same thread. In-memory channels call the peer's waker from the
-/// sender's thread while it holds its shard's lock (in its transmit); with that thread
-/// counted as a channel thread, the peer's pull answers (credit, echo) into the sender's
-/// own channels, whose waker then runs inside the peer's pull, on a thread that holds
-/// the sender's shard: a nested pull there waited for that lock forever. Every byte of
-/// many echoed messages over 3 channels must come back, in bounded time.
+/// second pull on the same thread. On AF_XDP that call-back is `AtomicWaker::register`
+/// waking the new waker at once when an arrival races the registration; here the test
+/// thread counts as a channel thread and every empty in-memory channel read wakes its
+/// waker at once, inside the reading pull (which holds the channel's receive lock): a
+/// nested pull there waited for that lock forever. Every byte of many echoed messages
+/// over 3 channels must come back, in bounded time.
 #[test]
 fn a_waker_called_inside_a_pull_does_not_pull_again() {
     let net = MemNetwork::new();
@@ -249,6 +249,7 @@ fn a_waker_called_inside_a_pull_does_not_pull_again() {
     // Its own thread: a deadlock there fails the test instead of hanging it.
     let t = std::thread::spawn(move || {
         super::chan::TEST_CHANNEL_THREAD.with(|t| t.set(true));
+        super::mem::TEST_SPURIOUS_RX_WAKE.with(|t| t.set(true));
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
