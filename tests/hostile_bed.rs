@@ -291,7 +291,7 @@ fn echo_server_survives_hand_written_chunk_attacks() {
     //    listener's backlog (128) full: every refusal is then the cap's, as the server's
     //    `SYNCs refused` counter shows at the end.
     let b_ip = bed.side(Side::B).ipv4;
-    let (answered_tx, answered_rx) = std::sync::mpsc::channel::<Option<u16>>();
+    let (answered_tx, answered_rx) = std::sync::mpsc::channel::<Vec<u16>>();
     let (next_tx, next_rx) = std::sync::mpsc::channel::<()>();
     let flood = bed
         .spawn_thread_in(Side::B, move || {
@@ -308,12 +308,12 @@ fn echo_server_survives_hand_written_chunk_attacks() {
                 h.send(&batch);
                 // Answers to this batch's SYNCs (a RESET of an earlier socket that the
                 // echo server gave up on is not one).
-                let (mut answered, mut last_accepted) = (0, None);
+                let (mut answered, mut accepted) = (0, Vec::new());
                 while answered < SYNC_BATCH {
                     match h.read_chunk() {
                         Ok((hd, _)) if ports.contains(&hd.dst) && hd.ty == SYNC_ACK => {
                             (acks, answered) = (acks + 1, answered + 1);
-                            last_accepted = Some(hd.dst);
+                            accepted.push(hd.dst);
                         }
                         Ok((hd, _)) if ports.contains(&hd.dst) && hd.ty == RESET => {
                             (resets, answered) = (resets + 1, answered + 1)
@@ -322,7 +322,7 @@ fn echo_server_survives_hand_written_chunk_attacks() {
                         Err(e) => panic!("after {acks} SYNC_ACKs and {resets} RESETs: {e}"),
                     }
                 }
-                answered_tx.send(last_accepted).unwrap();
+                answered_tx.send(accepted).unwrap();
                 next_rx.recv().expect("the test goes on");
             }
             h.s.shutdown(Shutdown::Both).ok();
@@ -330,16 +330,24 @@ fn echo_server_survives_hand_written_chunk_attacks() {
         })
         .unwrap();
     for _ in 0..SYNC_BATCHES {
-        let last = answered_rx
+        let accepted = answered_rx
             .recv_timeout(DEADLINE)
             .expect("a batch of SYNCs answered");
-        // Accepts come in the order of the listener's queue.
-        if let Some(port) = last {
-            server.wait_for(&[
-                "accepted connection",
-                &format!("from {b_ip}:{port} over netchannel"),
-            ]);
-        }
+        // Every socket of the batch, not only the last one acknowledged: the server's
+        // shards queue accepts in the order they are finished, not the order the SYNCs
+        // came in, and a socket still queued when the next batch comes takes a place in
+        // the backlog (a refusal there is not the per-peer cap's, which the end counts).
+        let batch: std::collections::HashSet<u16> = accepted.iter().copied().collect();
+        let from = format!("from {b_ip}:");
+        server.wait_for_count(batch.len(), |l| {
+            l.contains("accepted connection")
+                && l.contains("over netchannel")
+                && l.split(from.as_str())
+                    .nth(1)
+                    .and_then(|r| r.split(' ').next())
+                    .and_then(|p| p.parse::<u16>().ok())
+                    .is_some_and(|p| batch.contains(&p))
+        });
         next_tx.send(()).unwrap();
     }
     let (acks, resets) = flood.join().expect("the SYNC flood");
