@@ -2010,3 +2010,121 @@ fn plans_spawn_move_and_retire_channel_threads_under_load_over_af_xdp() {
     drop(a);
     drop(b);
 }
+
+/// The shipped `Scaler` placing channel threads (`Scaled::placing_threads`, issue 12), end
+/// to end over AF_XDP: A's channel set starts with one thread serving both NIC queues (the
+/// other thread removed). A bulk stream keeps that thread busy above the threshold, so the
+/// scaler spawns a thread on a core no thread is pinned to and hands it the second queue.
+/// The stream's bytes all arrive once, in order, across the move; the placement and the
+/// plan counters show the spawn and the move.
+#[test]
+fn the_scaler_gives_a_crowded_threads_second_queue_a_thread_of_its_own_over_af_xdp() {
+    let _serial = one_at_a_time();
+    use netchannel::netdriver::channel::{ChannelSet, ChannelSetConfig};
+    use netchannel::sched::{RoundRobin, Scaled, ScalingConfig};
+    use netchannel::vns::stack::XdpBackend;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let e = bed.side(Side::A).clone();
+    let a = bed
+        .run_in(Side::A, move || {
+            let set = ChannelSet::start(ChannelSetConfig::new(e.ifname.clone(), e.ipv4))
+                .expect("channel set");
+            // One thread for both queues: thread 1's queue goes to thread 0.
+            set.remove_thread(1).expect("remove thread 1");
+            let p = set.placement();
+            assert_eq!(
+                p.thread_of(0),
+                p.thread_of(1),
+                "both queues on one thread: {p}"
+            );
+            let config = ScalingConfig {
+                scale_up_utilisation: 0.05,
+                scale_up_periods: 2,
+                scale_down_utilisation: 0.01,
+                idle_grace_periods: 1000,
+                cooldown_periods: 2,
+                min_channels: 2,
+                max_channels: 2,
+            };
+            let policy = Scaled::new(RoundRobin::default(), config)
+                .expect("scaling config")
+                .placing_threads();
+            Stack::builder()
+                .ipv4(e.ipv4)
+                .channels(2)
+                .latency_channels(0)
+                .connect_timeout(Duration::from_secs(10))
+                .scheduler(policy)
+                .execute_plans(true)
+                .build_with_backend(Arc::new(XdpBackend::new(set)))
+        })
+        .expect("enter the namespace")
+        .expect("stack A");
+    let b = stack_in(&bed, Side::B);
+    let to = SocketAddr::from(SocketAddrV4::new(bed.side(Side::B).ipv4, 7700));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let l = b.bind(to).await.unwrap();
+        let mut c = timeout(LIMIT, a.connect(to)).await.unwrap().unwrap();
+        let (mut s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let sender = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 60_000];
+                let mut off = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    fill(78, off, &mut buf);
+                    c.write_all(&buf).await.expect("write");
+                    off += buf.len() as u64;
+                }
+                c.shutdown().await.expect("shutdown");
+                off
+            })
+        };
+        let receiver = tokio::spawn(async move { recv_pattern(&mut s, 78).await });
+        // Plan after plan, until the scaler has moved a queue.
+        timeout(LIMIT, async {
+            while a.plan_counters().queues_moved == 0 {
+                let next = a.plan_counters().plans + 1;
+                a.plans_reach(next).await;
+            }
+        })
+        .await
+        .expect("the scaler moved a queue off the crowded thread");
+        let p = a
+            .channel_placement()
+            .expect("AF_XDP stacks have a placement");
+        let (t0, t1) = (p.thread_of(0), p.thread_of(1));
+        assert!(
+            t0.is_some() && t1.is_some() && t0 != t1,
+            "queues on threads {t0:?}, {t1:?}: {p}"
+        );
+        let spawned = p.thread(t1.unwrap()).expect("queue 1's thread");
+        assert!(
+            spawned.core.is_some() && !spawned.dead,
+            "the new thread is pinned and alive: {p}"
+        );
+        let plans = a.plan_counters();
+        assert!(
+            plans.threads_spawned >= 1 && plans.queues_moved >= 1 && plans.refused == 0,
+            "{plans:?}"
+        );
+        stop.store(true, Ordering::Relaxed);
+        let sent = sender.await.unwrap();
+        let received = timeout(LIMIT, receiver).await.unwrap().unwrap();
+        assert_eq!(received, sent, "every byte once, in order");
+        println!("scaler placement: {p}; {} MB; {plans:?}", sent >> 20);
+    });
+    drop(rt);
+    a.abort();
+    b.abort();
+}
