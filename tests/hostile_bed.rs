@@ -212,6 +212,14 @@ fn legit_client(bed: &TestBed, bin: &PathBuf, after: &str) {
     );
 }
 
+/// The port of `peer` in an echo server line (`... from {peer}:{port} over ...`).
+fn peer_port(line: &str, peer: std::net::Ipv4Addr) -> Option<u16> {
+    line.split(&format!("from {peer}:"))
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|p| p.parse().ok())
+}
+
 fn assert_alive(server: &mut ExampleServer, after: &str) {
     assert!(server.running(), "the server died after {after}");
 }
@@ -338,15 +346,10 @@ fn echo_server_survives_hand_written_chunk_attacks() {
         // came in, and a socket still queued when the next batch comes takes a place in
         // the backlog (a refusal there is not the per-peer cap's, which the end counts).
         let batch: std::collections::HashSet<u16> = accepted.iter().copied().collect();
-        let from = format!("from {b_ip}:");
         server.wait_for_count(batch.len(), |l| {
             l.contains("accepted connection")
                 && l.contains("over netchannel")
-                && l.split(from.as_str())
-                    .nth(1)
-                    .and_then(|r| r.split(' ').next())
-                    .and_then(|p| p.parse::<u16>().ok())
-                    .is_some_and(|p| batch.contains(&p))
+                && peer_port(l, b_ip).is_some_and(|p| batch.contains(&p))
         });
         next_tx.send(()).unwrap();
     }
@@ -366,11 +369,7 @@ fn echo_server_survives_hand_written_chunk_attacks() {
     let flood_ports = u32::from(SYNC_PORTS)..u32::from(SYNC_PORTS) + SYNC_BATCHES * SYNC_BATCH;
     server.wait_for_count(acks as usize, |l| {
         l.contains("over netchannel: after")
-            && l.split(&format!("from {b_ip}:"))
-                .nth(1)
-                .and_then(|r| r.split(' ').next())
-                .and_then(|p| p.parse::<u32>().ok())
-                .is_some_and(|p| flood_ports.contains(&p))
+            && peer_port(l, b_ip).is_some_and(|p| flood_ports.contains(&u32::from(p)))
     });
     legit_client(&bed, &bin, "a SYNC flood");
     let syncs = server.memory();

@@ -1211,6 +1211,20 @@ fn reset_from_the_wire(
     ))
 }
 
+/// Round robin over the channels of the chunk's class (the test policies' chunk choice).
+fn round_robin(
+    next: &mut usize,
+    chunk: &netchannel::sched::ChunkInfo,
+    channels: &[netchannel::sched::ChannelStats],
+) -> Option<netchannel::sched::ChannelId> {
+    let fit: Vec<_> = channels
+        .iter()
+        .filter(|c| c.class == chunk.class.channel_class())
+        .collect();
+    *next = next.wrapping_add(1);
+    fit.get(*next % fit.len().max(1)).map(|c| c.id)
+}
+
 /// A user's policy for the scaling test: round robin, and as many throughput channels to
 /// each peer as `target` says (one opened, or the newest closed, per plan).
 #[derive(Debug)]
@@ -1225,12 +1239,7 @@ impl netchannel::sched::NetScheduler for FollowTarget {
         chunk: &netchannel::sched::ChunkInfo,
         channels: &[netchannel::sched::ChannelStats],
     ) -> Option<netchannel::sched::ChannelId> {
-        let fit: Vec<_> = channels
-            .iter()
-            .filter(|c| c.class == chunk.class.channel_class())
-            .collect();
-        self.next = self.next.wrapping_add(1);
-        fit.get(self.next % fit.len().max(1)).map(|c| c.id)
+        round_robin(&mut self.next, chunk, channels)
     }
 
     fn plan(
@@ -1771,12 +1780,7 @@ impl netchannel::sched::NetScheduler for ThreadShaper {
         chunk: &netchannel::sched::ChunkInfo,
         channels: &[netchannel::sched::ChannelStats],
     ) -> Option<netchannel::sched::ChannelId> {
-        let fit: Vec<_> = channels
-            .iter()
-            .filter(|c| c.class == chunk.class.channel_class())
-            .collect();
-        self.next = self.next.wrapping_add(1);
-        fit.get(self.next % fit.len().max(1)).map(|c| c.id)
+        round_robin(&mut self.next, chunk, channels)
     }
 
     fn plan(

@@ -1013,16 +1013,22 @@ impl Core {
     /// ([`Core::finish_call`]). Returns whether any channel had bytes. Call it holding no
     /// shard's lock.
     pub(crate) fn pull(&self, own: usize) -> bool {
-        let _pulling = PullMark::set();
         // Whatever arrived before this point is taken now: the debt is paid.
         self.rx.owed.store(false, Ordering::SeqCst);
+        self.pull_ready(Some(own))
+    }
+
+    /// The body of [`Core::pull`] and [`Core::pull_here`]: reads the ready channels and
+    /// finishes the shards that were handed chunks, except `own`.
+    fn pull_ready(&self, own: Option<usize>) -> bool {
+        let _pulling = PullMark::set();
         let mut touched = ShardSet::default();
         let r = self.receive_all(Sweep::Ready, &mut touched);
         let mut fin = Finish {
             more: r.more,
             ..Finish::default()
         };
-        for i in touched.iter().filter(|&i| i != own) {
+        for i in touched.iter().filter(|&i| Some(i) != own) {
             self.finish_shard(self.lock_shard(i), &mut fin);
         }
         if fin.more {
@@ -1048,20 +1054,7 @@ impl Core {
     /// this stack.
     pub(crate) fn pull_here(&self) {
         self.channel_thread_pulls.fetch_add(1, Ordering::Relaxed);
-        let _pulling = PullMark::set();
-        let mut touched = ShardSet::default();
-        let r = self.receive_all(Sweep::Ready, &mut touched);
-        let mut fin = Finish {
-            more: r.more,
-            ..Finish::default()
-        };
-        for i in touched.iter() {
-            self.finish_shard(self.lock_shard(i), &mut fin);
-        }
-        if fin.more {
-            self.signal.notify();
-        }
-        fin.run();
+        self.pull_ready(None);
     }
 
     /// [`Core::pull`] if an arrival was handed to a reader and nobody has pulled since
