@@ -318,6 +318,17 @@ fn tx_frames_are_reclaimed() {
                 link.tx_frames_free()
             );
             let secs = start.elapsed().as_secs_f64();
+            // The kernel has taken every frame: flushing again has nothing to push, so it
+            // must not make a system call (rounds that only receive flush too).
+            let kicks = link.stats().tx_kicks;
+            for _ in 0..100 {
+                link.flush(Instant::ZERO);
+            }
+            assert_eq!(
+                link.stats().tx_kicks,
+                kicks,
+                "a flush with nothing queued kicked the kernel"
+            );
             println!(
                 "AF_XDP copy-mode tx: {FRAMES} frames of {frame_len} B in {secs:.3} s: \
                  {:.0} frames/s, {:.2} Gbit/s (debug build)",
@@ -329,6 +340,12 @@ fn tx_frames_are_reclaimed() {
         .unwrap();
     assert_eq!(link_stats.tx_frames, FRAMES as u64);
     assert_eq!(link_stats.dropped_oversize, 0);
+    // Every batch was pushed out by at least one kick.
+    assert!(
+        link_stats.tx_kicks >= (FRAMES / BATCH) as u64,
+        "{} kicks for {FRAMES} frames",
+        link_stats.tx_kicks
+    );
     assert!(
         eventually(|| rx_packets() - before >= FRAMES as u64),
         "B received only {} of {FRAMES} frames",

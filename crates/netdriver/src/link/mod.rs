@@ -98,6 +98,9 @@ pub struct LinkStats {
     /// Frames dropped because no buffer or queue slot was free (drop-tail queue full on the
     /// simulated link; fill ring empty on AF_XDP).
     pub dropped_no_buffer: u64,
+    /// System calls made to push queued frames out (`sendto` kicks on AF_XDP; zero on
+    /// links that need none). A flush with nothing queued makes none.
+    pub tx_kicks: u64,
 }
 
 /// A pipe of whole Ethernet frames. See the [module documentation](self) for why it is

@@ -746,9 +746,15 @@ impl XdpLink {
         self.in_flight += produced;
     }
 
+    /// Whether the kernel has taken every frame handed to this link off the tx ring.
+    fn tx_drained(&mut self) -> bool {
+        self.staged.is_empty() && self.tx.nb_free_exact() >= self.tx_ring_size
+    }
+
     /// The `sendto` kick, when the kernel needs one.
     fn kick(&mut self) {
         if self.config.bind == BindMode::Copy || self.tx.needs_wakeup() {
+            self.stats.tx_kicks += 1;
             if let Err(e) = self.tx.wakeup() {
                 warn!(ifname = %self.config.ifname, error = %e, "AF_XDP tx kick failed");
             }
@@ -936,16 +942,14 @@ impl Link for XdpLink {
         self.reclaim();
         self.submit();
         // Copy mode sends at most 32 frames per kick; kick until the kernel has taken every
-        // descriptor off the tx ring (bounded, in case it stops taking them).
+        // descriptor off the tx ring (bounded, in case it stops taking them). No kick when
+        // the kernel has taken everything already: most rounds only receive, and a
+        // `sendto` per round with nothing to send cost several system calls per message.
         let mut kicks = self.tx_frames / COPY_MODE_TX_PER_KICK + 2;
-        loop {
+        while kicks > 0 && !self.tx_drained() {
             self.kick();
             self.reclaim();
             self.submit();
-            let ring_empty = self.tx.nb_free_exact() >= self.tx_ring_size;
-            if (ring_empty && self.staged.is_empty()) || kicks == 0 {
-                break;
-            }
             kicks -= 1;
         }
     }
