@@ -127,6 +127,13 @@ pub struct Config {
     /// The allowance added to the PTO when a single segment is in flight, for the peer's
     /// delayed ACK (RFC 8985 §7.2 WCDelAckT). Default 200 ms, RFC 8985's value.
     pub tlp_max_ack_delay: Duration,
+    /// The shortest PTO. RFC 8985's 2·SRTT is tens of microseconds on a datacenter link,
+    /// less than a busy host takes to schedule the peer's ACK: probes then go out for
+    /// nothing (on the 2-core test bed nearly every probe was D-SACKed), and a thread that
+    /// sleeps until the next timer is woken per message. Linux adds 2 ms to every PTO
+    /// (`TCP_TIMEOUT_MIN_US`); this is a floor instead, so that PTOs on slower paths stay
+    /// 2·SRTT. Default 2 ms.
+    pub tlp_min_pto: Duration,
     /// Quick-ACK budget (Linux's quickack mode): this many data segments at the start of
     /// the connection, and again after more than an RTO without data from the peer, are
     /// acknowledged at once instead of by the delayed-ACK rules, so that a peer's slow
@@ -207,6 +214,7 @@ impl Default for Config {
             dup_ack_threshold: 3,
             tail_loss_probe: true,
             tlp_max_ack_delay: Duration::from_millis(200),
+            tlp_min_pto: Duration::from_millis(2),
             quick_ack_segments: 16,
             limited_transmit: true,
             rack: true,

@@ -267,6 +267,36 @@ pub(crate) enum StopOutcome {
     Aborted,
 }
 
+thread_local! {
+    /// The task running a receive round on this thread from [`Core::want_rx`], which
+    /// looks for its bytes again afterwards (see [`RuntimeRound`]).
+    static RUNTIME_ROUND: std::cell::RefCell<Option<Waker>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Marks the calling thread as running receive rounds for the task of `waker` until
+/// dropped: an arrival that would wake that very task as the reader to pull
+/// ([`RxSignal`]) leaves it to the task, which pulls once the rounds return.
+pub(crate) struct RuntimeRound(Option<Waker>);
+
+impl RuntimeRound {
+    pub(crate) fn enter(waker: &Waker) -> RuntimeRound {
+        RuntimeRound(RUNTIME_ROUND.with(|r| r.replace(Some(waker.clone()))))
+    }
+
+    /// Whether `w` wakes the task this thread runs rounds for.
+    fn is_of(w: &Waker) -> bool {
+        RUNTIME_ROUND.with(|r| r.borrow().as_ref().is_some_and(|t| t.will_wake(w)))
+    }
+}
+
+impl Drop for RuntimeRound {
+    fn drop(&mut self) {
+        let was = self.0.take();
+        RUNTIME_ROUND.with(|r| *r.borrow_mut() = was);
+    }
+}
+
 /// Most reader wakers an [`RxSignal`] holds (more wait for the driver's wake-up).
 const MAX_RX_READERS: usize = 64;
 
@@ -283,7 +313,12 @@ impl Wake for RxSignal {
             Some(w) => {
                 self.owed.store(true, Ordering::SeqCst);
                 self.handed.fetch_add(1, Ordering::Relaxed);
-                w.wake();
+                // The reader is the task whose runtime round made this arrival: it pulls
+                // right after the round. Waking it from inside its own poll would make
+                // tokio treat it as yielding and wake another worker to steal it.
+                if !RuntimeRound::is_of(&w) {
+                    w.wake();
+                }
                 // Paired with the driver's store of `deep` then load of `owed`: either it
                 // sees the debt before sleeping untimed, or this sees it asleep.
                 if self.signal.deep.load(Ordering::SeqCst) {
@@ -1070,8 +1105,9 @@ impl Core {
     ///
     /// Then, where the task's runtime waits on the AF_XDP queues itself (`rx_poll`), runs
     /// the rounds of queues with arrivals on this thread and waits on the rest. Returns
-    /// whether it ran a round: the caller looks again before it returns `Pending` (or
-    /// wakes its task to do so).
+    /// whether it ran a round: the caller must then pull and look again (or wake its
+    /// task to do so), since an arrival of those rounds does not wake the task that ran
+    /// them ([`RuntimeRound`]).
     pub(crate) fn want_rx(
         &self,
         shard: MutexGuard<'_, Shard>,
@@ -1089,6 +1125,7 @@ impl Core {
         self.finish_call(shard);
         #[cfg(target_os = "linux")]
         if let Some(rt) = &self.rt_rx {
+            let _round = RuntimeRound::enter(cx.waker());
             return rt.poll(cx, latency);
         }
         let _ = latency;
@@ -1892,6 +1929,67 @@ impl Gone {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts the wake-ups of a task.
+    #[derive(Default)]
+    struct CountingWaker(AtomicU64);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn rx_signal() -> Arc<RxSignal> {
+        Arc::new(RxSignal {
+            signal: Arc::new(Signal::default()),
+            readers: Mutex::new(Vec::new()),
+            owed: AtomicBool::new(false),
+            handed: AtomicU64::new(0),
+        })
+    }
+
+    /// An arrival made by a receive round that a waiting task runs itself
+    /// (`Core::want_rx`) is that task's to pull: waking it from inside its own poll made
+    /// tokio count it as a yield and wake a second worker, once per message (seen as a
+    /// `write` to the runtime's eventfd per exchange). Outside the round, or for another
+    /// task, the arrival still wakes the reader, and the debt is recorded either way.
+    #[test]
+    fn a_runtime_round_does_not_wake_the_task_running_it() {
+        let me = Arc::new(CountingWaker::default());
+        let other = Arc::new(CountingWaker::default());
+        let (me_w, other_w) = (Waker::from(me.clone()), Waker::from(other.clone()));
+        let rx = rx_signal();
+
+        rx.readers.lock().unwrap().push(me_w.clone());
+        {
+            let _round = RuntimeRound::enter(&me_w);
+            rx.wake_by_ref();
+        }
+        assert_eq!(me.0.load(Ordering::SeqCst), 0, "woken from its own round");
+        assert!(
+            rx.owed.load(Ordering::SeqCst),
+            "the arrival is still owed a pull"
+        );
+        assert!(rx.readers.lock().unwrap().is_empty());
+
+        // Another task's wait is served as before, inside the round too.
+        rx.readers.lock().unwrap().push(other_w.clone());
+        {
+            let _round = RuntimeRound::enter(&me_w);
+            rx.wake_by_ref();
+        }
+        assert_eq!(other.0.load(Ordering::SeqCst), 1);
+
+        // The mark ends with the round.
+        rx.readers.lock().unwrap().push(me_w.clone());
+        rx.wake_by_ref();
+        assert_eq!(
+            me.0.load(Ordering::SeqCst),
+            1,
+            "not woken after its round ended"
+        );
+    }
 
     #[test]
     fn preamble_round_trips_and_rejects_garbage() {

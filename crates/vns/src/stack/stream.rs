@@ -80,6 +80,14 @@ impl StreamInner {
             };
             match read {
                 Ok(n) => {
+                    // This task's own earlier wait is over: the bytes' arrival must not
+                    // wake it (a wake from inside its poll makes tokio wake another
+                    // worker). Another task's wait stays.
+                    if let Some(w) = st.socks.get_mut(&self.sid) {
+                        if w.read.as_ref().is_some_and(|r| r.will_wake(cx.waker())) {
+                            w.read = None;
+                        }
+                    }
                     // Sends the credit update the read may have made due.
                     core.finish_call(st);
                     buf.advance(n);

@@ -16,6 +16,9 @@
 //!   The PTO is clamped to the RTO's expiry: with one segment in flight and the 200 ms
 //!   allowance that is the usual case, and the probe then takes the RTO's place (the
 //!   segment is resent without the RTO's collapse of cwnd, and the RTO re-armed).
+//! - The PTO is at least `Config::tlp_min_pto` (2 ms by default; Linux adds 2 ms to
+//!   every PTO): 2·SRTT of a link with a 50 µs RTT is shorter than a loaded host's
+//!   scheduling delay, and probes fired then were nearly all spurious.
 //! - §7.3 at most one probe per episode: no PTO is armed while TLP.end_seq is set.
 //! - §7.4 detection of a loss repaired by the probe: an ACK beyond TLP.end_seq after a
 //!   retransmitted probe, without a D-SACK for the probe, costs a congestion response
@@ -71,7 +74,7 @@ impl Connection {
         }
         let srtt = self.rtt.srtt()?;
         let rto_at = self.rtx_deadline?;
-        let mut pto = srtt.saturating_mul(2);
+        let mut pto = srtt.saturating_mul(2).max(self.config.tlp_min_pto);
         if self.bytes_in_flight() <= self.send_mss() {
             // A lone segment may wait for the peer's delayed-ACK timer (§7.2 WCDelAckT).
             pto = pto.saturating_add(self.config.tlp_max_ack_delay);
