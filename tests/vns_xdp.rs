@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use netchannel::vns::copy::CopyConfig;
+use netchannel::vns::stack::DEFAULT_LIGHT_LOAD_STREAMS;
 use netchannel::vns::Config;
 use netchannel::{RuntimeRx, Stack, VirtualStream};
 use testbed::{testbed_or_skip, Side, TestBed};
@@ -576,6 +577,55 @@ fn run_to_completion_receive_over_af_xdp() {
             c.read_to_end(&mut rest).await.unwrap();
         }
         timeout(LIMIT, server).await.unwrap().unwrap();
+
+        // A throughput-class stream takes the same path while its stack has few active
+        // streams (`light_load_streams`), and leaves receiving to the channel threads
+        // when the bound is 0.
+        a.set_runtime_rx(RuntimeRx::default());
+        b.set_runtime_rx(RuntimeRx::default());
+        let l = b.bind(at(7103)).await.unwrap();
+        let server = tokio::spawn(async move {
+            for _ in 0..2 {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut buf = vec![0u8; 20_000];
+                loop {
+                    let n = s.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    s.write_all(&buf[..n]).await.unwrap();
+                }
+                s.shutdown().await.unwrap();
+            }
+        });
+        for (light, tag) in [(8, 102), (0, 103)] {
+            a.set_light_load_streams(light);
+            b.set_light_load_streams(light);
+            let mut c = a.connect(at(7103)).await.unwrap();
+            let before = (a.runtime_rx_rounds(), b.runtime_rx_rounds());
+            timeout(LIMIT, exchange(&mut c, tag, 200))
+                .await
+                .expect("throughput stream stalled");
+            let after = (a.runtime_rx_rounds(), b.runtime_rx_rounds());
+            if light == 0 {
+                assert_eq!(
+                    after, before,
+                    "rounds for a throughput stream on a busy stack"
+                );
+            } else {
+                assert!(a.lightly_loaded() && b.lightly_loaded());
+                assert!(
+                    after.0 > before.0 && after.1 > before.1,
+                    "a lone throughput stream's tasks ran no rounds: {before:?} -> {after:?}"
+                );
+            }
+            c.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            c.read_to_end(&mut rest).await.unwrap();
+        }
+        timeout(LIMIT, server).await.unwrap().unwrap();
+        a.set_light_load_streams(DEFAULT_LIGHT_LOAD_STREAMS);
+        b.set_light_load_streams(DEFAULT_LIGHT_LOAD_STREAMS);
         a.set_runtime_rx(RuntimeRx::All);
         b.set_runtime_rx(RuntimeRx::All);
     });
@@ -734,6 +784,13 @@ fn stack_for(bed: &TestBed, side: Side, fault: Fault) -> Stack {
         };
         Stack::builder()
             .runtime_rx(mode)
+            // Without `runtime_rx` the channel threads are to receive, even for this
+            // one stream.
+            .light_load_streams(if runtime_rx {
+                DEFAULT_LIGHT_LOAD_STREAMS
+            } else {
+                0
+            })
             .interface(ifname)
             .ipv4(ipv4)
             .channels(CHANNELS)

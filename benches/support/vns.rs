@@ -235,6 +235,10 @@ impl StackPair {
                 if let Ok(v) = std::env::var("NETCHANNEL_BENCH_CHANNEL_THREAD_RX") {
                     builder = builder.channel_thread_rx(v != "0");
                 }
+                // For A/B runs of the few-streams path (the stack's default unless set).
+                if let Ok(v) = std::env::var("NETCHANNEL_BENCH_LIGHT_LOAD_STREAMS") {
+                    builder = builder.light_load_streams(v.parse().expect("a count"));
+                }
                 let stack = builder.build_with_backend(backend.clone()).expect("stack");
                 (stack, backend)
             })

@@ -348,6 +348,9 @@ pub(crate) struct CoreConfig {
     /// the receive rounds themselves (see `stack::rx_poll`).
     #[cfg(target_os = "linux")]
     pub runtime_rx: super::rx_poll::RuntimeRx,
+    /// Up to how many active streams every stream takes the latency-class per-message
+    /// path (`StackBuilder::light_load_streams`, see `shard::LightLoad`).
+    pub light_load_streams: usize,
     /// The driver carries out the scheduler's plans (`StackBuilder::execute_plans`).
     pub execute_plans: bool,
     /// Channel threads deliver what they receive (`StackBuilder::channel_thread_rx`).
@@ -390,6 +393,8 @@ pub(crate) struct Core {
     /// such queues, or turned off).
     #[cfg(target_os = "linux")]
     pub(crate) rt_rx: Option<super::rx_poll::RuntimeQueues>,
+    /// Active streams, and whether that is few enough for the latency-class path.
+    pub(crate) load: Arc<super::shard::LightLoad>,
 }
 
 /// A stream's or connect's wakers.
@@ -398,6 +403,9 @@ pub(crate) struct SockWake {
     pub read: Option<Waker>,
     pub write: Option<Waker>,
     pub timed_out: bool,
+    /// The last activity period (`shard::LightLoad`) in which the stream read or wrote
+    /// bytes, plus one (0: never).
+    pub active_period: u64,
 }
 
 #[derive(Debug)]
@@ -520,6 +528,7 @@ impl Core {
             "1..=MAX_SHARDS shards"
         );
         let signal = Arc::new(Signal::default());
+        let load = Arc::new(super::shard::LightLoad::new(config.light_load_streams));
         let max_chunk_payload = endpoints[0].config().max_chunk_payload;
         let linger_timeout = endpoints[0].config().linger_timeout;
         Core {
@@ -559,8 +568,9 @@ impl Core {
             }),
             shards: endpoints
                 .into_iter()
-                .map(|ep| Mutex::new(Shard::new(ep)))
+                .map(|ep| Mutex::new(Shard::new(ep, load.clone())))
                 .collect(),
+            load,
             chans: ArcSwap::from_pointee(ChanTable::new()),
             next_shard: AtomicUsize::new(0),
             refusing: AtomicBool::new(false),
@@ -1114,7 +1124,8 @@ impl Core {
         sid: SocketId,
         cx: &mut Context<'_>,
     ) -> bool {
-        let latency = shard.ep.app_class(sid) == Some(crate::AppClass::Latency);
+        let latency =
+            shard.ep.app_class(sid) == Some(crate::AppClass::Latency) || shard.load.is_light();
         let w = cx.waker();
         {
             let mut readers = self.rx.readers.lock().unwrap_or_else(|p| p.into_inner());

@@ -394,6 +394,7 @@ pub struct StackBuilder {
     shards: Option<usize>,
     #[cfg(target_os = "linux")]
     runtime_rx: RuntimeRx,
+    light_load_streams: usize,
     preamble_timeout: Duration,
     linger: Duration,
     /// `Err` holds a refused key until `build` reports it.
@@ -457,6 +458,7 @@ impl Default for StackBuilder {
             shards: None,
             #[cfg(target_os = "linux")]
             runtime_rx: RuntimeRx::default(),
+            light_load_streams: DEFAULT_LIGHT_LOAD_STREAMS,
             channel_key: Ok(None),
             #[cfg(target_os = "linux")]
             partial_checksums: None,
@@ -772,6 +774,32 @@ impl StackBuilder {
         self
     }
 
+    /// Up to how many active streams (this stack's streams that read or wrote bytes
+    /// within the last 5-10 ms; idle ones do not count) every stream takes the
+    /// latency-class per-message path, whatever its
+    /// [`AppClass`](crate::AppClass): a small write into a quiet channel whose thread
+    /// sleeps goes out from the writing task (no wake-up of the channel thread), and a
+    /// reading task processes its queue's arrivals in its own runtime where
+    /// [`runtime_rx`](Self::runtime_rx) is [`RuntimeRx::LatencyClass`] (no wake-up of the
+    /// task from the channel thread). With more streams, throughput-class streams leave
+    /// both to the channel threads, which batch many messages per round and system call.
+    /// Measured on the 2-core bed (`docs/performance.md`, "Few active streams"): one
+    /// connection's request rate 3.5-5x with it, 8 connections' 1.0-1.4x; at 32-128
+    /// connections per-message rounds cost up to a third of the rate, hence the bound.
+    /// `0` keeps only latency-class streams on that path. Default 8; environment:
+    /// `NETCHANNEL_LIGHT_LOAD_STREAMS`.
+    ///
+    /// ```
+    /// use vns::stack::Stack;
+    /// // Many short bursts on many streams: keep the channel threads' batching.
+    /// let builder = Stack::builder().light_load_streams(0);
+    /// # drop(builder);
+    /// ```
+    pub fn light_load_streams(mut self, streams: usize) -> Self {
+        self.light_load_streams = streams;
+        self
+    }
+
     /// Whether channels accept TCP segments with a Linux sender's partial checksum
     /// (`CHECKSUM_PARTIAL`, what a kernel peer with tx checksum offload on sends across a
     /// veth pair). Default [`PartialChecksums::Auto`](netdriver::channel::PartialChecksums):
@@ -928,6 +956,7 @@ impl StackBuilder {
             channel_key,
             #[cfg(target_os = "linux")]
             runtime_rx: self.runtime_rx,
+            light_load_streams: self.light_load_streams,
             execute_plans: self.execute_plans,
             channel_thread_rx: self.channel_thread_rx,
             separate_classes: endpoints[0].scheduler_separates_classes(),
@@ -1150,6 +1179,9 @@ impl Drop for StackInner {
 /// the stack's threads (and, on AF_XDP, its XDP program) for long after it was dropped.
 pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
 
+/// The default [`StackBuilder::light_load_streams`].
+pub const DEFAULT_LIGHT_LOAD_STREAMS: usize = 8;
+
 /// A host's virtual-socket stack: an [`Endpoint`] over channels to other
 /// hosts, driven by its own thread. Cheap to clone (a handle); streams and listeners keep
 /// it alive. [`Stack::shutdown_graceful`] stops it after delivering what its streams
@@ -1203,6 +1235,24 @@ impl Stack {
         self.core()
             .channel_thread_pulls
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Streams that read or wrote bytes within the last few milliseconds (the count
+    /// [`StackBuilder::light_load_streams`] compares with).
+    pub fn active_streams(&self) -> usize {
+        self.core().load.active_streams()
+    }
+
+    /// Whether every stream takes the latency-class per-message path now
+    /// ([`StackBuilder::light_load_streams`]).
+    pub fn lightly_loaded(&self) -> bool {
+        self.core().load.is_light()
+    }
+
+    /// Changes [`StackBuilder::light_load_streams`] while the stack runs (for A/B
+    /// measurements).
+    pub fn set_light_load_streams(&self, streams: usize) {
+        self.core().load.set_max(streams);
     }
 
     /// Queue rounds that tasks waiting to read ran in their runtime so far
@@ -1880,6 +1930,7 @@ pub fn clear_default_stack() -> Option<Stack> {
 /// | `NETCHANNEL_USER_TIMEOUT_MS` | [`StackBuilder::user_timeout`] |
 /// | `NETCHANNEL_INLINE_TX` (bytes) | [`StackBuilder::inline_tx`] |
 /// | `NETCHANNEL_RUNTIME_RX` (`off`, `latency`, `all`) | `StackBuilder::runtime_rx` |
+/// | `NETCHANNEL_LIGHT_LOAD_STREAMS` | [`StackBuilder::light_load_streams`] |
 /// | `NETCHANNEL_CHANNEL_THREAD_RX` (`0`, `1`) | [`StackBuilder::channel_thread_rx`] |
 /// | `NETCHANNEL_LINGER_MS` | [`StackBuilder::linger`] |
 /// | `NETCHANNEL_CHANNEL_KEY` | [`StackBuilder::channel_key`] |
@@ -2031,6 +2082,9 @@ fn stack_from_env() -> Result<Stack, StackError> {
             }
         };
         b = b.runtime_rx(mode);
+    }
+    if let Some(n) = env_parse("NETCHANNEL_LIGHT_LOAD_STREAMS")? {
+        b = b.light_load_streams(n);
     }
     if let Some(key) = env_var("NETCHANNEL_CHANNEL_KEY")? {
         if key.len() < MIN_KEY_LEN {

@@ -10,7 +10,8 @@
 //! ([`NetScheduler::fork`](netsched::NetScheduler::fork)), outboxes and budgets.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
@@ -75,11 +76,106 @@ pub(crate) struct Shard {
     /// connections, where the channel threads batch).
     #[cfg(target_os = "linux")]
     pub(crate) kicks: Vec<(netdriver::channel::DeferredKick, bool)>,
+    /// The stack's count of active streams, shared by its shards (see [`LightLoad`]).
+    pub(crate) load: Arc<LightLoad>,
+}
+
+/// How many of the stack's streams moved bytes lately, and up to how many it counts as
+/// lightly loaded: then every stream takes the latency-class per-message path (a small
+/// send into a quiet, idle channel goes out from the sending task; a reading task
+/// processes its queue's arrivals in its own runtime, `RuntimeRx::LatencyClass`),
+/// because with few active streams the channel threads have little to batch and each of
+/// their wake-ups is pure cost. With more, throughput-class streams leave both to the
+/// channel threads, which batch. Measured on the 2-core bed (`docs/performance.md`,
+/// "Few active streams"): one connection's request rate 3.5-5x, 8 connections'
+/// 1.0-1.4x, while at 32-128 connections inline rounds and per-arrival task rounds cost
+/// up to a third of the rate.
+///
+/// Active means: read or wrote bytes in the current or the previous period of
+/// [`ACTIVITY_PERIOD`]; idle streams (a server's parked connections) do not count. The
+/// figure is the larger of the two periods' counts, so a falling load turns light one
+/// period late and a rising one turns busy as soon as the current period has seen enough
+/// streams.
+#[derive(Debug)]
+pub(crate) struct LightLoad {
+    max: AtomicUsize,
+    origin: std::time::Instant,
+    /// The larger of the current and the previous period's counts, for cheap reads.
+    recent: AtomicUsize,
+    periods: Mutex<ActivePeriods>,
+}
+
+/// See [`LightLoad`].
+#[derive(Debug, Default)]
+struct ActivePeriods {
+    /// The current period's number, plus one (0: none yet).
+    period: u64,
+    current: usize,
+    previous: usize,
+}
+
+/// The period over which [`LightLoad`] counts active streams.
+pub(crate) const ACTIVITY_PERIOD: std::time::Duration = std::time::Duration::from_millis(5);
+
+impl LightLoad {
+    pub(crate) fn new(max: usize) -> LightLoad {
+        LightLoad {
+            max: AtomicUsize::new(max),
+            origin: std::time::Instant::now(),
+            recent: AtomicUsize::new(0),
+            periods: Mutex::new(ActivePeriods::default()),
+        }
+    }
+
+    /// Whether every stream takes the latency-class path now.
+    pub(crate) fn is_light(&self) -> bool {
+        let max = self.max.load(Ordering::Relaxed);
+        max > 0 && self.recent.load(Ordering::Relaxed) <= max
+    }
+
+    /// Changes the bound (`Stack::set_light_load_streams`).
+    pub(crate) fn set_max(&self, max: usize) {
+        self.max.store(max, Ordering::Relaxed);
+    }
+
+    /// Streams active in the current or the previous period (the larger count).
+    pub(crate) fn active_streams(&self) -> usize {
+        self.recent.load(Ordering::Relaxed)
+    }
+
+    /// The current period's number, plus one.
+    fn period_now(&self) -> u64 {
+        (self.origin.elapsed().as_nanos() / ACTIVITY_PERIOD.as_nanos()) as u64 + 1
+    }
+
+    /// A stream moved bytes; `last` is the period it last did (updated). Counts each
+    /// stream once per period.
+    pub(crate) fn note_active(&self, last: &mut u64) {
+        self.note_active_in(self.period_now(), last);
+    }
+
+    /// [`note_active`](Self::note_active) in period `now` (its number plus one).
+    fn note_active_in(&self, now: u64, last: &mut u64) {
+        if *last == now {
+            return;
+        }
+        *last = now;
+        let mut p = self.periods.lock().unwrap_or_else(|e| e.into_inner());
+        if p.period != now {
+            p.previous = if p.period + 1 == now { p.current } else { 0 };
+            p.current = 0;
+            p.period = now;
+        }
+        p.current += 1;
+        self.recent
+            .store(p.current.max(p.previous), Ordering::Relaxed);
+    }
 }
 
 impl Shard {
-    pub(crate) fn new(ep: Endpoint) -> Shard {
+    pub(crate) fn new(ep: Endpoint, load: Arc<LightLoad>) -> Shard {
         Shard {
+            load,
             ep,
             socks: HashMap::new(),
             listeners: HashMap::new(),
@@ -144,11 +240,14 @@ impl Shard {
                 #[cfg(target_os = "linux")]
                 let queued = chan.t.enqueue_deferred(b).map(|kick| {
                     match kick {
-                        // Latency channels may send inline, after the lock is released.
-                        Some(kick) if chan.class == ChannelClass::Latency => {
+                        // Latency channels, and any channel of a lightly loaded stack,
+                        // may send inline, after the lock is released.
+                        Some(kick)
+                            if chan.class == ChannelClass::Latency || self.load.is_light() =>
+                        {
                             self.kicks.push((kick, true));
                         }
-                        // Throughput channels: the thread is woken now, as ever.
+                        // Throughput channels of a busy stack: the thread is woken now.
                         Some(kick) => kick.wake(),
                         None => {}
                     }
@@ -296,6 +395,13 @@ impl Shard {
         next
     }
 
+    /// The socket moved bytes: counts it as active ([`LightLoad`]).
+    pub(crate) fn note_active(&mut self, sid: SocketId) {
+        if let Some(w) = self.socks.get_mut(&sid) {
+            self.load.note_active(&mut w.active_period);
+        }
+    }
+
     /// Registers a socket created by `connect` or `accept`.
     pub(crate) fn track(&mut self, sid: SocketId) {
         self.socks.entry(sid).or_default();
@@ -338,5 +444,50 @@ fn take_batch(buf: &mut Vec<u8>) -> Bytes {
         b
     } else {
         Bytes::from(std::mem::replace(buf, Vec::with_capacity(SMALL_BATCH)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LightLoad;
+
+    /// Each stream counts once per period; the figure is the larger of the current and
+    /// the previous period's counts, so it falls one period after the load does and
+    /// rises at once; a gap of idle periods forgets the old count.
+    #[test]
+    fn active_streams_are_counted_per_period() {
+        let load = LightLoad::new(2);
+        let mut s = [0u64; 4];
+        assert!(load.is_light(), "no activity yet");
+        load.note_active_in(1, &mut s[0]);
+        load.note_active_in(1, &mut s[0]);
+        load.note_active_in(1, &mut s[1]);
+        assert_eq!(
+            load.active_streams(),
+            2,
+            "a stream counted twice in one period"
+        );
+        assert!(load.is_light());
+        load.note_active_in(1, &mut s[2]);
+        assert_eq!(load.active_streams(), 3);
+        assert!(!load.is_light(), "3 active streams over a bound of 2");
+        // Next period: one stream so far, the previous period's 3 still hold.
+        load.note_active_in(2, &mut s[0]);
+        assert_eq!(load.active_streams(), 3);
+        assert!(!load.is_light());
+        // The period after: the previous one had 1.
+        load.note_active_in(3, &mut s[3]);
+        assert_eq!(load.active_streams(), 1);
+        assert!(load.is_light());
+        // A busy period, then a gap of idle ones: the old count is forgotten.
+        for (i, last) in s.iter_mut().enumerate() {
+            load.note_active_in(4, last);
+            assert_eq!(load.active_streams(), (i + 1).max(1));
+        }
+        load.note_active_in(9, &mut s[0]);
+        assert_eq!(load.active_streams(), 1);
+        // A bound of 0 turns the light path off whatever the count.
+        load.set_max(0);
+        assert!(!load.is_light());
     }
 }

@@ -357,3 +357,32 @@ fn a_read_that_pulls_its_own_bytes_does_not_wake_its_task() {
         "{woken_in_ready_poll} of {ROUNDS} reads woke their own task"
     );
 }
+
+/// Only streams that move bytes count towards `light_load_streams`: a stack with five
+/// connected streams of which one exchanges data has one active stream (idle
+/// connections, a server's parked clients, do not make it look busy), and a bound below
+/// that turns the few-streams path off.
+#[test]
+fn idle_streams_do_not_count_as_load() {
+    let rt = runtime();
+    let (a, b) = pair(2);
+    rt.block_on(async {
+        let mut streams = pairs(&a, &b, 7500, 5).await;
+        assert_eq!((a.active_streams(), b.active_streams()), (0, 0));
+        let (c, s) = &mut streams[0];
+        for round in 0..20u8 {
+            c.write_all(&[round; 100]).await.unwrap();
+            let mut got = [0u8; 100];
+            s.read_exact(&mut got).await.unwrap();
+            assert_eq!(got, [round; 100]);
+        }
+    });
+    assert_eq!(a.active_streams(), 1, "A counts its idle streams");
+    assert_eq!(b.active_streams(), 1, "B counts its idle streams");
+    assert!(a.lightly_loaded() && b.lightly_loaded());
+    a.set_light_load_streams(0);
+    assert!(
+        !a.lightly_loaded(),
+        "a bound of 0 keeps the channel threads' path"
+    );
+}

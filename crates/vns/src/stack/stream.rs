@@ -80,6 +80,9 @@ impl StreamInner {
             };
             match read {
                 Ok(n) => {
+                    if n > 0 {
+                        st.note_active(self.sid);
+                    }
                     // This task's own earlier wait is over: the bytes' arrival must not
                     // wake it (a wake from inside its poll makes tokio wake another
                     // worker). Another task's wait stays.
@@ -194,6 +197,9 @@ impl StreamInner {
         }
         match r {
             Ok(n) => {
+                if n > 0 {
+                    st.note_active(self.sid);
+                }
                 core.finish_call(st);
                 Poll::Ready(Ok(n))
             }
@@ -241,6 +247,9 @@ impl StreamInner {
             }
             match st.ep.send_vectored(self.sid, bufs) {
                 Ok(n) => {
+                    if n > 0 {
+                        st.note_active(self.sid);
+                    }
                     // Sends what was written, from this thread.
                     core.finish_call(st);
                     return Poll::Ready(Ok(n));
@@ -1207,6 +1216,9 @@ impl StreamInner {
             let mut st = core.lock_socket(self.sid);
             match st.ep.recv(self.sid, buf) {
                 Ok(n) => {
+                    if n > 0 {
+                        st.note_active(self.sid);
+                    }
                     core.finish_call(st);
                     return Ok(n);
                 }
@@ -1277,6 +1289,9 @@ impl StreamInner {
             }
             match st.ep.send_vectored(self.sid, bufs) {
                 Ok(n) => {
+                    if n > 0 {
+                        st.note_active(self.sid);
+                    }
                     core.finish_call(st);
                     return Ok(n);
                 }
