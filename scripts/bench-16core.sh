@@ -6,7 +6,8 @@
 #
 # Steps: (1) rpc_rate at 128 connections with 1, 2 and 4 channels per peer, receive on
 # the channel threads on and off (`StackBuilder::channel_thread_rx`); (2) the paper's
-# three operating points; (3) rpc_rate over 1-128 connections with 4 channels; (4)
+# three operating points; (3) rpc_rate over 1-128 connections with 4 channels, with and
+# without the few-active-streams path (`light_load_streams`); (4)
 # vns_latency with receive on the channel threads on and off. BUSY=1 adds (5) vns_latency
 # and rpc_rate at 128 connections with busy polling. The bed has 4 queues (so 4 channel
 # threads per side) and the tokio runtime 4 workers, for the VirtualStreams and kernel
@@ -40,6 +41,9 @@ for ch in 1 2 4; do
 done
 step points 200 NETCHANNEL_BENCH_SECS=1 scripts/bench-bundle.sh run operating_points
 step rpc_conns 120 "${common[@]}" NETCHANNEL_BENCH_CHANNELS=4 scripts/bench-bundle.sh run rpc_rate
+# The same without the few-active-streams path (`StackBuilder::light_load_streams(0)`).
+step rpc_conns_nolight 120 "${common[@]}" NETCHANNEL_BENCH_CHANNELS=4 \
+    NETCHANNEL_BENCH_LIGHT_LOAD_STREAMS=0 scripts/bench-bundle.sh run rpc_rate
 for rx in 1 0; do
     step latency 90 NETCHANNEL_BENCH_SAMPLES=8000 NETCHANNEL_BENCH_ROUNDS=2 \
         NETCHANNEL_BENCH_CHANNEL_THREAD_RX=$rx scripts/bench-bundle.sh run vns_latency

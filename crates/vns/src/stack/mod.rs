@@ -746,7 +746,9 @@ impl StackBuilder {
     /// thread itself, after it releases the stack's lock, when the channel's transmit
     /// queue was empty, its thread sleeps and the queue has been quiet (inline transmit:
     /// no wake-up of the channel thread on the message's path). Throughput-class channels
-    /// always leave transmission to their threads, which batch: on the 2-core bed inline
+    /// do so only while the stack has few active streams
+    /// ([`light_load_streams`](Self::light_load_streams)); otherwise they leave
+    /// transmission to their threads, which batch: on the 2-core bed inline
     /// rounds cost 25-35 % of the request rate at 32-128 connections while saving a
     /// sparse stream ~10 % of its latency (`docs/performance.md`). `0` turns it off;
     /// default 16 KiB (`netdriver::channel::ChannelSetConfig::inline_tx`).

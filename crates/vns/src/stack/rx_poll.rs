@@ -67,8 +67,10 @@ pub(crate) struct RuntimeQueues {
 pub enum RuntimeRx {
     /// Channel threads process every arrival and wake the readers.
     Off,
-    /// Tasks reading latency-class sockets ([`AppClass::Latency`](crate::AppClass))
-    /// process arrivals themselves; the rest as with `Off`.
+    /// Tasks reading latency-class sockets ([`AppClass::Latency`](crate::AppClass)),
+    /// and any socket while the stack has few active streams
+    /// (`StackBuilder::light_load_streams`), process arrivals themselves; the rest as
+    /// with `Off`.
     #[default]
     LatencyClass,
     /// Every reading task processes arrivals itself while its queue is quiet.

@@ -70,7 +70,8 @@ pub(crate) struct Shard {
     /// Channel wake-ups (or inline transmits) that enqueues handed back, run by whoever
     /// releases the lock next: a round of a channel thread, with its system call, never
     /// runs under a shard's lock. With whether the channel may send inline:
-    /// latency-class channels only (measured on the 2-core bed, docs/performance.md:
+    /// latency-class channels, and any while the stack is lightly loaded
+    /// ([`LightLoad`]; measured on the 2-core bed, docs/performance.md:
     /// inline rounds save a sparse stream ~10 % of its latency and up to 25 % of one
     /// connection's request rate, but cost 25-35 % of the request rate at 32-128
     /// connections, where the channel threads batch).
