@@ -598,25 +598,39 @@ fn run_to_completion_receive_over_af_xdp() {
                 s.shutdown().await.unwrap();
             }
         });
+        // Sends its tasks made inline (their own rounds on the channel threads' queues).
+        let inline_sends =
+            |s: &Stack| -> u64 { s.queue_threads().iter().map(|t| t.inline_sends).sum() };
         for (light, tag) in [(8, 102), (0, 103)] {
             a.set_light_load_streams(light);
             b.set_light_load_streams(light);
             let mut c = a.connect(at(7103)).await.unwrap();
             let before = (a.runtime_rx_rounds(), b.runtime_rx_rounds());
+            let sends_before = (inline_sends(&a), inline_sends(&b));
             timeout(LIMIT, exchange(&mut c, tag, 200))
                 .await
                 .expect("throughput stream stalled");
             let after = (a.runtime_rx_rounds(), b.runtime_rx_rounds());
+            let sends_after = (inline_sends(&a), inline_sends(&b));
             if light == 0 {
                 assert_eq!(
                     after, before,
                     "rounds for a throughput stream on a busy stack"
+                );
+                assert_eq!(
+                    sends_after, sends_before,
+                    "inline sends on throughput channels of a busy stack"
                 );
             } else {
                 assert!(a.lightly_loaded() && b.lightly_loaded());
                 assert!(
                     after.0 > before.0 && after.1 > before.1,
                     "a lone throughput stream's tasks ran no rounds: {before:?} -> {after:?}"
+                );
+                assert!(
+                    sends_after.0 > sends_before.0 && sends_after.1 > sends_before.1,
+                    "a lone throughput stream's tasks sent nothing inline: \
+                     {sends_before:?} -> {sends_after:?}"
                 );
             }
             c.shutdown().await.unwrap();

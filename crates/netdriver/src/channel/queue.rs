@@ -84,6 +84,8 @@ pub(crate) struct ThreadSignal {
     /// The thread died ([`kill`](Self::kill)): nobody runs the queue's rounds any more,
     /// neither the thread nor inline callers.
     dead: AtomicBool,
+    /// Chunks that enqueuing threads sent themselves ([`DeferredKick`]).
+    inline_sends: AtomicU64,
 }
 
 /// A queue whose last round ended less than this long ago is busy: a kick then wakes the
@@ -109,6 +111,7 @@ impl ThreadSignal {
             rx_fd: OnceLock::new(),
             kill: AtomicBool::new(false),
             dead: AtomicBool::new(false),
+            inline_sends: AtomicU64::new(0),
         })
     }
 
@@ -122,6 +125,20 @@ impl ThreadSignal {
     pub(crate) fn round_ended(&self) {
         let t = self.origin.elapsed().as_micros() as u64;
         self.last_round.store(t, Ordering::Relaxed);
+    }
+
+    /// Rounds that enqueuing threads ran to send their chunks themselves so far.
+    pub(crate) fn inline_sends(&self) -> u64 {
+        self.inline_sends.load(Ordering::Relaxed)
+    }
+
+    /// Runs an inline send round; whether it ran.
+    fn send_inline(&self) -> bool {
+        let ran = super::thread::run_inline(self);
+        if ran {
+            self.inline_sends.fetch_add(1, Ordering::Relaxed);
+        }
+        ran
     }
 
     /// Whether no round ended within [`INLINE_QUIET`].
@@ -300,10 +317,19 @@ impl DeferredKick {
     /// many messages per round where inline rounds would cost one round (and one system
     /// call) each.
     pub fn run(self) {
-        if self.signal.is_sleeping()
-            && self.signal.quiet()
-            && super::thread::run_inline(&self.signal)
-        {
+        if self.signal.is_sleeping() && self.signal.quiet() && self.signal.send_inline() {
+            return;
+        }
+        self.signal.notify();
+    }
+
+    /// [`run`](Self::run) without the quiet-queue condition: sends the chunk from this
+    /// thread whenever the channel thread sleeps and no round runs. For callers that know
+    /// the queue carries few streams (vns's lightly loaded stacks), where a busy queue
+    /// means a few messages in flight, not many to batch: there the thread's wake-up
+    /// costs more than the round it would batch.
+    pub fn run_now(self) {
+        if self.signal.is_sleeping() && self.signal.send_inline() {
             return;
         }
         self.signal.notify();

@@ -1039,6 +1039,7 @@ impl ChannelSet {
                     .and_then(|t| core_of(&t.ctl)),
                 busy: std::time::Duration::from_nanos(p.busy_ns.load(Ordering::Relaxed)),
                 xsk_drops: p.signal.rx_fd().and_then(|fd| xsk_drops(fd).ok()),
+                inline_sends: p.signal.inline_sends(),
             })
             .collect()
     }
@@ -1500,6 +1501,9 @@ pub struct QueueThreadStats {
     /// What the kernel dropped at the queue's AF_XDP socket (its rx ring full, its fill
     /// ring empty); `None` when the socket is not there to ask.
     pub xsk_drops: Option<XskDrops>,
+    /// Rounds that application threads ran in the thread's place to send a chunk they
+    /// had just queued (inline transmit, `DeferredKick`), since the set started.
+    pub inline_sends: u64,
 }
 
 /// The core a thread is to run on, if it is pinned.

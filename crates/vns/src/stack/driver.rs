@@ -500,7 +500,7 @@ pub(crate) struct Control {
 pub(crate) struct Finish {
     pub(crate) wake: Vec<Waker>,
     #[cfg(target_os = "linux")]
-    kicks: Vec<(netdriver::channel::DeferredKick, bool)>,
+    kicks: Vec<(netdriver::channel::DeferredKick, super::shard::KickMode)>,
     /// Work for the driver: a budget ran out, a channel resumed or died.
     pub(crate) more: bool,
 }
@@ -1865,11 +1865,10 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 
 /// Runs a channel wake-up an enqueue handed back: inline transmit allowed or not.
 #[cfg(target_os = "linux")]
-fn run_kick((kick, inline): (netdriver::channel::DeferredKick, bool)) {
-    if inline {
-        kick.run();
-    } else {
-        kick.wake();
+fn run_kick((kick, mode): (netdriver::channel::DeferredKick, super::shard::KickMode)) {
+    match mode {
+        super::shard::KickMode::InlineIfQuiet => kick.run(),
+        super::shard::KickMode::Inline => kick.run_now(),
     }
 }
 

@@ -69,16 +69,28 @@ pub(crate) struct Shard {
     tx_buf: Vec<u8>,
     /// Channel wake-ups (or inline transmits) that enqueues handed back, run by whoever
     /// releases the lock next: a round of a channel thread, with its system call, never
-    /// runs under a shard's lock. With whether the channel may send inline:
-    /// latency-class channels, and any while the stack is lightly loaded
-    /// ([`LightLoad`]; measured on the 2-core bed, docs/performance.md:
+    /// runs under a shard's lock. With how it runs ([`KickMode`]): inline for any
+    /// channel while the stack is lightly loaded ([`LightLoad`]), else for latency-class
+    /// channels only, on a quiet queue (measured on the 2-core bed, docs/performance.md:
     /// inline rounds save a sparse stream ~10 % of its latency and up to 25 % of one
     /// connection's request rate, but cost 25-35 % of the request rate at 32-128
     /// connections, where the channel threads batch).
     #[cfg(target_os = "linux")]
-    pub(crate) kicks: Vec<(netdriver::channel::DeferredKick, bool)>,
+    pub(crate) kicks: Vec<(netdriver::channel::DeferredKick, KickMode)>,
     /// The stack's count of active streams, shared by its shards (see [`LightLoad`]).
     pub(crate) load: Arc<LightLoad>,
+}
+
+/// How a channel kick that an enqueue handed back runs, once no lock is held.
+#[cfg(target_os = "linux")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KickMode {
+    /// `DeferredKick::run`: inline if the thread sleeps and the queue has been quiet.
+    InlineIfQuiet,
+    /// `DeferredKick::run_now`: inline whenever the thread sleeps (a lightly loaded stack,
+    /// [`LightLoad`]: measured on the 2-core bed, 64-byte requests over 8 connections
+    /// 1.15-1.3x against the quiet rule, which woke the thread for most messages there).
+    Inline,
 }
 
 /// How many of the stack's streams moved bytes lately, and up to how many it counts as
@@ -241,12 +253,14 @@ impl Shard {
                 #[cfg(target_os = "linux")]
                 let queued = chan.t.enqueue_deferred(b).map(|kick| {
                     match kick {
-                        // Latency channels, and any channel of a lightly loaded stack,
-                        // may send inline, after the lock is released.
-                        Some(kick)
-                            if chan.class == ChannelClass::Latency || self.load.is_light() =>
-                        {
-                            self.kicks.push((kick, true));
+                        // Any channel of a lightly loaded stack sends inline whenever
+                        // its thread sleeps; latency channels otherwise only when their
+                        // queue is quiet too. After the lock is released.
+                        Some(kick) if self.load.is_light() => {
+                            self.kicks.push((kick, KickMode::Inline));
+                        }
+                        Some(kick) if chan.class == ChannelClass::Latency => {
+                            self.kicks.push((kick, KickMode::InlineIfQuiet));
                         }
                         // Throughput channels of a busy stack: the thread is woken now.
                         Some(kick) => kick.wake(),
