@@ -1,4 +1,4 @@
-//! Tail Loss Probe (RFC 8985 §7): the probe timeout (PTO = 2·SRTT, plus the delayed-ACK
+//! Tail Loss Probe (RFC 8985 §7): the probe timeout (PTO = 2·SRTT, at least `tlp_min_pto`, plus the delayed-ACK
 //! allowance for a lone segment, never later than the RTO), the probe's content (new data
 //! if the window allows, else the last segment), one probe per episode, the probe's ACK
 //! starting SACK recovery, the RTO behind a lost probe, and the congestion response to a
@@ -34,6 +34,32 @@ fn ten_sent(config: Config, peer: PeerOpts) -> (Tcb, Vec<u8>) {
 fn pto_is_two_srtt_after_new_data() {
     let (t, _) = ten_sent(tlp_config(), PeerOpts::default());
     // §7.2: 2·SRTT = 20 ms, well before the RTO (200 ms).
+    assert_eq!(t.deadline(), t.now + ms(20));
+}
+
+/// The PTO is at least `tlp_min_pto`: 2·SRTT of a datacenter path (tens of µs) is shorter
+/// than a loaded host takes to schedule the peer's ACK, and such probes were nearly all
+/// spurious on the test bed (and woke sleeping channel threads per message). The harness's
+/// SRTT is 10 ms, so a 30 ms floor stands in for the 2 ms default on a 50 µs path.
+#[test]
+fn pto_has_a_floor() {
+    let floor = Config {
+        tlp_min_pto: ms(30),
+        ..tlp_config()
+    };
+    let (mut t, d) = ten_sent(floor, PeerOpts::default());
+    let sent = t.now;
+    assert_eq!(t.deadline(), sent + ms(30), "2·SRTT (20 ms) under the floor");
+    // Nothing goes out at 2·SRTT; the probe does at the floor.
+    assert_eq!(t.fire(), sent + ms(30));
+    t.expect(t.out().seq(l(9000)).payload(&d[9000..10_000]));
+    assert_eq!(t.stats().tail_loss_probes, 1);
+    // Without a floor, 2·SRTT as RFC 8985 §7.2 has it.
+    let none = Config {
+        tlp_min_pto: ms(0),
+        ..tlp_config()
+    };
+    let (t, _) = ten_sent(none, PeerOpts::default());
     assert_eq!(t.deadline(), t.now + ms(20));
 }
 
