@@ -49,7 +49,11 @@ fn pto_has_a_floor() {
     };
     let (mut t, d) = ten_sent(floor, PeerOpts::default());
     let sent = t.now;
-    assert_eq!(t.deadline(), sent + ms(30), "2·SRTT (20 ms) under the floor");
+    assert_eq!(
+        t.deadline(),
+        sent + ms(30),
+        "2·SRTT (20 ms) under the floor"
+    );
     // Nothing goes out at 2·SRTT; the probe does at the floor.
     assert_eq!(t.fire(), sent + ms(30));
     t.expect(t.out().seq(l(9000)).payload(&d[9000..10_000]));

@@ -141,6 +141,9 @@ impl StreamInner {
     ) -> Poll<io::Result<usize>> {
         let core = self.stack.core();
         let mut pulled = false;
+        // Receive rounds this call ran itself (`Core::want_rx`): it looks again
+        // after a few rather than wake itself (to tokio, a self-wake is a yield).
+        let mut rounds = 0;
         let (room, mut st) = loop {
             let mut st = core.lock_socket(self.sid);
             if st.stopped {
@@ -159,6 +162,11 @@ impl StreamInner {
                         w.write = Some(cx.waker().clone());
                     }
                     if core.want_rx(st, self.sid, cx) {
+                        rounds += 1;
+                        if rounds < 3 {
+                            pulled = false;
+                            continue;
+                        }
                         cx.waker().wake_by_ref();
                     }
                     return Poll::Pending;
@@ -240,6 +248,9 @@ impl StreamInner {
         }
         let core = self.stack.core();
         let mut pulled = false;
+        // Receive rounds this call ran itself (`Core::want_rx`): it looks again
+        // after a few rather than wake itself (to tokio, a self-wake is a yield).
+        let mut rounds = 0;
         loop {
             let mut st = core.lock_socket(self.sid);
             if st.stopped {
@@ -266,6 +277,11 @@ impl StreamInner {
                         w.write = Some(cx.waker().clone());
                     }
                     if core.want_rx(st, self.sid, cx) {
+                        rounds += 1;
+                        if rounds < 3 {
+                            pulled = false;
+                            continue;
+                        }
                         cx.waker().wake_by_ref();
                     }
                     return Poll::Pending;
@@ -1164,6 +1180,9 @@ impl StreamInner {
     ) -> Poll<io::Result<usize>> {
         let core = self.stack.core();
         let mut pulled = core.pull_owed(core.shard_of(self.sid));
+        // Receive rounds this call ran itself (`Core::want_rx`): it looks again
+        // after a few rather than wake itself (to tokio, a self-wake is a yield).
+        let mut rounds = 0;
         let mut one = [0u8; 1];
         let mut probe = probe;
         loop {
@@ -1191,6 +1210,11 @@ impl StreamInner {
                         w.read = Some(cx.waker().clone());
                     }
                     if core.want_rx(st, self.sid, cx) {
+                        rounds += 1;
+                        if rounds < 3 {
+                            pulled = false;
+                            continue;
+                        }
                         cx.waker().wake_by_ref();
                     }
                     return Poll::Pending;
@@ -1243,6 +1267,9 @@ impl StreamInner {
     fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let core = self.stack.core();
         let mut pulled = false;
+        // Receive rounds this call ran itself (`Core::want_rx`): it looks again
+        // after a few rather than wake itself (to tokio, a self-wake is a yield).
+        let mut rounds = 0;
         loop {
             let mut st = core.lock_socket(self.sid);
             if st.stopped {
@@ -1259,6 +1286,11 @@ impl StreamInner {
                         w.write = Some(cx.waker().clone());
                     }
                     if core.want_rx(st, self.sid, cx) {
+                        rounds += 1;
+                        if rounds < 3 {
+                            pulled = false;
+                            continue;
+                        }
                         cx.waker().wake_by_ref();
                     }
                     return Poll::Pending;
