@@ -284,6 +284,11 @@ impl RuntimeRound {
         RuntimeRound(RUNTIME_ROUND.with(|r| r.replace(Some(waker.clone()))))
     }
 
+    /// Whether this thread runs rounds for a task now.
+    fn active() -> bool {
+        RUNTIME_ROUND.with(|r| r.borrow().is_some())
+    }
+
     /// Whether `w` wakes the task this thread runs rounds for.
     fn is_of(w: &Waker) -> bool {
         RUNTIME_ROUND.with(|r| r.borrow().as_ref().is_some_and(|t| t.will_wake(w)))
@@ -294,6 +299,52 @@ impl Drop for RuntimeRound {
     fn drop(&mut self) {
         let was = self.0.take();
         RUNTIME_ROUND.with(|r| *r.borrow_mut() = was);
+    }
+}
+
+thread_local! {
+    /// `Some` while this thread runs the channel kicks of an application call
+    /// ([`Core::finish_call`]), which may send inline and so run a queue round that also
+    /// receives; `Some(true)` once such an arrival found no reader waiting (see
+    /// [`SendRound`]).
+    static SEND_ROUND: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Marks the calling thread as running an application call's channel kicks until
+/// dropped: an arrival of an inline round that finds no reader waiting is left to this
+/// thread, which pulls once the kicks are done ([`SendRound::left_arrivals`]), instead
+/// of waking the driver thread (a futex wake and a context switch, about one per
+/// exchange on the 2-core bed, since a task that writes is not waiting to read).
+struct SendRound(Option<bool>);
+
+impl SendRound {
+    fn enter() -> SendRound {
+        SendRound(SEND_ROUND.with(|r| r.replace(Some(false))))
+    }
+
+    fn active() -> bool {
+        SEND_ROUND.with(|r| r.get().is_some())
+    }
+
+    /// An arrival was left to this thread.
+    fn leave_arrival() {
+        SEND_ROUND.with(|r| {
+            if r.get().is_some() {
+                r.set(Some(true));
+            }
+        });
+    }
+
+    /// Whether an arrival was left to this thread (ends the mark).
+    fn left_arrivals(self) -> bool {
+        SEND_ROUND.with(|r| r.get()) == Some(true)
+    }
+}
+
+impl Drop for SendRound {
+    fn drop(&mut self) {
+        let was = self.0;
+        SEND_ROUND.with(|r| r.set(was));
     }
 }
 
@@ -321,6 +372,17 @@ impl Wake for RxSignal {
                 }
                 // Paired with the driver's store of `deep` then load of `owed`: either it
                 // sees the debt before sleeping untimed, or this sees it asleep.
+                if self.signal.deep.load(Ordering::SeqCst) {
+                    self.signal.notify();
+                }
+            }
+            // The thread that ran this round pulls right after it: a task's own receive
+            // round (`want_rx`'s callers look again), or an application call's inline
+            // send (`Core::finish_call`).
+            None if RuntimeRound::active() || SendRound::active() => {
+                self.owed.store(true, Ordering::SeqCst);
+                SendRound::leave_arrival();
+                // As above: a driver asleep untimed still learns of the debt.
                 if self.signal.deep.load(Ordering::SeqCst) {
                     self.signal.notify();
                 }
@@ -1032,7 +1094,13 @@ impl Core {
         if fin.more {
             self.signal.notify();
         }
+        let round = SendRound::enter();
         fin.run();
+        // An inline send's round received bytes nobody waited for: take them to their
+        // sockets from here (no lock held) rather than wake the driver for it.
+        if round.left_arrivals() {
+            self.pull(usize::MAX);
+        }
     }
 
     /// [`Core::finish_call`]'s work for one shard, leaving the kicks and wake-ups in
@@ -1999,6 +2067,32 @@ mod tests {
             1,
             "not woken after its round ended"
         );
+    }
+
+    /// An arrival that finds no reader waiting wakes the driver, except inside a round
+    /// whose thread pulls right after: an application call's inline send
+    /// ([`SendRound`], `Core::finish_call` pulls when told so) or a task's own receive
+    /// round. Waking the driver there cost a futex wake and a context switch about once
+    /// per exchange, since a task that just wrote is not waiting to read.
+    #[test]
+    fn an_arrival_in_a_send_round_is_left_to_the_sending_thread() {
+        let rx = rx_signal();
+        let round = SendRound::enter();
+        rx.wake_by_ref();
+        assert!(
+            !rx.signal.notified.load(Ordering::SeqCst),
+            "the driver was woken"
+        );
+        assert!(rx.owed.load(Ordering::SeqCst));
+        assert!(round.left_arrivals(), "the sender was not told to pull");
+
+        // Without an arrival the sender has nothing to pull.
+        let round = SendRound::enter();
+        assert!(!round.left_arrivals());
+
+        // Outside any round the driver is woken, as before.
+        rx.wake_by_ref();
+        assert!(rx.signal.notified.load(Ordering::SeqCst));
     }
 
     #[test]
