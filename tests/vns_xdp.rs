@@ -458,6 +458,20 @@ async fn exchange(s: &mut VirtualStream, tag: u64, n: u64) {
     }
 }
 
+/// Echoes every read back at once, partial reads included, until the peer's end of
+/// stream; then shuts its own side.
+async fn echo_until_eof(s: &mut VirtualStream) {
+    let mut buf = vec![0u8; 20_000];
+    loop {
+        let n = s.read(&mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        s.write_all(&buf[..n]).await.unwrap();
+    }
+    s.shutdown().await.unwrap();
+}
+
 /// Run-to-completion receive (`RuntimeRx`): reading tasks that process the queues'
 /// arrivals in their runtime, alone and many at once, with reads, writes, shutdowns and
 /// drops interleaved; every byte exact, in bounded time. Then the default (latency-class
@@ -544,15 +558,7 @@ fn run_to_completion_receive_over_af_xdp() {
             for _ in 0..2 {
                 let (mut s, _) = l.accept().await.unwrap();
                 s.set_app_class(AppClass::Latency).unwrap();
-                let mut buf = vec![0u8; 20_000];
-                loop {
-                    let n = s.read(&mut buf).await.unwrap();
-                    if n == 0 {
-                        break;
-                    }
-                    s.write_all(&buf[..n]).await.unwrap();
-                }
-                s.shutdown().await.unwrap();
+                echo_until_eof(&mut s).await;
             }
         });
         for (mode, tag) in [(RuntimeRx::LatencyClass, 100), (RuntimeRx::Off, 101)] {
@@ -587,15 +593,7 @@ fn run_to_completion_receive_over_af_xdp() {
         let server = tokio::spawn(async move {
             for _ in 0..2 {
                 let (mut s, _) = l.accept().await.unwrap();
-                let mut buf = vec![0u8; 20_000];
-                loop {
-                    let n = s.read(&mut buf).await.unwrap();
-                    if n == 0 {
-                        break;
-                    }
-                    s.write_all(&buf[..n]).await.unwrap();
-                }
-                s.shutdown().await.unwrap();
+                echo_until_eof(&mut s).await;
             }
         });
         // Sends its tasks made inline (their own rounds on the channel threads' queues).

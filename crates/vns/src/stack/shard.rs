@@ -410,8 +410,12 @@ impl Shard {
         next
     }
 
-    /// The socket moved bytes: counts it as active ([`LightLoad`]).
-    pub(crate) fn note_active(&mut self, sid: SocketId) {
+    /// The socket moved `bytes` (0: nothing, not counted): counts it as active
+    /// ([`LightLoad`]).
+    pub(crate) fn note_active(&mut self, sid: SocketId, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
         if let Some(w) = self.socks.get_mut(&sid) {
             self.load.note_active(&mut w.active_period);
         }

@@ -34,6 +34,21 @@ pub(crate) struct StreamInner {
     linger: Mutex<Option<Duration>>,
 }
 
+/// After [`Core::want_rx`](super::driver::Core::want_rx) ran receive rounds on this
+/// thread: whether the call should pull and look again. An arrival of those rounds does
+/// not wake the task that ran them, and a task that woke itself would be, to tokio, a
+/// task that yields (re-queued, another worker unparked). After a few rounds the task
+/// does wake itself and returns, so that arrivals for other sockets cannot keep it here.
+fn look_again(rounds: &mut u32, cx: &Context<'_>) -> bool {
+    const MAX_ROUNDS: u32 = 3;
+    *rounds += 1;
+    if *rounds < MAX_ROUNDS {
+        return true;
+    }
+    cx.waker().wake_by_ref();
+    false
+}
+
 impl StreamInner {
     pub(crate) fn new(
         stack: Stack,
@@ -63,8 +78,7 @@ impl StreamInner {
             .map(|path| &path.pool);
         let core = self.stack.core();
         let mut pulled = core.pull_owed(core.shard_of(self.sid));
-        // Receive rounds this call ran itself (`Core::want_rx`): a few, then the task
-        // yields, so that arrivals for other sockets cannot keep it here.
+        // Receive rounds this call ran itself (see `look_again`).
         let mut rounds = 0;
         loop {
             let mut st = core.lock_socket(self.sid);
@@ -80,9 +94,7 @@ impl StreamInner {
             };
             match read {
                 Ok(n) => {
-                    if n > 0 {
-                        st.note_active(self.sid);
-                    }
+                    st.note_active(self.sid, n);
                     // This task's own earlier wait is over: the bytes' arrival must not
                     // wake it (a wake from inside its poll makes tokio wake another
                     // worker). Another task's wait stays.
@@ -108,13 +120,9 @@ impl StreamInner {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         w.read = Some(cx.waker().clone());
                     }
-                    if core.want_rx(st, self.sid, cx) {
-                        rounds += 1;
-                        if rounds < 3 {
-                            pulled = false;
-                            continue;
-                        }
-                        cx.waker().wake_by_ref();
+                    if core.want_rx(st, self.sid, cx) && look_again(&mut rounds, cx) {
+                        pulled = false;
+                        continue;
                     }
                     return Poll::Pending;
                 }
@@ -141,8 +149,7 @@ impl StreamInner {
     ) -> Poll<io::Result<usize>> {
         let core = self.stack.core();
         let mut pulled = false;
-        // Receive rounds this call ran itself (`Core::want_rx`): it looks again
-        // after a few rather than wake itself (to tokio, a self-wake is a yield).
+        // Receive rounds this call ran itself (see `look_again`).
         let mut rounds = 0;
         let (room, mut st) = loop {
             let mut st = core.lock_socket(self.sid);
@@ -161,13 +168,9 @@ impl StreamInner {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         w.write = Some(cx.waker().clone());
                     }
-                    if core.want_rx(st, self.sid, cx) {
-                        rounds += 1;
-                        if rounds < 3 {
-                            pulled = false;
-                            continue;
-                        }
-                        cx.waker().wake_by_ref();
+                    if core.want_rx(st, self.sid, cx) && look_again(&mut rounds, cx) {
+                        pulled = false;
+                        continue;
                     }
                     return Poll::Pending;
                 }
@@ -205,9 +208,7 @@ impl StreamInner {
         }
         match r {
             Ok(n) => {
-                if n > 0 {
-                    st.note_active(self.sid);
-                }
+                st.note_active(self.sid, n);
                 core.finish_call(st);
                 Poll::Ready(Ok(n))
             }
@@ -248,8 +249,7 @@ impl StreamInner {
         }
         let core = self.stack.core();
         let mut pulled = false;
-        // Receive rounds this call ran itself (`Core::want_rx`): it looks again
-        // after a few rather than wake itself (to tokio, a self-wake is a yield).
+        // Receive rounds this call ran itself (see `look_again`).
         let mut rounds = 0;
         loop {
             let mut st = core.lock_socket(self.sid);
@@ -258,9 +258,7 @@ impl StreamInner {
             }
             match st.ep.send_vectored(self.sid, bufs) {
                 Ok(n) => {
-                    if n > 0 {
-                        st.note_active(self.sid);
-                    }
+                    st.note_active(self.sid, n);
                     // Sends what was written, from this thread.
                     core.finish_call(st);
                     return Poll::Ready(Ok(n));
@@ -276,13 +274,9 @@ impl StreamInner {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         w.write = Some(cx.waker().clone());
                     }
-                    if core.want_rx(st, self.sid, cx) {
-                        rounds += 1;
-                        if rounds < 3 {
-                            pulled = false;
-                            continue;
-                        }
-                        cx.waker().wake_by_ref();
+                    if core.want_rx(st, self.sid, cx) && look_again(&mut rounds, cx) {
+                        pulled = false;
+                        continue;
                     }
                     return Poll::Pending;
                 }
@@ -1180,8 +1174,7 @@ impl StreamInner {
     ) -> Poll<io::Result<usize>> {
         let core = self.stack.core();
         let mut pulled = core.pull_owed(core.shard_of(self.sid));
-        // Receive rounds this call ran itself (`Core::want_rx`): it looks again
-        // after a few rather than wake itself (to tokio, a self-wake is a yield).
+        // Receive rounds this call ran itself (see `look_again`).
         let mut rounds = 0;
         let mut one = [0u8; 1];
         let mut probe = probe;
@@ -1209,13 +1202,9 @@ impl StreamInner {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         w.read = Some(cx.waker().clone());
                     }
-                    if core.want_rx(st, self.sid, cx) {
-                        rounds += 1;
-                        if rounds < 3 {
-                            pulled = false;
-                            continue;
-                        }
-                        cx.waker().wake_by_ref();
+                    if core.want_rx(st, self.sid, cx) && look_again(&mut rounds, cx) {
+                        pulled = false;
+                        continue;
                     }
                     return Poll::Pending;
                 }
@@ -1240,9 +1229,7 @@ impl StreamInner {
             let mut st = core.lock_socket(self.sid);
             match st.ep.recv(self.sid, buf) {
                 Ok(n) => {
-                    if n > 0 {
-                        st.note_active(self.sid);
-                    }
+                    st.note_active(self.sid, n);
                     core.finish_call(st);
                     return Ok(n);
                 }
@@ -1267,8 +1254,7 @@ impl StreamInner {
     fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let core = self.stack.core();
         let mut pulled = false;
-        // Receive rounds this call ran itself (`Core::want_rx`): it looks again
-        // after a few rather than wake itself (to tokio, a self-wake is a yield).
+        // Receive rounds this call ran itself (see `look_again`).
         let mut rounds = 0;
         loop {
             let mut st = core.lock_socket(self.sid);
@@ -1285,13 +1271,9 @@ impl StreamInner {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         w.write = Some(cx.waker().clone());
                     }
-                    if core.want_rx(st, self.sid, cx) {
-                        rounds += 1;
-                        if rounds < 3 {
-                            pulled = false;
-                            continue;
-                        }
-                        cx.waker().wake_by_ref();
+                    if core.want_rx(st, self.sid, cx) && look_again(&mut rounds, cx) {
+                        pulled = false;
+                        continue;
                     }
                     return Poll::Pending;
                 }
@@ -1321,9 +1303,7 @@ impl StreamInner {
             }
             match st.ep.send_vectored(self.sid, bufs) {
                 Ok(n) => {
-                    if n > 0 {
-                        st.note_active(self.sid);
-                    }
+                    st.note_active(self.sid, n);
                     core.finish_call(st);
                     return Ok(n);
                 }
