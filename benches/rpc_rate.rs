@@ -20,7 +20,10 @@
 //! Each round also measures the VirtualStreams with run-to-completion receive for every
 //! socket on both stacks (`Stack::set_runtime_rx(RuntimeRx::All)`: the reading tasks
 //! process arrivals in their runtime; by default only latency-class sockets do), column
-//! `vs_runtime_rx`; `NETCHANNEL_BENCH_RUNTIME_RX=0` skips it.
+//! `vs_runtime_rx`; `NETCHANNEL_BENCH_RUNTIME_RX=0` skips it. A second table gives the
+//! process's CPU time per request (`getrusage`, user and system: both stacks, the runtime
+//! and the kernel's work in their system calls), which on a closed loop that leaves cores
+//! idle says more about per-message cost than the rate alone.
 //!
 //! Without `--bench` (`cargo test --all-targets`) it runs 1 and 8 connections for 0.1 s
 //! each, as a smoke test that checks every response.
@@ -94,16 +97,46 @@ mod run {
         (s, done)
     }
 
-    /// Runs `client` on the first `n` streams at once for `secs`; returns requests/s.
+    /// The process's user and system CPU time so far, µs (both stacks, their threads, the
+    /// runtime, and the kernel work done in their system calls and softirqs).
+    fn cpu_us() -> (f64, f64) {
+        // SAFETY: getrusage only writes the struct it is given.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; RUSAGE_SELF is always valid.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+        if rc != 0 {
+            return (f64::NAN, f64::NAN);
+        }
+        let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+        (us(ru.ru_utime), us(ru.ru_stime))
+    }
+
+    /// One measurement: requests/s and the process's CPU µs per request (user, system).
+    #[derive(Clone, Copy)]
+    struct Rate {
+        per_s: f64,
+        user_us: f64,
+        sys_us: f64,
+    }
+
+    const NO_RATE: Rate = Rate {
+        per_s: f64::NAN,
+        user_us: f64::NAN,
+        sys_us: f64::NAN,
+    };
+
+    /// Runs `client` on the first `n` streams at once for `secs`; returns requests/s and
+    /// CPU time per request.
     fn measure<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         rt: &Runtime,
         streams: &mut Vec<S>,
         n: usize,
         size: usize,
         secs: f64,
-    ) -> f64 {
+    ) -> Rate {
         let mut rest = streams.split_off(n);
         let taken = std::mem::take(streams);
+        let (u0, s0) = cpu_us();
         let (back, total, elapsed) = rt.block_on(async move {
             let start = Instant::now();
             let until = start + Duration::from_secs_f64(secs);
@@ -121,9 +154,15 @@ mod run {
             }
             (back, total, start.elapsed())
         });
+        let (u1, s1) = cpu_us();
         *streams = back;
         streams.append(&mut rest);
-        total as f64 / elapsed.as_secs_f64()
+        let done = (total as f64).max(1.0);
+        Rate {
+            per_s: total as f64 / elapsed.as_secs_f64(),
+            user_us: (u1 - u0) / done,
+            sys_us: (s1 - s0) / done,
+        }
     }
 
     fn list(name: &str, default: &str) -> Vec<usize> {
@@ -202,14 +241,14 @@ mod run {
                         if run_v {
                             measure(rt, &mut virt, c, size, secs)
                         } else {
-                            f64::NAN
+                            NO_RATE
                         }
                     };
                     let mut k = |rt: &Runtime| {
                         if run_k {
                             measure(rt, &mut kernel, c, size, secs)
                         } else {
-                            f64::NAN
+                            NO_RATE
                         }
                     };
                     let (v, k) = if round % 2 == 0 {
@@ -228,7 +267,7 @@ mod run {
                         pair.b.set_runtime_rx(RuntimeRx::default());
                         t
                     } else {
-                        f64::NAN
+                        NO_RATE
                     };
                     rates[si][ci].0.push(v);
                     rates[si][ci].1.push(k);
@@ -258,7 +297,9 @@ mod run {
         );
         for (si, &size) in sizes.iter().enumerate() {
             for (ci, &c) in conns.iter().enumerate() {
-                let (v, k, t) = &rates[si][ci];
+                let (vr, kr, tr) = &rates[si][ci];
+                let rate = |r: &[Rate]| r.iter().map(|r| r.per_s).collect::<Vec<_>>();
+                let (v, k, t) = (&rate(vr), &rate(kr), &rate(tr));
                 let (_, vm, _) = spread(v);
                 let (_, km, _) = spread(k);
                 let (_, tm, _) = spread(t);
@@ -270,6 +311,35 @@ mod run {
                     "{size:>6} {c:>6} {vm:>14.0} {km:>14.0} {:>8.2}   [{lo:.2}-{hi:.2}]   {tm:>14.0} {:>8.2} [{tlo:.2}-{thi:.2}]",
                     vm / km.max(1e-9),
                     tm / vm.max(1e-9)
+                );
+            }
+        }
+        println!();
+        println!(
+            "CPU per request (µs of process time, user + system, median of {rounds} rounds; \
+             ratio = virtual / kernel, lower is better):"
+        );
+        println!(
+            "{:>6} {:>6} {:>22} {:>22} {:>8}",
+            "size", "conns", "virtual_stream u+s", "kernel_tcp u+s", "ratio"
+        );
+        for (si, &size) in sizes.iter().enumerate() {
+            for (ci, &c) in conns.iter().enumerate() {
+                let (vr, kr, _) = &rates[si][ci];
+                let med = |r: &[Rate], f: fn(&Rate) -> f64| {
+                    spread(&r.iter().map(f).collect::<Vec<_>>()).1
+                };
+                let (vu, vs) = (med(vr, |r| r.user_us), med(vr, |r| r.sys_us));
+                let (ku, ks) = (med(kr, |r| r.user_us), med(kr, |r| r.sys_us));
+                println!(
+                    "{size:>6} {c:>6} {:>10.1} {:>5.1}+{:<5.1} {:>10.1} {:>5.1}+{:<5.1} {:>8.2}",
+                    vu + vs,
+                    vu,
+                    vs,
+                    ku + ks,
+                    ku,
+                    ks,
+                    (vu + vs) / (ku + ks).max(1e-9)
                 );
             }
         }

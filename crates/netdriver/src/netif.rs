@@ -301,7 +301,7 @@ struct Core {
     /// segments arrive back to back, so comparing 12 bytes spares hashing the tuple (SipHash)
     /// for nearly every segment. Cleared whenever a connection is removed.
     last_flow: Option<((SocketAddrV4, SocketAddrV4), u32)>,
-    listeners: HashMap<u16, Listener>,
+    listeners: rustc_hash::FxHashMap<u16, Listener>,
     control: VecDeque<Control>,
     next_port: u16,
     ip_ident: u16,
@@ -316,6 +316,8 @@ struct Core {
     closed: VecDeque<(ConnHandle, Option<TcpError>)>,
     /// Set when the last poll stopped sending because the link had no tx buffers.
     tx_blocked_at: Option<Instant>,
+    /// The last poll's receive batch was full (frames may wait on the link).
+    rx_batch_full: bool,
     live: usize,
     /// Fault injection: received data segments to drop ([`Interface::drop_received`]).
     rx_drop: Option<RxDrop>,
@@ -399,7 +401,7 @@ impl<L: Link> Interface<L> {
                 free_slots: Vec::new(),
                 by_tuple: HashMap::new(),
                 last_flow: None,
-                listeners: HashMap::new(),
+                listeners: rustc_hash::FxHashMap::default(),
                 control: VecDeque::new(),
                 closed: VecDeque::new(),
                 next_port,
@@ -407,6 +409,7 @@ impl<L: Link> Interface<L> {
                 stats: InterfaceStats::default(),
                 tx_ready: Vec::new(),
                 tx_blocked_at: None,
+                rx_batch_full: false,
                 live: 0,
                 rx_drop: None,
             },
@@ -643,6 +646,8 @@ impl<L: Link> Interface<L> {
         let max = core.config.rx_batch;
         let received = link.recv_batch(now, max, &mut |frame| core.receive(now, frame, stray));
         progress |= received > 0;
+        // A full batch may have left frames on the ring, which no new arrival announces.
+        core.rx_batch_full = received >= max;
 
         // Timers.
         for slot in &mut core.slots {
@@ -670,6 +675,38 @@ impl<L: Link> Interface<L> {
             }
         }
         progress
+    }
+
+    /// Whether a poll right after the last one would find nothing to do, frames that
+    /// arrive later apart (the link announces those): the last receive batch was not
+    /// full, no control frame, closed connection or completed handshake waits, the link
+    /// took every segment, and no connection has a timer due at `now` or a segment owed
+    /// ([`Connection::output_pending`], conservative). A caller that runs polls until one
+    /// reports no progress may stop at the first that leaves the interface settled,
+    /// saving a poll that would only look.
+    pub fn settled(&self, now: Instant) -> bool {
+        let core = &self.core;
+        if core.rx_batch_full
+            || !core.control.is_empty()
+            || !core.closed.is_empty()
+            || core.tx_blocked_at.is_some()
+        {
+            return false;
+        }
+        let ready = |h: &ConnHandle| {
+            core.slots
+                .get(h.index as usize)
+                .and_then(|s| s.conn.as_ref())
+                .is_some_and(|c| c.state().is_synchronized() || c.is_closed())
+        };
+        if core.listeners.values().any(|l| l.queue.iter().any(ready)) {
+            return false;
+        }
+        !core.slots.iter().filter_map(|s| s.conn.as_ref()).any(|c| {
+            c.output_pending()
+                || c.poll_timeout().is_some_and(|t| t <= now)
+                || (c.is_closed() && (c.recv_queue() == 0 || c.error().is_some()))
+        })
     }
 
     /// When to poll next if no frame arrives: the earliest of the link's next event and

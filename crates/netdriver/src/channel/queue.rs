@@ -86,6 +86,8 @@ pub(crate) struct ThreadSignal {
     dead: AtomicBool,
     /// Chunks that enqueuing threads sent themselves ([`DeferredKick`]).
     inline_sends: AtomicU64,
+    /// Rounds run by other threads than the channel thread ([`run_inline`](super::thread::run_inline)).
+    inline_rounds: AtomicU64,
 }
 
 /// A queue whose last round ended less than this long ago is busy: a kick then wakes the
@@ -112,6 +114,7 @@ impl ThreadSignal {
             kill: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             inline_sends: AtomicU64::new(0),
+            inline_rounds: AtomicU64::new(0),
         })
     }
 
@@ -130,6 +133,17 @@ impl ThreadSignal {
     /// Rounds that enqueuing threads ran to send their chunks themselves so far.
     pub(crate) fn inline_sends(&self) -> u64 {
         self.inline_sends.load(Ordering::Relaxed)
+    }
+
+    /// Rounds that other threads ran in the channel thread's place so far (inline sends
+    /// and run-to-completion receives together).
+    pub(crate) fn inline_rounds(&self) -> u64 {
+        self.inline_rounds.load(Ordering::Relaxed)
+    }
+
+    /// `n` more rounds ran inline.
+    pub(crate) fn count_inline_rounds(&self, n: u64) {
+        self.inline_rounds.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Runs an inline send round; whether it ran.
@@ -605,6 +619,12 @@ impl ChannelShared {
     /// The next chunk to hand to TCP.
     pub(crate) fn pop_tx(&self) -> Option<Bytes> {
         self.tx.pop()
+    }
+
+    /// Whether the thread has nothing to take from the application side: no chunk queued
+    /// and no option change pending.
+    pub(crate) fn tx_idle(&self) -> bool {
+        self.tx.is_empty() && !self.options_pending.load(Ordering::Acquire)
     }
 
     /// `n` bytes were handed to TCP.

@@ -1040,6 +1040,7 @@ impl ChannelSet {
                 busy: std::time::Duration::from_nanos(p.busy_ns.load(Ordering::Relaxed)),
                 xsk_drops: p.signal.rx_fd().and_then(|fd| xsk_drops(fd).ok()),
                 inline_sends: p.signal.inline_sends(),
+                inline_rounds: p.signal.inline_rounds(),
             })
             .collect()
     }
@@ -1504,6 +1505,11 @@ pub struct QueueThreadStats {
     /// Rounds that application threads ran in the thread's place to send a chunk they
     /// had just queued (inline transmit, `DeferredKick`), since the set started.
     pub inline_sends: u64,
+    /// Rounds that application threads ran in the thread's place (inline sends and
+    /// run-to-completion receives), since the set started. A caller runs rounds until
+    /// one finds nothing to do or leaves the queue settled, so this over the number of
+    /// such calls says how many rounds a call costs.
+    pub inline_rounds: u64,
 }
 
 /// The core a thread is to run on, if it is pinned.

@@ -224,6 +224,22 @@ impl Endpoint {
         Some(out)
     }
 
+    /// Whether sockets wait for the scheduler to place their data on channels (it then
+    /// reads the channels' loads, so a driver refreshes them first).
+    pub fn wants_schedule(&self) -> bool {
+        !self.sendable.is_empty()
+    }
+
+    /// Whether no channel has anything to take and no socket waits to be scheduled: a
+    /// driver may then skip visiting the channels (and refreshing their loads, which only
+    /// the scheduling of new chunks reads) until this turns false.
+    pub fn transmit_idle(&mut self) -> bool {
+        if self.schedule_needed {
+            self.schedule();
+        }
+        self.sendable.is_empty() && self.channels.values().all(|c| c.outbox.is_empty())
+    }
+
     /// Whether any chunk waits for channel `id` (after scheduling).
     pub fn has_transmit(&mut self, id: ChannelId) -> bool {
         if self.schedule_needed {

@@ -1472,7 +1472,11 @@ impl Stack {
     ///   the thread that built the stack was allowed to run on.
     pub fn stats(&self) -> netsched::StackSnapshot {
         let core = self.core();
-        let mut snapshot = core.lock_shard(0).ep.scheduler_snapshot();
+        let mut snapshot = {
+            let mut first = core.lock_shard(0);
+            first.refresh_loads(&core.chans.load());
+            first.ep.scheduler_snapshot()
+        };
         // The channels' queues as every shard sees them: shard 0's loads (the channel
         // layer's queue and TCP) plus what the other shards hold for them; every
         // shard's sockets.

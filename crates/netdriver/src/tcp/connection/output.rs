@@ -22,6 +22,46 @@ pub(super) enum SendKind {
 }
 
 impl Connection {
+    /// Whether a call to [`poll_transmit`](Self::poll_transmit) now might return a
+    /// segment: a conservative test (it may say yes when the windows, Nagle or the SWS
+    /// rules would hold the data back) that never says no while a segment is owed,
+    /// timers apart (see [`poll_timeout`](Self::poll_timeout)). A driver that has just
+    /// polled every connection dry uses it to skip a further round that would only find
+    /// nothing to do.
+    pub fn output_pending(&self) -> bool {
+        if self.pending_rst.is_some() {
+            return true;
+        }
+        if self.state == State::Closed {
+            return false;
+        }
+        if self.second_ack.is_some()
+            || self.ack_now
+            || self.fast_rtx_pending
+            || self.tlp_pending
+            || self.keepalive_pending
+            || self.persist_force
+            || self.in_recovery
+            || self.window_update_due()
+        {
+            return true;
+        }
+        match self.state {
+            State::SynSent | State::SynReceived => self.snd_nxt == self.iss,
+            State::Established
+            | State::CloseWait
+            | State::FinWait1
+            | State::Closing
+            | State::LastAck => {
+                // Unsent bytes, or a queued FIN not yet sent (`transmit_data`'s cases).
+                let send_end = self.send_end();
+                self.snd_nxt.distance_from(send_end) < 0
+                    || (self.fin_queued && self.snd_nxt == send_end)
+            }
+            _ => false,
+        }
+    }
+
     /// The next segment to send, or `None`. Payload bytes (if any) are copied from the send
     /// ring straight into `payload_buf[..payload_len]`; `payload_buf.len()` caps the
     /// payload, as does the peer's MSS less the options this segment carries. Call until
@@ -39,6 +79,13 @@ impl Connection {
         }
         // Before any segment: a grown receive buffer goes out in this poll's window.
         self.autotune_rx(now);
+        // The common case of a driver that polls every connection each round: nothing is
+        // owed. Said without building options (timestamps, SACK blocks) for each
+        // connection; `arm_persist` would only disarm, since no data waits.
+        if !self.output_pending() {
+            self.persist_deadline = None;
+            return None;
+        }
         let transmit = match self.state {
             State::Closed => None,
             State::SynSent | State::SynReceived if self.snd_nxt == self.iss => {

@@ -18,22 +18,25 @@ impl Connection {
         if self.state == State::Closed {
             return None;
         }
-        let user_timeout = self
-            .user_timeout_running()
-            .then(|| self.last_progress + self.config.user_timeout);
-        [
-            self.rtx_deadline,
-            self.tlp_deadline,
-            self.rack.deadline(),
-            self.delayed_ack_deadline,
-            self.persist_deadline,
-            self.keepalive_deadline,
-            self.time_wait_deadline,
-            user_timeout,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        // Asked for every connection several times a round: a plain fold over the
+        // deadlines (an iterator chain over the array cost ~130 instructions a call).
+        fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+            match (a, b) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                (x, None) => x,
+                (None, y) => y,
+            }
+        }
+        let mut next = earlier(self.rtx_deadline, self.tlp_deadline);
+        next = earlier(next, self.rack.deadline());
+        next = earlier(next, self.delayed_ack_deadline);
+        next = earlier(next, self.persist_deadline);
+        next = earlier(next, self.keepalive_deadline);
+        next = earlier(next, self.time_wait_deadline);
+        if self.user_timeout_running() {
+            next = earlier(next, Some(self.last_progress + self.config.user_timeout));
+        }
+        next
     }
 
     /// Processes every timer that has expired at `now`. Harmless to call early or often.

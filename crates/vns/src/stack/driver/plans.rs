@@ -132,6 +132,7 @@ impl Core {
     /// `Stack::stats`, without the copy workers (a plan does not place them).
     fn ask_plan(&self, threads: &[ThreadStats]) -> Option<(Vec<PlanAction>, Duration)> {
         let mut first = self.try_lock_shard(0)?;
+        first.refresh_loads(&self.chans.load());
         let mut snapshot: StackSnapshot = first.ep.scheduler_snapshot();
         self.place(&mut snapshot, threads);
         for i in 1..self.shard_count() {
