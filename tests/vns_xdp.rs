@@ -599,17 +599,24 @@ fn run_to_completion_receive_over_af_xdp() {
         // Sends its tasks made inline (their own rounds on the channel threads' queues).
         let inline_sends =
             |s: &Stack| -> u64 { s.queue_threads().iter().map(|t| t.inline_sends).sum() };
+        // Rounds those calls (sends and receives) ran: a call stops after a round that
+        // leaves the queue settled, rather than running a further round that finds
+        // nothing.
+        let inline_rounds =
+            |s: &Stack| -> u64 { s.queue_threads().iter().map(|t| t.inline_rounds).sum() };
         for (light, tag) in [(8, 102), (0, 103)] {
             a.set_light_load_streams(light);
             b.set_light_load_streams(light);
             let mut c = a.connect(at(7103)).await.unwrap();
             let before = (a.runtime_rx_rounds(), b.runtime_rx_rounds());
             let sends_before = (inline_sends(&a), inline_sends(&b));
+            let inline_before = inline_rounds(&a) + inline_rounds(&b);
             timeout(LIMIT, exchange(&mut c, tag, 200))
                 .await
                 .expect("throughput stream stalled");
             let after = (a.runtime_rx_rounds(), b.runtime_rx_rounds());
             let sends_after = (inline_sends(&a), inline_sends(&b));
+            let inline_after = inline_rounds(&a) + inline_rounds(&b);
             if light == 0 {
                 assert_eq!(
                     after, before,
@@ -629,6 +636,17 @@ fn run_to_completion_receive_over_af_xdp() {
                     sends_after.0 > sends_before.0 && sends_after.1 > sends_before.1,
                     "a lone throughput stream's tasks sent nothing inline: \
                      {sends_before:?} -> {sends_after:?}"
+                );
+                // Each call ran a round; a call that ran two (work, then nothing) for
+                // every message would make this at least 2.
+                let calls = (after.0 - before.0)
+                    + (after.1 - before.1)
+                    + (sends_after.0 - sends_before.0)
+                    + (sends_after.1 - sends_before.1);
+                let rounds = inline_after - inline_before;
+                assert!(
+                    rounds >= calls && 2 * rounds < 3 * calls,
+                    "{rounds} inline rounds for {calls} inline calls"
                 );
             }
             c.shutdown().await.unwrap();
