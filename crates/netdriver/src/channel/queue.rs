@@ -168,7 +168,13 @@ impl ThreadSignal {
 
     /// Leaves the queue's arrivals to a runtime's [`RxPoller`] for `d`.
     pub(crate) fn lease_rx(&self, d: std::time::Duration) {
-        let until = self.micros().saturating_add(d.as_micros() as u64);
+        self.lease_rx_at(std::time::Instant::now(), d);
+    }
+
+    /// [`lease_rx`](Self::lease_rx) from `now`.
+    pub(crate) fn lease_rx_at(&self, now: std::time::Instant, d: std::time::Duration) {
+        let from = now.saturating_duration_since(self.origin).as_micros() as u64;
+        let until = from.saturating_add(d.as_micros() as u64);
         self.rx_lease.fetch_max(until, Ordering::Relaxed);
     }
 
@@ -416,6 +422,12 @@ impl RxPoller {
     /// lease already given).
     pub fn lease(&self, d: std::time::Duration) {
         self.signal.lease_rx(d);
+    }
+
+    /// [`lease`](Self::lease) from `now`, a time the caller read already (a caller
+    /// leasing several queues at once reads the clock once).
+    pub fn lease_at(&self, now: std::time::Instant, d: std::time::Duration) {
+        self.signal.lease_rx_at(now, d);
     }
 }
 

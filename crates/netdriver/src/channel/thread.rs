@@ -72,6 +72,9 @@ struct Entry {
     fin_queued: bool,
     aborted: bool,
     eof: bool,
+    /// The connection's statistics mark when they were last published (`publish` skips
+    /// a connection whose mark has not moved).
+    published: Option<crate::tcp::connection::StatsMark>,
 }
 
 /// A flow this thread must release from the directory (and, for an outgoing channel, its
@@ -1063,7 +1066,7 @@ impl Worker {
         any
     }
 
-    fn publish(&self, book: &Book, now: Instant) {
+    fn publish(&self, book: &mut Book, now: Instant) {
         let stats = self.iface.stats();
         if let Some(peer) = self.set.peers.get(self.index) {
             let c = &peer.checksums;
@@ -1079,8 +1082,14 @@ impl Worker {
             s.cookies_rejected
                 .store(stats.syn_cookies_rejected, Ordering::Relaxed);
         }
-        for (&h, e) in &book.entries {
+        for (&h, e) in book.entries.iter_mut() {
             if let Some(conn) = self.iface.conn(h) {
+                // Most connections of a queue did nothing this round.
+                let mark = conn.stats_mark();
+                if e.published == Some(mark) {
+                    continue;
+                }
+                e.published = Some(mark);
                 let wire = WireSeq {
                     rcv_nxt: conn.rcv_nxt().0,
                     snd_nxt: conn.snd_nxt().0,
@@ -1285,6 +1294,7 @@ impl Entry {
             fin_queued: false,
             aborted: false,
             eof: false,
+            published: None,
         }
     }
 }

@@ -626,11 +626,21 @@ impl Endpoint {
 
     /// Candidate channels (all classes) to `peer`, as the scheduler sees them.
     pub(super) fn peer_stats(&self, peer: PeerId) -> Vec<ChannelStats> {
-        self.channels
-            .iter()
-            .filter(|(_, c)| c.peer == peer && !c.retiring)
-            .map(|(&id, c)| stats_of(id, c))
-            .collect()
+        let mut out = Vec::new();
+        self.peer_stats_into(peer, &mut out);
+        out
+    }
+
+    /// [`peer_stats`](Self::peer_stats) into `out` (cleared first), for a caller that
+    /// keeps the vector.
+    pub(super) fn peer_stats_into(&self, peer: PeerId, out: &mut Vec<ChannelStats>) {
+        out.clear();
+        out.extend(
+            self.channels
+                .iter()
+                .filter(|(_, c)| c.peer == peer && !c.retiring)
+                .map(|(&id, c)| stats_of(id, c)),
+        );
     }
 
     /// Bytes a chunk would need parked (or held early) if dispatched now, if any.

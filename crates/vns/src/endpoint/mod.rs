@@ -121,6 +121,10 @@ pub struct Endpoint {
     sendable: BTreeSet<SocketId>,
     /// Scratch list of [`Endpoint::schedule`] (kept to avoid an allocation per call).
     schedule_ids: Vec<SocketId>,
+    /// Scratch of `schedule`: the sockets of this pass and of the next.
+    schedule_scratch: (Vec<SocketId>, Vec<SocketId>),
+    /// Scratch of `schedule_one`: the peer's channels as the scheduler sees them.
+    schedule_stats: Vec<netsched::ChannelStats>,
     /// What each peer holds: sockets its SYNCs created, bytes parked on its channels.
     peers: BTreeMap<PeerId, PeerLoad>,
     /// Sockets created by SYNCs from all peers together (bounded by
@@ -296,6 +300,8 @@ impl Endpoint {
             seg_pool: SegPool::default(),
             sendable: BTreeSet::new(),
             schedule_ids: Vec::new(),
+            schedule_scratch: (Vec::new(), Vec::new()),
+            schedule_stats: Vec::new(),
             peers: BTreeMap::new(),
             passive_sockets: 0,
             lingering: BTreeMap::new(),

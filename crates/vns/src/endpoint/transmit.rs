@@ -230,14 +230,20 @@ impl Endpoint {
         !self.sendable.is_empty()
     }
 
-    /// Whether no channel has anything to take and no socket waits to be scheduled: a
-    /// driver may then skip visiting the channels (and refreshing their loads, which only
-    /// the scheduling of new chunks reads) until this turns false.
-    pub fn transmit_idle(&mut self) -> bool {
+    /// The channels with chunks waiting (after scheduling), in id order, into `out`
+    /// (cleared first): the ones a driver visits, rather than asking
+    /// [`has_transmit`](Self::has_transmit) of each.
+    pub fn channels_with_transmit(&mut self, out: &mut Vec<ChannelId>) {
         if self.schedule_needed {
             self.schedule();
         }
-        self.sendable.is_empty() && self.channels.values().all(|c| c.outbox.is_empty())
+        out.clear();
+        out.extend(
+            self.channels
+                .iter()
+                .filter(|(_, c)| !c.outbox.is_empty())
+                .map(|(&id, _)| id),
+        );
     }
 
     /// Whether any chunk waits for channel `id` (after scheduling).
@@ -311,19 +317,23 @@ impl Endpoint {
         if self.sendable.is_empty() {
             return;
         }
+        // Scratch vectors kept between calls: this runs once per message.
         let mut ids = std::mem::take(&mut self.schedule_ids);
+        let (mut active, mut next) = std::mem::take(&mut self.schedule_scratch);
         ids.clear();
         ids.extend(self.sendable.iter().copied());
-        let mut active = ids.clone();
+        active.clear();
+        active.extend_from_slice(&ids);
         while !active.is_empty() {
-            let mut next = Vec::new();
+            next.clear();
             for &sid in &active {
                 if self.schedule_one(sid) {
                     next.push(sid);
                 }
             }
-            active = next;
+            std::mem::swap(&mut active, &mut next);
         }
+        self.schedule_scratch = (active, next);
         for &sid in &ids {
             let keep = self.sockets.get(&sid).is_some_and(|s| {
                 s.write_error().is_none()
@@ -424,7 +434,9 @@ impl Endpoint {
             }
             return false;
         }
-        let stats = self.peer_stats(s.key.peer);
+        // The peer's channels, gathered into a vector kept between calls.
+        let mut stats = std::mem::take(&mut self.schedule_stats);
+        self.peer_stats_into(s.key.peer, &mut stats);
         let info = ChunkInfo {
             flow: sid.0,
             class: s.class,
@@ -432,7 +444,7 @@ impl Endpoint {
         };
         let class = s.class.channel_class();
         let picked = self.scheduler.pick_channel(&info, &stats);
-        let Some(ch) = picked.or_else(|| {
+        let picked = picked.or_else(|| {
             // Its class has no channel to the peer left (lost): the others carry it rather
             // than the socket stall, isolation giving way to delivery.
             if stats.iter().any(|c| c.class == class) {
@@ -442,10 +454,13 @@ impl Endpoint {
                 .iter()
                 .min_by_key(|c| (c.queued_bytes, c.id))
                 .map(|c| c.id)
-        }) else {
+        });
+        let offered = picked.is_some_and(|ch| stats.iter().any(|c| c.id == ch));
+        self.schedule_stats = stats;
+        let Some(ch) = picked else {
             return false;
         };
-        if !stats.iter().any(|c| c.id == ch) {
+        if !offered {
             warn!(channel = %ch, "scheduler picked a channel not offered");
             return false;
         }

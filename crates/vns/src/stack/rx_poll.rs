@@ -184,6 +184,8 @@ impl RuntimeQueues {
             return false;
         };
         let mut ran = false;
+        // One clock read for the leases of every queue this call waits on.
+        let mut now = None;
         for (fd, poller) in fds.iter().zip(&self.pollers) {
             // A queue whose thread died (fault injection) is served by nobody: its socket
             // stays readable while frames pile up, and waiting on it would only spin,
@@ -214,7 +216,7 @@ impl RuntimeQueues {
                         return ran;
                     }
                     Poll::Pending => {
-                        poller.lease(LEASE);
+                        poller.lease_at(*now.get_or_insert_with(std::time::Instant::now), LEASE);
                         break;
                     }
                 }

@@ -229,6 +229,10 @@ struct Counters {
     rx_buffer_grown: u64,
 }
 
+/// See [`Connection::stats_mark`]: equal marks, equal statistics (the clock apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatsMark([u64; 6]);
+
 /// One TCP connection (a transmission control block, RFC 9293 §3.3.1) and its buffers.
 #[derive(Debug)]
 pub struct Connection {
@@ -1012,6 +1016,22 @@ impl Connection {
     /// buffer sizes.
     pub fn buffer_memory(&self) -> usize {
         self.tx.allocated() + self.rx.allocated()
+    }
+
+    /// A value that changes whenever [`stats`](Self::stats) may have: segments sent or
+    /// received, retransmission timeouts and fast retransmits, and the bytes queued to
+    /// send and ready to read (what the application moves). A driver that publishes
+    /// statistics every round compares it to skip connections that did nothing.
+    pub fn stats_mark(&self) -> StatsMark {
+        let c = &self.counters;
+        StatsMark([
+            c.segments_sent,
+            c.segments_received,
+            c.rto_timeouts,
+            c.fast_retransmits,
+            self.tx.len() as u64,
+            self.rx.readable() as u64,
+        ])
     }
 
     /// A snapshot of counters and congestion state.
