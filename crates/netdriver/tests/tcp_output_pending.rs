@@ -1,9 +1,10 @@
-//! `Connection::output_pending`: the test a driver uses to skip polling a connection (and
-//! a round) that has nothing to send. It must be true whenever `poll_transmit` would
+//! What a driver asks a connection to skip work. `Connection::output_pending`: the test
+//! it uses to skip polling a connection (and a round) that has nothing to send. It must be true whenever `poll_transmit` would
 //! return a segment (RFC 9293 §3.8.6 window updates, §3.10.4 FIN, RFC 5681 §4.2
 //! immediate ACKs, new data), and false on an idle connection, so that skipping saves
 //! work. Each case checks both sides: the flag before the poll, and the segment the poll
-//! then returns.
+//! then returns. `Connection::stats_mark`: equal marks mean equal statistics, so a
+//! driver publishes a connection's statistics only when its mark moved.
 
 mod tcp_support_b;
 
@@ -153,4 +154,53 @@ fn a_reset_is_pending_even_on_a_closed_connection() {
     assert!(seg.repr.flags.contains(netdriver::wire::tcp::TcpFlags::RST));
     assert!(!t.conn.output_pending());
     t.expect_none();
+}
+
+#[test]
+fn the_stats_mark_moves_with_every_change_and_only_then() {
+    let mut t = quiet(test_config());
+    let mut last = t.conn.stats_mark();
+    let mut moved = |t: &Tcb, what: &str| {
+        let now = t.conn.stats_mark();
+        assert_ne!(now, last, "{what}: the mark did not move");
+        last = now;
+    };
+    t.app_send(&data(300));
+    moved(&t, "application write");
+    t.drain();
+    moved(&t, "segment sent");
+    t.send(t.seg().ack(l(300)).payload(&data(100)));
+    moved(&t, "segment received");
+    assert_eq!(t.app_recv(100).len(), 100);
+    moved(&t, "application read");
+    t.drain();
+    let still = t.conn.stats_mark();
+    let stats = t.conn.stats();
+    t.advance(ms(1));
+    assert_eq!(t.conn.stats_mark(), still, "nothing happened");
+    let again = t.conn.stats();
+    assert_eq!(
+        (
+            again.bytes_sent,
+            again.bytes_acked,
+            again.bytes_received,
+            again.cwnd,
+            again.srtt
+        ),
+        (
+            stats.bytes_sent,
+            stats.bytes_acked,
+            stats.bytes_received,
+            stats.cwnd,
+            stats.srtt
+        ),
+        "an unmoved mark, unchanged statistics"
+    );
+    // A retransmission timeout changes cwnd and counters without the peer's help.
+    t.app_send(&data(100));
+    t.drain();
+    let before = t.conn.stats_mark();
+    t.fire();
+    t.drain();
+    assert_ne!(t.conn.stats_mark(), before, "timer-driven resend");
 }
