@@ -248,6 +248,7 @@ impl Endpoint {
         let Some(ch) = self.channels.remove(&id) else {
             return;
         };
+        self.outbox_chunks -= ch.outbox.len();
         self.release_peer(ch.peer, ch.parked_bytes);
         debug!(channel = %id, outbox = ch.outbox.len(), "channel abandoned");
         let victims: Vec<SocketId> = self
@@ -320,6 +321,7 @@ impl Endpoint {
         let Some(ch) = self.channels.remove(&id) else {
             return;
         };
+        self.outbox_chunks -= ch.outbox.len();
         let peer = ch.peer;
         // What its sockets hold charged to it is dropped below (parked and early chunks)
         // and given back with the channel now, or kept and given back as it leaves.

@@ -121,6 +121,9 @@ pub struct Endpoint {
     sendable: BTreeSet<SocketId>,
     /// Scratch list of [`Endpoint::schedule`] (kept to avoid an allocation per call).
     schedule_ids: Vec<SocketId>,
+    /// Chunks in all channels' outboxes together: `channels_with_transmit` answers an
+    /// empty set without visiting the channels.
+    outbox_chunks: usize,
     /// Scratch of `schedule`: the sockets of this pass and of the next.
     schedule_scratch: (Vec<SocketId>, Vec<SocketId>),
     /// Scratch of `schedule_one`: the peer's channels as the scheduler sees them.
@@ -300,6 +303,7 @@ impl Endpoint {
             seg_pool: SegPool::default(),
             sendable: BTreeSet::new(),
             schedule_ids: Vec::new(),
+            outbox_chunks: 0,
             schedule_scratch: (Vec::new(), Vec::new()),
             schedule_stats: Vec::new(),
             peers: BTreeMap::new(),

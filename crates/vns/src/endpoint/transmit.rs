@@ -151,6 +151,7 @@ impl Endpoint {
             let ch = self.channels.get_mut(&id)?;
             let item = ch.outbox.pop_front()?;
             ch.outbox_bytes -= item.header.wire_len();
+            self.outbox_chunks -= 1;
             if item.is_reply() {
                 ch.queued_replies = ch.queued_replies.saturating_sub(1);
             }
@@ -238,6 +239,17 @@ impl Endpoint {
             self.schedule();
         }
         out.clear();
+        debug_assert_eq!(
+            self.outbox_chunks,
+            self.channels
+                .values()
+                .map(|c| c.outbox.len())
+                .sum::<usize>(),
+            "outbox_chunks counts every outbox's chunks"
+        );
+        if self.outbox_chunks == 0 {
+            return;
+        }
         out.extend(
             self.channels
                 .iter()
@@ -278,6 +290,7 @@ impl Endpoint {
         if let Some(c) = self.channels.get_mut(&ch) {
             c.outbox_bytes += item.header.wire_len();
             c.outbox.push_back(item);
+            self.outbox_chunks += 1;
         }
     }
 
