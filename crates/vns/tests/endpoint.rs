@@ -1424,3 +1424,49 @@ fn handle_chunk_dispatches_and_hands_back_what_it_cannot_take() {
     ep.check_invariants().unwrap();
     let _ = sid;
 }
+
+/// `channels_with_transmit` names exactly the channels with chunks waiting (a driver
+/// visits only those): none when idle, the scheduled channel after a send, live channels
+/// only after that channel is lost, and none again once everything left.
+#[test]
+fn channels_with_transmit_names_the_channels_with_chunks() {
+    let mut sim = Sim::throughput(3, small_config(300), 4096, 11);
+    sim.ends[B].bind(9, 1).unwrap();
+    let (c, _s) = connect(&mut sim, 9);
+    sim.settle();
+    let mut ids = Vec::new();
+    sim.ends[A].channels_with_transmit(&mut ids);
+    assert!(
+        ids.is_empty(),
+        "an idle endpoint has nothing for any channel: {ids:?}"
+    );
+
+    sim.ends[A].send(c, b"one chunk").unwrap();
+    sim.ends[A].channels_with_transmit(&mut ids);
+    assert_eq!(ids.len(), 1, "one chunk, one channel: {ids:?}");
+    let picked = ids[0];
+    for &ch in &sim.channels {
+        assert_eq!(sim.ends[A].has_transmit(ch), ch == picked);
+    }
+    // The channel is lost before it takes the chunk: the chunk moves to another one.
+    sim.ends[A].handle_channel_lost(picked);
+    sim.ends[A].channels_with_transmit(&mut ids);
+    assert!(
+        !ids.is_empty(),
+        "the chunk (and any resend) waits on live channels"
+    );
+    assert!(
+        !ids.contains(&picked),
+        "nothing for the lost channel: {ids:?}"
+    );
+    for &ch in &sim.channels {
+        assert_eq!(sim.ends[A].has_transmit(ch), ids.contains(&ch));
+    }
+
+    let mut buf = Vec::new();
+    for &ch in &ids.clone() {
+        while sim.ends[A].poll_transmit(ch, &mut buf).is_some() {}
+    }
+    sim.ends[A].channels_with_transmit(&mut ids);
+    assert!(ids.is_empty(), "everything left: {ids:?}");
+}
