@@ -921,7 +921,13 @@ impl Worker {
                     }
                     continue;
                 }
-                let want = room.min(RX_CHUNK);
+                // No more than TCP holds: a short message then takes the rest of the
+                // buffer's capacity instead of asking for a whole RX_CHUNK, which
+                // allocated a fresh 64 KiB buffer per arrival whenever an earlier piece was
+                // still held (8 connections of 64 B requests: page faults on the new
+                // buffer, and glibc's madvise with a TLB shootdown when it was freed).
+                // At least 1, so that nothing readable still reports end of stream.
+                let want = room.min(RX_CHUNK).min(conn.recv_queue().max(1));
                 // Appended, not read into a zero-filled slice: zeroing every 64 KiB
                 // buffer before the copy cost ~6 % of a bulk receiver's CPU. `reserve`
                 // takes the previous allocation back when every piece handed out of it
