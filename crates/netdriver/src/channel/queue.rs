@@ -197,16 +197,6 @@ impl ThreadSignal {
         let _ = self.rx_fd.set(fd);
     }
 
-    /// The last round's end time, for a round that should not count as one (see
-    /// [`RxPoller::poll_now`]).
-    pub(crate) fn last_round(&self) -> u64 {
-        self.last_round.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn restore_last_round(&self, t: u64) {
-        self.last_round.store(t, Ordering::Relaxed);
-    }
-
     /// Whether the thread announced sleep (a hint: it may be waking up right now).
     pub(crate) fn is_sleeping(&self) -> bool {
         self.sleeping.load(Ordering::Relaxed)
@@ -399,13 +389,9 @@ impl RxPoller {
     /// wakers are woken, as when the thread does it.
     pub fn poll_now(&self) -> bool {
         // A receive round must not make the queue look busy to the inline transmit that
-        // usually follows it (the reply), which only runs on a quiet queue.
-        let before = self.signal.last_round();
-        let ran = super::thread::run_inline(&self.signal);
-        if ran {
-            self.signal.restore_last_round(before);
-        }
-        ran
+        // usually follows it (the reply), which only runs on a quiet queue: its rounds
+        // leave the queue's last round as it was.
+        super::thread::run_inline_marked(&self.signal, false)
     }
 
     /// Whether the queue's channel thread died (fault injection,

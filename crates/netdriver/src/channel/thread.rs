@@ -146,6 +146,13 @@ impl QueueState {
     /// One round of the loop described in the [module documentation](super); returns
     /// whether anything happened (the caller runs another round before sleeping).
     fn round(&mut self, now: Instant) -> bool {
+        self.round_marked(now, true)
+    }
+
+    /// [`round`](Self::round); `mark_end`: record its end for the inline-transmit quiet
+    /// rule (a receive round run by a reading task does not: the reply that usually
+    /// follows must not find the queue busy, and the clock read is saved).
+    fn round_marked(&mut self, now: Instant, mark_end: bool) -> bool {
         let (w, book) = (&mut self.worker, &mut self.book);
         let mut active = w.handle_commands(book, now);
         active |= w.handle_forwarded(book, now);
@@ -160,7 +167,9 @@ impl QueueState {
         active |= w.accept(book);
         active |= w.reap(book);
         w.publish(book, now);
-        w.signal.round_ended();
+        if mark_end {
+            w.signal.round_ended();
+        }
         active
     }
 
@@ -195,6 +204,12 @@ fn lock_state(state: &Mutex<QueueState>) -> MutexGuard<'_, QueueState> {
 /// told there was work (it looks again before it sleeps) and kicked if a timer is now
 /// due before its planned wake-up.
 pub(crate) fn run_inline(signal: &ThreadSignal) -> bool {
+    run_inline_marked(signal, true)
+}
+
+/// [`run_inline`]; `mark_end`: whether its rounds count as rounds for the quiet rule
+/// (see [`QueueState::round_marked`]).
+pub(crate) fn run_inline_marked(signal: &ThreadSignal, mark_end: bool) -> bool {
     // A dead thread's queue stays dead: running its rounds here would keep its
     // connections alive from application threads and hide the death.
     if signal.stop_requested() || signal.is_dead() {
@@ -216,7 +231,7 @@ pub(crate) fn run_inline(signal: &ThreadSignal) -> bool {
         // A round that did something is usually followed by one that finds nothing; when
         // nothing is left for it (`settled`), that round is skipped: in a ping-pong it
         // was half the rounds run inline.
-        if !g.round(now) || g.settled(now) {
+        if !g.round_marked(now, mark_end) || g.settled(now) {
             settled = true;
             break;
         }
