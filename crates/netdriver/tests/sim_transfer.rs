@@ -315,6 +315,8 @@ fn run(case: &Case) -> Result<Outcome, String> {
     let mut scratch = vec![0u8; 16 * 1024];
     let mut expected = vec![0u8; 16 * 1024];
     let mut now = now0;
+    // Whether `now` is the instant of the previous polls.
+    let mut same_instant = false;
     let deadline = now0 + case.deadline;
     let mut polls = 0u64;
     let mut idle_polls = 0u32;
@@ -337,7 +339,23 @@ fn run(case: &Case) -> Result<Outcome, String> {
                 }
             }
         }
-        let mut progress = a.poll(now) | b.poll(now);
+        // `Interface::settled` promises that a poll would find nothing to do but
+        // frames arriving later (a channel thread skips that poll on its word): checked
+        // before every poll at the instant of the last one, where no frame has come due
+        // since (the link's latency is not zero) and only the applications' reads and
+        // writes (`pump`) happened in between.
+        let mut progress = false;
+        for (name, host) in [("A", &mut a), ("B", &mut b)] {
+            let settled = same_instant && host.settled(now);
+            let did = host.poll(now);
+            if settled && did {
+                return Err(format!(
+                    "{name} reported settled at {now}, but the next poll did something"
+                ));
+            }
+            progress |= did;
+        }
+        same_instant = true;
         for (name, host) in [("A", &mut a), ("B", &mut b)] {
             while let Some((_, err)) = host.pop_closed() {
                 if let Some(err) = err {
@@ -385,6 +403,7 @@ fn run(case: &Case) -> Result<Outcome, String> {
         } else {
             idle_polls = 0;
             now = next;
+            same_instant = false;
         }
         if now > deadline {
             return Err(format!(
