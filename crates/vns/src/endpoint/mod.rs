@@ -101,7 +101,8 @@ pub struct Endpoint {
     by_key: BTreeMap<Key, SocketId>,
     listeners: BTreeMap<u16, Listener>,
     events: VecDeque<Event>,
-    queued_events: HashSet<Event>,
+    // Local ids only (FxHash, see Cargo.toml): one insert per message.
+    queued_events: rustc_hash::FxHashSet<Event>,
     next_socket: u64,
     connections: u32,
     /// Picks ISNs and ephemeral ports (a CSPRNG: they must not be predictable).
@@ -293,7 +294,7 @@ impl Endpoint {
             by_key: BTreeMap::new(),
             listeners: BTreeMap::new(),
             events: VecDeque::new(),
-            queued_events: HashSet::new(),
+            queued_events: rustc_hash::FxHashSet::default(),
             next_socket: first_socket,
             connections: 0,
             rng,

@@ -284,7 +284,13 @@ impl Core {
             if chan.dead().is_some() {
                 continue;
             }
-            // Cleared before the read: an arrival from now on marks it again.
+            // Cleared before the read: an arrival from now on marks it again. A pull of
+            // the ready channels first only loads the flag: most channels are not
+            // ready, and a load leaves the flag's cache line shared where a swap would
+            // take it from the core that set it (every pull used to swap every flag).
+            if sweep == Sweep::Ready && !chan.rx_wake.ready.load(Ordering::SeqCst) {
+                continue;
+            }
             let ready = chan.rx_wake.ready.swap(false, Ordering::SeqCst);
             if sweep == Sweep::Ready && !ready {
                 continue;

@@ -121,7 +121,10 @@ impl StreamInner {
                         w.read = Some(cx.waker().clone());
                     }
                     if core.want_rx(st, self.sid, cx) && look_again(&mut rounds, cx) {
-                        pulled = false;
+                        // The round's arrivals wait in the channels: take them before
+                        // looking again (rather than look, find nothing, then pull).
+                        core.pull(core.shard_of(self.sid));
+                        pulled = true;
                         continue;
                     }
                     return Poll::Pending;
