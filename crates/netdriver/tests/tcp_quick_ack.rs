@@ -56,13 +56,29 @@ fn first_segments_are_acked_at_once_then_delayed_ack_resumes() {
     assert_eq!(t.fire(), t1 + ms(40));
     t.expect(t.out().ack(r(at + 100)).win(win(at + 100)));
     t.expect_none();
-    // ...and a second segment in a row is acknowledged at once (RFC 5681 §4.2).
+    // ...two short segments in a row are not two full-sized ones: they wait too...
     let at = at + 100;
+    let t2 = t.now;
     t.send(t.seg().seq(r(at)).payload(&d[at..at + 100]));
     t.expect_none();
-    t.advance(ms(1));
     t.send(t.seg().seq(r(at + 100)).payload(&d[at + 100..at + 200]));
+    t.expect_none();
+    assert_eq!(t.fire(), t2 + ms(40));
     t.expect(t.out().ack(r(at + 200)).win(win(at + 200)));
+    // ...and a second full-sized segment in a row is acknowledged at once (RFC 5681
+    // §4.2; our advertised MSS, 1460, is the full size).
+    const FULL: usize = 1460;
+    let at = at + 200;
+    let d = data(at + 2 * FULL);
+    t.send(t.seg().seq(r(at)).payload(&d[at..at + FULL]));
+    t.expect_none();
+    t.advance(ms(1));
+    t.send(
+        t.seg()
+            .seq(r(at + FULL))
+            .payload(&d[at + FULL..at + 2 * FULL]),
+    );
+    t.expect(t.out().ack(r(at + 2 * FULL)).win(win(at + 2 * FULL)));
     t.expect_none();
 }
 

@@ -824,7 +824,7 @@ impl Connection {
                 // Filling a gap: ACK at once so the sender learns quickly (RFC 5681 §4.2).
                 self.ack_now = true;
             } else {
-                self.schedule_delayed_ack(now);
+                self.schedule_delayed_ack(now, delivered);
             }
         }
 
@@ -869,9 +869,12 @@ impl Connection {
         }
     }
 
-    /// RFC 5681 §4.2 / RFC 9293 §3.8.6.3: ACK at least every second data segment, else
-    /// within the delayed-ACK timeout. The timer is armed by the first unacknowledged
-    /// segment and not pushed back by later ones (smoltcp #935).
+    /// RFC 5681 §4.2 / RFC 9293 §3.8.6.3: ACK at least every second full-sized segment,
+    /// else within the delayed-ACK timeout: counted in bytes against the peer's segment
+    /// size as seen (`rcv_mss`), as Linux does, so that short segments of several
+    /// request/response streams sharing the connection are acknowledged by the replies
+    /// rather than by a pure ACK per two requests. The timer is armed by the first
+    /// unacknowledged segment and not pushed back by later ones (smoltcp #935).
     ///
     /// Quick-ACK (Linux's quickack mode, `tcp_incr_quickack`): while the budget lasts,
     /// in-order data is acknowledged at once. A sender in slow start or holding a small
@@ -880,7 +883,9 @@ impl Connection {
     /// Linux there is no ping-pong mode that suppresses quick ACKs for interactive
     /// exchanges: a reply sent at once still carries the ACK, at the price of a pure ACK
     /// before it.
-    fn schedule_delayed_ack(&mut self, now: Instant) {
+    fn schedule_delayed_ack(&mut self, now: Instant, delivered: usize) {
+        let full = usize::from(self.advertised_mss());
+        self.rcv_mss = self.rcv_mss.max(delivered.min(full)).min(full);
         match self.config.delayed_ack {
             None => self.ack_now = true,
             Some(_) if self.quick_acks > 0 => {
@@ -888,8 +893,8 @@ impl Connection {
                 self.ack_now = true;
             }
             Some(delay) => {
-                self.segs_unacked += 1;
-                if self.segs_unacked >= 2 {
+                self.bytes_unacked += delivered;
+                if self.bytes_unacked >= 2 * self.rcv_mss {
                     self.ack_now = true;
                 } else if self.delayed_ack_deadline.is_none() {
                     self.delayed_ack_deadline = Some(now + delay);

@@ -313,8 +313,15 @@ pub struct Connection {
     // ---- ACK generation ----
     /// An ACK must go out at the next `poll_transmit`.
     ack_now: bool,
-    /// Data segments received since our last ACK (RFC 5681 §4.2: ACK every second one).
-    segs_unacked: usize,
+    /// In-order payload bytes received since our last ACK (RFC 5681 §4.2: ACK at least
+    /// every second full-sized segment, i.e. once two of [`rcv_mss`](Self::rcv_mss)
+    /// are unacknowledged).
+    bytes_unacked: usize,
+    /// The peer's full segment size as seen: the largest payload received, from 536
+    /// (RFC 9293's default MSS) up to what we advertised (Linux's `rcv_mss`). Small
+    /// segments (requests of a few bytes) are not full-sized: two of them wait for the
+    /// delayed-ACK timer or a reply to carry the ACK, instead of costing a pure ACK.
+    rcv_mss: usize,
     delayed_ack_deadline: Option<Instant>,
     /// The application read data since our last segment: a window update may be due.
     window_update_check: bool,
@@ -512,7 +519,8 @@ impl Connection {
             ts_recent_stamp: now,
             last_ack_sent: SeqNumber(0),
             ack_now: false,
-            segs_unacked: 0,
+            bytes_unacked: 0,
+            rcv_mss: 536,
             delayed_ack_deadline: None,
             window_update_check: false,
             quick_acks: quick_ack_budget(&config),

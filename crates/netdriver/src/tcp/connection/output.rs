@@ -643,7 +643,7 @@ impl Connection {
     pub(super) fn note_ack_sent(&mut self) {
         self.ack_now = false;
         self.window_update_check = false;
-        self.segs_unacked = 0;
+        self.bytes_unacked = 0;
         self.delayed_ack_deadline = None;
         self.last_ack_sent = self.rcv_nxt;
     }

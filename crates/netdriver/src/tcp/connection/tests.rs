@@ -273,7 +273,8 @@ fn data_and_delayed_ack() {
     assert_eq!(ack.ack, Some(A_ISN + 6));
     assert_eq!(ack.seq, B_ISN + 1);
 
-    // Two segments in a row: the second is acknowledged at once.
+    // Two short segments in a row are not two full-sized ones (RFC 5681 §4.2): the
+    // delayed-ACK timer still acknowledges them (or a reply would).
     p.a.set_nodelay(true);
     p.a.send(b"ab").unwrap();
     let t = now + 50 * MS;
@@ -283,8 +284,26 @@ fn data_and_delayed_ack() {
     p.b.handle_segment(t, &s1, &d1);
     nothing(&mut p.b, t);
     p.b.handle_segment(t, &s2, &d2);
-    let (ack, _) = one(&mut p.b, t);
+    nothing(&mut p.b, t);
+    assert_eq!(p.b.poll_timeout(), Some(t + 40 * MS));
+    p.b.handle_timeout(t + 40 * MS);
+    let (ack, _) = one(&mut p.b, t + 40 * MS);
     assert_eq!(ack.ack, Some(A_ISN + 10));
+
+    // Two full-sized segments in a row: the second is acknowledged at once.
+    let t = t + 50 * MS;
+    let big = vec![7u8; 2 * 1460];
+    assert_eq!(p.a.send(&big).unwrap(), big.len());
+    let segs = drain(&mut p.a, t);
+    assert!(segs.len() >= 2, "{} segments", segs.len());
+    let (s1, d1) = &segs[0];
+    let (s2, d2) = &segs[1];
+    assert_eq!(d1.len(), d2.len(), "two full-sized segments");
+    p.b.handle_segment(t, s1, d1);
+    nothing(&mut p.b, t);
+    p.b.handle_segment(t, s2, d2);
+    let (ack, _) = one(&mut p.b, t);
+    assert_eq!(ack.ack, Some(A_ISN + 10 + (d1.len() + d2.len())));
 }
 
 #[test]
@@ -1160,32 +1179,32 @@ fn delayed_ack_timer_and_second_segment_race() {
     b.handle_segment(
         ms(10),
         &seg(false, base, Some(B_ISN + 1), TcpFlags::default()),
-        &[1u8; 100],
+        &[1u8; 1460],
     );
     nothing(&mut b, ms(10));
     assert_eq!(b.poll_timeout(), Some(ms(50)));
-    // The second segment just before the timer: immediate ACK, timer cleared.
+    // The second full-sized segment just before the timer: immediate ACK, timer cleared.
     b.handle_segment(
         ms(49),
-        &seg(false, base + 100, Some(B_ISN + 1), TcpFlags::default()),
-        &[1u8; 100],
+        &seg(false, base + 1460, Some(B_ISN + 1), TcpFlags::default()),
+        &[1u8; 1460],
     );
     let (ack, _) = one(&mut b, ms(49));
-    assert_eq!(ack.ack, Some(base + 200));
+    assert_eq!(ack.ack, Some(base + 2920));
     assert_eq!(b.poll_timeout(), None);
     b.handle_timeout(ms(50));
     nothing(&mut b, ms(50));
     // A third segment starts a fresh 40 ms timer.
     b.handle_segment(
         ms(60),
-        &seg(false, base + 200, Some(B_ISN + 1), TcpFlags::default()),
-        &[1u8; 100],
+        &seg(false, base + 2920, Some(B_ISN + 1), TcpFlags::default()),
+        &[1u8; 1460],
     );
     nothing(&mut b, ms(60));
     assert_eq!(b.poll_timeout(), Some(ms(100)));
     b.handle_timeout(ms(100));
     let (ack, _) = one(&mut b, ms(100));
-    assert_eq!(ack.ack, Some(base + 300));
+    assert_eq!(ack.ack, Some(base + 4380));
 }
 
 #[test]
