@@ -341,3 +341,49 @@ fn keepalive_waits_for_idle_after_traffic() {
     // The idle interval counts from the last segment received.
     assert_eq!(t.deadline(), t1 + ms(16_000));
 }
+
+/// `full_segments_per_ack` = 4 (what channels use): three full-sized segments wait for
+/// the timer or a reply, the fourth is acknowledged at once.
+#[test]
+fn full_segments_per_ack_sets_how_many_full_segments_ack_at_once() {
+    let config = Config {
+        delayed_ack: Some(ms(40)),
+        quick_ack_segments: 0,
+        full_segments_per_ack: 4,
+        ..test_config()
+    };
+    let mut t = Tcb::established(config, PeerOpts::default());
+    let d = data(4 * FULL);
+    for i in 0..3 {
+        t.send(
+            t.seg()
+                .seq(r(i * FULL))
+                .payload(&d[i * FULL..(i + 1) * FULL]),
+        );
+        t.expect_none();
+    }
+    t.send(t.seg().seq(r(3 * FULL)).payload(&d[3 * FULL..]));
+    t.expect(t.out().ack(r(4 * FULL)).win((BUF - 4 * FULL) as u16));
+    t.expect_none();
+
+    // A reply carries the ACK of a short message's segments: no pure ACK before it.
+    let t1 = t.now;
+    let e = data(3 * FULL);
+    for i in 0..3 {
+        t.send(
+            t.seg()
+                .seq(r(4 * FULL + i * FULL))
+                .payload(&e[i * FULL..(i + 1) * FULL]),
+        );
+    }
+    t.expect_none();
+    assert_eq!(t.deadline(), t1 + ms(40));
+    t.app_send(b"reply");
+    let seg = t.poll().expect("the reply");
+    assert_eq!(
+        seg.repr.ack,
+        Some(r(7 * FULL)),
+        "the reply acknowledges all three"
+    );
+    assert_eq!(seg.payload, b"reply");
+}

@@ -90,7 +90,11 @@ pub struct ChannelSetConfig {
     /// `u16::MAX`, which each queue's interface lowers to its link's MTU − 40: segments
     /// fill the frames the interface carries (1460 bytes at MTU 1500, 8960 at 9000),
     /// where `tcp::Config`'s own default, 1460, would leave a jumbo-frame link sending
-    /// 1500-byte frames.
+    /// 1500-byte frames. It also sets `full_segments_per_ack` to 4 (TCP's default, RFC
+    /// 5681's, is 2): a channel carries messages of a few segments whose replies usually
+    /// follow at once, and with 2 the second full segment of a 4 KB message cost a pure
+    /// ACK just before the reply that could carry it (7.65 frames per 4 KB
+    /// request/response where 6 do; `docs/performance.md`, "Pure ACKs").
     pub tcp: tcp::Config,
     /// Disable Nagle's algorithm on channels (default true: chunks are sent as they come).
     pub nodelay: bool,
@@ -150,6 +154,8 @@ impl ChannelSetConfig {
             tcp: tcp::Config {
                 // Clamped to the MTU − 40 by `Interface::new`.
                 mss: u16::MAX,
+                // See the field's documentation.
+                full_segments_per_ack: 4,
                 ..tcp::Config::default()
             },
             nodelay: true,

@@ -40,6 +40,12 @@ pub struct Config {
     /// Delayed-ACK timeout (RFC 9293 §3.8.6.3). `None` acknowledges every segment at once.
     /// Default `Some(40 ms)`.
     pub delayed_ack: Option<Duration>,
+    /// With delayed ACKs, how many full-sized segments' worth of unacknowledged data makes
+    /// an ACK go out at once (RFC 5681 §4.2's "every second full-sized segment": 2, the
+    /// default). More lets a short message of a few segments be acknowledged by the reply
+    /// that usually follows it instead of by a pure ACK in between, at the price of
+    /// sparser ACKs for a bulk sender.
+    pub full_segments_per_ack: usize,
     /// RTO before the first RTT sample (RFC 6298 §2.1). Default 1 s.
     pub initial_rto: Duration,
     /// Lower bound on the RTO. Default 200 ms; may be as low as 1 ms for µs-scale links
@@ -196,6 +202,7 @@ impl Default for Config {
             tx_buffer: 256 * 1024,
             nagle: true,
             delayed_ack: Some(Duration::from_millis(40)),
+            full_segments_per_ack: 2,
             initial_rto: Duration::from_secs(1),
             min_rto: Duration::from_millis(200),
             max_rto: Duration::from_secs(60),

@@ -894,7 +894,7 @@ impl Connection {
             }
             Some(delay) => {
                 self.bytes_unacked += delivered;
-                if self.bytes_unacked >= 2 * self.rcv_mss {
+                if self.bytes_unacked >= self.config.full_segments_per_ack.max(1) * self.rcv_mss {
                     self.ack_now = true;
                 } else if self.delayed_ack_deadline.is_none() {
                     self.delayed_ack_deadline = Some(now + delay);
