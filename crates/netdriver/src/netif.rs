@@ -501,11 +501,11 @@ impl<L: Link> Interface<L> {
     pub fn accept(&mut self, port: u16) -> Option<ConnHandle> {
         let core = &mut self.core;
         let listener = core.listeners.get_mut(&port)?;
-        let i = listener.queue.iter().position(|&h| {
-            let slot = core.slots.get(h.index as usize);
-            slot.and_then(|s| s.conn.as_ref())
-                .is_some_and(|c| c.state().is_synchronized() || c.is_closed())
-        })?;
+        let slots = &core.slots;
+        let i = listener
+            .queue
+            .iter()
+            .position(|&h| handshake_over(slots, h))?;
         let h = listener.queue.remove(i)?;
         if let Some(slot) = core.slots.get_mut(h.index as usize) {
             slot.listener = None;
@@ -665,10 +665,7 @@ impl<L: Link> Interface<L> {
 
         // Forget closed connections, once nothing is left to read from them.
         for i in 0..core.slots.len() {
-            let done = core.slots[i]
-                .conn
-                .as_ref()
-                .is_some_and(|c| c.is_closed() && (c.recv_queue() == 0 || c.error().is_some()));
+            let done = core.slots[i].conn.as_ref().is_some_and(forgettable);
             if done {
                 core.remove(i as u32);
                 progress = true;
@@ -693,19 +690,15 @@ impl<L: Link> Interface<L> {
         {
             return false;
         }
-        let ready = |h: &ConnHandle| {
-            core.slots
-                .get(h.index as usize)
-                .and_then(|s| s.conn.as_ref())
-                .is_some_and(|c| c.state().is_synchronized() || c.is_closed())
-        };
-        if core.listeners.values().any(|l| l.queue.iter().any(ready)) {
+        if core
+            .listeners
+            .values()
+            .any(|l| l.queue.iter().any(|&h| handshake_over(&core.slots, h)))
+        {
             return false;
         }
         !core.slots.iter().filter_map(|s| s.conn.as_ref()).any(|c| {
-            c.output_pending()
-                || c.poll_timeout().is_some_and(|t| t <= now)
-                || (c.is_closed() && (c.recv_queue() == 0 || c.error().is_some()))
+            c.output_pending() || c.poll_timeout().is_some_and(|t| t <= now) || forgettable(c)
         })
     }
 
@@ -724,6 +717,20 @@ impl<L: Link> Interface<L> {
             .chain(conns)
             .min()
     }
+}
+
+/// Whether the connection queued for a listener at `h` is ready to be accepted: its
+/// handshake completed (or it closed first).
+fn handshake_over(slots: &[Slot], h: ConnHandle) -> bool {
+    slots
+        .get(h.index as usize)
+        .and_then(|s| s.conn.as_ref())
+        .is_some_and(|c| c.state().is_synchronized() || c.is_closed())
+}
+
+/// Whether a poll forgets the connection: closed, and nothing left to read from it.
+fn forgettable(c: &Connection) -> bool {
+    c.is_closed() && (c.recv_queue() == 0 || c.error().is_some())
 }
 
 /// How a parse error is counted.

@@ -5,8 +5,6 @@
 //! documentation](super) for the loop.
 
 use std::collections::HashMap;
-
-use rustc_hash::FxHashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -14,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use bytes::BytesMut;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
+use rustc_hash::FxHashMap;
 use tracing::{debug, trace, warn};
 
 use super::directory::{Owner, Tuple};
