@@ -16,7 +16,9 @@
 //! default 2), `NETCHANNEL_BENCH_ROUNDS` (default 3), `NETCHANNEL_BENCH_CHANNELS`
 //! (throughput channels per peer, default 4), `NETCHANNEL_BENCH_CONNS` (comma-separated,
 //! default `1,8,32,128`), `NETCHANNEL_BENCH_SIZES` (default `64,4096`),
-//! `NETCHANNEL_BENCH_ONLY` (`virtual` or `kernel`: measure one side only, for profiling).
+//! `NETCHANNEL_BENCH_ONLY` (`virtual` or `kernel`: measure one side only, for profiling),
+//! `NETCHANNEL_BENCH_STATS` (set: print both stacks' `Stack::stats` as JSON after each
+//! round: which channel carried how much, on which queue).
 //! Each round also measures the VirtualStreams with run-to-completion receive for every
 //! socket on both stacks (`Stack::set_runtime_rx(RuntimeRx::All)`: the reading tasks
 //! process arrivals in their runtime; by default only latency-class sockets do), column
@@ -275,6 +277,12 @@ mod run {
                 }
             }
             println!("round {round} done in {:.1} s", t.elapsed().as_secs_f64());
+            if std::env::var_os("NETCHANNEL_BENCH_STATS").is_some() {
+                for (n, st) in [("A", &pair.a), ("B", &pair.b)] {
+                    let json = serde_json::to_string(&st.stats()).unwrap_or_default();
+                    println!("stats {n}: {json}");
+                }
+            }
         }
         rt.block_on(async {
             for s in virt.iter_mut() {

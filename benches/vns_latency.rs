@@ -23,7 +23,8 @@
 //! measurement, default 20000), `NETCHANNEL_BENCH_ROUNDS` (default 4),
 //! `NETCHANNEL_BENCH_CHANNELS` (default 4), `NETCHANNEL_BENCH_ONLY` (a comma-separated
 //! list of measurement names: only those are sampled in the rounds, e.g. under a
-//! profiler).
+//! profiler), `NETCHANNEL_BENCH_HIST` (set: also print each measurement's samples in 5 µs
+//! buckets and its maximum, for reading tails).
 //!
 //! Without `--bench` (`cargo test --all-targets`) it takes 200 samples each, as a smoke
 //! test.
@@ -197,6 +198,24 @@ mod run {
                 r.samples.quantile_us(0.999),
                 r.samples.mean_us()
             );
+        }
+        // `NETCHANNEL_BENCH_HIST=1`: where the samples lie, in 5 µs steps (for reading tails).
+        if std::env::var_os("NETCHANNEL_BENCH_HIST").is_some() {
+            let edges: Vec<u64> = (4..=30).map(|i| i * 5).collect();
+            println!(
+                "histogram, µs bucket lower edges: <20 {:?} (last: and above)",
+                edges
+            );
+            for r in rows.iter_mut() {
+                if r.samples.len() > 0 {
+                    let max = r.samples.quantile_us(1.0);
+                    println!(
+                        "{:<26} {:?} max {max:.0}",
+                        r.name,
+                        r.samples.histogram(&edges)
+                    );
+                }
+            }
         }
         println!();
         println!("ratios (same run; > 1: slower than the reference):");

@@ -340,6 +340,18 @@ impl Samples {
         self.sorted = false;
     }
 
+    /// How many samples fall below each of `edges_us` (µs, ascending) and at or above the
+    /// one before it; the last count is those at or above the last edge.
+    #[allow(dead_code)]
+    pub fn histogram(&self, edges_us: &[u64]) -> Vec<usize> {
+        let mut counts = vec![0; edges_us.len() + 1];
+        for &ns in &self.ns {
+            let i = edges_us.partition_point(|&e| e * 1000 <= ns);
+            counts[i] += 1;
+        }
+        counts
+    }
+
     /// Samples held.
     pub fn len(&self) -> usize {
         self.ns.len()

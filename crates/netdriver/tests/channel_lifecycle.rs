@@ -91,6 +91,11 @@ fn shutdown_joins_threads_aborts_and_detaches() {
         assert_eq!(t.xsk_drops, Some(XskDrops::default()), "{t:?}");
     }
 
+    // The handshake's arrivals woke a thread at least once.
+    let wakeups = |set: &ChannelSet| -> u64 { set.thread_stats().iter().map(|t| t.wakeups).sum() };
+    let woken_before = wakeups(&set);
+    assert!(woken_before > 0, "{:?}", set.thread_stats());
+
     // Idle threads sleep in poll(2): over half a second they use (almost) no CPU. A
     // spinning thread would use all of it (about 50 ticks at 100 Hz).
     let before = cpu_ticks("nc-chan-vA");
@@ -99,6 +104,14 @@ fn shutdown_joins_threads_aborts_and_detaches() {
     assert!(
         used <= 5,
         "idle channel threads used {used} ticks in 500 ms"
+    );
+    // And they wake rarely: at most every ACTIVE_TICK (10 ms) while recently active, plus
+    // the connection's timers: ~50 per thread in 500 ms. A thread that polled with a zero
+    // timeout would count thousands.
+    let woken = wakeups(&set) - woken_before;
+    assert!(
+        woken <= 150,
+        "idle channel threads woke {woken} times in 500 ms"
     );
 
     set.shutdown().expect("shutdown");

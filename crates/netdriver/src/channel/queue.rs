@@ -88,6 +88,8 @@ pub(crate) struct ThreadSignal {
     inline_sends: AtomicU64,
     /// Rounds run by other threads than the channel thread ([`run_inline`](super::thread::run_inline)).
     inline_rounds: AtomicU64,
+    /// Times the queue's thread came back from sleep (`poll(2)`), whatever woke it.
+    wakeups: AtomicU64,
 }
 
 /// A queue whose last round ended less than this long ago is busy: a kick then wakes the
@@ -115,6 +117,7 @@ impl ThreadSignal {
             dead: AtomicBool::new(false),
             inline_sends: AtomicU64::new(0),
             inline_rounds: AtomicU64::new(0),
+            wakeups: AtomicU64::new(0),
         })
     }
 
@@ -144,6 +147,16 @@ impl ThreadSignal {
     /// `n` more rounds ran inline.
     pub(crate) fn count_inline_rounds(&self, n: u64) {
         self.inline_rounds.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Times the thread serving the queue came back from sleep so far.
+    pub(crate) fn wakeups(&self) -> u64 {
+        self.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// Thread side: it came back from a sleep.
+    pub(crate) fn count_wakeup(&self) {
+        self.wakeups.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Runs an inline send round; whether it ran.

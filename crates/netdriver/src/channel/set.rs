@@ -1047,6 +1047,7 @@ impl ChannelSet {
                 xsk_drops: p.signal.rx_fd().and_then(|fd| xsk_drops(fd).ok()),
                 inline_sends: p.signal.inline_sends(),
                 inline_rounds: p.signal.inline_rounds(),
+                wakeups: p.signal.wakeups(),
             })
             .collect()
     }
@@ -1516,6 +1517,11 @@ pub struct QueueThreadStats {
     /// one finds nothing to do or leaves the queue settled, so this over the number of
     /// such calls says how many rounds a call costs.
     pub inline_rounds: u64,
+    /// Times the thread serving the queue came back from sleep since the set started,
+    /// whatever woke it: arrivals, kicks, timers, the end of a runtime's lease. On a host
+    /// with few cores each one may preempt an application thread: they are most of a
+    /// ping-pong's latency tail there (`docs/performance.md`, "Background wake-ups").
+    pub wakeups: u64,
 }
 
 /// The core a thread is to run on, if it is pinned.

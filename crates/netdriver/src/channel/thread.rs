@@ -1296,6 +1296,9 @@ fn idle(
         }
     };
     drop(fds);
+    for h in held.iter() {
+        h.slot.signal.count_wakeup();
+    }
     match woken {
         Some(queues) => queues.into_iter().for_each(|i| held[i].ready = true),
         None => held.iter_mut().for_each(|h| h.ready = true),
