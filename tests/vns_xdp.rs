@@ -472,6 +472,187 @@ async fn echo_until_eof(s: &mut VirtualStream) {
     s.shutdown().await.unwrap();
 }
 
+/// One 64-byte message each way on `s`.
+async fn small_exchange(s: &mut VirtualStream, tag: u8) {
+    let msg = [tag; 64];
+    let mut back = [0u8; 64];
+    s.write_all(&msg).await.expect("write");
+    s.read_exact(&mut back).await.expect("read the echo");
+    assert_eq!(back, msg, "echo of {tag}");
+}
+
+/// A lease a latency-class reader takes on the queues (run-to-completion receive, 10 ms)
+/// ends as soon as a reader that leaves receiving to the channel threads waits: a
+/// throughput-class exchange right after a latency-class one does not wait for the lease
+/// to run out. Before, each such exchange waited up to a lease for its echo (and at 32
+/// connections, stalls under leases left behind made the load look light again, which
+/// took more leases: 5 % of the rate in some rounds).
+#[test]
+fn a_reader_left_to_the_channel_threads_ends_runtime_leases() {
+    let _serial = one_at_a_time();
+    use netchannel::AppClass;
+
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let a = stack_in(&bed, Side::A);
+    let b = stack_in(&bed, Side::B);
+    // Only latency-class sockets receive in the runtime, whatever the load.
+    for s in [&a, &b] {
+        s.set_light_load_streams(0);
+        assert!(s.set_runtime_rx(RuntimeRx::LatencyClass));
+    }
+    let b_ip = bed.side(Side::B).ipv4;
+    let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7110));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let l = b.bind(at).await.unwrap();
+        // B's ends stay throughput-class: its readers leave receiving to its threads.
+        let server = tokio::spawn(async move {
+            let mut echoes = Vec::new();
+            for _ in 0..2 {
+                let (mut s, _) = l.accept().await.unwrap();
+                echoes.push(tokio::spawn(async move { echo_until_eof(&mut s).await }));
+            }
+            for e in echoes {
+                e.await.unwrap();
+            }
+        });
+        let mut lat = a.connect(at).await.unwrap();
+        lat.set_app_class(AppClass::Latency).unwrap();
+        small_exchange(&mut lat, 0).await;
+        let mut thr = a.connect(at).await.unwrap();
+        small_exchange(&mut thr, 0).await;
+
+        const ROUNDS: u32 = 50;
+        let rounds_before = a.runtime_rx_rounds();
+        let mut throughput_time = Duration::ZERO;
+        timeout(LIMIT, async {
+            for i in 1..=ROUNDS {
+                small_exchange(&mut lat, i as u8).await;
+                let t = Instant::now();
+                small_exchange(&mut thr, i as u8).await;
+                throughput_time += t.elapsed();
+            }
+        })
+        .await
+        .expect("exchanges stalled");
+        let rounds_after = a.runtime_rx_rounds();
+        // A's latency-class reader did take leases (it ran rounds itself).
+        assert!(
+            rounds_after > rounds_before,
+            "the latency-class reader ran no rounds: {rounds_before} -> {rounds_after}"
+        );
+        // A throughput exchange that waited for the lease's end would take ~10 ms (the
+        // lease its partner just renewed); fifty of them half a second. Unhindered, one
+        // takes tens of microseconds (a millisecond in a debug build on a busy machine).
+        assert!(
+            throughput_time < Duration::from_millis(200),
+            "{ROUNDS} throughput-class exchanges after latency-class ones took {throughput_time:?}"
+        );
+        for s in [&mut lat, &mut thr] {
+            s.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            s.read_to_end(&mut rest).await.unwrap();
+            assert!(rest.is_empty());
+        }
+        timeout(LIMIT, server).await.unwrap().unwrap();
+    });
+    drop(rt);
+    a.abort();
+    b.abort();
+}
+
+/// The queues' descriptors wake a task that is waiting: a reader whose read was served
+/// by another task's round and that now awaits something else is not picked. Before,
+/// tokio's one waker per descriptor was the last task to wait, so an arrival for another
+/// waiting reader woke that task for nothing and the reader waited for the lease's end.
+#[test]
+fn queue_arrivals_wake_a_task_that_still_waits() {
+    let _serial = one_at_a_time();
+    use netchannel::AppClass;
+
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let a = stack_in(&bed, Side::A);
+    let b = stack_in(&bed, Side::B);
+    for s in [&a, &b] {
+        assert!(s.set_runtime_rx(RuntimeRx::LatencyClass));
+    }
+    let b_ip = bed.side(Side::B).ipv4;
+    let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7111));
+    // One thread: the spawned reader runs (and waits) at the `yield_now` below, before
+    // the second reader waits.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    const ROUNDS: u8 = 50;
+    rt.block_on(async {
+        let l = b.bind(at).await.unwrap();
+        // B: the first stream gets a message whenever the test asks; the second echoes.
+        // (A's readers are the latency-class ones under test.)
+        let (send_tx, mut send_rx) = tokio::sync::mpsc::channel::<u8>(1);
+        let server = tokio::spawn(async move {
+            let (mut pushed, _) = l.accept().await.unwrap();
+            let (mut echoed, _) = l.accept().await.unwrap();
+            let echo = tokio::spawn(async move { echo_until_eof(&mut echoed).await });
+            while let Some(tag) = send_rx.recv().await {
+                pushed.write_all(&[tag; 64]).await.unwrap();
+            }
+            pushed.shutdown().await.unwrap();
+            echo.await.unwrap();
+        });
+        let mut x = a.connect(at).await.unwrap();
+        x.set_app_class(AppClass::Latency).unwrap();
+        let mut y = a.connect(at).await.unwrap();
+        y.set_app_class(AppClass::Latency).unwrap();
+        small_exchange(&mut y, 0).await;
+
+        let mut waited = Duration::ZERO;
+        for tag in 1..=ROUNDS {
+            // X waits for B's message.
+            let reader = tokio::spawn(async move {
+                let mut got = [0u8; 64];
+                x.read_exact(&mut got).await.unwrap();
+                assert_eq!(got, [tag; 64]);
+                (x, Instant::now())
+            });
+            tokio::task::yield_now().await;
+            // Y waits after X, is served, and then waits on something else (the rest of
+            // this loop).
+            small_exchange(&mut y, tag).await;
+            let sent = Instant::now();
+            send_tx.send(tag).await.unwrap();
+            let (back, got_at) = timeout(LIMIT, reader).await.expect("X stalled").unwrap();
+            x = back;
+            waited += got_at.saturating_duration_since(sent);
+        }
+        // Waiting for the lease's end cost 3-8 ms a round (up to the lease, 10 ms); served
+        // at once, tens of microseconds (a millisecond in a debug build on a busy machine).
+        assert!(
+            waited < Duration::from_millis(100),
+            "{ROUNDS} arrivals for a waiting reader took {waited:?}"
+        );
+        drop(send_tx);
+        let mut rest = Vec::new();
+        x.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+        y.shutdown().await.unwrap();
+        y.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+        timeout(LIMIT, server).await.unwrap().unwrap();
+    });
+    drop(rt);
+    a.abort();
+    b.abort();
+}
+
 /// Run-to-completion receive (`RuntimeRx`): reading tasks that process the queues'
 /// arrivals in their runtime, alone and many at once, with reads, writes, shutdowns and
 /// drops interleaved; every byte exact, in bounded time. Then the default (latency-class

@@ -191,6 +191,14 @@ impl ThreadSignal {
         self.rx_lease.fetch_max(until, Ordering::Relaxed);
     }
 
+    /// Ends a lease at once; a thread sleeping under it is woken to take the queue's
+    /// socket back.
+    pub(crate) fn end_rx_lease(&self) {
+        if self.rx_lease.swap(0, Ordering::Relaxed) > self.micros() {
+            self.notify();
+        }
+    }
+
     /// How long a runtime still watches the queue's socket (`None`: nobody does).
     pub(crate) fn rx_lease_left(&self) -> Option<std::time::Duration> {
         let left = self
@@ -427,6 +435,13 @@ impl RxPoller {
     /// leasing several queues at once reads the clock once).
     pub fn lease_at(&self, now: std::time::Instant, d: std::time::Duration) {
         self.signal.lease_rx_at(now, d);
+    }
+
+    /// Ends the lease now (for a runtime that stops serving the queue before its lease
+    /// would end): the channel thread is woken if it sleeps under it, and waits on the
+    /// socket again.
+    pub fn end_lease(&self) {
+        self.signal.end_rx_lease();
     }
 }
 

@@ -94,7 +94,13 @@ pub struct ChannelSetConfig {
     /// 5681's, is 2): a channel carries messages of a few segments whose replies usually
     /// follow at once, and with 2 the second full segment of a 4 KB message cost a pure
     /// ACK just before the reply that could carry it (7.65 frames per 4 KB
-    /// request/response where 6 do; `docs/performance.md`, "Pure ACKs").
+    /// request/response where 6 do; `docs/performance.md`, "Pure ACKs"). And it sets
+    /// `tlp_min_pto` to 8 ms (TCP's default 2 ms): every message pushes the probe timer
+    /// back, and a channel thread sleeping until its next timer woke every 2 ms to find
+    /// it moved, preempting the application on a host with few cores (part of the 4 KB
+    /// ping-pong's p99; `docs/performance.md`, "Background wake-ups"). Linux adds 2 ms
+    /// to a PTO and arms it in jiffies (4 ms at Debian's HZ=250), so its probes also go
+    /// out after 4-8 ms; the RTO's floor stays 200 ms.
     pub tcp: tcp::Config,
     /// Disable Nagle's algorithm on channels (default true: chunks are sent as they come).
     pub nodelay: bool,
@@ -156,6 +162,8 @@ impl ChannelSetConfig {
                 mss: u16::MAX,
                 // See the field's documentation.
                 full_segments_per_ack: 4,
+                // See the field's documentation.
+                tlp_min_pto: std::time::Duration::from_millis(8),
                 ..tcp::Config::default()
             },
             nodelay: true,

@@ -202,8 +202,13 @@ pub(crate) struct RxSignal {
 }
 
 /// Longest the driver sleeps while arrivals are recent, so that bytes handed to a reader
-/// that never pulls them still reach their sockets.
-const PULL_FALLBACK: Duration = Duration::from_millis(1);
+/// that never pulls them still reach their sockets. Every such sleep ends in a wake-up
+/// that may preempt an application thread on a host with few cores; at 1 ms they were
+/// part of the 4 KB ping-pong's tail (`docs/performance.md`, "Background wake-ups"). A
+/// reader that is woken and never pulls (a read cancelled right then) is rare, and a read
+/// that returns bytes leaves the readers' list (`Core::read_wait_over`), so the driver
+/// is not what usually pays.
+const PULL_FALLBACK: Duration = Duration::from_millis(10);
 /// How long after the last arrival handed to a reader the driver keeps sleeping with
 /// [`PULL_FALLBACK`] (then untimed, woken by the next arrival).
 const ACTIVE_WINDOW: Duration = Duration::from_millis(20);
@@ -593,15 +598,16 @@ impl Core {
         let load = Arc::new(super::shard::LightLoad::new(config.light_load_streams));
         let max_chunk_payload = endpoints[0].config().max_chunk_payload;
         let linger_timeout = endpoints[0].config().linger_timeout;
+        let rx = Arc::new(RxSignal {
+            signal: signal.clone(),
+            readers: Mutex::new(Vec::new()),
+            owed: AtomicBool::new(false),
+            handed: AtomicU64::new(0),
+        });
         Core {
             me: std::sync::OnceLock::new(),
             channel_thread_pulls: AtomicU64::new(0),
-            rx: Arc::new(RxSignal {
-                signal: signal.clone(),
-                readers: Mutex::new(Vec::new()),
-                owed: AtomicBool::new(false),
-                handed: AtomicU64::new(0),
-            }),
+            rx,
             ctl: Mutex::new(Control {
                 incoming: Vec::new(),
                 peers: HashMap::new(),
@@ -1192,8 +1198,7 @@ impl Core {
         sid: SocketId,
         cx: &mut Context<'_>,
     ) -> bool {
-        let latency =
-            shard.ep.app_class(sid) == Some(crate::AppClass::Latency) || shard.load.is_light();
+        let latency = Self::takes_latency_path(&shard, sid);
         let w = cx.waker();
         {
             let mut readers = self.rx.readers.lock().unwrap_or_else(|p| p.into_inner());
@@ -1209,6 +1214,33 @@ impl Core {
         }
         let _ = latency;
         false
+    }
+
+    /// Whether socket `sid` takes the latency-class receive path now: its class, or a
+    /// lightly loaded stack.
+    pub(crate) fn takes_latency_path(shard: &Shard, sid: SocketId) -> bool {
+        shard.ep.app_class(sid) == Some(crate::AppClass::Latency) || shard.load.is_light()
+    }
+
+    /// A read that waited returned bytes: its task no longer waits, so it leaves the
+    /// readers' lists (the channels' hand-off, [`RxSignal`], and the queues' descriptors,
+    /// `rx_poll`), where an arrival would otherwise pick it and wake nobody who reads.
+    /// `latency`: whether the socket takes the latency-class path now (its class, or a
+    /// light load), as [`Core::want_rx`] decides.
+    pub(crate) fn read_wait_over(&self, cx: &mut Context<'_>, latency: bool) {
+        let w = cx.waker();
+        {
+            let mut readers = self.rx.readers.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = readers.iter().position(|r| r.will_wake(w)) {
+                readers.swap_remove(i);
+            }
+        }
+        #[cfg(target_os = "linux")]
+        if let Some(rt) = &self.rt_rx {
+            let _round = RuntimeRound::enter(w);
+            rt.leave(w, latency);
+        }
+        let _ = latency;
     }
 
     /// Starts a graceful stop: no new channels, connects, binds or accepts (listeners

@@ -22,8 +22,8 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::OnceLock;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use netdriver::channel::RxPoller;
@@ -33,7 +33,16 @@ use tracing::{debug, warn};
 
 /// How long a waiting task holds a queue's arrivals (renewed each time it waits): the
 /// longest an arrival waits when the task that took the lease is gone.
-pub(crate) const LEASE: Duration = Duration::from_millis(1);
+///
+/// The channel thread wakes at a lease's end to see whether it was renewed, so this is
+/// also how often the thread wakes while a runtime serves its queue. At 1 ms those
+/// wake-ups (with the stack driver's `PULL_FALLBACK` and the TLP timer's) preempted the
+/// 4 KB ping-pong's task in about one exchange in ten on the 2-core bed, most of its p99
+/// (`docs/performance.md`, "Background wake-ups"). A long lease is safe because nobody is
+/// left waiting under it: the descriptors wake a task that waits ([`QueueReady`]), and a
+/// reader that leaves receiving to the channel threads ends the leases when it waits
+/// ([`RuntimeQueues::poll`]).
+pub(crate) const LEASE: Duration = Duration::from_millis(10);
 
 /// Rounds a task runs per wait before it lets others run (arrivals that keep coming are
 /// then served by the next wait, or by the channel thread).
@@ -52,6 +61,52 @@ pub(crate) struct RuntimeQueues {
     mode: AtomicU8,
     /// Queue rounds run by waiting tasks.
     rounds: AtomicU64,
+    /// A waiting task leased the queues since a task that does not use them last waited.
+    leased: AtomicBool,
+    /// The tasks waiting on the descriptors, which [`QueueReady`] picks from.
+    waiters: Arc<Waiters>,
+    /// The waker the runtime's reactor holds for every descriptor ([`QueueReady`]).
+    ready: Waker,
+}
+
+/// Most tasks [`Waiters`] holds (more wait for the channel threads' hand-off).
+const MAX_WAITERS: usize = 64;
+
+/// The tasks waiting for the queues' arrivals in their runtime, most recent last.
+#[derive(Debug, Default)]
+struct Waiters {
+    list: Mutex<Vec<Waker>>,
+    /// [`QueueReady`] woke a task that has not looked at the descriptors since.
+    picked: AtomicBool,
+}
+
+/// The waker registered with the runtime's reactor for the NIC queues' AF_XDP
+/// descriptors: a queue with arrivals wakes the task that waited last, out of those
+/// waiting now, and that task runs the queue's round.
+///
+/// tokio keeps one reader waker per descriptor. Registering each waiting task's own
+/// waker left the descriptor with the last task to wait, which may have stopped waiting
+/// since (its bytes came through another task's round): an arrival then woke it at an
+/// await point that does not look at the descriptor, and the tasks still waiting slept
+/// until the channel thread took the queue back at the lease's end. A read that returns
+/// bytes takes its task off the list ([`RuntimeQueues::leave`]), so this wakes a task
+/// that waits; one that was picked and returns without looking runs the rounds itself.
+struct QueueReady(Arc<Waiters>);
+
+impl Wake for QueueReady {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let picked = self.0.list.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        // Nobody waits: the readiness stays set, and the next task to wait finds it at
+        // once (or the channel thread finds the frames when the lease ends).
+        if let Some(w) = picked {
+            self.0.picked.store(true, Ordering::Release);
+            w.wake();
+        }
+    }
 }
 
 /// Which tasks wait on the NIC queues in their own runtime and process arrivals there
@@ -107,12 +162,16 @@ impl RuntimeQueues {
         if pollers.is_empty() || pollers.iter().any(|p| p.fd().is_none()) {
             return None;
         }
+        let waiters = Arc::new(Waiters::default());
         Some(RuntimeQueues {
             pollers,
             fds: OnceLock::new(),
             off: AtomicBool::new(false),
             mode: AtomicU8::new(mode.to_byte()),
             rounds: AtomicU64::new(0),
+            leased: AtomicBool::new(false),
+            ready: Waker::from(Arc::new(QueueReady(waiters.clone()))),
+            waiters,
         })
     }
 
@@ -176,14 +235,30 @@ impl RuntimeQueues {
     /// channels' hand-off already):
     /// runs the rounds of queues with arrivals on this thread and waits on the others
     /// with `cx`. Returns whether it ran a round (the caller looks for its bytes again).
+    ///
+    /// The descriptors are registered with [`QueueReady`], never with the task's own
+    /// waker: the task joins the list of waiters it picks from.
     pub(crate) fn poll(&self, cx: &mut Context<'_>, latency: bool) -> bool {
         if !RuntimeRx::applies(self.mode.load(Ordering::Relaxed), latency) {
+            // This task waits for the channel threads: leases that tasks took (a moment
+            // ago, under a light load, or for a latency-class socket) must not keep them
+            // off the queues while nobody who took them waits any more. Each would hold
+            // its queue's arrivals until it ran out, and the stalls made the load look
+            // light again (a 10 ms lease took 32 connections to 5 % of their rate).
+            if self.leased.load(Ordering::Relaxed) && self.leased.swap(false, Ordering::AcqRel) {
+                self.pollers.iter().for_each(RxPoller::end_lease);
+            }
             return false;
         }
         let Some(fds) = self.fds() else {
             return false;
         };
+        if self.waiters.picked.load(Ordering::Relaxed) {
+            self.waiters.picked.store(false, Ordering::Relaxed);
+        }
         let mut ran = false;
+        let mut waits = false;
+        let mut ready_cx = Context::from_waker(&self.ready);
         // One clock read for the leases of every queue this call waits on.
         let mut now = None;
         for (fd, poller) in fds.iter().zip(&self.pollers) {
@@ -194,7 +269,7 @@ impl RuntimeQueues {
                 continue;
             }
             for _ in 0..ROUNDS_PER_WAIT {
-                match fd.poll_read_ready(cx) {
+                match fd.poll_read_ready(&mut ready_cx) {
                     Poll::Ready(Ok(mut ready)) => {
                         // Cleared before the round: an arrival after this point makes
                         // the descriptor ready again.
@@ -217,11 +292,68 @@ impl RuntimeQueues {
                     }
                     Poll::Pending => {
                         poller.lease_at(*now.get_or_insert_with(std::time::Instant::now), LEASE);
+                        if !self.leased.load(Ordering::Relaxed) {
+                            self.leased.store(true, Ordering::Release);
+                        }
+                        waits = true;
                         break;
                     }
                 }
             }
         }
+        if waits {
+            let w = cx.waker();
+            let mut list = self.waiters.list.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = list.iter().position(|l| l.will_wake(w)) {
+                // Most recent last: it is the likeliest to be waiting still.
+                let me = list.remove(i);
+                list.push(me);
+            } else if list.len() < MAX_WAITERS {
+                list.push(w.clone());
+            }
+        }
         ran
+    }
+
+    /// A task whose read returned bytes no longer waits: it leaves the waiters. If it was
+    /// picked for a queue's arrivals and has not looked at the descriptors since, it runs
+    /// the rounds of the queues ready now, so that the tasks still waiting are served
+    /// (unless its socket, of class `latency`, no longer receives in the runtime: then the
+    /// channel threads do, their leases ended).
+    pub(crate) fn leave(&self, w: &Waker, latency: bool) {
+        let listed = {
+            let mut list = self.waiters.list.lock().unwrap_or_else(|p| p.into_inner());
+            list.iter()
+                .position(|l| l.will_wake(w))
+                .map(|i| list.remove(i))
+                .is_some()
+        };
+        if listed || !self.waiters.picked.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        // Switched off, or the load turned busy, since it was picked: the channel threads
+        // serve the queues.
+        if !RuntimeRx::applies(self.mode.load(Ordering::Relaxed), latency) {
+            return;
+        }
+        let Some(fds) = self.fds() else {
+            return;
+        };
+        let mut ready_cx = Context::from_waker(&self.ready);
+        for (fd, poller) in fds.iter().zip(&self.pollers) {
+            if poller.is_dead() {
+                continue;
+            }
+            if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(&mut ready_cx) {
+                ready.clear_ready();
+                if poller.poll_now() {
+                    self.rounds.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    // The thread is in a round and takes frames left on the ring before
+                    // it sleeps; the readiness is spent: pick another waiter to look.
+                    self.ready.wake_by_ref();
+                }
+            }
+        }
     }
 }

@@ -98,13 +98,18 @@ impl StreamInner {
                     // This task's own earlier wait is over: the bytes' arrival must not
                     // wake it (a wake from inside its poll makes tokio wake another
                     // worker). Another task's wait stays.
+                    let mut waited = None;
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         if w.read.as_ref().is_some_and(|r| r.will_wake(cx.waker())) {
                             w.read = None;
+                            waited = Some(super::driver::Core::takes_latency_path(&st, self.sid));
                         }
                     }
                     // Sends the credit update the read may have made due.
                     core.finish_call(st);
+                    if let Some(latency) = waited {
+                        core.read_wait_over(cx, latency);
+                    }
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
