@@ -24,7 +24,7 @@
 //! `NETCHANNEL_BENCH_CHANNELS` (default 4), `NETCHANNEL_BENCH_ONLY` (a comma-separated
 //! list of measurement names: only those are sampled in the rounds, e.g. under a
 //! profiler), `NETCHANNEL_BENCH_HIST` (set: also print each measurement's samples in 5 µs
-//! buckets and its maximum, for reading tails).
+//! buckets, its maximum and how many took over 1 and 5 ms, for reading tails).
 //!
 //! Without `--bench` (`cargo test --all-targets`) it takes 200 samples each, as a smoke
 //! test.
@@ -209,10 +209,13 @@ mod run {
             for r in rows.iter_mut() {
                 if r.samples.len() > 0 {
                     let max = r.samples.quantile_us(1.0);
+                    let long = r.samples.histogram(&[1000, 5000]);
                     println!(
-                        "{:<26} {:?} max {max:.0}",
+                        "{:<26} {:?} max {max:.0}, {} of 1-5 ms, {} over 5 ms",
                         r.name,
-                        r.samples.histogram(&edges)
+                        r.samples.histogram(&edges),
+                        long[1],
+                        long[2]
                     );
                 }
             }

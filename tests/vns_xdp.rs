@@ -653,6 +653,122 @@ fn queue_arrivals_wake_a_task_that_still_waits() {
     b.abort();
 }
 
+/// A lease that outlives the wait that took it ends when an arrival finds no runtime task
+/// waiting: a raw channel's blocking reader on the same channel set, right after a
+/// latency-class exchange, gets its bytes from the channel thread at once instead of
+/// after the lease (10 ms).
+#[test]
+fn an_arrival_with_no_runtime_reader_waiting_ends_the_lease() {
+    let _serial = one_at_a_time();
+    use bytes::Bytes;
+    use netchannel::netdriver::channel::{ChannelSet, ChannelSetConfig, Dequeued};
+    use netchannel::vns::stack::XdpBackend;
+    use netchannel::AppClass;
+    use std::sync::Arc;
+
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let start = |side: Side| {
+        let e = bed.side(side).clone();
+        bed.run_in(side, move || {
+            let set = ChannelSet::start(ChannelSetConfig::new(e.ifname.clone(), e.ipv4))
+                .expect("channel set");
+            let backend = Arc::new(XdpBackend::new(set));
+            let stack = Stack::builder()
+                .ipv4(e.ipv4)
+                .channels(CHANNELS)
+                .connect_timeout(Duration::from_secs(10))
+                .build_with_backend(backend.clone())
+                .expect("stack");
+            (stack, backend)
+        })
+        .expect("enter the namespace")
+    };
+    let (b, set_b) = start(Side::B);
+    let (a, set_a) = start(Side::A);
+    let b_ip = bed.side(Side::B).ipv4;
+    const RAW_PORT: u16 = 7113;
+    let raw_l = set_b.channel_set().listen(RAW_PORT).expect("raw listen");
+    let raw_a = set_a
+        .channel_set()
+        .connect(SocketAddrV4::new(b_ip, RAW_PORT))
+        .expect("raw connect");
+    let echo = std::thread::spawn(move || {
+        let (ch, _) = raw_l.accept_timeout(LIMIT).expect("raw accept");
+        while let Ok(Dequeued::Chunk(c)) = ch.dequeue_blocking(Some(LIMIT)) {
+            if ch.enqueue_blocking(c, Some(LIMIT)).is_err() {
+                break;
+            }
+        }
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7112));
+    let (mut lat, server) = rt.block_on(async {
+        let l = b.bind(at).await.unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            echo_until_eof(&mut s).await;
+        });
+        let lat = a.connect(at).await.unwrap();
+        lat.set_app_class(AppClass::Latency).unwrap();
+        (lat, server)
+    });
+    let raw_exchange = |tag: u8| {
+        raw_a
+            .enqueue_blocking(Bytes::from(vec![tag; 64]), Some(LIMIT))
+            .expect("raw send");
+        let mut got = 0;
+        while got < 64 {
+            match raw_a.dequeue_blocking(Some(LIMIT)) {
+                Ok(Dequeued::Chunk(c)) => {
+                    assert!(c.iter().all(|&b| b == tag));
+                    got += c.len();
+                }
+                other => panic!("raw echo: {other:?}"),
+            }
+        }
+    };
+    raw_exchange(0);
+
+    const ROUNDS: u8 = 50;
+    let rounds_before = a.runtime_rx_rounds();
+    let mut raw_time = Duration::ZERO;
+    for tag in 1..=ROUNDS {
+        // A's reading task takes a lease, gets its echo and stops waiting.
+        rt.block_on(small_exchange(&mut lat, tag));
+        let t = Instant::now();
+        raw_exchange(tag);
+        raw_time += t.elapsed();
+    }
+    assert!(
+        a.runtime_rx_rounds() > rounds_before,
+        "the latency-class reader took no lease (ran no rounds)"
+    );
+    // Waiting for the lease's end cost up to 10 ms a round (about half a second in all);
+    // served at once, tens of microseconds (a millisecond in a debug build on a busy
+    // machine).
+    assert!(
+        raw_time < Duration::from_millis(200),
+        "{ROUNDS} raw-channel exchanges after latency-class ones took {raw_time:?}"
+    );
+    rt.block_on(async {
+        lat.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        lat.read_to_end(&mut rest).await.unwrap();
+        timeout(LIMIT, server).await.unwrap().unwrap();
+    });
+    raw_a.close();
+    echo.join().expect("raw echo thread");
+    drop(rt);
+    a.abort();
+    b.abort();
+}
+
 /// Run-to-completion receive (`RuntimeRx`): reading tasks that process the queues'
 /// arrivals in their runtime, alone and many at once, with reads, writes, shutdowns and
 /// drops interleaved; every byte exact, in bounded time. Then the default (latency-class

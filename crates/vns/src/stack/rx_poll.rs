@@ -65,8 +65,9 @@ pub(crate) struct RuntimeQueues {
     leased: AtomicBool,
     /// The tasks waiting on the descriptors, which [`QueueReady`] picks from.
     waiters: Arc<Waiters>,
-    /// The waker the runtime's reactor holds for every descriptor ([`QueueReady`]).
-    ready: Waker,
+    /// The wakers the runtime's reactor holds for the descriptors, one per queue
+    /// ([`QueueReady`]).
+    ready: Vec<Waker>,
 }
 
 /// Most tasks [`Waiters`] holds (more wait for the channel threads' hand-off).
@@ -80,9 +81,12 @@ struct Waiters {
     picked: AtomicBool,
 }
 
-/// The waker registered with the runtime's reactor for the NIC queues' AF_XDP
-/// descriptors: a queue with arrivals wakes the task that waited last, out of those
-/// waiting now, and that task runs the queue's round.
+/// The waker registered with the runtime's reactor for a NIC queue's AF_XDP descriptor:
+/// arrivals wake the task that waited last, out of those waiting now, and that task runs
+/// the queue's round. With nobody waiting, the queue's lease ends at once and its channel
+/// thread takes the arrivals: a lease outlives the wait that took it by up to [`LEASE`],
+/// and bytes for a socket that no runtime task reads (a raw channel, a reader on another
+/// thread) must not wait for its end.
 ///
 /// tokio keeps one reader waker per descriptor. Registering each waiting task's own
 /// waker left the descriptor with the last task to wait, which may have stopped waiting
@@ -91,7 +95,10 @@ struct Waiters {
 /// until the channel thread took the queue back at the lease's end. A read that returns
 /// bytes takes its task off the list ([`RuntimeQueues::leave`]), so this wakes a task
 /// that waits; one that was picked and returns without looking runs the rounds itself.
-struct QueueReady(Arc<Waiters>);
+struct QueueReady {
+    waiters: Arc<Waiters>,
+    queue: RxPoller,
+}
 
 impl Wake for QueueReady {
     fn wake(self: Arc<Self>) {
@@ -99,12 +106,20 @@ impl Wake for QueueReady {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let picked = self.0.list.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        // Nobody waits: the readiness stays set, and the next task to wait finds it at
-        // once (or the channel thread finds the frames when the lease ends).
-        if let Some(w) = picked {
-            self.0.picked.store(true, Ordering::Release);
-            w.wake();
+        let picked = self
+            .waiters
+            .list
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        match picked {
+            Some(w) => {
+                self.waiters.picked.store(true, Ordering::Release);
+                w.wake();
+            }
+            // The readiness stays set for the next task to wait; the thread, woken,
+            // waits on the socket again and takes the frames now.
+            None => self.queue.end_lease(),
         }
     }
 }
@@ -163,6 +178,15 @@ impl RuntimeQueues {
             return None;
         }
         let waiters = Arc::new(Waiters::default());
+        let ready = pollers
+            .iter()
+            .map(|p| {
+                Waker::from(Arc::new(QueueReady {
+                    waiters: waiters.clone(),
+                    queue: p.clone(),
+                }))
+            })
+            .collect();
         Some(RuntimeQueues {
             pollers,
             fds: OnceLock::new(),
@@ -170,7 +194,7 @@ impl RuntimeQueues {
             mode: AtomicU8::new(mode.to_byte()),
             rounds: AtomicU64::new(0),
             leased: AtomicBool::new(false),
-            ready: Waker::from(Arc::new(QueueReady(waiters.clone()))),
+            ready,
             waiters,
         })
     }
@@ -258,10 +282,10 @@ impl RuntimeQueues {
         }
         let mut ran = false;
         let mut waits = false;
-        let mut ready_cx = Context::from_waker(&self.ready);
         // One clock read for the leases of every queue this call waits on.
         let mut now = None;
-        for (fd, poller) in fds.iter().zip(&self.pollers) {
+        for ((fd, poller), ready) in fds.iter().zip(&self.pollers).zip(&self.ready) {
+            let mut ready_cx = Context::from_waker(ready);
             // A queue whose thread died (fault injection) is served by nobody: its socket
             // stays readable while frames pile up, and waiting on it would only spin,
             // since `poll_now` runs nothing for it. Its channels are already failed.
@@ -339,11 +363,11 @@ impl RuntimeQueues {
         let Some(fds) = self.fds() else {
             return;
         };
-        let mut ready_cx = Context::from_waker(&self.ready);
-        for (fd, poller) in fds.iter().zip(&self.pollers) {
+        for ((fd, poller), queue_ready) in fds.iter().zip(&self.pollers).zip(&self.ready) {
             if poller.is_dead() {
                 continue;
             }
+            let mut ready_cx = Context::from_waker(queue_ready);
             if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(&mut ready_cx) {
                 ready.clear_ready();
                 if poller.poll_now() {
@@ -351,7 +375,7 @@ impl RuntimeQueues {
                 } else {
                     // The thread is in a round and takes frames left on the ring before
                     // it sleeps; the readiness is spent: pick another waiter to look.
-                    self.ready.wake_by_ref();
+                    queue_ready.wake_by_ref();
                 }
             }
         }
