@@ -294,20 +294,20 @@ impl RuntimeQueues {
             }
             for _ in 0..ROUNDS_PER_WAIT {
                 match fd.poll_read_ready(&mut ready_cx) {
-                    Poll::Ready(Ok(mut ready)) => {
-                        // Cleared before the round: an arrival after this point makes
-                        // the descriptor ready again.
-                        ready.clear_ready();
-                        if poller.poll_now() {
-                            ran = true;
-                            self.rounds.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            // The channel thread (or another task) is in a round that
-                            // may have passed the ring before these frames came, and the
-                            // readiness is spent: look again soon rather than leave them
-                            // to the end of the lease.
+                    Poll::Ready(Ok(ready)) => {
+                        if !run_and_clear(poller, ready) {
+                            // The channel thread or another task is in a round that may
+                            // have passed the ring before these frames came. The
+                            // readiness is kept: look again soon. (It used to be cleared
+                            // before the round; a failed try then left the frames on the
+                            // ring with nobody woken for them until the lease ended or
+                            // the peer's probe timer sent another frame: the
+                            // ping-pong's rare 1-8 ms samples.)
                             cx.waker().wake_by_ref();
+                            break;
                         }
+                        ran = true;
+                        self.rounds.fetch_add(1, Ordering::Relaxed);
                     }
                     Poll::Ready(Err(e)) => {
                         debug!(error = %e, "the runtime's registration of the AF_XDP sockets failed; back to the channel threads");
@@ -368,16 +368,31 @@ impl RuntimeQueues {
                 continue;
             }
             let mut ready_cx = Context::from_waker(queue_ready);
-            if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(&mut ready_cx) {
-                ready.clear_ready();
-                if poller.poll_now() {
+            if let Poll::Ready(Ok(ready)) = fd.poll_read_ready(&mut ready_cx) {
+                if run_and_clear(poller, ready) {
                     self.rounds.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    // The thread is in a round and takes frames left on the ring before
-                    // it sleeps; the readiness is spent: pick another waiter to look.
+                    // A round runs elsewhere: the readiness is kept; a waiter (or, with
+                    // none, the channel thread) looks again.
                     queue_ready.wake_by_ref();
                 }
             }
         }
     }
+}
+
+/// Runs the queue's round on this thread and then clears the descriptor's readiness;
+/// false (the readiness kept) when a round runs elsewhere. Cleared after the round, not
+/// before: tokio clears readiness only if no event came since it was reported, so frames
+/// that arrive during the round leave the descriptor ready for the next look.
+fn run_and_clear(
+    poller: &RxPoller,
+    mut ready: tokio::io::unix::AsyncFdReadyGuard<'_, OwnedFd>,
+) -> bool {
+    if !poller.poll_now() {
+        ready.retain_ready();
+        return false;
+    }
+    ready.clear_ready();
+    true
 }
