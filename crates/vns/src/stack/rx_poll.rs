@@ -131,8 +131,9 @@ impl Wake for QueueReady {
 /// Measured on the 2-core bed (`docs/performance.md`): a 4 KB ping-pong's p50 falls to
 /// 0.6-0.85x with it, and a latency-class stream's matches a raw channel's; but an echo
 /// server that answers partial reads at once, with 32-128 connections, loses up to a
-/// third of its request rate, since the task wakes per frame where the channel thread
-/// gathers a batch. Hence the default: latency-class sockets only.
+/// third of its request rate (30-45 % at 128 connections since the 10 ms lease, under
+/// which the channel threads never take a turn), since the task wakes per frame where
+/// the channel thread gathers a batch. Hence the default: latency-class sockets only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RuntimeRx {
     /// Channel threads process every arrival and wake the readers.
