@@ -85,9 +85,9 @@ pub struct CopyStats {
     pub app_bytes: u64,
     /// Workers that could not be pinned to their core.
     pub pin_failures: u64,
-    /// Pieces a [`CopyPicker`] placed on a worker of its choice.
+    /// Pieces the stack's copy picker (its scheduler's `pick_copy_worker`) placed on a worker of its choice.
     pub picked_pieces: u64,
-    /// Pieces a [`CopyPicker`] gave back to the application thread (`None`).
+    /// Pieces the copy picker gave back to the application thread (`None`).
     pub declined_pieces: u64,
     /// The chunk buffer pool's counters.
     pub buffers: BufferStats,
@@ -450,7 +450,7 @@ impl CopyWorkerPool {
     }
 
     /// [`CopyWorkerPool::copy_in_mut`] for the virtual socket `flow` (what a
-    /// [`CopyPicker`] is told).
+    /// copy picker is told).
     pub fn copy_in_mut_for(&self, flow: u64, src: &[u8], out: &mut Vec<BytesMut>) -> usize {
         let k = src.len().div_ceil(self.chunk_size);
         for surplus in out.drain(k.min(out.len())..) {
@@ -542,7 +542,7 @@ impl CopyWorkerPool {
         self.copy_out_for(0, chunks, dst)
     }
 
-    /// [`CopyWorkerPool::copy_out`] for the virtual socket `flow` (what a [`CopyPicker`]
+    /// [`CopyWorkerPool::copy_out`] for the virtual socket `flow` (what a copy picker
     /// is told).
     pub fn copy_out_for<C: AsRef<[u8]> + Sync>(
         &self,

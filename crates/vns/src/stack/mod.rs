@@ -521,7 +521,7 @@ impl StackBuilder {
     /// plans carried out every plan period ([`StackBuilder::execute_plans`]), and its
     /// [`pick_copy_worker`](netsched::NetScheduler::pick_copy_worker) places the pieces of
     /// large copies on the copy workers (asked of an instance of its own,
-    /// [`NetScheduler::fork`](netsched::NetScheduler::fork); a policy that cannot fork
+    /// [`NetScheduler::fork`]; a policy that cannot fork
     /// leaves copies split evenly).
     pub fn scheduler(mut self, s: impl NetScheduler + 'static) -> Self {
         self.scheduler = Box::new(s);
