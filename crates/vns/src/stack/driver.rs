@@ -470,6 +470,9 @@ pub(crate) struct SockWake {
     pub read: Option<Waker>,
     pub write: Option<Waker>,
     pub timed_out: bool,
+    /// A read of this stream put its task on the readers' lists ([`Core::want_rx`]) and
+    /// has not returned bytes since ([`Core::read_wait_over`] takes it off).
+    pub listed: bool,
     /// The last activity period (`shard::LightLoad`) in which the stream read or wrote
     /// bytes, plus one (0: never).
     pub active_period: u64,
@@ -1194,11 +1197,14 @@ impl Core {
     /// them ([`RuntimeRound`]).
     pub(crate) fn want_rx(
         &self,
-        shard: MutexGuard<'_, Shard>,
+        mut shard: MutexGuard<'_, Shard>,
         sid: SocketId,
         cx: &mut Context<'_>,
     ) -> bool {
         let latency = Self::takes_latency_path(&shard, sid);
+        if let Some(sock) = shard.socks.get_mut(&sid) {
+            sock.listed = true;
+        }
         let w = cx.waker();
         {
             let mut readers = self.rx.readers.lock().unwrap_or_else(|p| p.into_inner());
@@ -1214,6 +1220,16 @@ impl Core {
         }
         let _ = latency;
         false
+    }
+
+    /// Tasks on the channels' readers list now (for tests).
+    #[cfg(test)]
+    pub(crate) fn readers_listed(&self) -> usize {
+        self.rx
+            .readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     /// Whether socket `sid` takes the latency-class receive path now: its class, or a

@@ -386,3 +386,52 @@ fn idle_streams_do_not_count_as_load() {
         "a bound of 0 keeps the channel threads' path"
     );
 }
+
+/// A read that returns bytes takes its task off the channels' readers list, whichever way
+/// the bytes reached it (here another reader's pull, which woke it through its socket).
+/// Left there, the entry was picked by a later arrival whose own reader then waited for
+/// the driver's fall-back (10 ms), and entries of finished tasks filled the list (64)
+/// until no reader could register.
+#[test]
+fn a_read_that_returns_bytes_leaves_the_readers_list() {
+    let (a, b) = pair(1);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut p = pairs(&a, &b, 7400, 2).await;
+        let (mut c2, s2) = p.pop().unwrap();
+        let (mut c1, s1) = p.pop().unwrap();
+        let read4 = |mut s: VirtualStream| async move {
+            let mut buf = [0u8; 4];
+            s.read_exact(&mut buf).await.unwrap();
+            (s, buf)
+        };
+        let t1 = tokio::spawn(read4(s1));
+        let t2 = tokio::spawn(read4(s2));
+        // Both readers run (one thread) and wait: both are listed.
+        tokio::task::yield_now().await;
+        assert_eq!(b.core().readers_listed(), 2);
+
+        c1.write_all(b"ping").await.unwrap();
+        let (_s1, got) = timeout(LIMIT, t1).await.unwrap().unwrap();
+        assert_eq!(&got, b"ping");
+        // The first reader is done; only the second may still be listed.
+        assert!(
+            b.core().readers_listed() <= 1,
+            "a finished reader is still listed: {}",
+            b.core().readers_listed()
+        );
+        c2.write_all(b"pong").await.unwrap();
+        let (_s2, got) = timeout(LIMIT, t2).await.unwrap().unwrap();
+        assert_eq!(&got, b"pong");
+        assert_eq!(
+            b.core().readers_listed(),
+            0,
+            "finished readers are still listed"
+        );
+    });
+    a.abort();
+    b.abort();
+}

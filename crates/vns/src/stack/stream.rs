@@ -98,13 +98,17 @@ impl StreamInner {
                     // This task's own earlier wait is over: the bytes' arrival must not
                     // wake it (a wake from inside its poll makes tokio wake another
                     // worker). Another task's wait stays.
-                    let mut waited = None;
+                    let mut waited = false;
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         if w.read.as_ref().is_some_and(|r| r.will_wake(cx.waker())) {
                             w.read = None;
-                            waited = Some(super::driver::Core::takes_latency_path(&st, self.sid));
                         }
+                        // Whether the bytes came to this task's own look or woke it
+                        // through the socket (its read waker taken), it waits no more.
+                        waited = std::mem::take(&mut w.listed);
                     }
+                    let waited =
+                        waited.then(|| super::driver::Core::takes_latency_path(&st, self.sid));
                     // Sends the credit update the read may have made due.
                     core.finish_call(st);
                     if let Some(latency) = waited {
