@@ -31,6 +31,15 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// open problem of its own, not what these tests measure).
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// A tokio runtime with 2 workers, as the bed's 2 cores.
+fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -133,11 +142,7 @@ fn two_stacks_over_af_xdp() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000_000);
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     rt.block_on(async {
         // Refused: nothing listens on the port (the channels exist after this).
         let e = timeout(LIMIT, a.connect(at(7999)))
@@ -275,11 +280,7 @@ fn plain_kernel_tcp_peers_over_af_xdp() {
     let mut data = vec![0u8; LEN];
     fill(77, 0, &mut data);
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     // A kernel client against a VirtualListener.
     let l = rt
         .block_on(b.bind(SocketAddrV4::new(b_ip, 7100).into()))
@@ -504,11 +505,7 @@ fn a_reader_left_to_the_channel_threads_ends_runtime_leases() {
     }
     let b_ip = bed.side(Side::B).ipv4;
     let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7110));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     rt.block_on(async {
         let l = b.bind(at).await.unwrap();
         // B's ends stay throughput-class: its readers leave receiving to its threads.
@@ -702,11 +699,7 @@ fn an_arrival_with_no_runtime_reader_waiting_ends_the_lease() {
             }
         }
     });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7112));
     let (mut lat, server) = rt.block_on(async {
         let l = b.bind(at).await.unwrap();
@@ -789,11 +782,7 @@ fn run_to_completion_receive_over_af_xdp() {
     let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
     const TASKS: u64 = 24;
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     rt.block_on(async {
         assert!(a.set_runtime_rx(RuntimeRx::All) && b.set_runtime_rx(RuntimeRx::All));
         let l = b.bind_with_backlog(at(7100), TASKS as usize).await.unwrap();
@@ -998,11 +987,7 @@ fn receive_on_the_channel_threads_over_af_xdp() {
     let b_ip = bed.side(Side::B).ipv4;
     let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
     const TASKS: u64 = 16;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     for on in [true, false] {
         let start = |side: Side| {
             let e = bed.side(side).clone();
@@ -1191,11 +1176,7 @@ fn transfer_through(fault: Fault) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000_000);
     const SMALL: u32 = 32;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     rt.block_on(async {
         let big_l = b.bind(at(7400)).await.unwrap();
         let small_l = b.bind_with_backlog(at(7401), SMALL as usize).await.unwrap();
@@ -1705,11 +1686,7 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
         .unwrap_or(100_000_000)
         / 2;
     const SMALL: u32 = 16;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     rt.block_on(async {
         let big_l = b.bind(at(7500)).await.unwrap();
         let small_l = b.bind_with_backlog(at(7501), SMALL as usize).await.unwrap();
@@ -1880,11 +1857,7 @@ fn isolating_keeps_latency_streams_off_bulk_channels_threads_and_cores() {
     const BULK: u64 = 20_000_000;
     const PINGS: usize = 200;
     const MSG: usize = 4096;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     rt.block_on(async {
         let bulk_l = b.bind(at(7600)).await.unwrap();
         let lat_l = b.bind(at(7601)).await.unwrap();
@@ -2088,11 +2061,7 @@ fn the_scaler_grows_and_shrinks_channels_under_real_load_over_af_xdp() {
     let b = build(Side::B, false);
     let b_ip = bed.side(Side::B).ipv4;
     let to = SocketAddr::from(SocketAddrV4::new(b_ip, 7600));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     rt.block_on(async {
         let l = b.bind(to).await.unwrap();
         let mut c = timeout(LIMIT, a.connect(to)).await.unwrap().unwrap();
@@ -2242,11 +2211,7 @@ fn plans_spawn_move_and_retire_channel_threads_under_load_over_af_xdp() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000_000)
         / 2;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     // The thread the plan spawned, if it is there and serves both queues.
     let spawned_serving_all = |a: &Stack| {
         let p = a.channel_placement().expect("AF_XDP stacks have threads");
@@ -2454,11 +2419,7 @@ fn the_scaler_gives_a_crowded_threads_second_queue_a_thread_of_its_own_over_af_x
         .expect("stack A");
     let b = stack_in(&bed, Side::B);
     let to = SocketAddr::from(SocketAddrV4::new(bed.side(Side::B).ipv4, 7700));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = two_workers();
     rt.block_on(async {
         let l = b.bind(to).await.unwrap();
         let mut c = timeout(LIMIT, a.connect(to)).await.unwrap().unwrap();

@@ -194,7 +194,7 @@ impl Wake for Signal {
 /// reader that does not come.
 pub(crate) struct RxSignal {
     signal: Arc<Signal>,
-    readers: Mutex<Vec<Waker>>,
+    readers: super::waker_list::WakerList,
     /// An arrival was handed to a reader and no pull has taken it yet.
     owed: AtomicBool,
     /// Arrivals handed to readers so far (the driver's activity measure).
@@ -364,7 +364,7 @@ impl Wake for RxSignal {
     fn wake_by_ref(self: &Arc<Self>) {
         // One reader is enough: it feeds every socket's bytes to the endpoint and wakes
         // the other readers whose sockets became ready (no thundering herd).
-        let reader = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let reader = self.readers.pop();
         match reader {
             Some(w) => {
                 self.owed.store(true, Ordering::SeqCst);
@@ -603,7 +603,7 @@ impl Core {
         let linger_timeout = endpoints[0].config().linger_timeout;
         let rx = Arc::new(RxSignal {
             signal: signal.clone(),
-            readers: Mutex::new(Vec::new()),
+            readers: super::waker_list::WakerList::new(MAX_RX_READERS),
             owed: AtomicBool::new(false),
             handed: AtomicU64::new(0),
         });
@@ -1206,12 +1206,7 @@ impl Core {
             sock.listed = true;
         }
         let w = cx.waker();
-        {
-            let mut readers = self.rx.readers.lock().unwrap_or_else(|p| p.into_inner());
-            if readers.len() < MAX_RX_READERS && !readers.iter().any(|r| r.will_wake(w)) {
-                readers.push(w.clone());
-            }
-        }
+        self.rx.readers.push(w, false);
         self.finish_call(shard);
         #[cfg(target_os = "linux")]
         if let Some(rt) = &self.rt_rx {
@@ -1225,11 +1220,7 @@ impl Core {
     /// Tasks on the channels' readers list now (for tests).
     #[cfg(test)]
     pub(crate) fn readers_listed(&self) -> usize {
-        self.rx
-            .readers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
+        self.rx.readers.len()
     }
 
     /// Whether socket `sid` takes the latency-class receive path now: its class, or a
@@ -1245,12 +1236,7 @@ impl Core {
     /// light load), as [`Core::want_rx`] decides.
     pub(crate) fn read_wait_over(&self, cx: &mut Context<'_>, latency: bool) {
         let w = cx.waker();
-        {
-            let mut readers = self.rx.readers.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = readers.iter().position(|r| r.will_wake(w)) {
-                readers.swap_remove(i);
-            }
-        }
+        self.rx.readers.remove(w);
         #[cfg(target_os = "linux")]
         if let Some(rt) = &self.rt_rx {
             let _round = RuntimeRound::enter(w);
@@ -2069,7 +2055,7 @@ mod tests {
     fn rx_signal() -> Arc<RxSignal> {
         Arc::new(RxSignal {
             signal: Arc::new(Signal::default()),
-            readers: Mutex::new(Vec::new()),
+            readers: crate::stack::waker_list::WakerList::new(MAX_RX_READERS),
             owed: AtomicBool::new(false),
             handed: AtomicU64::new(0),
         })
@@ -2087,7 +2073,7 @@ mod tests {
         let (me_w, other_w) = (Waker::from(me.clone()), Waker::from(other.clone()));
         let rx = rx_signal();
 
-        rx.readers.lock().unwrap().push(me_w.clone());
+        rx.readers.push(&me_w, false);
         {
             let _round = RuntimeRound::enter(&me_w);
             rx.wake_by_ref();
@@ -2097,10 +2083,10 @@ mod tests {
             rx.owed.load(Ordering::SeqCst),
             "the arrival is still owed a pull"
         );
-        assert!(rx.readers.lock().unwrap().is_empty());
+        assert_eq!(rx.readers.len(), 0);
 
         // Another task's wait is served as before, inside the round too.
-        rx.readers.lock().unwrap().push(other_w.clone());
+        rx.readers.push(&other_w, false);
         {
             let _round = RuntimeRound::enter(&me_w);
             rx.wake_by_ref();
@@ -2108,7 +2094,7 @@ mod tests {
         assert_eq!(other.0.load(Ordering::SeqCst), 1);
 
         // The mark ends with the round.
-        rx.readers.lock().unwrap().push(me_w.clone());
+        rx.readers.push(&me_w, false);
         rx.wake_by_ref();
         assert_eq!(
             me.0.load(Ordering::SeqCst),

@@ -195,6 +195,7 @@ mod shard;
 mod shard_tests;
 mod socket;
 mod stream;
+mod waker_list;
 
 use std::fmt;
 use std::io;

@@ -22,7 +22,7 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
@@ -30,6 +30,8 @@ use netdriver::channel::RxPoller;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tracing::{debug, warn};
+
+use super::waker_list::WakerList;
 
 /// How long a waiting task holds a queue's arrivals (renewed each time it waits): the
 /// longest an arrival waits when the task that took the lease is gone.
@@ -74,9 +76,9 @@ pub(crate) struct RuntimeQueues {
 const MAX_WAITERS: usize = 64;
 
 /// The tasks waiting for the queues' arrivals in their runtime, most recent last.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Waiters {
-    list: Mutex<Vec<Waker>>,
+    list: WakerList,
     /// [`QueueReady`] woke a task that has not looked at the descriptors since.
     picked: AtomicBool,
 }
@@ -106,13 +108,7 @@ impl Wake for QueueReady {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let picked = self
-            .waiters
-            .list
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        match picked {
+        match self.waiters.list.pop() {
             Some(w) => {
                 self.waiters.picked.store(true, Ordering::Release);
                 w.wake();
@@ -178,7 +174,10 @@ impl RuntimeQueues {
         if pollers.is_empty() || pollers.iter().any(|p| p.fd().is_none()) {
             return None;
         }
-        let waiters = Arc::new(Waiters::default());
+        let waiters = Arc::new(Waiters {
+            list: WakerList::new(MAX_WAITERS),
+            picked: AtomicBool::new(false),
+        });
         let ready = pollers
             .iter()
             .map(|p| {
@@ -327,15 +326,9 @@ impl RuntimeQueues {
             }
         }
         if waits {
-            let w = cx.waker();
-            let mut list = self.waiters.list.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = list.iter().position(|l| l.will_wake(w)) {
-                // Most recent last: it is the likeliest to be waiting still.
-                let me = list.remove(i);
-                list.push(me);
-            } else if list.len() < MAX_WAITERS {
-                list.push(w.clone());
-            }
+            // On top if listed already: the most recent waiter is the likeliest to be
+            // waiting still.
+            self.waiters.list.push(cx.waker(), true);
         }
         ran
     }
@@ -346,14 +339,7 @@ impl RuntimeQueues {
     /// (unless its socket, of class `latency`, no longer receives in the runtime: then the
     /// channel threads do, their leases ended).
     pub(crate) fn leave(&self, w: &Waker, latency: bool) {
-        let listed = {
-            let mut list = self.waiters.list.lock().unwrap_or_else(|p| p.into_inner());
-            list.iter()
-                .position(|l| l.will_wake(w))
-                .map(|i| list.remove(i))
-                .is_some()
-        };
-        if listed || !self.waiters.picked.swap(false, Ordering::AcqRel) {
+        if self.waiters.list.remove(w) || !self.waiters.picked.swap(false, Ordering::AcqRel) {
             return;
         }
         // Switched off, or the load turned busy, since it was picked: the channel threads
