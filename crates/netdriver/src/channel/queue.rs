@@ -60,7 +60,7 @@ pub(crate) struct ThreadSignal {
     pending: AtomicBool,
     stop: AtomicBool,
     efd: EventFd,
-    /// The queue's state, for inline rounds (`thread::run_inline`); weak, since the
+    /// The queue's state, for inline rounds (`thread::run_inline_marked`); weak, since the
     /// state holds the channels that hold this signal.
     inline: OnceLock<Weak<Mutex<QueueState>>>,
     /// Largest chunk an enqueue into an empty Tx queue sends inline (0: never).
@@ -86,8 +86,14 @@ pub(crate) struct ThreadSignal {
     dead: AtomicBool,
     /// Chunks that enqueuing threads sent themselves ([`DeferredKick`]).
     inline_sends: AtomicU64,
-    /// Rounds run by other threads than the channel thread ([`run_inline`](super::thread::run_inline)).
+    /// Rounds run by other threads than the channel thread ([`run_inline_marked`](super::thread::run_inline_marked)).
     inline_rounds: AtomicU64,
+    /// A thread that found the queue's round held by an application thread asks that
+    /// thread to run one more before it lets go ([`ask_for_round`](Self::ask_for_round)).
+    round_wanted: AtomicBool,
+    /// Chunks whose sending was left to the application thread running the queue's round
+    /// at the time ([`ask_for_round`](Self::ask_for_round)).
+    handed_sends: AtomicU64,
     /// Times the queue's thread came back from sleep (`poll(2)`), whatever woke it.
     wakeups: AtomicU64,
 }
@@ -117,6 +123,8 @@ impl ThreadSignal {
             dead: AtomicBool::new(false),
             inline_sends: AtomicU64::new(0),
             inline_rounds: AtomicU64::new(0),
+            round_wanted: AtomicBool::new(false),
+            handed_sends: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
         })
     }
@@ -159,13 +167,55 @@ impl ThreadSignal {
         self.wakeups.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Runs an inline send round; whether it ran.
+    /// Runs an inline send round, or leaves the chunk to the application thread running
+    /// one now; whether either happened (else the caller wakes the channel thread).
     fn send_inline(&self) -> bool {
-        let ran = super::thread::run_inline(self);
-        if ran {
-            self.inline_sends.fetch_add(1, Ordering::Relaxed);
+        match super::thread::send_inline(self) {
+            super::thread::InlineSend::Ran => {
+                self.inline_sends.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            super::thread::InlineSend::Handed => {
+                self.handed_sends.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            super::thread::InlineSend::No => false,
         }
-        ran
+    }
+
+    /// Chunks left to the application thread that ran the queue's round so far.
+    pub(crate) fn handed_sends(&self) -> u64 {
+        self.handed_sends.load(Ordering::Relaxed)
+    }
+
+    /// The queue's round is held by another thread: asks it to run one more before it
+    /// lets go, so that what the caller queued goes out without a wake-up of the channel
+    /// thread. An inline holder looks with [`take_round_wanted`](Self::take_round_wanted)
+    /// after it lets go; the channel thread, should it hold the round, looks at `pending`.
+    /// The caller must try the lock once more afterwards: a holder that let go before
+    /// the ask was visible does not see it (the fences order the ask against the
+    /// holder's release and look, Dekker-style).
+    pub(crate) fn ask_for_round(&self) {
+        // A swap, not a store: as a read-modify-write it follows every earlier take in the
+        // flag's modification order without relying on the fences for that (the loom
+        // model found a plain store read past by a later take there).
+        self.round_wanted.swap(true, Ordering::SeqCst);
+        self.pending.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Holder side, after letting go of the round: whether somebody asked for one more
+    /// ([`ask_for_round`](Self::ask_for_round)), clearing the ask.
+    pub(crate) fn take_round_wanted(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.round_wanted.swap(false, Ordering::SeqCst)
+    }
+
+    /// Thread side, holding the round: a round starting now covers every ask so far (a
+    /// swap, so that an ask it clears synchronises with it: the asker's chunk is visible
+    /// to the round).
+    pub(crate) fn clear_round_wanted(&self) {
+        self.round_wanted.swap(false, Ordering::SeqCst);
     }
 
     /// Whether no round ended within [`INLINE_QUIET`].
@@ -1484,7 +1534,12 @@ mod tests {
         // (receive or transmit) may run the queue in its place.
         assert!(sig.kill_requested() && poller.is_dead());
         assert!(!poller.poll_now());
-        assert!(!super::super::thread::run_inline(&sig));
+        assert!(!super::super::thread::run_inline_marked(&sig, true));
+        // Nor is a chunk handed to a holder of its round.
+        assert_eq!(
+            super::super::thread::send_inline(&sig),
+            super::super::thread::InlineSend::No
+        );
         sig.set_dead();
         assert!(poller.is_dead());
         // The request woke the thread: it must not sleep through it.

@@ -1054,6 +1054,7 @@ impl ChannelSet {
                 busy: std::time::Duration::from_nanos(p.busy_ns.load(Ordering::Relaxed)),
                 xsk_drops: p.signal.rx_fd().and_then(|fd| xsk_drops(fd).ok()),
                 inline_sends: p.signal.inline_sends(),
+                handed_sends: p.signal.handed_sends(),
                 inline_rounds: p.signal.inline_rounds(),
                 wakeups: p.signal.wakeups(),
             })
@@ -1520,6 +1521,10 @@ pub struct QueueThreadStats {
     /// Rounds that application threads ran in the thread's place to send a chunk they
     /// had just queued (inline transmit, `DeferredKick`), since the set started.
     pub inline_sends: u64,
+    /// Chunks whose sending an application thread left to another application thread
+    /// that ran the queue's round at the time (it runs one more before letting go),
+    /// instead of waking the channel thread, since the set started.
+    pub handed_sends: u64,
     /// Rounds that application threads ran in the thread's place (inline sends and
     /// run-to-completion receives), since the set started. A caller runs rounds until
     /// one finds nothing to do or leaves the queue settled, so this over the number of
