@@ -416,8 +416,9 @@ pub(crate) struct CoreConfig {
     #[cfg(target_os = "linux")]
     pub runtime_rx: super::rx_poll::RuntimeRx,
     /// Up to how many active streams every stream takes the latency-class per-message
-    /// path (`StackBuilder::light_load_streams`, see `shard::LightLoad`).
-    pub light_load_streams: usize,
+    /// path (`StackBuilder::light_load_streams`, see `shard::LightLoad`); `None`: chosen
+    /// from the host (`shard::auto_light_load_streams`).
+    pub light_load_streams: Option<usize>,
     /// The driver carries out the scheduler's plans (`StackBuilder::execute_plans`).
     pub execute_plans: bool,
     /// Channel threads deliver what they receive (`StackBuilder::channel_thread_rx`).

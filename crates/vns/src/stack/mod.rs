@@ -395,7 +395,8 @@ pub struct StackBuilder {
     shards: Option<usize>,
     #[cfg(target_os = "linux")]
     runtime_rx: RuntimeRx,
-    light_load_streams: usize,
+    /// `None`: chosen from the host (`shard::auto_light_load_streams`).
+    light_load_streams: Option<usize>,
     preamble_timeout: Duration,
     linger: Duration,
     /// `Err` holds a refused key until `build` reports it.
@@ -459,7 +460,7 @@ impl Default for StackBuilder {
             shards: None,
             #[cfg(target_os = "linux")]
             runtime_rx: RuntimeRx::default(),
-            light_load_streams: DEFAULT_LIGHT_LOAD_STREAMS,
+            light_load_streams: None,
             channel_key: Ok(None),
             #[cfg(target_os = "linux")]
             partial_checksums: None,
@@ -787,9 +788,18 @@ impl StackBuilder {
     /// task from the channel thread). With more streams, throughput-class streams leave
     /// both to the channel threads, which batch many messages per round and system call.
     /// Measured on the 2-core bed (`docs/performance.md`, "Few active streams"): one
-    /// connection's request rate 3.5-5x with it, 8 connections' 1.0-1.4x; at 32-128
-    /// connections per-message rounds cost up to a third of the rate, hence the bound.
-    /// `0` keeps only latency-class streams on that path. Default 8; environment:
+    /// connection's request rate 3.5-5x with it, 8 connections' 1.0-1.4x.
+    /// `0` keeps only latency-class streams on that path.
+    ///
+    /// Default: chosen from the host, and again when the stack's plans add or retire
+    /// channel threads ([`Stack::light_load_streams`] tells which). Where the stack's
+    /// channel threads are at least as many as the cores the process may run on, they
+    /// cannot run beside the application and every hand-off to them is a context switch:
+    /// then there is no bound (on the 2-core bed with 2 queues, 32 and 128 connections
+    /// ran at 0.93-1.02 of kernel TCP's request rate so, against 0.70-0.95 with a bound
+    /// of 8; `docs/performance.md`, "Channel threads without cores of their own").
+    /// Otherwise [`DEFAULT_LIGHT_LOAD_STREAMS`], so that with cores to spare many busy
+    /// streams leave the per-message work to the channel threads. Environment:
     /// `NETCHANNEL_LIGHT_LOAD_STREAMS`.
     ///
     /// ```
@@ -799,7 +809,7 @@ impl StackBuilder {
     /// # drop(builder);
     /// ```
     pub fn light_load_streams(mut self, streams: usize) -> Self {
-        self.light_load_streams = streams;
+        self.light_load_streams = Some(streams);
         self
     }
 
@@ -971,6 +981,8 @@ impl StackBuilder {
         };
         let core = Arc::new(Core::new(endpoints, backend, config, acceptor));
         core.set_self();
+        let bound = core.retune_light_load();
+        debug!(bound, "light-load bound");
         let c = core.clone();
         let driver = std::thread::Builder::new()
             .name("vns-driver".into())
@@ -1182,7 +1194,8 @@ impl Drop for StackInner {
 /// the stack's threads (and, on AF_XDP, its XDP program) for long after it was dropped.
 pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
 
-/// The default [`StackBuilder::light_load_streams`].
+/// The [`StackBuilder::light_load_streams`] a stack takes by default where its channel
+/// threads have cores to spare (fewer threads than cores).
 pub const DEFAULT_LIGHT_LOAD_STREAMS: usize = 8;
 
 /// A host's virtual-socket stack: an [`Endpoint`] over channels to other
@@ -1253,9 +1266,16 @@ impl Stack {
     }
 
     /// Changes [`StackBuilder::light_load_streams`] while the stack runs (for A/B
-    /// measurements).
+    /// measurements); the bound no longer follows the host.
     pub fn set_light_load_streams(&self, streams: usize) {
         self.core().load.set_max(streams);
+    }
+
+    /// The light-load bound in force ([`StackBuilder::light_load_streams`]): the user's,
+    /// or the one chosen from the host; `usize::MAX` when every stream takes the
+    /// latency-class path whatever the load.
+    pub fn light_load_streams(&self) -> usize {
+        self.core().load.max()
     }
 
     /// Queue rounds that tasks waiting to read ran in their runtime so far

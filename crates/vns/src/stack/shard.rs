@@ -115,17 +115,24 @@ pub(crate) enum KickMode {
 /// their wake-ups is pure cost. With more, throughput-class streams leave both to the
 /// channel threads, which batch. Measured on the 2-core bed (`docs/performance.md`,
 /// "Few active streams"): one connection's request rate 3.5-5x, 8 connections'
-/// 1.0-1.4x, while at 32-128 connections inline rounds and per-arrival task rounds cost
-/// up to a third of the rate.
+/// 1.0-1.4x. Whether the channel threads' batching pays with many streams depends on
+/// whether they have cores of their own, hence the bound chosen from the host.
 ///
 /// Active means: read or wrote bytes in the current or the previous period of
 /// [`ACTIVITY_PERIOD`]; idle streams (a server's parked connections) do not count. The
 /// figure is the larger of the two periods' counts, so a falling load turns light one
 /// period late and a rising one turns busy as soon as the current period has seen enough
 /// streams.
+///
+/// The bound is the user's (`StackBuilder::light_load_streams`) or, by default, chosen
+/// from the host ([`auto_light_load_streams`]) and chosen again when the stack's channel
+/// threads change ([`retune`](Self::retune)).
 #[derive(Debug)]
 pub(crate) struct LightLoad {
     max: AtomicUsize,
+    /// The bound follows the host ([`auto_light_load_streams`]); cleared when the user
+    /// sets one.
+    auto: std::sync::atomic::AtomicBool,
     origin: std::time::Instant,
     /// The larger of the current and the previous period's counts, for cheap reads.
     recent: AtomicUsize,
@@ -141,13 +148,37 @@ struct ActivePeriods {
     previous: usize,
 }
 
+/// The light-load bound a stack takes when its user sets none
+/// (`StackBuilder::light_load_streams`): unbounded where the stack's live channel threads
+/// are at least as many as the cores the process may run on, the default bound
+/// otherwise (and for backends without channel threads, `None`).
+///
+/// Why: handing messages to channel threads pays when they run beside the application,
+/// each on a core of its own, and batch there. Where they cannot (as many threads as
+/// cores or more), each hand-off is a context switch on a core the application needed,
+/// and the threads contend with the application's inline rounds for the queues' locks.
+/// Measured on the 2-core bed (2 queues, so 2 channel threads per stack,
+/// `docs/performance.md`, "Channel threads without cores of their own"): request rate at
+/// 32 and 128 connections 0.93-1.02 of kernel TCP unbounded against 0.70-0.95 with the
+/// bound of 8, CPU per request lower too.
+pub(crate) fn auto_light_load_streams(channel_threads: Option<usize>, cores: usize) -> usize {
+    match channel_threads {
+        Some(threads) if threads > 0 && threads >= cores => usize::MAX,
+        _ => super::DEFAULT_LIGHT_LOAD_STREAMS,
+    }
+}
+
 /// The period over which [`LightLoad`] counts active streams.
 pub(crate) const ACTIVITY_PERIOD: std::time::Duration = std::time::Duration::from_millis(5);
 
 impl LightLoad {
-    pub(crate) fn new(max: usize) -> LightLoad {
+    /// A bound of `max` streams (`Some`: the user's), or one that follows the host
+    /// (`None`: [`DEFAULT_LIGHT_LOAD_STREAMS`](super::DEFAULT_LIGHT_LOAD_STREAMS) until the
+    /// first [`retune`](Self::retune)).
+    pub(crate) fn new(max: Option<usize>) -> LightLoad {
         LightLoad {
-            max: AtomicUsize::new(max),
+            max: AtomicUsize::new(max.unwrap_or(super::DEFAULT_LIGHT_LOAD_STREAMS)),
+            auto: std::sync::atomic::AtomicBool::new(max.is_none()),
             origin: std::time::Instant::now(),
             recent: AtomicUsize::new(0),
             periods: Mutex::new(ActivePeriods::default()),
@@ -160,9 +191,32 @@ impl LightLoad {
         max > 0 && self.recent.load(Ordering::Relaxed) <= max
     }
 
-    /// Changes the bound (`Stack::set_light_load_streams`).
+    /// Changes the bound (`Stack::set_light_load_streams`); it no longer follows the host.
     pub(crate) fn set_max(&self, max: usize) {
+        self.auto.store(false, Ordering::Relaxed);
         self.max.store(max, Ordering::Relaxed);
+    }
+
+    /// The bound now (`usize::MAX`: unbounded).
+    pub(crate) fn max(&self) -> usize {
+        self.max.load(Ordering::Relaxed)
+    }
+
+    /// Chooses the bound again for `channel_threads` live channel threads on `cores`
+    /// usable cores, unless the user set one. Returns the bound.
+    pub(crate) fn retune(&self, channel_threads: Option<usize>, cores: usize) -> usize {
+        if self.auto.load(Ordering::Relaxed) {
+            let max = auto_light_load_streams(channel_threads, cores);
+            if self.max.swap(max, Ordering::Relaxed) != max {
+                tracing::debug!(
+                    channel_threads,
+                    cores,
+                    bound = max,
+                    "light-load bound chosen again"
+                );
+            }
+        }
+        self.max()
     }
 
     /// Streams active in the current or the previous period (the larger count).
@@ -517,7 +571,7 @@ fn take_batch(buf: &mut Vec<u8>) -> Bytes {
 
 #[cfg(test)]
 mod tests {
-    use super::{LightLoad, ShardSet, MAX_SHARDS};
+    use super::{auto_light_load_streams, LightLoad, ShardSet, MAX_SHARDS};
 
     /// A set yields its members once each, lowest first, the highest shard included.
     #[test]
@@ -530,12 +584,55 @@ mod tests {
         assert_eq!(s.iter().collect::<Vec<_>>(), vec![0, 5, 17, MAX_SHARDS - 1]);
     }
 
+    /// The bound a stack takes by default: none where its live channel threads are at
+    /// least as many as the cores (they cannot run beside the application), the default
+    /// bound where they have cores to spare or where there are no channel threads.
+    #[test]
+    fn the_default_bound_follows_channel_threads_and_cores() {
+        use super::super::DEFAULT_LIGHT_LOAD_STREAMS as D;
+        assert_eq!(
+            auto_light_load_streams(Some(2), 2),
+            usize::MAX,
+            "2-core bed"
+        );
+        assert_eq!(auto_light_load_streams(Some(4), 2), usize::MAX);
+        assert_eq!(auto_light_load_streams(Some(1), 1), usize::MAX);
+        assert_eq!(auto_light_load_streams(Some(2), 16), D, "cores to spare");
+        assert_eq!(auto_light_load_streams(Some(15), 16), D);
+        assert_eq!(auto_light_load_streams(Some(16), 16), usize::MAX);
+        assert_eq!(auto_light_load_streams(None, 2), D, "no channel threads");
+        assert_eq!(auto_light_load_streams(Some(0), 2), D, "every thread dead");
+    }
+
+    /// A host-chosen bound is chosen again as threads come and go; a user's bound, given
+    /// at build or later, is never replaced.
+    #[test]
+    fn a_users_bound_is_kept_and_a_chosen_one_follows_the_threads() {
+        use super::super::DEFAULT_LIGHT_LOAD_STREAMS as D;
+        let auto = LightLoad::new(None);
+        assert_eq!(auto.max(), D, "before the first choice");
+        assert_eq!(auto.retune(Some(2), 2), usize::MAX);
+        let mut s = 0u64;
+        for n in 0..1000 {
+            auto.note_active_in(1, &mut s);
+            s = n;
+        }
+        assert!(auto.is_light(), "unbounded: light whatever the load");
+        assert_eq!(auto.retune(Some(2), 16), D, "threads added cores");
+        assert!(!auto.is_light(), "1000 active streams over a bound of {D}");
+        auto.set_max(3);
+        assert_eq!(auto.retune(Some(2), 2), 3, "set by the user: kept");
+        let user = LightLoad::new(Some(5));
+        assert_eq!(user.retune(Some(2), 2), 5);
+        assert_eq!(user.retune(None, 1), 5);
+    }
+
     /// Each stream counts once per period; the figure is the larger of the current and
     /// the previous period's counts, so it falls one period after the load does and
     /// rises at once; a gap of idle periods forgets the old count.
     #[test]
     fn active_streams_are_counted_per_period() {
-        let load = LightLoad::new(2);
+        let load = LightLoad::new(Some(2));
         let mut s = [0u64; 4];
         assert!(load.is_light(), "no activity yet");
         load.note_active_in(1, &mut s[0]);

@@ -113,8 +113,12 @@ impl Core {
                 Some((actions, period)) => {
                     ctl.plans.counters.plans += 1;
                     ctl.plans.next = Some(now + period);
+                    let acted = !actions.is_empty();
                     for a in actions {
                         self.carry_out(ctl, a);
+                    }
+                    if acted {
+                        self.retune_light_load();
                     }
                     if !ctl.plans.retiring.is_empty() {
                         again = earliest(again, Some(now + RETIRE_CHECK));
@@ -144,6 +148,20 @@ impl Core {
         }
         let actions = first.ep.scheduler_plan(&snapshot);
         Some((actions, first.ep.scheduler_plan_period()))
+    }
+
+    /// Chooses the light-load bound again from the channel threads that run now and the
+    /// cores the stack may use, unless its user set one (`shard::auto_light_load_streams`).
+    /// Called when the stack starts and after each plan (which may add or retire threads).
+    pub(crate) fn retune_light_load(&self) -> usize {
+        let threads = self
+            .placement()
+            .map(|p| p.threads.iter().filter(|t| !t.dead).count());
+        let cores = match self.config.cores.len() {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        };
+        self.load.retune(threads, cores)
     }
 
     /// The backend's channel threads and the queues they serve, now.
