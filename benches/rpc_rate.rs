@@ -201,9 +201,15 @@ mod run {
         );
 
         let pair = StackPair::start(&bed, channels);
+        let bound = |n: usize| match n {
+            usize::MAX => "none".to_string(),
+            n => n.to_string(),
+        };
         println!(
-            "stacks: {} shards each (NETCHANNEL_BENCH_SHARDS)",
-            pair.a.shards()
+            "stacks: {} shards each (NETCHANNEL_BENCH_SHARDS), light-load bound {} \
+             (NETCHANNEL_BENCH_LIGHT_LOAD_STREAMS)",
+            pair.a.shards(),
+            bound(pair.a.light_load_streams())
         );
         // Kernel TCP: a listener in B echoing on every connection.
         let kaddr = vns::kernel_server(&bed, &rt, echo);
@@ -281,6 +287,20 @@ mod run {
                 for (n, st) in [("A", &pair.a), ("B", &pair.b)] {
                     let json = serde_json::to_string(&st.stats()).unwrap_or_default();
                     println!("stats {n}: {json}");
+                }
+                for (n, set) in [("A", pair.channels_a()), ("B", pair.channels_b())] {
+                    for t in set.thread_stats() {
+                        println!(
+                            "queue thread {n}{}: busy {:?}, wake-ups {}, inline sends {}, \
+                             handed sends {}, inline rounds {}",
+                            t.queue,
+                            t.busy,
+                            t.wakeups,
+                            t.inline_sends,
+                            t.handed_sends,
+                            t.inline_rounds
+                        );
+                    }
                 }
             }
         }

@@ -229,6 +229,11 @@ impl StackPair {
                 }
                 if isolating {
                     builder = builder.scheduler(netchannel::sched::Isolating::default());
+                } else if std::env::var("NETCHANNEL_BENCH_SCHEDULER").as_deref()
+                    == Ok("source_port")
+                {
+                    // For A/B runs of per-chunk spreading against per-socket pinning.
+                    builder = builder.scheduler(netchannel::sched::SourcePort::default());
                 }
                 // For A/B runs of receive on the channel threads (the stack's default
                 // unless set).
