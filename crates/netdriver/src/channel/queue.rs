@@ -395,7 +395,7 @@ impl DeferredKick {
     /// round and the queue has been quiet for a while (inline transmit: no wake-up of that
     /// thread on the message's path); if another application thread is running the
     /// queue's round right then, the chunk is left to it (it runs one more round before
-    /// letting go, [`ThreadSignal::ask_for_round`]); else wakes the thread as an enqueue
+    /// letting go, `ThreadSignal::ask_for_round`); else wakes the thread as an enqueue
     /// does. An awake
     /// thread takes the chunk without a wake-up, and on a busy queue the thread batches
     /// many messages per round where inline rounds would cost one round (and one system
