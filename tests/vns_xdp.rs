@@ -473,6 +473,15 @@ async fn echo_until_eof(s: &mut VirtualStream) {
     s.shutdown().await.unwrap();
 }
 
+/// Shuts `s` down and reads it up to the peer's end of stream; returns what came before
+/// that end.
+async fn shut_and_drain(s: &mut VirtualStream) -> Vec<u8> {
+    s.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).await.unwrap();
+    rest
+}
+
 /// One 64-byte message each way on `s`.
 async fn small_exchange(s: &mut VirtualStream, tag: u8) {
     let msg = [tag; 64];
@@ -552,10 +561,7 @@ fn a_reader_left_to_the_channel_threads_ends_runtime_leases() {
             "{ROUNDS} throughput-class exchanges after latency-class ones took {throughput_time:?}"
         );
         for s in [&mut lat, &mut thr] {
-            s.shutdown().await.unwrap();
-            let mut rest = Vec::new();
-            s.read_to_end(&mut rest).await.unwrap();
-            assert!(rest.is_empty());
+            assert!(shut_and_drain(s).await.is_empty());
         }
         timeout(LIMIT, server).await.unwrap().unwrap();
     });
@@ -640,9 +646,7 @@ fn queue_arrivals_wake_a_task_that_still_waits() {
         let mut rest = Vec::new();
         x.read_to_end(&mut rest).await.unwrap();
         assert!(rest.is_empty());
-        y.shutdown().await.unwrap();
-        y.read_to_end(&mut rest).await.unwrap();
-        assert!(rest.is_empty());
+        assert!(shut_and_drain(&mut y).await.is_empty());
         timeout(LIMIT, server).await.unwrap().unwrap();
     });
     drop(rt);
@@ -750,9 +754,7 @@ fn an_arrival_with_no_runtime_reader_waiting_ends_the_lease() {
         "{ROUNDS} raw-channel exchanges after latency-class ones took {raw_time:?}"
     );
     rt.block_on(async {
-        lat.shutdown().await.unwrap();
-        let mut rest = Vec::new();
-        lat.read_to_end(&mut rest).await.unwrap();
+        shut_and_drain(&mut lat).await;
         timeout(LIMIT, server).await.unwrap().unwrap();
     });
     raw_a.close();
@@ -812,9 +814,7 @@ fn run_to_completion_receive_over_af_xdp() {
                     exchange(&mut c, tag, 40 + tag * 5).await;
                     if tag % 2 == 0 {
                         // Shut down, then read the server's end of stream.
-                        c.shutdown().await.unwrap();
-                        let mut rest = Vec::new();
-                        c.read_to_end(&mut rest).await.unwrap();
+                        let rest = shut_and_drain(&mut c).await;
                         assert!(rest.is_empty(), "stream {tag}: bytes after the echoes");
                     }
                     // Odd streams are dropped with everything read.
@@ -864,9 +864,7 @@ fn run_to_completion_receive_over_af_xdp() {
                     "latency-class tasks ran no rounds: {before:?} -> {after:?}"
                 ),
             }
-            c.shutdown().await.unwrap();
-            let mut rest = Vec::new();
-            c.read_to_end(&mut rest).await.unwrap();
+            shut_and_drain(&mut c).await;
         }
         timeout(LIMIT, server).await.unwrap().unwrap();
 
@@ -935,9 +933,7 @@ fn run_to_completion_receive_over_af_xdp() {
                     "{rounds} inline rounds for {calls} inline calls"
                 );
             }
-            c.shutdown().await.unwrap();
-            let mut rest = Vec::new();
-            c.read_to_end(&mut rest).await.unwrap();
+            shut_and_drain(&mut c).await;
         }
         timeout(LIMIT, server).await.unwrap().unwrap();
         a.set_light_load_streams(DEFAULT_LIGHT_LOAD_STREAMS);
@@ -1026,9 +1022,7 @@ fn receive_on_the_channel_threads_over_af_xdp() {
                     tokio::spawn(async move {
                         let mut c = a.connect(at(7110)).await.unwrap();
                         exchange(&mut c, tag, 30 + tag * 4).await;
-                        c.shutdown().await.unwrap();
-                        let mut rest = Vec::new();
-                        c.read_to_end(&mut rest).await.unwrap();
+                        let rest = shut_and_drain(&mut c).await;
                         assert!(rest.is_empty(), "stream {tag}: bytes after the echoes");
                     })
                 })
