@@ -511,6 +511,10 @@ fn a_reader_left_to_the_channel_threads_ends_runtime_leases() {
     for s in [&a, &b] {
         s.set_light_load_streams(0);
         assert!(s.set_runtime_rx(RuntimeRx::LatencyClass));
+        // The default scheduler keeps no class apart: a waiting task of either class
+        // serves every queue.
+        assert_eq!(s.runtime_rx_queues(true), vec![0, 1]);
+        assert_eq!(s.runtime_rx_queues(false), vec![0, 1]);
     }
     let b_ip = bed.side(Side::B).ipv4;
     let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7110));
@@ -1957,6 +1961,29 @@ fn isolating_keeps_latency_streams_off_bulk_channels_threads_and_cores() {
             assert!(
                 lat_t.is_disjoint(&bulk_t),
                 "{name}: a thread runs both classes: {st:?}"
+            );
+            // A task reading a latency-class socket processes arrivals of the latency
+            // channels' queue only in its runtime, any other task those of the rest: the
+            // latency application's thread never processes bulk frames.
+            let queues_of = |class| -> std::collections::BTreeSet<u32> {
+                st.channels
+                    .iter()
+                    .filter(|c| c.class == class)
+                    .map(|c| c.queue.expect("AF_XDP channels are on a NIC queue"))
+                    .collect()
+            };
+            let served = |latency_class| -> std::collections::BTreeSet<u32> {
+                stack.runtime_rx_queues(latency_class).into_iter().collect()
+            };
+            assert_eq!(
+                served(true),
+                queues_of(ChannelClass::Latency),
+                "{name}: queues a latency-class task serves"
+            );
+            assert_eq!(
+                served(false),
+                queues_of(ChannelClass::Throughput),
+                "{name}: queues other tasks serve"
             );
             let lat_sent: u64 = st
                 .channels

@@ -465,6 +465,17 @@ pub(crate) struct Core {
     pub(crate) load: Arc<super::shard::LightLoad>,
 }
 
+/// How a socket receives, as [`Core::rx_path`] decides when its task waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RxPath {
+    /// It takes the latency-class path: its task may run the queues' receive rounds in
+    /// its runtime (`rx_poll`). Its class, or a lightly loaded stack.
+    pub(crate) latency_path: bool,
+    /// Its class is latency: with classes on queues of their own, its task serves only
+    /// the latency channels' queues (`rx_poll::Waiters`).
+    pub(crate) latency_class: bool,
+}
+
 /// A stream's or connect's wakers.
 #[derive(Debug, Default)]
 pub(crate) struct SockWake {
@@ -1008,6 +1019,26 @@ impl Core {
         ));
         let mut table = ChanTable::clone(&self.chans.load());
         table.insert(id, chan);
+        self.store_chans(table);
+    }
+
+    /// Installs a new channel table (the control lock held) and tells the runtime queues
+    /// which of them carry latency channels.
+    fn store_chans(&self, table: ChanTable) {
+        #[cfg(target_os = "linux")]
+        if let Some(rt) = &self.rt_rx {
+            let mut latency = 0u64;
+            if self.config.separate_classes {
+                for c in table.values() {
+                    if c.class == netsched::ChannelClass::Latency {
+                        if let Some(w) = c.t.wire().filter(|w| w.queue < 64) {
+                            latency |= 1 << w.queue;
+                        }
+                    }
+                }
+            }
+            rt.set_latency_queues(latency);
+        }
         self.chans.store(Arc::new(table));
     }
 
@@ -1020,7 +1051,7 @@ impl Core {
         }
         let mut table = ChanTable::clone(&current);
         let chan = table.remove(&id);
-        self.chans.store(Arc::new(table));
+        self.store_chans(table);
         chan
     }
 
@@ -1202,7 +1233,7 @@ impl Core {
         sid: SocketId,
         cx: &mut Context<'_>,
     ) -> bool {
-        let latency = Self::takes_latency_path(&shard, sid);
+        let path = Self::rx_path(&shard, sid);
         if let Some(sock) = shard.socks.get_mut(&sid) {
             sock.listed = true;
         }
@@ -1212,9 +1243,9 @@ impl Core {
         #[cfg(target_os = "linux")]
         if let Some(rt) = &self.rt_rx {
             let _round = RuntimeRound::enter(cx.waker());
-            return rt.poll(cx, latency);
+            return rt.poll(cx, path.latency_path, path.latency_class);
         }
-        let _ = latency;
+        let _ = path;
         false
     }
 
@@ -1224,26 +1255,28 @@ impl Core {
         self.rx.readers.len()
     }
 
-    /// Whether socket `sid` takes the latency-class receive path now: its class, or a
-    /// lightly loaded stack.
-    pub(crate) fn takes_latency_path(shard: &Shard, sid: SocketId) -> bool {
-        shard.ep.app_class(sid) == Some(crate::AppClass::Latency) || shard.load.is_light()
+    /// How socket `sid` receives now ([`RxPath`]).
+    pub(crate) fn rx_path(shard: &Shard, sid: SocketId) -> RxPath {
+        let latency_class = shard.ep.app_class(sid) == Some(crate::AppClass::Latency);
+        RxPath {
+            latency_path: latency_class || shard.load.is_light(),
+            latency_class,
+        }
     }
 
     /// A read that waited returned bytes: its task no longer waits, so it leaves the
     /// readers' lists (the channels' hand-off, [`RxSignal`], and the queues' descriptors,
     /// `rx_poll`), where an arrival would otherwise pick it and wake nobody who reads.
-    /// `latency`: whether the socket takes the latency-class path now (its class, or a
-    /// light load), as [`Core::want_rx`] decides.
-    pub(crate) fn read_wait_over(&self, cx: &mut Context<'_>, latency: bool) {
+    /// `path`: how the socket receives now, as [`Core::want_rx`] decides.
+    pub(crate) fn read_wait_over(&self, cx: &mut Context<'_>, path: RxPath) {
         let w = cx.waker();
         self.rx.readers.remove(w);
         #[cfg(target_os = "linux")]
         if let Some(rt) = &self.rt_rx {
             let _round = RuntimeRound::enter(w);
-            rt.leave(w, latency);
+            rt.leave(w, path.latency_path, path.latency_class);
         }
-        let _ = latency;
+        let _ = path;
     }
 
     /// Starts a graceful stop: no new channels, connects, binds or accepts (listeners

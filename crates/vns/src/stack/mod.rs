@@ -1288,6 +1288,23 @@ impl Stack {
         0
     }
 
+    /// The NIC queues whose arrivals a task waiting to read a latency-class socket
+    /// (`latency_class`), or any other socket, processes in its runtime (run-to-completion
+    /// receive, [`StackBuilder::runtime_rx`]); empty without it. Every queue, unless the
+    /// scheduler keeps the classes on queues of their own
+    /// ([`NetScheduler::separate_class_threads`](netsched::NetScheduler::separate_class_threads),
+    /// `Isolating`): then a latency-class socket's task serves the latency channels'
+    /// queues only and the others the rest, so that a latency application's thread never
+    /// processes bulk arrivals.
+    pub fn runtime_rx_queues(&self, latency_class: bool) -> Vec<u32> {
+        #[cfg(target_os = "linux")]
+        if let Some(rt) = &self.core().rt_rx {
+            return rt.queues_served(latency_class);
+        }
+        let _ = latency_class;
+        Vec::new()
+    }
+
     /// Changes which tasks use run-to-completion receive ([`StackBuilder::runtime_rx`])
     /// while the stack runs (for A/B measurements); returns whether the stack can use it
     /// at all (it needs AF_XDP queues).

@@ -72,15 +72,74 @@ pub(crate) struct RuntimeQueues {
     ready: Vec<Waker>,
 }
 
+/// Every queue, as a mask (queues past the 64th are always served).
+const ALL_QUEUES: u64 = u64::MAX;
+
+/// Whether queue `i` is in `mask`.
+fn in_mask(mask: u64, i: usize) -> bool {
+    i >= 64 || mask & (1 << i) != 0
+}
+
 /// Most tasks [`Waiters`] holds (more wait for the channel threads' hand-off).
 const MAX_WAITERS: usize = 64;
 
-/// The tasks waiting for the queues' arrivals in their runtime, most recent last.
+/// The tasks waiting for the queues' arrivals in their runtime, most recent last, in two
+/// lists: tasks of latency-class sockets and the others. Where the stack keeps the
+/// classes on queues of their own (`Isolating`), each serves only its class's queues
+/// ([`mask`](Self::mask)), so that a latency application's thread never processes bulk
+/// arrivals (nor holds the lease of their queue, which keeps its channel thread off it)
+/// and a bulk task never holds a latency queue; an arrival then wakes a task of the
+/// queue's class (one of the other class would not look at that queue, and the arrival
+/// would wait for the lease's end). Otherwise both serve every queue.
 #[derive(Debug)]
 struct Waiters {
-    list: WakerList,
+    /// Indexed by whether the socket is of the latency class.
+    lists: [WakerList; 2],
     /// [`QueueReady`] woke a task that has not looked at the descriptors since.
     picked: AtomicBool,
+    /// The queues (a bit each) that carry latency channels, where the stack keeps the
+    /// classes on queues of their own; 0 where it does not.
+    latency_queues: AtomicU64,
+    /// How many queues there are.
+    queues: usize,
+}
+
+impl Waiters {
+    /// The queues a task of a socket of the latency class (`latency_class`) or not serves.
+    fn mask(&self, latency_class: bool) -> u64 {
+        let latency = self.latency_queues.load(Ordering::Relaxed);
+        if latency == 0 {
+            return ALL_QUEUES;
+        }
+        let mine = if latency_class { latency } else { !latency };
+        let all = if self.queues >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.queues) - 1
+        };
+        // A class without a queue of its own (its channels lost, say): every queue.
+        if mine & all == 0 {
+            ALL_QUEUES
+        } else {
+            mine
+        }
+    }
+
+    /// The waiting task to wake for an arrival on queue `queue`, the most recent of a
+    /// class that serves that queue.
+    fn pick(&self, queue: usize) -> Option<Waker> {
+        // The queue's own class first (with no split, the latency list first: it is
+        // the one whose wait matters most).
+        let first = in_mask(self.mask(true), queue);
+        for class in [first, !first] {
+            if in_mask(self.mask(class), queue) {
+                if let Some(w) = self.lists[usize::from(class)].pop() {
+                    return Some(w);
+                }
+            }
+        }
+        None
+    }
 }
 
 /// The waker registered with the runtime's reactor for a NIC queue's AF_XDP descriptor:
@@ -100,6 +159,8 @@ struct Waiters {
 struct QueueReady {
     waiters: Arc<Waiters>,
     queue: RxPoller,
+    /// The queue's index among the stack's.
+    index: usize,
 }
 
 impl Wake for QueueReady {
@@ -108,7 +169,7 @@ impl Wake for QueueReady {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        match self.waiters.list.pop() {
+        match self.waiters.pick(self.index) {
             Some(w) => {
                 self.waiters.picked.store(true, Ordering::Release);
                 w.wake();
@@ -175,15 +236,19 @@ impl RuntimeQueues {
             return None;
         }
         let waiters = Arc::new(Waiters {
-            list: WakerList::new(MAX_WAITERS),
+            lists: [WakerList::new(MAX_WAITERS), WakerList::new(MAX_WAITERS)],
             picked: AtomicBool::new(false),
+            latency_queues: AtomicU64::new(0),
+            queues: pollers.len(),
         });
         let ready = pollers
             .iter()
-            .map(|p| {
+            .enumerate()
+            .map(|(index, p)| {
                 Waker::from(Arc::new(QueueReady {
                     waiters: waiters.clone(),
                     queue: p.clone(),
+                    index,
                 }))
             })
             .collect();
@@ -197,6 +262,25 @@ impl RuntimeQueues {
             ready,
             waiters,
         })
+    }
+
+    /// The stack's channel table changed: `mask` has a bit for each queue that carries a
+    /// latency channel when the stack keeps the classes on queues of their own, 0 when it
+    /// does not (see [`Waiters`]).
+    pub(crate) fn set_latency_queues(&self, mask: u64) {
+        self.waiters.latency_queues.store(mask, Ordering::Relaxed);
+    }
+
+    /// The NIC queues a waiting task of a latency-class socket (`latency_class`) or of
+    /// another serves (see [`Waiters`]).
+    pub(crate) fn queues_served(&self, latency_class: bool) -> Vec<u32> {
+        let mask = self.waiters.mask(latency_class);
+        self.pollers
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| in_mask(mask, i))
+            .map(|(_, p)| p.queue())
+            .collect()
     }
 
     /// The registered descriptors, registering them with the calling task's runtime on
@@ -258,11 +342,13 @@ impl RuntimeQueues {
     /// A task has nothing to read on a socket of class `latency` (it registered for the
     /// channels' hand-off already):
     /// runs the rounds of queues with arrivals on this thread and waits on the others
-    /// with `cx`. Returns whether it ran a round (the caller looks for its bytes again).
+    /// with `cx`, of the queues its class serves (`latency_class`: the socket's class is
+    /// latency; see [`Waiters`]). Returns whether it ran a round (the caller looks for its
+    /// bytes again).
     ///
     /// The descriptors are registered with [`QueueReady`], never with the task's own
     /// waker: the task joins the list of waiters it picks from.
-    pub(crate) fn poll(&self, cx: &mut Context<'_>, latency: bool) -> bool {
+    pub(crate) fn poll(&self, cx: &mut Context<'_>, latency: bool, latency_class: bool) -> bool {
         if !RuntimeRx::applies(self.mode.load(Ordering::Relaxed), latency) {
             // This task waits for the channel threads: leases that tasks took (a moment
             // ago, under a light load, or for a latency-class socket) must not keep them
@@ -280,11 +366,16 @@ impl RuntimeQueues {
         if self.waiters.picked.load(Ordering::Relaxed) {
             self.waiters.picked.store(false, Ordering::Relaxed);
         }
+        let queues = self.waiters.mask(latency_class);
         let mut ran = false;
         let mut waits = false;
         // One clock read for the leases of every queue this call waits on.
         let mut now = None;
-        for ((fd, poller), ready) in fds.iter().zip(&self.pollers).zip(&self.ready) {
+        for (i, ((fd, poller), ready)) in fds.iter().zip(&self.pollers).zip(&self.ready).enumerate()
+        {
+            if !in_mask(queues, i) {
+                continue;
+            }
             let mut ready_cx = Context::from_waker(ready);
             // A queue whose thread died (fault injection) is served by nobody: its socket
             // stays readable while frames pile up, and waiting on it would only spin,
@@ -328,7 +419,7 @@ impl RuntimeQueues {
         if waits {
             // On top if listed already: the most recent waiter is the likeliest to be
             // waiting still.
-            self.waiters.list.push(cx.waker(), true);
+            self.waiters.lists[usize::from(latency_class)].push(cx.waker(), true);
         }
         ran
     }
@@ -337,9 +428,12 @@ impl RuntimeQueues {
     /// picked for a queue's arrivals and has not looked at the descriptors since, it runs
     /// the rounds of the queues ready now, so that the tasks still waiting are served
     /// (unless its socket, of class `latency`, no longer receives in the runtime: then the
-    /// channel threads do, their leases ended).
-    pub(crate) fn leave(&self, w: &Waker, latency: bool) {
-        if self.waiters.list.remove(w) || !self.waiters.picked.swap(false, Ordering::AcqRel) {
+    /// channel threads do, their leases ended); of the queues its class serves
+    /// (`latency_class`, see [`Waiters`]).
+    pub(crate) fn leave(&self, w: &Waker, latency: bool, latency_class: bool) {
+        if self.waiters.lists[usize::from(latency_class)].remove(w)
+            || !self.waiters.picked.swap(false, Ordering::AcqRel)
+        {
             return;
         }
         // Switched off, or the load turned busy, since it was picked: the channel threads
@@ -350,8 +444,11 @@ impl RuntimeQueues {
         let Some(fds) = self.fds() else {
             return;
         };
-        for ((fd, poller), queue_ready) in fds.iter().zip(&self.pollers).zip(&self.ready) {
-            if poller.is_dead() {
+        let queues = self.waiters.mask(latency_class);
+        for (i, ((fd, poller), queue_ready)) in
+            fds.iter().zip(&self.pollers).zip(&self.ready).enumerate()
+        {
+            if poller.is_dead() || !in_mask(queues, i) {
                 continue;
             }
             let mut ready_cx = Context::from_waker(queue_ready);
@@ -382,4 +479,87 @@ fn run_and_clear(
     }
     ready.clear_ready();
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A waker that counts its wake-ups.
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn counted() -> (Arc<Count>, Waker) {
+        let c = Arc::new(Count(AtomicUsize::new(0)));
+        (c.clone(), Waker::from(c))
+    }
+
+    fn waiters(queues: usize, latency_queues: u64) -> Waiters {
+        Waiters {
+            lists: [WakerList::new(MAX_WAITERS), WakerList::new(MAX_WAITERS)],
+            picked: AtomicBool::new(false),
+            latency_queues: AtomicU64::new(latency_queues),
+            queues,
+        }
+    }
+
+    #[test]
+    fn without_a_class_split_every_task_serves_every_queue() {
+        let w = waiters(2, 0);
+        assert_eq!(w.mask(true), ALL_QUEUES);
+        assert_eq!(w.mask(false), ALL_QUEUES);
+        // A bulk task waited last; there is no latency task: it is picked for either queue.
+        let (bulk, bw) = counted();
+        w.lists[0].push(&bw, true);
+        assert!(w.pick(1).is_some_and(|x| x.will_wake(&bw)));
+        assert!(w.pick(0).is_none(), "the list is empty once picked");
+        drop(bulk);
+    }
+
+    #[test]
+    fn with_classes_on_queues_of_their_own_each_class_serves_its_queues() {
+        // Queue 1 carries the latency channels, queue 0 the throughput ones.
+        let w = waiters(2, 0b10);
+        assert_eq!(w.mask(true), 0b10);
+        assert_eq!(w.mask(false) & 0b11, 0b01);
+        assert!(in_mask(w.mask(true), 1) && !in_mask(w.mask(true), 0));
+        assert!(in_mask(w.mask(false), 0) && !in_mask(w.mask(false), 1));
+        let (_lat, lw) = counted();
+        let (_bulk, bw) = counted();
+        // The latency task waited first, a bulk task last: an arrival on the latency
+        // queue still wakes the latency task (the bulk task would not look there, and the
+        // arrival would wait for the lease's end), and one on the throughput queue the
+        // bulk task.
+        w.lists[1].push(&lw, true);
+        w.lists[0].push(&bw, true);
+        assert!(w.pick(1).is_some_and(|x| x.will_wake(&lw)));
+        assert!(
+            w.pick(1).is_none(),
+            "no bulk task is woken for the latency queue"
+        );
+        assert!(w.pick(0).is_some_and(|x| x.will_wake(&bw)));
+        w.lists[1].push(&lw, true);
+        assert!(
+            w.pick(0).is_none(),
+            "no latency task is woken for the throughput queue"
+        );
+    }
+
+    #[test]
+    fn a_class_without_a_queue_of_its_own_serves_every_queue() {
+        // Every queue carries latency channels (one queue, or the throughput channels
+        // lost): throughput tasks serve them all rather than none.
+        let w = waiters(2, 0b11);
+        assert_eq!(w.mask(true), 0b11);
+        assert_eq!(w.mask(false), ALL_QUEUES);
+        let (_bulk, bw) = counted();
+        w.lists[0].push(&bw, true);
+        assert!(w.pick(0).is_some_and(|x| x.will_wake(&bw)));
+    }
 }

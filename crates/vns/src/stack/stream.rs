@@ -107,12 +107,11 @@ impl StreamInner {
                         // through the socket (its read waker taken), it waits no more.
                         waited = std::mem::take(&mut w.listed);
                     }
-                    let waited =
-                        waited.then(|| super::driver::Core::takes_latency_path(&st, self.sid));
+                    let waited = waited.then(|| super::driver::Core::rx_path(&st, self.sid));
                     // Sends the credit update the read may have made due.
                     core.finish_call(st);
-                    if let Some(latency) = waited {
-                        core.read_wait_over(cx, latency);
+                    if let Some(path) = waited {
+                        core.read_wait_over(cx, path);
                     }
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
