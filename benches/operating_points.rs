@@ -12,7 +12,10 @@
 //!    throughput-class streams saturate the link, under `Isolating` and under the
 //!    default round robin, and the same for kernel TCP; each as a ratio to the same
 //!    stream's p99.9 alone (the paper saw 37× inflation on Linux; target ≤ 2× for
-//!    `Isolating`).
+//!    `Isolating`). The latency stream's client and server run as an application of
+//!    their own (a runtime with one worker), as in the paper, and again on the bulk
+//!    application's runtime (`NETCHANNEL_BENCH_LATENCY_APP`: `own`, `shared`, default
+//!    both).
 //!
 //! Every response and every bulk byte count is checked. Environment:
 //! `NETCHANNEL_BENCH_MB` (bulk transfer, default 200), `NETCHANNEL_BENCH_SECS` (per rate
@@ -208,8 +211,9 @@ mod run {
         }
     }
 
-    /// p99.9 of a 4 KB ping-pong on `lat`, with `load` (bulk writers) running or not.
-    fn p999<S, L>(rt: &Runtime, lat: S, load: Vec<L>) -> (f64, f64)
+    /// p99.9 of a 4 KB ping-pong on `lat`, driven from `lat_rt`, with `load` (bulk writers
+    /// on `rt`) running or not.
+    fn p999<S, L>(rt: &Runtime, lat_rt: &Runtime, lat: S, load: Vec<L>) -> Tail
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         L: AsyncWrite + Unpin + Send + 'static,
@@ -231,41 +235,117 @@ mod run {
             .collect();
         let mut samples = Samples::with_capacity(l_cap());
         let never = Arc::new(AtomicBool::new(false));
-        rt.block_on(ping(lat, 4096, never, Some(&mut samples)));
+        lat_rt.block_on(ping(lat, 4096, never, Some(&mut samples)));
         stop.store(true, Ordering::Relaxed);
         for w in writers {
             let _ = rt.block_on(w);
         }
-        (samples.quantile_us(0.5), samples.quantile_us(0.999))
+        let h = samples.histogram(&[1000, 5000]);
+        Tail {
+            p50: samples.quantile_us(0.5),
+            p999: samples.quantile_us(0.999),
+            over_1ms: h[1] + h[2],
+            over_5ms: h[2],
+        }
     }
 
-    /// Point 3: the latency stream alone and under bulk load, per scheduler and kernel.
+    /// A latency case's figures (µs) and its samples of 1 ms or more and 5 ms or more.
+    struct Tail {
+        p50: f64,
+        p999: f64,
+        over_1ms: usize,
+        over_5ms: usize,
+    }
+
+    /// Where point 3's latency stream (its client and its server) runs.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum LatencyApp {
+        /// A runtime of its own (one worker, plus the measuring thread): a second
+        /// application beside the bulk one, as in the paper's setup (a latency-sensitive
+        /// service sharing the host and the stack with bulk transfers).
+        Own,
+        /// The bulk application's runtime: its tasks also wait behind the bulk tasks in
+        /// that runtime's run queues, which no network stack can isolate them from.
+        Shared,
+    }
+
+    /// The modes `NETCHANNEL_BENCH_LATENCY_APP` asks for (`own`, `shared`; default both).
+    fn latency_apps() -> Vec<LatencyApp> {
+        let v: String = env_or("NETCHANNEL_BENCH_LATENCY_APP", "own,shared".to_string());
+        let mut apps = Vec::new();
+        for m in v.split(',').map(str::trim) {
+            match m {
+                "own" => apps.push(LatencyApp::Own),
+                "shared" => apps.push(LatencyApp::Shared),
+                other => panic!("NETCHANNEL_BENCH_LATENCY_APP: unknown mode {other:?}"),
+            }
+        }
+        apps
+    }
+
+    /// Point 3: the latency stream alone and under bulk load, per scheduler and kernel, for
+    /// each place its application runs ([`LatencyApp`]).
     fn isolation(bed: &TestBed, rt: &Runtime, kaddr: SocketAddrV4) {
-        println!("\n## 3. Isolation: 4 KB request/response p99.9 with 8 bulk streams beside it");
-        println!("| stack | p50 alone µs | p99.9 alone µs | p50 loaded µs | p99.9 loaded µs | p99.9 inflation | segments resent |");
-        println!("|---|---|---|---|---|---|---|");
+        for app in latency_apps() {
+            let own = (app == LatencyApp::Own).then(|| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build()
+                    .expect("the latency application's runtime")
+            });
+            isolation_with(bed, rt, own.as_ref().unwrap_or(rt), kaddr, app);
+        }
+    }
+
+    /// Point 3 with the latency stream's client and server on `lat_rt` (the bulk
+    /// streams' on `rt`).
+    fn isolation_with(
+        bed: &TestBed,
+        rt: &Runtime,
+        lat_rt: &Runtime,
+        kaddr: SocketAddrV4,
+        app: LatencyApp,
+    ) {
+        println!(
+            "\n## 3. Isolation: 4 KB request/response p99.9 with 8 bulk streams beside it \
+             (latency stream's application: {})",
+            match app {
+                LatencyApp::Own => "its own runtime",
+                LatencyApp::Shared => "the bulk application's runtime",
+            }
+        );
+        println!("| stack | p50 alone µs | p99.9 alone µs | p50 loaded µs | p99.9 loaded µs | p99.9 inflation | loaded samples ≥ 1 / ≥ 5 ms | segments resent |");
+        println!("|---|---|---|---|---|---|---|---|");
         for (name, isolating) in [
             ("VirtualStream, Isolating", true),
             ("VirtualStream, RoundRobin", false),
         ] {
             let pair = StackPair::start_scheduled(bed, 4, 1, isolating);
-            let l = rt.block_on(pair.b.bind(pair.vns_addr())).expect("bind");
-            // Latency-class on both ends: the first byte a stream sends says what it is.
-            rt.spawn(async move {
+            let l = lat_rt.block_on(pair.b.bind(pair.vns_addr())).expect("bind");
+            // The listener is the latency application's: the first byte a stream sends
+            // says what it is; bulk streams go to the bulk application's runtime.
+            // Latency-class on both ends.
+            let bulk = rt.handle().clone();
+            lat_rt.spawn(async move {
                 while let Ok((s, _)) = l.accept().await {
+                    let bulk = bulk.clone();
                     tokio::spawn(async move {
                         let mut kind = [0u8; 1];
                         let latency = matches!(s.peek(&mut kind).await, Ok(1) if kind[0] == b'L');
                         if latency {
                             let _ = s.set_app_class(AppClass::Latency);
+                            serve(s).await;
+                        } else {
+                            bulk.spawn(serve(s));
                         }
-                        serve(s).await;
                     });
                 }
             });
             let (a, to) = (pair.a.clone(), pair.vns_addr());
             let open = |kind: u8| -> VirtualStream {
-                rt.block_on(async {
+                let on = if kind == b'L' { lat_rt } else { rt };
+                on.block_on(async {
                     let mut s = a.connect(to).await.expect("connect");
                     if kind == b'L' {
                         s.set_app_class(AppClass::Latency).expect("latency class");
@@ -283,9 +363,9 @@ mod run {
                     .map(|d| d.rx_dropped)
                     .sum()
             };
-            let alone = p999::<_, VirtualStream>(rt, open(b'L'), Vec::new());
+            let alone = p999::<_, VirtualStream>(rt, lat_rt, open(b'L'), Vec::new());
             let dropped_alone = xsk_dropped();
-            let loaded = p999(rt, open(b'L'), (0..8).map(|_| open(b'B')).collect());
+            let loaded = p999(rt, lat_rt, open(b'L'), (0..8).map(|_| open(b'B')).collect());
             let dropped_loaded = xsk_dropped() - dropped_alone;
             // Segments the channels sent again, by class, both ends: a tail of ~200 ms
             // is a retransmission (timeout or single-segment probe) on a channel.
@@ -298,28 +378,45 @@ mod run {
                     .sum()
             };
             println!(
-                "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}× | latency channels resent {}, throughput {}; AF_XDP rx drops alone {dropped_alone}, loaded {dropped_loaded} |",
-                alone.0,
-                alone.1,
-                loaded.0,
-                loaded.1,
-                loaded.1 / alone.1,
+                "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}× | {} / {} | latency channels resent {}, throughput {}; AF_XDP rx drops alone {dropped_alone}, loaded {dropped_loaded} |",
+                alone.p50,
+                alone.p999,
+                loaded.p50,
+                loaded.p999,
+                loaded.p999 / alone.p999,
+                loaded.over_1ms,
+                loaded.over_5ms,
                 resent(netchannel::sched::ChannelClass::Latency),
                 resent(netchannel::sched::ChannelClass::Throughput)
             );
             pair.stop();
         }
-        // Kernel TCP: the same, on a server that tells the streams apart the same way.
-        let open = |kind: u8| kernel_open(bed, rt, kaddr, kind);
-        let alone = p999::<_, tokio::net::TcpStream>(rt, open(b'L'), Vec::new());
-        let loaded = p999(rt, open(b'L'), (0..8).map(|_| open(b'B')).collect());
+        // Kernel TCP: the same. The latency application has a server of its own when it
+        // has a runtime of its own (a kernel socket stays with the runtime that
+        // registered it).
+        let laddr = if app == LatencyApp::Own {
+            vns::kernel_server_at(bed, lat_rt, vns::KERNEL_PORT + 1, serve)
+        } else {
+            kaddr
+        };
+        let open = |kind: u8| {
+            if kind == b'L' {
+                kernel_open(bed, lat_rt, laddr, kind)
+            } else {
+                kernel_open(bed, rt, kaddr, kind)
+            }
+        };
+        let alone = p999::<_, tokio::net::TcpStream>(rt, lat_rt, open(b'L'), Vec::new());
+        let loaded = p999(rt, lat_rt, open(b'L'), (0..8).map(|_| open(b'B')).collect());
         println!(
-            "| kernel TCP | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}× | |",
-            alone.0,
-            alone.1,
-            loaded.0,
-            loaded.1,
-            loaded.1 / alone.1
+            "| kernel TCP | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}× | {} / {} | |",
+            alone.p50,
+            alone.p999,
+            loaded.p50,
+            loaded.p999,
+            loaded.p999 / alone.p999,
+            loaded.over_1ms,
+            loaded.over_5ms
         );
     }
 

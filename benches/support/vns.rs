@@ -76,10 +76,19 @@ where
     F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
+    kernel_server_at(bed, rt, KERNEL_PORT, serve)
+}
+
+/// [`kernel_server`] on `port`, for a second kernel server in B (another application's,
+/// on its own runtime).
+pub fn kernel_server_at<F, Fut>(bed: &TestBed, rt: &Runtime, port: u16, serve: F) -> SocketAddrV4
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let kl = {
         let _g = rt.enter();
-        tokio::net::TcpListener::from_std(kernel_listener(bed, KERNEL_PORT))
-            .expect("tokio listener")
+        tokio::net::TcpListener::from_std(kernel_listener(bed, port)).expect("tokio listener")
     };
     let addr = match kl.local_addr().expect("addr") {
         SocketAddr::V4(v4) => v4,
