@@ -14,7 +14,8 @@
 //! Client and server tasks run on one tokio multi-thread runtime with 2 workers; both
 //! stacks run on the same 2 cores. Environment: `NETCHANNEL_BENCH_SECS` (per measurement,
 //! default 2), `NETCHANNEL_BENCH_ROUNDS` (default 3), `NETCHANNEL_BENCH_CHANNELS`
-//! (throughput channels per peer, default 4), `NETCHANNEL_BENCH_CONNS` (comma-separated,
+//! (throughput channels per peer; default: the stack's, chosen from the host),
+//! `NETCHANNEL_BENCH_CONNS` (comma-separated,
 //! default `1,8,32,128`), `NETCHANNEL_BENCH_SIZES` (default `64,4096`),
 //! `NETCHANNEL_BENCH_ONLY` (`virtual` or `kernel`: measure one side only, for profiling),
 //! `NETCHANNEL_BENCH_STATS` (set: print both stacks' `Stack::stats` as JSON after each
@@ -179,7 +180,8 @@ mod run {
         let full = vns::bench_mode();
         let secs: f64 = env_or("NETCHANNEL_BENCH_SECS", if full { 2.0 } else { 0.1 });
         let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", if full { 3 } else { 1 }).max(1);
-        let channels: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 4);
+        // 0: the stack's default.
+        let channels: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 0);
         let conns = list(
             "NETCHANNEL_BENCH_CONNS",
             if full { "1,8,32,128" } else { "1,8" },
@@ -194,13 +196,19 @@ mod run {
         let Some((bed, rt)) = vns::bed_and_runtime("rpc_rate") else {
             return;
         };
+        let pair = StackPair::start(&bed, channels);
         println!(
             "rpc_rate: closed loop, {secs} s per measurement, {rounds} rounds, sizes {sizes:?}, \
-             connections {conns:?}, {channels} channels per peer, test bed with {} queues, MTU 1500",
+             connections {conns:?}, {} channels per peer ({}; NETCHANNEL_BENCH_CHANNELS), \
+             test bed with {} queues, MTU 1500",
+            pair.a.channels_per_peer(),
+            if channels == 0 {
+                "the stack's default"
+            } else {
+                "set"
+            },
             vns::bed_queues()
         );
-
-        let pair = StackPair::start(&bed, channels);
         let bound = |n: usize| match n {
             usize::MAX => "none".to_string(),
             n => n.to_string(),

@@ -8,7 +8,8 @@
 //! in rounds so that load from other processes falls on all of them alike.
 //!
 //! - `kernel_nothing_attached`: kernel TCP before any stack runs (tx checksumming off);
-//! - with a stack on each end (N throughput channels, default 4, and 1 latency channel):
+//! - with a stack on each end (N throughput channels, by default the stack's, chosen from
+//!   the host, and 1 latency channel):
 //!   `raw_channel` (one channel between the same `ChannelSet`s, blocking threads),
 //!   `virtual_stream` (throughput class: by default the channel threads process arrivals
 //!   and wake the reader), `virtual_stream_runtime_rx` (the same stream with
@@ -21,7 +22,7 @@
 //! Client and server tasks run on one tokio multi-thread runtime with 2 workers (the raw
 //! channel uses two plain threads). Environment: `NETCHANNEL_BENCH_SAMPLES` (per
 //! measurement, default 20000), `NETCHANNEL_BENCH_ROUNDS` (default 4),
-//! `NETCHANNEL_BENCH_CHANNELS` (default 4), `NETCHANNEL_BENCH_ONLY` (a comma-separated
+//! `NETCHANNEL_BENCH_CHANNELS` (default: the stack's), `NETCHANNEL_BENCH_ONLY` (a comma-separated
 //! list of measurement names: only those are sampled in the rounds, e.g. under a
 //! profiler), `NETCHANNEL_BENCH_HIST` (set: also print each measurement's samples in 5 µs
 //! buckets, its maximum and how many took over 1 and 5 ms, for reading tails).
@@ -258,7 +259,8 @@ mod run {
         let total: usize = env_or("NETCHANNEL_BENCH_SAMPLES", if full { 20_000 } else { 200 });
         let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", if full { 4 } else { 1 }).max(1);
         let warm_up = if full { WARM_UP } else { 20 };
-        let channels: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 4);
+        // 0: the stack's default.
+        let channels: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 0);
         let per_round = total.div_ceil(rounds);
         let Some((bed, rt)) = vns::bed_and_runtime("vns_latency") else {
             return;
@@ -282,6 +284,7 @@ mod run {
 
         // 1. With the stacks.
         let pair = StackPair::start_with(&bed, channels, 1);
+        let channels = pair.a.channels_per_peer();
         println!(
             "stacks: {} shards each (NETCHANNEL_BENCH_SHARDS)",
             pair.a.shards()

@@ -491,6 +491,58 @@ async fn small_exchange(s: &mut VirtualStream, tag: u8) {
     assert_eq!(back, msg, "echo of {tag}");
 }
 
+/// Without a channel count from its user, an AF_XDP stack opens one throughput channel
+/// per peer where the process may run on fewer than 4 cores (channel threads bring no
+/// parallelism without cores to run them beside the application), 4 elsewhere; and that
+/// many open (besides the latency channel).
+#[test]
+fn the_channel_count_is_chosen_from_the_host() {
+    let _serial = one_at_a_time();
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let build = |side: Side| {
+        let e = bed.side(side);
+        let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
+        bed.run_in(side, move || {
+            Stack::builder()
+                .interface(ifname)
+                .ipv4(ipv4)
+                .connect_timeout(Duration::from_secs(10))
+                .build()
+        })
+        .expect("enter the namespace")
+        .expect("stack")
+    };
+    let a = build(Side::A);
+    let b = build(Side::B);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let expected = if cores < 4 { 1 } else { 4 };
+    assert_eq!(a.channels_per_peer(), expected, "{cores} cores");
+    assert_eq!(b.channels_per_peer(), expected, "{cores} cores");
+    let at = SocketAddr::from(SocketAddrV4::new(bed.side(Side::B).ipv4, 7120));
+    let rt = two_workers();
+    rt.block_on(async {
+        let l = b.bind(at).await.unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            echo_until_eof(&mut s).await
+        });
+        let mut c = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap();
+        small_exchange(&mut c, 1).await;
+        timeout(LIMIT, a.channels_reach(expected + 1))
+            .await
+            .expect("the channels never opened");
+        assert_eq!(a.stats().channels.len(), expected + 1, "{:?}", a.stats());
+        c.shutdown().await.unwrap();
+        drop(c);
+        timeout(LIMIT, server).await.unwrap().unwrap();
+    });
+    drop(rt);
+    drop(a);
+    drop(b);
+}
+
 /// A lease a latency-class reader takes on the queues (run-to-completion receive, 10 ms)
 /// ends as soon as a reader that leaves receiving to the channel threads waits: a
 /// throughput-class exchange right after a latency-class one does not wait for the lease

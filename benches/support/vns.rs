@@ -228,9 +228,12 @@ impl StackPair {
                 let mut builder = Stack::builder()
                     .vns_config(vns_config())
                     .ipv4(e.ipv4)
-                    .channels(channels)
                     .latency_channels(latency)
                     .connect_timeout(Duration::from_secs(10));
+                // 0: the stack's default (chosen from the host).
+                if channels > 0 {
+                    builder = builder.channels(channels);
+                }
                 // For A/B runs of the stack's shards (0: the default, one per core).
                 let shards = env_or("NETCHANNEL_BENCH_SHARDS", 0usize);
                 if shards > 0 {

@@ -373,7 +373,7 @@ impl Liveness {
 pub struct StackBuilder {
     interface: Option<String>,
     ipv4: Option<Ipv4Addr>,
-    channels: usize,
+    channels: Option<usize>,
     latency_channels: usize,
     copy_workers: usize,
     copy_config: CopyConfig,
@@ -442,7 +442,7 @@ impl Default for StackBuilder {
         StackBuilder {
             interface: None,
             ipv4: None,
-            channels: 4,
+            channels: None,
             latency_channels: 1,
             copy_workers: 0,
             copy_config: CopyConfig::default(),
@@ -487,9 +487,20 @@ impl StackBuilder {
         self
     }
 
-    /// Throughput-class channels opened to each peer on first use (default 4; at least 1).
+    /// Throughput-class channels opened to each peer on first use (at least 1).
+    ///
+    /// Default: chosen from the host ([`Stack::channels_per_peer`] tells which). Where the
+    /// process may run on fewer than 4 cores and the stack has channel threads (AF_XDP),
+    /// one: more channels spread a peer's traffic over more NIC queues and channel
+    /// threads, which bring parallelism only with cores to run them beside the
+    /// application. Measured on the 2-core bed (2 queues; `docs/performance.md`, "How
+    /// many channels a small host opens"): one channel's request rate was 0.92-1.14 of
+    /// kernel TCP's at 1-128 connections, against 0.69-0.96 with four, and one stream's
+    /// bulk goodput the same with 1, 2 or 4. Otherwise [`DEFAULT_CHANNELS`]. A policy that
+    /// scales at run time (`Scaled`) opens more when the channel threads stay busy.
+    /// Environment: `NETCHANNEL_CHANNELS`.
     pub fn channels(mut self, n: usize) -> Self {
-        self.channels = n.max(1);
+        self.channels = Some(n.max(1));
         self
     }
 
@@ -959,8 +970,25 @@ impl StackBuilder {
                 )
             });
         }
+        let cores: Vec<usize> = core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        let channels = self.channels.unwrap_or_else(|| {
+            let usable = match cores.len() {
+                0 => std::thread::available_parallelism().map_or(1, usize::from),
+                n => n,
+            };
+            #[cfg(target_os = "linux")]
+            let threads = backend.placement().is_some();
+            #[cfg(not(target_os = "linux"))]
+            let threads = false;
+            auto_channels(threads, usable)
+        });
+        debug!(channels, "throughput channels per peer");
         let config = CoreConfig {
-            channels: self.channels,
+            channels,
             latency_channels: self.latency_channels,
             channel_port: self.channel_port,
             backlog: self.backlog,
@@ -973,11 +1001,7 @@ impl StackBuilder {
             execute_plans: self.execute_plans,
             channel_thread_rx: self.channel_thread_rx,
             separate_classes: endpoints[0].scheduler_separates_classes(),
-            cores: core_affinity::get_core_ids()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|c| c.id)
-                .collect(),
+            cores,
         };
         let core = Arc::new(Core::new(endpoints, backend, config, acceptor));
         core.set_self();
@@ -1198,6 +1222,21 @@ pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
 /// threads have cores to spare (fewer threads than cores).
 pub const DEFAULT_LIGHT_LOAD_STREAMS: usize = 8;
 
+/// The [`StackBuilder::channels`] a stack takes by default on hosts with cores to spare
+/// (and on backends without channel threads).
+pub const DEFAULT_CHANNELS: usize = 4;
+
+/// The throughput channels per peer a stack opens when its user sets none
+/// ([`StackBuilder::channels`]): one where it has channel threads (`threads`) and the
+/// process may run on fewer than 4 `cores`, [`DEFAULT_CHANNELS`] otherwise.
+pub(crate) fn auto_channels(threads: bool, cores: usize) -> usize {
+    if threads && cores < 4 {
+        1
+    } else {
+        DEFAULT_CHANNELS
+    }
+}
+
 /// A host's virtual-socket stack: an [`Endpoint`] over channels to other
 /// hosts, driven by its own thread. Cheap to clone (a handle); streams and listeners keep
 /// it alive. [`Stack::shutdown_graceful`] stops it after delivering what its streams
@@ -1276,6 +1315,12 @@ impl Stack {
     /// latency-class path whatever the load.
     pub fn light_load_streams(&self) -> usize {
         self.core().load.max()
+    }
+
+    /// The throughput channels the stack opens to each peer: the user's
+    /// ([`StackBuilder::channels`]) or the one chosen from the host.
+    pub fn channels_per_peer(&self) -> usize {
+        self.core().config.channels
     }
 
     /// Queue rounds that tasks waiting to read ran in their runtime so far
@@ -2199,6 +2244,35 @@ pub(crate) async fn resolve_v4(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One throughput channel per peer where channel threads have fewer than 4 cores to
+    /// share with the application, the default elsewhere and without channel threads;
+    /// a user's count is kept.
+    #[test]
+    fn the_default_channel_count_follows_the_cores() {
+        assert_eq!(auto_channels(true, 1), 1);
+        assert_eq!(auto_channels(true, 2), 1, "2-core bed");
+        assert_eq!(auto_channels(true, 3), 1);
+        assert_eq!(auto_channels(true, 4), DEFAULT_CHANNELS);
+        assert_eq!(auto_channels(true, 16), DEFAULT_CHANNELS);
+        assert_eq!(
+            auto_channels(false, 2),
+            DEFAULT_CHANNELS,
+            "in-memory backend"
+        );
+        let net = MemNetwork::new();
+        let default = Stack::builder()
+            .ipv4(Ipv4Addr::new(10, 0, 0, 1))
+            .build_in_memory(&net)
+            .unwrap();
+        assert_eq!(default.channels_per_peer(), DEFAULT_CHANNELS);
+        let set = Stack::builder()
+            .ipv4(Ipv4Addr::new(10, 0, 0, 2))
+            .channels(3)
+            .build_in_memory(&net)
+            .unwrap();
+        assert_eq!(set.channels_per_peer(), 3);
+    }
 
     #[test]
     fn default_liveness_probes_idle_channels_within_15_s() {
