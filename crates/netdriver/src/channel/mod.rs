@@ -446,6 +446,14 @@ pub trait ChannelTransport: Send + Sync {
         self.enqueue(chunk).map(|()| None)
     }
 
+    /// Queues `chunk` behind one whose [`DeferredKick`] the caller holds and has not run
+    /// yet (see [`Channel::enqueue_behind`]): the held kick covers it. The default is
+    /// [`enqueue`](Self::enqueue).
+    #[cfg(target_os = "linux")]
+    fn enqueue_behind(&self, chunk: Bytes) -> Result<(), EnqueueError> {
+        self.enqueue(chunk)
+    }
+
     /// Takes the next received chunk, if any, or reports the end of the stream.
     fn dequeue(&self) -> Result<Dequeued, ChannelError>;
 

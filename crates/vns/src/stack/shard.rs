@@ -349,27 +349,39 @@ impl Shard {
         let mut tx = chan.lock_tx();
         let mut more = false;
         let mut budget = TX_BUDGET * TX_BATCH;
+        // A kick for this channel waits in `kicks` (run once the lock is released): what
+        // is queued after it goes with it (a header batch and its payload are one
+        // message), without a wake-up of the channel thread per payload.
+        #[cfg(target_os = "linux")]
+        let mut kick_held = false;
         loop {
             // What the channel refused before goes first, in order.
             while let Some(b) = tx.pending.pop_front() {
                 let n = b.len();
                 #[cfg(target_os = "linux")]
-                let queued = chan.t.enqueue_deferred(b).map(|kick| {
-                    match kick {
-                        // Any channel of a lightly loaded stack sends inline whenever
-                        // its thread sleeps; latency channels otherwise only when their
-                        // queue is quiet too. After the lock is released.
-                        Some(kick) if self.load.is_light() => {
-                            self.kicks.push((kick, KickMode::Inline));
+                let queued = if kick_held {
+                    chan.t.enqueue_behind(b)
+                } else {
+                    chan.t.enqueue_deferred(b).map(|kick| {
+                        match kick {
+                            // Any channel of a lightly loaded stack sends inline whenever
+                            // its thread sleeps; latency channels otherwise only when
+                            // their queue is quiet too. After the lock is released.
+                            Some(kick) if self.load.is_light() => {
+                                self.kicks.push((kick, KickMode::Inline));
+                                kick_held = true;
+                            }
+                            Some(kick) if chan.class == ChannelClass::Latency => {
+                                self.kicks.push((kick, KickMode::InlineIfQuiet));
+                                kick_held = true;
+                            }
+                            // Throughput channels of a busy stack: the thread is woken
+                            // now.
+                            Some(kick) => kick.wake(),
+                            None => {}
                         }
-                        Some(kick) if chan.class == ChannelClass::Latency => {
-                            self.kicks.push((kick, KickMode::InlineIfQuiet));
-                        }
-                        // Throughput channels of a busy stack: the thread is woken now.
-                        Some(kick) => kick.wake(),
-                        None => {}
-                    }
-                });
+                    })
+                };
                 #[cfg(not(target_os = "linux"))]
                 let queued = chan.t.enqueue(b);
                 match queued {
