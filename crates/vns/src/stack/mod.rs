@@ -976,10 +976,9 @@ impl StackBuilder {
             .map(|c| c.id)
             .collect();
         let channels = self.channels.unwrap_or_else(|| {
-            let usable = match cores.len() {
-                0 => std::thread::available_parallelism().map_or(1, usize::from),
-                n => n,
-            };
+            // The cores the process may run on: its affinity mask and its cgroup's CPU
+            // quota, whichever is smaller.
+            let usable = std::thread::available_parallelism().map_or(1, usize::from);
             #[cfg(target_os = "linux")]
             let threads = backend.placement().is_some();
             #[cfg(not(target_os = "linux"))]
