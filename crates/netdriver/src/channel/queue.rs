@@ -891,9 +891,9 @@ impl ChannelShared {
         Ok(())
     }
 
-    /// Queues the chunk; the wake-up of the thread is done at once, except for a small
-    /// chunk into an empty queue, whose wake-up (or inline round) is handed back.
-    fn enqueue_deferred(&self, chunk: Bytes) -> Result<Option<DeferredKick>, EnqueueError> {
+    /// Puts a chunk on the Tx queue; returns whether the queue was empty before and the
+    /// bytes it holds now (`None`: an empty chunk, nothing queued).
+    fn push_tx_chunk(&self, chunk: Bytes) -> Result<Option<(bool, usize)>, EnqueueError> {
         if let Some(e) = self.send_error() {
             return Err(EnqueueError::Closed(e));
         }
@@ -907,11 +907,21 @@ impl ChannelShared {
             return Err(EnqueueError::Full(chunk));
         }
         let was_empty = self.tx.is_empty();
-        self.tx_bytes.fetch_add(len, Ordering::AcqRel);
+        let queued = self.tx_bytes.fetch_add(len, Ordering::AcqRel) + len;
         if let Err(chunk) = self.tx.push(chunk) {
             self.tx_bytes.fetch_sub(len, Ordering::AcqRel);
             return Err(EnqueueError::Full(chunk));
         }
+        Ok(Some((was_empty, queued)))
+    }
+
+    /// Queues the chunk; the wake-up of the thread is done at once, except for a small
+    /// chunk into an empty queue, whose wake-up (or inline round) is handed back.
+    fn enqueue_deferred(&self, chunk: Bytes) -> Result<Option<DeferredKick>, EnqueueError> {
+        let len = chunk.len();
+        let Some((was_empty, _)) = self.push_tx_chunk(chunk)? else {
+            return Ok(None);
+        };
         // A small chunk with nothing queued before it is per-message traffic: its kick
         // may send it inline (see `DeferredKick::run`). Bulk stays with the thread.
         if was_empty && len <= self.signal.inline_max() {
@@ -930,23 +940,10 @@ impl ChannelShared {
     /// message). A longer queue is bulk: the thread is woken now, as for any chunk behind
     /// others.
     fn enqueue_behind(&self, chunk: Bytes) -> Result<(), EnqueueError> {
-        if let Some(e) = self.send_error() {
-            return Err(EnqueueError::Closed(e));
-        }
-        if chunk.is_empty() {
-            return Ok(());
-        }
-        let len = chunk.len();
-        if !self.tx_has_room() {
-            return Err(EnqueueError::Full(chunk));
-        }
-        let queued = self.tx_bytes.fetch_add(len, Ordering::AcqRel) + len;
-        if let Err(chunk) = self.tx.push(chunk) {
-            self.tx_bytes.fetch_sub(len, Ordering::AcqRel);
-            return Err(EnqueueError::Full(chunk));
-        }
-        if queued > self.signal.inline_max() {
-            self.signal.notify();
+        if let Some((_, queued)) = self.push_tx_chunk(chunk)? {
+            if queued > self.signal.inline_max() {
+                self.signal.notify();
+            }
         }
         Ok(())
     }

@@ -97,8 +97,9 @@ struct Waiters {
     lists: [WakerList; 2],
     /// [`QueueReady`] woke a task that has not looked at the descriptors since.
     picked: AtomicBool,
-    /// The queues (a bit each) that carry latency channels, where the stack keeps the
-    /// classes on queues of their own; 0 where it does not.
+    /// The queues (a bit each, by position among the pollers) that carry latency
+    /// channels, where the stack keeps the classes on queues of their own; 0 where it
+    /// does not.
     latency_queues: AtomicU64,
     /// How many queues there are.
     queues: usize,
@@ -264,10 +265,17 @@ impl RuntimeQueues {
         })
     }
 
-    /// The stack's channel table changed: `mask` has a bit for each queue that carries a
-    /// latency channel when the stack keeps the classes on queues of their own, 0 when it
-    /// does not (see [`Waiters`]).
-    pub(crate) fn set_latency_queues(&self, mask: u64) {
+    /// The stack's channel table changed: `queues` has a bit for each NIC queue (by its
+    /// number) that carries a latency channel when the stack keeps the classes on queues
+    /// of their own, 0 when it does not (see [`Waiters`], which keeps them by position
+    /// among the pollers).
+    pub(crate) fn set_latency_queues(&self, queues: u64) {
+        let mut mask = 0u64;
+        for (i, p) in self.pollers.iter().enumerate().take(64) {
+            if p.queue() < 64 && queues & (1 << p.queue()) != 0 {
+                mask |= 1 << i;
+            }
+        }
         self.waiters.latency_queues.store(mask, Ordering::Relaxed);
     }
 
