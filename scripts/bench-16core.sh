@@ -8,7 +8,8 @@
 # the channel threads on and off (`StackBuilder::channel_thread_rx`); (2) the paper's
 # three operating points; (3) rpc_rate over 1-128 connections with 4 channels, with and
 # without the few-active-streams path (`light_load_streams`); (4)
-# vns_latency with receive on the channel threads on and off. BUSY=1 adds (5) vns_latency
+# vns_latency (the stack's default channel count: 4 on such a machine) with receive on
+# the channel threads on and off. BUSY=1 adds (5) vns_latency
 # and rpc_rate at 128 connections with busy polling. The bed has 4 queues (so 4 channel
 # threads per side) and the tokio runtime 4 workers, for the VirtualStreams and kernel
 # TCP alike.
@@ -39,7 +40,10 @@ for ch in 1 2 4; do
             NETCHANNEL_BENCH_CHANNEL_THREAD_RX=$rx scripts/bench-bundle.sh run rpc_rate
     done
 done
-step points 200 NETCHANNEL_BENCH_SECS=1 scripts/bench-bundle.sh run operating_points
+# Point 3 with the latency application on its own runtime (the paper's setup; the
+# shared-runtime mode measures the application's run queue, not the stack).
+step points 300 NETCHANNEL_BENCH_SECS=1 NETCHANNEL_BENCH_LATENCY_APP=own \
+    scripts/bench-bundle.sh run operating_points
 step rpc_conns 120 "${common[@]}" NETCHANNEL_BENCH_CHANNELS=4 scripts/bench-bundle.sh run rpc_rate
 # The same without the few-active-streams path (`StackBuilder::light_load_streams(0)`).
 step rpc_conns_nolight 120 "${common[@]}" NETCHANNEL_BENCH_CHANNELS=4 \
