@@ -98,6 +98,11 @@ pub(crate) struct ThreadSignal {
     wakeups: AtomicU64,
 }
 
+/// Bytes a message's headers may add to the inline limit when its payload is queued
+/// behind them ([`Channel::enqueue_behind`]): a payload of exactly the limit (16 KiB, a
+/// common message size) with its header is still one message.
+const BEHIND_HEADROOM: usize = 256;
+
 /// A queue whose last round ended less than this long ago is busy: a kick then wakes the
 /// thread (which batches) instead of running an inline round per message. Measured on
 /// the 2-core bed: per-message inline rounds cost 40-50 % of the request rate at 32-128
@@ -941,7 +946,7 @@ impl ChannelShared {
     /// others.
     fn enqueue_behind(&self, chunk: Bytes) -> Result<(), EnqueueError> {
         if let Some((_, queued)) = self.push_tx_chunk(chunk)? {
-            if queued > self.signal.inline_max() {
+            if queued > self.signal.inline_max() + BEHIND_HEADROOM {
                 self.signal.notify();
             }
         }
@@ -1442,6 +1447,15 @@ mod tests {
         let sizes: Vec<usize> = std::iter::from_fn(|| s.pop_tx()).map(|c| c.len()).collect();
         assert_eq!(sizes, vec![24, 8192, 16 * 1024, 100]);
         drop(kick);
+        // A payload of exactly the limit with its header is still one message.
+        let s = shared(big, big);
+        s.signal.set_inline_max(16 * 1024);
+        let ch = Channel::new(s.clone());
+        assert!(s.signal.prepare_sleep());
+        let kick = ch.enqueue_deferred(Bytes::from(vec![1; 24])).unwrap();
+        assert!(kick.is_some());
+        ch.enqueue_behind(Bytes::from(vec![2; 16 * 1024])).unwrap();
+        assert_eq!(told_and_kicked(&s), (false, false), "16 KiB and its header");
     }
 
     /// A waker that counts its wake-ups.
