@@ -257,6 +257,20 @@ mod run {
         over_5ms: usize,
     }
 
+    /// The table cells of a stream alone and loaded: p50s, p99.9s, inflation, slow samples.
+    fn tail_cells(alone: &Tail, loaded: &Tail) -> String {
+        format!(
+            "{:.1} | {:.1} | {:.1} | {:.1} | {:.2}× | {} / {}",
+            alone.p50,
+            alone.p999,
+            loaded.p50,
+            loaded.p999,
+            loaded.p999 / alone.p999,
+            loaded.over_1ms,
+            loaded.over_5ms
+        )
+    }
+
     /// Where point 3's latency stream (its client and its server) runs.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     enum LatencyApp {
@@ -378,14 +392,8 @@ mod run {
                     .sum()
             };
             println!(
-                "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}× | {} / {} | latency channels resent {}, throughput {}; AF_XDP rx drops alone {dropped_alone}, loaded {dropped_loaded} |",
-                alone.p50,
-                alone.p999,
-                loaded.p50,
-                loaded.p999,
-                loaded.p999 / alone.p999,
-                loaded.over_1ms,
-                loaded.over_5ms,
+                "| {name} | {} | latency channels resent {}, throughput {}; AF_XDP rx drops alone {dropped_alone}, loaded {dropped_loaded} |",
+                tail_cells(&alone, &loaded),
                 resent(netchannel::sched::ChannelClass::Latency),
                 resent(netchannel::sched::ChannelClass::Throughput)
             );
@@ -408,16 +416,7 @@ mod run {
         };
         let alone = p999::<_, tokio::net::TcpStream>(rt, lat_rt, open(b'L'), Vec::new());
         let loaded = p999(rt, lat_rt, open(b'L'), (0..8).map(|_| open(b'B')).collect());
-        println!(
-            "| kernel TCP | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}× | {} / {} | |",
-            alone.p50,
-            alone.p999,
-            loaded.p50,
-            loaded.p999,
-            loaded.p999 / alone.p999,
-            loaded.over_1ms,
-            loaded.over_5ms
-        );
+        println!("| kernel TCP | {} | |", tail_cells(&alone, &loaded));
     }
 
     /// A kernel TCP connection to the bench's kernel server, announcing its kind.
