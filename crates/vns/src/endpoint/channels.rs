@@ -206,9 +206,11 @@ impl Endpoint {
     /// - each socket to the peer sends its credit and STOP/RESUME state again, since a
     ///   credit update or STOP that went on the channel may be lost;
     /// - chunks it delivered that wait in response queues (parked, or early for a socket
-    ///   still connecting) are dropped: they are not acknowledged, so the peer sends them
-    ///   again; a duplicate of bytes already received is ignored
-    ///   ([`EndpointCounters::duplicate_chunks`](super::EndpointCounters));
+    ///   still connecting) stay, charged to the peer until they leave: the peer sends
+    ///   them again (they are not acknowledged), but its copy may have arrived first, on
+    ///   another channel, and been ignored as a duplicate of the one kept here
+    ///   ([`EndpointCounters::duplicate_chunks`](super::EndpointCounters)); the two sides
+    ///   learn of a reset at different times;
     /// - a RESET held for the bytes before it applies now: those bytes may be gone.
     ///
     /// With no channel to the peer left, the sockets wait for a new one
@@ -217,19 +219,17 @@ impl Endpoint {
     /// keeps its bytes and end of stream); [`Endpoint::handle_peer_gone`] fails them at
     /// once when no channel can be opened.
     pub fn handle_channel_lost(&mut self, id: ChannelId) {
-        self.lose_channel(id, Error::ChannelLost, false);
+        self.lose_channel(id, Error::ChannelLost);
     }
 
     /// The peer closed the channel gracefully: its byte stream ended (a FIN after its last
-    /// byte, every one of which was fed to [`Endpoint::handle_chunk_bytes`]). Like
-    /// [`Endpoint::handle_channel_lost`], except that the chunks it delivered that wait
-    /// in response queues (parked past a receive buffer, or early for a socket still
-    /// connecting) are kept: they are the peer's bytes, and a peer that closes its
-    /// channels gracefully (its stack stopping after everything was acknowledged by our
-    /// transport) does not send them again. They stay charged to the peer's budget until
-    /// they leave.
+    /// byte, every one of which was fed to [`Endpoint::handle_chunk_bytes`]). Handled like
+    /// [`Endpoint::handle_channel_lost`]; the chunks it delivered that wait in response
+    /// queues matter most here, since a peer that closes its channels gracefully (its
+    /// stack stopping after everything was acknowledged by our transport) does not send
+    /// them again.
     pub fn handle_channel_closed(&mut self, id: ChannelId) {
-        self.lose_channel(id, Error::ChannelLost, true);
+        self.lose_channel(id, Error::ChannelLost);
     }
 
     /// The channel timed out: its transport gave up on an unresponsive peer (TCP
@@ -237,7 +237,7 @@ impl Endpoint {
     /// sockets that fail for it fail with [`Error::PeerUnreachable`] (`TimedOut`), which
     /// tells the application the peer went silent rather than closed the channel.
     pub fn handle_channel_timed_out(&mut self, id: ChannelId) {
-        self.lose_channel(id, Error::PeerUnreachable, false);
+        self.lose_channel(id, Error::PeerUnreachable);
     }
 
     /// This side gives the channel up for good (the stack stops or aborts): nothing moves
@@ -315,20 +315,21 @@ impl Endpoint {
         self.fail(sid, error);
     }
 
-    /// `keep_delivered`: the chunks it delivered that wait in response queues are kept
-    /// (a graceful close), not dropped for the peer to send again.
-    fn lose_channel(&mut self, id: ChannelId, error: Error, keep_delivered: bool) {
+    /// The chunks it delivered that wait in response queues are kept, never dropped for
+    /// the peer to send again. Dropping them lost bytes for good (a stream stalled on a
+    /// hole under forged RSTs, issue 11's note of the tenth session): when the peer
+    /// learned of the reset first, its copy arrived on another channel while ours was
+    /// still parked, was ignored as a duplicate, and the peer then had it delivered.
+    fn lose_channel(&mut self, id: ChannelId, error: Error) {
         let Some(ch) = self.channels.remove(&id) else {
             return;
         };
         self.outbox_chunks -= ch.outbox.len();
         let peer = ch.peer;
-        // What its sockets hold charged to it is dropped below (parked and early chunks)
-        // and given back with the channel now, or kept and given back as it leaves.
-        if keep_delivered && ch.parked_bytes > 0 {
+        // What its sockets hold charged to it (parked and early chunks) stays charged to
+        // the peer and is given back as it leaves.
+        if ch.parked_bytes > 0 {
             self.closed_charges.insert(id, (peer, ch.parked_bytes));
-        } else {
-            self.release_peer(peer, ch.parked_bytes);
         }
         debug!(channel = %id, outbox = ch.outbox.len(), %error, "channel lost");
         // Queued for the channel and not handed to it: to another channel as they are.
@@ -360,14 +361,6 @@ impl Endpoint {
         for sid in sids {
             let s = self.sockets.get_mut(&sid).expect("listed above");
             s.channels_used.remove(&id);
-            // Chunks it delivered and we did not take in yet: the peer sends them again
-            // (unless it closed the channel gracefully: then they are kept).
-            if !keep_delivered {
-                for p in s.parked.take_where(|p| p.channel == id) {
-                    trace!(socket = %sid, seq = %p.seq, "dropping a parked chunk of the lost channel");
-                }
-                s.early.retain(|(c, _)| *c != id);
-            }
             // A socket finished both ways still sends again what the peer has not read.
             if matches!(s.state, State::Failed(_)) {
                 continue;

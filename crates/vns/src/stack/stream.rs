@@ -818,6 +818,17 @@ impl VirtualStream {
         }
     }
 
+    /// A snapshot of the virtual socket's buffers and flow-control state (bytes unsent,
+    /// readable, out of order, parked; STOP sent or received; bytes kept for resending),
+    /// for monitoring and diagnosis. `None` for a plain-TCP or loopback stream, or once
+    /// the socket is gone.
+    pub fn socket_stats(&self) -> Option<crate::SocketStats> {
+        match &self.inner {
+            Sock::Virtual(v) => v.stack.core().lock_socket(v.sid).ep.socket_stats(v.sid),
+            Sock::Plain(_) | Sock::Kernel(_) => None,
+        }
+    }
+
     /// Borrowed read and write halves, usable from two tasks at once (like
     /// `TcpStream::split`).
     pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>) {
