@@ -167,6 +167,43 @@ async fn halves_have_readiness_and_reunite_checks_its_halves() {
     let _c = cw.reunite(cr).expect("halves of one stream");
 }
 
+/// `socket_stats` reports the virtual socket's buffers: bytes written and not yet read by
+/// the peer are kept for resending, bytes arrived and not read are readable; a plain-TCP
+/// stream has none.
+#[tokio::test]
+async fn socket_stats_show_what_waits_where() {
+    let (a, b) = Stack::pair_in_memory(2).unwrap();
+    let (mut c, mut s) = connected(&a, &b, 7304).await;
+    c.write_all(&[7u8; 1000]).await.unwrap();
+    // Readable once the bytes are in; the writer keeps them until the reader reads.
+    timeout(LIMIT, s.readable()).await.unwrap().unwrap();
+    let mut buf = [0u8; 1000];
+    let mut at = 0;
+    while s.socket_stats().unwrap().readable_bytes + at < 1000 {
+        // Not every chunk may be in at the first readiness.
+        at += s.read(&mut buf[at..]).await.unwrap();
+    }
+    let rs = s.socket_stats().unwrap();
+    assert_eq!(rs.readable_bytes + at, 1000);
+    assert!(!rs.stop_sent && rs.parked_bytes == 0);
+    let ws = c.socket_stats().unwrap();
+    assert_eq!(ws.unsent_bytes, 0);
+    assert!(ws.unacked_bytes > 0 && ws.unacked_bytes <= 1000);
+    s.read_exact(&mut buf[at..]).await.unwrap();
+    assert_eq!(s.socket_stats().unwrap().readable_bytes, 0);
+
+    let net = MemNetwork::new();
+    let a = Stack::builder().ipv4(A).build_in_memory(&net).unwrap();
+    let plain_host = net.backend(Ipv4Addr::new(10, 0, 0, 3));
+    let _acceptor = plain_host.listen(7305).unwrap();
+    let p = timeout(LIMIT, a.connect(addr(Ipv4Addr::new(10, 0, 0, 3), 7305)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(p.is_plain_tcp());
+    assert_eq!(p.socket_stats(), None);
+}
+
 #[tokio::test]
 async fn plain_tcp_streams_peek_and_try_read() {
     let net = MemNetwork::new();
