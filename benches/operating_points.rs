@@ -21,7 +21,10 @@
 //! `NETCHANNEL_BENCH_MB` (bulk transfer, default 200), `NETCHANNEL_BENCH_SECS` (per rate
 //! measurement, default 2), `NETCHANNEL_BENCH_CONNS` (default 32),
 //! `NETCHANNEL_BENCH_SAMPLES` (latency samples per case, default 5000),
-//! `NETCHANNEL_BENCH_POINTS` (which points to run, default `123`). Without `--bench`
+//! `NETCHANNEL_BENCH_POINTS` (which points to run, default `123`),
+//! `NETCHANNEL_BENCH_LATENCY_NICE` (point 3, `own` mode: the nice value of the latency
+//! application's threads, for both stacks; the paper's "Linux + prioritization" is -20
+//! with kernel TCP). Without `--bench`
 //! (`cargo test --all-targets`) it runs a small smoke version.
 //!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
@@ -235,7 +238,13 @@ mod run {
             .collect();
         let mut samples = Samples::with_capacity(l_cap());
         let never = Arc::new(AtomicBool::new(false));
+        // The measuring thread is the latency application's too.
+        let own = !std::ptr::eq(rt, lat_rt);
+        let old = own.then(latency_nice).flatten().map(set_thread_nice);
         lat_rt.block_on(ping(lat, 4096, never, Some(&mut samples)));
+        if let Some(old) = old {
+            set_thread_nice(old);
+        }
         stop.store(true, Ordering::Relaxed);
         for w in writers {
             let _ = rt.block_on(w);
@@ -301,14 +310,48 @@ mod run {
     /// each place its application runs ([`LatencyApp`]).
     fn isolation(bed: &TestBed, rt: &Runtime, kaddr: SocketAddrV4) {
         for app in latency_apps() {
+            let nice = latency_nice();
             let own = (app == LatencyApp::Own).then(|| {
                 tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(1)
                     .enable_all()
+                    .on_thread_start(move || {
+                        if let Some(n) = nice {
+                            set_thread_nice(n);
+                        }
+                    })
                     .build()
                     .expect("the latency application's runtime")
             });
             isolation_with(bed, rt, own.as_ref().unwrap_or(rt), kaddr, app);
+        }
+    }
+
+    /// `NETCHANNEL_BENCH_LATENCY_NICE`: the nice value of the latency application's
+    /// threads (its runtime's worker and the measuring thread while it measures), in the
+    /// `own` mode only; unset, they keep the process's. The paper's "Linux +
+    /// prioritization" case (nice -20 for the latency application) is this with kernel
+    /// TCP.
+    fn latency_nice() -> Option<i32> {
+        std::env::var("NETCHANNEL_BENCH_LATENCY_NICE")
+            .ok()
+            .map(|v| {
+                v.trim()
+                    .parse()
+                    .expect("NETCHANNEL_BENCH_LATENCY_NICE: an integer")
+            })
+    }
+
+    /// Sets the calling thread's nice value (Linux: per thread). Returns the old one.
+    fn set_thread_nice(n: i32) -> i32 {
+        // SAFETY: plain system calls on the calling thread's own id; no memory is shared.
+        unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            let old = libc::getpriority(libc::PRIO_PROCESS, tid);
+            if libc::setpriority(libc::PRIO_PROCESS, tid, n) != 0 {
+                panic!("setting nice {n}: {}", std::io::Error::last_os_error());
+            }
+            old
         }
     }
 

@@ -253,6 +253,41 @@ mod run {
         }
     }
 
+    /// Per channel thread of both stacks (A's, then B's): wake-ups, inline sends, handed
+    /// sends, inline rounds.
+    fn thread_counts(pair: &StackPair) -> Vec<[u64; 4]> {
+        [pair.channels_a(), pair.channels_b()]
+            .iter()
+            .flat_map(|set| set.thread_stats())
+            .map(|t| [t.wakeups, t.inline_sends, t.handed_sends, t.inline_rounds])
+            .collect()
+    }
+
+    /// `NETCHANNEL_BENCH_STATS=1`: what the channel threads did during one measurement,
+    /// per exchange (for reading where a stream's tail comes from).
+    fn print_thread_counts(name: &str, exchanges: usize, before: Vec<[u64; 4]>, pair: &StackPair) {
+        if std::env::var_os("NETCHANNEL_BENCH_STATS").is_none() {
+            return;
+        }
+        let after = thread_counts(pair);
+        let per = |i: usize| {
+            after
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| format!("{:.3}", (a[i] - b[i]) as f64 / exchanges as f64))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        println!(
+            "{name}: per exchange, per channel thread (A's, then B's): wake-ups [{}], \
+             inline sends [{}], handed sends [{}], inline rounds [{}]",
+            per(0),
+            per(1),
+            per(2),
+            per(3)
+        );
+    }
+
     pub fn main() {
         // `cargo test --all-targets`: a few exchanges of each, as a smoke test.
         let full = vns::bench_mode();
@@ -341,9 +376,11 @@ mod run {
                 channel_ping_pong(&raw, per_round, &mut raw_s);
             }
             if wanted("virtual_stream") {
+                let before = thread_counts(&pair);
                 let s: VirtualStream;
                 (s, vs_s) = ping_pong(&rt, vs, per_round, vs_s);
                 vs = s;
+                print_thread_counts("virtual_stream", per_round, before, &pair);
             }
             if wanted("virtual_stream_runtime_rx") {
                 // The same stream with run-to-completion receive for every socket.
@@ -360,9 +397,11 @@ mod run {
                 vl = with_runtime_rx(&rt, &pair, RuntimeRx::default(), s);
             }
             if wanted("virtual_stream_latency") {
+                let before = thread_counts(&pair);
                 let s: VirtualStream;
                 (s, vl_s) = ping_pong(&rt, vl, per_round, vl_s);
                 vl = s;
+                print_thread_counts("virtual_stream_latency", per_round, before, &pair);
             }
             if wanted("kernel_xdp_attached") {
                 let s: tokio::net::TcpStream;

@@ -1917,6 +1917,156 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
     drop(b);
 }
 
+/// Issue 12, isolation on the bed: a latency application on a runtime of its own
+/// registers only the latency channels' queues with its reactor, and the bulk application
+/// the others. Regression: the first runtime to wait registered every queue's AF_XDP
+/// socket; the latency application's reactor then polled the bulk queues' sockets, which
+/// in copy mode drives their transmission under the socket's mutex, and waited 1-5 ms
+/// behind the bulk channel thread's batches (`perf sched`, tenth session).
+#[test]
+fn a_latency_application_registers_only_the_latency_queues_with_its_runtime() {
+    let _serial = one_at_a_time();
+    use netchannel::sched::{ChannelClass, Isolating};
+    use netchannel::AppClass;
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let build = |side: Side| {
+        let e = bed.side(side);
+        let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
+        bed.run_in(side, move || {
+            Stack::builder()
+                .interface(ifname)
+                .ipv4(ipv4)
+                .channels(2)
+                .latency_channels(1)
+                .scheduler(Isolating::default())
+                // Bulk readers wait in their runtime too, so that the bulk queues get
+                // registered (by the bulk application).
+                .runtime_rx(RuntimeRx::All)
+                .connect_timeout(Duration::from_secs(10))
+                .build()
+        })
+        .expect("enter the namespace")
+        .expect("stack")
+    };
+    let a = build(Side::A);
+    let b = build(Side::B);
+    let b_ip = bed.side(Side::B).ipv4;
+    let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
+    let runtime = |name: &str| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(name)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let lat_rt = runtime("lat-app");
+    let bulk_rt = runtime("bulk-app");
+    const PINGS: usize = 100;
+    const MSG: usize = 4096;
+    const BULK: u64 = 5_000_000;
+    let (lat_l, bulk_l) = bulk_rt.block_on(async {
+        (
+            b.bind(at(7611)).await.unwrap(),
+            b.bind(at(7610)).await.unwrap(),
+        )
+    });
+    // The latency application first: it waits before any bulk task does.
+    let b2 = b.clone();
+    let echo = lat_rt.spawn(async move {
+        let (mut s, _) = lat_l.accept().await.unwrap();
+        timeout(LIMIT, b2.channels_reach(3))
+            .await
+            .expect("B never got its latency channel");
+        s.set_app_class(AppClass::Latency).unwrap();
+        let mut buf = vec![0u8; MSG];
+        for _ in 0..PINGS {
+            s.read_exact(&mut buf).await.unwrap();
+            s.write_all(&buf).await.unwrap();
+        }
+    });
+    let a2 = a.clone();
+    let pings = lat_rt.spawn(async move {
+        let mut lat = timeout(LIMIT, a2.connect(at(7611))).await.unwrap().unwrap();
+        lat.set_app_class(AppClass::Latency).unwrap();
+        let (mut msg, mut back) = (vec![0u8; MSG], vec![0u8; MSG]);
+        for k in 0..PINGS {
+            fill(910, (k * MSG) as u64, &mut msg);
+            lat.write_all(&msg).await.unwrap();
+            lat.read_exact(&mut back).await.unwrap();
+            assert!(back == msg, "echo {k}");
+        }
+    });
+    lat_rt.block_on(async {
+        timeout(LIMIT, pings).await.unwrap().unwrap();
+        timeout(LIMIT, echo).await.unwrap().unwrap();
+    });
+    bulk_rt.block_on(async {
+        let sink = tokio::spawn(async move {
+            let (mut s, _) = bulk_l.accept().await.unwrap();
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut off = 0u64;
+            loop {
+                let n = s.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break off;
+                }
+                let mut want = vec![0u8; n];
+                fill(310, off, &mut want);
+                assert!(buf[..n] == want[..], "bulk stream at {off}");
+                off += n as u64;
+            }
+        });
+        let mut c = timeout(LIMIT, a.connect(at(7610))).await.unwrap().unwrap();
+        send_pattern(&mut c, 310, BULK).await;
+        c.shutdown().await.unwrap();
+        assert_eq!(timeout(LIMIT, sink).await.unwrap().unwrap(), BULK);
+    });
+    for (name, stack) in [("A", &a), ("B", &b)] {
+        let st = stack.stats();
+        let queues_of = |class| -> std::collections::BTreeSet<u32> {
+            st.channels
+                .iter()
+                .filter(|c| c.class == class)
+                .filter_map(|c| c.queue)
+                .collect()
+        };
+        let (lat_q, bulk_q) = (
+            queues_of(ChannelClass::Latency),
+            queues_of(ChannelClass::Throughput),
+        );
+        assert!(lat_q.is_disjoint(&bulk_q), "{name}: {st:?}");
+        let regs = stack.runtime_rx_registrations();
+        println!("{name}: latency queues {lat_q:?}, bulk {bulk_q:?}; registered {regs:?}");
+        for q in &lat_q {
+            assert!(
+                regs.iter()
+                    .any(|(rq, by)| rq == q && by.as_deref() == Some("lat-app")),
+                "{name}: latency queue {q} not registered by the latency application: {regs:?}"
+            );
+        }
+        // The bulk application's worker or the thread of its `block_on` (the test's).
+        for (q, by) in &regs {
+            if bulk_q.contains(q) {
+                assert_ne!(
+                    by.as_deref(),
+                    Some("lat-app"),
+                    "{name}: the latency application registered bulk queue {q}: {regs:?}"
+                );
+            }
+        }
+        assert!(
+            regs.iter().any(|(q, _)| bulk_q.contains(q)),
+            "{name}: the bulk application waited on no bulk queue: {regs:?}"
+        );
+    }
+    drop((lat_rt, bulk_rt));
+    a.abort();
+    b.abort();
+}
+
 /// Issue 12, isolation on the bed: with `Isolating` on both stacks (2 queues), the latency
 /// channel opens on a queue thread of its own, the policy's plans pin that thread and the
 /// bulk one to different cores, and while 4 bulk streams saturate the throughput channels

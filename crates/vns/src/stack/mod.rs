@@ -1349,6 +1349,20 @@ impl Stack {
         Vec::new()
     }
 
+    /// For diagnosis: the NIC queues whose AF_XDP socket a tokio runtime registered for
+    /// run-to-completion receive ([`StackBuilder::runtime_rx`]), each with the name of the
+    /// thread that registered it. A queue is registered by the first task that waits on
+    /// it, so where the scheduler keeps the classes on queues of their own (`Isolating`),
+    /// a latency application's runtime registers only the latency channels' queues (see
+    /// [`Stack::runtime_rx_queues`]). Empty without AF_XDP queues.
+    pub fn runtime_rx_registrations(&self) -> Vec<(u32, Option<String>)> {
+        #[cfg(target_os = "linux")]
+        if let Some(rt) = &self.core().rt_rx {
+            return rt.registrations();
+        }
+        Vec::new()
+    }
+
     /// Changes which tasks use run-to-completion receive ([`StackBuilder::runtime_rx`])
     /// while the stack runs (for A/B measurements); returns whether the stack can use it
     /// at all (it needs AF_XDP queues).

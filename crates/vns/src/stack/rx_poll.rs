@@ -9,10 +9,15 @@
 //! I/O driver, which wakes the task locally; the channel thread stays asleep, since the
 //! task holds a lease on the queue's arrivals ([`RxPoller::lease`]) while it waits.
 //!
-//! The registration belongs to the runtime of the first task that waits with it (one
-//! descriptor can be registered with one reactor). A task of another runtime, or a
-//! runtime that has shut down, gets the channel thread's hand-off as before; so does any
-//! task when the stack's backend has no AF_XDP queues (the in-memory backend).
+//! Each queue's registration belongs to the runtime of the first task that waits on that
+//! queue (one descriptor can be registered with one reactor). Where the classes have
+//! queues of their own (see [`Waiters`]), a latency application's runtime thus registers
+//! only the latency queues: its reactor never polls a bulk queue's socket, which for an
+//! AF_XDP socket in copy mode means driving that socket's transmission under its mutex,
+//! behind the bulk channel thread's batches (1-5 ms waits of the latency application,
+//! `docs/performance.md`, tenth session). A task of another runtime, or of a runtime that
+//! has shut down, gets the channel thread's hand-off as before; so does any task when the
+//! stack's backend has no AF_XDP queues (the in-memory backend).
 //!
 //! Only one task is woken per arrival (tokio keeps one reader waker per descriptor for
 //! `poll_read_ready`): it feeds every channel's bytes to the endpoint, whose events wake
@@ -53,10 +58,12 @@ const ROUNDS_PER_WAIT: usize = 4;
 /// The queues of a stack's channel set, as its runtime waits on them.
 pub(crate) struct RuntimeQueues {
     pollers: Vec<RxPoller>,
-    /// The queues' descriptors registered with the first runtime that waited (`None`:
-    /// registering failed, e.g. a runtime without I/O; the hand-off then stays as before).
-    fds: OnceLock<Option<Vec<AsyncFd<OwnedFd>>>>,
-    /// The registration stopped working (its runtime shut down).
+    /// Each queue's descriptor, registered with the runtime of the first task that
+    /// waited on that queue (`None`: registering failed, e.g. a runtime without I/O; the
+    /// hand-off then stays as before, see `off`).
+    fds: Vec<OnceLock<Option<Registered>>>,
+    /// A registration failed or stopped working (its runtime shut down): the channel
+    /// threads hand every arrival off, as without this.
     off: AtomicBool,
     /// Which sockets' tasks use it ([`RuntimeRx`] as a byte; changed by
     /// [`Stack::set_runtime_rx`](super::Stack::set_runtime_rx)).
@@ -70,6 +77,14 @@ pub(crate) struct RuntimeQueues {
     /// The wakers the runtime's reactor holds for the descriptors, one per queue
     /// ([`QueueReady`]).
     ready: Vec<Waker>,
+}
+
+/// A queue's descriptor registered with a runtime's reactor.
+struct Registered {
+    fd: AsyncFd<OwnedFd>,
+    /// The name of the thread that registered it (a worker of that runtime, or the
+    /// thread of its `block_on`), for diagnosis.
+    by: Option<String>,
 }
 
 /// Every queue, as a mask (queues past the 64th are always served).
@@ -254,8 +269,8 @@ impl RuntimeQueues {
             })
             .collect();
         Some(RuntimeQueues {
+            fds: pollers.iter().map(|_| OnceLock::new()).collect(),
             pollers,
-            fds: OnceLock::new(),
             off: AtomicBool::new(false),
             mode: AtomicU8::new(mode.to_byte()),
             rounds: AtomicU64::new(0),
@@ -291,50 +306,63 @@ impl RuntimeQueues {
             .collect()
     }
 
-    /// The registered descriptors, registering them with the calling task's runtime on
-    /// first use.
-    fn fds(&self) -> Option<&[AsyncFd<OwnedFd>]> {
-        if self.off.load(Ordering::Relaxed) {
-            return None;
-        }
-        if let Some(fds) = self.fds.get() {
-            return fds.as_deref();
-        }
-        // Not in a runtime (a blocking caller, another executor): try again later.
-        tokio::runtime::Handle::try_current().ok()?;
-        self.fds.get_or_init(|| self.register()).as_deref()
+    /// Whether tasks may wait on the descriptors now: no registration failed, and the
+    /// caller runs in a tokio runtime (a blocking caller or another executor tries again
+    /// later).
+    fn usable(&self) -> bool {
+        !self.off.load(Ordering::Relaxed) && tokio::runtime::Handle::try_current().is_ok()
     }
 
-    fn register(&self) -> Option<Vec<AsyncFd<OwnedFd>>> {
-        let mut fds = Vec::with_capacity(self.pollers.len());
-        for p in &self.pollers {
-            let fd = p.fd()?.try_clone_to_owned().ok()?;
-            // Read interest only: an AF_XDP socket is nearly always writable, and every
-            // writable edge would wake the runtime's reactor for nothing.
-            // `AsyncFd::with_interest` panics (rather than failing) in a runtime built
-            // without I/O; such a runtime keeps the channel threads' hand-off. It is
-            // deprecated in favour of the `unsafe` `AsyncFd::register_with_interest`
-            // because a generic inner value could close or replace its descriptor while
-            // registered (tokio#8587); an `OwnedFd` owned by the `AsyncFd` cannot, and
-            // this crate has no `unsafe`.
-            #[allow(deprecated)]
-            let reg = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                AsyncFd::with_interest(fd, Interest::READABLE)
-            }));
-            match reg {
-                Ok(Ok(fd)) => fds.push(fd),
-                Ok(Err(e)) => {
-                    warn!(error = %e, "registering an AF_XDP socket with the runtime; channel threads keep the receive hand-off");
-                    return None;
-                }
-                Err(_) => {
-                    warn!("the tokio runtime has no I/O driver (enable_io); channel threads keep the receive hand-off");
-                    return None;
-                }
+    /// Queue `i`'s registered descriptor, registering it with the calling task's runtime
+    /// on first use; `None` (and every queue off) when that fails.
+    fn fd(&self, i: usize) -> Option<&AsyncFd<OwnedFd>> {
+        let fd = self.fds[i].get_or_init(|| self.register(i)).as_ref();
+        if fd.is_none() {
+            self.off.store(true, Ordering::Relaxed);
+        }
+        fd.map(|r| &r.fd)
+    }
+
+    fn register(&self, i: usize) -> Option<Registered> {
+        let p = &self.pollers[i];
+        let fd = p.fd()?.try_clone_to_owned().ok()?;
+        // Read interest only: an AF_XDP socket is nearly always writable, and every
+        // writable edge would wake the runtime's reactor for nothing.
+        // `AsyncFd::with_interest` panics (rather than failing) in a runtime built
+        // without I/O; such a runtime keeps the channel threads' hand-off. It is
+        // deprecated in favour of the `unsafe` `AsyncFd::register_with_interest`
+        // because a generic inner value could close or replace its descriptor while
+        // registered (tokio#8587); an `OwnedFd` owned by the `AsyncFd` cannot, and
+        // this crate has no `unsafe`.
+        #[allow(deprecated)]
+        let reg = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            AsyncFd::with_interest(fd, Interest::READABLE)
+        }));
+        match reg {
+            Ok(Ok(fd)) => {
+                let by = std::thread::current().name().map(str::to_owned);
+                debug!(queue = p.queue(), thread = ?by, "receive of the queue runs in this runtime");
+                Some(Registered { fd, by })
+            }
+            Ok(Err(e)) => {
+                warn!(error = %e, "registering an AF_XDP socket with the runtime; channel threads keep the receive hand-off");
+                None
+            }
+            Err(_) => {
+                warn!("the tokio runtime has no I/O driver (enable_io); channel threads keep the receive hand-off");
+                None
             }
         }
-        debug!(queues = fds.len(), "receive runs in the runtime");
-        Some(fds)
+    }
+
+    /// The queues (by number) whose descriptor a runtime registered, each with the name
+    /// of the thread that did.
+    pub(crate) fn registrations(&self) -> Vec<(u32, Option<String>)> {
+        self.pollers
+            .iter()
+            .zip(&self.fds)
+            .filter_map(|(p, r)| Some((p.queue(), r.get()?.as_ref()?.by.clone())))
+            .collect()
     }
 
     /// Queue rounds that waiting tasks ran so far.
@@ -368,9 +396,9 @@ impl RuntimeQueues {
             }
             return false;
         }
-        let Some(fds) = self.fds() else {
+        if !self.usable() {
             return false;
-        };
+        }
         if self.waiters.picked.load(Ordering::Relaxed) {
             self.waiters.picked.store(false, Ordering::Relaxed);
         }
@@ -379,8 +407,7 @@ impl RuntimeQueues {
         let mut waits = false;
         // One clock read for the leases of every queue this call waits on.
         let mut now = None;
-        for (i, ((fd, poller), ready)) in fds.iter().zip(&self.pollers).zip(&self.ready).enumerate()
-        {
+        for (i, (poller, ready)) in self.pollers.iter().zip(&self.ready).enumerate() {
             if !in_mask(queues, i) {
                 continue;
             }
@@ -391,6 +418,9 @@ impl RuntimeQueues {
             if poller.is_dead() {
                 continue;
             }
+            let Some(fd) = self.fd(i) else {
+                return ran;
+            };
             for _ in 0..ROUNDS_PER_WAIT {
                 match fd.poll_read_ready(&mut ready_cx) {
                     Poll::Ready(Ok(ready)) => {
@@ -449,16 +479,17 @@ impl RuntimeQueues {
         if !RuntimeRx::applies(self.mode.load(Ordering::Relaxed), latency) {
             return;
         }
-        let Some(fds) = self.fds() else {
+        if !self.usable() {
             return;
-        };
+        }
         let queues = self.waiters.mask(latency_class);
-        for (i, ((fd, poller), queue_ready)) in
-            fds.iter().zip(&self.pollers).zip(&self.ready).enumerate()
-        {
+        for (i, (poller, queue_ready)) in self.pollers.iter().zip(&self.ready).enumerate() {
             if poller.is_dead() || !in_mask(queues, i) {
                 continue;
             }
+            let Some(fd) = self.fd(i) else {
+                return;
+            };
             let mut ready_cx = Context::from_waker(queue_ready);
             if let Poll::Ready(Ok(ready)) = fd.poll_read_ready(&mut ready_cx) {
                 if run_and_clear(poller, ready) {
