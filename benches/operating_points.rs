@@ -314,6 +314,8 @@ mod run {
             let own = (app == LatencyApp::Own).then(|| {
                 tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(1)
+                    // Named apart from the bulk application's workers, for profiles.
+                    .thread_name("latency-app")
                     .enable_all()
                     .on_thread_start(move || {
                         if let Some(n) = nice {
@@ -403,10 +405,15 @@ mod run {
             let open = |kind: u8| -> VirtualStream {
                 let on = if kind == b'L' { lat_rt } else { rt };
                 on.block_on(async {
-                    let mut s = a.connect(to).await.expect("connect");
+                    // Latency-class before the connect (the paper's `SO_APP_TYPE`): the
+                    // stream lives in the stacks' latency shards, apart from the bulk ones.
+                    let socket = a.socket();
                     if kind == b'L' {
-                        s.set_app_class(AppClass::Latency).expect("latency class");
+                        socket
+                            .set_app_class(AppClass::Latency)
+                            .expect("latency class");
                     }
+                    let mut s = socket.connect(to).await.expect("connect");
                     s.write_all(&[kind]).await.expect("kind");
                     s
                 })

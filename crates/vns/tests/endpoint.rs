@@ -1334,7 +1334,11 @@ fn a_shard_picks_ports_and_ids_of_its_own() {
     for count in [1u16, 2, 3, 8] {
         for index in 0..count {
             let cfg = vns::Config {
-                shard: vns::ShardOf { index, count },
+                shard: vns::ShardOf {
+                    index,
+                    count,
+                    latency_ports: None,
+                },
                 rng_seed: Some(u64::from(index)),
                 ..vns::Config::default()
             };
@@ -1355,7 +1359,11 @@ fn a_shard_picks_ports_and_ids_of_its_own() {
     }
     // A shard index out of range is refused.
     let bad = vns::Config {
-        shard: vns::ShardOf { index: 2, count: 2 },
+        shard: vns::ShardOf {
+            index: 2,
+            count: 2,
+            latency_ports: None,
+        },
         ..vns::Config::default()
     };
     assert!(bad.validate().is_err());

@@ -138,7 +138,8 @@ const SHARDED: Profile = Profile {
                 .unwrap()
         };
         let (a, b) = (build(A), build(B));
-        assert_eq!((a.shards(), b.shards()), (8, 8));
+        // Eight, and the latency shard.
+        assert_eq!((a.shards(), b.shards()), (9, 9));
         (a, b)
     },
 };

@@ -103,36 +103,86 @@ pub struct Config {
 
 /// Which of a stack's endpoint shards an endpoint is: shard `index` of `count`.
 ///
-/// A socket belongs to the shard [`ShardOf::of_ports`] names for its local and remote
+/// A socket belongs to the shard [`ShardOf::shard_for`] names for its local and remote
 /// virtual ports, so that the layer that deframes a channel's chunks can hand each one to
 /// its socket's shard from the chunk header alone, before any lookup. A shard picks the
 /// ephemeral ports of its connects so that they map back to itself, and numbers its
 /// sockets `index`, `index + count`, ... so that socket ids are unique over the shards.
+///
+/// With `latency_ports`, the last shard is the latency shard: it owns every socket with
+/// a port (either end) in that range, and no other. A latency-class socket connected
+/// there (its class set before the connect) takes an ephemeral port from the range, so
+/// the peer's stack, whose rule is the same, puts it in its own latency shard too. Its
+/// calls then never wait for a lock that bulk sockets' tasks and channel threads hold
+/// (and may be preempted holding: on a busy host, the latency application's waits of
+/// 1-5 ms, `docs/performance.md`, tenth session).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardOf {
     /// This shard, `0..count`.
     pub index: u16,
-    /// Shards of the stack, at least 1.
+    /// Shards of the stack, at least 1 (2 with a latency shard).
     pub count: u16,
+    /// The ports whose sockets belong to the latency shard, the last one; `None`: there
+    /// is no latency shard.
+    pub latency_ports: Option<(u16, u16)>,
 }
 
 impl Default for ShardOf {
     fn default() -> Self {
-        ShardOf { index: 0, count: 1 }
+        ShardOf {
+            index: 0,
+            count: 1,
+            latency_ports: None,
+        }
     }
 }
 
 impl ShardOf {
     /// The shard that owns the socket with these virtual ports (`local` on this host,
-    /// `remote` on the peer), of `count` shards. For a received chunk, `local` is its
-    /// destination port and `remote` its source port.
+    /// `remote` on the peer), of `count` shards without a latency shard. For a received
+    /// chunk, `local` is its destination port and `remote` its source port.
     pub fn of_ports(local: u16, remote: u16, count: u16) -> u16 {
         ((u32::from(local) + u32::from(remote)) % u32::from(count.max(1))) as u16
     }
 
+    /// The shard of this stack that owns the socket with these virtual ports: the
+    /// latency shard for a port in `latency_ports`, else [`ShardOf::of_ports`] over the
+    /// other shards.
+    pub fn shard_for(&self, local: u16, remote: u16) -> u16 {
+        match self.latency_shard() {
+            Some(l) => {
+                let (lo, hi) = self.latency_ports.expect("a latency shard has ports");
+                if (lo..=hi).contains(&local) || (lo..=hi).contains(&remote) {
+                    l
+                } else {
+                    Self::of_ports(local, remote, l)
+                }
+            }
+            None => Self::of_ports(local, remote, self.count),
+        }
+    }
+
+    /// The latency shard's index (the last), if there is one.
+    pub fn latency_shard(&self) -> Option<u16> {
+        self.latency_ports
+            .filter(|_| self.count >= 2)
+            .map(|_| self.count - 1)
+    }
+
     /// Whether this shard owns the socket with these ports.
     pub fn owns(&self, local: u16, remote: u16) -> bool {
-        Self::of_ports(local, remote, self.count) == self.index
+        self.shard_for(local, remote) == self.index
+    }
+
+    /// The latency shard's ports within an ephemeral range: its top sixteenth (at
+    /// least one port); `None` when the range is too small to share.
+    pub fn latency_ports_in(ephemeral: (u16, u16)) -> Option<(u16, u16)> {
+        let span = u32::from(ephemeral.1).checked_sub(u32::from(ephemeral.0))? + 1;
+        if span < 32 {
+            return None;
+        }
+        let n = (span / 16) as u16;
+        Some((ephemeral.1 - n + 1, ephemeral.1))
     }
 }
 
@@ -209,6 +259,11 @@ impl Config {
         if self.shard.count == 0 || self.shard.index >= self.shard.count {
             return bad("shard.index must be below shard.count");
         }
+        if let Some((lo, hi)) = self.shard.latency_ports {
+            if lo > hi || self.shard.count < 2 {
+                return bad("shard.latency_ports must be a range, beside at least one other shard");
+            }
+        }
         let span = u32::from(self.ephemeral_ports.1) - u32::from(self.ephemeral_ports.0) + 1;
         if span < u32::from(self.shard.count) {
             return bad("ephemeral_ports must hold at least one port per shard");
@@ -243,6 +298,11 @@ pub struct SocketOptions {
     /// shard together with the remote port, or the connect fails with
     /// [`Error::AddrInUse`](super::Error::AddrInUse). Ignored by listeners.
     pub local_port: Option<u16>,
+    /// The class of a connecting socket from its first chunk (the paper's
+    /// `SO_APP_TYPE` set before `connect`). A stack puts a latency-class one in its
+    /// latency shard ([`ShardOf`]), which changing the class later does not do. Ignored by
+    /// listeners.
+    pub app_class: netsched::AppClass,
 }
 
 impl Default for SocketOptions {
@@ -252,6 +312,7 @@ impl Default for SocketOptions {
             recv_buffer: None,
             nodelay: true,
             local_port: None,
+            app_class: netsched::AppClass::Throughput,
         }
     }
 }
@@ -296,5 +357,53 @@ impl Config {
             window,
             update_threshold,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ShardOf;
+
+    /// The latency shard owns exactly the sockets with a port in its range, at either
+    /// end; the other shards share the rest as before, and every port maps to one shard.
+    #[test]
+    fn the_latency_shard_owns_its_ports_and_nothing_else() {
+        let ports = ShardOf::latency_ports_in((49152, 65535)).unwrap();
+        assert_eq!(ports, (64512, 65535));
+        assert_eq!(
+            ShardOf::latency_ports_in((1000, 1010)),
+            None,
+            "too few to share"
+        );
+        let map = |index| ShardOf {
+            index,
+            count: 3,
+            latency_ports: Some(ports),
+        };
+        assert_eq!(map(0).latency_shard(), Some(2));
+        for (local, remote) in [(65000, 80), (80, 65000), (64512, 7), (65535, 65535)] {
+            assert_eq!(map(0).shard_for(local, remote), 2, "{local} {remote}");
+            assert!(map(2).owns(local, remote) && !map(0).owns(local, remote));
+        }
+        for (local, remote) in [(50000, 80), (64511, 7601), (7601, 49152)] {
+            let s = map(0).shard_for(local, remote);
+            assert_eq!(s, ShardOf::of_ports(local, remote, 2), "{local} {remote}");
+            assert_eq!((0..3).filter(|&i| map(i).owns(local, remote)).count(), 1);
+        }
+        // Without latency ports (or with one shard), the rule is the plain one.
+        let plain = ShardOf {
+            index: 0,
+            count: 3,
+            latency_ports: None,
+        };
+        assert_eq!(plain.latency_shard(), None);
+        assert_eq!(plain.shard_for(65000, 80), ShardOf::of_ports(65000, 80, 3));
+        let alone = ShardOf {
+            index: 0,
+            count: 1,
+            latency_ports: Some(ports),
+        };
+        assert_eq!(alone.latency_shard(), None);
+        assert!(alone.owns(65000, 80));
     }
 }

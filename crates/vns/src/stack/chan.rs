@@ -30,7 +30,7 @@ use super::backend::BoxedTransport;
 use super::driver::{Core, Gone, RxSignal};
 use super::shard::{Shard, ShardSet};
 use crate::deframer::{Chunk, Deframer};
-use crate::endpoint::{ChannelError, ShardOf};
+use crate::endpoint::ChannelError;
 
 /// Chunk buffers a channel's deframer keeps for reuse (refilled from the shards'
 /// endpoints, which collect them as the application reads).
@@ -331,7 +331,6 @@ impl Core {
             debug!(channel = %chan.id, "channel reads resume");
             rx.stalled_in = None;
         }
-        let count = self.shard_count();
         let mut any = false;
         for _ in 0..RX_BUDGET {
             let bytes = match rx.pending.take() {
@@ -366,11 +365,7 @@ impl Core {
                 let Some(chunk) = chunk else {
                     continue;
                 };
-                let j = usize::from(ShardOf::of_ports(
-                    chunk.header.dst_port,
-                    chunk.header.src_port,
-                    count as u16,
-                ));
+                let j = self.shard_for_ports(chunk.header.dst_port, chunk.header.src_port);
                 if held.as_ref().is_none_or(|(i, _)| *i != j) {
                     // Let the last shard go before taking the next (one at a time).
                     drop(held.take());

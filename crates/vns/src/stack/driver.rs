@@ -441,8 +441,12 @@ pub(crate) struct Core {
     ctl: Mutex<Control>,
     shards: Box<[Mutex<Shard>]>,
     pub(crate) chans: ArcSwap<ChanTable>,
-    /// Where the next connect's socket goes (round robin over the shards).
+    /// Where the next connect's socket goes (round robin over the shards, the latency
+    /// shard apart).
     next_shard: AtomicUsize,
+    /// How sockets map to shards by their ports (every shard's `Config::shard`, its
+    /// index apart).
+    shard_map: crate::ShardOf,
     /// New channels, connects, binds and accepts are refused: the stack has stopped or is
     /// stopping (mirrors [`Control::refuses_new`] for calls that hold a shard's lock).
     refusing: AtomicBool,
@@ -613,6 +617,7 @@ impl Core {
         let load = Arc::new(super::shard::LightLoad::new(config.light_load_streams));
         let max_chunk_payload = endpoints[0].config().max_chunk_payload;
         let linger_timeout = endpoints[0].config().linger_timeout;
+        let shard_map = endpoints[0].config().shard;
         let rx = Arc::new(RxSignal {
             signal: signal.clone(),
             readers: super::waker_list::WakerList::new(MAX_RX_READERS),
@@ -656,6 +661,7 @@ impl Core {
             load,
             chans: ArcSwap::from_pointee(ChanTable::new()),
             next_shard: AtomicUsize::new(0),
+            shard_map,
             refusing: AtomicBool::new(false),
             signal,
             #[cfg(target_os = "linux")]
@@ -700,9 +706,29 @@ impl Core {
         self.shards.len()
     }
 
-    /// The shard a new connect's socket goes to.
-    pub(crate) fn next_connect_shard(&self) -> usize {
+    /// The shard a new connect's socket to `remote` (a virtual port) goes to: the
+    /// latency shard for a latency-class socket (or a port of that shard's), else the
+    /// others in turn.
+    pub(crate) fn next_connect_shard(&self, remote: u16, class: netsched::AppClass) -> usize {
+        let map = &self.shard_map;
+        if let (Some(l), Some((lo, hi))) = (map.latency_shard(), map.latency_ports) {
+            if class == netsched::AppClass::Latency || (lo..=hi).contains(&remote) {
+                return usize::from(l);
+            }
+            return self.next_shard.fetch_add(1, Ordering::Relaxed) % usize::from(l);
+        }
         self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len()
+    }
+
+    /// The shard that owns the socket with these virtual ports (`local` here, `remote`
+    /// on the peer): for a received chunk, its destination and source ports.
+    pub(crate) fn shard_for_ports(&self, local: u16, remote: u16) -> usize {
+        usize::from(self.shard_map.shard_for(local, remote))
+    }
+
+    /// The latency shard's index, if the stack has one.
+    pub(crate) fn latency_shard(&self) -> Option<usize> {
+        self.shard_map.latency_shard().map(usize::from)
     }
 
     /// Hands the sent chunk buffers the channels are done with to `reuse`, from every

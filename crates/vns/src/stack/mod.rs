@@ -714,7 +714,10 @@ impl StackBuilder {
     /// virtual ports; every shard uses every channel. The per-peer and per-stack bounds
     /// of [`StackBuilder::vns_config`] (`channel_budget`, `peer_budget`,
     /// `max_peer_sockets`, `max_sockets`) are shared out evenly; a listener's backlog is
-    /// one for all shards. A scheduler that cannot be forked
+    /// one for all shards. A stack with latency channels
+    /// ([`StackBuilder::latency_channels`], 1 by default) runs one shard more, the latency
+    /// shard, for latency-class streams connected as such and the peer's
+    /// ([`Stack::latency_shard`], [`crate::ShardOf`]). A scheduler that cannot be forked
     /// ([`NetScheduler::fork`] returns `None`) keeps the
     /// stack on one shard. Environment: `NETCHANNEL_SHARDS`.
     ///
@@ -725,7 +728,15 @@ impl StackBuilder {
     ///     .ipv4("10.0.0.1".parse()?)
     ///     .shards(4)
     ///     .build_in_memory(&net)?;
-    /// assert_eq!(stack.shards(), 4);
+    /// // Four for all streams, and the latency shard.
+    /// assert_eq!(stack.shards(), 5);
+    /// assert_eq!(stack.latency_shard(), Some(4));
+    /// let no_latency = vns::Stack::builder()
+    ///     .ipv4("10.0.0.2".parse()?)
+    ///     .shards(4)
+    ///     .latency_channels(0)
+    ///     .build_in_memory(&net)?;
+    /// assert_eq!((no_latency.shards(), no_latency.latency_shard()), (4, None));
     /// # Ok(())
     /// # }
     /// ```
@@ -953,7 +964,8 @@ impl StackBuilder {
             }
         }
         vns.validate()?;
-        let endpoints = shard_endpoints(&vns, self.scheduler, self.shards)?;
+        let endpoints =
+            shard_endpoints(&vns, self.scheduler, self.shards, self.latency_channels > 0)?;
         let acceptor = backend
             .listen(self.channel_port)
             .map_err(StackError::Channels)?;
@@ -1033,18 +1045,27 @@ fn default_shards() -> usize {
 }
 
 /// One endpoint per shard, each with its share of the bounds and its own instance of the
-/// scheduler; one shard when the scheduler cannot be forked.
+/// scheduler; one shard when the scheduler cannot be forked. With `latency` (the stack
+/// has latency channels), one more: the latency shard ([`crate::ShardOf`]), for the
+/// latency-class sockets connected as such and the peer's.
 fn shard_endpoints(
     vns: &Config,
     scheduler: Box<dyn NetScheduler>,
     shards: Option<usize>,
+    latency: bool,
 ) -> Result<Vec<Endpoint>, StackError> {
+    let latency_ports = if latency {
+        crate::ShardOf::latency_ports_in(vns.ephemeral_ports)
+    } else {
+        None
+    };
     let mut n = shards
         .unwrap_or_else(default_shards)
-        .clamp(1, shard::MAX_SHARDS);
+        .clamp(1, shard::MAX_SHARDS - usize::from(latency_ports.is_some()));
     // Every shard needs ephemeral ports of its own.
     let span = usize::from(vns.ephemeral_ports.1 - vns.ephemeral_ports.0) + 1;
-    n = n.min(span);
+    let latency_span = latency_ports.map_or(0, |(lo, hi)| usize::from(hi - lo) + 1);
+    n = n.min(span - latency_span) + usize::from(latency_ports.is_some());
     let mut schedulers = vec![scheduler];
     while schedulers.len() < n {
         match schedulers[0].fork() {
@@ -1057,6 +1078,7 @@ fn shard_endpoints(
                 }
                 schedulers.truncate(1);
                 n = 1;
+                break;
             }
         }
     }
@@ -1076,6 +1098,8 @@ fn shard_endpoints(
             c.shard = crate::endpoint::ShardOf {
                 index: i as u16,
                 count: n as u16,
+                // One shard alone owns everything (the scheduler could not be forked).
+                latency_ports: latency_ports.filter(|_| n >= 2),
             };
             Endpoint::new(c, scheduler).map_err(StackError::from)
         })
@@ -1764,6 +1788,13 @@ impl Stack {
                 Err(e)
             }
         }
+    }
+
+    /// The latency shard's index (the last shard), where the stack has latency channels:
+    /// the shard of latency-class sockets connected as such ([`VirtualSocket::set_app_class`])
+    /// and of the peer's (see [`crate::ShardOf`]).
+    pub fn latency_shard(&self) -> Option<usize> {
+        self.core().latency_shard()
     }
 
     /// The shards the stack splits its virtual sockets over ([`StackBuilder::shards`]).

@@ -8,6 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
 
 use super::{MemNetwork, Stack, VirtualStream};
+use netsched::AppClass;
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -78,17 +79,21 @@ fn hold_shard(stack: &Stack, i: usize) -> (mpsc::Sender<()>, std::thread::JoinHa
 fn sockets_spread_over_the_shards() {
     let rt = runtime();
     let (a, b) = pair(4);
-    assert_eq!((a.shards(), b.shards()), (4, 4));
+    // Four, and the latency shard (the stacks have a latency channel).
+    assert_eq!((a.shards(), b.shards()), (5, 5));
+    assert_eq!((a.latency_shard(), b.latency_shard()), (Some(4), Some(4)));
     rt.block_on(async {
         let ps = pairs(&a, &b, 7600, 32).await;
-        let mut seen_a = [0usize; 4];
-        let mut seen_b = [0usize; 4];
+        let mut seen_a = [0usize; 5];
+        let mut seen_b = [0usize; 5];
         for (c, s) in &ps {
             seen_a[shard(&a, c)] += 1;
             seen_b[shard(&b, s)] += 1;
         }
-        // Connects go round robin; accepted sockets follow their ports.
-        assert_eq!(seen_a, [8; 4], "client sockets per shard");
+        // Connects go round robin; accepted sockets follow their ports; none of these
+        // throughput-class streams is in the latency shard.
+        assert_eq!(seen_a, [8, 8, 8, 8, 0], "client sockets per shard");
+        assert_eq!(seen_b[4], 0, "{seen_b:?}");
         assert!(seen_b.iter().filter(|&&n| n > 0).count() >= 2, "{seen_b:?}");
     });
 }
@@ -214,13 +219,89 @@ fn a_scheduler_without_fork_keeps_one_shard() {
         .scheduler(First)
         .build_in_memory(&net)
         .unwrap();
-    assert_eq!(s.shards(), 1);
+    assert_eq!((s.shards(), s.latency_shard()), (1, None));
     let s = Stack::builder()
         .ipv4(B)
         .shards(4)
         .build_in_memory(&net)
         .unwrap();
-    assert_eq!(s.shards(), 4);
+    assert_eq!((s.shards(), s.latency_shard()), (5, Some(4)));
+}
+
+/// A latency-class stream connected as such (`VirtualSocket::set_app_class` before the
+/// connect) lives in the latency shard on both stacks, apart from every bulk stream, so
+/// that its calls never wait for a bulk stream's shard lock: with every other shard of
+/// both stacks held, it still exchanges bytes both ways. One whose class changes after
+/// the connect stays where it was.
+#[test]
+fn a_latency_stream_connected_as_such_has_the_latency_shard_to_itself() {
+    let rt = runtime();
+    let (a, b) = pair(2);
+    let (l_a, l_b) = (a.latency_shard().unwrap(), b.latency_shard().unwrap());
+    let (mut lat_c, mut lat_s, bulk, late) = rt.block_on(async {
+        let bulk = pairs(&a, &b, 7602, 8).await;
+        let l = b.bind(SocketAddr::from((B, 7603))).await.unwrap();
+        let socket = a.socket();
+        socket.set_app_class(AppClass::Latency).unwrap();
+        assert_eq!(socket.app_class().unwrap(), AppClass::Latency);
+        let c = timeout(LIMIT, socket.connect(SocketAddr::from((B, 7603))))
+            .await
+            .unwrap()
+            .unwrap();
+        let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+        // Classed after the connect: where round robin put it.
+        let late_c = timeout(LIMIT, a.connect(SocketAddr::from((B, 7603))))
+            .await
+            .unwrap()
+            .unwrap();
+        late_c.set_app_class(AppClass::Latency).unwrap();
+        let (late_s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+        timeout(LIMIT, a.drained()).await.unwrap();
+        timeout(LIMIT, b.drained()).await.unwrap();
+        (c, s, bulk, (late_c, late_s))
+    });
+    assert_eq!(lat_c.app_class(), AppClass::Latency);
+    assert_eq!((shard(&a, &lat_c), shard(&b, &lat_s)), (l_a, l_b));
+    assert_eq!(lat_c.shard(), Some(l_a));
+    let local = lat_c.local_addr().unwrap().port();
+    let (lo, hi) =
+        crate::ShardOf::latency_ports_in(crate::Config::default().ephemeral_ports).unwrap();
+    assert!((lo..=hi).contains(&local), "{local} outside {lo}..={hi}");
+    for (c, s) in &bulk {
+        assert_ne!(shard(&a, c), l_a);
+        assert_ne!(shard(&b, s), l_b);
+    }
+    assert_ne!(shard(&a, &late.0), l_a);
+    // Every other shard of both stacks held: the latency stream still runs.
+    let held: Vec<_> = (0..a.shards())
+        .filter(|&i| i != l_a)
+        .map(|i| hold_shard(&a, i))
+        .chain(
+            (0..b.shards())
+                .filter(|&i| i != l_b)
+                .map(|i| hold_shard(&b, i)),
+        )
+        .collect();
+    rt.block_on(async {
+        timeout(LIMIT, async {
+            for k in 0..20u8 {
+                lat_c.write_all(&[k; 100]).await.unwrap();
+                let mut buf = [0u8; 100];
+                lat_s.read_exact(&mut buf).await.unwrap();
+                assert_eq!(buf, [k; 100]);
+                lat_s.write_all(&buf).await.unwrap();
+                lat_c.read_exact(&mut buf).await.unwrap();
+                assert_eq!(buf, [k; 100]);
+            }
+        })
+        .await
+        .expect("the latency stream waited for a bulk shard");
+    });
+    for (release, t) in held {
+        drop(release);
+        t.join().unwrap();
+    }
+    drop((bulk, late));
 }
 
 /// Regression (16-core bench, 2026-11-26): with receive on the channel threads, a channel's

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::{default_stack, loopback, Stack, VirtualListener, VirtualStream};
 use crate::endpoint::SocketOptions;
+use netsched::AppClass;
 
 /// What is set on a [`VirtualSocket`] so far.
 #[derive(Debug, Clone, Copy)]
@@ -146,6 +147,32 @@ impl VirtualSocket {
     /// The `nodelay` setting.
     pub fn nodelay(&self) -> io::Result<bool> {
         Ok(self.with(|s| s.opts.nodelay))
+    }
+
+    /// The paper's `SO_APP_TYPE`, set before `connect`: the stream is of this class from
+    /// its first chunk (see [`VirtualStream::set_app_class`]). A latency-class stream
+    /// connected so also lives in the stack's latency shard, apart from bulk streams, on
+    /// both hosts ([`crate::ShardOf`]): its calls never wait for a lock that bulk
+    /// streams' tasks hold, which [`VirtualStream::set_app_class`] after the connect does
+    /// not give. `Throughput` by default; ignored by `listen`.
+    ///
+    /// ```no_run
+    /// # async fn demo(stack: vns::stack::Stack) -> std::io::Result<()> {
+    /// let socket = stack.socket();
+    /// socket.set_app_class(vns::AppClass::Latency)?;
+    /// let stream = socket.connect("10.77.0.2:7000".parse().unwrap()).await?;
+    /// assert_eq!(stream.app_class(), vns::AppClass::Latency);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_app_class(&self, class: AppClass) -> io::Result<()> {
+        self.with(|s| s.opts.app_class = class);
+        Ok(())
+    }
+
+    /// The `app_class` setting.
+    pub fn app_class(&self) -> io::Result<AppClass> {
+        Ok(self.with(|s| s.opts.app_class))
     }
 
     /// `SO_LINGER` for the stream this socket becomes (see

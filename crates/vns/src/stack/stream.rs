@@ -818,6 +818,15 @@ impl VirtualStream {
         }
     }
 
+    /// The stack's shard that holds this virtual socket (see [`Stack::latency_shard`]);
+    /// `None` for a plain-TCP or loopback stream.
+    pub fn shard(&self) -> Option<usize> {
+        match &self.inner {
+            Sock::Virtual(v) => Some(v.stack.core().shard_of(v.sid)),
+            Sock::Plain(_) | Sock::Kernel(_) => None,
+        }
+    }
+
     /// A snapshot of the virtual socket's buffers and flow-control state (bytes unsent,
     /// readable, out of order, parked; STOP sent or received; bytes kept for resending),
     /// for monitoring and diagnosis. `None` for a plain-TCP or loopback stream, or once
@@ -1062,7 +1071,7 @@ pub(crate) async fn connect_with(
     opts: SocketOptions,
 ) -> io::Result<VirtualStream> {
     let core = stack.core();
-    let class = AppClass::Throughput;
+    let class = opts.app_class;
     let mut attempt = None;
     let peer =
         match poll_fn(|cx| core.poll_peer(*addr.ip(), class.channel_class(), &mut attempt, cx))
@@ -1079,11 +1088,8 @@ pub(crate) async fn connect_with(
     let (sid, local) = {
         // A chosen local port decides the shard, as for a received chunk.
         let shard = match opts.local_port {
-            Some(p) => {
-                let count = core.shard_count() as u16;
-                usize::from(crate::endpoint::ShardOf::of_ports(p, addr.port(), count))
-            }
-            None => core.next_connect_shard(),
+            Some(p) => core.shard_for_ports(p, addr.port()),
+            None => core.next_connect_shard(addr.port(), class),
         };
         let mut st = core.lock_shard(shard);
         if core.refuses_new() {
