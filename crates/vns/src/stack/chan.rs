@@ -27,7 +27,7 @@ use netsched::{ChannelClass, ChannelId};
 use tracing::{debug, warn};
 
 use super::backend::BoxedTransport;
-use super::driver::{Core, Gone, RxSignal};
+use super::driver::{Core, Gone, RxScope, RxSignal};
 use super::shard::{Shard, ShardSet};
 use crate::deframer::{Chunk, Deframer};
 use crate::endpoint::ChannelError;
@@ -79,6 +79,9 @@ pub(crate) struct ChanRxWake {
     ready: AtomicBool,
     rx: Arc<RxSignal>,
     core: Weak<Core>,
+    /// The channel is of the latency class: its arrivals wake (and are pulled by) that
+    /// class's readers where the classes are kept apart ([`RxSignal`]).
+    latency: bool,
 }
 
 thread_local! {
@@ -128,13 +131,14 @@ fn on_channel_thread() -> bool {
 impl ChanRxWake {
     /// A channel's receive waker: wakes readers through `rx`, and reads on the channel
     /// thread through `core` (`Weak::new()`: never).
-    pub(crate) fn new(rx: Arc<RxSignal>, core: Weak<Core>) -> Arc<ChanRxWake> {
+    pub(crate) fn new(rx: Arc<RxSignal>, core: Weak<Core>, class: ChannelClass) -> Arc<ChanRxWake> {
         // Ready from the start: what came with the preamble waits, and no waker is
         // registered with the transport before the first read.
         Arc::new(ChanRxWake {
             ready: AtomicBool::new(true),
             rx,
             core,
+            latency: class == ChannelClass::Latency,
         })
     }
 }
@@ -155,7 +159,9 @@ impl Wake for ChanRxWake {
         // seconds; the readers' path below takes such an arrival instead.
         if on_channel_thread() && !PULLING.with(|p| p.get()) {
             if let Some(core) = self.core.upgrade() {
-                core.pull_here();
+                // This channel's class only, where the classes are kept apart: a latency
+                // channel's thread does not read bulk channels.
+                core.pull_here(self.rx.scope(self.latency));
                 // The stack may have gone meanwhile, leaving this the last handle: its
                 // channel set would then stop here, joining this very thread.
                 if let Some(last) = Arc::into_inner(core) {
@@ -166,7 +172,7 @@ impl Wake for ChanRxWake {
                 return;
             }
         }
-        self.rx.wake_by_ref();
+        self.rx.arrival(self.latency);
     }
 }
 
@@ -266,10 +272,10 @@ pub(crate) enum Sweep {
     /// Every channel (the driver's rounds: they also resume paused channels and catch
     /// what a reader left over).
     Every,
-    /// Only channels marked ready by an arrival (a reader's pull, a channel thread's):
-    /// the mark is set before the waker runs, so a pull woken by an arrival reads that
-    /// arrival's channel.
-    Ready,
+    /// Only channels marked ready by an arrival (a reader's pull, a channel thread's),
+    /// of the scope's class: the mark is set before the waker runs, so a pull woken by an
+    /// arrival reads that arrival's channel.
+    Ready(RxScope),
 }
 
 impl Core {
@@ -288,11 +294,13 @@ impl Core {
             // the ready channels first only loads the flag: most channels are not
             // ready, and a load leaves the flag's cache line shared where a swap would
             // take it from the core that set it (every pull used to swap every flag).
-            if sweep == Sweep::Ready && !chan.rx_wake.ready.load(Ordering::SeqCst) {
-                continue;
+            if let Sweep::Ready(scope) = sweep {
+                if !scope.covers(chan.class) || !chan.rx_wake.ready.load(Ordering::SeqCst) {
+                    continue;
+                }
             }
             let ready = chan.rx_wake.ready.swap(false, Ordering::SeqCst);
-            if sweep == Sweep::Ready && !ready {
+            if matches!(sweep, Sweep::Ready(_)) && !ready {
                 continue;
             }
             // A channel another thread is reading is waited for, not skipped: that

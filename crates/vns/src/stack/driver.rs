@@ -197,6 +197,16 @@ pub(crate) struct RxSignal {
     readers: super::waker_list::WakerList,
     /// An arrival was handed to a reader and no pull has taken it yet.
     owed: AtomicBool,
+    /// Where the scheduler keeps the classes apart (`separate_classes`, `Isolating`): the
+    /// tasks of latency-class sockets wait here, are woken for arrivals on latency
+    /// channels only, and pull only those channels ([`RxScope`]); `readers` and `owed`
+    /// then serve the throughput class. So a latency application's thread never reads a
+    /// bulk channel, nor waits for a bulk shard's lock to hand its chunks over (the
+    /// isolation bench's 1-5 ms waits, `docs/performance.md`, tenth session).
+    latency_readers: super::waker_list::WakerList,
+    latency_owed: AtomicBool,
+    /// Whether the classes are kept apart (the two lists are used).
+    split: bool,
     /// Arrivals handed to readers so far (the driver's activity measure).
     handed: AtomicU64,
 }
@@ -356,18 +366,80 @@ impl Drop for SendRound {
 /// Most reader wakers an [`RxSignal`] holds (more wait for the driver's wake-up).
 const MAX_RX_READERS: usize = 64;
 
-impl Wake for RxSignal {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
+/// Which ready channels a pull reads: all, or where the classes are kept apart
+/// ([`RxSignal`]'s split) those of the caller's class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RxScope {
+    All,
+    Latency,
+    Throughput,
+}
+
+impl RxScope {
+    /// Whether a pull of this scope reads channels of `class`.
+    pub(crate) fn covers(self, class: ChannelClass) -> bool {
+        match self {
+            RxScope::All => true,
+            RxScope::Latency => class == ChannelClass::Latency,
+            RxScope::Throughput => class == ChannelClass::Throughput,
+        }
+    }
+}
+
+impl RxSignal {
+    /// The readers' list and the debt flag of a class (`latency`): the class's own where
+    /// the classes are kept apart, else the one pair.
+    fn side(&self, latency: bool) -> (&super::waker_list::WakerList, &AtomicBool) {
+        if self.split && latency {
+            (&self.latency_readers, &self.latency_owed)
+        } else {
+            (&self.readers, &self.owed)
+        }
     }
 
-    fn wake_by_ref(self: &Arc<Self>) {
+    /// Whether any arrival waits for a pull.
+    fn owed_any(&self) -> bool {
+        self.owed.load(Ordering::SeqCst) || self.latency_owed.load(Ordering::SeqCst)
+    }
+
+    /// A pull of `scope` is about to read: the debts it covers are paid.
+    fn pay(&self, scope: RxScope) {
+        if scope != RxScope::Latency {
+            self.owed.store(false, Ordering::SeqCst);
+        }
+        if scope != RxScope::Throughput {
+            self.latency_owed.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether an arrival a pull of `scope` would read waits for one.
+    fn owed_in(&self, scope: RxScope) -> bool {
+        match scope {
+            RxScope::All => self.owed_any(),
+            RxScope::Latency => self.latency_owed.load(Ordering::SeqCst),
+            RxScope::Throughput => self.owed.load(Ordering::SeqCst),
+        }
+    }
+
+    /// The pull scope of a task reading a socket of class `latency`.
+    pub(crate) fn scope(&self, latency: bool) -> RxScope {
+        match (self.split, latency) {
+            (false, _) => RxScope::All,
+            (true, true) => RxScope::Latency,
+            (true, false) => RxScope::Throughput,
+        }
+    }
+
+    /// Bytes arrived on a channel of class `latency` (its receive waker, after marking
+    /// it ready): one waiting reader of the class is woken to pull them.
+    pub(crate) fn arrival(&self, latency: bool) {
+        let (readers, owed) = self.side(latency);
         // One reader is enough: it feeds every socket's bytes to the endpoint and wakes
         // the other readers whose sockets became ready (no thundering herd).
-        let reader = self.readers.pop();
+        let reader = readers.pop();
         match reader {
             Some(w) => {
-                self.owed.store(true, Ordering::SeqCst);
+                owed.store(true, Ordering::SeqCst);
                 self.handed.fetch_add(1, Ordering::Relaxed);
                 // The reader is the task whose runtime round made this arrival: it pulls
                 // right after the round. Waking it from inside its own poll would make
@@ -385,7 +457,7 @@ impl Wake for RxSignal {
             // round (`want_rx`'s callers look again), or an application call's inline
             // send (`Core::finish_call`).
             None if RuntimeRound::active() || SendRound::active() => {
-                self.owed.store(true, Ordering::SeqCst);
+                owed.store(true, Ordering::SeqCst);
                 SendRound::leave_arrival();
                 // As above: a driver asleep untimed still learns of the debt.
                 if self.signal.deep.load(Ordering::SeqCst) {
@@ -394,6 +466,17 @@ impl Wake for RxSignal {
             }
             None => self.signal.notify(),
         }
+    }
+}
+
+impl Wake for RxSignal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    /// An arrival on a channel of the throughput class (see [`RxSignal::arrival`]).
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.arrival(false);
     }
 }
 
@@ -622,6 +705,9 @@ impl Core {
             signal: signal.clone(),
             readers: super::waker_list::WakerList::new(MAX_RX_READERS),
             owed: AtomicBool::new(false),
+            latency_readers: super::waker_list::WakerList::new(MAX_RX_READERS),
+            latency_owed: AtomicBool::new(false),
+            split: config.separate_classes,
             handed: AtomicU64::new(0),
         });
         Core {
@@ -1041,6 +1127,7 @@ impl Core {
                 } else {
                     std::sync::Weak::new()
                 },
+                class,
             ),
         ));
         let mut table = ChanTable::clone(&self.chans.load());
@@ -1166,7 +1253,7 @@ impl Core {
         // An inline send's round received bytes nobody waited for: take them to their
         // sockets from here (no lock held) rather than wake the driver for it.
         if round.left_arrivals() {
-            self.pull(usize::MAX);
+            self.pull(usize::MAX, RxScope::All);
         }
     }
 
@@ -1192,18 +1279,20 @@ impl Core {
     /// except `own`: the caller's, which it locks next and finishes itself
     /// ([`Core::finish_call`]). Returns whether any channel had bytes. Call it holding no
     /// shard's lock.
-    pub(crate) fn pull(&self, own: usize) -> bool {
+    /// `scope`: which ready channels it reads (the caller's class, where the classes are
+    /// kept apart: [`RxSignal`]).
+    pub(crate) fn pull(&self, own: usize, scope: RxScope) -> bool {
         // Whatever arrived before this point is taken now: the debt is paid.
-        self.rx.owed.store(false, Ordering::SeqCst);
-        self.pull_ready(Some(own))
+        self.rx.pay(scope);
+        self.pull_ready(Some(own), scope)
     }
 
-    /// The body of [`Core::pull`] and [`Core::pull_here`]: reads the ready channels and
-    /// finishes the shards that were handed chunks, except `own`.
-    fn pull_ready(&self, own: Option<usize>) -> bool {
+    /// The body of [`Core::pull`] and [`Core::pull_here`]: reads the ready channels of
+    /// `scope` and finishes the shards that were handed chunks, except `own`.
+    fn pull_ready(&self, own: Option<usize>, scope: RxScope) -> bool {
         let _pulling = PullMark::set();
         let mut touched = ShardSet::default();
-        let r = self.receive_all(Sweep::Ready, &mut touched);
+        let r = self.receive_all(Sweep::Ready(scope), &mut touched);
         let mut fin = Finish {
             more: r.more,
             ..Finish::default()
@@ -1232,16 +1321,21 @@ impl Core {
     /// task), and the receive work runs on the channel threads, which scale with the
     /// channels, rather than on the application's threads. The caller holds no lock of
     /// this stack.
-    pub(crate) fn pull_here(&self) {
+    pub(crate) fn pull_here(&self, scope: RxScope) {
         self.channel_thread_pulls.fetch_add(1, Ordering::Relaxed);
-        self.pull_ready(None);
+        self.pull_ready(None, scope);
+    }
+
+    /// The pull scope of a task reading a socket of class `latency` ([`RxScope`]).
+    pub(crate) fn rx_scope(&self, latency: bool) -> RxScope {
+        self.rx.scope(latency)
     }
 
     /// [`Core::pull`] if an arrival was handed to a reader and nobody has pulled since
     /// (the woken reader may not be this one): application calls start with it, so that
     /// the bytes reach their sockets without waiting for the driver's fallback.
-    pub(crate) fn pull_owed(&self, own: usize) -> bool {
-        self.rx.owed.load(Ordering::SeqCst) && self.pull(own)
+    pub(crate) fn pull_owed(&self, own: usize, scope: RxScope) -> bool {
+        self.rx.owed_in(scope) && self.pull(own, scope)
     }
 
     /// Registers a task waiting to read (or to write: credit comes in on the receive
@@ -1264,7 +1358,7 @@ impl Core {
             sock.listed = true;
         }
         let w = cx.waker();
-        self.rx.readers.push(w, false);
+        self.rx.side(path.latency_class).0.push(w, false);
         self.finish_call(shard);
         #[cfg(target_os = "linux")]
         if let Some(rt) = &self.rt_rx {
@@ -1278,7 +1372,7 @@ impl Core {
     /// Tasks on the channels' readers list now (for tests).
     #[cfg(test)]
     pub(crate) fn readers_listed(&self) -> usize {
-        self.rx.readers.len()
+        self.rx.readers.len() + self.rx.latency_readers.len()
     }
 
     /// How socket `sid` receives now ([`RxPath`]).
@@ -1296,7 +1390,7 @@ impl Core {
     /// `path`: how the socket receives now, as [`Core::want_rx`] decides.
     pub(crate) fn read_wait_over(&self, cx: &mut Context<'_>, path: RxPath) {
         let w = cx.waker();
-        self.rx.readers.remove(w);
+        self.rx.side(path.latency_class).0.remove(w);
         #[cfg(target_os = "linux")]
         if let Some(rt) = &self.rt_rx {
             let _round = RuntimeRound::enter(w);
@@ -1460,7 +1554,7 @@ impl Core {
                 break;
             }
             // The round below pulls every channel: it pays any debt a reader left.
-            self.rx.owed.store(false, Ordering::SeqCst);
+            self.rx.pay(RxScope::All);
             let (busy, deadline, done) = self.round(&mut cx, &mut fin);
             fin.run();
             if done {
@@ -1478,7 +1572,7 @@ impl Core {
             let mut timed = active_until.is_some_and(|t| now < t);
             if !timed {
                 self.signal.deep.store(true, Ordering::SeqCst);
-                if self.rx.owed.load(Ordering::SeqCst) {
+                if self.rx.owed_any() {
                     timed = true;
                     self.signal.deep.store(false, Ordering::SeqCst);
                 }
@@ -2113,12 +2207,70 @@ mod tests {
     }
 
     fn rx_signal() -> Arc<RxSignal> {
+        rx_signal_split(false)
+    }
+
+    fn rx_signal_split(split: bool) -> Arc<RxSignal> {
         Arc::new(RxSignal {
             signal: Arc::new(Signal::default()),
             readers: crate::stack::waker_list::WakerList::new(MAX_RX_READERS),
             owed: AtomicBool::new(false),
+            latency_readers: crate::stack::waker_list::WakerList::new(MAX_RX_READERS),
+            latency_owed: AtomicBool::new(false),
+            split,
             handed: AtomicU64::new(0),
         })
+    }
+
+    /// Where the classes are kept apart, an arrival on a latency channel wakes a task of
+    /// a latency-class socket and one on a throughput channel a bulk task, each whatever
+    /// the order they waited in; each class's debt is its own, and a pull of one class
+    /// pays only its own (its scope reads only that class's channels). Without the split
+    /// there is one list, one debt, and every pull reads every ready channel.
+    #[test]
+    fn with_classes_apart_an_arrival_wakes_a_reader_of_its_class() {
+        let lat = Arc::new(CountingWaker::default());
+        let bulk = Arc::new(CountingWaker::default());
+        let (lat_w, bulk_w) = (Waker::from(lat.clone()), Waker::from(bulk.clone()));
+        let rx = rx_signal_split(true);
+        assert_eq!(rx.scope(true), RxScope::Latency);
+        assert_eq!(rx.scope(false), RxScope::Throughput);
+        assert!(RxScope::Latency.covers(ChannelClass::Latency));
+        assert!(!RxScope::Latency.covers(ChannelClass::Throughput));
+        assert!(!RxScope::Throughput.covers(ChannelClass::Latency));
+        rx.side(true).0.push(&lat_w, false);
+        rx.side(false).0.push(&bulk_w, false);
+        // The bulk task waited last; a latency arrival still wakes the latency task.
+        rx.arrival(true);
+        assert_eq!(lat.0.load(Ordering::SeqCst), 1);
+        assert_eq!(bulk.0.load(Ordering::SeqCst), 0);
+        assert!(rx.owed_in(RxScope::Latency) && !rx.owed_in(RxScope::Throughput));
+        // With no latency task left, a latency arrival wakes the driver, not a bulk task.
+        rx.arrival(true);
+        assert_eq!(bulk.0.load(Ordering::SeqCst), 0);
+        assert!(rx.signal.notified.load(Ordering::SeqCst));
+        rx.arrival(false);
+        assert_eq!(bulk.0.load(Ordering::SeqCst), 1);
+        assert!(rx.owed_in(RxScope::Throughput));
+        rx.pay(RxScope::Latency);
+        assert!(!rx.owed_in(RxScope::Latency) && rx.owed_in(RxScope::Throughput));
+        assert!(rx.owed_any());
+        rx.pay(RxScope::All);
+        assert!(!rx.owed_any());
+
+        let one = rx_signal_split(false);
+        assert_eq!(
+            (one.scope(true), one.scope(false)),
+            (RxScope::All, RxScope::All)
+        );
+        one.side(false).0.push(&bulk_w, false);
+        one.arrival(true);
+        assert_eq!(
+            bulk.0.load(Ordering::SeqCst),
+            2,
+            "one list for both classes"
+        );
+        assert!(one.owed_in(RxScope::All));
     }
 
     /// An arrival made by a receive round that a waiting task runs itself

@@ -225,6 +225,7 @@ impl VirtualListener {
                         sid,
                         SocketAddrV4::new(core.backend.ipv4(), local),
                         peer_addr,
+                        netsched::AppClass::Throughput,
                     );
                     core.signal.notify();
                     let s = self.accepted(VirtualStream::from_inner(inner));

@@ -32,6 +32,10 @@ pub(crate) struct StreamInner {
     local: SocketAddrV4,
     peer: SocketAddrV4,
     linger: Mutex<Option<Duration>>,
+    /// The socket is of the latency class (kept with [`StreamInner::set_app_class`]):
+    /// which channels its calls pull ([`Core::rx_scope`](super::driver::Core::rx_scope)),
+    /// read without the shard's lock.
+    latency: std::sync::atomic::AtomicBool,
 }
 
 /// After [`Core::want_rx`](super::driver::Core::want_rx) ran receive rounds on this
@@ -50,11 +54,14 @@ fn look_again(rounds: &mut u32, cx: &Context<'_>) -> bool {
 }
 
 impl StreamInner {
+    /// `class`: the socket's class now (a connect's, from its options; `Throughput` for
+    /// an accepted one).
     pub(crate) fn new(
         stack: Stack,
         sid: SocketId,
         local: SocketAddrV4,
         peer: SocketAddrV4,
+        class: AppClass,
     ) -> Self {
         StreamInner {
             stack,
@@ -62,7 +69,22 @@ impl StreamInner {
             local,
             peer,
             linger: Mutex::new(None),
+            latency: std::sync::atomic::AtomicBool::new(class == AppClass::Latency),
         }
+    }
+
+    /// [`Core::pull`](super::driver::Core::pull) for a call on this socket.
+    fn pull(&self) -> bool {
+        let core = self.stack.core();
+        let latency = self.latency.load(std::sync::atomic::Ordering::Relaxed);
+        core.pull(core.shard_of(self.sid), core.rx_scope(latency))
+    }
+
+    /// [`Core::pull_owed`](super::driver::Core::pull_owed) for a call on this socket.
+    fn pull_owed(&self) -> bool {
+        let core = self.stack.core();
+        let latency = self.latency.load(std::sync::atomic::Ordering::Relaxed);
+        core.pull_owed(core.shard_of(self.sid), core.rx_scope(latency))
     }
 
     /// A read into a buffer of at least the copy path's `read_min` lends the in-order bytes
@@ -77,7 +99,7 @@ impl StreamInner {
             .filter(|path| path.read_min.is_some_and(|min| buf.remaining() >= min))
             .map(|path| &path.pool);
         let core = self.stack.core();
-        let mut pulled = core.pull_owed(core.shard_of(self.sid));
+        let mut pulled = self.pull_owed();
         // Receive rounds this call ran itself (see `look_again`).
         let mut rounds = 0;
         loop {
@@ -121,7 +143,7 @@ impl StreamInner {
                 // lock held: the chunks go to their own shards).
                 Err(Error::WouldBlock) if !pulled => {
                     drop(st);
-                    core.pull(core.shard_of(self.sid));
+                    self.pull();
                     pulled = true;
                 }
                 Err(Error::WouldBlock) => {
@@ -131,7 +153,7 @@ impl StreamInner {
                     if core.want_rx(st, self.sid, cx) && look_again(&mut rounds, cx) {
                         // The round's arrivals wait in the channels: take them before
                         // looking again (rather than look, find nothing, then pull).
-                        core.pull(core.shard_of(self.sid));
+                        self.pull();
                         pulled = true;
                         continue;
                     }
@@ -172,7 +194,7 @@ impl StreamInner {
                 // Take the credit updates the channels hold (no shard's lock held).
                 Err(Error::WouldBlock) if !pulled => {
                     drop(st);
-                    core.pull(core.shard_of(self.sid));
+                    self.pull();
                     pulled = true;
                 }
                 Err(Error::WouldBlock) => {
@@ -278,7 +300,7 @@ impl StreamInner {
                 // (no shard's lock held).
                 Err(Error::WouldBlock) if !pulled => {
                     drop(st);
-                    core.pull(core.shard_of(self.sid));
+                    self.pull();
                     pulled = true;
                 }
                 Err(Error::WouldBlock) => {
@@ -310,6 +332,12 @@ impl StreamInner {
     fn set_app_class(&self, class: AppClass) -> io::Result<()> {
         let core = self.stack.core();
         let r = core.lock_socket(self.sid).ep.set_app_class(self.sid, class);
+        if r.is_ok() {
+            self.latency.store(
+                class == AppClass::Latency,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
         core.signal.notify();
         r.map_err(io::Error::from)
     }
@@ -1109,6 +1137,7 @@ pub(crate) async fn connect_with(
         sid,
         SocketAddrV4::new(core.backend.ipv4(), local),
         addr,
+        class,
     ));
     poll_fn(|cx| {
         let mut st = core.lock_socket(sid);
@@ -1201,7 +1230,7 @@ impl StreamInner {
         probe: Option<&mut ReadBuf<'_>>,
     ) -> Poll<io::Result<usize>> {
         let core = self.stack.core();
-        let mut pulled = core.pull_owed(core.shard_of(self.sid));
+        let mut pulled = self.pull_owed();
         // Receive rounds this call ran itself (see `look_again`).
         let mut rounds = 0;
         let mut one = [0u8; 1];
@@ -1223,7 +1252,7 @@ impl StreamInner {
                 Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
                 Err(Error::WouldBlock) if !pulled => {
                     drop(st);
-                    core.pull(core.shard_of(self.sid));
+                    self.pull();
                     pulled = true;
                 }
                 Err(Error::WouldBlock) => {
@@ -1252,7 +1281,7 @@ impl StreamInner {
 
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         let core = self.stack.core();
-        let mut pulled = core.pull_owed(core.shard_of(self.sid));
+        let mut pulled = self.pull_owed();
         loop {
             let mut st = core.lock_socket(self.sid);
             match st.ep.recv(self.sid, buf) {
@@ -1264,7 +1293,7 @@ impl StreamInner {
                 Err(Error::WouldBlock) if st.stopped => return Err(stopped_error()),
                 Err(Error::WouldBlock) if !pulled => {
                     drop(st);
-                    core.pull(core.shard_of(self.sid));
+                    self.pull();
                     pulled = true;
                 }
                 Err(Error::WouldBlock) => {
@@ -1292,7 +1321,7 @@ impl StreamInner {
             match st.ep.send_room(self.sid, 1) {
                 Err(Error::WouldBlock) if !pulled => {
                     drop(st);
-                    core.pull(core.shard_of(self.sid));
+                    self.pull();
                     pulled = true;
                 }
                 Err(Error::WouldBlock) => {
@@ -1337,7 +1366,7 @@ impl StreamInner {
                 }
                 Err(Error::WouldBlock) if !pulled => {
                     drop(st);
-                    core.pull(core.shard_of(self.sid));
+                    self.pull();
                     pulled = true;
                 }
                 Err(Error::WouldBlock) => {
