@@ -15,8 +15,9 @@
 //!   and wake the reader), `virtual_stream_runtime_rx` (the same stream with
 //!   `RuntimeRx::All` on both stacks: the reading task processes arrivals in its runtime),
 //!   `virtual_stream_latency_thread_rx` (the latency stream below with `RuntimeRx::Off`),
-//!   `virtual_stream_latency` (after
-//!   `set_app_class(AppClass::Latency)`: its chunks use the latency channel only),
+//!   `virtual_stream_latency` (made latency-class before its connect,
+//!   `VirtualSocket::set_app_class`: its chunks use the latency channel only, and it
+//!   lives in the stacks' latency shards),
 //!   `kernel_xdp_attached` (kernel TCP with both stacks' steering programs attached).
 //!
 //! Client and server tasks run on one tokio multi-thread runtime with 2 workers (the raw
@@ -347,8 +348,12 @@ mod run {
                 }
             });
             let vs = a.connect(to).await.expect("connect");
-            let vl = a.connect(to).await.expect("connect");
-            vl.set_app_class(AppClass::Latency).expect("latency class");
+            // Latency class before the connect (the stream lives in the latency shard).
+            let socket = a.socket();
+            socket
+                .set_app_class(AppClass::Latency)
+                .expect("latency class");
+            let vl = socket.connect(to).await.expect("connect");
             server.await.expect("server");
             (vs, vl)
         });

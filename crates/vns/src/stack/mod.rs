@@ -713,8 +713,9 @@ impl StackBuilder {
     /// (`docs/architecture.md`, "Threads and locking"). A socket's shard follows from its
     /// virtual ports; every shard uses every channel. The per-peer and per-stack bounds
     /// of [`StackBuilder::vns_config`] (`channel_budget`, `peer_budget`,
-    /// `max_peer_sockets`, `max_sockets`) are shared out evenly; a listener's backlog is
-    /// one for all shards. A stack with latency channels
+    /// `max_peer_sockets`, `max_sockets`) are shared out evenly (the latency shard below
+    /// takes a sixteenth); a listener's backlog is one for all shards. A stack with
+    /// latency channels
     /// ([`StackBuilder::latency_channels`], 1 by default) runs one shard more, the latency
     /// shard, for latency-class streams connected as such and the peer's
     /// ([`Stack::latency_shard`], [`crate::ShardOf`]). A scheduler that cannot be forked
@@ -1082,17 +1083,29 @@ fn shard_endpoints(
             }
         }
     }
-    let share = |v: usize, min: usize| (v / n).max(min);
+    // The latency shard takes a sixteenth of each bound (its share of the ports), the
+    // others share the rest evenly: the configured bounds hold for the stack as a whole.
+    let latency_index = latency_ports.filter(|_| n >= 2).map(|_| n - 1);
+    let bulk = n - usize::from(latency_index.is_some());
+    let share = |v: usize, min: usize, i: usize| {
+        if Some(i) == latency_index {
+            (v / 16).max(min)
+        } else if latency_index.is_some() {
+            ((v - v / 16) / bulk).max(min)
+        } else {
+            (v / n).max(min)
+        }
+    };
     schedulers
         .into_iter()
         .enumerate()
         .map(|(i, scheduler)| {
             let mut c = vns.clone();
             if n > 1 {
-                c.channel_budget = share(vns.channel_budget, vns.max_chunk_payload);
-                c.peer_budget = share(vns.peer_budget, c.channel_budget);
-                c.max_peer_sockets = share(vns.max_peer_sockets, 1);
-                c.max_sockets = share(vns.max_sockets, 1);
+                c.channel_budget = share(vns.channel_budget, vns.max_chunk_payload, i);
+                c.peer_budget = share(vns.peer_budget, c.channel_budget, i);
+                c.max_peer_sockets = share(vns.max_peer_sockets, 1, i);
+                c.max_sockets = share(vns.max_sockets, 1, i);
                 c.rng_seed = vns.rng_seed.map(|s| s.wrapping_add(i as u64));
             }
             c.shard = crate::endpoint::ShardOf {
