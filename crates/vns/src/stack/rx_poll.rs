@@ -306,16 +306,21 @@ impl RuntimeQueues {
             .collect()
     }
 
-    /// Whether tasks may wait on the descriptors now: no registration failed, and the
-    /// caller runs in a tokio runtime (a blocking caller or another executor tries again
-    /// later).
+    /// Whether tasks may wait on the descriptors now: no registration failed.
     fn usable(&self) -> bool {
-        !self.off.load(Ordering::Relaxed) && tokio::runtime::Handle::try_current().is_ok()
+        !self.off.load(Ordering::Relaxed)
     }
 
     /// Queue `i`'s registered descriptor, registering it with the calling task's runtime
-    /// on first use; `None` (and every queue off) when that fails.
+    /// on first use; `None` (and every queue off) when that fails, and `None` (to try
+    /// again later) when the caller runs in no tokio runtime (a blocking caller, another
+    /// executor). The runtime is looked up only before the registration: the lookup
+    /// clones the runtime's handle, an atomic that the runtime's workers share.
     fn fd(&self, i: usize) -> Option<&AsyncFd<OwnedFd>> {
+        if let Some(r) = self.fds[i].get() {
+            return r.as_ref().map(|r| &r.fd);
+        }
+        tokio::runtime::Handle::try_current().ok()?;
         let fd = self.fds[i].get_or_init(|| self.register(i)).as_ref();
         if fd.is_none() {
             self.off.store(true, Ordering::Relaxed);
