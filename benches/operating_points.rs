@@ -24,7 +24,9 @@
 //! `NETCHANNEL_BENCH_POINTS` (which points to run, default `123`),
 //! `NETCHANNEL_BENCH_LATENCY_NICE` (point 3, `own` mode: the nice value of the latency
 //! application's threads, for both stacks; the paper's "Linux + prioritization" is -20
-//! with kernel TCP). Without `--bench`
+//! with kernel TCP), `NETCHANNEL_BENCH_PIN_APPS` (point 3: the bulk application on every
+//! core but the last, the latency application on the last, for both stacks: a host with
+//! a core to spare for it). Without `--bench`
 //! (`cargo test --all-targets`) it runs a small smoke version.
 //!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
@@ -241,9 +243,17 @@ mod run {
         // The measuring thread is the latency application's too.
         let own = !std::ptr::eq(rt, lat_rt);
         let old = own.then(latency_nice).flatten().map(set_thread_nice);
+        let pin = own.then(pinned_apps).flatten();
+        let all = process_cores();
+        if let Some((_, c)) = &pin {
+            set_thread_cores(&[*c]);
+        }
         lat_rt.block_on(ping(lat, 4096, never, Some(&mut samples)));
         if let Some(old) = old {
             set_thread_nice(old);
+        }
+        if pin.is_some() {
+            set_thread_cores(&all);
         }
         stop.store(true, Ordering::Relaxed);
         for w in writers {
@@ -309,8 +319,29 @@ mod run {
     /// Point 3: the latency stream alone and under bulk load, per scheduler and kernel, for
     /// each place its application runs ([`LatencyApp`]).
     fn isolation(bed: &TestBed, rt: &Runtime, kaddr: SocketAddrV4) {
+        // `NETCHANNEL_BENCH_PIN_APPS`: the bulk application on every core but the last,
+        // the latency application on the last (where `Isolating` puts the latency
+        // channels' threads), for both stacks.
+        let pin = pinned_apps();
+        let pinned_bulk = pin.as_ref().map(|(bulk, _)| {
+            let bulk = bulk.clone();
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .on_thread_start(move || set_thread_cores(&bulk))
+                .build()
+                .expect("the bulk application's runtime")
+        });
+        let (rt, kaddr) = match &pinned_bulk {
+            Some(brt) => (
+                brt,
+                vns::kernel_server_at(bed, brt, vns::KERNEL_PORT + 2, serve),
+            ),
+            None => (rt, kaddr),
+        };
         for app in latency_apps() {
             let nice = latency_nice();
+            let lat_core = pin.as_ref().map(|(_, l)| *l);
             let own = (app == LatencyApp::Own).then(|| {
                 tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(1)
@@ -321,11 +352,51 @@ mod run {
                         if let Some(n) = nice {
                             set_thread_nice(n);
                         }
+                        if let Some(c) = lat_core {
+                            set_thread_cores(&[c]);
+                        }
                     })
                     .build()
                     .expect("the latency application's runtime")
             });
             isolation_with(bed, rt, own.as_ref().unwrap_or(rt), kaddr, app);
+        }
+    }
+
+    /// `NETCHANNEL_BENCH_PIN_APPS` set: the bulk application's cores and the latency
+    /// application's core (the last of the process's).
+    fn pinned_apps() -> Option<(Vec<usize>, usize)> {
+        std::env::var_os("NETCHANNEL_BENCH_PIN_APPS")?;
+        let mut cores = process_cores();
+        let last = cores.pop()?;
+        (!cores.is_empty()).then_some((cores, last))
+    }
+
+    /// The cores the process may run on.
+    fn process_cores() -> Vec<usize> {
+        // SAFETY: `sched_getaffinity` fills the set it is given, of the size it is told.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+                return Vec::new();
+            }
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    }
+
+    /// Confines the calling thread to `cores`.
+    fn set_thread_cores(cores: &[usize]) {
+        // SAFETY: `sched_setaffinity` on the calling thread (0) with a set built here.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            for &c in cores {
+                libc::CPU_SET(c, &mut set);
+            }
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                panic!("pinning to {cores:?}: {}", std::io::Error::last_os_error());
+            }
         }
     }
 

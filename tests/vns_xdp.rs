@@ -1111,6 +1111,36 @@ fn receive_on_the_channel_threads_over_af_xdp() {
     }
 }
 
+/// The cores each `vns-driver` thread of this process may run on (`Cpus_allowed_list`).
+fn driver_threads_cores() -> Vec<std::collections::BTreeSet<usize>> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "vns-driver" {
+            continue;
+        }
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let Some(list) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        else {
+            continue;
+        };
+        let mut cores = std::collections::BTreeSet::new();
+        for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+            let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+            if let (Ok(lo), Ok(hi)) = (lo.parse::<usize>(), hi.parse::<usize>()) {
+                cores.extend(lo..=hi);
+            }
+        }
+        out.push(cores);
+    }
+    out
+}
+
 /// What happens mid-transfer in [`transfer_through`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -2191,6 +2221,30 @@ fn isolating_keeps_latency_streams_off_bulk_channels_threads_and_cores() {
             a.plan_counters().pinned >= 2,
             "threads not pinned apart: {:?}",
             a.plan_counters()
+        );
+        // The stack's driver thread (bulk work: every channel, every shard) is kept off
+        // the latency channels' cores once they are pinned.
+        let latency_cores: std::collections::BTreeSet<usize> = {
+            let st = a.stats();
+            let lat_threads: Vec<_> = st
+                .channels
+                .iter()
+                .filter(|c| c.class == ChannelClass::Latency)
+                .filter_map(|c| c.thread)
+                .collect();
+            st.threads
+                .iter()
+                .filter(|t| lat_threads.contains(&t.id))
+                .filter_map(|t| t.core)
+                .collect()
+        };
+        assert!(!latency_cores.is_empty(), "the latency thread has a core");
+        let drivers = driver_threads_cores();
+        assert!(
+            drivers
+                .iter()
+                .any(|c| !c.is_empty() && c.is_disjoint(&latency_cores)),
+            "no driver thread kept off the latency cores {latency_cores:?}: {drivers:?}"
         );
         for (name, stack) in [("A", &a), ("B", &b)] {
             let st = stack.stats();

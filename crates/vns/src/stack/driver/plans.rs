@@ -90,6 +90,8 @@ pub(crate) struct PlanState {
     pub(crate) threads: Vec<ThreadStats>,
     /// The core each queue's thread was last pinned to by a plan.
     pins: HashMap<u32, usize>,
+    /// The cores the driver thread was last confined to (see `Core::confine_driver`).
+    driver_cores: Option<Vec<usize>>,
 }
 
 impl PlanState {
@@ -119,6 +121,7 @@ impl Core {
                     }
                     if acted {
                         self.retune_light_load();
+                        self.confine_driver(ctl);
                     }
                     if !ctl.plans.retiring.is_empty() {
                         again = earliest(again, Some(now + RETIRE_CHECK));
@@ -373,6 +376,50 @@ impl Core {
         }
     }
 
+    /// Where the scheduler keeps the classes apart and its plans pinned the latency
+    /// channels' threads, keeps the driver thread (this one: plans run on it) off their
+    /// cores. Its rounds read every channel and finish every shard, bulk work that on a
+    /// latency core preempted the latency application (with the applications pinned
+    /// apart, `operating_points` point 3's slow samples fell from 19-24 to 6-11 per
+    /// 5,000 when the driver was kept off the latency core; `docs/performance.md`, tenth
+    /// session).
+    fn confine_driver(&self, ctl: &mut Control) {
+        if !self.config.separate_classes {
+            return;
+        }
+        let table = self.chans.load();
+        let latency_cores: std::collections::BTreeSet<usize> = table
+            .values()
+            .filter(|c| c.class == ChannelClass::Latency)
+            .filter_map(|c| c.t.wire())
+            .filter_map(|w| ctl.plans.pins.get(&w.queue).copied())
+            .collect();
+        if latency_cores.is_empty() {
+            return;
+        }
+        let cores: Vec<usize> = self
+            .config
+            .cores
+            .iter()
+            .copied()
+            .filter(|c| !latency_cores.contains(c))
+            .collect();
+        if cores.is_empty() || ctl.plans.driver_cores.as_ref() == Some(&cores) {
+            return;
+        }
+        match bind_current_thread(&cores) {
+            Ok(()) => {
+                debug!(?cores, "plan: driver thread kept off the latency cores");
+                ctl.plans.driver_cores = Some(cores);
+            }
+            Err(e) => {
+                debug!(error = %e, "plan: cannot confine the driver thread");
+                // Not again at every plan.
+                ctl.plans.driver_cores = Some(cores);
+            }
+        }
+    }
+
     /// Starts a channel thread pinned to `core`, unless a live one is pinned there.
     fn plan_spawn(&self, ctl: &mut Control, core: usize) {
         let placement = self.placement();
@@ -497,4 +544,17 @@ impl Core {
         }
         waiting
     }
+}
+
+/// Confines the calling thread to `cores` (hwloc's thread binding).
+fn bind_current_thread(cores: &[usize]) -> Result<(), String> {
+    use hwlocality::cpu::binding::CpuBindingFlags;
+    use hwlocality::cpu::cpuset::CpuSet;
+    let topo = hwlocality::Topology::new().map_err(|e| format!("hwloc_topology_load: {e}"))?;
+    let mut set = CpuSet::new();
+    for &c in cores {
+        set.set(c);
+    }
+    topo.bind_cpu(&set, CpuBindingFlags::THREAD)
+        .map_err(|e| format!("hwloc_set_cpubind: {e}"))
 }
