@@ -26,7 +26,8 @@
 //! application's threads, for both stacks; the paper's "Linux + prioritization" is -20
 //! with kernel TCP), `NETCHANNEL_BENCH_PIN_APPS` (point 3: the bulk application on every
 //! core but the last, the latency application on the last, for both stacks: a host with
-//! a core to spare for it). Without `--bench`
+//! a core to spare for it), `NETCHANNEL_BENCH_ISOLATION_STACKS` (point 3's rows, default
+//! `isolating,roundrobin,kernel`). Without `--bench`
 //! (`cargo test --all-targets`) it runs a small smoke version.
 //!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
@@ -447,10 +448,18 @@ mod run {
         );
         println!("| stack | p50 alone µs | p99.9 alone µs | p50 loaded µs | p99.9 loaded µs | p99.9 inflation | loaded samples ≥ 1 / ≥ 5 ms | segments resent |");
         println!("|---|---|---|---|---|---|---|---|");
+        let stacks: String = env_or(
+            "NETCHANNEL_BENCH_ISOLATION_STACKS",
+            "isolating,roundrobin,kernel".to_string(),
+        );
+        let wanted = |s: &str| stacks.split(',').any(|w| w.trim() == s);
         for (name, isolating) in [
             ("VirtualStream, Isolating", true),
             ("VirtualStream, RoundRobin", false),
         ] {
+            if !wanted(if isolating { "isolating" } else { "roundrobin" }) {
+                continue;
+            }
             let pair = StackPair::start_scheduled(bed, 4, 1, isolating);
             let l = lat_rt.block_on(pair.b.bind(pair.vns_addr())).expect("bind");
             // The listener is the latency application's: the first byte a stream sends
@@ -519,6 +528,9 @@ mod run {
                 resent(netchannel::sched::ChannelClass::Throughput)
             );
             pair.stop();
+        }
+        if !wanted("kernel") {
+            return;
         }
         // Kernel TCP: the same. The latency application has a server of its own when it
         // has a runtime of its own (a kernel socket stays with the runtime that
