@@ -27,7 +27,8 @@
 //! with kernel TCP), `NETCHANNEL_BENCH_PIN_APPS` (point 3: the bulk application on every
 //! core but the last, the latency application on the last, for both stacks: a host with
 //! a core to spare for it), `NETCHANNEL_BENCH_ISOLATION_STACKS` (point 3's rows, default
-//! `isolating,roundrobin,kernel`). Without `--bench`
+//! `isolating,roundrobin,kernel`), `NETCHANNEL_BENCH_SLOWEST` (point 3: print each case's
+//! that many slowest samples). Without `--bench`
 //! (`cargo test --all-targets`) it runs a small smoke version.
 //!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
@@ -259,6 +260,16 @@ mod run {
         stop.store(true, Ordering::Relaxed);
         for w in writers {
             let _ = rt.block_on(w);
+        }
+        // `NETCHANNEL_BENCH_SLOWEST=n`: each case's n slowest samples, for reading tails
+        // (whether they cluster at a timer's period, say).
+        let slowest: usize = env_or("NETCHANNEL_BENCH_SLOWEST", 0);
+        if slowest > 0 {
+            let n = samples.len().max(1) as f64;
+            let v: Vec<u64> = (0..slowest.min(samples.len()))
+                .map(|k| samples.quantile_us(1.0 - k as f64 / n) as u64)
+                .collect();
+            println!("slowest samples (µs): {v:?}");
         }
         let h = samples.histogram(&[1000, 5000]);
         Tail {
