@@ -44,6 +44,11 @@ done
 # shared-runtime mode measures the application's run queue, not the stack).
 step points 300 NETCHANNEL_BENCH_SECS=1 NETCHANNEL_BENCH_LATENCY_APP=own \
     scripts/bench-bundle.sh run operating_points
+# Point 3 again with the applications pinned apart (the latency one on the last core,
+# where `Isolating` puts the latency channels' threads) and the 10 slowest samples.
+step points_pinned 200 NETCHANNEL_BENCH_POINTS=3 NETCHANNEL_BENCH_LATENCY_APP=own \
+    NETCHANNEL_BENCH_PIN_APPS=1 NETCHANNEL_BENCH_SLOWEST=10 \
+    scripts/bench-bundle.sh run operating_points
 step rpc_conns 120 "${common[@]}" NETCHANNEL_BENCH_CHANNELS=4 scripts/bench-bundle.sh run rpc_rate
 # The same without the few-active-streams path (`StackBuilder::light_load_streams(0)`).
 step rpc_conns_nolight 120 "${common[@]}" NETCHANNEL_BENCH_CHANNELS=4 \
