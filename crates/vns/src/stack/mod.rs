@@ -1373,7 +1373,7 @@ impl Stack {
     /// (`latency_class`), or any other socket, processes in its runtime (run-to-completion
     /// receive, [`StackBuilder::runtime_rx`]); empty without it. Every queue, unless the
     /// scheduler keeps the classes on queues of their own
-    /// ([`NetScheduler::separate_class_threads`](netsched::NetScheduler::separate_class_threads),
+    /// ([`NetScheduler::separate_class_threads`],
     /// `Isolating`): then a latency-class socket's task serves the latency channels'
     /// queues only and the others the rest, so that a latency application's thread never
     /// processes bulk arrivals.
