@@ -22,9 +22,11 @@
 //!   a shutdown: the server must see `ConnectionReset` after a correct prefix).
 //!
 //! Servers echo from one task or from two (owned halves and a queue), with random read
-//! sizes. Four stack profiles: `Stack::pair_in_memory(4)` (72 client tasks), small
+//! sizes. Five stack profiles: `Stack::pair_in_memory(4)` (72 client tasks), small
 //! chunks, buffers and channel queues (32), eight shards per stack from four runtime
-//! workers (48), and a copy worker per stack (32). Once every
+//! workers (48), a copy worker per stack (32), and `Isolating` with every third stream
+//! latency-class from its connect (48: the latency shard, the latency channel and the
+//! per-class receive hand-off beside bulk streams). Once every
 //! connection is done, both stacks must deliver what closed streams left behind
 //! (`Stack::drained`: `pending_tx_bytes` back to 0). The whole run is bounded by [`LIMIT`]: a deadlock fails the test and prints
 //! what every unfinished connection was doing. The seed is printed (random, or fixed when
@@ -78,11 +80,16 @@ struct Profile {
     /// drop): what the socket and channel buffers hold without the echo server blocking.
     max_unread: usize,
     stacks: fn() -> (Stack, Stack),
+    /// Every this many connections (by id), the client makes its stream latency-class
+    /// before the connect (`VirtualSocket::set_app_class`: the latency shard on both
+    /// stacks, the latency channels) and the server its end; 0: none.
+    latency_every: u32,
 }
 
 /// `Stack::pair_in_memory`: default buffers and channel limits.
 const DEFAULT: Profile = Profile {
     name: "default",
+    latency_every: 0,
     clients: 72,
     max_unread: MAX_MSG,
     stacks: || Stack::pair_in_memory(CHANNELS).unwrap(),
@@ -92,6 +99,7 @@ const DEFAULT: Profile = Profile {
 /// channels all the time.
 const TIGHT: Profile = Profile {
     name: "tight",
+    latency_every: 0,
     clients: 32,
     max_unread: 8 * 1024,
     stacks: || {
@@ -125,6 +133,7 @@ const TIGHT: Profile = Profile {
 /// than cores, so that calls on different shards really run at the same time.
 const SHARDED: Profile = Profile {
     name: "sharded",
+    latency_every: 0,
     clients: 48,
     max_unread: MAX_MSG,
     stacks: || {
@@ -144,10 +153,34 @@ const SHARDED: Profile = Profile {
     },
 };
 
+/// `Isolating` on both stacks, with every third connection latency-class from its
+/// connect: the classes' own channels, shards and receive hand-offs (`RxScope`), with
+/// streams of both classes running and failing side by side.
+const ISOLATING: Profile = Profile {
+    name: "isolating",
+    clients: 48,
+    max_unread: MAX_MSG,
+    latency_every: 3,
+    stacks: || {
+        let net = MemNetwork::new();
+        let build = |ip| {
+            Stack::builder()
+                .ipv4(ip)
+                .channels(CHANNELS)
+                .latency_channels(1)
+                .scheduler(netsched::Isolating::default())
+                .build_in_memory(&net)
+                .unwrap()
+        };
+        (build(A), build(B))
+    },
+};
+
 /// A copy worker per stack: writes and reads of 16 KiB or more go through the pooled
 /// path (default socket buffers).
 const COPY_WORKERS: Profile = Profile {
     name: "copy workers",
+    latency_every: 0,
     clients: 32,
     max_unread: MAX_MSG,
     stacks: || {
@@ -675,6 +708,7 @@ async fn client_conn(
     id: u32,
     seed: u64,
     max_unread: usize,
+    latency: bool,
     p: Progress,
 ) -> Report {
     let mut rng = SmallRng::seed_from_u64(seed ^ u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -688,8 +722,25 @@ async fn client_conn(
         5..=7 => End::ShutdownDrop,
         _ => End::Abort,
     };
-    p.set(id, "client", format!("connecting ({kind:?}, {end:?})"));
-    let mut s = stack.connect(dst).await.expect("client: connect");
+    p.set(
+        id,
+        "client",
+        format!("connecting ({kind:?}, {end:?}, latency {latency})"),
+    );
+    let socket = stack.socket();
+    if latency {
+        socket
+            .set_app_class(vns::AppClass::Latency)
+            .expect("client: latency class");
+    }
+    let mut s = socket.connect(dst).await.expect("client: connect");
+    if latency {
+        assert_eq!(
+            s.shard(),
+            stack.latency_shard(),
+            "client: the latency shard"
+        );
+    }
     s.write_all(&header(id, kind, end))
         .await
         .expect("client: header");
@@ -750,6 +801,7 @@ fn verify(r: &Report, o: &Outcome) {
 async fn run(seed: u64, prof: &Profile, clients: usize, p: Progress) {
     let (a, b) = (prof.stacks)();
     let max_unread = prof.max_unread;
+    let latency_every = prof.latency_every;
     let mut master = SmallRng::seed_from_u64(seed);
     // Client i connects from A to B, or from B to A for every fourth.
     let plan: Vec<(bool, usize)> = (0..clients)
@@ -763,10 +815,17 @@ async fn run(seed: u64, prof: &Profile, clients: usize, p: Progress) {
         let l = stack.bind_with_backlog(addr(ip, PORT), 256).await.unwrap();
         let outcomes = outcomes.clone();
         let p = p.clone();
+        let latency_shard = stack.latency_shard();
         servers.push(tokio::spawn(async move {
             let mut handlers = Vec::new();
             for _ in 0..n {
                 let (s, _) = l.accept().await.expect("accept");
+                // A stream the client connected as latency-class is in the latency shard
+                // here too: the server's end takes the class.
+                if latency_every > 0 && s.shard() == latency_shard {
+                    s.set_app_class(vns::AppClass::Latency)
+                        .expect("server: latency class");
+                }
                 handlers.push(tokio::spawn(serve(s, seed, outcomes.clone(), p.clone())));
             }
             for h in handlers {
@@ -786,7 +845,9 @@ async fn run(seed: u64, prof: &Profile, clients: usize, p: Progress) {
             let mut reports = Vec::new();
             for j in 0..conns {
                 let id = (i * MAX_CONNS + j) as u32;
-                let r = client_conn(stack.clone(), dst, id, seed, max_unread, p.clone()).await;
+                let latency = latency_every > 0 && id % latency_every == 0;
+                let r =
+                    client_conn(stack.clone(), dst, id, seed, max_unread, latency, p.clone()).await;
                 reports.push(r);
             }
             reports
@@ -886,6 +947,12 @@ async fn many_tasks_with_tight_buffers_and_channels() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_tasks_over_many_shards() {
     stress(&SHARDED).await;
+}
+
+/// The same under `Isolating`, a third of the streams latency-class from their connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_of_both_classes_under_isolating() {
+    stress(&ISOLATING).await;
 }
 
 /// The same through the copy workers' pooled write and read path.
