@@ -1947,6 +1947,26 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
     drop(b);
 }
 
+/// A stack in `side`'s namespace under `Isolating`: 2 throughput channels and 1 latency
+/// channel per peer, run-to-completion receive `rx`.
+fn isolating_stack(bed: &TestBed, side: Side, rx: RuntimeRx) -> Stack {
+    let e = bed.side(side);
+    let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
+    bed.run_in(side, move || {
+        Stack::builder()
+            .interface(ifname)
+            .ipv4(ipv4)
+            .channels(2)
+            .latency_channels(1)
+            .scheduler(netchannel::sched::Isolating::default())
+            .runtime_rx(rx)
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+    })
+    .expect("enter the namespace")
+    .expect("stack")
+}
+
 /// Issue 12, isolation on the bed: a latency application on a runtime of its own
 /// registers only the latency channels' queues with its reactor, and the bulk application
 /// the others. Regression: the first runtime to wait registered every queue's AF_XDP
@@ -1956,32 +1976,15 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
 #[test]
 fn a_latency_application_registers_only_the_latency_queues_with_its_runtime() {
     let _serial = one_at_a_time();
-    use netchannel::sched::{ChannelClass, Isolating};
+    use netchannel::sched::ChannelClass;
     use netchannel::AppClass;
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let build = |side: Side| {
-        let e = bed.side(side);
-        let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
-        bed.run_in(side, move || {
-            Stack::builder()
-                .interface(ifname)
-                .ipv4(ipv4)
-                .channels(2)
-                .latency_channels(1)
-                .scheduler(Isolating::default())
-                // Bulk readers wait in their runtime too, so that the bulk queues get
-                // registered (by the bulk application).
-                .runtime_rx(RuntimeRx::All)
-                .connect_timeout(Duration::from_secs(10))
-                .build()
-        })
-        .expect("enter the namespace")
-        .expect("stack")
-    };
-    let a = build(Side::A);
-    let b = build(Side::B);
+    // Bulk readers wait in their runtime too, so that the bulk queues get registered (by
+    // the bulk application).
+    let a = isolating_stack(&bed, Side::A, RuntimeRx::All);
+    let b = isolating_stack(&bed, Side::B, RuntimeRx::All);
     let b_ip = bed.side(Side::B).ipv4;
     let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
     let runtime = |name: &str| {
@@ -2105,29 +2108,13 @@ fn a_latency_application_registers_only_the_latency_queues_with_its_runtime() {
 #[test]
 fn isolating_keeps_latency_streams_off_bulk_channels_threads_and_cores() {
     let _serial = one_at_a_time();
-    use netchannel::sched::{ChannelClass, Isolating};
+    use netchannel::sched::ChannelClass;
     use netchannel::AppClass;
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let build = |side: Side| {
-        let e = bed.side(side);
-        let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
-        bed.run_in(side, move || {
-            Stack::builder()
-                .interface(ifname)
-                .ipv4(ipv4)
-                .channels(2)
-                .latency_channels(1)
-                .scheduler(Isolating::default())
-                .connect_timeout(Duration::from_secs(10))
-                .build()
-        })
-        .expect("enter the namespace")
-        .expect("stack")
-    };
-    let a = build(Side::A);
-    let b = build(Side::B);
+    let a = isolating_stack(&bed, Side::A, RuntimeRx::default());
+    let b = isolating_stack(&bed, Side::B, RuntimeRx::default());
     let b_ip = bed.side(Side::B).ipv4;
     let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
     const BULK: u64 = 20_000_000;

@@ -150,16 +150,18 @@ impl ShardOf {
     /// other shards.
     pub fn shard_for(&self, local: u16, remote: u16) -> u16 {
         match self.latency_shard() {
-            Some(l) => {
-                let (lo, hi) = self.latency_ports.expect("a latency shard has ports");
-                if (lo..=hi).contains(&local) || (lo..=hi).contains(&remote) {
-                    l
-                } else {
-                    Self::of_ports(local, remote, l)
-                }
-            }
+            Some(l) if self.is_latency_port(local) || self.is_latency_port(remote) => l,
+            Some(l) => Self::of_ports(local, remote, l),
             None => Self::of_ports(local, remote, self.count),
         }
+    }
+
+    /// Whether a socket with `port` at either end belongs to the latency shard.
+    pub fn is_latency_port(&self, port: u16) -> bool {
+        self.latency_shard().is_some()
+            && self
+                .latency_ports
+                .is_some_and(|(lo, hi)| (lo..=hi).contains(&port))
     }
 
     /// The latency shard's index (the last), if there is one.

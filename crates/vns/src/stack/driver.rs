@@ -407,7 +407,8 @@ impl RxSignal {
         if scope != RxScope::Latency {
             self.owed.store(false, Ordering::SeqCst);
         }
-        if scope != RxScope::Throughput {
+        // Without the split nothing sets the latency debt: no store on that path.
+        if self.split && scope != RxScope::Throughput {
             self.latency_owed.store(false, Ordering::SeqCst);
         }
     }
@@ -797,13 +798,13 @@ impl Core {
     /// others in turn.
     pub(crate) fn next_connect_shard(&self, remote: u16, class: netsched::AppClass) -> usize {
         let map = &self.shard_map;
-        if let (Some(l), Some((lo, hi))) = (map.latency_shard(), map.latency_ports) {
-            if class == netsched::AppClass::Latency || (lo..=hi).contains(&remote) {
-                return usize::from(l);
+        match map.latency_shard() {
+            Some(l) if class == netsched::AppClass::Latency || map.is_latency_port(remote) => {
+                usize::from(l)
             }
-            return self.next_shard.fetch_add(1, Ordering::Relaxed) % usize::from(l);
+            Some(l) => self.next_shard.fetch_add(1, Ordering::Relaxed) % usize::from(l),
+            None => self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len(),
         }
-        self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len()
     }
 
     /// The shard that owns the socket with these virtual ports (`local` here, `remote`
