@@ -710,6 +710,121 @@ fn queue_arrivals_wake_a_task_that_still_waits() {
     b.abort();
 }
 
+/// Counts the polls of the future it wraps.
+struct CountPolls<F> {
+    inner: std::pin::Pin<Box<F>>,
+    polls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<F: std::future::Future> std::future::Future for CountPolls<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        self.polls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// A reader whose queue has frames while another thread holds the queue's round asks
+/// that holder for one more round and waits, rather than try again at once. Before, the
+/// task woke itself and looked again until the round was free: with the holder
+/// preempted on the same core (the isolation bench's applications and latency channel
+/// threads pinned together), that spin kept the holder off the core for the rest of a
+/// scheduler slice, the latency stream's 1-5 ms samples. The frames are not lost either:
+/// the holder's asked-for round takes them, and the reader is woken for its bytes.
+#[test]
+fn a_reader_that_finds_the_round_held_asks_the_holder_instead_of_spinning() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let _serial = one_at_a_time();
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let a = stack_in(&bed, Side::A);
+    let b = stack_in(&bed, Side::B);
+    for s in [&a, &b] {
+        assert!(s.set_runtime_rx(RuntimeRx::All));
+    }
+    let b_ip = bed.side(Side::B).ipv4;
+    let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7113));
+    // One thread: the reader runs only when the test's own future waits.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let l = b.bind(at).await.unwrap();
+        let (send_tx, mut send_rx) = tokio::sync::mpsc::channel::<u8>(1);
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            // One exchange first, so that A's reads already wait in the runtime.
+            let mut first = [0u8; 64];
+            s.read_exact(&mut first).await.unwrap();
+            s.write_all(&first).await.unwrap();
+            while let Some(tag) = send_rx.recv().await {
+                s.write_all(&[tag; 64]).await.unwrap();
+            }
+            s.shutdown().await.unwrap();
+        });
+        let mut x = a.connect(at).await.unwrap();
+        small_exchange(&mut x, 1).await;
+
+        let polls = Arc::new(AtomicUsize::new(0));
+        let reader = tokio::spawn(CountPolls {
+            inner: Box::pin(async move {
+                let mut got = [0u8; 64];
+                x.read_exact(&mut got).await.unwrap();
+                (x, got)
+            }),
+            polls: polls.clone(),
+        });
+        tokio::task::yield_now().await;
+        // Every queue's round held (the stream's channel is on one of them).
+        let holds: Vec<_> = (0..2).filter_map(|q| a.hold_queue_round(q)).collect();
+        assert_eq!(holds.len(), 2, "A's two queues' rounds held");
+        let asks_before = a.runtime_rx_asks();
+        send_tx.send(2).await.unwrap();
+        // The frame reaches A's queue, the reader is woken for it and finds the round
+        // held: it asks.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while a.runtime_rx_asks() == asks_before {
+            assert!(
+                Instant::now() < deadline,
+                "the reader never asked the round's holder (polled {} times)",
+                polls.load(Ordering::Relaxed)
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Then it waits: over the next 50 ms (the runtime free to poll it all along) a
+        // spinning reader was polled thousands of times.
+        let at_ask = polls.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let later = polls.load(Ordering::Relaxed);
+        assert!(
+            later <= at_ask + 2,
+            "the reader kept polling while the round was held: {at_ask} polls at the ask, {later} after 50 ms"
+        );
+        assert!(!reader.is_finished(), "the bytes came while the round was held");
+        // Let go: the asked-for round takes the frame and the reader gets its bytes.
+        drop(holds);
+        let (mut x, got) = timeout(LIMIT, reader).await.expect("reader stalled").unwrap();
+        assert_eq!(got, [2u8; 64]);
+        drop(send_tx);
+        let mut rest = Vec::new();
+        x.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+        timeout(LIMIT, server).await.unwrap().unwrap();
+    });
+    drop(rt);
+    a.abort();
+    b.abort();
+}
+
 /// A lease that outlives the wait that took it ends when an arrival finds no runtime task
 /// waiting: a raw channel's blocking reader on the same channel set, right after a
 /// latency-class exchange, gets its bytes from the channel thread at once instead of

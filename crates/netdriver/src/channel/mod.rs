@@ -163,11 +163,11 @@ mod sys;
 mod thread;
 
 #[cfg(target_os = "linux")]
-pub use queue::{on_channel_thread_rx, Channel, DeferredKick, RxPoller};
+pub use queue::{on_channel_thread_rx, Channel, DeferredKick, RxPoller, RxRound};
 #[cfg(target_os = "linux")]
 pub use set::{
     ChannelListener, ChannelPlacement, ChannelSet, ChannelSetConfig, ChannelThreadPlacement,
-    PartialChecksums, QueueLimits, QueueThreadStats, RxChecksumStats, SynStats,
+    PartialChecksums, QueueLimits, QueueThreadStats, RoundHold, RxChecksumStats, SynStats,
     DEFAULT_CHANNEL_PORT, LINEAR_XDP_MAX_MTU,
 };
 #[cfg(target_os = "linux")]

@@ -431,6 +431,19 @@ impl DeferredKick {
     }
 }
 
+/// What [`RxPoller::poll_now_or_ask`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxRound {
+    /// The caller ran the queue's rounds.
+    Ran,
+    /// Another thread runs the queue's round now and was asked for one more before it
+    /// lets go: it takes what waits on the ring.
+    Asked,
+    /// Nothing ran and nobody was asked: the queue's thread stops or died, or the queue
+    /// has no state for inline rounds.
+    NotRun,
+}
+
 /// The receive side of one channel thread's queue, for a runtime that waits for
 /// arrivals itself and processes them on its own thread (run to completion): a task
 /// with nothing to read registers [`fd`](RxPoller::fd) with its reactor (tokio's
@@ -471,6 +484,22 @@ impl RxPoller {
         // usually follows it (the reply), which only runs on a quiet queue: its rounds
         // leave the queue's last round as it was.
         super::thread::run_inline_marked(&self.signal, false)
+    }
+
+    /// [`poll_now`](Self::poll_now) for a caller that saw frames wait: when another
+    /// thread runs the queue's round right now, that thread is asked for one more round
+    /// before it lets go (the frames are then its to take, and the channels' wakers
+    /// announce what they bring), so that the caller need not try again until it is
+    /// woken. A caller that instead tried again at once spun on the round: with the
+    /// holder preempted on the same core (applications and channel threads pinned
+    /// together), for the rest of its scheduler slice, 1-5 ms (`docs/performance.md`,
+    /// eleventh session).
+    pub fn poll_now_or_ask(&self) -> RxRound {
+        match super::thread::run_inline_as(&self.signal, false, true) {
+            super::thread::InlineSend::Ran => RxRound::Ran,
+            super::thread::InlineSend::Handed => RxRound::Asked,
+            super::thread::InlineSend::No => RxRound::NotRun,
+        }
     }
 
     /// Whether the queue's channel thread died (fault injection,

@@ -1226,6 +1226,40 @@ impl ChannelSet {
         ChannelPlacement { threads: list }
     }
 
+    /// Fault injection, for tests and drills: holds NIC queue `queue`'s round (the lock
+    /// that its channel thread and inline rounds take) from a thread of its own until the
+    /// returned [`RoundHold`] is released or dropped, as an application thread preempted
+    /// in the middle of an inline round holds it. Whoever finds the round held meanwhile
+    /// asks the holder for one more round ([`RxPoller::poll_now_or_ask`]); on release the
+    /// hold hands that round to the channel thread, as an inline holder whose passes are
+    /// used up does. Returns once the round is held; `None` when no thread state serves
+    /// `queue` (an unknown queue, a stopped set).
+    pub fn hold_queue_round(&self, queue: u32) -> Option<RoundHold> {
+        let index = self.queue_index(queue)?;
+        let signal = self.shared.peers.get(index)?.signal.clone();
+        let state = signal.inline_state()?;
+        let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("nc-hold-q{queue}"))
+            .spawn(move || {
+                let round = state.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = held_tx.send(());
+                // Released, or the hold dropped.
+                let _ = release_rx.recv();
+                drop(round);
+                if signal.take_round_wanted() {
+                    signal.notify();
+                }
+            })
+            .ok()?;
+        held_rx.recv().ok()?;
+        Some(RoundHold {
+            release: Some(release_tx),
+            thread: Some(thread),
+        })
+    }
+
     /// Fault injection, for tests and failure drills: the channel thread that serves
     /// `queue` dies as if it had crashed, and with it every queue it serves (one, unless
     /// queues were moved onto it). Their channels fail at once on this side
@@ -1619,5 +1653,34 @@ impl std::fmt::Display for ChannelThreadPlacement {
             f.write_str(" dead")?;
         }
         Ok(())
+    }
+}
+
+/// A NIC queue's round held by [`ChannelSet::hold_queue_round`] (fault injection). Let
+/// go with [`release`](Self::release) or by dropping it; either returns once the round is
+/// free again.
+#[derive(Debug)]
+pub struct RoundHold {
+    release: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl RoundHold {
+    /// Lets the round go (and hands an asked-for round to the channel thread).
+    pub fn release(mut self) {
+        self.let_go();
+    }
+
+    fn let_go(&mut self) {
+        drop(self.release.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RoundHold {
+    fn drop(&mut self) {
+        self.let_go();
     }
 }

@@ -212,8 +212,8 @@ pub(crate) fn run_inline_marked(signal: &ThreadSignal, mark_end: bool) -> bool {
 pub(crate) enum InlineSend {
     /// The caller ran the queue's rounds.
     Ran,
-    /// Another application thread runs the queue's round now and was asked for one more
-    /// before it lets go ([`ThreadSignal::ask_for_round`]).
+    /// Another thread (an application's, or the channel thread) runs the queue's round
+    /// now and was asked for one more before it lets go ([`ThreadSignal::ask_for_round`]).
     Handed,
     /// Nothing happened: the caller wakes the channel thread.
     No,
@@ -257,7 +257,7 @@ fn lock_or_ask<'a>(
     try_lock_state(state)
 }
 
-fn run_inline_as(signal: &ThreadSignal, mark_end: bool, hand: bool) -> InlineSend {
+pub(crate) fn run_inline_as(signal: &ThreadSignal, mark_end: bool, hand: bool) -> InlineSend {
     // A dead thread's queue stays dead: running its rounds here would keep its
     // connections alive from application threads and hide the death.
     if signal.stop_requested() || signal.is_dead() {

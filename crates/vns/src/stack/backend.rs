@@ -101,6 +101,14 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Fault injection: holds NIC queue `queue`'s round from another thread until the
+    /// hold is dropped (see netdriver's `ChannelSet::hold_queue_round`); `None` (the
+    /// default) for backends without NIC queues.
+    #[cfg(target_os = "linux")]
+    fn hold_queue_round(&self, _queue: u32) -> Option<netdriver::channel::RoundHold> {
+        None
+    }
+
     /// The work each channel thread has done so far (cumulative busy time per NIC queue,
     /// see netdriver's `ChannelSet::thread_stats`), from which the stack derives the
     /// utilisation its scheduler's plans see; none (the default) for backends without
@@ -213,6 +221,10 @@ mod xdp {
 
         fn kill_queue_thread(&self, queue: u32) -> bool {
             self.set.kill_queue_thread(queue)
+        }
+
+        fn hold_queue_round(&self, queue: u32) -> Option<netdriver::channel::RoundHold> {
+            self.set.hold_queue_round(queue)
         }
 
         fn thread_stats(&self) -> Vec<netdriver::channel::QueueThreadStats> {

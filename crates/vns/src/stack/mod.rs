@@ -1369,6 +1369,17 @@ impl Stack {
         0
     }
 
+    /// Times a task waiting to read found a NIC queue's round held by another thread
+    /// (the channel thread, or another task) and asked that thread to run one more
+    /// rather than try again itself (run-to-completion receive); 0 without it.
+    pub fn runtime_rx_asks(&self) -> u64 {
+        #[cfg(target_os = "linux")]
+        if let Some(rt) = &self.core().rt_rx {
+            return rt.asked();
+        }
+        0
+    }
+
     /// The NIC queues whose arrivals a task waiting to read a latency-class socket
     /// (`latency_class`), or any other socket, processes in its runtime (run-to-completion
     /// receive, [`StackBuilder::runtime_rx`]); empty without it. Every queue, unless the
@@ -1581,6 +1592,18 @@ impl Stack {
             self.core().signal.notify();
         }
         killed
+    }
+
+    /// Fault injection, for tests and drills: holds NIC queue `queue`'s round (the lock
+    /// its channel thread and inline rounds take) from another thread until the returned
+    /// hold is dropped, as an application thread preempted in the middle of an inline
+    /// round would. A task that finds the round held meanwhile asks the holder for one
+    /// more round rather than try again at once ([`Stack::runtime_rx_asks`]); the hold
+    /// hands that round to the channel thread when dropped. `None` without NIC queues
+    /// (in-memory) or for an unknown queue.
+    #[cfg(target_os = "linux")]
+    pub fn hold_queue_round(&self, queue: u32) -> Option<netdriver::channel::RoundHold> {
+        self.core().backend.hold_queue_round(queue)
     }
 
     /// A statistics snapshot of the stack, as its scheduler's

@@ -31,7 +31,7 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use netdriver::channel::RxPoller;
+use netdriver::channel::{RxPoller, RxRound};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tracing::{debug, warn};
@@ -70,6 +70,9 @@ pub(crate) struct RuntimeQueues {
     mode: AtomicU8,
     /// Queue rounds run by waiting tasks.
     rounds: AtomicU64,
+    /// Times a waiting task found a queue's round held by another thread and asked that
+    /// thread for one more ([`RxRound::Asked`]).
+    asked: AtomicU64,
     /// A waiting task leased the queues since a task that does not use them last waited.
     leased: AtomicBool,
     /// The tasks waiting on the descriptors, which [`QueueReady`] picks from.
@@ -274,6 +277,7 @@ impl RuntimeQueues {
             off: AtomicBool::new(false),
             mode: AtomicU8::new(mode.to_byte()),
             rounds: AtomicU64::new(0),
+            asked: AtomicU64::new(0),
             leased: AtomicBool::new(false),
             ready,
             waiters,
@@ -375,6 +379,12 @@ impl RuntimeQueues {
         self.rounds.load(Ordering::Relaxed)
     }
 
+    /// Times a waiting task found a queue's round held elsewhere and asked its holder
+    /// for one more, so far.
+    pub(crate) fn asked(&self) -> u64 {
+        self.asked.load(Ordering::Relaxed)
+    }
+
     /// Changes which tasks use it (leases already given run out within [`LEASE`]).
     pub(crate) fn set_mode(&self, mode: RuntimeRx) {
         self.mode.store(mode.to_byte(), Ordering::Relaxed);
@@ -428,21 +438,35 @@ impl RuntimeQueues {
             };
             for _ in 0..ROUNDS_PER_WAIT {
                 match fd.poll_read_ready(&mut ready_cx) {
-                    Poll::Ready(Ok(ready)) => {
-                        if !run_and_clear(poller, ready) {
-                            // The channel thread or another task is in a round that may
-                            // have passed the ring before these frames came. The
-                            // readiness is kept: look again soon. (It used to be cleared
-                            // before the round; a failed try then left the frames on the
-                            // ring with nobody woken for them until the lease ended or
-                            // the peer's probe timer sent another frame: the
-                            // ping-pong's rare 1-8 ms samples.)
+                    Poll::Ready(Ok(mut ready)) => match poller.poll_now_or_ask() {
+                        RxRound::Ran => {
+                            ready.clear_ready();
+                            ran = true;
+                            self.rounds.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // The channel thread or another task runs the queue's round and
+                        // was asked for one more before it lets go: that round takes the
+                        // frames, and the channels' hand-off wakes a reader for them
+                        // (this task is listed). The readiness is cleared, so that the
+                        // next look registers for the next arrival. Trying again at once
+                        // instead (a self-wake) spun on the round: with the holder
+                        // preempted on the same core, for the rest of a scheduler slice
+                        // (the isolation bench's 1-5 ms samples with the applications
+                        // pinned, `docs/performance.md`, eleventh session). Clearing
+                        // without the ask lost frames the holder's round had passed
+                        // already (the ping-pong's rare 1-8 ms samples, earlier).
+                        RxRound::Asked => {
+                            ready.clear_ready();
+                            self.asked.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // The queue's thread stops or died: nothing runs its rounds here.
+                        // The readiness is kept and the task looks again soon.
+                        RxRound::NotRun => {
+                            ready.retain_ready();
                             cx.waker().wake_by_ref();
                             break;
                         }
-                        ran = true;
-                        self.rounds.fetch_add(1, Ordering::Relaxed);
-                    }
+                    },
                     Poll::Ready(Err(e)) => {
                         debug!(error = %e, "the runtime's registration of the AF_XDP sockets failed; back to the channel threads");
                         self.off.store(true, Ordering::Relaxed);
@@ -496,33 +520,27 @@ impl RuntimeQueues {
                 return;
             };
             let mut ready_cx = Context::from_waker(queue_ready);
-            if let Poll::Ready(Ok(ready)) = fd.poll_read_ready(&mut ready_cx) {
-                if run_and_clear(poller, ready) {
-                    self.rounds.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    // A round runs elsewhere: the readiness is kept; a waiter (or, with
-                    // none, the channel thread) looks again.
-                    queue_ready.wake_by_ref();
+            if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(&mut ready_cx) {
+                match poller.poll_now_or_ask() {
+                    RxRound::Ran => {
+                        ready.clear_ready();
+                        self.rounds.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // The round's holder takes the frames (see `poll`).
+                    RxRound::Asked => {
+                        ready.clear_ready();
+                        self.asked.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Nothing runs the queue's rounds here: the readiness is kept; a
+                    // waiter (or, with none, the channel thread) looks again.
+                    RxRound::NotRun => {
+                        ready.retain_ready();
+                        queue_ready.wake_by_ref();
+                    }
                 }
             }
         }
     }
-}
-
-/// Runs the queue's round on this thread and then clears the descriptor's readiness;
-/// false (the readiness kept) when a round runs elsewhere. Cleared after the round, not
-/// before: tokio clears readiness only if no event came since it was reported, so frames
-/// that arrive during the round leave the descriptor ready for the next look.
-fn run_and_clear(
-    poller: &RxPoller,
-    mut ready: tokio::io::unix::AsyncFdReadyGuard<'_, OwnedFd>,
-) -> bool {
-    if !poller.poll_now() {
-        ready.retain_ready();
-        return false;
-    }
-    ready.clear_ready();
-    true
 }
 
 #[cfg(test)]
