@@ -43,7 +43,7 @@ mod vns;
 
 #[cfg(target_os = "linux")]
 mod run {
-    use std::net::SocketAddrV4;
+    use std::net::{SocketAddr, SocketAddrV4};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
@@ -110,7 +110,26 @@ mod run {
             .expect("an exchange stalled")
             .expect("exchange");
             if let Some(l) = lat.as_deref_mut() {
-                l.push(t.elapsed());
+                let took = t.elapsed();
+                l.push(took);
+                // With `NETCHANNEL_BENCH_SLOWEST`, when in the run each sample of 1 ms or
+                // more came (whether they cluster at the start, while the load ramps up).
+                if took >= Duration::from_millis(1) && show_slow() {
+                    // Its end on CLOCK_MONOTONIC, to find it in a trace (`perf record -k
+                    // CLOCK_MONOTONIC`).
+                    let mut ts = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    };
+                    // SAFETY: `ts` is a valid, writable timespec.
+                    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+                    println!(
+                        "slow sample {n}: {} µs, ended at {}.{:06} s (CLOCK_MONOTONIC)",
+                        took.as_micros(),
+                        ts.tv_sec,
+                        ts.tv_nsec / 1000
+                    );
+                }
             }
             assert!(back == req, "response {n} differs");
             n += 1;
@@ -119,6 +138,11 @@ mod run {
             }
         }
         n
+    }
+
+    /// Whether `NETCHANNEL_BENCH_SLOWEST` asks for the slow samples' places.
+    fn show_slow() -> bool {
+        env_or("NETCHANNEL_BENCH_SLOWEST", 0usize) > 0
     }
 
     fn l_cap() -> usize {
@@ -472,27 +496,29 @@ mod run {
                 continue;
             }
             let pair = StackPair::start_scheduled(bed, 4, 1, isolating);
-            let l = lat_rt.block_on(pair.b.bind(pair.vns_addr())).expect("bind");
-            // The listener is the latency application's: the first byte a stream sends
-            // says what it is; bulk streams go to the bulk application's runtime.
+            // Each application listens on a port of its own and accepts on its own
+            // runtime, as with kernel TCP below: a stream's first reads then happen in the
+            // runtime of the application that serves it. (The latency application used
+            // to accept and classify every stream: its runtime read the bulk streams'
+            // first bytes, so its reactor registered the bulk queue's AF_XDP socket and
+            // the bulk arrivals woke the latency application, ~2,000 times in a run.)
+            let lat_addr = pair.vns_addr();
+            let bulk_addr = SocketAddr::new(lat_addr.ip(), lat_addr.port() + 1);
+            let l = lat_rt.block_on(pair.b.bind(lat_addr)).expect("bind");
+            let bl = rt.block_on(pair.b.bind(bulk_addr)).expect("bind");
             // Latency-class on both ends.
-            let bulk = rt.handle().clone();
             lat_rt.spawn(async move {
                 while let Ok((s, _)) = l.accept().await {
-                    let bulk = bulk.clone();
-                    tokio::spawn(async move {
-                        let mut kind = [0u8; 1];
-                        let latency = matches!(s.peek(&mut kind).await, Ok(1) if kind[0] == b'L');
-                        if latency {
-                            let _ = s.set_app_class(AppClass::Latency);
-                            serve(s).await;
-                        } else {
-                            bulk.spawn(serve(s));
-                        }
-                    });
+                    let _ = s.set_app_class(AppClass::Latency);
+                    tokio::spawn(serve(s));
                 }
             });
-            let (a, to) = (pair.a.clone(), pair.vns_addr());
+            rt.spawn(async move {
+                while let Ok((s, _)) = bl.accept().await {
+                    tokio::spawn(serve(s));
+                }
+            });
+            let a = pair.a.clone();
             let open = |kind: u8| -> VirtualStream {
                 let on = if kind == b'L' { lat_rt } else { rt };
                 on.block_on(async {
@@ -504,6 +530,7 @@ mod run {
                             .set_app_class(AppClass::Latency)
                             .expect("latency class");
                     }
+                    let to = if kind == b'L' { lat_addr } else { bulk_addr };
                     let mut s = socket.connect(to).await.expect("connect");
                     s.write_all(&[kind]).await.expect("kind");
                     s
@@ -522,6 +549,15 @@ mod run {
             let dropped_alone = xsk_dropped();
             let loaded = p999(rt, lat_rt, open(b'L'), (0..8).map(|_| open(b'B')).collect());
             let dropped_loaded = xsk_dropped() - dropped_alone;
+            if show_slow() {
+                println!(
+                    "runtime registrations: A {:?}, B {:?}; runtime rx queues A {:?}/{:?}",
+                    pair.a.runtime_rx_registrations(),
+                    pair.b.runtime_rx_registrations(),
+                    pair.a.runtime_rx_queues(true),
+                    pair.a.runtime_rx_queues(false),
+                );
+            }
             // Segments the channels sent again, by class, both ends: a tail of ~200 ms
             // is a retransmission (timeout or single-segment probe) on a channel.
             let resent = |class| -> u64 {

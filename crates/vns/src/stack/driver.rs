@@ -743,7 +743,21 @@ impl Core {
             }),
             shards: endpoints
                 .into_iter()
-                .map(|ep| Mutex::new(Shard::new(ep, load.clone())))
+                .enumerate()
+                .map(|(i, ep)| {
+                    let mut shard = Shard::new(ep, load.clone());
+                    // Where the classes are kept apart, each shard helps only its own
+                    // class's channels (`Shard::transmit_all`).
+                    if config.separate_classes {
+                        let latency = shard_map.latency_shard().map(usize::from) == Some(i);
+                        shard.help_only(if latency {
+                            ChannelClass::Latency
+                        } else {
+                            ChannelClass::Throughput
+                        });
+                    }
+                    Mutex::new(shard)
+                })
                 .collect(),
             load,
             chans: ArcSwap::from_pointee(ChanTable::new()),

@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
@@ -93,6 +93,13 @@ pub(crate) struct Shard {
     pub(crate) kicks: Vec<(netdriver::channel::DeferredKick, KickMode)>,
     /// The stack's count of active streams, shared by its shards (see [`LightLoad`]).
     pub(crate) load: Arc<LightLoad>,
+    /// Where the scheduler keeps the classes apart: the class of the channels whose
+    /// refused batches this shard helps send ([`transmit_all`](Self::transmit_all)), its
+    /// own sockets' class (the latency shard's is `Latency`); `None`: every channel's.
+    help_class: Option<ChannelClass>,
+    /// Channels on which this shard's own batches wait (refused, `ChanTx::pending`): it
+    /// sends them on, whatever their class.
+    left_pending: FxHashSet<ChannelId>,
 }
 
 /// How a channel kick that an enqueue handed back runs, once no lock is held.
@@ -136,16 +143,22 @@ pub(crate) struct LightLoad {
     origin: std::time::Instant,
     /// The larger of the current and the previous period's counts, for cheap reads.
     recent: AtomicUsize,
-    periods: Mutex<ActivePeriods>,
+    /// The current period's number plus one (0: none yet; low 32 bits), its count and
+    /// the previous period's (16 bits each, saturating), updated by compare-and-swap.
+    /// Not a mutex: every shard's streams count here, and a bulk thread preempted while
+    /// holding one held a latency application's write behind it (where the classes are
+    /// kept apart, nothing else on the per-message path is shared across them).
+    periods: AtomicU64,
 }
 
-/// See [`LightLoad`].
-#[derive(Debug, Default)]
-struct ActivePeriods {
-    /// The current period's number, plus one (0: none yet).
-    period: u64,
-    current: usize,
-    previous: usize,
+/// [`LightLoad::periods`] packed: (period, current, previous).
+fn pack_periods(period: u32, current: u16, previous: u16) -> u64 {
+    u64::from(period) << 32 | u64::from(current) << 16 | u64::from(previous)
+}
+
+/// [`LightLoad::periods`] unpacked.
+fn unpack_periods(v: u64) -> (u32, u16, u16) {
+    ((v >> 32) as u32, (v >> 16) as u16, v as u16)
 }
 
 /// The light-load bound a stack takes when its user sets none
@@ -181,7 +194,7 @@ impl LightLoad {
             auto: std::sync::atomic::AtomicBool::new(max.is_none()),
             origin: std::time::Instant::now(),
             recent: AtomicUsize::new(0),
-            periods: Mutex::new(ActivePeriods::default()),
+            periods: AtomicU64::new(0),
         }
     }
 
@@ -245,15 +258,32 @@ impl LightLoad {
             return;
         }
         *last = now;
-        let mut p = self.periods.lock().unwrap_or_else(|e| e.into_inner());
-        if p.period != now {
-            p.previous = if p.period + 1 == now { p.current } else { 0 };
-            p.current = 0;
-            p.period = now;
+        // Periods wrap at 2^32 (of 5 ms: 248 days): only equality and succession matter.
+        let now = now as u32;
+        let mut old = self.periods.load(Ordering::Relaxed);
+        loop {
+            let (period, current, previous) = unpack_periods(old);
+            let (current, previous) = if period == now {
+                (current.saturating_add(1), previous)
+            } else if period.wrapping_add(1) == now {
+                (1, current)
+            } else {
+                (1, 0)
+            };
+            match self.periods.compare_exchange_weak(
+                old,
+                pack_periods(now, current, previous),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.recent
+                        .store(usize::from(current.max(previous)), Ordering::Relaxed);
+                    return;
+                }
+                Err(seen) => old = seen,
+            }
         }
-        p.current += 1;
-        self.recent
-            .store(p.current.max(p.previous), Ordering::Relaxed);
     }
 }
 
@@ -271,7 +301,16 @@ impl Shard {
             tx_visit: Vec::new(),
             #[cfg(target_os = "linux")]
             kicks: Vec::new(),
+            help_class: None,
+            left_pending: FxHashSet::default(),
         }
+    }
+
+    /// Where the scheduler keeps the classes apart: this shard helps send only the
+    /// refused batches of channels of `class` (besides its own), see
+    /// [`transmit_all`](Self::transmit_all).
+    pub(crate) fn help_only(&mut self, class: ChannelClass) {
+        self.help_class = Some(class);
     }
 
     /// Moves the endpoint's output into every channel; returns whether work is left over
@@ -294,10 +333,28 @@ impl Shard {
         // request, was a quarter of the stack's instructions).
         let mut visit = std::mem::take(&mut self.tx_visit);
         self.ep.channels_with_transmit(&mut visit);
+        // Batches a channel refused wait in it for whichever shard sends next; a shard
+        // helps those of its own class's channels (where the classes are kept apart) and
+        // always sends on its own. A latency shard that helped bulk channels waited for
+        // their tx locks behind bulk threads, and one preempted holder on the bulk cores
+        // held the latency application for a scheduler slice (the isolation bench's
+        // 1-5 ms samples, `docs/performance.md`, eleventh session).
         for chan in table.values() {
-            if chan.tx_pending_bytes.load(Ordering::Relaxed) != 0 && !visit.contains(&chan.id) {
+            if chan.tx_pending_bytes.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let helps = self.help_class.is_none_or(|c| c == chan.class)
+                || self.left_pending.contains(&chan.id);
+            if helps && !visit.contains(&chan.id) {
                 visit.push(chan.id);
             }
+        }
+        if !self.left_pending.is_empty() {
+            self.left_pending.retain(|id| {
+                table
+                    .get(id)
+                    .is_some_and(|c| c.tx_pending_bytes.load(Ordering::Relaxed) != 0)
+            });
         }
         let mut buf = std::mem::take(&mut self.tx_buf);
         let mut busy = false;
@@ -394,6 +451,7 @@ impl Shard {
                             Poll::Ready(Ok(())) => continue,
                             Poll::Ready(Err(e)) => return lost(id, e),
                             Poll::Pending => {
+                                self.left_pending.insert(id);
                                 self.report_load(chan);
                                 return Ok(false);
                             }
@@ -430,6 +488,9 @@ impl Shard {
                 break;
             }
             budget = budget.saturating_sub(gathered);
+        }
+        if !tx.pending.is_empty() {
+            self.left_pending.insert(id);
         }
         drop(tx);
         self.report_load(chan);

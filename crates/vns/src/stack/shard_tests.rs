@@ -516,3 +516,95 @@ fn a_read_that_returns_bytes_leaves_the_readers_list() {
     a.abort();
     b.abort();
 }
+
+/// Where the scheduler keeps the classes apart, a latency stream's shard does not help
+/// the bulk channels send the batches they refused: their tx locks are the bulk threads',
+/// and a holder preempted on the bulk cores held the latency application's writes for a
+/// scheduler slice (the isolation bench's 1-5 ms samples, eleventh session). Here every
+/// throughput channel of both stacks has a refused batch waiting (its count raised) and
+/// its tx lock held by another thread: the latency stream's messages still go both ways.
+#[test]
+fn a_latency_shard_leaves_the_bulk_channels_refused_batches_to_bulk_shards() {
+    use std::sync::atomic::Ordering;
+
+    let net = MemNetwork::new();
+    let build = |ip| {
+        Stack::builder()
+            .ipv4(ip)
+            .channels(3)
+            .latency_channels(1)
+            .shards(2)
+            .scheduler(netsched::Isolating::default())
+            .build_in_memory(&net)
+            .unwrap()
+    };
+    let (a, b) = (build(A), build(B));
+    let rt = runtime();
+    let (mut lat_c, mut lat_s) = rt.block_on(async {
+        let l = b.bind(SocketAddr::from((B, 7611))).await.unwrap();
+        let socket = a.socket();
+        socket.set_app_class(AppClass::Latency).unwrap();
+        let c = timeout(LIMIT, socket.connect(SocketAddr::from((B, 7611))))
+            .await
+            .unwrap()
+            .unwrap();
+        let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
+        s.set_app_class(AppClass::Latency).unwrap();
+        (c, s)
+    });
+    assert_eq!(lat_c.shard(), a.latency_shard());
+    // Every throughput channel: a batch "waits" in it, and its tx lock is held.
+    let mut held = Vec::new();
+    for stack in [&a, &b] {
+        let chans = stack.core().chans.load_full();
+        let bulk: Vec<_> = chans
+            .values()
+            .filter(|c| c.class == netsched::ChannelClass::Throughput)
+            .cloned()
+            .collect();
+        assert_eq!(bulk.len(), 3, "three throughput channels");
+        for chan in bulk {
+            chan.tx_pending_bytes.fetch_add(1, Ordering::Relaxed);
+            let (locked_tx, locked_rx) = mpsc::channel();
+            let (release_tx, release_rx) = mpsc::channel::<()>();
+            let holder = chan.clone();
+            let t = std::thread::spawn(move || {
+                let guard = holder.lock_tx();
+                locked_tx.send(()).unwrap();
+                let _ = release_rx.recv();
+                drop(guard);
+            });
+            locked_rx.recv().unwrap();
+            held.push((chan, release_tx, t));
+        }
+    }
+    // On a thread of its own: a write that waits for a held lock blocks its runtime's
+    // thread, so the verdict comes from here, with the locks released either way.
+    let (done_tx, done_rx) = mpsc::channel();
+    let exchange = std::thread::spawn(move || {
+        rt.block_on(async {
+            for k in 0..20u8 {
+                lat_c.write_all(&[k; 100]).await.unwrap();
+                let mut buf = [0u8; 100];
+                lat_s.read_exact(&mut buf).await.unwrap();
+                assert_eq!(buf, [k; 100]);
+                lat_s.write_all(&buf).await.unwrap();
+                lat_c.read_exact(&mut buf).await.unwrap();
+                assert_eq!(buf, [k; 100]);
+            }
+        });
+        let _ = done_tx.send(());
+        (lat_c, lat_s)
+    });
+    let finished = done_rx.recv_timeout(LIMIT).is_ok();
+    for (chan, release, t) in held {
+        chan.tx_pending_bytes.fetch_sub(1, Ordering::Relaxed);
+        drop(release);
+        t.join().unwrap();
+    }
+    assert!(
+        finished,
+        "the latency stream waited for a bulk channel's tx lock"
+    );
+    drop(exchange.join().unwrap());
+}
