@@ -28,7 +28,10 @@
 //! core but the last, the latency application on the last, for both stacks: a host with
 //! a core to spare for it), `NETCHANNEL_BENCH_ISOLATION_STACKS` (point 3's rows, default
 //! `isolating,roundrobin,kernel`), `NETCHANNEL_BENCH_SLOWEST` (point 3: print each case's
-//! that many slowest samples). Without `--bench`
+//! that many slowest samples, each sample of 1 ms or more as it comes, with its index and
+//! its end on `CLOCK_MONOTONIC` to find it in a `perf record -k CLOCK_MONOTONIC` trace, and
+//! the stacks' runtime registrations). Each application listens on a port of its own and
+//! accepts on its own runtime. Without `--bench`
 //! (`cargo test --all-targets`) it runs a small smoke version.
 //!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
