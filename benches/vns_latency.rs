@@ -26,7 +26,10 @@
 //! `NETCHANNEL_BENCH_CHANNELS` (default: the stack's), `NETCHANNEL_BENCH_ONLY` (a comma-separated
 //! list of measurement names: only those are sampled in the rounds, e.g. under a
 //! profiler), `NETCHANNEL_BENCH_HIST` (set: also print each measurement's samples in 5 µs
-//! buckets, its maximum and how many took over 1 and 5 ms, for reading tails).
+//! buckets, its maximum and how many took over 1 and 5 ms, for reading tails),
+//! `NETCHANNEL_BENCH_SLOW_US` (print each exchange of a stream that takes that many µs or
+//! more, with its end on `CLOCK_MONOTONIC`, to find it in a `perf record -k CLOCK_MONOTONIC`
+//! trace).
 //!
 //! Without `--bench` (`cargo test --all-targets`) it takes 200 samples each, as a smoke
 //! test.
@@ -77,6 +80,32 @@ mod run {
         let _ = s.shutdown().await;
     }
 
+    /// `NETCHANNEL_BENCH_SLOW_US=n`: the exchanges of a stream that take `n` µs or more are
+    /// printed as they come (for reading tails against a trace).
+    fn slow_threshold() -> Option<Duration> {
+        std::env::var("NETCHANNEL_BENCH_SLOW_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_micros)
+    }
+
+    /// One slow exchange: how long it took and when it ended on `CLOCK_MONOTONIC` (the
+    /// clock of `perf record -k CLOCK_MONOTONIC`).
+    fn print_slow(took: Duration) {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        println!(
+            "slow exchange: {} µs, ended at {}.{:06} s (CLOCK_MONOTONIC)",
+            took.as_micros(),
+            ts.tv_sec,
+            ts.tv_nsec / 1000
+        );
+    }
+
     /// `n` exchanges on `s` (in a runtime task); returns the stream and the samples.
     fn ping_pong<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         rt: &Runtime,
@@ -89,6 +118,7 @@ mod run {
                 let (mut s, mut samples) = (s, samples);
                 let req = vec![0x5au8; MSG];
                 let mut resp = vec![0u8; MSG];
+                let slow = slow_threshold();
                 for _ in 0..n {
                     let t = Instant::now();
                     tokio::time::timeout(STEP, async {
@@ -98,7 +128,11 @@ mod run {
                     .await
                     .expect("exchange timed out")
                     .expect("exchange");
-                    samples.push(t.elapsed());
+                    let took = t.elapsed();
+                    samples.push(took);
+                    if slow.is_some_and(|d| took >= d) {
+                        print_slow(took);
+                    }
                 }
                 (s, samples)
             })
