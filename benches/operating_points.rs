@@ -118,19 +118,11 @@ mod run {
                 // With `NETCHANNEL_BENCH_SLOWEST`, when in the run each sample of 1 ms or
                 // more came (whether they cluster at the start, while the load ramps up).
                 if took >= Duration::from_millis(1) && show_slow() {
-                    // Its end on CLOCK_MONOTONIC, to find it in a trace (`perf record -k
-                    // CLOCK_MONOTONIC`).
-                    let mut ts = libc::timespec {
-                        tv_sec: 0,
-                        tv_nsec: 0,
-                    };
-                    // SAFETY: `ts` is a valid, writable timespec.
-                    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+                    // Its end on CLOCK_MONOTONIC, to find it in a trace.
                     println!(
-                        "slow sample {n}: {} µs, ended at {}.{:06} s (CLOCK_MONOTONIC)",
+                        "slow sample {n}: {} µs, ended at {} s (CLOCK_MONOTONIC)",
                         took.as_micros(),
-                        ts.tv_sec,
-                        ts.tv_nsec / 1000
+                        vns::monotonic_now()
                     );
                 }
             }

@@ -92,17 +92,10 @@ mod run {
     /// One slow exchange: how long it took and when it ended on `CLOCK_MONOTONIC` (the
     /// clock of `perf record -k CLOCK_MONOTONIC`).
     fn print_slow(took: Duration) {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid, writable timespec.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
         println!(
-            "slow exchange: {} µs, ended at {}.{:06} s (CLOCK_MONOTONIC)",
+            "slow exchange: {} µs, ended at {} s (CLOCK_MONOTONIC)",
             took.as_micros(),
-            ts.tv_sec,
-            ts.tv_nsec / 1000
+            vns::monotonic_now()
         );
     }
 

@@ -40,8 +40,25 @@ fn two_workers() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A current-thread tokio runtime: tasks run only when the test's own future waits.
+fn one_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Each side's stack, with run-to-completion receive for `mode`'s sockets.
+fn runtime_rx_stacks(bed: &TestBed, mode: RuntimeRx) -> (Stack, Stack) {
+    let (a, b) = (stack_in(bed, Side::A), stack_in(bed, Side::B));
+    for s in [&a, &b] {
+        assert!(s.set_runtime_rx(mode));
+    }
+    (a, b)
 }
 
 fn stack_in(bed: &TestBed, side: Side) -> Stack {
@@ -373,10 +390,7 @@ fn copy_workers_over_af_xdp() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(32 << 20);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = one_thread();
     rt.block_on(async {
         let l = b.bind(at(7200)).await.unwrap();
         let mut c = timeout(LIMIT, a.connect(at(7200))).await.unwrap().unwrap();
@@ -638,19 +652,12 @@ fn queue_arrivals_wake_a_task_that_still_waits() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let a = stack_in(&bed, Side::A);
-    let b = stack_in(&bed, Side::B);
-    for s in [&a, &b] {
-        assert!(s.set_runtime_rx(RuntimeRx::LatencyClass));
-    }
+    let (a, b) = runtime_rx_stacks(&bed, RuntimeRx::LatencyClass);
     let b_ip = bed.side(Side::B).ipv4;
     let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7111));
     // One thread: the spawned reader runs (and waits) at the `yield_now` below, before
     // the second reader waits.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = one_thread();
     const ROUNDS: u8 = 50;
     rt.block_on(async {
         let l = b.bind(at).await.unwrap();
@@ -745,18 +752,11 @@ fn a_reader_that_finds_the_round_held_asks_the_holder_instead_of_spinning() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let a = stack_in(&bed, Side::A);
-    let b = stack_in(&bed, Side::B);
-    for s in [&a, &b] {
-        assert!(s.set_runtime_rx(RuntimeRx::All));
-    }
+    let (a, b) = runtime_rx_stacks(&bed, RuntimeRx::All);
     let b_ip = bed.side(Side::B).ipv4;
     let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7113));
     // One thread: the reader runs only when the test's own future waits.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = one_thread();
     rt.block_on(async {
         let l = b.bind(at).await.unwrap();
         let (send_tx, mut send_rx) = tokio::sync::mpsc::channel::<u8>(1);
@@ -791,6 +791,7 @@ fn a_reader_that_finds_the_round_held_asks_the_holder_instead_of_spinning() {
         send_tx.send(2).await.unwrap();
         // The frame reaches A's queue, the reader is woken for it and finds the round
         // held: it asks.
+        // (`yield_now` lets the runtime poll its reactor and run every ready task once.)
         let deadline = Instant::now() + Duration::from_secs(10);
         while a.runtime_rx_asks() == asks_before {
             assert!(
@@ -798,16 +799,19 @@ fn a_reader_that_finds_the_round_held_asks_the_holder_instead_of_spinning() {
                 "the reader never asked the round's holder (polled {} times)",
                 polls.load(Ordering::Relaxed)
             );
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::task::yield_now().await;
         }
-        // Then it waits: over the next 50 ms (the runtime free to poll it all along) a
-        // spinning reader was polled thousands of times.
+        // Then it waits: a reader that woke itself would be polled again on each of the
+        // runtime's next passes.
+        const PASSES: usize = 200;
         let at_ask = polls.load(Ordering::Relaxed);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..PASSES {
+            tokio::task::yield_now().await;
+        }
         let later = polls.load(Ordering::Relaxed);
         assert!(
             later <= at_ask + 2,
-            "the reader kept polling while the round was held: {at_ask} polls at the ask, {later} after 50 ms"
+            "the reader kept polling while the round was held: {at_ask} polls at the ask, {later} after {PASSES} passes of the runtime"
         );
         assert!(!reader.is_finished(), "the bytes came while the round was held");
         // Let go: the asked-for round takes the frame and the reader gets its bytes.
@@ -1115,10 +1119,7 @@ fn run_to_completion_receive_over_af_xdp() {
     // The registration belongs to the runtime just dropped: a new one (current-thread)
     // still gets every byte, through the channel threads.
     drop(rt);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = one_thread();
     rt.block_on(async {
         let l = b.bind(at(7102)).await.unwrap();
         let server = tokio::spawn(async move {

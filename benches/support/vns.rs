@@ -820,3 +820,16 @@ impl Phase {
         }
     }
 }
+
+/// Now on `CLOCK_MONOTONIC`, as `seconds.microseconds`: the clock of `perf record -k
+/// CLOCK_MONOTONIC`, so that a slow sample a bench prints can be found in a trace.
+#[allow(dead_code)]
+pub fn monotonic_now() -> String {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    format!("{}.{:06}", ts.tv_sec, ts.tv_nsec / 1000)
+}

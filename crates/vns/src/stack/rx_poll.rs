@@ -438,31 +438,12 @@ impl RuntimeQueues {
             };
             for _ in 0..ROUNDS_PER_WAIT {
                 match fd.poll_read_ready(&mut ready_cx) {
-                    Poll::Ready(Ok(mut ready)) => match poller.poll_now_or_ask() {
-                        RxRound::Ran => {
-                            ready.clear_ready();
-                            ran = true;
-                            self.rounds.fetch_add(1, Ordering::Relaxed);
-                        }
-                        // The channel thread or another task runs the queue's round and
-                        // was asked for one more before it lets go: that round takes the
-                        // frames, and the channels' hand-off wakes a reader for them
-                        // (this task is listed). The readiness is cleared, so that the
-                        // next look registers for the next arrival. Trying again at once
-                        // instead (a self-wake) spun on the round: with the holder
-                        // preempted on the same core, for the rest of a scheduler slice
-                        // (the isolation bench's 1-5 ms samples with the applications
-                        // pinned, `docs/performance.md`, eleventh session). Clearing
-                        // without the ask lost frames the holder's round had passed
-                        // already (the ping-pong's rare 1-8 ms samples, earlier).
-                        RxRound::Asked => {
-                            ready.clear_ready();
-                            self.asked.fetch_add(1, Ordering::Relaxed);
-                        }
+                    Poll::Ready(Ok(ready)) => match self.round_or_ask(poller, ready) {
+                        RxRound::Ran => ran = true,
+                        RxRound::Asked => {}
                         // The queue's thread stops or died: nothing runs its rounds here.
-                        // The readiness is kept and the task looks again soon.
+                        // The task looks again soon.
                         RxRound::NotRun => {
-                            ready.retain_ready();
                             cx.waker().wake_by_ref();
                             break;
                         }
@@ -489,6 +470,40 @@ impl RuntimeQueues {
             self.waiters.lists[usize::from(latency_class)].push(cx.waker(), true);
         }
         ran
+    }
+
+    /// A readable queue's round, run here or asked of the thread that holds it, with the
+    /// descriptor's readiness settled to match and the counters kept:
+    /// - `Ran`: cleared after the round (tokio ignores the clear if an event came during
+    ///   it, so frames that arrived meanwhile leave the descriptor ready);
+    /// - `Asked`: the channel thread or another task runs the round and was asked for one
+    ///   more before it lets go; that round takes the frames, and the channels' hand-off
+    ///   wakes a reader for them. Cleared, so that the next look registers for the next
+    ///   arrival. Trying again at once instead (a self-wake) spun on the round: with the
+    ///   holder preempted on the same core, for the rest of a scheduler slice (the
+    ///   isolation bench's 1-5 ms samples with the applications pinned,
+    ///   `docs/performance.md`, eleventh session). Clearing without the ask lost frames
+    ///   the holder's round had passed already (the ping-pong's rare 1-8 ms samples);
+    /// - `NotRun` (the queue's thread stops or died): kept; the caller arranges another
+    ///   look.
+    fn round_or_ask(
+        &self,
+        poller: &RxPoller,
+        mut ready: tokio::io::unix::AsyncFdReadyGuard<'_, OwnedFd>,
+    ) -> RxRound {
+        let round = poller.poll_now_or_ask();
+        match round {
+            RxRound::Ran => {
+                ready.clear_ready();
+                self.rounds.fetch_add(1, Ordering::Relaxed);
+            }
+            RxRound::Asked => {
+                ready.clear_ready();
+                self.asked.fetch_add(1, Ordering::Relaxed);
+            }
+            RxRound::NotRun => ready.retain_ready(),
+        }
+        round
     }
 
     /// A task whose read returned bytes no longer waits: it leaves the waiters. If it was
@@ -520,23 +535,11 @@ impl RuntimeQueues {
                 return;
             };
             let mut ready_cx = Context::from_waker(queue_ready);
-            if let Poll::Ready(Ok(mut ready)) = fd.poll_read_ready(&mut ready_cx) {
-                match poller.poll_now_or_ask() {
-                    RxRound::Ran => {
-                        ready.clear_ready();
-                        self.rounds.fetch_add(1, Ordering::Relaxed);
-                    }
-                    // The round's holder takes the frames (see `poll`).
-                    RxRound::Asked => {
-                        ready.clear_ready();
-                        self.asked.fetch_add(1, Ordering::Relaxed);
-                    }
-                    // Nothing runs the queue's rounds here: the readiness is kept; a
-                    // waiter (or, with none, the channel thread) looks again.
-                    RxRound::NotRun => {
-                        ready.retain_ready();
-                        queue_ready.wake_by_ref();
-                    }
+            if let Poll::Ready(Ok(ready)) = fd.poll_read_ready(&mut ready_cx) {
+                // Nothing runs the queue's rounds here: a waiter (or, with none, the
+                // channel thread) looks again.
+                if self.round_or_ask(poller, ready) == RxRound::NotRun {
+                    queue_ready.wake_by_ref();
                 }
             }
         }

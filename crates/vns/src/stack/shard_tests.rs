@@ -75,6 +75,19 @@ fn hold_shard(stack: &Stack, i: usize) -> (mpsc::Sender<()>, std::thread::JoinHa
     (release_tx, t)
 }
 
+/// Twenty 100-byte messages from `c` to `s`, each echoed back, every byte checked.
+async fn round_trips(c: &mut VirtualStream, s: &mut VirtualStream) {
+    for k in 0..20u8 {
+        c.write_all(&[k; 100]).await.unwrap();
+        let mut buf = [0u8; 100];
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(buf, [k; 100]);
+        s.write_all(&buf).await.unwrap();
+        c.read_exact(&mut buf).await.unwrap();
+        assert_eq!(buf, [k; 100]);
+    }
+}
+
 #[test]
 fn sockets_spread_over_the_shards() {
     let rt = runtime();
@@ -283,19 +296,9 @@ fn a_latency_stream_connected_as_such_has_the_latency_shard_to_itself() {
         )
         .collect();
     rt.block_on(async {
-        timeout(LIMIT, async {
-            for k in 0..20u8 {
-                lat_c.write_all(&[k; 100]).await.unwrap();
-                let mut buf = [0u8; 100];
-                lat_s.read_exact(&mut buf).await.unwrap();
-                assert_eq!(buf, [k; 100]);
-                lat_s.write_all(&buf).await.unwrap();
-                lat_c.read_exact(&mut buf).await.unwrap();
-                assert_eq!(buf, [k; 100]);
-            }
-        })
-        .await
-        .expect("the latency stream waited for a bulk shard");
+        timeout(LIMIT, round_trips(&mut lat_c, &mut lat_s))
+            .await
+            .expect("the latency stream waited for a bulk shard");
     });
     for (release, t) in held {
         drop(release);
@@ -582,17 +585,7 @@ fn a_latency_shard_leaves_the_bulk_channels_refused_batches_to_bulk_shards() {
     // thread, so the verdict comes from here, with the locks released either way.
     let (done_tx, done_rx) = mpsc::channel();
     let exchange = std::thread::spawn(move || {
-        rt.block_on(async {
-            for k in 0..20u8 {
-                lat_c.write_all(&[k; 100]).await.unwrap();
-                let mut buf = [0u8; 100];
-                lat_s.read_exact(&mut buf).await.unwrap();
-                assert_eq!(buf, [k; 100]);
-                lat_s.write_all(&buf).await.unwrap();
-                lat_c.read_exact(&mut buf).await.unwrap();
-                assert_eq!(buf, [k; 100]);
-            }
-        });
+        rt.block_on(round_trips(&mut lat_c, &mut lat_s));
         let _ = done_tx.send(());
         (lat_c, lat_s)
     });
