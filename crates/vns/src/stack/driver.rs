@@ -1384,6 +1384,21 @@ impl Core {
         false
     }
 
+    /// A read of a socket of class `latency_class` about to look for its bytes: where
+    /// the task's runtime receives itself ([`Core::want_rx`]), runs the rounds of the
+    /// queues that are readable now (`RuntimeQueues::run_ready`). Returns whether it ran
+    /// one: the caller pulls, then looks.
+    pub(crate) fn rounds_first(&self, latency_class: bool, cx: &Context<'_>) -> bool {
+        #[cfg(target_os = "linux")]
+        if let Some(rt) = &self.rt_rx {
+            let latency_path = latency_class || self.load.is_light();
+            let _round = RuntimeRound::enter(cx.waker());
+            return rt.run_ready(latency_path, latency_class);
+        }
+        let _ = (latency_class, cx);
+        false
+    }
+
     /// Tasks on the channels' readers list now (for tests).
     #[cfg(test)]
     pub(crate) fn readers_listed(&self) -> usize {

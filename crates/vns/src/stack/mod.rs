@@ -1380,6 +1380,18 @@ impl Stack {
         0
     }
 
+    /// Of [`runtime_rx_rounds`](Self::runtime_rx_rounds), the rounds a reading task ran
+    /// before it looked for its bytes: woken for an arrival still in a queue's ring, it
+    /// runs that round first, then takes the bytes and finds them at its first look
+    /// (run-to-completion receive); 0 without it.
+    pub fn runtime_rx_rounds_first(&self) -> u64 {
+        #[cfg(target_os = "linux")]
+        if let Some(rt) = &self.core().rt_rx {
+            return rt.rounds_first();
+        }
+        0
+    }
+
     /// The NIC queues whose arrivals a task waiting to read a latency-class socket
     /// (`latency_class`), or any other socket, processes in its runtime (run-to-completion
     /// receive, [`StackBuilder::runtime_rx`]); empty without it. Every queue, unless the

@@ -73,6 +73,8 @@ pub(crate) struct RuntimeQueues {
     /// Times a waiting task found a queue's round held by another thread and asked that
     /// thread for one more ([`RxRound::Asked`]).
     asked: AtomicU64,
+    /// Of `rounds`, those a task ran before looking for its bytes ([`RuntimeQueues::run_ready`]).
+    rounds_first: AtomicU64,
     /// A waiting task leased the queues since a task that does not use them last waited.
     leased: AtomicBool,
     /// The tasks waiting on the descriptors, which [`QueueReady`] picks from.
@@ -278,6 +280,7 @@ impl RuntimeQueues {
             mode: AtomicU8::new(mode.to_byte()),
             rounds: AtomicU64::new(0),
             asked: AtomicU64::new(0),
+            rounds_first: AtomicU64::new(0),
             leased: AtomicBool::new(false),
             ready,
             waiters,
@@ -385,6 +388,12 @@ impl RuntimeQueues {
         self.asked.load(Ordering::Relaxed)
     }
 
+    /// Of [`rounds`](Self::rounds), those a task ran before it looked for its bytes
+    /// ([`run_ready`](Self::run_ready)), so far.
+    pub(crate) fn rounds_first(&self) -> u64 {
+        self.rounds_first.load(Ordering::Relaxed)
+    }
+
     /// Changes which tasks use it (leases already given run out within [`LEASE`]).
     pub(crate) fn set_mode(&self, mode: RuntimeRx) {
         self.mode.store(mode.to_byte(), Ordering::Relaxed);
@@ -468,6 +477,45 @@ impl RuntimeQueues {
             // On top if listed already: the most recent waiter is the likeliest to be
             // waiting still.
             self.waiters.lists[usize::from(latency_class)].push(cx.waker(), true);
+        }
+        ran
+    }
+
+    /// A task about to look for its bytes (`latency`, `latency_class` as for
+    /// [`RuntimeQueues::poll`]): runs the rounds of the queues it would wait on that are
+    /// readable now, and nothing more: no lease, no listing, no registration (only
+    /// descriptors a runtime registered already are looked at). Returns whether it ran a
+    /// round; the caller then pulls before its look.
+    ///
+    /// A task woken for an arrival that waits in a queue's ring otherwise looked, pulled
+    /// and looked again, found nothing each time, registered as a waiter and only then
+    /// ran the round and looked a third time: about 2 k instructions of a 64-byte read's
+    /// 15 k (`docs/performance.md`, twelfth session).
+    pub(crate) fn run_ready(&self, latency: bool, latency_class: bool) -> bool {
+        if !RuntimeRx::applies(self.mode.load(Ordering::Relaxed), latency) || !self.usable() {
+            return false;
+        }
+        let queues = self.waiters.mask(latency_class);
+        let mut ran = false;
+        for (i, (poller, ready)) in self.pollers.iter().zip(&self.ready).enumerate() {
+            if !in_mask(queues, i) || poller.is_dead() {
+                continue;
+            }
+            let Some(Some(reg)) = self.fds[i].get() else {
+                continue;
+            };
+            let mut ready_cx = Context::from_waker(ready);
+            if let Poll::Ready(Ok(guard)) = reg.fd.poll_read_ready(&mut ready_cx) {
+                // `NotRun` keeps the readiness: the wait that follows sees it.
+                if self.round_or_ask(poller, guard) == RxRound::Ran {
+                    self.rounds_first.fetch_add(1, Ordering::Relaxed);
+                    ran = true;
+                }
+            }
+        }
+        if ran && self.waiters.picked.load(Ordering::Relaxed) {
+            // It looked at the descriptors since it was picked (see `leave`).
+            self.waiters.picked.store(false, Ordering::Relaxed);
         }
         ran
     }
