@@ -142,8 +142,7 @@ impl ThreadSignal {
 
     /// A round of the queue just ended (the thread's or an inline one).
     pub(crate) fn round_ended(&self) {
-        let t = self.origin.elapsed().as_micros() as u64;
-        self.last_round.store(t, Ordering::Relaxed);
+        self.last_round.store(self.micros(), Ordering::Relaxed);
     }
 
     /// Rounds that enqueuing threads ran to send their chunks themselves so far.
@@ -225,13 +224,13 @@ impl ThreadSignal {
 
     /// Whether no round ended within [`INLINE_QUIET`].
     fn quiet(&self) -> bool {
-        let now = self.origin.elapsed().as_micros() as u64;
-        now.saturating_sub(self.last_round.load(Ordering::Relaxed))
-            >= INLINE_QUIET.as_micros() as u64
+        self.micros()
+            .saturating_sub(self.last_round.load(Ordering::Relaxed))
+            >= micros_of(INLINE_QUIET)
     }
 
     fn micros(&self) -> u64 {
-        self.origin.elapsed().as_micros() as u64
+        micros_of(self.origin.elapsed())
     }
 
     /// Leaves the queue's arrivals to a runtime's [`RxPoller`] for `d`.
@@ -240,9 +239,17 @@ impl ThreadSignal {
     }
 
     /// [`lease_rx`](Self::lease_rx) from `now`.
+    ///
+    /// A lease that already runs to within an eighth of `d` of the new end is left as it
+    /// is: every wait of a reading task renews it, and a read-modify-write of a word the
+    /// channel thread reads, on each, cost more than the lease's last eighth is worth.
     pub(crate) fn lease_rx_at(&self, now: std::time::Instant, d: std::time::Duration) {
-        let from = now.saturating_duration_since(self.origin).as_micros() as u64;
-        let until = from.saturating_add(d.as_micros() as u64);
+        let from = micros_of(now.saturating_duration_since(self.origin));
+        let d = micros_of(d);
+        let until = from.saturating_add(d);
+        if self.rx_lease.load(Ordering::Relaxed) >= until.saturating_sub(d / 8) {
+            return;
+        }
         self.rx_lease.fetch_max(until, Ordering::Relaxed);
     }
 
@@ -530,6 +537,14 @@ impl RxPoller {
     pub fn end_lease(&self) {
         self.signal.end_rx_lease();
     }
+}
+
+/// `d` in whole microseconds, saturating, without `as_micros`'s 128-bit arithmetic (the
+/// quiet rule and the leases ask on every wait and round).
+fn micros_of(d: std::time::Duration) -> u64 {
+    d.as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(d.subsec_micros()))
 }
 
 /// A connection's sequence numbers as the thread publishes them with its statistics.
