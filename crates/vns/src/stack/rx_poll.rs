@@ -483,9 +483,10 @@ impl RuntimeQueues {
 
     /// A task about to look for its bytes (`latency`, `latency_class` as for
     /// [`RuntimeQueues::poll`]): runs the rounds of the queues it would wait on that are
-    /// readable now, and nothing more: no lease, no listing, no registration (only
-    /// descriptors a runtime registered already are looked at). Returns whether it ran a
-    /// round; the caller then pulls before its look.
+    /// readable now, and nothing more: no lease and no listing among the waiters; only
+    /// descriptors a runtime registered already are looked at, and each is left pending
+    /// (its [`QueueReady`] registered) as after any wait. Returns whether it ran a round;
+    /// the caller then pulls before its look.
     ///
     /// A task woken for an arrival that waits in a queue's ring otherwise looked, pulled
     /// and looked again, found nothing each time, registered as a waiter and only then
@@ -505,11 +506,24 @@ impl RuntimeQueues {
                 continue;
             };
             let mut ready_cx = Context::from_waker(ready);
-            if let Poll::Ready(Ok(guard)) = reg.fd.poll_read_ready(&mut ready_cx) {
-                // `NotRun` keeps the readiness: the wait that follows sees it.
-                if self.round_or_ask(poller, guard) == RxRound::Ran {
-                    self.rounds_first.fetch_add(1, Ordering::Relaxed);
-                    ran = true;
+            // Until the descriptor says pending: only a pending poll leaves
+            // [`QueueReady`] registered with the reactor (each event takes the waker).
+            // Stopping after the round left the queue with no waker when this task then
+            // found its bytes and did not wait: the next arrival woke nobody and waited
+            // for the lease's end (`queue_arrivals_wake_a_task_that_still_waits`, about
+            // one run in ten).
+            for _ in 0..ROUNDS_PER_WAIT {
+                let Poll::Ready(Ok(guard)) = reg.fd.poll_read_ready(&mut ready_cx) else {
+                    break;
+                };
+                match self.round_or_ask(poller, guard) {
+                    RxRound::Ran => {
+                        self.rounds_first.fetch_add(1, Ordering::Relaxed);
+                        ran = true;
+                    }
+                    RxRound::Asked => {}
+                    // Kept: the wait that follows sees it.
+                    RxRound::NotRun => break,
                 }
             }
         }

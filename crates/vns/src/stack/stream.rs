@@ -140,14 +140,16 @@ impl StreamInner {
                 }
                 Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
                 // Take what the channels hold before waiting for the driver (no shard's
-                // lock held: the chunks go to their own shards). A task woken for an
-                // arrival still in a queue's ring runs that round first, so that the
-                // pull takes its bytes and the next look finds them (rather than pull,
+                // lock held: the chunks go to their own shards). When they hold nothing,
+                // a task woken for an arrival still in a queue's ring runs that round
+                // now and takes its bytes, so that the next look finds them (rather than
                 // look, register, run the round, pull and look a third time).
                 Err(Error::WouldBlock) if !pulled => {
                     drop(st);
-                    core.rounds_first(self.latency.load(std::sync::atomic::Ordering::Relaxed), cx);
-                    self.pull();
+                    let latency = self.latency.load(std::sync::atomic::Ordering::Relaxed);
+                    if !self.pull() && core.rounds_first(latency, cx) {
+                        self.pull();
+                    }
                     pulled = true;
                 }
                 Err(Error::WouldBlock) => {
