@@ -1478,3 +1478,53 @@ fn channels_with_transmit_names_the_channels_with_chunks() {
     sim.ends[A].channels_with_transmit(&mut ids);
     assert!(ids.is_empty(), "everything left: {ids:?}");
 }
+
+/// `output_idle` says whether a finishing pass would have anything to do: not while a
+/// write waits to be placed, a chunk waits in an outbox or an event waits to be handed
+/// out; yes after a read that found nothing, even though reads mark a scheduling pass
+/// as due (one with nothing to place does nothing). The stack skips its finishing pass
+/// on that answer, so a wrong "idle" would strand a write or a wake-up.
+#[test]
+fn output_idle_tracks_pending_writes_chunks_and_events() {
+    let mut sim = Sim::throughput(2, small_config(256), 512, 1);
+    sim.ends[B].bind(80, 4).unwrap();
+    let (c, s) = connect(&mut sim, 80);
+    sim.drain_events();
+    sim.settle();
+    sim.drain_events();
+    assert!(sim.ends[A].output_idle(), "a settled endpoint");
+
+    // A read that finds nothing leaves nothing to do.
+    let mut buf = [0u8; 64];
+    assert_eq!(sim.ends[B].recv(s, &mut buf), Err(Error::WouldBlock));
+    assert!(sim.ends[B].output_idle(), "after a read that found nothing");
+
+    // A write waits to be placed on a channel, then in the channel's outbox.
+    sim.ends[A].send(c, &pattern(1, 100)).unwrap();
+    assert!(!sim.ends[A].output_idle(), "a written chunk waits");
+    let mut ids = Vec::new();
+    sim.ends[A].channels_with_transmit(&mut ids);
+    assert!(!ids.is_empty());
+    assert!(!sim.ends[A].output_idle(), "the chunk waits in an outbox");
+    sim.settle();
+    assert!(
+        !sim.ends[B].output_idle(),
+        "the receiver's Readable event waits"
+    );
+    sim.drain_events();
+    assert!(sim.ends[B].output_idle(), "events handed out");
+    assert_eq!(read_all_available(&mut sim, s), pattern(1, 100));
+}
+
+/// Reads what `sock` on B holds now.
+fn read_all_available(sim: &mut Sim, sock: vns::SocketId) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 777];
+    while let Ok(n) = sim.ends[B].recv(sock, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    out
+}

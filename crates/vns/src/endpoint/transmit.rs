@@ -225,6 +225,18 @@ impl Endpoint {
         Some(out)
     }
 
+    /// Whether a driver's finishing pass after a call into the endpoint would find
+    /// nothing to do: no socket data to place (a scheduling pass due with nothing to
+    /// place does nothing), no chunk in any channel's outbox, no event to hand out and no
+    /// timer changed. Most application calls that find nothing to read end with such a
+    /// pass.
+    pub fn output_idle(&self) -> bool {
+        self.sendable.is_empty()
+            && self.outbox_chunks == 0
+            && self.events.is_empty()
+            && !self.timers_changed
+    }
+
     /// Whether sockets wait for the scheduler to place their data on channels (it then
     /// reads the channels' loads, so a driver refreshes them first).
     pub fn wants_schedule(&self) -> bool {

@@ -1258,6 +1258,12 @@ impl Core {
     /// resume, a channel found dead). A full channel wakes the driver through its own
     /// waker when it has room again.
     pub(crate) fn finish_call(&self, shard: MutexGuard<'_, Shard>) {
+        // A call that found nothing to read usually leaves nothing to finish: skip the
+        // pass (about 400 instructions, twice per 64-byte request; callgrind, twelfth
+        // session).
+        if shard.stopped || shard.finish_idle(&self.chans.load()) {
+            return;
+        }
         let mut fin = Finish::default();
         self.finish_shard(shard, &mut fin);
         if fin.more {

@@ -378,6 +378,22 @@ impl Shard {
         busy
     }
 
+    /// Whether [`Core::finish_call`](super::driver::Core::finish_call)'s pass over this
+    /// shard would do nothing: the endpoint has no output or event
+    /// ([`Endpoint::output_idle`](crate::Endpoint::output_idle)), no kick waits, and no
+    /// channel holds a batch it refused (which any shard of its class may send).
+    pub(crate) fn finish_idle(&self, table: &ChanTable) -> bool {
+        #[cfg(target_os = "linux")]
+        if !self.kicks.is_empty() {
+            return false;
+        }
+        self.left_pending.is_empty()
+            && self.ep.output_idle()
+            && table
+                .values()
+                .all(|c| c.tx_pending_bytes.load(Ordering::Relaxed) == 0)
+    }
+
     /// Reports every live channel's load to the endpoint, for a snapshot of the stack
     /// (`Stack::stats`, the scheduler's plans): sending refreshes only what the
     /// scheduler reads when it places chunks.
