@@ -678,9 +678,14 @@ pub(crate) struct Finish {
 impl Finish {
     /// Runs the channel kicks and wakes the tasks (no lock held).
     pub(crate) fn run(&mut self) {
+        // Most calls have neither (an empty `drain` still costs its guard's drop).
         #[cfg(target_os = "linux")]
-        self.kicks.drain(..).for_each(run_kick);
-        self.wake.drain(..).for_each(Waker::wake);
+        if !self.kicks.is_empty() {
+            self.kicks.drain(..).for_each(run_kick);
+        }
+        if !self.wake.is_empty() {
+            self.wake.drain(..).for_each(Waker::wake);
+        }
     }
 }
 
