@@ -1513,18 +1513,5 @@ fn output_idle_tracks_pending_writes_chunks_and_events() {
     );
     sim.drain_events();
     assert!(sim.ends[B].output_idle(), "events handed out");
-    assert_eq!(read_all_available(&mut sim, s), pattern(1, 100));
-}
-
-/// Reads what `sock` on B holds now.
-fn read_all_available(sim: &mut Sim, sock: vns::SocketId) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut buf = [0u8; 777];
-    while let Ok(n) = sim.ends[B].recv(sock, &mut buf) {
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-    out
+    assert_eq!(read_all_now(&mut sim, B, s), pattern(1, 100));
 }

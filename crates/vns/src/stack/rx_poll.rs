@@ -202,6 +202,18 @@ impl Wake for QueueReady {
     }
 }
 
+/// How [`RuntimeQueues::rounds_until_pending`] stopped.
+enum LookEnd {
+    /// The descriptor is pending, its [`QueueReady`] registered.
+    Pending,
+    /// The queue's thread stops or died: the readiness is kept, nobody runs its rounds.
+    NotRun,
+    /// The runtime's registration of the descriptor failed.
+    Failed(std::io::Error),
+    /// Still readable after [`ROUNDS_PER_WAIT`] rounds.
+    RoundsSpent,
+}
+
 /// Which tasks wait on the NIC queues in their own runtime and process arrivals there
 /// (run-to-completion receive) instead of waiting for the queue's channel thread to
 /// process them and wake the task ([`StackBuilder::runtime_rx`](super::StackBuilder::runtime_rx)).
@@ -445,32 +457,25 @@ impl RuntimeQueues {
             let Some(fd) = self.fd(i) else {
                 return ran;
             };
-            for _ in 0..ROUNDS_PER_WAIT {
-                match fd.poll_read_ready(&mut ready_cx) {
-                    Poll::Ready(Ok(ready)) => match self.round_or_ask(poller, ready) {
-                        RxRound::Ran => ran = true,
-                        RxRound::Asked => {}
-                        // The queue's thread stops or died: nothing runs its rounds here.
-                        // The task looks again soon.
-                        RxRound::NotRun => {
-                            cx.waker().wake_by_ref();
-                            break;
-                        }
-                    },
-                    Poll::Ready(Err(e)) => {
-                        debug!(error = %e, "the runtime's registration of the AF_XDP sockets failed; back to the channel threads");
-                        self.off.store(true, Ordering::Relaxed);
-                        return ran;
+            let (rounds, end) = self.rounds_until_pending(poller, fd, &mut ready_cx);
+            ran |= rounds > 0;
+            match end {
+                LookEnd::Pending => {
+                    poller.lease_at(*now.get_or_insert_with(std::time::Instant::now), LEASE);
+                    if !self.leased.load(Ordering::Relaxed) {
+                        self.leased.store(true, Ordering::Release);
                     }
-                    Poll::Pending => {
-                        poller.lease_at(*now.get_or_insert_with(std::time::Instant::now), LEASE);
-                        if !self.leased.load(Ordering::Relaxed) {
-                            self.leased.store(true, Ordering::Release);
-                        }
-                        waits = true;
-                        break;
-                    }
+                    waits = true;
                 }
+                // The queue's thread stops or died: nothing runs its rounds here. The
+                // task looks again soon.
+                LookEnd::NotRun => cx.waker().wake_by_ref(),
+                LookEnd::Failed(e) => {
+                    debug!(error = %e, "the runtime's registration of the AF_XDP sockets failed; back to the channel threads");
+                    self.off.store(true, Ordering::Relaxed);
+                    return ran;
+                }
+                LookEnd::RoundsSpent => {}
             }
         }
         if waits {
@@ -506,25 +511,16 @@ impl RuntimeQueues {
                 continue;
             };
             let mut ready_cx = Context::from_waker(ready);
-            // Until the descriptor says pending: only a pending poll leaves
-            // [`QueueReady`] registered with the reactor (each event takes the waker).
-            // Stopping after the round left the queue with no waker when this task then
-            // found its bytes and did not wait: the next arrival woke nobody and waited
-            // for the lease's end (`queue_arrivals_wake_a_task_that_still_waits`, about
-            // one run in ten).
-            for _ in 0..ROUNDS_PER_WAIT {
-                let Poll::Ready(Ok(guard)) = reg.fd.poll_read_ready(&mut ready_cx) else {
-                    break;
-                };
-                match self.round_or_ask(poller, guard) {
-                    RxRound::Ran => {
-                        self.rounds_first.fetch_add(1, Ordering::Relaxed);
-                        ran = true;
-                    }
-                    RxRound::Asked => {}
-                    // Kept: the wait that follows sees it.
-                    RxRound::NotRun => break,
-                }
+            // Until the descriptor says pending, as a wait does: stopping after the round
+            // left the queue with no waker when this task then found its bytes and did
+            // not wait, and the next arrival woke nobody until the lease's end
+            // (`queue_arrivals_wake_a_task_that_still_waits`, about one run in ten). A
+            // queue left readable (`NotRun`) or a failed registration is the wait's to
+            // handle, if the task waits.
+            let (rounds, _) = self.rounds_until_pending(poller, &reg.fd, &mut ready_cx);
+            if rounds > 0 {
+                self.rounds_first.fetch_add(rounds, Ordering::Relaxed);
+                ran = true;
             }
         }
         if ran && self.waiters.picked.load(Ordering::Relaxed) {
@@ -532,6 +528,31 @@ impl RuntimeQueues {
             self.waiters.picked.store(false, Ordering::Relaxed);
         }
         ran
+    }
+
+    /// Runs or asks for the rounds of queue `poller` while its descriptor `fd` is
+    /// readable, at most [`ROUNDS_PER_WAIT`]: returns the rounds run here and why it
+    /// stopped. Only a pending poll leaves [`QueueReady`] (`ready_cx`) registered with
+    /// the reactor, which takes the waker with each event.
+    fn rounds_until_pending(
+        &self,
+        poller: &RxPoller,
+        fd: &AsyncFd<OwnedFd>,
+        ready_cx: &mut Context<'_>,
+    ) -> (u64, LookEnd) {
+        let mut rounds = 0;
+        for _ in 0..ROUNDS_PER_WAIT {
+            match fd.poll_read_ready(ready_cx) {
+                Poll::Ready(Ok(ready)) => match self.round_or_ask(poller, ready) {
+                    RxRound::Ran => rounds += 1,
+                    RxRound::Asked => {}
+                    RxRound::NotRun => return (rounds, LookEnd::NotRun),
+                },
+                Poll::Ready(Err(e)) => return (rounds, LookEnd::Failed(e)),
+                Poll::Pending => return (rounds, LookEnd::Pending),
+            }
+        }
+        (rounds, LookEnd::RoundsSpent)
     }
 
     /// A readable queue's round, run here or asked of the thread that holds it, with the
