@@ -82,6 +82,8 @@ pub(crate) struct RuntimeQueues {
     /// The wakers the runtime's reactor holds for the descriptors, one per queue
     /// ([`QueueReady`]).
     ready: Vec<Waker>,
+    /// The same, as themselves: whether each is registered ([`QueueReady::armed`]).
+    ready_state: Vec<Arc<QueueReady>>,
 }
 
 /// A queue's descriptor registered with a runtime's reactor.
@@ -182,6 +184,19 @@ struct QueueReady {
     queue: RxPoller,
     /// The queue's index among the stack's.
     index: usize,
+    /// The reactor holds this waker for the descriptor and has not woken it since: the
+    /// last poll of the descriptor was pending and no event came after it. Set before
+    /// each poll ([`RuntimeQueues::poll_descriptor`]), cleared when a poll finds the
+    /// descriptor readable and when the reactor wakes it (it takes the waker with the
+    /// event). A task that finds it set skips the poll, which would only find it pending
+    /// and register the same waker again: two to four of a 64-byte read's polls, about
+    /// 130 instructions each, in tokio's waiter lock and the cooperative budget
+    /// (`docs/performance.md`, thirteenth session).
+    ///
+    /// Seen set while the reactor wakes it (an event right after the look) is the same as
+    /// an event a moment later: the wake picks a waiting task, or with none ends the
+    /// queue's lease so that its channel thread takes the frames.
+    armed: AtomicBool,
 }
 
 impl Wake for QueueReady {
@@ -190,6 +205,7 @@ impl Wake for QueueReady {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        self.armed.store(false, Ordering::Release);
         match self.waiters.pick(self.index) {
             Some(w) => {
                 self.waiters.picked.store(true, Ordering::Release);
@@ -274,17 +290,19 @@ impl RuntimeQueues {
             latency_queues: AtomicU64::new(0),
             queues: pollers.len(),
         });
-        let ready = pollers
+        let ready_state: Vec<_> = pollers
             .iter()
             .enumerate()
             .map(|(index, p)| {
-                Waker::from(Arc::new(QueueReady {
+                Arc::new(QueueReady {
                     waiters: waiters.clone(),
                     queue: p.clone(),
                     index,
-                }))
+                    armed: AtomicBool::new(false),
+                })
             })
             .collect();
+        let ready = ready_state.iter().cloned().map(Waker::from).collect();
         Some(RuntimeQueues {
             fds: pollers.iter().map(|_| OnceLock::new()).collect(),
             pollers,
@@ -295,6 +313,7 @@ impl RuntimeQueues {
             rounds_first: AtomicU64::new(0),
             leased: AtomicBool::new(false),
             ready,
+            ready_state,
             waiters,
         })
     }
@@ -457,7 +476,11 @@ impl RuntimeQueues {
             let Some(fd) = self.fd(i) else {
                 return ran;
             };
-            let (rounds, end) = self.rounds_until_pending(poller, fd, &mut ready_cx);
+            let (rounds, end) = if self.armed(i) {
+                (0, LookEnd::Pending)
+            } else {
+                self.rounds_until_pending(i, poller, fd, &mut ready_cx)
+            };
             ran |= rounds > 0;
             match end {
                 LookEnd::Pending => {
@@ -510,6 +533,10 @@ impl RuntimeQueues {
             let Some(Some(reg)) = self.fds[i].get() else {
                 continue;
             };
+            // Pending since its last look, and no event since: nothing to run.
+            if self.armed(i) {
+                continue;
+            }
             let mut ready_cx = Context::from_waker(ready);
             // Until the descriptor says pending, as a wait does: stopping after the round
             // left the queue with no waker when this task then found its bytes and did
@@ -517,7 +544,7 @@ impl RuntimeQueues {
             // (`queue_arrivals_wake_a_task_that_still_waits`, about one run in ten). A
             // queue left readable (`NotRun`) or a failed registration is the wait's to
             // handle, if the task waits.
-            let (rounds, _) = self.rounds_until_pending(poller, &reg.fd, &mut ready_cx);
+            let (rounds, _) = self.rounds_until_pending(i, poller, &reg.fd, &mut ready_cx);
             if rounds > 0 {
                 self.rounds_first.fetch_add(rounds, Ordering::Relaxed);
                 ran = true;
@@ -536,13 +563,14 @@ impl RuntimeQueues {
     /// the reactor, which takes the waker with each event.
     fn rounds_until_pending(
         &self,
+        i: usize,
         poller: &RxPoller,
         fd: &AsyncFd<OwnedFd>,
         ready_cx: &mut Context<'_>,
     ) -> (u64, LookEnd) {
         let mut rounds = 0;
         for _ in 0..ROUNDS_PER_WAIT {
-            match fd.poll_read_ready(ready_cx) {
+            match self.poll_descriptor(i, fd, ready_cx) {
                 Poll::Ready(Ok(ready)) => match self.round_or_ask(poller, ready) {
                     RxRound::Ran => rounds += 1,
                     RxRound::Asked => {}
@@ -553,6 +581,32 @@ impl RuntimeQueues {
             }
         }
         (rounds, LookEnd::RoundsSpent)
+    }
+
+    /// Whether queue `i`'s descriptor is pending with its [`QueueReady`] registered and
+    /// no event came since ([`QueueReady::armed`]): a poll would find the same.
+    fn armed(&self, i: usize) -> bool {
+        self.ready_state[i].armed.load(Ordering::Acquire)
+    }
+
+    /// Polls queue `i`'s descriptor with its [`QueueReady`] (`ready_cx`), keeping
+    /// [`QueueReady::armed`]: set before the poll, so that an event during the poll
+    /// (which wakes the waker the poll registered, and clears the flag) is never
+    /// overwritten; cleared when the poll finds the descriptor readable, since the
+    /// reactor then holds no waker for it.
+    fn poll_descriptor<'a>(
+        &self,
+        i: usize,
+        fd: &'a AsyncFd<OwnedFd>,
+        ready_cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<tokio::io::unix::AsyncFdReadyGuard<'a, OwnedFd>>> {
+        let armed = &self.ready_state[i].armed;
+        armed.store(true, Ordering::SeqCst);
+        let p = fd.poll_read_ready(ready_cx);
+        if p.is_ready() {
+            armed.store(false, Ordering::Release);
+        }
+        p
     }
 
     /// A readable queue's round, run here or asked of the thread that holds it, with the
@@ -617,8 +671,11 @@ impl RuntimeQueues {
             let Some(fd) = self.fd(i) else {
                 return;
             };
+            if self.armed(i) {
+                continue;
+            }
             let mut ready_cx = Context::from_waker(queue_ready);
-            if let Poll::Ready(Ok(ready)) = fd.poll_read_ready(&mut ready_cx) {
+            if let Poll::Ready(Ok(ready)) = self.poll_descriptor(i, fd, &mut ready_cx) {
                 // Nothing runs the queue's rounds here: a waiter (or, with none, the
                 // channel thread) looks again.
                 if self.round_or_ask(poller, ready) == RxRound::NotRun {
