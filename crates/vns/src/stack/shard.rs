@@ -540,7 +540,7 @@ impl Shard {
     }
 
     /// Turns endpoint events into wake-ups; returns whether a paused channel resumed.
-    pub(crate) fn drain_events(&mut self, wake: &mut Vec<Waker>) -> bool {
+    pub(crate) fn drain_events(&mut self, wake: &mut super::driver::Wakes) -> bool {
         let mut unpaused = false;
         while let Some(e) = self.ep.poll_events() {
             match e {
@@ -566,7 +566,11 @@ impl Shard {
 
     /// Fails connects past their deadline and runs the endpoint's timers; returns the next
     /// deadline.
-    pub(crate) fn expire(&mut self, now: Instant, wake: &mut Vec<Waker>) -> Option<Instant> {
+    pub(crate) fn expire(
+        &mut self,
+        now: Instant,
+        wake: &mut super::driver::Wakes,
+    ) -> Option<Instant> {
         let mut next = None;
         let mut expired = Vec::new();
         for (&sid, &d) in &self.deadlines {
@@ -631,7 +635,7 @@ impl Shard {
     }
 
     /// Wakes every task waiting on this shard's sockets and listeners.
-    pub(crate) fn wake_all(&mut self, wake: &mut Vec<Waker>) {
+    pub(crate) fn wake_all(&mut self, wake: &mut super::driver::Wakes) {
         for s in self.socks.values_mut() {
             wake.extend(s.read.take());
             wake.extend(s.write.take());
