@@ -496,6 +496,13 @@ impl<L: Link> Interface<L> {
         }
     }
 
+    /// Whether some listener holds a connection, its handshake over or not: `false`
+    /// means [`accept`](Self::accept) finds nothing on any port (a cheaper question for a
+    /// driver that asks every round).
+    pub fn accept_pending(&self) -> bool {
+        self.core.listeners.values().any(|l| !l.queue.is_empty())
+    }
+
     /// The oldest connection to `port` that has completed its handshake and not been
     /// accepted yet.
     pub fn accept(&mut self, port: u16) -> Option<ConnHandle> {

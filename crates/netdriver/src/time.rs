@@ -115,6 +115,11 @@ impl Clock {
         }
     }
 
+    /// The instant this clock counts from.
+    pub fn origin(&self) -> std::time::Instant {
+        self.origin
+    }
+
     /// The current time relative to this clock's origin.
     pub fn now(&self) -> Instant {
         Instant::from_micros(duration_micros(self.origin.elapsed()))

@@ -578,8 +578,11 @@ impl ChannelSet {
         let io_err = |op| move |source| ChannelError::Io { op, source };
         let mut peers = Vec::with_capacity(queues.len());
         let mut ends = Vec::with_capacity(queues.len());
+        let clock = Clock::new();
         for &q in &queues {
-            let signal = Arc::new(ThreadSignal::new().map_err(io_err("creating an eventfd"))?);
+            let signal = Arc::new(
+                ThreadSignal::with_origin(clock.origin()).map_err(io_err("creating an eventfd"))?,
+            );
             signal.set_inline_max(config.inline_tx);
             let (ctx, crx) = crossbeam_channel::unbounded();
             let (ftx, frx) = crossbeam_channel::bounded(config.forward_queue.max(1));
@@ -613,7 +616,6 @@ impl ChannelSet {
             forward_dropped: AtomicU64::new(0),
             graveyard: Mutex::new(Vec::new()),
         });
-        let clock = Clock::new();
         let mut set = ChannelSet {
             shared: shared.clone(),
             threads: Mutex::new(Threads::default()),

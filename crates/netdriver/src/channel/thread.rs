@@ -167,7 +167,7 @@ impl QueueState {
         active |= w.reap(book);
         w.publish(book, now);
         if mark_end {
-            w.signal.round_ended();
+            w.signal.round_ended_at(&w.clock, now);
         }
         active
     }
@@ -790,6 +790,10 @@ impl Worker {
     }
 
     fn handle_commands(&mut self, book: &mut Book, now: Instant) -> bool {
+        // Every round asks; an empty channel's `is_empty` is half a failed `try_recv`.
+        if self.commands.is_empty() {
+            return false;
+        }
         let mut any = false;
         for _ in 0..COMMANDS_PER_ROUND {
             let cmd = match self.commands.try_recv() {
@@ -862,6 +866,9 @@ impl Worker {
     }
 
     fn handle_forwarded(&mut self, book: &mut Book, now: Instant) -> bool {
+        if self.forwarded.is_empty() {
+            return false;
+        }
         let mut any = false;
         for _ in 0..FORWARDED_PER_ROUND {
             let Ok(frame) = self.forwarded.try_recv() else {
@@ -1064,6 +1071,10 @@ impl Worker {
 
     /// Hands connections that completed their handshake to their listeners.
     fn accept(&mut self, book: &mut Book) -> bool {
+        // Every round asks; a connection to accept is rare.
+        if !self.iface.accept_pending() {
+            return false;
+        }
         let mut any = false;
         for (&port, l) in &book.listeners {
             while let Some(h) = self.iface.accept(port) {
@@ -1196,7 +1207,7 @@ impl Worker {
                     rcv_nxt: conn.rcv_nxt().0,
                     snd_nxt: conn.snd_nxt().0,
                 };
-                e.shared.publish(&conn.stats(), wire, now);
+                e.shared.publish(&conn.traffic(), wire, now);
             }
         }
     }

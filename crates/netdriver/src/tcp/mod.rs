@@ -17,6 +17,8 @@ pub mod connection;
 pub mod error;
 
 pub use config::Config;
-pub use connection::{rst_for_unexpected, Connection, OptionChanges, State, Stats, Transmit};
+pub use connection::{
+    rst_for_unexpected, Connection, OptionChanges, State, Stats, Traffic, Transmit,
+};
 pub use error::TcpError;
 pub use seq::SeqNumber;

@@ -113,6 +113,11 @@ impl RttEstimator {
         self.srtt.map(from_micros)
     }
 
+    /// [`srtt`](Self::srtt) in whole microseconds (saturating), without a `Duration`.
+    pub fn srtt_micros(&self) -> Option<u64> {
+        self.srtt.map(|us| u64::try_from(us).unwrap_or(u64::MAX))
+    }
+
     /// The RTT variation (zero before the first sample).
     pub fn rttvar(&self) -> Duration {
         from_micros(self.rttvar)

@@ -229,6 +229,32 @@ struct Counters {
     rx_buffer_grown: u64,
 }
 
+/// The part of [`Stats`] a driver publishes on every round that moved the connection
+/// ([`Connection::traffic`]): queues, window and byte counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Traffic {
+    /// As [`Stats::send_queue`].
+    pub send_queue: usize,
+    /// As [`Stats::recv_queue`].
+    pub recv_queue: usize,
+    /// As [`Stats::bytes_in_flight`].
+    pub bytes_in_flight: usize,
+    /// As [`Stats::cwnd`].
+    pub cwnd: usize,
+    /// [`Stats::srtt`] in whole microseconds, `None` before the first sample.
+    pub srtt_us: Option<u64>,
+    /// As [`Stats::retransmitted_segments`].
+    pub retransmitted_segments: u64,
+    /// As [`Stats::rto_timeouts`].
+    pub rto_timeouts: u64,
+    /// As [`Stats::bytes_sent`].
+    pub bytes_sent: u64,
+    /// As [`Stats::bytes_acked`].
+    pub bytes_acked: u64,
+    /// As [`Stats::bytes_received`].
+    pub bytes_received: u64,
+}
+
 /// See [`Connection::stats_mark`]: equal marks, equal statistics (the clock apart).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatsMark([u64; 6]);
@@ -1040,6 +1066,25 @@ impl Connection {
             self.tx.len() as u64,
             self.rx.readable() as u64,
         ])
+    }
+
+    /// The fields of [`stats`](Self::stats) that a driver publishes every round
+    /// ([`Traffic`]), at a fraction of its cost: no RTO, reassembly or SACK state is
+    /// derived (`stats` was ~180 instructions a round, callgrind).
+    pub fn traffic(&self) -> Traffic {
+        let c = &self.counters;
+        Traffic {
+            send_queue: self.tx.len(),
+            recv_queue: self.rx.readable(),
+            bytes_in_flight: self.bytes_in_flight(),
+            cwnd: self.congestion_window(),
+            srtt_us: self.rtt.srtt_micros(),
+            retransmitted_segments: c.retransmitted_segments,
+            rto_timeouts: c.rto_timeouts,
+            bytes_sent: c.bytes_sent,
+            bytes_acked: c.bytes_acked,
+            bytes_received: c.bytes_received,
+        }
     }
 
     /// A snapshot of counters and congestion state.

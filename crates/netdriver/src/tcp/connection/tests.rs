@@ -647,6 +647,65 @@ fn one_megabyte_both_ways() {
     assert_eq!(p.a.stats().bytes_acked, 1 << 20);
 }
 
+/// `traffic` is the published part of `stats`, field for field, mid-transfer (data
+/// queued and in flight, retransmissions counted) as at the end.
+#[test]
+fn traffic_matches_the_fields_of_stats() {
+    let same = |c: &Connection| {
+        let (t, s) = (c.traffic(), c.stats());
+        assert_eq!(t.send_queue, s.send_queue);
+        assert_eq!(t.recv_queue, s.recv_queue);
+        assert_eq!(t.bytes_in_flight, s.bytes_in_flight);
+        assert_eq!(t.cwnd, s.cwnd);
+        assert_eq!(t.srtt_us, s.srtt.map(|d| d.as_micros() as u64));
+        assert_eq!(t.retransmitted_segments, s.retransmitted_segments);
+        assert_eq!(t.rto_timeouts, s.rto_timeouts);
+        assert_eq!(t.bytes_sent, s.bytes_sent);
+        assert_eq!(t.bytes_acked, s.bytes_acked);
+        assert_eq!(t.bytes_received, s.bytes_received);
+    };
+    let mut p = Pair::new(
+        Config::default(),
+        Config::default(),
+        Duration::from_micros(500),
+    );
+    let mut count = 0usize;
+    p.drop = Box::new(move |_, _, len| {
+        count += usize::from(len > 0);
+        len > 0 && count % 7 == 0
+    });
+    let data = pattern(200_000, 3);
+    let (mut sent, mut got) = (0, 0);
+    let mut buf = vec![0u8; 65536];
+    let mut mid = false;
+    for _ in 0..200_000 {
+        if sent < data.len() {
+            sent += p.a.send(&data[sent..]).unwrap_or(0);
+        }
+        let st = p.a.stats();
+        if st.bytes_in_flight > 0 && st.send_queue > 0 && st.retransmitted_segments > 0 {
+            same(&p.a);
+            same(&p.b);
+            mid = true;
+        }
+        while let Ok(n @ 1..) = p.b.recv(&mut buf) {
+            got += n;
+        }
+        if got == data.len() {
+            break;
+        }
+        p.step();
+    }
+    assert!(
+        mid,
+        "never had data queued, in flight and retransmitted at once"
+    );
+    assert_eq!(got, data.len());
+    same(&p.a);
+    same(&p.b);
+    assert!(p.a.traffic().srtt_us.is_some());
+}
+
 #[test]
 fn one_megabyte_small_buffers_no_options() {
     let cfg = Config {
