@@ -689,24 +689,42 @@ impl<L: Link> Interface<L> {
     /// reports no progress may stop at the first that leaves the interface settled,
     /// saving a poll that would only look.
     pub fn settled(&self, now: Instant) -> bool {
+        self.settled_until(now).is_some()
+    }
+
+    /// [`settled`](Self::settled) and, when it is, [`poll_at`](Self::poll_at) from the
+    /// same pass over the connections: `None` when a poll would find something to do,
+    /// `Some(next)` when it would not (a driver that asks both after each round walked
+    /// the connections twice, callgrind).
+    pub fn settled_until(&self, now: Instant) -> Option<Option<Instant>> {
         let core = &self.core;
         if core.rx_batch_full
             || !core.control.is_empty()
             || !core.closed.is_empty()
             || core.tx_blocked_at.is_some()
         {
-            return false;
+            return None;
         }
         if core
             .listeners
             .values()
             .any(|l| l.queue.iter().any(|&h| handshake_over(&core.slots, h)))
         {
-            return false;
+            return None;
         }
-        !core.slots.iter().filter_map(|s| s.conn.as_ref()).any(|c| {
-            c.output_pending() || c.poll_timeout().is_some_and(|t| t <= now) || forgettable(c)
-        })
+        let mut next = self.link.poll_at();
+        for c in core.slots.iter().filter_map(|s| s.conn.as_ref()) {
+            if c.output_pending() || forgettable(c) {
+                return None;
+            }
+            if let Some(t) = c.poll_timeout() {
+                if t <= now {
+                    return None;
+                }
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        Some(next)
     }
 
     /// When to poll next if no frame arrives: the earliest of the link's next event and

@@ -1109,13 +1109,8 @@ impl ChannelShared {
         // A closed channel's connection is gone, and its buffers with it: the thread
         // publishes no snapshot after removing it, so the last one may predate the final
         // acknowledgements.
-        let tcp = |v: u64| {
-            if self.state() == ChannelState::Closed {
-                0
-            } else {
-                us(v)
-            }
-        };
+        let closed = self.state() == ChannelState::Closed;
+        let tcp = |v: u64| if closed { 0 } else { us(v) };
         ChannelStats {
             tx_queued: self.tx_bytes.load(Ordering::Relaxed),
             rx_queued: self.rx_bytes.load(Ordering::Relaxed),

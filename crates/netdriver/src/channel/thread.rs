@@ -177,9 +177,11 @@ impl QueueState {
     /// forwarded frame waits, no claim is open, every channel's application side is idle
     /// and its close or abort handled, and the interface is settled
     /// ([`Interface::settled`]). Conservative: it may say no when a round would idle.
-    fn settled(&self, now: Instant) -> bool {
+    /// `Some` carries, when it is settled, the interface's next timer
+    /// ([`Interface::settled_until`]).
+    fn settled_until(&self, now: Instant) -> Option<Option<Instant>> {
         let w = &self.worker;
-        w.commands.is_empty()
+        let quiet = w.commands.is_empty()
             && w.forwarded.is_empty()
             && self.book.claims.is_empty()
             && self.book.entries.values().all(|e| {
@@ -188,8 +190,12 @@ impl QueueState {
                         && e.shared.tx_idle()
                         && !e.shared.abort_requested()
                         && (e.fin_queued || !e.shared.close_requested()))
-            })
-            && w.iface.settled(now)
+            });
+        if quiet {
+            w.iface.settled_until(now)
+        } else {
+            None
+        }
     }
 }
 
@@ -281,6 +287,7 @@ pub(crate) fn run_inline_as(signal: &ThreadSignal, mark_end: bool, hand: bool) -
     let mut passes = 0;
     loop {
         let mut settled = false;
+        let mut next_known = None;
         let mut rounds = 0;
         for _ in 0..INLINE_ROUNDS {
             let now = g.worker.clock.now();
@@ -288,13 +295,18 @@ pub(crate) fn run_inline_as(signal: &ThreadSignal, mark_end: bool, hand: bool) -
             // A round that did something is usually followed by one that finds nothing;
             // when nothing is left for it (`settled`), that round is skipped: in a
             // ping-pong it was half the rounds run inline.
-            if !g.round_marked(now, mark_end) || g.settled(now) {
+            if !g.round_marked(now, mark_end) {
                 settled = true;
+                break;
+            }
+            if let Some(next) = g.settled_until(now) {
+                settled = true;
+                next_known = Some(next);
                 break;
             }
         }
         signal.count_inline_rounds(rounds);
-        let next = g.worker.iface.poll_at();
+        let next = next_known.unwrap_or_else(|| g.worker.iface.poll_at());
         drop(g);
         // Somebody found the round held while it ran here and asked for one more.
         let asked = signal.take_round_wanted();

@@ -140,7 +140,8 @@ pub(crate) struct LightLoad {
     /// The bound follows the host ([`auto_light_load_streams`]); cleared when the user
     /// sets one.
     auto: std::sync::atomic::AtomicBool,
-    origin: std::time::Instant,
+    /// [`netdriver::time::coarse_millis`] when it was made.
+    origin_ms: u64,
     /// The larger of the current and the previous period's counts, for cheap reads.
     recent: AtomicUsize,
     /// The current period's number plus one (0: none yet; low 32 bits), its count and
@@ -192,7 +193,7 @@ impl LightLoad {
         LightLoad {
             max: AtomicUsize::new(max.unwrap_or(super::DEFAULT_LIGHT_LOAD_STREAMS)),
             auto: std::sync::atomic::AtomicBool::new(max.is_none()),
-            origin: std::time::Instant::now(),
+            origin_ms: netdriver::time::coarse_millis(),
             recent: AtomicUsize::new(0),
             periods: AtomicU64::new(0),
         }
@@ -239,11 +240,10 @@ impl LightLoad {
 
     /// The current period's number, plus one.
     fn period_now(&self) -> u64 {
-        // In milliseconds, without `as_nanos`'s 128-bit division (every read and write
-        // asks).
+        // Every read and write asks: the coarse clock (a tick behind at most, against
+        // periods of several ticks) costs a fraction of a precise read.
         const PERIOD_MS: u64 = ACTIVITY_PERIOD.as_millis() as u64;
-        let d = self.origin.elapsed();
-        (d.as_secs() * 1000 + u64::from(d.subsec_millis())) / PERIOD_MS + 1
+        netdriver::time::coarse_millis().saturating_sub(self.origin_ms) / PERIOD_MS + 1
     }
 
     /// A stream moved bytes; `last` is the period it last did (updated). Counts each
