@@ -132,6 +132,25 @@ impl Default for Clock {
     }
 }
 
+/// Milliseconds on the kernel's coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`: the
+/// time of the last timer tick, so up to a tick, 1-4 ms, behind; read from the vDSO
+/// without the time-stamp counter). For bookkeeping that counts in periods of several
+/// milliseconds and asks on every message, where a precise clock read was the larger
+/// cost (callgrind). Falls back to the precise clock where the coarse one is missing.
+pub fn coarse_millis() -> u64 {
+    #[cfg(target_os = "linux")]
+    if let Ok(t) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE) {
+        let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
+        let nanos = u64::try_from(t.tv_nsec()).unwrap_or(0);
+        return secs.saturating_mul(1000).saturating_add(nanos / 1_000_000);
+    }
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let d = ORIGIN.get_or_init(std::time::Instant::now).elapsed();
+    d.as_secs()
+        .saturating_mul(1000)
+        .saturating_add(u64::from(d.subsec_millis()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,23 +175,25 @@ mod tests {
         let b = c.now();
         assert!(b >= a);
     }
-}
 
-/// Milliseconds on the kernel's coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`: the
-/// time of the last timer tick, so up to a tick, 1-4 ms, behind; read from the vDSO
-/// without the time-stamp counter). For bookkeeping that counts in periods of several
-/// milliseconds and asks on every message, where a precise clock read was the larger
-/// cost (callgrind). Falls back to the precise clock where the coarse one is missing.
-pub fn coarse_millis() -> u64 {
-    #[cfg(target_os = "linux")]
-    if let Ok(t) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE) {
-        let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
-        let nanos = u64::try_from(t.tv_nsec()).unwrap_or(0);
-        return secs.saturating_mul(1000).saturating_add(nanos / 1_000_000);
+    #[test]
+    fn the_coarse_clock_follows_the_precise_one_to_a_tick() {
+        let (c0, p0) = (coarse_millis(), std::time::Instant::now());
+        // Time passing is what is tested here, not a synchronisation.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let (c1, p1) = (coarse_millis(), std::time::Instant::now());
+        let precise = u64::try_from(p1.duration_since(p0).as_millis()).unwrap();
+        assert!(c1 >= c0);
+        // A tick is at most 10 ms (HZ=100): the coarse reading lags by less.
+        assert!(
+            c1 - c0 + 10 >= precise,
+            "coarse {} ms, precise {precise} ms",
+            c1 - c0
+        );
+        assert!(
+            c1 - c0 <= precise + 10,
+            "coarse {} ms, precise {precise} ms",
+            c1 - c0
+        );
     }
-    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let d = ORIGIN.get_or_init(std::time::Instant::now).elapsed();
-    d.as_secs()
-        .saturating_mul(1000)
-        .saturating_add(u64::from(d.subsec_millis()))
 }
