@@ -535,6 +535,9 @@ pub(crate) struct Core {
     /// stopping (mirrors [`Control::refuses_new`] for calls that hold a shard's lock).
     refusing: AtomicBool,
     pub(crate) signal: Arc<Signal>,
+    /// `signal` as a waker, made once: the finishing passes of every application call
+    /// take it (an `Arc` clone and drop per call otherwise).
+    signal_waker: Waker,
     rx: Arc<RxSignal>,
     /// The core itself, for the channels' receive wakers (see [`Core::pull_here`]); set
     /// once the core is in its `Arc` ([`Core::set_self`]).
@@ -825,6 +828,7 @@ impl Core {
             next_shard: AtomicUsize::new(0),
             shard_map,
             refusing: AtomicBool::new(false),
+            signal_waker: Waker::from(signal.clone()),
             signal,
             #[cfg(target_os = "linux")]
             rt_rx: super::rx_poll::RuntimeQueues::new(backend.rx_pollers(), config.runtime_rx),
@@ -1322,11 +1326,13 @@ impl Core {
         // A call that found nothing to read usually leaves nothing to finish: skip the
         // pass (about 400 instructions, twice per 64-byte request; callgrind, twelfth
         // session).
-        if shard.stopped || shard.finish_idle(&self.chans.load()) {
+        let table = self.chans.load();
+        if shard.stopped || shard.finish_idle(&table) {
             return;
         }
         let mut fin = Finish::default();
-        self.finish_shard(shard, &mut fin);
+        self.finish_shard(shard, &mut fin, &table);
+        drop(table);
         if fin.more {
             self.signal.notify();
         }
@@ -1341,14 +1347,13 @@ impl Core {
 
     /// [`Core::finish_call`]'s work for one shard, leaving the kicks and wake-ups in
     /// `fin` to run once no lock is held.
-    fn finish_shard(&self, mut shard: MutexGuard<'_, Shard>, fin: &mut Finish) {
+    /// `table`: the channels, as the caller loaded them.
+    fn finish_shard(&self, mut shard: MutexGuard<'_, Shard>, fin: &mut Finish, table: &ChanTable) {
         if shard.stopped {
             return;
         }
-        let waker = Waker::from(self.signal.clone());
-        let mut cx = Context::from_waker(&waker);
-        let table = self.chans.load();
-        fin.more |= shard.transmit_all(&table, &mut cx);
+        let mut cx = Context::from_waker(&self.signal_waker);
+        fin.more |= shard.transmit_all(table, &mut cx);
         fin.more |= shard.drain_events(&mut fin.wake);
         // A short chunk held back (Nagle): the driver's sleep must end by its deadline.
         fin.more |= shard.ep.timers_changed();
@@ -1379,8 +1384,12 @@ impl Core {
             more: r.more,
             ..Finish::default()
         };
-        for i in touched.iter().filter(|&i| Some(i) != own) {
-            self.finish_shard(self.lock_shard(i), &mut fin);
+        let mut others = touched.iter().filter(|&i| Some(i) != own).peekable();
+        if others.peek().is_some() {
+            let table = self.chans.load();
+            for i in others {
+                self.finish_shard(self.lock_shard(i), &mut fin, &table);
+            }
         }
         if fin.more {
             self.signal.notify();
@@ -1547,7 +1556,7 @@ impl Core {
                 wake.extend(w.read.take());
                 wake.extend(w.write.take());
             }
-            self.finish_shard(s, &mut fin);
+            self.finish_shard(s, &mut fin, &self.chans.load());
         }
         drop(ctl);
         fin.run();
@@ -1997,9 +2006,11 @@ impl Core {
         drop(ctl);
         // The lost channel's chunks are in other channels' outboxes now.
         let mut fin = Finish::default();
+        let table = self.chans.load();
         for i in 0..self.shards.len() {
-            self.finish_shard(self.lock_shard(i), &mut fin);
+            self.finish_shard(self.lock_shard(i), &mut fin, &table);
         }
+        drop(table);
         self.signal.notify();
         fin.run();
         true
