@@ -330,7 +330,7 @@ impl SetShared {
         };
         match peer.forward.try_send(self.pool.copy_of(frame)) {
             Ok(()) => {
-                peer.signal.notify();
+                peer.signal.notify_control();
                 self.forwarded.fetch_add(1, Ordering::Relaxed);
                 StrayVerdict::Forwarded
             }
@@ -848,7 +848,7 @@ impl ChannelSet {
                 .release_flow(index, &(local, remote), Some(port));
             return Err(ChannelError::ShutDown);
         }
-        peer.signal.notify();
+        peer.signal.notify_control();
         let channel = Channel::new(shared.clone());
         let timeout = self.config.connect_timeout;
         match block_on(Some(timeout), |cx| shared.poll_established(cx)) {
@@ -934,7 +934,7 @@ impl ChannelSet {
                 done: done_tx.clone(),
             };
             p.commands.send(cmd).map_err(|_| ChannelError::ShutDown)?;
-            p.signal.notify();
+            p.signal.notify_control();
         }
         for _ in &live {
             done_rx
@@ -1313,7 +1313,7 @@ impl ChannelSet {
         for p in &self.shared.peers {
             p.rx_fault_dropped.store(0, Ordering::Relaxed);
             if p.commands.send(Command::DropReceived(rule)).is_ok() {
-                p.signal.notify();
+                p.signal.notify_control();
             }
         }
     }
@@ -1530,7 +1530,7 @@ impl Drop for ChannelListener {
         }
         for p in &self.set.peers {
             if p.commands.send(Command::Unlisten { port }).is_ok() {
-                p.signal.notify();
+                p.signal.notify_control();
             }
         }
         if let Some(s) = self.set.steering_read().as_ref() {

@@ -153,8 +153,15 @@ impl QueueState {
     /// follows must not find the queue busy, and the clock read is saved).
     fn round_marked(&mut self, now: Instant, mark_end: bool) -> bool {
         let (w, book) = (&mut self.worker, &mut self.book);
-        let mut active = w.handle_commands(book, now);
-        active |= w.handle_forwarded(book, now);
+        let mut active = false;
+        if w.signal.take_control() {
+            active |= w.handle_commands(book, now);
+            active |= w.handle_forwarded(book, now);
+            if !w.commands.is_empty() || !w.forwarded.is_empty() {
+                // A round's budget left some.
+                w.signal.mark_control();
+            }
+        }
         active |= w.push_tx(book, now);
         let (set, me) = (&w.set, w.index);
         let claims = &mut book.claims;
@@ -181,8 +188,7 @@ impl QueueState {
     /// ([`Interface::settled_until`]).
     fn settled_until(&self, now: Instant) -> Option<Option<Instant>> {
         let w = &self.worker;
-        let quiet = w.commands.is_empty()
-            && w.forwarded.is_empty()
+        let quiet = !w.signal.control_pending()
             && self.book.claims.is_empty()
             && self.book.entries.values().all(|e| {
                 e.aborted
@@ -802,10 +808,6 @@ impl Worker {
     }
 
     fn handle_commands(&mut self, book: &mut Book, now: Instant) -> bool {
-        // Every round asks; an empty channel's `is_empty` is half a failed `try_recv`.
-        if self.commands.is_empty() {
-            return false;
-        }
         let mut any = false;
         for _ in 0..COMMANDS_PER_ROUND {
             let cmd = match self.commands.try_recv() {
@@ -878,9 +880,6 @@ impl Worker {
     }
 
     fn handle_forwarded(&mut self, book: &mut Book, now: Instant) -> bool {
-        if self.forwarded.is_empty() {
-            return false;
-        }
         let mut any = false;
         for _ in 0..FORWARDED_PER_ROUND {
             let Ok(frame) = self.forwarded.try_recv() else {
