@@ -1392,17 +1392,23 @@ impl Core {
         let _pulling = PullMark::set();
         let mut touched = ShardSet::default();
         let r = self.receive_all(Sweep::Ready(scope), &mut touched);
+        let mut others = touched.iter().filter(|&i| Some(i) != own).peekable();
+        // Most pulls hand nothing to another shard (the caller finishes its own).
+        if others.peek().is_none() {
+            if r.more {
+                self.signal.notify();
+            }
+            return r.any;
+        }
         let mut fin = Finish {
             more: r.more,
             ..Finish::default()
         };
-        let mut others = touched.iter().filter(|&i| Some(i) != own).peekable();
-        if others.peek().is_some() {
-            let table = self.chans.load();
-            for i in others {
-                self.finish_shard(self.lock_shard(i), &mut fin, &table);
-            }
+        let table = self.chans.load();
+        for i in others {
+            self.finish_shard(self.lock_shard(i), &mut fin, &table);
         }
+        drop(table);
         if fin.more {
             self.signal.notify();
         }
