@@ -1502,16 +1502,22 @@ fn output_idle_tracks_pending_writes_chunks_and_events() {
     // A write waits to be placed on a channel, then in the channel's outbox.
     sim.ends[A].send(c, &pattern(1, 100)).unwrap();
     assert!(!sim.ends[A].output_idle(), "a written chunk waits");
+    assert!(!sim.ends[A].transmit_idle(), "a written chunk waits");
     let mut ids = Vec::new();
     sim.ends[A].channels_with_transmit(&mut ids);
     assert!(!ids.is_empty());
     assert!(!sim.ends[A].output_idle(), "the chunk waits in an outbox");
+    assert!(!sim.ends[A].transmit_idle(), "the chunk waits in an outbox");
     sim.settle();
     assert!(
         !sim.ends[B].output_idle(),
         "the receiver's Readable event waits"
     );
+    // Only the event: a finishing pass has nothing to send.
+    assert!(sim.ends[B].has_events());
+    assert!(sim.ends[B].transmit_idle(), "nothing to send, only an event");
     sim.drain_events();
     assert!(sim.ends[B].output_idle(), "events handed out");
+    assert!(!sim.ends[B].has_events());
     assert_eq!(read_all_now(&mut sim, B, s), pattern(1, 100));
 }

@@ -372,6 +372,11 @@ impl Endpoint {
         std::mem::take(&mut self.timers_changed)
     }
 
+    /// Whether [`poll_events`](Self::poll_events) has an event to hand out.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// The next readiness event, if any. Drain after every call into the endpoint.
     pub fn poll_events(&mut self) -> Option<Event> {
         let e = self.events.pop_front()?;

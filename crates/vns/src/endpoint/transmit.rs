@@ -231,10 +231,15 @@ impl Endpoint {
     /// timer changed. Most application calls that find nothing to read end with such a
     /// pass.
     pub fn output_idle(&self) -> bool {
-        self.sendable.is_empty()
-            && self.outbox_chunks == 0
-            && self.events.is_empty()
-            && !self.timers_changed
+        self.transmit_idle() && self.events.is_empty()
+    }
+
+    /// [`output_idle`](Self::output_idle) but for events: nothing to place or send and
+    /// no timer changed, so that a finishing pass has only events to hand out. A read
+    /// ends so: the chunk that brought its bytes left a `Readable` event for the
+    /// reader's own socket.
+    pub fn transmit_idle(&self) -> bool {
+        self.sendable.is_empty() && self.outbox_chunks == 0 && !self.timers_changed
     }
 
     /// Whether sockets wait for the scheduler to place their data on channels (it then

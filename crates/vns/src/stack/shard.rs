@@ -64,6 +64,17 @@ impl ShardSet {
     }
 }
 
+/// What a finishing pass over a shard has to do ([`Shard::finish_needed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FinishNeeded {
+    /// Nothing.
+    Nothing,
+    /// Only hand out the endpoint's events (wake-ups).
+    Events,
+    /// Place and send chunks, run kicks, hand out events.
+    Full,
+}
+
 /// Everything behind one shard's lock.
 pub(crate) struct Shard {
     pub(crate) ep: Endpoint,
@@ -378,20 +389,30 @@ impl Shard {
         busy
     }
 
-    /// Whether [`Core::finish_call`](super::driver::Core::finish_call)'s pass over this
-    /// shard would do nothing: the endpoint has no output or event
-    /// ([`Endpoint::output_idle`](crate::Endpoint::output_idle)), no kick waits, and no
-    /// channel holds a batch it refused (which any shard of its class may send).
-    pub(crate) fn finish_idle(&self, table: &ChanTable) -> bool {
+    /// What [`Core::finish_call`](super::driver::Core::finish_call)'s pass over this
+    /// shard has to do: nothing (the endpoint has no output or event,
+    /// [`Endpoint::output_idle`](crate::Endpoint::output_idle), no kick waits, and no
+    /// channel holds a batch it refused, which any shard of its class may send), only
+    /// hand out events ([`Endpoint::transmit_idle`](crate::Endpoint::transmit_idle)), or
+    /// the whole pass.
+    pub(crate) fn finish_needed(&self, table: &ChanTable) -> FinishNeeded {
         #[cfg(target_os = "linux")]
         if !self.kicks.is_empty() {
-            return false;
+            return FinishNeeded::Full;
         }
-        self.left_pending.is_empty()
-            && self.ep.output_idle()
-            && table
+        if !self.left_pending.is_empty()
+            || !self.ep.transmit_idle()
+            || table
                 .values()
-                .all(|c| c.tx_pending_bytes.load(Ordering::Relaxed) == 0)
+                .any(|c| c.tx_pending_bytes.load(Ordering::Relaxed) != 0)
+        {
+            return FinishNeeded::Full;
+        }
+        if self.ep.has_events() {
+            FinishNeeded::Events
+        } else {
+            FinishNeeded::Nothing
+        }
     }
 
     /// Reports every live channel's load to the endpoint, for a snapshot of the stack
