@@ -1515,7 +1515,10 @@ fn output_idle_tracks_pending_writes_chunks_and_events() {
     );
     // Only the event: a finishing pass has nothing to send.
     assert!(sim.ends[B].has_events());
-    assert!(sim.ends[B].transmit_idle(), "nothing to send, only an event");
+    assert!(
+        sim.ends[B].transmit_idle(),
+        "nothing to send, only an event"
+    );
     sim.drain_events();
     assert!(sim.ends[B].output_idle(), "events handed out");
     assert!(!sim.ends[B].has_events());

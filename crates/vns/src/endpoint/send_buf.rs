@@ -52,11 +52,15 @@ pub(super) struct SendBuf {
     /// The segment being filled (header room included once allocated); it never grows
     /// past the capacity it was made with.
     tail: BytesMut,
+    /// Small pieces were split off the front of `tail`'s segment: `tail` is the rest of
+    /// that allocation, not its start, so it is not the one to recycle.
+    tail_split: bool,
     len: usize,
 }
 
 /// A partly filled segment taken with at most this many bytes (times the segment size)
-/// is copied out and its allocation kept for later writes; a fuller one goes as it is.
+/// is split (its bytes go, the rest of the segment takes later writes); a fuller one goes
+/// as it is.
 const TAIL_MOVE_FRACTION: usize = 2;
 
 impl SendBuf {
@@ -82,8 +86,17 @@ impl SendBuf {
     pub(super) fn push(&mut self, mut data: &[u8], seg: usize, pool: &mut SegPool) {
         self.len += data.len();
         while !data.is_empty() {
+            if self.tail_split
+                && self.tail_len() == 0
+                && self.tail.capacity() - self.tail.len() < data.len().min(seg)
+            {
+                // What small pieces left of a segment is too short for this write: a
+                // fresh segment keeps its chunks whole.
+                self.tail = BytesMut::new();
+            }
             if self.tail.capacity() == 0 {
                 self.tail = pool.take(HEADER_LEN + seg);
+                self.tail_split = false;
                 self.tail.extend_from_slice(&[0; HEADER_LEN]);
             }
             let n = (self.tail.capacity() - self.tail.len()).min(data.len());
@@ -94,7 +107,7 @@ impl SendBuf {
                     buf: std::mem::take(&mut self.tail),
                     headroom: true,
                     track: false,
-                    recycle: true,
+                    recycle: !self.tail_split,
                 });
             }
         }
@@ -109,7 +122,7 @@ impl SendBuf {
                 buf: std::mem::take(&mut self.tail),
                 headroom: true,
                 track: false,
-                recycle: true,
+                recycle: !self.tail_split,
             });
         }
         for buf in segs {
@@ -136,22 +149,32 @@ impl SendBuf {
                 return Piece::default();
             }
             if n * TAIL_MOVE_FRACTION <= seg {
-                // A small partial segment: copy it out, keep the allocation for the next
-                // writes (no fresh allocation per small write).
-                let piece = BytesMut::from(&self.tail[HEADER_LEN..]);
-                self.tail.truncate(HEADER_LEN);
+                // A small partial segment: its bytes, with the header room in front, are
+                // split off the segment (no copy, no allocation: the pieces share it),
+                // and the rest of the segment takes the next writes. Copying them out
+                // instead cost an allocation and a copy per small write, and a second
+                // allocation for the reference kept for resending (callgrind).
+                let piece = self.tail.split_to(HEADER_LEN + n);
+                let recycle = !self.tail_split;
+                self.tail_split = true;
+                if self.tail.capacity() > HEADER_LEN {
+                    self.tail.extend_from_slice(&[0; HEADER_LEN]);
+                } else {
+                    // Used up: the next write takes a new segment.
+                    self.tail = BytesMut::new();
+                }
                 self.segs.push_back(Piece {
                     buf: piece,
-                    headroom: false,
+                    headroom: true,
                     track: false,
-                    recycle: false,
+                    recycle,
                 });
             } else {
                 self.segs.push_back(Piece {
                     buf: std::mem::take(&mut self.tail),
                     headroom: true,
                     track: false,
-                    recycle: true,
+                    recycle: !self.tail_split,
                 });
             }
         }
@@ -297,6 +320,41 @@ mod tests {
             .idle
             .iter()
             .all(|b| b.is_empty() && b.capacity() >= cap));
+    }
+
+    /// Small writes taken one at a time are split off one segment, header room in front
+    /// (no copy, no new segment per write), and a write too long for what is left of that
+    /// segment starts a fresh one, so that its chunk is a whole segment.
+    #[test]
+    fn small_pieces_share_a_segment_and_large_writes_stay_whole() {
+        let seg = 1000;
+        let mut b = SendBuf::default();
+        let mut pool = SegPool::default();
+        let mut held = Vec::new();
+        // 15 pieces of 56 bytes (header room and payload) fit the segment's 1016.
+        for i in 0..15u8 {
+            b.push(&[i; 40], seg, &mut pool);
+            let p = b.take(seg, seg);
+            assert!(p.headroom, "piece {i} keeps its header room");
+            assert_eq!(p.data(), &[i; 40][..]);
+            assert_eq!(
+                p.recycle,
+                i == 0,
+                "only the segment's first piece starts it"
+            );
+            held.push(p.buf.freeze());
+        }
+        assert_eq!(pool.allocated, 1, "one segment for every small write");
+        // 176 bytes are left of it: a full-size write takes a new one.
+        b.push(&[7; 1000], seg, &mut pool);
+        let p = b.take(seg, seg);
+        assert_eq!(p.len(), seg, "a whole segment's chunk");
+        assert!(p.recycle, "a fresh segment's start");
+        assert_eq!(pool.allocated, 2);
+        // The pieces held meanwhile are intact.
+        for (i, h) in held.iter().enumerate() {
+            assert_eq!(&h[HEADER_LEN..], &[i as u8; 40][..]);
+        }
     }
 
     proptest! {

@@ -33,6 +33,10 @@ const TX_BATCH: usize = 256 * 1024;
 /// Payloads up to this size are copied into the batch beside their header; larger ones
 /// are enqueued as they are (shared with the socket's send buffer).
 const INLINE_PAYLOAD: usize = 4 * 1024;
+/// Whole chunks (header in the room in front of the payload) up to this size are copied
+/// into the batch when other chunks go with them; larger ones, and one that goes alone,
+/// are enqueued as they are.
+const WHOLE_INLINE: usize = 512;
 /// Batches up to this size are copied out of the shard's batch buffer, which is kept.
 const SMALL_BATCH: usize = 16 * 1024;
 /// Batches written to one channel per call (in bytes: `TX_BUDGET * TX_BATCH`).
@@ -502,13 +506,39 @@ impl Shard {
                 break;
             }
             self.report_load(chan);
-            // Gather the next batch.
+            // Gather the next batch. A whole chunk (its header written in the room in
+            // front of its payload) goes as it is, without a copy, when it is large or
+            // alone: a lone small message (a request, a response) then costs no
+            // allocation here. Small chunks that have company are copied into one batch.
             buf.clear();
             let mut gathered = 0;
+            let mut alone: Option<Bytes> = None;
             while gathered < TX_BATCH {
+                if alone.is_some() && !self.ep.has_transmit(id) {
+                    break;
+                }
+                if let Some(first) = alone.take() {
+                    buf.extend_from_slice(&first);
+                }
+                let before = buf.len();
                 let Some(payload) = self.ep.poll_transmit_parts(id, buf) else {
                     break;
                 };
+                let whole = buf.len() == before;
+                if whole {
+                    gathered += payload.len();
+                    if payload.len() > WHOLE_INLINE {
+                        if !buf.is_empty() {
+                            push(&mut tx, chan, take_batch(buf));
+                        }
+                        push(&mut tx, chan, payload);
+                    } else if buf.is_empty() {
+                        alone = Some(payload);
+                    } else {
+                        buf.extend_from_slice(&payload);
+                    }
+                    continue;
+                }
                 if payload.len() <= INLINE_PAYLOAD {
                     buf.extend_from_slice(&payload);
                     gathered += HEADER_LEN + payload.len();
@@ -518,7 +548,9 @@ impl Shard {
                 push(&mut tx, chan, take_batch(buf));
                 push(&mut tx, chan, payload);
             }
-            if !buf.is_empty() {
+            if let Some(first) = alone {
+                push(&mut tx, chan, first);
+            } else if !buf.is_empty() {
                 push(&mut tx, chan, take_batch(buf));
             }
             if gathered == 0 {
