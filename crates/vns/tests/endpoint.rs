@@ -1494,10 +1494,12 @@ fn output_idle_tracks_pending_writes_chunks_and_events() {
     sim.drain_events();
     assert!(sim.ends[A].output_idle(), "a settled endpoint");
 
-    // A read that finds nothing leaves nothing to do.
+    // A read that finds nothing leaves nothing to do, and raises no event.
+    let raised = sim.ends[B].events_raised();
     let mut buf = [0u8; 64];
     assert_eq!(sim.ends[B].recv(s, &mut buf), Err(Error::WouldBlock));
     assert!(sim.ends[B].output_idle(), "after a read that found nothing");
+    assert_eq!(sim.ends[B].events_raised(), raised);
 
     // A write waits to be placed on a channel, then in the channel's outbox.
     sim.ends[A].send(c, &pattern(1, 100)).unwrap();
@@ -1515,6 +1517,10 @@ fn output_idle_tracks_pending_writes_chunks_and_events() {
     );
     // Only the event: a finishing pass has nothing to send.
     assert!(sim.ends[B].has_events());
+    assert!(
+        sim.ends[B].events_raised() > raised,
+        "bytes that became readable raised an event"
+    );
     assert!(
         sim.ends[B].transmit_idle(),
         "nothing to send, only an event"

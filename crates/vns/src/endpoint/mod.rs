@@ -103,6 +103,8 @@ pub struct Endpoint {
     events: VecDeque<Event>,
     // Local ids only (FxHash, see Cargo.toml): one insert per message.
     queued_events: rustc_hash::FxHashSet<Event>,
+    /// Events raised so far ([`Endpoint::events_raised`]).
+    events_pushed: u64,
     next_socket: u64,
     connections: u32,
     /// Picks ISNs and ephemeral ports (a CSPRNG: they must not be predictable).
@@ -295,6 +297,7 @@ impl Endpoint {
             listeners: BTreeMap::new(),
             events: VecDeque::new(),
             queued_events: rustc_hash::FxHashSet::default(),
+            events_pushed: 0,
             next_socket: first_socket,
             connections: 0,
             rng,
@@ -370,6 +373,13 @@ impl Endpoint {
     /// look again. Asking clears it.
     pub fn timers_changed(&mut self) -> bool {
         std::mem::take(&mut self.timers_changed)
+    }
+
+    /// Events raised so far (each call that raised one, merged or not): equal counts
+    /// mean that no socket became readable, writable or failed in between (a reader that
+    /// looked and found nothing need not look again, only register).
+    pub fn events_raised(&self) -> u64 {
+        self.events_pushed
     }
 
     /// Whether [`poll_events`](Self::poll_events) has an event to hand out.
@@ -571,6 +581,7 @@ impl Endpoint {
     }
 
     fn push_event(&mut self, e: Event) {
+        self.events_pushed = self.events_pushed.wrapping_add(1);
         if self.queued_events.insert(e) {
             self.events.push_back(e);
         }

@@ -505,7 +505,11 @@ impl Shard {
                 more = true;
                 break;
             }
-            self.report_load(chan);
+            // After a batch went in, the scheduler's next placements see it (the first
+            // batch's are placed on loads `transmit_all` refreshed just before).
+            if budget < TX_BUDGET * TX_BATCH {
+                self.report_load(chan);
+            }
             // Gather the next batch. A whole chunk (its header written in the room in
             // front of its payload) goes as it is, without a copy, when it is large or
             // alone: a lone small message (a request, a response) then costs no

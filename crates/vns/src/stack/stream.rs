@@ -120,10 +120,15 @@ impl StreamInner {
         }
         // Receive rounds this call ran itself (see `look_again`).
         let mut rounds = 0;
+        // The shard's event count at a look that found nothing, when neither the pull
+        // nor a round since brought anything: if it has not moved, nothing became
+        // readable, and the next look is skipped (the task registers at once).
+        let mut nothing_since: Option<u64> = None;
         loop {
             let mut st = core.lock_socket(self.sid);
             let dst = buf.initialize_unfilled();
             let read = match pool {
+                _ if nothing_since.take() == Some(st.ep.events_raised()) => Err(Error::WouldBlock),
                 Some(pool) => {
                     let len = dst.len();
                     st.ep.recv_with(self.sid, len, |chunks| {
@@ -167,10 +172,18 @@ impl StreamInner {
                 // now and takes its bytes, so that the next look finds them (rather than
                 // look, register, run the round, pull and look a third time).
                 Err(Error::WouldBlock) if !pulled => {
+                    let seen = st.ep.events_raised();
                     drop(st);
                     let latency = self.latency.load(std::sync::atomic::Ordering::Relaxed);
-                    if !self.pull() && core.rounds_first(latency, cx) {
-                        self.pull();
+                    let found = self.pull() || {
+                        let ran = core.rounds_first(latency, cx);
+                        if ran {
+                            self.pull();
+                        }
+                        ran
+                    };
+                    if !found {
+                        nothing_since = Some(seen);
                     }
                     pulled = true;
                 }
