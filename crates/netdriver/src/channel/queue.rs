@@ -323,14 +323,25 @@ impl ThreadSignal {
         self.planned.store(v, Ordering::SeqCst);
     }
 
-    /// After an inline round: the thread looks again before it sleeps (`pending`, which
-    /// pairs with `prepare_sleep` as in [`notify`](Self::notify)), and a sleeping thread
-    /// is kicked only if the round armed a timer due before its planned wake-up.
-    pub(crate) fn after_inline(&self, next_timer: Option<Instant>) {
+    /// After an inline round that ran at `now`: the thread looks again before it sleeps
+    /// (`pending`, which pairs with `prepare_sleep` as in [`notify`](Self::notify)), and a
+    /// sleeping thread is kicked only if the round armed a timer that its planned wake-up
+    /// would make late by more than a quarter of the timer's delay.
+    ///
+    /// A timer firing that little late is harmless, and while traffic flows the inline
+    /// rounds run the timers anyway. Kicking for any earlier timer woke the thread about
+    /// once per lease: its planned wake-up is the lease's end, 8.75-10 ms ahead after a
+    /// renewal, and each send re-arms the connection's 8 ms timer; on the 2-core bed those
+    /// wake-ups (0.6 % of a 4 KB ping-pong's sends) were part of its tail
+    /// (`docs/performance.md`, thirteenth session).
+    pub(crate) fn after_inline(&self, next_timer: Option<Instant>, now: Instant) {
         self.pending.store(true, Ordering::SeqCst);
         if self.sleeping.load(Ordering::SeqCst) {
-            let next = next_timer.map_or(u64::MAX, |d| d.total_micros());
-            if next < self.planned.load(Ordering::SeqCst) {
+            let Some(next) = next_timer.map(Instant::total_micros) else {
+                return;
+            };
+            let slack = next.saturating_sub(now.total_micros()) / 4;
+            if next.saturating_add(slack) < self.planned.load(Ordering::SeqCst) {
                 self.kick();
             }
         }
@@ -1449,6 +1460,30 @@ mod tests {
         chunks: 4,
         bytes: 10,
     };
+
+    /// An inline round's timer kicks a sleeping thread only when the thread's planned
+    /// wake-up would make it late by more than a quarter of its delay.
+    #[test]
+    fn an_inline_timer_kicks_a_sleeping_thread_only_when_it_would_be_late() {
+        let sig = ThreadSignal::new().unwrap();
+        let kicked = |sig: &ThreadSignal| sig.eventfd().read().is_ok();
+        assert!(sig.prepare_sleep());
+        sig.set_planned(Some(Instant::from_micros(10_000)));
+        let now = Instant::ZERO;
+        // Due at 8 ms, the thread wakes at 10 ms: 2 ms late, a quarter of 8 ms.
+        sig.after_inline(Some(Instant::from_micros(8_000)), now);
+        assert!(!kicked(&sig), "a timer barely earlier than the wake-up");
+        sig.after_inline(None, now);
+        assert!(!kicked(&sig), "no timer");
+        // Due at 5 ms: 5 ms late would be twice its delay.
+        sig.after_inline(Some(Instant::from_micros(5_000)), now);
+        assert!(kicked(&sig), "a timer due well before the wake-up");
+        // A thread that is awake is never kicked; it looks again (`pending`).
+        sig.awake();
+        sig.after_inline(Some(Instant::from_micros(1)), now);
+        assert!(!kicked(&sig));
+        assert!(sig.take_pending());
+    }
 
     #[test]
     fn tx_limits_hand_chunks_back() {

@@ -295,8 +295,10 @@ pub(crate) fn run_inline_as(signal: &ThreadSignal, mark_end: bool, hand: bool) -
         let mut settled = false;
         let mut next_known = None;
         let mut rounds = 0;
+        let mut last_now = Instant::ZERO;
         for _ in 0..INLINE_ROUNDS {
             let now = g.worker.clock.now();
+            last_now = now;
             rounds += 1;
             // A round that did something is usually followed by one that finds nothing;
             // when nothing is left for it (`settled`), that round is skipped: in a
@@ -329,7 +331,7 @@ pub(crate) fn run_inline_as(signal: &ThreadSignal, mark_end: bool, hand: bool) -
             }
         }
         if settled && (!asked || handed) {
-            signal.after_inline(next);
+            signal.after_inline(next, last_now);
         } else {
             // Work is left (the rounds did not settle, or asks went past the passes'
             // bound): the channel thread takes it.
