@@ -134,12 +134,34 @@ impl ChanRxWake {
     pub(crate) fn new(rx: Arc<RxSignal>, core: Weak<Core>, class: ChannelClass) -> Arc<ChanRxWake> {
         // Ready from the start: what came with the preamble waits, and no waker is
         // registered with the transport before the first read.
+        rx.ready_chans.fetch_add(1, Ordering::SeqCst);
         Arc::new(ChanRxWake {
             ready: AtomicBool::new(true),
             rx,
             core,
             latency: class == ChannelClass::Latency,
         })
+    }
+}
+
+impl ChanRxWake {
+    /// Takes the channel's ready mark (a read of it follows), keeping the stack's count of
+    /// marked channels.
+    pub(crate) fn take_ready(&self) -> bool {
+        let ready = self.ready.swap(false, Ordering::SeqCst);
+        if ready {
+            self.rx.ready_chans.fetch_sub(1, Ordering::SeqCst);
+        }
+        ready
+    }
+}
+
+impl Drop for ChanRxWake {
+    fn drop(&mut self) {
+        // A channel gone with its mark set leaves the count.
+        if *self.ready.get_mut() {
+            self.rx.ready_chans.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -150,7 +172,9 @@ impl Wake for ChanRxWake {
 
     fn wake_by_ref(self: &Arc<Self>) {
         // Before the reader's wake-up, so that the reader sees it.
-        self.ready.store(true, Ordering::SeqCst);
+        if !self.ready.swap(true, Ordering::SeqCst) {
+            self.rx.ready_chans.fetch_add(1, Ordering::SeqCst);
+        }
         // Never while this thread is already pulling: a waker can be called back from
         // inside the pull, with its locks held (the transport's `AtomicWaker::register`
         // wakes the new waker at once when an arrival raced the registration, and a
@@ -299,7 +323,7 @@ impl Core {
                     continue;
                 }
             }
-            let ready = chan.rx_wake.ready.swap(false, Ordering::SeqCst);
+            let ready = chan.rx_wake.take_ready();
             if matches!(sweep, Sweep::Ready(_)) && !ready {
                 continue;
             }
