@@ -29,7 +29,7 @@
 //! buckets, its maximum and how many took over 1 and 5 ms, for reading tails),
 //! `NETCHANNEL_BENCH_SLOW_US` (print each exchange of a stream that takes that many µs or
 //! more, with its end on `CLOCK_MONOTONIC`, to find it in a `perf record -k CLOCK_MONOTONIC`
-//! trace).
+//! trace), and where each measurement's exchanges begin and end on that clock.
 //!
 //! Without `--bench` (`cargo test --all-targets`) it takes 200 samples each, as a smoke
 //! test.
@@ -97,6 +97,17 @@ mod run {
             took.as_micros(),
             vns::monotonic_now()
         );
+    }
+
+    /// With `NETCHANNEL_BENCH_SLOW_US` set, prints where a measurement's exchanges begin or
+    /// end on `CLOCK_MONOTONIC`, so that a trace can be cut to one measurement's rounds.
+    fn mark(name: &str, edge: &str) {
+        if slow_threshold().is_some() {
+            println!(
+                "measurement {name} {edge} at {} s (CLOCK_MONOTONIC)",
+                vns::monotonic_now()
+            );
+        }
     }
 
     /// `n` exchanges on `s` (in a runtime task); returns the stream and the samples.
@@ -283,17 +294,25 @@ mod run {
 
     /// Per channel thread of both stacks (A's, then B's): wake-ups, inline sends, handed
     /// sends, inline rounds.
-    fn thread_counts(pair: &StackPair) -> Vec<[u64; 4]> {
+    fn thread_counts(pair: &StackPair) -> Vec<[u64; 5]> {
         [pair.channels_a(), pair.channels_b()]
             .iter()
             .flat_map(|set| set.thread_stats())
-            .map(|t| [t.wakeups, t.inline_sends, t.handed_sends, t.inline_rounds])
+            .map(|t| {
+                [
+                    t.wakeups,
+                    t.inline_sends,
+                    t.handed_sends,
+                    t.inline_rounds,
+                    t.thread_rounds,
+                ]
+            })
             .collect()
     }
 
     /// `NETCHANNEL_BENCH_STATS=1`: what the channel threads did during one measurement,
     /// per exchange (for reading where a stream's tail comes from).
-    fn print_thread_counts(name: &str, exchanges: usize, before: Vec<[u64; 4]>, pair: &StackPair) {
+    fn print_thread_counts(name: &str, exchanges: usize, before: Vec<[u64; 5]>, pair: &StackPair) {
         if std::env::var_os("NETCHANNEL_BENCH_STATS").is_none() {
             return;
         }
@@ -308,11 +327,12 @@ mod run {
         };
         println!(
             "{name}: per exchange, per channel thread (A's, then B's): wake-ups [{}], \
-             inline sends [{}], handed sends [{}], inline rounds [{}]",
+             inline sends [{}], handed sends [{}], inline rounds [{}], thread rounds [{}]",
             per(0),
             per(1),
             per(2),
-            per(3)
+            per(3),
+            per(4)
         );
     }
 
@@ -342,7 +362,9 @@ mod run {
         let mut k0 = Samples::with_capacity(per_round * rounds);
         let s = kernel_stream(&bed);
         let (s, _) = ping_pong(&rt, s, warm_up, Samples::default());
+        mark("kernel_nothing_attached", "begins");
         let (s, k0) = ping_pong(&rt, s, per_round * rounds, std::mem::take(&mut k0));
+        mark("kernel_nothing_attached", "ends");
         drop(s);
 
         // 1. With the stacks.
@@ -410,34 +432,44 @@ mod run {
             if wanted("virtual_stream") {
                 let before = thread_counts(&pair);
                 let s: VirtualStream;
+                mark("virtual_stream", "begins");
                 (s, vs_s) = ping_pong(&rt, vs, per_round, vs_s);
+                mark("virtual_stream", "ends");
                 vs = s;
                 print_thread_counts("virtual_stream", per_round, before, &pair);
             }
             if wanted("virtual_stream_runtime_rx") {
                 // The same stream with run-to-completion receive for every socket.
                 let s = with_runtime_rx(&rt, &pair, RuntimeRx::All, vs);
+                mark("virtual_stream_runtime_rx", "begins");
                 let (s, samples) = ping_pong(&rt, s, per_round, vr_s);
+                mark("virtual_stream_runtime_rx", "ends");
                 vr_s = samples;
                 vs = with_runtime_rx(&rt, &pair, RuntimeRx::default(), s);
             }
             if wanted("virtual_stream_latency_thread_rx") {
                 // The latency stream with the channel threads' hand-off.
                 let s = with_runtime_rx(&rt, &pair, RuntimeRx::Off, vl);
+                mark("virtual_stream_latency_thread_rx", "begins");
                 let (s, samples) = ping_pong(&rt, s, per_round, vlt_s);
+                mark("virtual_stream_latency_thread_rx", "ends");
                 vlt_s = samples;
                 vl = with_runtime_rx(&rt, &pair, RuntimeRx::default(), s);
             }
             if wanted("virtual_stream_latency") {
                 let before = thread_counts(&pair);
                 let s: VirtualStream;
+                mark("virtual_stream_latency", "begins");
                 (s, vl_s) = ping_pong(&rt, vl, per_round, vl_s);
+                mark("virtual_stream_latency", "ends");
                 vl = s;
                 print_thread_counts("virtual_stream_latency", per_round, before, &pair);
             }
             if wanted("kernel_xdp_attached") {
                 let s: tokio::net::TcpStream;
+                mark("kernel_xdp_attached", "begins");
                 (s, ks_s) = ping_pong(&rt, ks, per_round, ks_s);
+                mark("kernel_xdp_attached", "ends");
                 ks = s;
             }
             println!("round {round} done in {:.1} s", t.elapsed().as_secs_f64());

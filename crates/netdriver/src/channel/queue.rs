@@ -71,6 +71,11 @@ pub(crate) struct ThreadSignal {
     /// When the thread plans to wake (microseconds of its clock; `u64::MAX`: no timer),
     /// stored before it announces sleep.
     planned: AtomicU64,
+    /// An inline round ran since the thread last looked ([`after_inline`](Self::after_inline)):
+    /// the thread refreshes its timers before it sleeps. Apart from `pending`, so that
+    /// under a lease (the runtime serves the queue's arrivals) it does not run a round
+    /// of its own for it, which took the frames of an exchange in flight.
+    inline_ran: AtomicBool,
     /// When the last round of the queue (the thread's or an inline one) ended, in
     /// microseconds since `origin`: inline rounds are for a quiet queue only.
     last_round: AtomicU64,
@@ -124,6 +129,7 @@ impl ThreadSignal {
         Ok(ThreadSignal {
             sleeping: AtomicBool::new(false),
             pending: AtomicBool::new(false),
+            inline_ran: AtomicBool::new(false),
             control: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             efd,
@@ -324,7 +330,8 @@ impl ThreadSignal {
     }
 
     /// After an inline round that ran at `now`: the thread looks again before it sleeps
-    /// (`pending`, which pairs with `prepare_sleep` as in [`notify`](Self::notify)), and a
+    /// (`inline_ran`, which pairs with `prepare_sleep` as `pending` does in
+    /// [`notify`](Self::notify); see [`take_inline_ran`](Self::take_inline_ran)), and a
     /// sleeping thread is kicked only if the round armed a timer that its planned wake-up
     /// would make late by more than a quarter of the timer's delay.
     ///
@@ -335,7 +342,7 @@ impl ThreadSignal {
     /// wake-ups (0.6 % of a 4 KB ping-pong's sends) were part of its tail
     /// (`docs/performance.md`, thirteenth session).
     pub(crate) fn after_inline(&self, next_timer: Option<Instant>, now: Instant) {
-        self.pending.store(true, Ordering::SeqCst);
+        self.inline_ran.store(true, Ordering::SeqCst);
         if self.sleeping.load(Ordering::SeqCst) {
             let Some(next) = next_timer.map(Instant::total_micros) else {
                 return;
@@ -425,11 +432,21 @@ impl ThreadSignal {
         self.pending.swap(false, Ordering::SeqCst)
     }
 
+    /// Thread side: whether an inline round ran since the last call (cleared). The
+    /// thread then learns the queue's timers again; it runs a round for it only when no
+    /// runtime holds the queue's receive lease.
+    pub(crate) fn take_inline_ran(&self) -> bool {
+        self.inline_ran.load(Ordering::Relaxed) && self.inline_ran.swap(false, Ordering::SeqCst)
+    }
+
     /// Thread side: announces sleep. Returns false (and stays awake) when work arrived
-    /// meanwhile; then the caller must not sleep.
+    /// or an inline round ran meanwhile; then the caller must not sleep.
     pub(crate) fn prepare_sleep(&self) -> bool {
         self.sleeping.store(true, Ordering::SeqCst);
-        if self.pending.load(Ordering::SeqCst) || self.stop.load(Ordering::SeqCst) {
+        if self.pending.load(Ordering::SeqCst)
+            || self.inline_ran.load(Ordering::SeqCst)
+            || self.stop.load(Ordering::SeqCst)
+        {
             self.sleeping.store(false, Ordering::SeqCst);
             return false;
         }
@@ -1478,11 +1495,20 @@ mod tests {
         // Due at 5 ms: 5 ms late would be twice its delay.
         sig.after_inline(Some(Instant::from_micros(5_000)), now);
         assert!(kicked(&sig), "a timer due well before the wake-up");
-        // A thread that is awake is never kicked; it looks again (`pending`).
+        // A thread that is awake is never kicked; it looks again (`inline_ran`), and
+        // does not sleep before it has.
         sig.awake();
         sig.after_inline(Some(Instant::from_micros(1)), now);
         assert!(!kicked(&sig));
-        assert!(sig.take_pending());
+        assert!(
+            !sig.take_pending(),
+            "an inline round is not work for the thread"
+        );
+        assert!(!sig.prepare_sleep(), "it looks at the timers first");
+        sig.awake();
+        assert!(sig.take_inline_ran());
+        assert!(!sig.take_inline_ran());
+        assert!(sig.prepare_sleep());
     }
 
     #[test]

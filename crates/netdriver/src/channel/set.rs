@@ -199,6 +199,8 @@ pub(crate) struct Peer {
     pub(crate) resets_received: AtomicU64,
     /// Nanoseconds the thread spent in its rounds (not sleeping, not busy-polling idle).
     pub(crate) busy_ns: AtomicU64,
+    /// Rounds the thread ran (not inline ones).
+    pub(crate) thread_rounds: AtomicU64,
     /// Segments its [`RxDrop`](crate::netif::RxDrop) rule dropped (fault injection).
     pub(crate) rx_fault_dropped: AtomicU64,
 }
@@ -595,6 +597,7 @@ impl ChannelSet {
                 syns: SynCounters::default(),
                 resets_received: AtomicU64::new(0),
                 busy_ns: AtomicU64::new(0),
+                thread_rounds: AtomicU64::new(0),
                 rx_fault_dropped: AtomicU64::new(0),
             });
             ends.push((signal, crx, frx));
@@ -1058,6 +1061,7 @@ impl ChannelSet {
                 inline_sends: p.signal.inline_sends(),
                 handed_sends: p.signal.handed_sends(),
                 inline_rounds: p.signal.inline_rounds(),
+                thread_rounds: p.thread_rounds.load(Ordering::Relaxed),
                 wakeups: p.signal.wakeups(),
             })
             .collect()
@@ -1566,6 +1570,11 @@ pub struct QueueThreadStats {
     /// one finds nothing to do or leaves the queue settled, so this over the number of
     /// such calls says how many rounds a call costs.
     pub inline_rounds: u64,
+    /// Rounds the queue's channel thread ran itself, since the set started. While a
+    /// runtime serves the queue's arrivals under a lease ([`RxPoller`]) it runs none,
+    /// unless a timer of the queue is due or work was left to it: its wake-ups then only
+    /// look.
+    pub thread_rounds: u64,
     /// Times the thread serving the queue came back from sleep since the set started,
     /// whatever woke it: arrivals, kicks, timers, the end of a runtime's lease. On a host
     /// with few cores each one may preempt an application thread: they are most of a

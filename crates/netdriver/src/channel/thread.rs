@@ -574,6 +574,10 @@ struct Held {
     /// Its last round did something: the next pass runs one again, as a lone queue's
     /// thread would before sleeping.
     active: bool,
+    /// The queue's count of inline rounds when this thread last ran its round or looked
+    /// at the queue under a lease: a runtime that ran rounds since serves the queue, and
+    /// frames on its ring are that runtime's to take (see `idle`).
+    inline_seen: u64,
 }
 
 impl Held {
@@ -583,6 +587,7 @@ impl Held {
             deadline: None,
             ready: true,
             active: false,
+            inline_seen: 0,
         }
     }
 }
@@ -694,7 +699,17 @@ pub(crate) fn run_thread(start: ThreadStart) {
             }
             // Only the queues with something to do get a round: a thread serving many
             // queues does not walk every idle one on each wake-up.
-            let pending = h.slot.signal.take_pending();
+            let mut pending = h.slot.signal.take_pending();
+            if h.slot.signal.take_inline_ran() && !pending {
+                // Under a lease the runtime's rounds serve the queue: the thread only
+                // learns the timers they left. Without one the thread runs a round
+                // after them, as it always did.
+                if h.slot.signal.rx_lease_left().is_some() {
+                    h.deadline = peek_poll_at(&h.slot.state);
+                } else {
+                    pending = true;
+                }
+            }
             let due = h.deadline.is_some_and(|d| d <= now);
             if !(h.ready || h.active || pending || due) {
                 i += 1;
@@ -709,6 +724,8 @@ pub(crate) fn run_thread(start: ThreadStart) {
                 h.slot.signal.clear_round_wanted();
                 let a = g.round(clock.now());
                 h.deadline = g.worker.iface.poll_at();
+                // Inline rounds wait for the lock: none runs while the thread holds it.
+                h.inline_seen = h.slot.signal.inline_rounds();
                 (a, g.worker.iface.rx_drop())
             };
             h.active = queue_active;
@@ -717,6 +734,7 @@ pub(crate) fn run_thread(start: ThreadStart) {
                 // The queue's share of the thread's work, for per-queue utilisation.
                 let ns = u64::try_from(round_start.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 p.busy_ns.fetch_add(ns, Ordering::Relaxed);
+                p.thread_rounds.fetch_add(1, Ordering::Relaxed);
                 if let Some(rule) = rx_drop {
                     p.rx_fault_dropped.store(rule.dropped, Ordering::Relaxed);
                 }
@@ -1268,6 +1286,20 @@ impl Worker {
     }
 }
 
+/// The queue's next timer as its state has it now, or `None` also when an inline round
+/// holds the state: that round serves the timers due, and when it ends it tells the
+/// thread ([`ThreadSignal::after_inline`], or `notify` for work left), which then looks
+/// again before it sleeps, or is kicked in its sleep for a timer its planned wake-up
+/// would make late. A stale timer taken for due instead made the thread block on the
+/// lock and then run a round that took an exchange's frames in flight.
+fn peek_poll_at(state: &Mutex<QueueState>) -> Option<Instant> {
+    match state.try_lock() {
+        Ok(g) => g.worker.iface.poll_at(),
+        Err(TryLockError::Poisoned(p)) => p.into_inner().worker.iface.poll_at(),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
 /// Nothing happened this pass: spin briefly if configured and recently active, else sleep
 /// in one poll(2) on the thread's eventfd and, for each of its queues, the AF_XDP socket
 /// and the queue's eventfd, until the earliest timer (at most [`ACTIVE_TICK`] while
@@ -1325,13 +1357,24 @@ fn idle(
         if let Some(left) = lease {
             // Frames already on the ring may have made the socket readable before the
             // runtime's task looked, and found this thread in its round then: they raise
-            // no new readiness, so they are this thread's to take.
-            let waiting = match h.slot.state.try_lock() {
-                Ok(mut g) => g.worker.iface.link_mut().rx_ready(),
-                Err(TryLockError::Poisoned(p)) => p.into_inner().worker.iface.link_mut().rx_ready(),
-                // A round runs inline: it takes them.
-                Err(TryLockError::WouldBlock) => false,
-            };
+            // no new readiness, so they are this thread's to take. But while the runtime
+            // runs rounds (inline ones since this thread last looked), frames on the ring
+            // are an exchange in flight that its next round takes: taking them here
+            // handed a ping-pong's response to the reader through this thread, a
+            // cross-thread wake-up that doubled that exchange's time, at about half of
+            // the lease-end wake-ups (`docs/performance.md`, fourteenth session).
+            let inline = h.slot.signal.inline_rounds();
+            let served = inline != h.inline_seen;
+            h.inline_seen = inline;
+            let waiting = !served
+                && match h.slot.state.try_lock() {
+                    Ok(mut g) => g.worker.iface.link_mut().rx_ready(),
+                    Err(TryLockError::Poisoned(p)) => {
+                        p.into_inner().worker.iface.link_mut().rx_ready()
+                    }
+                    // A round runs inline: it takes them.
+                    Err(TryLockError::WouldBlock) => false,
+                };
             if waiting {
                 h.ready = true;
                 return;
@@ -1407,7 +1450,20 @@ fn idle(
     }
     match woken {
         Some(queues) => queues.into_iter().for_each(|i| held[i].ready = true),
-        None => held.iter_mut().for_each(|h| h.ready = true),
+        None => {
+            // A timeout: every queue looks, except one a runtime still serves under a
+            // renewed lease with no timer of this thread's due (its rounds are the
+            // runtime's; the next pass looks for frames left on its ring, above).
+            let now = clock.now();
+            for h in held.iter_mut() {
+                h.ready = h.slot.signal.rx_lease_left().is_none() || {
+                    // Inline rounds may have armed timers since this thread's last round:
+                    // the queue's own word on them.
+                    h.deadline = peek_poll_at(&h.slot.state);
+                    h.deadline.is_some_and(|d| d <= now)
+                };
+            }
+        }
     }
     ctl.signal.awake();
     for h in held.iter() {
@@ -1474,6 +1530,7 @@ mod tests {
                 syns: Default::default(),
                 resets_received: Default::default(),
                 busy_ns: Default::default(),
+                thread_rounds: Default::default(),
                 rx_fault_dropped: Default::default(),
             });
             rxs.push(frx);
