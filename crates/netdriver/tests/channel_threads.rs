@@ -315,3 +315,84 @@ fn killing_a_thread_kills_every_queue_it_serves() {
     a.shutdown().unwrap();
     assert!(!program_attached(&bed, Side::A));
 }
+
+/// A runtime that keeps a queue's receive lease and runs its rounds ([`RxPoller`]) serves
+/// the queue alone: the queue's channel thread, woken at each lease's end, runs no round
+/// of its own. Before, every inline round left the thread "work pending", so each of those
+/// wake-ups ran a round, which under traffic took the frames of an exchange in flight
+/// from the runtime and handed them over with a cross-thread wake-up (most of the 4 KB
+/// ping-pong's p99 gap to kernel TCP, `docs/performance.md`, fourteenth session).
+///
+/// [`RxPoller`]: netdriver::channel::RxPoller
+#[test]
+fn a_leased_queue_is_left_to_the_runtime_that_serves_it() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let a = start(&bed, Side::A, config(&bed, Side::A));
+    let b = start(&bed, Side::B, config(&bed, Side::B));
+    let listener = b.listen_channels().expect("listen");
+    let target = SocketAddrV4::new(bed.side(Side::B).ipv4, 9000);
+    let q = a.queues()[0];
+    let ch = a.connect_on(q, target).expect("connect");
+    let (peer_ch, _) = listener.accept_timeout(DEADLINE).expect("accept");
+    // One exchange, so that the connection is settled (nothing in flight, no timer due).
+    ch.enqueue_blocking(Bytes::from_static(b"ping"), Some(DEADLINE))
+        .expect("enqueue");
+    assert!(
+        matches!(peer_ch.dequeue_blocking(Some(DEADLINE)), Ok(Dequeued::Chunk(c)) if &c[..] == b"ping")
+    );
+    peer_ch
+        .enqueue_blocking(Bytes::from_static(b"pong"), Some(DEADLINE))
+        .expect("enqueue the reply");
+    assert!(
+        matches!(ch.dequeue_blocking(Some(DEADLINE)), Ok(Dequeued::Chunk(c)) if &c[..] == b"pong")
+    );
+
+    let poller = a
+        .rx_pollers()
+        .into_iter()
+        .find(|p| p.queue() == q)
+        .expect("a poller for the queue");
+    let stats = || {
+        a.thread_stats()
+            .into_iter()
+            .find(|s| s.queue == q)
+            .expect("the queue's stats")
+    };
+    let before = stats();
+    // The runtime: renews a short lease and runs the queue's rounds until the thread has
+    // woken at a few of the lease's ends.
+    const WAKEUPS: u64 = 6;
+    let started = std::time::Instant::now();
+    let mut now = stats();
+    let mut passes = 0u64;
+    while now.wakeups - before.wakeups < WAKEUPS {
+        poller.lease(std::time::Duration::from_millis(2));
+        poller.poll_now();
+        passes += 1;
+        if passes % 64 == 0 {
+            now = stats();
+            assert!(
+                started.elapsed() < DEADLINE,
+                "the thread woke {} times in {DEADLINE:?}",
+                now.wakeups - before.wakeups
+            );
+        }
+    }
+    let inline = now.inline_rounds - before.inline_rounds;
+    let thread = now.thread_rounds - before.thread_rounds;
+    assert!(inline > 0, "the runtime ran no round");
+    // A timer of the connection that comes due may take one.
+    assert!(
+        thread <= 1,
+        "the channel thread ran {thread} rounds of a queue served under a lease \
+         ({} wake-ups, {inline} inline rounds)",
+        now.wakeups - before.wakeups
+    );
+    poller.end_lease();
+    drop((ch, peer_ch));
+    a.shutdown().unwrap();
+    b.shutdown().unwrap();
+    assert!(!program_attached(&bed, Side::A) && !program_attached(&bed, Side::B));
+}
