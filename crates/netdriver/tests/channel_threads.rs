@@ -361,14 +361,14 @@ fn a_leased_queue_is_left_to_the_runtime_that_serves_it() {
             .expect("the queue's stats")
     };
     let before = stats();
-    // The runtime: renews a short lease and runs the queue's rounds until the thread has
-    // woken at a few of the lease's ends.
+    // The runtime: renews a lease (as long as `vns`'s) and runs the queue's rounds until
+    // the thread has woken at a few of the lease's ends.
     const WAKEUPS: u64 = 6;
     let started = std::time::Instant::now();
     let mut now = stats();
     let mut passes = 0u64;
     while now.wakeups - before.wakeups < WAKEUPS {
-        poller.lease(std::time::Duration::from_millis(2));
+        poller.lease(std::time::Duration::from_millis(10));
         poller.poll_now();
         passes += 1;
         if passes % 64 == 0 {
@@ -383,9 +383,11 @@ fn a_leased_queue_is_left_to_the_runtime_that_serves_it() {
     let inline = now.inline_rounds - before.inline_rounds;
     let thread = now.thread_rounds - before.thread_rounds;
     assert!(inline > 0, "the runtime ran no round");
-    // A timer of the connection that comes due may take one.
+    // A timer of the connection that comes due may take one, and so may a lease that ran
+    // out while this thread was preempted (the tests of this file run side by side);
+    // before, every wake-up took at least one.
     assert!(
-        thread <= 1,
+        thread <= 2,
         "the channel thread ran {thread} rounds of a queue served under a lease \
          ({} wake-ups, {inline} inline rounds)",
         now.wakeups - before.wakeups
