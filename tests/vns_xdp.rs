@@ -1151,14 +1151,16 @@ fn run_to_completion_receive_over_af_xdp() {
                      {sends_before:?} -> {sends_after:?}"
                 );
                 // Each call ran a round; a call that ran two (work, then nothing) for
-                // every message would make this at least 2.
+                // every message would make this at least 2. A call counts its rounds
+                // before itself: one in flight on the other worker when the first
+                // counts were read may have its rounds before the window and itself in it.
                 let calls = (after.0 - before.0)
                     + (after.1 - before.1)
                     + (sends_after.0 - sends_before.0)
                     + (sends_after.1 - sends_before.1);
                 let rounds = inline_after - inline_before;
                 assert!(
-                    rounds >= calls && 2 * rounds < 3 * calls,
+                    rounds + 1 >= calls && 2 * rounds < 3 * calls,
                     "{rounds} inline rounds for {calls} inline calls"
                 );
             }

@@ -151,9 +151,90 @@ pub fn coarse_millis() -> u64 {
         .saturating_add(u64::from(d.subsec_millis()))
 }
 
+/// How late a background thread's timed sleep may end when what it wakes for is a
+/// fallback (a lease's end, a periodic look), not a protocol timer: one timer tick at
+/// `HZ=250`. On a busy core the wake-up then comes with a tick the core takes anyway,
+/// instead of with an interrupt of its own: on the 2-core bed a timer interrupt on the
+/// core running a ping-pong cost 16 µs (median, 27 at p90) in the guest, and each one made
+/// that exchange a tail sample (`docs/performance.md`, fourteenth session).
+pub const FALLBACK_SLACK: std::time::Duration = std::time::Duration::from_millis(4);
+
+/// The slack for a sleep until a protocol timer `wait` ahead: an eighth of the wait, at
+/// least the kernel's default 50 µs and at most [`FALLBACK_SLACK`].
+pub fn timer_slack(wait: std::time::Duration) -> std::time::Duration {
+    (wait / 8).clamp(std::time::Duration::from_micros(50), FALLBACK_SLACK)
+}
+
+/// The calling thread's timer slack (`PR_SET_TIMERSLACK`: how much later than asked the
+/// kernel may end its timed sleeps, so that it can serve several timers with one
+/// interrupt), set with a system call only when it changes. Keep one per thread.
+#[derive(Debug, Default)]
+pub struct TimerSlack {
+    /// The slack last set, in nanoseconds (0: never set here).
+    set_ns: u64,
+}
+
+impl TimerSlack {
+    /// Slack not set yet (the thread has the kernel's default, or its parent's).
+    pub const fn new() -> TimerSlack {
+        TimerSlack { set_ns: 0 }
+    }
+
+    /// Lets the thread's timed sleeps end up to `slack` late, from the next sleep on.
+    /// Values are taken in 50 µs steps, so that nearby ones share one system call.
+    pub fn set(&mut self, slack: std::time::Duration) {
+        const STEP_NS: u64 = 50_000;
+        let ns = u64::try_from(slack.as_nanos())
+            .unwrap_or(u64::MAX)
+            .div_ceil(STEP_NS)
+            .max(1)
+            .saturating_mul(STEP_NS);
+        if ns == self.set_ns {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let arg = libc::c_ulong::try_from(ns).unwrap_or(libc::c_ulong::MAX);
+            if nix::sys::prctl::set_timerslack(arg).is_err() {
+                return;
+            }
+        }
+        self.set_ns = ns;
+    }
+
+    /// The slack last set here, if any.
+    pub fn get(&self) -> Option<std::time::Duration> {
+        (self.set_ns > 0).then(|| std::time::Duration::from_nanos(self.set_ns))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timer_slack_follows_the_wait_within_bounds() {
+        use std::time::Duration as D;
+        assert_eq!(timer_slack(D::from_millis(2)), D::from_micros(250));
+        assert_eq!(timer_slack(D::from_micros(100)), D::from_micros(50));
+        assert_eq!(timer_slack(D::from_secs(1)), FALLBACK_SLACK);
+        let mut s = TimerSlack::new();
+        assert_eq!(s.get(), None);
+        s.set(D::from_micros(120));
+        assert_eq!(
+            s.get(),
+            Some(D::from_micros(150)),
+            "rounded up to a 50 µs step"
+        );
+        #[cfg(target_os = "linux")]
+        assert_eq!(
+            nix::sys::prctl::get_timerslack().ok(),
+            Some(150_000),
+            "the thread's slack as the kernel has it"
+        );
+        s.set(D::from_micros(140));
+        assert_eq!(s.get(), Some(D::from_micros(150)));
+    }
 
     #[test]
     fn arithmetic_saturates() {

@@ -76,6 +76,12 @@ pub(crate) struct ThreadSignal {
     /// under a lease (the runtime serves the queue's arrivals) it does not run a round
     /// of its own for it, which took the frames of an exchange in flight.
     inline_ran: AtomicBool,
+    /// The queue's next timer as the last inline round left it (microseconds of the
+    /// set's clock; `u64::MAX`: none), published while that round still held the state,
+    /// so in the order of the rounds. The thread reads it after `inline_ran` instead of
+    /// taking the state's lock, which an application's inline call would then have found
+    /// held.
+    inline_timer: AtomicU64,
     /// When the last round of the queue (the thread's or an inline one) ended, in
     /// microseconds since `origin`: inline rounds are for a quiet queue only.
     last_round: AtomicU64,
@@ -130,6 +136,7 @@ impl ThreadSignal {
             sleeping: AtomicBool::new(false),
             pending: AtomicBool::new(false),
             inline_ran: AtomicBool::new(false),
+            inline_timer: AtomicU64::new(u64::MAX),
             control: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             efd,
@@ -430,6 +437,21 @@ impl ThreadSignal {
     /// Thread side: consumes the "work pending" flag at the start of a round.
     pub(crate) fn take_pending(&self) -> bool {
         self.pending.swap(false, Ordering::SeqCst)
+    }
+
+    /// Inline side, still holding the queue's state: the queue's next timer after the
+    /// round (see `inline_timer`).
+    pub(crate) fn set_inline_timer(&self, next: Option<Instant>) {
+        let v = next.map_or(u64::MAX, |d| d.total_micros());
+        self.inline_timer.store(v, Ordering::SeqCst);
+    }
+
+    /// Thread side: the queue's next timer as the last inline round left it.
+    pub(crate) fn inline_timer(&self) -> Option<Instant> {
+        match self.inline_timer.load(Ordering::SeqCst) {
+            u64::MAX => None,
+            v => Some(Instant::from_micros(v)),
+        }
     }
 
     /// Thread side: whether an inline round ran since the last call (cleared). The
@@ -1509,6 +1531,12 @@ mod tests {
         assert!(sig.take_inline_ran());
         assert!(!sig.take_inline_ran());
         assert!(sig.prepare_sleep());
+        // The timer the last inline round left, for the thread to read without the lock.
+        assert_eq!(sig.inline_timer(), None);
+        sig.set_inline_timer(Some(Instant::from_micros(7_000)));
+        assert_eq!(sig.inline_timer(), Some(Instant::from_micros(7_000)));
+        sig.set_inline_timer(None);
+        assert_eq!(sig.inline_timer(), None);
     }
 
     #[test]

@@ -315,6 +315,7 @@ pub(crate) fn run_inline_as(signal: &ThreadSignal, mark_end: bool, hand: bool) -
         }
         signal.count_inline_rounds(rounds);
         let next = next_known.unwrap_or_else(|| g.worker.iface.poll_at());
+        signal.set_inline_timer(next);
         drop(g);
         // Somebody found the round held while it ran here and asked for one more.
         let asked = signal.take_round_wanted();
@@ -629,6 +630,7 @@ pub(crate) fn run_thread(start: ThreadStart) {
     // Queues to hand on as soon as they arrive here.
     let mut forwards: HashMap<usize, Arc<ThreadControl>> = HashMap::new();
     let mut last_active = std::time::Instant::now();
+    let mut slack = crate::time::TimerSlack::new();
     loop {
         if set.stopped.load(Ordering::Acquire) {
             break;
@@ -705,7 +707,7 @@ pub(crate) fn run_thread(start: ThreadStart) {
                 // learns the timers they left. Without one the thread runs a round
                 // after them, as it always did.
                 if h.slot.signal.rx_lease_left().is_some() {
-                    h.deadline = peek_poll_at(&h.slot.state);
+                    h.deadline = h.slot.signal.inline_timer();
                 } else {
                     pending = true;
                 }
@@ -724,6 +726,9 @@ pub(crate) fn run_thread(start: ThreadStart) {
                 h.slot.signal.clear_round_wanted();
                 let a = g.round(clock.now());
                 h.deadline = g.worker.iface.poll_at();
+                // This round's word on the timers is newer than any inline round's (none
+                // runs while the thread holds the state).
+                h.slot.signal.take_inline_ran();
                 // Inline rounds wait for the lock: none runs while the thread holds it.
                 h.inline_seen = h.slot.signal.inline_rounds();
                 (a, g.worker.iface.rx_drop())
@@ -747,7 +752,15 @@ pub(crate) fn run_thread(start: ThreadStart) {
             last_active = std::time::Instant::now();
             continue;
         }
-        idle(&ctl, &mut held, clock, busy_poll, now, last_active);
+        idle(
+            &ctl,
+            &mut held,
+            &mut slack,
+            clock,
+            busy_poll,
+            now,
+            last_active,
+        );
     }
     // The set stops: every queue here, and every queue on its way here, stops.
     for h in held.drain(..) {
@@ -1286,20 +1299,6 @@ impl Worker {
     }
 }
 
-/// The queue's next timer as its state has it now, or `None` also when an inline round
-/// holds the state: that round serves the timers due, and when it ends it tells the
-/// thread ([`ThreadSignal::after_inline`], or `notify` for work left), which then looks
-/// again before it sleeps, or is kicked in its sleep for a timer its planned wake-up
-/// would make late. A stale timer taken for due instead made the thread block on the
-/// lock and then run a round that took an exchange's frames in flight.
-fn peek_poll_at(state: &Mutex<QueueState>) -> Option<Instant> {
-    match state.try_lock() {
-        Ok(g) => g.worker.iface.poll_at(),
-        Err(TryLockError::Poisoned(p)) => p.into_inner().worker.iface.poll_at(),
-        Err(TryLockError::WouldBlock) => None,
-    }
-}
-
 /// Nothing happened this pass: spin briefly if configured and recently active, else sleep
 /// in one poll(2) on the thread's eventfd and, for each of its queues, the AF_XDP socket
 /// and the queue's eventfd, until the earliest timer (at most [`ACTIVE_TICK`] while
@@ -1309,6 +1308,7 @@ fn peek_poll_at(state: &Mutex<QueueState>) -> Option<Instant> {
 fn idle(
     ctl: &ThreadControl,
     held: &mut [Held],
+    slack: &mut crate::time::TimerSlack,
     clock: crate::time::Clock,
     busy_poll: Duration,
     now: Instant,
@@ -1401,6 +1401,17 @@ fn idle(
             return;
         }
     }
+    // A wake-up for a protocol timer may come an eighth of its wait late; one for a
+    // lease's end or the active tick, a timer tick late, so that on a busy core it comes
+    // with that tick rather than with an interrupt of its own.
+    if let Some(p) = planned {
+        let for_timer = deadline.is_some_and(|d| d <= p);
+        slack.set(if for_timer {
+            crate::time::timer_slack(p.saturating_duration_since(now))
+        } else {
+            crate::time::FALLBACK_SLACK
+        });
+    }
     let timeout = match planned {
         None => PollTimeout::NONE,
         Some(d) => {
@@ -1458,8 +1469,10 @@ fn idle(
             for h in held.iter_mut() {
                 h.ready = h.slot.signal.rx_lease_left().is_none() || {
                     // Inline rounds may have armed timers since this thread's last round:
-                    // the queue's own word on them.
-                    h.deadline = peek_poll_at(&h.slot.state);
+                    // the last one's word on them.
+                    if h.slot.signal.take_inline_ran() {
+                        h.deadline = h.slot.signal.inline_timer();
+                    }
                     h.deadline.is_some_and(|d| d <= now)
                 };
             }

@@ -254,6 +254,15 @@ impl Chan {
         self.tx.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The tx lock if nobody holds it now.
+    pub(crate) fn try_lock_tx(&self) -> Option<MutexGuard<'_, ChanTx>> {
+        match self.tx.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     fn lock_rx(&self) -> MutexGuard<'_, ChanRx> {
         self.rx.lock().unwrap_or_else(|p| p.into_inner())
     }

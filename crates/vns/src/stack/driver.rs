@@ -35,7 +35,7 @@ use tracing::{debug, warn};
 use super::auth;
 use super::backend::{Acceptor, Backend, BoxedTransport};
 use super::chan::{Chan, ChanRxWake, ChanTable, PullMark, Sweep};
-use super::shard::{FinishNeeded, Shard, ShardSet, MAX_SHARDS};
+use super::shard::{FinishNeeded, Shard, ShardSet, TxLocks, MAX_SHARDS};
 use crate::endpoint::{Endpoint, Error as VnsError, PeerId, SocketId};
 
 mod plans;
@@ -1389,7 +1389,7 @@ impl Core {
             return;
         }
         let mut cx = Context::from_waker(&self.signal_waker);
-        fin.more |= shard.transmit_all(table, &mut cx);
+        fin.more |= shard.transmit_all(table, &mut cx, TxLocks::Wait);
         fin.more |= shard.drain_events(&mut fin.wake);
         // A short chunk held back (Nagle): the driver's sleep must end by its deadline.
         fin.more |= shard.ep.timers_changed();
@@ -1699,6 +1699,7 @@ impl Core {
         let mut fin = Finish::default();
         let mut handed_seen = 0;
         let mut active_until: Option<Instant> = None;
+        let mut slack = netdriver::time::TimerSlack::new();
         loop {
             self.signal.notified.store(false, Ordering::SeqCst);
             if self.signal.stop.load(Ordering::Acquire) {
@@ -1728,12 +1729,25 @@ impl Core {
                     self.signal.deep.store(false, Ordering::SeqCst);
                 }
             }
-            let deadline = if timed {
+            let (deadline, fallback) = if timed {
                 let fallback = now + PULL_FALLBACK;
-                Some(deadline.map_or(fallback, |d| d.min(fallback)))
+                match deadline {
+                    Some(d) if d < fallback => (Some(d), false),
+                    _ => (Some(fallback), true),
+                }
             } else {
-                deadline
+                (deadline, false)
             };
+            // The fallback may come a timer tick late, with a tick the core takes anyway
+            // (`netdriver::time::FALLBACK_SLACK`); the driver's own timers an eighth of
+            // their wait.
+            if let Some(d) = deadline {
+                slack.set(if fallback {
+                    netdriver::time::FALLBACK_SLACK
+                } else {
+                    netdriver::time::timer_slack(d.saturating_duration_since(now))
+                });
+            }
             while !self.signal.notified.load(Ordering::Acquire) {
                 match deadline {
                     Some(d) => {
@@ -1782,12 +1796,16 @@ impl Core {
                 deadline = earliest(deadline, Some(now + SHARD_RETRY));
                 continue;
             };
-            busy |= s.transmit_all(&table, cx);
+            busy |= s.transmit_all(&table, cx, TxLocks::Skip);
             busy |= s.drain_events(&mut fin.wake);
             deadline = earliest(deadline, s.expire(now, &mut fin.wake));
             // A socket reset by a timer queued a RESET: send it now.
-            busy |= s.transmit_all(&table, cx);
+            busy |= s.transmit_all(&table, cx, TxLocks::Skip);
             busy |= s.drain_events(&mut fin.wake);
+            // A channel's tx lock was held: what this shard has for it goes next time.
+            if s.take_tx_skipped() {
+                deadline = earliest(deadline, Some(now + SHARD_RETRY));
+            }
             #[cfg(target_os = "linux")]
             fin.take_kicks(&mut s.kicks);
         }

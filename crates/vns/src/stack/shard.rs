@@ -80,6 +80,18 @@ pub(crate) enum FinishNeeded {
 }
 
 /// Everything behind one shard's lock.
+/// Whether a transmit pass waits for a channel's tx lock that another thread holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TxLocks {
+    /// It waits: an application call sends its own chunks (and those its channel
+    /// refused) before it returns.
+    Wait,
+    /// It passes the channel by: the stack driver, which serves every shard, does not
+    /// wait behind one channel's holder (a bulk shard's flush preempted on a busy core
+    /// held the driver, and with it the latency class's fallback pulls, for as long).
+    Skip,
+}
+
 pub(crate) struct Shard {
     pub(crate) ep: Endpoint,
     // Keys this host assigns (socket ids, local ports): FxHash, see Cargo.toml.
@@ -96,6 +108,9 @@ pub(crate) struct Shard {
     tx_buf: Vec<u8>,
     /// Scratch space of [`Shard::transmit_all`]: the channels it visits.
     tx_visit: Vec<ChannelId>,
+    /// A pass with [`TxLocks::Skip`] passed a channel whose tx lock another thread held
+    /// (see [`Shard::take_tx_skipped`]).
+    tx_skipped: bool,
     /// Channel wake-ups (or inline transmits) that enqueues handed back, run by whoever
     /// releases the lock next: a round of a channel thread, with its system call, never
     /// runs under a shard's lock. With how it runs ([`KickMode`]): inline for any
@@ -314,6 +329,7 @@ impl Shard {
             idle: FxHashSet::default(),
             tx_buf: Vec::with_capacity(SMALL_BATCH),
             tx_visit: Vec::new(),
+            tx_skipped: false,
             #[cfg(target_os = "linux")]
             kicks: Vec::new(),
             help_class: None,
@@ -330,7 +346,12 @@ impl Shard {
 
     /// Moves the endpoint's output into every channel; returns whether work is left over
     /// (a channel's budget was used up, or a channel died: the driver drops it).
-    pub(crate) fn transmit_all(&mut self, table: &ChanTable, cx: &mut Context<'_>) -> bool {
+    pub(crate) fn transmit_all(
+        &mut self,
+        table: &ChanTable,
+        cx: &mut Context<'_>,
+        locks: TxLocks,
+    ) -> bool {
         // The scheduler reads the channels' loads when it places new chunks: refresh them
         // first (a channel whose last report was zero cannot have gained load, since only
         // the stack enqueues into it).
@@ -380,7 +401,7 @@ impl Shard {
             if chan.dead().is_some() {
                 continue;
             }
-            match self.transmit(chan, cx, &mut buf) {
+            match self.transmit(chan, cx, &mut buf, locks) {
                 Ok(more) => busy |= more,
                 Err(why) => {
                     chan.mark_dead(why);
@@ -391,6 +412,12 @@ impl Shard {
         self.tx_visit = visit;
         self.tx_buf = buf;
         busy
+    }
+
+    /// Whether a pass with [`TxLocks::Skip`] passed a channel whose tx lock was held since
+    /// the last call (cleared): its chunks wait for a later pass.
+    pub(crate) fn take_tx_skipped(&mut self) -> bool {
+        std::mem::take(&mut self.tx_skipped)
     }
 
     /// What [`Core::finish_call`](super::driver::Core::finish_call)'s pass over this
@@ -442,9 +469,21 @@ impl Shard {
         chan: &Chan,
         cx: &mut Context<'_>,
         buf: &mut Vec<u8>,
+        locks: TxLocks,
     ) -> Result<bool, Gone> {
         let id = chan.id;
-        let mut tx = chan.lock_tx();
+        let mut tx = match locks {
+            TxLocks::Wait => chan.lock_tx(),
+            // The holder sends what the channel refused before (it goes first); this
+            // shard's chunks for it wait in the endpoint for the next pass.
+            TxLocks::Skip => match chan.try_lock_tx() {
+                Some(tx) => tx,
+                None => {
+                    self.tx_skipped = true;
+                    return Ok(false);
+                }
+            },
+        };
         let mut more = false;
         let mut budget = TX_BUDGET * TX_BATCH;
         // A kick for this channel waits in `kicks` (run once the lock is released): what
