@@ -726,10 +726,9 @@ pub(crate) fn run_thread(start: ThreadStart) {
                 h.slot.signal.clear_round_wanted();
                 let a = g.round(clock.now());
                 h.deadline = g.worker.iface.poll_at();
-                // This round's word on the timers is newer than any inline round's (none
-                // runs while the thread holds the state).
+                // No inline round runs while the thread holds the state: this round's
+                // word on the timers is the newest, and the inline count is exact.
                 h.slot.signal.take_inline_ran();
-                // Inline rounds wait for the lock: none runs while the thread holds it.
                 h.inline_seen = h.slot.signal.inline_rounds();
                 (a, g.worker.iface.rx_drop())
             };
@@ -1366,15 +1365,10 @@ fn idle(
             let inline = h.slot.signal.inline_rounds();
             let served = inline != h.inline_seen;
             h.inline_seen = inline;
+            // A round running inline (the lock held) takes them.
             let waiting = !served
-                && match h.slot.state.try_lock() {
-                    Ok(mut g) => g.worker.iface.link_mut().rx_ready(),
-                    Err(TryLockError::Poisoned(p)) => {
-                        p.into_inner().worker.iface.link_mut().rx_ready()
-                    }
-                    // A round runs inline: it takes them.
-                    Err(TryLockError::WouldBlock) => false,
-                };
+                && try_lock_state(&h.slot.state)
+                    .is_some_and(|mut g| g.worker.iface.link_mut().rx_ready());
             if waiting {
                 h.ready = true;
                 return;
@@ -1461,22 +1455,13 @@ fn idle(
     }
     match woken {
         Some(queues) => queues.into_iter().for_each(|i| held[i].ready = true),
-        None => {
-            // A timeout: every queue looks, except one a runtime still serves under a
-            // renewed lease with no timer of this thread's due (its rounds are the
-            // runtime's; the next pass looks for frames left on its ring, above).
-            let now = clock.now();
-            for h in held.iter_mut() {
-                h.ready = h.slot.signal.rx_lease_left().is_none() || {
-                    // Inline rounds may have armed timers since this thread's last round:
-                    // the last one's word on them.
-                    if h.slot.signal.take_inline_ran() {
-                        h.deadline = h.slot.signal.inline_timer();
-                    }
-                    h.deadline.is_some_and(|d| d <= now)
-                };
-            }
-        }
+        // A timeout: every queue looks, except one a runtime still serves under a renewed
+        // lease (its rounds are the runtime's): the next pass learns the timers the
+        // runtime's rounds left and runs its round only if one is due, and `idle` looks
+        // for frames left on its ring.
+        None => held
+            .iter_mut()
+            .for_each(|h| h.ready = h.slot.signal.rx_lease_left().is_none()),
     }
     ctl.signal.awake();
     for h in held.iter() {
