@@ -72,12 +72,15 @@ fn shutdown_joins_threads_aborts_and_detaches() {
         other => panic!("{other}"),
     };
     let mut cfg = config(&bed, Side::A);
-    cfg.cores = Some(vec![0]);
+    cfg.placement = netdriver::channel::Placement::Runtimes {
+        count: None,
+        cores: Some(vec![0]),
+    };
     let set = start(&bed, Side::A, cfg);
     assert!(program_attached(&bed, Side::A));
-    let mut names = threads_named("nc-chan-vA");
+    let mut names = threads_named("nc-q-vA");
     names.sort();
-    assert_eq!(names, ["nc-chan-vA-q0", "nc-chan-vA-q1"]);
+    assert_eq!(names, ["nc-q-vA-0", "nc-q-vA-1"]);
     assert_eq!(threads_named("nc-neigh-vA").len(), 1);
     let listener = set.listen(7100).expect("listen");
     let ch = set.connect(addr).expect("connect");
@@ -85,38 +88,32 @@ fn shutdown_joins_threads_aborts_and_detaches() {
     ch.flush_blocking(Some(DEADLINE)).unwrap();
     assert_eq!(set.flow_count(), 1);
     // Each queue reports its AF_XDP socket's kernel drop counters: none on a quiet link.
-    let threads = set.thread_stats();
-    assert_eq!(threads.len(), 2);
-    for t in &threads {
-        assert_eq!(t.xsk_drops, Some(XskDrops::default()), "{t:?}");
+    let queues = set.queue_stats();
+    assert_eq!(queues.len(), 2);
+    for q in &queues {
+        assert_eq!(q.xsk_drops, Some(XskDrops::default()), "{q:?}");
     }
 
-    // The handshake's arrivals woke a thread at least once.
-    let wakeups = |set: &ChannelSet| -> u64 { set.thread_stats().iter().map(|t| t.wakeups).sum() };
-    let woken_before = wakeups(&set);
-    assert!(woken_before > 0, "{:?}", set.thread_stats());
+    // The handshake's arrivals got the queues' drivers polled.
+    let polls = |set: &ChannelSet| -> u64 { set.queue_stats().iter().map(|q| q.polls).sum() };
+    let polled_before = polls(&set);
+    assert!(polled_before > 0, "{:?}", set.queue_stats());
 
-    // Idle threads sleep in poll(2): over half a second they use (almost) no CPU. A
+    // Idle queue runtimes wait in epoll: over half a second they use (almost) no CPU. A
     // spinning thread would use all of it (about 50 ticks at 100 Hz).
-    let before = cpu_ticks("nc-chan-vA");
+    let before = cpu_ticks("nc-q-vA");
     std::thread::sleep(Duration::from_millis(500));
-    let used = cpu_ticks("nc-chan-vA") - before;
-    assert!(
-        used <= 5,
-        "idle channel threads used {used} ticks in 500 ms"
-    );
-    // And they wake rarely: at most every ACTIVE_TICK (10 ms) while recently active, plus
-    // the connection's timers: ~50 per thread in 500 ms. A thread that polled with a zero
-    // timeout would count thousands.
-    let woken = wakeups(&set) - woken_before;
-    assert!(
-        woken <= 150,
-        "idle channel threads woke {woken} times in 500 ms"
-    );
+    let used = cpu_ticks("nc-q-vA") - before;
+    assert!(used <= 5, "idle queue runtimes used {used} ticks in 500 ms");
+    // And their drivers are polled rarely: for the connection's timers only (and a timer
+    // pushed back fires early once). A driver that polled in a loop would count
+    // thousands.
+    let polled = polls(&set) - polled_before;
+    assert!(polled <= 50, "idle drivers were polled {polled} times in 500 ms");
 
     set.shutdown().expect("shutdown");
 
-    assert!(threads_named("nc-chan-vA").is_empty());
+    assert!(threads_named("nc-q-vA").is_empty());
     assert!(threads_named("nc-neigh-vA").is_empty());
     assert!(!program_attached(&bed, Side::A));
     assert!(matches!(ch.dequeue(), Err(ChannelError::ShutDown)));

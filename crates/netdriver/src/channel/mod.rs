@@ -1,60 +1,61 @@
-//! Channels: in-crate TCP connections with application-facing Tx and Rx queues, driven by
-//! channel threads that each serve one or more NIC queues.
+//! Channels: in-crate TCP connections with application-facing Tx and Rx queues, each NIC
+//! queue owned by one driver future on a runtime its placement chooses.
 //!
 //! A *channel* (the NetChannel paper's unit) is one L4 connection between two hosts plus
 //! two queues of opaque chunks: the application [`enqueue`](Channel::enqueue)s
-//! [`Bytes`] chunks that the channel's thread hands to TCP, and
-//! [`dequeue`](Channel::dequeue)s the chunks that thread cut from TCP's receive buffer.
-//! The API is the paper's: create ([`ChannelSet::connect`], [`ChannelListener::accept`]),
-//! destroy ([`Channel::abort`] or drop), enqueue, dequeue; plus [`Channel::stats`] for the
+//! [`Bytes`] chunks that the queue's driver hands to TCP, and
+//! [`dequeue`](Channel::dequeue)s the chunks it cut from TCP's receive buffer (or
+//! installs an [`RxSink`] that the driver hands them to directly). The API is the
+//! paper's: create ([`ChannelSet::connect`], [`ChannelListener::accept`]), destroy
+//! ([`Channel::abort`] or drop), enqueue, dequeue; plus [`Channel::stats`] for the
 //! scheduler.
 //!
-//! # Threads
+//! # One owner per NIC queue
 //!
 //! [`ChannelSet::start`] attaches the steering XDP program (`xdp_prog::XdpSteering`) to
-//! the interface, opens one AF_XDP [`XdpLink`](crate::link::xdp::XdpLink) per rx queue
-//! and spawns **one channel thread per queue** to begin with. A queue's state, its
+//! the interface and opens one AF_XDP [`XdpLink`](crate::link::xdp::XdpLink) per rx queue
+//! ([`ChannelSet::start_on_switch`] uses the ports of an in-memory
+//! [`SimSwitch`](crate::link::switch::SimSwitch) instead). A queue's state, its
 //! [`Interface`](crate::netif::Interface) and every TCP connection whose frames arrive on
-//! that queue, timers included, sits behind one mutex and is run by one thread at a time;
-//! nothing of a connection is shared with another thread except the channel's lock-free
-//! queues and atomics. For each of its queues a thread runs rounds:
+//! that queue, timers included, is owned by one queue driver (`driver.rs`): a future
+//! that waits on the link's readiness, on the queue's wake-up signal and on a timer at the
+//! interface's next deadline, and then runs rounds until the queue is settled (bounded by
+//! a work limiter). A round (`round.rs`):
 //!
-//! 1. drain its command queue (connect, listen, unlisten) and frames forwarded to it;
-//! 2. move chunks from each channel's Tx queue into `Connection::send`, keeping the part
+//! 1. takes commands (connect, listen, unlisten) and frames forwarded from other queues;
+//! 2. moves chunks from each channel's Tx queue into `Connection::send`, keeping the part
 //!    of a chunk that did not fit;
 //! 3. `Interface::poll(now)`: receive, timers, transmit;
-//! 4. move received bytes from `Connection::recv` into each channel's Rx queue as
-//!    [`Bytes`] chunks, **stopping when the Rx queue is at its chunk or byte limit** so
-//!    that TCP's receive buffer fills and its advertised window closes: that is the
-//!    backpressure from a slow reader to the remote sender;
-//! 5. accept new connections of listened ports, notice closes and errors, publish each
-//!    channel's statistics, wake waiting users.
+//! 4. hands received bytes to each channel's [`RxSink`], or moves them into its Rx queue
+//!    as [`Bytes`] chunks, **stopping when the sink pauses or the Rx queue is at its
+//!    limit** so that TCP's receive buffer fills and its advertised window closes: that
+//!    is the backpressure from a slow reader to the remote sender;
+//! 5. accepts new connections of listened ports, notices closes and errors, publishes
+//!    each channel's statistics, wakes waiting users.
 //!
-//! With nothing to do it sleeps in one `poll(2)` on its own `eventfd` and, per queue, the
-//! AF_XDP socket **and** the queue's `eventfd`, until the earliest of its interfaces' next
-//! timers (`Interface::poll_at`). An application call that gives a queue work (an
-//! enqueue, a dequeue that made room in a full Rx queue, a command) writes the queue's
-//! eventfd only when its thread has announced that it is about to sleep (an atomic flag,
-//! checked Dekker-style against a "work pending" flag), so busy threads get no system
-//! calls. With `busy_poll` set in the link template, a thread spins on its rx rings for
-//! at most that long after its last activity, and never while its links have been idle
-//! longer than that.
+//! Nothing else runs a queue's round: an application call that gives a queue work (an
+//! enqueue, a dequeue that made room in a full Rx queue, a command) sets the queue's
+//! pending flag and wakes its driver, once per burst.
 //!
-//! # Scaling and placement
+//! # Placement
 //!
-//! Threads are added ([`ChannelSet::add_thread`]), pinned ([`ChannelSet::pin_thread`])
-//! and removed ([`ChannelSet::remove_thread`]) at run time, and queues moved between them
-//! ([`ChannelSet::move_queue`]): a queue's state is handed over whole between two rounds,
-//! so nothing is lost, duplicated or reordered, and since every wake-up of a queue goes
-//! through the queue's own eventfd, wake-ups follow it. [`ChannelSet::placement`] is a
-//! `serde` snapshot of which thread serves which queue, where and how busily.
+//! Which runtime drives each queue is a [`Placement`] at start and
+//! [`ChannelSet::move_queue`] afterwards: queue runtimes of the set's own (a thread each,
+//! running a current-thread tokio runtime, optionally pinned: the paper's disaggregated
+//! mode), or a runtime handed to the set ([`ChannelSet::add_external_runtime`]: the
+//! application's, so that its tasks and its queues' rounds run to completion on the same
+//! threads). One runtime drives any number of queues. Moving a queue starts a driver on
+//! the target runtime; the old one ends at its next poll, and the queue's state is never
+//! in two drivers, so nothing is lost, duplicated or reordered. A watchdog moves a queue
+//! off a runtime that leaves its work waiting (a blocked worker) and brings it back later
+//! (`placement.rs`). [`ChannelSet::placement`] is a `serde` snapshot.
 //!
 //! ```no_run
 //! # fn f(set: &netdriver::channel::ChannelSet) -> Result<(), netdriver::channel::ChannelError> {
-//! let t = set.add_thread(Some(3))?;  // a thread on core 3
-//! set.move_queue(0, t)?;             // serves queue 0 from now on
-//! println!("{}", set.placement());   // thread 0 queues [] ...; thread 2 queues [0] core 3 ...
-//! set.remove_thread(0)?;             // queue-less now: it just ends
+//! use netdriver::channel::DriverPlace;
+//! let r = set.add_runtime(Some(3))?;              // a queue runtime on core 3
+//! set.move_queue(0, DriverPlace::Runtime(r))?;    // drives queue 0 from now on
+//! println!("{}", set.placement());
 //! # Ok(()) }
 //! ```
 //!
@@ -74,21 +75,22 @@
 //!
 //! The peer picks the queue its segments arrive on (on veth: the rx queue is the sender's
 //! tx queue, chosen by the sending kernel per socket, and it may change when the socket is
-//! rehashed). A SYN-ACK or data for a connection owned by thread *q* can therefore arrive
-//! on thread *r*. A shared **flow directory** maps each 4-tuple to its owning queue
-//! (entries are made before a SYN leaves, or when a SYN to a listener is first seen, and
-//! removed with the connection). Thread *r*'s interface asks, for every segment of a flow
-//! it does not know (`Interface::poll_with`); if the directory names another owner, *r*
-//! copies the frame into a pooled buffer and sends it over a bounded channel to the owner
-//! (waking it), which feeds it to its interface (`Interface::receive_frame_with`). Only
-//! segments of flows nobody owns are answered with a reset. When the owner's forwarding
-//! queue is full the frame is dropped: TCP retransmits.
+//! rehashed; on a NIC, RSS). A SYN-ACK or data for a connection owned by queue *q* can
+//! therefore arrive on queue *r*. A shared **flow directory** maps each 4-tuple to its
+//! owning queue (entries are made before a SYN leaves, or when a SYN to a listener is
+//! first seen, and removed with the connection). Queue *r*'s interface asks, for every
+//! segment of a flow it does not know (`Interface::poll_with`); if the directory names
+//! another owner, *r* copies the frame into a pooled buffer and sends it over a bounded
+//! channel to the owner (waking its driver), which feeds it to its interface
+//! (`Interface::receive_frame_with`). Only segments of flows nobody owns are answered
+//! with a reset. When the owner's forwarding queue is full the frame is dropped: TCP
+//! retransmits.
 //!
 //! # Ports
 //!
-//! Local ports of outgoing channels come from one allocator shared by all threads, over
+//! Local ports of outgoing channels come from one allocator shared by all queues, over
 //! the stack's ephemeral range ([`crate::ports::EphemeralRange`], outside the kernel's),
-//! so two threads never pick the same port. A connection's endpoint is claimed in the
+//! so two queues never pick the same port. A connection's endpoint is claimed in the
 //! steering program's map before its SYN leaves; listened ports are claimed before
 //! `listen` returns.
 //!
@@ -114,7 +116,7 @@
 //! use std::time::Duration;
 //! use netdriver::channel::{ChannelSet, ChannelSetConfig, ChannelStream};
 //!
-//! // In the network namespace of interface vB (10.77.0.2): one channel thread per queue.
+//! // In the network namespace of interface vB (10.77.0.2): a driver per queue.
 //! let set = ChannelSet::start(ChannelSetConfig::new("vB", "10.77.0.2".parse()?))?;
 //! let listener = set.listen_channels()?; // port 9000 on every queue
 //!
@@ -132,7 +134,7 @@
 //! stream.read_exact(&mut buf)?;
 //! stream.write_all(&buf)?;
 //! stream.shutdown_write()?;
-//! set.shutdown(); // joins the threads, detaches the XDP program
+//! set.shutdown(); // stops the queues, detaches the XDP program
 //! # let _ = peer;
 //! # Ok(())
 //! # }
@@ -150,26 +152,54 @@ use crate::tcp::TcpError;
 use crate::time::{Duration, Instant};
 
 #[cfg(target_os = "linux")]
+mod attach;
+#[cfg(target_os = "linux")]
+mod clock;
+#[cfg(target_os = "linux")]
+mod config;
+#[cfg(target_os = "linux")]
 mod directory;
+#[cfg(target_os = "linux")]
+mod driver;
+#[cfg(target_os = "linux")]
+mod handle;
+#[cfg(target_os = "linux")]
+mod listener;
+#[cfg(target_os = "linux")]
+pub mod placement;
 #[cfg(target_os = "linux")]
 mod queue;
 #[cfg(target_os = "linux")]
+mod round;
+#[cfg(target_os = "linux")]
 mod set;
+#[cfg(target_os = "linux")]
+mod shared;
+#[cfg(target_os = "linux")]
+mod signal;
+#[cfg(target_os = "linux")]
+mod stats;
 #[cfg(target_os = "linux")]
 mod stream;
 #[cfg(target_os = "linux")]
 mod sys;
-#[cfg(target_os = "linux")]
-mod thread;
 
 #[cfg(target_os = "linux")]
-pub use queue::{on_channel_thread_rx, Channel, DeferredKick, RxPoller, RxRound};
-#[cfg(target_os = "linux")]
-pub use set::{
-    ChannelListener, ChannelPlacement, ChannelSet, ChannelSetConfig, ChannelThreadPlacement,
-    PartialChecksums, QueueLimits, QueueThreadStats, RoundHold, RxChecksumStats, SynStats,
-    DEFAULT_CHANNEL_PORT, LINEAR_XDP_MAX_MTU,
+pub use config::{
+    ChannelSetConfig, PartialChecksums, QueueLimits, DEFAULT_CHANNEL_PORT, LINEAR_XDP_MAX_MTU,
 };
+#[cfg(target_os = "linux")]
+pub use driver::{RxFlow, RxSink, ROUNDS_PER_POLL};
+#[cfg(target_os = "linux")]
+pub use handle::Channel;
+#[cfg(target_os = "linux")]
+pub use listener::ChannelListener;
+#[cfg(target_os = "linux")]
+pub use placement::{DriverPlace, Placement};
+#[cfg(target_os = "linux")]
+pub use set::{ChannelPlacement, ChannelSet, RuntimePlacement};
+#[cfg(target_os = "linux")]
+pub use stats::{QueueStats, RxChecksumStats, SynStats};
 #[cfg(target_os = "linux")]
 pub use stream::ChannelStream;
 #[cfg(target_os = "linux")]
@@ -215,21 +245,21 @@ pub enum ChannelError {
     /// The interface's connection table is full.
     #[error("too many connections on the queue's interface")]
     TooManyConnections,
-    /// The channel thread of the channel's queue died (only by fault injection,
-    /// [`ChannelSet::kill_queue_thread`]): the connection is left as it was on the wire,
-    /// unserved, and the peer learns of it only by its own liveness checks.
-    #[error("the channel's queue thread died")]
-    ThreadDied,
-    /// No channel thread of the set has this id (never added, or removed).
-    #[error("no channel thread {0} in the set")]
-    NoSuchThread(u32),
-    /// No channel thread serves this NIC queue: the set was not started on it.
+    /// The channel's queue died (only by fault injection, [`ChannelSet::kill_queue`]):
+    /// the connection is left as it was on the wire, unserved, and the peer learns of it
+    /// only by its own liveness checks.
+    #[error("the channel's queue died")]
+    QueueDied,
+    /// No queue runtime of the set has this id (never added, or removed).
+    #[error("no queue runtime {0} in the set")]
+    NoSuchRuntime(u32),
+    /// The set was not started on this NIC queue.
     #[error("no queue {0} in the set")]
     NoSuchQueue(u32),
-    /// The set's last live channel thread cannot be removed: its queues would have
-    /// nobody to serve them.
-    #[error("channel thread {0} is the set's last one")]
-    LastThread(u32),
+    /// The set's home runtime (its first queue runtime, which hosts the watchdog and
+    /// rescued queues) cannot be removed.
+    #[error("queue runtime {0} is the set's home runtime")]
+    HomeRuntime(u32),
     /// The process may not run on this core (not in its affinity mask, or no such core).
     #[error("core {0} is not available to this process")]
     CoreNotAllowed(usize),
@@ -244,7 +274,7 @@ pub enum ChannelError {
     /// Reading the kernel's port range failed.
     #[error("ports: {0}")]
     Ports(#[source] crate::ports::PortsError),
-    /// A system call (thread spawn, eventfd, ioctl) failed.
+    /// A system call (thread spawn, runtime, ioctl) failed.
     #[error("{op}: {source}")]
     Io {
         /// What was being done.
@@ -281,9 +311,9 @@ impl ChannelError {
             ChannelError::NoFreePort => io::ErrorKind::AddrNotAvailable,
             ChannelError::AddrInUse(_) => io::ErrorKind::AddrInUse,
             ChannelError::TooManyConnections => io::ErrorKind::OutOfMemory,
-            ChannelError::ThreadDied => io::ErrorKind::ConnectionAborted,
-            ChannelError::NoSuchThread(_) | ChannelError::NoSuchQueue(_) => io::ErrorKind::NotFound,
-            ChannelError::LastThread(_) | ChannelError::CoreNotAllowed(_) => {
+            ChannelError::QueueDied => io::ErrorKind::ConnectionAborted,
+            ChannelError::NoSuchRuntime(_) | ChannelError::NoSuchQueue(_) => io::ErrorKind::NotFound,
+            ChannelError::HomeRuntime(_) | ChannelError::CoreNotAllowed(_) => {
                 io::ErrorKind::InvalidInput
             }
             #[cfg(target_os = "linux")]
@@ -360,8 +390,8 @@ pub enum ChannelState {
 }
 
 /// A snapshot of one channel, for schedulers and diagnostics. The TCP part is published
-/// by the channel's thread after each of its polls; the application-queue part is read
-/// live.
+/// by the queue's driver after each of its rounds that touched the connection; the
+/// application-queue part is read live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ChannelStats {
     /// Bytes in the application Tx queue, not yet handed to TCP.
@@ -388,8 +418,8 @@ pub struct ChannelStats {
     pub bytes_acked: u64,
     /// In-order payload bytes received.
     pub bytes_received: u64,
-    /// When the channel's thread took the TCP part (its clock); `Instant::ZERO` before
-    /// the first snapshot.
+    /// When the driver took the TCP part (the set's clock); `Instant::ZERO` before the
+    /// first snapshot.
     pub updated_at: Instant,
 }
 
@@ -406,7 +436,7 @@ impl ChannelStats {
 }
 
 /// Where a channel's TCP connection stands on the wire: its 4-tuple, its NIC queue and
-/// its sequence numbers as the channel thread last published them (after each of its
+/// its sequence numbers as the queue's driver last published them (after each of its
 /// rounds, so possibly a round old). For diagnostics and fault-injection tests: a test
 /// that forges a RST for a channel needs the 4-tuple and RCV.NXT, since a RST is accepted
 /// only at exactly RCV.NXT (RFC 5961 §3.2).
@@ -416,15 +446,15 @@ pub struct ChannelWire {
     pub local: SocketAddrV4,
     /// The peer's address.
     pub peer: SocketAddrV4,
-    /// The NIC queue (and so the channel thread) the connection lives on.
+    /// The NIC queue (and so the queue driver) the connection lives on.
     pub queue: u32,
     /// RCV.NXT: the next sequence number expected from the peer (0 before the first
     /// snapshot).
     pub rcv_nxt: u32,
     /// SND.NXT: the next sequence number to send (0 before the first snapshot).
     pub snd_nxt: u32,
-    /// When the thread published these (its clock; `Instant::ZERO` before the first
-    /// snapshot).
+    /// When the driver published these (the set's clock; `Instant::ZERO` before the
+    /// first snapshot).
     pub updated_at: Instant,
 }
 
@@ -437,22 +467,6 @@ pub struct ChannelWire {
 pub trait ChannelTransport: Send + Sync {
     /// Queues `chunk` for sending. `Full` hands it back when the Tx queue is at its limit.
     fn enqueue(&self, chunk: Bytes) -> Result<(), EnqueueError>;
-
-    /// [`enqueue`](Self::enqueue), except that the wake-up of whoever sends the chunk may
-    /// be handed back, to be run ([`DeferredKick::run`]) once the caller holds no lock
-    /// (see [`Channel::enqueue_deferred`]). The default hands nothing back.
-    #[cfg(target_os = "linux")]
-    fn enqueue_deferred(&self, chunk: Bytes) -> Result<Option<DeferredKick>, EnqueueError> {
-        self.enqueue(chunk).map(|()| None)
-    }
-
-    /// Queues `chunk` behind one whose [`DeferredKick`] the caller holds and has not run
-    /// yet (see [`Channel::enqueue_behind`]): the held kick covers it. The default is
-    /// [`enqueue`](Self::enqueue).
-    #[cfg(target_os = "linux")]
-    fn enqueue_behind(&self, chunk: Bytes) -> Result<(), EnqueueError> {
-        self.enqueue(chunk)
-    }
 
     /// Takes the next received chunk, if any, or reports the end of the stream.
     fn dequeue(&self) -> Result<Dequeued, ChannelError>;

@@ -60,6 +60,7 @@
 
 pub mod fault;
 pub mod sim;
+pub mod switch;
 #[cfg(target_os = "linux")]
 pub mod xdp;
 
@@ -172,6 +173,25 @@ pub trait Link {
         });
         sent == 1 && frame.len() <= self.max_frame_len()
     }
+}
+
+/// A link that a queue driver (`channel::QueueDriver`) waits on: besides moving frames, it
+/// tells the driver how it learns that frames arrived.
+///
+/// A link over a kernel socket (AF_XDP) names its descriptor, which the driver registers
+/// with its runtime's reactor and waits on for readability; an in-memory link
+/// ([`switch::SwitchPort`]) has none and wakes the waker the driver registers instead.
+pub trait QueueLink: Link + Send {
+    /// The descriptor that polls readable when frames wait, or `None` for a link that
+    /// wakes [`register_rx_waker`](Self::register_rx_waker)'s waker instead.
+    fn rx_fd(&self) -> Option<std::os::fd::RawFd>;
+
+    /// Links without a descriptor: wake `waker` when a frame arrives (it replaces the one
+    /// registered before). Links with one ignore it.
+    fn register_rx_waker(&self, waker: &std::task::Waker);
+
+    /// Whether a received frame waits now (no system call).
+    fn rx_ready(&mut self) -> bool;
 }
 
 impl<L: Link + ?Sized> Link for Box<L> {

@@ -816,6 +816,18 @@ impl AsFd for XdpLink {
     }
 }
 
+impl super::QueueLink for XdpLink {
+    fn rx_fd(&self) -> Option<RawFd> {
+        Some(self.fd())
+    }
+
+    fn register_rx_waker(&self, _waker: &std::task::Waker) {}
+
+    fn rx_ready(&mut self) -> bool {
+        XdpLink::rx_ready(self)
+    }
+}
+
 impl Link for XdpLink {
     fn mtu(&self) -> usize {
         self.mtu

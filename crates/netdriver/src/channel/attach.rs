@@ -1,0 +1,152 @@
+//! How a channel set reaches its peers' MAC addresses: the kernel's neighbour table of
+//! the interface (AF_XDP sets), or the in-memory switch's (sets on a
+//! [`SimSwitch`](crate::link::switch::SimSwitch)).
+//!
+//! Two uses: resolving a peer before a channel to it opens ([`Resolver`], on a thread of
+//! its own for the kernel, so that an ARP exchange never stalls a queue's round), and
+//! checking the MAC a passive open learnt from the peer's SYN ([`Neighbors`], per queue).
+
+use std::net::Ipv4Addr;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+use tracing::debug;
+
+use super::ChannelError;
+use crate::link::switch::SimSwitch;
+use crate::neigh::{KernelNeighbors, NeighError};
+use crate::time::Duration;
+use crate::wire::EthernetAddress;
+
+/// A queue's view of the host's neighbour table, for checking passive opens.
+pub(crate) enum Neighbors {
+    /// The kernel's table of the interface, opened in its namespace when the queue was set
+    /// up (so that whichever thread drives the queue has it); `None` if that failed.
+    Kernel {
+        table: Option<KernelNeighbors>,
+        ifindex: u32,
+    },
+    /// The switch's table.
+    Switch(SimSwitch),
+}
+
+impl Neighbors {
+    /// The MAC address the table vouches for `ip`, if any.
+    pub(crate) fn lookup(&mut self, ip: Ipv4Addr, queue: u32) -> Option<EthernetAddress> {
+        match self {
+            Neighbors::Kernel { table, ifindex } => {
+                match table.as_mut().map(|n| n.entry(*ifindex, ip)) {
+                    Some(Ok(entry)) => entry.and_then(|e| e.usable_mac()),
+                    Some(Err(e)) => {
+                        debug!(queue, %ip, error = %e, "neighbour lookup failed");
+                        None
+                    }
+                    None => None,
+                }
+            }
+            Neighbors::Switch(sw) => sw.mac_of(ip),
+        }
+    }
+}
+
+/// A request to the kernel resolver thread.
+pub(crate) struct ResolveRequest {
+    ip: Ipv4Addr,
+    reply: Sender<Result<EthernetAddress, NeighError>>,
+}
+
+/// Resolves peers' MAC addresses for a set's connects.
+pub(crate) enum Resolver {
+    /// The kernel's table, through a thread of the set's namespace (a blocking ARP
+    /// resolution never stalls a queue, and works from callers in any namespace).
+    Kernel {
+        requests: Option<Sender<ResolveRequest>>,
+        thread: Option<JoinHandle<()>>,
+    },
+    /// The switch knows every host on it.
+    Switch(SimSwitch),
+}
+
+impl Resolver {
+    /// Starts the kernel resolver thread for interface `ifindex` (in the calling thread's
+    /// namespace).
+    pub(crate) fn kernel(
+        ifname: &str,
+        ifindex: u32,
+        timeout: Duration,
+    ) -> Result<Resolver, ChannelError> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new()
+            .name(format!("nc-neigh-{ifname}"))
+            .spawn(move || serve(ifindex, timeout, rx))
+            .map_err(|source| ChannelError::Io {
+                op: "spawning the resolver thread",
+                source,
+            })?;
+        Ok(Resolver::Kernel {
+            requests: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// The MAC address of `ip` (blocking for an ARP exchange where the kernel has none).
+    pub(crate) fn resolve(&self, ip: Ipv4Addr) -> Result<EthernetAddress, ChannelError> {
+        match self {
+            Resolver::Kernel { requests, .. } => {
+                let Some(requests) = requests else {
+                    return Err(ChannelError::ShutDown);
+                };
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                requests
+                    .send(ResolveRequest { ip, reply: tx })
+                    .map_err(|_| ChannelError::ShutDown)?;
+                rx.recv()
+                    .map_err(|_| ChannelError::ShutDown)?
+                    .map_err(ChannelError::Neighbor)
+            }
+            Resolver::Switch(sw) => sw.mac_of(ip).ok_or(ChannelError::Neighbor(
+                NeighError::Unreachable { ip, ifindex: 0 },
+            )),
+        }
+    }
+
+    /// Ends the resolver thread (the set stops).
+    pub(crate) fn stop(&mut self) {
+        if let Resolver::Kernel { requests, thread } = self {
+            drop(requests.take());
+            if let Some(t) = thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl std::fmt::Debug for Resolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Resolver::Kernel { .. } => f.write_str("Resolver::Kernel"),
+            Resolver::Switch(_) => f.write_str("Resolver::Switch"),
+        }
+    }
+}
+
+/// The resolver thread's body: serves requests until every sender is gone.
+fn serve(ifindex: u32, timeout: Duration, requests: Receiver<ResolveRequest>) {
+    let mut table = KernelNeighbors::open();
+    while let Ok(req) = requests.recv() {
+        let res = match &mut table {
+            Ok(t) => t.resolve(ifindex, req.ip, timeout),
+            Err(e) => Err(NeighError::Netlink {
+                op: "opening the neighbour table",
+                source: std::io::Error::other(e.to_string()),
+            }),
+        };
+        let _ = req.reply.send(res);
+    }
+}

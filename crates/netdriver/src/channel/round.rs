@@ -1,0 +1,992 @@
+//! One NIC queue's state and its round: the interface with every TCP connection whose
+//! frames arrive on the queue, the channels' application sides, and what one pass over
+//! them does (see the [module documentation](super) for the steps). The state is owned
+//! by the queue's driver (`driver.rs`); nothing else runs a round.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use rustc_hash::FxHashMap;
+use tracing::{debug, trace, warn};
+
+use super::attach::Neighbors;
+use super::clock::RuntimeClock;
+use super::directory::{Owner, Tuple};
+use super::driver::{RxFlow, RxSink};
+use super::handle::Channel;
+use super::listener::ListenerShared;
+use super::queue::{ChannelShared, Failure, WireSeq};
+use super::shared::SetShared;
+use super::signal::QueueSignal;
+use super::ChannelError;
+use crate::link::QueueLink;
+use crate::netif::{ConnHandle, Interface, StraySegment, StrayVerdict};
+use crate::tcp::TcpError;
+use crate::time::Instant;
+use crate::wire::EthernetAddress;
+
+/// Largest chunk cut from a connection's receive buffer at once.
+const RX_CHUNK: usize = 64 * 1024;
+/// Most commands handled per round, so a flood of them cannot starve the data path.
+const COMMANDS_PER_ROUND: usize = 64;
+/// Most forwarded frames handled per round.
+const FORWARDED_PER_ROUND: usize = 256;
+
+/// Work for a queue's driver from the application side.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Open the channel's connection (port and flow directory entry already claimed).
+    Connect {
+        shared: Arc<ChannelShared>,
+        mac: EthernetAddress,
+    },
+    /// Listen on `port`; the result goes to `done`.
+    Listen {
+        port: u16,
+        backlog: usize,
+        listener: Arc<ListenerShared>,
+        done: Sender<Result<(), ChannelError>>,
+    },
+    /// Stop listening on `port` (connections not yet accepted are aborted).
+    Unlisten { port: u16 },
+    /// Fault injection: install (or remove) a rule dropping received data segments.
+    DropReceived(Option<crate::netif::RxDrop>),
+}
+
+/// One channel's driver-side state.
+struct Entry {
+    shared: Arc<ChannelShared>,
+    /// The consumer's sink, once it installed one ([`Channel::set_sink`]): received bytes
+    /// go to it instead of the Rx queue.
+    sink: Option<Box<dyn RxSink>>,
+    /// The sink paused the channel's reads; they resume when it asks.
+    sink_paused: bool,
+    /// The sink was told the end of the stream (or the failure).
+    sink_ended: bool,
+    /// The rest of a chunk that TCP's send buffer had no room for.
+    partial: Option<bytes::Bytes>,
+    fin_queued: bool,
+    aborted: bool,
+    eof: bool,
+    /// The connection's statistics mark when they were last published (`publish` skips
+    /// a connection whose mark has not moved).
+    published: Option<crate::tcp::connection::StatsMark>,
+}
+
+/// A flow this queue must release from the directory (and, for an outgoing channel, its
+/// port and steering entry) when the interface forgets the connection.
+#[derive(Debug, Clone, Copy)]
+struct Owned {
+    tuple: Tuple,
+    active_port: Option<u16>,
+}
+
+/// Everything a queue owns, apart from its bookkeeping.
+pub(crate) struct Worker {
+    pub(crate) index: usize,
+    pub(crate) queue: u32,
+    pub(crate) iface: Interface<Box<dyn QueueLink>>,
+    pub(crate) clock: RuntimeClock,
+    pub(crate) signal: Arc<QueueSignal>,
+    pub(crate) commands: Receiver<Command>,
+    pub(crate) forwarded: Receiver<Vec<u8>>,
+    pub(crate) set: Arc<SetShared>,
+    /// What vouches for a peer's MAC address (the kernel's neighbour table, or the
+    /// in-memory switch's).
+    pub(crate) neighbors: Neighbors,
+}
+
+/// Mutable bookkeeping of the rounds, apart from the interface so both can be borrowed.
+#[derive(Default)]
+struct Book {
+    // Keys this host assigns: FxHash (see Cargo.toml).
+    entries: FxHashMap<ConnHandle, Entry>,
+    owned: FxHashMap<ConnHandle, Owned>,
+    listeners: FxHashMap<u16, Arc<ListenerShared>>,
+    /// Flows claimed in the directory for a SYN during this round's receive.
+    claims: Vec<Tuple>,
+}
+
+/// A queue's state: what its driver owns and runs rounds over.
+pub(crate) struct QueueState {
+    pub(crate) worker: Worker,
+    book: Book,
+    rxbuf: BytesMut,
+}
+
+impl QueueState {
+    pub(crate) fn new(worker: Worker) -> QueueState {
+        QueueState {
+            worker,
+            book: Book::default(),
+            rxbuf: BytesMut::new(),
+        }
+    }
+
+    /// One round: commands and forwarded frames, the channels' Tx queues into TCP, the
+    /// interface (receive, timers, transmit), received bytes to the channels' sinks or Rx
+    /// queues, accepts, reaping, statistics. Returns whether anything happened.
+    pub(crate) fn round(&mut self, now: Instant) -> bool {
+        let (w, book) = (&mut self.worker, &mut self.book);
+        let mut active = false;
+        if w.signal.take_control() {
+            active |= w.handle_commands(book, now);
+            active |= w.handle_forwarded(book, now);
+            if !w.commands.is_empty() || !w.forwarded.is_empty() {
+                // A round's budget left some.
+                w.signal.mark_control();
+            }
+        }
+        active |= w.push_tx(book, now);
+        let (set, me) = (&w.set, w.index);
+        let claims = &mut book.claims;
+        active |= w
+            .iface
+            .poll_with(now, &mut |s| stray_verdict(set, me, claims, s, true));
+        w.settle_claims(book);
+        active |= w.pull_rx(book, &mut self.rxbuf);
+        active |= w.accept(book);
+        active |= w.reap(book);
+        w.publish(book, now);
+        active
+    }
+
+    /// Whether a round right now would find nothing to do, arrivals on the link apart
+    /// (the kernel announces those through the socket's readiness): no command or
+    /// forwarded frame waits, no claim is open, every channel's application side is idle
+    /// and its close or abort handled, and the interface is settled
+    /// ([`Interface::settled`]). Conservative: it may say no when a round would idle.
+    /// `Some` carries, when it is settled, the interface's next timer
+    /// ([`Interface::settled_until`]).
+    pub(crate) fn settled_until(&self, now: Instant) -> Option<Option<Instant>> {
+        let w = &self.worker;
+        let quiet = !w.signal.control_pending()
+            && self.book.claims.is_empty()
+            && self.book.entries.values().all(|e| {
+                e.aborted
+                    || (e.partial.is_none()
+                        && e.shared.tx_idle()
+                        && !e.shared.abort_requested()
+                        && (e.fin_queued || !e.shared.close_requested())
+                        && !(e.sink_paused && e.shared.resume_requested())
+                        && !(e.sink.is_none() && e.shared.sink_offered()))
+            });
+        if quiet {
+            w.iface.settled_until(now)
+        } else {
+            None
+        }
+    }
+
+    /// Whether frames wait on the link's receive ring.
+    pub(crate) fn rx_ready(&mut self) -> bool {
+        self.worker.iface.link_mut().rx_ready()
+    }
+
+    /// The link's readiness descriptor, if it has one.
+    pub(crate) fn rx_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.worker.iface.link().rx_fd()
+    }
+
+    /// Links without a descriptor: the driver's waker for arrivals.
+    pub(crate) fn register_rx_waker(&self, waker: &std::task::Waker) {
+        self.worker.iface.link().register_rx_waker(waker);
+    }
+
+    /// The interface's next timer.
+    pub(crate) fn poll_at(&self) -> Option<Instant> {
+        self.worker.iface.poll_at()
+    }
+
+    /// The set stops: every connection is aborted (see [`Worker::stop`]).
+    pub(crate) fn stop(&mut self) {
+        let (w, book) = (&mut self.worker, &mut self.book);
+        w.stop(book);
+    }
+
+    /// The queue dies as if its driver had crashed (fault injection; see [`Worker::die`]).
+    pub(crate) fn die(&mut self) {
+        let (w, book) = (&mut self.worker, &mut self.book);
+        w.die(book);
+    }
+}
+
+/// What the stray-segment hook decides, given the directory.
+fn stray_verdict(
+    set: &SetShared,
+    me: usize,
+    claims: &mut Vec<Tuple>,
+    s: &StraySegment<'_>,
+    from_link: bool,
+) -> StrayVerdict {
+    let tuple = (s.local, s.remote);
+    // A SYN cookie's ACK may open a connection just as a SYN does: claim it the same way
+    // (settle_claims releases the claim if the cookie does not verify).
+    let may_open = s.syn_to_listener || s.cookie_ack;
+    let owner = if may_open {
+        set.directory.claim(tuple, me)
+    } else {
+        set.directory.owner(&tuple, me)
+    };
+    match owner {
+        Owner::Me => {
+            if may_open {
+                claims.push(tuple);
+            }
+            StrayVerdict::Local
+        }
+        Owner::Nobody => StrayVerdict::Local,
+        // A frame that was forwarded once is never forwarded again.
+        Owner::Other(_) if !from_link => StrayVerdict::Drop,
+        Owner::Other(o) => set.forward(o, s.frame),
+    }
+}
+
+impl Worker {
+    /// Fault injection: the queue dies as if its driver had crashed, except that its channels
+    /// learn of it (what a supervisor noticing the death would tell them), so that the
+    /// local side sees them lost. Nothing goes on the wire: no FIN, no RST; the
+    /// connections stay in the interface, their flows steered to the queue's socket,
+    /// where arrivals now pile up unread, so the peer learns of the death only by its
+    /// own liveness checks (keep-alive, user timeout). Connects and listens queued for
+    /// the thread fail.
+    fn die(&mut self, book: &mut Book) {
+        for e in book.entries.values_mut() {
+            e.shared.fail(Failure::QueueDied);
+            e.end_sink(Err(ChannelError::QueueDied));
+            e.shared.set_closed();
+        }
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::Connect { shared, .. } => {
+                    // Its SYN never left: nothing of it is on the wire to keep steered.
+                    shared.fail(Failure::QueueDied);
+                    shared.set_closed();
+                    let t = (shared.local, shared.peer);
+                    self.set
+                        .release_flow(self.index, &t, Some(shared.local.port()));
+                }
+                Command::Listen { done, .. } => {
+                    let _ = done.send(Err(ChannelError::QueueDied));
+                }
+                Command::Unlisten { .. } | Command::DropReceived(_) => {}
+            }
+        }
+    }
+
+    fn handle_commands(&mut self, book: &mut Book, now: Instant) -> bool {
+        let mut any = false;
+        for _ in 0..COMMANDS_PER_ROUND {
+            let cmd = match self.commands.try_recv() {
+                Ok(c) => c,
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            };
+            any = true;
+            match cmd {
+                Command::Connect { shared, mac } => self.connect(book, shared, mac, now),
+                Command::Listen {
+                    port,
+                    backlog,
+                    listener,
+                    done,
+                } => {
+                    let res = self
+                        .iface
+                        .listen(port, backlog)
+                        .map_err(|_| ChannelError::AddrInUse(port));
+                    if res.is_ok() {
+                        book.listeners.insert(port, listener);
+                    }
+                    let _ = done.send(res);
+                }
+                Command::Unlisten { port } => {
+                    self.iface.unlisten(port);
+                    book.listeners.remove(&port);
+                }
+                Command::DropReceived(rule) => self.iface.drop_received(rule),
+            }
+        }
+        any
+    }
+
+    fn connect(
+        &mut self,
+        book: &mut Book,
+        shared: Arc<ChannelShared>,
+        mac: EthernetAddress,
+        now: Instant,
+    ) {
+        let (local, peer) = (shared.local, shared.peer);
+        self.iface.add_neighbor(*peer.ip(), mac);
+        match self.iface.connect_from(local.port(), peer, now) {
+            Ok(h) => {
+                if let Some(conn) = self.iface.conn_mut(h) {
+                    conn.set_nodelay(self.set.nodelay);
+                }
+                trace!(queue = self.queue, %local, %peer, "channel connecting");
+                book.owned.insert(
+                    h,
+                    Owned {
+                        tuple: (local, peer),
+                        active_port: Some(local.port()),
+                    },
+                );
+                book.entries.insert(h, Entry::new(shared));
+            }
+            Err(e) => {
+                warn!(queue = self.queue, %local, %peer, error = %e, "channel connect failed");
+                shared.fail(match e {
+                    crate::netif::NetifError::TooManyConnections => Failure::TooManyConnections,
+                    _ => Failure::NoFreePort,
+                });
+                shared.set_closed();
+                self.set
+                    .release_flow(self.index, &(local, peer), Some(local.port()));
+            }
+        }
+    }
+
+    fn handle_forwarded(&mut self, book: &mut Book, now: Instant) -> bool {
+        let mut any = false;
+        for _ in 0..FORWARDED_PER_ROUND {
+            let Ok(frame) = self.forwarded.try_recv() else {
+                break;
+            };
+            any = true;
+            let (set, me) = (&self.set, self.index);
+            let claims = &mut book.claims;
+            self.iface.receive_frame_with(now, &frame, &mut |s| {
+                stray_verdict(set, me, claims, s, false)
+            });
+            self.set.pool.put(frame);
+        }
+        any
+    }
+
+    /// Applies each channel's pending option changes, then moves chunks from its Tx queue
+    /// into its connection.
+    fn push_tx(&mut self, book: &mut Book, now: Instant) -> bool {
+        let mut any = false;
+        for (&h, e) in book.entries.iter_mut() {
+            let Some(conn) = self.iface.conn_mut(h) else {
+                continue;
+            };
+            if e.aborted {
+                continue;
+            }
+            if e.shared.abort_requested() {
+                conn.abort();
+                e.aborted = true;
+                e.shared.fail(Failure::Closed);
+                e.end_sink(Err(ChannelError::Closed));
+                while let Some(c) = e.partial.take().or_else(|| e.shared.pop_tx()) {
+                    e.shared.tx_taken(c.len());
+                }
+                any = true;
+                continue;
+            }
+            // Before the data: a send buffer grown by these changes takes this round's
+            // chunks already.
+            if let Some(changes) = e.shared.take_options() {
+                trace!(
+                    queue = self.queue,
+                    ?changes,
+                    "channel: applying option changes"
+                );
+                conn.apply_options(now, &changes);
+                any = true;
+            }
+            // Read the close request before draining, so a chunk enqueued before close()
+            // is never left behind the FIN.
+            let closing = e.shared.close_requested();
+            let mut moved = false;
+            let mut drained = false;
+            loop {
+                let Some(chunk) = e.partial.take().or_else(|| e.shared.pop_tx()) else {
+                    drained = true;
+                    break;
+                };
+                match conn.send(&chunk) {
+                    Ok(n) => {
+                        e.shared.tx_taken(n);
+                        moved = true;
+                        if n < chunk.len() {
+                            e.partial = Some(chunk.slice(n..));
+                            break;
+                        }
+                    }
+                    Err(TcpError::WouldBlock) => {
+                        e.partial = Some(chunk);
+                        break;
+                    }
+                    Err(_) => {
+                        // The connection cannot send any more: the data is dropped and the
+                        // failure (if any) reported by `pull_rx`.
+                        e.shared.tx_taken(chunk.len());
+                        while let Some(c) = e.shared.pop_tx() {
+                            e.shared.tx_taken(c.len());
+                        }
+                        moved = true;
+                        break;
+                    }
+                }
+            }
+            if moved {
+                if e.shared.wake_tx_at_low_water() {
+                    // A consumer that kept output the full queue refused sends it now,
+                    // from this round.
+                    if let Some(sink) = e.sink.as_mut() {
+                        sink.on_tx_room();
+                    }
+                }
+                any = true;
+            }
+            if closing && drained && !e.fin_queued {
+                conn.close();
+                e.fin_queued = true;
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Records the connections opened by SYNs claimed during this round, and releases the
+    /// claims of SYNs that opened nothing (backlog full).
+    fn settle_claims(&mut self, book: &mut Book) {
+        // Every round asks; nearly none has a claim.
+        if book.claims.is_empty() {
+            return;
+        }
+        let mut claims = std::mem::take(&mut book.claims);
+        for tuple in claims.drain(..) {
+            match self.iface.lookup(tuple.0, tuple.1) {
+                Some(h) => self.own_passive_in(&mut book.owned, h, tuple),
+                None => self.set.directory.remove(&tuple, self.index),
+            }
+        }
+        book.claims = claims;
+    }
+
+    /// Records a passively opened connection (once) and claims its endpoint.
+    fn own_passive_in(
+        &self,
+        owned: &mut FxHashMap<ConnHandle, Owned>,
+        h: ConnHandle,
+        tuple: Tuple,
+    ) {
+        if owned.contains_key(&h) {
+            return;
+        }
+        if let Err(e) = self.set.claim_endpoint(tuple.0) {
+            warn!(local = %tuple.0, error = %e, "claiming an accepted connection's endpoint");
+        }
+        owned.insert(
+            h,
+            Owned {
+                tuple,
+                active_port: None,
+            },
+        );
+    }
+
+    /// Moves received bytes to each channel's sink, or into its Rx queue up to its limits;
+    /// notices establishment, end of stream and failures.
+    fn pull_rx(&mut self, book: &mut Book, rxbuf: &mut BytesMut) -> bool {
+        let mut any = false;
+        for (&h, e) in book.entries.iter_mut() {
+            let Some(conn) = self.iface.conn_mut(h) else {
+                continue;
+            };
+            if conn.state().is_synchronized() {
+                e.shared.set_open();
+            }
+            if e.sink.is_none() {
+                if let Some(sink) = e.shared.take_sink() {
+                    e.sink = Some(sink);
+                    // What the Rx queue holds goes to the sink first (below).
+                    e.sink_paused = false;
+                    any = true;
+                }
+            }
+            if e.sink.is_some() {
+                any |= Self::feed_sink(conn, e, rxbuf);
+                continue;
+            }
+            let mut moved = false;
+            loop {
+                let room = e.shared.rx_room();
+                if room == 0 {
+                    if e.shared.block_rx() {
+                        break;
+                    }
+                    continue;
+                }
+                // No more than TCP holds: a short message then takes the rest of the
+                // buffer's capacity instead of asking for a whole RX_CHUNK, which
+                // allocated a fresh 64 KiB buffer per arrival whenever an earlier piece was
+                // still held (8 connections of 64 B requests: page faults on the new
+                // buffer, and glibc's madvise with a TLB shootdown when it was freed).
+                // At least 1, so that nothing readable still reports end of stream.
+                let want = room.min(RX_CHUNK).min(conn.recv_queue().max(1));
+                match read_into(conn, rxbuf, want) {
+                    Ok(None) => {
+                        if !e.eof {
+                            e.eof = true;
+                            e.shared.finish_rx();
+                            any = true;
+                        }
+                        break;
+                    }
+                    Ok(Some(chunk)) => {
+                        e.shared.push_rx(chunk);
+                        moved = true;
+                    }
+                    Err(TcpError::WouldBlock | TcpError::Closed) => break,
+                    Err(err) => {
+                        e.shared.fail(Failure::from_tcp(err));
+                        any = true;
+                        break;
+                    }
+                }
+            }
+            if moved {
+                e.shared.wake_rx();
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Hands a channel's received bytes to its sink: what its Rx queue held before the
+    /// sink came, then TCP's receive buffer, until the sink pauses or nothing is left;
+    /// then the end of the stream once. A paused sink is offered nothing until it asks
+    /// to resume. Returns whether anything moved.
+    fn feed_sink(
+        conn: &mut crate::tcp::Connection,
+        e: &mut Entry,
+        rxbuf: &mut BytesMut,
+    ) -> bool {
+        let Some(sink) = e.sink.as_mut() else {
+            return false;
+        };
+        let mut any = false;
+        if e.sink_paused {
+            if !e.shared.take_resume() {
+                return false;
+            }
+            if sink.resume() == RxFlow::Pause {
+                return true;
+            }
+            e.sink_paused = false;
+            any = true;
+        }
+        while let Some(chunk) = e.shared.pop_rx_for_sink() {
+            any = true;
+            if sink.on_bytes(chunk) == RxFlow::Pause {
+                e.sink_paused = true;
+                return true;
+            }
+        }
+        loop {
+            let want = RX_CHUNK.min(conn.recv_queue().max(1));
+            match read_into(conn, rxbuf, want) {
+                Ok(None) => {
+                    if !e.eof {
+                        e.eof = true;
+                        e.shared.finish_rx();
+                        any = true;
+                    }
+                    e.end_sink(Ok(()));
+                    break;
+                }
+                Ok(Some(chunk)) => {
+                    any = true;
+                    let Some(sink) = e.sink.as_mut() else {
+                        break;
+                    };
+                    if sink.on_bytes(chunk) == RxFlow::Pause {
+                        e.sink_paused = true;
+                        break;
+                    }
+                }
+                Err(TcpError::WouldBlock | TcpError::Closed) => break,
+                Err(err) => {
+                    e.shared.fail(Failure::from_tcp(err));
+                    e.end_sink(Err(ChannelError::from_tcp(err)));
+                    any = true;
+                    break;
+                }
+            }
+        }
+        any
+    }
+
+    /// Hands connections that completed their handshake to their listeners.
+    fn accept(&mut self, book: &mut Book) -> bool {
+        // Every round asks; a connection to accept is rare.
+        if !self.iface.accept_pending() {
+            return false;
+        }
+        let mut any = false;
+        for (&port, l) in &book.listeners {
+            while let Some(h) = self.iface.accept(port) {
+                any = true;
+                let Some(conn) = self.iface.conn_mut(h) else {
+                    continue;
+                };
+                conn.set_nodelay(self.set.nodelay);
+                let tuple = (conn.local(), conn.remote());
+                self.own_passive_in(&mut book.owned, h, tuple);
+                if !self.neighbor_check(h, *tuple.1.ip()) {
+                    // Aborted; `reap` releases the flow once the interface forgets it.
+                    continue;
+                }
+                let shared = Arc::new(ChannelShared::new(
+                    tuple.0,
+                    tuple.1,
+                    self.queue,
+                    self.set.tx_limits,
+                    self.set.rx_limits,
+                    self.signal.clone(),
+                ));
+                self.set.directory.insert(tuple, self.index);
+                book.entries.insert(h, Entry::new(shared.clone()));
+                trace!(queue = self.queue, local = %tuple.0, peer = %tuple.1, "channel accepted");
+                // A full accept queue or a closed listener drops the channel, which aborts
+                // it at the next round.
+                if l.push(Channel::new(shared)) {
+                    l.wake();
+                }
+            }
+        }
+        any
+    }
+
+    /// Checks the MAC address a passive open learnt from the peer's SYN (or cookie ACK)
+    /// against what the host's neighbour table knows for its IP address (see
+    /// [`Neighbors::verdict`]): a host on the link that answers from another MAC than the
+    /// table knows for that address is spoofing it, and its connection is aborted
+    /// (counted in `SynStats::neighbor_mismatches`). When the table has no usable entry
+    /// (or cannot be read) the connection keeps the SYN's MAC, counted in
+    /// `SynStats::neighbor_unverified`. Returns whether the connection may be handed to
+    /// its listener.
+    fn neighbor_check(&mut self, h: ConnHandle, ip: std::net::Ipv4Addr) -> bool {
+        let Some(mac) = self.iface.remote_mac(h) else {
+            return true;
+        };
+        let known = self.neighbors.lookup(ip, self.queue);
+        let counters = self.set.peers.get(self.index).map(|p| &p.syns);
+        match known {
+            Some(k) if k == mac => true,
+            Some(k) => {
+                warn!(queue = self.queue, %ip, syn_mac = %mac, known_mac = %k, "passive open from a MAC the neighbour table does not know for this address; aborted");
+                if let Some(c) = counters {
+                    c.neighbor_mismatches.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Some(conn) = self.iface.conn_mut(h) {
+                    conn.abort();
+                }
+                false
+            }
+            None => {
+                debug!(queue = self.queue, %ip, %mac, "no neighbour entry; keeping the SYN's MAC");
+                if let Some(c) = counters {
+                    c.neighbor_unverified.fetch_add(1, Ordering::Relaxed);
+                }
+                true
+            }
+        }
+    }
+
+    /// Forgets connections the interface removed, releasing their flows and ports.
+    fn reap(&mut self, book: &mut Book) -> bool {
+        let mut any = false;
+        while let Some((h, err)) = self.iface.pop_closed() {
+            any = true;
+            if let Some(o) = book.owned.remove(&h) {
+                self.set.release_flow(self.index, &o.tuple, o.active_port);
+            }
+            if err == Some(TcpError::Reset) {
+                // Only a RST received from the peer (RFC 5961-checked) fails a connection
+                // with `Reset`; local aborts fail it with `Closed`.
+                if let Some(p) = self.set.peers.get(self.index) {
+                    p.resets_received.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if let Some(mut e) = book.entries.remove(&h) {
+                match err {
+                    Some(err) => {
+                        e.shared.fail(Failure::from_tcp(err));
+                        e.end_sink(Err(ChannelError::from_tcp(err)));
+                    }
+                    // An orderly removal: both FINs are through and every byte was read.
+                    None => {
+                        e.shared.finish_rx();
+                        e.end_sink(Ok(()));
+                    }
+                }
+                e.shared.set_closed();
+            }
+        }
+        any
+    }
+
+    fn publish(&self, book: &mut Book, now: Instant) {
+        let stats = self.iface.stats();
+        if let Some(peer) = self.set.peers.get(self.index) {
+            let c = &peer.checksums;
+            c.partial
+                .store(stats.rx_partial_checksum, Ordering::Relaxed);
+            c.bad.store(stats.rx_bad_checksum, Ordering::Relaxed);
+            let s = &peer.syns;
+            s.dropped.store(stats.syn_dropped, Ordering::Relaxed);
+            s.cookies_sent
+                .store(stats.syn_cookies_sent, Ordering::Relaxed);
+            s.cookies_accepted
+                .store(stats.syn_cookies_accepted, Ordering::Relaxed);
+            s.cookies_rejected
+                .store(stats.syn_cookies_rejected, Ordering::Relaxed);
+            if let Some(rule) = self.iface.rx_drop() {
+                peer.rx_fault_dropped.store(rule.dropped, Ordering::Relaxed);
+            }
+        }
+        for (&h, e) in book.entries.iter_mut() {
+            if let Some(conn) = self.iface.conn(h) {
+                // Most connections of a queue did nothing this round.
+                let mark = conn.stats_mark();
+                if e.published == Some(mark) {
+                    continue;
+                }
+                e.published = Some(mark);
+                let wire = WireSeq {
+                    rcv_nxt: conn.rcv_nxt().0,
+                    snd_nxt: conn.snd_nxt().0,
+                };
+                e.shared.publish(&conn.traffic(), wire, now);
+            }
+        }
+    }
+
+    /// Aborts every connection, tells every channel the set is gone, fails pending
+    /// commands.
+    fn stop(&mut self, book: &mut Book) {
+        for e in book.entries.values_mut() {
+            e.shared.fail(Failure::ShutDown);
+            e.end_sink(Err(ChannelError::ShutDown));
+        }
+        let handles: Vec<_> = self.iface.handles().collect();
+        for h in handles {
+            if let Some(conn) = self.iface.conn_mut(h) {
+                conn.abort();
+            }
+        }
+        let now = self.clock.now();
+        // Sends the resets and forgets the connections.
+        self.iface.poll(now);
+        self.reap(book);
+        for e in book.entries.values() {
+            e.shared.set_closed();
+        }
+        for (_, o) in book.owned.drain() {
+            self.set.release_flow(self.index, &o.tuple, o.active_port);
+        }
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::Connect { shared, .. } => {
+                    shared.fail(Failure::ShutDown);
+                    shared.set_closed();
+                    let t = (shared.local, shared.peer);
+                    self.set
+                        .release_flow(self.index, &t, Some(shared.local.port()));
+                }
+                Command::Listen { done, .. } => {
+                    let _ = done.send(Err(ChannelError::ShutDown));
+                }
+                Command::Unlisten { .. } | Command::DropReceived(_) => {}
+            }
+        }
+        while let Ok(frame) = self.forwarded.try_recv() {
+            self.set.pool.put(frame);
+        }
+    }
+}
+
+impl Entry {
+    fn new(shared: Arc<ChannelShared>) -> Entry {
+        Entry {
+            shared,
+            partial: None,
+            fin_queued: false,
+            aborted: false,
+            eof: false,
+            published: None,
+            sink: None,
+            sink_paused: false,
+            sink_ended: false,
+        }
+    }
+
+    /// Tells the channel's sink (or one offered and not taken yet) that no more bytes
+    /// come: `Ok` at the end of the stream, `Err` when the channel failed. Once.
+    fn end_sink(&mut self, end: Result<(), ChannelError>) {
+        if self.sink_ended {
+            return;
+        }
+        if self.sink.is_none() {
+            self.sink = self.shared.take_sink();
+            if let Some(sink) = self.sink.as_mut() {
+                // What the Rx queue held before the sink came is still this channel's.
+                while let Some(chunk) = self.shared.pop_rx_for_sink() {
+                    if sink.on_bytes(chunk) == RxFlow::Pause {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(sink) = self.sink.as_mut() {
+            self.sink_ended = true;
+            sink.on_end(end);
+        }
+    }
+}
+
+/// Reads up to `want` bytes from `conn` into `rxbuf` and hands them out as one chunk;
+/// `Ok(None)` at the end of the stream.
+fn read_into(
+    conn: &mut crate::tcp::Connection,
+    rxbuf: &mut BytesMut,
+    want: usize,
+) -> Result<Option<bytes::Bytes>, TcpError> {
+    // Appended, not read into a zero-filled slice: zeroing every 64 KiB buffer before the
+    // copy cost ~6 % of a bulk receiver's CPU. `reserve` takes the previous allocation
+    // back when every piece handed out of it has been dropped (the consumer kept up),
+    // else allocates a fresh one.
+    debug_assert!(rxbuf.is_empty());
+    if rxbuf.capacity() < want {
+        rxbuf.reserve(RX_CHUNK);
+    }
+    match conn.recv_with(want, |s| rxbuf.extend_from_slice(s))? {
+        0 => Ok(None),
+        n => {
+            debug_assert_eq!(rxbuf.len(), n);
+            Ok(Some(rxbuf.split().freeze()))
+        }
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::shared::Peer;
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    use std::sync::atomic::Ordering;
+
+    /// A set of two queues whose forwarding queues hold one frame each.
+    fn two_threads() -> (SetShared, Vec<Receiver<Vec<u8>>>) {
+        let mut peers = Vec::new();
+        let mut rxs = Vec::new();
+        for q in 0..2 {
+            let (ctx, _crx) = crossbeam_channel::unbounded();
+            let (ftx, frx) = crossbeam_channel::bounded(1);
+            peers.push(Peer {
+                queue: q,
+                signal: Arc::new(QueueSignal::new(RuntimeClock::new())),
+                commands: ctx,
+                forward: ftx,
+                checksums: Default::default(),
+                syns: Default::default(),
+                resets_received: Default::default(),
+                rx_fault_dropped: Default::default(),
+            });
+            rxs.push(frx);
+        }
+        (SetShared::for_tests(peers), rxs)
+    }
+
+    fn seg(port: u16, syn_to_listener: bool, frame: &[u8]) -> StraySegment<'_> {
+        StraySegment {
+            local: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 9000),
+            remote: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), port),
+            syn_to_listener,
+            cookie_ack: false,
+            frame,
+        }
+    }
+
+    #[test]
+    fn unknown_flows_are_handled_locally() {
+        let (set, _rx) = two_threads();
+        let mut claims = Vec::new();
+        let v = stray_verdict(&set, 0, &mut claims, &seg(1, false, b"f"), true);
+        assert_eq!(v, StrayVerdict::Local);
+        assert!(claims.is_empty());
+        assert_eq!(set.directory.len(), 0);
+    }
+
+    #[test]
+    fn a_first_syn_is_claimed_and_a_repeat_elsewhere_forwarded() {
+        let (set, rx) = two_threads();
+        let mut claims = Vec::new();
+        let s = seg(2, true, b"syn");
+        assert_eq!(
+            stray_verdict(&set, 0, &mut claims, &s, true),
+            StrayVerdict::Local
+        );
+        assert_eq!(claims, [(s.local, s.remote)]);
+        // The retransmitted SYN arrives on thread 1: it goes to thread 0, which is woken.
+        let mut other = Vec::new();
+        assert_eq!(
+            stray_verdict(&set, 1, &mut other, &s, true),
+            StrayVerdict::Forwarded
+        );
+        assert!(other.is_empty());
+        assert_eq!(rx[0].try_recv().unwrap(), b"syn");
+        assert!(set.peers[0].signal.take_pending());
+        assert!(!set.peers[1].signal.take_pending());
+    }
+
+    #[test]
+    fn a_cookie_ack_is_claimed_like_a_syn() {
+        let (set, _rx) = two_threads();
+        let mut claims = Vec::new();
+        let s = StraySegment {
+            cookie_ack: true,
+            ..seg(4, false, b"ack")
+        };
+        assert_eq!(
+            stray_verdict(&set, 1, &mut claims, &s, true),
+            StrayVerdict::Local
+        );
+        assert_eq!(claims, [(s.local, s.remote)]);
+        assert_eq!(set.directory.owner(&(s.local, s.remote), 1), Owner::Me);
+    }
+
+    #[test]
+    fn forwarding_is_once_and_bounded() {
+        let (set, rx) = two_threads();
+        let mut claims = Vec::new();
+        let s = seg(3, false, b"data");
+        set.directory.insert((s.local, s.remote), 1);
+        assert_eq!(
+            stray_verdict(&set, 0, &mut claims, &s, true),
+            StrayVerdict::Forwarded
+        );
+        // Thread 1's queue (one frame) is full: the next one is dropped, not reset.
+        assert_eq!(
+            stray_verdict(&set, 0, &mut claims, &s, true),
+            StrayVerdict::Drop
+        );
+        assert_eq!(set.forwarded.load(Ordering::Relaxed), 1);
+        assert_eq!(set.forward_dropped.load(Ordering::Relaxed), 1);
+        assert_eq!(rx[1].len(), 1);
+        // A frame that was forwarded once and still finds another owner is dropped.
+        assert_eq!(
+            stray_verdict(&set, 0, &mut claims, &s, false),
+            StrayVerdict::Drop
+        );
+        assert_eq!(rx[1].len(), 1);
+    }
+}

@@ -1,0 +1,84 @@
+//! What a channel set counts: SYNs and cookies, receive checksums, and each queue's work.
+
+use std::sync::atomic::AtomicU64;
+
+use super::placement::DriverPlace;
+use super::sys::XskDrops;
+
+/// A queue's SYN and SYN-cookie counters, copied from its interface every round.
+#[derive(Debug, Default)]
+pub(crate) struct SynCounters {
+    pub(crate) dropped: AtomicU64,
+    pub(crate) cookies_sent: AtomicU64,
+    pub(crate) cookies_accepted: AtomicU64,
+    pub(crate) cookies_rejected: AtomicU64,
+    /// Incremented by the round itself (not copied from the interface).
+    pub(crate) neighbor_mismatches: AtomicU64,
+    pub(crate) neighbor_unverified: AtomicU64,
+}
+
+/// Passive-open counters of a [`ChannelSet`](super::ChannelSet), summed over its queues (see
+/// [`InterfaceStats`](crate::netif::InterfaceStats) for each).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SynStats {
+    /// Whether SYN cookies are on ([`ChannelSetConfig::syn_cookies`](super::ChannelSetConfig::syn_cookies)).
+    pub cookies_enabled: bool,
+    /// SYNs (or valid cookie ACKs) dropped for want of room.
+    pub dropped: u64,
+    /// SYN-ACKs sent with a cookie.
+    pub cookies_sent: u64,
+    /// Connections opened from a valid cookie.
+    pub cookies_accepted: u64,
+    /// ACKs whose cookie was forged or expired.
+    pub cookies_rejected: u64,
+    /// Passive opens aborted because the peer's MAC differed from the neighbour table's
+    /// entry for its address.
+    pub neighbor_mismatches: u64,
+    /// Passive opens accepted with the SYN's MAC because the neighbour table had no
+    /// usable entry for the peer.
+    pub neighbor_unverified: u64,
+}
+
+/// A queue's receive checksum counters, copied from its interface every round.
+#[derive(Debug, Default)]
+pub(crate) struct ChecksumCounters {
+    pub(crate) partial: AtomicU64,
+    pub(crate) bad: AtomicU64,
+}
+
+/// Receive checksum counters of a [`ChannelSet`](super::ChannelSet), summed over its queues.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RxChecksumStats {
+    /// Whether segments with a partial checksum are accepted (the resolved
+    /// [`PartialChecksums`](super::PartialChecksums) policy).
+    pub accept_partial: bool,
+    /// Segments accepted with a partial checksum.
+    pub partial: u64,
+    /// IPv4 headers and TCP segments dropped for a checksum that does not verify.
+    pub bad: u64,
+}
+
+
+/// One queue's driver, as [`ChannelSet::queue_stats`](super::ChannelSet::queue_stats) reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueStats {
+    /// The NIC queue.
+    pub queue: u32,
+    /// Where its driver runs now.
+    pub place: DriverPlace,
+    /// The core of the queue runtime that drives it, when that runtime is pinned.
+    pub core: Option<usize>,
+    /// Time its drivers spent in polls that ran rounds since the set started (whatever
+    /// runtime ran them): the queue's protocol work. Sample it twice for a utilisation.
+    pub busy: std::time::Duration,
+    /// Rounds run since the set started.
+    pub rounds: u64,
+    /// Polls of its drivers since the set started.
+    pub polls: u64,
+    /// Wake-ups of its driver by enqueues, commands and resumes since the set started
+    /// (coalesced ones not counted; arrivals and timers wake it through its runtime).
+    pub wakeups: u64,
+    /// What the kernel dropped at the queue's AF_XDP socket (its rx ring full, its fill
+    /// ring empty); `None` for links without one.
+    pub xsk_drops: Option<XskDrops>,
+}
