@@ -38,9 +38,6 @@ pub use netsched;
 pub use netsched as sched;
 pub use vns;
 
-#[cfg(target_os = "linux")]
-pub use vns::stack::RuntimeRx;
-
 /// tokio's networking names for netchannel's streams, so that porting a tokio program is
 /// a rename: `use netchannel::net::{TcpListener, TcpStream};` in place of
 /// `use tokio::net::{TcpListener, TcpStream};` (and `TcpSocket` for options set before

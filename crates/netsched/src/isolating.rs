@@ -154,9 +154,15 @@ impl NetScheduler for Isolating {
         Some(Box::new(self.clone()))
     }
 
-    /// Latency channels on queue threads of their own.
+    /// Latency channels on queues of their own.
     fn separate_class_threads(&self) -> bool {
         true
+    }
+
+    /// Latency queues on the latency application's runtime, or on a queue runtime of
+    /// their own ([`isolating_queue_placement`](crate::isolating_queue_placement)).
+    fn place_queues(&self, host: &crate::QueueHost) -> Vec<crate::QueuePlace> {
+        crate::isolating_queue_placement(host)
     }
 }
 

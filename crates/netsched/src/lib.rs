@@ -58,6 +58,7 @@
 #![forbid(unsafe_code)]
 
 mod isolating;
+mod placement;
 mod plan;
 mod round_robin;
 mod scaling;
@@ -70,6 +71,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use isolating::Isolating;
+pub use placement::{
+    default_queue_placement, isolating_queue_placement, QueueHost, QueueInfo, QueuePlace,
+    DISAGGREGATE_MIN_CORES,
+};
 pub use plan::PlanAction;
 pub use round_robin::RoundRobin;
 pub use scaling::{Scaled, Scaler, ScalingConfig, ScalingConfigError};
@@ -316,6 +321,14 @@ pub trait NetScheduler: Send {
     fn separate_class_threads(&self) -> bool {
         false
     }
+
+    /// Where the stack drives each of its NIC queues (see [`QueuePlace`]): asked when the
+    /// stack starts and when a latency application's runtime is handed to it. The
+    /// default is [`default_queue_placement`]: the application's runtime on a small host,
+    /// queue runtimes of the stack's own where cores are to spare.
+    fn place_queues(&self, host: &QueueHost) -> Vec<QueuePlace> {
+        default_queue_placement(host)
+    }
 }
 
 impl<S: NetScheduler + ?Sized> NetScheduler for Box<S> {
@@ -345,6 +358,10 @@ impl<S: NetScheduler + ?Sized> NetScheduler for Box<S> {
 
     fn separate_class_threads(&self) -> bool {
         (**self).separate_class_threads()
+    }
+
+    fn place_queues(&self, host: &QueueHost) -> Vec<QueuePlace> {
+        (**self).place_queues(host)
     }
 }
 

@@ -77,8 +77,6 @@ pub use endpoint::{
 pub use netsched::{AppClass, ChannelClass, ChannelId};
 pub use reorder::ReorderBuffer;
 pub use response_queue::ResponseQueue;
-#[cfg(target_os = "linux")]
-pub use stack::RuntimeRx;
 pub use stack::{
     default_stack, set_default_stack, BusyPoll, Liveness, Stack, StackBuilder, StackError,
     VirtualListener, VirtualSocket, VirtualStream,

@@ -77,6 +77,18 @@ pub enum Placement {
         /// The runtime.
         handle: tokio::runtime::Handle,
     },
+    /// Queue *i* where `places[i]` says: `DriverPlace::Runtime(r)` names the set's queue
+    /// runtime *r* (the set starts runtimes 0 to the largest named, at least one, runtime
+    /// *r* pinned to `cores[r % len]` when cores are given), `DriverPlace::External(name)`
+    /// one of `external`. Runtime 0 is the home of the watchdog and of rescued queues.
+    Explicit {
+        /// Where each queue goes, by its index.
+        places: Vec<DriverPlace>,
+        /// The runtimes handed to the set, by name.
+        external: Vec<(String, tokio::runtime::Handle)>,
+        /// Cores to pin the set's runtimes to.
+        cores: Option<Vec<usize>>,
+    },
 }
 
 impl Default for Placement {
@@ -169,11 +181,15 @@ impl QueueRuntime {
         }
     }
 
-    /// Stops the runtime and joins its thread.
+    /// Stops the runtime and joins its thread (unless called from that thread, a task of
+    /// the runtime stopping its own set: it then ends once that task returns).
     pub(crate) fn stop(&mut self) {
         self.stop.stop.store(true, Ordering::Release);
         self.stop.waker.wake();
         if let Some(j) = self.join.take() {
+            if j.thread().id() == std::thread::current().id() {
+                return;
+            }
             if j.join().is_err() {
                 warn!("a queue runtime's thread panicked");
             }

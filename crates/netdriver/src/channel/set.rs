@@ -323,6 +323,39 @@ impl ChannelSet {
                 rt.external.insert(ext.clone(), handle.clone());
                 (0..n).map(|_| DriverPlace::External(ext.clone())).collect()
             }
+            Placement::Explicit {
+                places,
+                external,
+                cores,
+            } => {
+                if places.len() != n {
+                    return Err(ChannelError::InvalidConfig(format!(
+                        "a placement of {} queues for a set of {n}",
+                        places.len()
+                    )));
+                }
+                if cores.as_ref().is_some_and(|c| c.is_empty()) {
+                    return Err(ChannelError::InvalidConfig("empty core list".into()));
+                }
+                let count = places
+                    .iter()
+                    .filter_map(|p| match p {
+                        DriverPlace::Runtime(r) => Some(*r + 1),
+                        DriverPlace::External(_) => None,
+                    })
+                    .max()
+                    .unwrap_or(1);
+                for i in 0..count {
+                    let core = cores.as_ref().map(|c| c[i as usize % c.len()]);
+                    let id = rt.next_id;
+                    rt.own.insert(id, QueueRuntime::start(name(id), core)?);
+                    rt.next_id += 1;
+                }
+                for (ext, handle) in external {
+                    rt.external.insert(ext.clone(), handle.clone());
+                }
+                places.clone()
+            }
         };
         rt.home = *rt.own.keys().next().unwrap_or(&0);
         let home = rt.home_handle();
@@ -530,6 +563,13 @@ impl ChannelSet {
     /// The set's configuration.
     pub fn config(&self) -> &ChannelSetConfig {
         &self.config
+    }
+
+    /// The set's home runtime (its first queue runtime, which hosts the watchdog and
+    /// rescued queues), for tasks that belong with the set and do no per-message work: a
+    /// stack's control task. `None` once the set stopped.
+    pub fn home_runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.placement.lock().home_handle()
     }
 
     /// The steering program's counters (redirected, passed, ...); an in-memory set has

@@ -46,6 +46,12 @@ impl Endpoint {
         self.scheduler.separate_class_threads()
     }
 
+    /// Where the scheduler wants the stack's NIC queues driven
+    /// ([`NetScheduler::place_queues`](netsched::NetScheduler::place_queues)).
+    pub fn scheduler_place_queues(&self, host: &netsched::QueueHost) -> Vec<netsched::QueuePlace> {
+        self.scheduler.place_queues(host)
+    }
+
     /// How often the scheduler wants [`Endpoint::scheduler_plan`] asked
     /// ([`NetScheduler::plan_period`](netsched::NetScheduler::plan_period)).
     pub fn scheduler_plan_period(&self) -> std::time::Duration {

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use tracing::debug;
 
-use super::backend::Acceptor;
-use super::driver::stopped_error;
+use super::core::stopped_error;
+use netdriver::channel::ChannelListener;
 use super::loopback::LoopbackListener;
 use super::stream::{PlainInner, StreamInner, VirtualStream};
 use super::{default_stack, resolve_v4, Stack};
@@ -33,7 +33,7 @@ pub struct VirtualListener {
     /// Whether the port is a virtual port (not for a listener on a loopback address).
     virt: bool,
     /// Plain-TCP connections to the same port, from hosts without NetChannel.
-    plain: Option<Box<dyn Acceptor>>,
+    plain: Option<ChannelListener>,
     /// Connections from this host, through the kernel's loopback interface.
     kernel: Option<LoopbackListener>,
     /// The tasks waiting in `accept`: the stack and the plain acceptor hold one waker,
@@ -87,7 +87,7 @@ impl VirtualListener {
         stack: Stack,
         ip: Ipv4Addr,
         port: u16,
-        plain: Option<Box<dyn Acceptor>>,
+        plain: Option<ChannelListener>,
         kernel: Option<LoopbackListener>,
     ) -> Self {
         VirtualListener {
@@ -180,7 +180,7 @@ impl VirtualListener {
 
     /// The address connections arrive at (the stack's, also for a `0.0.0.0` bind).
     fn local(&self) -> SocketAddrV4 {
-        SocketAddrV4::new(self.stack.core().backend.ipv4(), self.port)
+        SocketAddrV4::new(self.stack.core().ipv4(), self.port)
     }
 
     /// The address listened on.
@@ -216,18 +216,17 @@ impl VirtualListener {
                 Ok(sid) => {
                     st.track(sid);
                     let (peer, local, remote) = st.ep.socket_addr(sid).expect("just accepted");
-                    drop(st);
+                    // What the accept made due (a credit update) goes now.
+                    core.finish_call(st);
                     let ip = core.peer_ip(peer).expect("channels of known peers only");
                     let peer_addr = SocketAddrV4::new(ip, remote);
                     debug!(socket = %sid, peer = %peer_addr, "accepted");
                     let inner = StreamInner::new(
                         self.stack.clone(),
                         sid,
-                        SocketAddrV4::new(core.backend.ipv4(), local),
+                        SocketAddrV4::new(core.ipv4(), local),
                         peer_addr,
-                        netsched::AppClass::Throughput,
                     );
-                    core.signal.notify();
                     let s = self.accepted(VirtualStream::from_inner(inner));
                     return Poll::Ready(s.map(|s| (s, peer_addr.into())));
                 }
@@ -262,7 +261,8 @@ impl VirtualListener {
             return Poll::Pending;
         };
         match a.poll_accept(cx) {
-            Poll::Ready(Ok((t, peer))) => {
+            Poll::Ready(Ok(t)) => {
+                let peer = t.peer_addr();
                 debug!(%peer, port = self.port, "accepted a plain-TCP connection");
                 let inner = PlainInner::new(self.stack.clone(), t, self.local(), peer);
                 Poll::Ready(Ok((VirtualStream::plain(inner), peer.into())))
@@ -279,10 +279,12 @@ impl Drop for VirtualListener {
             return;
         }
         let core = self.stack.core();
-        core.each_shard(|_, st| {
+        for i in 0..core.shard_count() {
+            let mut st = core.lock_shard(i);
             st.listeners.remove(&self.port);
             let _ = st.ep.unbind(self.port);
-        });
-        core.signal.notify();
+            // The resets of connections still in the backlog go now.
+            core.finish_call(st);
+        }
     }
 }

@@ -278,7 +278,7 @@ impl VirtualSocket {
         set: &Settings,
     ) -> io::Result<VirtualStream> {
         if self.stack.core().refuses_new() {
-            return Err(super::driver::stopped_error());
+            return Err(super::core::stopped_error());
         }
         let k = tokio::net::TcpSocket::new_v4()?;
         if let Some(n) = set.opts.send_buffer {

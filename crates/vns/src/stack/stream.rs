@@ -11,14 +11,12 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use netdriver::channel::Dequeued;
-use netdriver::channel::{ChannelTransport, EnqueueError};
+use netdriver::channel::{Channel, Dequeued, EnqueueError};
 use netsched::AppClass;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf, Ready};
 use tracing::debug;
 
-use super::backend::BoxedTransport;
-use super::driver::stopped_error;
+use super::core::stopped_error;
 use super::loopback::KernelInner;
 use super::{default_stack, Stack};
 use crate::copy::CopyWorkerPool;
@@ -32,64 +30,17 @@ pub(crate) struct StreamInner {
     local: SocketAddrV4,
     peer: SocketAddrV4,
     linger: Mutex<Option<Duration>>,
-    /// The socket is of the latency class (kept with [`StreamInner::set_app_class`]):
-    /// which channels its calls pull ([`Core::rx_scope`](super::driver::Core::rx_scope)),
-    /// read without the shard's lock.
-    latency: std::sync::atomic::AtomicBool,
-    /// A read of this socket waited for its bytes (registered with the channels and the
-    /// queues) and has not returned bytes since: the next read is most likely a task
-    /// woken for an arrival, which runs the readable queues' rounds before it looks.
-    read_waited: std::sync::atomic::AtomicBool,
-}
-
-/// After [`Core::want_rx`](super::driver::Core::want_rx) ran receive rounds on this
-/// thread: whether the call should pull and look again. An arrival of those rounds does
-/// not wake the task that ran them, and a task that woke itself would be, to tokio, a
-/// task that yields (re-queued, another worker unparked). After a few rounds the task
-/// does wake itself and returns, so that arrivals for other sockets cannot keep it here.
-fn look_again(rounds: &mut u32, cx: &Context<'_>) -> bool {
-    const MAX_ROUNDS: u32 = 3;
-    *rounds += 1;
-    if *rounds < MAX_ROUNDS {
-        return true;
-    }
-    cx.waker().wake_by_ref();
-    false
 }
 
 impl StreamInner {
-    /// `class`: the socket's class now (a connect's, from its options; `Throughput` for
-    /// an accepted one).
-    pub(crate) fn new(
-        stack: Stack,
-        sid: SocketId,
-        local: SocketAddrV4,
-        peer: SocketAddrV4,
-        class: AppClass,
-    ) -> Self {
+    pub(crate) fn new(stack: Stack, sid: SocketId, local: SocketAddrV4, peer: SocketAddrV4) -> Self {
         StreamInner {
             stack,
             sid,
             local,
             peer,
             linger: Mutex::new(None),
-            latency: std::sync::atomic::AtomicBool::new(class == AppClass::Latency),
-            read_waited: std::sync::atomic::AtomicBool::new(false),
         }
-    }
-
-    /// [`Core::pull`](super::driver::Core::pull) for a call on this socket.
-    fn pull(&self) -> bool {
-        let core = self.stack.core();
-        let latency = self.latency.load(std::sync::atomic::Ordering::Relaxed);
-        core.pull(core.shard_of(self.sid), core.rx_scope(latency))
-    }
-
-    /// [`Core::pull_owed`](super::driver::Core::pull_owed) for a call on this socket.
-    fn pull_owed(&self) -> bool {
-        let core = self.stack.core();
-        let latency = self.latency.load(std::sync::atomic::Ordering::Relaxed);
-        core.pull_owed(core.shard_of(self.sid), core.rx_scope(latency))
     }
 
     /// A read into a buffer of at least the copy path's `read_min` lends the in-order bytes
@@ -104,111 +55,45 @@ impl StreamInner {
             .filter(|path| path.read_min.is_some_and(|min| buf.remaining() >= min))
             .map(|path| &path.pool);
         let core = self.stack.core();
-        let mut pulled = self.pull_owed();
-        // A task that waited was most likely woken for an arrival still in a queue's
-        // ring: it runs that round and pulls before its first look, rather than look and
-        // pull in vain first (about 500 instructions of a 64-byte read, callgrind). A
-        // queue with no event since the last look is not polled (`QueueReady::armed`),
-        // so a task woken otherwise (its bytes handed over by a channel thread) pays a
-        // flag's load per queue.
-        if !pulled && self.read_waited.load(std::sync::atomic::Ordering::Relaxed) {
-            let latency = self.latency.load(std::sync::atomic::Ordering::Relaxed);
-            if core.rounds_first(latency, cx) {
-                self.pull();
-                pulled = true;
+        let mut st = core.lock_socket(self.sid);
+        let dst = buf.initialize_unfilled();
+        let read = match pool {
+            Some(pool) => {
+                let len = dst.len();
+                st.ep.recv_with(self.sid, len, |chunks| {
+                    pool.copy_out_for(self.sid.number(), chunks, dst)
+                })
             }
-        }
-        // Receive rounds this call ran itself (see `look_again`).
-        let mut rounds = 0;
-        // The shard's event count at a look that found nothing, when neither the pull
-        // nor a round since brought anything: if it has not moved, nothing became
-        // readable, and the next look is skipped (the task registers at once).
-        let mut nothing_since: Option<u64> = None;
-        loop {
-            let mut st = core.lock_socket(self.sid);
-            let dst = buf.initialize_unfilled();
-            let read = match pool {
-                _ if nothing_since.take() == Some(st.ep.events_raised()) => Err(Error::WouldBlock),
-                Some(pool) => {
-                    let len = dst.len();
-                    st.ep.recv_with(self.sid, len, |chunks| {
-                        pool.copy_out_for(self.sid.number(), chunks, dst)
-                    })
+            None => st.ep.recv(self.sid, dst),
+        };
+        match read {
+            Ok(n) => {
+                // This task's own earlier wait is over: the bytes' arrival must not wake
+                // it again.
+                if let Some(w) = st.socks.get_mut(&self.sid) {
+                    if w.read.as_ref().is_some_and(|r| r.will_wake(cx.waker())) {
+                        w.read = None;
+                    }
                 }
-                None => st.ep.recv(self.sid, dst),
-            };
-            match read {
-                Ok(n) => {
-                    st.note_active(self.sid, n);
-                    if self.read_waited.load(std::sync::atomic::Ordering::Relaxed) {
-                        self.read_waited
-                            .store(false, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    // This task's own earlier wait is over: the bytes' arrival must not
-                    // wake it (a wake from inside its poll makes tokio wake another
-                    // worker). Another task's wait stays.
-                    let mut waited = false;
-                    if let Some(w) = st.socks.get_mut(&self.sid) {
-                        if w.read.as_ref().is_some_and(|r| r.will_wake(cx.waker())) {
-                            w.read = None;
-                        }
-                        // Whether the bytes came to this task's own look or woke it
-                        // through the socket (its read waker taken), it waits no more.
-                        waited = std::mem::take(&mut w.listed);
-                    }
-                    let waited = waited.then(|| super::driver::Core::rx_path(&st, self.sid));
-                    // Sends the credit update the read may have made due.
-                    core.finish_call(st);
-                    if let Some(path) = waited {
-                        core.read_wait_over(cx, path);
-                    }
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
-                Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
-                // Take what the channels hold before waiting for the driver (no shard's
-                // lock held: the chunks go to their own shards). When they hold nothing,
-                // a task woken for an arrival still in a queue's ring runs that round
-                // now and takes its bytes, so that the next look finds them (rather than
-                // look, register, run the round, pull and look a third time).
-                Err(Error::WouldBlock) if !pulled => {
-                    let seen = st.ep.events_raised();
-                    drop(st);
-                    let latency = self.latency.load(std::sync::atomic::Ordering::Relaxed);
-                    let found = self.pull() || {
-                        let ran = core.rounds_first(latency, cx);
-                        if ran {
-                            self.pull();
-                        }
-                        ran
-                    };
-                    if !found {
-                        nothing_since = Some(seen);
-                    }
-                    pulled = true;
-                }
-                Err(Error::WouldBlock) => {
-                    if let Some(w) = st.socks.get_mut(&self.sid) {
+                // Sends the credit update the read may have made due.
+                core.finish_call(st);
+                buf.advance(n);
+                Poll::Ready(Ok(()))
+            }
+            Err(Error::WouldBlock) if st.stopped => Poll::Ready(Err(stopped_error())),
+            // The channel's sink delivers the bytes and wakes this task.
+            Err(Error::WouldBlock) => {
+                if let Some(w) = st.socks.get_mut(&self.sid) {
+                    if !w.read.as_ref().is_some_and(|r| r.will_wake(cx.waker())) {
                         w.read = Some(cx.waker().clone());
                     }
-                    if !self.read_waited.load(std::sync::atomic::Ordering::Relaxed) {
-                        self.read_waited
-                            .store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    if core.want_rx(st, self.sid, cx) && look_again(&mut rounds, cx) {
-                        // The round's arrivals wait in the channels: take them before
-                        // looking again (rather than look, find nothing, then pull).
-                        self.pull();
-                        pulled = true;
-                        continue;
-                    }
-                    return Poll::Pending;
                 }
-                Err(e) => {
-                    // Events a pull made for the shard's other sockets go out with it.
-                    core.finish_call(st);
-                    return Poll::Ready(Err(e.into()));
-                }
+                core.finish_call(st);
+                Poll::Pending
+            }
+            Err(e) => {
+                core.finish_call(st);
+                Poll::Ready(Err(e.into()))
             }
         }
     }
@@ -226,34 +111,21 @@ impl StreamInner {
         min: usize,
     ) -> Poll<io::Result<usize>> {
         let core = self.stack.core();
-        let mut pulled = false;
-        // Receive rounds this call ran itself (see `look_again`).
-        let mut rounds = 0;
-        let (room, mut st) = loop {
+        let (room, mut st) = {
             let mut st = core.lock_socket(self.sid);
             if st.stopped {
                 return Poll::Ready(Err(stopped_error()));
             }
             match st.ep.send_room(self.sid, min) {
-                Ok(room) => break (room, st),
-                // Take the credit updates the channels hold (no shard's lock held).
-                Err(Error::WouldBlock) if !pulled => {
-                    drop(st);
-                    self.pull();
-                    pulled = true;
-                }
+                Ok(room) => (room, st),
                 Err(Error::WouldBlock) => {
                     if let Some(w) = st.socks.get_mut(&self.sid) {
                         w.write = Some(cx.waker().clone());
                     }
-                    if core.want_rx(st, self.sid, cx) && look_again(&mut rounds, cx) {
-                        pulled = false;
-                        continue;
-                    }
+                    core.finish_call(st);
                     return Poll::Pending;
                 }
                 Err(e) => {
-                    // Events a pull made for the shard's other sockets go out with it.
                     core.finish_call(st);
                     return Poll::Ready(Err(e.into()));
                 }
@@ -286,7 +158,6 @@ impl StreamInner {
         }
         match r {
             Ok(n) => {
-                st.note_active(self.sid, n);
                 core.finish_call(st);
                 Poll::Ready(Ok(n))
             }
@@ -296,9 +167,7 @@ impl StreamInner {
                 if let Some(w) = st.socks.get_mut(&self.sid) {
                     w.write = Some(cx.waker().clone());
                 }
-                if core.want_rx(st, self.sid, cx) {
-                    cx.waker().wake_by_ref();
-                }
+                core.finish_call(st);
                 Poll::Pending
             }
             Err(e) => Poll::Ready(Err(e.into())),
@@ -326,64 +195,47 @@ impl StreamInner {
             }
         }
         let core = self.stack.core();
-        let mut pulled = false;
-        // Receive rounds this call ran itself (see `look_again`).
-        let mut rounds = 0;
-        loop {
-            let mut st = core.lock_socket(self.sid);
-            if st.stopped {
-                return Poll::Ready(Err(stopped_error()));
+        let mut st = core.lock_socket(self.sid);
+        if st.stopped {
+            return Poll::Ready(Err(stopped_error()));
+        }
+        match st.ep.send_vectored(self.sid, bufs) {
+            Ok(n) => {
+                // Sends what was written: its chunks into the channels, whose queue
+                // drivers are woken.
+                core.finish_call(st);
+                Poll::Ready(Ok(n))
             }
-            match st.ep.send_vectored(self.sid, bufs) {
-                Ok(n) => {
-                    st.note_active(self.sid, n);
-                    // Sends what was written, from this thread.
-                    core.finish_call(st);
-                    return Poll::Ready(Ok(n));
+            // Room comes with the peer's acknowledgements, through a channel's sink,
+            // which wakes this task.
+            Err(Error::WouldBlock) => {
+                if let Some(w) = st.socks.get_mut(&self.sid) {
+                    w.write = Some(cx.waker().clone());
                 }
-                // Take the credit updates the channels hold before waiting for the driver
-                // (no shard's lock held).
-                Err(Error::WouldBlock) if !pulled => {
-                    drop(st);
-                    self.pull();
-                    pulled = true;
-                }
-                Err(Error::WouldBlock) => {
-                    if let Some(w) = st.socks.get_mut(&self.sid) {
-                        w.write = Some(cx.waker().clone());
-                    }
-                    if core.want_rx(st, self.sid, cx) && look_again(&mut rounds, cx) {
-                        pulled = false;
-                        continue;
-                    }
-                    return Poll::Pending;
-                }
-                Err(e) => {
-                    // Events a pull made for the shard's other sockets go out with it.
-                    core.finish_call(st);
-                    return Poll::Ready(Err(e.into()));
-                }
+                core.finish_call(st);
+                Poll::Pending
+            }
+            Err(e) => {
+                core.finish_call(st);
+                Poll::Ready(Err(e.into()))
             }
         }
     }
 
     fn poll_shutdown(&self) -> Poll<io::Result<()>> {
         let core = self.stack.core();
-        let r = core.lock_socket(self.sid).ep.shutdown(self.sid);
-        core.signal.notify();
+        let mut st = core.lock_socket(self.sid);
+        let r = st.ep.shutdown(self.sid);
+        // The FIN goes now, behind the bytes written before.
+        core.finish_call(st);
         Poll::Ready(r.map_err(io::Error::from))
     }
 
     fn set_app_class(&self, class: AppClass) -> io::Result<()> {
         let core = self.stack.core();
-        let r = core.lock_socket(self.sid).ep.set_app_class(self.sid, class);
-        if r.is_ok() {
-            self.latency.store(
-                class == AppClass::Latency,
-                std::sync::atomic::Ordering::Relaxed,
-            );
-        }
-        core.signal.notify();
+        let mut st = core.lock_socket(self.sid);
+        let r = st.ep.set_app_class(self.sid, class);
+        core.finish_call(st);
         r.map_err(io::Error::from)
     }
 }
@@ -392,8 +244,10 @@ impl Drop for StreamInner {
     fn drop(&mut self) {
         let abort = aborts(&self.linger);
         let core = self.stack.core();
-        core.lock_socket(self.sid).release(self.sid, abort);
-        core.signal.notify();
+        let mut st = core.lock_socket(self.sid);
+        st.release(self.sid, abort);
+        // The FIN (or RESET) goes now; a lingering socket's timer reaches the control task.
+        core.finish_call(st);
     }
 }
 
@@ -417,7 +271,7 @@ impl fmt::Debug for StreamInner {
 pub(crate) struct PlainInner {
     stack: Stack,
     /// The channel; taken only by `drop`.
-    t: Option<BoxedTransport>,
+    t: Option<Channel>,
     rx: Mutex<Option<Bytes>>,
     shut: AtomicBool,
     local: SocketAddrV4,
@@ -427,12 +281,7 @@ pub(crate) struct PlainInner {
 }
 
 impl PlainInner {
-    pub(crate) fn new(
-        stack: Stack,
-        t: BoxedTransport,
-        local: SocketAddrV4,
-        peer: SocketAddrV4,
-    ) -> Self {
+    pub(crate) fn new(stack: Stack, t: Channel, local: SocketAddrV4, peer: SocketAddrV4) -> Self {
         PlainInner {
             stack,
             t: Some(t),
@@ -445,10 +294,8 @@ impl PlainInner {
         }
     }
 
-    fn t(&self) -> &dyn ChannelTransport {
-        self.t
-            .as_deref()
-            .expect("the channel is taken only on drop")
+    fn t(&self) -> &Channel {
+        self.t.as_ref().expect("the channel is taken only on drop")
     }
 
     fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
@@ -532,7 +379,7 @@ impl Drop for PlainInner {
             .unwrap_or_else(|p| p.into_inner())
             .is_some();
         // Unread bytes are judged by the channel's queue itself, not by its statistics:
-        // those are a snapshot the channel thread publishes, which can still count bytes
+        // those are a snapshot the queue driver publishes, which can still count bytes
         // this stream has already read, and a reset on that stale figure discarded the
         // replies a server wrote just before closing (seen under load in `kv_example`).
         // Bytes still in the TCP receive buffer that reach the queue after this look
@@ -1173,16 +1020,18 @@ pub(crate) async fn connect_with(
         st.track(sid);
         st.deadlines
             .insert(sid, Instant::now() + core.config.connect_timeout);
+        // The SYNC goes now.
+        core.finish_call(st);
         (sid, local)
     };
-    core.signal.notify();
+    // The connect deadline reaches the control task.
+    core.control.notify();
     // From here on, dropping the stream (or this future) releases the socket.
     let stream = VirtualStream::from_inner(StreamInner::new(
         stack.clone(),
         sid,
-        SocketAddrV4::new(core.backend.ipv4(), local),
+        SocketAddrV4::new(core.ipv4(), local),
         addr,
-        class,
     ));
     poll_fn(|cx| {
         let mut st = core.lock_socket(sid);
@@ -1212,7 +1061,7 @@ pub(crate) async fn connect_with(
     Ok(stream)
 }
 
-type PlainResult = io::Result<(BoxedTransport, SocketAddrV4)>;
+type PlainResult = io::Result<(Channel, SocketAddrV4)>;
 
 #[derive(Default)]
 struct PlainSlot {
@@ -1221,15 +1070,23 @@ struct PlainSlot {
 }
 
 /// Opens one channel straight to `addr` (a plain-TCP peer), in a helper thread since the
-/// backend's connect blocks.
+/// channel set's connect blocks.
 async fn connect_plain(stack: &Stack, addr: SocketAddrV4) -> io::Result<VirtualStream> {
     let slot = Arc::new(Mutex::new(PlainSlot::default()));
-    let backend = stack.core().backend.clone();
+    let core = stack.core().clone();
     let s2 = slot.clone();
     std::thread::Builder::new()
         .name("vns-plain".into())
         .spawn(move || {
-            let r = backend.connect(addr).map_err(io::Error::from);
+            let r = core
+                .set
+                .connect(addr)
+                .map(|c| {
+                    let local = c.local_addr();
+                    (c, local)
+                })
+                .map_err(io::Error::from);
+            drop(core);
             let w = {
                 let mut s = s2.lock().unwrap_or_else(|p| p.into_inner());
                 s.result = Some(r);
@@ -1275,119 +1132,77 @@ impl StreamInner {
         probe: Option<&mut ReadBuf<'_>>,
     ) -> Poll<io::Result<usize>> {
         let core = self.stack.core();
-        let mut pulled = self.pull_owed();
-        // Receive rounds this call ran itself (see `look_again`).
-        let mut rounds = 0;
         let mut one = [0u8; 1];
         let mut probe = probe;
-        loop {
-            let mut st = core.lock_socket(self.sid);
-            let peeked = match probe.as_deref_mut() {
-                Some(buf) => st.ep.peek(self.sid, buf.initialize_unfilled()),
-                None => st.ep.peek(self.sid, &mut one).map(|_| 0),
-            };
-            match peeked {
-                Ok(n) => {
-                    core.finish_call(st);
-                    if let Some(buf) = probe {
-                        buf.advance(n);
-                    }
-                    return Poll::Ready(Ok(n));
+        let mut st = core.lock_socket(self.sid);
+        let peeked = match probe.as_deref_mut() {
+            Some(buf) => st.ep.peek(self.sid, buf.initialize_unfilled()),
+            None => st.ep.peek(self.sid, &mut one).map(|_| 0),
+        };
+        match peeked {
+            Ok(n) => {
+                core.finish_call(st);
+                if let Some(buf) = probe {
+                    buf.advance(n);
                 }
-                Err(Error::WouldBlock) if st.stopped => return Poll::Ready(Err(stopped_error())),
-                Err(Error::WouldBlock) if !pulled => {
-                    drop(st);
-                    self.pull();
-                    pulled = true;
+                Poll::Ready(Ok(n))
+            }
+            Err(Error::WouldBlock) if st.stopped => Poll::Ready(Err(stopped_error())),
+            Err(Error::WouldBlock) => {
+                if let Some(w) = st.socks.get_mut(&self.sid) {
+                    w.read = Some(cx.waker().clone());
                 }
-                Err(Error::WouldBlock) => {
-                    if let Some(w) = st.socks.get_mut(&self.sid) {
-                        w.read = Some(cx.waker().clone());
-                    }
-                    if core.want_rx(st, self.sid, cx) && look_again(&mut rounds, cx) {
-                        pulled = false;
-                        continue;
-                    }
-                    return Poll::Pending;
-                }
-                // Ready: the read reports it.
-                Err(_) if probe.is_none() => {
-                    core.finish_call(st);
-                    return Poll::Ready(Ok(0));
-                }
-                Err(e) => {
-                    // Events a pull made for the shard's other sockets go out with it.
-                    core.finish_call(st);
-                    return Poll::Ready(Err(e.into()));
-                }
+                core.finish_call(st);
+                Poll::Pending
+            }
+            // Ready: the read reports it.
+            Err(_) if probe.is_none() => {
+                core.finish_call(st);
+                Poll::Ready(Ok(0))
+            }
+            Err(e) => {
+                core.finish_call(st);
+                Poll::Ready(Err(e.into()))
             }
         }
     }
 
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         let core = self.stack.core();
-        let mut pulled = self.pull_owed();
-        loop {
-            let mut st = core.lock_socket(self.sid);
-            match st.ep.recv(self.sid, buf) {
-                Ok(n) => {
-                    st.note_active(self.sid, n);
-                    core.finish_call(st);
-                    return Ok(n);
-                }
-                Err(Error::WouldBlock) if st.stopped => return Err(stopped_error()),
-                Err(Error::WouldBlock) if !pulled => {
-                    drop(st);
-                    self.pull();
-                    pulled = true;
-                }
-                Err(Error::WouldBlock) => {
-                    core.finish_call(st);
-                    return Err(would_block());
-                }
-                Err(e) => {
-                    core.finish_call(st);
-                    return Err(e.into());
-                }
+        let mut st = core.lock_socket(self.sid);
+        match st.ep.recv(self.sid, buf) {
+            Ok(n) => {
+                core.finish_call(st);
+                Ok(n)
+            }
+            Err(Error::WouldBlock) if st.stopped => Err(stopped_error()),
+            Err(Error::WouldBlock) => {
+                core.finish_call(st);
+                Err(would_block())
+            }
+            Err(e) => {
+                core.finish_call(st);
+                Err(e.into())
             }
         }
     }
 
     fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let core = self.stack.core();
-        let mut pulled = false;
-        // Receive rounds this call ran itself (see `look_again`).
-        let mut rounds = 0;
-        loop {
-            let mut st = core.lock_socket(self.sid);
-            if st.stopped {
-                return Poll::Ready(Err(stopped_error()));
+        let mut st = core.lock_socket(self.sid);
+        if st.stopped {
+            return Poll::Ready(Err(stopped_error()));
+        }
+        match st.ep.send_room(self.sid, 1) {
+            Err(Error::WouldBlock) => {
+                if let Some(w) = st.socks.get_mut(&self.sid) {
+                    w.write = Some(cx.waker().clone());
+                }
+                core.finish_call(st);
+                Poll::Pending
             }
-            match st.ep.send_room(self.sid, 1) {
-                Err(Error::WouldBlock) if !pulled => {
-                    drop(st);
-                    self.pull();
-                    pulled = true;
-                }
-                Err(Error::WouldBlock) => {
-                    if let Some(w) = st.socks.get_mut(&self.sid) {
-                        w.write = Some(cx.waker().clone());
-                    }
-                    if core.want_rx(st, self.sid, cx) && look_again(&mut rounds, cx) {
-                        pulled = false;
-                        continue;
-                    }
-                    return Poll::Pending;
-                }
-                // Room, or an error the write reports. What the pulled credit let the
-                // shard send goes now (`pull` leaves the caller's shard to the caller).
-                _ => {
-                    if pulled {
-                        core.finish_call(st);
-                    }
-                    return Poll::Ready(Ok(()));
-                }
-            }
+            // Room, or an error the write reports.
+            _ => Poll::Ready(Ok(())),
         }
     }
 
@@ -1397,31 +1212,22 @@ impl StreamInner {
 
     fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         let core = self.stack.core();
-        let mut pulled = false;
-        loop {
-            let mut st = core.lock_socket(self.sid);
-            if st.stopped {
-                return Err(stopped_error());
+        let mut st = core.lock_socket(self.sid);
+        if st.stopped {
+            return Err(stopped_error());
+        }
+        match st.ep.send_vectored(self.sid, bufs) {
+            Ok(n) => {
+                core.finish_call(st);
+                Ok(n)
             }
-            match st.ep.send_vectored(self.sid, bufs) {
-                Ok(n) => {
-                    st.note_active(self.sid, n);
-                    core.finish_call(st);
-                    return Ok(n);
-                }
-                Err(Error::WouldBlock) if !pulled => {
-                    drop(st);
-                    self.pull();
-                    pulled = true;
-                }
-                Err(Error::WouldBlock) => {
-                    core.finish_call(st);
-                    return Err(would_block());
-                }
-                Err(e) => {
-                    core.finish_call(st);
-                    return Err(e.into());
-                }
+            Err(Error::WouldBlock) => {
+                core.finish_call(st);
+                Err(would_block())
+            }
+            Err(e) => {
+                core.finish_call(st);
+                Err(e.into())
             }
         }
     }
@@ -1773,73 +1579,3 @@ impl fmt::Display for ReuniteError {
 }
 
 impl std::error::Error for ReuniteError {}
-
-#[cfg(test)]
-mod tests {
-    use std::net::Ipv4Addr;
-    use std::sync::atomic::AtomicU32;
-
-    use netdriver::channel::{ChannelError, ChannelStats};
-
-    use super::*;
-
-    /// A plain-TCP channel whose statistics still count received bytes the stream has
-    /// already read (a stale snapshot), with an empty queue; counts closes and aborts.
-    #[derive(Default)]
-    struct StaleStats {
-        closed: Arc<AtomicU32>,
-        aborted: Arc<AtomicU32>,
-    }
-
-    impl ChannelTransport for StaleStats {
-        fn enqueue(&self, _: Bytes) -> Result<(), EnqueueError> {
-            Ok(())
-        }
-        fn dequeue(&self) -> Result<Dequeued, ChannelError> {
-            Ok(Dequeued::Empty)
-        }
-        fn poll_enqueue_ready(&self, _: &mut Context<'_>) -> Poll<Result<(), ChannelError>> {
-            Poll::Ready(Ok(()))
-        }
-        fn poll_dequeue(&self, _: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ChannelError>> {
-            Poll::Pending
-        }
-        fn close(&self) {
-            self.closed.fetch_add(1, Ordering::SeqCst);
-        }
-        fn abort(&self) {
-            self.aborted.fetch_add(1, Ordering::SeqCst);
-        }
-        fn stats(&self) -> ChannelStats {
-            ChannelStats {
-                rx_queued: 100,
-                ..ChannelStats::default()
-            }
-        }
-    }
-
-    /// Regression (`kv_example` under load): a plain-TCP stream dropped after reading
-    /// everything closed with a reset when the channel's published statistics were a
-    /// round behind, discarding the replies just written. It must close gracefully.
-    #[test]
-    fn a_plain_stream_read_to_the_end_closes_whatever_stale_statistics_say() {
-        let net = super::super::MemNetwork::new();
-        let stack = Stack::builder()
-            .ipv4(Ipv4Addr::new(10, 0, 0, 1))
-            .build_in_memory(&net)
-            .unwrap();
-        let t = StaleStats::default();
-        let (closed, aborted) = (t.closed.clone(), t.aborted.clone());
-        let a = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 1);
-        let b = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 2);
-        let s = VirtualStream::plain(PlainInner::new(stack.clone(), Box::new(t), a, b));
-        drop(s);
-        assert_eq!(
-            aborted.load(Ordering::SeqCst),
-            0,
-            "reset on stale statistics"
-        );
-        assert_eq!(closed.load(Ordering::SeqCst), 1);
-        stack.abort();
-    }
-}

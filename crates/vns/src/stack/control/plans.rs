@@ -1,5 +1,5 @@
-//! Carrying out the scheduler's plans (`NetScheduler::plan`, issue 12): every plan
-//! period the driver shows the policy a snapshot of the stack and acts on what it wants.
+//! Carrying out the scheduler's plans (`NetScheduler::plan`): every plan period the
+//! control task shows the policy a snapshot of the stack and acts on what it wants.
 //!
 //! - `OpenChannel`: a helper thread opens one more channel of the class to the peer, as a
 //!   first connect does (the peer accepts it like any channel). One opening per peer at
@@ -10,20 +10,20 @@
 //!   (a FIN after its last byte). The peer sees the end and drops the channel; whatever
 //!   either side had not had acknowledged at the data level goes again on the others
 //!   (`Endpoint::handle_channel_closed`/`_lost`). A peer's last channel is never retired.
-//! - `Pin { channel, core }`: the channel's thread (the one serving its NIC queue: a
-//!   channel cannot move to another queue) is pinned to the core, unless it also runs
-//!   channels of the other class. Policies that keep classes apart
-//!   (`separate_class_threads`) get latency channels opened on queues of their own, so
-//!   that their threads can be pinned apart.
-//! - `SpawnThread { core }`: one more channel thread, pinned to the core, unless a live
-//!   thread is already pinned there (netdriver's `ChannelSet::add_thread`).
-//! - `RetireThread { thread }`: the thread's queues move to the others, then it ends
-//!   (`ChannelSet::remove_thread`); an unknown thread is taken as already retired, the
-//!   last one is refused.
-//! - `AssignQueue { queue, thread }`: the queue, with every channel on it, is served by
-//!   the thread from its current thread's next pass on (`ChannelSet::move_queue`: the
-//!   queue's state moves whole, nothing is lost or reordered); nothing if it is there
-//!   already.
+//! - `Pin { channel, core }`: the queue runtime that drives the channel's NIC queue (a
+//!   channel cannot move to another queue) is pinned to the core, unless it also drives
+//!   channels of the other class, or the queue is driven by the application's runtime.
+//!   Policies that keep classes apart (`separate_class_threads`) get latency channels
+//!   opened on queues of their own, so that their runtimes can be pinned apart.
+//! - `SpawnThread { core }`: one more queue runtime, pinned to the core, unless one is
+//!   already pinned there (netdriver's `ChannelSet::add_runtime`). Plans name queue
+//!   runtimes by their ids as `ChannelThreadId`s.
+//! - `RetireThread { thread }`: the runtime's queues move to the others, then it ends
+//!   (`ChannelSet::remove_runtime`); an unknown runtime is taken as already retired, the
+//!   home runtime is refused.
+//! - `AssignQueue { queue, thread }`: the queue, with every channel on it, is driven by
+//!   that runtime from now on (`ChannelSet::move_queue`: a new driver there, the queue's
+//!   state never in two, nothing lost or reordered); nothing if it is there already.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -35,7 +35,10 @@ use netsched::{
 };
 use tracing::{debug, warn};
 
-use super::{earliest, Control, Core, SHARD_RETRY};
+use netdriver::channel::{ChannelPlacement, DriverPlace};
+
+use super::super::core::Core;
+use super::{earliest, Control, SHARD_RETRY};
 use crate::endpoint::PeerId;
 
 /// How often the driver looks at retiring channels between plan periods.
@@ -90,8 +93,6 @@ pub(crate) struct PlanState {
     pub(crate) threads: Vec<ThreadStats>,
     /// The core each queue's thread was last pinned to by a plan.
     pins: HashMap<u32, usize>,
-    /// The cores the driver thread was last confined to (see `Core::confine_driver`).
-    driver_cores: Option<Vec<usize>>,
 }
 
 impl PlanState {
@@ -115,13 +116,8 @@ impl Core {
                 Some((actions, period)) => {
                     ctl.plans.counters.plans += 1;
                     ctl.plans.next = Some(now + period);
-                    let acted = !actions.is_empty();
                     for a in actions {
                         self.carry_out(ctl, a);
-                    }
-                    if acted {
-                        self.retune_light_load();
-                        self.confine_driver(ctl);
                     }
                     if !ctl.plans.retiring.is_empty() {
                         again = earliest(again, Some(now + RETIRE_CHECK));
@@ -153,26 +149,10 @@ impl Core {
         Some((actions, first.ep.scheduler_plan_period()))
     }
 
-    /// Chooses the light-load bound again from the channel threads that run now and the
-    /// cores the stack may use, unless its user set one (`shard::auto_light_load_streams`).
-    /// Called when the stack starts and after each plan (which may add or retire threads).
-    pub(crate) fn retune_light_load(&self) -> usize {
-        let threads = self
-            .placement()
-            .map(|p| p.threads.iter().filter(|t| !t.dead).count());
-        let cores = match self.config.cores.len() {
-            0 => std::thread::available_parallelism().map_or(1, usize::from),
-            n => n,
-        };
-        self.load.retune(threads, cores)
-    }
 
     /// The backend's channel threads and the queues they serve, now.
-    fn placement(&self) -> Option<netdriver::channel::ChannelPlacement> {
-        #[cfg(target_os = "linux")]
-        return self.backend.placement();
-        #[cfg(not(target_os = "linux"))]
-        None
+    fn placement(&self) -> Option<ChannelPlacement> {
+        Some(self.set.placement())
     }
 
     /// Fills in what the endpoints cannot know: which queue and thread run each channel,
@@ -183,12 +163,12 @@ impl Core {
         let placement = self.placement();
         let mut queues = Vec::new();
         let mut listed = Vec::new();
-        for t in placement
+        for (rid, t) in placement
             .iter()
-            .flat_map(|p| &p.threads)
-            .filter(|t| !t.dead)
+            .flat_map(|p| &p.runtimes)
+            .filter_map(|t| runtime_id(&t.place).map(|id| (id, t)))
         {
-            let id = ChannelThreadId(t.id);
+            let id = ChannelThreadId(rid);
             queues.extend(
                 t.queues
                     .iter()
@@ -208,7 +188,7 @@ impl Core {
         }
         let table = self.chans.load();
         for c in &mut snapshot.channels {
-            c.queue = table.get(&c.id).and_then(|ch| ch.t.wire()).map(|w| w.queue);
+                c.queue = table.get(&c.id).map(|ch| ch.t.queue());
             c.thread = c.queue.and_then(|q| {
                 queues
                     .iter()
@@ -229,26 +209,26 @@ impl Core {
     /// period), kept for the plan and for `Stack::stats`. A thread's kernel drops are its
     /// queues' (a queue that moved counts with its new thread from the next period on).
     fn measure_threads(&self, ps: &mut PlanState, now: Instant) {
-        #[cfg(target_os = "linux")]
         {
-            let Some(placement) = self.backend.placement() else {
-                ps.threads.clear();
-                return;
-            };
+            let placement = self.set.placement();
             let drops: HashMap<u32, u64> = self
-                .backend
-                .thread_stats()
+                .set
+                .queue_stats()
                 .into_iter()
                 .map(|q| (q.queue, q.xsk_drops.map_or(0, |d| d.rx_dropped)))
                 .collect();
             let mut threads = Vec::new();
             let mut seen = HashMap::new();
-            for t in placement.threads.iter().filter(|t| !t.dead) {
+            for (rid, t) in placement
+                .runtimes
+                .iter()
+                .filter_map(|t| runtime_id(&t.place).map(|id| (id, t)))
+            {
                 let dropped: u64 = t.queues.iter().filter_map(|q| drops.get(q)).sum();
-                if let Some(&(busy, dropped_before, at)) = ps.last_busy.get(&t.id) {
+                if let Some(&(busy, dropped_before, at)) = ps.last_busy.get(&rid) {
                     let window = now.saturating_duration_since(at);
                     threads.push(ThreadStats {
-                        id: ChannelThreadId(t.id),
+                        id: ChannelThreadId(rid),
                         core: t.core,
                         // A round is counted when it ends, so one that straddles two
                         // periods counts whole in the later one: at most the window.
@@ -257,14 +237,12 @@ impl Core {
                         rx_dropped: dropped.saturating_sub(dropped_before),
                     });
                 }
-                seen.insert(t.id, (t.busy, dropped, now));
+                seen.insert(rid, (t.busy, dropped, now));
             }
             // Retired threads are forgotten.
             ps.last_busy = seen;
             ps.threads = threads;
         }
-        #[cfg(not(target_os = "linux"))]
-        let _ = (ps, now);
     }
 
     fn carry_out(self: &Arc<Self>, ctl: &mut Control, action: PlanAction) {
@@ -290,7 +268,7 @@ impl Core {
         let busy = ctl
             .peers
             .get(&ip)
-            .is_some_and(|p| matches!(p.opening, super::Opening::Running { .. }));
+            .is_some_and(|p| matches!(p.opening, super::peers::Opening::Running { .. }));
         if busy || !ctl.plans.opening.insert(ip) {
             return;
         }
@@ -309,11 +287,8 @@ impl Core {
     /// Opens one channel of `class` to `ip` (helper thread) and adds it to the stack.
     fn open_one(self: Arc<Self>, ip: Ipv4Addr, class: ChannelClass) {
         let remote = SocketAddrV4::new(ip, self.config.channel_port);
-        let opened = match self
-            .backend
-            .connect_placed(remote, class, self.config.separate_classes)
-        {
-            Ok((t, _)) => match self.open_handshake(&t, class) {
+        let opened = match self.connect_channel(remote, class, &std::sync::atomic::AtomicUsize::new(0)) {
+            Ok(t) => match self.open_handshake(&t, class) {
                 Ok(leftover) => Ok((t, leftover)),
                 Err(why) => {
                     t.abort();
@@ -339,7 +314,7 @@ impl Core {
                 }
             }
         }
-        self.signal.notify();
+        self.control.notify();
     }
 
     /// Pins the channel's thread (its NIC queue's) to `core`, unless that thread also runs
@@ -348,95 +323,48 @@ impl Core {
     /// policy asks, `separate_class_threads`).
     fn plan_pin(&self, ctl: &mut Control, id: ChannelId, core: usize) {
         let table = self.chans.load();
-        let Some((queue, class)) = table
-            .get(&id)
-            .and_then(|c| Some((c.t.wire()?.queue, c.class)))
-        else {
+        let Some((queue, class)) = table.get(&id).map(|c| (c.t.queue(), c.class)) else {
             ctl.plans.counters.refused += 1;
             return;
         };
         // The thread's other queues move with it too.
         let placement = self.placement();
-        let thread_of = |q: u32| placement.as_ref().and_then(|p| p.thread_of(q));
+        let thread_of = |q: u32| placement.as_ref().and_then(|p| p.place_of(q));
         let thread = thread_of(queue);
         let mixed = table.values().any(|c| {
             c.class != class
-                && c.t.wire().is_some_and(|w| {
-                    w.queue == queue || (thread.is_some() && thread_of(w.queue) == thread)
-                })
+                && (c.t.queue() == queue
+                    || (thread.is_some() && thread_of(c.t.queue()) == thread))
         });
-        if mixed || !self.backend.pin_queue_thread(queue, core) {
+        if mixed || !self.set.pin_queue_runtime(queue, core) {
             debug!(channel = %id, queue, core, mixed, "plan: pin refused");
             ctl.plans.counters.refused += 1;
             return;
         }
         if ctl.plans.pins.insert(queue, core) != Some(core) {
-            debug!(channel = %id, queue, core, "plan: channel thread pinned");
+            debug!(channel = %id, queue, core, "plan: queue runtime pinned");
             ctl.plans.counters.pinned += 1;
         }
     }
 
-    /// Where the scheduler keeps the classes apart and its plans pinned the latency
-    /// channels' threads, keeps the driver thread (this one: plans run on it) off their
-    /// cores. Its rounds read every channel and finish every shard, bulk work that on a
-    /// latency core preempted the latency application (with the applications pinned
-    /// apart, `operating_points` point 3's slow samples fell from 19-24 to 6-11 per
-    /// 5,000 when the driver was kept off the latency core; `docs/performance.md`, tenth
-    /// session).
-    fn confine_driver(&self, ctl: &mut Control) {
-        if !self.config.separate_classes {
-            return;
-        }
-        let table = self.chans.load();
-        let latency_cores: std::collections::BTreeSet<usize> = table
-            .values()
-            .filter(|c| c.class == ChannelClass::Latency)
-            .filter_map(|c| c.t.wire())
-            .filter_map(|w| ctl.plans.pins.get(&w.queue).copied())
-            .collect();
-        if latency_cores.is_empty() {
-            return;
-        }
-        let cores: Vec<usize> = self
-            .config
-            .cores
-            .iter()
-            .copied()
-            .filter(|c| !latency_cores.contains(c))
-            .collect();
-        if cores.is_empty() || ctl.plans.driver_cores.as_ref() == Some(&cores) {
-            return;
-        }
-        match bind_current_thread(&cores) {
-            Ok(()) => {
-                debug!(?cores, "plan: driver thread kept off the latency cores");
-                ctl.plans.driver_cores = Some(cores);
-            }
-            Err(e) => {
-                debug!(error = %e, "plan: cannot confine the driver thread");
-                // Not again at every plan.
-                ctl.plans.driver_cores = Some(cores);
-            }
-        }
-    }
 
     /// Starts a channel thread pinned to `core`, unless a live one is pinned there.
     fn plan_spawn(&self, ctl: &mut Control, core: usize) {
         let placement = self.placement();
         if placement
             .iter()
-            .flat_map(|p| &p.threads)
-            .any(|t| !t.dead && t.core == Some(core))
+            .flat_map(|p| &p.runtimes)
+            .any(|t| runtime_id(&t.place).is_some() && t.core == Some(core))
         {
             return;
         }
-        match self.backend.add_thread(Some(core)) {
+        match self.set.add_runtime(Some(core)) {
             Ok(id) => {
-                debug!(thread = id, core, "plan: channel thread spawned");
+                debug!(runtime = id, core, "plan: queue runtime spawned");
                 ctl.plans.counters.threads_spawned += 1;
             }
             Err(e) => {
-                debug!(core, error = %e, "plan: spawning a channel thread refused");
+                debug!(core, error = %e, "plan: spawning a queue runtime refused");
                 ctl.plans.counters.refused += 1;
             }
         }
@@ -448,16 +376,16 @@ impl Core {
             ctl.plans.counters.refused += 1;
             return;
         };
-        if placement.thread(thread.0).is_none() {
+        if placement.runtime(&DriverPlace::Runtime(thread.0)).is_none() {
             return;
         }
-        match self.backend.remove_thread(thread.0) {
+        match self.set.remove_runtime(thread.0) {
             Ok(()) => {
-                debug!(thread = thread.0, "plan: channel thread retired");
+                debug!(runtime = thread.0, "plan: queue runtime retired");
                 ctl.plans.counters.threads_retired += 1;
             }
             Err(e) => {
-                debug!(thread = thread.0, error = %e, "plan: retiring a channel thread refused");
+                debug!(runtime = thread.0, error = %e, "plan: retiring a queue runtime refused");
                 ctl.plans.counters.refused += 1;
             }
         }
@@ -469,10 +397,10 @@ impl Core {
             ctl.plans.counters.refused += 1;
             return;
         };
-        if placement.thread_of(queue) == Some(thread.0) {
+        if placement.place_of(queue) == Some(DriverPlace::Runtime(thread.0)) {
             return;
         }
-        match self.backend.move_queue(queue, thread.0) {
+        match self.set.move_queue(queue, DriverPlace::Runtime(thread.0)) {
             Ok(()) => {
                 debug!(queue, thread = thread.0, "plan: queue moved");
                 ctl.plans.counters.queues_moved += 1;
@@ -546,15 +474,10 @@ impl Core {
     }
 }
 
-/// Confines the calling thread to `cores` (hwloc's thread binding).
-fn bind_current_thread(cores: &[usize]) -> Result<(), String> {
-    use hwlocality::cpu::binding::CpuBindingFlags;
-    use hwlocality::cpu::cpuset::CpuSet;
-    let topo = hwlocality::Topology::new().map_err(|e| format!("hwloc_topology_load: {e}"))?;
-    let mut set = CpuSet::new();
-    for &c in cores {
-        set.set(c);
+/// The id of a queue runtime of the stack's own (`None`: a runtime handed to it).
+fn runtime_id(place: &DriverPlace) -> Option<u32> {
+    match place {
+        DriverPlace::Runtime(id) => Some(*id),
+        DriverPlace::External(_) => None,
     }
-    topo.bind_cpu(&set, CpuBindingFlags::THREAD)
-        .map_err(|e| format!("hwloc_set_cpubind: {e}"))
 }

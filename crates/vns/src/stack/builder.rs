@@ -1,0 +1,915 @@
+//! [`StackBuilder`]: every setting a stack is started with, and the start: the channel
+//! set (AF_XDP or the in-memory switch) with its queues placed by the scheduler, the
+//! shards' endpoints, the copy workers and the control task.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use netsched::{NetScheduler, RoundRobin};
+use tracing::{debug, warn};
+
+use super::auth::ChannelKey;
+use super::control::{Control, ControlTask};
+use super::core::{Core, CoreConfig};
+use super::{classify, shard, Liveness, MemNetwork, Stack, StackError, StackInner, DEFAULT_LINGER};
+use crate::copy::{CopyConfig, CopyWorkerPool};
+use crate::endpoint::{Config, Endpoint};
+use crate::wire::HEADER_LEN;
+
+/// Configures and builds a [`Stack`]; see [`Stack::builder`].
+pub struct StackBuilder {
+    interface: Option<String>,
+    ipv4: Option<Ipv4Addr>,
+    channels: Option<usize>,
+    latency_channels: usize,
+    copy_workers: usize,
+    copy_config: CopyConfig,
+    scheduler: Box<dyn NetScheduler>,
+    channel_port: u16,
+    backlog: usize,
+    connect_timeout: Duration,
+    pub(crate) liveness: Liveness,
+    /// `None`: [`Config::default`], or buffers sized for the copy workers when there are
+    /// any ([`copy_worker_buffers`]).
+    vns: Option<Config>,
+    /// Send and receive buffer sizes of every socket ([`StackBuilder::socket_buffers`]).
+    socket_buffers: Option<(usize, usize)>,
+    execute_plans: bool,
+    busy_poll: Option<BusyPoll>,
+    /// `None`: [`default_shards`].
+    shards: Option<usize>,
+    /// The runtime of a latency application, for the queues of latency channels
+    /// ([`StackBuilder::latency_runtime`]).
+    latency_runtime: Option<tokio::runtime::Handle>,
+    /// Whether the stack may drive its queues on the runtime it is built in
+    /// ([`StackBuilder::application_runtime`]).
+    application_runtime: bool,
+    preamble_timeout: Duration,
+    linger: Duration,
+    /// `Err` holds a refused key until `build` reports it.
+    channel_key: Result<Option<ChannelKey>, ()>,
+    #[cfg(target_os = "linux")]
+    partial_checksums: Option<netdriver::channel::PartialChecksums>,
+    #[cfg(target_os = "linux")]
+    syn_cookies: bool,
+    #[cfg(target_os = "linux")]
+    #[allow(clippy::type_complexity)]
+    tweak: Option<Box<dyn FnOnce(&mut netdriver::channel::ChannelSetConfig)>>,
+}
+
+/// Busy polling by queue runtimes of the stack's own, for hosts with cores to spare
+/// ([`StackBuilder::busy_poll`]): the core budget is explicit, which cores may spin and
+/// for how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BusyPoll {
+    /// The cores the queue runtimes are pinned to (runtime *i* on `cores[i % len]`): only
+    /// these spin.
+    pub cores: Vec<usize>,
+    /// How long a queue's driver keeps polling its receive ring after its last activity
+    /// before it waits (it never spins longer than this past its last frame).
+    pub spin: Duration,
+}
+
+impl fmt::Debug for StackBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StackBuilder")
+            .field("interface", &self.interface)
+            .field("ipv4", &self.ipv4)
+            .field("channels", &self.channels)
+            .field("latency_channels", &self.latency_channels)
+            .field("copy_workers", &self.copy_workers)
+            .field("channel_port", &self.channel_port)
+            .field("liveness", &self.liveness)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for StackBuilder {
+    fn default() -> Self {
+        StackBuilder {
+            interface: None,
+            ipv4: None,
+            channels: None,
+            latency_channels: 1,
+            copy_workers: 0,
+            copy_config: CopyConfig::default(),
+            scheduler: Box::new(RoundRobin::default()),
+            channel_port: netdriver::channel::DEFAULT_CHANNEL_PORT,
+            backlog: 128,
+            connect_timeout: Duration::from_secs(10),
+            liveness: Liveness::default(),
+            vns: None,
+            socket_buffers: None,
+            execute_plans: true,
+            busy_poll: None,
+            shards: None,
+            latency_runtime: None,
+            application_runtime: true,
+            channel_key: Ok(None),
+            #[cfg(target_os = "linux")]
+            partial_checksums: None,
+            #[cfg(target_os = "linux")]
+            syn_cookies: true,
+            preamble_timeout: Duration::from_secs(5),
+            linger: DEFAULT_LINGER,
+            #[cfg(target_os = "linux")]
+            tweak: None,
+        }
+    }
+}
+
+impl StackBuilder {
+    /// The interface whose queues get AF_XDP sockets (for [`build`](Self::build)).
+    pub fn interface(mut self, name: impl Into<String>) -> Self {
+        self.interface = Some(name.into());
+        self
+    }
+
+    /// The stack's own IPv4 address on that interface (or on the in-memory network).
+    pub fn ipv4(mut self, addr: Ipv4Addr) -> Self {
+        self.ipv4 = Some(addr);
+        self
+    }
+
+    /// Throughput-class channels opened to each peer on first use (at least 1).
+    ///
+    /// Default: chosen from the host ([`Stack::channels_per_peer`] tells which). Where the
+    /// process may run on fewer than 4 cores and the stack has channel threads (AF_XDP),
+    /// one: more channels spread a peer's traffic over more NIC queues and channel
+    /// threads, which bring parallelism only with cores to run them beside the
+    /// application. Measured on the 2-core bed (2 queues; `docs/performance.md`, "How
+    /// many channels a small host opens"): one channel's request rate was 0.92-1.14 of
+    /// kernel TCP's at 1-128 connections, against 0.69-0.96 with four, and one stream's
+    /// bulk goodput the same with 1, 2 or 4. Otherwise [`DEFAULT_CHANNELS`]. A policy that
+    /// scales at run time (`Scaled`) opens more when the channel threads stay busy.
+    /// Environment: `NETCHANNEL_CHANNELS`.
+    pub fn channels(mut self, n: usize) -> Self {
+        self.channels = Some(n.max(1));
+        self
+    }
+
+    /// Latency-class channels opened to each peer besides (default 1; 0 disables
+    /// [`VirtualStream::set_app_class`] with `Latency`).
+    pub fn latency_channels(mut self, n: usize) -> Self {
+        self.latency_channels = n;
+        self
+    }
+
+    /// Copy workers (default 0: the application thread copies everything): threads,
+    /// pinned to cores NUMA-local to the thread that builds the stack, that share large
+    /// copies between application buffers and the stack's chunk buffers with the
+    /// application thread (see [copy workers](crate::stack#copy-workers)).
+    pub fn copy_workers(mut self, n: usize) -> Self {
+        self.copy_workers = n;
+        self
+    }
+
+    /// Tunables of the copy workers: small-copy threshold, pinning, NUMA spill, buffer
+    /// pool size, topology. Its `workers` is ignored ([`copy_workers`](Self::copy_workers)
+    /// counts them), and so are `chunk_size` and `headroom`: the stack cuts chunks of its
+    /// `max_chunk_payload` with room for the chunk header in front.
+    pub fn copy_config(mut self, c: CopyConfig) -> Self {
+        self.copy_config = c;
+        self
+    }
+
+    /// The policy that places chunks on channels (default [`RoundRobin`]); see
+    /// [`netsched::NetScheduler`] to write one. Its per-chunk decisions are used, its
+    /// plans carried out every plan period ([`StackBuilder::execute_plans`]), and its
+    /// [`pick_copy_worker`](netsched::NetScheduler::pick_copy_worker) places the pieces of
+    /// large copies on the copy workers (asked of an instance of its own,
+    /// [`NetScheduler::fork`]; a policy that cannot fork
+    /// leaves copies split evenly).
+    pub fn scheduler(mut self, s: impl NetScheduler + 'static) -> Self {
+        self.scheduler = Box::new(s);
+        self
+    }
+
+    /// The port channels listen on and connect to (default 9000).
+    pub fn channel_port(mut self, port: u16) -> Self {
+        self.channel_port = port;
+        self
+    }
+
+    /// Backlog of listeners made by [`Stack::bind`] (default 128).
+    pub fn backlog(mut self, n: usize) -> Self {
+        self.backlog = n.max(1);
+        self
+    }
+
+    /// Longest wait of [`Stack::connect`] for the handshake, and of each channel's
+    /// opening (default 10 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// Keep-alive idle time of every channel (default `Some(10 s)`; `None` disables
+    /// keep-alive): a channel that has received nothing for this long, with nothing of its
+    /// own unacknowledged, is probed every [`keepalive_interval`](Self::keepalive_interval),
+    /// and fails with `TimedOut` after [`keepalive_probes`](Self::keepalive_probes)
+    /// unanswered probes. This is what notices a peer host that vanished silently (power
+    /// loss, cable pulled) while a [`VirtualStream`] waits in `read` with nothing in
+    /// flight; without it such a read waits forever. Worst-case detection:
+    /// [`Liveness::idle_detection`] = idle + probes × interval (15 s by default). See
+    /// [liveness](crate::stack#liveness).
+    pub fn keepalive(mut self, idle: Option<Duration>) -> Self {
+        self.liveness.keepalive = idle;
+        self
+    }
+
+    /// Time between unanswered keep-alive probes of a channel (default 1 s).
+    pub fn keepalive_interval(mut self, d: Duration) -> Self {
+        self.liveness.keepalive_interval = d;
+        self
+    }
+
+    /// Unanswered keep-alive probes after which a channel fails (default 5; 0 counts as
+    /// 1).
+    pub fn keepalive_probes(mut self, n: u32) -> Self {
+        self.liveness.keepalive_probes = n;
+        self
+    }
+
+    /// How long a channel may hold unacknowledged data (or SYN, FIN) without progress
+    /// before it fails with `TimedOut` (default 30 s; TCP's user timeout, RFC 9293
+    /// §3.8.3). This bounds how long a `write` (or a read waiting on the peer's reply to
+    /// data already sent) can hang on a vanished peer.
+    pub fn user_timeout(mut self, d: Duration) -> Self {
+        self.liveness.user_timeout = d;
+        self
+    }
+
+    /// The virtual-socket tunables (buffers, credit, chunk size). Without this,
+    /// [`Config::default`] is used, except that a stack with
+    /// [`copy_workers`](Self::copy_workers) gets socket buffers large enough for the
+    /// workers to engage: send and receive buffers of four times the small-copy threshold
+    /// (2 MiB by default) and a credit window of twice that.
+    pub fn vns_config(mut self, c: Config) -> Self {
+        self.vns = Some(c);
+        self
+    }
+
+    /// Whether the driver carries out the scheduler's plans (default `true`): every
+    /// [`plan_period`](netsched::NetScheduler::plan_period) it shows the policy a
+    /// snapshot ([`Stack::stats`]) and opens the channels it asks for and retires those it
+    /// wants closed, without losing a byte (see [`Stack::plan_counters`]). Policies that
+    /// plan nothing (the default `plan`) cost one snapshot per period. `false` leaves
+    /// plans to [`Stack::scheduler_plan`], for tools that only want to see them.
+    /// Environment: `NETCHANNEL_EXECUTE_PLANS=0|1` for the default stack.
+    pub fn execute_plans(mut self, on: bool) -> Self {
+        self.execute_plans = on;
+        self
+    }
+
+    /// The default send and receive buffer sizes of the stack's virtual sockets, in bytes,
+    /// applied over the [`vns_config`](Self::vns_config) (or the default one): the
+    /// credit window and its update threshold keep their proportions to the receive
+    /// buffer. A [`VirtualSocket`] sets them per socket. Environment:
+    /// `NETCHANNEL_SEND_BUFFER` and `NETCHANNEL_RECV_BUFFER` for the default stack.
+    pub fn socket_buffers(mut self, send: usize, recv: usize) -> Self {
+        self.socket_buffers = Some((send, recv));
+        self
+    }
+
+    /// How long dropping the stack's last handle lets what it has not delivered yet drain
+    /// in the background before the rest is aborted (default 5 s; environment
+    /// `NETCHANNEL_LINGER_MS` for the default stack). `Duration::ZERO` aborts at once, as
+    /// [`Stack::abort`] does. The dropping thread never waits: the driver thread keeps
+    /// running until every stream has delivered its bytes and FIN and the channels are
+    /// closed, or until the linger time is up (see [`Stack::shutdown_graceful`], which
+    /// does the same and waits for it). A stack with nothing undelivered stops at once.
+    /// A process that exits right after the drop (returning from `main`) ends the
+    /// background drain with it: await [`Stack::shutdown_graceful`] there instead.
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
+    }
+
+    /// How long a channel accepted on the channel port may take to send its preamble
+    /// before it is aborted (default 5 s). At most 256 accepted channels wait at once; past
+    /// that the one that has waited longest is aborted. [`Stack::dropped_channels`]
+    /// counts both, and bad preambles.
+    pub fn preamble_timeout(mut self, d: Duration) -> Self {
+        self.preamble_timeout = d;
+        self
+    }
+
+    /// Authenticates every channel with `secret`, a key shared by all the stacks that
+    /// talk to each other (at least [`MIN_KEY_LEN`] = 16 bytes; use 32 random characters
+    /// or more). A channel then joins only after a challenge-response that proves both
+    /// ends hold the key (HMAC-SHA256 over fresh nonces from each side, so a recorded
+    /// exchange cannot be replayed); channels without the proof are aborted and counted
+    /// in [`Stack::auth_failures`], and opening channels to a peer with another key, or
+    /// none, fails with `PermissionDenied`. It authenticates who joins; it does not
+    /// encrypt or protect the chunks that follow (see `docs/security.md`). Without a key
+    /// (the default) any process reaching the channel port from a peer's address can
+    /// join as one of its channels; the stack logs that once. Environment:
+    /// `NETCHANNEL_CHANNEL_KEY`. A shorter key makes [`build`](Self::build) fail.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let net = vns::stack::MemNetwork::new();
+    /// let stack = vns::Stack::builder()
+    ///     .ipv4("10.0.0.1".parse()?)
+    ///     .channel_key("a shared secret of 32 characters")
+    ///     .build_in_memory(&net)?;
+    /// # drop(stack);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn channel_key(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.channel_key = ChannelKey::new(secret).map(Some).ok_or(());
+        self
+    }
+
+    /// Turns on busy polling with an explicit core budget: the channel threads are pinned
+    /// to `cores` and, after their last activity, spin on their receive rings for at most
+    /// `spin` instead of sleeping, which takes the kernel's wake-up out of a message's
+    /// path. Off by default: a spinning thread takes its core from everything else, so
+    /// use it only on cores the application leaves free (never on a 2-core machine). An
+    /// empty `cores` or a zero `spin` is refused by [`build`](Self::build).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// let stack = vns::Stack::builder()
+    ///     .interface("eth1")
+    ///     .ipv4("10.0.0.2".parse()?)
+    ///     .busy_poll([6, 7], Duration::from_micros(200)) // cores 6 and 7 may spin
+    ///     .build()?;
+    /// # drop(stack);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn busy_poll(mut self, cores: impl IntoIterator<Item = usize>, spin: Duration) -> Self {
+        self.busy_poll = Some(BusyPoll {
+            cores: cores.into_iter().collect(),
+            spin,
+        });
+        self
+    }
+
+    /// How many shards the stack splits its virtual sockets over (1 ..= 64; default: the
+    /// cores the building thread may run on, at most 16). Each shard is its own
+    /// [`Endpoint`] behind its own lock, so that calls on streams of
+    /// different shards never wait for each other: no lock is shared by every stream
+    /// (`docs/architecture.md`, "Threads and locking"). A socket's shard follows from its
+    /// virtual ports; every shard uses every channel. The per-peer and per-stack bounds
+    /// of [`StackBuilder::vns_config`] (`channel_budget`, `peer_budget`,
+    /// `max_peer_sockets`, `max_sockets`) are shared out evenly (the latency shard below
+    /// takes a sixteenth); a listener's backlog is one for all shards. A stack with
+    /// latency channels
+    /// ([`StackBuilder::latency_channels`], 1 by default) runs one shard more, the latency
+    /// shard, for latency-class streams connected as such and the peer's
+    /// ([`Stack::latency_shard`], [`crate::ShardOf`]). A scheduler that cannot be forked
+    /// ([`NetScheduler::fork`] returns `None`) keeps the
+    /// stack on one shard. Environment: `NETCHANNEL_SHARDS`.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let net = vns::stack::MemNetwork::new();
+    /// let stack = vns::Stack::builder()
+    ///     .ipv4("10.0.0.1".parse()?)
+    ///     .shards(4)
+    ///     .build_in_memory(&net)?;
+    /// // Four for all streams, and the latency shard.
+    /// assert_eq!(stack.shards(), 5);
+    /// assert_eq!(stack.latency_shard(), Some(4));
+    /// let no_latency = vns::Stack::builder()
+    ///     .ipv4("10.0.0.2".parse()?)
+    ///     .shards(4)
+    ///     .latency_channels(0)
+    ///     .build_in_memory(&net)?;
+    /// assert_eq!((no_latency.shards(), no_latency.latency_shard()), (4, None));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn shards(mut self, n: usize) -> Self {
+        self.shards = Some(n.clamp(1, shard::MAX_SHARDS));
+        self
+    }
+
+
+
+
+
+    /// Whether channels accept TCP segments with a Linux sender's partial checksum
+    /// (`CHECKSUM_PARTIAL`, what a kernel peer with tx checksum offload on sends across a
+    /// veth pair). Default [`PartialChecksums::Auto`](netdriver::channel::PartialChecksums):
+    /// accepted on veth and netkit interfaces, where frames never leave the host; every
+    /// checksum verified on any other interface. Environment:
+    /// `NETCHANNEL_PARTIAL_CHECKSUMS=auto|accept|reject`.
+    #[cfg(target_os = "linux")]
+    pub fn partial_checksums(mut self, policy: netdriver::channel::PartialChecksums) -> Self {
+        self.partial_checksums = Some(policy);
+        self
+    }
+
+    /// Whether the channels answer SYNs with SYN cookies (RFC 4987) when a listener's
+    /// backlog of half-open connections, or a queue's connection table, is full (default
+    /// on): a spoofed-SYN flood at the channel port (or at a virtual listener's port) then
+    /// keeps no state and does not lock new channels and plain-TCP clients out. What a
+    /// connection opened from a cookie loses: window scaling, SACK and timestamps (a
+    /// 64 KiB window at most); see `docs/security.md`, "SYN cookies". Off, SYNs past the
+    /// backlog are dropped. Environment: `NETCHANNEL_SYN_COOKIES=0|1`
+    /// (`netdriver::channel::ChannelSetConfig::syn_cookies`).
+    #[cfg(target_os = "linux")]
+    pub fn syn_cookies(mut self, on: bool) -> Self {
+        self.syn_cookies = on;
+        self
+    }
+
+    /// Adjusts the AF_XDP channel set's configuration before [`build`](Self::build)
+    /// starts it (queues, link, TCP, queue limits, ...). It runs after the builder's own
+    /// settings are applied (the liveness policy included), so it may override them;
+    /// [`Stack::liveness`] reports what the channels got.
+    #[cfg(target_os = "linux")]
+    pub fn configure_channels(
+        mut self,
+        f: impl FnOnce(&mut netdriver::channel::ChannelSetConfig) + 'static,
+    ) -> Self {
+        self.tweak = Some(Box::new(f));
+        self
+    }
+
+    /// The runtime of a latency application: where the scheduler keeps the classes on
+    /// queues of their own (`Isolating`), the queues of latency channels are driven there,
+    /// beside the latency application's tasks and apart from bulk work
+    /// ([`NetScheduler::place_queues`](netsched::NetScheduler::place_queues)). Without
+    /// one, they go where the scheduler's default puts them.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let latency_app = tokio::runtime::Builder::new_multi_thread()
+    ///     .worker_threads(1)
+    ///     .enable_all()
+    ///     .build()?;
+    /// let stack = vns::Stack::builder()
+    ///     .interface("eth1")
+    ///     .ipv4("10.0.0.2".parse()?)
+    ///     .scheduler(netsched::Isolating::default())
+    ///     .latency_runtime(latency_app.handle().clone())
+    ///     .build()?;
+    /// # drop(stack);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn latency_runtime(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.latency_runtime = Some(handle);
+        self
+    }
+
+    /// Whether the stack may drive its NIC queues on the multi-thread tokio runtime it is
+    /// built in (default `true`), where the scheduler's placement wants it
+    /// ([`NetScheduler::place_queues`](netsched::NetScheduler::place_queues): by default
+    /// on hosts with fewer than [`netsched::DISAGGREGATE_MIN_CORES`] cores). The queues'
+    /// rounds then run between the application's tasks, to completion; a task that
+    /// blocks its worker longer than netdriver's `placement::STALL` costs the queues of
+    /// that runtime a move to the stack's own runtime until it is free again. `false`:
+    /// queue runtimes of the stack's own, whatever the host. Built outside a runtime, or
+    /// in a current-thread one, the stack always drives its queues itself. Environment:
+    /// `NETCHANNEL_APPLICATION_RUNTIME=0|1`.
+    pub fn application_runtime(mut self, on: bool) -> Self {
+        self.application_runtime = on;
+        self
+    }
+
+    /// Starts the stack on the interface's AF_XDP queues (needs privileges; run it in the
+    /// network namespace of the interface).
+    #[cfg(target_os = "linux")]
+    pub fn build(mut self) -> Result<Stack, StackError> {
+        let ifname = self
+            .interface
+            .take()
+            .ok_or(StackError::Missing("interface"))?;
+        let ipv4 = self.ipv4.ok_or(StackError::Missing("ipv4"))?;
+        self.check_busy_poll()?;
+        let mut cfg = self.channel_set_config(ifname.clone(), ipv4);
+        // What the channels really run with, after `configure_channels`.
+        self.liveness = Liveness::of_tcp(&cfg.tcp);
+        let queues = match &cfg.queues {
+            Some(q) => q.clone(),
+            None => {
+                let n = netdriver::channel::rx_queue_count(&ifname).map_err(|e| {
+                    classify(
+                        netdriver::channel::ChannelError::Io {
+                            op: "reading the interface's queue count (ETHTOOL_GCHANNELS)",
+                            source: e,
+                        },
+                        &ifname,
+                    )
+                })?;
+                (0..n.max(1)).collect()
+            }
+        };
+        cfg.placement = self.placement(&queues);
+        cfg.queues = Some(queues);
+        let set = netdriver::channel::ChannelSet::start(cfg).map_err(|e| classify(e, &ifname))?;
+        self.start(set)
+    }
+
+    /// Refuses a busy-poll setting that cannot work.
+    fn check_busy_poll(&self) -> Result<(), StackError> {
+        if let Some(b) = &self.busy_poll {
+            if b.cores.is_empty() || b.spin.is_zero() {
+                return Err(StackError::Invalid(
+                    "busy_poll needs at least one core and a non-zero spin time",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the channel set drives each of `queues`: the scheduler's placement
+    /// ([`NetScheduler::place_queues`](netsched::NetScheduler::place_queues)) for this
+    /// host, with the application's runtime where the stack is built in a multi-thread
+    /// one. With busy polling, queue runtimes of the stack's own on the cores given.
+    fn placement(&self, queues: &[u32]) -> netdriver::channel::Placement {
+        use netdriver::channel::{DriverPlace, Placement};
+        if let Some(b) = &self.busy_poll {
+            return Placement::Runtimes {
+                count: Some(b.cores.len().min(queues.len()).max(1)),
+                cores: Some(b.cores.clone()),
+            };
+        }
+        let app = self
+            .application_runtime
+            .then(tokio::runtime::Handle::try_current)
+            .and_then(Result::ok)
+            .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let separate = self.scheduler.separate_class_threads() && self.latency_channels > 0;
+        let host = netsched::QueueHost {
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+            queues: queues
+                .iter()
+                .enumerate()
+                .map(|(i, &queue)| netsched::QueueInfo {
+                    queue,
+                    class: (separate && queues.len() > 1).then(|| {
+                        if i + 1 == queues.len() {
+                            netsched::ChannelClass::Latency
+                        } else {
+                            netsched::ChannelClass::Throughput
+                        }
+                    }),
+                })
+                .collect(),
+            application_runtime: app.is_some(),
+            latency_runtime: self.latency_runtime.is_some(),
+        };
+        let mut places = self.scheduler.place_queues(&host);
+        places.resize(queues.len(), netsched::QueuePlace::Runtime(0));
+        let mut external = Vec::new();
+        let places = places
+            .into_iter()
+            .map(|p| match (p, &app, &self.latency_runtime) {
+                (netsched::QueuePlace::Application, Some(h), _) => {
+                    if !external.iter().any(|(n, _)| n == APPLICATION_RUNTIME) {
+                        external.push((APPLICATION_RUNTIME.to_string(), h.clone()));
+                    }
+                    DriverPlace::External(APPLICATION_RUNTIME.into())
+                }
+                (netsched::QueuePlace::LatencyApplication, _, Some(h)) => {
+                    if !external.iter().any(|(n, _)| n == LATENCY_RUNTIME) {
+                        external.push((LATENCY_RUNTIME.to_string(), h.clone()));
+                    }
+                    DriverPlace::External(LATENCY_RUNTIME.into())
+                }
+                (netsched::QueuePlace::Runtime(r), _, _) => {
+                    DriverPlace::Runtime(u32::try_from(r).unwrap_or(0))
+                }
+                // A runtime the scheduler names but the stack does not have.
+                _ => DriverPlace::Runtime(0),
+            })
+            .collect::<Vec<_>>();
+        debug!(?places, cores = host.cores, "queue placement");
+        Placement::Explicit {
+            places,
+            external,
+            cores: None,
+        }
+    }
+
+    /// The channel set's configuration: defaults, then the builder's settings (port,
+    /// connect timeout, liveness: every channel, opened or accepted, plain-TCP ones
+    /// included, gets this TCP configuration), then `configure_channels`.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn channel_set_config(
+        &mut self,
+        ifname: String,
+        ipv4: Ipv4Addr,
+    ) -> netdriver::channel::ChannelSetConfig {
+        let mut cfg = netdriver::channel::ChannelSetConfig::new(ifname, ipv4);
+        cfg.channel_port = self.channel_port;
+        cfg.connect_timeout = self.connect_timeout;
+        if let Some(b) = &self.busy_poll {
+            cfg.link.busy_poll = b.spin;
+        }
+        if let Some(p) = self.partial_checksums {
+            cfg.partial_checksums = p;
+        }
+        cfg.syn_cookies = self.syn_cookies;
+        self.liveness.apply(&mut cfg.tcp);
+        if let Some(f) = self.tweak.take() {
+            f(&mut cfg);
+        }
+        cfg
+    }
+
+    /// Starts the stack on an in-memory network (no privileges): the same channel set,
+    /// queue drivers and TCP as over AF_XDP, on the network's in-memory switch.
+    pub fn build_in_memory(mut self, net: &MemNetwork) -> Result<Stack, StackError> {
+        let ipv4 = self.ipv4.ok_or(StackError::Missing("ipv4"))?;
+        self.check_busy_poll()?;
+        let mut cfg = self.channel_set_config("mem".into(), ipv4);
+        self.liveness = Liveness::of_tcp(&cfg.tcp);
+        net.configure(&mut cfg);
+        let queues: Vec<u32> = (0..net.queues() as u32).collect();
+        cfg.placement = self.placement(&queues);
+        let set = net.start(cfg).map_err(StackError::Channels)?;
+        self.start(set)
+    }
+
+    fn start(self, set: netdriver::channel::ChannelSet) -> Result<Stack, StackError> {
+        let vns = match self.vns {
+            Some(c) => c,
+            None if self.copy_workers > 0 => {
+                copy_worker_buffers(self.copy_config.small_copy_threshold)
+            }
+            None => Config::default(),
+        };
+        let vns = match self.socket_buffers {
+            Some((send, recv)) => with_socket_buffers(vns, send, recv),
+            None => vns,
+        };
+        let copy = CopyPath::new(self.copy_workers, self.copy_config, &vns)?;
+        if let Some(copy) = &copy {
+            // The scheduler's third decision: which worker copies each piece of a large
+            // copy. An instance of its own, so that copies never wait on a shard's lock.
+            match self.scheduler.fork() {
+                Some(mut picker) => copy.pool.set_picker(Box::new(move |request, workers| {
+                    picker.pick_copy_worker(request, workers)
+                })),
+                None => debug!(
+                    "the scheduler cannot be forked; copies are split evenly over the workers"
+                ),
+            }
+        }
+        vns.validate()?;
+        let linger_timeout = vns.linger_timeout;
+        let endpoints =
+            shard_endpoints(&vns, self.scheduler, self.shards, self.latency_channels > 0)?;
+        let acceptor = set
+            .listen(self.channel_port)
+            .map_err(StackError::Channels)?;
+        let channel_key = self.channel_key.map_err(|()| {
+            StackError::Invalid("a channel key must be at least 16 bytes (vns::stack::MIN_KEY_LEN)")
+        })?;
+        if channel_key.is_none() {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "channels are unauthenticated: any process that reaches the channel port \
+                     from a peer's address can join as one of its channels (set a channel \
+                     key: StackBuilder::channel_key or NETCHANNEL_CHANNEL_KEY)"
+                )
+            });
+        }
+        let cores: Vec<usize> = core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        let channels = self.channels.unwrap_or_else(|| {
+            // The cores the process may run on: its affinity mask and its cgroup's CPU
+            // quota, whichever is smaller.
+            auto_channels(std::thread::available_parallelism().map_or(1, usize::from))
+        });
+        debug!(channels, "throughput channels per peer");
+        let config = CoreConfig {
+            channels,
+            latency_channels: self.latency_channels,
+            channel_port: self.channel_port,
+            backlog: self.backlog,
+            connect_timeout: self.connect_timeout,
+            preamble_timeout: self.preamble_timeout,
+            channel_key: channel_key.clone(),
+            execute_plans: self.execute_plans,
+            separate_classes: endpoints[0].scheduler_separates_classes(),
+            cores,
+        };
+        let control = Control::new(
+            acceptor,
+            self.preamble_timeout,
+            channel_key,
+            linger_timeout,
+        );
+        let home = set.home_runtime();
+        let core = Arc::new(Core::new(endpoints, set, config, control));
+        core.set_self();
+        match home {
+            Some(h) => {
+                h.spawn(ControlTask::new(core.clone()));
+            }
+            None => return Err(StackError::Invalid("the channel set has no runtime")),
+        }
+        debug!(ipv4 = %core.ipv4(), "stack started");
+        Ok(Stack {
+            inner: Arc::new(StackInner {
+                core,
+                copy_workers: self.copy_workers,
+                copy,
+                liveness: self.liveness,
+                linger: self.linger,
+            }),
+        })
+    }
+}
+
+/// The name the channel set's placement gives the application's runtime.
+pub const APPLICATION_RUNTIME: &str = "application";
+/// The name the channel set's placement gives a latency application's runtime
+/// ([`StackBuilder::latency_runtime`]).
+pub const LATENCY_RUNTIME: &str = "latency";
+
+/// The default number of shards: the cores the building thread may run on, at most 16.
+fn default_shards() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, 16)
+}
+
+/// One endpoint per shard, each with its share of the bounds and its own instance of the
+/// scheduler; one shard when the scheduler cannot be forked. With `latency` (the stack
+/// has latency channels), one more: the latency shard ([`crate::ShardOf`]), for the
+/// latency-class sockets connected as such and the peer's.
+fn shard_endpoints(
+    vns: &Config,
+    scheduler: Box<dyn NetScheduler>,
+    shards: Option<usize>,
+    latency: bool,
+) -> Result<Vec<Endpoint>, StackError> {
+    let latency_ports = if latency {
+        crate::ShardOf::latency_ports_in(vns.ephemeral_ports)
+    } else {
+        None
+    };
+    let mut n = shards
+        .unwrap_or_else(default_shards)
+        .clamp(1, shard::MAX_SHARDS - usize::from(latency_ports.is_some()));
+    // Every shard needs ephemeral ports of its own.
+    let span = usize::from(vns.ephemeral_ports.1 - vns.ephemeral_ports.0) + 1;
+    let latency_span = latency_ports.map_or(0, |(lo, hi)| usize::from(hi - lo) + 1);
+    n = n.min(span - latency_span) + usize::from(latency_ports.is_some());
+    let mut schedulers = vec![scheduler];
+    while schedulers.len() < n {
+        match schedulers[0].fork() {
+            Some(s) => schedulers.push(s),
+            None => {
+                if shards.is_some_and(|s| s > 1) {
+                    warn!("the scheduler cannot be forked (NetScheduler::fork); the stack runs one shard");
+                } else {
+                    debug!("the scheduler cannot be forked; one shard");
+                }
+                schedulers.truncate(1);
+                n = 1;
+                break;
+            }
+        }
+    }
+    // The latency shard takes a sixteenth of each bound (its share of the ports), the
+    // others share the rest evenly: the configured bounds hold for the stack as a whole.
+    let latency_index = latency_ports.filter(|_| n >= 2).map(|_| n - 1);
+    let bulk = n - usize::from(latency_index.is_some());
+    let share = |v: usize, min: usize, i: usize| {
+        if Some(i) == latency_index {
+            (v / 16).max(min)
+        } else if latency_index.is_some() {
+            ((v - v / 16) / bulk).max(min)
+        } else {
+            (v / n).max(min)
+        }
+    };
+    schedulers
+        .into_iter()
+        .enumerate()
+        .map(|(i, scheduler)| {
+            let mut c = vns.clone();
+            if n > 1 {
+                c.channel_budget = share(vns.channel_budget, vns.max_chunk_payload, i);
+                c.peer_budget = share(vns.peer_budget, c.channel_budget, i);
+                c.max_peer_sockets = share(vns.max_peer_sockets, 1, i);
+                c.max_sockets = share(vns.max_sockets, 1, i);
+                c.rng_seed = vns.rng_seed.map(|s| s.wrapping_add(i as u64));
+            }
+            c.shard = crate::endpoint::ShardOf {
+                index: i as u16,
+                count: n as u16,
+                // One shard alone owns everything (the scheduler could not be forked).
+                latency_ports: latency_ports.filter(|_| n >= 2),
+            };
+            Endpoint::new(c, scheduler).map_err(StackError::from)
+        })
+        .collect()
+}
+
+/// `c` with these socket buffers, the credit window and its update threshold scaled with
+/// the receive buffer (a socket's own buffers scale the same way, `Config::buffers`).
+fn with_socket_buffers(c: Config, send: usize, recv: usize) -> Config {
+    let b = c.buffers(&crate::endpoint::SocketOptions {
+        send_buffer: Some(send),
+        recv_buffer: Some(recv),
+        ..Default::default()
+    });
+    Config {
+        send_buffer: b.send,
+        recv_buffer: b.recv,
+        credit_window: b.window,
+        credit_update_threshold: b.update_threshold,
+        ..c
+    }
+}
+
+/// The default virtual-socket configuration of a stack with copy workers: the default
+/// socket buffers (256 KiB) are below the default small-copy threshold (512 KiB, where a
+/// hand-off starts to pay), so the workers would never copy. Send and receive buffers of
+/// four times the threshold let a large write or read be shared while the rest of the
+/// buffer is in flight; the credit window is twice the receive buffer, as in the default.
+fn copy_worker_buffers(threshold: usize) -> Config {
+    let d = Config::default();
+    let buffer = threshold
+        .saturating_mul(4)
+        .clamp(d.send_buffer.max(d.max_chunk_payload), 64 << 20);
+    Config {
+        send_buffer: buffer,
+        recv_buffer: buffer,
+        credit_window: 2 * buffer,
+        credit_update_threshold: buffer / 2,
+        ..d
+    }
+}
+
+/// The copy workers of a stack and which transfers use them.
+pub(crate) struct CopyPath {
+    pub(crate) pool: CopyWorkerPool,
+    /// Writes of at least this many bytes go through the workers (the pool's small-copy
+    /// threshold); `None` when the send buffer could never take that much at once.
+    pub(crate) write_min: Option<usize>,
+    /// Reads into buffers of at least this many bytes copy out through the workers;
+    /// `None` when the receive buffer could never hold that much.
+    pub(crate) read_min: Option<usize>,
+}
+
+impl CopyPath {
+    fn new(workers: usize, config: CopyConfig, vns: &Config) -> Result<Option<Self>, StackError> {
+        if workers == 0 {
+            return Ok(None);
+        }
+        vns.validate()?;
+        let threshold = config.small_copy_threshold;
+        let pool = CopyWorkerPool::new(CopyConfig {
+            workers,
+            chunk_size: vns.max_chunk_payload,
+            headroom: HEADER_LEN,
+            ..config
+        })
+        .map_err(StackError::CopyWorkers)?;
+        let usable = |buffer: usize| (buffer >= threshold).then_some(threshold.max(1));
+        let path = CopyPath {
+            pool,
+            write_min: usable(vns.send_buffer),
+            read_min: usable(vns.recv_buffer),
+        };
+        if path.write_min.is_none() || path.read_min.is_none() {
+            warn!(
+                threshold,
+                send_buffer = vns.send_buffer,
+                recv_buffer = vns.recv_buffer,
+                "copy workers: a socket buffer is smaller than the small-copy threshold, so \
+                 the workers never copy in that direction (raise the buffers with \
+                 vns_config or lower the threshold with copy_config)"
+            );
+        }
+        Ok(Some(path))
+    }
+}
+
+
+/// The [`StackBuilder::channels`] a stack takes by default on hosts with cores to spare.
+pub const DEFAULT_CHANNELS: usize = 4;
+
+/// The throughput channels per peer a stack opens when its user sets none
+/// ([`StackBuilder::channels`]): one where the process may run on fewer than 4 `cores`
+/// (every channel is a TCP connection whose work shares those cores with the
+/// application, and more of them only split the batches), [`DEFAULT_CHANNELS`]
+/// otherwise.
+pub(crate) fn auto_channels(cores: usize) -> usize {
+    if cores < 4 {
+        1
+    } else {
+        DEFAULT_CHANNELS
+    }
+}

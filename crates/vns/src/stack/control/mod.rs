@@ -1,0 +1,363 @@
+//! The control task: one task per stack, on the stack's home queue runtime, that owns the
+//! channels' comings and goings and does nothing per message.
+//!
+//! Per round it accepts channels on the channel port and runs their handshakes
+//! (`incoming.rs`), watches plain-TCP channels closing, runs the shards' timers (connect
+//! deadlines, lingering sockets, SYNC retries), drops the channels that died (their
+//! sockets' chunks go again on the peer's other channels) and opens channels again to a
+//! peer that lost its last one (`peers.rs`), carries out the scheduler's plans
+//! (`plans.rs`), and wakes the tasks waiting for a goal or runs a graceful stop
+//! (`drain.rs`). It sleeps until the channel listener, an incoming channel, a dying
+//! channel, an application call that armed a timer or its next deadline wakes it.
+
+mod drain;
+mod incoming;
+mod peers;
+mod plans;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::Ipv4Addr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use netdriver::channel::{Channel, ChannelListener};
+use tracing::debug;
+
+pub(crate) use drain::{Goal, StopOutcome};
+pub use plans::PlanCounters;
+
+use super::core::Core;
+use super::wake::Wakes;
+use crate::endpoint::PeerId;
+
+/// Most accepted channels waiting for their preamble at once; past it the one that has
+/// waited longest is aborted (a peer opening channels and never speaking must not fill
+/// the queue's connection table, which our own connects share).
+pub(crate) const MAX_PENDING_PREAMBLES: usize = 256;
+
+/// How soon the control task looks again at a shard an application call held.
+const SHARD_RETRY: Duration = Duration::from_millis(1);
+
+/// Rounds the control task runs in one poll before it yields to its runtime.
+const ROUNDS_PER_POLL: usize = 16;
+
+/// Everything behind the control lock: channels being accepted, peers and the opening
+/// of channels to them, waiters, a stop in progress.
+pub(crate) struct Control {
+    incoming: Vec<incoming::Incoming>,
+    peers: HashMap<Ipv4Addr, peers::Peer>,
+    peer_ips: HashMap<PeerId, Ipv4Addr>,
+    next_channel: u32,
+    next_peer: u32,
+    next_attempt: u64,
+    /// The control task has stopped: no channel will ever move again.
+    pub stopped: bool,
+    /// Plain-TCP channels closed gracefully whose streams are gone, watched until their
+    /// bytes and FIN are acknowledged and the peer's FIN is in, or their linger deadline.
+    closing_plain: Vec<ClosingPlain>,
+    /// Closed plain-TCP channels reset because they were not finished within the
+    /// endpoint's `linger_timeout` (bytes unacknowledged, or no FIN from the peer).
+    pub plain_linger_expired: u64,
+    preamble_timeout: Duration,
+    channel_key: Option<super::auth::ChannelKey>,
+    linger_timeout: Duration,
+    /// Accepted channels aborted before they joined: no preamble in time, too many
+    /// waiting, a bad preamble, or failed authentication.
+    pub dropped_channels: u64,
+    /// Of those, channels that failed authentication (no, or a wrong, proof of the key;
+    /// or asking to authenticate when this stack has no key).
+    pub auth_failures: u64,
+    /// The channel port's listener; `None` once it failed or the stack is stopping.
+    acceptor: Option<ChannelListener>,
+    /// Tasks waiting for a [`Goal`].
+    waiters: Vec<drain::Waiter>,
+    next_waiter: u64,
+    /// Readings of `pending_tx_bytes` in a row that found 0 (taken while someone waits).
+    zero_checks: u32,
+    /// When the next reading is due.
+    next_check: Option<Instant>,
+    /// A graceful stop in progress: no new channels or streams, the open ones draining.
+    pub stopping: Option<drain::Stopping>,
+    /// Channels closed by a graceful stop, kept until their peers have seen the end.
+    closing_chans: Vec<Arc<super::channel::Chan>>,
+    /// How the stack stopped (`None` while it runs).
+    pub stop_outcome: Option<StopOutcome>,
+    /// Peers whose last channel was lost, to open channels to again.
+    reopen: Vec<Ipv4Addr>,
+    /// Carrying out the scheduler's plans (`plans.rs`).
+    pub(crate) plans: plans::PlanState,
+}
+
+/// A plain-TCP channel closed gracefully whose stream is gone.
+struct ClosingPlain {
+    t: Channel,
+    /// Reset if not finished by then.
+    deadline: Instant,
+    /// The peer's FIN came (every byte it sent was dequeued).
+    finished: bool,
+}
+
+impl Control {
+    /// The control state of a stack that listens for channels with `acceptor`.
+    pub(crate) fn new(
+        acceptor: ChannelListener,
+        preamble_timeout: Duration,
+        channel_key: Option<super::auth::ChannelKey>,
+        linger_timeout: Duration,
+    ) -> Control {
+        Control {
+            incoming: Vec::new(),
+            peers: HashMap::new(),
+            peer_ips: HashMap::new(),
+            next_channel: 0,
+            next_peer: 0,
+            next_attempt: 0,
+            stopped: false,
+            closing_plain: Vec::new(),
+            plain_linger_expired: 0,
+            preamble_timeout,
+            channel_key,
+            linger_timeout,
+            dropped_channels: 0,
+            auth_failures: 0,
+            acceptor: Some(acceptor),
+            waiters: Vec::new(),
+            next_waiter: 0,
+            zero_checks: 0,
+            next_check: None,
+            stopping: None,
+            closing_chans: Vec::new(),
+            stop_outcome: None,
+            reopen: Vec::new(),
+            plans: plans::PlanState::default(),
+        }
+    }
+
+    /// Whether new channels, connects, binds and accepts are refused: the stack has
+    /// stopped or is stopping.
+    pub(crate) fn refuses_new(&self) -> bool {
+        self.stopped || self.stopping.is_some()
+    }
+
+    /// The id of the peer at `ip` (created on first use).
+    fn peer_id(&mut self, ip: Ipv4Addr) -> PeerId {
+        if let Some(p) = self.peers.get(&ip) {
+            return p.id;
+        }
+        let id = PeerId(self.next_peer);
+        self.next_peer += 1;
+        self.peers.insert(ip, peers::Peer::new(id));
+        self.peer_ips.insert(id, ip);
+        id
+    }
+
+    /// The address of a peer.
+    pub(crate) fn peer_ip(&self, id: PeerId) -> Option<Ipv4Addr> {
+        self.peer_ips.get(&id).copied()
+    }
+
+    /// Keeps a plain-TCP channel closed gracefully (its stream dropped) until its bytes
+    /// and FIN are acknowledged and the peer's FIN is in, for `pending_tx_bytes` and to
+    /// reset it if data arrives; at most the endpoint's `linger_timeout`, then it is reset
+    /// (counted in `plain_linger_expired`).
+    pub(crate) fn keep_closing_plain(&mut self, t: Channel) {
+        let deadline = Instant::now() + self.linger_timeout;
+        self.closing_plain.push(ClosingPlain {
+            t,
+            deadline,
+            finished: false,
+        });
+    }
+
+    /// Plain-TCP channels closed gracefully and still finishing.
+    pub(crate) fn closing_plain(&self) -> usize {
+        self.closing_plain.len()
+    }
+
+    /// Bytes the plain-TCP channels closing still hold towards their peers.
+    pub(crate) fn closing_plain_pending(&self) -> usize {
+        self.closing_plain
+            .iter()
+            .map(|c| super::core::channel_pending(&c.t))
+            .sum()
+    }
+
+    /// Watches the plain-TCP channels closed gracefully (their streams dropped): a chunk
+    /// arriving now has no reader, so the connection is reset, as a kernel resets a
+    /// closed socket that receives data; one whose peer's FIN came and whose bytes are
+    /// all acknowledged is let go (closed, not aborted).
+    fn poll_closing_plain(&mut self, cx: &mut Context<'_>) {
+        self.closing_plain.retain_mut(|c| {
+            while !c.finished {
+                match c.t.poll_dequeue(cx) {
+                    Poll::Ready(Ok(Some(_))) => {
+                        debug!("data for a closed plain-TCP stream; resetting");
+                        c.t.abort();
+                        return false;
+                    }
+                    Poll::Ready(Ok(None)) => c.finished = true,
+                    Poll::Ready(Err(_)) => return false,
+                    Poll::Pending => break,
+                }
+            }
+            !(c.finished && super::core::channel_pending(&c.t) == 0)
+        });
+    }
+
+    /// Resets closed plain-TCP channels past their linger deadline; returns the next
+    /// such deadline.
+    fn expire_plain(&mut self, now: Instant) -> Option<Instant> {
+        let mut next = None;
+        let plain_linger_expired = &mut self.plain_linger_expired;
+        self.closing_plain.retain(|c| {
+            if c.deadline <= now {
+                debug!("closed plain-TCP stream lingered too long; resetting");
+                c.t.abort();
+                *plain_linger_expired += 1;
+                return false;
+            }
+            next = Some(next.map_or(c.deadline, |n: Instant| n.min(c.deadline)));
+            true
+        });
+        next
+    }
+}
+
+/// The earlier of two optional deadlines.
+pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The control task's future. See the [module documentation](self).
+pub(crate) struct ControlTask {
+    core: Arc<Core>,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    timer_at: Option<Instant>,
+}
+
+impl ControlTask {
+    pub(crate) fn new(core: Arc<Core>) -> ControlTask {
+        ControlTask {
+            core,
+            timer: None,
+            timer_at: None,
+        }
+    }
+
+    /// Arms the timer for `at`; whether it is due already.
+    fn arm(&mut self, at: Instant, cx: &mut Context<'_>) -> bool {
+        let deadline = tokio::time::Instant::from_std(at);
+        let timer = match &mut self.timer {
+            Some(t) => {
+                if self.timer_at != Some(at) {
+                    t.as_mut().reset(deadline);
+                    self.timer_at = Some(at);
+                }
+                t
+            }
+            None => {
+                self.timer_at = Some(at);
+                self.timer
+                    .insert(Box::pin(tokio::time::sleep_until(deadline)))
+            }
+        };
+        if timer.as_mut().poll(cx).is_ready() {
+            self.timer_at = None;
+            return true;
+        }
+        false
+    }
+}
+
+impl Future for ControlTask {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let core = self.core.clone();
+        core.control.register(cx.waker());
+        for _ in 0..ROUNDS_PER_POLL {
+            core.control.take();
+            if core.control.stop_requested() {
+                core.stop_now();
+                core.control_ended();
+                return Poll::Ready(());
+            }
+            let mut wake = Wakes::default();
+            let (busy, deadline, done) = core.control_round(cx, &mut wake);
+            wake.drain_each(std::task::Waker::wake);
+            if done {
+                core.stop_now();
+                core.control_ended();
+                debug!("stack control task stopped");
+                return Poll::Ready(());
+            }
+            if busy {
+                continue;
+            }
+            match deadline {
+                Some(d) if d <= Instant::now() || self.arm(d, cx) => continue,
+                _ => return Poll::Pending,
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+impl Core {
+    /// One control round; returns whether work is left over (run again at once), when it
+    /// wants to run next, and whether the stack should stop now.
+    fn control_round(
+        self: &Arc<Self>,
+        cx: &mut Context<'_>,
+        wake: &mut Wakes,
+    ) -> (bool, Option<Instant>, bool) {
+        // New channels, their preambles, plain-TCP channels closing.
+        let mut busy = {
+            let mut ctl = self.ctl();
+            let busy = self.accept_channels(&mut ctl, cx);
+            ctl.poll_closing_plain(cx);
+            busy
+        };
+        // Every shard's timers (and the output and events they make).
+        let now = Instant::now();
+        let mut deadline = None;
+        let mut fin = super::core::Finish::default();
+        let table = self.chans.load_full();
+        for i in 0..self.shard_count() {
+            // A shard an application call holds is not waited for: its timers run next
+            // time.
+            let Some(mut s) = self.try_lock_shard(i) else {
+                deadline = earliest(deadline, Some(now + SHARD_RETRY));
+                continue;
+            };
+            if s.stopped {
+                continue;
+            }
+            deadline = earliest(deadline, s.expire(now, &mut fin.wake));
+            self.finish_shard(s, &mut fin, &table);
+        }
+        drop(table);
+        // A channel found dead while finishing is dropped below.
+        fin.control = false;
+        fin.run(self);
+        let mut ctl = self.ctl();
+        if self.reap_dead(&mut ctl) {
+            busy = true;
+        }
+        if !ctl.reopen.is_empty() {
+            self.reopen_channels(&mut ctl);
+        }
+        deadline = earliest(deadline, self.expire_incoming(&mut ctl, now));
+        deadline = earliest(deadline, ctl.expire_plain(now));
+        deadline = earliest(deadline, self.run_plans(&mut ctl, now));
+        let (done, check) = self.check_waiters(&mut ctl, now, cx, wake);
+        (busy, earliest(deadline, check), done)
+    }
+}
