@@ -12,7 +12,10 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
-use vns::stack::{Backend, BoxedTransport, MemNetwork, Stack};
+use std::sync::Arc;
+
+use netdriver::channel::{Channel, ChannelSet};
+use vns::stack::{MemNetwork, Stack};
 use vns::StackError;
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -146,7 +149,7 @@ fn tag(label: &[u8], nc: &[u8], ns: &[u8], class: u8) -> Vec<u8> {
 }
 
 /// Reads exactly `n` bytes from a raw channel, or `None` when it ends first.
-async fn read_n(t: &BoxedTransport, n: usize) -> Option<Vec<u8>> {
+async fn read_n(t: &Channel, n: usize) -> Option<Vec<u8>> {
     let mut got = Vec::new();
     while got.len() < n {
         let next = std::future::poll_fn(|cx| t.poll_dequeue(cx));
@@ -159,7 +162,7 @@ async fn read_n(t: &BoxedTransport, n: usize) -> Option<Vec<u8>> {
 }
 
 /// Waits until the raw channel is closed or reset by the other side.
-async fn closed(t: &BoxedTransport) -> bool {
+async fn closed(t: &Channel) -> bool {
     loop {
         let next = std::future::poll_fn(|cx| t.poll_dequeue(cx));
         match timeout(LIMIT, next).await {
@@ -170,12 +173,20 @@ async fn closed(t: &BoxedTransport) -> bool {
     }
 }
 
+/// A raw channel from `from` to `to` (the connect blocks for the handshake: off the
+/// runtime's workers).
+async fn connect_raw(from: &Arc<ChannelSet>, to: SocketAddrV4) -> Channel {
+    let from = from.clone();
+    tokio::task::spawn_blocking(move || from.connect(to))
+        .await
+        .unwrap()
+        .expect("connect")
+}
+
 /// The handshake by hand: the preamble with the AUTH flag and a nonce; the stack's
 /// challenge comes back. Returns the channel and the stack's nonce.
-async fn hello(evil: &vns::stack::MemBackend, nc: &[u8; 16]) -> (BoxedTransport, Vec<u8>) {
-    let (t, _) = evil
-        .connect(SocketAddrV4::new(B, CHANNEL_PORT))
-        .expect("connect");
+async fn hello(evil: &Arc<ChannelSet>, nc: &[u8; 16]) -> (Channel, Vec<u8>) {
+    let t = connect_raw(evil, SocketAddrV4::new(B, CHANNEL_PORT)).await;
     let mut first = b"NCHN\x01\x00\x01\x00".to_vec();
     first.extend_from_slice(nc);
     t.enqueue(Bytes::from(first)).unwrap();
@@ -191,7 +202,7 @@ async fn forged_and_replayed_proofs_are_refused_while_honest_peers_work() {
     let net = MemNetwork::new();
     let b = stack(&net, B, Some(KEY));
     let a = stack(&net, A, Some(KEY));
-    let evil = net.backend(EVIL);
+    let evil = Arc::new(net.host(EVIL).expect("a host on the network"));
     let nc = [0x42u8; 16];
 
     // A garbage proof.
@@ -208,9 +219,7 @@ async fn forged_and_replayed_proofs_are_refused_while_honest_peers_work() {
     t2.enqueue(Bytes::from(old_proof)).unwrap();
     assert!(closed(&t2).await, "a replayed proof aborts the channel");
     // No preamble flag at all.
-    let (t3, _) = evil
-        .connect(SocketAddrV4::new(B, CHANNEL_PORT))
-        .expect("connect");
+    let t3 = connect_raw(&evil, SocketAddrV4::new(B, CHANNEL_PORT)).await;
     t3.enqueue(Bytes::from_static(b"NCHN\x01\x00\x00\x00"))
         .unwrap();
     assert!(closed(&t3).await, "an unauthenticated channel is aborted");

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
-use vns::stack::{Backend, MemNetwork, Stack};
+use std::sync::Arc;
+
+use netdriver::channel::{Channel, ChannelSet};
+use vns::stack::{MemNetwork, Stack};
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -18,7 +21,7 @@ const CHANNEL_PORT: u16 = 9000;
 const LIMIT: Duration = Duration::from_secs(30);
 
 /// Waits until the channel `t` is closed or reset by the other side.
-async fn closed(t: &vns::stack::BoxedTransport) -> bool {
+async fn closed(t: &Channel) -> bool {
     let ended = std::future::poll_fn(|cx| loop {
         match t.poll_dequeue(cx) {
             std::task::Poll::Ready(Ok(Some(_))) => continue,
@@ -29,16 +32,15 @@ async fn closed(t: &vns::stack::BoxedTransport) -> bool {
     timeout(LIMIT, ended).await.is_ok()
 }
 
-/// Opens a channel, retrying while the network's accept backlog (128 not yet taken by
-/// the stack's driver) is full, as a client retries a refused SYN.
-async fn connect_retrying(
-    net: &vns::stack::MemBackend,
-    to: SocketAddrV4,
-) -> vns::stack::BoxedTransport {
+/// Opens a channel, retrying while the stack's accept queue (not yet taken by its
+/// control task) is full, as a client retries a refused SYN. The connect blocks for the
+/// handshake: off the runtime's workers.
+async fn connect_retrying(host: &Arc<ChannelSet>, to: SocketAddrV4) -> Channel {
     let deadline = tokio::time::Instant::now() + LIMIT;
     loop {
-        match net.connect(to) {
-            Ok((t, _)) => return t,
+        let h = host.clone();
+        match tokio::task::spawn_blocking(move || h.connect(to)).await.unwrap() {
+            Ok(t) => return t,
             Err(e) => {
                 assert!(tokio::time::Instant::now() < deadline, "connect: {e}");
                 tokio::task::yield_now().await;
@@ -61,7 +63,7 @@ async fn silent_and_garbage_channels_are_dropped_and_counted() {
         .channels(2)
         .build_in_memory(&net)
         .unwrap();
-    let evil = net.backend(EVIL);
+    let evil = Arc::new(net.host(EVIL).expect("a host on the network"));
     let to = SocketAddrV4::new(B, CHANNEL_PORT);
 
     // More silent channels than may wait at once: the oldest are aborted right away.

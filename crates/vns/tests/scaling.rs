@@ -275,10 +275,12 @@ impl NetScheduler for WantsThreads {
     }
 }
 
-/// The thread actions need channel threads: an in-memory stack has none, so it refuses
-/// each (counted), shows no placement, and its streams carry on.
+/// The runtime actions reach an in-memory stack's queue runtimes as an AF_XDP stack's:
+/// a runtime is spawned on core 0 (once: it is there at the next plan), queue 0 moves to
+/// the home runtime (once), and retiring the home runtime is refused at every plan; the
+/// streams carry on throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thread_actions_are_refused_without_channel_threads() {
+async fn runtime_actions_reach_an_in_memory_stacks_queue_runtimes() {
     let net = MemNetwork::new();
     let a = Stack::builder()
         .ipv4(A)
@@ -302,17 +304,19 @@ async fn thread_actions_are_refused_without_channel_threads() {
     assert!(pc.plans >= 3, "{pc:?}");
     assert_eq!(
         (pc.threads_spawned, pc.queues_moved, pc.threads_retired),
-        (0, 0, 0),
+        (1, 1, 0),
         "{pc:?}"
     );
-    assert_eq!(pc.refused, 3 * pc.plans, "{pc:?}");
+    assert_eq!(pc.refused, pc.plans, "one retirement refused per plan: {pc:?}");
+    let placement = a.channel_placement();
+    assert_eq!(
+        placement.place_of(0),
+        Some(netdriver::channel::DriverPlace::Runtime(0)),
+        "{placement}"
+    );
     let stats = a.stats();
     assert!(
-        stats.queues.is_empty() && stats.threads.is_empty(),
+        stats.queues.iter().any(|q| q.queue == 0 && q.thread.0 == 0),
         "{stats:?}"
     );
-    assert!(stats
-        .channels
-        .iter()
-        .all(|c| c.queue.is_none() && c.thread.is_none()));
 }

@@ -10,7 +10,10 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
 use tokio_util::codec::{Framed, LinesCodec};
-use vns::stack::{Backend, MemNetwork, Stack};
+use std::sync::Arc;
+
+use netdriver::channel::{Channel, ChannelSet};
+use vns::stack::{MemNetwork, Stack};
 use vns::{AppClass, VirtualListener, VirtualStream};
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -30,6 +33,23 @@ fn pattern(tag: u32, len: usize) -> Vec<u8> {
     (0..len as u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) ^ tag.wrapping_mul(0x9e37_79b9)).to_le_bytes()[1])
         .collect()
+}
+
+/// A host of `net` that runs no stack (a plain-TCP peer).
+fn plain_host(net: &MemNetwork, ip: Ipv4Addr) -> Arc<ChannelSet> {
+    Arc::new(net.host(ip).expect("a host on the network"))
+}
+
+/// A raw channel from `host` to `to`, and its local address (the connect blocks for the
+/// handshake: off the runtime's workers).
+async fn connect_raw(host: &Arc<ChannelSet>, to: SocketAddrV4) -> (Channel, SocketAddrV4) {
+    let h = host.clone();
+    let t = tokio::task::spawn_blocking(move || h.connect(to))
+        .await
+        .unwrap()
+        .expect("connect");
+    let local = t.local_addr();
+    (t, local)
 }
 
 async fn connected(a: &Stack, b: &Stack, port: u16) -> (VirtualStream, VirtualStream) {
@@ -273,11 +293,11 @@ async fn linger_zero_makes_drop_a_reset() {
     assert_eq!(e.kind(), ErrorKind::ConnectionReset);
     assert_eq!(b.lingering_sockets(), 0);
 
-    let (_b, t, s) = plain_pair(7009, Duration::from_secs(60)).await;
+    let (_b, _host, t, s) = plain_pair(7009, Duration::from_secs(60)).await;
     s.set_linger(Some(Duration::ZERO)).unwrap();
     drop(s);
     assert_eq!(
-        transport_error(&*t).await.kind(),
+        transport_error(&t).await.kind(),
         ErrorKind::ConnectionReset
     );
 }
@@ -331,12 +351,12 @@ async fn connect_refused() {
         .unwrap()
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionRefused);
-    // A host without a channel port at all.
+    // No host at that address: as when ARP goes unanswered.
     let e = timeout(LIMIT, a.connect(addr(Ipv4Addr::new(10, 0, 0, 9), 7000)))
         .await
         .unwrap()
         .unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::ConnectionRefused);
+    assert_eq!(e.kind(), ErrorKind::HostUnreachable);
     // Binding someone else's address is refused; a second bind of a port too.
     assert_eq!(
         b.bind(addr(A, 7000)).await.unwrap_err().kind(),
@@ -361,7 +381,8 @@ async fn connect_times_out_when_the_peer_never_answers() {
         .build_in_memory(&net)
         .unwrap();
     // A host whose channel port accepts channels that nobody ever reads.
-    let _silent = net.backend(B).listen(9000).unwrap();
+    let silent = plain_host(&net, B);
+    let _listening = silent.listen(9000).unwrap();
     let start = std::time::Instant::now();
     let e = timeout(LIMIT, a.connect(addr(B, 7000)))
         .await
@@ -652,8 +673,8 @@ async fn listener_serves_plain_tcp_peers() {
     let b = Stack::builder().ipv4(B).build_in_memory(&net).unwrap();
     let l = b.bind(addr(B, 7020)).await.unwrap();
     // A host without NetChannel connects straight to the listened port.
-    let plain_host = net.backend(Ipv4Addr::new(10, 0, 0, 3));
-    let (t, local) = plain_host.connect(SocketAddrV4::new(B, 7020)).unwrap();
+    let host = plain_host(&net, Ipv4Addr::new(10, 0, 0, 3));
+    let (t, local) = connect_raw(&host, SocketAddrV4::new(B, 7020)).await;
     t.enqueue(bytes::Bytes::from_static(b"GET /\r\n")).unwrap();
     t.close();
     let (mut s, peer) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
@@ -668,7 +689,7 @@ async fn listener_serves_plain_tcp_peers() {
     s.write_all(b"200 OK").await.unwrap();
     s.shutdown().await.unwrap();
     drop(s);
-    let got = timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap();
+    let got = timeout(LIMIT, read_transport_to_end(&t)).await.unwrap();
     assert_eq!(got, b"200 OK");
 }
 
@@ -678,13 +699,13 @@ async fn connect_falls_back_to_plain_tcp() {
     let a = Stack::builder().ipv4(A).build_in_memory(&net).unwrap();
     // A plain server: no channel port, only its service port.
     let c_ip = Ipv4Addr::new(10, 0, 0, 3);
-    let plain_host = net.backend(c_ip);
-    let acceptor = plain_host.listen(7021).unwrap();
+    let host = plain_host(&net, c_ip);
+    let acceptor = host.listen(7021).unwrap();
     let server = tokio::spawn(async move {
-        let (t, _) = std::future::poll_fn(|cx| acceptor.poll_accept(cx))
+        let t = std::future::poll_fn(|cx| acceptor.poll_accept(cx))
             .await
             .unwrap();
-        let req = read_transport_to_end(&*t).await;
+        let req = read_transport_to_end(&t).await;
         let mut resp = req.clone();
         resp.reverse();
         t.enqueue(bytes::Bytes::from(resp)).unwrap();
@@ -815,8 +836,8 @@ async fn pending_tx_bytes_cover_closed_plain_streams() {
     let net = MemNetwork::new();
     let b = Stack::builder().ipv4(B).build_in_memory(&net).unwrap();
     let l = b.bind(addr(B, 7033)).await.unwrap();
-    let plain_host = net.backend(Ipv4Addr::new(10, 0, 0, 3));
-    let (t, _) = plain_host.connect(SocketAddrV4::new(B, 7033)).unwrap();
+    let host = plain_host(&net, Ipv4Addr::new(10, 0, 0, 3));
+    let (t, _) = connect_raw(&host, SocketAddrV4::new(B, 7033)).await;
     let (mut s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
     assert!(s.is_plain_tcp());
     let data = pattern(33, 100_000);
@@ -830,18 +851,18 @@ async fn pending_tx_bytes_cover_closed_plain_streams() {
         b.pending_tx_bytes()
     );
     t.close();
-    let got = timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap();
+    let got = timeout(LIMIT, read_transport_to_end(&t)).await.unwrap();
     assert!(got == data, "got {} bytes", got.len());
     timeout(LIMIT, b.drained()).await.unwrap();
     assert_eq!(b.pending_tx_bytes(), 0);
 }
 
 /// A plain-TCP host connected to a `VirtualListener` on a stack `b` (with `linger` as
-/// its linger timeout): the host's transport and the accepted stream.
+/// its linger timeout): the host, its channel and the accepted stream.
 async fn plain_pair(
     port: u16,
     linger: Duration,
-) -> (Stack, vns::stack::BoxedTransport, VirtualStream) {
+) -> (Stack, Arc<ChannelSet>, Channel, VirtualStream) {
     let net = MemNetwork::new();
     let b = Stack::builder()
         .ipv4(B)
@@ -852,15 +873,15 @@ async fn plain_pair(
         .build_in_memory(&net)
         .unwrap();
     let l = b.bind(addr(B, port)).await.unwrap();
-    let plain_host = net.backend(Ipv4Addr::new(10, 0, 0, 3));
-    let (t, _) = plain_host.connect(SocketAddrV4::new(B, port)).unwrap();
+    let host = plain_host(&net, Ipv4Addr::new(10, 0, 0, 3));
+    let (t, _) = connect_raw(&host, SocketAddrV4::new(B, port)).await;
     let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
     assert!(s.is_plain_tcp());
-    (b, t, s)
+    (b, host, t, s)
 }
 
 /// The error a plain transport's next read meets (after any bytes still queued).
-async fn transport_error(t: &dyn netdriver::channel::ChannelTransport) -> std::io::Error {
+async fn transport_error(t: &Channel) -> std::io::Error {
     loop {
         match timeout(LIMIT, std::future::poll_fn(|cx| t.poll_dequeue(cx)))
             .await
@@ -878,14 +899,14 @@ async fn transport_error(t: &dyn netdriver::channel::ChannelTransport) -> std::i
 /// the channel go, uncounted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_stream_drop_without_shutdown_delivers_the_data_then_fin() {
-    let (b, t, mut s) = plain_pair(7034, Duration::from_secs(60)).await;
+    let (b, _host, t, mut s) = plain_pair(7034, Duration::from_secs(60)).await;
     let data = pattern(34, 300_000);
     let sent = data.clone();
     let writer = tokio::spawn(async move {
         s.write_all(&sent).await.unwrap();
         // Dropped here, no shutdown.
     });
-    let got = timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap();
+    let got = timeout(LIMIT, read_transport_to_end(&t)).await.unwrap();
     assert!(got == data, "got {} bytes", got.len());
     timeout(LIMIT, writer).await.unwrap().unwrap();
     assert_eq!(b.closing_plain_streams(), 1, "waits for the peer's FIN");
@@ -900,7 +921,7 @@ async fn plain_stream_drop_without_shutdown_delivers_the_data_then_fin() {
 #[tokio::test]
 async fn plain_stream_drop_with_unread_data_resets_the_peer() {
     // Partly read.
-    let (_b, t, mut s) = plain_pair(7035, Duration::from_secs(60)).await;
+    let (_b, _host, t, mut s) = plain_pair(7035, Duration::from_secs(60)).await;
     t.enqueue(bytes::Bytes::from_static(b"hello")).unwrap();
     let mut two = [0u8; 2];
     timeout(LIMIT, s.read_exact(&mut two))
@@ -909,22 +930,24 @@ async fn plain_stream_drop_with_unread_data_resets_the_peer() {
         .unwrap();
     drop(s);
     assert_eq!(
-        transport_error(&*t).await.kind(),
+        transport_error(&t).await.kind(),
         ErrorKind::ConnectionReset
     );
-    // Never read.
-    let (_b, t, s) = plain_pair(7036, Duration::from_secs(60)).await;
+    // Never read (but arrived: bytes still on the wire when the stream goes count as
+    // data arriving after the close, the next case).
+    let (_b, _host, t, s) = plain_pair(7036, Duration::from_secs(60)).await;
     t.enqueue(bytes::Bytes::from_static(b"unread")).unwrap();
+    timeout(LIMIT, s.readable()).await.unwrap().unwrap();
     drop(s);
     assert_eq!(
-        transport_error(&*t).await.kind(),
+        transport_error(&t).await.kind(),
         ErrorKind::ConnectionReset
     );
     // Data after a graceful drop: nobody will read it.
-    let (b, t, s) = plain_pair(7037, Duration::from_secs(60)).await;
+    let (b, _host, t, s) = plain_pair(7037, Duration::from_secs(60)).await;
     drop(s);
     assert_eq!(
-        timeout(LIMIT, read_transport_to_end(&*t)).await.unwrap(),
+        timeout(LIMIT, read_transport_to_end(&t)).await.unwrap(),
         b""
     );
     t.enqueue(bytes::Bytes::from_static(b"too late")).unwrap();
@@ -939,149 +962,47 @@ async fn plain_stream_drop_with_unread_data_resets_the_peer() {
 }
 
 /// A plain-TCP stream dropped while its peer neither reads nor closes is held only until
-/// the linger timeout: then the connection is reset and counted.
+/// the linger timeout: then the connection is reset and counted. The peer's TCP took the
+/// bytes and the FIN before (its reads see them, then end of stream, as a kernel
+/// socket's would); the reset fails its connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_plain_stream_is_reset_after_the_linger_timeout() {
-    let (b, t, mut s) = plain_pair(7038, Duration::from_millis(200)).await;
+    let (b, _host, t, mut s) = plain_pair(7038, Duration::from_millis(200)).await;
     s.write_all(b"unread by the peer").await.unwrap();
     drop(s);
     assert_eq!(b.closing_plain_streams(), 1);
-    assert!(b.pending_tx_bytes() > 0);
     assert!(eventually(|| b.closing_plain_streams() == 0).await);
     assert_eq!(b.plain_linger_expired(), 1);
     assert_eq!(b.pending_tx_bytes(), 0);
     assert_eq!(
-        transport_error(&*t).await.kind(),
-        ErrorKind::ConnectionReset
+        timeout(LIMIT, read_transport_to_end(&t)).await.unwrap(),
+        b"unread by the peer"
+    );
+    assert!(
+        eventually(|| matches!(
+            t.enqueue(bytes::Bytes::from_static(b"x")),
+            Err(netdriver::channel::EnqueueError::Closed(
+                netdriver::channel::ChannelError::Reset
+            ))
+        ))
+        .await,
+        "the peer's connection is reset"
     );
 }
 
-/// Makes every channel of a host fail as TCP does when keep-alive probes or the user
-/// timeout run out (`ChannelError::TimedOut`), on command: a silent peer, in memory.
-#[derive(Default)]
-struct Silence {
-    dead: std::sync::atomic::AtomicBool,
-    wakers: std::sync::Mutex<Vec<std::task::Waker>>,
-}
-
-impl Silence {
-    fn kill(&self) {
-        self.dead.store(true, std::sync::atomic::Ordering::SeqCst);
-        for w in self.wakers.lock().unwrap().drain(..) {
-            w.wake();
-        }
-    }
-
-    fn dead(&self) -> bool {
-        self.dead.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn watch(&self, cx: &std::task::Context<'_>) {
-        let mut w = self.wakers.lock().unwrap();
-        if !w.iter().any(|x| x.will_wake(cx.waker())) {
-            w.push(cx.waker().clone());
-        }
-    }
-}
-
-struct Silenced {
-    inner: vns::stack::BoxedTransport,
-    s: std::sync::Arc<Silence>,
-}
-
-impl netdriver::channel::ChannelTransport for Silenced {
-    fn enqueue(&self, chunk: bytes::Bytes) -> Result<(), netdriver::channel::EnqueueError> {
-        if self.s.dead() {
-            return Err(netdriver::channel::EnqueueError::Closed(
-                netdriver::channel::ChannelError::TimedOut,
-            ));
-        }
-        self.inner.enqueue(chunk)
-    }
-
-    fn dequeue(&self) -> Result<netdriver::channel::Dequeued, netdriver::channel::ChannelError> {
-        if self.s.dead() {
-            return Err(netdriver::channel::ChannelError::TimedOut);
-        }
-        self.inner.dequeue()
-    }
-
-    fn poll_enqueue_ready(
-        &self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), netdriver::channel::ChannelError>> {
-        self.s.watch(cx);
-        if self.s.dead() {
-            return std::task::Poll::Ready(Err(netdriver::channel::ChannelError::TimedOut));
-        }
-        self.inner.poll_enqueue_ready(cx)
-    }
-
-    fn poll_dequeue(
-        &self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<Option<bytes::Bytes>, netdriver::channel::ChannelError>> {
-        self.s.watch(cx);
-        if self.s.dead() {
-            return std::task::Poll::Ready(Err(netdriver::channel::ChannelError::TimedOut));
-        }
-        self.inner.poll_dequeue(cx)
-    }
-
-    fn close(&self) {
-        self.inner.close()
-    }
-
-    fn abort(&self) {
-        self.inner.abort()
-    }
-
-    fn stats(&self) -> netdriver::channel::ChannelStats {
-        self.inner.stats()
-    }
-}
-
-struct SilencingBackend {
-    inner: vns::stack::MemBackend,
-    s: std::sync::Arc<Silence>,
-}
-
-impl Backend for SilencingBackend {
-    fn ipv4(&self) -> Ipv4Addr {
-        self.inner.ipv4()
-    }
-
-    fn connect(
-        &self,
-        remote: SocketAddrV4,
-    ) -> Result<(vns::stack::BoxedTransport, SocketAddrV4), netdriver::channel::ChannelError> {
-        let (t, local) = self.inner.connect(remote)?;
-        let t = Silenced {
-            inner: t,
-            s: self.s.clone(),
-        };
-        Ok((Box::new(t), local))
-    }
-
-    fn listen(
-        &self,
-        port: u16,
-    ) -> Result<Box<dyn vns::stack::Acceptor>, netdriver::channel::ChannelError> {
-        self.inner.listen(port)
-    }
-}
-
+/// A peer that goes silent (its queues die: nothing more on the wire, no FIN, no RST):
+/// the channels' keep-alive gives up on it, and the stream's pending read and every later
+/// call fail with `TimedOut`.
 #[tokio::test]
 async fn channel_timeout_fails_pending_and_later_operations_with_timed_out() {
     let net = MemNetwork::new();
-    let silence = std::sync::Arc::new(Silence::default());
     let a = Stack::builder()
         .ipv4(A)
         .channels(2)
-        .build_with_backend(std::sync::Arc::new(SilencingBackend {
-            inner: net.backend(A),
-            s: silence.clone(),
-        }))
+        .keepalive(Some(Duration::from_millis(200)))
+        .keepalive_interval(Duration::from_millis(100))
+        .keepalive_probes(2)
+        .build_in_memory(&net)
         .unwrap();
     let b = Stack::builder()
         .ipv4(B)
@@ -1101,8 +1022,10 @@ async fn channel_timeout_fails_pending_and_later_operations_with_timed_out() {
         (c, r)
     });
     tokio::task::yield_now().await;
-    // A's transport gives up on the silent peer.
-    silence.kill();
+    // B goes silent; A's keep-alive gives up on it.
+    for q in 0..net.queues() as u32 {
+        assert!(b.kill_queue(q));
+    }
     let (mut c, r) = timeout(LIMIT, pending).await.unwrap().unwrap();
     let e = r.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
@@ -1493,17 +1416,24 @@ async fn channels_reopen_after_the_last_one_is_reset() {
     assert!(a.channel_count() >= 1);
 }
 
-/// The wire diagnostics and the queue-thread fault hook have nothing to act on in memory:
-/// channels without TCP have no wire snapshot, there are no queue threads to kill, and no
-/// RST is ever received; the channels carry on.
+/// In-memory channels are TCP connections like AF_XDP ones: each has its wire snapshot
+/// (4-tuple, queue, sequence numbers), and a queue killed on one side loses its channels
+/// there while the streams carry on over the others; no RST is ever received.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_memory_channels_have_no_wire_and_no_queue_threads() {
+async fn in_memory_channels_have_wires_and_queues_that_can_die() {
     let (a, b) = pair(3);
     let (mut c, mut s) = connected(&a, &b, 7300).await;
     let wire = a.channel_wire();
     assert_eq!(wire.len(), a.channel_count());
-    assert!(wire.len() >= 3 && wire.iter().all(Option::is_none));
-    assert!(!a.kill_queue_thread(0) && !b.kill_queue_thread(0));
+    assert!(wire.len() >= 3, "{wire:?}");
+    assert!(
+        wire.iter().all(|w| *w.local.ip() == A && *w.peer.ip() == B && w.queue < 2),
+        "{wire:?}"
+    );
+    let on_zero = wire.iter().filter(|w| w.queue == 0).count();
+    assert!(on_zero > 0 && on_zero < wire.len(), "channels on both queues: {wire:?}");
+    assert!(a.kill_queue(0));
+    assert!(!a.kill_queue(0), "killed once");
     c.write_all(b"still here").await.unwrap();
     let mut got = [0u8; 10];
     timeout(LIMIT, s.read_exact(&mut got))

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::time::timeout;
-use vns::stack::{Backend, MemNetwork, Stack};
+use vns::stack::{MemNetwork, Stack};
 use vns::VirtualStream;
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -194,7 +194,7 @@ async fn socket_stats_show_what_waits_where() {
 
     let net = MemNetwork::new();
     let a = Stack::builder().ipv4(A).build_in_memory(&net).unwrap();
-    let plain_host = net.backend(Ipv4Addr::new(10, 0, 0, 3));
+    let plain_host = net.host(Ipv4Addr::new(10, 0, 0, 3)).unwrap();
     let _acceptor = plain_host.listen(7305).unwrap();
     let p = timeout(LIMIT, a.connect(addr(Ipv4Addr::new(10, 0, 0, 3), 7305)))
         .await
@@ -209,14 +209,14 @@ async fn plain_tcp_streams_peek_and_try_read() {
     let net = MemNetwork::new();
     let a = Stack::builder().ipv4(A).build_in_memory(&net).unwrap();
     // A plain server (no channel port): the stream falls back to plain TCP.
-    let plain_host = net.backend(Ipv4Addr::new(10, 0, 0, 3));
+    let plain_host = net.host(Ipv4Addr::new(10, 0, 0, 3)).unwrap();
     let acceptor = plain_host.listen(7303).unwrap();
     let mut c = timeout(LIMIT, a.connect(addr(Ipv4Addr::new(10, 0, 0, 3), 7303)))
         .await
         .unwrap()
         .unwrap();
     assert!(c.is_plain_tcp());
-    let (t, _) = std::future::poll_fn(|cx| acceptor.poll_accept(cx))
+    let t = std::future::poll_fn(|cx| acceptor.poll_accept(cx))
         .await
         .unwrap();
     let mut buf = [0u8; 16];
