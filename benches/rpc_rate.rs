@@ -20,10 +20,12 @@
 //! `NETCHANNEL_BENCH_ONLY` (`virtual` or `kernel`: measure one side only, for profiling),
 //! `NETCHANNEL_BENCH_STATS` (set: print both stacks' `Stack::stats` as JSON after each
 //! round: which channel carried how much, on which queue).
-//! Each round also measures the VirtualStreams with run-to-completion receive for every
-//! socket on both stacks (`Stack::set_runtime_rx(RuntimeRx::All)`: the reading tasks
-//! process arrivals in their runtime; by default only latency-class sockets do), column
-//! `vs_runtime_rx`; `NETCHANNEL_BENCH_RUNTIME_RX=0` skips it. A second table gives the
+//! Each round also measures the VirtualStreams with every NIC queue of both stacks driven
+//! by a queue runtime of the stack's own (queue *i* on runtime *i*: the disaggregated
+//! placement, moved there at run time with `ChannelSet::move_queue`, and back to where
+//! the scheduler placed them after), column `vs_own_runtimes`;
+//! `NETCHANNEL_BENCH_OWN_RUNTIMES=0` skips it. `NETCHANNEL_BENCH_PLACEMENT=own` starts the
+//! stacks on their own runtimes in the first place. A second table gives the
 //! process's CPU time per request (`getrusage`, user and system: both stacks, the runtime
 //! and the kernel's work in their system calls), which on a closed loop that leaves cores
 //! idle says more about per-message cost than the rate alone.
@@ -45,13 +47,32 @@ mod vns;
 mod run {
     use std::time::{Duration, Instant};
 
-    use netchannel::RuntimeRx;
+    use netchannel::netdriver::channel::DriverPlace;
     use netchannel::VirtualStream;
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use tokio::net::TcpStream;
     use tokio::runtime::Runtime;
 
     use super::vns::{self, env_or, spread, StackPair};
+
+    /// Moves every queue of `stack` to a queue runtime of its own (queue *i* on runtime
+    /// *i*, started as needed); returns where each queue was.
+    fn own(stack: &netchannel::Stack) -> Vec<(u32, DriverPlace)> {
+        let set = stack.channel_set();
+        let before = set.placement();
+        let mut was = Vec::new();
+        for (i, q) in set.queues().into_iter().enumerate() {
+            let place = DriverPlace::Runtime(i as u32);
+            if before.runtime(&place).is_none() {
+                set.add_runtime(None).expect("a queue runtime");
+            }
+            if let Some(p) = before.place_of(q) {
+                was.push((q, p));
+            }
+            set.move_queue(q, place).expect("move to an own runtime");
+        }
+        was
+    }
 
     /// Longest wait for one exchange before the bench gives up.
     const STEP: Duration = Duration::from_secs(10);
@@ -190,8 +211,8 @@ mod run {
         // For profiling one side: `virtual` or `kernel` skips the other's measurements.
         let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
         let (run_v, run_k) = (only != "kernel", only != "virtual");
-        // `NETCHANNEL_BENCH_RUNTIME_RX=0` skips the third measurement.
-        let runtime_rx = env_or("NETCHANNEL_BENCH_RUNTIME_RX", 1u8) != 0;
+        // `NETCHANNEL_BENCH_OWN_RUNTIMES=0` skips the third measurement.
+        let own_runtimes = env_or("NETCHANNEL_BENCH_OWN_RUNTIMES", 1u8) != 0;
         let max_conns = conns.iter().copied().max().unwrap_or(1);
         let Some((bed, rt)) = vns::bed_and_runtime("rpc_rate") else {
             return;
@@ -209,15 +230,10 @@ mod run {
             },
             vns::bed_queues()
         );
-        let bound = |n: usize| match n {
-            usize::MAX => "none".to_string(),
-            n => n.to_string(),
-        };
         println!(
-            "stacks: {} shards each (NETCHANNEL_BENCH_SHARDS), light-load bound {} \
-             (NETCHANNEL_BENCH_LIGHT_LOAD_STREAMS)",
+            "stacks: {} shards each (NETCHANNEL_BENCH_SHARDS); queues driven by {}",
             pair.a.shards(),
-            bound(pair.a.light_load_streams())
+            pair.a.channel_placement()
         );
         // Kernel TCP: a listener in B echoing on every connection.
         let kaddr = vns::kernel_server(&bed, &rt, echo);
@@ -279,13 +295,15 @@ mod run {
                         let k = k(&rt);
                         (v(&rt), k)
                     };
-                    // The same streams with run-to-completion receive for every socket.
-                    let t = if run_v && runtime_rx {
-                        pair.a.set_runtime_rx(RuntimeRx::All);
-                        pair.b.set_runtime_rx(RuntimeRx::All);
+                    // The same streams with every queue on a runtime of its stack's own.
+                    let t = if run_v && own_runtimes {
+                        let placed = [own(&pair.a), own(&pair.b)];
                         let t = measure(&rt, &mut virt, c, size, secs);
-                        pair.a.set_runtime_rx(RuntimeRx::default());
-                        pair.b.set_runtime_rx(RuntimeRx::default());
+                        for (stack, places) in [&pair.a, &pair.b].into_iter().zip(placed) {
+                            for (q, p) in places {
+                                stack.channel_set().move_queue(q, p).expect("move back");
+                            }
+                        }
                         t
                     } else {
                         NO_RATE
@@ -302,16 +320,10 @@ mod run {
                     println!("stats {n}: {json}");
                 }
                 for (n, set) in [("A", pair.channels_a()), ("B", pair.channels_b())] {
-                    for t in set.thread_stats() {
+                    for q in set.queue_stats() {
                         println!(
-                            "queue thread {n}{}: busy {:?}, wake-ups {}, inline sends {}, \
-                             handed sends {}, inline rounds {}",
-                            t.queue,
-                            t.busy,
-                            t.wakeups,
-                            t.inline_sends,
-                            t.handed_sends,
-                            t.inline_rounds
+                            "queue {n}{} on {}: busy {:?}, rounds {}, polls {}, wake-ups {}",
+                            q.queue, q.place, q.busy, q.rounds, q.polls, q.wakeups
                         );
                     }
                 }
@@ -334,7 +346,7 @@ mod run {
         );
         println!(
             "{:>6} {:>6} {:>14} {:>14} {:>8}   per-round ratios [min-max]   {:>14} {:>8} [min-max]",
-            "size", "conns", "virtual_stream", "kernel_tcp", "ratio", "vs_runtime_rx", "rt/vs"
+            "size", "conns", "virtual_stream", "kernel_tcp", "ratio", "vs_own_runtimes", "own/vs"
         );
         for (si, &size) in sizes.iter().enumerate() {
             for (ci, &c) in conns.iter().enumerate() {

@@ -15,12 +15,11 @@
 #![allow(dead_code)]
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use netchannel::netdriver::channel::{ChannelSet, ChannelSetConfig};
-use netchannel::vns::stack::XdpBackend;
 use netchannel::{Stack, VirtualListener};
 use testbed::{Side, TestBed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -66,7 +65,30 @@ pub fn bed_and_runtime(name: &str) -> Option<(TestBed, Runtime)> {
         .enable_all()
         .build()
         .expect("runtime");
+    set_app_runtime(Some(rt.handle().clone()));
     Some((bed, rt))
+}
+
+/// The benches' application runtime, which the stacks they start may drive their queues
+/// on (`StackBuilder::runtime`): set by [`bed_and_runtime`].
+static APP_RUNTIME: Mutex<Option<tokio::runtime::Handle>> = Mutex::new(None);
+
+/// Sets (or clears) the runtime the stacks started from now on take as the application's.
+pub fn set_app_runtime(h: Option<tokio::runtime::Handle>) {
+    *APP_RUNTIME.lock().unwrap() = h;
+}
+
+/// Where the benches' stacks drive their queues: `NETCHANNEL_BENCH_PLACEMENT=own` keeps
+/// them on queue runtimes of their own; anything else (the default, `auto`) lets the
+/// scheduler choose, the benches' runtime being the application's.
+fn placed(builder: netchannel::StackBuilder) -> netchannel::StackBuilder {
+    if std::env::var("NETCHANNEL_BENCH_PLACEMENT").as_deref() == Ok("own") {
+        return builder.application_runtime(false);
+    }
+    match APP_RUNTIME.lock().unwrap().clone() {
+        Some(h) => builder.runtime(h),
+        None => builder,
+    }
 }
 
 /// Kernel TCP in B: a listener on [`KERNEL_PORT`] whose every connection (`TCP_NODELAY`)
@@ -116,12 +138,12 @@ pub fn bed_queues() -> u32 {
     env_or("NETCHANNEL_BENCH_QUEUES", 2u32).max(1)
 }
 
-/// Busy polling for the benches' channel sets, from the environment (off unless
-/// `NETCHANNEL_BENCH_BUSY_POLL_US` is set and non-zero): the channel threads of side A
-/// are pinned to `NETCHANNEL_BENCH_CORES_A` and those of B to `NETCHANNEL_BENCH_CORES_B`
+/// Busy polling for the benches' stacks, from the environment (off unless
+/// `NETCHANNEL_BENCH_BUSY_POLL_US` is set and non-zero): the queue runtimes of side A are
+/// pinned to `NETCHANNEL_BENCH_CORES_A` and those of B to `NETCHANNEL_BENCH_CORES_B`
 /// (comma-separated core ids), and spin that many µs after their last activity. Only for
 /// machines with cores to spare.
-fn bench_busy_poll(side: Side, cfg: &mut ChannelSetConfig) {
+fn bench_busy_poll(side: Side, builder: netchannel::StackBuilder) -> netchannel::StackBuilder {
     let spin: u64 = env_or("NETCHANNEL_BENCH_BUSY_POLL_US", 0u64);
     let var = match side {
         Side::A => "NETCHANNEL_BENCH_CORES_A",
@@ -132,12 +154,10 @@ fn bench_busy_poll(side: Side, cfg: &mut ChannelSetConfig) {
         .split(',')
         .filter_map(|c| c.trim().parse().ok())
         .collect();
-    if !cores.is_empty() {
-        cfg.cores = Some(cores);
+    if spin > 0 && !cores.is_empty() {
+        return builder.busy_poll(cores, Duration::from_micros(spin));
     }
-    if spin > 0 {
-        cfg.link.busy_poll = Duration::from_micros(spin);
-    }
+    builder
 }
 
 /// A number from the environment, or `default`.
@@ -168,10 +188,6 @@ pub struct StackPair {
     pub a: Stack,
     /// The stack on vB.
     pub b: Stack,
-    /// A's channel set (shared with the stack).
-    pub set_a: Arc<XdpBackend>,
-    /// B's channel set (shared with the stack).
-    pub set_b: Arc<XdpBackend>,
     /// B's address.
     pub b_ip: Ipv4Addr,
 }
@@ -214,22 +230,21 @@ impl StackPair {
         let start = |side: Side| {
             let e = bed.side(side).clone();
             let tune = tune.clone();
+            let builder = placed(Stack::builder());
             bed.run_in(side, move || {
-                let mut cfg = ChannelSetConfig::new(e.ifname.clone(), e.ipv4);
-                // For A/B runs of inline transmit (netdriver's `inline_tx`).
-                cfg.inline_tx = env_or("NETCHANNEL_BENCH_INLINE_TX", cfg.inline_tx);
-                if jumbo {
-                    cfg.link.frame_size = 4096;
-                }
-                bench_busy_poll(side, &mut cfg);
-                tune(&mut cfg);
-                let set = ChannelSet::start(cfg).expect("channel set");
-                let backend = Arc::new(XdpBackend::new(set));
-                let mut builder = Stack::builder()
+                let mut builder = builder
+                    .interface(e.ifname.clone())
                     .vns_config(vns_config())
                     .ipv4(e.ipv4)
                     .latency_channels(latency)
-                    .connect_timeout(Duration::from_secs(10));
+                    .connect_timeout(Duration::from_secs(10))
+                    .configure_channels(move |cfg: &mut ChannelSetConfig| {
+                        if jumbo {
+                            cfg.link.frame_size = 4096;
+                        }
+                        tune(cfg);
+                    });
+                builder = bench_busy_poll(side, builder);
                 // 0: the stack's default (chosen from the host).
                 if channels > 0 {
                     builder = builder.channels(channels);
@@ -247,27 +262,15 @@ impl StackPair {
                     // For A/B runs of per-chunk spreading against per-socket pinning.
                     builder = builder.scheduler(netchannel::sched::SourcePort::default());
                 }
-                // For A/B runs of receive on the channel threads (the stack's default
-                // unless set).
-                if let Ok(v) = std::env::var("NETCHANNEL_BENCH_CHANNEL_THREAD_RX") {
-                    builder = builder.channel_thread_rx(v != "0");
-                }
-                // For A/B runs of the few-streams path (the stack's default unless set).
-                if let Ok(v) = std::env::var("NETCHANNEL_BENCH_LIGHT_LOAD_STREAMS") {
-                    builder = builder.light_load_streams(v.parse().expect("a count"));
-                }
-                let stack = builder.build_with_backend(backend.clone()).expect("stack");
-                (stack, backend)
+                builder.build().expect("stack")
             })
             .expect("enter the namespace")
         };
-        let (b, set_b) = start(Side::B);
-        let (a, set_a) = start(Side::A);
+        let b = start(Side::B);
+        let a = start(Side::A);
         StackPair {
             a,
             b,
-            set_a,
-            set_b,
             b_ip: bed.side(Side::B).ipv4,
         }
     }
@@ -284,15 +287,15 @@ impl StackPair {
 
     /// A's channel set.
     pub fn channels_a(&self) -> &ChannelSet {
-        self.set_a.channel_set()
+        self.a.channel_set()
     }
 
     /// B's channel set.
     pub fn channels_b(&self) -> &ChannelSet {
-        self.set_b.channel_set()
+        self.b.channel_set()
     }
 
-    /// Stops both stacks (and so their channel sets, threads joined, programs detached).
+    /// Stops both stacks (and so their channel sets, runtimes joined, programs detached).
     pub fn stop(self) {
         self.a.abort();
         self.b.abort();

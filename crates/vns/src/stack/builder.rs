@@ -43,9 +43,12 @@ pub struct StackBuilder {
     /// The runtime of a latency application, for the queues of latency channels
     /// ([`StackBuilder::latency_runtime`]).
     latency_runtime: Option<tokio::runtime::Handle>,
-    /// Whether the stack may drive its queues on the runtime it is built in
+    /// Whether the stack may drive its queues on the application's runtime
     /// ([`StackBuilder::application_runtime`]).
     application_runtime: bool,
+    /// The application's runtime, where the stack is not built in it
+    /// ([`StackBuilder::runtime`]).
+    runtime: Option<tokio::runtime::Handle>,
     preamble_timeout: Duration,
     linger: Duration,
     /// `Err` holds a refused key until `build` reports it.
@@ -56,7 +59,7 @@ pub struct StackBuilder {
     syn_cookies: bool,
     #[cfg(target_os = "linux")]
     #[allow(clippy::type_complexity)]
-    tweak: Option<Box<dyn FnOnce(&mut netdriver::channel::ChannelSetConfig)>>,
+    tweak: Option<Box<dyn FnOnce(&mut netdriver::channel::ChannelSetConfig) + Send>>,
 }
 
 /// Busy polling by queue runtimes of the stack's own, for hosts with cores to spare
@@ -107,6 +110,7 @@ impl Default for StackBuilder {
             shards: None,
             latency_runtime: None,
             application_runtime: true,
+            runtime: None,
             channel_key: Ok(None),
             #[cfg(target_os = "linux")]
             partial_checksums: None,
@@ -429,7 +433,7 @@ impl StackBuilder {
     #[cfg(target_os = "linux")]
     pub fn configure_channels(
         mut self,
-        f: impl FnOnce(&mut netdriver::channel::ChannelSetConfig) + 'static,
+        f: impl FnOnce(&mut netdriver::channel::ChannelSetConfig) + Send + 'static,
     ) -> Self {
         self.tweak = Some(Box::new(f));
         self
@@ -474,6 +478,16 @@ impl StackBuilder {
     /// `NETCHANNEL_APPLICATION_RUNTIME=0|1`.
     pub fn application_runtime(mut self, on: bool) -> Self {
         self.application_runtime = on;
+        self
+    }
+
+    /// The application's tokio runtime, for a stack built outside it (on a thread that
+    /// entered the interface's network namespace, say): where the scheduler's placement
+    /// wants queues on the application's runtime, they are driven there (see
+    /// [`application_runtime`](Self::application_runtime)). By default the runtime the
+    /// stack is built in, if any.
+    pub fn runtime(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(handle);
         self
     }
 
@@ -537,8 +551,12 @@ impl StackBuilder {
         }
         let app = self
             .application_runtime
-            .then(tokio::runtime::Handle::try_current)
-            .and_then(Result::ok)
+            .then(|| {
+                self.runtime
+                    .clone()
+                    .or_else(|| tokio::runtime::Handle::try_current().ok())
+            })
+            .flatten()
             .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         let separate = self.scheduler.separate_class_threads() && self.latency_channels > 0;
         let host = netsched::QueueHost {

@@ -565,6 +565,13 @@ impl Stack {
         self.core().set.queue_stats()
     }
 
+    /// The stack's channel set: its NIC queues, their drivers and runtimes. For
+    /// diagnostics, and for channels of one's own beside the stack's (a raw channel on the
+    /// same queues, a plain-TCP connection made by hand).
+    pub fn channel_set(&self) -> &netdriver::channel::ChannelSet {
+        &self.core().set
+    }
+
     /// Which runtime drives which NIC queue (the application's, a latency application's,
     /// or queue runtimes of the stack's own), their cores and busy time (netdriver's
     /// `ChannelSet::placement`; printable and serialisable). The scheduler's placement
