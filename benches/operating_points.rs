@@ -1,4 +1,4 @@
-//! The paper's three operating points (issue 12), side by side in one run on the test bed
+//! The paper's three operating points, side by side in one run on the test bed
 //! (two queues, MTU 1500), each against kernel TCP (`tokio::net::TcpStream`,
 //! `TCP_NODELAY`) over the same veth:
 //!
@@ -15,7 +15,9 @@
 //!    `Isolating`). The latency stream's client and server run as an application of
 //!    their own (a runtime with one worker), as in the paper, and again on the bulk
 //!    application's runtime (`NETCHANNEL_BENCH_LATENCY_APP`: `own`, `shared`, default
-//!    both).
+//!    both). Under `Isolating` the latency channels' NIC queues are driven on the latency
+//!    application's runtime (`Stack::set_latency_runtime`), the others on the bulk
+//!    application's.
 //!
 //! Every response and every bulk byte count is checked. Environment:
 //! `NETCHANNEL_BENCH_MB` (bulk transfer, default 200), `NETCHANNEL_BENCH_SECS` (per rate
@@ -30,7 +32,7 @@
 //! `isolating,roundrobin,kernel`), `NETCHANNEL_BENCH_SLOWEST` (point 3: print each case's
 //! that many slowest samples, each sample of 1 ms or more as it comes, with its index and
 //! its end on `CLOCK_MONOTONIC` to find it in a `perf record -k CLOCK_MONOTONIC` trace, and
-//! the stacks' runtime registrations). Each application listens on a port of its own and
+//! which runtime drives which queue). Each application listens on a port of its own and
 //! accepts on its own runtime. Without `--bench`
 //! (`cargo test --all-targets`) it runs a small smoke version.
 //!
@@ -351,8 +353,8 @@ mod run {
     /// each place its application runs ([`LatencyApp`]).
     fn isolation(bed: &TestBed, rt: &Runtime, kaddr: SocketAddrV4) {
         // `NETCHANNEL_BENCH_PIN_APPS`: the bulk application on every core but the last,
-        // the latency application on the last (where `Isolating` puts the latency
-        // channels' threads), for both stacks.
+        // the latency application on the last (whose runtime drives the latency
+        // channels' queues under `Isolating`), for both stacks.
         let pin = pinned_apps();
         let pinned_bulk = pin.as_ref().map(|(bulk, _)| {
             let bulk = bulk.clone();
@@ -491,6 +493,16 @@ mod run {
                 continue;
             }
             let pair = StackPair::start_scheduled(bed, 4, 1, isolating);
+            if isolating {
+                // The latency channels' queues are driven on the latency application's
+                // runtime (the bulk queues stay on the bulk application's): a latency
+                // arrival is read by the runtime that waits for it, never behind a bulk
+                // round.
+                for s in [&pair.a, &pair.b] {
+                    s.set_latency_runtime(lat_rt.handle().clone())
+                        .expect("latency runtime");
+                }
+            }
             // Each application listens on a port of its own and accepts on its own
             // runtime, as with kernel TCP below: a stream's first reads then happen in the
             // runtime of the application that serves it. (The latency application used
@@ -535,7 +547,7 @@ mod run {
             let xsk_dropped = || -> u64 {
                 [&pair.a, &pair.b]
                     .iter()
-                    .flat_map(|s| s.queue_threads())
+                    .flat_map(|s| s.queue_stats())
                     .filter_map(|t| t.xsk_drops)
                     .map(|d| d.rx_dropped)
                     .sum()
@@ -546,11 +558,9 @@ mod run {
             let dropped_loaded = xsk_dropped() - dropped_alone;
             if show_slow() {
                 println!(
-                    "runtime registrations: A {:?}, B {:?}; runtime rx queues A {:?}/{:?}",
-                    pair.a.runtime_rx_registrations(),
-                    pair.b.runtime_rx_registrations(),
-                    pair.a.runtime_rx_queues(true),
-                    pair.a.runtime_rx_queues(false),
+                    "queue placement: A {}, B {}",
+                    pair.a.channel_placement(),
+                    pair.b.channel_placement(),
                 );
             }
             // Segments the channels sent again, by class, both ends: a tail of ~200 ms

@@ -47,32 +47,12 @@ mod vns;
 mod run {
     use std::time::{Duration, Instant};
 
-    use netchannel::netdriver::channel::DriverPlace;
     use netchannel::VirtualStream;
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use tokio::net::TcpStream;
     use tokio::runtime::Runtime;
 
     use super::vns::{self, env_or, spread, StackPair};
-
-    /// Moves every queue of `stack` to a queue runtime of its own (queue *i* on runtime
-    /// *i*, started as needed); returns where each queue was.
-    fn own(stack: &netchannel::Stack) -> Vec<(u32, DriverPlace)> {
-        let set = stack.channel_set();
-        let before = set.placement();
-        let mut was = Vec::new();
-        for (i, q) in set.queues().into_iter().enumerate() {
-            let place = DriverPlace::Runtime(i as u32);
-            if before.runtime(&place).is_none() {
-                set.add_runtime(None).expect("a queue runtime");
-            }
-            if let Some(p) = before.place_of(q) {
-                was.push((q, p));
-            }
-            set.move_queue(q, place).expect("move to an own runtime");
-        }
-        was
-    }
 
     /// Longest wait for one exchange before the bench gives up.
     const STEP: Duration = Duration::from_secs(10);
@@ -297,13 +277,9 @@ mod run {
                     };
                     // The same streams with every queue on a runtime of its stack's own.
                     let t = if run_v && own_runtimes {
-                        let placed = [own(&pair.a), own(&pair.b)];
+                        let placed = pair.own_runtimes();
                         let t = measure(&rt, &mut virt, c, size, secs);
-                        for (stack, places) in [&pair.a, &pair.b].into_iter().zip(placed) {
-                            for (q, p) in places {
-                                stack.channel_set().move_queue(q, p).expect("move back");
-                            }
-                        }
+                        pair.place_back(placed);
                         t
                     } else {
                         NO_RATE

@@ -11,10 +11,10 @@
 //! - with a stack on each end (N throughput channels, by default the stack's, chosen from
 //!   the host, and 1 latency channel):
 //!   `raw_channel` (one channel between the same `ChannelSet`s, blocking threads),
-//!   `virtual_stream` (throughput class: by default the channel threads process arrivals
-//!   and wake the reader), `virtual_stream_runtime_rx` (the same stream with
-//!   `RuntimeRx::All` on both stacks: the reading task processes arrivals in its runtime),
-//!   `virtual_stream_latency_thread_rx` (the latency stream below with `RuntimeRx::Off`),
+//!   `virtual_stream` (throughput class; the queues placed where the stacks' scheduler
+//!   puts them: on the 2-core bed, the bench's runtime, run to completion),
+//!   `virtual_stream_own_runtimes` (the same stream with every queue of both stacks on a
+//!   queue runtime of the stack's own, the disaggregated placement),
 //!   `virtual_stream_latency` (made latency-class before its connect,
 //!   `VirtualSocket::set_app_class`: its chunks use the latency channel only, and it
 //!   lives in the stacks' latency shards),
@@ -53,7 +53,6 @@ mod run {
 
     use bytes::Bytes;
     use netchannel::netdriver::channel::{Channel, ChannelError, Dequeued};
-    use netchannel::RuntimeRx;
     use netchannel::{AppClass, VirtualStream};
     use testbed::TestBed;
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -143,19 +142,6 @@ mod run {
             .await
             .expect("client task")
         })
-    }
-
-    /// Switches both stacks to `mode`, then runs 50 exchanges on `s` (not counted), so
-    /// that leases given under the previous mode have run out.
-    fn with_runtime_rx<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
-        rt: &Runtime,
-        pair: &StackPair,
-        mode: RuntimeRx,
-        s: S,
-    ) -> S {
-        pair.a.set_runtime_rx(mode);
-        pair.b.set_runtime_rx(mode);
-        ping_pong(rt, s, 50, Samples::default()).0
     }
 
     /// Reads exactly `n` bytes from a channel.
@@ -267,11 +253,10 @@ mod run {
             ("virtual_stream", "kernel_xdp_attached"),
             ("virtual_stream", "kernel_nothing_attached"),
             ("virtual_stream", "raw_channel"),
-            ("virtual_stream_runtime_rx", "virtual_stream"),
-            ("virtual_stream_runtime_rx", "kernel_xdp_attached"),
+            ("virtual_stream_own_runtimes", "virtual_stream"),
+            ("virtual_stream_own_runtimes", "kernel_xdp_attached"),
             ("virtual_stream_latency", "kernel_xdp_attached"),
             ("virtual_stream_latency", "raw_channel"),
-            ("virtual_stream_latency", "virtual_stream_latency_thread_rx"),
             ("raw_channel", "kernel_xdp_attached"),
             ("kernel_xdp_attached", "kernel_nothing_attached"),
         ] {
@@ -292,31 +277,23 @@ mod run {
         }
     }
 
-    /// Per channel thread of both stacks (A's, then B's): wake-ups, inline sends, handed
-    /// sends, inline rounds.
-    fn thread_counts(pair: &StackPair) -> Vec<[u64; 5]> {
+    /// Per queue of both stacks (A's, then B's): polls of its driver, rounds, wake-ups by
+    /// enqueues.
+    fn queue_counts(pair: &StackPair) -> Vec<[u64; 3]> {
         [pair.channels_a(), pair.channels_b()]
             .iter()
-            .flat_map(|set| set.thread_stats())
-            .map(|t| {
-                [
-                    t.wakeups,
-                    t.inline_sends,
-                    t.handed_sends,
-                    t.inline_rounds,
-                    t.thread_rounds,
-                ]
-            })
+            .flat_map(|set| set.queue_stats())
+            .map(|q| [q.polls, q.rounds, q.wakeups])
             .collect()
     }
 
-    /// `NETCHANNEL_BENCH_STATS=1`: what the channel threads did during one measurement,
+    /// `NETCHANNEL_BENCH_STATS=1`: what the queues' drivers did during one measurement,
     /// per exchange (for reading where a stream's tail comes from).
-    fn print_thread_counts(name: &str, exchanges: usize, before: Vec<[u64; 5]>, pair: &StackPair) {
+    fn print_queue_counts(name: &str, exchanges: usize, before: Vec<[u64; 3]>, pair: &StackPair) {
         if std::env::var_os("NETCHANNEL_BENCH_STATS").is_none() {
             return;
         }
-        let after = thread_counts(pair);
+        let after = queue_counts(pair);
         let per = |i: usize| {
             after
                 .iter()
@@ -326,13 +303,11 @@ mod run {
                 .join(" ")
         };
         println!(
-            "{name}: per exchange, per channel thread (A's, then B's): wake-ups [{}], \
-             inline sends [{}], handed sends [{}], inline rounds [{}], thread rounds [{}]",
+            "{name}: per exchange, per queue (A's, then B's): polls [{}], rounds [{}], \
+             wake-ups [{}]",
             per(0),
             per(1),
-            per(2),
-            per(3),
-            per(4)
+            per(2)
         );
     }
 
@@ -417,7 +392,6 @@ mod run {
         let mut vs_s = Samples::with_capacity(per_round * rounds);
         let mut vl_s = Samples::with_capacity(per_round * rounds);
         let mut vr_s = Samples::with_capacity(per_round * rounds);
-        let mut vlt_s = Samples::with_capacity(per_round * rounds);
         let mut ks_s = Samples::with_capacity(per_round * rounds);
         let only = std::env::var("NETCHANNEL_BENCH_ONLY").ok();
         let wanted = |name: &str| {
@@ -430,40 +404,33 @@ mod run {
                 channel_ping_pong(&raw, per_round, &mut raw_s);
             }
             if wanted("virtual_stream") {
-                let before = thread_counts(&pair);
+                let before = queue_counts(&pair);
                 let s: VirtualStream;
                 mark("virtual_stream", "begins");
                 (s, vs_s) = ping_pong(&rt, vs, per_round, vs_s);
                 mark("virtual_stream", "ends");
                 vs = s;
-                print_thread_counts("virtual_stream", per_round, before, &pair);
+                print_queue_counts("virtual_stream", per_round, before, &pair);
             }
-            if wanted("virtual_stream_runtime_rx") {
-                // The same stream with run-to-completion receive for every socket.
-                let s = with_runtime_rx(&rt, &pair, RuntimeRx::All, vs);
-                mark("virtual_stream_runtime_rx", "begins");
+            if wanted("virtual_stream_own_runtimes") {
+                // The same stream with every queue on a runtime of its stack's own.
+                let placed = pair.own_runtimes();
+                let (s, _) = ping_pong(&rt, vs, 50, Samples::default());
+                mark("virtual_stream_own_runtimes", "begins");
                 let (s, samples) = ping_pong(&rt, s, per_round, vr_s);
-                mark("virtual_stream_runtime_rx", "ends");
+                mark("virtual_stream_own_runtimes", "ends");
                 vr_s = samples;
-                vs = with_runtime_rx(&rt, &pair, RuntimeRx::default(), s);
-            }
-            if wanted("virtual_stream_latency_thread_rx") {
-                // The latency stream with the channel threads' hand-off.
-                let s = with_runtime_rx(&rt, &pair, RuntimeRx::Off, vl);
-                mark("virtual_stream_latency_thread_rx", "begins");
-                let (s, samples) = ping_pong(&rt, s, per_round, vlt_s);
-                mark("virtual_stream_latency_thread_rx", "ends");
-                vlt_s = samples;
-                vl = with_runtime_rx(&rt, &pair, RuntimeRx::default(), s);
+                pair.place_back(placed);
+                vs = ping_pong(&rt, s, 50, Samples::default()).0;
             }
             if wanted("virtual_stream_latency") {
-                let before = thread_counts(&pair);
+                let before = queue_counts(&pair);
                 let s: VirtualStream;
                 mark("virtual_stream_latency", "begins");
                 (s, vl_s) = ping_pong(&rt, vl, per_round, vl_s);
                 mark("virtual_stream_latency", "ends");
                 vl = s;
-                print_thread_counts("virtual_stream_latency", per_round, before, &pair);
+                print_queue_counts("virtual_stream_latency", per_round, before, &pair);
             }
             if wanted("kernel_xdp_attached") {
                 let s: tokio::net::TcpStream;
@@ -505,16 +472,12 @@ mod run {
                 samples: vs_s,
             },
             Row {
-                name: "virtual_stream_runtime_rx",
+                name: "virtual_stream_own_runtimes",
                 samples: vr_s,
             },
             Row {
                 name: "virtual_stream_latency",
                 samples: vl_s,
-            },
-            Row {
-                name: "virtual_stream_latency_thread_rx",
-                samples: vlt_s,
             },
         ];
         print(&mut rows);

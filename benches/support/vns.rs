@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use netchannel::netdriver::channel::{ChannelSet, ChannelSetConfig};
+use netchannel::netdriver::channel::{ChannelSet, ChannelSetConfig, DriverPlace};
 use netchannel::{Stack, VirtualListener};
 use testbed::{Side, TestBed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -168,6 +168,25 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// Moves every queue of `stack` to a queue runtime of its own (queue *i* on runtime *i*,
+/// started as needed); returns where each queue was.
+fn own_runtimes(stack: &Stack) -> Vec<(u32, DriverPlace)> {
+    let set = stack.channel_set();
+    let before = set.placement();
+    let mut was = Vec::new();
+    for (i, q) in set.queues().into_iter().enumerate() {
+        let place = DriverPlace::Runtime(i as u32);
+        if before.runtime(&place).is_none() {
+            set.add_runtime(None).expect("a queue runtime");
+        }
+        if let Some(p) = before.place_of(q) {
+            was.push((q, p));
+        }
+        set.move_queue(q, place).expect("move to an own runtime");
+    }
+    was
+}
+
 /// The virtual-socket configuration of the benches: the defaults, with
 /// `NETCHANNEL_BENCH_{SEND,RECV,CREDIT,THRESHOLD}_KIB` overriding the send buffer, the
 /// receive buffer, the credit window and the credit update threshold (for experiments).
@@ -293,6 +312,22 @@ impl StackPair {
     /// B's channel set.
     pub fn channels_b(&self) -> &ChannelSet {
         self.b.channel_set()
+    }
+
+    /// Moves every queue of both stacks to queue runtimes of the stacks' own (queue *i* on
+    /// runtime *i*, started as needed: the disaggregated placement); returns where each
+    /// queue was, for [`place_back`](Self::place_back).
+    pub fn own_runtimes(&self) -> [Vec<(u32, DriverPlace)>; 2] {
+        [own_runtimes(&self.a), own_runtimes(&self.b)]
+    }
+
+    /// Moves the queues back to where [`own_runtimes`](Self::own_runtimes) found them.
+    pub fn place_back(&self, placed: [Vec<(u32, DriverPlace)>; 2]) {
+        for (stack, places) in [&self.a, &self.b].into_iter().zip(placed) {
+            for (q, p) in places {
+                stack.channel_set().move_queue(q, p).expect("move back");
+            }
+        }
     }
 
     /// Stops both stacks (and so their channel sets, runtimes joined, programs detached).
