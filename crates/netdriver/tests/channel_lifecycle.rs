@@ -109,7 +109,10 @@ fn shutdown_joins_threads_aborts_and_detaches() {
     // pushed back fires early once). A driver that polled in a loop would count
     // thousands.
     let polled = polls(&set) - polled_before;
-    assert!(polled <= 50, "idle drivers were polled {polled} times in 500 ms");
+    assert!(
+        polled <= 50,
+        "idle drivers were polled {polled} times in 500 ms"
+    );
 
     set.shutdown().expect("shutdown");
 

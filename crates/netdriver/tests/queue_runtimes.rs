@@ -96,7 +96,11 @@ fn reshape(
     let mut seen = Vec::new();
     let p = a.placement();
     assert_eq!(p.runtimes.len(), 2, "{p}");
-    assert_eq!((p.place_of(0), p.place_of(1)), (Some(rt(0)), Some(rt(1))), "{p}");
+    assert_eq!(
+        (p.place_of(0), p.place_of(1)),
+        (Some(rt(0)), Some(rt(1))),
+        "{p}"
+    );
 
     seen.push(after(progress, TOTAL / 16));
     // A runtime of its own for both queues, pinned; the first two are left with none.
@@ -110,7 +114,11 @@ fn reshape(
     a.move_queue(0, rt(t)).expect("move queue 0");
     a.move_queue(1, rt(t)).expect("move queue 1");
     let p = a.placement();
-    assert_eq!((p.place_of(0), p.place_of(1)), (Some(rt(t)), Some(rt(t))), "{p}");
+    assert_eq!(
+        (p.place_of(0), p.place_of(1)),
+        (Some(rt(t)), Some(rt(t))),
+        "{p}"
+    );
     assert_eq!(p.runtime(&rt(0)).map(|x| x.queues.len()), Some(0), "{p}");
     // The new runtime does the work now: its queues' busy time grows with the transfer.
     let busy = busy_of(&p, &rt(t));
@@ -121,7 +129,10 @@ fn reshape(
         a.placement()
     );
     a.pin_runtime(t, last).expect("pin");
-    assert_eq!(a.placement().runtime(&rt(t)).and_then(|x| x.core), Some(last));
+    assert_eq!(
+        a.placement().runtime(&rt(t)).and_then(|x| x.core),
+        Some(last)
+    );
 
     // On the echoing side, queue 1 moves back and forth between its runtimes and the
     // application's.
@@ -278,7 +289,10 @@ fn placement_calls_refuse_what_cannot_be() {
     let p = a.placement();
     assert_eq!(p.dead, vec![0], "{p}");
     assert_eq!(p.place_of(0), None, "{p}");
-    assert!(matches!(a.move_queue(0, rt(0)), Err(ChannelError::QueueDied)));
+    assert!(matches!(
+        a.move_queue(0, rt(0)),
+        Err(ChannelError::QueueDied)
+    ));
     // Queue 1 is still driven: a channel opens on it and carries data.
     let b = start(&bed, Side::B, config(&bed, Side::B));
     let listener = b.listen_channels().expect("listen");
@@ -401,7 +415,8 @@ fn a_blocked_application_runtime_loses_its_queue_to_the_home_runtime() {
     assert_eq!(p.place_of(0), Some(rt(0)), "{p}");
     // Back on the application's runtime once it is free again.
     assert!(
-        eventually(RETURN_AFTER * 3, || a.placement().place_of(0) == Some(app_place.clone())),
+        eventually(RETURN_AFTER * 3, || a.placement().place_of(0)
+            == Some(app_place.clone())),
         "{}",
         a.placement()
     );

@@ -9,9 +9,12 @@
 use std::net::Ipv4Addr;
 use std::thread::JoinHandle;
 
+use std::future::Future;
+
 use crossbeam_channel::{Receiver, Sender};
 use tracing::debug;
 
+use super::queue::block_on;
 use super::ChannelError;
 use crate::link::switch::SimSwitch;
 use crate::neigh::{KernelNeighbors, NeighError};
@@ -52,7 +55,28 @@ impl Neighbors {
 /// A request to the kernel resolver thread.
 pub(crate) struct ResolveRequest {
     ip: Ipv4Addr,
-    reply: Sender<Result<EthernetAddress, NeighError>>,
+    reply: tokio::sync::oneshot::Sender<Result<EthernetAddress, NeighError>>,
+}
+
+/// What [`Resolver::ask`] learnt: the address, or where the resolver thread will answer.
+enum Answer {
+    Known(EthernetAddress),
+    Later(Reply),
+}
+
+/// The resolver thread's answer to come.
+struct Reply(tokio::sync::oneshot::Receiver<Result<EthernetAddress, NeighError>>);
+
+impl Reply {
+    fn poll(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<EthernetAddress, ChannelError>> {
+        std::pin::Pin::new(&mut self.0).poll(cx).map(|r| match r {
+            Ok(r) => r.map_err(ChannelError::Neighbor),
+            Err(_) => Err(ChannelError::ShutDown),
+        })
+    }
 }
 
 /// Resolves peers' MAC addresses for a set's connects.
@@ -91,22 +115,45 @@ impl Resolver {
 
     /// The MAC address of `ip` (blocking for an ARP exchange where the kernel has none).
     pub(crate) fn resolve(&self, ip: Ipv4Addr) -> Result<EthernetAddress, ChannelError> {
+        match self.ask(ip)? {
+            Answer::Known(mac) => Ok(mac),
+            Answer::Later(mut rx) => {
+                block_on(None, |cx| rx.poll(cx)).unwrap_or(Err(ChannelError::ShutDown))
+            }
+        }
+    }
+
+    /// [`resolve`](Self::resolve) without blocking the calling thread: an ARP exchange is
+    /// awaited.
+    pub(crate) async fn resolve_async(
+        &self,
+        ip: Ipv4Addr,
+    ) -> Result<EthernetAddress, ChannelError> {
+        match self.ask(ip)? {
+            Answer::Known(mac) => Ok(mac),
+            Answer::Later(mut rx) => std::future::poll_fn(|cx| rx.poll(cx)).await,
+        }
+    }
+
+    fn ask(&self, ip: Ipv4Addr) -> Result<Answer, ChannelError> {
         match self {
             Resolver::Kernel { requests, .. } => {
                 let Some(requests) = requests else {
                     return Err(ChannelError::ShutDown);
                 };
-                let (tx, rx) = crossbeam_channel::bounded(1);
+                let (tx, rx) = tokio::sync::oneshot::channel();
                 requests
                     .send(ResolveRequest { ip, reply: tx })
                     .map_err(|_| ChannelError::ShutDown)?;
-                rx.recv()
-                    .map_err(|_| ChannelError::ShutDown)?
-                    .map_err(ChannelError::Neighbor)
+                Ok(Answer::Later(Reply(rx)))
             }
-            Resolver::Switch(sw) => sw.mac_of(ip).ok_or(ChannelError::Neighbor(
-                NeighError::Unreachable { ip, ifindex: 0 },
-            )),
+            Resolver::Switch(sw) => sw
+                .mac_of(ip)
+                .map(Answer::Known)
+                .ok_or(ChannelError::Neighbor(NeighError::Unreachable {
+                    ip,
+                    ifindex: 0,
+                })),
         }
     }
 

@@ -29,7 +29,7 @@ use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
@@ -111,6 +111,10 @@ pub(crate) struct QueueSlot {
     pub(crate) polls: AtomicU64,
     /// When the last poll ran (microseconds of the set's clock, plus one; 0: never).
     last_poll: AtomicU64,
+    /// The current driver was dropped by its runtime (which stopped, or shut down while
+    /// the driver was spawned on it): nobody drives the queue until the set's watchdog
+    /// places it again.
+    orphaned: AtomicBool,
 }
 
 impl std::fmt::Debug for QueueSlot {
@@ -141,6 +145,7 @@ impl QueueSlot {
             rounds: AtomicU64::new(0),
             polls: AtomicU64::new(0),
             last_poll: AtomicU64::new(0),
+            orphaned: AtomicBool::new(false),
         }
     }
 
@@ -188,6 +193,12 @@ impl QueueSlot {
             0 => None,
             v => Some(Instant::from_micros(v - 1)),
         }
+    }
+
+    /// Whether the queue's driver was dropped by its runtime since the last call (see
+    /// [`QueueDriver`]'s `Drop`); clears the mark.
+    pub(crate) fn take_orphaned(&self) -> bool {
+        self.orphaned.swap(false, Ordering::AcqRel)
     }
 
     fn is_current(&self, generation: u64) -> bool {
@@ -296,7 +307,8 @@ impl QueueDriver {
             }
             None => {
                 self.timer_at = Some(at);
-                self.timer.insert(Box::pin(tokio::time::sleep_until(deadline)))
+                self.timer
+                    .insert(Box::pin(tokio::time::sleep_until(deadline)))
             }
         };
         if timer.as_mut().poll(cx).is_ready() {
@@ -429,6 +441,18 @@ impl QueueDriver {
             ),
         }
         Poll::Ready(())
+    }
+}
+
+impl Drop for QueueDriver {
+    /// A driver ends on its own only once it is no longer current (moved, revoked): one
+    /// dropped while still current was dropped by its runtime, which stopped (a runtime
+    /// handed to the set that its owner shut down). The queue is marked so that the set's
+    /// watchdog places it on a runtime of the set's own.
+    fn drop(&mut self) {
+        if self.slot.is_current(self.generation) {
+            self.slot.orphaned.store(true, Ordering::Release);
+        }
     }
 }
 

@@ -133,4 +133,3 @@ impl Drop for ChannelListener {
         while self.shared.accept.pop().is_some() {}
     }
 }
-

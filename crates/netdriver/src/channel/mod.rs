@@ -312,7 +312,9 @@ impl ChannelError {
             ChannelError::AddrInUse(_) => io::ErrorKind::AddrInUse,
             ChannelError::TooManyConnections => io::ErrorKind::OutOfMemory,
             ChannelError::QueueDied => io::ErrorKind::ConnectionAborted,
-            ChannelError::NoSuchRuntime(_) | ChannelError::NoSuchQueue(_) => io::ErrorKind::NotFound,
+            ChannelError::NoSuchRuntime(_) | ChannelError::NoSuchQueue(_) => {
+                io::ErrorKind::NotFound
+            }
             ChannelError::HomeRuntime(_) | ChannelError::CoreNotAllowed(_) => {
                 io::ErrorKind::InvalidInput
             }

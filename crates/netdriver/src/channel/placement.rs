@@ -14,7 +14,8 @@
 //! has waited longer than [`STALL`] moves to the set's home runtime (its first queue
 //! runtime), and goes back once it has been away for [`RETURN_AFTER`]. Other tasks'
 //! sockets on the same channels thus wait at most about `STALL + WATCH_TICK` behind a
-//! blocked worker.
+//! blocked worker. A queue whose runtime stopped (its owner shut it down, dropping the
+//! driver) moves to the home runtime at the next tick and stays there.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -72,6 +73,17 @@ pub enum Placement {
     /// Every queue on the runtime `handle` (named `name` in the placement), with one
     /// queue runtime of the set's own as the home of the watchdog and of rescued queues.
     External {
+        /// The name the placement shows for the runtime.
+        name: String,
+        /// The runtime.
+        handle: tokio::runtime::Handle,
+    },
+    /// Every queue on the runtime `handle` and no thread of the set's own: no watchdog
+    /// rescues the queues from a blocked worker of that runtime, and a runtime without
+    /// timers leaves them undriven. For hosts that want no thread besides their own, and
+    /// for deterministic tests under tokio's paused time (every timer of the set then
+    /// runs on the paused clock).
+    ExternalOnly {
         /// The name the placement shows for the runtime.
         name: String,
         /// The runtime.
@@ -264,18 +276,21 @@ pub(crate) struct Runtimes {
 
 impl Runtimes {
     /// The handle of `place`.
-    pub(crate) fn handle(&self, place: &DriverPlace) -> Result<tokio::runtime::Handle, ChannelError> {
+    pub(crate) fn handle(
+        &self,
+        place: &DriverPlace,
+    ) -> Result<tokio::runtime::Handle, ChannelError> {
         match place {
             DriverPlace::Runtime(id) => self
                 .own
                 .get(id)
                 .map(|r| r.handle.clone())
                 .ok_or(ChannelError::NoSuchRuntime(*id)),
-            DriverPlace::External(name) => self
-                .external
-                .get(name)
-                .cloned()
-                .ok_or_else(|| ChannelError::InvalidConfig(format!("no runtime named {name:?}"))),
+            DriverPlace::External(name) => {
+                self.external.get(name).cloned().ok_or_else(|| {
+                    ChannelError::InvalidConfig(format!("no runtime named {name:?}"))
+                })
+            }
         }
     }
 
@@ -285,7 +300,10 @@ impl Runtimes {
     }
 
     /// Queue indices driven by `place` now.
-    pub(crate) fn queues_on<'a>(&'a self, place: &'a DriverPlace) -> impl Iterator<Item = usize> + 'a {
+    pub(crate) fn queues_on<'a>(
+        &'a self,
+        place: &'a DriverPlace,
+    ) -> impl Iterator<Item = usize> + 'a {
         self.queues
             .iter()
             .enumerate()
@@ -331,6 +349,30 @@ pub(crate) async fn watch(
                 continue;
             };
             if place.dead {
+                continue;
+            }
+            if slot.take_orphaned() && place.now != home {
+                // The runtime dropped the queue's driver: it stopped. Runtimes handed to
+                // the set are not used again once one is seen to have stopped.
+                warn!(
+                    queue = slot.queue,
+                    from = %place.now,
+                    "the runtime that drove the queue stopped; the set's home runtime drives it"
+                );
+                if let DriverPlace::External(name) = &place.now {
+                    rt.external.remove(name);
+                }
+                let gone = place.now.clone();
+                for q in rt.queues.iter_mut() {
+                    if q.wanted == gone {
+                        q.wanted = home.clone();
+                    }
+                }
+                slot.spawn_driver(&home_handle);
+                rt.queues[i].now = home.clone();
+                rt.queues[i].wanted = home.clone();
+                rt.queues[i].rescued_at = None;
+                rt.rescues += 1;
                 continue;
             }
             if place.now != home && matches!(place.now, DriverPlace::External(_)) {

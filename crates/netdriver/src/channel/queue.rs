@@ -534,7 +534,10 @@ impl ChannelShared {
         Ok(Dequeued::Empty)
     }
 
-    pub(crate) fn poll_enqueue_ready(&self, cx: &mut Context<'_>) -> Poll<Result<(), ChannelError>> {
+    pub(crate) fn poll_enqueue_ready(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ChannelError>> {
         for attempt in 0..2 {
             if let Some(e) = self.send_error() {
                 return Poll::Ready(Err(e));
@@ -549,7 +552,10 @@ impl ChannelShared {
         Poll::Pending
     }
 
-    pub(crate) fn poll_dequeue(&self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ChannelError>> {
+    pub(crate) fn poll_dequeue(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, ChannelError>> {
         for attempt in 0..2 {
             match self.dequeue() {
                 Ok(Dequeued::Chunk(c)) => return Poll::Ready(Ok(Some(c))),
@@ -919,6 +925,4 @@ mod tests {
         );
         assert_eq!(st.retransmitted_segments, 3);
     }
-
-
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, TryRecvError};
 use rustc_hash::FxHashMap;
 use tracing::{debug, trace, warn};
 
@@ -47,7 +47,7 @@ pub(crate) enum Command {
         port: u16,
         backlog: usize,
         listener: Arc<ListenerShared>,
-        done: Sender<Result<(), ChannelError>>,
+        done: tokio::sync::mpsc::UnboundedSender<Result<(), ChannelError>>,
     },
     /// Stop listening on `port` (connections not yet accepted are aborted).
     Unlisten { port: u16 },
@@ -563,11 +563,7 @@ impl Worker {
     /// sink came, then TCP's receive buffer, until the sink pauses or nothing is left;
     /// then the end of the stream once. A paused sink is offered nothing until it asks
     /// to resume. Returns whether anything moved.
-    fn feed_sink(
-        conn: &mut crate::tcp::Connection,
-        e: &mut Entry,
-        rxbuf: &mut BytesMut,
-    ) -> bool {
+    fn feed_sink(conn: &mut crate::tcp::Connection, e: &mut Entry, rxbuf: &mut BytesMut) -> bool {
         let Some(sink) = e.sink.as_mut() else {
             return false;
         };
@@ -875,7 +871,6 @@ fn read_into(
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use atomic_waker::AtomicWaker;
-use crossbeam_channel::Receiver;
 use crossbeam_queue::ArrayQueue;
 use tracing::{debug, info, warn};
 use xdp_prog::XdpSteering;
@@ -67,6 +66,30 @@ pub struct ChannelSet {
 }
 
 /// What `start` builds per queue before the set exists.
+/// The queues' answers to a listen: one each, until all said yes or one said no.
+struct ListenConfirmations {
+    answers: tokio::sync::mpsc::UnboundedReceiver<Result<(), ChannelError>>,
+    left: usize,
+}
+
+impl ListenConfirmations {
+    fn poll(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ChannelError>> {
+        use std::task::Poll;
+        while self.left > 0 {
+            match self.answers.poll_recv(cx) {
+                Poll::Ready(Some(Ok(()))) => self.left -= 1,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
+                Poll::Ready(None) => return Poll::Ready(Err(ChannelError::ShutDown)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
 struct QueueParts {
     queue: u32,
     link: Box<dyn QueueLink>,
@@ -128,14 +151,8 @@ impl ChannelSet {
             });
         }
         let resolver = Resolver::kernel(&config.ifname, ifindex, config.neighbor_timeout)?;
-        let set = ChannelSet::assemble(
-            config,
-            mac,
-            parts,
-            Some(steering),
-            resolver,
-            accept_partial,
-        )?;
+        let set =
+            ChannelSet::assemble(config, mac, parts, Some(steering), resolver, accept_partial)?;
         info!(
             ifname = %set.config.ifname, ipv4 = %set.config.ipv4, ?queues,
             "channel set started"
@@ -168,10 +185,7 @@ impl ChannelSet {
             .collect();
         // Frames on the switch are memory copies that nobody corrupts: the partial
         // checksums of the kernel's offload never occur, but accepting them is harmless.
-        let accept_partial = !matches!(
-            config.partial_checksums,
-            super::PartialChecksums::Reject
-        );
+        let accept_partial = !matches!(config.partial_checksums, super::PartialChecksums::Reject);
         // On an error the ports are dropped, and the host leaves the switch with them.
         ChannelSet::assemble(
             config,
@@ -314,12 +328,18 @@ impl ChannelSet {
                     rt.own.insert(id, QueueRuntime::start(name(id), core)?);
                     rt.next_id += 1;
                 }
-                (0..n).map(|i| DriverPlace::Runtime((i % count) as u32)).collect()
+                (0..n)
+                    .map(|i| DriverPlace::Runtime((i % count) as u32))
+                    .collect()
             }
             Placement::External { name: ext, handle } => {
                 let id = rt.next_id;
                 rt.own.insert(id, QueueRuntime::start(name(id), None)?);
                 rt.next_id += 1;
+                rt.external.insert(ext.clone(), handle.clone());
+                (0..n).map(|_| DriverPlace::External(ext.clone())).collect()
+            }
+            Placement::ExternalOnly { name: ext, handle } => {
                 rt.external.insert(ext.clone(), handle.clone());
                 (0..n).map(|_| DriverPlace::External(ext.clone())).collect()
             }
@@ -408,32 +428,76 @@ impl ChannelSet {
     /// Queues killed by fault injection ([`kill_queue`](Self::kill_queue)) are skipped;
     /// with none left it fails with [`ChannelError::QueueDied`].
     pub fn connect(&self, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
+        let index = self.next_live_queue()?;
+        let mac = self.resolve(*remote.ip())?;
+        let (channel, shared) = self.open_on(index, remote, mac)?;
+        let timeout = self.config.connect_timeout;
+        match block_on(Some(timeout), |cx| shared.poll_established(cx)) {
+            Some(Ok(())) => Ok(channel),
+            // Dropping `channel` aborts the attempt; the driver releases the port.
+            Some(Err(e)) => Err(e),
+            None => Err(ChannelError::ConnectTimeout(timeout)),
+        }
+    }
+
+    /// [`connect`](Self::connect) for async callers: the handshake (and an ARP exchange,
+    /// where the kernel's table has none) is awaited, so a task on the runtime that drives
+    /// the queue may call it.
+    pub async fn connect_async(&self, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
+        let index = self.next_live_queue()?;
+        let mac = self.resolve_async(*remote.ip()).await?;
+        let (channel, shared) = self.open_on(index, remote, mac)?;
+        let timeout = self.config.connect_timeout;
+        let established = std::future::poll_fn(|cx| shared.poll_established(cx));
+        match tokio::time::timeout(timeout, established).await {
+            Ok(Ok(())) => Ok(channel),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(ChannelError::ConnectTimeout(timeout)),
+        }
+    }
+
+    /// Opens a channel to `remote` whose connection lives on queue `queue`.
+    pub fn connect_on(&self, queue: u32, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
+        let index = self
+            .queue_index(queue)
+            .ok_or(ChannelError::NoSuchQueue(queue))?;
+        let mac = self.resolve(*remote.ip())?;
+        let (channel, shared) = self.open_on(index, remote, mac)?;
+        let timeout = self.config.connect_timeout;
+        match block_on(Some(timeout), |cx| shared.poll_established(cx)) {
+            Some(Ok(())) => Ok(channel),
+            Some(Err(e)) => Err(e),
+            None => Err(ChannelError::ConnectTimeout(timeout)),
+        }
+    }
+
+    /// The next queue, round-robin, that has not died.
+    fn next_live_queue(&self) -> Result<usize, ChannelError> {
         let n = self.shared.peers.len();
         for _ in 0..n {
             let i = self.next_queue.fetch_add(1, Ordering::Relaxed) % n;
             if !self.shared.peers[i].signal.is_dead() {
-                return self.connect_index(i, remote);
+                return Ok(i);
             }
         }
         Err(ChannelError::QueueDied)
     }
 
-    /// Opens a channel to `remote` whose connection lives on queue `queue`.
-    pub fn connect_on(&self, queue: u32, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
-        let i = self
-            .queue_index(queue)
-            .ok_or(ChannelError::NoSuchQueue(queue))?;
-        self.connect_index(i, remote)
-    }
-
-    fn connect_index(&self, index: usize, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
+    /// Claims a local port and asks queue `index`'s driver to send the SYN to `remote`
+    /// (at `mac`); returns the channel and its shared state, whose
+    /// [`poll_established`](ChannelShared::poll_established) tells the outcome.
+    fn open_on(
+        &self,
+        index: usize,
+        remote: SocketAddrV4,
+        mac: EthernetAddress,
+    ) -> Result<(Channel, Arc<ChannelShared>), ChannelError> {
         if self.shared.stopped.load(Ordering::Acquire) {
             return Err(ChannelError::ShutDown);
         }
         if self.shared.peers[index].signal.is_dead() {
             return Err(ChannelError::QueueDied);
         }
-        let mac = self.resolve(*remote.ip())?;
         let port = self
             .shared
             .ports
@@ -465,14 +529,7 @@ impl ChannelSet {
             return Err(ChannelError::ShutDown);
         }
         peer.signal.notify_control();
-        let channel = Channel::new(shared.clone());
-        let timeout = self.config.connect_timeout;
-        match block_on(Some(timeout), |cx| shared.poll_established(cx)) {
-            Some(Ok(())) => Ok(channel),
-            // Dropping `channel` aborts the attempt; the driver releases the port.
-            Some(Err(e)) => Err(e),
-            None => Err(ChannelError::ConnectTimeout(timeout)),
-        }
+        Ok((Channel::new(shared.clone()), shared))
     }
 
     /// The peer's MAC, from the set's cache or the neighbour table.
@@ -493,9 +550,51 @@ impl ChannelSet {
         Ok(mac)
     }
 
+    /// [`resolve`](Self::resolve), awaiting an ARP exchange.
+    async fn resolve_async(&self, ip: Ipv4Addr) -> Result<EthernetAddress, ChannelError> {
+        let cached = self
+            .neighbors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ip)
+            .copied();
+        if let Some(mac) = cached {
+            return Ok(mac);
+        }
+        let mac = self.resolver.resolve_async(ip).await?;
+        self.neighbors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ip, mac);
+        Ok(mac)
+    }
+
     /// Listens on `port` on every queue's interface; accepted channels of all queues
     /// arrive in the returned listener. Returns once every queue listens.
     pub fn listen(&self, port: u16) -> Result<ChannelListener, ChannelError> {
+        let (listener, mut confirmations) = self.start_listen(port)?;
+        block_on(Some(LISTEN_CONFIRM_TIMEOUT), |cx| confirmations.poll(cx))
+            .unwrap_or(Err(ChannelError::ShutDown))?;
+        Ok(listener)
+    }
+
+    /// [`listen`](Self::listen) for async callers: the queues' confirmations are awaited,
+    /// so a task on the runtime that drives them may call it.
+    pub async fn listen_async(&self, port: u16) -> Result<ChannelListener, ChannelError> {
+        let (listener, mut confirmations) = self.start_listen(port)?;
+        let confirmed = std::future::poll_fn(|cx| confirmations.poll(cx));
+        tokio::time::timeout(LISTEN_CONFIRM_TIMEOUT, confirmed)
+            .await
+            .unwrap_or(Err(ChannelError::ShutDown))?;
+        Ok(listener)
+    }
+
+    /// Registers a listener on `port` and asks every live queue to listen; the queues'
+    /// answers come through the returned [`ListenConfirmations`].
+    fn start_listen(
+        &self,
+        port: u16,
+    ) -> Result<(ChannelListener, ListenConfirmations), ChannelError> {
         if self.shared.stopped.load(Ordering::Acquire) {
             return Err(ChannelError::ShutDown);
         }
@@ -519,8 +618,7 @@ impl ChannelSet {
             set: self.shared.clone(),
         };
         self.shared.with_steering(|s| s.own_port(port))?;
-        let (done_tx, done_rx): (_, Receiver<Result<(), ChannelError>>) =
-            crossbeam_channel::bounded(self.shared.peers.len());
+        let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel();
         // A killed queue (fault injection) listens no more: its SYNs go unanswered, as
         // they would with a crashed process.
         let live: Vec<_> = self
@@ -542,12 +640,11 @@ impl ChannelSet {
             p.commands.send(cmd).map_err(|_| ChannelError::ShutDown)?;
             p.signal.notify_control();
         }
-        for _ in &live {
-            done_rx
-                .recv_timeout(LISTEN_CONFIRM_TIMEOUT)
-                .map_err(|_| ChannelError::ShutDown)??;
-        }
-        Ok(handle)
+        let confirmations = ListenConfirmations {
+            answers: done_rx,
+            left: live.len(),
+        };
+        Ok((handle, confirmations))
     }
 
     /// Listens on the channel port ([`ChannelSetConfig::channel_port`], 9000 by default).
@@ -802,7 +899,13 @@ impl ChannelSet {
         let Some(index) = self.queue_index(queue) else {
             return false;
         };
-        let id = match self.placement.lock().queues.get(index).map(|q| q.now.clone()) {
+        let id = match self
+            .placement
+            .lock()
+            .queues
+            .get(index)
+            .map(|q| q.now.clone())
+        {
             Some(DriverPlace::Runtime(id)) => id,
             _ => return false,
         };

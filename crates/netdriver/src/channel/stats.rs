@@ -58,7 +58,6 @@ pub struct RxChecksumStats {
     pub bad: u64,
 }
 
-
 /// One queue's driver, as [`ChannelSet::queue_stats`](super::ChannelSet::queue_stats) reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueStats {
