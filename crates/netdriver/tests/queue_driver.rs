@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use netdriver::channel::{
-    Channel, ChannelSet, ChannelSetConfig, ChannelStream, DriverPlace, Placement, ROUNDS_PER_POLL,
+    Channel, ChannelSet, ChannelSetConfig, ChannelStream, DriverPlace, Placement, RxFlow, RxSink,
+    ROUNDS_PER_POLL,
 };
 use netdriver::link::switch::{SimSwitch, SwitchConfig};
 use netdriver::link::Link;
@@ -263,6 +264,56 @@ async fn enqueues_under_load_coalesce_their_wakeups() {
     let got = read_n(&s, 4000).await;
     let want: Vec<u8> = (0..1000u32).flat_map(|i| i.to_be_bytes()).collect();
     assert_eq!(got, want);
+    drop((c, s));
+    a.shutdown().expect("shutdown");
+    b.shutdown().expect("shutdown");
+}
+
+/// A sink that starts with bytes of its own (as a consumer that read a handshake off the
+/// channel keeps what came after it) and records what it is given.
+struct RecordingSink {
+    kept: Option<Bytes>,
+    out: Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl RxSink for RecordingSink {
+    fn on_bytes(&mut self, bytes: Bytes) -> RxFlow {
+        self.out.lock().unwrap().extend_from_slice(&bytes);
+        RxFlow::Continue
+    }
+
+    fn resume(&mut self) -> RxFlow {
+        if let Some(k) = self.kept.take() {
+            self.out.lock().unwrap().extend_from_slice(&k);
+        }
+        RxFlow::Continue
+    }
+
+    fn on_end(&mut self, _: Result<(), netdriver::channel::ChannelError>) {}
+}
+
+/// A sink installed when nothing more arrives still gets going: the driver resumes it
+/// once at installation, so the bytes it was made with go out first, then what the
+/// channel's Rx queue held, with no arrival to prompt either.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_sink_installed_after_the_last_arrival_delivers_what_it_kept_first() {
+    let switch = SimSwitch::default();
+    let (a, b) = (host_here(&switch, A, 1), host_here(&switch, B, 1));
+    let (c, s) = pair(&a, &b).await;
+    c.enqueue(Bytes::from_static(b"queued")).expect("enqueue");
+    // Until the bytes wait in the Rx queue, and the drivers have settled.
+    while s.stats().rx_queued < 6 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let out = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = RecordingSink {
+        kept: Some(Bytes::from_static(b"kept-")),
+        out: out.clone(),
+    };
+    assert!(s.set_sink(Box::new(sink)).is_ok());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(&out.lock().unwrap()[..], b"kept-queued");
     drop((c, s));
     a.shutdown().expect("shutdown");
     b.shutdown().expect("shutdown");

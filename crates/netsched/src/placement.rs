@@ -187,7 +187,12 @@ mod tests {
             isolating_queue_placement(&host(16, &classes, true, false)),
             [Runtime(0), Runtime(1)]
         );
-        let classes = [Some(Throughput), Some(Throughput), Some(Throughput), Some(Latency)];
+        let classes = [
+            Some(Throughput),
+            Some(Throughput),
+            Some(Throughput),
+            Some(Latency),
+        ];
         let p = isolating_queue_placement(&host(16, &classes, false, false));
         assert_eq!(p, [Runtime(0), Runtime(1), Runtime(2), Runtime(3)]);
     }

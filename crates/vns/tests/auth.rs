@@ -10,9 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
-use std::sync::Arc;
 
 use netdriver::channel::{Channel, ChannelSet};
 use vns::stack::{MemNetwork, Stack};

@@ -6,9 +6,9 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
+use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
-use std::sync::Arc;
 
 use netdriver::channel::{Channel, ChannelSet};
 use vns::stack::{MemNetwork, Stack};
@@ -39,7 +39,10 @@ async fn connect_retrying(host: &Arc<ChannelSet>, to: SocketAddrV4) -> Channel {
     let deadline = tokio::time::Instant::now() + LIMIT;
     loop {
         let h = host.clone();
-        match tokio::task::spawn_blocking(move || h.connect(to)).await.unwrap() {
+        match tokio::task::spawn_blocking(move || h.connect(to))
+            .await
+            .unwrap()
+        {
             Ok(t) => return t,
             Err(e) => {
                 assert!(tokio::time::Instant::now() < deadline, "connect: {e}");

@@ -307,7 +307,10 @@ async fn runtime_actions_reach_an_in_memory_stacks_queue_runtimes() {
         (1, 1, 0),
         "{pc:?}"
     );
-    assert_eq!(pc.refused, pc.plans, "one retirement refused per plan: {pc:?}");
+    assert_eq!(
+        pc.refused, pc.plans,
+        "one retirement refused per plan: {pc:?}"
+    );
     let placement = a.channel_placement();
     assert_eq!(
         placement.place_of(0),

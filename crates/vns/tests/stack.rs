@@ -7,10 +7,10 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
+use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
 use tokio_util::codec::{Framed, LinesCodec};
-use std::sync::Arc;
 
 use netdriver::channel::{Channel, ChannelSet};
 use vns::stack::{MemNetwork, Stack};
@@ -296,10 +296,7 @@ async fn linger_zero_makes_drop_a_reset() {
     let (_b, _host, t, s) = plain_pair(7009, Duration::from_secs(60)).await;
     s.set_linger(Some(Duration::ZERO)).unwrap();
     drop(s);
-    assert_eq!(
-        transport_error(&t).await.kind(),
-        ErrorKind::ConnectionReset
-    );
+    assert_eq!(transport_error(&t).await.kind(), ErrorKind::ConnectionReset);
 }
 
 #[tokio::test]
@@ -929,20 +926,14 @@ async fn plain_stream_drop_with_unread_data_resets_the_peer() {
         .unwrap()
         .unwrap();
     drop(s);
-    assert_eq!(
-        transport_error(&t).await.kind(),
-        ErrorKind::ConnectionReset
-    );
+    assert_eq!(transport_error(&t).await.kind(), ErrorKind::ConnectionReset);
     // Never read (but arrived: bytes still on the wire when the stream goes count as
     // data arriving after the close, the next case).
     let (_b, _host, t, s) = plain_pair(7036, Duration::from_secs(60)).await;
     t.enqueue(bytes::Bytes::from_static(b"unread")).unwrap();
     timeout(LIMIT, s.readable()).await.unwrap().unwrap();
     drop(s);
-    assert_eq!(
-        transport_error(&t).await.kind(),
-        ErrorKind::ConnectionReset
-    );
+    assert_eq!(transport_error(&t).await.kind(), ErrorKind::ConnectionReset);
     // Data after a graceful drop: nobody will read it.
     let (b, _host, t, s) = plain_pair(7037, Duration::from_secs(60)).await;
     drop(s);
@@ -1427,11 +1418,15 @@ async fn in_memory_channels_have_wires_and_queues_that_can_die() {
     assert_eq!(wire.len(), a.channel_count());
     assert!(wire.len() >= 3, "{wire:?}");
     assert!(
-        wire.iter().all(|w| *w.local.ip() == A && *w.peer.ip() == B && w.queue < 2),
+        wire.iter()
+            .all(|w| *w.local.ip() == A && *w.peer.ip() == B && w.queue < 2),
         "{wire:?}"
     );
     let on_zero = wire.iter().filter(|w| w.queue == 0).count();
-    assert!(on_zero > 0 && on_zero < wire.len(), "channels on both queues: {wire:?}");
+    assert!(
+        on_zero > 0 && on_zero < wire.len(),
+        "channels on both queues: {wire:?}"
+    );
     assert!(a.kill_queue(0));
     assert!(!a.kill_queue(0), "killed once");
     c.write_all(b"still here").await.unwrap();

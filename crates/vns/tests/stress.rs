@@ -22,11 +22,13 @@
 //!   a shutdown: the server must see `ConnectionReset` after a correct prefix).
 //!
 //! Servers echo from one task or from two (owned halves and a queue), with random read
-//! sizes. Five stack profiles: `Stack::pair_in_memory(4)` (72 client tasks), small
+//! sizes. Seven stack profiles: `Stack::pair_in_memory(4)` (72 client tasks), small
 //! chunks, buffers and channel queues (32), eight shards per stack from four runtime
-//! workers (48), a copy worker per stack (32), and `Isolating` with every third stream
-//! latency-class from its connect (48: the latency shard, the latency channel and the
-//! per-class receive hand-off beside bulk streams). Once every
+//! workers (48), a copy worker per stack (32), `Isolating` with every third stream
+//! latency-class from its connect (48: the latency shard and the latency channel beside
+//! bulk streams), and both queue placements whatever the host: every queue driven on the
+//! test's runtime, between the client and server tasks (48), and every queue on queue
+//! runtimes of the stacks' own (48). Once every
 //! connection is done, both stacks must deliver what closed streams left behind
 //! (`Stack::drained`: `pending_tx_bytes` back to 0). The whole run is bounded by [`LIMIT`]: a deadlock fails the test and prints
 //! what every unfinished connection was doing. The seed is printed (random, or fixed when
@@ -34,9 +36,8 @@
 //! interleaving is not replayed), and `STRESS_CLIENTS` to change the number of client
 //! tasks.
 //!
-//! A targeted test covers the receive hand-off of `stack/driver.rs` where it can
-//! lose bytes: an arrival handed to a reader whose task no longer reads, with another
-//! reader waiting, while the driver sleeps without a timeout.
+//! A targeted test covers the receive hand-off where it could lose bytes: an arrival for
+//! a socket whose woken reader no longer reads, while another task waits on the socket.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::ErrorKind;
@@ -44,6 +45,9 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use netdriver::channel::DriverPlace;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -197,6 +201,65 @@ const COPY_WORKERS: Profile = Profile {
                 })
                 .build_in_memory(&net)
                 .unwrap()
+        };
+        (build(A), build(B))
+    },
+};
+
+/// Every queue of both stacks driven on the test's runtime: rounds run between the
+/// client and server tasks, on the same two workers.
+const APPLICATION_RUNTIME: Profile = Profile {
+    name: "application runtime",
+    latency_every: 0,
+    clients: 48,
+    max_unread: MAX_MSG,
+    stacks: || {
+        let net = MemNetwork::new();
+        let build = |ip| {
+            let s = Stack::builder()
+                .ipv4(ip)
+                .channels(CHANNELS)
+                .scheduler(common::OnApplication::default())
+                .build_in_memory(&net)
+                .unwrap();
+            let placement = s.channel_placement();
+            for r in &placement.runtimes {
+                assert!(
+                    r.queues.is_empty()
+                        || r.place == DriverPlace::External(vns::stack::APPLICATION_RUNTIME.into()),
+                    "placement: {placement}"
+                );
+            }
+            s
+        };
+        (build(A), build(B))
+    },
+};
+
+/// Every queue of both stacks on queue runtimes of the stacks' own: the application's
+/// tasks hand their bytes over to other threads.
+const OWN_RUNTIMES: Profile = Profile {
+    name: "own runtimes",
+    latency_every: 0,
+    clients: 48,
+    max_unread: MAX_MSG,
+    stacks: || {
+        let net = MemNetwork::new();
+        let build = |ip| {
+            let s = Stack::builder()
+                .ipv4(ip)
+                .channels(CHANNELS)
+                .application_runtime(false)
+                .build_in_memory(&net)
+                .unwrap();
+            let placement = s.channel_placement();
+            for r in &placement.runtimes {
+                assert!(
+                    r.queues.is_empty() || matches!(r.place, DriverPlace::Runtime(_)),
+                    "placement: {placement}"
+                );
+            }
+            s
         };
         (build(A), build(B))
     },
@@ -955,6 +1018,18 @@ async fn many_tasks_of_both_classes_under_isolating() {
     stress(&ISOLATING).await;
 }
 
+/// The same with every queue driven on the test's runtime, between its tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_with_queues_on_the_application_runtime() {
+    stress(&APPLICATION_RUNTIME).await;
+}
+
+/// The same with every queue on queue runtimes of the stacks' own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_with_queues_on_their_own_runtimes() {
+    stress(&OWN_RUNTIMES).await;
+}
+
 /// The same through the copy workers' pooled write and read path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_tasks_through_copy_workers() {
@@ -963,9 +1038,8 @@ async fn many_tasks_through_copy_workers() {
 
 /// An arrival wakes one waiting reader (the last registered); when that one does not read
 /// any more (its read was cancelled), the bytes must still reach the socket another task
-/// waits on: through the driver, which the arrival wakes when it sleeps without a timeout
-/// (idle longer than the driver's activity window, about 20 ms) or which pulls them itself
-/// within a millisecond otherwise. Each round bounds the delivery; a lost hand-off hangs it.
+/// waits on, whether the queue's driver was idle for a while or busy just before. Each
+/// round bounds the delivery; a lost hand-off hangs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bytes_reach_a_waiting_reader_when_the_woken_one_is_gone() {
     let (a, b) = Stack::pair_in_memory(2).unwrap();
@@ -1006,8 +1080,8 @@ async fn bytes_reach_a_waiting_reader_when_the_woken_one_is_gone() {
         // its read is dropped. This task lives on and does not read again.
         let gone = timeout(Duration::from_millis(1), c1.read(&mut [0u8; 16])).await;
         assert!(gone.is_err(), "nothing was sent on stream 1");
-        // Not synchronisation: the scenario itself. Real time passes so that the driver's
-        // activity window (20 ms) runs out and it sleeps untimed (the case to test).
+        // Not synchronisation: the scenario itself. Real time passes so that the queue's
+        // driver has settled and waits (idle rounds) or is still busy (rounds of 0 ms).
         tokio::time::sleep(Duration::from_millis(idle_ms)).await;
         s2.write_all(&msg).await.unwrap();
         let (c, buf) = timeout(Duration::from_secs(5), waiting)

@@ -66,8 +66,10 @@ pub trait RxSink: Send {
     /// [`Channel::resume_rx`](super::Channel::resume_rx).
     fn on_bytes(&mut self, bytes: Bytes) -> RxFlow;
 
-    /// The consumer asked to resume paused reads: the sink goes on with what it kept.
-    /// [`RxFlow::Pause`] when it still cannot (the driver waits for the next ask).
+    /// Go on with what the sink kept: called once when the driver installs the sink
+    /// (before the bytes queued until then, so that bytes the sink was made with go
+    /// first), and whenever the consumer asks to resume paused reads.
+    /// [`RxFlow::Pause`] when it cannot (the driver waits for the consumer's next ask).
     fn resume(&mut self) -> RxFlow;
 
     /// No more bytes will come: `Ok` after the peer's FIN (every byte before it was

@@ -503,10 +503,12 @@ impl Worker {
                 e.shared.set_open();
             }
             if e.sink.is_none() {
-                if let Some(sink) = e.shared.take_sink() {
+                if let Some(mut sink) = e.shared.take_sink() {
+                    // What the sink was made with goes first, then what the Rx queue holds
+                    // (below): a sink is resumed once when installed, or bytes it kept
+                    // would wait for the channel's next arrival, which may never come.
+                    e.sink_paused = sink.resume() == RxFlow::Pause;
                     e.sink = Some(sink);
-                    // What the Rx queue holds goes to the sink first (below).
-                    e.sink_paused = false;
                     any = true;
                 }
             }
@@ -833,7 +835,9 @@ impl Entry {
         if self.sink.is_none() {
             self.sink = self.shared.take_sink();
             if let Some(sink) = self.sink.as_mut() {
-                // What the Rx queue held before the sink came is still this channel's.
+                // What the sink was made with, then what the Rx queue held before the sink
+                // came: still this channel's.
+                let _ = sink.resume();
                 while let Some(chunk) = self.shared.pop_rx_for_sink() {
                     if sink.on_bytes(chunk) == RxFlow::Pause {
                         break;

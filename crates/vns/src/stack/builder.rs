@@ -396,10 +396,6 @@ impl StackBuilder {
         self
     }
 
-
-
-
-
     /// Whether channels accept TCP segments with a Linux sender's partial checksum
     /// (`CHECKSUM_PARTIAL`, what a kernel peer with tx checksum offload on sends across a
     /// veth pair). Default [`PartialChecksums::Auto`](netdriver::channel::PartialChecksums):
@@ -719,12 +715,7 @@ impl StackBuilder {
             separate_classes: endpoints[0].scheduler_separates_classes(),
             cores,
         };
-        let control = Control::new(
-            acceptor,
-            self.preamble_timeout,
-            channel_key,
-            linger_timeout,
-        );
+        let control = Control::new(acceptor, self.preamble_timeout, channel_key, linger_timeout);
         let home = set.home_runtime();
         let core = Arc::new(Core::new(endpoints, set, config, control));
         core.set_self();
@@ -914,7 +905,6 @@ impl CopyPath {
         Ok(Some(path))
     }
 }
-
 
 /// The [`StackBuilder::channels`] a stack takes by default on hosts with cores to spare.
 pub const DEFAULT_CHANNELS: usize = 4;

@@ -463,10 +463,9 @@ impl Core {
         &self,
         handle: tokio::runtime::Handle,
     ) -> Result<(), netdriver::channel::ChannelError> {
-        use netdriver::channel::DriverPlace;
         use super::builder::{APPLICATION_RUNTIME, LATENCY_RUNTIME};
-        self.set
-            .add_external_runtime(LATENCY_RUNTIME, handle);
+        use netdriver::channel::DriverPlace;
+        self.set.add_external_runtime(LATENCY_RUNTIME, handle);
         let placement = self.set.placement();
         let queues = self.set.queues();
         let app = DriverPlace::External(APPLICATION_RUNTIME.into());

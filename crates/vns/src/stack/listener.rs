@@ -12,11 +12,11 @@ use std::time::Duration;
 use tracing::debug;
 
 use super::core::stopped_error;
-use netdriver::channel::ChannelListener;
 use super::loopback::LoopbackListener;
 use super::stream::{PlainInner, StreamInner, VirtualStream};
 use super::{default_stack, resolve_v4, Stack};
 use crate::endpoint::{Error, SocketOptions};
+use netdriver::channel::ChannelListener;
 
 /// Listens on a virtual port of a stack: the drop-in for `tokio::net::TcpListener`.
 ///

@@ -220,10 +220,10 @@ pub use socket::VirtualSocket;
 pub use stream::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, VirtualStream, WriteHalf};
 
 use self::core::Core;
-use builder::CopyPath;
-use crate::copy::CopyStats;
 use crate::copy::CopyError;
+use crate::copy::CopyStats;
 use crate::endpoint::{ConfigError, Error};
+use builder::CopyPath;
 
 /// Why a [`Stack`] could not be built.
 #[derive(Debug, Error)]
@@ -409,22 +409,11 @@ impl Stack {
         &self.inner.core
     }
 
-
-
-
-
-
     /// The throughput channels the stack opens to each peer: the user's
     /// ([`StackBuilder::channels`]) or the one chosen from the host.
     pub fn channels_per_peer(&self) -> usize {
         self.core().config.channels
     }
-
-
-
-
-
-
 
     /// The stack's address.
     pub fn ipv4(&self) -> Ipv4Addr {
@@ -587,7 +576,9 @@ impl Stack {
     /// [`StackBuilder::latency_runtime`], for a latency application started after the
     /// stack. The queues move at once (their state moves whole; nothing is lost).
     pub fn set_latency_runtime(&self, handle: tokio::runtime::Handle) -> io::Result<()> {
-        self.core().place_latency_queues(handle).map_err(io::Error::from)
+        self.core()
+            .place_latency_queues(handle)
+            .map_err(io::Error::from)
     }
 
     /// Fault injection, for tests and failure drills: NIC queue `queue` dies as if its
@@ -1267,4 +1258,3 @@ mod tests {
         }
     }
 }
-

@@ -342,7 +342,11 @@ impl Shard {
 
     /// Turns endpoint events into wake-ups, and channels whose paused reads may resume
     /// into `resume`.
-    pub(crate) fn drain_events(&mut self, wake: &mut Wakes, resume: &mut super::wake::Few<ChannelId>) {
+    pub(crate) fn drain_events(
+        &mut self,
+        wake: &mut Wakes,
+        resume: &mut super::wake::Few<ChannelId>,
+    ) {
         while let Some(e) = self.ep.poll_events() {
             match e {
                 Event::Incoming { port } => {
@@ -366,11 +370,7 @@ impl Shard {
 
     /// Fails connects past their deadline and runs the endpoint's timers; returns the next
     /// deadline.
-    pub(crate) fn expire(
-        &mut self,
-        now: Instant,
-        wake: &mut Wakes,
-    ) -> Option<Instant> {
+    pub(crate) fn expire(&mut self, now: Instant, wake: &mut Wakes) -> Option<Instant> {
         let mut next = None;
         let mut expired = Vec::new();
         for (&sid, &d) in &self.deadlines {

@@ -33,7 +33,12 @@ pub(crate) struct StreamInner {
 }
 
 impl StreamInner {
-    pub(crate) fn new(stack: Stack, sid: SocketId, local: SocketAddrV4, peer: SocketAddrV4) -> Self {
+    pub(crate) fn new(
+        stack: Stack,
+        sid: SocketId,
+        local: SocketAddrV4,
+        peer: SocketAddrV4,
+    ) -> Self {
         StreamInner {
             stack,
             sid,

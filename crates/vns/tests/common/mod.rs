@@ -278,3 +278,27 @@ pub fn small_config(max_chunk: usize) -> Config {
         ..Config::default()
     }
 }
+
+/// `RoundRobin`, with every NIC queue driven on the application's runtime whatever the
+/// host (the default placement does so on hosts of fewer than
+/// `netsched::DISAGGREGATE_MIN_CORES` cores only).
+#[derive(Debug, Clone, Default)]
+pub struct OnApplication(netsched::RoundRobin);
+
+impl netsched::NetScheduler for OnApplication {
+    fn pick_channel(
+        &mut self,
+        chunk: &netsched::ChunkInfo,
+        channels: &[netsched::ChannelStats],
+    ) -> Option<netsched::ChannelId> {
+        self.0.pick_channel(chunk, channels)
+    }
+
+    fn fork(&self) -> Option<Box<dyn netsched::NetScheduler>> {
+        Some(Box::new(self.clone()))
+    }
+
+    fn place_queues(&self, host: &netsched::QueueHost) -> Vec<netsched::QueuePlace> {
+        vec![netsched::QueuePlace::Application; host.queues.len()]
+    }
+}

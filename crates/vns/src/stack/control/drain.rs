@@ -177,7 +177,6 @@ impl Control {
     pub(crate) fn cancel_wait(&mut self, id: u64) {
         self.waiters.retain(|w| w.id != id);
     }
-
 }
 
 impl Core {
@@ -339,5 +338,4 @@ impl Core {
         drop(acceptor);
         wake.drain_each(Waker::wake);
     }
-
 }

@@ -278,7 +278,6 @@ impl Control {
             }
         }
     }
-
 }
 
 #[cfg(test)]

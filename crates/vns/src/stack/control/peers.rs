@@ -455,5 +455,4 @@ impl Core {
         }
         !dead.is_empty()
     }
-
 }

@@ -149,7 +149,6 @@ impl Core {
         Some((actions, first.ep.scheduler_plan_period()))
     }
 
-
     /// The backend's channel threads and the queues they serve, now.
     fn placement(&self) -> Option<ChannelPlacement> {
         Some(self.set.placement())
@@ -188,7 +187,7 @@ impl Core {
         }
         let table = self.chans.load();
         for c in &mut snapshot.channels {
-                c.queue = table.get(&c.id).map(|ch| ch.t.queue());
+            c.queue = table.get(&c.id).map(|ch| ch.t.queue());
             c.thread = c.queue.and_then(|q| {
                 queues
                     .iter()
@@ -287,16 +286,17 @@ impl Core {
     /// Opens one channel of `class` to `ip` (helper thread) and adds it to the stack.
     fn open_one(self: Arc<Self>, ip: Ipv4Addr, class: ChannelClass) {
         let remote = SocketAddrV4::new(ip, self.config.channel_port);
-        let opened = match self.connect_channel(remote, class, &std::sync::atomic::AtomicUsize::new(0)) {
-            Ok(t) => match self.open_handshake(&t, class) {
-                Ok(leftover) => Ok((t, leftover)),
-                Err(why) => {
-                    t.abort();
-                    Err(why)
-                }
-            },
-            Err(e) => Err(e.to_string()),
-        };
+        let opened =
+            match self.connect_channel(remote, class, &std::sync::atomic::AtomicUsize::new(0)) {
+                Ok(t) => match self.open_handshake(&t, class) {
+                    Ok(leftover) => Ok((t, leftover)),
+                    Err(why) => {
+                        t.abort();
+                        Err(why)
+                    }
+                },
+                Err(e) => Err(e.to_string()),
+            };
         {
             let mut ctl = self.ctl();
             ctl.plans.opening.remove(&ip);
@@ -333,8 +333,7 @@ impl Core {
         let thread = thread_of(queue);
         let mixed = table.values().any(|c| {
             c.class != class
-                && (c.t.queue() == queue
-                    || (thread.is_some() && thread_of(c.t.queue()) == thread))
+                && (c.t.queue() == queue || (thread.is_some() && thread_of(c.t.queue()) == thread))
         });
         if mixed || !self.set.pin_queue_runtime(queue, core) {
             debug!(channel = %id, queue, core, mixed, "plan: pin refused");
@@ -346,7 +345,6 @@ impl Core {
             ctl.plans.counters.pinned += 1;
         }
     }
-
 
     /// Starts a channel thread pinned to `core`, unless a live one is pinned there.
     fn plan_spawn(&self, ctl: &mut Control, core: usize) {

@@ -1,0 +1,284 @@
+//! Where a stack drives its NIC queues, over the in-memory network (no privileges): the
+//! default placement follows the host's shape, `Isolating` puts the latency queues on a
+//! latency application's runtime, and a queue driven on an application's runtime
+//! survives a task that blocks that runtime's worker.
+//!
+//! The bound for the last: a queue's work that waits longer than netdriver's
+//! `placement::STALL` (20 ms) for its runtime is moved, at the watchdog's next look
+//! (every `placement::WATCH_TICK`, 10 ms), to the stack's own home runtime; so other
+//! tasks' sockets on those channels wait about 30 ms behind a blocked worker, not as
+//! long as the block. The test blocks a worker for 200 ms and allows 120 ms (the rest is
+//! room for a loaded 2-core machine), and then sees the queues go back once the
+//! runtime has been free for `placement::RETURN_AFTER`.
+
+mod common;
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use netdriver::channel::placement::{RETURN_AFTER, STALL, WATCH_TICK};
+use netdriver::channel::DriverPlace;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use vns::stack::{MemNetwork, Stack, APPLICATION_RUNTIME, LATENCY_RUNTIME};
+
+const A: Ipv4Addr = Ipv4Addr::new(10, 0, 7, 1);
+const B: Ipv4Addr = Ipv4Addr::new(10, 0, 7, 2);
+const PORT: u16 = 7400;
+
+fn addr(ip: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddrV4::new(ip, port).into()
+}
+
+fn runtime(workers: usize, name: &str) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Echoes every stream accepted on `addr` of `stack`, from tasks of `rt`.
+fn echo_server(stack: &Stack, rt: &tokio::runtime::Runtime, addr: SocketAddr) {
+    let l = rt.block_on(stack.bind(addr)).expect("bind");
+    rt.spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if s.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// One 64-byte echo over `s`: how long it took.
+async fn round_trip(s: &mut vns::VirtualStream) -> Option<Duration> {
+    let t = Instant::now();
+    let echo = async {
+        s.write_all(&[7u8; 64]).await.expect("write");
+        let mut buf = [0u8; 64];
+        s.read_exact(&mut buf).await.expect("read");
+        assert_eq!(buf, [7u8; 64]);
+    };
+    tokio::time::timeout(Duration::from_secs(10), echo)
+        .await
+        .ok()?;
+    Some(t.elapsed())
+}
+
+/// The queues of `stack` on runtime `place`.
+fn queues_on(stack: &Stack, place: &DriverPlace) -> Vec<u32> {
+    stack
+        .channel_placement()
+        .runtime(place)
+        .map(|r| r.queues.clone())
+        .unwrap_or_default()
+}
+
+/// A task that blocks the only worker of the runtime driving stack A's queues for
+/// 200 ms delays round trips of a task on another runtime, over those queues, by at most
+/// the rescue bound; the queues go back to the application's runtime once it is free.
+#[test]
+fn a_blocked_application_worker_delays_other_tasks_by_the_rescue_bound_only() {
+    const BLOCK: Duration = Duration::from_millis(200);
+    const BOUND: Duration = Duration::from_millis(120);
+    assert!(STALL + WATCH_TICK < BOUND && BOUND < BLOCK);
+    let net = MemNetwork::new();
+    // The application: one worker, which drives A's queues and runs the blocking task.
+    let app = runtime(1, "app");
+    let other = runtime(1, "other");
+    let b_rt = runtime(1, "b-app");
+    let a = Stack::builder()
+        .ipv4(A)
+        .channels(2)
+        .scheduler(common::OnApplication::default())
+        .runtime(app.handle().clone())
+        .build_in_memory(&net)
+        .expect("stack A");
+    let b = Stack::builder()
+        .ipv4(B)
+        .channels(2)
+        .application_runtime(false)
+        .build_in_memory(&net)
+        .expect("stack B");
+    let app_place = DriverPlace::External(APPLICATION_RUNTIME.into());
+    assert_eq!(queues_on(&a, &app_place).len(), net.queues());
+    echo_server(&b, &b_rt, addr(B, PORT));
+    let blocked = Arc::new(AtomicBool::new(false));
+    let (worst, rescues) = other.block_on({
+        let (a, app_handle, blocked) = (a.clone(), app.handle().clone(), blocked.clone());
+        let b2 = b.clone();
+        async move {
+            let mut s = a.connect(addr(B, PORT)).await.expect("connect");
+            let stuck = |a: &Stack, i: usize| -> ! {
+                panic!(
+                    "round trip {i} never completed; A: {} {:?}\nA channels {:#?}\nB channels {:#?} {:?}\nA wire {:#?}\nB wire {:#?}",
+                    a.channel_placement(),
+                    a.queue_stats(),
+                    a.stats().channels,
+                    b2.stats().channels,
+                    b2.queue_stats(),
+                    a.channel_wire(),
+                    b2.channel_wire(),
+                )
+            };
+            for i in 0..20 {
+                if round_trip(&mut s).await.is_none() {
+                    stuck(&a, i);
+                }
+            }
+            // The block: on the application's only worker.
+            let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+            let blocker = app_handle.spawn({
+                let blocked = blocked.clone();
+                async move {
+                    blocked.store(true, Ordering::Release);
+                    let _ = started_tx.send(());
+                    std::thread::sleep(BLOCK);
+                    blocked.store(false, Ordering::Release);
+                }
+            });
+            started_rx.await.expect("the blocker started");
+            let mut worst = Duration::ZERO;
+            let mut during = 0;
+            while blocked.load(Ordering::Acquire) {
+                worst = worst.max(
+                    round_trip(&mut s)
+                        .await
+                        .unwrap_or_else(|| stuck(&a, 100 + during)),
+                );
+                during += 1;
+            }
+            blocker.await.expect("blocker");
+            assert!(during > 0);
+            (worst, a.channel_placement().rescues)
+        }
+    });
+    assert!(
+        worst < BOUND,
+        "a round trip took {worst:?} while the application's worker was blocked"
+    );
+    assert!(rescues >= 1, "no queue was rescued");
+    eprintln!("worst round trip while the application's worker was blocked: {worst:?}");
+    // Once the application's runtime has been free for RETURN_AFTER, the queues are back.
+    let deadline = Instant::now() + RETURN_AFTER + Duration::from_secs(5);
+    while queues_on(&a, &app_place).len() < net.queues() {
+        assert!(
+            Instant::now() < deadline,
+            "the queues did not go back: {}",
+            a.channel_placement()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    a.abort();
+    b.abort();
+}
+
+/// Built in a multi-thread runtime with the default scheduler, a stack drives its queues
+/// on that runtime on a host of fewer than `netsched::DISAGGREGATE_MIN_CORES` cores, and
+/// on runtimes of its own otherwise; with `application_runtime(false)`, always on its own.
+#[test]
+fn the_default_placement_follows_the_host() {
+    let app = runtime(2, "app");
+    let net = MemNetwork::new();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let a = app
+        .block_on(async { Stack::builder().ipv4(A).build_in_memory(&net) })
+        .expect("stack A");
+    let on_app = queues_on(&a, &DriverPlace::External(APPLICATION_RUNTIME.into()));
+    if cores < netsched::DISAGGREGATE_MIN_CORES {
+        assert_eq!(on_app.len(), net.queues(), "{}", a.channel_placement());
+    } else {
+        assert!(on_app.is_empty(), "{}", a.channel_placement());
+    }
+    let b = app
+        .block_on(async {
+            Stack::builder()
+                .ipv4(B)
+                .application_runtime(false)
+                .build_in_memory(&net)
+        })
+        .expect("stack B");
+    let placement = b.channel_placement();
+    for r in &placement.runtimes {
+        assert!(
+            r.queues.is_empty() || matches!(r.place, DriverPlace::Runtime(_)),
+            "{placement}"
+        );
+    }
+    // Both placements carry a stream.
+    echo_server(&b, &app, addr(B, PORT + 1));
+    app.block_on(async {
+        let mut s = a.connect(addr(B, PORT + 1)).await.expect("connect");
+        s.write_all(b"ping").await.expect("write");
+        let mut buf = [0u8; 4];
+        s.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"ping");
+    });
+    a.abort();
+    b.abort();
+}
+
+/// Under `Isolating` with a latency application's runtime, the queue of the latency
+/// channels is driven there and no other queue is; a latency-class stream works over it.
+#[test]
+fn isolating_drives_the_latency_queue_on_the_latency_runtime() {
+    let app = runtime(1, "app");
+    let latency_app = runtime(1, "latency-app");
+    let net = MemNetwork::new();
+    let build = |ip| {
+        Stack::builder()
+            .ipv4(ip)
+            .channels(1)
+            .latency_channels(1)
+            .scheduler(netsched::Isolating::default())
+            .runtime(app.handle().clone())
+            .latency_runtime(latency_app.handle().clone())
+            .build_in_memory(&net)
+            .expect("stack")
+    };
+    let (a, b) = (build(A), build(B));
+    let latency = DriverPlace::External(LATENCY_RUNTIME.into());
+    for s in [&a, &b] {
+        let q = queues_on(s, &latency);
+        assert_eq!(q.len(), 1, "{}", s.channel_placement());
+        assert!(
+            s.channel_placement()
+                .runtimes
+                .iter()
+                .filter(|r| r.place != latency)
+                .all(|r| !r.queues.contains(&q[0])),
+            "{}",
+            s.channel_placement()
+        );
+    }
+    echo_server(&b, &latency_app, addr(B, PORT + 2));
+    latency_app.block_on(async {
+        let socket = a.socket();
+        socket
+            .set_app_class(vns::AppClass::Latency)
+            .expect("latency class");
+        let mut s = socket.connect(addr(B, PORT + 2)).await.expect("connect");
+        // In the latency shard, whose channels are the latency channels.
+        assert_eq!(s.shard(), a.latency_shard());
+        for i in 0..50u8 {
+            s.write_all(&[i; 100]).await.expect("write");
+            let mut buf = [0u8; 100];
+            s.read_exact(&mut buf).await.expect("read");
+            assert_eq!(buf, [i; 100]);
+        }
+    });
+    a.abort();
+    b.abort();
+}
