@@ -21,10 +21,18 @@
 //! Accepted channels need none of this: the queue their SYN arrived on owns them, and RSS
 //! puts their later frames on the same queue.
 
+#[cfg(target_os = "linux")]
+pub mod align;
+#[cfg(target_os = "linux")]
+pub mod ethtool;
 pub mod port;
 pub mod steering;
 pub mod toeplitz;
 
+#[cfg(target_os = "linux")]
+pub use align::{ConnectSteering, NoFreePort, PeerTarget, RssAligner, RssState};
+#[cfg(target_os = "linux")]
+pub use ethtool::{install_ntuple, read_rss, EthtoolSocket, NtupleRule, RssError};
 pub use port::{End, PortChoice, PortChoiceError, PortChooser};
 pub use steering::{ChannelSteering, ForwardReason, SteeringCounters, SteeringCounts};
 pub use toeplitz::{
