@@ -62,13 +62,21 @@
 //! as one slice: the UMEM frames of a chain are not adjacent). Zero-copy drivers with
 //! multi-buffer support would lend chains part by part instead; veth has none.
 //!
-//! # Copy mode
+//! # Zero copy and copy mode
 //!
-//! Drivers without AF_XDP zero-copy support (veth among them) copy each frame between
-//! the UMEM and an skb ([`BindMode::Copy`]); binding with [`BindMode::ZeroCopy`] there
-//! fails with [`XdpLinkError::ZeroCopyUnsupported`]. In copy mode the kernel sends tx
-//! frames only from within the `sendto` kick, at most 32 per call, so
-//! [`flush`](Link::flush) kicks until the tx ring is drained.
+//! A zero-copy socket (`XDP_ZEROCOPY`) lets the NIC DMA straight into and out of the UMEM;
+//! drivers without AF_XDP zero-copy support (veth among them) copy each frame between the
+//! UMEM and an skb instead (`XDP_COPY`). [`BindMode::Auto`], the default, tries zero copy
+//! and falls back to copy mode when the driver refuses it, logging the reason at `info`
+//! level and recording it: [`XdpLink::binding`] says which mode the socket is bound in and,
+//! after a fallback, why ([`XdpBinding::CopyFallback`]). [`BindMode::ZeroCopy`] fails with
+//! [`XdpLinkError::ZeroCopyUnsupported`] instead; [`BindMode::Copy`] never tries.
+//! [`BindMode`] parses from `auto`, `copy` and `zerocopy` ([`BIND_MODE_ENV`] names the
+//! environment variable a default stack reads it from).
+//!
+//! In copy mode the kernel sends tx frames only from within the `sendto` kick, at most 32
+//! per call, so [`flush`](Link::flush) kicks until the tx ring is drained; a zero-copy
+//! socket is kicked only when the kernel asks (`XDP_USE_NEED_WAKEUP`).
 
 use core::ops::Range;
 use std::ffi::CString;
@@ -77,7 +85,7 @@ use std::num::NonZeroU32;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 use xsk_rs::config::{
     BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
 };
@@ -117,15 +125,98 @@ pub enum MultiBuffer {
     On,
 }
 
-/// How the socket shares frames with the driver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// How the socket shares frames with the driver (see the
+/// [module documentation](self#zero-copy-and-copy-mode)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum BindMode {
+    /// Zero copy where the driver supports it, else copy mode; the fallback and its
+    /// reason are logged and kept in [`XdpLink::binding`].
+    #[default]
+    Auto,
     /// `XDP_COPY`: the kernel copies frames between the UMEM and its own buffers. Works on
     /// every driver (veth included).
     Copy,
     /// `XDP_ZEROCOPY`: the NIC DMAs straight into the UMEM. Needs driver support
-    /// (e.g. mlx5); veth has none.
+    /// (e.g. mlx5); opening fails where there is none (veth).
     ZeroCopy,
+}
+
+/// The environment variable a default stack reads its [`BindMode`] from
+/// (`auto`, `copy` or `zerocopy`).
+pub const BIND_MODE_ENV: &str = "NETCHANNEL_XDP_MODE";
+
+/// A [`BindMode`] could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an AF_XDP bind mode: expected auto, copy or zerocopy")]
+pub struct ParseBindModeError(pub String);
+
+impl std::str::FromStr for BindMode {
+    type Err = ParseBindModeError;
+
+    /// `auto`, `copy`, or `zerocopy` (also `zero-copy`, `zc`), in any case.
+    fn from_str(s: &str) -> Result<BindMode, ParseBindModeError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(BindMode::Auto),
+            "copy" => Ok(BindMode::Copy),
+            "zerocopy" | "zero-copy" | "zero_copy" | "zc" => Ok(BindMode::ZeroCopy),
+            _ => Err(ParseBindModeError(s.to_owned())),
+        }
+    }
+}
+
+impl std::fmt::Display for BindMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BindMode::Auto => "auto",
+            BindMode::Copy => "copy",
+            BindMode::ZeroCopy => "zerocopy",
+        })
+    }
+}
+
+impl BindMode {
+    /// The mode in [`BIND_MODE_ENV`], or `None` when it is unset or empty.
+    pub fn from_env() -> Result<Option<BindMode>, ParseBindModeError> {
+        match std::env::var(BIND_MODE_ENV) {
+            Ok(v) if !v.trim().is_empty() => v.parse().map(Some),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// How an open [`XdpLink`]'s socket is bound ([`XdpLink::binding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum XdpBinding {
+    /// `XDP_ZEROCOPY`.
+    ZeroCopy,
+    /// `XDP_COPY`, as asked ([`BindMode::Copy`]).
+    Copy,
+    /// `XDP_COPY` because the driver refused zero copy ([`BindMode::Auto`]).
+    CopyFallback {
+        /// The kernel's error for the zero-copy bind (`EOPNOTSUPP` on veth).
+        errno: i32,
+    },
+}
+
+impl XdpBinding {
+    /// Whether frames go between the NIC and the UMEM without a copy.
+    pub fn is_zero_copy(self) -> bool {
+        self == XdpBinding::ZeroCopy
+    }
+}
+
+impl std::fmt::Display for XdpBinding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            XdpBinding::ZeroCopy => f.write_str("zero copy"),
+            XdpBinding::Copy => f.write_str("copy"),
+            XdpBinding::CopyFallback { errno } => write!(
+                f,
+                "copy (zero copy refused: {})",
+                io::Error::from_raw_os_error(*errno)
+            ),
+        }
+    }
 }
 
 /// Settings of an [`XdpLink`].
@@ -148,7 +239,7 @@ pub struct XdpLinkConfig {
     /// The most frames one [`Link::flush`] reclaims from the completion ring per ring
     /// operation (the size of its descriptor scratch array).
     pub tx_batch: usize,
-    /// Copy or zero-copy.
+    /// Zero copy, copy, or zero copy where the driver supports it.
     pub bind: BindMode,
     /// Bind with `XDP_USE_NEED_WAKEUP`: the kernel says when it needs a kick, sparing
     /// system calls when it is already busy.
@@ -169,7 +260,8 @@ pub struct XdpLinkConfig {
 
 impl XdpLinkConfig {
     /// Defaults for `ifname` queue `queue_id`: 4096 frames of 2048 bytes, batches of 64,
-    /// copy mode, need-wakeup on, no busy polling, multi-buffer as the MTU needs.
+    /// zero copy where the driver supports it (else copy mode), need-wakeup on, no busy
+    /// polling, multi-buffer as the MTU needs.
     pub fn new(ifname: impl Into<String>, queue_id: u32) -> XdpLinkConfig {
         XdpLinkConfig {
             ifname: ifname.into(),
@@ -178,7 +270,7 @@ impl XdpLinkConfig {
             frame_size: 2048,
             rx_batch: 64,
             tx_batch: 64,
-            bind: BindMode::Copy,
+            bind: BindMode::Auto,
             need_wakeup: true,
             busy_poll: Duration::ZERO,
             multi_buffer: MultiBuffer::Auto,
@@ -231,10 +323,10 @@ pub enum XdpLinkError {
         /// What was being done.
         op: &'static str,
     },
-    /// The driver refused a zero-copy bind.
+    /// The driver refused a zero-copy bind ([`BindMode::ZeroCopy`]).
     #[error(
         "interface {ifname:?}: this driver (e.g. veth) supports AF_XDP only in copy mode \
-         (zero-copy bind: EOPNOTSUPP); use BindMode::Copy"
+         (zero-copy bind: EOPNOTSUPP); use BindMode::Auto or BindMode::Copy"
     )]
     ZeroCopyUnsupported {
         /// The interface.
@@ -316,6 +408,7 @@ fn bind_socket(
     config: &XdpLinkConfig,
     half: u32,
     multi_buffer: bool,
+    zero_copy: bool,
 ) -> Result<
     (
         Umem,
@@ -353,9 +446,10 @@ fn bind_socket(
             _ => XdpLinkError::Umem(e),
         })?;
 
-    let mut bind_flags = match config.bind {
-        BindMode::Copy => BindFlags::XDP_COPY,
-        BindMode::ZeroCopy => BindFlags::XDP_ZEROCOPY,
+    let mut bind_flags = if zero_copy {
+        BindFlags::XDP_ZEROCOPY
+    } else {
+        BindFlags::XDP_COPY
     };
     if config.need_wakeup {
         bind_flags |= BindFlags::XDP_USE_NEED_WAKEUP;
@@ -388,11 +482,9 @@ fn bind_socket(
         Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
             op: "creating an AF_XDP socket",
         },
-        Some(libc::EOPNOTSUPP) if config.bind == BindMode::ZeroCopy => {
-            XdpLinkError::ZeroCopyUnsupported {
-                ifname: config.ifname.clone(),
-            }
-        }
+        Some(libc::EOPNOTSUPP) if zero_copy => XdpLinkError::ZeroCopyUnsupported {
+            ifname: config.ifname.clone(),
+        },
         Some(libc::ENODEV) => XdpLinkError::NoSuchInterface {
             ifname: config.ifname.clone(),
         },
@@ -405,11 +497,68 @@ fn bind_socket(
     Ok((umem, frames, tx, rx, rings))
 }
 
+/// [`bind_socket`], retried while the queue is busy (see
+/// [`XdpLinkConfig::busy_retry`]). Both the UMEM and the socket are made afresh on each
+/// try: a failed `xsk_socket__create` closes the file descriptor it shared with the UMEM.
+#[allow(clippy::type_complexity)]
+fn bind_retrying(
+    config: &XdpLinkConfig,
+    half: u32,
+    multi_buffer: bool,
+    zero_copy: bool,
+) -> Result<
+    (
+        Umem,
+        Vec<FrameDesc>,
+        TxQueue,
+        RxQueue,
+        Option<(FillQueue, CompQueue)>,
+    ),
+    XdpLinkError,
+> {
+    let deadline = std::time::Instant::now() + config.busy_retry;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match bind_socket(config, half, multi_buffer, zero_copy) {
+            Err(XdpLinkError::Socket { source, .. })
+                if os_error_of(&source) == Some(libc::EBUSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                debug!(
+                    ifname = %config.ifname,
+                    queue = config.queue_id,
+                    "queue busy (a socket released it just now?); retrying the bind"
+                );
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The kernel's error when a zero-copy bind failed in a way copy mode may not: the
+/// driver has no zero copy (`EOPNOTSUPP`), or refuses this configuration for it (`EINVAL`:
+/// e.g. a frame size or multi-buffer its zero-copy path does not take). `None` for
+/// errors copy mode would meet as well (permissions, no interface, a busy queue).
+fn zero_copy_refusal(e: &XdpLinkError) -> Option<i32> {
+    match e {
+        XdpLinkError::ZeroCopyUnsupported { .. } => Some(libc::EOPNOTSUPP),
+        XdpLinkError::Socket { source, .. } => match os_error_of(source) {
+            Some(errno @ (libc::EINVAL | libc::EOPNOTSUPP)) => Some(errno),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// An AF_XDP socket on one queue of an interface, with its own UMEM. See the
 /// [module documentation](self).
 #[derive(Debug)]
 pub struct XdpLink {
     config: XdpLinkConfig,
+    /// The mode the socket is bound in.
+    binding: XdpBinding,
     mtu: usize,
     umem: Umem,
     fill: FillQueue,
@@ -509,27 +658,35 @@ impl XdpLink {
         }
 
         let half = config.frame_count / 2;
-        // A queue an AF_XDP socket just released can stay busy for a moment (see
-        // `busy_retry`). Both the UMEM and the socket are made afresh on each try: a failed
-        // `xsk_socket__create` closes the file descriptor it shared with the UMEM.
-        let deadline = std::time::Instant::now() + config.busy_retry;
-        let mut pause = Duration::from_millis(2);
-        let (umem, mut frames, tx, rx, rings) = loop {
-            match bind_socket(&config, half, multi_buffer) {
-                Err(XdpLinkError::Socket { source, .. })
-                    if os_error_of(&source) == Some(libc::EBUSY)
-                        && std::time::Instant::now() < deadline =>
-                {
-                    debug!(
+        // Auto: zero copy first; a refusal costs one UMEM made and dropped (its socket
+        // closed the shared descriptor), then copy mode from scratch.
+        let (binding, (umem, mut frames, tx, rx, rings)) = match config.bind {
+            BindMode::Copy => (
+                XdpBinding::Copy,
+                bind_retrying(&config, half, multi_buffer, false)?,
+            ),
+            BindMode::ZeroCopy => (
+                XdpBinding::ZeroCopy,
+                bind_retrying(&config, half, multi_buffer, true)?,
+            ),
+            BindMode::Auto => match bind_retrying(&config, half, multi_buffer, true) {
+                Ok(bound) => (XdpBinding::ZeroCopy, bound),
+                Err(e) => {
+                    let Some(errno) = zero_copy_refusal(&e) else {
+                        return Err(e);
+                    };
+                    info!(
                         ifname = %config.ifname,
                         queue = config.queue_id,
-                        "queue busy (a socket released it just now?); retrying the bind"
+                        reason = %e,
+                        "AF_XDP zero copy refused; binding in copy mode"
                     );
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(50));
+                    (
+                        XdpBinding::CopyFallback { errno },
+                        bind_retrying(&config, half, multi_buffer, false)?,
+                    )
                 }
-                other => break other?,
-            }
+            },
         };
         let Some((mut fill, comp)) = rings else {
             // Only a shared UMEM already bound to this pair comes back without rings.
@@ -554,12 +711,13 @@ impl XdpLink {
             frames = config.frame_count,
             frame_size = config.frame_size,
             mtu,
-            bind = ?config.bind,
+            bind = %binding,
             multi_buffer,
             "AF_XDP link open"
         );
         let max_frame_len = mtu + ETHERNET_HEADER_LEN;
         Ok(XdpLink {
+            binding,
             mtu,
             umem,
             fill,
@@ -609,6 +767,11 @@ impl XdpLink {
     /// The settings the link was opened with.
     pub fn config(&self) -> &XdpLinkConfig {
         &self.config
+    }
+
+    /// The mode the socket is bound in, and why copy mode after a refused zero copy.
+    pub fn binding(&self) -> XdpBinding {
+        self.binding
     }
 
     /// Whether the socket is bound with `XDP_USE_SG` (frames may come as descriptor chains).
@@ -753,7 +916,7 @@ impl XdpLink {
 
     /// The `sendto` kick, when the kernel needs one.
     fn kick(&mut self) {
-        if self.config.bind == BindMode::Copy || self.tx.needs_wakeup() {
+        if !self.binding.is_zero_copy() || self.tx.needs_wakeup() {
             self.stats.tx_kicks += 1;
             if let Err(e) = self.tx.wakeup() {
                 warn!(ifname = %self.config.ifname, error = %e, "AF_XDP tx kick failed");
@@ -1022,6 +1185,54 @@ mod tests {
     fn link_can_move_to_another_thread() {
         fn send<T: Send>() {}
         send::<XdpLink>();
+    }
+
+    #[test]
+    fn bind_modes_parse_and_print() {
+        for (text, mode) in [
+            ("auto", BindMode::Auto),
+            ("copy", BindMode::Copy),
+            ("zerocopy", BindMode::ZeroCopy),
+            ("ZeroCopy", BindMode::ZeroCopy),
+            ("zero-copy", BindMode::ZeroCopy),
+            (" zc ", BindMode::ZeroCopy),
+            ("COPY", BindMode::Copy),
+        ] {
+            assert_eq!(text.parse::<BindMode>(), Ok(mode), "{text}");
+        }
+        for mode in [BindMode::Auto, BindMode::Copy, BindMode::ZeroCopy] {
+            assert_eq!(mode.to_string().parse::<BindMode>(), Ok(mode));
+        }
+        let err = "fast".parse::<BindMode>().unwrap_err();
+        assert_eq!(err, ParseBindModeError("fast".into()));
+        assert!(err.to_string().contains("auto, copy or zerocopy"), "{err}");
+        assert_eq!(BindMode::default(), BindMode::Auto);
+        assert_eq!(XdpLinkConfig::new("x", 0).bind, BindMode::Auto);
+    }
+
+    #[test]
+    fn only_driver_refusals_fall_back_to_copy_mode() {
+        let unsupported = XdpLinkError::ZeroCopyUnsupported { ifname: "x".into() };
+        assert_eq!(zero_copy_refusal(&unsupported), Some(libc::EOPNOTSUPP));
+        for e in [
+            XdpLinkError::NotPermitted { op: "x" },
+            XdpLinkError::NoSuchInterface { ifname: "x".into() },
+            XdpLinkError::InvalidConfig { reason: "x".into() },
+        ] {
+            assert_eq!(zero_copy_refusal(&e), None, "{e}");
+        }
+        assert_eq!(
+            XdpBinding::CopyFallback {
+                errno: libc::EOPNOTSUPP
+            }
+            .to_string(),
+            format!(
+                "copy (zero copy refused: {})",
+                io::Error::from_raw_os_error(libc::EOPNOTSUPP)
+            )
+        );
+        assert!(XdpBinding::ZeroCopy.is_zero_copy());
+        assert!(!XdpBinding::Copy.is_zero_copy());
     }
 
     #[test]
