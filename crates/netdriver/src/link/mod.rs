@@ -61,7 +61,11 @@
 pub mod fault;
 pub mod sim;
 #[cfg(target_os = "linux")]
+pub mod umem_memory;
+#[cfg(target_os = "linux")]
 pub mod xdp;
+#[cfg(target_os = "linux")]
+pub mod xdp_features;
 
 use core::ops::Range;
 

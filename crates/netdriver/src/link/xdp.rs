@@ -66,10 +66,12 @@
 //!
 //! A zero-copy socket (`XDP_ZEROCOPY`) lets the NIC DMA straight into and out of the UMEM;
 //! drivers without AF_XDP zero-copy support (veth among them) copy each frame between the
-//! UMEM and an skb instead (`XDP_COPY`). [`BindMode::Auto`], the default, tries zero copy
-//! and falls back to copy mode when the driver refuses it, logging the reason at `info`
-//! level and recording it: [`XdpLink::binding`] says which mode the socket is bound in and,
-//! after a fallback, why ([`XdpBinding::CopyFallback`]). [`BindMode::ZeroCopy`] fails with
+//! UMEM and an skb instead (`XDP_COPY`). [`BindMode::Auto`], the default, binds in zero
+//! copy where the driver advertises it (its `xdp-features`,
+//! [`xdp_features`](super::xdp_features::xdp_features)) and falls back to copy mode where
+//! it does not or where the zero-copy bind fails, logging the reason and recording it:
+//! [`XdpLink::binding`] says which mode the socket is bound in and, after a fallback, why
+//! ([`XdpBinding::CopyFallback`], [`ZeroCopyRefusal`]). [`BindMode::ZeroCopy`] fails with
 //! [`XdpLinkError::ZeroCopyUnsupported`] instead; [`BindMode::Copy`] never tries.
 //! [`BindMode`] parses from `auto`, `copy` and `zerocopy` ([`BIND_MODE_ENV`] names the
 //! environment variable a default stack reads it from).
@@ -93,6 +95,11 @@ use xsk_rs::socket::{SocketCreateError, XdpStatistics};
 use xsk_rs::umem::UmemCreateError;
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
+use super::umem_memory::{
+    huge_pages_free, interface_numa_node, page_nodes, HugePages, HugePagesRefusal, NumaNode,
+    PreferNode, UmemPlacement,
+};
+use super::xdp_features::xdp_features;
 use super::{tx_range_ok, Link, LinkStats, ETHERNET_HEADER_LEN, TX_HEADROOM};
 use crate::time::Instant;
 
@@ -191,9 +198,22 @@ pub enum XdpBinding {
     ZeroCopy,
     /// `XDP_COPY`, as asked ([`BindMode::Copy`]).
     Copy,
-    /// `XDP_COPY` because the driver refused zero copy ([`BindMode::Auto`]).
+    /// `XDP_COPY` because zero copy was not to be had ([`BindMode::Auto`]).
     CopyFallback {
-        /// The kernel's error for the zero-copy bind (`EOPNOTSUPP` on veth).
+        /// Why.
+        reason: ZeroCopyRefusal,
+    },
+}
+
+/// Why [`BindMode::Auto`] bound in copy mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ZeroCopyRefusal {
+    /// The driver does not advertise AF_XDP zero copy (`xsk-zerocopy` missing from its
+    /// `xdp-features`, [`xdp_features`](super::xdp_features::xdp_features)); veth is one.
+    NotAdvertised,
+    /// The zero-copy bind failed with this error (`EOPNOTSUPP`, `EINVAL`).
+    Bind {
+        /// The kernel's error.
         errno: i32,
     },
 }
@@ -210,9 +230,20 @@ impl std::fmt::Display for XdpBinding {
         match self {
             XdpBinding::ZeroCopy => f.write_str("zero copy"),
             XdpBinding::Copy => f.write_str("copy"),
-            XdpBinding::CopyFallback { errno } => write!(
+            XdpBinding::CopyFallback { reason } => write!(f, "copy ({reason})"),
+        }
+    }
+}
+
+impl std::fmt::Display for ZeroCopyRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ZeroCopyRefusal::NotAdvertised => {
+                f.write_str("the driver does not advertise AF_XDP zero copy")
+            }
+            ZeroCopyRefusal::Bind { errno } => write!(
                 f,
-                "copy (zero copy refused: {})",
+                "zero-copy bind refused: {}",
                 io::Error::from_raw_os_error(*errno)
             ),
         }
@@ -250,6 +281,12 @@ pub struct XdpLinkConfig {
     /// Multi-buffer (descriptor chains, `XDP_USE_SG`) on, off, or as the MTU needs. With it
     /// on, the steering program must be the `xdp.frags` variant.
     pub multi_buffer: MultiBuffer,
+    /// The NUMA node the UMEM's pages are placed on (see [`super::umem_memory`]): by
+    /// default the interface's, when the kernel names one.
+    pub numa_node: NumaNode,
+    /// Whether the UMEM uses huge pages: by default when enough are free (see
+    /// [`super::umem_memory`]).
+    pub huge_pages: HugePages,
     /// How long [`XdpLink::open`] keeps retrying a bind that fails with `EBUSY`. The
     /// kernel releases a closed AF_XDP socket's hold on its queue from a work queue, so a
     /// socket bound right after another on the same queue closed (a restart, a set
@@ -261,7 +298,8 @@ pub struct XdpLinkConfig {
 impl XdpLinkConfig {
     /// Defaults for `ifname` queue `queue_id`: 4096 frames of 2048 bytes, batches of 64,
     /// zero copy where the driver supports it (else copy mode), need-wakeup on, no busy
-    /// polling, multi-buffer as the MTU needs.
+    /// polling, multi-buffer as the MTU needs, the UMEM on the interface's NUMA node and
+    /// in huge pages when enough are free.
     pub fn new(ifname: impl Into<String>, queue_id: u32) -> XdpLinkConfig {
         XdpLinkConfig {
             ifname: ifname.into(),
@@ -274,6 +312,8 @@ impl XdpLinkConfig {
             need_wakeup: true,
             busy_poll: Duration::ZERO,
             multi_buffer: MultiBuffer::Auto,
+            numa_node: NumaNode::Interface,
+            huge_pages: HugePages::Auto,
             busy_retry: Duration::from_secs(2),
         }
     }
@@ -373,6 +413,27 @@ pub enum XdpLinkError {
     /// Creating or registering the UMEM failed.
     #[error("creating the UMEM: {0}")]
     Umem(#[source] UmemCreateError),
+    /// [`HugePages::Require`], and the UMEM cannot have them.
+    #[error(
+        "interface {ifname:?} queue {queue_id}: huge pages required for the UMEM, but {reason}"
+    )]
+    HugePages {
+        /// The interface.
+        ifname: String,
+        /// The queue.
+        queue_id: u32,
+        /// Why not.
+        reason: HugePagesRefusal,
+    },
+    /// [`NumaNode::Node`] names a node the memory policy cannot prefer.
+    #[error("placing the UMEM on NUMA node {node}: {source}")]
+    NumaNode {
+        /// The node.
+        node: u32,
+        /// The kernel's error (`EINVAL`: no such node).
+        #[source]
+        source: io::Error,
+    },
     /// Creating or binding the socket failed.
     #[error("binding an AF_XDP socket to {ifname:?} queue {queue_id}: {source}")]
     Socket {
@@ -402,23 +463,77 @@ fn os_error_of(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
         .and_then(io::Error::raw_os_error)
 }
 
+/// Where the UMEM's memory comes from, decided once per open.
+#[derive(Debug, Clone, Copy)]
+struct UmemPlan {
+    /// The node to prefer while the UMEM is allocated.
+    node: Option<u32>,
+    /// Try huge pages.
+    huge: bool,
+    /// Fail rather than fall back to normal pages ([`HugePages::Require`]).
+    require_huge: bool,
+}
+
+/// A socket bound by [`bind_socket`], with its UMEM.
+struct Bound {
+    umem: Umem,
+    frames: Vec<FrameDesc>,
+    tx: TxQueue,
+    rx: RxQueue,
+    rings: Option<(FillQueue, CompQueue)>,
+    /// The UMEM is in huge pages.
+    huge: bool,
+    /// Huge pages were planned but the mapping failed: the kernel's error.
+    huge_refused: Option<i32>,
+}
+
+/// The UMEM (on `plan`'s node, in huge pages if it says so and the kernel agrees).
+fn create_umem(
+    config: &XdpLinkConfig,
+    umem_config: UmemConfig,
+    plan: UmemPlan,
+) -> Result<(Umem, Vec<FrameDesc>, bool), XdpLinkError> {
+    let frame_count = NonZeroU32::new(config.frame_count).expect("checked above");
+    // MAP_POPULATE allocates every page inside the mapping call, by this thread: its
+    // memory policy places them (see `umem_memory`).
+    let _policy = match plan.node {
+        Some(node) => {
+            PreferNode::set(node).map_err(|source| XdpLinkError::NumaNode { node, source })?
+        }
+        None => None,
+    };
+    let map_err = |e: UmemCreateError| match os_error_of(&e) {
+        Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
+            op: "creating the UMEM",
+        },
+        _ => XdpLinkError::Umem(e),
+    };
+    if plan.huge {
+        // A failure is the caller's to handle (wait for pages the kernel is releasing, or
+        // fall back to normal pages).
+        return match Umem::new(umem_config, frame_count, true) {
+            Ok((umem, frames)) => Ok((umem, frames, true)),
+            Err(e) => Err(XdpLinkError::HugePages {
+                ifname: config.ifname.clone(),
+                queue_id: config.queue_id,
+                reason: HugePagesRefusal::Mapping {
+                    errno: os_error_of(&e).unwrap_or(0),
+                },
+            }),
+        };
+    }
+    let (umem, frames) = Umem::new(umem_config, frame_count, false).map_err(map_err)?;
+    Ok((umem, frames, false))
+}
+
 /// The UMEM, its frames and a socket bound to `(config.ifname, config.queue_id)`: one try.
-#[allow(clippy::type_complexity)]
 fn bind_socket(
     config: &XdpLinkConfig,
     half: u32,
     multi_buffer: bool,
     zero_copy: bool,
-) -> Result<
-    (
-        Umem,
-        Vec<FrameDesc>,
-        TxQueue,
-        RxQueue,
-        Option<(FillQueue, CompQueue)>,
-    ),
-    XdpLinkError,
-> {
+    plan: UmemPlan,
+) -> Result<Bound, XdpLinkError> {
     let ring = |n: u32| {
         QueueSize::new(n).map_err(|e| XdpLinkError::InvalidConfig {
             reason: format!("ring size {n}: {e}"),
@@ -437,14 +552,7 @@ fn bind_socket(
         .map_err(|e| XdpLinkError::InvalidConfig {
             reason: format!("UMEM: {e}"),
         })?;
-    let frame_count = NonZeroU32::new(config.frame_count).expect("checked above");
-    let (umem, frames) =
-        Umem::new(umem_config, frame_count, false).map_err(|e| match os_error_of(&e) {
-            Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
-                op: "creating the UMEM",
-            },
-            _ => XdpLinkError::Umem(e),
-        })?;
+    let (umem, frames, huge) = create_umem(config, umem_config, plan)?;
 
     let mut bind_flags = if zero_copy {
         BindFlags::XDP_ZEROCOPY
@@ -494,32 +602,78 @@ fn bind_socket(
             source: e,
         },
     })?;
-    Ok((umem, frames, tx, rx, rings))
+    Ok(Bound {
+        umem,
+        frames,
+        tx,
+        rx,
+        rings,
+        huge,
+        huge_refused: None,
+    })
+}
+
+/// Decides the UMEM's node and page size from `config`, and the placement to report.
+fn umem_plan(config: &XdpLinkConfig) -> (UmemPlan, UmemPlacement) {
+    let bytes = config.frame_count as usize * config.frame_size as usize;
+    let node = match config.numa_node {
+        NumaNode::Interface => interface_numa_node(&config.ifname),
+        NumaNode::Node(n) => Some(n),
+        NumaNode::Any => None,
+    };
+    let (huge, refused) = match config.huge_pages {
+        HugePages::Off => (false, None),
+        HugePages::Auto | HugePages::Require => match huge_pages_free() {
+            None => (
+                false,
+                Some(HugePagesRefusal::TooFewFree { needed: 1, free: 0 }),
+            ),
+            Some((size, _)) if size == 0 || bytes % size != 0 => (
+                false,
+                Some(HugePagesRefusal::NotAMultiple { huge_page: size }),
+            ),
+            Some((size, free)) => {
+                let needed = (bytes / size) as u64;
+                if free < needed {
+                    (false, Some(HugePagesRefusal::TooFewFree { needed, free }))
+                } else {
+                    (true, None)
+                }
+            }
+        },
+    };
+    let require_huge = config.huge_pages == HugePages::Require;
+    (
+        UmemPlan {
+            node,
+            huge,
+            require_huge,
+        },
+        UmemPlacement {
+            bytes,
+            node,
+            huge_pages: false,
+            huge_pages_refused: refused,
+        },
+    )
 }
 
 /// [`bind_socket`], retried while the queue is busy (see
 /// [`XdpLinkConfig::busy_retry`]). Both the UMEM and the socket are made afresh on each
 /// try: a failed `xsk_socket__create` closes the file descriptor it shared with the UMEM.
-#[allow(clippy::type_complexity)]
 fn bind_retrying(
     config: &XdpLinkConfig,
     half: u32,
     multi_buffer: bool,
     zero_copy: bool,
-) -> Result<
-    (
-        Umem,
-        Vec<FrameDesc>,
-        TxQueue,
-        RxQueue,
-        Option<(FillQueue, CompQueue)>,
-    ),
-    XdpLinkError,
-> {
+    plan: UmemPlan,
+) -> Result<Bound, XdpLinkError> {
     let deadline = std::time::Instant::now() + config.busy_retry;
     let mut pause = Duration::from_millis(2);
+    let mut plan = plan;
+    let mut huge_refused = None;
     loop {
-        match bind_socket(config, half, multi_buffer, zero_copy) {
+        match bind_socket(config, half, multi_buffer, zero_copy, plan) {
             Err(XdpLinkError::Socket { source, .. })
                 if os_error_of(&source) == Some(libc::EBUSY)
                     && std::time::Instant::now() < deadline =>
@@ -529,11 +683,36 @@ fn bind_retrying(
                     queue = config.queue_id,
                     "queue busy (a socket released it just now?); retrying the bind"
                 );
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(50));
             }
-            other => return other,
+            // The pool had the pages when the plan was made: a UMEM of a socket closed
+            // just now (an earlier try's, a restart's) holds them until the kernel's
+            // deferred release.
+            Err(XdpLinkError::HugePages {
+                reason: HugePagesRefusal::Mapping { errno },
+                ..
+            }) if errno == libc::ENOMEM && std::time::Instant::now() < deadline => {
+                debug!(
+                    ifname = %config.ifname,
+                    queue = config.queue_id,
+                    "no huge pages free yet (a UMEM being released?); retrying"
+                );
+            }
+            Err(XdpLinkError::HugePages {
+                reason: HugePagesRefusal::Mapping { errno },
+                ..
+            }) if !plan.require_huge => {
+                plan.huge = false;
+                huge_refused = Some(errno);
+                continue;
+            }
+            Ok(mut bound) => {
+                bound.huge_refused = huge_refused;
+                return Ok(bound);
+            }
+            Err(e) => return Err(e),
         }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
     }
 }
 
@@ -559,6 +738,10 @@ pub struct XdpLink {
     config: XdpLinkConfig,
     /// The mode the socket is bound in.
     binding: XdpBinding,
+    /// Where the UMEM lives.
+    placement: UmemPlacement,
+    /// The address of the UMEM's first byte (for [`XdpLink::umem_page_nodes`]).
+    umem_base: usize,
     mtu: usize,
     umem: Umem,
     fill: FillQueue,
@@ -658,35 +841,104 @@ impl XdpLink {
         }
 
         let half = config.frame_count / 2;
+        let (plan, mut placement) = umem_plan(&config);
+        if config.huge_pages == HugePages::Require && !plan.huge {
+            if let Some(reason) = placement.huge_pages_refused {
+                return Err(XdpLinkError::HugePages {
+                    ifname: config.ifname.clone(),
+                    queue_id: config.queue_id,
+                    reason,
+                });
+            }
+        }
         // Auto: zero copy first; a refusal costs one UMEM made and dropped (its socket
         // closed the shared descriptor), then copy mode from scratch.
-        let (binding, (umem, mut frames, tx, rx, rings)) = match config.bind {
+        let (binding, bound) = match config.bind {
             BindMode::Copy => (
                 XdpBinding::Copy,
-                bind_retrying(&config, half, multi_buffer, false)?,
+                bind_retrying(&config, half, multi_buffer, false, plan)?,
             ),
             BindMode::ZeroCopy => (
                 XdpBinding::ZeroCopy,
-                bind_retrying(&config, half, multi_buffer, true)?,
+                bind_retrying(&config, half, multi_buffer, true, plan)?,
             ),
-            BindMode::Auto => match bind_retrying(&config, half, multi_buffer, true) {
-                Ok(bound) => (XdpBinding::ZeroCopy, bound),
-                Err(e) => {
-                    let Some(errno) = zero_copy_refusal(&e) else {
-                        return Err(e);
-                    };
-                    info!(
+            BindMode::Auto => {
+                // Ask the driver first: a doomed zero-copy bind costs a UMEM the kernel
+                // releases only later (see `xdp_features`). Kernels without the netdev
+                // family (before 6.3) get the bind tried.
+                let advertised = match xdp_features(&config.ifname) {
+                    Ok(f) => f.zero_copy(),
+                    Err(e) => {
+                        debug!(ifname = %config.ifname, error = %e, "no xdp-features; trying a zero-copy bind");
+                        true
+                    }
+                };
+                let refused = if advertised {
+                    match bind_retrying(&config, half, multi_buffer, true, plan) {
+                        Ok(bound) => Ok(bound),
+                        Err(e) => match zero_copy_refusal(&e) {
+                            Some(errno) => {
+                                info!(
+                                    ifname = %config.ifname,
+                                    queue = config.queue_id,
+                                    reason = %e,
+                                    "AF_XDP zero-copy bind refused; binding in copy mode"
+                                );
+                                Err(ZeroCopyRefusal::Bind { errno })
+                            }
+                            None => return Err(e),
+                        },
+                    }
+                } else {
+                    debug!(
                         ifname = %config.ifname,
                         queue = config.queue_id,
-                        reason = %e,
-                        "AF_XDP zero copy refused; binding in copy mode"
+                        "the driver does not advertise AF_XDP zero copy; binding in copy mode"
                     );
-                    (
-                        XdpBinding::CopyFallback { errno },
-                        bind_retrying(&config, half, multi_buffer, false)?,
-                    )
+                    Err(ZeroCopyRefusal::NotAdvertised)
+                };
+                match refused {
+                    Ok(bound) => (XdpBinding::ZeroCopy, bound),
+                    Err(reason) => (
+                        XdpBinding::CopyFallback { reason },
+                        bind_retrying(&config, half, multi_buffer, false, plan)?,
+                    ),
                 }
-            },
+            }
+        };
+        let Bound {
+            umem,
+            mut frames,
+            tx,
+            rx,
+            rings,
+            huge,
+            huge_refused,
+        } = bound;
+        placement.huge_pages = huge;
+        if let Some(errno) = huge_refused {
+            placement.huge_pages_refused = Some(HugePagesRefusal::Mapping { errno });
+        }
+        if let Some(why) = placement.huge_pages_refused {
+            match why {
+                HugePagesRefusal::TooFewFree { free: 0, .. } => {
+                    debug!(ifname = %config.ifname, queue = config.queue_id, reason = %why, "UMEM in normal pages")
+                }
+                _ => {
+                    info!(ifname = %config.ifname, queue = config.queue_id, reason = %why, "UMEM in normal pages")
+                }
+            }
+        }
+        let umem_base = match frames.first_mut() {
+            Some(desc) => {
+                let offset = desc.addr();
+                // SAFETY: no ring holds the frame yet; only its data area's address is
+                // taken, not its contents.
+                let at = unsafe { umem.data_mut(desc) }.contents_mut().as_mut_ptr() as usize;
+                // A frame's data area lies `addr` bytes into the UMEM.
+                at - offset
+            }
+            None => 0,
         };
         let Some((mut fill, comp)) = rings else {
             // Only a shared UMEM already bound to this pair comes back without rings.
@@ -713,11 +965,16 @@ impl XdpLink {
             mtu,
             bind = %binding,
             multi_buffer,
+            umem_bytes = placement.bytes,
+            huge_pages = placement.huge_pages,
+            numa_node = ?placement.node,
             "AF_XDP link open"
         );
         let max_frame_len = mtu + ETHERNET_HEADER_LEN;
         Ok(XdpLink {
             binding,
+            placement,
+            umem_base,
             mtu,
             umem,
             fill,
@@ -772,6 +1029,24 @@ impl XdpLink {
     /// The mode the socket is bound in, and why copy mode after a refused zero copy.
     pub fn binding(&self) -> XdpBinding {
         self.binding
+    }
+
+    /// Where the UMEM lives: its size, NUMA node preference and page size.
+    pub fn umem_placement(&self) -> UmemPlacement {
+        self.placement
+    }
+
+    /// The NUMA node of each of the UMEM's pages, as the kernel reports them
+    /// (`move_pages(2)`; a negative entry is an error for that page).
+    pub fn umem_page_nodes(&self) -> io::Result<Vec<i32>> {
+        let base = self.umem_base;
+        let page = if self.placement.huge_pages {
+            huge_pages_free().map_or(2 << 20, |(size, _)| size)
+        } else {
+            4096
+        };
+        // SAFETY: the UMEM is mapped for as long as `self.umem` lives, which spans the call.
+        unsafe { page_nodes(base, self.placement.bytes, page) }
     }
 
     /// Whether the socket is bound with `XDP_USE_SG` (frames may come as descriptor chains).
@@ -1223,13 +1498,22 @@ mod tests {
         }
         assert_eq!(
             XdpBinding::CopyFallback {
-                errno: libc::EOPNOTSUPP
+                reason: ZeroCopyRefusal::Bind {
+                    errno: libc::EOPNOTSUPP
+                }
             }
             .to_string(),
             format!(
-                "copy (zero copy refused: {})",
+                "copy (zero-copy bind refused: {})",
                 io::Error::from_raw_os_error(libc::EOPNOTSUPP)
             )
+        );
+        assert_eq!(
+            XdpBinding::CopyFallback {
+                reason: ZeroCopyRefusal::NotAdvertised
+            }
+            .to_string(),
+            "copy (the driver does not advertise AF_XDP zero copy)"
         );
         assert!(XdpBinding::ZeroCopy.is_zero_copy());
         assert!(!XdpBinding::Copy.is_zero_copy());

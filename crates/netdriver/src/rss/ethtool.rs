@@ -185,14 +185,28 @@ impl EthtoolRxnfc {
     }
 }
 
-/// `struct ethtool_drvinfo`: `cmd`, then `driver[32]`, and more we do not read.
+/// `struct ethtool_drvinfo`: `cmd`, `driver[32]`, `version[32]`, `fw_version[32]`,
+/// `bus_info[32]`, and more we do not read.
 #[repr(C)]
 struct EthtoolDrvinfo {
     cmd: u32,
     driver: [u8; 32],
-    rest: [u8; 160],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    bus_info: [u8; 32],
+    rest: [u8; 64],
 }
 const _: () = assert!(size_of::<EthtoolDrvinfo>() == 196);
+const _: () = assert!(offset_of!(EthtoolDrvinfo, bus_info) == 100);
+
+/// What `ETHTOOL_GDRVINFO` says of an interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverInfo {
+    /// The driver's name (`"veth"`, `"mlx5_core"`).
+    pub driver: String,
+    /// The device's bus address (`"0000:3b:00.0"` for PCI; empty for virtual devices).
+    pub bus_info: String,
+}
 
 /// The `struct ethtool_tcpip4_spec` of a received frame of `tuple` and its all-ones mask
 /// (ToS not matched): the `h_u`/`m_u` bytes of a `TCP_V4_FLOW` rule.
@@ -297,10 +311,18 @@ impl EthtoolSocket {
 
     /// The name of `ifname`'s driver (`"veth"`, `"mlx5_core"`, ...).
     pub fn driver_of(&self, ifname: &str) -> Result<String, RssError> {
+        Ok(self.driver_info(ifname)?.driver)
+    }
+
+    /// `ifname`'s driver name and bus address (`ETHTOOL_GDRVINFO`).
+    pub fn driver_info(&self, ifname: &str) -> Result<DriverInfo, RssError> {
         let mut info = EthtoolDrvinfo {
             cmd: ETHTOOL_GDRVINFO,
             driver: [0; 32],
-            rest: [0; 160],
+            version: [0; 32],
+            fw_version: [0; 32],
+            bus_info: [0; 32],
+            rest: [0; 64],
         };
         // SAFETY: a `struct ethtool_drvinfo`-sized block for ETHTOOL_GDRVINFO.
         unsafe {
@@ -310,8 +332,14 @@ impl EthtoolSocket {
                 (&mut info as *mut EthtoolDrvinfo).cast(),
             )?
         };
-        let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
-        Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+        let text = |b: &[u8; 32]| {
+            let end = b.iter().position(|&c| c == 0).unwrap_or(32);
+            String::from_utf8_lossy(&b[..end]).into_owned()
+        };
+        Ok(DriverInfo {
+            driver: text(&info.driver),
+            bus_info: text(&info.bus_info),
+        })
     }
 
     /// The hashed fields of TCP/IPv4 frames (`ETHTOOL_GRXFH`, `TCP_V4_FLOW`).
@@ -448,6 +476,11 @@ fn socket_for(ifname: &str, op: &'static str) -> Result<EthtoolSocket, RssError>
 /// The name of `ifname`'s driver, in the calling thread's network namespace.
 pub fn driver_of(ifname: &str) -> Result<String, RssError> {
     socket_for(ifname, OP_DRVINFO)?.driver_of(ifname)
+}
+
+/// `ifname`'s driver name and bus address, in the calling thread's network namespace.
+pub fn driver_info(ifname: &str) -> Result<DriverInfo, RssError> {
+    socket_for(ifname, OP_DRVINFO)?.driver_info(ifname)
 }
 
 /// `ifname`'s RSS, in the calling thread's network namespace

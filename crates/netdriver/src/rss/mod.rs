@@ -32,7 +32,9 @@ pub mod toeplitz;
 #[cfg(target_os = "linux")]
 pub use align::{ConnectSteering, NoFreePort, PeerTarget, RssAligner, RssState};
 #[cfg(target_os = "linux")]
-pub use ethtool::{install_ntuple, read_rss, EthtoolSocket, NtupleRule, RssError};
+pub use ethtool::{
+    driver_info, install_ntuple, read_rss, DriverInfo, EthtoolSocket, NtupleRule, RssError,
+};
 pub use port::{End, PortChoice, PortChoiceError, PortChooser};
 pub use steering::{ChannelSteering, ForwardReason, SteeringCounters, SteeringCounts};
 pub use toeplitz::{
