@@ -890,7 +890,7 @@ impl XdpLink {
                         },
                     }
                 } else {
-                    debug!(
+                    info!(
                         ifname = %config.ifname,
                         queue = config.queue_id,
                         "the driver does not advertise AF_XDP zero copy; binding in copy mode"

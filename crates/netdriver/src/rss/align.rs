@@ -47,6 +47,19 @@ pub struct ConnectSteering {
     pub rule: Option<NtupleRule>,
 }
 
+/// A channel to open: between which addresses, owned by which queue.
+#[derive(Debug, Clone, Copy)]
+pub struct ChannelEnds<'a> {
+    /// This host's address.
+    pub local: Ipv4Addr,
+    /// The peer's address and channel port.
+    pub remote: SocketAddrV4,
+    /// The queue that will own the channel.
+    pub queue: u32,
+    /// Where its frames should land at the peer, when the peer's RSS is known.
+    pub peer: Option<PeerTarget<'a>>,
+}
+
 /// The peer's RSS and the queues a channel must land on there (its latency queues, for a
 /// latency channel).
 #[derive(Debug, Clone, Copy)]
@@ -187,27 +200,30 @@ impl RssAligner {
         ChannelSteering::Accepted
     }
 
-    /// Chooses the local port of a channel from `local` to `remote` owned by `queue`, and
-    /// how its frames will reach it (see the [module documentation](self)).
+    /// Chooses the local port of a channel from `ends.local` to `ends.remote` owned by
+    /// `ends.queue`, and how its frames will reach it (see the
+    /// [module documentation](self)).
     ///
     /// `claim(port)` is asked about candidate ports in scan order from `start` (wrapping
     /// within `range`) and returns whether it took the port (a port allocator's "take if
-    /// free"); ports it returned `true` for and that this call does not return are
-    /// handed to `release`. With `peer`, a port that also lands on one of the peer's
-    /// queues is preferred; if none is free, the peer's constraint is dropped (logged at
-    /// debug level) rather than the local one. An ntuple rule is installed through the
-    /// socket [`probe`](Self::probe) opened, in the interface's network namespace.
-    #[allow(clippy::too_many_arguments)]
+    /// free"); the first port it takes is the one returned. With `ends.peer`, a port that
+    /// also lands on one of the peer's queues is preferred; if none is free, the peer's
+    /// constraint is dropped (logged at debug level) rather than the local one. An ntuple
+    /// rule is installed through the socket [`probe`](Self::probe) opened, in the
+    /// interface's network namespace.
     pub fn connect(
         &self,
-        local: Ipv4Addr,
-        remote: SocketAddrV4,
-        queue: u32,
-        peer: Option<PeerTarget<'_>>,
+        ends: ChannelEnds<'_>,
         range: RangeInclusive<u16>,
         start: u16,
         mut claim: impl FnMut(u16) -> bool,
     ) -> Result<ConnectSteering, NoFreePort> {
+        let ChannelEnds {
+            local,
+            remote,
+            queue,
+            peer,
+        } = ends;
         let queues = [queue];
         let reason = match &self.state {
             RssState::Predictable(rss) => {
@@ -363,6 +379,15 @@ mod tests {
         "10.77.0.2:9000".parse().unwrap()
     }
 
+    fn ends(queue: u32, peer: Option<PeerTarget<'_>>) -> ChannelEnds<'_> {
+        ChannelEnds {
+            local: LOCAL,
+            remote: remote(),
+            queue,
+            peer,
+        }
+    }
+
     fn rss(n: u32) -> RssConfig {
         RssConfig::toeplitz(
             &MICROSOFT_VERIFICATION_KEY,
@@ -377,9 +402,7 @@ mod tests {
         let mut used = HashSet::new();
         for q in [0, 1, 2, 3, 3, 2, 1, 0] {
             let c = a
-                .connect(LOCAL, remote(), q, None, 61000..=65535, 61000, |p| {
-                    used.insert(p)
-                })
+                .connect(ends(q, None), 61000..=65535, 61000, |p| used.insert(p))
                 .unwrap();
             assert_eq!(c.steering, ChannelSteering::Aligned);
             assert_eq!(c.local_queue, Some(q));
@@ -409,9 +432,7 @@ mod tests {
         let mut used: HashSet<u16> = landing.iter().copied().collect();
         assert!(used.len() < 10, "some port of the ten lands elsewhere");
         let c = a
-            .connect(LOCAL, remote(), 1, None, 1000..=1009, 1000, |p| {
-                used.insert(p)
-            })
+            .connect(ends(1, None), 1000..=1009, 1000, |p| used.insert(p))
             .unwrap();
         assert_eq!(
             c.steering,
@@ -424,7 +445,7 @@ mod tests {
         // Now every port is taken.
         let mut all = |_p: u16| false;
         assert_eq!(
-            a.connect(LOCAL, remote(), 1, None, 1000..=1009, 1000, &mut all)
+            a.connect(ends(1, None), 1000..=1009, 1000, &mut all)
                 .unwrap_err(),
             NoFreePort { lo: 1000, hi: 1009 }
         );
@@ -435,7 +456,7 @@ mod tests {
     fn disabled_and_unpredictable_forward_with_their_reason() {
         let off = RssAligner::disabled("x");
         let c = off
-            .connect(LOCAL, remote(), 0, None, 1000..=1009, 1005, |_| true)
+            .connect(ends(0, None), 1000..=1009, 1005, |_| true)
             .unwrap();
         assert_eq!(c.port, 1005);
         assert_eq!(
@@ -450,7 +471,7 @@ mod tests {
         assert!(matches!(a.state(), RssState::Unpredictable(_, why) if why.contains("Xor")));
         assert!(a.rss().is_none());
         let c = a
-            .connect(LOCAL, remote(), 0, None, 1000..=1009, 1000, |_| true)
+            .connect(ends(0, None), 1000..=1009, 1000, |_| true)
             .unwrap();
         assert_eq!(
             c.steering,
@@ -472,9 +493,7 @@ mod tests {
             queues: &[6, 7],
         };
         let c = a
-            .connect(LOCAL, remote(), 2, Some(peer), 61000..=65535, 61000, |_| {
-                true
-            })
+            .connect(ends(2, Some(peer)), 61000..=65535, 61000, |_| true)
             .unwrap();
         assert_eq!(c.steering, ChannelSteering::Aligned);
         let l = SocketAddrV4::new(LOCAL, c.port);
@@ -488,15 +507,7 @@ mod tests {
             queues: &[99],
         };
         let c = a
-            .connect(
-                LOCAL,
-                remote(),
-                2,
-                Some(impossible),
-                61000..=65535,
-                61000,
-                |_| true,
-            )
+            .connect(ends(2, Some(impossible)), 61000..=65535, 61000, |_| true)
             .unwrap();
         assert_eq!(c.steering, ChannelSteering::Aligned);
         assert_eq!(c.peer_queue, None);
@@ -513,7 +524,7 @@ mod tests {
         // lo has no ntuple rules either: forwarded, and the next try is skipped.
         for _ in 0..2 {
             let c = a
-                .connect(LOCAL, remote(), 0, None, 1000..=1009, 1000, |_| true)
+                .connect(ends(0, None), 1000..=1009, 1000, |_| true)
                 .unwrap();
             assert_eq!(
                 c.steering,

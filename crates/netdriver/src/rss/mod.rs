@@ -30,7 +30,7 @@ pub mod steering;
 pub mod toeplitz;
 
 #[cfg(target_os = "linux")]
-pub use align::{ConnectSteering, NoFreePort, PeerTarget, RssAligner, RssState};
+pub use align::{ChannelEnds, ConnectSteering, NoFreePort, PeerTarget, RssAligner, RssState};
 #[cfg(target_os = "linux")]
 pub use ethtool::{
     driver_info, install_ntuple, read_rss, DriverInfo, EthtoolSocket, NtupleRule, RssError,
