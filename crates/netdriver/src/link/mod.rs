@@ -65,6 +65,8 @@ pub mod umem_memory;
 #[cfg(target_os = "linux")]
 pub mod xdp;
 #[cfg(target_os = "linux")]
+pub mod xdp_bind;
+#[cfg(target_os = "linux")]
 pub mod xdp_features;
 
 use core::ops::Range;

@@ -68,7 +68,7 @@
 //! drivers without AF_XDP zero-copy support (veth among them) copy each frame between the
 //! UMEM and an skb instead (`XDP_COPY`). [`BindMode::Auto`], the default, binds in zero
 //! copy where the driver advertises it (its `xdp-features`,
-//! [`xdp_features`](super::xdp_features::xdp_features)) and falls back to copy mode where
+//! [`xdp_features`]) and falls back to copy mode where
 //! it does not or where the zero-copy bind fails, logging the reason and recording it:
 //! [`XdpLink::binding`] says which mode the socket is bound in and, after a fallback, why
 //! ([`XdpBinding::CopyFallback`], [`ZeroCopyRefusal`]). [`BindMode::ZeroCopy`] fails with
@@ -98,6 +98,9 @@ use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 use super::umem_memory::{
     huge_pages_free, interface_numa_node, page_nodes, HugePages, HugePagesRefusal, NumaNode,
     PreferNode, UmemPlacement,
+};
+pub use super::xdp_bind::{
+    BindMode, ParseBindModeError, XdpBinding, ZeroCopyRefusal, BIND_MODE_ENV,
 };
 use super::xdp_features::xdp_features;
 use super::{tx_range_ok, Link, LinkStats, ETHERNET_HEADER_LEN, TX_HEADROOM};
@@ -130,124 +133,6 @@ pub enum MultiBuffer {
     Off,
     /// Always bind with `XDP_USE_SG` (chains are then received even when frames fit).
     On,
-}
-
-/// How the socket shares frames with the driver (see the
-/// [module documentation](self#zero-copy-and-copy-mode)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum BindMode {
-    /// Zero copy where the driver supports it, else copy mode; the fallback and its
-    /// reason are logged and kept in [`XdpLink::binding`].
-    #[default]
-    Auto,
-    /// `XDP_COPY`: the kernel copies frames between the UMEM and its own buffers. Works on
-    /// every driver (veth included).
-    Copy,
-    /// `XDP_ZEROCOPY`: the NIC DMAs straight into the UMEM. Needs driver support
-    /// (e.g. mlx5); opening fails where there is none (veth).
-    ZeroCopy,
-}
-
-/// The environment variable a default stack reads its [`BindMode`] from
-/// (`auto`, `copy` or `zerocopy`).
-pub const BIND_MODE_ENV: &str = "NETCHANNEL_XDP_MODE";
-
-/// A [`BindMode`] could not be parsed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not an AF_XDP bind mode: expected auto, copy or zerocopy")]
-pub struct ParseBindModeError(pub String);
-
-impl std::str::FromStr for BindMode {
-    type Err = ParseBindModeError;
-
-    /// `auto`, `copy`, or `zerocopy` (also `zero-copy`, `zc`), in any case.
-    fn from_str(s: &str) -> Result<BindMode, ParseBindModeError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(BindMode::Auto),
-            "copy" => Ok(BindMode::Copy),
-            "zerocopy" | "zero-copy" | "zero_copy" | "zc" => Ok(BindMode::ZeroCopy),
-            _ => Err(ParseBindModeError(s.to_owned())),
-        }
-    }
-}
-
-impl std::fmt::Display for BindMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            BindMode::Auto => "auto",
-            BindMode::Copy => "copy",
-            BindMode::ZeroCopy => "zerocopy",
-        })
-    }
-}
-
-impl BindMode {
-    /// The mode in [`BIND_MODE_ENV`], or `None` when it is unset or empty.
-    pub fn from_env() -> Result<Option<BindMode>, ParseBindModeError> {
-        match std::env::var(BIND_MODE_ENV) {
-            Ok(v) if !v.trim().is_empty() => v.parse().map(Some),
-            _ => Ok(None),
-        }
-    }
-}
-
-/// How an open [`XdpLink`]'s socket is bound ([`XdpLink::binding`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum XdpBinding {
-    /// `XDP_ZEROCOPY`.
-    ZeroCopy,
-    /// `XDP_COPY`, as asked ([`BindMode::Copy`]).
-    Copy,
-    /// `XDP_COPY` because zero copy was not to be had ([`BindMode::Auto`]).
-    CopyFallback {
-        /// Why.
-        reason: ZeroCopyRefusal,
-    },
-}
-
-/// Why [`BindMode::Auto`] bound in copy mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ZeroCopyRefusal {
-    /// The driver does not advertise AF_XDP zero copy (`xsk-zerocopy` missing from its
-    /// `xdp-features`, [`xdp_features`](super::xdp_features::xdp_features)); veth is one.
-    NotAdvertised,
-    /// The zero-copy bind failed with this error (`EOPNOTSUPP`, `EINVAL`).
-    Bind {
-        /// The kernel's error.
-        errno: i32,
-    },
-}
-
-impl XdpBinding {
-    /// Whether frames go between the NIC and the UMEM without a copy.
-    pub fn is_zero_copy(self) -> bool {
-        self == XdpBinding::ZeroCopy
-    }
-}
-
-impl std::fmt::Display for XdpBinding {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            XdpBinding::ZeroCopy => f.write_str("zero copy"),
-            XdpBinding::Copy => f.write_str("copy"),
-            XdpBinding::CopyFallback { reason } => write!(f, "copy ({reason})"),
-        }
-    }
-}
-
-impl std::fmt::Display for ZeroCopyRefusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ZeroCopyRefusal::NotAdvertised => {
-                f.write_str("the driver does not advertise AF_XDP zero copy")
-            }
-            ZeroCopyRefusal::Bind { errno } => write!(
-                f,
-                "zero-copy bind refused: {}",
-                io::Error::from_raw_os_error(*errno)
-            ),
-        }
-    }
 }
 
 /// Settings of an [`XdpLink`].
@@ -1463,29 +1348,6 @@ mod tests {
     }
 
     #[test]
-    fn bind_modes_parse_and_print() {
-        for (text, mode) in [
-            ("auto", BindMode::Auto),
-            ("copy", BindMode::Copy),
-            ("zerocopy", BindMode::ZeroCopy),
-            ("ZeroCopy", BindMode::ZeroCopy),
-            ("zero-copy", BindMode::ZeroCopy),
-            (" zc ", BindMode::ZeroCopy),
-            ("COPY", BindMode::Copy),
-        ] {
-            assert_eq!(text.parse::<BindMode>(), Ok(mode), "{text}");
-        }
-        for mode in [BindMode::Auto, BindMode::Copy, BindMode::ZeroCopy] {
-            assert_eq!(mode.to_string().parse::<BindMode>(), Ok(mode));
-        }
-        let err = "fast".parse::<BindMode>().unwrap_err();
-        assert_eq!(err, ParseBindModeError("fast".into()));
-        assert!(err.to_string().contains("auto, copy or zerocopy"), "{err}");
-        assert_eq!(BindMode::default(), BindMode::Auto);
-        assert_eq!(XdpLinkConfig::new("x", 0).bind, BindMode::Auto);
-    }
-
-    #[test]
     fn only_driver_refusals_fall_back_to_copy_mode() {
         let unsupported = XdpLinkError::ZeroCopyUnsupported { ifname: "x".into() };
         assert_eq!(zero_copy_refusal(&unsupported), Some(libc::EOPNOTSUPP));
@@ -1496,27 +1358,7 @@ mod tests {
         ] {
             assert_eq!(zero_copy_refusal(&e), None, "{e}");
         }
-        assert_eq!(
-            XdpBinding::CopyFallback {
-                reason: ZeroCopyRefusal::Bind {
-                    errno: libc::EOPNOTSUPP
-                }
-            }
-            .to_string(),
-            format!(
-                "copy (zero-copy bind refused: {})",
-                io::Error::from_raw_os_error(libc::EOPNOTSUPP)
-            )
-        );
-        assert_eq!(
-            XdpBinding::CopyFallback {
-                reason: ZeroCopyRefusal::NotAdvertised
-            }
-            .to_string(),
-            "copy (the driver does not advertise AF_XDP zero copy)"
-        );
-        assert!(XdpBinding::ZeroCopy.is_zero_copy());
-        assert!(!XdpBinding::Copy.is_zero_copy());
+        assert_eq!(XdpLinkConfig::new("x", 0).bind, BindMode::Auto);
     }
 
     #[test]
