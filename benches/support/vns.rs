@@ -34,6 +34,20 @@ pub const RAW_CHANNEL_PORT: u16 = 9100;
 /// The port of B's kernel TCP listener.
 pub const KERNEL_PORT: u16 = 7200;
 
+/// Waits (at most 15 s) until no XDP program is attached to `ifname` in the calling
+/// thread's namespace. A stack dropped with bytes undelivered drains them in the
+/// background for up to its linger time (`StackBuilder::linger`, 5 s by default) and keeps
+/// its steering program until then; a stack started on the same interface meanwhile would
+/// find the program busy.
+pub fn wait_for_previous_stack(ifname: &str) {
+    let end = std::time::Instant::now() + Duration::from_secs(15);
+    while matches!(xdp_prog::attached_program(ifname), Ok(Some(_)))
+        && std::time::Instant::now() < end
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Whether the binary runs as a benchmark (`cargo bench` passes `--bench`); otherwise
 /// `cargo test --all-targets` runs it as a smoke test with small defaults.
 pub fn bench_mode() -> bool {
@@ -251,6 +265,7 @@ impl StackPair {
             let tune = tune.clone();
             let builder = placed(Stack::builder());
             bed.run_in(side, move || {
+                wait_for_previous_stack(&e.ifname);
                 let mut builder = builder
                     .interface(e.ifname.clone())
                     .vns_config(vns_config())

@@ -14,6 +14,8 @@
 //! - [`neigh`]: peers' MAC addresses from the kernel's neighbour table (netlink), with
 //!   resolution triggered through the kernel's own ARP.
 //! - [`ports`]: the stack's ephemeral port range, kept outside the kernel's.
+//! - [`rss`]: receive-side scaling: the Toeplitz hash, reading a NIC's RSS, choosing
+//!   local ports whose frames land on a channel's queue, ntuple rules.
 //!
 //! `netdriver` knows nothing of virtual sockets.
 
@@ -22,6 +24,7 @@ pub mod link;
 pub mod neigh;
 pub mod netif;
 pub mod ports;
+pub mod rss;
 pub mod tcp;
 pub mod time;
 pub mod wire;

@@ -9,7 +9,10 @@ use std::io;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant as StdInstant};
 
-use netdriver::link::xdp::{BindMode, MultiBuffer, XdpLink, XdpLinkConfig, XdpLinkError};
+use netdriver::link::xdp::{
+    BindMode, MultiBuffer, XdpBinding, XdpLink, XdpLinkConfig, XdpLinkError, ZeroCopyRefusal,
+};
+use netdriver::link::xdp_features::xdp_features;
 use netdriver::link::{Link, TX_HEADROOM};
 use netdriver::tcp::rst_for_unexpected;
 use netdriver::time::Instant;
@@ -221,6 +224,72 @@ fn zero_copy_on_veth_is_refused() {
         XdpLink::open(XdpLinkConfig::new(&ifname, 0)).expect("copy-mode bind");
     })
     .unwrap();
+}
+
+/// The default bind mode binds in zero copy where the driver advertises it; veth does not,
+/// and the link reports the fallback to copy mode with that reason. An explicit copy bind
+/// says it was asked.
+#[test]
+fn auto_bind_falls_back_to_copy_mode_on_veth_and_says_why() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let (a, b) = (bed.side(Side::A).clone(), bed.side(Side::B).clone());
+    bed.run_in(Side::A, move || {
+        let config = XdpLinkConfig::new(&a.ifname, 0);
+        assert_eq!(config.bind, BindMode::Auto, "the default");
+        let mut link = XdpLink::open(config).expect("auto bind on veth");
+        // veth advertises native XDP with redirects, not zero copy.
+        let features = xdp_features(&a.ifname).expect("the netdev family (Linux 6.3+)");
+        assert!(
+            features.native_redirect() && !features.zero_copy(),
+            "{features:?}"
+        );
+        assert_eq!(
+            link.binding(),
+            XdpBinding::CopyFallback {
+                reason: ZeroCopyRefusal::NotAdvertised
+            }
+        );
+        assert!(!link.binding().is_zero_copy());
+        let shown = link.binding().to_string();
+        assert_eq!(
+            shown,
+            "copy (the driver does not advertise AF_XDP zero copy)"
+        );
+        // The fallen-back socket works: an ARP request reaches B's kernel.
+        let mut frame = [0u8; 42];
+        EthernetRepr {
+            src: EthernetAddress(a.mac),
+            dst: EthernetAddress([0xff; 6]),
+            ethertype: EtherType::Arp,
+        }
+        .emit(&mut frame)
+        .unwrap();
+        ArpRepr {
+            operation: ArpOperation::Request,
+            source_hw: EthernetAddress(a.mac),
+            source_ip: a.ipv4,
+            target_hw: EthernetAddress([0; 6]),
+            target_ip: b.ipv4,
+        }
+        .emit(&mut frame[14..])
+        .unwrap();
+        assert!(link.send_frame(Instant::ZERO, &frame));
+        link.flush(Instant::ZERO);
+        assert_eq!(link.stats().tx_frames, 1);
+        assert!(link.stats().tx_kicks >= 1, "copy mode kicks");
+
+        let mut copy = XdpLinkConfig::new(&a.ifname, 1);
+        copy.bind = "copy".parse().unwrap();
+        let link = XdpLink::open(copy).expect("copy bind");
+        assert_eq!(link.binding(), XdpBinding::Copy);
+    })
+    .unwrap();
+    let seen = bed
+        .output_in(Side::B, "ip", &["neigh", "show", &a.ipv4.to_string()])
+        .unwrap();
+    assert!(seen.contains(&mac_text(a.mac)), "B did not learn A: {seen}");
 }
 
 /// Regression (a CI flake): the kernel frees a closed socket's hold on its queue from a work

@@ -14,14 +14,27 @@
 //!   namespace (through `ip netns exec`, which also mounts that namespace's `/sys`).
 //!
 //! Dropping the bed kills the processes still running in its namespaces and deletes both
-//! namespaces, which destroys the veth pair. It never panics (failures are logged through
+//! namespaces, which destroys the veth pair.
+//!
+//! # The RSS bed
+//!
+//! On a veth, a frame sent on tx queue `q` arrives on the peer's rx queue `q`: the sender
+//! picks the queue. On a NIC the receiver's RSS picks it (Toeplitz over the 4-tuple, then
+//! an indirection table). [`TestBedBuilder::rss`] builds a bed whose ends behave like
+//! NICs with RSS: a third namespace `…-m` sits between them, joined to `vA` by `mA` and
+//! to `vB` by `mB`, and `xdp-prog`'s [`RssRelay`] forwards every frame between `mA` and
+//! `mB` on the queue the receiving end's [`RssTable`] picks. A frame thus arrives at `vB`
+//! on the queue a NIC with `vB`'s key and table would deliver it to, whoever sent it and
+//! on whichever queue; likewise at `vA`. Addresses, names and everything else are those
+//! of the plain bed; [`TestBed::relay`] reads the relay's per-queue counters. It never panics (failures are logged through
 //! `tracing`) and, since `Drop` runs while a panic unwinds, it also cleans up after a
 //! failed test. Namespaces left behind by a process that was killed outright are removed
 //! by [`TestBed::cleanup_stale`], which every [`TestBedBuilder::build`] calls first.
 //!
 //! # Choices
 //!
-//! - **Names.** Namespaces are called `nctb-<pid>-<counter>-a` and `-b`: the pid keeps
+//! - **Names.** Namespaces are called `nctb-<pid>-<counter>-a` and `-b` (and `-m`, the
+//!   RSS bed's middle): the pid keeps
 //!   parallel test processes apart, the per-process counter keeps parallel tests of one
 //!   process apart, and the pid lets [`TestBed::cleanup_stale`] tell a crashed run's
 //!   leftovers from a live one's. The veth pair is created from inside namespace A with its
@@ -109,6 +122,7 @@ use std::thread::JoinHandle;
 
 use nix::errno::Errno;
 use nix::sched::CloneFlags;
+pub use xdp_prog::{RelayCounters, RelayEnd, RelayError, RssRelay, RssTable};
 
 /// Environment variable that turns a bed that cannot be built into a test failure.
 ///
@@ -118,6 +132,9 @@ pub const REQUIRE_ENV: &str = "NETCHANNEL_REQUIRE_XDP";
 /// Prefix of every namespace a bed creates.
 pub const NETNS_PREFIX: &str = "nctb-";
 
+/// Suffix of the RSS bed's middle namespace.
+const MIDDLE_SUFFIX: &str = "m";
+
 /// Where `ip netns` keeps its namespace handles.
 const NETNS_RUN_DIR: &str = "/var/run/netns";
 
@@ -125,6 +142,10 @@ const NETNS_RUN_DIR: &str = "/var/run/netns";
 pub const IFNAME_A: &str = "vA";
 /// Interface name of the veth end in namespace B.
 pub const IFNAME_B: &str = "vB";
+/// Interface name, in the RSS bed's middle namespace, of the peer of `vA`.
+pub const IFNAME_MIDDLE_A: &str = "mA";
+/// Interface name, in the RSS bed's middle namespace, of the peer of `vB`.
+pub const IFNAME_MIDDLE_B: &str = "mB";
 
 /// `CAP_NET_ADMIN` bit in the capability sets.
 const CAP_NET_ADMIN: u32 = 12;
@@ -192,6 +213,9 @@ pub enum TestBedError {
     /// The builder's settings are out of range.
     #[error("invalid test bed configuration: {0}")]
     InvalidConfig(String),
+    /// The RSS bed's relay could not be loaded or attached.
+    #[error("the RSS bed's relay: {0}")]
+    Relay(#[source] RelayError),
 }
 
 /// One end of the bed.
@@ -272,6 +296,7 @@ pub struct TestBedBuilder {
     prefix_len: u8,
     ipv6: bool,
     tx_checksum_offload: bool,
+    rss: Option<[RssTable; 2]>,
 }
 
 impl Default for TestBedBuilder {
@@ -283,6 +308,7 @@ impl Default for TestBedBuilder {
             prefix_len: 24,
             ipv6: false,
             tx_checksum_offload: true,
+            rss: None,
         }
     }
 }
@@ -325,7 +351,26 @@ impl TestBedBuilder {
         self
     }
 
+    /// Makes the bed's ends behave like NICs with RSS (see the
+    /// [crate documentation](crate#the-rss-bed)): frames arrive at `vA` on the queue
+    /// `nic_a` picks and at `vB` on the queue `nic_b` picks. Every indirection entry must
+    /// be below [`queues`](Self::queues).
+    pub fn rss(mut self, nic_a: RssTable, nic_b: RssTable) -> Self {
+        self.rss = Some([nic_a, nic_b]);
+        self
+    }
+
     fn validate(&self) -> Result<(Ipv4Addr, Ipv4Addr), TestBedError> {
+        if let Some(tables) = &self.rss {
+            for (side, table) in Side::BOTH.iter().zip(tables) {
+                if let Some(q) = table.indirection().iter().find(|&&q| q >= self.queues) {
+                    return Err(TestBedError::InvalidConfig(format!(
+                        "side {side}'s RSS table names queue {q}, but the bed has {} queues",
+                        self.queues
+                    )));
+                }
+            }
+        }
         if !(1..=1024).contains(&self.queues) {
             return Err(TestBedError::InvalidConfig(format!(
                 "queues must be 1..=1024, not {}",
@@ -378,28 +423,49 @@ impl TestBedBuilder {
             BED_COUNTER.fetch_add(1, Ordering::Relaxed)
         );
         let netns = Side::BOTH.map(|s| format!("{id}-{}", s.suffix()));
+        let middle = self.rss.as_ref().map(|_| format!("{id}-{MIDDLE_SUFFIX}"));
         // From here on, `guard` removes whatever exists if a step fails.
         let mut guard = NamespaceGuard { names: Vec::new() };
-        for name in &netns {
+        for name in netns.iter().chain(&middle) {
             run_tool("ip", &["netns", "add", name])?;
             guard.names.push(name.clone());
         }
         if !self.ipv6 {
-            for name in &netns {
+            for name in netns.iter().chain(&middle) {
                 disable_ipv6(name)?;
             }
         }
 
         let q = self.queues.to_string();
         let mtu = self.mtu.to_string();
-        #[rustfmt::skip]
-        run_tool("ip", &[
-            "-n", &netns[0], "link", "add", IFNAME_A,
-            "numtxqueues", &q, "numrxqueues", &q, "mtu", &mtu,
-            "type", "veth", "peer", "name", IFNAME_B,
-            "numtxqueues", &q, "numrxqueues", &q, "mtu", &mtu, "netns", &netns[1],
-        ])?;
-
+        match &middle {
+            None => {
+                #[rustfmt::skip]
+                run_tool("ip", &[
+                    "-n", &netns[0], "link", "add", IFNAME_A,
+                    "numtxqueues", &q, "numrxqueues", &q, "mtu", &mtu,
+                    "type", "veth", "peer", "name", IFNAME_B,
+                    "numtxqueues", &q, "numrxqueues", &q, "mtu", &mtu, "netns", &netns[1],
+                ])?;
+            }
+            Some(m) => {
+                for (ns, outer, inner) in [
+                    (&netns[0], IFNAME_A, IFNAME_MIDDLE_A),
+                    (&netns[1], IFNAME_B, IFNAME_MIDDLE_B),
+                ] {
+                    #[rustfmt::skip]
+                    run_tool("ip", &[
+                        "-n", ns, "link", "add", outer,
+                        "numtxqueues", &q, "numrxqueues", &q, "mtu", &mtu,
+                        "type", "veth", "peer", "name", inner,
+                        "numtxqueues", &q, "numrxqueues", &q, "mtu", &mtu, "netns", m,
+                    ])?;
+                    set_channels(m, inner, self.queues)?;
+                    run_tool("ip", &["-n", m, "link", "set", "dev", inner, "up"])?;
+                }
+                run_tool("ip", &["-n", m, "link", "set", "dev", "lo", "up"])?;
+            }
+        }
         let ips = [ip_a, ip_b];
         let mut sides = Vec::with_capacity(2);
         for side in Side::BOTH {
@@ -427,8 +493,19 @@ impl TestBedBuilder {
             });
         }
         let sides: [Endpoint; 2] = sides.try_into().expect("two sides were pushed");
+        let rss = match (middle, self.rss) {
+            (Some(netns), Some(tables)) => {
+                let relay = attach_relay(&netns, &tables)?;
+                Some(RssBed {
+                    netns,
+                    tables,
+                    relay,
+                })
+            }
+            _ => None,
+        };
         tracing::info!(
-            %id, queues = self.queues, mtu = self.mtu,
+            %id, queues = self.queues, mtu = self.mtu, rss = rss.is_some(),
             a = %sides[0].ipv4, b = %sides[1].ipv4, "test bed up"
         );
         Ok(TestBed {
@@ -436,12 +513,47 @@ impl TestBedBuilder {
             sides,
             queues: self.queues,
             mtu: self.mtu,
+            rss,
             _guard: guard,
         })
     }
 }
 
-/// Two network namespaces joined by a veth pair; removed on drop.
+/// The middle of an RSS bed.
+#[derive(Debug)]
+struct RssBed {
+    netns: String,
+    tables: [RssTable; 2],
+    relay: RssRelay,
+}
+
+/// Loads the relay inside namespace `netns` between `mA` and `mB`.
+fn attach_relay(netns: &str, tables: &[RssTable; 2]) -> Result<RssRelay, TestBedError> {
+    let file =
+        File::open(Path::new(NETNS_RUN_DIR).join(netns)).map_err(|source| TestBedError::Io {
+            context: format!("opening namespace {netns}"),
+            source,
+        })?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter(&file, netns)?;
+            RssRelay::attach(IFNAME_MIDDLE_A, &tables[0], IFNAME_MIDDLE_B, &tables[1]).map_err(
+                |e| match e {
+                    RelayError::NotPermitted { op } => TestBedError::NotPermitted {
+                        what: op.to_owned(),
+                        detail: e.to_string(),
+                    },
+                    e => TestBedError::Relay(e),
+                },
+            )
+        })
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// Two network namespaces joined by a veth pair (or, for the RSS bed, through a middle
+/// namespace); removed on drop.
 ///
 /// See the [crate documentation](crate) for an example.
 #[derive(Debug)]
@@ -450,6 +562,8 @@ pub struct TestBed {
     sides: [Endpoint; 2],
     queues: u32,
     mtu: u32,
+    /// Dropped before the namespaces: the relay's links close first.
+    rss: Option<RssBed>,
     // Declared last: dropped after everything else, deletes the namespaces.
     _guard: NamespaceGuard,
 }
@@ -478,6 +592,21 @@ impl TestBed {
     /// MTU of both veth ends.
     pub fn mtu(&self) -> u32 {
         self.mtu
+    }
+
+    /// The RSS table of `side`'s "NIC", on an RSS bed ([`TestBedBuilder::rss`]).
+    pub fn rss_table(&self, side: Side) -> Option<&RssTable> {
+        self.rss.as_ref().map(|r| &r.tables[side.index()])
+    }
+
+    /// The RSS bed's relay (its per-queue counters), on an RSS bed.
+    pub fn relay(&self) -> Option<&RssRelay> {
+        self.rss.as_ref().map(|r| &r.relay)
+    }
+
+    /// The RSS bed's middle namespace, on an RSS bed.
+    pub fn middle_netns(&self) -> Option<&str> {
+        self.rss.as_ref().map(|r| r.netns.as_str())
     }
 
     fn open_netns(&self, side: Side) -> Result<(File, String), TestBedError> {
@@ -591,8 +720,8 @@ impl TestBed {
         run_tool("ip", &full)
     }
 
-    /// Removes namespaces left by crashed runs: those named `nctb-<pid>-…` whose process
-    /// no longer exists. Returns how many were removed.
+    /// Removes namespaces left by crashed runs: those named `nctb-<pid>-…` (sides `a` and
+    /// `b`, and the RSS bed's middle `m`) whose process no longer exists. Returns how many were removed.
     pub fn cleanup_stale() -> Result<usize, TestBedError> {
         let list = run_tool("ip", &["netns", "list"])?;
         let mut removed = 0;
@@ -793,15 +922,15 @@ fn parse_link_line(line: &str) -> Option<(u32, [u8; 6])> {
     Some((ifindex, mac))
 }
 
-/// The pid in a bed namespace name `nctb-<pid>-<counter>-<a|b>`, or `None` for any other
-/// name.
+/// The pid in a bed namespace name `nctb-<pid>-<counter>-<a|b|m>`, or `None` for any
+/// other name.
 fn stale_pid(name: &str) -> Option<u32> {
     let rest = name.strip_prefix(NETNS_PREFIX)?;
     let mut parts = rest.split('-');
     let pid = parts.next()?.parse().ok()?;
     parts.next()?.parse::<u32>().ok()?;
     match (parts.next(), parts.next()) {
-        (Some("a" | "b"), None) => Some(pid),
+        (Some("a" | "b" | MIDDLE_SUFFIX), None) => Some(pid),
         _ => None,
     }
 }
@@ -934,6 +1063,7 @@ mod tests {
     fn recognises_only_bed_namespace_names() {
         assert_eq!(stale_pid("nctb-1234-0-a"), Some(1234));
         assert_eq!(stale_pid("nctb-1234-17-b"), Some(1234));
+        assert_eq!(stale_pid("nctb-1234-17-m"), Some(1234));
         assert_eq!(stale_pid("nctb-1234-17-c"), None);
         assert_eq!(stale_pid("nctb-1234-a"), None);
         assert_eq!(stale_pid("nctb-x-0-a"), None);

@@ -399,3 +399,128 @@ fn tx_checksum_offload_is_on_by_default_and_can_be_switched_off() {
         assert!(tso.starts_with("tx-tcp-segmentation: off"), "{side}: {tso}");
     }
 }
+
+/// A 40-byte key and a 128-entry table over `queues` queues.
+fn rss_tables(queues: u32) -> (testbed::RssTable, testbed::RssTable) {
+    let key_b: Vec<u8> = (0u8..40).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+    let key_a: Vec<u8> = key_b.iter().rev().copied().collect();
+    (
+        testbed::RssTable::spread(&key_a, 128, queues).unwrap(),
+        testbed::RssTable::spread(&key_b, 128, queues).unwrap(),
+    )
+}
+
+#[test]
+fn rss_bed_carries_kernel_traffic_and_counts_its_queues() {
+    let (nic_a, nic_b) = rss_tables(4);
+    let Some(bed) = bed(TestBed::builder()
+        .queues(4)
+        .rss(nic_a.clone(), nic_b.clone()))
+    else {
+        return;
+    };
+    let middle = bed
+        .middle_netns()
+        .expect("an RSS bed has a middle")
+        .to_owned();
+    assert_eq!(middle, format!("{}-m", bed.id()));
+    assert!(netns_list().contains(&middle));
+    assert_eq!(bed.rss_table(Side::A), Some(&nic_a));
+    assert_eq!(bed.rss_table(Side::B), Some(&nic_b));
+    // The stacks' ends are the plain bed's: names, addresses, queues.
+    assert_eq!(bed.side(Side::A).ifname, "vA");
+    assert_eq!(bed.side(Side::B).ipv4, Ipv4Addr::new(10, 77, 0, 2));
+    for side in Side::BOTH {
+        let out = bed
+            .output_in(side, "ethtool", &["-l", &bed.side(side).ifname])
+            .unwrap();
+        assert!(out.matches("RX:\t\t4").count() >= 1, "{out}");
+    }
+    assert!(ping(&bed, Side::A, &[]).status.success());
+    assert!(ping(&bed, Side::B, &[]).status.success());
+
+    // One megabyte of kernel TCP, A to B, through the relay.
+    let b_ip = bed.side(Side::B).ipv4;
+    let (tx, rx) = mpsc::channel();
+    let server = bed
+        .spawn_thread_in(Side::B, move || {
+            let l = TcpListener::bind((b_ip, 0)).unwrap();
+            tx.send(l.local_addr().unwrap()).unwrap();
+            let (mut c, _) = l.accept().unwrap();
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).unwrap();
+            got
+        })
+        .unwrap();
+    let addr: SocketAddr = rx.recv().unwrap();
+    let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let sent = data.clone();
+    bed.run_in(Side::A, move || {
+        let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        c.write_all(&sent).unwrap();
+    })
+    .unwrap();
+    assert_eq!(server.join().unwrap(), data);
+
+    let relay = bed.relay().unwrap();
+    let c = relay.counters().unwrap();
+    assert!(c.tcp_hashed > 0, "{c:?}");
+    assert!(c.unhashed > 0, "ARP is not hashed: {c:?}");
+    assert_eq!(c.no_route, 0, "{c:?}");
+    let toward_b: u64 = relay
+        .queue_counts(testbed::RelayEnd::B, 4)
+        .unwrap()
+        .iter()
+        .sum();
+    let toward_a: u64 = relay
+        .queue_counts(testbed::RelayEnd::A, 4)
+        .unwrap()
+        .iter()
+        .sum();
+    assert_eq!(toward_a + toward_b, c.tcp_hashed + c.ip_hashed + c.unhashed);
+    assert!(toward_b > 0 && toward_a > 0);
+}
+
+#[test]
+fn rss_bed_is_removed_on_drop_and_after_a_panic() {
+    let (nic_a, nic_b) = rss_tables(2);
+    let Some(bed) = bed(TestBed::builder()
+        .queues(2)
+        .rss(nic_a.clone(), nic_b.clone()))
+    else {
+        return;
+    };
+    let mut all = names(&bed).to_vec();
+    all.push(bed.middle_netns().unwrap().to_owned());
+    drop(bed);
+    assert_gone(&all);
+
+    let mut all = Vec::new();
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let bed = TestBed::builder()
+            .queues(2)
+            .rss(nic_a, nic_b)
+            .build()
+            .unwrap();
+        all = names(&bed).to_vec();
+        all.push(bed.middle_netns().unwrap().to_owned());
+        panic!("a failing test");
+    }));
+    assert!(result.is_err());
+    assert_eq!(all.len(), 3);
+    assert_gone(&all);
+}
+
+#[test]
+fn rss_tables_must_fit_the_queues() {
+    let (nic_a, nic_b) = rss_tables(4);
+    let e = TestBed::builder()
+        .queues(2)
+        .rss(nic_a, nic_b)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(e, testbed::TestBedError::InvalidConfig(ref m) if m.contains("queue 2")),
+        "{e}"
+    );
+}

@@ -7,6 +7,9 @@
 //! IPv6, VLAN-tagged frames, IPv4 fragments, the kernel's own TCP, ssh — to the kernel. It is
 //! the only crate that touches BPF.
 //!
+//! It also holds [`RssRelay`] (`src/bpf/rss_relay.bpf.c`), the tc program that makes the
+//! RSS test bed's veth ends behave like NICs with receive-side scaling.
+//!
 //! # Ownership of flows
 //!
 //! The stack declares what it owns with [`XdpSteering::own_port`] (a TCP destination port
@@ -87,6 +90,13 @@ use libbpf_rs::libbpf_sys;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, OpenObject};
 use tracing::{debug, info, warn};
+
+pub mod rss_relay;
+
+pub use rss_relay::{
+    RelayCounters, RelayEnd, RelayError, RssRelay, RssTable, RELAY_MAX_INDIRECTION, RELAY_MAX_KEY,
+    RELAY_MAX_QUEUES,
+};
 
 #[allow(missing_docs, clippy::all, clippy::pedantic, unsafe_op_in_unsafe_fn)]
 mod skel {

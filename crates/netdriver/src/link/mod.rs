@@ -62,7 +62,13 @@ pub mod fault;
 pub mod sim;
 pub mod switch;
 #[cfg(target_os = "linux")]
+pub mod umem_memory;
+#[cfg(target_os = "linux")]
 pub mod xdp;
+#[cfg(target_os = "linux")]
+pub mod xdp_bind;
+#[cfg(target_os = "linux")]
+pub mod xdp_features;
 
 use core::ops::Range;
 

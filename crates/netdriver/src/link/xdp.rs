@@ -62,13 +62,23 @@
 //! as one slice: the UMEM frames of a chain are not adjacent). Zero-copy drivers with
 //! multi-buffer support would lend chains part by part instead; veth has none.
 //!
-//! # Copy mode
+//! # Zero copy and copy mode
 //!
-//! Drivers without AF_XDP zero-copy support (veth among them) copy each frame between
-//! the UMEM and an skb ([`BindMode::Copy`]); binding with [`BindMode::ZeroCopy`] there
-//! fails with [`XdpLinkError::ZeroCopyUnsupported`]. In copy mode the kernel sends tx
-//! frames only from within the `sendto` kick, at most 32 per call, so
-//! [`flush`](Link::flush) kicks until the tx ring is drained.
+//! A zero-copy socket (`XDP_ZEROCOPY`) lets the NIC DMA straight into and out of the UMEM;
+//! drivers without AF_XDP zero-copy support (veth among them) copy each frame between the
+//! UMEM and an skb instead (`XDP_COPY`). [`BindMode::Auto`], the default, binds in zero
+//! copy where the driver advertises it (its `xdp-features`,
+//! [`xdp_features`]) and falls back to copy mode where
+//! it does not or where the zero-copy bind fails, logging the reason and recording it:
+//! [`XdpLink::binding`] says which mode the socket is bound in and, after a fallback, why
+//! ([`XdpBinding::CopyFallback`], [`ZeroCopyRefusal`]). [`BindMode::ZeroCopy`] fails with
+//! [`XdpLinkError::ZeroCopyUnsupported`] instead; [`BindMode::Copy`] never tries.
+//! [`BindMode`] parses from `auto`, `copy` and `zerocopy` ([`BIND_MODE_ENV`] names the
+//! environment variable a default stack reads it from).
+//!
+//! In copy mode the kernel sends tx frames only from within the `sendto` kick, at most 32
+//! per call, so [`flush`](Link::flush) kicks until the tx ring is drained; a zero-copy
+//! socket is kicked only when the kernel asks (`XDP_USE_NEED_WAKEUP`).
 
 use core::ops::Range;
 use std::ffi::CString;
@@ -77,7 +87,7 @@ use std::num::NonZeroU32;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 use xsk_rs::config::{
     BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
 };
@@ -85,6 +95,14 @@ use xsk_rs::socket::{SocketCreateError, XdpStatistics};
 use xsk_rs::umem::UmemCreateError;
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
+use super::umem_memory::{
+    huge_pages_free, interface_numa_node, page_nodes, HugePages, HugePagesRefusal, NumaNode,
+    PreferNode, UmemPlacement,
+};
+pub use super::xdp_bind::{
+    BindMode, ParseBindModeError, XdpBinding, ZeroCopyRefusal, BIND_MODE_ENV,
+};
+use super::xdp_features::xdp_features;
 use super::{tx_range_ok, Link, LinkStats, ETHERNET_HEADER_LEN, TX_HEADROOM};
 use crate::time::Instant;
 
@@ -117,17 +135,6 @@ pub enum MultiBuffer {
     On,
 }
 
-/// How the socket shares frames with the driver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BindMode {
-    /// `XDP_COPY`: the kernel copies frames between the UMEM and its own buffers. Works on
-    /// every driver (veth included).
-    Copy,
-    /// `XDP_ZEROCOPY`: the NIC DMAs straight into the UMEM. Needs driver support
-    /// (e.g. mlx5); veth has none.
-    ZeroCopy,
-}
-
 /// Settings of an [`XdpLink`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XdpLinkConfig {
@@ -148,7 +155,7 @@ pub struct XdpLinkConfig {
     /// The most frames one [`Link::flush`] reclaims from the completion ring per ring
     /// operation (the size of its descriptor scratch array).
     pub tx_batch: usize,
-    /// Copy or zero-copy.
+    /// Zero copy, copy, or zero copy where the driver supports it.
     pub bind: BindMode,
     /// Bind with `XDP_USE_NEED_WAKEUP`: the kernel says when it needs a kick, sparing
     /// system calls when it is already busy.
@@ -159,6 +166,12 @@ pub struct XdpLinkConfig {
     /// Multi-buffer (descriptor chains, `XDP_USE_SG`) on, off, or as the MTU needs. With it
     /// on, the steering program must be the `xdp.frags` variant.
     pub multi_buffer: MultiBuffer,
+    /// The NUMA node the UMEM's pages are placed on (see [`super::umem_memory`]): by
+    /// default the interface's, when the kernel names one.
+    pub numa_node: NumaNode,
+    /// Whether the UMEM uses huge pages: by default when enough are free (see
+    /// [`super::umem_memory`]).
+    pub huge_pages: HugePages,
     /// How long [`XdpLink::open`] keeps retrying a bind that fails with `EBUSY`. The
     /// kernel releases a closed AF_XDP socket's hold on its queue from a work queue, so a
     /// socket bound right after another on the same queue closed (a restart, a set
@@ -169,7 +182,9 @@ pub struct XdpLinkConfig {
 
 impl XdpLinkConfig {
     /// Defaults for `ifname` queue `queue_id`: 4096 frames of 2048 bytes, batches of 64,
-    /// copy mode, need-wakeup on, no busy polling, multi-buffer as the MTU needs.
+    /// zero copy where the driver supports it (else copy mode), need-wakeup on, no busy
+    /// polling, multi-buffer as the MTU needs, the UMEM on the interface's NUMA node and
+    /// in huge pages when enough are free.
     pub fn new(ifname: impl Into<String>, queue_id: u32) -> XdpLinkConfig {
         XdpLinkConfig {
             ifname: ifname.into(),
@@ -178,10 +193,12 @@ impl XdpLinkConfig {
             frame_size: 2048,
             rx_batch: 64,
             tx_batch: 64,
-            bind: BindMode::Copy,
+            bind: BindMode::Auto,
             need_wakeup: true,
             busy_poll: Duration::ZERO,
             multi_buffer: MultiBuffer::Auto,
+            numa_node: NumaNode::Interface,
+            huge_pages: HugePages::Auto,
             busy_retry: Duration::from_secs(2),
         }
     }
@@ -231,10 +248,10 @@ pub enum XdpLinkError {
         /// What was being done.
         op: &'static str,
     },
-    /// The driver refused a zero-copy bind.
+    /// The driver refused a zero-copy bind ([`BindMode::ZeroCopy`]).
     #[error(
         "interface {ifname:?}: this driver (e.g. veth) supports AF_XDP only in copy mode \
-         (zero-copy bind: EOPNOTSUPP); use BindMode::Copy"
+         (zero-copy bind: EOPNOTSUPP); use BindMode::Auto or BindMode::Copy"
     )]
     ZeroCopyUnsupported {
         /// The interface.
@@ -281,6 +298,27 @@ pub enum XdpLinkError {
     /// Creating or registering the UMEM failed.
     #[error("creating the UMEM: {0}")]
     Umem(#[source] UmemCreateError),
+    /// [`HugePages::Require`], and the UMEM cannot have them.
+    #[error(
+        "interface {ifname:?} queue {queue_id}: huge pages required for the UMEM, but {reason}"
+    )]
+    HugePages {
+        /// The interface.
+        ifname: String,
+        /// The queue.
+        queue_id: u32,
+        /// Why not.
+        reason: HugePagesRefusal,
+    },
+    /// [`NumaNode::Node`] names a node the memory policy cannot prefer.
+    #[error("placing the UMEM on NUMA node {node}: {source}")]
+    NumaNode {
+        /// The node.
+        node: u32,
+        /// The kernel's error (`EINVAL`: no such node).
+        #[source]
+        source: io::Error,
+    },
     /// Creating or binding the socket failed.
     #[error("binding an AF_XDP socket to {ifname:?} queue {queue_id}: {source}")]
     Socket {
@@ -310,22 +348,77 @@ fn os_error_of(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
         .and_then(io::Error::raw_os_error)
 }
 
+/// Where the UMEM's memory comes from, decided once per open.
+#[derive(Debug, Clone, Copy)]
+struct UmemPlan {
+    /// The node to prefer while the UMEM is allocated.
+    node: Option<u32>,
+    /// Try huge pages.
+    huge: bool,
+    /// Fail rather than fall back to normal pages ([`HugePages::Require`]).
+    require_huge: bool,
+}
+
+/// A socket bound by [`bind_socket`], with its UMEM.
+struct Bound {
+    umem: Umem,
+    frames: Vec<FrameDesc>,
+    tx: TxQueue,
+    rx: RxQueue,
+    rings: Option<(FillQueue, CompQueue)>,
+    /// The UMEM is in huge pages.
+    huge: bool,
+    /// Huge pages were planned but the mapping failed: the kernel's error.
+    huge_refused: Option<i32>,
+}
+
+/// The UMEM (on `plan`'s node, in huge pages if it says so and the kernel agrees).
+fn create_umem(
+    config: &XdpLinkConfig,
+    umem_config: UmemConfig,
+    plan: UmemPlan,
+) -> Result<(Umem, Vec<FrameDesc>, bool), XdpLinkError> {
+    let frame_count = NonZeroU32::new(config.frame_count).expect("checked above");
+    // MAP_POPULATE allocates every page inside the mapping call, by this thread: its
+    // memory policy places them (see `umem_memory`).
+    let _policy = match plan.node {
+        Some(node) => {
+            PreferNode::set(node).map_err(|source| XdpLinkError::NumaNode { node, source })?
+        }
+        None => None,
+    };
+    let map_err = |e: UmemCreateError| match os_error_of(&e) {
+        Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
+            op: "creating the UMEM",
+        },
+        _ => XdpLinkError::Umem(e),
+    };
+    if plan.huge {
+        // A failure is the caller's to handle (wait for pages the kernel is releasing, or
+        // fall back to normal pages).
+        return match Umem::new(umem_config, frame_count, true) {
+            Ok((umem, frames)) => Ok((umem, frames, true)),
+            Err(e) => Err(XdpLinkError::HugePages {
+                ifname: config.ifname.clone(),
+                queue_id: config.queue_id,
+                reason: HugePagesRefusal::Mapping {
+                    errno: os_error_of(&e).unwrap_or(0),
+                },
+            }),
+        };
+    }
+    let (umem, frames) = Umem::new(umem_config, frame_count, false).map_err(map_err)?;
+    Ok((umem, frames, false))
+}
+
 /// The UMEM, its frames and a socket bound to `(config.ifname, config.queue_id)`: one try.
-#[allow(clippy::type_complexity)]
 fn bind_socket(
     config: &XdpLinkConfig,
     half: u32,
     multi_buffer: bool,
-) -> Result<
-    (
-        Umem,
-        Vec<FrameDesc>,
-        TxQueue,
-        RxQueue,
-        Option<(FillQueue, CompQueue)>,
-    ),
-    XdpLinkError,
-> {
+    zero_copy: bool,
+    plan: UmemPlan,
+) -> Result<Bound, XdpLinkError> {
     let ring = |n: u32| {
         QueueSize::new(n).map_err(|e| XdpLinkError::InvalidConfig {
             reason: format!("ring size {n}: {e}"),
@@ -344,18 +437,12 @@ fn bind_socket(
         .map_err(|e| XdpLinkError::InvalidConfig {
             reason: format!("UMEM: {e}"),
         })?;
-    let frame_count = NonZeroU32::new(config.frame_count).expect("checked above");
-    let (umem, frames) =
-        Umem::new(umem_config, frame_count, false).map_err(|e| match os_error_of(&e) {
-            Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
-                op: "creating the UMEM",
-            },
-            _ => XdpLinkError::Umem(e),
-        })?;
+    let (umem, frames, huge) = create_umem(config, umem_config, plan)?;
 
-    let mut bind_flags = match config.bind {
-        BindMode::Copy => BindFlags::XDP_COPY,
-        BindMode::ZeroCopy => BindFlags::XDP_ZEROCOPY,
+    let mut bind_flags = if zero_copy {
+        BindFlags::XDP_ZEROCOPY
+    } else {
+        BindFlags::XDP_COPY
     };
     if config.need_wakeup {
         bind_flags |= BindFlags::XDP_USE_NEED_WAKEUP;
@@ -388,11 +475,9 @@ fn bind_socket(
         Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
             op: "creating an AF_XDP socket",
         },
-        Some(libc::EOPNOTSUPP) if config.bind == BindMode::ZeroCopy => {
-            XdpLinkError::ZeroCopyUnsupported {
-                ifname: config.ifname.clone(),
-            }
-        }
+        Some(libc::EOPNOTSUPP) if zero_copy => XdpLinkError::ZeroCopyUnsupported {
+            ifname: config.ifname.clone(),
+        },
         Some(libc::ENODEV) => XdpLinkError::NoSuchInterface {
             ifname: config.ifname.clone(),
         },
@@ -402,7 +487,133 @@ fn bind_socket(
             source: e,
         },
     })?;
-    Ok((umem, frames, tx, rx, rings))
+    Ok(Bound {
+        umem,
+        frames,
+        tx,
+        rx,
+        rings,
+        huge,
+        huge_refused: None,
+    })
+}
+
+/// Decides the UMEM's node and page size from `config`, and the placement to report.
+fn umem_plan(config: &XdpLinkConfig) -> (UmemPlan, UmemPlacement) {
+    let bytes = config.frame_count as usize * config.frame_size as usize;
+    let node = match config.numa_node {
+        NumaNode::Interface => interface_numa_node(&config.ifname),
+        NumaNode::Node(n) => Some(n),
+        NumaNode::Any => None,
+    };
+    let (huge, refused) = match config.huge_pages {
+        HugePages::Off => (false, None),
+        HugePages::Auto | HugePages::Require => match huge_pages_free() {
+            None => (
+                false,
+                Some(HugePagesRefusal::TooFewFree { needed: 1, free: 0 }),
+            ),
+            Some((size, _)) if size == 0 || bytes % size != 0 => (
+                false,
+                Some(HugePagesRefusal::NotAMultiple { huge_page: size }),
+            ),
+            Some((size, free)) => {
+                let needed = (bytes / size) as u64;
+                if free < needed {
+                    (false, Some(HugePagesRefusal::TooFewFree { needed, free }))
+                } else {
+                    (true, None)
+                }
+            }
+        },
+    };
+    let require_huge = config.huge_pages == HugePages::Require;
+    (
+        UmemPlan {
+            node,
+            huge,
+            require_huge,
+        },
+        UmemPlacement {
+            bytes,
+            node,
+            huge_pages: false,
+            huge_pages_refused: refused,
+        },
+    )
+}
+
+/// [`bind_socket`], retried while the queue is busy (see
+/// [`XdpLinkConfig::busy_retry`]). Both the UMEM and the socket are made afresh on each
+/// try: a failed `xsk_socket__create` closes the file descriptor it shared with the UMEM.
+fn bind_retrying(
+    config: &XdpLinkConfig,
+    half: u32,
+    multi_buffer: bool,
+    zero_copy: bool,
+    plan: UmemPlan,
+) -> Result<Bound, XdpLinkError> {
+    let deadline = std::time::Instant::now() + config.busy_retry;
+    let mut pause = Duration::from_millis(2);
+    let mut plan = plan;
+    let mut huge_refused = None;
+    loop {
+        match bind_socket(config, half, multi_buffer, zero_copy, plan) {
+            Err(XdpLinkError::Socket { source, .. })
+                if os_error_of(&source) == Some(libc::EBUSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                debug!(
+                    ifname = %config.ifname,
+                    queue = config.queue_id,
+                    "queue busy (a socket released it just now?); retrying the bind"
+                );
+            }
+            // The pool had the pages when the plan was made: a UMEM of a socket closed
+            // just now (an earlier try's, a restart's) holds them until the kernel's
+            // deferred release.
+            Err(XdpLinkError::HugePages {
+                reason: HugePagesRefusal::Mapping { errno },
+                ..
+            }) if errno == libc::ENOMEM && std::time::Instant::now() < deadline => {
+                debug!(
+                    ifname = %config.ifname,
+                    queue = config.queue_id,
+                    "no huge pages free yet (a UMEM being released?); retrying"
+                );
+            }
+            Err(XdpLinkError::HugePages {
+                reason: HugePagesRefusal::Mapping { errno },
+                ..
+            }) if !plan.require_huge => {
+                plan.huge = false;
+                huge_refused = Some(errno);
+                continue;
+            }
+            Ok(mut bound) => {
+                bound.huge_refused = huge_refused;
+                return Ok(bound);
+            }
+            Err(e) => return Err(e),
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// The kernel's error when a zero-copy bind failed in a way copy mode may not: the
+/// driver has no zero copy (`EOPNOTSUPP`), or refuses this configuration for it (`EINVAL`:
+/// e.g. a frame size or multi-buffer its zero-copy path does not take). `None` for
+/// errors copy mode would meet as well (permissions, no interface, a busy queue).
+fn zero_copy_refusal(e: &XdpLinkError) -> Option<i32> {
+    match e {
+        XdpLinkError::ZeroCopyUnsupported { .. } => Some(libc::EOPNOTSUPP),
+        XdpLinkError::Socket { source, .. } => match os_error_of(source) {
+            Some(errno @ (libc::EINVAL | libc::EOPNOTSUPP)) => Some(errno),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// An AF_XDP socket on one queue of an interface, with its own UMEM. See the
@@ -410,6 +621,12 @@ fn bind_socket(
 #[derive(Debug)]
 pub struct XdpLink {
     config: XdpLinkConfig,
+    /// The mode the socket is bound in.
+    binding: XdpBinding,
+    /// Where the UMEM lives.
+    placement: UmemPlacement,
+    /// The address of the UMEM's first byte (for [`XdpLink::umem_page_nodes`]).
+    umem_base: usize,
     mtu: usize,
     umem: Umem,
     fill: FillQueue,
@@ -509,27 +726,104 @@ impl XdpLink {
         }
 
         let half = config.frame_count / 2;
-        // A queue an AF_XDP socket just released can stay busy for a moment (see
-        // `busy_retry`). Both the UMEM and the socket are made afresh on each try: a failed
-        // `xsk_socket__create` closes the file descriptor it shared with the UMEM.
-        let deadline = std::time::Instant::now() + config.busy_retry;
-        let mut pause = Duration::from_millis(2);
-        let (umem, mut frames, tx, rx, rings) = loop {
-            match bind_socket(&config, half, multi_buffer) {
-                Err(XdpLinkError::Socket { source, .. })
-                    if os_error_of(&source) == Some(libc::EBUSY)
-                        && std::time::Instant::now() < deadline =>
-                {
-                    debug!(
+        let (plan, mut placement) = umem_plan(&config);
+        if config.huge_pages == HugePages::Require && !plan.huge {
+            if let Some(reason) = placement.huge_pages_refused {
+                return Err(XdpLinkError::HugePages {
+                    ifname: config.ifname.clone(),
+                    queue_id: config.queue_id,
+                    reason,
+                });
+            }
+        }
+        // Auto: zero copy first; a refusal costs one UMEM made and dropped (its socket
+        // closed the shared descriptor), then copy mode from scratch.
+        let (binding, bound) = match config.bind {
+            BindMode::Copy => (
+                XdpBinding::Copy,
+                bind_retrying(&config, half, multi_buffer, false, plan)?,
+            ),
+            BindMode::ZeroCopy => (
+                XdpBinding::ZeroCopy,
+                bind_retrying(&config, half, multi_buffer, true, plan)?,
+            ),
+            BindMode::Auto => {
+                // Ask the driver first: a doomed zero-copy bind costs a UMEM the kernel
+                // releases only later (see `xdp_features`). Kernels without the netdev
+                // family (before 6.3) get the bind tried.
+                let advertised = match xdp_features(&config.ifname) {
+                    Ok(f) => f.zero_copy(),
+                    Err(e) => {
+                        debug!(ifname = %config.ifname, error = %e, "no xdp-features; trying a zero-copy bind");
+                        true
+                    }
+                };
+                let refused = if advertised {
+                    match bind_retrying(&config, half, multi_buffer, true, plan) {
+                        Ok(bound) => Ok(bound),
+                        Err(e) => match zero_copy_refusal(&e) {
+                            Some(errno) => {
+                                info!(
+                                    ifname = %config.ifname,
+                                    queue = config.queue_id,
+                                    reason = %e,
+                                    "AF_XDP zero-copy bind refused; binding in copy mode"
+                                );
+                                Err(ZeroCopyRefusal::Bind { errno })
+                            }
+                            None => return Err(e),
+                        },
+                    }
+                } else {
+                    info!(
                         ifname = %config.ifname,
                         queue = config.queue_id,
-                        "queue busy (a socket released it just now?); retrying the bind"
+                        "the driver does not advertise AF_XDP zero copy; binding in copy mode"
                     );
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(50));
+                    Err(ZeroCopyRefusal::NotAdvertised)
+                };
+                match refused {
+                    Ok(bound) => (XdpBinding::ZeroCopy, bound),
+                    Err(reason) => (
+                        XdpBinding::CopyFallback { reason },
+                        bind_retrying(&config, half, multi_buffer, false, plan)?,
+                    ),
                 }
-                other => break other?,
             }
+        };
+        let Bound {
+            umem,
+            mut frames,
+            tx,
+            rx,
+            rings,
+            huge,
+            huge_refused,
+        } = bound;
+        placement.huge_pages = huge;
+        if let Some(errno) = huge_refused {
+            placement.huge_pages_refused = Some(HugePagesRefusal::Mapping { errno });
+        }
+        if let Some(why) = placement.huge_pages_refused {
+            match why {
+                HugePagesRefusal::TooFewFree { free: 0, .. } => {
+                    debug!(ifname = %config.ifname, queue = config.queue_id, reason = %why, "UMEM in normal pages")
+                }
+                _ => {
+                    info!(ifname = %config.ifname, queue = config.queue_id, reason = %why, "UMEM in normal pages")
+                }
+            }
+        }
+        let umem_base = match frames.first_mut() {
+            Some(desc) => {
+                let offset = desc.addr();
+                // SAFETY: no ring holds the frame yet; only its data area's address is
+                // taken, not its contents.
+                let at = unsafe { umem.data_mut(desc) }.contents_mut().as_mut_ptr() as usize;
+                // A frame's data area lies `addr` bytes into the UMEM.
+                at - offset
+            }
+            None => 0,
         };
         let Some((mut fill, comp)) = rings else {
             // Only a shared UMEM already bound to this pair comes back without rings.
@@ -554,12 +848,18 @@ impl XdpLink {
             frames = config.frame_count,
             frame_size = config.frame_size,
             mtu,
-            bind = ?config.bind,
+            bind = %binding,
             multi_buffer,
+            umem_bytes = placement.bytes,
+            huge_pages = placement.huge_pages,
+            numa_node = ?placement.node,
             "AF_XDP link open"
         );
         let max_frame_len = mtu + ETHERNET_HEADER_LEN;
         Ok(XdpLink {
+            binding,
+            placement,
+            umem_base,
             mtu,
             umem,
             fill,
@@ -609,6 +909,29 @@ impl XdpLink {
     /// The settings the link was opened with.
     pub fn config(&self) -> &XdpLinkConfig {
         &self.config
+    }
+
+    /// The mode the socket is bound in, and why copy mode after a refused zero copy.
+    pub fn binding(&self) -> XdpBinding {
+        self.binding
+    }
+
+    /// Where the UMEM lives: its size, NUMA node preference and page size.
+    pub fn umem_placement(&self) -> UmemPlacement {
+        self.placement
+    }
+
+    /// The NUMA node of each of the UMEM's pages, as the kernel reports them
+    /// (`move_pages(2)`; a negative entry is an error for that page).
+    pub fn umem_page_nodes(&self) -> io::Result<Vec<i32>> {
+        let base = self.umem_base;
+        let page = if self.placement.huge_pages {
+            huge_pages_free().map_or(2 << 20, |(size, _)| size)
+        } else {
+            4096
+        };
+        // SAFETY: the UMEM is mapped for as long as `self.umem` lives, which spans the call.
+        unsafe { page_nodes(base, self.placement.bytes, page) }
     }
 
     /// Whether the socket is bound with `XDP_USE_SG` (frames may come as descriptor chains).
@@ -753,7 +1076,7 @@ impl XdpLink {
 
     /// The `sendto` kick, when the kernel needs one.
     fn kick(&mut self) {
-        if self.config.bind == BindMode::Copy || self.tx.needs_wakeup() {
+        if !self.binding.is_zero_copy() || self.tx.needs_wakeup() {
             self.stats.tx_kicks += 1;
             if let Err(e) = self.tx.wakeup() {
                 warn!(ifname = %self.config.ifname, error = %e, "AF_XDP tx kick failed");
@@ -1034,6 +1357,20 @@ mod tests {
     fn link_can_move_to_another_thread() {
         fn send<T: Send>() {}
         send::<XdpLink>();
+    }
+
+    #[test]
+    fn only_driver_refusals_fall_back_to_copy_mode() {
+        let unsupported = XdpLinkError::ZeroCopyUnsupported { ifname: "x".into() };
+        assert_eq!(zero_copy_refusal(&unsupported), Some(libc::EOPNOTSUPP));
+        for e in [
+            XdpLinkError::NotPermitted { op: "x" },
+            XdpLinkError::NoSuchInterface { ifname: "x".into() },
+            XdpLinkError::InvalidConfig { reason: "x".into() },
+        ] {
+            assert_eq!(zero_copy_refusal(&e), None, "{e}");
+        }
+        assert_eq!(XdpLinkConfig::new("x", 0).bind, BindMode::Auto);
     }
 
     #[test]
