@@ -753,4 +753,124 @@ mod tests {
         b.recv_batch(at(10), 8, &mut |_| got += 1);
         assert_eq!(got, 1);
     }
+
+    /// A TCP frame of `len` payload bytes with its checksum left partial, as the interface
+    /// writes one for a link with checksum offload.
+    fn partial_frame(len: usize) -> (Vec<u8>, TxMeta) {
+        use crate::tcp::SeqNumber;
+        use crate::wire::frame::{emit_tcp_frame_partial, tcp_payload_offset, TCP_HEADER_AT};
+        use crate::wire::{EtherType, IpProtocol};
+        use crate::wire::{EthernetAddress, EthernetRepr, Ipv4Repr, TcpRepr};
+        let tcp = TcpRepr {
+            src_port: 1,
+            dst_port: 2,
+            seq: SeqNumber(5),
+            ack: Some(SeqNumber(9)),
+            flags: crate::wire::TcpFlags::PSH,
+            window: 10,
+            urgent: 0,
+            options: Default::default(),
+        };
+        let eth = EthernetRepr {
+            src: EthernetAddress([2, 0, 0, 0, 0, 1]),
+            dst: EthernetAddress([2, 0, 0, 0, 0, 2]),
+            ethertype: EtherType::Ipv4,
+        };
+        let ip = Ipv4Repr {
+            src: std::net::Ipv4Addr::new(10, 0, 0, 1),
+            dst: std::net::Ipv4Addr::new(10, 0, 0, 2),
+            protocol: IpProtocol::Tcp,
+            payload_len: 0,
+            ttl: 64,
+            dscp_ecn: 0,
+        };
+        let at = tcp_payload_offset(&tcp);
+        let mut buf = vec![0u8; at + len];
+        for (i, b) in buf[at..].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let n = emit_tcp_frame_partial(&mut buf, &eth, &ip, 3, &tcp, len).unwrap();
+        buf.truncate(n);
+        let meta = TxMeta {
+            segment_size: 1460,
+            partial_checksum: Some(crate::link::PartialChecksum {
+                start: TCP_HEADER_AT as u16,
+                offset: 16,
+            }),
+        };
+        (buf, meta)
+    }
+
+    fn send_meta(link: &mut SimLink, frame: &[u8], meta: TxMeta) -> usize {
+        let mut done = false;
+        link.tx_batch_meta(at(0), 1, &mut |buf| {
+            if done {
+                return None;
+            }
+            done = true;
+            // A frame too long for the buffer is passed on unwritten for the link to count.
+            if let Some(dst) = buf.get_mut(..frame.len()) {
+                dst.copy_from_slice(frame);
+            }
+            Some((0..frame.len(), meta))
+        })
+    }
+
+    #[test]
+    fn a_segmenting_link_cuts_super_segments_into_wire_segments() {
+        let (mut a, mut b) = pair(SimConfig {
+            offload: SimOffload::Segment,
+            ..SimConfig::default()
+        });
+        assert!(a.offloads().segments(a.max_frame_len()));
+        let (frame, meta) = partial_frame(10_000);
+        assert_eq!(send_meta(&mut a, &frame, meta), 1);
+        a.flush(at(0));
+        let mut got = Vec::new();
+        b.recv_batch_meta(at(100), 64, &mut |f, m| {
+            assert!(!m.checksum_verified);
+            let p = crate::wire::parse_tcp_frame(f, true).expect("complete checksums");
+            assert!(f.len() <= 1514);
+            got.extend_from_slice(p.payload);
+        });
+        assert_eq!(got.len(), 10_000);
+        assert!(got.iter().enumerate().all(|(i, b)| *b == i as u8));
+        assert_eq!(b.stats().rx_frames, 7);
+        assert_eq!(a.stats().tx_frames, 7);
+    }
+
+    #[test]
+    fn a_whole_link_carries_super_segments_as_they_are_and_vouches_for_them() {
+        let (mut a, mut b) = pair(SimConfig {
+            offload: SimOffload::Whole,
+            ..SimConfig::default()
+        });
+        let (frame, meta) = partial_frame(10_000);
+        send_meta(&mut a, &frame, meta);
+        a.flush(at(0));
+        let mut got = Vec::new();
+        b.recv_batch_meta(at(100), 64, &mut |f, m| {
+            got.push((f.to_vec(), m.checksum_verified))
+        });
+        assert_eq!(got, vec![(frame, true)]);
+    }
+
+    #[test]
+    fn without_offloads_a_partial_checksum_is_completed_and_a_super_segment_dropped() {
+        let (mut a, mut b) = pair(SimConfig::default());
+        assert_eq!(a.offloads(), Offloads::default());
+        let (small, mut meta) = partial_frame(100);
+        meta.segment_size = 0;
+        send_meta(&mut a, &small, meta);
+        let (big, meta) = partial_frame(10_000);
+        send_meta(&mut a, &big, meta);
+        a.flush(at(0));
+        assert_eq!(a.stats().dropped_oversize, 1);
+        let mut got = 0;
+        b.recv_batch(at(100), 64, &mut |f| {
+            assert!(crate::wire::parse_tcp_frame(f, true).is_ok());
+            got += 1;
+        });
+        assert_eq!(got, 1);
+    }
 }
