@@ -1,11 +1,16 @@
-//! Compiles `src/bpf/steer.bpf.c` with clang and generates its libbpf-rs skeleton in OUT_DIR.
+//! Compiles the BPF programs in `src/bpf/` with clang and generates their libbpf-rs
+//! skeletons in OUT_DIR: `steer.bpf.c` (the XDP steering program of the AF_XDP link) and
+//! `packet.bpf.c` (the socket filter and TCX ingress drop of the AF_PACKET link).
 
 use std::env;
 use std::path::PathBuf;
 
 use libbpf_cargo::SkeletonBuilder;
 
-const SRC: &str = "src/bpf/steer.bpf.c";
+const SOURCES: [(&str, &str); 2] = [
+    ("src/bpf/steer.bpf.c", "steer.skel.rs"),
+    ("src/bpf/packet.bpf.c", "packet.skel.rs"),
+];
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -13,10 +18,12 @@ fn main() {
     // `clang -target bpf` does not search the multiarch directory that holds <asm/types.h>
     // on Debian; name it. The libbpf headers (<bpf/bpf_helpers.h>) come from libbpf-sys.
     let multiarch = format!("-I/usr/include/{arch}-linux-gnu");
-    SkeletonBuilder::new()
-        .source(SRC)
-        .clang_args([multiarch.as_str(), "-Wall", "-Werror"])
-        .build_and_generate(out.join("steer.skel.rs"))
-        .unwrap_or_else(|e| panic!("building the XDP program {SRC}: {e:#}"));
-    println!("cargo:rerun-if-changed={SRC}");
+    for (src, skel) in SOURCES {
+        SkeletonBuilder::new()
+            .source(src)
+            .clang_args([multiarch.as_str(), "-Wall", "-Werror"])
+            .build_and_generate(out.join(skel))
+            .unwrap_or_else(|e| panic!("building the BPF program {src}: {e:#}"));
+        println!("cargo:rerun-if-changed={src}");
+    }
 }

@@ -6,7 +6,10 @@
 //! - [`sim::SimLink`]: an in-memory pair of ends in *virtual* time, with latency, bandwidth,
 //!   MTU and a bounded queue, so every protocol test runs without privileges and
 //!   deterministically;
-//! - the AF_XDP link (next issue): frames live in a UMEM shared with the kernel.
+//! - the AF_XDP link ([`xdp`]): frames live in a UMEM shared with the kernel;
+//! - the AF_PACKET link ([`packet`]): frames through the kernel's device layer, with
+//!   segmentation and checksum offload through a `virtio_net_hdr`, for hosts where AF_XDP
+//!   must copy (veth, drivers without zero-copy). Which to choose: `docs/investigations/bulk.md`.
 //!
 //! [`fault::FaultInjector`] wraps any link and loses, reorders, duplicates and corrupts
 //! frames at seeded rates.
@@ -90,6 +93,8 @@
 pub mod fault;
 pub mod gro;
 pub mod offload;
+#[cfg(target_os = "linux")]
+pub mod packet;
 pub mod sim;
 #[cfg(target_os = "linux")]
 pub mod xdp;
