@@ -92,8 +92,14 @@ use crate::time::Instant;
 /// (`XDP_PACKET_HEADROOM`); `xsk-rs` places a frame's data area after it.
 const XDP_PACKET_HEADROOM: u32 = 256;
 
-/// The most frames one copy-mode `sendto` sends (the kernel's `TX_BATCH_SIZE`).
+/// The most frames one copy-mode `sendto` sends by default (the kernel's `TX_BATCH_SIZE`),
+/// and the least [`XdpLinkConfig::tx_skb_budget`] may ask.
 const COPY_MODE_TX_PER_KICK: usize = 32;
+
+/// `SOL_XDP` and `XDP_MAX_TX_SKB_BUDGET` (`<linux/if_xdp.h>`, Linux 6.17+): the most
+/// descriptors one copy-mode `sendto` turns into skbs, between 32 and the tx ring's size.
+const SOL_XDP: libc::c_int = 283;
+const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
 
 /// `XDP_PKT_CONTD` of `<linux/if_xdp.h>`: set in a descriptor's `options` when the frame
 /// continues in the next descriptor (`xsk-rs` keeps its own copy private).
@@ -159,6 +165,12 @@ pub struct XdpLinkConfig {
     /// Multi-buffer (descriptor chains, `XDP_USE_SG`) on, off, or as the MTU needs. With it
     /// on, the steering program must be the `xdp.frags` variant.
     pub multi_buffer: MultiBuffer,
+    /// Copy mode: the most frames one `sendto` kick sends (`XDP_MAX_TX_SKB_BUDGET`, Linux
+    /// 6.17+), clamped to 32..=the tx ring's size; 0 asks for the ring's size. Older
+    /// kernels refuse the option and keep their 32 ([`XdpLink::tx_skb_budget`] says which
+    /// applies). Fewer kicks per frame sent: a `sendto` costs a system call and the
+    /// kernel's per-call work (mutex, ring reads) on top of the per-frame skb.
+    pub tx_skb_budget: u32,
     /// How long [`XdpLink::open`] keeps retrying a bind that fails with `EBUSY`. The
     /// kernel releases a closed AF_XDP socket's hold on its queue from a work queue, so a
     /// socket bound right after another on the same queue closed (a restart, a set
@@ -169,7 +181,8 @@ pub struct XdpLinkConfig {
 
 impl XdpLinkConfig {
     /// Defaults for `ifname` queue `queue_id`: 4096 frames of 2048 bytes, batches of 64,
-    /// copy mode, need-wakeup on, no busy polling, multi-buffer as the MTU needs.
+    /// copy mode, need-wakeup on, no busy polling, multi-buffer as the MTU needs, the
+    /// largest copy-mode budget per kick the kernel allows.
     pub fn new(ifname: impl Into<String>, queue_id: u32) -> XdpLinkConfig {
         XdpLinkConfig {
             ifname: ifname.into(),
@@ -182,6 +195,7 @@ impl XdpLinkConfig {
             need_wakeup: true,
             busy_poll: Duration::ZERO,
             multi_buffer: MultiBuffer::Auto,
+            tx_skb_budget: 0,
             busy_retry: Duration::from_secs(2),
         }
     }
@@ -445,6 +459,8 @@ pub struct XdpLink {
     /// Free frames a writer needs before it is called: the largest frame's chain length.
     tx_frames_per_call: usize,
     chain_stats: ChainStats,
+    /// Frames one copy-mode kick sends (`XDP_MAX_TX_SKB_BUDGET`, or the kernel's 32).
+    tx_skb_budget: usize,
 }
 
 /// Where [`XdpLink::recv_batch`] stands in a descriptor chain.
@@ -559,6 +575,10 @@ impl XdpLink {
             "AF_XDP link open"
         );
         let max_frame_len = mtu + ETHERNET_HEADER_LEN;
+        let tx_skb_budget = match config.bind {
+            BindMode::Copy => raise_tx_skb_budget(&tx, config.tx_skb_budget, half),
+            BindMode::ZeroCopy => COPY_MODE_TX_PER_KICK,
+        };
         Ok(XdpLink {
             mtu,
             umem,
@@ -590,8 +610,16 @@ impl XdpLink {
             },
             tx_frames_per_call: if tx_chains { descriptors } else { 1 },
             chain_stats: ChainStats::default(),
+            tx_skb_budget,
             config,
         })
+    }
+
+    /// Frames one copy-mode `sendto` kick sends: the budget set through
+    /// `XDP_MAX_TX_SKB_BUDGET` ([`XdpLinkConfig::tx_skb_budget`]), or 32 where the kernel
+    /// has no such option.
+    pub fn tx_skb_budget(&self) -> usize {
+        self.tx_skb_budget
     }
 
     /// The socket's file descriptor: poll it for readability, register it in the steering
@@ -951,7 +979,7 @@ impl Link for XdpLink {
         // descriptor off the tx ring (bounded, in case it stops taking them). No kick when
         // the kernel has taken everything already: most rounds only receive, and a
         // `sendto` per round with nothing to send cost several system calls per message.
-        let mut kicks = self.tx_frames / COPY_MODE_TX_PER_KICK + 2;
+        let mut kicks = self.tx_frames / self.tx_skb_budget.max(1) + 2;
         while kicks > 0 && !self.tx_drained() {
             self.kick();
             self.reclaim();
@@ -966,6 +994,36 @@ impl Link for XdpLink {
 
     fn stats(&self) -> LinkStats {
         self.stats
+    }
+}
+
+/// Asks the kernel to send up to `wanted` frames per copy-mode kick (0: the tx ring's
+/// `ring` entries), within what it allows; returns the budget that applies.
+fn raise_tx_skb_budget(tx: &TxQueue, wanted: u32, ring: u32) -> usize {
+    let budget = if wanted == 0 { ring } else { wanted };
+    let budget = budget.clamp(
+        COPY_MODE_TX_PER_KICK as u32,
+        ring.max(COPY_MODE_TX_PER_KICK as u32),
+    );
+    // SAFETY: setsockopt with a pointer to a local u32 and its size; the kernel copies the
+    // value and keeps no pointer.
+    let rc = unsafe {
+        libc::setsockopt(
+            tx.fd().as_raw_fd(),
+            SOL_XDP,
+            XDP_MAX_TX_SKB_BUDGET,
+            (&budget as *const u32).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        budget as usize
+    } else {
+        debug!(
+            error = %io::Error::last_os_error(),
+            "XDP_MAX_TX_SKB_BUDGET refused (before Linux 6.17?): 32 frames per kick"
+        );
+        COPY_MODE_TX_PER_KICK
     }
 }
 
