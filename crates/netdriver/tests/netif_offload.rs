@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::Range;
 
 use netdriver::link::sim::{self, SimConfig, SimOffload};
-use netdriver::link::{Link, LinkStats, Offloads, RxMeta, TxMeta};
+use netdriver::link::{FrameWriter, Link, LinkStats, Offloads, RxMeta};
 use netdriver::netif::{ConnHandle, Interface, InterfaceConfig, StrayVerdict};
 use netdriver::tcp::{Config, TcpError};
 use netdriver::time::{Duration, Instant};
@@ -78,12 +78,7 @@ impl<L: Link> Link for Spy<L> {
     ) -> usize {
         self.inner.tx_batch(now, max, f)
     }
-    fn tx_batch_meta(
-        &mut self,
-        now: Instant,
-        max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<(Range<usize>, TxMeta)>,
-    ) -> usize {
+    fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         self.inner.tx_batch_meta(now, max, f)
     }
     fn flush(&mut self, now: Instant) {

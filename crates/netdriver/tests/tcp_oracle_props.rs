@@ -318,9 +318,8 @@ fn run(
     loss: u32,
     dup: u32,
     reorder: bool,
-    small: bool,
+    (small, large): (bool, bool),
     opts: (bool, bool),
-    large: bool,
 ) -> (usize, usize, u64) {
     let (delayed_ack, nagle) = opts;
     let (rx, tx) = if small {
@@ -417,14 +416,14 @@ proptest! {
     #[test]
     fn oracle_lossless(ops in proptest::collection::vec(op(), 0..60), small in any::<bool>(),
                        opts in any::<(bool, bool)>()) {
-        run(ops, 1, 0, 0, false, small, opts, false);
+        run(ops, 1, 0, 0, false, (small, false), opts);
     }
 
     #[test]
     fn oracle_lossy_reordering(ops in proptest::collection::vec(op(), 0..60), seed in any::<u64>(),
                                loss in 0u32..25, dup in 0u32..10, reorder in any::<bool>(),
                                small in any::<bool>(), opts in any::<(bool, bool)>()) {
-        run(ops, seed, loss, dup, reorder, small, opts, false);
+        run(ops, seed, loss, dup, reorder, (small, false), opts);
     }
 
     #[test]
@@ -432,7 +431,7 @@ proptest! {
                                seed in any::<u64>(), loss in 0u32..25, dup in 0u32..10,
                                reorder in any::<bool>(), small in any::<bool>(),
                                opts in any::<(bool, bool)>()) {
-        run(ops, seed, loss, dup, reorder, small, opts, true);
+        run(ops, seed, loss, dup, reorder, (small, true), opts);
     }
 }
 
@@ -452,7 +451,7 @@ fn oracle_large_segments_under_loss_send_super_segments() {
             ops.push(Op::Advance { ms: 50 });
         }
     }
-    let (a, b, supers) = run(ops, 0x5eed, 10, 5, true, false, (false, false), true);
+    let (a, b, supers) = run(ops, 0x5eed, 10, 5, true, (false, true), (false, false));
     assert!(a > 100_000 && b > 100_000, "wrote {a} / {b}");
     assert!(
         supers > 50,
@@ -468,9 +467,8 @@ fn oracle_close_before_any_write() {
         0,
         0,
         false,
-        false,
+        (false, false),
         (false, true),
-        false,
     );
 }
 
@@ -492,7 +490,7 @@ fn oracle_many_small_writes_tiny_buffers_with_loss() {
             ops.push(Op::Advance { ms: 250 });
         }
     }
-    let (a, b, _) = run(ops, 0xdead_beef, 15, 5, true, true, (true, true), false);
+    let (a, b, _) = run(ops, 0xdead_beef, 15, 5, true, (true, false), (true, true));
     // The oracle is only meaningful if data actually flowed (tiny buffers → partial sends).
     assert!(a > 10_000 && b > 10_000, "wrote {a} / {b}");
 }
@@ -519,9 +517,8 @@ fn oracle_regression_lossy_small_buffers() {
         3,
         0,
         false,
-        true,
+        (true, false),
         (false, false),
-        false,
     );
 }
 
@@ -579,8 +576,7 @@ fn an_out_of_window_ack_loop_is_broken_by_the_rate_limit() {
         8,
         0,
         false,
-        true,
+        (true, false),
         (false, true),
-        false,
     );
 }

@@ -39,7 +39,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::offload::complete_checksum;
-use super::{tx_range_ok, Link, LinkStats, Offloads, RxMeta, TxMeta};
+use super::{tx_range_ok, FrameWriter, Link, LinkStats, Offloads, RxMeta, TxMeta};
 use crate::time::{Duration, Instant};
 
 /// Which way faults are applied.
@@ -443,12 +443,7 @@ impl<L: Link> Link for FaultInjector<L> {
         self.tx_batch_meta(now, max, &mut |buf| Some((f(buf)?, TxMeta::default())))
     }
 
-    fn tx_batch_meta(
-        &mut self,
-        now: Instant,
-        max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<(Range<usize>, TxMeta)>,
-    ) -> usize {
+    fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         if !self.faults.config.direction.tx() {
             return self.inner.tx_batch_meta(now, max, f);
         }

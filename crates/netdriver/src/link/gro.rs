@@ -23,7 +23,7 @@
 
 use core::ops::Range;
 
-use super::{Link, LinkStats, Offloads, RxMeta, TxMeta};
+use super::{FrameWriter, Link, LinkStats, Offloads, RxMeta};
 use crate::time::Instant;
 use crate::wire::checksum;
 use crate::wire::{ethernet, EtherType, IpProtocol, TcpFlags};
@@ -279,12 +279,7 @@ impl<L: Link> Link for SoftGro<L> {
         self.inner.tx_batch(now, max, f)
     }
 
-    fn tx_batch_meta(
-        &mut self,
-        now: Instant,
-        max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<(Range<usize>, TxMeta)>,
-    ) -> usize {
+    fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         self.inner.tx_batch_meta(now, max, f)
     }
 

@@ -191,6 +191,11 @@ pub struct TxMeta {
     pub partial_checksum: Option<PartialChecksum>,
 }
 
+/// The writer [`Link::tx_batch_meta`] lends buffers to: it writes a frame into the buffer
+/// and returns where it lies and what it asks of the link, or `None` when it has nothing
+/// more to send.
+pub type FrameWriter<'a> = dyn FnMut(&mut [u8]) -> Option<(Range<usize>, TxMeta)> + 'a;
+
 /// What a link knows about a received frame ([`Link::recv_batch_meta`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RxMeta {
@@ -283,12 +288,7 @@ pub trait Link {
     /// checksum in software ([`offload::complete_checksum`]), so a frame asking for it is
     /// correct on every link; it has no segmentation, so a super-segment longer than
     /// `max_frame_len` is dropped and counted. Returns the frames the caller produced.
-    fn tx_batch_meta(
-        &mut self,
-        now: Instant,
-        max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<(Range<usize>, TxMeta)>,
-    ) -> usize {
+    fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         self.tx_batch(now, max, &mut |buf| {
             let (range, meta) = f(buf)?;
             if let (Some(partial), Some(frame)) =
@@ -358,12 +358,7 @@ impl<L: Link + ?Sized> Link for Box<L> {
     ) -> usize {
         (**self).recv_batch_meta(now, max, f)
     }
-    fn tx_batch_meta(
-        &mut self,
-        now: Instant,
-        max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<(Range<usize>, TxMeta)>,
-    ) -> usize {
+    fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         (**self).tx_batch_meta(now, max, f)
     }
 }

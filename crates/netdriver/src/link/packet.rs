@@ -50,7 +50,7 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use super::{
-    tx_range_ok, Link, LinkStats, Offloads, RxMeta, TxMeta, ETHERNET_HEADER_LEN,
+    tx_range_ok, FrameWriter, Link, LinkStats, Offloads, RxMeta, TxMeta, ETHERNET_HEADER_LEN,
     MAX_SUPER_FRAME_LEN, TX_HEADROOM,
 };
 use crate::time::Instant;
@@ -655,12 +655,7 @@ impl Link for PacketLink {
         })
     }
 
-    fn tx_batch_meta(
-        &mut self,
-        _now: Instant,
-        max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<(Range<usize>, TxMeta)>,
-    ) -> usize {
+    fn tx_batch_meta(&mut self, _now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         let max_frame = self.max_frame_len();
         let mut produced = 0;
         while produced < max {

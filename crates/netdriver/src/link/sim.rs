@@ -34,7 +34,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::offload::{complete_checksum, Segmenter};
 use super::{
-    tx_range_ok, Link, LinkStats, Offloads, RxMeta, TxMeta, MAX_SUPER_FRAME_LEN, TX_HEADROOM,
+    tx_range_ok, FrameWriter, Link, LinkStats, Offloads, RxMeta, TxMeta, MAX_SUPER_FRAME_LEN,
+    TX_HEADROOM,
 };
 use crate::time::{Duration, Instant};
 
@@ -321,12 +322,7 @@ impl Link for SimLink {
         self.tx_batch_meta(now, max, &mut |buf| Some((f(buf)?, TxMeta::default())))
     }
 
-    fn tx_batch_meta(
-        &mut self,
-        _now: Instant,
-        max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<(Range<usize>, TxMeta)>,
-    ) -> usize {
+    fn tx_batch_meta(&mut self, _now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         let frame_len = self.max_frame_len();
         let offload = self.config.offload;
         let (buf_len, super_len) = match offload {
