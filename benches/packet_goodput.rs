@@ -5,7 +5,10 @@
 //! - `kernel -> kernel`: A's kernel client to B's kernel server (the reference);
 //! - `kernel -> ours`: A's kernel client to our server on B;
 //! - `ours -> kernel`: our client on B to A's kernel server;
-//! - `ours -> ours`: our client on A to our server on B.
+//! - `ours -> ours`: our client on A to our server on B;
+//! - `ours (AF_XDP) -> kernel`, `ours (AF_XDP, link GSO) -> kernel`: our client on B over
+//!   the AF_XDP link (copy mode, the steering program on `vB`) to A's kernel server, the
+//!   link's software segmentation (`XdpLinkConfig::segmentation`) off and on.
 //!
 //! Ours is `netif::Interface` over a `PacketLink` (release build), one thread per end that
 //! polls and sleeps in `poll(2)` on the socket (no busy polling), its steering (socket
@@ -31,6 +34,8 @@ mod linux {
     use std::time::{Duration, Instant as StdInstant};
 
     use netchannel::netdriver::link::packet::{PacketLink, PacketLinkConfig};
+    use netchannel::netdriver::link::xdp::{XdpLink, XdpLinkConfig};
+    use netchannel::netdriver::link::Link;
     use netchannel::netdriver::neigh::{ifindex_of, KernelNeighbors};
     use netchannel::netdriver::netif::{Interface, InterfaceConfig, InterfaceStats};
     use netchannel::netdriver::ports::EphemeralRange;
@@ -38,7 +43,7 @@ mod linux {
     use netchannel::netdriver::time::Clock;
     use netchannel::netdriver::wire::EthernetAddress;
     use testbed::{Endpoint, Side, TestBed};
-    use xdp_prog::PacketSteering;
+    use xdp_prog::{AttachOptions, PacketSteering, XdpSteering};
 
     use crate::bed::{gbps, kernel_send, median, KernelSink};
 
@@ -54,28 +59,35 @@ mod linux {
             .unwrap_or(default)
     }
 
-    /// Our stack on `ep` (call in its namespace).
-    fn open(ep: &Endpoint, large: bool) -> (PacketSteering, Interface<PacketLink>) {
-        let steering = PacketSteering::attach(&ep.ifname).expect("attach the steering");
-        let mut config = PacketLinkConfig::new(&ep.ifname);
-        config.segmentation = large;
-        let link =
-            PacketLink::open(config, |fd| steering.attach_socket(fd)).expect("open the link");
+    /// An interface for `ep` over `link`, the stack's defaults.
+    fn interface<L: Link>(ep: &Endpoint, link: L) -> Interface<L> {
         let ports = EphemeralRange::from_kernel().expect("ephemeral ports");
-        let iface = Interface::new(
+        Interface::new(
             link,
             InterfaceConfig {
                 mac: EthernetAddress(ep.mac),
                 ipv4: ep.ipv4,
                 ephemeral_ports: ports.ours,
+                // Veth: a kernel peer's segments come with partial checksums.
+                accept_partial_checksums: true,
                 tcp: Config {
                     mss: u16::MAX,
                     ..Config::default()
                 },
                 ..InterfaceConfig::default()
             },
-        );
-        (steering, iface)
+        )
+    }
+
+    /// Our stack over the AF_PACKET link on `ep` (call in its namespace).
+    fn open(ep: &Endpoint, large: bool) -> (PacketSteering, Interface<PacketLink>) {
+        let steering = PacketSteering::attach(&ep.ifname).expect("attach the steering");
+        let mut config = PacketLinkConfig::new(&ep.ifname);
+        config.segmentation = large;
+        config.rx_batch = env_usize("PACKET_GOODPUT_RX_BATCH", config.rx_batch);
+        let link =
+            PacketLink::open(config, |fd| steering.attach_socket(fd)).expect("open the link");
+        (steering, interface(ep, link))
     }
 
     fn idle(iface: &Interface<PacketLink>, clock: &Clock) {
@@ -146,77 +158,136 @@ mod linux {
         h
     }
 
-    /// Our client on `side` sending `bytes` to `target`; returns the time from connect to
-    /// the server's FIN.
+    /// A link our client can wait on.
+    trait Waitable: Link {
+        fn wait(&mut self, timeout: Duration);
+    }
+
+    impl Waitable for PacketLink {
+        fn wait(&mut self, timeout: Duration) {
+            let _ = self.wait_readable(timeout);
+        }
+    }
+
+    impl Waitable for XdpLink {
+        fn wait(&mut self, timeout: Duration) {
+            let _ = self.wait_readable(timeout);
+        }
+    }
+
+    /// Which link our client sends over.
+    #[derive(Clone, Copy)]
+    enum Via {
+        /// The AF_PACKET link, super-segments on or off.
+        Packet(bool),
+        /// The AF_XDP link (copy mode), its software segmentation on or off.
+        Xdp(bool),
+    }
+
+    /// Our client on `side` sending `bytes` to `target` over `via`; returns the time from
+    /// connect to the server's FIN.
     fn our_send(
         bed: &TestBed,
         side: Side,
         target: SocketAddrV4,
         bytes: usize,
-        large: bool,
+        via: Via,
     ) -> Duration {
         let ep = bed.side(side).clone();
-        bed.spawn_thread_in(side, move || {
-            let (steering, mut iface) = open(&ep, large);
-            let clock = Clock::new();
-            let mut neigh = KernelNeighbors::open().expect("neighbours");
-            let ifindex = ifindex_of(&ep.ifname).expect("ifindex");
-            let mac = neigh
-                .resolve(ifindex, *target.ip(), Duration::from_secs(3))
-                .expect("resolve the server's MAC");
-            iface.add_neighbor(*target.ip(), mac);
-            let data = vec![0x5au8; 1 << 20];
-            let start = StdInstant::now();
-            let h = iface.connect(target, clock.now()).expect("connect");
-            let port = iface.conn(h).map(|c| c.local().port()).unwrap_or(0);
-            steering.own_port(port).expect("own the port");
-            let (mut sent, mut closed) = (0usize, false);
-            let end = start + TIMEOUT;
-            let mut rbuf = [0u8; 64];
-            loop {
-                assert!(StdInstant::now() < end, "our client: {sent} of {bytes}");
-                let mut progress = iface.poll(clock.now());
-                let Some(c) = iface.conn_mut(h) else {
-                    panic!("our client's connection vanished after {sent}");
-                };
-                while sent < bytes {
-                    let n = (bytes - sent).min(data.len());
-                    match c.send(&data[..n]) {
-                        Ok(0) | Err(TcpError::WouldBlock) => break,
-                        Ok(k) => {
-                            sent += k;
-                            progress = true;
-                        }
-                        Err(e) => panic!("our client: {e}"),
-                    }
-                }
-                if sent == bytes && !closed {
-                    c.close();
-                    closed = true;
-                }
-                match c.recv(&mut rbuf) {
-                    Ok(0) if c.send_queue() == 0 => {
-                        let took = start.elapsed();
-                        let linger = StdInstant::now() + Duration::from_millis(20);
-                        while StdInstant::now() < linger {
-                            if !iface.poll(clock.now()) {
-                                idle(&iface, &clock);
-                            }
-                        }
-                        return took;
-                    }
-                    Ok(0) | Err(TcpError::WouldBlock) => {}
-                    Ok(_) => panic!("the server sent data"),
-                    Err(e) => panic!("our client: {e}"),
-                }
-                if !progress {
-                    idle(&iface, &clock);
-                }
+        bed.spawn_thread_in(side, move || match via {
+            Via::Packet(large) => {
+                let (steering, iface) = open(&ep, large);
+                client_run(&ep, iface, target, bytes, |port| {
+                    steering.own_port(port).expect("own the port")
+                })
+            }
+            Via::Xdp(segmentation) => {
+                let steering = XdpSteering::attach(&ep.ifname, AttachOptions::default())
+                    .expect("attach the XDP steering");
+                let mut config = XdpLinkConfig::new(&ep.ifname, 0);
+                config.segmentation = segmentation;
+                let link = XdpLink::open(config).expect("open the AF_XDP link");
+                steering.register_socket(0, link.fd()).expect("register");
+                let iface = interface(&ep, link);
+                client_run(&ep, iface, target, bytes, |port| {
+                    steering.own_port(port).expect("own the port")
+                })
             }
         })
         .expect("our client thread")
         .join()
         .expect("our client")
+    }
+
+    fn client_run<L: Waitable>(
+        ep: &Endpoint,
+        mut iface: Interface<L>,
+        target: SocketAddrV4,
+        bytes: usize,
+        own: impl Fn(u16),
+    ) -> Duration {
+        let clock = Clock::new();
+        let mut neigh = KernelNeighbors::open().expect("neighbours");
+        let ifindex = ifindex_of(&ep.ifname).expect("ifindex");
+        let mac = neigh
+            .resolve(ifindex, *target.ip(), Duration::from_secs(3))
+            .expect("resolve the server's MAC");
+        iface.add_neighbor(*target.ip(), mac);
+        let data = vec![0x5au8; 1 << 20];
+        let start = StdInstant::now();
+        let h = iface.connect(target, clock.now()).expect("connect");
+        own(iface.conn(h).map(|c| c.local().port()).unwrap_or(0));
+        let (mut sent, mut closed) = (0usize, false);
+        let end = start + TIMEOUT;
+        let mut rbuf = [0u8; 64];
+        let idle = |iface: &mut Interface<L>, clock: &Clock| {
+            let now = clock.now();
+            let wait = iface
+                .poll_at()
+                .map_or(MAX_IDLE, |t| t.saturating_duration_since(now))
+                .min(MAX_IDLE);
+            iface.link_mut().wait(wait);
+        };
+        loop {
+            assert!(StdInstant::now() < end, "our client: {sent} of {bytes}");
+            let mut progress = iface.poll(clock.now());
+            let Some(c) = iface.conn_mut(h) else {
+                panic!("our client's connection vanished after {sent}");
+            };
+            while sent < bytes {
+                let n = (bytes - sent).min(data.len());
+                match c.send(&data[..n]) {
+                    Ok(0) | Err(TcpError::WouldBlock) => break,
+                    Ok(k) => {
+                        sent += k;
+                        progress = true;
+                    }
+                    Err(e) => panic!("our client: {e}"),
+                }
+            }
+            if sent == bytes && !closed {
+                c.close();
+                closed = true;
+            }
+            match c.recv(&mut rbuf) {
+                Ok(0) if c.send_queue() == 0 => {
+                    let took = start.elapsed();
+                    let linger = StdInstant::now() + Duration::from_millis(20);
+                    while StdInstant::now() < linger {
+                        if !iface.poll(clock.now()) {
+                            idle(&mut iface, &clock);
+                        }
+                    }
+                    return took;
+                }
+                Ok(0) | Err(TcpError::WouldBlock) => {}
+                Ok(_) => panic!("the server sent data"),
+                Err(e) => panic!("our client: {e}"),
+            }
+            if !progress {
+                idle(&mut iface, &clock);
+            }
+        }
     }
 
     fn kernel_timed(bed: &TestBed, side: Side, target: SocketAddrV4, bytes: usize) -> Duration {
@@ -251,8 +322,10 @@ mod linux {
             "kernel -> ours",
             "ours -> kernel",
             "ours -> ours",
+            "ours (AF_XDP) -> kernel",
+            "ours (AF_XDP, link GSO) -> kernel",
         ];
-        let mut figures: [Vec<f64>; 4] = Default::default();
+        let mut figures: [Vec<f64>; 6] = Default::default();
         for round in 0..rounds {
             // Kernel to kernel, nothing attached.
             let sink = KernelSink::start(&bed, Side::B, KERNEL_PORT, bytes as u64);
@@ -269,21 +342,42 @@ mod linux {
                 Side::B,
                 SocketAddrV4::new(a, KERNEL_PORT),
                 bytes,
-                large,
+                Via::Packet(large),
             );
             sink.stop(&bed, Side::B);
             // Ours to ours.
             let ours = our_sink(&bed, Side::B, bytes, large);
-            let oo = our_send(&bed, Side::A, SocketAddrV4::new(b, OUR_PORT), bytes, large);
+            let oo = our_send(
+                &bed,
+                Side::A,
+                SocketAddrV4::new(b, OUR_PORT),
+                bytes,
+                Via::Packet(large),
+            );
             ours.join().expect("our sink");
-            let g: Vec<f64> = [kk, ko, ok, oo]
+            // Ours over AF_XDP to the kernel, the link's segmentation off and on.
+            let mut xdp = [Duration::ZERO; 2];
+            for (i, seg) in [false, true].into_iter().enumerate() {
+                let sink = KernelSink::start(&bed, Side::A, KERNEL_PORT, bytes as u64);
+                xdp[i] = our_send(
+                    &bed,
+                    Side::B,
+                    SocketAddrV4::new(a, KERNEL_PORT),
+                    bytes,
+                    Via::Xdp(seg),
+                );
+                sink.stop(&bed, Side::B);
+            }
+            let g: Vec<f64> = [kk, ko, ok, oo, xdp[0], xdp[1]]
                 .iter()
                 .map(|d| gbps(bytes as u64, *d))
                 .collect();
-            println!(
-                "round {round}: {} {:.2} | {} {:.2} | {} {:.2} | {} {:.2} Gbit/s",
-                names[0], g[0], names[1], g[1], names[2], g[2], names[3], g[3]
-            );
+            let line: Vec<String> = names
+                .iter()
+                .zip(&g)
+                .map(|(n, v)| format!("{n} {v:.2}"))
+                .collect();
+            println!("round {round}: {} Gbit/s", line.join(" | "));
             if round == 0 {
                 println!("  our sink's counters (kernel -> ours): {sink_stats:?}");
             }
