@@ -14,13 +14,15 @@
 //! polls and sleeps in `poll(2)` on the socket (no busy polling), its steering (socket
 //! filter, TCX ingress drop) attached for the measurement and removed after it, so that the
 //! kernel reference runs with nothing attached. Each transfer is one connection carrying
-//! `PACKET_GOODPUT_MIB` MiB (default 256): connect, write everything, close, wait for the
+//! `PACKET_GOODPUT_MIB` MiB (default 256; `PACKET_GOODPUT_RX_BATCH` sets the AF_PACKET
+//! link's receive batch): connect, write everything, close, wait for the
 //! receiver's FIN, which it sends after reading every byte; the time is the sender's.
 //! `PACKET_GOODPUT_ROUNDS` rounds (default 5), the cases interleaved in each; medians and
 //! their ratios to `kernel -> kernel` are printed. `PACKET_GOODPUT_LARGE=0` turns our
 //! super-segments off (plain MTU-sized segments through the same socket).
 //!
-//! Needs root; without it, it prints a skip line and exits 0.
+//! Without `--bench` (`cargo test --all-targets`) it runs one round of 2 MiB transfers, as
+//! a smoke test. Needs root; without it, it prints a skip line and exits 0.
 //! `cargo bench --bench packet_goodput`
 
 #[cfg(target_os = "linux")]
@@ -308,8 +310,18 @@ mod linux {
                 return;
             }
         };
-        let bytes = env_usize("PACKET_GOODPUT_MIB", 256) << 20;
-        let rounds = env_usize("PACKET_GOODPUT_ROUNDS", 5);
+        // Without `--bench` (`cargo test --all-targets`): one round of 2 MiB, a smoke test.
+        let full = std::env::args().any(|a| a == "--bench");
+        let bytes = if full {
+            env_usize("PACKET_GOODPUT_MIB", 256) << 20
+        } else {
+            2 << 20
+        };
+        let rounds = if full {
+            env_usize("PACKET_GOODPUT_ROUNDS", 5)
+        } else {
+            1
+        };
         let large = env_usize("PACKET_GOODPUT_LARGE", 1) != 0;
         let (a, b) = (bed.side(Side::A).ipv4, bed.side(Side::B).ipv4);
         println!(
