@@ -176,9 +176,9 @@ pub struct XdpLinkConfig {
     /// device). The stack's per-segment work (headers, timers, loss records, the ring
     /// slot) is then paid once per super-segment; the kernel's per-frame copy-mode work
     /// is not changed by it. Only for frames that fit one UMEM frame (no multi-buffer).
-    /// On by default: one connection to a kernel peer on the 2-core veth bed went from
-    /// 4.4–4.7 to 4.8–5.0 Gbit/s, +7–9 % in each of three same-run rounds
-    /// (`benches/packet_goodput.rs`, `docs/investigations/bulk.md`).
+    /// On by default: one connection to a kernel peer on the 2-core veth bed gained 4–13 %
+    /// in every same-run round (e.g. 4.51 → 4.86 Gbit/s median of five;
+    /// `benches/packet_goodput.rs`, `docs/investigations/bulk.md`).
     pub segmentation: bool,
     /// Copy mode: the most frames one `sendto` kick sends (`XDP_MAX_TX_SKB_BUDGET`, Linux
     /// 6.17+), clamped to 32..=the tx ring's size; 0 asks for the ring's size. Older
