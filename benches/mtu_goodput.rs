@@ -10,7 +10,8 @@
 //! 1. `kernel_defaults`: kernel TCP A → B (tokio sockets in the namespaces), checked to
 //!    run with no XDP program attached on either end;
 //! 2. for each variant (`base`: a fixed receive buffer; `autotune`: receive-buffer
-//!    auto-tuning up to `NETCHANNEL_BENCH_RX_MAX_KIB`, default 6 MiB), a
+//!    auto-tuning up to `NETCHANNEL_BENCH_RX_MAX_KIB`, default 6 MiB; `nogso`: `autotune`
+//!    with the AF_XDP link's software segmentation off), a
 //!    fresh pair of stacks with one throughput channel per peer, then `raw_channel` (one
 //!    channel of A's set to B's, 64 KiB `Bytes` slices, no copy) and `virtual_stream`
 //!    (one `VirtualStream`, 64 KiB `write_all`s, read to EOF), and the stacks stopped
@@ -62,6 +63,8 @@ mod run {
         stream: &'static str,
         /// `tcp::Config::rx_buffer_max`.
         rx_max: Option<usize>,
+        /// The AF_XDP link's software segmentation (`XdpLinkConfig::segmentation`).
+        segmentation: bool,
     }
 
     /// A variant's TCP settings (the MTU-dependent ones are `StackPair`'s, see the module
@@ -69,9 +72,11 @@ mod run {
     fn tune(
         rx_max: Option<usize>,
         tx: Option<usize>,
+        segmentation: bool,
     ) -> impl Fn(&mut ChannelSetConfig) + Clone + Send + 'static {
         move |cfg: &mut ChannelSetConfig| {
             cfg.tcp.rx_buffer_max = rx_max;
+            cfg.link.segmentation = segmentation;
             if let Some(tx) = tx {
                 cfg.tcp.tx_buffer = tx;
             }
@@ -137,11 +142,19 @@ mod run {
                     raw: "raw_channel",
                     stream: "virtual_stream",
                     rx_max: None,
+                    segmentation: true,
                 },
                 "autotune" => Variant {
                     raw: "raw_channel_autotune",
                     stream: "virtual_stream_autotune",
                     rx_max: Some(rx_max),
+                    segmentation: true,
+                },
+                "nogso" => Variant {
+                    raw: "raw_channel_nogso",
+                    stream: "virtual_stream_nogso",
+                    rx_max: Some(rx_max),
+                    segmentation: false,
                 },
                 other => panic!("NETCHANNEL_BENCH_VARIANTS: unknown variant {other:?}"),
             });
@@ -183,8 +196,13 @@ mod run {
                     if !on(v.raw) && !on(v.stream) {
                         continue;
                     }
-                    let bench =
-                        StackBench::start_configured(&bed, &rt, 1, total, tune(v.rx_max, tx));
+                    let bench = StackBench::start_configured(
+                        &bed,
+                        &rt,
+                        1,
+                        total,
+                        tune(v.rx_max, tx, v.segmentation),
+                    );
                     if round == 0 {
                         line += &format!(
                             "  [program on vA: {}, vB: {}]",

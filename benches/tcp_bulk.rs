@@ -9,9 +9,12 @@
 //! - `TCP_BULK_ROUNDS=n` (with `TCP_BULK_MIB`, default 1024): `n` rounds, each moving the
 //!   given amount once over each stack, the order alternating; prints each round, the median
 //!   goodput of each and their ratio, then exits. This is the per-core comparison.
-//! - `TCP_BULK_ONE=ours|smoltcp` (with `TCP_BULK_MIB`, default 64): one transfer over one
-//!   stack, then exit; for `valgrind --tool=callgrind`, whose instruction count divided by
-//!   the bytes moved is the instructions-per-byte figure.
+//! - `TCP_BULK_ONE=ours|ours-large|smoltcp` (with `TCP_BULK_MIB`, default 64): one transfer
+//!   over one stack, then exit; for `valgrind --tool=callgrind`, whose instruction count
+//!   divided by the bytes moved is the instructions-per-byte figure. `ours-large` is our
+//!   stack with super-segments over a link that carries them whole and leaves checksums to
+//!   it (the offloads of a GSO link or a NIC with TSO/GRO); `TCP_BULK_ROUNDS` runs it as a
+//!   third column.
 //!
 //! It also reports goodput at 0, 1 and 5 % loss on a 1 Gbit/s, 50 µs link, in virtual
 //! time (deterministic, independent of machine load), with today's loss recovery and with
@@ -168,8 +171,9 @@ fn timed(side: &str, bytes: usize) -> (std::time::Duration, std::time::Duration)
     let (start, cpu) = (std::time::Instant::now(), thread_cpu());
     let received = match side {
         "ours" => ours::bulk(bytes, BUFFER, IP_MTU),
+        "ours-large" => ours::bulk_large(bytes, BUFFER, IP_MTU),
         "smoltcp" => smoltcp_peer::transfer(bytes, BUFFER, IP_MTU),
-        other => panic!("TCP_BULK_ONE={other}: expected ours or smoltcp"),
+        other => panic!("TCP_BULK_ONE={other}: expected ours, ours-large or smoltcp"),
     };
     let elapsed = (start.elapsed(), thread_cpu() - cpu);
     assert_eq!(received, bytes, "{side} stalled");
@@ -192,6 +196,7 @@ fn interleaved(rounds: usize) {
     let bytes = env_usize("TCP_BULK_MIB", 1024) << 20;
     let mibs = |d: std::time::Duration| bytes as f64 / d.as_secs_f64() / (1 << 20) as f64;
     let (mut o, mut s, mut oc, mut sc) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut l, mut lc) = (Vec::new(), Vec::new());
     println!(
         "interleaved: {} MiB per transfer, {rounds} rounds",
         bytes >> 20
@@ -218,6 +223,16 @@ fn interleaved(rounds: usize) {
         s.push(mibs(smol.0));
         oc.push(mibs(ours.1));
         sc.push(mibs(smol.1));
+        let large = timed("ours-large", bytes);
+        println!(
+            "round {round}: ours with super-segments: wall {:.0} MiB/s ({:.2} x smoltcp), cpu {:.0} MiB/s ({:.2} x smoltcp)",
+            mibs(large.0),
+            smol.0.as_secs_f64() / large.0.as_secs_f64(),
+            mibs(large.1),
+            smol.1.as_secs_f64() / large.1.as_secs_f64(),
+        );
+        l.push(mibs(large.0));
+        lc.push(mibs(large.1));
     }
     let (mo, ms) = (median(o), median(s));
     let (mco, mcs) = (median(oc), median(sc));
@@ -228,6 +243,12 @@ fn interleaved(rounds: usize) {
     println!(
         "median goodput per CPU second: ours {mco:.0} MiB/s, smoltcp {mcs:.0} MiB/s, ratio {:.2}",
         mco / mcs
+    );
+    let (ml, mlc) = (median(l), median(lc));
+    println!(
+        "ours with super-segments: median wall {ml:.0} MiB/s ({:.2} x smoltcp), per CPU second {mlc:.0} MiB/s ({:.2} x smoltcp)",
+        ml / ms,
+        mlc / mcs
     );
 }
 

@@ -5,6 +5,9 @@
 //!   B's kernel, which drops them (nothing attached on `vB`). Time per batch of frames until
 //!   every one has completed (copy mode: the kernel copied it into an skb and handed it to
 //!   veth).
+//! - `xdp_raw/tx_only_budget_32`: the same with the link's copy-mode budget per `sendto`
+//!   kick at the kernel's old fixed 32 frames (`XdpLinkConfig::tx_skb_budget`), where
+//!   `tx_only` runs with the tx ring's worth (`XDP_MAX_TX_SKB_BUDGET`, Linux 6.17+).
 //! - `xdp_raw/a_to_b`: the same link sends TCP frames to a port B owns; the `xdp-prog`
 //!   steering program on `vB` redirects them to an `XdpLink` on `vB` whose thread counts
 //!   them. Time per batch of frames *received*: a batch's time is scaled by sent/received,
@@ -57,6 +60,24 @@ mod linux {
                 start.elapsed()
             })
         });
+
+        // The same with the kernel's default of 32 frames per copy-mode kick instead of the
+        // tx ring's worth (`XDP_MAX_TX_SKB_BUDGET`, Linux 6.17+), in the same run.
+        println!(
+            "xdp_raw: tx budget per kick {} frames",
+            link.tx_skb_budget()
+        );
+        drop(link);
+        let mut link32 = bed::open_tx_link_with(&bed, |c| c.tx_skb_budget = 32);
+        g.bench_function("tx_only_budget_32", |bench| {
+            bench.iter_custom(|iters| {
+                let start = StdInstant::now();
+                bed::send_frames(&mut link32, &drop_header, iters * BATCH_FRAMES);
+                start.elapsed()
+            })
+        });
+        drop(link32);
+        let mut link = bed::open_tx_link(&bed);
 
         // A → B through the steering program into B's link.
         let rx = RawReceiver::start(&bed);

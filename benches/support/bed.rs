@@ -45,9 +45,16 @@ const STALL: Duration = Duration::from_millis(50);
 
 /// Opens our link on A's queue 0 (frames it sends arrive on B's rx queue 0).
 pub fn open_tx_link(bed: &TestBed) -> XdpLink {
+    open_tx_link_with(bed, |_| {})
+}
+
+/// [`open_tx_link`] with `tweak` applied to the link's settings.
+pub fn open_tx_link_with(bed: &TestBed, tweak: impl FnOnce(&mut XdpLinkConfig) + Send) -> XdpLink {
     let a = bed.side(Side::A).clone();
     bed.run_in(Side::A, move || {
-        XdpLink::open(XdpLinkConfig::new(&a.ifname, 0))
+        let mut config = XdpLinkConfig::new(&a.ifname, 0);
+        tweak(&mut config);
+        XdpLink::open(config)
     })
     .expect("namespace A")
     .expect("vA link")

@@ -1,14 +1,16 @@
-//! Compiles the BPF programs under `src/bpf/` with clang and generates their libbpf-rs
-//! skeletons in OUT_DIR: `steer.bpf.c` (the XDP steering program) and `rss_relay.bpf.c`
-//! (the RSS test bed's tc relay).
+//! Compiles the BPF programs in `src/bpf/` with clang and generates their libbpf-rs
+//! skeletons in OUT_DIR: `steer.bpf.c` (the XDP steering program of the AF_XDP link),
+//! `packet.bpf.c` (the socket filter and TCX ingress drop of the AF_PACKET link) and
+//! `rss_relay.bpf.c` (the RSS test bed's tc relay).
 
 use std::env;
 use std::path::PathBuf;
 
 use libbpf_cargo::SkeletonBuilder;
 
-const SOURCES: [(&str, &str); 2] = [
+const SOURCES: [(&str, &str); 3] = [
     ("src/bpf/steer.bpf.c", "steer.skel.rs"),
+    ("src/bpf/packet.bpf.c", "packet.skel.rs"),
     ("src/bpf/rss_relay.bpf.c", "rss_relay.skel.rs"),
 ];
 

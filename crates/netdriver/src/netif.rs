@@ -19,6 +19,18 @@
 //!    the link;
 //! 4. forgets connections that have closed (once their received data has been read).
 //!
+//! # Offloads
+//!
+//! The interface uses what its link offloads ([`Link::offloads`], see
+//! [`crate::link`]): with segmentation, connections emit super-segments of up to 64 KiB
+//! ([`Config::max_super_segment`]) into tx buffers large enough for them, with the TCP
+//! checksum left partial for the link to complete; with checksum offload alone, every
+//! segment's checksum is left to the link and payloads are copied without being summed;
+//! a received frame whose checksum the link vouches for ([`RxMeta::checksum_verified`])
+//! is not verified again. [`InterfaceConfig::large_segments`] and
+//! [`InterfaceConfig::checksum_offload`] turn the use of each off. Received segments of
+//! any length (a link's coalesced ones) are accepted whatever MSS was advertised.
+//!
 //! [`Interface::poll_at`] says when to poll next without new frames. Nothing here reads a
 //! clock: the same inputs give the same frames, which the seeded simulations rely on.
 //!
@@ -40,7 +52,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
-use crate::link::{Link, ETHERNET_HEADER_LEN};
+use crate::link::{Link, PartialChecksum, RxMeta, TxMeta, ETHERNET_HEADER_LEN};
 use crate::tcp::isn::IsnGenerator;
 use crate::tcp::syncookie::{cookie_syn_ack, CookieError, SynCookies};
 use crate::tcp::{rst_for_unexpected, Config, Connection, State, TcpError};
@@ -101,6 +113,14 @@ pub struct InterfaceConfig {
     /// ACK may arrive on another NIC queue than its SYN). `None`: a fresh secret from the
     /// OS's random generator. Fix it for reproducible runs.
     pub syn_cookie_secret: Option<Arc<SynCookies>>,
+    /// Send super-segments when the link segments them (TSO/GSO, [`Link::offloads`]):
+    /// sets [`Config::max_super_segment`] of every connection from the link. On by
+    /// default; a link without segmentation is unaffected.
+    pub large_segments: bool,
+    /// Leave TCP checksums to the link when it completes them ([`Link::offloads`]); sets
+    /// [`Config::checksum_offload`]. On by default; segmentation needs it, so turning it
+    /// off turns super-segments off too.
+    pub checksum_offload: bool,
 }
 
 impl Default for InterfaceConfig {
@@ -120,6 +140,8 @@ impl Default for InterfaceConfig {
             accept_partial_checksums: false,
             syn_cookies: true,
             syn_cookie_secret: None,
+            large_segments: true,
+            checksum_offload: true,
         }
     }
 }
@@ -241,6 +263,16 @@ pub struct InterfaceStats {
     pub rx_forwarded: u64,
     /// Stray segments the [`Interface::poll_with`] callback had dropped.
     pub rx_stray_dropped: u64,
+    /// TCP segments whose checksum the link vouched for ([`RxMeta::checksum_verified`]):
+    /// not verified here.
+    pub rx_checksum_offloaded: u64,
+    /// Received frames longer than the link's largest frame (segments a link coalesced, or
+    /// a peer's super-segment a host-local link carried whole).
+    pub rx_large_frames: u64,
+    /// Super-segments handed to the link to cut into wire segments.
+    pub tx_super_segments: u64,
+    /// Segments sent with their checksum left to the link.
+    pub tx_checksum_offloaded: u64,
 }
 
 /// A listening port.
@@ -321,6 +353,11 @@ struct Core {
     live: usize,
     /// Fault injection: received data segments to drop ([`Interface::drop_received`]).
     rx_drop: Option<RxDrop>,
+    /// The link's largest frame ([`Link::max_frame_len`]).
+    link_frame_len: usize,
+    /// A stray segment's frame with its checksum completed, when the link vouched for it
+    /// and left the field stale (the stray hook's frames carry valid checksums).
+    stray_scratch: Vec<u8>,
 }
 
 /// Fault injection for tests and failure drills ([`Interface::drop_received`]): received
@@ -366,6 +403,8 @@ struct PendingChecksum {
     /// Whether a checksum holding only the pseudo-header sum is accepted for this segment
     /// ([`InterfaceConfig::accept_partial_checksums`] and the field says so).
     partial_ok: bool,
+    /// The link vouched for the checksum ([`RxMeta::checksum_verified`]).
+    verified: bool,
 }
 
 /// A minimal host over a link. See the [module documentation](self).
@@ -381,6 +420,18 @@ impl<L: Link> Interface<L> {
         let mss_cap = link.mtu().saturating_sub(IP_TCP_MIN_HEADERS);
         let mss_cap = u16::try_from(mss_cap).unwrap_or(u16::MAX);
         config.tcp.mss = config.tcp.mss.min(mss_cap);
+        // Offloads: what the link does and the configuration allows.
+        let offloads = link.offloads();
+        let segments = config.large_segments
+            && config.checksum_offload
+            && offloads.segments(link.max_frame_len());
+        config.tcp.max_super_segment = if segments {
+            offloads.tx_segmentation.saturating_sub(PAYLOAD_AT)
+        } else {
+            0
+        };
+        config.tcp.checksum_offload = config.checksum_offload && offloads.tx_checksum;
+        let link_frame_len = link.max_frame_len();
         let isn = match config.isn_key {
             Some(key) => IsnGenerator::with_key(key),
             None => IsnGenerator::new(),
@@ -412,6 +463,8 @@ impl<L: Link> Interface<L> {
                 rx_batch_full: false,
                 live: 0,
                 rx_drop: None,
+                link_frame_len,
+                stray_scratch: Vec::new(),
             },
         }
     }
@@ -591,7 +644,19 @@ impl<L: Link> Interface<L> {
     /// [`receive_frame`](Interface::receive_frame) with a callback for stray segments, as
     /// in [`poll_with`](Interface::poll_with).
     pub fn receive_frame_with(&mut self, now: Instant, frame: &[u8], stray: &mut StrayHook<'_>) {
-        self.core.receive(now, frame, stray);
+        self.core.receive(now, frame, RxMeta::default(), stray);
+    }
+
+    /// [`receive_frame_with`](Interface::receive_frame_with) with what the link that
+    /// received the frame knows of it (a frame taken from another link by hand).
+    pub fn receive_frame_meta(
+        &mut self,
+        now: Instant,
+        frame: &[u8],
+        meta: RxMeta,
+        stray: &mut StrayHook<'_>,
+    ) {
+        self.core.receive(now, frame, meta, stray);
     }
 
     /// The connection behind `h`, if it still exists.
@@ -651,7 +716,9 @@ impl<L: Link> Interface<L> {
 
         // Receive.
         let max = core.config.rx_batch;
-        let received = link.recv_batch(now, max, &mut |frame| core.receive(now, frame, stray));
+        let received = link.recv_batch_meta(now, max, &mut |frame, meta| {
+            core.receive(now, frame, meta, stray)
+        });
         progress |= received > 0;
         // A full batch may have left frames on the ring, which no new arrival announces.
         core.rx_batch_full = received >= max;
@@ -751,6 +818,22 @@ fn handshake_over(slots: &[Slot], h: ConnHandle) -> bool {
         .get(h.index as usize)
         .and_then(|s| s.conn.as_ref())
         .is_some_and(|c| c.state().is_synchronized() || c.is_closed())
+}
+
+/// Recomputes the TCP checksum of an Ethernet/IPv4/TCP `frame` in place (nothing happens
+/// to a frame that is not one).
+fn complete_tcp_checksum(frame: &mut [u8]) {
+    let Some(ip_bytes) = frame.get_mut(ETHERNET_HEADER_LEN..) else {
+        return;
+    };
+    let Ok(mut ipp) = Ipv4Packet::new_checked(ip_bytes) else {
+        return;
+    };
+    let (src, dst) = (ipp.src_addr(), ipp.dst_addr());
+    let Ok(mut tp) = TcpPacket::new_checked(ipp.payload_mut()) else {
+        return;
+    };
+    tp.fill_checksum(src, dst);
 }
 
 /// Whether a poll forgets the connection: closed, and nothing left to read from it.
@@ -870,7 +953,7 @@ impl Core {
     }
 
     /// Handles one received frame. Never panics: every failure is a counted drop.
-    fn receive(&mut self, now: Instant, frame: &[u8], stray: &mut StrayHook<'_>) {
+    fn receive(&mut self, now: Instant, frame: &[u8], meta: RxMeta, stray: &mut StrayHook<'_>) {
         self.stats.rx_frames += 1;
         let ef = match EthernetFrame::new_checked(frame) {
             Ok(ef) => ef,
@@ -887,7 +970,7 @@ impl Core {
         match eth.ethertype {
             EtherType::Arp => self.receive_arp(ef.payload_slice()),
             EtherType::Ipv4 if eth.dst == self.config.mac => {
-                self.receive_ipv4(now, eth.src, ef.payload_slice(), frame, stray)
+                self.receive_ipv4(now, eth.src, ef.payload_slice(), frame, meta, stray)
             }
             EtherType::Ipv4 => self.stats.rx_not_ours += 1,
             EtherType::Unknown(_) => self.stats.rx_unsupported += 1,
@@ -926,6 +1009,7 @@ impl Core {
         src_mac: EthernetAddress,
         packet: &[u8],
         frame: &[u8],
+        meta: RxMeta,
         stray: &mut StrayHook<'_>,
     ) {
         let ipp = match Ipv4Packet::new_checked(packet) {
@@ -952,14 +1036,19 @@ impl Core {
         // The checksum is verified in `receive_tcp`, from the pseudo-header and header sum
         // taken here and a payload sum that the receive fast path computes while copying
         // the payload into the connection's ring (one pass over the bytes, not two).
-        let partial_ok =
-            self.config.accept_partial_checksums && tp.has_partial_checksum(ip.src, ip.dst);
+        let verified = meta.checksum_verified;
+        let partial_ok = !verified
+            && self.config.accept_partial_checksums
+            && tp.has_partial_checksum(ip.src, ip.dst);
+        if frame.len() > self.link_frame_len {
+            self.stats.rx_large_frames += 1;
+        }
         let (repr, payload) = match TcpRepr::parse(&tp, ip.src, ip.dst, false) {
             Ok(x) => x,
             Err(e) => {
                 // A corrupt segment is counted as corrupt even when the corruption also
                 // broke its header, as verifying first would count it.
-                let bad = !partial_ok && !tp.verify_checksum(ip.src, ip.dst);
+                let bad = !verified && !partial_ok && !tp.verify_checksum(ip.src, ip.dst);
                 return count_error(&mut self.stats, if bad { WireError::Checksum } else { e });
             }
         };
@@ -973,6 +1062,7 @@ impl Core {
                 checksum::data(header),
             ),
             partial_ok,
+            verified,
         };
         self.receive_tcp(now, src_mac, &ip, &repr, payload, check, frame, stray);
     }
@@ -1013,8 +1103,15 @@ impl Core {
         // payload into the receive ring (see `Connection::place_payload`); otherwise from
         // reading it.
         let placed = conn.and_then(|c| c.place_payload(repr.seq, payload));
-        let payload_sum = placed.unwrap_or_else(|| checksum::data(payload));
-        if checksum::add(check.head_sum, payload_sum) != 0xffff {
+        let sum_ok = if check.verified {
+            // Vouched for by the link; the sum (if any) is not needed.
+            self.stats.rx_checksum_offloaded += 1;
+            true
+        } else {
+            let payload_sum = placed.unwrap_or_else(|| checksum::data(payload));
+            checksum::add(check.head_sum, payload_sum) == 0xffff
+        };
+        if !sum_ok {
             if !check.partial_ok {
                 // Whatever was placed lies in free ring space and is never committed:
                 // the marker dies with the next `handle_segment*`.
@@ -1060,6 +1157,16 @@ impl Core {
         let bare_ack = repr.ack.is_some() && !repr.flags.syn() && !repr.flags.rst();
         let cookie_ack =
             bare_ack && listening && self.config.syn_cookies && self.cookies.recently_sent(now);
+        // The hook's frame carries a valid checksum: one the link vouched for may hold a
+        // stale or partial field, completed here in a copy (stray segments are rare).
+        let frame = if check.verified {
+            self.stray_scratch.clear();
+            self.stray_scratch.extend_from_slice(frame);
+            complete_tcp_checksum(&mut self.stray_scratch);
+            &self.stray_scratch[..]
+        } else {
+            frame
+        };
         let verdict = stray(&StraySegment {
             local,
             remote,
@@ -1230,6 +1337,8 @@ impl Core {
 
     /// Writes the headers of a TCP segment whose payload already lies at `PAYLOAD_AT` in
     /// `buf`, and returns the frame's range. The frame starts where the headers begin.
+    /// With `partial`, the TCP checksum is left to the link (see
+    /// [`emit_segment_meta`](Self::emit_segment_meta)).
     fn emit_segment(
         &mut self,
         buf: &mut [u8],
@@ -1238,6 +1347,53 @@ impl Core {
         repr: &TcpRepr,
         payload_len: usize,
         payload_sum: u16,
+    ) -> Option<std::ops::Range<usize>> {
+        self.emit_segment_with(buf, dst_mac, dst_ip, repr, payload_len, Some(payload_sum))
+    }
+
+    /// [`emit_segment`](Self::emit_segment) for a connection's [`Transmit`]: the TCP
+    /// checksum left partial when the connection runs with checksum offload, and the
+    /// super-segment's wire segment size passed on.
+    fn emit_segment_meta(
+        &mut self,
+        buf: &mut [u8],
+        dst_mac: EthernetAddress,
+        dst_ip: Ipv4Addr,
+        t: &crate::tcp::Transmit,
+    ) -> Option<(std::ops::Range<usize>, TxMeta)> {
+        if !self.config.tcp.checksum_offload {
+            let r =
+                self.emit_segment(buf, dst_mac, dst_ip, &t.repr, t.payload_len, t.payload_sum)?;
+            return Some((r, TxMeta::default()));
+        }
+        let r = self.emit_segment_with(buf, dst_mac, dst_ip, &t.repr, t.payload_len, None)?;
+        self.stats.tx_checksum_offloaded += 1;
+        let segment_size = if t.is_super_segment() {
+            self.stats.tx_super_segments += 1;
+            u16::try_from(t.segment_size).unwrap_or(u16::MAX)
+        } else {
+            0
+        };
+        let meta = TxMeta {
+            segment_size,
+            partial_checksum: Some(PartialChecksum {
+                start: crate::wire::frame::TCP_HEADER_AT as u16,
+                offset: 16,
+            }),
+        };
+        Some((r, meta))
+    }
+
+    /// The frame writer behind both: `Some(sum)` completes the checksum from the payload's
+    /// sum, `None` leaves it partial.
+    fn emit_segment_with(
+        &mut self,
+        buf: &mut [u8],
+        dst_mac: EthernetAddress,
+        dst_ip: Ipv4Addr,
+        repr: &TcpRepr,
+        payload_len: usize,
+        payload_sum: Option<u16>,
     ) -> Option<std::ops::Range<usize>> {
         let header_len = repr.header_len();
         let start = PAYLOAD_AT.checked_sub(ethernet::HEADER_LEN + ipv4::HEADER_LEN + header_len)?;
@@ -1256,16 +1412,26 @@ impl Core {
         };
         let ident = self.next_ident();
         let frame = buf.get_mut(start..)?;
-        let sum = Some(payload_sum);
-        match crate::wire::frame::emit_tcp_frame_summed(
-            frame,
-            &eth,
-            &ip,
-            ident,
-            repr,
-            payload_len,
-            sum,
-        ) {
+        let emitted = match payload_sum {
+            Some(sum) => crate::wire::frame::emit_tcp_frame_summed(
+                frame,
+                &eth,
+                &ip,
+                ident,
+                repr,
+                payload_len,
+                Some(sum),
+            ),
+            None => crate::wire::frame::emit_tcp_frame_partial(
+                frame,
+                &eth,
+                &ip,
+                ident,
+                repr,
+                payload_len,
+            ),
+        };
+        match emitted {
             Ok(len) => {
                 self.stats.tx_segments += 1;
                 Some(start..start + len)
@@ -1336,9 +1502,10 @@ impl Core {
                 self.tx_ready.push(i as u32);
             }
         }
-        // The payload region: from the fixed payload offset up to what the MSS allows. The
-        // connection caps the payload further by the options it carries.
-        let payload_cap = usize::from(self.config.tcp.mss);
+        // The payload region: from the fixed payload offset up to what the MSS allows (or a
+        // super-segment, when the link segments). The connection caps the payload further
+        // by the options it carries.
+        let payload_cap = usize::from(self.config.tcp.mss).max(self.config.tcp.max_super_segment);
         let mut cursor = 0usize;
         let mut produced_any = false;
         self.tx_blocked_at = None;
@@ -1346,11 +1513,11 @@ impl Core {
         // everything, so one poll drains all connections (bounded by their windows).
         for _ in 0..1024 {
             let mut exhausted = false;
-            let sent = link.tx_batch(now, self.config.tx_batch, &mut |buf| {
+            let sent = link.tx_batch_meta(now, self.config.tx_batch, &mut |buf| {
                 if let Some(c) = self.control.pop_front() {
                     // A control frame that fails to emit is counted; move on to the next.
                     if let Some(r) = self.emit_control(buf, c) {
-                        return Some(r);
+                        return Some((r, TxMeta::default()));
                     }
                 }
                 // Each ready connection gets at most one try per buffer. A connection with
@@ -1387,14 +1554,7 @@ impl Core {
                         Some(t) => {
                             cursor += 1;
                             let dst_ip = *conn.remote().ip();
-                            if let Some(r) = self.emit_segment(
-                                buf,
-                                dst_mac,
-                                dst_ip,
-                                &t.repr,
-                                t.payload_len,
-                                t.payload_sum,
-                            ) {
+                            if let Some(r) = self.emit_segment_meta(buf, dst_mac, dst_ip, &t) {
                                 return Some(r);
                             }
                         }
@@ -1408,6 +1568,7 @@ impl Core {
                     self.control
                         .pop_front()
                         .and_then(|c| self.emit_control(buf, c))
+                        .map(|r| (r, TxMeta::default()))
                 }
             });
             produced_any |= sent > 0;

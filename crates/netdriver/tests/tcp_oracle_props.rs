@@ -8,6 +8,11 @@
 //! - no operation panics (regression class: panics found by fuzzing the ingress path,
 //!   smoltcp #538, #562) and `poll_transmit` never livelocks.
 //!
+//! With `large` on, both ends send super-segments ([`Config::max_super_segment`]); the
+//! network cuts each into wire segments (TSO) before it drops, duplicates and reorders
+//! them, and then coalesces runs of contiguous segments again at random (GRO), so faults
+//! fall inside super-segments and the receivers see coalesced segments.
+//!
 //! `ORACLE_TRACE=1` prints every delivered segment.
 //!
 //! At the end both sides close, the network becomes lossless and time advances through
@@ -80,6 +85,47 @@ struct World {
     reorder: bool,
     a_to_b: Vec<InFlight>,
     b_to_a: Vec<InFlight>,
+    /// Super-segments on: cut and coalesced by the network (see the module docs).
+    large: bool,
+}
+
+/// Cuts a super-segment into wire segments of `size` payload bytes: the sequence number
+/// advances, PSH and FIN stay on the last (as `tcp_gso_segment` does).
+fn cut(s: InFlight, size: usize) -> Vec<InFlight> {
+    if s.payload.len() <= size {
+        return vec![s];
+    }
+    let n = s.payload.len().div_ceil(size);
+    (0..n)
+        .map(|i| {
+            let mut repr = s.repr;
+            repr.seq = s.repr.seq + i * size;
+            if i + 1 < n {
+                repr.flags = TcpFlags(repr.flags.0 & !(TcpFlags::FIN.0 | TcpFlags::PSH.0));
+            }
+            let end = ((i + 1) * size).min(s.payload.len());
+            InFlight {
+                repr,
+                payload: s.payload[i * size..end].to_vec(),
+            }
+        })
+        .collect()
+}
+
+/// Whether `next` continues `prev` the way GRO merges segments: contiguous data, the same
+/// ACK, window and options, no flags on `prev` but ACK, and the result within 64 KiB.
+fn coalescable(prev: &InFlight, next: &InFlight) -> bool {
+    let plain = |f: TcpFlags| f.0 & !(TcpFlags::ACK.0 | TcpFlags::PSH.0) == 0;
+    !prev.payload.is_empty()
+        && !next.payload.is_empty()
+        && plain(prev.repr.flags)
+        && !prev.repr.flags.psh()
+        && plain(next.repr.flags)
+        && next.repr.seq == prev.repr.seq + prev.payload.len()
+        && next.repr.ack == prev.repr.ack
+        && next.repr.window == prev.repr.window
+        && next.repr.options == prev.repr.options
+        && prev.payload.len() + next.payload.len() <= 65_000
 }
 
 fn byte_of(i: usize, salt: u8) -> u8 {
@@ -164,8 +210,26 @@ impl World {
         let sa = self.p.poll_a();
         let sb = self.p.poll_b();
         let produced = sa.len() + sb.len();
-        self.a_to_b.extend(sa);
-        self.b_to_a.extend(sb);
+        if self.large {
+            // The wire segment size: the sender's MSS less the SACK blocks it carries
+            // (timestamps are in the MSS already).
+            let wire = |c: &Connection, s: &InFlight| {
+                let blocks = s.repr.options.sack_blocks.iter().flatten().count();
+                let sack = if blocks > 0 { 4 + 8 * blocks } else { 0 };
+                c.send_mss().saturating_sub(sack).max(1)
+            };
+            for s in sa {
+                let size = wire(&self.p.a, &s);
+                self.a_to_b.extend(cut(s, size));
+            }
+            for s in sb {
+                let size = wire(&self.p.b, &s);
+                self.b_to_a.extend(cut(s, size));
+            }
+        } else {
+            self.a_to_b.extend(sa);
+            self.b_to_a.extend(sb);
+        }
         for dir in 0..2 {
             let mut q = if dir == 0 {
                 std::mem::take(&mut self.a_to_b)
@@ -178,6 +242,7 @@ impl World {
                     q.swap(i, j);
                 }
             }
+            let mut arriving: Vec<InFlight> = Vec::with_capacity(q.len());
             for s in q {
                 if lossy && self.rng.pct(self.loss) {
                     continue;
@@ -187,6 +252,18 @@ impl World {
                 } else {
                     1
                 };
+                for _ in 0..copies {
+                    // GRO: merge into the segment before it, half the time it could.
+                    match arriving.last_mut() {
+                        Some(prev) if self.large && coalescable(prev, &s) && self.rng.pct(50) => {
+                            prev.payload.extend_from_slice(&s.payload);
+                            prev.repr.flags = TcpFlags(prev.repr.flags.0 | s.repr.flags.0);
+                        }
+                        _ => arriving.push(s.clone()),
+                    }
+                }
+            }
+            for s in arriving {
                 let now = self.p.now;
                 let target = if dir == 0 {
                     &mut self.p.b
@@ -205,9 +282,7 @@ impl World {
                         s.repr.flags
                     );
                 }
-                for _ in 0..copies {
-                    target.handle_segment(now, &s.repr, &s.payload);
-                }
+                target.handle_segment(now, &s.repr, &s.payload);
             }
         }
         produced
@@ -223,10 +298,11 @@ impl World {
     }
 }
 
-fn cfg(rx: usize, tx: usize, delayed_ack: bool, nagle: bool) -> Config {
+fn cfg(rx: usize, tx: usize, delayed_ack: bool, nagle: bool, large: bool) -> Config {
     Config {
         rx_buffer: rx,
         tx_buffer: tx,
+        max_super_segment: if large { 65_000 } else { 0 },
         delayed_ack: delayed_ack.then(|| Duration::from_millis(40)),
         nagle,
         time_wait: Duration::from_secs(2),
@@ -235,16 +311,16 @@ fn cfg(rx: usize, tx: usize, delayed_ack: bool, nagle: bool) -> Config {
     }
 }
 
-/// Runs one scenario; returns the bytes each side wrote.
+/// Runs one scenario; returns the bytes each side wrote and the super-segments both sent.
 fn run(
     ops: Vec<Op>,
     seed: u64,
     loss: u32,
     dup: u32,
     reorder: bool,
-    small: bool,
+    (small, large): (bool, bool),
     opts: (bool, bool),
-) -> (usize, usize) {
+) -> (usize, usize, u64) {
     let (delayed_ack, nagle) = opts;
     let (rx, tx) = if small {
         (2048, 3000)
@@ -252,8 +328,8 @@ fn run(
         (16 * 1024, 16 * 1024)
     };
     let p = Pair::new(
-        cfg(rx, tx, delayed_ack, nagle),
-        cfg(rx + 1000, tx, !delayed_ack, !nagle),
+        cfg(rx, tx, delayed_ack, nagle, large),
+        cfg(rx + 1000, tx, !delayed_ack, !nagle, large),
         T0,
     );
     let mut w = World {
@@ -266,6 +342,7 @@ fn run(
         reorder,
         a_to_b: Vec::new(),
         b_to_a: Vec::new(),
+        large,
     };
     for op in ops {
         match op {
@@ -329,7 +406,8 @@ fn run(
     assert_eq!(w.p.b.state(), State::Closed);
     assert_eq!(w.p.a.error(), None);
     assert_eq!(w.p.b.error(), None);
-    (w.sa.written.len(), w.sb.written.len())
+    let supers = w.p.a.stats().super_segments_sent + w.p.b.stats().super_segments_sent;
+    (w.sa.written.len(), w.sb.written.len(), supers)
 }
 
 proptest! {
@@ -338,15 +416,47 @@ proptest! {
     #[test]
     fn oracle_lossless(ops in proptest::collection::vec(op(), 0..60), small in any::<bool>(),
                        opts in any::<(bool, bool)>()) {
-        run(ops, 1, 0, 0, false, small, opts);
+        run(ops, 1, 0, 0, false, (small, false), opts);
     }
 
     #[test]
     fn oracle_lossy_reordering(ops in proptest::collection::vec(op(), 0..60), seed in any::<u64>(),
                                loss in 0u32..25, dup in 0u32..10, reorder in any::<bool>(),
                                small in any::<bool>(), opts in any::<(bool, bool)>()) {
-        run(ops, seed, loss, dup, reorder, small, opts);
+        run(ops, seed, loss, dup, reorder, (small, false), opts);
     }
+
+    #[test]
+    fn oracle_lossy_reordering_large_segments(ops in proptest::collection::vec(op(), 0..60),
+                               seed in any::<u64>(), loss in 0u32..25, dup in 0u32..10,
+                               reorder in any::<bool>(), small in any::<bool>(),
+                               opts in any::<(bool, bool)>()) {
+        run(ops, seed, loss, dup, reorder, (small, true), opts);
+    }
+}
+
+#[test]
+fn oracle_large_segments_under_loss_send_super_segments() {
+    let mut ops = Vec::new();
+    for i in 0..100 {
+        ops.push(Op::Write {
+            a: i % 2 == 0,
+            n: 5000 + i * 13,
+        });
+        ops.push(Op::Read {
+            a: i % 2 == 1,
+            n: 6000,
+        });
+        if i % 7 == 0 {
+            ops.push(Op::Advance { ms: 50 });
+        }
+    }
+    let (a, b, supers) = run(ops, 0x5eed, 10, 5, true, (false, true), (false, false));
+    assert!(a > 100_000 && b > 100_000, "wrote {a} / {b}");
+    assert!(
+        supers > 50,
+        "only {supers} super-segments: the test would prove little"
+    );
 }
 
 #[test]
@@ -357,7 +467,7 @@ fn oracle_close_before_any_write() {
         0,
         0,
         false,
-        false,
+        (false, false),
         (false, true),
     );
 }
@@ -380,7 +490,7 @@ fn oracle_many_small_writes_tiny_buffers_with_loss() {
             ops.push(Op::Advance { ms: 250 });
         }
     }
-    let (a, b) = run(ops, 0xdead_beef, 15, 5, true, true, (true, true));
+    let (a, b, _) = run(ops, 0xdead_beef, 15, 5, true, (true, false), (true, true));
     // The oracle is only meaningful if data actually flowed (tiny buffers → partial sends).
     assert!(a > 10_000 && b > 10_000, "wrote {a} / {b}");
 }
@@ -401,7 +511,15 @@ fn oracle_regression_lossy_small_buffers() {
         Write { a: false, n: 1 },
         Read { a: true, n: 1025 },
     ];
-    run(ops, 15076262579989159836, 3, 0, false, true, (false, false));
+    run(
+        ops,
+        15076262579989159836,
+        3,
+        0,
+        false,
+        (true, false),
+        (false, false),
+    );
 }
 
 /// Regression (found by `oracle_lossy_reordering`'s random seeds): after a loss pattern
@@ -452,5 +570,13 @@ fn an_out_of_window_ack_loop_is_broken_by_the_rate_limit() {
         Write { a: false, n: 1025 },
         Write { a: false, n: 1 },
     ];
-    run(ops, 2729192589107940756, 8, 0, false, true, (false, true));
+    run(
+        ops,
+        2729192589107940756,
+        8,
+        0,
+        false,
+        (true, false),
+        (false, true),
+    );
 }

@@ -729,6 +729,34 @@ fn transfers_with_jumbo_frames() {
     assert!(report.iface.rx_partial_checksum > 0, "{:?}", report.iface);
 }
 
+/// 8 MiB each way with the link's software segmentation on: our TCP hands the link
+/// super-segments, which it cuts into MTU-sized frames (with their checksums) in UMEM.
+#[test]
+fn transfers_with_the_links_segmentation() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(1)) else {
+        return;
+    };
+    let report = transfer(
+        &bed,
+        8 << 20,
+        Arc::default(),
+        |mut l: XdpLink| {
+            assert!(l.set_segmentation(true));
+            l
+        },
+        |l: &XdpLink, r: &mut Report| r.chains.1 = l.tx_super_segments(),
+        || {},
+    );
+    assert!(
+        report.chains.1 > 100,
+        "super-segments cut: {}",
+        report.chains.1
+    );
+    assert!(report.iface.tx_super_segments > 100, "{:?}", report.iface);
+    assert_eq!(report.link.dropped_oversize, 0);
+    assert_eq!(report.iface.rx_bad_checksum + report.iface.rx_malformed, 0);
+}
+
 /// 8 MiB each way with our own fault injector on both directions of our link.
 #[test]
 fn transfers_survive_our_fault_injector() {

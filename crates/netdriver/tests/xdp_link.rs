@@ -658,3 +658,38 @@ fn jumbo_mtu_without_multi_buffer_is_refused() {
     })
     .unwrap();
 }
+
+/// Copy mode asks the kernel (Linux 6.17+, `XDP_MAX_TX_SKB_BUDGET`) to send up to a tx
+/// ring's worth of frames per `sendto` instead of 32; a budget outside the kernel's range
+/// is clamped into it, and the link reports what applies.
+#[test]
+fn the_copy_mode_tx_budget_is_raised_where_the_kernel_allows() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(1)) else {
+        return;
+    };
+    let ifname = bed.side(Side::A).ifname.clone();
+    bed.run_in(Side::A, move || {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let mut v = release
+            .trim()
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+        let has_option = (major, minor) >= (6, 17);
+        let link = XdpLink::open(XdpLinkConfig::new(&ifname, 0)).expect("open");
+        // The tx ring holds half the 4096 frames.
+        let want = if has_option { 2048 } else { 32 };
+        assert_eq!(link.tx_skb_budget(), want, "kernel {}", release.trim());
+        drop(link);
+        let mut config = XdpLinkConfig::new(&ifname, 0);
+        config.tx_skb_budget = 5;
+        let link = XdpLink::open(config).expect("open");
+        assert_eq!(link.tx_skb_budget(), 32);
+        drop(link);
+        let mut config = XdpLinkConfig::new(&ifname, 0);
+        config.tx_skb_budget = 128;
+        let link = XdpLink::open(config).expect("open");
+        assert_eq!(link.tx_skb_budget(), if has_option { 128 } else { 32 });
+    })
+    .unwrap();
+}

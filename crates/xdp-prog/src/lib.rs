@@ -5,7 +5,8 @@
 //! registered for the receiving queue (an `XSKMAP` keyed by rx queue index) exactly the IPv4
 //! TCP segments whose destination the stack owns, and passes everything else — ARP, ICMP,
 //! IPv6, VLAN-tagged frames, IPv4 fragments, the kernel's own TCP, ssh — to the kernel. It is
-//! the only crate that touches BPF.
+//! the only crate that touches BPF. For the AF_PACKET link, where no XDP program runs,
+//! [`packet`] holds the socket filter and the TCX ingress drop that play the same part.
 //!
 //! It also holds [`RssRelay`] (`src/bpf/rss_relay.bpf.c`), the tc program that makes the
 //! RSS test bed's veth ends behave like NICs with receive-side scaling.
@@ -102,6 +103,9 @@ pub use rss_relay::{
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/steer.skel.rs"));
 }
+
+pub mod packet;
+pub use packet::{PacketCounters, PacketSteering, PacketSteeringError};
 
 use skel::{types, SteerSkelBuilder};
 

@@ -272,6 +272,8 @@ impl ChannelSet {
                     accept_partial_checksums: accept_partial,
                     syn_cookies: config.syn_cookies,
                     syn_cookie_secret: syn_cookie_secret.clone(),
+                    large_segments: true,
+                    checksum_offload: true,
                 },
             );
             debug!(queue = p.queue, mtu = iface.link().mtu(), "queue set up");

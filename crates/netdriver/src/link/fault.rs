@@ -21,6 +21,13 @@
 //! recycled buffers per direction; when that store is full a reorder or duplicate is simply
 //! not applied (and counted), so memory stays bounded.
 //!
+//! Offloads ([`Link::offloads`]) are the wrapped link's: frame metadata travels with
+//! held frames, a corrupted received frame loses the inner link's vouching for its
+//! checksum ([`RxMeta::checksum_verified`]), and a transmitted frame whose checksum is
+//! left to the link is completed in software before a bit of it is flipped (a
+//! super-segment, which only the link can complete, is not corrupted), so that a
+//! corruption stays detectable as it is on a wire.
+//!
 //! Faults copy frames only when they apply (a held or duplicated frame, a corrupted
 //! received frame); frames that pass untouched are never copied, so the wrapper adds no
 //! copy to the fault-free path.
@@ -31,7 +38,8 @@ use std::ops::Range;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{tx_range_ok, Link, LinkStats};
+use super::offload::complete_checksum;
+use super::{tx_range_ok, FrameWriter, Link, LinkStats, Offloads, RxMeta, TxMeta};
 use crate::time::{Duration, Instant};
 
 /// Which way faults are applied.
@@ -119,6 +127,9 @@ pub struct FaultStats {
 struct Held {
     buf: Vec<u8>,
     len: usize,
+    /// What the frame's link said of it (received frames) or asked of the link (sent ones).
+    rx_meta: RxMeta,
+    tx_meta: TxMeta,
     /// Released when this many more frames have passed (0: due now) ...
     frames_left: u32,
     /// ... or at this time.
@@ -145,6 +156,7 @@ impl HeldStore {
         &mut self,
         v: &Verdict,
         frame: &[u8],
+        metas: (RxMeta, TxMeta),
         stats: &mut FaultStats,
         max_held: usize,
         depth: u32,
@@ -154,7 +166,7 @@ impl HeldStore {
         if v.duplicate {
             if self.has_room(max_held) {
                 stats.duplicated += 1;
-                self.hold(frame, 0, now);
+                self.hold(frame, metas, 0, now);
             } else {
                 stats.held_full += 1;
             }
@@ -162,7 +174,7 @@ impl HeldStore {
         if v.reorder {
             if self.has_room(max_held) {
                 stats.reordered += 1;
-                self.hold(frame, depth, release_at);
+                self.hold(frame, metas, depth, release_at);
                 return true;
             }
             stats.held_full += 1;
@@ -170,12 +182,20 @@ impl HeldStore {
         false
     }
 
-    fn hold(&mut self, frame: &[u8], frames_left: u32, release_at: Instant) {
+    fn hold(
+        &mut self,
+        frame: &[u8],
+        metas: (RxMeta, TxMeta),
+        frames_left: u32,
+        release_at: Instant,
+    ) {
         let mut buf = self.free.pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(frame);
         self.frames.push_back(Held {
             len: frame.len(),
+            rx_meta: metas.0,
+            tx_meta: metas.1,
             buf,
             frames_left,
             release_at,
@@ -338,8 +358,17 @@ impl<L: Link> Link for FaultInjector<L> {
     }
 
     fn recv_batch(&mut self, now: Instant, max: usize, f: &mut dyn FnMut(&[u8])) -> usize {
+        self.recv_batch_meta(now, max, &mut |frame, _| f(frame))
+    }
+
+    fn recv_batch_meta(
+        &mut self,
+        now: Instant,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], RxMeta),
+    ) -> usize {
         if !self.faults.config.direction.rx() {
-            return self.inner.recv_batch(now, max, f);
+            return self.inner.recv_batch_meta(now, max, f);
         }
         let FaultInjector {
             inner,
@@ -352,7 +381,7 @@ impl<L: Link> Link for FaultInjector<L> {
         // Frames whose hold expired go first: they were received earlier.
         while delivered < max {
             let Some(h) = held.pop_due(now) else { break };
-            f(h.buf.get(..h.len).unwrap_or(&[]));
+            f(h.buf.get(..h.len).unwrap_or(&[]), h.rx_meta);
             held.recycle(h);
             delivered += 1;
         }
@@ -360,7 +389,7 @@ impl<L: Link> Link for FaultInjector<L> {
             let max_held = faults.config.max_held;
             let depth = faults.config.reorder_depth;
             let release_at = now + faults.config.reorder_delay;
-            inner.recv_batch(now, max - delivered, &mut |frame| {
+            inner.recv_batch_meta(now, max - delivered, &mut |frame, mut meta| {
                 held.tick();
                 let v = faults.decide(frame.len());
                 if v.lose {
@@ -371,6 +400,8 @@ impl<L: Link> Link for FaultInjector<L> {
                         scratch.clear();
                         scratch.extend_from_slice(frame);
                         flip(scratch, bit);
+                        // Whatever the link verified, these are not the bytes it verified.
+                        meta.checksum_verified = false;
                         scratch
                     }
                     None => frame,
@@ -380,6 +411,7 @@ impl<L: Link> Link for FaultInjector<L> {
                 if held.divert(
                     &v,
                     frame,
+                    (meta, TxMeta::default()),
                     &mut faults.stats,
                     max_held,
                     depth,
@@ -388,13 +420,13 @@ impl<L: Link> Link for FaultInjector<L> {
                 ) {
                     return;
                 }
-                f(frame);
+                f(frame, meta);
                 delivered += 1;
             });
             // Duplicates, and frames released by the ones that just passed.
             while delivered < max {
                 let Some(h) = held.pop_due(now) else { break };
-                f(h.buf.get(..h.len).unwrap_or(&[]));
+                f(h.buf.get(..h.len).unwrap_or(&[]), h.rx_meta);
                 held.recycle(h);
                 delivered += 1;
             }
@@ -408,8 +440,12 @@ impl<L: Link> Link for FaultInjector<L> {
         max: usize,
         f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
     ) -> usize {
+        self.tx_batch_meta(now, max, &mut |buf| Some((f(buf)?, TxMeta::default())))
+    }
+
+    fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         if !self.faults.config.direction.tx() {
-            return self.inner.tx_batch(now, max, f);
+            return self.inner.tx_batch_meta(now, max, f);
         }
         let FaultInjector {
             inner,
@@ -427,29 +463,36 @@ impl<L: Link> Link for FaultInjector<L> {
         // up to `max` plus the held frames.
         let inner_max = max.saturating_add(held.frames.len()).saturating_add(max);
         let max_frame_len = inner.max_frame_len();
-        inner.tx_batch(now, inner_max, &mut |buf| loop {
+        let max_super_len = inner.offloads().tx_segmentation.max(max_frame_len);
+        inner.tx_batch_meta(now, inner_max, &mut |buf| loop {
             if let Some(h) = held.pop_due(now) {
                 let len = h.len;
                 if let Some(dst) = buf.get_mut(..len) {
                     dst.copy_from_slice(h.buf.get(..len).unwrap_or(&[]));
                 }
+                let meta = h.tx_meta;
                 held.recycle(h);
-                return Some(0..len);
+                return Some((0..len, meta));
             }
             if caller_done || produced >= max {
                 return None;
             }
-            let Some(range) = f(buf) else {
+            let Some((range, mut meta)) = f(buf) else {
                 caller_done = true;
                 continue;
             };
             produced += 1;
-            if !tx_range_ok(&range, buf.len(), max_frame_len) {
+            let limit = if meta.segment_size > 0 {
+                max_super_len
+            } else {
+                max_frame_len
+            };
+            if !tx_range_ok(&range, buf.len(), limit) {
                 // Let the inner link count the drop.
-                return Some(range);
+                return Some((range, meta));
             }
             let Some(frame) = buf.get_mut(range.clone()) else {
-                return Some(range);
+                return Some((range, meta));
             };
             let len = frame.len();
             held.tick();
@@ -458,11 +501,21 @@ impl<L: Link> Link for FaultInjector<L> {
                 continue;
             }
             if let Some(bit) = v.flip_bit {
-                flip(frame, bit);
+                match meta.partial_checksum {
+                    None => flip(frame, bit),
+                    Some(partial) if meta.segment_size == 0 => {
+                        complete_checksum(frame, partial);
+                        meta.partial_checksum = None;
+                        flip(frame, bit);
+                    }
+                    // Only the link can complete a super-segment's checksums.
+                    Some(_) => {}
+                }
             }
             if held.divert(
                 &v,
                 frame,
+                (RxMeta::default(), meta),
                 &mut faults.stats,
                 max_held,
                 depth,
@@ -471,7 +524,7 @@ impl<L: Link> Link for FaultInjector<L> {
             ) {
                 continue;
             }
-            return Some(range);
+            return Some((range, meta));
         });
         produced
     }
@@ -480,14 +533,15 @@ impl<L: Link> Link for FaultInjector<L> {
         if self.faults.config.direction.tx() && self.tx_held.next_due().is_some_and(|t| t <= now) {
             let held = &mut self.tx_held;
             let n = held.frames.len();
-            self.inner.tx_batch(now, n, &mut |buf| {
+            self.inner.tx_batch_meta(now, n, &mut |buf| {
                 let h = held.pop_due(now)?;
                 let len = h.len;
                 if let Some(dst) = buf.get_mut(..len) {
                     dst.copy_from_slice(h.buf.get(..len).unwrap_or(&[]));
                 }
+                let meta = h.tx_meta;
                 held.recycle(h);
-                Some(0..len)
+                Some((0..len, meta))
             });
         }
         self.inner.flush(now);
@@ -506,6 +560,10 @@ impl<L: Link> Link for FaultInjector<L> {
 
     fn stats(&self) -> LinkStats {
         self.inner.stats()
+    }
+
+    fn offloads(&self) -> Offloads {
+        self.inner.offloads()
     }
 }
 

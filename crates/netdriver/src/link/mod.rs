@@ -6,7 +6,10 @@
 //! - [`sim::SimLink`]: an in-memory pair of ends in *virtual* time, with latency, bandwidth,
 //!   MTU and a bounded queue, so every protocol test runs without privileges and
 //!   deterministically;
-//! - the AF_XDP link (next issue): frames live in a UMEM shared with the kernel.
+//! - the AF_XDP link ([`xdp`]): frames live in a UMEM shared with the kernel;
+//! - the AF_PACKET link ([`packet`]): frames through the kernel's device layer, with
+//!   segmentation and checksum offload through a `virtio_net_hdr`, for hosts where AF_XDP
+//!   must copy (veth, drivers without zero-copy). Which to choose: `docs/investigations/bulk.md`.
 //!
 //! [`fault::FaultInjector`] wraps any link and loses, reorders, duplicates and corrupts
 //! frames at seeded rates.
@@ -57,8 +60,41 @@
 //!
 //! Every method takes `now`; no link reads a clock. The simulated link is driven purely by
 //! these arguments, and [`Link::poll_at`] tells a driver of virtual time when to call again.
+//!
+//! # Offloads: segmentation and checksums
+//!
+//! A link may do work the stack would otherwise do per wire segment, and says which in
+//! [`Link::offloads`] ([`Offloads`]; none by default, today's behaviour):
+//!
+//! - **Segmentation** (TSO/GSO): the stack hands over one *super-segment*, a TCP segment of
+//!   up to 64 KiB of payload whose headers are those of its first wire segment, with the
+//!   wire segment size noted in [`TxMeta::segment_size`]; the link (a NIC, the kernel
+//!   behind a `virtio_net_hdr`, the simulated wire) cuts it into segments of that size,
+//!   advancing the sequence number and keeping PSH and FIN for the last one, as Linux's
+//!   `tcp_gso_segment` does. One super-segment then costs the stack's per-segment work
+//!   (headers, timers, loss records, a ring slot, a system call) once instead of up to 44
+//!   times at MTU 1500.
+//! - **Checksum**: the stack leaves the TCP checksum to the link
+//!   ([`TxMeta::partial_checksum`]: the field holds the pseudo-header sum, as Linux's
+//!   `CHECKSUM_PARTIAL`), so payload bytes are copied without being summed; segmentation
+//!   needs it, since every cut segment has its own checksum.
+//! - **Coalescing on receive** (GRO/LRO): a link may deliver several in-order segments of
+//!   one flow as one large segment, and may vouch for a frame's checksum
+//!   ([`RxMeta::checksum_verified`]: the kernel or NIC verified it, or it came from a
+//!   local sender that never computed one). The TCP accepts segments of any length up to
+//!   what IPv4 carries, whatever MSS it advertised, so a link needs no setting for this.
+//!
+//! The offload-aware methods are [`Link::recv_batch_meta`] and [`Link::tx_batch_meta`];
+//! their default implementations fall back on [`Link::recv_batch`] and
+//! [`Link::tx_batch`] (completing a requested checksum in software), so a link without
+//! offloads implements only the plain pair, and a wrapper around another link must
+//! forward all four and [`Link::offloads`] to keep its inner link's offloads.
 
 pub mod fault;
+pub mod gro;
+pub mod offload;
+#[cfg(target_os = "linux")]
+pub mod packet;
 pub mod sim;
 pub mod switch;
 #[cfg(target_os = "linux")]
@@ -108,6 +144,76 @@ pub struct LinkStats {
     /// System calls made to push queued frames out (`sendto` kicks on AF_XDP; zero on
     /// links that need none). A flush with nothing queued makes none.
     pub tx_kicks: u64,
+}
+
+/// What a link does for the stack beyond moving frames (see the
+/// [module documentation](self#offloads-segmentation-and-checksums)). The default is
+/// nothing: every frame is one wire segment with complete checksums.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Offloads {
+    /// The largest frame (Ethernet header included) [`Link::tx_batch_meta`] takes with a
+    /// [`TxMeta::segment_size`] to cut into wire segments (TSO/GSO): at most
+    /// [`MAX_SUPER_FRAME_LEN`]. 0: no segmentation, frames are at most
+    /// [`Link::max_frame_len`].
+    pub tx_segmentation: usize,
+    /// The link completes the TCP checksum of a frame sent with
+    /// [`TxMeta::partial_checksum`].
+    pub tx_checksum: bool,
+}
+
+impl Offloads {
+    /// Whether the link cuts super-segments of more than one wire segment.
+    pub fn segments(&self, max_frame_len: usize) -> bool {
+        self.tx_segmentation > max_frame_len && self.tx_checksum
+    }
+}
+
+/// The largest frame a segmenting link takes: an Ethernet header and the longest IPv4
+/// datagram (65535 bytes).
+pub const MAX_SUPER_FRAME_LEN: usize = ETHERNET_HEADER_LEN + 65535;
+
+/// Where a frame's checksum is to be completed by the link (Linux's `csum_start` and
+/// `csum_offset`, as in a `virtio_net_hdr`): the link sums the bytes from `start` to the
+/// end of the frame, the field included (it holds the pseudo-header sum), and writes the
+/// complement at `start + offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartialChecksum {
+    /// Offset of the first byte summed (the TCP header), from the frame's first byte.
+    pub start: u16,
+    /// Offset of the checksum field from `start` (16 for TCP).
+    pub offset: u16,
+}
+
+/// What a transmitted frame asks of the link ([`Link::tx_batch_meta`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxMeta {
+    /// For a super-segment: the payload bytes of each wire segment it is cut into (TSO's
+    /// `gso_size`); 0 sends the frame as it is. Only for links whose
+    /// [`Offloads::tx_segmentation`] is non-zero; the frame must then ask for
+    /// [`partial_checksum`](Self::partial_checksum) too.
+    pub segment_size: u16,
+    /// The TCP checksum is left to the link (only for links with
+    /// [`Offloads::tx_checksum`]; others complete it in software, see
+    /// [`Link::tx_batch_meta`]).
+    pub partial_checksum: Option<PartialChecksum>,
+}
+
+/// The writer [`Link::tx_batch_meta`] lends buffers to: it writes a frame into the buffer
+/// and returns where it lies and what it asks of the link, or `None` when it has nothing
+/// more to send.
+pub type FrameWriter<'a> = dyn FnMut(&mut [u8]) -> Option<(Range<usize>, TxMeta)> + 'a;
+
+/// What a link knows about a received frame ([`Link::recv_batch_meta`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RxMeta {
+    /// The link vouches for the frame's TCP checksum: its driver or the kernel verified it
+    /// (possibly per wire segment, before coalescing them), or it came from a sender on
+    /// this host that left it partial and whose bytes crossed no wire. The stack then
+    /// skips its own verification.
+    pub checksum_verified: bool,
+    /// For a frame coalesced from several wire segments: their payload size (GRO's
+    /// `gso_size`); 0 otherwise.
+    pub segment_size: u16,
 }
 
 /// A pipe of whole Ethernet frames. See the [module documentation](self) for why it is
@@ -160,6 +266,46 @@ pub trait Link {
 
     /// The link's counters.
     fn stats(&self) -> LinkStats;
+
+    /// What the link offloads from the stack; nothing by default.
+    fn offloads(&self) -> Offloads {
+        Offloads::default()
+    }
+
+    /// [`recv_batch`](Link::recv_batch) with what the link knows of each frame. A frame may
+    /// be longer than [`max_frame_len`](Link::max_frame_len) only on a link that coalesces
+    /// segments (and then at most [`MAX_SUPER_FRAME_LEN`]). The default lends the frames of
+    /// `recv_batch` with [`RxMeta::default`] (nothing vouched for).
+    fn recv_batch_meta(
+        &mut self,
+        now: Instant,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], RxMeta),
+    ) -> usize {
+        self.recv_batch(now, max, &mut |frame| f(frame, RxMeta::default()))
+    }
+
+    /// [`tx_batch`](Link::tx_batch) with offload requests per frame. Lent buffers are
+    /// [`TX_HEADROOM`] + the larger of [`max_frame_len`](Link::max_frame_len) and
+    /// [`Offloads::tx_segmentation`] bytes long; a frame with a
+    /// [`TxMeta::segment_size`] may be up to `tx_segmentation` long, others up to
+    /// `max_frame_len` (longer ones are dropped and counted as in `tx_batch`).
+    ///
+    /// The default lends the buffers of `tx_batch` and completes a requested partial
+    /// checksum in software ([`offload::complete_checksum`]), so a frame asking for it is
+    /// correct on every link; it has no segmentation, so a super-segment longer than
+    /// `max_frame_len` is dropped and counted. Returns the frames the caller produced.
+    fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
+        self.tx_batch(now, max, &mut |buf| {
+            let (range, meta) = f(buf)?;
+            if let (Some(partial), Some(frame)) =
+                (meta.partial_checksum, buf.get_mut(range.clone()))
+            {
+                offload::complete_checksum(frame, partial);
+            }
+            Some(range)
+        })
+    }
 
     /// Copies one frame out of `frame` and transmits it (convenience for tests and control
     /// traffic; hot paths write in place with [`tx_batch`](Link::tx_batch)). Returns whether
@@ -226,5 +372,19 @@ impl<L: Link + ?Sized> Link for Box<L> {
     }
     fn stats(&self) -> LinkStats {
         (**self).stats()
+    }
+    fn offloads(&self) -> Offloads {
+        (**self).offloads()
+    }
+    fn recv_batch_meta(
+        &mut self,
+        now: Instant,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], RxMeta),
+    ) -> usize {
+        (**self).recv_batch_meta(now, max, f)
+    }
+    fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
+        (**self).tx_batch_meta(now, max, f)
     }
 }

@@ -22,12 +22,21 @@
 //! Frames written by [`Link::tx_batch`] wait in the sending end (its "tx ring", at most
 //! [`SimConfig::tx_ring`] of them) until [`Link::flush`], exactly as AF_XDP frames wait for
 //! the `sendto` kick, so a driver that forgets to flush fails on the simulated link too.
+//!
+//! [`SimConfig::offload`] gives the link segmentation and checksum offloads
+//! ([`SimOffload`]): a NIC's TSO, which cuts super-segments into MTU-sized wire segments
+//! (so that faults and bandwidth act per wire segment), or a host-local link such as veth
+//! between two ends that both segment in software, which carries super-segments whole.
 
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{tx_range_ok, Link, LinkStats, TX_HEADROOM};
+use super::offload::{complete_checksum, Segmenter};
+use super::{
+    tx_range_ok, FrameWriter, Link, LinkStats, Offloads, RxMeta, TxMeta, MAX_SUPER_FRAME_LEN,
+    TX_HEADROOM,
+};
 use crate::time::{Duration, Instant};
 
 /// Configuration of a simulated link; both directions behave the same.
@@ -51,6 +60,26 @@ pub struct SimConfig {
     pub max_in_flight: usize,
     /// Frames an end may hold between [`Link::tx_batch`] and [`Link::flush`].
     pub tx_ring: usize,
+    /// Segmentation and checksum offloads ([`Link::offloads`]); none by default.
+    pub offload: SimOffload,
+}
+
+/// The offloads of a simulated link (see the [module documentation](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SimOffload {
+    /// None: every frame is at most [`Link::max_frame_len`] with complete checksums.
+    #[default]
+    None,
+    /// A NIC's TSO and checksum offload: super-segments (up to [`MAX_SUPER_FRAME_LEN`])
+    /// and partial checksums are accepted, and each super-segment is cut into wire
+    /// segments with complete checksums ([`Segmenter`]) before it is queued, so that
+    /// bandwidth, the queue limits and the receiver's faults see wire segments.
+    Segment,
+    /// A host-local link between two ends that both offload (veth between two kernels):
+    /// super-segments cross whole with their checksums partial, and the receiver is told
+    /// the checksum is vouched for ([`RxMeta::checksum_verified`]), as a Linux receiver
+    /// trusts `CHECKSUM_PARTIAL` from a local sender.
+    Whole,
 }
 
 impl Default for SimConfig {
@@ -65,6 +94,7 @@ impl Default for SimConfig {
             queue_frames: 1000,
             max_in_flight: 16384,
             tx_ring: 2048,
+            offload: SimOffload::None,
         }
     }
 }
@@ -80,6 +110,8 @@ struct InFlight {
     /// When the transmitter starts serialising it, in nanoseconds of virtual time.
     start_ns: u64,
     deliver_at: Instant,
+    /// Its checksum was left partial by a sender on a [`SimOffload::Whole`] link.
+    partial: bool,
 }
 
 /// One direction of the wire.
@@ -108,8 +140,12 @@ pub struct SimLink {
     side: usize,
     config: SimConfig,
     stats: LinkStats,
-    /// Frames written by `tx_batch`, not yet flushed onto the wire.
-    staged: Vec<(Vec<u8>, Range<usize>)>,
+    /// Frames written by `tx_batch`, not yet flushed onto the wire, and whether each one's
+    /// checksum is partial.
+    staged: Vec<(Vec<u8>, Range<usize>, bool)>,
+    /// The buffer super-segments are written into before [`SimOffload::Segment`] cuts
+    /// them (empty without it).
+    super_buf: Vec<u8>,
     /// Empty tx buffers owned by this end.
     free: Vec<Vec<u8>>,
     /// Frames taken off the wire for the current `recv_batch`; kept to reuse its capacity.
@@ -129,6 +165,7 @@ pub fn pair(config: SimConfig) -> (SimLink, SimLink) {
         config: config.clone(),
         stats: LinkStats::default(),
         staged: Vec::new(),
+        super_buf: Vec::new(),
         free: Vec::new(),
         rx_stage: Vec::new(),
         buffers_allocated: 0,
@@ -173,12 +210,79 @@ fn serialisation_ns(config: &SimConfig, len: usize) -> u64 {
     }
 }
 
+impl SimLink {
+    /// A free wire buffer: a recycled one, or (only when none is left, after reclaiming in
+    /// one batch the buffers the peer has finished with) a new one.
+    fn take_buffer(&mut self) -> Vec<u8> {
+        if let Some(buf) = self.free.pop() {
+            return buf;
+        }
+        // A reclaim only at the start of a batch would allocate one buffer per batch for
+        // the probe that ends it.
+        let mut shared = lock(&self.shared);
+        self.free.append(&mut shared.dirs[self.side].returned);
+        drop(shared);
+        self.free.pop().unwrap_or_else(|| {
+            self.buffers_allocated += 1;
+            Vec::new()
+        })
+    }
+
+    /// [`SimOffload::Segment`]: cuts the frame written into `super_buf` at `range` into
+    /// wire segments (or completes its checksum) and stages them. Returns false when the
+    /// frame is not one the link can segment (it is then dropped and counted).
+    fn stage_segmented(&mut self, range: Range<usize>, meta: TxMeta) -> bool {
+        let wire_len = TX_HEADROOM + self.max_frame_len();
+        let mut frame = std::mem::take(&mut self.super_buf);
+        let ok = match frame.get_mut(range.clone()) {
+            None => false,
+            Some(f) if meta.segment_size == 0 => {
+                if let Some(partial) = meta.partial_checksum {
+                    complete_checksum(f, partial);
+                }
+                if f.len() <= self.max_frame_len() {
+                    let mut buf = self.take_buffer();
+                    buf.resize(wire_len, 0);
+                    buf[..f.len()].copy_from_slice(f);
+                    self.staged.push((buf, 0..f.len(), false));
+                    true
+                } else {
+                    false
+                }
+            }
+            Some(f) => match Segmenter::new(f, usize::from(meta.segment_size)) {
+                Ok(seg) if (0..seg.count()).all(|i| seg.len_of(i) <= self.max_frame_len()) => {
+                    for i in 0..seg.count() {
+                        let mut buf = self.take_buffer();
+                        buf.resize(wire_len, 0);
+                        let n = seg.write(i, &mut buf).unwrap_or(0);
+                        self.staged.push((buf, 0..n, false));
+                    }
+                    true
+                }
+                _ => false,
+            },
+        };
+        self.super_buf = std::mem::take(&mut frame);
+        ok
+    }
+}
+
 impl Link for SimLink {
     fn mtu(&self) -> usize {
         self.config.mtu
     }
 
     fn recv_batch(&mut self, now: Instant, max: usize, f: &mut dyn FnMut(&[u8])) -> usize {
+        self.recv_batch_meta(now, max, &mut |frame, _| f(frame))
+    }
+
+    fn recv_batch_meta(
+        &mut self,
+        now: Instant,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], RxMeta),
+    ) -> usize {
         let incoming = 1 - self.side;
         {
             let mut shared = lock(&self.shared);
@@ -195,7 +299,11 @@ impl Link for SimLink {
             let data = frame.buf.get(frame.frame.clone()).unwrap_or(&[]);
             self.stats.rx_frames += 1;
             self.stats.rx_bytes += data.len() as u64;
-            f(data);
+            let meta = RxMeta {
+                checksum_verified: frame.partial,
+                segment_size: 0,
+            };
+            f(data, meta);
         }
         if n > 0 {
             let mut shared = lock(&self.shared);
@@ -207,29 +315,47 @@ impl Link for SimLink {
 
     fn tx_batch(
         &mut self,
-        _now: Instant,
+        now: Instant,
         max: usize,
         f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
     ) -> usize {
+        self.tx_batch_meta(now, max, &mut |buf| Some((f(buf)?, TxMeta::default())))
+    }
+
+    fn tx_batch_meta(&mut self, _now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         let frame_len = self.max_frame_len();
-        let buf_len = TX_HEADROOM + frame_len;
+        let offload = self.config.offload;
+        let (buf_len, super_len) = match offload {
+            SimOffload::None => (TX_HEADROOM + frame_len, frame_len),
+            SimOffload::Segment | SimOffload::Whole => {
+                (TX_HEADROOM + MAX_SUPER_FRAME_LEN, MAX_SUPER_FRAME_LEN)
+            }
+        };
+        // A super-segment cut on this link takes up to this many ring slots.
+        let slots = match offload {
+            SimOffload::Segment => MAX_SUPER_FRAME_LEN.div_ceil(self.config.mtu.max(1)),
+            _ => 1,
+        };
         let mut produced = 0;
-        while produced < max && self.staged.len() < self.config.tx_ring {
-            let mut buf = match self.free.pop() {
-                Some(buf) => buf,
-                None => {
-                    // Reclaim, in one batch, the buffers the peer has finished with, and
-                    // allocate only when there are none: a reclaim only at the start of a
-                    // batch would allocate one buffer per batch for the probe that ends it.
-                    let mut shared = lock(&self.shared);
-                    self.free.append(&mut shared.dirs[self.side].returned);
-                    drop(shared);
-                    self.free.pop().unwrap_or_else(|| {
-                        self.buffers_allocated += 1;
-                        Vec::new()
-                    })
+        while produced < max && self.staged.len() + slots <= self.config.tx_ring.max(slots) {
+            if offload == SimOffload::Segment {
+                let mut buf = std::mem::take(&mut self.super_buf);
+                buf.resize(buf_len, 0);
+                let answer = f(&mut buf);
+                self.super_buf = buf;
+                let Some((range, meta)) = answer else { break };
+                produced += 1;
+                let limit = if meta.segment_size > 0 {
+                    super_len
+                } else {
+                    frame_len
+                };
+                if !tx_range_ok(&range, buf_len, limit) || !self.stage_segmented(range, meta) {
+                    self.stats.dropped_oversize += 1;
                 }
-            };
+                continue;
+            }
+            let mut buf = self.take_buffer();
             // Buffers are all the same size unless the MTU changed; resizing is a no-op then.
             buf.resize(buf_len, 0);
             match f(&mut buf) {
@@ -237,14 +363,30 @@ impl Link for SimLink {
                     self.free.push(buf);
                     break;
                 }
-                Some(range) => {
+                Some((range, meta)) => {
                     produced += 1;
-                    if tx_range_ok(&range, buf_len, frame_len) {
-                        self.staged.push((buf, range));
+                    let limit = if meta.segment_size > 0 {
+                        super_len
                     } else {
+                        frame_len
+                    };
+                    if !tx_range_ok(&range, buf_len, limit) {
                         self.stats.dropped_oversize += 1;
                         self.free.push(buf);
+                        continue;
                     }
+                    let partial = match (meta.partial_checksum, offload) {
+                        (Some(_), SimOffload::Whole) => true,
+                        (Some(p), _) => {
+                            // No offload: completed in software, as the trait's default does.
+                            if let Some(frame) = buf.get_mut(range.clone()) {
+                                complete_checksum(frame, p);
+                            }
+                            false
+                        }
+                        (None, _) => false,
+                    };
+                    self.staged.push((buf, range, partial));
                 }
             }
         }
@@ -259,7 +401,7 @@ impl Link for SimLink {
         let shared = Arc::clone(&self.shared);
         let mut shared = lock(&shared);
         let dir = &mut shared.dirs[self.side];
-        for (buf, frame) in self.staged.drain(..) {
+        for (buf, frame, partial) in self.staged.drain(..) {
             let len = frame.len();
             // Frames that have not started serialising sit in the bottleneck queue; the
             // wire is FIFO in start time, so they are a suffix of it.
@@ -289,6 +431,7 @@ impl Link for SimLink {
                 frame,
                 start_ns,
                 deliver_at,
+                partial,
             });
         }
     }
@@ -302,6 +445,16 @@ impl Link for SimLink {
 
     fn stats(&self) -> LinkStats {
         self.stats
+    }
+
+    fn offloads(&self) -> Offloads {
+        match self.config.offload {
+            SimOffload::None => Offloads::default(),
+            SimOffload::Segment | SimOffload::Whole => Offloads {
+                tx_segmentation: MAX_SUPER_FRAME_LEN,
+                tx_checksum: true,
+            },
+        }
     }
 }
 
@@ -594,6 +747,126 @@ mod tests {
         a.flush(at(0));
         let mut got = 0;
         b.recv_batch(at(10), 8, &mut |_| got += 1);
+        assert_eq!(got, 1);
+    }
+
+    /// A TCP frame of `len` payload bytes with its checksum left partial, as the interface
+    /// writes one for a link with checksum offload.
+    fn partial_frame(len: usize) -> (Vec<u8>, TxMeta) {
+        use crate::tcp::SeqNumber;
+        use crate::wire::frame::{emit_tcp_frame_partial, tcp_payload_offset, TCP_HEADER_AT};
+        use crate::wire::{EtherType, IpProtocol};
+        use crate::wire::{EthernetAddress, EthernetRepr, Ipv4Repr, TcpRepr};
+        let tcp = TcpRepr {
+            src_port: 1,
+            dst_port: 2,
+            seq: SeqNumber(5),
+            ack: Some(SeqNumber(9)),
+            flags: crate::wire::TcpFlags::PSH,
+            window: 10,
+            urgent: 0,
+            options: Default::default(),
+        };
+        let eth = EthernetRepr {
+            src: EthernetAddress([2, 0, 0, 0, 0, 1]),
+            dst: EthernetAddress([2, 0, 0, 0, 0, 2]),
+            ethertype: EtherType::Ipv4,
+        };
+        let ip = Ipv4Repr {
+            src: std::net::Ipv4Addr::new(10, 0, 0, 1),
+            dst: std::net::Ipv4Addr::new(10, 0, 0, 2),
+            protocol: IpProtocol::Tcp,
+            payload_len: 0,
+            ttl: 64,
+            dscp_ecn: 0,
+        };
+        let at = tcp_payload_offset(&tcp);
+        let mut buf = vec![0u8; at + len];
+        for (i, b) in buf[at..].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let n = emit_tcp_frame_partial(&mut buf, &eth, &ip, 3, &tcp, len).unwrap();
+        buf.truncate(n);
+        let meta = TxMeta {
+            segment_size: 1460,
+            partial_checksum: Some(crate::link::PartialChecksum {
+                start: TCP_HEADER_AT as u16,
+                offset: 16,
+            }),
+        };
+        (buf, meta)
+    }
+
+    fn send_meta(link: &mut SimLink, frame: &[u8], meta: TxMeta) -> usize {
+        let mut done = false;
+        link.tx_batch_meta(at(0), 1, &mut |buf| {
+            if done {
+                return None;
+            }
+            done = true;
+            // A frame too long for the buffer is passed on unwritten for the link to count.
+            if let Some(dst) = buf.get_mut(..frame.len()) {
+                dst.copy_from_slice(frame);
+            }
+            Some((0..frame.len(), meta))
+        })
+    }
+
+    #[test]
+    fn a_segmenting_link_cuts_super_segments_into_wire_segments() {
+        let (mut a, mut b) = pair(SimConfig {
+            offload: SimOffload::Segment,
+            ..SimConfig::default()
+        });
+        assert!(a.offloads().segments(a.max_frame_len()));
+        let (frame, meta) = partial_frame(10_000);
+        assert_eq!(send_meta(&mut a, &frame, meta), 1);
+        a.flush(at(0));
+        let mut got = Vec::new();
+        b.recv_batch_meta(at(100), 64, &mut |f, m| {
+            assert!(!m.checksum_verified);
+            let p = crate::wire::parse_tcp_frame(f, true).expect("complete checksums");
+            assert!(f.len() <= 1514);
+            got.extend_from_slice(p.payload);
+        });
+        assert_eq!(got.len(), 10_000);
+        assert!(got.iter().enumerate().all(|(i, b)| *b == i as u8));
+        assert_eq!(b.stats().rx_frames, 7);
+        assert_eq!(a.stats().tx_frames, 7);
+    }
+
+    #[test]
+    fn a_whole_link_carries_super_segments_as_they_are_and_vouches_for_them() {
+        let (mut a, mut b) = pair(SimConfig {
+            offload: SimOffload::Whole,
+            ..SimConfig::default()
+        });
+        let (frame, meta) = partial_frame(10_000);
+        send_meta(&mut a, &frame, meta);
+        a.flush(at(0));
+        let mut got = Vec::new();
+        b.recv_batch_meta(at(100), 64, &mut |f, m| {
+            got.push((f.to_vec(), m.checksum_verified))
+        });
+        assert_eq!(got, vec![(frame, true)]);
+    }
+
+    #[test]
+    fn without_offloads_a_partial_checksum_is_completed_and_a_super_segment_dropped() {
+        let (mut a, mut b) = pair(SimConfig::default());
+        assert_eq!(a.offloads(), Offloads::default());
+        let (small, mut meta) = partial_frame(100);
+        meta.segment_size = 0;
+        send_meta(&mut a, &small, meta);
+        let (big, meta) = partial_frame(10_000);
+        send_meta(&mut a, &big, meta);
+        a.flush(at(0));
+        assert_eq!(a.stats().dropped_oversize, 1);
+        let mut got = 0;
+        b.recv_batch(at(100), 64, &mut |f| {
+            assert!(crate::wire::parse_tcp_frame(f, true).is_ok());
+            got += 1;
+        });
         assert_eq!(got, 1);
     }
 }

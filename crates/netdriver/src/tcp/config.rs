@@ -191,6 +191,23 @@ pub struct Config {
     /// forever, an ACK loop; data segments are always answered. Default 500 ms, Linux's
     /// `tcp_invalid_ratelimit`.
     pub invalid_ack_interval: Duration,
+    /// Super-segments (TSO/GSO, see [`crate::link`]'s offloads): the largest payload one
+    /// segment handed to the link may carry when the link cuts segments into wire
+    /// segments of the MSS itself; 0 (the default) sends every segment as one wire
+    /// segment. A super-segment holds whole MSS-sized segments, and a shorter last one only
+    /// when that would have been sent alone at once (Nagle and sender SWS avoidance apply
+    /// to it as to a segment of its own); everything the connection accounts per segment
+    /// (RACK and RTT send records, SACK and loss marks) is kept per wire segment, so loss
+    /// inside a super-segment is repaired segment by segment. Tail loss probes, zero-window
+    /// probes and retransmissions of segments deemed lost stay single segments. The
+    /// interface sets it from its link ([`crate::netif::InterfaceConfig::large_segments`]).
+    pub max_super_segment: usize,
+    /// The link completes TCP checksums (checksum offload): payload bytes are copied out of
+    /// the send buffer without being summed, and [`Transmit::payload_sum`] is 0. Set by
+    /// the interface from its link. Default false.
+    ///
+    /// [`Transmit::payload_sum`]: crate::tcp::Transmit::payload_sum
+    pub checksum_offload: bool,
 }
 
 impl Default for Config {
@@ -231,6 +248,8 @@ impl Default for Config {
             paws_idle_limit: Duration::from_secs(24 * 24 * 60 * 60),
             challenge_ack_limit_per_sec: 10,
             invalid_ack_interval: Duration::from_millis(500),
+            max_super_segment: 0,
+            checksum_offload: false,
         }
     }
 }

@@ -47,13 +47,45 @@ pub fn emit_tcp_frame_summed(
     payload_len: usize,
     payload_sum: Option<u16>,
 ) -> Result<usize, WireError> {
-    let ip_at = ethernet::HEADER_LEN;
-    let tcp_at = ip_at + ipv4::HEADER_LEN;
-    let seg = buf.get_mut(tcp_at..).ok_or(WireError::Truncated)?;
+    let seg = buf.get_mut(TCP_HEADER_AT..).ok_or(WireError::Truncated)?;
     let seg_len = match payload_sum {
         Some(sum) => tcp.emit_with_payload_sum(seg, payload_len, sum, ip.src, ip.dst)?,
         None => tcp.emit(seg, payload_len, ip.src, ip.dst)?,
     };
+    finish_tcp_frame(buf, eth, ip, ident, seg_len)
+}
+
+/// [`emit_tcp_frame`] for a link that completes the TCP checksum (checksum offload): the
+/// field holds the pseudo-header sum only, and the payload is not read. The link is told
+/// with a [`PartialChecksum`](crate::link::PartialChecksum) starting at
+/// [`TCP_HEADER_AT`] with offset 16.
+pub fn emit_tcp_frame_partial(
+    buf: &mut [u8],
+    eth: &EthernetRepr,
+    ip: &Ipv4Repr,
+    ident: u16,
+    tcp: &TcpRepr,
+    payload_len: usize,
+) -> Result<usize, WireError> {
+    let seg = buf.get_mut(TCP_HEADER_AT..).ok_or(WireError::Truncated)?;
+    let seg_len = tcp.emit_with_partial_checksum(seg, payload_len, ip.src, ip.dst)?;
+    finish_tcp_frame(buf, eth, ip, ident, seg_len)
+}
+
+/// Where the TCP header starts in a frame built here (Ethernet II, IPv4 without options).
+pub const TCP_HEADER_AT: usize = ethernet::HEADER_LEN + ipv4::HEADER_LEN;
+
+/// The IPv4 and Ethernet headers in front of a TCP segment of `seg_len` bytes already
+/// written at [`TCP_HEADER_AT`]; returns the frame length.
+fn finish_tcp_frame(
+    buf: &mut [u8],
+    eth: &EthernetRepr,
+    ip: &Ipv4Repr,
+    ident: u16,
+    seg_len: usize,
+) -> Result<usize, WireError> {
+    let ip_at = ethernet::HEADER_LEN;
+    let tcp_at = TCP_HEADER_AT;
     let ip = Ipv4Repr {
         protocol: IpProtocol::Tcp,
         payload_len: seg_len,

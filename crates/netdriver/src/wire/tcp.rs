@@ -693,6 +693,22 @@ impl TcpRepr {
         Ok(total)
     }
 
+    /// [`TcpRepr::emit`] for a link that completes the checksum (checksum offload): the
+    /// field gets the pseudo-header sum only, as Linux leaves it for `CHECKSUM_PARTIAL`,
+    /// and neither header nor payload is summed here.
+    pub fn emit_with_partial_checksum(
+        &self,
+        segment: &mut [u8],
+        payload_len: usize,
+        src_ip: Ipv4Addr,
+        dst_ip: Ipv4Addr,
+    ) -> Result<usize, WireError> {
+        let (mut p, total) = self.emit_header(segment, payload_len)?;
+        let len = u32::try_from(total).unwrap_or(u32::MAX);
+        p.set_checksum(checksum::pseudo_header_v4(src_ip, dst_ip, PROTOCOL, len));
+        Ok(total)
+    }
+
     /// Writes every header field and option of a segment of `payload_len` bytes of payload
     /// into `segment`, all but the checksum; returns the packet view and the segment length.
     fn emit_header<'a>(

@@ -120,8 +120,20 @@ pub struct Transmit {
     pub payload_len: usize,
     /// The folded Internet checksum sum ([`checksum::data`](crate::wire::checksum::data))
     /// of those bytes, computed in the pass that copied them out of the send ring (0
-    /// without payload), so that emitting the frame need not read the payload again.
+    /// without payload, or with [`Config::checksum_offload`]), so that emitting the frame
+    /// need not read the payload again.
     pub payload_sum: u16,
+    /// The largest payload of one wire segment for this segment's options (the MSS less
+    /// options). A payload longer than this makes a super-segment, which the link cuts
+    /// into wire segments of this size ([`Config::max_super_segment`]).
+    pub segment_size: usize,
+}
+
+impl Transmit {
+    /// Whether this is a super-segment: more payload than one wire segment carries.
+    pub fn is_super_segment(&self) -> bool {
+        self.payload_len > self.segment_size
+    }
 }
 
 /// A snapshot of a connection's counters and congestion state.
@@ -188,6 +200,11 @@ pub struct Stats {
     pub spurious_recoveries_undone: u64,
     /// Segments dropped by PAWS (RFC 7323 §5): TSval older than TS.Recent.
     pub paws_rejected: u64,
+    /// Super-segments sent ([`Config::max_super_segment`]), each also counted once in
+    /// `segments_sent`.
+    pub super_segments_sent: u64,
+    /// Wire segments those super-segments were cut into.
+    pub super_segment_pieces: u64,
 }
 
 /// The undo record of one fast-recovery episode (see [`Config::undo`]).
@@ -227,6 +244,8 @@ struct Counters {
     spurious_recoveries_undone: u64,
     paws_rejected: u64,
     rx_buffer_grown: u64,
+    super_segments_sent: u64,
+    super_segment_pieces: u64,
 }
 
 /// The part of [`Stats`] a driver publishes on every round that moved the connection
@@ -1119,6 +1138,8 @@ impl Connection {
             dsacks_sent: c.dsacks_sent,
             spurious_recoveries_undone: c.spurious_recoveries_undone,
             paws_rejected: c.paws_rejected,
+            super_segments_sent: c.super_segments_sent,
+            super_segment_pieces: c.super_segment_pieces,
         }
     }
 

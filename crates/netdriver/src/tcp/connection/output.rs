@@ -75,6 +75,7 @@ impl Connection {
                 repr: rst,
                 payload_len: 0,
                 payload_sum: 0,
+                segment_size: 0,
             });
         }
         // Before any segment: a grown receive buffer goes out in this poll's window.
@@ -164,6 +165,7 @@ impl Connection {
             },
             payload_len: 0,
             payload_sum: 0,
+            segment_size: 0,
         }
     }
 
@@ -181,6 +183,7 @@ impl Connection {
         }
         let options = self.data_options(now);
         let max_seg = self.max_payload(&options).min(buf.len());
+        let burst = self.burst_limit(max_seg, buf.len());
 
         if self.fast_rtx_pending {
             self.fast_rtx_pending = false;
@@ -210,7 +213,7 @@ impl Connection {
         }
 
         if self.in_recovery && self.sack_enabled {
-            return self.transmit_sack_recovery(now, buf, options, max_seg);
+            return self.transmit_sack_recovery(now, buf, options, max_seg, burst);
         }
 
         let send_end = self.send_end();
@@ -275,7 +278,10 @@ impl Connection {
             } else {
                 room_limited
             };
-            let len = avail.min(max_seg).min(room_wnd).min(room);
+            let mut len = avail.min(burst).min(room_wnd).min(room);
+            if len > max_seg {
+                len = self.super_segment_len(len, max_seg, avail, room_cwnd, retransmission);
+            }
             if len > 0 {
                 self.rto_probe = false;
                 let kind = if retransmission {
@@ -283,7 +289,7 @@ impl Connection {
                 } else {
                     SendKind::New
                 };
-                let full = len == max_seg;
+                let full = len >= max_seg;
                 let all_queued = len == avail;
                 // Nagle (RFC 9293 §3.7.4): a small segment waits while data is
                 // unacknowledged, unless disabled or the FIN follows.
@@ -307,6 +313,53 @@ impl Connection {
             return Some(self.emit_data(now, seq, 0, buf, options, SendKind::New));
         }
         None
+    }
+
+    /// The most payload one segment may carry now: one wire segment (`max_seg`), or, with
+    /// super-segments on ([`Config::max_super_segment`]), as many whole wire segments as
+    /// the configured maximum and the caller's buffer hold.
+    ///
+    /// [`Config::max_super_segment`]: crate::tcp::Config::max_super_segment
+    fn burst_limit(&self, max_seg: usize, buf_len: usize) -> usize {
+        let cap = self.config.max_super_segment.min(buf_len);
+        if max_seg == 0 || cap <= max_seg {
+            return max_seg;
+        }
+        cap / max_seg * max_seg
+    }
+
+    /// The length of a super-segment of at most `len` (more than one wire segment) bytes:
+    /// what the same calls without super-segments would have sent back to back now.
+    /// Whole wire segments; a shorter tail only when it would have gone out alone right
+    /// after them (a retransmission, or Nagle off or the FIN next, and the tail either
+    /// ends the queue or is worth sending under sender SWS avoidance); limited transmit's
+    /// allowance beyond cwnd, and new data beyond SND.MAX in a retransmission, are left to
+    /// the next call (single segments, as before).
+    fn super_segment_len(
+        &self,
+        len: usize,
+        max_seg: usize,
+        avail: usize,
+        room_cwnd: usize,
+        retransmission: bool,
+    ) -> usize {
+        let mut len = len;
+        if retransmission {
+            len = len.min(seq_len(self.snd_nxt, self.snd_max).max(max_seg));
+        } else if len > room_cwnd {
+            len = room_cwnd.max(max_seg);
+        }
+        let whole = len / max_seg * max_seg;
+        let tail = len - whole;
+        let tail_goes = tail > 0
+            && (retransmission
+                || ((self.nodelay || self.fin_queued)
+                    && (len == avail || tail >= (self.max_snd_wnd / 2).max(1))));
+        if tail_goes {
+            len
+        } else {
+            whole
+        }
     }
 
     /// Bytes limited transmit adds to cwnd now (RFC 3042 §2): one SMSS per duplicate ACK
@@ -336,19 +389,28 @@ impl Connection {
         buf: &mut [u8],
         options: TcpOptions,
         max_seg: usize,
+        burst: usize,
     ) -> Option<Transmit> {
         let smss = self.send_mss();
         let pipe = self.sack_pipe();
         if self.congestion_window() < pipe.saturating_add(smss) {
             return None;
         }
+        // New data may go as a super-segment of the whole segments cwnd leaves room for
+        // (what repeated calls would send: each needs `cwnd - pipe >= SMSS`).
+        let room = self.congestion_window() - pipe;
+        let new_data_max = if burst > max_seg && max_seg > 0 {
+            (room.min(burst) / max_seg * max_seg).max(max_seg)
+        } else {
+            max_seg
+        };
         if self.rack_active() {
             // Rule 1 with RACK's marks (RFC 8985 §6.2), then rule 2; no rule 3.
             if let Some((start, end)) = self.rack.next_lost() {
                 let len = seq_len(start, end).min(max_seg);
                 return Some(self.emit_data(now, start, len, buf, options, SendKind::Retransmit));
             }
-            return self.transmit_new_in_recovery(now, buf, options, max_seg);
+            return self.transmit_new_in_recovery(now, buf, options, new_data_max);
         }
         let from = self.high_rxt.max(self.snd_una);
         let hole = self.sack_board.next_hole(from);
@@ -360,7 +422,7 @@ impl Connection {
             }
         }
         // Rule 2: new data, if the receiver's window allows.
-        if let Some(t) = self.transmit_new_in_recovery(now, buf, options, max_seg) {
+        if let Some(t) = self.transmit_new_in_recovery(now, buf, options, new_data_max) {
             return Some(t);
         }
         // Rule 3: an un-SACKed hole above HighRxt even if not yet deemed lost.
@@ -448,7 +510,13 @@ impl Connection {
         let send_end = self.send_end();
         let offset = seq_len(self.tx_base, seq);
         let len = max_len.min(seq_len(seq, send_end)).min(buf.len());
-        let (len, payload_sum) = self.tx.read_at_sum(offset, &mut buf[..len]);
+        let (len, payload_sum) = if self.config.checksum_offload {
+            (self.tx.read_at(offset, &mut buf[..len]), 0)
+        } else {
+            self.tx.read_at_sum(offset, &mut buf[..len])
+        };
+        // One wire segment's payload: the pieces a super-segment is cut into.
+        let segment_size = self.max_payload(&options).min(buf.len()).max(1);
         let end = seq + len;
         // The FIN rides on the segment that reaches the end of the queued data.
         let fin = self.fin_queued && end == send_end && kind != SendKind::Probe;
@@ -515,11 +583,23 @@ impl Connection {
                     // RFC 6937 prr_out.
                     self.prr_out = self.prr_out.saturating_add(seq_len(seq, seq_end));
                 }
-                if self.rack_active() && seq_len(seq, seq_end) > 0 {
-                    self.rack.on_send(seq, seq_end, now);
-                }
-                if self.ts_enabled {
-                    self.send_times.on_send(seq, seq_end, now);
+                // Per wire segment, so that a loss inside a super-segment is marked and
+                // repaired as the loss of that segment alone.
+                let rack = self.rack_active();
+                let mut at = seq;
+                while seq_end.distance_from(at) > 0 {
+                    let piece_end = if seq_len(at, seq_end) > segment_size {
+                        at + segment_size
+                    } else {
+                        seq_end
+                    };
+                    if rack {
+                        self.rack.on_send(at, piece_end, now);
+                    }
+                    if self.ts_enabled {
+                        self.send_times.on_send(at, piece_end, now);
+                    }
+                    at = piece_end;
                 }
                 // RFC 6298 §5.1: start the timer if it is not running.
                 if self.rtx_deadline.is_none() && seq_len(seq, seq_end) > 0 {
@@ -532,12 +612,17 @@ impl Connection {
             }
         }
         self.counters.bytes_sent += len as u64;
+        if len > segment_size {
+            self.counters.super_segments_sent += 1;
+            self.counters.super_segment_pieces += len.div_ceil(segment_size) as u64;
+        }
         let repr = self.finish_segment(seq, flags, options);
         trace!(seq = seq.0, len, ?flags, "tcp: sending data");
         Transmit {
             repr,
             payload_len: len,
             payload_sum,
+            segment_size,
         }
     }
 
@@ -555,6 +640,7 @@ impl Connection {
             repr,
             payload_len: 0,
             payload_sum: 0,
+            segment_size: 0,
         })
     }
 
@@ -583,6 +669,7 @@ impl Connection {
             repr,
             payload_len: 0,
             payload_sum: 0,
+            segment_size: 0,
         })
     }
 
