@@ -35,6 +35,17 @@ pub enum Command {
     Server(ServerArgs),
     /// Runs tests against an `ncperf server` on another host.
     Client(ClientArgs),
+    /// Draws the charts of a report written with `--json` again.
+    Plot(PlotArgs),
+}
+
+/// `ncperf plot`.
+#[derive(Debug, Clone, Args)]
+pub struct PlotArgs {
+    /// The report (`--json`'s file).
+    pub report: PathBuf,
+    /// Where to write the SVG charts.
+    pub dir: PathBuf,
 }
 
 /// The stack a side runs and its settings.

@@ -57,6 +57,7 @@ fn main() -> ExitCode {
         Command::Demo(d) => demo(d),
         Command::Server(s) => server(s),
         Command::Client(c) => client(c),
+        Command::Plot(p) => replot(p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -93,6 +94,31 @@ fn outputs(report: &Report, suite: &cli::SuiteArgs) -> Result<(), Fail> {
         for f in files {
             println!("chart: {}", f.display());
         }
+    }
+    Ok(())
+}
+
+/// `ncperf plot REPORT DIR`.
+fn replot(args: &cli::PlotArgs) -> Result<(), Fail> {
+    let text = std::fs::read_to_string(&args.report)
+        .map_err(|e| fail(format!("reading {}: {e}", args.report.display())))?;
+    let report: Report = serde_json::from_str(&text).map_err(|e| {
+        fail(format!(
+            "{} is not an ncperf report ({SCHEMA}): {e}",
+            args.report.display()
+        ))
+    })?;
+    if report.schema != SCHEMA {
+        return Err(fail(format!(
+            "{} has schema {:?}; this ncperf reads {SCHEMA}",
+            args.report.display(),
+            report.schema
+        )));
+    }
+    let files = plot::write_all(&args.dir, &report.measurements)
+        .map_err(|e| fail(format!("writing charts into {}: {e}", args.dir.display())))?;
+    for f in files {
+        println!("chart: {}", f.display());
     }
     Ok(())
 }

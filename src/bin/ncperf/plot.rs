@@ -108,9 +108,9 @@ fn cdf_chart(path: &Path, title: &str, lines: &[(String, RGBColor, bool, &Latenc
         .map(|l| nines(1.0 - 1.0 / l.3.samples.max(1) as f64, 6.0))
         .fold(2.0f64, f64::max)
         .ceil();
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
+    let (root, area, legend_area) = canvas(path, lines.len(), 1)?;
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut chart = ChartBuilder::on(&area)
         .caption(title, (FONT, 20))
         .margin(14)
         .x_label_area_size(44)
@@ -137,32 +137,62 @@ fn cdf_chart(path: &Path, title: &str, lines: &[(String, RGBColor, bool, &Latenc
             trim(round3(l.p99_us)),
             trim(round3(l.p999_us))
         );
-        let c = *c;
         if *dashed {
-            chart
-                .draw_series(DashedLineSeries::new(pts, 6, 4, style))?
-                .label(legend)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 8, y)], c.stroke_width(2))
-                });
+            chart.draw_series(DashedLineSeries::new(pts, 6, 4, style))?;
         } else {
-            chart
-                .draw_series(LineSeries::new(pts, style))?
-                .label(legend)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
-                });
+            chart.draw_series(LineSeries::new(pts, style))?;
         }
+        entries.push((legend, *c, *dashed));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.3))
-        .label_font((FONT, 13))
-        .draw()?;
+    draw_legend(&legend_area, &entries, 1)?;
     root.present()?;
     Ok(true)
+}
+
+/// A legend entry: label, colour, dashed.
+type Entry = (String, RGBColor, bool);
+
+/// The drawing area of a chart.
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+
+/// Height of a legend strip of `n` entries in `cols` columns.
+fn legend_height(n: usize, cols: usize) -> u32 {
+    (n.div_ceil(cols.max(1)) as u32) * 20 + 12
+}
+
+/// A white canvas of [`SIZE`] with a legend strip for `n` entries in `cols` columns
+/// below it: (the whole, the chart's area, the legend's area).
+fn canvas(path: &Path, n: usize, cols: usize) -> Res<(Area<'_>, Area<'_>, Area<'_>)> {
+    let root =
+        SVGBackend::new(path, (SIZE.0, SIZE.1 + legend_height(n, cols))).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (chart, legend) = root.split_vertically(SIZE.1);
+    Ok((root, chart, legend))
+}
+
+/// Draws `entries` in `cols` columns: a line sample (dashed or not) and the label.
+fn draw_legend(area: &Area<'_>, entries: &[Entry], cols: usize) -> Res<()> {
+    let cols = cols.max(1);
+    let width = (SIZE.0 as i32 - 80) / cols as i32;
+    for (i, (label, c, dashed)) in entries.iter().enumerate() {
+        let x = 70 + (i % cols) as i32 * width;
+        let y = 8 + (i / cols) as i32 * 20;
+        let style = c.stroke_width(2);
+        if *dashed {
+            for k in 0..3 {
+                let x0 = x + k * 9;
+                area.draw(&PathElement::new(vec![(x0, y), (x0 + 5, y)], style))?;
+            }
+        } else {
+            area.draw(&PathElement::new(vec![(x, y), (x + 24, y)], style))?;
+        }
+        area.draw(&Text::new(
+            label.clone(),
+            (x + 32, y - 7),
+            (FONT, 13).into_font().color(&BLACK),
+        ))?;
+    }
+    Ok(())
 }
 
 /// Three significant digits.
@@ -259,9 +289,12 @@ fn request_rate(path: &Path, ms: &[Measurement]) -> Res<bool> {
     if sizes.is_empty() {
         return Ok(false);
     }
-    let root = SVGBackend::new(path, (SIZE.0, SIZE.1)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (top, body) = root.split_vertically(36);
+    let shown: Vec<Transport> = [Transport::Netchannel, Transport::Kernel, Transport::KernelXdp]
+        .into_iter()
+        .filter(|&t| ms.iter().any(|m| m.test == Test::Rpc && m.transport == t))
+        .collect();
+    let (root, area, legend_area) = canvas(path, shown.len(), 3)?;
+    let (top, body) = area.split_vertically(36);
     top.titled(
         "Closed-loop request rate (one request outstanding per connection)",
         (FONT, 20),
@@ -270,6 +303,11 @@ fn request_rate(path: &Path, ms: &[Measurement]) -> Res<bool> {
     for (panel, &size) in panels.iter().zip(&sizes) {
         rate_panel(panel, ms, size)?;
     }
+    let entries: Vec<Entry> = shown
+        .iter()
+        .map(|&t| (t.label().to_string(), colour(t), t == Transport::KernelXdp))
+        .collect();
+    draw_legend(&legend_area, &entries, 3)?;
     root.present()?;
     Ok(true)
 }
@@ -334,19 +372,13 @@ fn rate_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, ms: &[Measurement], siz
     for (t, pts) in series {
         let c = colour(t);
         let style = ShapeStyle::from(&c).stroke_width(2);
-        chart
-            .draw_series(LineSeries::new(pts.clone(), style))?
-            .label(t.label())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+        if t == Transport::KernelXdp {
+            chart.draw_series(DashedLineSeries::new(pts.clone(), 6, 4, style))?;
+        } else {
+            chart.draw_series(LineSeries::new(pts.clone(), style))?;
+        }
         chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.3))
-        .label_font((FONT, 12))
-        .draw()?;
     Ok(())
 }
 
@@ -404,11 +436,11 @@ fn sweep(
         .chain(refs.iter().map(|r| r.1))
         .fold(0.0, f64::max)
         * 1.2;
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
+    let (root, area, legend_area) = canvas(path, lines.len() + refs.len(), 2)?;
+    let mut entries: Vec<Entry> = Vec::new();
     let title = format!("Bulk goodput against {x_desc}");
     let pad = ((xmax - xmin) * 0.08).max(0.2);
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(&area)
         .caption(title, (FONT, 20))
         .margin(14)
         .x_label_area_size(44)
@@ -444,34 +476,28 @@ fn sweep(
     let plural = |s: u32| if s == 1 { "stream" } else { "streams" };
     for (i, (s, pts)) in lines.into_iter().enumerate() {
         let c = shades[i % shades.len()];
-        chart
-            .draw_series(LineSeries::new(
-                pts.clone(),
-                ShapeStyle::from(&c).stroke_width(2),
-            ))?
-            .label(format!("netchannel, {s} {}", plural(s)))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+        chart.draw_series(LineSeries::new(
+            pts.clone(),
+            ShapeStyle::from(&c).stroke_width(2),
+        ))?;
+        entries.push((format!("netchannel, {s} {}", plural(s)), c, false));
         chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))?;
     }
     for (i, (s, v)) in refs.into_iter().enumerate() {
         let c = kernel_shades[i % kernel_shades.len()];
-        chart
-            .draw_series(DashedLineSeries::new(
-                vec![(xmin - pad, v), (xmax + pad, v)],
-                6,
-                4,
-                ShapeStyle::from(&c).stroke_width(2),
-            ))?
-            .label(format!("kernel TCP, {s} {} (reference)", plural(s)))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 8, y)], c.stroke_width(2)));
+        chart.draw_series(DashedLineSeries::new(
+            vec![(xmin - pad, v), (xmax + pad, v)],
+            6,
+            4,
+            ShapeStyle::from(&c).stroke_width(2),
+        ))?;
+        entries.push((
+            format!("kernel TCP, {s} {} (reference)", plural(s)),
+            c,
+            true,
+        ));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.3))
-        .label_font((FONT, 13))
-        .draw()?;
+    draw_legend(&legend_area, &entries, 2)?;
     root.present()?;
     Ok(true)
 }
