@@ -302,8 +302,8 @@ pub struct Plan {
 
 impl Plan {
     /// The plan of `args`, with the defaults of a full run or, when `quick`, of a short
-    /// one; `workers` when not given.
-    pub fn new(args: &SuiteArgs, quick: bool, workers: u32) -> Result<Plan, String> {
+    /// one; `workers` and `rounds` when not given.
+    pub fn new(args: &SuiteArgs, quick: bool, workers: u32, rounds: u32) -> Result<Plan, String> {
         let duration = args.duration.unwrap_or(if quick { 0.25 } else { 2.0 });
         if !(duration.is_finite() && duration > 0.0 && duration <= 3600.0) {
             return Err(format!(
@@ -338,7 +338,7 @@ impl Plan {
         }
         Ok(Plan {
             duration: Duration::from_secs_f64(duration),
-            rounds: args.rounds.unwrap_or(if quick { 1 } else { 2 }).max(1),
+            rounds: args.rounds.unwrap_or(if quick { 1 } else { rounds }).max(1),
             sizes,
             conns,
             streams: args.streams,
@@ -381,7 +381,7 @@ mod tests {
         };
         assert!(!d.quick && !d.in_memory && !d.stack.kernel);
         assert_eq!((d.bed_queues, d.bed_mtu), (2, 1500));
-        let p = Plan::new(&d.suite, d.quick, 1).unwrap();
+        let p = Plan::new(&d.suite, d.quick, 1, 2).unwrap();
         assert_eq!(p.duration, Duration::from_secs(2));
         assert_eq!(p.rounds, 2);
         assert_eq!(p.conns, vec![1, 8, 32, 128]);
@@ -394,7 +394,7 @@ mod tests {
         else {
             panic!("not demo")
         };
-        let p = Plan::new(&q.suite, q.quick, 1).unwrap();
+        let p = Plan::new(&q.suite, q.quick, 1, 2).unwrap();
         assert_eq!(p.duration, Duration::from_millis(100));
         assert_eq!((p.rounds, p.conns.clone()), (1, vec![1, 8]));
         assert_eq!(q.suite.json, Some(PathBuf::from("r.json")));
@@ -458,13 +458,13 @@ mod tests {
         let Command::Demo(d) = parse(&["demo", "--duration=-1"]).unwrap().command else {
             panic!("not demo")
         };
-        assert!(Plan::new(&d.suite, false, 1)
+        assert!(Plan::new(&d.suite, false, 1, 2)
             .unwrap_err()
             .contains("--duration"));
         let Command::Demo(d) = parse(&["demo", "--conns", "0,8"]).unwrap().command else {
             panic!("not demo")
         };
-        assert!(Plan::new(&d.suite, false, 1)
+        assert!(Plan::new(&d.suite, false, 1, 2)
             .unwrap_err()
             .contains("--conns"));
     }

@@ -223,7 +223,7 @@ async fn wait_for_signal() {
 fn client(args: &ClientArgs) -> Result<(), Fail> {
     let started = SystemTime::now();
     let t0 = Instant::now();
-    let plan = Plan::new(&args.suite, false, cores()).map_err(fail)?;
+    let plan = Plan::new(&args.suite, false, cores(), 1).map_err(fail)?;
     let host = Host::new("client", plan.workers as usize, None)
         .map_err(|e| fail(format!("starting a tokio runtime: {e}")))?;
     let (net, desc) = side_net(&host, &args.stack)?;

@@ -163,8 +163,7 @@ fn legend_height(n: usize, cols: usize) -> u32 {
 /// A white canvas of [`SIZE`] with a legend strip for `n` entries in `cols` columns
 /// below it: (the whole, the chart's area, the legend's area).
 fn canvas(path: &Path, n: usize, cols: usize) -> Res<(Area<'_>, Area<'_>, Area<'_>)> {
-    let root =
-        SVGBackend::new(path, (SIZE.0, SIZE.1 + legend_height(n, cols))).into_drawing_area();
+    let root = SVGBackend::new(path, (SIZE.0, SIZE.1 + legend_height(n, cols))).into_drawing_area();
     root.fill(&WHITE)?;
     let (chart, legend) = root.split_vertically(SIZE.1);
     Ok((root, chart, legend))
@@ -289,10 +288,14 @@ fn request_rate(path: &Path, ms: &[Measurement]) -> Res<bool> {
     if sizes.is_empty() {
         return Ok(false);
     }
-    let shown: Vec<Transport> = [Transport::Netchannel, Transport::Kernel, Transport::KernelXdp]
-        .into_iter()
-        .filter(|&t| ms.iter().any(|m| m.test == Test::Rpc && m.transport == t))
-        .collect();
+    let shown: Vec<Transport> = [
+        Transport::Netchannel,
+        Transport::Kernel,
+        Transport::KernelXdp,
+    ]
+    .into_iter()
+    .filter(|&t| ms.iter().any(|m| m.test == Test::Rpc && m.transport == t))
+    .collect();
     let (root, area, legend_area) = canvas(path, shown.len(), 3)?;
     let (top, body) = area.split_vertically(36);
     top.titled(
