@@ -158,8 +158,8 @@ pub struct SuiteArgs {
     /// Bulk streams beside the latency stream in the isolation test.
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub isolation_streams: u32,
-    /// Worker threads of each side's application runtime (default: half the cores for
-    /// the demo, whose two sides share the machine; all of them otherwise).
+    /// Worker threads of each side's application runtime (default: the cores, as
+    /// tokio's own default).
     #[arg(long, value_name = "N")]
     pub workers: Option<u32>,
     /// Write every figure, the configuration and the machine to FILE as JSON.
@@ -180,12 +180,15 @@ pub struct DemoArgs {
     /// Use in-memory stacks even where the test bed could be built.
     #[arg(long)]
     pub in_memory: bool,
-    /// Throughput channels per peer of the channel sweep (empty: no sweep).
+    /// Throughput channels per peer of the channel sweep (default 1,2,4).
     #[arg(long, value_name = "N", value_delimiter = ',')]
     pub sweep_channels: Option<Vec<u32>>,
-    /// Copy workers of the copy-worker sweep (empty: no sweep).
+    /// Copy workers of the copy-worker sweep (default 0,1,2).
     #[arg(long, value_name = "N", value_delimiter = ',')]
     pub sweep_copy_workers: Option<Vec<u32>>,
+    /// Skip both sweeps.
+    #[arg(long)]
+    pub no_sweeps: bool,
     /// Queues of the test bed's veth pair.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub bed_queues: u32,
@@ -383,7 +386,7 @@ mod tests {
         assert_eq!((d.bed_queues, d.bed_mtu), (2, 1500));
         let p = Plan::new(&d.suite, d.quick, 1, 2).unwrap();
         assert_eq!(p.duration, Duration::from_secs(2));
-        assert_eq!(p.rounds, 2);
+        assert_eq!(p.rounds, 2, "the default given");
         assert_eq!(p.conns, vec![1, 8, 32, 128]);
         assert_eq!(p.sizes, vec![64, 4096]);
         assert_eq!((p.streams, p.latency_size, p.workers), (8, 4096, 1));

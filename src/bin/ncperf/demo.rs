@@ -187,7 +187,7 @@ pub fn run(args: &DemoArgs) -> Result<Report, Fail> {
     let started = SystemTime::now();
     let t0 = Instant::now();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-    let plan = Plan::new(&args.suite, args.quick, (cores / 2).max(1), 2).map_err(fail)?;
+    let plan = Plan::new(&args.suite, args.quick, cores, 3).map_err(fail)?;
     let sweep_channels = args.sweep_channels.clone().unwrap_or_else(|| {
         if args.quick {
             vec![1, 2]
@@ -202,6 +202,11 @@ pub fn run(args: &DemoArgs) -> Result<Report, Fail> {
             vec![0, 1, 2]
         }
     });
+    let (sweep_channels, sweep_copy) = if args.no_sweeps {
+        (Vec::new(), Vec::new())
+    } else {
+        (sweep_channels, sweep_copy)
+    };
     if args.stack.kernel {
         return Err(fail(
             "--kernel is for client and server; the demo measures both stacks",

@@ -207,6 +207,21 @@ fn first<'a>(ms: &'a [Measurement], test: Test, t: Transport) -> Option<&'a Meas
     ms.iter().find(|m| m.test == test && m.transport == t)
 }
 
+/// `" (round 1 of N)"` when `test` ran in N > 1 rounds: a CDF shows one round's samples.
+fn round_note(ms: &[Measurement], test: Test) -> String {
+    let rounds = ms
+        .iter()
+        .filter(|m| m.test == test)
+        .map(|m| m.round + 1)
+        .max()
+        .unwrap_or(1);
+    if rounds > 1 {
+        format!(" (round 1 of {rounds})")
+    } else {
+        String::new()
+    }
+}
+
 fn latency_cdf(path: &Path, ms: &[Measurement]) -> Res<bool> {
     let mut lines = Vec::new();
     let mut size = None;
@@ -228,8 +243,9 @@ fn latency_cdf(path: &Path, ms: &[Measurement]) -> Res<bool> {
         }
     }
     let title = format!(
-        "{} request/response latency, one connection",
-        size_label(size.unwrap_or(0))
+        "{} request/response latency, one connection{}",
+        size_label(size.unwrap_or(0)),
+        round_note(ms, Test::Latency)
     );
     cdf_chart(path, &title, &lines)
 }
@@ -249,8 +265,9 @@ fn isolation_cdf(path: &Path, ms: &[Measurement]) -> Res<bool> {
         }
     }
     let title = format!(
-        "Latency stream alone and beside {} bulk streams",
-        streams.unwrap_or(0)
+        "Latency stream alone and beside {} bulk streams{}",
+        streams.unwrap_or(0),
+        round_note(ms, Test::Isolation)
     );
     cdf_chart(path, &title, &lines)
 }
