@@ -3,12 +3,13 @@
 //!
 //! On the test bed (root): two network namespaces joined by a veth pair, the client's
 //! side in one and the server's in the other, each side a runtime whose threads live in
-//! its namespace. Every round takes, in order: kernel TCP with nothing attached (no
-//! netchannel stack runs, and the demo checks that no XDP program is attached); then a
-//! netchannel stack on each end at its defaults (or the flags' settings), its tests
-//! interleaved with kernel TCP's while netchannel's XDP program sits on both ends (the
-//! secondary column); then the isolation test again on stacks with the `Isolating`
-//! scheduler. After the rounds, the sweeps over channels and copy workers.
+//! its namespace. Every round takes each test in turn, twice: over kernel TCP with
+//! nothing attached (no netchannel stack runs, and the demo checks that no XDP program
+//! is attached), and with a netchannel stack on each end at its defaults (or the flags'
+//! settings; the isolation test with the `Isolating` scheduler), over netchannel and over
+//! kernel TCP while netchannel's XDP program sits on both ends (the secondary column).
+//! The order alternates from round to round. After the rounds, the sweeps over channels
+//! and copy workers.
 //!
 //! Without the privileges for the bed, netchannel runs on in-memory stacks (no TCP, no
 //! AF_XDP) against kernel TCP over loopback, and the first line says so.
@@ -289,73 +290,75 @@ pub fn run(args: &DemoArgs) -> Result<Report, Fail> {
     );
 
     let mut ms: Vec<Measurement> = Vec::new();
+    let mut iso_args = args.stack.clone();
+    iso_args.scheduler = Scheduler::Isolating;
     for round in 0..plan.rounds {
-        // Kernel TCP, nothing attached.
-        sides.check_nothing_attached()?;
-        let (serving, target) = kernel_serving(&sides, DEFAULT_PORT)?;
         for t in ALL {
-            ms.extend(run_test(
-                &sides.client,
-                &target,
-                t,
-                Transport::Kernel,
-                round,
-                &plan,
-                &progress,
-            )?);
-        }
-        serving.stop();
-
-        // netchannel at the flags' settings, and kernel TCP with XDP attached beside it.
-        let nc = Stacks::start(&sides, &args.stack)?;
-        let kx = if on_bed {
-            Some(kernel_serving(&sides, XDP_KERNEL_PORT)?)
-        } else {
-            None
-        };
-        for t in ALL {
-            let nc_first = round % 2 == 0;
-            let mut order: Vec<(Transport, &Target)> = Vec::new();
-            if t != TestName::Isolation {
-                order.push((Transport::Netchannel, &nc.target));
-            }
-            if let Some((_, kt)) = &kx {
-                order.push((Transport::KernelXdp, kt));
-            }
-            if !nc_first {
-                order.reverse();
-            }
-            for (transport, target) in order {
-                ms.extend(run_test(
+            // A test's kernel and netchannel measurements next to each other, in an order
+            // that alternates with the rounds, so that load from elsewhere on the host
+            // falls on both alike. Kernel TCP first, with nothing attached.
+            let kernel = |ms: &mut Vec<Measurement>| -> Result<(), Fail> {
+                sides.check_nothing_attached()?;
+                let (serving, target) = kernel_serving(&sides, DEFAULT_PORT)?;
+                let r = run_test(
                     &sides.client,
-                    target,
+                    &target,
                     t,
-                    transport,
+                    Transport::Kernel,
                     round,
                     &plan,
                     &progress,
-                )?);
+                );
+                serving.stop();
+                ms.extend(r?);
+                Ok(())
+            };
+            // netchannel (with `Isolating` for the isolation test), and kernel TCP while
+            // its XDP program is attached.
+            let stacks = |ms: &mut Vec<Measurement>| -> Result<(), Fail> {
+                let a = if t == TestName::Isolation {
+                    &iso_args
+                } else {
+                    &args.stack
+                };
+                let nc = Stacks::start(&sides, a)?;
+                let kx = if on_bed {
+                    Some(kernel_serving(&sides, XDP_KERNEL_PORT)?)
+                } else {
+                    None
+                };
+                let mut order: Vec<(Transport, &Target)> =
+                    vec![(Transport::Netchannel, &nc.target)];
+                if let Some((_, kt)) = &kx {
+                    order.push((Transport::KernelXdp, kt));
+                }
+                if round % 2 == 1 {
+                    order.reverse();
+                }
+                let mut result = Ok(());
+                for (transport, target) in order {
+                    match run_test(&sides.client, target, t, transport, round, &plan, &progress) {
+                        Ok(m) => ms.extend(m),
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    }
+                }
+                if let Some((s, _)) = kx {
+                    s.stop();
+                }
+                nc.stop();
+                result
+            };
+            if round % 2 == 0 {
+                kernel(&mut ms)?;
+                stacks(&mut ms)?;
+            } else {
+                stacks(&mut ms)?;
+                kernel(&mut ms)?;
             }
         }
-        if let Some((s, _)) = kx {
-            s.stop();
-        }
-        nc.stop();
-
-        // Isolation on stacks whose latency channels have threads of their own.
-        let mut iso = args.stack.clone();
-        iso.scheduler = Scheduler::Isolating;
-        let nc = Stacks::start(&sides, &iso)?;
-        ms.extend(run_test(
-            &sides.client,
-            &nc.target,
-            TestName::Isolation,
-            Transport::Netchannel,
-            round,
-            &plan,
-            &progress,
-        )?);
-        nc.stop();
     }
 
     // Sweeps.
