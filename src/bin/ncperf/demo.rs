@@ -495,7 +495,7 @@ fn print_demo(r: &Report, on_bed: bool) {
             .filter(|m| m.test == test)
             .filter_map(|m| Some((m.streams?, x(m)?, m.goodput_gbps?)))
             .collect();
-        pts.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        pts.sort_by_key(|a| (a.0, a.1));
         let mut streams: Vec<u32> = pts.iter().map(|p| p.0).collect();
         streams.dedup();
         for s in streams {

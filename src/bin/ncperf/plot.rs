@@ -203,7 +203,7 @@ fn round3(v: f64) -> f64 {
     (v / mag).round() * mag
 }
 
-fn first<'a>(ms: &'a [Measurement], test: Test, t: Transport) -> Option<&'a Measurement> {
+fn first(ms: &[Measurement], test: Test, t: Transport) -> Option<&Measurement> {
     ms.iter().find(|m| m.test == test && m.transport == t)
 }
 

@@ -267,11 +267,14 @@ pub struct Report {
     pub summary: Vec<SummaryRow>,
 }
 
+/// Picks a summary line's figure out of a measurement (`None`: not this line's).
+type Pick = Box<dyn Fn(&Measurement) -> Option<f64>>;
+
 /// How one summary line picks its figure out of the measurements.
 struct Line {
     what: String,
     higher_is_better: bool,
-    pick: Box<dyn Fn(&Measurement) -> Option<f64>>,
+    pick: Pick,
 }
 
 fn line(
@@ -361,16 +364,12 @@ pub fn summarize(ms: &[Measurement]) -> Vec<SummaryRow> {
     iso.sort_unstable();
     iso.dedup();
     for s in iso {
-        lines.push(line(
-            format!("isolation: p99.9 alone (µs)"),
-            false,
-            move |m| {
-                (m.test == Test::Isolation && m.streams == Some(s))
-                    .then_some(m.latency.as_ref())
-                    .flatten()
-                    .map(|l| l.p999_us)
-            },
-        ));
+        lines.push(line("isolation: p99.9 alone (µs)", false, move |m| {
+            (m.test == Test::Isolation && m.streams == Some(s))
+                .then_some(m.latency.as_ref())
+                .flatten()
+                .map(|l| l.p999_us)
+        }));
         lines.push(line(
             format!("isolation: p99.9 beside {s} bulk (µs)"),
             false,
