@@ -1,30 +1,26 @@
-//! The main job. With root (network namespaces, AF_XDP, XDP), on the two-namespace test
-//! bed (a veth pair with two queues, MTU 1500), in one run and side by side:
+//! Channel-level figures. With root (network namespaces, AF_XDP, XDP), on the
+//! two-namespace test bed (a veth pair with two queues, MTU 1500), in one run and side by
+//! side:
 //!
 //! - the raw frame rate of our AF_XDP link alone (no TCP): the ceiling;
 //! - one TCP channel's goodput: ours → ours, kernel → ours, ours → kernel;
 //! - kernel TCP over the same veth, without and with our XDP program attached;
-//! - the ratios (channel goodput / raw ceiling, issue target ≥ 70 %; ours / kernel);
-//! - then the product: a [`netchannel::Stack`] in each namespace, with 1 and then
-//!   `--vns-channels` (4) throughput channels per peer, and in each configuration
-//!   `--vns-rounds` rounds of, interleaved: one raw channel of the stacks' own channel
-//!   sets (no copy, and through `ChannelStream`'s copying `Read`/`Write`), one
-//!   [`netchannel::VirtualStream`] to a [`netchannel::VirtualListener`], and kernel TCP
-//!   over the same veth; with the ratios VirtualStream / raw channel (target ≥ 0.90),
-//!   / copying channel and / kernel TCP, taken round by round. The code is the
-//!   `vns_goodput` bench's (`benches/support/vns.rs`).
+//! - the ratios (channel goodput / raw ceiling; ours / kernel);
+//! - then a [`netchannel::Stack`] in each namespace, with 1 and then `--vns-channels` (4)
+//!   throughput channels per peer, and in each configuration `--vns-rounds` rounds of,
+//!   interleaved: one raw channel of the stacks' own channel sets (no copy, and through
+//!   `ChannelStream`'s copying `Read`/`Write`), one [`netchannel::VirtualStream`] to a
+//!   [`netchannel::VirtualListener`], and kernel TCP over the same veth, with the ratios
+//!   taken round by round. The code is the `vns_goodput` bench's (`benches/support/vns.rs`).
 //!
 //! Without those privileges (or with `--sim`) it runs two netchannel endpoints over the
 //! simulated link instead (in memory, virtual time, seeded faults), then one
 //! `VirtualStream` between two stacks on an in-memory network (no TCP, no AF_XDP), every
 //! byte verified, and says so.
 //!
-//! On the 2-core machine of 2026-11-24 (`./scripts/demo.sh`: 5 × 256 MiB per channel
-//! measurement, 3 × 256 MiB per VirtualStream configuration; 16 s of measurements) one
-//! VirtualStream moved 7.1–7.7 Gbit/s with 1 channel per peer (0.73–0.77 of the raw
-//! channel, 0.95 of kernel TCP) and 6.0–6.4 with 4 (0.64–0.66, 0.80–0.82), medians of
-//! two runs; in memory, 4.5–4.8 Gbit/s. Figures and what they mean:
-//! `docs/performance.md`, "The demo's VirtualStream phase".
+//! The suite a user runs (request rate, latency, connections, isolation, against kernel
+//! TCP at its defaults) is `ncperf demo`; figures of this example and what they mean:
+//! `docs/investigations/bulk-on-veth.md`.
 //!
 //! ```text
 //! cargo run --release --example demo                  # test bed, or simulated fallback

@@ -1,4 +1,4 @@
-//! The main job (`examples/demo.rs`) as a process, with small transfers: the simulated
+//! The `demo` example (`examples/demo.rs`) as a process, with small transfers: the simulated
 //! fallback (`--sim`) verifies its TCP transfer over the simulated link and a
 //! `VirtualStream` between two in-memory stacks; on the test bed (privileged) it prints
 //! every measurement of the channel run and of the VirtualStream phase, with the ratios.

@@ -619,6 +619,15 @@ impl TestBed {
         Ok((file, name))
     }
 
+    /// An open handle on `side`'s network namespace that threads of the caller's own
+    /// making can enter ([`NetnsHandle::enter`]): the worker threads of a tokio runtime
+    /// that plays one host, say (`on_thread_start`). Such threads keep the namespace
+    /// alive while they run; end them before the bed is dropped.
+    pub fn netns_handle(&self, side: Side) -> Result<NetnsHandle, TestBedError> {
+        let (file, name) = self.open_netns(side)?;
+        Ok(NetnsHandle { file, name })
+    }
+
     /// Runs `f` on a new thread inside `side`'s network namespace and returns its result.
     ///
     /// Sockets `f` creates belong to that namespace. A panic in `f` resumes in the caller.
@@ -740,6 +749,26 @@ impl TestBed {
             }
         }
         Ok(removed)
+    }
+}
+
+/// An open network namespace of a bed ([`TestBed::netns_handle`]).
+#[derive(Debug)]
+pub struct NetnsHandle {
+    file: File,
+    name: String,
+}
+
+impl NetnsHandle {
+    /// The namespace's name (as `ip netns` lists it).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Moves the calling thread into the namespace (`setns(2)`): sockets, AF_XDP
+    /// sockets and threads it creates from then on belong there.
+    pub fn enter(&self) -> Result<(), TestBedError> {
+        enter(&self.file, &self.name)
     }
 }
 
