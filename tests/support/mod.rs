@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use testbed::{Side, TestBed};
 
+pub mod chunks;
+pub mod raw;
+
 /// Longest wait for a server to print an expected line or to exit once asked.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 

@@ -188,8 +188,14 @@ impl Connection {
 
         if self.state == State::TimeWait {
             // RFC 7323 §4.3 applies in TIME-WAIT too: a retransmitted FIN refreshes
-            // TS.Recent, which RFC 6191 then compares a new SYN against.
-            self.update_ts_recent(now, repr);
+            // TS.Recent, which RFC 6191 then compares a new SYN against. Only the peer's
+            // own FIN (or a bare ACK at RCV.NXT) acknowledging everything we sent may do
+            // so: anything else would let a forged TSval refuse the peer's next SYN.
+            let own_fin = flags.fin() && seq + payload.len() + 1 == self.rcv_nxt;
+            let bare_ack = seg_len == 0 && seq == self.rcv_nxt;
+            if repr.ack == Some(self.snd_max) && (own_fin || bare_ack) {
+                self.update_ts_recent(now, repr);
+            }
             self.handle_in_time_wait(now, repr, payload);
             return;
         }
@@ -231,12 +237,10 @@ impl Connection {
             }
             return;
         }
-        self.last_rcv = now;
-        self.probe_unanswered_since = None;
-        self.keepalive_probes_out = 0;
-        self.arm_keepalive(now);
-
-        self.update_ts_recent(now, repr);
+        // Nothing the peer's liveness or timestamps decide is taken from this segment yet:
+        // its ACK has still to pass, and a forged segment that passed only the sequence
+        // check must not move TS.Recent (every genuine segment would then fail PAWS) nor
+        // count as a sign of life.
 
         // Fifth: ACK. Without one the segment is dropped (§3.10.7.4).
         let Some(ack) = repr.ack else {
@@ -282,10 +286,14 @@ impl Connection {
             self.challenge_ack(now);
             return;
         }
-        let oldest = self
-            .snd_una
-            .0
-            .wrapping_sub(self.max_snd_wnd.min(1 << 30) as u32);
+        // Not below the first byte ever sent either (Linux bounds MAX.SND.WND by the bytes
+        // acknowledged so far): right after the handshake only SND.UNA itself is old
+        // enough, so a blind ACK must hit [SND.UNA, SND.NXT] exactly.
+        let behind = self
+            .max_snd_wnd
+            .min(self.counters.bytes_acked.min(1 << 30) as usize)
+            .min(1 << 30);
+        let oldest = self.snd_una.0.wrapping_sub(behind as u32);
         if ack.distance_from(SeqNumber(oldest)) < 0 {
             // RFC 5961 §5.2: discard, and send an ACK back (rate-limited like any
             // challenge ACK, §7).
@@ -293,6 +301,15 @@ impl Connection {
             self.challenge_ack(now);
             return;
         }
+
+        // The segment is acceptable and so is its ACK: only now may it update TS.Recent
+        // (RFC 7323 §4.3 with RFC 5961 §5.2; Linux moved its update into `tcp_ack` for
+        // the same reason) and restart the idle, probe and keep-alive clocks.
+        self.last_rcv = now;
+        self.probe_unanswered_since = None;
+        self.keepalive_probes_out = 0;
+        self.arm_keepalive(now);
+        self.update_ts_recent(now, repr);
 
         self.process_ack(now, repr, ack, payload.len());
         if self.state == State::Closed {
