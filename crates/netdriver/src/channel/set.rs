@@ -899,7 +899,10 @@ impl ChannelSet {
         let backlog = self.config.backlog.max(1);
         let listener = Arc::new(ListenerShared {
             port,
-            accept: ArrayQueue::new(backlog),
+            // Room for `backlog` and for threads that each saw room for one more at once.
+            accept: ArrayQueue::new(backlog.saturating_mul(2)),
+            backlog,
+            held_back: AtomicBool::new(false),
             waker: AtomicWaker::new(),
             closed: AtomicBool::new(false),
         });
@@ -1432,19 +1435,37 @@ impl SetShared {
 #[derive(Debug)]
 pub(crate) struct ListenerShared {
     port: u16,
+    /// Accepted channels; threads push only while fewer than `backlog` wait
+    /// ([`has_room_or_hold`](Self::has_room_or_hold)).
     accept: ArrayQueue<Channel>,
+    backlog: usize,
+    /// A thread found the queue full and left connections in its interface: the next
+    /// accept wakes the threads.
+    held_back: AtomicBool,
     waker: AtomicWaker,
     closed: AtomicBool,
 }
 
 impl ListenerShared {
     /// Queues an accepted channel; false (and the channel is dropped, so aborted) when the
-    /// queue is full or the listener closed.
+    /// listener closed (or, which the room check prevents, the queue is full).
     pub(crate) fn push(&self, ch: Channel) -> bool {
         if self.closed.load(Ordering::Acquire) {
             return false;
         }
         self.accept.push(ch).is_ok()
+    }
+
+    /// Whether a thread may queue one more channel; when not, records that it holds
+    /// connections back, so that the next accept wakes it (checked again after
+    /// recording, against an accept in between).
+    pub(crate) fn has_room_or_hold(&self) -> bool {
+        if self.accept.len() < self.backlog {
+            return true;
+        }
+        self.held_back.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.accept.len() < self.backlog
     }
 
     pub(crate) fn wake(&self) {
@@ -1486,9 +1507,24 @@ impl ChannelListener {
         self.shared.port
     }
 
+    /// The next channel, or registers `cx`'s waker; wakes the channel threads when one
+    /// of them held connections back for want of room, since there is room now.
+    fn take(&self, cx: &mut Context<'_>) -> Poll<Result<Channel, ChannelError>> {
+        let r = self.shared.poll_accept(cx);
+        if matches!(r, Poll::Ready(Ok(_))) {
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if self.shared.held_back.swap(false, Ordering::SeqCst) {
+                for p in &self.set.peers {
+                    p.signal.notify();
+                }
+            }
+        }
+        r
+    }
+
     /// Waits for the next channel and returns it with its peer's address.
     pub fn accept(&self) -> Result<(Channel, SocketAddrV4), ChannelError> {
-        block_on(None, |cx| self.shared.poll_accept(cx))
+        block_on(None, |cx| self.take(cx))
             .unwrap_or(Err(ChannelError::WouldBlockTimeout))
             .map(|c| {
                 let peer = c.peer_addr();
@@ -1502,7 +1538,7 @@ impl ChannelListener {
         &self,
         timeout: Duration,
     ) -> Result<(Channel, SocketAddrV4), ChannelError> {
-        block_on(Some(timeout), |cx| self.shared.poll_accept(cx))
+        block_on(Some(timeout), |cx| self.take(cx))
             .unwrap_or(Err(ChannelError::WouldBlockTimeout))
             .map(|c| {
                 let peer = c.peer_addr();
@@ -1512,7 +1548,7 @@ impl ChannelListener {
 
     /// Async accept.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<Result<Channel, ChannelError>> {
-        self.shared.poll_accept(cx)
+        self.take(cx)
     }
 }
 

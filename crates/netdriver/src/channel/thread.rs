@@ -129,6 +129,9 @@ struct Book {
     listeners: FxHashMap<u16, Arc<ListenerShared>>,
     /// Flows claimed in the directory for a SYN during this round's receive.
     claims: Vec<Tuple>,
+    /// Some listener's accept queue was full at the last look, so its connections wait
+    /// in the interface ([`Interface::hold_accepts`]).
+    accepts_held: bool,
 }
 
 /// A queue's state: the thread runs its rounds under this lock and sleeps without it, so
@@ -1115,12 +1118,20 @@ impl Worker {
     /// Hands connections that completed their handshake to their listeners.
     fn accept(&mut self, book: &mut Book) -> bool {
         // Every round asks; a connection to accept is rare.
-        if !self.iface.accept_pending() {
+        if !self.iface.accept_pending() && !book.accepts_held {
             return false;
         }
         let mut any = false;
+        book.accepts_held = false;
         for (&port, l) in &book.listeners {
-            while let Some(h) = self.iface.accept(port) {
+            // A full accept queue leaves the connections where they are, established in
+            // the interface, rather than resetting them; the application's next accept
+            // wakes this thread ([`ChannelListener`]).
+            let mut held = !l.has_room_or_hold();
+            while !held {
+                let Some(h) = self.iface.accept(port) else {
+                    break;
+                };
                 any = true;
                 let Some(conn) = self.iface.conn_mut(h) else {
                     continue;
@@ -1143,12 +1154,14 @@ impl Worker {
                 self.set.directory.insert(tuple, self.index);
                 book.entries.insert(h, Entry::new(shared.clone()));
                 trace!(queue = self.queue, local = %tuple.0, peer = %tuple.1, "channel accepted");
-                // A full accept queue or a closed listener drops the channel, which aborts
-                // it at the next round.
+                // A closed listener drops the channel, which aborts it at the next round.
                 if l.push(Channel::new(shared)) {
                     l.wake();
                 }
+                held = !l.has_room_or_hold();
             }
+            self.iface.hold_accepts(port, held);
+            book.accepts_held |= held;
         }
         any
     }
