@@ -8,6 +8,11 @@
 //!   and without moving TS.Recent (RFC 7323 §4.3), so the genuine segments after it still
 //!   pass PAWS and the connection keeps echoing, on the service port (a plain-TCP
 //!   connection) and on a channel alike.
+//! - A gratuitous ARP that claims B's address for a MAC nobody has: it rewrites A's kernel
+//!   neighbour entry, and the stack's check of a new peer's MAC must not then refuse B's
+//!   connections. The forged entry costs one probe, which also corrects it. The check
+//!   still works: a host that completes a handshake from another MAC than the one the
+//!   address's owner answers that probe from is refused.
 //!
 //! Privileged: skips without root, and fails instead when `NETCHANNEL_REQUIRE_XDP=1`.
 #![cfg(target_os = "linux")]
@@ -18,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use netdriver::tcp::SeqNumber;
 use netdriver::wire::{
-    emit_tcp_frame, parse_tcp_frame, tcp_payload_offset, EtherType, EthernetAddress, EthernetRepr,
-    IpProtocol, Ipv4Repr, TcpFlags, TcpOptions, TcpRepr,
+    emit_tcp_frame, parse_tcp_frame, tcp_payload_offset, ArpOperation, ArpRepr, EtherType,
+    EthernetAddress, EthernetRepr, IpProtocol, Ipv4Repr, TcpFlags, TcpOptions, TcpRepr,
 };
 use support::chunks::{chunk, Hostile, DATA, SERVICE_PORT};
 use support::raw::RawSocket;
@@ -242,4 +247,249 @@ fn a_forged_future_timestamp_stalls_no_connection() {
     server.sigterm();
     let status = server.wait_exit();
     assert!(status.success(), "server exit: {status}");
+}
+
+/// The MAC a forged ARP claims B's address for: no host on the bed has it.
+const FORGED_MAC: [u8; 6] = [0x02, 0, 0, 0x0f, 0x0f, 0x0f];
+
+/// A gratuitous ARP (a broadcast request whose sender and target are `ip`) claiming `ip`
+/// for `mac`.
+fn gratuitous_arp(ip: std::net::Ipv4Addr, mac: [u8; 6]) -> Vec<u8> {
+    let mut f = vec![0u8; 42];
+    EthernetRepr {
+        src: EthernetAddress(mac),
+        dst: EthernetAddress::BROADCAST,
+        ethertype: EtherType::Arp,
+    }
+    .emit(&mut f)
+    .unwrap();
+    ArpRepr {
+        operation: ArpOperation::Request,
+        source_hw: EthernetAddress(mac),
+        source_ip: ip,
+        target_hw: EthernetAddress([0; 6]),
+        target_ip: ip,
+    }
+    .emit(&mut f[14..])
+    .unwrap();
+    f
+}
+
+/// A's kernel neighbour entry for `ip` (`ip neigh show` output).
+fn neighbour_entry(bed: &TestBed, ip: std::net::Ipv4Addr) -> String {
+    bed.output_in(
+        Side::A,
+        "ip",
+        &["neigh", "show", &ip.to_string(), "dev", "vA"],
+    )
+    .expect("ip neigh show")
+}
+
+fn mac_text(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// One gratuitous ARP from B claiming B's own address for a MAC nobody has rewrites A's
+/// kernel entry for B (all of B's traffic to the stack goes over AF_XDP, so A's kernel
+/// never re-verifies it). B's kernel clients must still get every new connection
+/// through, and the entry is back at B's real MAC afterwards (the stack's probe).
+#[test]
+fn a_gratuitous_arp_locks_no_peer_out() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let bin = example_binary("echo");
+    let mut server = ExampleServer::start(&bed, &bin, SERVICE_PORT, &[]);
+    let (a, b) = (bed.side(Side::A).clone(), bed.side(Side::B).clone());
+    let target = SocketAddr::from((a.ipv4, SERVICE_PORT));
+    let echo_once = move |i: usize| -> std::io::Result<()> {
+        let mut s = TcpStream::connect_timeout(&target, DEADLINE)?;
+        s.set_read_timeout(Some(ECHO_WAIT))?;
+        let msg = format!("connection {i} after a forged ARP").into_bytes();
+        s.write_all(&msg)?;
+        let mut got = vec![0u8; msg.len()];
+        s.read_exact(&mut got)?;
+        assert_eq!(got, msg);
+        Ok(())
+    };
+    // A first connection: A's kernel learns B (from B's ARP request for A).
+    bed.run_in(Side::B, move || echo_once(0))
+        .unwrap()
+        .expect("first echo");
+    let real = mac_text(b.mac);
+    let before = neighbour_entry(&bed, b.ipv4);
+    assert!(before.contains(&real), "A's entry for B before: {before}");
+
+    let forged = gratuitous_arp(b.ipv4, FORGED_MAC);
+    let ifindex = b.ifindex;
+    bed.run_in(Side::B, move || {
+        assert!(
+            RawSocket::open(ifindex).send(&forged),
+            "send the forged ARP"
+        )
+    })
+    .unwrap();
+    let poisoned = neighbour_entry(&bed, b.ipv4);
+    assert!(
+        poisoned.contains(&mac_text(FORGED_MAC)),
+        "the forged ARP did not reach A's kernel: {poisoned}"
+    );
+
+    let results = bed
+        .run_in(Side::B, move || {
+            (1..=10)
+                .map(|i| echo_once(i).map_err(|e| format!("connection {i}: {e}")))
+                .collect::<Vec<_>>()
+        })
+        .unwrap();
+    let failed: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(failed.is_empty(), "refused after a forged ARP: {failed:?}");
+    let after = neighbour_entry(&bed, b.ipv4);
+    assert!(
+        after.contains(&real),
+        "A's entry for B was not re-probed back to B's MAC: {after}"
+    );
+    assert!(server.running(), "the server died");
+    server.sigterm();
+    let status = server.wait_exit();
+    assert!(status.success(), "server exit: {status}");
+}
+
+/// An ARP frame (`op`) from `src_mac` saying that `src_ip` is at `src_mac`, to `dst_mac`
+/// about `dst_ip`.
+fn arp_frame(
+    op: ArpOperation,
+    src_mac: [u8; 6],
+    src_ip: std::net::Ipv4Addr,
+    dst_mac: [u8; 6],
+    dst_ip: std::net::Ipv4Addr,
+) -> Vec<u8> {
+    let mut f = vec![0u8; 42];
+    EthernetRepr {
+        src: EthernetAddress(src_mac),
+        dst: EthernetAddress(dst_mac),
+        ethertype: EtherType::Arp,
+    }
+    .emit(&mut f)
+    .unwrap();
+    ArpRepr {
+        operation: op,
+        source_hw: EthernetAddress(src_mac),
+        source_ip: src_ip,
+        target_hw: EthernetAddress(if op == ArpOperation::Request {
+            [0; 6]
+        } else {
+            dst_mac
+        }),
+        target_ip: dst_ip,
+    }
+    .emit(&mut f[14..])
+    .unwrap();
+    f
+}
+
+/// The MAC of the owner of B's address in the impostor test (no interface has it; a raw
+/// socket answers ARP for it).
+const OWNER_MAC: [u8; 6] = [0x02, 0, 0, 0x0e, 0x0e, 0x0e];
+
+/// A host that claims B's address from B's MAC while the address's owner answers ARP from
+/// another MAC: A's kernel had learnt the owner's MAC, the impostor's passive open is
+/// disputed, the stack's probe is answered by the owner, and the impostor's connection
+/// is reset.
+#[test]
+fn a_passive_open_from_an_impostors_mac_is_refused_once_the_owner_answers() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let bin = example_binary("echo");
+    let mut server = ExampleServer::start(&bed, &bin, SERVICE_PORT, &[]);
+    let (a, b) = (bed.side(Side::A).clone(), bed.side(Side::B).clone());
+    // B's kernel (the impostor) never answers ARP, and knows A by hand.
+    bed.output_in(Side::B, "arptables", &["-A", "OUTPUT", "-j", "DROP"])
+        .expect("arptables in B");
+    #[rustfmt::skip]
+    bed.output_in(Side::B, "ip", &[
+        "neigh", "replace", &a.ipv4.to_string(), "lladdr", &mac_text(a.mac),
+        "dev", &b.ifname, "nud", "permanent",
+    ])
+    .expect("ip neigh replace in B");
+    // A's kernel learnt B's address at the owner's MAC.
+    #[rustfmt::skip]
+    bed.output_in(Side::A, "ip", &[
+        "neigh", "replace", &b.ipv4.to_string(), "lladdr", &mac_text(OWNER_MAC),
+        "dev", &a.ifname, "nud", "stale",
+    ])
+    .expect("ip neigh replace in A");
+    // The owner answers every ARP request for B's address.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let owner = {
+        let (stop, b) = (stop.clone(), b.clone());
+        bed.spawn_thread_in(Side::B, move || {
+            use netdriver::wire::{ArpPacket, EthernetFrame};
+            let raw = RawSocket::open(b.ifindex);
+            ready_tx.send(()).unwrap();
+            let mut buf = vec![0u8; 2048];
+            let mut answered = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let Some(n) = raw.recv(&mut buf) else {
+                    continue;
+                };
+                let Ok(eth) = EthernetFrame::new_checked(&buf[..n]) else {
+                    continue;
+                };
+                if EthernetRepr::parse(&eth).map(|e| e.ethertype) != Ok(EtherType::Arp) {
+                    continue;
+                }
+                let Ok(arp) = ArpPacket::new_checked(&buf[14..n]).and_then(|p| ArpRepr::parse(&p))
+                else {
+                    continue;
+                };
+                if arp.operation == ArpOperation::Request && arp.target_ip == b.ipv4 {
+                    let reply = arp_frame(
+                        ArpOperation::Reply,
+                        OWNER_MAC,
+                        b.ipv4,
+                        arp.source_hw.0,
+                        arp.source_ip,
+                    );
+                    assert!(raw.send(&reply));
+                    answered += 1;
+                }
+            }
+            answered
+        })
+        .unwrap()
+    };
+    ready_rx.recv_timeout(DEADLINE).unwrap();
+    let target = SocketAddr::from((a.ipv4, SERVICE_PORT));
+    let read = bed
+        .run_in(Side::B, move || -> std::io::Result<usize> {
+            let mut s = TcpStream::connect_timeout(&target, DEADLINE)?;
+            s.set_read_timeout(Some(ECHO_WAIT))?;
+            let mut buf = [0u8; 16];
+            s.read(&mut buf)
+        })
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let answered = owner.join().unwrap();
+    assert_eq!(
+        read.as_ref().map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "the impostor's connection: {read:?} (owner's ARP answers: {answered})"
+    );
+    assert!(answered >= 1, "nobody asked the owner");
+    let entry = neighbour_entry(&bed, b.ipv4);
+    assert!(
+        entry.contains(&mac_text(OWNER_MAC)) && entry.contains("REACHABLE"),
+        "A's entry for B: {entry}"
+    );
+    assert!(server.running(), "the server died");
+    server.sigterm();
+    assert!(server.wait_exit().success());
 }

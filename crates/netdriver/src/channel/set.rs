@@ -215,6 +215,7 @@ pub(crate) struct SynCounters {
     /// Incremented by the thread itself (not copied from the interface).
     pub(crate) neighbor_mismatches: AtomicU64,
     pub(crate) neighbor_unverified: AtomicU64,
+    pub(crate) neighbor_reprobes: AtomicU64,
 }
 
 /// Passive-open counters of a [`ChannelSet`], summed over its channel threads (see
@@ -235,8 +236,12 @@ pub struct SynStats {
     /// entry for its address.
     pub neighbor_mismatches: u64,
     /// Passive opens accepted with the SYN's MAC because the kernel had no usable
-    /// neighbour entry for the peer.
+    /// neighbour entry for the peer, or its probe went unanswered.
     pub neighbor_unverified: u64,
+    /// Passive opens whose MAC a learnt neighbour entry disputed: the kernel was asked to
+    /// resolve the address anew (one probe per address at a time), and the connection
+    /// was refused only if the owner's answer named another MAC.
+    pub neighbor_reprobes: u64,
 }
 
 /// A channel thread's receive checksum counters, copied from its interface every round.
@@ -1025,6 +1030,7 @@ impl ChannelSet {
             stats.cookies_rejected += s.cookies_rejected.load(Ordering::Relaxed);
             stats.neighbor_mismatches += s.neighbor_mismatches.load(Ordering::Relaxed);
             stats.neighbor_unverified += s.neighbor_unverified.load(Ordering::Relaxed);
+            stats.neighbor_reprobes += s.neighbor_reprobes.load(Ordering::Relaxed);
         }
         stats
     }

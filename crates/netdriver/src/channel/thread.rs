@@ -132,6 +132,8 @@ struct Book {
     /// Some listener's accept queue was full at the last look, so its connections wait
     /// in the interface ([`Interface::hold_accepts`]).
     accepts_held: bool,
+    /// Passive opens whose MAC a learnt neighbour entry disputed, being probed.
+    mac_probes: crate::neigh::PeerMacProbes<ConnHandle>,
 }
 
 /// A queue's state: the thread runs its rounds under this lock and sleeps without it, so
@@ -173,7 +175,7 @@ impl QueueState {
             .poll_with(now, &mut |s| stray_verdict(set, me, claims, s, true));
         w.settle_claims(book);
         active |= w.pull_rx(book, &mut self.rxbuf);
-        active |= w.accept(book);
+        active |= w.accept(book, now);
         active |= w.reap(book);
         w.publish(book, now);
         if mark_end {
@@ -1116,7 +1118,10 @@ impl Worker {
     }
 
     /// Hands connections that completed their handshake to their listeners.
-    fn accept(&mut self, book: &mut Book) -> bool {
+    fn accept(&mut self, book: &mut Book, now: Instant) -> bool {
+        if !book.mac_probes.is_empty() {
+            self.poll_mac_probes(book, now);
+        }
         // Every round asks; a connection to accept is rare.
         if !self.iface.accept_pending() && !book.accepts_held {
             return false;
@@ -1139,7 +1144,7 @@ impl Worker {
                 conn.set_nodelay(self.set.nodelay);
                 let tuple = (conn.local(), conn.remote());
                 self.own_passive_in(&mut book.owned, h, tuple);
-                if !self.neighbor_check(h, *tuple.1.ip()) {
+                if !self.neighbor_check(&mut book.mac_probes, h, *tuple.1.ip(), now) {
                     // Aborted; `reap` releases the flow once the interface forgets it.
                     continue;
                 }
@@ -1167,18 +1172,28 @@ impl Worker {
     }
 
     /// Checks the MAC address a passive open learnt from the peer's SYN (or cookie ACK)
-    /// against the kernel's neighbour entry for its IP address: a host on the link that
-    /// answers from another MAC than the kernel knows for that address is spoofing it,
-    /// and its connection is aborted (counted in `SynStats::neighbor_mismatches`). When
-    /// the kernel has no usable entry (or the table cannot be read) the connection keeps
-    /// the SYN's MAC, counted in `SynStats::neighbor_unverified`. Returns whether the
-    /// connection may be handed to its listener.
-    fn neighbor_check(&mut self, h: ConnHandle, ip: std::net::Ipv4Addr) -> bool {
+    /// against the kernel's neighbour entry for its IP address
+    /// ([`judge_peer_mac`](crate::neigh::judge_peer_mac)). An entry set by hand that names
+    /// another MAC refuses the connection (counted in `SynStats::neighbor_mismatches`). A
+    /// learnt entry that disagrees proves nothing (one forged ARP packet sets it): the
+    /// connection keeps the SYN's MAC while the kernel asks the address's owner, and is
+    /// refused only if the answer names another MAC (`SynStats::neighbor_reprobes`,
+    /// [`PeerMacProbes`](crate::neigh::PeerMacProbes)). Without a usable entry the
+    /// connection keeps the SYN's MAC (`SynStats::neighbor_unverified`). Returns whether
+    /// the connection may be handed to its listener.
+    fn neighbor_check(
+        &mut self,
+        probes: &mut crate::neigh::PeerMacProbes<ConnHandle>,
+        h: ConnHandle,
+        ip: std::net::Ipv4Addr,
+        now: Instant,
+    ) -> bool {
+        use crate::neigh::{judge_peer_mac, PeerMacVerdict};
         let Some(mac) = self.iface.remote_mac(h) else {
             return true;
         };
-        let known = match self.neigh.as_mut().map(|n| n.entry(self.ifindex, ip)) {
-            Some(Ok(entry)) => entry.and_then(|e| e.usable_mac()),
+        let entry = match self.neigh.as_mut().map(|n| n.entry(self.ifindex, ip)) {
+            Some(Ok(entry)) => entry,
             Some(Err(e)) => {
                 debug!(queue = self.queue, %ip, error = %e, "neighbour lookup failed");
                 None
@@ -1186,26 +1201,71 @@ impl Worker {
             None => None,
         };
         let counters = self.set.peers.get(self.index).map(|p| &p.syns);
-        match known {
-            Some(k) if k == mac => true,
-            Some(k) => {
-                warn!(queue = self.queue, %ip, syn_mac = %mac, kernel_mac = %k, "passive open from a MAC the kernel does not know for this address; aborted");
-                if let Some(c) = counters {
-                    c.neighbor_mismatches.fetch_add(1, Ordering::Relaxed);
-                }
+        let count = |pick: fn(&super::set::SynCounters) -> &std::sync::atomic::AtomicU64| {
+            if let Some(c) = counters {
+                pick(c).fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        match judge_peer_mac(entry.as_ref(), mac) {
+            PeerMacVerdict::Agrees => true,
+            PeerMacVerdict::Contradicted(k) => {
+                warn!(queue = self.queue, %ip, syn_mac = %mac, kernel_mac = %k, "passive open from another MAC than the neighbour entry set by hand for this address; aborted");
+                count(|c| &c.neighbor_mismatches);
                 if let Some(conn) = self.iface.conn_mut(h) {
                     conn.abort();
                 }
                 false
             }
-            None => {
-                debug!(queue = self.queue, %ip, %mac, "no kernel neighbour entry; keeping the SYN's MAC");
-                if let Some(c) = counters {
-                    c.neighbor_unverified.fetch_add(1, Ordering::Relaxed);
+            PeerMacVerdict::Disputed(k) => {
+                debug!(queue = self.queue, %ip, syn_mac = %mac, kernel_mac = %k, "passive open from another MAC than the kernel learnt for this address; asking the owner");
+                count(|c| &c.neighbor_reprobes);
+                let started = self
+                    .neigh
+                    .as_mut()
+                    .is_some_and(|n| probes.start(n, self.ifindex, ip, mac, h, now));
+                if !started {
+                    count(|c| &c.neighbor_unverified);
                 }
                 true
             }
+            PeerMacVerdict::Unknown => {
+                debug!(queue = self.queue, %ip, %mac, "no kernel neighbour entry; keeping the SYN's MAC");
+                count(|c| &c.neighbor_unverified);
+                true
+            }
         }
+    }
+
+    /// Ends the probes of disputed passive opens that were answered (or timed out): a
+    /// connection whose address's owner answered from another MAC is aborted.
+    fn poll_mac_probes(&mut self, book: &mut Book, now: Instant) {
+        use crate::neigh::ProbeOutcome;
+        let Some(table) = self.neigh.as_mut() else {
+            return;
+        };
+        let (iface, queue) = (&mut self.iface, self.queue);
+        let counters = self.set.peers.get(self.index).map(|p| &p.syns);
+        book.mac_probes
+            .poll(table, self.ifindex, now, |h, ip, outcome| match outcome {
+                ProbeOutcome::Confirmed => {
+                    debug!(queue, %ip, "the address's owner confirmed the passive open's MAC");
+                }
+                ProbeOutcome::Contradicted(owner) => {
+                    warn!(queue, %ip, %owner, "the address's owner answered from another MAC than its passive open; aborted");
+                    if let Some(c) = counters {
+                        c.neighbor_mismatches.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(conn) = iface.conn_mut(h) {
+                        conn.abort();
+                    }
+                }
+                ProbeOutcome::Unanswered => {
+                    debug!(queue, %ip, "no answer to the neighbour probe; keeping the SYN's MAC");
+                    if let Some(c) = counters {
+                        c.neighbor_unverified.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
     }
 
     /// Forgets connections the interface removed, releasing their flows and ports.
