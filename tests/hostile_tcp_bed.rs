@@ -14,6 +14,10 @@
 //!   still works: a host that completes a handshake from another MAC than the one the
 //!   address's owner answers that probe from is refused.
 //!
+//! - Plain-TCP connections (kernel peers) get RFC 9293 §3.8.4's keep-alive: off by
+//!   default, whatever the stack's channels between stacks use.
+//! - A SYN with a malformed option is answered, as Linux answers it.
+//!
 //! Privileged: skips without root, and fails instead when `NETCHANNEL_REQUIRE_XDP=1`.
 #![cfg(target_os = "linux")]
 
@@ -489,6 +493,197 @@ fn a_passive_open_from_an_impostors_mac_is_refused_once_the_owner_answers() {
         entry.contains(&mac_text(OWNER_MAC)) && entry.contains("REACHABLE"),
         "A's entry for B: {entry}"
     );
+    assert!(server.running(), "the server died");
+    server.sigterm();
+    assert!(server.wait_exit().success());
+}
+
+/// A kernel peer of a plain-TCP stream sees no keep-alive probe, even from a stack whose
+/// channels probe after 200 ms idle: RFC 9293 §3.8.4 wants keep-alive off by default (and
+/// at least two hours idle when a socket turns it on). Probes are recognised by their
+/// sequence number, SND.UNA − 1.
+#[test]
+fn a_kernel_peer_sees_no_keepalive_probe_by_default() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let (a, b) = (bed.side(Side::A).clone(), bed.side(Side::B).clone());
+    let stack = {
+        let (ifname, ipv4) = (a.ifname.clone(), a.ipv4);
+        bed.run_in(Side::A, move || {
+            netchannel::Stack::builder()
+                .interface(ifname)
+                .ipv4(ipv4)
+                .keepalive(Some(Duration::from_millis(200)))
+                .keepalive_interval(Duration::from_millis(100))
+                .keepalive_probes(3)
+                .build()
+        })
+        .unwrap()
+        .expect("build the stack")
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(stack.bind(SocketAddr::from((a.ipv4, 7200))))
+        .unwrap();
+    let server = rt.spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        assert!(s.is_plain_tcp());
+        let mut buf = [0u8; 64];
+        loop {
+            let n = s.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            s.write_all(&buf[..n]).await.unwrap();
+        }
+    });
+    let probes = bed
+        .run_in(Side::B, move || {
+            let raw = RawSocket::open(b.ifindex);
+            let mut s = TcpStream::connect_timeout(&SocketAddr::from((a.ipv4, 7200)), DEADLINE)
+                .expect("connect");
+            s.set_read_timeout(Some(ECHO_WAIT)).unwrap();
+            let hs = watch_handshake(&raw, &a, &b, 7200);
+            plain_echo(&mut s, b"before", "nothing");
+            // Idle for ten keep-alive periods of the stack's channels.
+            let server_una = hs.server_isn.wrapping_add(1 + 6);
+            let mut probes = 0;
+            let mut buf = vec![0u8; 4096];
+            let end = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < end {
+                let Some(n) = raw.recv(&mut buf) else {
+                    continue;
+                };
+                let Ok(f) = parse_tcp_frame(&buf[..n], false) else {
+                    continue;
+                };
+                let probe = f.ip.src == a.ipv4
+                    && f.tcp.src_port == 7200
+                    && f.payload.is_empty()
+                    && f.tcp.seq.0 == server_una.wrapping_sub(1);
+                probes += usize::from(probe);
+            }
+            plain_echo(&mut s, b"after", "two seconds idle");
+            probes
+        })
+        .unwrap();
+    assert_eq!(probes, 0, "keep-alive probes sent to a kernel peer");
+    rt.block_on(server).unwrap();
+    drop(rt);
+    drop(stack);
+}
+
+/// A SYN from B with a malformed option: MSS 1460, then a window-scale option whose
+/// length byte is 0.
+fn syn_with_malformed_option(a: &Endpoint, b: &Endpoint, src_port: u16, dst_port: u16) -> Vec<u8> {
+    let tcp = TcpRepr {
+        src_port,
+        dst_port,
+        seq: SeqNumber(0x1234_5678),
+        ack: None,
+        flags: TcpFlags::SYN,
+        window: 64240,
+        urgent: 0,
+        options: TcpOptions {
+            mss: Some(1460),
+            window_scale: Some(7),
+            ..TcpOptions::default()
+        },
+    };
+    let mut frame = vec![0u8; tcp_payload_offset(&tcp)];
+    let eth = EthernetRepr {
+        src: EthernetAddress(b.mac),
+        dst: EthernetAddress(a.mac),
+        ethertype: EtherType::Ipv4,
+    };
+    let ip = Ipv4Repr {
+        src: b.ipv4,
+        dst: a.ipv4,
+        protocol: IpProtocol::Tcp,
+        payload_len: 0,
+        ttl: 64,
+        dscp_ecn: 0,
+    };
+    let len = emit_tcp_frame(&mut frame, &eth, &ip, 9, &tcp, 0).expect("emit");
+    frame.truncate(len);
+    // Options at 54: MSS (4 bytes), NOP, then window scale: kind 3 at 59, length at 60.
+    assert_eq!((frame[59], frame[60]), (3, 3), "option layout");
+    frame[60] = 0;
+    let mut packet = netdriver::wire::TcpPacket::new_unchecked(&mut frame[34..]);
+    packet.fill_checksum(b.ipv4, a.ipv4);
+    frame
+}
+
+/// A SYN with a malformed option gets a SYN-ACK from the stack, as from Linux (a kernel
+/// listener in A, beside the stack, shows it): RFC 9293 §3.1 and §3.2 (MUST-7) leave the
+/// reaction to an illegal option length open; Linux ignores the options from the
+/// malformed one on and answers, and so does the stack, without window scaling then.
+#[test]
+fn a_syn_with_a_malformed_option_is_answered_like_linux() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let bin = example_binary("echo");
+    let mut server = ExampleServer::start(&bed, &bin, SERVICE_PORT, &[]);
+    let (a, b) = (bed.side(Side::A).clone(), bed.side(Side::B).clone());
+    const KERNEL_PORT: u16 = 7301;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let kernel = {
+        let ip = a.ipv4;
+        bed.spawn_thread_in(Side::A, move || {
+            let l = std::net::TcpListener::bind((ip, KERNEL_PORT)).unwrap();
+            ready_tx.send(()).unwrap();
+            let _ = done_rx.recv_timeout(DEADLINE);
+            drop(l);
+        })
+        .unwrap()
+    };
+    ready_rx.recv_timeout(DEADLINE).unwrap();
+    let answers = bed
+        .run_in(Side::B, {
+            let (a, b) = (a.clone(), b.clone());
+            move || {
+                let raw = RawSocket::open(b.ifindex);
+                let targets = [(40_001u16, SERVICE_PORT), (40_002, KERNEL_PORT)];
+                for (src, dst) in targets {
+                    assert!(raw.send(&syn_with_malformed_option(&a, &b, src, dst)));
+                }
+                let mut answers: [Option<TcpOptions>; 2] = [None, None];
+                let mut buf = vec![0u8; 4096];
+                let end = Instant::now() + ECHO_WAIT;
+                while answers.iter().any(Option::is_none) && Instant::now() < end {
+                    let Some(n) = raw.recv(&mut buf) else {
+                        continue;
+                    };
+                    let Ok(f) = parse_tcp_frame(&buf[..n], false) else {
+                        continue;
+                    };
+                    let synack = f.tcp.flags.syn() && f.tcp.ack == Some(SeqNumber(0x1234_5679));
+                    for (i, (src, dst)) in targets.iter().enumerate() {
+                        if synack && f.tcp.src_port == *dst && f.tcp.dst_port == *src {
+                            answers[i] = Some(f.tcp.options);
+                        }
+                    }
+                }
+                answers
+            }
+        })
+        .unwrap();
+    done_tx.send(()).unwrap();
+    kernel.join().unwrap();
+    let [ours, linux] = answers;
+    let linux = linux.expect("Linux answers a SYN with a malformed option");
+    let ours = ours.expect("the stack answers a SYN with a malformed option, as Linux does");
+    assert_eq!(linux.window_scale, None, "{linux:?}");
+    assert_eq!(ours.window_scale, None, "{ours:?}");
+    assert!(ours.mss.is_some(), "{ours:?}");
     assert!(server.running(), "the server died");
     server.sigterm();
     assert!(server.wait_exit().success());

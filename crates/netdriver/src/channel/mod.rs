@@ -479,6 +479,10 @@ pub trait ChannelTransport: Send + Sync {
     fn wire(&self) -> Option<ChannelWire> {
         None
     }
+
+    /// Changes TCP options of the connection under the channel (see
+    /// [`Channel::set_options`]); ignored (the default) by transports without one.
+    fn set_options(&self, _changes: crate::tcp::OptionChanges) {}
 }
 
 #[cfg(test)]

@@ -1449,6 +1449,9 @@ impl ChannelTransport for Channel {
     fn enqueue(&self, chunk: Bytes) -> Result<(), EnqueueError> {
         Channel::enqueue(self, chunk)
     }
+    fn set_options(&self, changes: OptionChanges) {
+        Channel::set_options(self, changes)
+    }
     fn enqueue_deferred(&self, chunk: Bytes) -> Result<Option<DeferredKick>, EnqueueError> {
         Channel::enqueue_deferred(self, chunk)
     }

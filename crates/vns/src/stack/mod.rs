@@ -112,7 +112,10 @@
 //!   idle + probes × interval = **15 s** ([`Liveness::idle_detection`]) after the last
 //!   segment from the peer. A probe is one header-only segment per idle channel and
 //!   interval, answered by an ACK. `keepalive(None)` turns probing off (such a read then
-//!   waits for as long as the peer is silent).
+//!   waits for as long as the peer is silent). This keep-alive is the stack's own, for
+//!   channels between two stacks: a plain-TCP stream (a kernel peer) gets the keep-alive
+//!   RFC 9293 §3.8.4 asks for instead, off unless its socket turns it on
+//!   ([`VirtualSocket::set_keepalive`]: then two hours idle, as the kernel's default).
 //! - **Data in flight: the user timeout** ([`StackBuilder::user_timeout`], default
 //!   **30 s**). A channel whose unacknowledged data (or SYN, FIN) makes no progress for
 //!   that long fails: a pending `write` (or a `read` awaiting the reply to data sent)
@@ -560,7 +563,9 @@ impl StackBuilder {
         self
     }
 
-    /// Keep-alive idle time of every channel (default `Some(10 s)`; `None` disables
+    /// Keep-alive idle time of every channel between stacks (default `Some(10 s)`; plain-TCP
+    /// streams have keep-alive off unless [`VirtualSocket::set_keepalive`] turns it on;
+    /// `None` disables
     /// keep-alive): a channel that has received nothing for this long, with nothing of its
     /// own unacknowledged, is probed every [`keepalive_interval`](Self::keepalive_interval),
     /// and fails with `TimedOut` after [`keepalive_probes`](Self::keepalive_probes)

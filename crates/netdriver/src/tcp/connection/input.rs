@@ -164,7 +164,20 @@ impl Connection {
         if flags.syn() {
             if self.state == State::SynReceived && seq == self.irs {
                 if repr.ack.is_none() {
-                    // The peer retransmitted its SYN: our SYN-ACK was lost. Resend it.
+                    // The peer retransmitted its SYN: our SYN-ACK was lost. Resend it, at
+                    // most once per `invalid_ack_interval` (Linux's `tcp_check_req` rate
+                    // limits the same way): a burst of duplicate SYNs gets one SYN-ACK,
+                    // and the retransmission timer resends it anyway.
+                    let interval = self.config.invalid_ack_interval;
+                    if self
+                        .last_oow_ack
+                        .is_some_and(|t| now.saturating_duration_since(t) < interval)
+                    {
+                        self.counters.oow_acks_suppressed += 1;
+                        trace!("tcp: SYN-RECEIVED: duplicate SYN, SYN-ACK rate-limited");
+                        return;
+                    }
+                    self.last_oow_ack = Some(now);
                     trace!("tcp: SYN-RECEIVED: retransmitted SYN, resending SYN-ACK");
                     self.snd_nxt = self.iss;
                     return;
