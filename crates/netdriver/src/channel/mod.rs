@@ -152,6 +152,8 @@ use crate::time::{Duration, Instant};
 #[cfg(target_os = "linux")]
 mod directory;
 #[cfg(target_os = "linux")]
+mod lazy_queue;
+#[cfg(target_os = "linux")]
 mod queue;
 #[cfg(target_os = "linux")]
 mod set;

@@ -1209,7 +1209,9 @@ impl Worker {
         match judge_peer_mac(entry.as_ref(), mac) {
             PeerMacVerdict::Agrees => true,
             PeerMacVerdict::Contradicted(k) => {
-                warn!(queue = self.queue, %ip, syn_mac = %mac, kernel_mac = %k, "passive open from another MAC than the neighbour entry set by hand for this address; aborted");
+                if let Some(suppressed) = NEIGHBOR_WARNINGS.check() {
+                    warn!(queue = self.queue, %ip, syn_mac = %mac, kernel_mac = %k, suppressed, "passive open from another MAC than the neighbour entry set by hand for this address; aborted");
+                }
                 count(|c| &c.neighbor_mismatches);
                 if let Some(conn) = self.iface.conn_mut(h) {
                     conn.abort();
@@ -1251,7 +1253,9 @@ impl Worker {
                     debug!(queue, %ip, "the address's owner confirmed the passive open's MAC");
                 }
                 ProbeOutcome::Contradicted(owner) => {
-                    warn!(queue, %ip, %owner, "the address's owner answered from another MAC than its passive open; aborted");
+                    if let Some(suppressed) = NEIGHBOR_WARNINGS.check() {
+                        warn!(queue, %ip, %owner, suppressed, "the address's owner answered from another MAC than its passive open; aborted");
+                    }
                     if let Some(c) = counters {
                         c.neighbor_mismatches.fetch_add(1, Ordering::Relaxed);
                     }
@@ -1554,6 +1558,9 @@ impl Entry {
         }
     }
 }
+
+/// Warnings about refused passive opens (neighbour check): a peer can cause one per SYN.
+static NEIGHBOR_WARNINGS: crate::log_limit::LogLimit = crate::log_limit::LogLimit::new(5);
 
 /// Resolves peers' MAC addresses on its own thread (in the set's network namespace), so
 /// that a blocking ARP resolution never stalls a channel thread and works from callers

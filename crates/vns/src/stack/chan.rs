@@ -398,7 +398,12 @@ impl Core {
                 let (used, chunk) = match rx.deframer.feed_pooled(&bytes[off..], &mut rx.spare) {
                     Ok(r) => r,
                     Err(e) => {
-                        warn!(channel = %chan.id, error = %e, "bad bytes on a channel; dropping it");
+                        // A peer can open channels and send garbage at line rate.
+                        static BAD_BYTES: netdriver::log_limit::LogLimit =
+                            netdriver::log_limit::LogLimit::new(5);
+                        if let Some(suppressed) = BAD_BYTES.check() {
+                            warn!(channel = %chan.id, error = %e, suppressed, "bad bytes on a channel; dropping it");
+                        }
                         return Err(Gone::Lost);
                     }
                 };

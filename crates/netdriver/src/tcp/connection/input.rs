@@ -551,6 +551,7 @@ impl Connection {
                 self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
                 if self.snd_wnd > 0 {
                     // The window opened: the persist timer has done its job.
+                    self.zero_window_since = None;
                     self.persist_deadline = None;
                     self.persist_backoff = 0;
                     self.persist_force = false;
