@@ -195,6 +195,26 @@ impl ExampleServer {
         }
     }
 
+    /// The process's threads now (`Threads:` of `/proc/PID/status`).
+    pub fn threads(&self) -> u64 {
+        let path = format!("/proc/{}/status", self.pid);
+        let status =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no Threads in {path}"))
+    }
+
+    /// The process's open file descriptors now (entries of `/proc/PID/fd`).
+    pub fn open_fds(&self) -> usize {
+        let path = format!("/proc/{}/fd", self.pid);
+        std::fs::read_dir(&path)
+            .unwrap_or_else(|e| panic!("reading {path}: {e}"))
+            .count()
+    }
+
     /// Resets the process's peak resident set size (`VmHWM`) to its current size
     /// (`/proc/PID/clear_refs`, value 5; needs root), so that a later [`Self::memory`]'s
     /// `peak` is the largest it has been since; returns the memory now.
