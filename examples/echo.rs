@@ -74,7 +74,7 @@ use clap::Parser;
 
 /// TCP echo server and verifying client on netchannel's VirtualListener/VirtualStream.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version, about, after_help = support::ENV_HELP)]
 struct Args {
     /// Interface our stack runs on (server; client on our stack).
     #[arg(long, value_name = "IFACE")]

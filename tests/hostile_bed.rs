@@ -25,19 +25,21 @@
 //! Privileged: skips without root, and fails instead when `NETCHANNEL_REQUIRE_XDP=1`.
 #![cfg(target_os = "linux")]
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use support::chunks::{chunk, Hostile, ACK, DATA, RESET, STOP, SYNC, SYNC_ACK};
+use support::raw::RawSocket;
 use support::{example_binary, ExampleServer, DEADLINE};
 use testbed::{testbed_or_skip, Side, TestBed};
 
 mod support;
 
-const PORT: u16 = 7000;
+const PORT: u16 = support::chunks::SERVICE_PORT;
 
 /// The tests of this file run one at a time: each starts an echo server and floods it
 /// (a million chunks, a spoofed-SYN flood) while a legitimate client measures it, and
@@ -57,14 +59,6 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 const CHANNEL_PORT: u16 = 9000;
 const BYTES: &str = "2M";
 const BYTES_N: u64 = 2_000_000;
-
-// Chunk types (docs/wire-format.md).
-const DATA: u8 = 1;
-const ACK: u8 = 2;
-const SYNC: u8 = 3;
-const SYNC_ACK: u8 = 4;
-const RESET: u8 = 6;
-const STOP: u8 = 7;
 
 // The SYNC flood (case 3 of the chunk attacks): `SYNC_BATCHES` batches of `SYNC_BATCH`
 // SYNCs from virtual ports `SYNC_PORTS..`, against `vns::Config::max_peer_sockets`.
@@ -88,102 +82,14 @@ const SYNC_FLOOD_MEMORY_BOUND: u64 = 256 << 20;
 const SILENT_CHANNELS: usize = 300;
 /// Most the echo server's resident memory may grow while `SILENT_CHANNELS` channels that
 /// never send their preamble are held open and a legitimate client echoes. An accepted
-/// connection holds no TCP rings until its first byte (none comes), but its Rx and Tx
-/// queues are allocated when it is accepted: 2 × 1,024 slots (`QueueLimits::chunks`) of
-/// 40 bytes (a `Bytes` and a stamp), 80 KiB, with its TCP state beside, under 84 KiB.
-/// At most 256 wait for their preamble at once (the stack aborts the oldest past that),
-/// and at worst all 300 are there before it does: 300 × 84 KiB = 24.6 MiB, plus the
-/// legitimate client's 3.1 MiB; 32 MiB leaves room for the allocator. Measured: 20 MiB
-/// (256 connections held).
-const SILENT_MEMORY_BOUND: u64 = 32 << 20;
-
-/// A 16-byte version-1 header and its payload.
-fn chunk(src: u16, dst: u16, seq: u32, credit: u32, ty: u8, payload: &[u8]) -> Vec<u8> {
-    let mut c = Vec::with_capacity(16 + payload.len());
-    c.extend_from_slice(&src.to_be_bytes());
-    c.extend_from_slice(&dst.to_be_bytes());
-    c.extend_from_slice(&seq.to_be_bytes());
-    c.extend_from_slice(&credit.to_be_bytes());
-    c.push(0x14); // version 1, 4 words
-    c.push(ty);
-    c.extend_from_slice(&(payload.len() as u16).to_be_bytes());
-    c.extend_from_slice(payload);
-    c
-}
-
-/// A received chunk's header fields.
-#[derive(Debug, Clone, Copy)]
-struct Header {
-    src: u16,
-    dst: u16,
-    seq: u32,
-    ty: u8,
-}
-
-/// A hand-speaking channel: a kernel TCP connection to the channel port.
-struct Hostile {
-    s: TcpStream,
-}
-
-impl Hostile {
-    /// Connects and sends the preamble (throughput class, no authentication).
-    fn open(target: SocketAddr) -> Hostile {
-        let s = TcpStream::connect_timeout(&target, DEADLINE).expect("connect to 9000");
-        Hostile::join(s)
-    }
-
-    /// Sends the preamble on a connected stream.
-    fn join(mut s: TcpStream) -> Hostile {
-        s.set_read_timeout(Some(DEADLINE)).unwrap();
-        s.set_write_timeout(Some(DEADLINE)).unwrap();
-        s.write_all(b"NCHN\x01\x00\x00\x00").expect("preamble");
-        Hostile { s }
-    }
-
-    fn send(&mut self, bytes: &[u8]) {
-        self.s.write_all(bytes).expect("write chunks");
-    }
-
-    fn read_chunk(&mut self) -> io::Result<(Header, Vec<u8>)> {
-        let mut h = [0u8; 16];
-        self.s.read_exact(&mut h)?;
-        let len = usize::from(u16::from_be_bytes([h[14], h[15]]));
-        let mut payload = vec![0u8; len];
-        self.s.read_exact(&mut payload)?;
-        let header = Header {
-            src: u16::from_be_bytes([h[0], h[1]]),
-            dst: u16::from_be_bytes([h[2], h[3]]),
-            seq: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
-            ty: h[13],
-        };
-        Ok((header, payload))
-    }
-
-    /// Opens virtual socket `port` → 7000 with ISN `isn` and window `window`; returns the
-    /// server's ISN from its SYNC_ACK (other chunks before it are skipped).
-    fn sync(&mut self, port: u16, isn: u32, window: u32) -> u32 {
-        self.send(&chunk(port, PORT, isn, window, SYNC, b""));
-        loop {
-            let (h, _) = self.read_chunk().expect("SYNC_ACK");
-            if h.ty == SYNC_ACK && h.dst == port && h.src == PORT {
-                return h.seq;
-            }
-        }
-    }
-
-    /// Reads the echo of `want` on socket `port` (DATA chunks in order on this channel).
-    fn read_echo(&mut self, port: u16, want: &[u8]) -> Vec<u8> {
-        let mut got = Vec::new();
-        while got.len() < want.len() {
-            let (h, p) = self.read_chunk().expect("echoed DATA");
-            assert!(h.ty != RESET || h.dst != port, "socket {port} was reset");
-            if h.ty == DATA && h.dst == port {
-                got.extend_from_slice(&p);
-            }
-        }
-        got
-    }
-}
+/// connection holds no TCP rings and no Rx or Tx queue slots until its first byte (none
+/// comes): its TCP and channel state, about 5 KiB (`crates/netdriver/tests/
+/// channel_memory.rs`), with the stack's record of a channel waiting for its preamble
+/// beside. At most 256 wait for their preamble at once (the stack aborts the oldest past
+/// that), and at worst all 300 are there before it does: 300 × 8 KiB = 2.4 MiB, plus the
+/// legitimate client's 3.1 MiB; 12 MiB leaves room for the allocator. (When the queues
+/// were allocated at the handshake, 2 × 1,024 slots of 40 bytes each, this took 20 MiB.)
+const SILENT_MEMORY_BOUND: u64 = 12 << 20;
 
 /// Runs the example client on our stack in B against the server in A and checks that it
 /// echoed every byte over NetChannel.
@@ -778,93 +684,6 @@ fn zero_window_channel_flooded_with_data_for_unknown_sockets() {
             && dropped <= u64::from(FLOOD_CHUNKS),
         "{dropped} RESET replies dropped of {FLOOD_CHUNKS}; at most {held} could be held"
     );
-}
-
-/// An `AF_PACKET` socket on `ifname` (in the calling thread's namespace).
-struct RawSocket {
-    fd: std::os::fd::OwnedFd,
-    ifindex: i32,
-}
-
-impl RawSocket {
-    fn open(ifindex: u32) -> RawSocket {
-        use std::os::fd::FromRawFd;
-        let proto = (libc::ETH_P_ALL as u16).to_be();
-        // SAFETY: plain socket(2) call; the result is checked before use.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
-        assert!(fd >= 0, "AF_PACKET socket: {}", io::Error::last_os_error());
-        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        let raw = RawSocket {
-            fd,
-            ifindex: ifindex as i32,
-        };
-        let sll = raw.addr(proto);
-        use std::os::fd::AsRawFd;
-        // SAFETY: `sll` is a valid sockaddr_ll and its size is passed with it.
-        let rc = unsafe {
-            libc::bind(
-                raw.fd.as_raw_fd(),
-                &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        assert_eq!(rc, 0, "bind AF_PACKET: {}", io::Error::last_os_error());
-        let tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 50_000,
-        };
-        // SAFETY: SO_RCVTIMEO takes a timeval, passed with its size.
-        let rc = unsafe {
-            libc::setsockopt(
-                raw.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const libc::timeval as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as u32,
-            )
-        };
-        assert_eq!(rc, 0, "SO_RCVTIMEO: {}", io::Error::last_os_error());
-        raw
-    }
-
-    fn addr(&self, proto: u16) -> libc::sockaddr_ll {
-        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto;
-        sll.sll_ifindex = self.ifindex;
-        sll
-    }
-
-    fn send(&self, frame: &[u8]) -> bool {
-        use std::os::fd::AsRawFd;
-        // SAFETY: the buffer is valid for its length; the socket is bound.
-        let n = unsafe {
-            libc::send(
-                self.fd.as_raw_fd(),
-                frame.as_ptr() as *const libc::c_void,
-                frame.len(),
-                0,
-            )
-        };
-        n == frame.len() as isize
-    }
-
-    /// One frame (incoming or outgoing), or `None` after the receive timeout.
-    fn recv(&self, buf: &mut [u8]) -> Option<usize> {
-        use std::os::fd::AsRawFd;
-        // SAFETY: the buffer is valid for its length.
-        let n = unsafe {
-            libc::recv(
-                self.fd.as_raw_fd(),
-                buf.as_mut_ptr() as *mut libc::c_void,
-                buf.len(),
-                0,
-            )
-        };
-        usize::try_from(n).ok()
-    }
 }
 
 /// A SYN from a spoofed `src` (an address nobody on the link has) to A's port 9000.

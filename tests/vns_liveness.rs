@@ -3,8 +3,10 @@
 //! would not do), and A's virtual streams must fail with `TimedOut` within the bounds
 //! the stack's liveness policy sets, never hang:
 //!
-//! - an idle stream blocked in `read` (nothing in flight) through TCP keep-alive, and so
-//!   does a plain-TCP stream accepted from a kernel client in B;
+//! - an idle stream blocked in `read` (nothing in flight) through TCP keep-alive; a
+//!   plain-TCP stream accepted from a kernel client in B does not (RFC 9293 §3.8.4:
+//!   keep-alive off by default for a kernel peer), its idle read waits as a kernel
+//!   socket's would;
 //! - a stream with data in flight through the user timeout;
 //! - later calls fail at once, and a new connect to B fails within its timeout.
 //!
@@ -168,26 +170,24 @@ fn idle_streams_to_a_vanished_host_fail_through_keepalive() {
     });
     let t0 = Instant::now();
     vanish(&bed);
-    let ((mut c, rc), (mut p, rp)) = rt.block_on(async {
-        let c = timeout(DETECT, read_c)
+    let (mut c, rc) = rt.block_on(async {
+        timeout(DETECT, read_c)
             .await
             .expect("the idle virtual stream's read hangs")
-            .unwrap();
-        let p = timeout(DETECT, read_p)
-            .await
-            .expect("the idle plain-TCP stream's read hangs")
-            .unwrap();
-        (c, p)
+            .unwrap()
     });
     let detected = t0.elapsed();
     eprintln!("idle streams failed {detected:?} after B vanished (policy bound 500 ms)");
     let e = rc.expect_err("the virtual stream's read must fail");
     assert_timed_out(&e, "virtual stream read");
     assert!(e.to_string().contains("peer unreachable"), "{e}");
-    assert_timed_out(
-        &rp.expect_err("the plain stream's read must fail"),
-        "plain read",
+    // The plain-TCP stream has no keep-alive unless its socket asks (then two hours
+    // idle): the stack's channel liveness is not for kernel peers.
+    assert!(
+        !read_p.is_finished(),
+        "the idle plain-TCP stream failed: keep-alive probes went to a kernel peer"
     );
+    read_p.abort();
 
     rt.block_on(async {
         // Later calls fail at once.
@@ -201,11 +201,6 @@ fn idle_streams_to_a_vanished_host_fail_through_keepalive() {
             .expect("a later read hangs")
             .unwrap_err();
         assert_timed_out(&e, "later read");
-        let e = timeout(AT_ONCE, p.write_all(b"x"))
-            .await
-            .expect("a later plain write hangs")
-            .unwrap_err();
-        assert_timed_out(&e, "later plain write");
 
         // A new connect to the vanished host fails within its timeout (the channels are
         // gone, and new ones cannot be opened).

@@ -62,7 +62,7 @@ use clap::Parser as _;
 
 /// In-memory key-value server speaking RESP2 on netchannel's VirtualListener.
 #[derive(Debug, clap::Parser)]
-#[command(version, about)]
+#[command(version, about, after_help = support::ENV_HELP)]
 struct Args {
     /// Interface our stack runs on.
     #[arg(long, value_name = "IFACE")]

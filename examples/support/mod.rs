@@ -4,6 +4,28 @@
 // Each example uses its own part of this module.
 #![allow(dead_code)]
 
+/// The `--help` epilogue: the environment variables that tune the stack of a server
+/// example (`Stack::builder()` takes every `NETCHANNEL_*` variable as a default; the full
+/// table is at `vns::stack::default_stack`).
+pub const ENV_HELP: &str = "\
+Environment (defaults for the stack; command-line options win):
+  NETCHANNEL_BACKLOG=N                 connections waiting to be accepted (128)
+  NETCHANNEL_SYN_COOKIES=0|1           SYN cookies when a backlog is full (1)
+  NETCHANNEL_PARTIAL_CHECKSUMS=auto|accept|reject
+                                       trust a Linux peer's unfinished checksums (auto: veth)
+  NETCHANNEL_PREAMBLE_TIMEOUT_MS=N     a new channel's time to identify itself (5000)
+  NETCHANNEL_CHANNEL_KEY=SECRET        authenticate channels (at least 16 bytes)
+  NETCHANNEL_KEEPALIVE_MS=N            idle time before channels between stacks are probed,
+                                       0: off (10000; plain-TCP streams: off)
+  NETCHANNEL_KEEPALIVE_INTERVAL_MS=N, NETCHANNEL_KEEPALIVE_PROBES=N (1000, 5)
+  NETCHANNEL_USER_TIMEOUT_MS=N         unacknowledged data without progress fails (30000)
+  NETCHANNEL_CONNECT_TIMEOUT_MS=N      opening channels (10000)
+  NETCHANNEL_CHANNELS=N, NETCHANNEL_LATENCY_CHANNELS=N, NETCHANNEL_SHARDS=N
+  NETCHANNEL_SEND_BUFFER=BYTES, NETCHANNEL_RECV_BUFFER=BYTES   per socket
+  NETCHANNEL_LINGER_MS=N               graceful close bound
+  RUST_LOG=netdriver=debug,vns=debug   logs (tracing)
+";
+
 /// Parses `123`, `100M`, `1G`, `64k`, `64KiB`, `1GiB`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();

@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use testbed::{Side, TestBed};
 
+pub mod chunks;
+pub mod raw;
+
 /// Longest wait for a server to print an expected line or to exit once asked.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -190,6 +193,26 @@ impl ExampleServer {
             peak: kib("VmHWM"),
             anon: kib("RssAnon"),
         }
+    }
+
+    /// The process's threads now (`Threads:` of `/proc/PID/status`).
+    pub fn threads(&self) -> u64 {
+        let path = format!("/proc/{}/status", self.pid);
+        let status =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no Threads in {path}"))
+    }
+
+    /// The process's open file descriptors now (entries of `/proc/PID/fd`).
+    pub fn open_fds(&self) -> usize {
+        let path = format!("/proc/{}/fd", self.pid);
+        std::fs::read_dir(&path)
+            .unwrap_or_else(|e| panic!("reading {path}: {e}"))
+            .count()
     }
 
     /// Resets the process's peak resident set size (`VmHWM`) to its current size

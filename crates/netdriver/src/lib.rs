@@ -21,6 +21,7 @@
 
 pub mod channel;
 pub mod link;
+pub mod log_limit;
 pub mod neigh;
 pub mod netif;
 pub mod ports;

@@ -34,6 +34,16 @@
 //!   kernel picks, which for an on-link peer is the same interface. The address must be
 //!   on-link (the next hop): for an address behind a gateway the kernel resolves the
 //!   gateway instead, and `resolve` then times out.
+//! - **Checking a passive open's MAC** ([`judge_peer_mac`], [`PeerMacProbes`]). An entry
+//!   the kernel learnt (`REACHABLE`, `STALE`, `DELAY`, `PROBE`) is no evidence against the
+//!   MAC a SYN came from: one unsolicited ARP packet sets it (a gratuitous ARP makes it
+//!   `STALE`, an unicast reply `REACHABLE`), and with the stack's traffic on AF_XDP the
+//!   kernel never sends to that peer, so never re-verifies it. Only an entry set by hand
+//!   (`PERMANENT`) refuses a passive open outright. A learnt entry that disagrees costs a
+//!   probe instead: the connection keeps the SYN's MAC (the host there completed the
+//!   handshake), and [`KernelNeighbors::reprobe`] makes the kernel forget the entry and
+//!   ask the address's owner (one broadcast ARP request); if the answer names another MAC
+//!   the connection is refused then, otherwise the kernel's entry is corrected too.
 //! - **Waiting.** `resolve` polls the table with a bounded exponential backoff (1 ms
 //!   doubling to 50 ms, never past the deadline) until the entry is usable
 //!   ([`KernelNeighbors::resolve`] returns the MAC), `FAILED` ([`NeighError::Unreachable`]:
@@ -58,12 +68,12 @@ use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_MULTIPART,
-    NLM_F_REQUEST,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
+    NLM_F_DUMP_INTR, NLM_F_EXCL, NLM_F_MULTIPART, NLM_F_REQUEST,
 };
 use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use netlink_packet_route::neighbour::{
-    NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
@@ -216,6 +226,12 @@ pub struct NeighborEntry {
 }
 
 impl NeighborEntry {
+    /// Whether an administrator set the entry (`PERMANENT`): the only entry that outweighs
+    /// the MAC a peer's own frames show (see the [module docs](self)).
+    pub fn is_set_by_hand(&self) -> bool {
+        self.state == NeighborState::Permanent
+    }
+
     /// The address, if the entry is usable ([`NeighborState::is_usable`]).
     pub fn usable_mac(&self) -> Option<EthernetAddress> {
         if self.state.is_usable() {
@@ -223,6 +239,167 @@ impl NeighborEntry {
         } else {
             None
         }
+    }
+}
+
+/// What the kernel's neighbour table says of the MAC address a passive open came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerMacVerdict {
+    /// The entry holds that MAC.
+    Agrees,
+    /// An entry set by hand names another MAC: the peer is not the address's owner.
+    Contradicted(EthernetAddress),
+    /// A learnt entry names another MAC: unproven either way (one unsolicited ARP packet
+    /// sets such an entry); ask the owner ([`PeerMacProbes`]).
+    Disputed(EthernetAddress),
+    /// No usable entry.
+    Unknown,
+}
+
+/// Judges `mac`, the source of a passive open from the entry's address, against `entry`.
+pub fn judge_peer_mac(entry: Option<&NeighborEntry>, mac: EthernetAddress) -> PeerMacVerdict {
+    match entry.and_then(|e| e.usable_mac().map(|k| (e, k))) {
+        None => PeerMacVerdict::Unknown,
+        Some((_, known)) if known == mac => PeerMacVerdict::Agrees,
+        Some((e, known)) if e.is_set_by_hand() => PeerMacVerdict::Contradicted(known),
+        Some((_, known)) => PeerMacVerdict::Disputed(known),
+    }
+}
+
+/// How a disputed passive open's probe ended ([`PeerMacProbes::poll`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// The owner's answer names the connection's MAC: the entry was forged or outdated.
+    Confirmed,
+    /// The owner's answer names another MAC: the connection came from an impostor.
+    Contradicted(EthernetAddress),
+    /// No answer, or none that settled it, in time: the connection keeps its MAC.
+    Unanswered,
+}
+
+/// How long a probe may take: the kernel sends `mcast_solicit` (3) requests
+/// `retrans_time_ms` (1 s) apart before it gives up.
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(3500);
+/// How often [`PeerMacProbes::poll`] reads the table while probes are out.
+const PROBE_LOOK_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Passive opens whose MAC a learnt neighbour entry disputed, while the kernel asks each
+/// address's owner ([`KernelNeighbors::reprobe`]). One probe per address at a time, at
+/// most [`PeerMacProbes::LIMIT`] connections waiting (beyond, a connection keeps its MAC
+/// unverified): however many forged ARP packets and connections come, the cost is
+/// bounded. Time is passed in.
+#[derive(Debug)]
+pub struct PeerMacProbes<H> {
+    pending: Vec<PendingProbe<H>>,
+    next_look: crate::time::Instant,
+}
+
+#[derive(Debug)]
+struct PendingProbe<H> {
+    handle: H,
+    ip: Ipv4Addr,
+    mac: EthernetAddress,
+    deadline: crate::time::Instant,
+}
+
+impl<H> Default for PeerMacProbes<H> {
+    fn default() -> Self {
+        PeerMacProbes {
+            pending: Vec::new(),
+            next_look: crate::time::Instant::ZERO,
+        }
+    }
+}
+
+impl<H: Copy> PeerMacProbes<H> {
+    /// Most connections waiting for a probe's answer.
+    pub const LIMIT: usize = 64;
+
+    /// Whether no probe is out.
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Starts verifying connection `handle`, which came from `mac` for `ip` on interface
+    /// `ifindex`: asks the kernel to resolve `ip` anew unless a probe for it is out
+    /// already. Returns false (nothing started) when [`LIMIT`](Self::LIMIT) connections
+    /// wait already or the kernel refused the probe.
+    pub fn start(
+        &mut self,
+        table: &mut KernelNeighbors,
+        ifindex: u32,
+        ip: Ipv4Addr,
+        mac: EthernetAddress,
+        handle: H,
+        now: crate::time::Instant,
+    ) -> bool {
+        if self.pending.len() >= Self::LIMIT {
+            return false;
+        }
+        if !self.pending.iter().any(|p| p.ip == ip) {
+            if let Err(e) = table.reprobe(ifindex, ip) {
+                tracing::debug!(%ip, error = %e, "neighbour re-probe refused");
+                return false;
+            }
+            self.next_look = now + PROBE_LOOK_INTERVAL;
+        }
+        self.pending.push(PendingProbe {
+            handle,
+            ip,
+            mac,
+            deadline: now + PROBE_TIMEOUT,
+        });
+        true
+    }
+
+    /// Reads the table (at most every 10 ms) and reports each connection whose probe
+    /// ended: `done(handle, ip, outcome)`.
+    pub fn poll(
+        &mut self,
+        table: &mut KernelNeighbors,
+        ifindex: u32,
+        now: crate::time::Instant,
+        mut done: impl FnMut(H, Ipv4Addr, ProbeOutcome),
+    ) {
+        if self.pending.is_empty() || now < self.next_look {
+            return;
+        }
+        self.next_look = now + PROBE_LOOK_INTERVAL;
+        let mut answers: Vec<(Ipv4Addr, Option<NeighborEntry>)> = Vec::new();
+        self.pending.retain(|p| {
+            let entry = match answers.iter().find(|(ip, _)| *ip == p.ip) {
+                Some((_, e)) => *e,
+                None => {
+                    let e = table.entry(ifindex, p.ip).unwrap_or(None);
+                    answers.push((p.ip, e));
+                    e
+                }
+            };
+            let outcome = match entry {
+                // Resolved anew: the answer to the kernel's request (the probe deleted
+                // whatever was learnt before).
+                Some(e) if e.state == NeighborState::Reachable || e.is_set_by_hand() => {
+                    match e.mac {
+                        Some(m) if m == p.mac => Some(ProbeOutcome::Confirmed),
+                        Some(m) => Some(ProbeOutcome::Contradicted(m)),
+                        None => None,
+                    }
+                }
+                Some(e) if e.state == NeighborState::Failed => Some(ProbeOutcome::Unanswered),
+                _ => None,
+            };
+            let outcome = match outcome {
+                None if now >= p.deadline => Some(ProbeOutcome::Unanswered),
+                o => o,
+            };
+            match outcome {
+                Some(o) => {
+                    done(p.handle, p.ip, o);
+                    false
+                }
+                None => true,
+            }
+        });
     }
 }
 
@@ -387,6 +564,56 @@ impl KernelNeighbors {
             }
             std::thread::sleep(backoff.min(deadline - now));
             backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// Forgets the kernel's entry for `ip` on interface `ifindex` unless it was set by hand
+    /// (`RTM_DELNEIGH`) and makes the kernel resolve the address anew (`RTM_NEWNEIGH` with
+    /// `NTF_USE`, as `ip neigh add ADDR dev DEV use` does): the new entry starts
+    /// `INCOMPLETE` and the kernel broadcasts an ARP request at once, so that the owner's
+    /// answer replaces whatever the last unsolicited ARP packet claimed. Does not wait for
+    /// the answer. Works from any thread: the netlink socket acts in the table's
+    /// namespace. Needs `CAP_NET_ADMIN`.
+    pub fn reprobe(&mut self, ifindex: u32, ip: Ipv4Addr) -> Result<(), NeighError> {
+        if self.entry(ifindex, ip)?.is_some_and(|e| e.is_set_by_hand()) {
+            return Ok(());
+        }
+        let message = |state: NeighbourState, flags| {
+            let mut m = NeighbourMessage::default();
+            m.header.family = AddressFamily::Inet;
+            m.header.ifindex = ifindex;
+            m.header.state = state;
+            m.header.flags = flags;
+            m.attributes
+                .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+            m
+        };
+        let del = message(NeighbourState::None, NeighbourFlags::empty());
+        match self.request(
+            RouteNetlinkMessage::DelNeighbour(del),
+            NLM_F_ACK,
+            "RTM_DELNEIGH",
+        ) {
+            Err(NeighError::Netlink { source, .. })
+                if source.raw_os_error() == Some(Errno::ENOENT as i32) => {}
+            other => {
+                other?;
+            }
+        }
+        // The state is ignored with NTF_USE; iproute2 sends PERMANENT.
+        let add = message(NeighbourState::Permanent, NeighbourFlags::Use);
+        match self.request(
+            RouteNetlinkMessage::NewNeighbour(add),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+            "RTM_NEWNEIGH",
+        ) {
+            // Someone resolved it in between: that is a fresh answer too.
+            Err(NeighError::Netlink { source, .. })
+                if source.raw_os_error() == Some(Errno::EEXIST as i32) =>
+            {
+                Ok(())
+            }
+            other => other.map(|_| ()),
         }
     }
 
@@ -633,6 +860,45 @@ mod tests {
             mac: Some(mac),
         };
         assert_eq!(e.usable_mac(), Some(mac));
+    }
+
+    /// Only an entry set by hand outweighs the MAC a passive open came from; a learnt one
+    /// that disagrees is disputed (probe), and no entry is unknown.
+    #[test]
+    fn judging_a_peer_mac() {
+        let (syn, other) = (
+            EthernetAddress([2, 0, 0, 0, 0, 1]),
+            EthernetAddress([2, 0, 0, 0, 0, 2]),
+        );
+        let e = |state, mac| NeighborEntry {
+            state,
+            mac: Some(mac),
+        };
+        use NeighborState::*;
+        assert_eq!(judge_peer_mac(Option::None, syn), PeerMacVerdict::Unknown);
+        for state in [Reachable, Stale, Delay, Probe, Permanent] {
+            assert_eq!(
+                judge_peer_mac(Some(&e(state, syn)), syn),
+                PeerMacVerdict::Agrees
+            );
+        }
+        for state in [Reachable, Stale, Delay, Probe] {
+            assert_eq!(
+                judge_peer_mac(Some(&e(state, other)), syn),
+                PeerMacVerdict::Disputed(other),
+                "{state:?}"
+            );
+        }
+        assert_eq!(
+            judge_peer_mac(Some(&e(Permanent, other)), syn),
+            PeerMacVerdict::Contradicted(other)
+        );
+        for state in [Incomplete, Failed, NoArp, None] {
+            assert_eq!(
+                judge_peer_mac(Some(&e(state, other)), syn),
+                PeerMacVerdict::Unknown
+            );
+        }
     }
 
     #[test]

@@ -273,6 +273,10 @@ pub struct InterfaceStats {
     pub tx_super_segments: u64,
     /// Segments sent with their checksum left to the link.
     pub tx_checksum_offloaded: u64,
+    /// SYNs and valid cookie ACKs dropped because their listener was held
+    /// ([`Interface::hold_accepts`]: the application's accept queue was full); also
+    /// counted in `syn_dropped`.
+    pub accept_queue_full: u64,
 }
 
 /// A listening port.
@@ -281,6 +285,8 @@ struct Listener {
     backlog: usize,
     /// Connections opened by SYNs to this port and not yet accepted, oldest first.
     queue: VecDeque<ConnHandle>,
+    /// The driver has nowhere to put accepted connections ([`Interface::hold_accepts`]).
+    held: bool,
 }
 
 /// One entry of the connection table.
@@ -530,6 +536,7 @@ impl<L: Link> Interface<L> {
             Listener {
                 backlog,
                 queue: VecDeque::new(),
+                held: false,
             },
         );
         Ok(())
@@ -554,6 +561,19 @@ impl<L: Link> Interface<L> {
     /// driver that asks every round).
     pub fn accept_pending(&self) -> bool {
         self.core.listeners.values().any(|l| !l.queue.is_empty())
+    }
+
+    /// Holds (`true`) or releases connections to `port` for a driver whose application
+    /// accept queue is full. While held, connections that complete their handshake stay
+    /// queued here, established (their peers may send; the window bounds what waits), and
+    /// do not keep the interface from settling; new SYNs and cookie ACKs to the port are
+    /// dropped, as Linux drops them while a listener's accept queue is full
+    /// (`LINUX_MIB_LISTENOVERFLOWS`): the peer retransmits and gets in once the application
+    /// accepts. Nothing is reset, and the backlog bounds what waits.
+    pub fn hold_accepts(&mut self, port: u16, hold: bool) {
+        if let Some(l) = self.core.listeners.get_mut(&port) {
+            l.held = hold;
+        }
     }
 
     /// The oldest connection to `port` that has completed its handshake and not been
@@ -775,7 +795,7 @@ impl<L: Link> Interface<L> {
         if core
             .listeners
             .values()
-            .any(|l| l.queue.iter().any(|&h| handshake_over(&core.slots, h)))
+            .any(|l| !l.held && l.queue.iter().any(|&h| handshake_over(&core.slots, h)))
         {
             return None;
         }
@@ -1192,6 +1212,14 @@ impl Core {
         if cookie_ack && self.cookie_open(now, src_mac, local, remote, repr, payload) {
             return;
         }
+        if cookie_ack && !self.cookie_room(local.port()) {
+            // While the listener has no room its peers' cookie ACKs are dropped, so a
+            // later segment of such a peer (its FIN after its data) carries no cookie
+            // that verifies. Dropped, not reset: the data's retransmission carries the
+            // cookie once the application accepts again.
+            self.stats.accept_queue_full += 1;
+            return;
+        }
         self.stats.rx_no_connection += 1;
         self.reset(src_mac, ip.src, repr, payload.len());
     }
@@ -1205,10 +1233,17 @@ impl Core {
         syn: &TcpRepr,
         payload_len: usize,
     ) {
-        let full = self
+        let (full, held) = self
             .listeners
             .get(&local.port())
-            .is_none_or(|l| l.queue.len() >= l.backlog);
+            .map_or((true, false), |l| (l.queue.len() >= l.backlog, l.held));
+        if held {
+            // Like Linux with a full accept queue: no cookie either; the SYN's
+            // retransmission is the retry.
+            self.stats.accept_queue_full += 1;
+            self.stats.syn_dropped += 1;
+            return;
+        }
         if full || self.live >= self.config.max_connections {
             if self.config.syn_cookies {
                 // RFC 4987 §3.6: answer, and keep nothing.
@@ -1270,24 +1305,12 @@ impl Core {
                 return false;
             }
         };
-        // The cookie is genuine; what remains is room. Half-open connections in the queue
-        // (a SYN flood's) do not count against a cookie connection, or cookies would be
-        // useless exactly when they are needed.
-        let room = self.listeners.get(&local.port()).is_some_and(|l| {
-            let established = l
-                .queue
-                .iter()
-                .filter(|&&h| {
-                    self.slots
-                        .get(h.index as usize)
-                        .and_then(|s| s.conn.as_ref())
-                        .is_some_and(|c| c.state() != State::SynReceived)
-                })
-                .count();
-            established < l.backlog
-        });
-        if !room || self.live >= self.config.max_connections {
+        // The cookie is genuine; what remains is room.
+        if !self.cookie_room(local.port()) || self.live >= self.config.max_connections {
             // Dropped, not reset: the peer's data retransmission carries the cookie again.
+            if self.listeners.get(&local.port()).is_some_and(|l| l.held) {
+                self.stats.accept_queue_full += 1;
+            }
             self.stats.syn_dropped += 1;
             return true;
         }
@@ -1317,6 +1340,29 @@ impl Core {
                 false
             }
         }
+    }
+
+    /// Whether listener `port` has room for a connection opened from a cookie: it is not
+    /// held and fewer than its backlog of established connections wait in it. Half-open
+    /// connections in the queue (a SYN flood's) do not count against a cookie connection,
+    /// or cookies would be useless exactly when they are needed.
+    fn cookie_room(&self, port: u16) -> bool {
+        self.listeners.get(&port).is_some_and(|l| {
+            if l.held {
+                return false;
+            }
+            let established = l
+                .queue
+                .iter()
+                .filter(|&&h| {
+                    self.slots
+                        .get(h.index as usize)
+                        .and_then(|s| s.conn.as_ref())
+                        .is_some_and(|c| c.state() != State::SynReceived)
+                })
+                .count();
+            established < l.backlog
+        })
     }
 
     fn reset(&mut self, src_mac: EthernetAddress, src_ip: Ipv4Addr, repr: &TcpRepr, len: usize) {
@@ -1891,6 +1937,53 @@ mod tests {
                 .all(|&h| a.conn(h).unwrap().state() == State::Established)
         });
         assert_eq!(b.connection_count(), 4);
+    }
+
+    /// A held listener (the application's accept queue full) keeps completed connections
+    /// established and queued, drops new SYNs and cookie ACKs (no reset, no cookie), and
+    /// lets the interface settle; released, the dropped SYNs get in on retransmission.
+    #[test]
+    fn a_held_listener_keeps_connections_and_drops_new_syns() {
+        let (mut a, mut b) = hosts();
+        let mut now = Instant::ZERO;
+        b.listen(80, 4).unwrap();
+        let first: Vec<_> = (0..2)
+            .map(|_| a.connect(SocketAddrV4::new(IP_B, 80), now).unwrap())
+            .collect();
+        run_until(&mut a, &mut b, &mut now, |a, _| {
+            first
+                .iter()
+                .all(|&h| a.conn(h).unwrap().state() == State::Established)
+        });
+        b.hold_accepts(80, true);
+        // Held, the two waiting connections do not keep the interface busy.
+        b.poll(now);
+        assert!(b.settled(now), "held connections kept the interface busy");
+        let later: Vec<_> = (0..3)
+            .map(|_| a.connect(SocketAddrV4::new(IP_B, 80), now).unwrap())
+            .collect();
+        for _ in 0..6 {
+            a.poll(now);
+            b.poll(now);
+            now += Duration::from_micros(20);
+        }
+        assert_eq!(b.connection_count(), 2);
+        assert_eq!(b.stats().accept_queue_full, 3);
+        assert_eq!(b.stats().syn_dropped, 3);
+        assert_eq!((b.stats().tx_rst, b.stats().syn_cookies_sent), (0, 0));
+        for &h in &first {
+            assert_eq!(a.conn(h).unwrap().state(), State::Established);
+        }
+        // Released: the queued ones are accepted, the others get in on retransmission.
+        b.hold_accepts(80, false);
+        assert!(b.accept(80).is_some() && b.accept(80).is_some());
+        run_until(&mut a, &mut b, &mut now, |a, _| {
+            later
+                .iter()
+                .all(|&h| a.conn(h).unwrap().state() == State::Established)
+        });
+        assert_eq!(b.connection_count(), 5);
+        assert_eq!(b.stats().tx_rst, 0);
     }
 
     #[test]

@@ -430,6 +430,81 @@ fn a_passive_open_from_a_mac_the_kernel_does_not_know_is_aborted() {
     set.shutdown().unwrap();
 }
 
+/// A burst of kernel connects six times the listener's backlog while the application
+/// accepts nothing: no connection is reset. Those that completed their handshake wait
+/// (established, queued in the interface once the accept queue is full), further SYNs are
+/// dropped as Linux drops them while its accept queue is full, and their retransmissions
+/// get in once the application accepts; every client is served and echoed byte-exact.
+#[test]
+fn a_connect_burst_beyond_the_backlog_is_served_not_reset() {
+    const BACKLOG: usize = 4;
+    const CLIENTS: usize = 6 * BACKLOG;
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let mut cfg = config(&bed, Side::B);
+    cfg.backlog = BACKLOG;
+    let set = start(&bed, Side::B, cfg);
+    let listener = set.listen(7000).expect("listen");
+    let target = SocketAddr::from((bed.side(Side::B).ipv4, 7000));
+    let (connected_tx, connected_rx) = mpsc::channel();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let connected = connected_tx.clone();
+            bed.spawn_thread_in(Side::A, move || -> io::Result<Vec<u8>> {
+                let mut conn = TcpStream::connect_timeout(&target, DEADLINE)?;
+                let _ = connected.send(());
+                conn.set_read_timeout(Some(DEADLINE))?;
+                let msg = format!("client {i:02} of the burst").into_bytes();
+                conn.write_all(&msg)?;
+                conn.shutdown(Shutdown::Write)?;
+                let mut back = Vec::new();
+                io::Read::read_to_end(&mut conn, &mut back)?;
+                assert_eq!(back, msg, "client {i}");
+                Ok(back)
+            })
+            .unwrap()
+        })
+        .collect();
+    // Nothing accepted until the accept queue holds BACKLOG connections and at least one
+    // SYN met it full.
+    for _ in 0..BACKLOG {
+        connected_rx
+            .recv_timeout(DEADLINE)
+            .expect("a client connected");
+    }
+    assert!(
+        common::eventually(DEADLINE, || set.syn_stats().dropped > 0),
+        "no SYN met a full accept queue: {:?}",
+        set.syn_stats()
+    );
+    // Now the application serves every client, one echo thread each.
+    let servers: Vec<_> = (0..CLIENTS)
+        .enumerate()
+        .map(|(i, _)| {
+            let (ch, _) = listener
+                .accept_timeout(DEADLINE)
+                .unwrap_or_else(|e| panic!("accept {i}: {e}; {:?}", set.syn_stats()));
+            std::thread::spawn(move || {
+                let mut stream = ChannelStream::new(ch);
+                let n = echo(&mut stream).expect("echo");
+                stream.shutdown_write().unwrap();
+                stream.flush().unwrap();
+                n
+            })
+        })
+        .collect();
+    for (i, c) in clients.into_iter().enumerate() {
+        let r = c.join().expect("client thread");
+        assert!(r.is_ok(), "client {i}: {r:?}");
+    }
+    for s in servers {
+        assert!(s.join().expect("server thread") > 0);
+    }
+    println!("{:?}", set.syn_stats());
+    set.shutdown().unwrap();
+}
+
 /// At MTU 9000 a set with default settings offers the MSS the MTU allows (8960), so a
 /// kernel peer sends it 8948-byte segments (8960 less the timestamp option); TCP's own
 /// default MSS, 1460, would have kept the jumbo link at 1448-byte segments.

@@ -461,6 +461,28 @@ fn retransmitted_peer_syn_in_syn_received_is_answered_with_syn_ack() {
     assert_eq!(h.state(), State::SynReceived);
 }
 
+/// A burst of duplicate SYNs in SYN-RECEIVED gets one SYN-ACK, not one each: like Linux
+/// (`tcp_check_req` through `tcp_oow_rate_limited`), at most one per
+/// `Config::invalid_ack_interval` (500 ms); the retransmission timer resends it anyway.
+#[test]
+fn duplicate_syns_in_syn_received_get_rate_limited_syn_acks() {
+    let mut h = syn_received();
+    let mut answered = 0;
+    for _ in 0..10 {
+        send!(h, peer_syn());
+        answered += h.poll().len();
+    }
+    assert_eq!(answered, 1, "SYN-ACKs for 10 duplicate SYNs at once");
+    assert_eq!(h.conn.stats().oow_acks_suppressed, 9);
+    // Half a second later the next duplicate is answered again.
+    h.advance(ms(500));
+    send!(h, peer_syn());
+    assert_eq!(h.poll().len(), 1);
+    send!(h, peer_syn());
+    assert!(h.poll().is_empty());
+    assert_eq!(h.state(), State::SynReceived);
+}
+
 // ---- refusal -----------------------------------------------------------------------------
 
 #[test]

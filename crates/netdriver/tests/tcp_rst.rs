@@ -404,12 +404,23 @@ fn too_old_ack_is_discarded_with_data() {
 
 #[test]
 fn old_but_acceptable_ack_still_delivers_data() {
-    // Within [SND.UNA - MAX.SND.WND, SND.UNA]: a duplicate ACK; the text is processed.
+    // Within [SND.UNA - MAX.SND.WND, SND.UNA] and not below the first byte sent (Linux's
+    // bound, `tcp_ack`): a duplicate ACK; the text is processed.
     let mut h = established();
+    h.conn.set_nodelay(true);
+    h.write(&[7; 1000]);
+    assert_eq!(h.poll().len(), 1);
     send!(
         h,
         TcpRepr {
-            ack: Some(LOCAL_ISN + 1 - 60000),
+            ack: Some(LOCAL_ISN + 1 + 1000),
+            ..seg()
+        }
+    );
+    send!(
+        h,
+        TcpRepr {
+            ack: Some(LOCAL_ISN + 1 + 400),
             ..seg()
         },
         b"fresh"
@@ -419,6 +430,7 @@ fn old_but_acceptable_ack_still_delivers_data() {
     recv!(
         h,
         TcpRepr {
+            seq: LOCAL_ISN + 1 + 1000,
             ack: Some(REMOTE_ISN + 6),
             window: w,
             ..out()

@@ -515,3 +515,59 @@ fn acks_after_a_probe_also_carry_its_end() {
     t.expect(ack.seq(l(1)));
     t.expect_none();
 }
+
+/// Drives a zero-window peer that answers every probe with its window still shut, for
+/// `until` (virtual time); returns when the connection failed, if it did.
+fn answer_probes_with_a_shut_window(
+    t: &mut Tcb,
+    until: netdriver::time::Duration,
+) -> Option<netdriver::time::Instant> {
+    let end = t.now + until;
+    while t.now < end {
+        // Polling arms the next probe.
+        t.expect_none();
+        let at = t.fire();
+        if t.conn.state() == State::Closed {
+            return Some(at);
+        }
+        for s in t.drain() {
+            if !s.payload.is_empty() {
+                // The probe octet is not taken: the answer acknowledges nothing new.
+                t.send(t.seg().ack(l(0)).win(0));
+            }
+        }
+    }
+    None
+}
+
+/// RFC 1122 §4.2.2.17: a receiver that answers our probes is kept, however long it keeps
+/// its window shut, by default. With `Config::zero_window_limit` (Linux's user timeout
+/// applied to zero-window probing) the connection fails once the window has been shut for
+/// that long, counted in `Stats::zero_window_timeouts`.
+#[test]
+fn a_window_shut_past_the_limit_fails_the_connection_however_the_peer_answers() {
+    // Default: still open after ten minutes of answered probes.
+    let mut t = zero_window_peer(test_config());
+    t.app_send(&data(100));
+    assert_eq!(answer_probes_with_a_shut_window(&mut t, ms(600_000)), None);
+    assert_eq!(t.conn.state(), State::Established);
+    assert_eq!(t.stats().zero_window_timeouts, 0);
+
+    let mut t = zero_window_peer(Config {
+        zero_window_limit: Some(ms(10_000)),
+        ..test_config()
+    });
+    let start = t.now;
+    t.app_send(&data(100));
+    let failed = answer_probes_with_a_shut_window(&mut t, ms(600_000))
+        .expect("the connection outlived the zero-window limit");
+    // The first probe notes the shut window; the limit counts from it, and the failure
+    // comes at the first probe past it (probes back off up to `max_rto`).
+    let shut_for = failed - start;
+    assert!(
+        shut_for >= ms(10_000) && shut_for <= ms(10_000) + test_config().max_rto,
+        "failed after {shut_for:?}"
+    );
+    assert_eq!(t.conn.error(), Some(netdriver::tcp::TcpError::TimedOut));
+    assert_eq!(t.stats().zero_window_timeouts, 1);
+}

@@ -122,7 +122,9 @@ impl Deframer {
     }
 
     fn poison(&mut self, e: WireError) -> WireError {
-        tracing::warn!(error = %e, "bad chunk header; channel stream poisoned");
+        // The caller drops the channel and says so (rate-limited: a peer can send
+        // garbage on many channels).
+        tracing::debug!(error = %e, "bad chunk header; channel stream poisoned");
         self.poisoned = Some(e);
         self.current = None;
         self.header_filled = 0;

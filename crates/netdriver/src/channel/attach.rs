@@ -17,8 +17,10 @@ use tracing::debug;
 use super::queue::block_on;
 use super::ChannelError;
 use crate::link::switch::SimSwitch;
-use crate::neigh::{KernelNeighbors, NeighError};
-use crate::time::Duration;
+use crate::neigh::{
+    judge_peer_mac, KernelNeighbors, NeighError, PeerMacProbes, PeerMacVerdict, ProbeOutcome,
+};
+use crate::time::{Duration, Instant};
 use crate::wire::EthernetAddress;
 
 /// A queue's view of the host's neighbour table, for checking passive opens.
@@ -34,20 +36,68 @@ pub(crate) enum Neighbors {
 }
 
 impl Neighbors {
-    /// The MAC address the table vouches for `ip`, if any.
-    pub(crate) fn lookup(&mut self, ip: Ipv4Addr, queue: u32) -> Option<EthernetAddress> {
+    /// Judges `mac`, the source of a passive open from `ip`, against the table
+    /// ([`judge_peer_mac`]). The switch knows every host's MAC for certain, as an entry
+    /// set by hand: another MAC there contradicts.
+    pub(crate) fn judge(
+        &mut self,
+        ip: Ipv4Addr,
+        mac: EthernetAddress,
+        queue: u32,
+    ) -> PeerMacVerdict {
         match self {
             Neighbors::Kernel { table, ifindex } => {
-                match table.as_mut().map(|n| n.entry(*ifindex, ip)) {
-                    Some(Ok(entry)) => entry.and_then(|e| e.usable_mac()),
+                let entry = match table.as_mut().map(|n| n.entry(*ifindex, ip)) {
+                    Some(Ok(entry)) => entry,
                     Some(Err(e)) => {
                         debug!(queue, %ip, error = %e, "neighbour lookup failed");
                         None
                     }
                     None => None,
-                }
+                };
+                judge_peer_mac(entry.as_ref(), mac)
             }
-            Neighbors::Switch(sw) => sw.mac_of(ip),
+            Neighbors::Switch(sw) => match sw.mac_of(ip) {
+                Some(k) if k == mac => PeerMacVerdict::Agrees,
+                Some(k) => PeerMacVerdict::Contradicted(k),
+                None => PeerMacVerdict::Unknown,
+            },
+        }
+    }
+
+    /// Starts asking `ip`'s owner for its MAC on behalf of connection `handle`, which came
+    /// from `mac` ([`PeerMacProbes::start`]); false when no probe started (the switch
+    /// needs none, the table could not be read, or too many wait).
+    pub(crate) fn start_probe<H: Copy>(
+        &mut self,
+        probes: &mut PeerMacProbes<H>,
+        ip: Ipv4Addr,
+        mac: EthernetAddress,
+        handle: H,
+        now: Instant,
+    ) -> bool {
+        match self {
+            Neighbors::Kernel {
+                table: Some(table),
+                ifindex,
+            } => probes.start(table, *ifindex, ip, mac, handle, now),
+            _ => false,
+        }
+    }
+
+    /// Reports each probe that ended ([`PeerMacProbes::poll`]).
+    pub(crate) fn poll_probes<H: Copy>(
+        &mut self,
+        probes: &mut PeerMacProbes<H>,
+        now: Instant,
+        done: impl FnMut(H, Ipv4Addr, ProbeOutcome),
+    ) {
+        if let Neighbors::Kernel {
+            table: Some(table),
+            ifindex,
+        } = self
+        {
+            probes.poll(table, *ifindex, now, done);
         }
     }
 }

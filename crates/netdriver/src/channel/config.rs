@@ -133,6 +133,10 @@ impl ChannelSetConfig {
                 full_segments_per_ack: 4,
                 // See the field's documentation.
                 tlp_min_pto: std::time::Duration::from_millis(8),
+                // Bounded by default: a peer that opens a window of 0 and never reads
+                // holds a connection and its buffers for five minutes at most (its probe
+                // answers would keep it for ever, RFC 1122 §4.2.2.17).
+                zero_window_limit: Some(Duration::from_secs(300)),
                 ..tcp::Config::default()
             },
             nodelay: true,

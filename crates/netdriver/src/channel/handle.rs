@@ -195,6 +195,9 @@ impl ChannelTransport for Channel {
     fn enqueue(&self, chunk: Bytes) -> Result<(), EnqueueError> {
         Channel::enqueue(self, chunk)
     }
+    fn set_options(&self, changes: OptionChanges) {
+        Channel::set_options(self, changes)
+    }
     fn dequeue(&self) -> Result<Dequeued, ChannelError> {
         Channel::dequeue(self)
     }

@@ -20,19 +20,37 @@ use crate::time::Duration;
 #[derive(Debug)]
 pub(crate) struct ListenerShared {
     pub(crate) port: u16,
+    /// Accepted channels; drivers push only while fewer than `backlog` wait
+    /// ([`has_room_or_hold`](Self::has_room_or_hold)).
     pub(crate) accept: ArrayQueue<Channel>,
+    pub(crate) backlog: usize,
+    /// A driver found the queue full and left connections in its interface: the next
+    /// accept wakes the drivers.
+    pub(crate) held_back: AtomicBool,
     pub(crate) waker: AtomicWaker,
     pub(crate) closed: AtomicBool,
 }
 
 impl ListenerShared {
     /// Queues an accepted channel; false (and the channel is dropped, so aborted) when the
-    /// queue is full or the listener closed.
+    /// listener closed (or, which the room check prevents, the queue is full).
     pub(crate) fn push(&self, ch: Channel) -> bool {
         if self.closed.load(Ordering::Acquire) {
             return false;
         }
         self.accept.push(ch).is_ok()
+    }
+
+    /// Whether a driver may queue one more channel; when not, records that it holds
+    /// connections back, so that the next accept wakes it (checked again after
+    /// recording, against an accept in between).
+    pub(crate) fn has_room_or_hold(&self) -> bool {
+        if self.accept.len() < self.backlog {
+            return true;
+        }
+        self.held_back.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.accept.len() < self.backlog
     }
 
     pub(crate) fn wake(&self) {
@@ -74,9 +92,24 @@ impl ChannelListener {
         self.shared.port
     }
 
+    /// The next channel, or registers `cx`'s waker; wakes the queue drivers when one of
+    /// them held connections back for want of room, since there is room now.
+    fn take(&self, cx: &mut Context<'_>) -> Poll<Result<Channel, ChannelError>> {
+        let r = self.shared.poll_accept(cx);
+        if matches!(r, Poll::Ready(Ok(_))) {
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if self.shared.held_back.swap(false, Ordering::SeqCst) {
+                for p in &self.set.peers {
+                    p.signal.notify();
+                }
+            }
+        }
+        r
+    }
+
     /// Waits for the next channel and returns it with its peer's address.
     pub fn accept(&self) -> Result<(Channel, SocketAddrV4), ChannelError> {
-        block_on(None, |cx| self.shared.poll_accept(cx))
+        block_on(None, |cx| self.take(cx))
             .unwrap_or(Err(ChannelError::WouldBlockTimeout))
             .map(|c| {
                 let peer = c.peer_addr();
@@ -90,7 +123,7 @@ impl ChannelListener {
         &self,
         timeout: Duration,
     ) -> Result<(Channel, SocketAddrV4), ChannelError> {
-        block_on(Some(timeout), |cx| self.shared.poll_accept(cx))
+        block_on(Some(timeout), |cx| self.take(cx))
             .unwrap_or(Err(ChannelError::WouldBlockTimeout))
             .map(|c| {
                 let peer = c.peer_addr();
@@ -100,7 +133,7 @@ impl ChannelListener {
 
     /// Async accept.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<Result<Channel, ChannelError>> {
-        self.shared.poll_accept(cx)
+        self.take(cx)
     }
 }
 

@@ -164,6 +164,8 @@ mod driver;
 #[cfg(target_os = "linux")]
 mod handle;
 #[cfg(target_os = "linux")]
+mod lazy_queue;
+#[cfg(target_os = "linux")]
 mod listener;
 #[cfg(target_os = "linux")]
 pub mod placement;
@@ -495,6 +497,10 @@ pub trait ChannelTransport: Send + Sync {
     fn wire(&self) -> Option<ChannelWire> {
         None
     }
+
+    /// Changes TCP options of the connection under the channel (see
+    /// [`Channel::set_options`]); ignored (the default) by transports without one.
+    fn set_options(&self, _changes: crate::tcp::OptionChanges) {}
 }
 
 #[cfg(test)]

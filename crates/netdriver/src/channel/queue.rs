@@ -15,7 +15,8 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use atomic_waker::AtomicWaker;
 use bytes::Bytes;
-use crossbeam_queue::ArrayQueue;
+
+use super::lazy_queue::LazyQueue;
 
 use super::driver::RxSink;
 use super::signal::QueueSignal;
@@ -149,12 +150,12 @@ pub(crate) struct ChannelShared {
     pub(crate) local: SocketAddrV4,
     pub(crate) peer: SocketAddrV4,
     pub(crate) queue: u32,
-    tx: ArrayQueue<Bytes>,
+    tx: LazyQueue<Bytes>,
     /// Bytes enqueued and not yet taken by TCP (including the rest of a chunk that did not
     /// fit, which the driver keeps).
     tx_bytes: AtomicUsize,
     tx_limit: usize,
-    rx: ArrayQueue<Bytes>,
+    rx: LazyQueue<Bytes>,
     rx_bytes: AtomicUsize,
     rx_limit: usize,
     rx_waker: AtomicWaker,
@@ -213,10 +214,10 @@ impl ChannelShared {
             local,
             peer,
             queue,
-            tx: ArrayQueue::new(tx.chunks.max(1)),
+            tx: LazyQueue::new(tx.chunks),
             tx_bytes: AtomicUsize::new(0),
             tx_limit: tx.bytes.max(1),
-            rx: ArrayQueue::new(rx.chunks.max(1)),
+            rx: LazyQueue::new(rx.chunks),
             rx_bytes: AtomicUsize::new(0),
             rx_limit: rx.bytes.max(1),
             rx_waker: AtomicWaker::new(),

@@ -3,7 +3,7 @@
 //! them does (see the [module documentation](super) for the steps). The state is owned
 //! by the queue's driver (`driver.rs`); nothing else runs a round.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -20,6 +20,7 @@ use super::listener::ListenerShared;
 use super::queue::{ChannelShared, Failure, WireSeq};
 use super::shared::SetShared;
 use super::signal::QueueSignal;
+use super::stats::SynCounters;
 use super::ChannelError;
 use crate::link::QueueLink;
 use crate::netif::{ConnHandle, Interface, StraySegment, StrayVerdict};
@@ -107,6 +108,11 @@ struct Book {
     listeners: FxHashMap<u16, Arc<ListenerShared>>,
     /// Flows claimed in the directory for a SYN during this round's receive.
     claims: Vec<Tuple>,
+    /// Some listener's accept queue was full at the last look, so its connections wait
+    /// in the interface ([`Interface::hold_accepts`]).
+    accepts_held: bool,
+    /// Passive opens whose MAC a learnt neighbour entry disputed, being probed.
+    mac_probes: crate::neigh::PeerMacProbes<ConnHandle>,
 }
 
 /// A queue's state: what its driver owns and runs rounds over.
@@ -147,7 +153,7 @@ impl QueueState {
             .poll_with(now, &mut |s| stray_verdict(set, me, claims, s, true));
         w.settle_claims(book);
         active |= w.pull_rx(book, &mut self.rxbuf);
-        active |= w.accept(book);
+        active |= w.accept(book, now);
         active |= w.reap(book);
         w.publish(book, now);
         active
@@ -622,14 +628,25 @@ impl Worker {
     }
 
     /// Hands connections that completed their handshake to their listeners.
-    fn accept(&mut self, book: &mut Book) -> bool {
+    fn accept(&mut self, book: &mut Book, now: Instant) -> bool {
+        if !book.mac_probes.is_empty() {
+            self.poll_mac_probes(book, now);
+        }
         // Every round asks; a connection to accept is rare.
-        if !self.iface.accept_pending() {
+        if !self.iface.accept_pending() && !book.accepts_held {
             return false;
         }
         let mut any = false;
+        book.accepts_held = false;
         for (&port, l) in &book.listeners {
-            while let Some(h) = self.iface.accept(port) {
+            // A full accept queue leaves the connections where they are, established in
+            // the interface, rather than resetting them; the application's next accept
+            // wakes this queue's driver ([`ChannelListener`](super::ChannelListener)).
+            let mut held = !l.has_room_or_hold();
+            while !held {
+                let Some(h) = self.iface.accept(port) else {
+                    break;
+                };
                 any = true;
                 let Some(conn) = self.iface.conn_mut(h) else {
                     continue;
@@ -637,7 +654,7 @@ impl Worker {
                 conn.set_nodelay(self.set.nodelay);
                 let tuple = (conn.local(), conn.remote());
                 self.own_passive_in(&mut book.owned, h, tuple);
-                if !self.neighbor_check(h, *tuple.1.ip()) {
+                if !self.neighbor_check(&mut book.mac_probes, h, *tuple.1.ip(), now) {
                     // Aborted; `reap` releases the flow once the interface forgets it.
                     continue;
                 }
@@ -652,50 +669,102 @@ impl Worker {
                 self.set.directory.insert(tuple, self.index);
                 book.entries.insert(h, Entry::new(shared.clone()));
                 trace!(queue = self.queue, local = %tuple.0, peer = %tuple.1, "channel accepted");
-                // A full accept queue or a closed listener drops the channel, which aborts
-                // it at the next round.
+                // A closed listener drops the channel, which aborts it at the next round.
                 if l.push(Channel::new(shared)) {
                     l.wake();
                 }
+                held = !l.has_room_or_hold();
             }
+            self.iface.hold_accepts(port, held);
+            book.accepts_held |= held;
         }
         any
     }
 
     /// Checks the MAC address a passive open learnt from the peer's SYN (or cookie ACK)
-    /// against what the host's neighbour table knows for its IP address (see
-    /// [`Neighbors::verdict`]): a host on the link that answers from another MAC than the
-    /// table knows for that address is spoofing it, and its connection is aborted
-    /// (counted in `SynStats::neighbor_mismatches`). When the table has no usable entry
-    /// (or cannot be read) the connection keeps the SYN's MAC, counted in
-    /// `SynStats::neighbor_unverified`. Returns whether the connection may be handed to
+    /// against the host's neighbour table for its IP address ([`Neighbors::judge`]). An
+    /// entry set by hand that names another MAC refuses the connection (counted in
+    /// `SynStats::neighbor_mismatches`). A learnt entry that disagrees proves nothing (one
+    /// forged ARP packet sets it): the connection keeps the SYN's MAC while the kernel
+    /// asks the address's owner, and is refused only if the answer names another MAC
+    /// (`SynStats::neighbor_reprobes`, [`PeerMacProbes`](crate::neigh::PeerMacProbes)).
+    /// Without a usable entry the connection keeps the SYN's MAC
+    /// (`SynStats::neighbor_unverified`). Returns whether the connection may be handed to
     /// its listener.
-    fn neighbor_check(&mut self, h: ConnHandle, ip: std::net::Ipv4Addr) -> bool {
+    fn neighbor_check(
+        &mut self,
+        probes: &mut crate::neigh::PeerMacProbes<ConnHandle>,
+        h: ConnHandle,
+        ip: std::net::Ipv4Addr,
+        now: Instant,
+    ) -> bool {
+        use crate::neigh::PeerMacVerdict;
         let Some(mac) = self.iface.remote_mac(h) else {
             return true;
         };
-        let known = self.neighbors.lookup(ip, self.queue);
         let counters = self.set.peers.get(self.index).map(|p| &p.syns);
-        match known {
-            Some(k) if k == mac => true,
-            Some(k) => {
-                warn!(queue = self.queue, %ip, syn_mac = %mac, known_mac = %k, "passive open from a MAC the neighbour table does not know for this address; aborted");
-                if let Some(c) = counters {
-                    c.neighbor_mismatches.fetch_add(1, Ordering::Relaxed);
+        let count = |pick: fn(&SynCounters) -> &AtomicU64| {
+            if let Some(c) = counters {
+                pick(c).fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        match self.neighbors.judge(ip, mac, self.queue) {
+            PeerMacVerdict::Agrees => true,
+            PeerMacVerdict::Contradicted(k) => {
+                if let Some(suppressed) = NEIGHBOR_WARNINGS.check() {
+                    warn!(queue = self.queue, %ip, syn_mac = %mac, known_mac = %k, suppressed, "passive open from another MAC than the neighbour entry set by hand for this address; aborted");
                 }
+                count(|c| &c.neighbor_mismatches);
                 if let Some(conn) = self.iface.conn_mut(h) {
                     conn.abort();
                 }
                 false
             }
-            None => {
-                debug!(queue = self.queue, %ip, %mac, "no neighbour entry; keeping the SYN's MAC");
-                if let Some(c) = counters {
-                    c.neighbor_unverified.fetch_add(1, Ordering::Relaxed);
+            PeerMacVerdict::Disputed(k) => {
+                debug!(queue = self.queue, %ip, syn_mac = %mac, kernel_mac = %k, "passive open from another MAC than the kernel learnt for this address; asking the owner");
+                count(|c| &c.neighbor_reprobes);
+                if !self.neighbors.start_probe(probes, ip, mac, h, now) {
+                    count(|c| &c.neighbor_unverified);
                 }
                 true
             }
+            PeerMacVerdict::Unknown => {
+                debug!(queue = self.queue, %ip, %mac, "no neighbour entry; keeping the SYN's MAC");
+                count(|c| &c.neighbor_unverified);
+                true
+            }
         }
+    }
+
+    /// Ends the probes of disputed passive opens that were answered (or timed out): a
+    /// connection whose address's owner answered from another MAC is aborted.
+    fn poll_mac_probes(&mut self, book: &mut Book, now: Instant) {
+        use crate::neigh::ProbeOutcome;
+        let (iface, queue) = (&mut self.iface, self.queue);
+        let counters = self.set.peers.get(self.index).map(|p| &p.syns);
+        self.neighbors
+            .poll_probes(&mut book.mac_probes, now, |h, ip, outcome| match outcome {
+                ProbeOutcome::Confirmed => {
+                    debug!(queue, %ip, "the address's owner confirmed the passive open's MAC");
+                }
+                ProbeOutcome::Contradicted(owner) => {
+                    if let Some(suppressed) = NEIGHBOR_WARNINGS.check() {
+                        warn!(queue, %ip, %owner, suppressed, "the address's owner answered from another MAC than its passive open; aborted");
+                    }
+                    if let Some(c) = counters {
+                        c.neighbor_mismatches.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(conn) = iface.conn_mut(h) {
+                        conn.abort();
+                    }
+                }
+                ProbeOutcome::Unanswered => {
+                    debug!(queue, %ip, "no answer to the neighbour probe; keeping the SYN's MAC");
+                    if let Some(c) = counters {
+                        c.neighbor_unverified.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
     }
 
     /// Forgets connections the interface removed, releasing their flows and ports.
@@ -876,12 +945,14 @@ fn read_into(
     }
 }
 
+/// Warnings about refused passive opens (neighbour check): a peer can cause one per SYN.
+static NEIGHBOR_WARNINGS: crate::log_limit::LogLimit = crate::log_limit::LogLimit::new(5);
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::channel::shared::Peer;
     use std::net::{Ipv4Addr, SocketAddrV4};
-    use std::sync::atomic::Ordering;
 
     /// A set of two queues whose forwarding queues hold one frame each.
     fn two_threads() -> (SetShared, Vec<Receiver<Vec<u8>>>) {

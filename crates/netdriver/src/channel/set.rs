@@ -603,7 +603,10 @@ impl ChannelSet {
         let backlog = self.config.backlog.max(1);
         let listener = Arc::new(ListenerShared {
             port,
-            accept: ArrayQueue::new(backlog),
+            // Room for `backlog` and for drivers that each saw room for one more at once.
+            accept: ArrayQueue::new(backlog.saturating_mul(2)),
+            backlog,
+            held_back: AtomicBool::new(false),
             waker: AtomicWaker::new(),
             closed: AtomicBool::new(false),
         });
@@ -719,6 +722,7 @@ impl ChannelSet {
             stats.cookies_rejected += s.cookies_rejected.load(Ordering::Relaxed);
             stats.neighbor_mismatches += s.neighbor_mismatches.load(Ordering::Relaxed);
             stats.neighbor_unverified += s.neighbor_unverified.load(Ordering::Relaxed);
+            stats.neighbor_reprobes += s.neighbor_reprobes.load(Ordering::Relaxed);
         }
         stats
     }

@@ -15,6 +15,7 @@ pub(crate) struct SynCounters {
     /// Incremented by the round itself (not copied from the interface).
     pub(crate) neighbor_mismatches: AtomicU64,
     pub(crate) neighbor_unverified: AtomicU64,
+    pub(crate) neighbor_reprobes: AtomicU64,
 }
 
 /// Passive-open counters of a [`ChannelSet`](super::ChannelSet), summed over its queues (see
@@ -35,8 +36,12 @@ pub struct SynStats {
     /// entry for its address.
     pub neighbor_mismatches: u64,
     /// Passive opens accepted with the SYN's MAC because the neighbour table had no
-    /// usable entry for the peer.
+    /// usable entry for the peer, or its probe went unanswered.
     pub neighbor_unverified: u64,
+    /// Passive opens whose MAC a learnt neighbour entry disputed: the kernel was asked to
+    /// resolve the address anew (one probe per address at a time), and the connection
+    /// was refused only if the owner's answer named another MAC.
+    pub neighbor_reprobes: u64,
 }
 
 /// A queue's receive checksum counters, copied from its interface every round.

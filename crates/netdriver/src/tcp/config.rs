@@ -57,6 +57,14 @@ pub struct Config {
     /// FIN makes no progress for this long. Default 60 s. Without it a dead peer would hang
     /// the connection forever (smoltcp #1034, #323).
     pub user_timeout: Duration,
+    /// Give up (`TimedOut`, RST sent, counted in `Stats::zero_window_timeouts`) when the
+    /// peer keeps its window shut on data (or a FIN) to send for this long, however
+    /// faithfully it answers our probes. `None` (default): RFC 1122 §4.2.2.17's
+    /// "indefinitely". Like Linux's `TCP_USER_TIMEOUT` applied to zero-window probing (and
+    /// `tcp_orphan_retries`): a peer that opens a window of 0 and never reads would
+    /// otherwise hold the connection and its send buffer for ever. Checked when a probe
+    /// (persist or retransmission) goes out, so the bound is this plus one probe interval.
+    pub zero_window_limit: Option<Duration>,
     /// How many times a SYN (or SYN-ACK) is retransmitted before giving up with
     /// `TimedOut`. Default 6 (about 127 s with a 1 s initial RTO).
     pub syn_retries: u32,
@@ -224,6 +232,7 @@ impl Default for Config {
             min_rto: Duration::from_millis(200),
             max_rto: Duration::from_secs(60),
             user_timeout: Duration::from_secs(60),
+            zero_window_limit: None,
             syn_retries: 6,
             keepalive: None,
             keepalive_interval: None,

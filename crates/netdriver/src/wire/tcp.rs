@@ -504,6 +504,46 @@ impl TcpOptions {
         Ok(o)
     }
 
+    /// Parses an options area as a receiver does (RFC 9293 §3.1: options may appear in
+    /// any segment, unknown ones are ignored; §3.2 MUST-7: an illegal length must not
+    /// crash), with Linux's rules (`tcp_parse_options`): a missing length byte, or a length
+    /// below 2 or overrunning the area, ends the parse and keeps the options before it;
+    /// a known option of the wrong length is skipped. So a segment with a malformed
+    /// option is processed without the options from there on (a SYN is answered, as
+    /// Linux answers it), where [`parse`](Self::parse) rejects it.
+    pub fn parse_lenient(mut bytes: &[u8]) -> TcpOptions {
+        let mut o = TcpOptions::default();
+        while let Some((&kind, rest)) = bytes.split_first() {
+            match kind {
+                opt::EOL => break,
+                opt::NOP => {
+                    bytes = rest;
+                    continue;
+                }
+                _ => {}
+            }
+            let Some(&len) = rest.first() else {
+                break;
+            };
+            let len = usize::from(len);
+            if len < 2 || len > bytes.len() {
+                break;
+            }
+            // The option alone, checked strictly: a wrong length skips just this one.
+            if let Ok(one) = TcpOptions::parse(&bytes[..len]) {
+                o.mss = one.mss.or(o.mss);
+                o.window_scale = one.window_scale.or(o.window_scale);
+                o.sack_permitted |= one.sack_permitted;
+                if one.sack_blocks[0].is_some() {
+                    o.sack_blocks = one.sack_blocks;
+                }
+                o.timestamp = one.timestamp.or(o.timestamp);
+            }
+            bytes = &bytes[len..];
+        }
+        o
+    }
+
     /// The number of present SACK blocks (the `Some` entries).
     pub fn sack_count(&self) -> usize {
         self.sack_blocks.iter().flatten().count()
@@ -596,7 +636,8 @@ impl TcpRepr {
     /// borrows the segment's buffer (not the view), so nothing is copied.
     ///
     /// `ack` is `Some` exactly when the ACK bit is set; `flags` keeps every bit seen,
-    /// ACK included. Option errors are described at [`TcpOptions::parse`].
+    /// ACK included. Options are read as [`TcpOptions::parse_lenient`] reads them: a
+    /// malformed option does not make the segment malformed.
     pub fn parse<'a, T: AsRef<[u8]> + ?Sized>(
         packet: &TcpPacket<&'a T>,
         src_ip: Ipv4Addr,
@@ -616,7 +657,7 @@ impl TcpRepr {
             flags,
             window: packet.window_len(),
             urgent: packet.urgent_at(),
-            options: TcpOptions::parse(packet.options())?,
+            options: TcpOptions::parse_lenient(packet.options()),
         };
         Ok((repr, packet.payload_slice()))
     }
@@ -925,6 +966,33 @@ mod tests {
         r.emit(&mut buf, 0, SERVER, CLIENT).unwrap();
         assert_eq!(buf[13], 0x14);
         assert_eq!(&buf[8..12], &[0xff; 4]);
+    }
+
+    /// A receiver's reading: the options before a malformed length are kept, a known
+    /// option of the wrong length is skipped, unknown ones are ignored (as Linux's
+    /// `tcp_parse_options`).
+    #[test]
+    fn lenient_options_parse_like_linux() {
+        // MSS, then a length of 0: MSS kept, the rest ignored.
+        let o = TcpOptions::parse_lenient(&[2, 4, 0x05, 0xb4, 30, 0, 3, 3, 7]);
+        assert_eq!((o.mss, o.window_scale), (Some(1460), None));
+        // Overrunning length, missing length byte.
+        assert_eq!(
+            TcpOptions::parse_lenient(&[2, 4, 0x05, 0xb4, 8, 10, 0, 0]).mss,
+            Some(1460)
+        );
+        assert_eq!(TcpOptions::parse_lenient(&[1, 1, 2]), TcpOptions::default());
+        // A wrong-length MSS is skipped; the window scale after it is read.
+        let o = TcpOptions::parse_lenient(&[2, 3, 5, 1, 3, 3, 7, 0]);
+        assert_eq!((o.mss, o.window_scale), (None, Some(7)));
+        // Well-formed areas read as the strict parse reads them.
+        let good = [
+            2, 4, 0x23, 0x28, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2, 1, 3, 3, 7,
+        ];
+        assert_eq!(
+            Ok(TcpOptions::parse_lenient(&good)),
+            TcpOptions::parse(&good)
+        );
     }
 
     #[test]

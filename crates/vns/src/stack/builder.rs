@@ -53,6 +53,9 @@ pub struct StackBuilder {
     linger: Duration,
     /// `Err` holds a refused key until `build` reports it.
     channel_key: Result<Option<ChannelKey>, ()>,
+    /// A `NETCHANNEL_*` variable that did not parse ([`Stack::builder`]), reported by
+    /// `build`.
+    env_error: Option<StackError>,
     #[cfg(target_os = "linux")]
     partial_checksums: Option<netdriver::channel::PartialChecksums>,
     #[cfg(target_os = "linux")]
@@ -112,6 +115,7 @@ impl Default for StackBuilder {
             application_runtime: true,
             runtime: None,
             channel_key: Ok(None),
+            env_error: None,
             #[cfg(target_os = "linux")]
             partial_checksums: None,
             #[cfg(target_os = "linux")]
@@ -121,6 +125,25 @@ impl Default for StackBuilder {
             #[cfg(target_os = "linux")]
             tweak: None,
         }
+    }
+}
+
+impl StackBuilder {
+    /// The builder with a `NETCHANNEL_*` variable that did not parse, for `build` to
+    /// report.
+    pub(super) fn with_env_error(mut self, e: StackError) -> Self {
+        self.env_error = Some(e);
+        self
+    }
+
+    /// Whether an interface was given.
+    pub(super) fn has_interface(&self) -> bool {
+        self.interface.is_some()
+    }
+
+    /// Whether an address was given.
+    pub(super) fn has_ipv4(&self) -> bool {
+        self.ipv4.is_some()
     }
 }
 
@@ -491,6 +514,9 @@ impl StackBuilder {
     /// network namespace of the interface).
     #[cfg(target_os = "linux")]
     pub fn build(mut self) -> Result<Stack, StackError> {
+        if let Some(e) = self.env_error.take() {
+            return Err(e);
+        }
         let ifname = self
             .interface
             .take()
@@ -636,6 +662,9 @@ impl StackBuilder {
     /// Starts the stack on an in-memory network (no privileges): the same channel set,
     /// queue drivers and TCP as over AF_XDP, on the network's in-memory switch.
     pub fn build_in_memory(mut self, net: &MemNetwork) -> Result<Stack, StackError> {
+        if let Some(e) = self.env_error.take() {
+            return Err(e);
+        }
         let ipv4 = self.ipv4.ok_or(StackError::Missing("ipv4"))?;
         self.check_busy_poll()?;
         let mut cfg = self.channel_set_config("mem".into(), ipv4);

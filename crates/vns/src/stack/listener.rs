@@ -48,6 +48,11 @@ pub struct VirtualListener {
     /// `TCP_NODELAY` for the loopback streams it accepts (virtual ones get it from the
     /// endpoint's listener options).
     accept_nodelay: Option<bool>,
+    /// `SO_KEEPALIVE` for the plain-TCP streams it accepts (off by default, as RFC 9293
+    /// §3.8.4 asks; [`VirtualSocket::set_keepalive`]).
+    ///
+    /// [`VirtualSocket::set_keepalive`]: super::VirtualSocket::set_keepalive
+    accept_keepalive: bool,
 }
 
 /// Wakers of the tasks awaiting `accept` on one listener.
@@ -101,6 +106,7 @@ impl VirtualListener {
             next: AtomicUsize::new(0),
             accept_linger: None,
             accept_nodelay: None,
+            accept_keepalive: false,
         }
     }
 
@@ -125,8 +131,16 @@ impl VirtualListener {
         Ok(())
     }
 
+    /// Keep-alive for the plain-TCP streams it accepts from now on.
+    pub(crate) fn set_accept_keepalive(&mut self, on: bool) {
+        self.accept_keepalive = on;
+    }
+
     /// Applies the accept options to a stream just accepted.
     fn accepted(&self, s: VirtualStream) -> io::Result<VirtualStream> {
+        if self.accept_keepalive {
+            s.set_keepalive(true);
+        }
         if self.accept_linger.is_some() {
             s.set_linger(self.accept_linger)?;
         }

@@ -190,6 +190,7 @@ mod channel;
 mod control;
 mod core;
 mod default;
+mod env;
 mod listener;
 mod loopback;
 mod mem;
@@ -385,9 +386,12 @@ impl Stack {
     /// A builder with the defaults: 4 throughput and 1 latency channel per peer, channel
     /// port 9000, round-robin scheduling, no copy workers, backlog 128, 10 s connect
     /// timeout, channel keep-alive after 10 s idle (5 probes 1 s apart) and a 30 s user
-    /// timeout ([`Liveness`]).
+    /// timeout ([`Liveness`]); then, as defaults, every `NETCHANNEL_*` variable set in
+    /// the environment (the table at [`default_stack`]), so that a program's stack can be
+    /// tuned from outside. Builder calls made after win; a variable that does not parse
+    /// makes `build` fail naming it. [`StackBuilder::default`] ignores the environment.
     pub fn builder() -> StackBuilder {
-        StackBuilder::default()
+        env::builder()
     }
 
     /// Two stacks, 10.0.0.1 and 10.0.0.2, on a fresh in-memory network with `channels`
@@ -1249,7 +1253,7 @@ mod tests {
                 .configure_channels(|c| c.syn_cookies = true)
         ));
         // NETCHANNEL_SYN_COOKIES.
-        use default::parse_switch;
+        use env::parse_switch;
         assert!(!parse_switch("NETCHANNEL_SYN_COOKIES", "0").unwrap());
         assert!(parse_switch("NETCHANNEL_SYN_COOKIES", "1").unwrap());
         for bad in ["", "on", "2", " 1"] {

@@ -99,7 +99,12 @@ impl ChanSink {
                 let (used, chunk) = match self.deframer.feed_pooled(&b[off..], &mut self.spare) {
                     Ok(r) => r,
                     Err(e) => {
-                        warn!(channel = %self.id, error = %e, "bad bytes on a channel; dropping it");
+                        // A peer can open channels and send garbage at line rate.
+                        static BAD_BYTES: netdriver::log_limit::LogLimit =
+                            netdriver::log_limit::LogLimit::new(5);
+                        if let Some(suppressed) = BAD_BYTES.check() {
+                            warn!(channel = %self.id, error = %e, suppressed, "bad bytes on a channel; dropping it");
+                        }
                         if let Some((_, s)) = held.take() {
                             core.finish_shard(s, fin, &table);
                         }

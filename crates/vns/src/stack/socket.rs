@@ -31,7 +31,7 @@ struct Settings {
 /// | `set_nodelay` | `true` (the default here, unlike the kernel's) sends each write at once; `false` is Nagle's algorithm: short chunks wait while data is unacknowledged, at most `vns::Config::nagle_delay` |
 /// | `set_linger` | how the stream's drop closes (see [`VirtualStream::set_linger`]) |
 /// | `bind` | the local address (the stack's own or `0.0.0.0`; `127.x.y.z` for loopback) and, before `connect`, the local virtual port |
-/// | `set_keepalive` | recorded only: liveness is the stack's, per channel ([`StackBuilder::keepalive`](super::StackBuilder::keepalive), on by default); a virtual socket fails when its peer's channels time out |
+/// | `set_keepalive` | a plain-TCP stream (to or from a host without NetChannel) probes its peer after two hours idle, every 75 s, failing after 9 unanswered probes (RFC 9293 §3.8.4, Linux's defaults); off by default, as the RFC asks. A virtual stream's liveness is the stack's, per channel ([`StackBuilder::keepalive`](super::StackBuilder::keepalive), on by default: a channel between two stacks is probed after 10 s idle), and it fails when its peer's channels time out |
 /// | `set_reuseaddr`, `set_reuseport` | recorded only: a closed virtual socket leaves no `TIME_WAIT` to reuse past, and a virtual port has one listener |
 ///
 /// A listener passes the buffer sizes, `nodelay` and `linger` on to the streams it
@@ -187,7 +187,8 @@ impl VirtualSocket {
         Ok(self.with(|s| s.linger))
     }
 
-    /// Recorded (see the table above): the stack's channels carry the keep-alive.
+    /// Keep-alive for a plain-TCP stream (see the table above); virtual streams have their
+    /// channels' liveness.
     pub fn set_keepalive(&self, keepalive: bool) -> io::Result<()> {
         self.with(|s| s.keepalive = keepalive);
         Ok(())
@@ -269,6 +270,9 @@ impl VirtualSocket {
         if set.linger.is_some() {
             stream.set_linger(set.linger)?;
         }
+        if set.keepalive {
+            stream.set_keepalive(true);
+        }
         Ok(stream)
     }
 
@@ -307,6 +311,7 @@ impl VirtualSocket {
             .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
         let mut l = self.stack.listen_now(addr.into(), size(backlog.max(1)))?;
         l.set_accept_options(set.opts, set.linger)?;
+        l.set_accept_keepalive(set.keepalive);
         Ok(l)
     }
 }

@@ -271,8 +271,35 @@ impl fmt::Debug for StreamInner {
     }
 }
 
+/// Idle time before a plain-TCP stream whose socket asked for keep-alive
+/// ([`VirtualSocket::set_keepalive`](super::VirtualSocket::set_keepalive)) is probed: RFC
+/// 9293 §3.8.4 wants at least two hours by default, Linux's `tcp_keepalive_time`.
+pub const PLAIN_KEEPALIVE_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
+/// Time between unanswered keep-alive probes of a plain-TCP stream (Linux's
+/// `tcp_keepalive_intvl`).
+pub const PLAIN_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(75);
+/// Unanswered keep-alive probes after which a plain-TCP stream fails (Linux's
+/// `tcp_keepalive_probes`).
+pub const PLAIN_KEEPALIVE_PROBES: u32 = 9;
+
+/// The keep-alive of a plain-TCP connection: off unless its socket asked (RFC 9293
+/// §3.8.4: off by default, a per-connection switch), then the kernel's defaults above. A
+/// kernel peer does not see the probes the stack's own channels use for their liveness.
+fn plain_keepalive(on: bool) -> netdriver::tcp::OptionChanges {
+    let changes = netdriver::tcp::OptionChanges::new();
+    if on {
+        changes
+            .keepalive(Some(PLAIN_KEEPALIVE_IDLE))
+            .keepalive_interval(Some(PLAIN_KEEPALIVE_INTERVAL))
+            .keepalive_probes(PLAIN_KEEPALIVE_PROBES)
+    } else {
+        changes.keepalive(None)
+    }
+}
+
 /// A stream to a plain-TCP peer (a host without NetChannel): one dedicated channel
-/// carries the application's bytes as they are, without chunk headers.
+/// carries the application's bytes as they are, without chunk headers. Its connection
+/// has keep-alive off unless asked ([`plain_keepalive`]).
 pub(crate) struct PlainInner {
     stack: Stack,
     /// The channel; taken only by `drop`.
@@ -287,6 +314,7 @@ pub(crate) struct PlainInner {
 
 impl PlainInner {
     pub(crate) fn new(stack: Stack, t: Channel, local: SocketAddrV4, peer: SocketAddrV4) -> Self {
+        t.set_options(plain_keepalive(false));
         PlainInner {
             stack,
             t: Some(t),
@@ -529,6 +557,14 @@ impl Sock {
         Ok(())
     }
 
+    fn set_keepalive(&self, on: bool) {
+        if let Sock::Plain(p) = self {
+            if let Some(t) = &p.t {
+                t.set_options(plain_keepalive(on));
+            }
+        }
+    }
+
     fn linger(&self) -> io::Result<Option<Duration>> {
         let slot = match self {
             Sock::Virtual(v) => &v.linger,
@@ -716,6 +752,14 @@ impl VirtualStream {
     /// The value last given to [`set_linger`](Self::set_linger).
     pub fn linger(&self) -> io::Result<Option<Duration>> {
         self.inner.linger()
+    }
+
+    /// Keep-alive for a plain-TCP stream (see
+    /// [`VirtualSocket::set_keepalive`](super::VirtualSocket::set_keepalive)); nothing for
+    /// others: a virtual stream's liveness is its channels', a loopback stream's its
+    /// socket's.
+    pub(crate) fn set_keepalive(&self, on: bool) {
+        self.inner.set_keepalive(on);
     }
 
     /// Declares the socket latency-sensitive or throughput-oriented (the paper's

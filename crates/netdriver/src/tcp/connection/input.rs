@@ -164,7 +164,20 @@ impl Connection {
         if flags.syn() {
             if self.state == State::SynReceived && seq == self.irs {
                 if repr.ack.is_none() {
-                    // The peer retransmitted its SYN: our SYN-ACK was lost. Resend it.
+                    // The peer retransmitted its SYN: our SYN-ACK was lost. Resend it, at
+                    // most once per `invalid_ack_interval` (Linux's `tcp_check_req` rate
+                    // limits the same way): a burst of duplicate SYNs gets one SYN-ACK,
+                    // and the retransmission timer resends it anyway.
+                    let interval = self.config.invalid_ack_interval;
+                    if self
+                        .last_oow_ack
+                        .is_some_and(|t| now.saturating_duration_since(t) < interval)
+                    {
+                        self.counters.oow_acks_suppressed += 1;
+                        trace!("tcp: SYN-RECEIVED: duplicate SYN, SYN-ACK rate-limited");
+                        return;
+                    }
+                    self.last_oow_ack = Some(now);
                     trace!("tcp: SYN-RECEIVED: retransmitted SYN, resending SYN-ACK");
                     self.snd_nxt = self.iss;
                     return;
@@ -188,8 +201,14 @@ impl Connection {
 
         if self.state == State::TimeWait {
             // RFC 7323 §4.3 applies in TIME-WAIT too: a retransmitted FIN refreshes
-            // TS.Recent, which RFC 6191 then compares a new SYN against.
-            self.update_ts_recent(now, repr);
+            // TS.Recent, which RFC 6191 then compares a new SYN against. Only the peer's
+            // own FIN (or a bare ACK at RCV.NXT) acknowledging everything we sent may do
+            // so: anything else would let a forged TSval refuse the peer's next SYN.
+            let own_fin = flags.fin() && seq + payload.len() + 1 == self.rcv_nxt;
+            let bare_ack = seg_len == 0 && seq == self.rcv_nxt;
+            if repr.ack == Some(self.snd_max) && (own_fin || bare_ack) {
+                self.update_ts_recent(now, repr);
+            }
             self.handle_in_time_wait(now, repr, payload);
             return;
         }
@@ -231,12 +250,10 @@ impl Connection {
             }
             return;
         }
-        self.last_rcv = now;
-        self.probe_unanswered_since = None;
-        self.keepalive_probes_out = 0;
-        self.arm_keepalive(now);
-
-        self.update_ts_recent(now, repr);
+        // Nothing the peer's liveness or timestamps decide is taken from this segment yet:
+        // its ACK has still to pass, and a forged segment that passed only the sequence
+        // check must not move TS.Recent (every genuine segment would then fail PAWS) nor
+        // count as a sign of life.
 
         // Fifth: ACK. Without one the segment is dropped (§3.10.7.4).
         let Some(ack) = repr.ack else {
@@ -282,10 +299,14 @@ impl Connection {
             self.challenge_ack(now);
             return;
         }
-        let oldest = self
-            .snd_una
-            .0
-            .wrapping_sub(self.max_snd_wnd.min(1 << 30) as u32);
+        // Not below the first byte ever sent either (Linux bounds MAX.SND.WND by the bytes
+        // acknowledged so far): right after the handshake only SND.UNA itself is old
+        // enough, so a blind ACK must hit [SND.UNA, SND.NXT] exactly.
+        let behind = self
+            .max_snd_wnd
+            .min(self.counters.bytes_acked.min(1 << 30) as usize)
+            .min(1 << 30);
+        let oldest = self.snd_una.0.wrapping_sub(behind as u32);
         if ack.distance_from(SeqNumber(oldest)) < 0 {
             // RFC 5961 §5.2: discard, and send an ACK back (rate-limited like any
             // challenge ACK, §7).
@@ -293,6 +314,15 @@ impl Connection {
             self.challenge_ack(now);
             return;
         }
+
+        // The segment is acceptable and so is its ACK: only now may it update TS.Recent
+        // (RFC 7323 §4.3 with RFC 5961 §5.2; Linux moved its update into `tcp_ack` for
+        // the same reason) and restart the idle, probe and keep-alive clocks.
+        self.last_rcv = now;
+        self.probe_unanswered_since = None;
+        self.keepalive_probes_out = 0;
+        self.arm_keepalive(now);
+        self.update_ts_recent(now, repr);
 
         self.process_ack(now, repr, ack, payload.len());
         if self.state == State::Closed {
@@ -521,6 +551,7 @@ impl Connection {
                 self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
                 if self.snd_wnd > 0 {
                     // The window opened: the persist timer has done its job.
+                    self.zero_window_since = None;
                     self.persist_deadline = None;
                     self.persist_backoff = 0;
                     self.persist_force = false;

@@ -205,6 +205,9 @@ pub struct Stats {
     pub super_segments_sent: u64,
     /// Wire segments those super-segments were cut into.
     pub super_segment_pieces: u64,
+    /// Times the connection failed because the peer kept its window shut on data to send
+    /// for longer than [`Config::zero_window_limit`] (0 or 1).
+    pub zero_window_timeouts: u64,
 }
 
 /// The undo record of one fast-recovery episode (see [`Config::undo`]).
@@ -246,6 +249,7 @@ struct Counters {
     rx_buffer_grown: u64,
     super_segments_sent: u64,
     super_segment_pieces: u64,
+    zero_window_timeouts: u64,
 }
 
 /// The part of [`Stats`] a driver publishes on every round that moved the connection
@@ -468,6 +472,9 @@ pub struct Connection {
     /// retransmission into that window is a fresh probe, and the user timeout counts from
     /// it (RFC 9293 §3.8.6.1).
     closed_window_answered: bool,
+    /// Since when the peer's window has been shut on something to send, as a timer of
+    /// ours (persist or retransmission) last found it ([`Config::zero_window_limit`]).
+    zero_window_since: Option<Instant>,
     /// The second copy of a pure ACK still to send, at this sequence number
     /// (`Connection::ack_seqs`).
     second_ack: Option<SeqNumber>,
@@ -610,6 +617,7 @@ impl Connection {
             probe_end: None,
             probe_unanswered_since: None,
             closed_window_answered: false,
+            zero_window_since: None,
             second_ack: None,
             keepalive_deadline: None,
             keepalive_probes_out: 0,
@@ -733,10 +741,16 @@ impl Connection {
             (true, Some(shift)) => {
                 self.ws_enabled = true;
                 if shift > MAX_WINDOW_SCALE {
-                    tracing::warn!(
-                        shift,
-                        "tcp: peer window scale above 14, clamped (RFC 7323 §2.3)"
-                    );
+                    // A peer can send these at line rate: a few lines a second.
+                    static WARNINGS: crate::log_limit::LogLimit =
+                        crate::log_limit::LogLimit::new(5);
+                    if let Some(suppressed) = WARNINGS.check_at(self.clock) {
+                        tracing::warn!(
+                            shift,
+                            suppressed,
+                            "tcp: peer window scale above 14, clamped (RFC 7323 §2.3)"
+                        );
+                    }
                 }
                 self.snd_wscale = shift.min(MAX_WINDOW_SCALE);
                 self.rcv_wscale = self.offered_wscale;
@@ -1140,6 +1154,7 @@ impl Connection {
             paws_rejected: c.paws_rejected,
             super_segments_sent: c.super_segments_sent,
             super_segment_pieces: c.super_segment_pieces,
+            zero_window_timeouts: c.zero_window_timeouts,
         }
     }
 

@@ -96,6 +96,9 @@ impl Connection {
                     self.fail(TcpError::TimedOut, true);
                     return;
                 }
+                if self.zero_window_outlasted(now) {
+                    return;
+                }
                 trace!(backoff = self.persist_backoff, "tcp: persist timer expired");
                 self.persist_force = true;
             }
@@ -105,6 +108,23 @@ impl Connection {
                 self.on_keepalive_timeout(now);
             }
         }
+    }
+
+    /// [`Config::zero_window_limit`]: at a probe into a shut window, notes since when it
+    /// has been shut, and fails the connection once that is longer than the limit.
+    /// Returns whether it failed.
+    fn zero_window_outlasted(&mut self, now: Instant) -> bool {
+        let Some(limit) = self.config.zero_window_limit else {
+            return false;
+        };
+        let since = *self.zero_window_since.get_or_insert(now);
+        if now.saturating_duration_since(since) < limit {
+            return false;
+        }
+        debug!(shut_for = ?now.saturating_duration_since(since), "tcp: the peer kept its window shut past the limit");
+        self.counters.zero_window_timeouts += 1;
+        self.fail(TcpError::TimedOut, true);
+        true
     }
 
     /// Whether the §3.8.3 user timeout runs: sequence space is outstanding, and the peer
@@ -119,6 +139,10 @@ impl Connection {
     fn on_retransmission_timeout(&mut self, now: Instant) {
         if self.snd_una == self.snd_max {
             self.rtx_deadline = None;
+            return;
+        }
+        // With data in flight the retransmissions are the zero-window probes.
+        if self.snd_wnd == 0 && self.state.is_synchronized() && self.zero_window_outlasted(now) {
             return;
         }
         if matches!(self.state, State::SynSent | State::SynReceived) {

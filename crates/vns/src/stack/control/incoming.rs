@@ -136,7 +136,12 @@ impl Core {
                     Verdict::Challenged => {}
                     Verdict::Reject { why, auth } => {
                         let inc = ctl.incoming.swap_remove(i);
-                        warn!(peer = %inc.peer, why, "channel refused; aborting it");
+                        // A peer can open channels at line rate: a few lines a second.
+                        static REFUSED: netdriver::log_limit::LogLimit =
+                            netdriver::log_limit::LogLimit::new(5);
+                        if let Some(suppressed) = REFUSED.check() {
+                            warn!(peer = %inc.peer, why, suppressed, "channel refused; aborting it");
+                        }
                         inc.t.abort();
                         ctl.dropped_channels += 1;
                         ctl.auth_failures += u64::from(auth);

@@ -1,0 +1,53 @@
+//! `Stack::builder()` takes the `NETCHANNEL_*` environment as its defaults: a program's
+//! stack can be tuned from outside, its explicit builder calls win, and a variable that
+//! does not parse fails `build` naming it. Its own test binary, because it sets
+//! process-wide environment variables.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use vns::stack::{MemNetwork, Stack, StackBuilder};
+
+fn build(b: StackBuilder) -> Result<Stack, vns::stack::StackError> {
+    let net = MemNetwork::new();
+    b.ipv4(Ipv4Addr::new(10, 0, 0, 1)).build_in_memory(&net)
+}
+
+#[test]
+fn the_builder_reads_the_environment_and_explicit_calls_win() {
+    std::env::set_var("NETCHANNEL_KEEPALIVE_MS", "1234");
+    std::env::set_var("NETCHANNEL_USER_TIMEOUT_MS", "4321");
+    std::env::set_var("NETCHANNEL_SEND_BUFFER", "1048576");
+
+    // The environment's values, where the program said nothing.
+    let stack = build(Stack::builder()).unwrap();
+    assert_eq!(
+        stack.liveness().keepalive,
+        Some(Duration::from_millis(1234))
+    );
+    assert_eq!(stack.liveness().user_timeout, Duration::from_millis(4321));
+    assert_eq!(stack.socket().send_buffer_size().unwrap(), 1 << 20);
+    drop(stack);
+
+    // The program's own calls win.
+    let stack = build(Stack::builder().user_timeout(Duration::from_secs(7))).unwrap();
+    assert_eq!(stack.liveness().user_timeout, Duration::from_secs(7));
+    assert_eq!(
+        stack.liveness().keepalive,
+        Some(Duration::from_millis(1234))
+    );
+    drop(stack);
+
+    // The built-in defaults ignore the environment.
+    let stack = build(StackBuilder::default()).unwrap();
+    assert_eq!(stack.liveness().keepalive, Some(Duration::from_secs(10)));
+    drop(stack);
+
+    // A value that does not parse fails the build, named.
+    std::env::set_var("NETCHANNEL_KEEPALIVE_MS", "soon");
+    let e = build(Stack::builder()).unwrap_err();
+    assert!(e.to_string().contains("NETCHANNEL_KEEPALIVE_MS"), "{e}");
+    std::env::set_var("NETCHANNEL_KEEPALIVE_MS", "0");
+    let stack = build(Stack::builder()).unwrap();
+    assert_eq!(stack.liveness().keepalive, None, "0 turns keep-alive off");
+}
