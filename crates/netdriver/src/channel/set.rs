@@ -683,6 +683,7 @@ impl ChannelSet {
                     tcp: config.tcp.clone(),
                     ephemeral_ports: set.shared.ports_range(),
                     max_connections: config.max_connections,
+                    max_time_wait: crate::netif::DEFAULT_MAX_TIME_WAIT,
                     isn_key: None,
                     rx_batch: config.link.rx_batch,
                     tx_batch: config.link.tx_batch,
