@@ -41,7 +41,6 @@
 
 #[cfg(target_os = "linux")]
 #[path = "support/bed.rs"]
-#[allow(dead_code)]
 mod bed;
 #[cfg(target_os = "linux")]
 #[path = "support/vns.rs"]

@@ -37,6 +37,10 @@ pub use netsched;
 /// Scheduling policies ([`netsched`]): pass one to [`StackBuilder::scheduler`].
 pub use netsched as sched;
 pub use vns;
+/// Trait implementations and adapters for axum, tonic and hyper (cargo features `axum`,
+/// `tonic`, `hyper`, off by default); see [`vns::ecosystem`]. TLS (`tokio-rustls`) needs
+/// none: a `VirtualStream` is an `AsyncRead + AsyncWrite + Unpin` stream.
+pub use vns::ecosystem;
 
 #[cfg(target_os = "linux")]
 pub use vns::stack::RuntimeRx;
