@@ -217,7 +217,9 @@ pub use mem::{MemAcceptor, MemBackend, MemChannel, MemLimits, MemNetwork};
 #[cfg(target_os = "linux")]
 pub use rx_poll::RuntimeRx;
 pub use socket::VirtualSocket;
-pub use stream::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, VirtualStream, WriteHalf};
+pub use stream::{
+    OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, VirtualStream, WriteHalf, IP_TTL,
+};
 
 use crate::copy::{CopyConfig, CopyError, CopyStats, CopyWorkerPool};
 use crate::endpoint::{Config, ConfigError, Endpoint, Error};
