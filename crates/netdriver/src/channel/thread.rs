@@ -1164,7 +1164,11 @@ impl Worker {
         let Some(mac) = self.iface.remote_mac(h) else {
             return true;
         };
-        let known = match self.neigh.as_mut().map(|n| n.entry(self.ifindex, ip)) {
+        // A match read within the last second is reused; anything else is read anew.
+        let recent = |n: &mut crate::neigh::KernelNeighbors| {
+            n.entry_confirming(self.ifindex, ip, mac, std::time::Duration::from_secs(1))
+        };
+        let known = match self.neigh.as_mut().map(recent) {
             Some(Ok(entry)) => entry.and_then(|e| e.usable_mac()),
             Some(Err(e)) => {
                 debug!(queue = self.queue, %ip, error = %e, "neighbour lookup failed");
