@@ -8,14 +8,13 @@
 //! connection to a host that runs no NetChannel stack falls back to plain TCP.
 //!
 //! ```no_run
-//! use http_body_util::Empty;
-//! use hyper::body::Bytes;
 //! use hyper_util::client::legacy::Client;
 //! use hyper_util::rt::TokioExecutor;
 //! use vns::ecosystem::hyper::VirtualConnector;
 //!
 //! # async fn run(stack: vns::stack::Stack) -> Result<(), Box<dyn std::error::Error>> {
-//! let client: Client<_, Empty<Bytes>> =
+//! // Request bodies of type String (http-body-util's `Empty` or `Full` do as well).
+//! let client: Client<_, String> =
 //!     Client::builder(TokioExecutor::new()).build(VirtualConnector::new(stack));
 //! let response = client.get("http://10.77.0.2:8080/".parse()?).await?;
 //! assert!(response.status().is_success());
