@@ -6,9 +6,11 @@ set -euo pipefail
 # clang/llvm/libelf/m4: the XDP program and libbpf; libpcap/libhwloc/libudev: AF_XDP and
 # topology crates; iproute2/ethtool/iptables/iputils-ping: the two-namespace test bed
 # (crates/testbed); pkg-config for -sys crates; redis-tools: redis-cli and redis-benchmark,
-# the standard clients tests/kv_example.rs drives the kv example with.
+# the standard clients tests/kv_example.rs drives the kv example with; curl and
+# apache2-utils (ab): the HTTP clients of tests/ecosystem_examples.rs and
+# benches/connection_setup.rs.
 PACKAGES=(clang llvm libelf-dev m4 libpcap-dev libhwloc-dev libudev-dev pkg-config
-          iproute2 ethtool iptables iputils-ping zlib1g-dev redis-tools)
+          iproute2 ethtool iptables iputils-ping zlib1g-dev redis-tools curl apache2-utils)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

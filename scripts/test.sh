@@ -7,9 +7,10 @@ cd "$(dirname "$0")/.."
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-# Two cores: keep the build lean.
-cargo test --workspace --all-targets -j2 2>&1 | tee "$log"
-cargo test --workspace --doc -j2 2>&1 | tee -a "$log"
+# Two cores: keep the build lean. Every feature on: the ecosystem integrations (axum,
+# tonic, hyper) and their examples' tests build and run only with theirs.
+cargo test --workspace --all-targets --all-features -j2 2>&1 | tee "$log"
+cargo test --workspace --doc --all-features -j2 2>&1 | tee -a "$log"
 
 # "test result: ok. 12 passed; 0 failed; ..." from every test binary and doctest run.
 read -r passed failed < <(awk '/^test result:/ {

@@ -37,6 +37,10 @@ pub use netsched;
 /// Scheduling policies ([`netsched`]): pass one to [`StackBuilder::scheduler`].
 pub use netsched as sched;
 pub use vns;
+/// Trait implementations and adapters for axum, tonic and hyper (cargo features `axum`,
+/// `tonic`, `hyper`, off by default); see [`vns::ecosystem`]. TLS (`tokio-rustls`) needs
+/// none: a `VirtualStream` is an `AsyncRead + AsyncWrite + Unpin` stream.
+pub use vns::ecosystem;
 
 /// tokio's networking names for netchannel's streams, so that porting a tokio program is
 /// a rename: `use netchannel::net::{TcpListener, TcpStream};` in place of
@@ -60,6 +64,24 @@ pub use vns;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// # What differs from tokio's types
+///
+/// The readiness methods (`ready`, `readable`, `writable`, `try_*`, `peek`), on the stream
+/// and on its four halves, behave as tokio's. Some socket options are about a kernel
+/// socket, which a virtual stream is not:
+///
+/// | tokio | here | why |
+/// | --- | --- | --- |
+/// | `TcpStream::from_std`, `TcpListener::from_std` | absent | a kernel socket's connection lives in the kernel's TCP; it cannot be moved into the stack's |
+/// | `into_std`, `AsRawFd`, `AsFd` | `into_std` fails with `Unsupported` (but for loopback streams) | there is no file descriptor |
+/// | `ttl`, `TcpListener::ttl` | `Ok(IP_TTL)` (64) | the stack sends every segment with the interface's TTL |
+/// | `set_ttl` | `Unsupported` for anything but 64 | segments share a header template; no socket has its own |
+/// | `set_linger`, `set_zero_linger` | zero lingers abort on drop; other durations are recorded only | a drop never blocks |
+/// | `take_error` | always `Ok(None)` | a failure is returned by the pending call and every later one, never held back |
+/// | `quickack`, `set_quickack` | absent | a virtual socket's data is acknowledged per chunk over channels that many sockets share; for a plain-TCP stream the channel's TCP quick-ACKs by its own rules (`tcp::Config::quick_ack_segments`), and no per-stream switch reaches it yet |
+///
+/// [`IP_TTL`]: vns::stack::IP_TTL
 pub mod net {
     pub use vns::stack::{
         VirtualListener as TcpListener, VirtualSocket as TcpSocket, VirtualStream as TcpStream,

@@ -41,7 +41,12 @@ macro_rules! client_program {
                 n = s.peek(&mut first).await?;
             }
             log.push(format!("peeked {:?}", String::from_utf8_lossy(&first[..n])));
+            // The IP options a stream has, and the error it holds back (none).
+            log.push(format!("ttl {} {}", s.ttl()?, s.take_error()?.is_none()));
+            s.set_ttl(64)?;
             let (mut r, mut w): (OwnedReadHalf, OwnedWriteHalf) = s.into_split();
+            let ready = w.ready(tokio::io::Interest::WRITABLE).await?;
+            log.push(format!("write half ready {}", ready.is_writable()));
             w.write_all(b"bye\n").await?;
             w.shutdown().await?;
             let mut got = Vec::new();
@@ -62,10 +67,13 @@ macro_rules! server_program {
         use $net::net::TcpListener;
         async move {
             let listener = TcpListener::bind($bind).await?;
+            assert_eq!(listener.ttl()?, 64);
             let port = listener.local_addr()?.port();
             let _ = $ready.send(port);
             let (mut s, _peer) = listener.accept().await?;
             let (mut r, mut w) = s.split();
+            let ready = r.ready(tokio::io::Interest::READABLE).await?;
+            assert!(ready.is_readable());
             let copied = tokio::io::copy(&mut r, &mut w).await?;
             w.write_all(b"served\n").await?;
             drop(s);

@@ -22,6 +22,11 @@ pub const DEADLINE: Duration = Duration::from_secs(60);
 /// The binary of example `name`, built (or found up to date) by cargo in the calling
 /// test's target directory and profile.
 pub fn example_binary(name: &str) -> PathBuf {
+    example_binary_with(name, &[])
+}
+
+/// [`example_binary`] for an example that needs cargo `features`.
+pub fn example_binary_with(name: &str, features: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/<test>-<hash>
     let profile_dir = exe
@@ -39,6 +44,9 @@ pub fn example_binary(name: &str) -> PathBuf {
         .arg(target_dir);
     if profile_dir.file_name().is_some_and(|n| n == "release") {
         build.arg("--release");
+    }
+    if !features.is_empty() {
+        build.arg("--features").arg(features.join(","));
     }
     let status = build
         .status()

@@ -430,7 +430,13 @@ pub struct KernelNeighbors {
     socket: Socket,
     seq: u32,
     netns: Option<NetnsId>,
+    /// Entries [`entry_confirming`](Self::entry_confirming) read, with when.
+    recent: std::collections::HashMap<(u32, Ipv4Addr), (Option<NeighborEntry>, std::time::Instant)>,
 }
+
+/// Most entries [`KernelNeighbors::entry_confirming`] remembers; past it, it forgets them
+/// all.
+const RECENT_ENTRIES: usize = 1024;
 
 impl KernelNeighbors {
     /// Opens a netlink socket in the calling thread's network namespace.
@@ -460,7 +466,39 @@ impl KernelNeighbors {
             socket,
             seq: 0,
             netns,
+            recent: std::collections::HashMap::new(),
         })
+    }
+
+    /// The entry for `ip` on `ifindex`, to check a peer that came from `seen`: what
+    /// [`entry`](Self::entry) returned at most `max_age` ago when that entry's usable
+    /// MAC address is `seen`, else a fresh [`entry`](Self::entry). Only a match is taken
+    /// from memory: a peer from any other address gets the kernel's current answer, as
+    /// does one whose entry changed or went. Each `entry` dumps the interface's
+    /// neighbour table over netlink: once per accepted connection, that was 7 % of a
+    /// channel thread's time in connection-per-request HTTP
+    /// (`docs/investigations/connection-setup.md`), for an answer that changes rarely. At
+    /// most [`RECENT_ENTRIES`] are remembered.
+    pub fn entry_confirming(
+        &mut self,
+        ifindex: u32,
+        ip: Ipv4Addr,
+        seen: EthernetAddress,
+        max_age: std::time::Duration,
+    ) -> Result<Option<NeighborEntry>, NeighError> {
+        let now = std::time::Instant::now();
+        if let Some((entry, at)) = self.recent.get(&(ifindex, ip)) {
+            let confirms = entry.and_then(|e| e.usable_mac()) == Some(seen);
+            if confirms && now.saturating_duration_since(*at) <= max_age {
+                return Ok(*entry);
+            }
+        }
+        let entry = self.entry(ifindex, ip)?;
+        if self.recent.len() >= RECENT_ENTRIES {
+            self.recent.clear();
+        }
+        self.recent.insert((ifindex, ip), (entry, now));
+        Ok(entry)
     }
 
     /// The IPv4 entry for `ip` on interface `ifindex`, in whatever state, or `None` when

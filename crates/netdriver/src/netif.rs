@@ -55,6 +55,7 @@ use std::sync::Arc;
 use crate::link::{Link, PartialChecksum, RxMeta, TxMeta, ETHERNET_HEADER_LEN};
 use crate::tcp::isn::IsnGenerator;
 use crate::tcp::syncookie::{cookie_syn_ack, CookieError, SynCookies};
+use crate::tcp::time_wait::{TimeWaitInput, TimeWaitTable};
 use crate::tcp::{rst_for_unexpected, Config, Connection, State, TcpError};
 use crate::time::Instant;
 use crate::wire::checksum;
@@ -85,8 +86,14 @@ pub struct InterfaceConfig {
     /// found (sequential, so simulations are reproducible).
     pub ephemeral_ports: RangeInclusive<u16>,
     /// Most connections (of all states) at once; further SYNs are dropped and
-    /// [`Interface::connect`] fails.
+    /// [`Interface::connect`] fails. Passively opened connections in TIME-WAIT do not
+    /// count: they leave the table for a TIME-WAIT record (see `max_time_wait`).
     pub max_connections: usize,
+    /// Most TIME-WAIT records kept for passively opened connections that closed first
+    /// ([`time_wait`](crate::tcp::time_wait): a few dozen bytes each, in place of the
+    /// connection). When the table is full the record that ends first is dropped
+    /// ([`InterfaceStats::time_wait_evicted`]). Default [`DEFAULT_MAX_TIME_WAIT`].
+    pub max_time_wait: usize,
     /// Key for initial sequence numbers; `None` draws a random one. Fix it for
     /// reproducible runs.
     pub isn_key: Option<[u8; 16]>,
@@ -133,6 +140,7 @@ impl Default for InterfaceConfig {
             tcp: Config::default(),
             ephemeral_ports: 49152..=65535,
             max_connections: 1024,
+            max_time_wait: DEFAULT_MAX_TIME_WAIT,
             isn_key: None,
             rx_batch: 64,
             tx_batch: 64,
@@ -145,6 +153,11 @@ impl Default for InterfaceConfig {
         }
     }
 }
+
+/// Default of [`InterfaceConfig::max_time_wait`]: 65,536 records (about 6 MiB) per
+/// interface, so that a server closing first at 1,000 connections/s keeps each for the
+/// full 60 s. Linux keeps up to 2^18 per host by default (`tcp_max_tw_buckets`).
+pub const DEFAULT_MAX_TIME_WAIT: usize = 65_536;
 
 /// Why an [`Interface`] operation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -277,6 +290,15 @@ pub struct InterfaceStats {
     /// ([`Interface::hold_accepts`]: the application's accept queue was full); also
     /// counted in `syn_dropped`.
     pub accept_queue_full: u64,
+    /// Passively opened connections that entered TIME-WAIT and left the connection table
+    /// for a TIME-WAIT record.
+    pub time_wait_records: u64,
+    /// TIME-WAIT records dropped before their end to make room for newer ones.
+    pub time_wait_evicted: u64,
+    /// Segments answered or ignored by a TIME-WAIT record.
+    pub rx_time_wait: u64,
+    /// New SYNs that ended a TIME-WAIT (RFC 6191), record or connection.
+    pub time_wait_reopened: u64,
 }
 
 /// A listening port.
@@ -304,6 +326,12 @@ struct Slot {
 #[derive(Debug, Clone, Copy)]
 enum Control {
     Rst {
+        dst_mac: EthernetAddress,
+        dst_ip: Ipv4Addr,
+        repr: TcpRepr,
+    },
+    /// An ACK from a TIME-WAIT record.
+    TimeWaitAck {
         dst_mac: EthernetAddress,
         dst_ip: Ipv4Addr,
         repr: TcpRepr,
@@ -364,6 +392,8 @@ struct Core {
     /// A stray segment's frame with its checksum completed, when the link vouched for it
     /// and left the field stale (the stray hook's frames carry valid checksums).
     stray_scratch: Vec<u8>,
+    /// TIME-WAIT records of passively opened connections that closed first.
+    time_wait: TimeWaitTable,
 }
 
 /// Fault injection for tests and failure drills ([`Interface::drop_received`]): received
@@ -443,6 +473,7 @@ impl<L: Link> Interface<L> {
             None => IsnGenerator::new(),
         };
         let next_port = *config.ephemeral_ports.start();
+        let time_wait = TimeWaitTable::new(config.max_time_wait);
         let cookies = config
             .syn_cookie_secret
             .clone()
@@ -471,8 +502,14 @@ impl<L: Link> Interface<L> {
                 rx_drop: None,
                 link_frame_len,
                 stray_scratch: Vec::new(),
+                time_wait,
             },
         }
+    }
+
+    /// TIME-WAIT records held (see [`InterfaceConfig::max_time_wait`]).
+    pub fn time_wait_count(&self) -> usize {
+        self.core.time_wait.len()
     }
 
     /// The configuration (with the MSS as clamped to the link).
@@ -757,13 +794,27 @@ impl<L: Link> Interface<L> {
         // each per turn so that no connection starves the others within a batch.
         progress |= core.transmit(link, now);
 
-        // Forget closed connections, once nothing is left to read from them.
+        // Forget closed connections, once nothing is left to read from them, and move
+        // passively opened ones that reached TIME-WAIT, with nothing left to read or
+        // send, to a TIME-WAIT record.
         for i in 0..core.slots.len() {
-            let done = core.slots[i].conn.as_ref().is_some_and(forgettable);
-            if done {
+            let Some(conn) = core.slots[i].conn.as_ref() else {
+                continue;
+            };
+            if forgettable(conn) {
                 core.remove(i as u32);
                 progress = true;
+            } else if let Some(tw) = time_wait_record(conn, now) {
+                core.remove(i as u32);
+                core.stats.time_wait_records += 1;
+                let evicted = core.time_wait.evicted();
+                core.time_wait.insert(tw);
+                core.stats.time_wait_evicted += core.time_wait.evicted() - evicted;
+                progress = true;
             }
+        }
+        if core.time_wait.expire(now) > 0 {
+            progress = true;
         }
         progress
     }
@@ -800,8 +851,15 @@ impl<L: Link> Interface<L> {
             return None;
         }
         let mut next = self.link.poll_at();
+        if let Some(t) = core.time_wait.next_expiry() {
+            if t <= now {
+                return None;
+            }
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
         for c in core.slots.iter().filter_map(|s| s.conn.as_ref()) {
-            if c.output_pending() || forgettable(c) {
+            let to_record = c.state() == State::TimeWait && c.is_passive() && c.recv_queue() == 0;
+            if c.output_pending() || forgettable(c) || to_record {
                 return None;
             }
             if let Some(t) = c.poll_timeout() {
@@ -823,11 +881,15 @@ impl<L: Link> Interface<L> {
             .slots
             .iter()
             .filter_map(|s| s.conn.as_ref()?.poll_timeout());
-        [self.link.poll_at(), self.core.tx_blocked_at]
-            .into_iter()
-            .flatten()
-            .chain(conns)
-            .min()
+        [
+            self.link.poll_at(),
+            self.core.tx_blocked_at,
+            self.core.time_wait.next_expiry(),
+        ]
+        .into_iter()
+        .flatten()
+        .chain(conns)
+        .min()
     }
 }
 
@@ -854,6 +916,16 @@ fn complete_tcp_checksum(frame: &mut [u8]) {
         return;
     };
     tp.fill_checksum(src, dst);
+}
+
+/// The TIME-WAIT record a poll replaces `c` with: for a passively opened connection in
+/// TIME-WAIT with nothing left to read or send. Connections we opened keep TIME-WAIT
+/// whole: their local port stays theirs (and out of the allocators) until it ends.
+fn time_wait_record(c: &Connection, now: Instant) -> Option<crate::tcp::time_wait::TimeWait> {
+    if !c.is_passive() || c.state() != State::TimeWait || c.recv_queue() != 0 {
+        return None;
+    }
+    c.time_wait(now)
 }
 
 /// Whether a poll forgets the connection: closed, and nothing left to read from it.
@@ -1167,7 +1239,36 @@ impl Core {
             if !reopen {
                 return;
             }
+            self.stats.time_wait_reopened += 1;
             self.remove(index);
+        } else if !self.time_wait.is_empty() {
+            let input = self.time_wait.on_segment(
+                local,
+                remote,
+                now,
+                repr,
+                payload.len(),
+                self.config.tcp.time_wait,
+                self.config.tcp.invalid_ack_interval,
+            );
+            match input {
+                None => {}
+                Some(TimeWaitInput::Reopen) => self.stats.time_wait_reopened += 1,
+                Some(TimeWaitInput::Ignore) => {
+                    self.stats.rx_time_wait += 1;
+                    return;
+                }
+                Some(TimeWaitInput::Answer(ack)) => {
+                    self.stats.rx_time_wait += 1;
+                    let dst_mac = *self.neighbors.get(&ip.src).unwrap_or(&src_mac);
+                    self.queue_control(Control::TimeWaitAck {
+                        dst_mac,
+                        dst_ip: ip.src,
+                        repr: ack,
+                    });
+                    return;
+                }
+            }
         }
         let plain_syn = repr.flags.syn() && !repr.flags.rst() && repr.ack.is_none();
         let listening = self.listeners.contains_key(&repr.dst_port);
@@ -1503,6 +1604,11 @@ impl Core {
                 }
                 r
             }
+            Control::TimeWaitAck {
+                dst_mac,
+                dst_ip,
+                repr,
+            } => self.emit_segment(buf, dst_mac, dst_ip, &repr, 0, 0),
             Control::CookieSynAck {
                 dst_mac,
                 dst_ip,
@@ -1804,6 +1910,71 @@ mod tests {
         assert!(a.conn(ca).is_none() && b.conn(cb).is_none());
         assert_eq!(a.stats().connections_removed, 1);
         assert_eq!(b.stats().connections_removed, 1);
+    }
+
+    /// A passively opened connection whose side closes first leaves the connection table
+    /// for a TIME-WAIT record once the peer's FIN is in (HTTP/1.0's server): the record
+    /// ends after 2×MSL, or earlier when a new SYN of the same 4-tuple reopens it
+    /// (RFC 6191).
+    #[test]
+    fn a_server_that_closes_first_keeps_a_time_wait_record_not_a_connection() {
+        let (mut a, mut b) = hosts();
+        let mut now = Instant::ZERO;
+        b.listen(80, 4).unwrap();
+        let remote = SocketAddrV4::new(IP_B, 80);
+        let mut recorded = now;
+        for round in 0..2 {
+            let ca = a.connect_from(40_000, remote, now).unwrap();
+            let mut cb = None;
+            run_until(&mut a, &mut b, &mut now, |_, b| {
+                cb = cb.or_else(|| b.accept(80));
+                cb.is_some()
+            });
+            let cb = cb.unwrap();
+            // The server answers and closes first; the client reads to the end and closes.
+            assert_eq!(b.conn_mut(cb).unwrap().send(b"bye").unwrap(), 3);
+            b.conn_mut(cb).unwrap().close();
+            let mut got = Vec::new();
+            run_until(&mut a, &mut b, &mut now, |a, _| {
+                let mut buf = [0u8; 16];
+                match a.conn_mut(ca).unwrap().recv(&mut buf) {
+                    Ok(0) => true,
+                    Ok(n) => {
+                        got.extend_from_slice(&buf[..n]);
+                        false
+                    }
+                    Err(TcpError::WouldBlock) => false,
+                    Err(e) => panic!("{e}"),
+                }
+            });
+            assert_eq!(got, b"bye");
+            a.conn_mut(ca).unwrap().close();
+            run_until(&mut a, &mut b, &mut now, |a, b| {
+                a.connection_count() == 0 && b.connection_count() == 0
+            });
+            // An orderly end for the application; the 4-tuple is held by a record.
+            let mut closed = Vec::new();
+            while let Some(c) = b.pop_closed() {
+                closed.push(c);
+            }
+            assert_eq!(closed, [(cb, None)]);
+            assert_eq!(b.time_wait_count(), 1);
+            assert_eq!(b.stats().time_wait_records, round + 1);
+            assert_eq!(b.stats().time_wait_reopened, round);
+            recorded = now;
+            // Then a new connection from the same port: its SYN ends the record.
+            now += Duration::from_millis(1);
+        }
+        // Without one, the record ends with 2×MSL (5 ms here, from the peer's FIN, which
+        // came just before the record).
+        run_until(&mut a, &mut b, &mut now, |_, b| b.time_wait_count() == 0);
+        let lived = now - recorded;
+        assert!(
+            lived > Duration::from_millis(1) && lived <= Duration::from_millis(5),
+            "{lived:?}"
+        );
+        assert!(b.poll_at().is_none());
+        assert_eq!(b.stats().rx_no_connection, 0);
     }
 
     #[test]

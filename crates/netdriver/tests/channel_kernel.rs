@@ -559,3 +559,102 @@ fn a_set_at_mtu_9000_offers_the_mss_of_its_mtu() {
     set.shutdown().unwrap();
     assert!(!program_attached(&bed, Side::B));
 }
+
+/// Connections a kernel client in A opens one after the other, all from one fixed source
+/// port (`SO_REUSEADDR`), to our listener in B on a set over two queues. Our side closes
+/// first (answers, then FIN), so each earlier connection is in TIME-WAIT here when the
+/// next SYN of the same 4-tuple arrives, and ends it (RFC 6191). The kernel picks a
+/// transmit queue per socket, so that SYN often lands on the other queue than the
+/// TIME-WAIT, and is either forwarded to the TIME-WAIT's owner (while the closed
+/// connection is still whole) or opens the connection on its own queue (once only a
+/// TIME-WAIT record is left). Every connection must be served: the new incarnation keeps
+/// the flow's directory entry when the old one is forgotten, or its later segments,
+/// arriving on the other queue, find no owner and are reset there.
+#[test]
+fn reconnects_from_one_source_port_to_a_server_that_closes_first_are_all_served() {
+    use nix::errno::Errno;
+    use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+
+    const CONNECTIONS: u32 = 200;
+    const CLIENT_PORT: u16 = 40_123;
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let set = start(&bed, Side::B, config(&bed, Side::B));
+    assert_eq!(set.queues(), vec![0, 1]);
+    let listener = set.listen(7000).expect("listen");
+    let server = std::thread::spawn(move || {
+        let mut queues = Vec::new();
+        for i in 0..CONNECTIONS {
+            let (ch, _) = listener
+                .accept_timeout(DEADLINE)
+                .unwrap_or_else(|e| panic!("accept {i}: {e}"));
+            queues.push(ch.queue());
+            let mut got = Vec::new();
+            while !got.ends_with(b"\n") {
+                match ch.dequeue_blocking(Some(DEADLINE)) {
+                    Ok(Dequeued::Chunk(c)) => got.extend_from_slice(&c),
+                    other => panic!("request {i}: {other:?} after {got:?}"),
+                }
+            }
+            let mut reply = b"re: ".to_vec();
+            reply.extend_from_slice(&got);
+            ch.enqueue_blocking(bytes::Bytes::from(reply), Some(DEADLINE))
+                .unwrap_or_else(|e| panic!("reply {i}: {e}"));
+            // Our side closes first and so holds the TIME-WAIT.
+            ch.close();
+        }
+        queues
+    });
+    let local = SocketAddrV4::new(bed.side(Side::A).ipv4, CLIENT_PORT);
+    let target = SocketAddrV4::new(bed.side(Side::B).ipv4, 7000);
+    bed.run_in(Side::A, move || {
+        for i in 0..CONNECTIONS {
+            let fd = socket::socket(
+                AddressFamily::Inet,
+                SockType::Stream,
+                SockFlag::SOCK_CLOEXEC,
+                None,
+            )
+            .unwrap();
+            socket::setsockopt(&fd, sockopt::ReuseAddr, &true).unwrap();
+            socket::bind(fd.as_raw_fd(), &SockaddrIn::from(local)).unwrap();
+            // The previous connection of this 4-tuple may still wait in LAST-ACK for our
+            // ACK of its FIN; the kernel refuses the tuple until it has it.
+            let until = Instant::now() + DEADLINE;
+            loop {
+                match socket::connect(fd.as_raw_fd(), &SockaddrIn::from(target)) {
+                    Ok(()) => break,
+                    Err(Errno::EADDRNOTAVAIL) if Instant::now() < until => {
+                        std::thread::sleep(std::time::Duration::from_millis(1))
+                    }
+                    Err(e) => panic!("connect {i}: {e}"),
+                }
+            }
+            let mut s = TcpStream::from(fd);
+            s.set_read_timeout(Some(DEADLINE)).unwrap();
+            let request = format!("request {i}\n");
+            s.write_all(request.as_bytes())
+                .unwrap_or_else(|e| panic!("connection {i}: send: {e}"));
+            let mut reply = String::new();
+            s.read_to_string(&mut reply)
+                .unwrap_or_else(|e| panic!("connection {i}: receive: {e}"));
+            assert_eq!(reply, format!("re: {request}"), "connection {i}");
+        }
+    })
+    .unwrap();
+    let queues = server.join().unwrap();
+    // New incarnations arrived on another queue than the last one's TIME-WAIT: forwarded
+    // to it, or served where they arrived. The case this test is about happened.
+    let (forwarded, dropped) = set.forwarded_frames();
+    let moves = queues.windows(2).filter(|w| w[0] != w[1]).count();
+    println!("frames forwarded between the queues: {forwarded}; queue changes: {moves}");
+    assert!(
+        forwarded + moves as u64 > 0,
+        "every reconnect found its TIME-WAIT's queue"
+    );
+    assert_eq!(dropped, 0);
+    assert_eq!(set.resets_received(), 0);
+}

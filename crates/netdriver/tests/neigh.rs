@@ -215,3 +215,66 @@ fn ports_sysctl_follows_thread_namespace() {
         Err(PortsError::HostNamespace)
     ));
 }
+
+/// `entry_confirming` answers from what it read within `max_age` only for the MAC address
+/// it read there; any other address gets the kernel's current entry.
+#[test]
+fn recent_entries_confirm_only_their_own_address() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let a = bed.side(Side::A).clone();
+    let ifname = a.ifname.clone();
+    let set_mac = |mac: &str| {
+        let ip = UNUSED.to_string();
+        let args = [
+            "neigh",
+            "replace",
+            &ip,
+            "lladdr",
+            mac,
+            "dev",
+            &ifname,
+            "nud",
+            "permanent",
+        ];
+        bed.output_in(Side::A, "ip", &args)
+            .expect("ip neigh replace");
+    };
+    let (m1, m2) = (
+        EthernetAddress([2, 0, 0, 0, 0, 1]),
+        EthernetAddress([2, 0, 0, 0, 0, 2]),
+    );
+    let age = Duration::from_secs(60);
+    set_mac("02:00:00:00:00:01");
+    let mut table = bed.run_in(Side::A, KernelNeighbors::open).unwrap().unwrap();
+    let mac_of = |e: Option<netdriver::neigh::NeighborEntry>| e.and_then(|e| e.mac);
+    assert_eq!(
+        mac_of(table.entry_confirming(a.ifindex, UNUSED, m1, age).unwrap()),
+        Some(m1)
+    );
+    set_mac("02:00:00:00:00:02");
+    // The remembered match still confirms m1 within its age...
+    assert_eq!(
+        mac_of(table.entry_confirming(a.ifindex, UNUSED, m1, age).unwrap()),
+        Some(m1)
+    );
+    // ...but a peer from m2 gets the kernel's current entry, and from then on m1 does too.
+    assert_eq!(
+        mac_of(table.entry_confirming(a.ifindex, UNUSED, m2, age).unwrap()),
+        Some(m2)
+    );
+    assert_eq!(
+        mac_of(table.entry_confirming(a.ifindex, UNUSED, m1, age).unwrap()),
+        Some(m2)
+    );
+    // Past its age a match is read again.
+    assert_eq!(
+        mac_of(
+            table
+                .entry_confirming(a.ifindex, UNUSED, m2, Duration::ZERO)
+                .unwrap()
+        ),
+        Some(m2)
+    );
+}

@@ -62,6 +62,7 @@
 
 pub mod copy;
 pub mod deframer;
+pub mod ecosystem;
 mod endpoint;
 pub mod reorder;
 pub mod response_queue;

@@ -47,7 +47,12 @@ impl Neighbors {
     ) -> PeerMacVerdict {
         match self {
             Neighbors::Kernel { table, ifindex } => {
-                let entry = match table.as_mut().map(|n| n.entry(*ifindex, ip)) {
+                // A match read within the last second is reused; anything else is read
+                // anew (`KernelNeighbors::entry_confirming`).
+                let recent = |n: &mut KernelNeighbors| {
+                    n.entry_confirming(*ifindex, ip, mac, std::time::Duration::from_secs(1))
+                };
+                let entry = match table.as_mut().map(recent) {
                     Some(Ok(entry)) => entry,
                     Some(Err(e)) => {
                         debug!(queue, %ip, error = %e, "neighbour lookup failed");

@@ -773,7 +773,13 @@ impl Worker {
         while let Some((h, err)) = self.iface.pop_closed() {
             any = true;
             if let Some(o) = book.owned.remove(&h) {
-                self.set.release_flow(self.index, &o.tuple, o.active_port);
+                // A SYN that ended this flow's TIME-WAIT (RFC 6191) opened the next
+                // incarnation of its 4-tuple here before the old one was reaped: the
+                // directory entry is the new connection's and stays, or its segments
+                // arriving on another queue would find no owner and be reset there.
+                let successor = self.iface.lookup(o.tuple.0, o.tuple.1).is_some();
+                self.set
+                    .release_incarnation(self.index, &o.tuple, o.active_port, successor);
             }
             if err == Some(TcpError::Reset) {
                 // Only a RST received from the peer (RFC 5961-checked) fails a connection

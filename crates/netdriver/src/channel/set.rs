@@ -265,6 +265,7 @@ impl ChannelSet {
                     tcp: config.tcp.clone(),
                     ephemeral_ports: shared.ports_range(),
                     max_connections: config.max_connections,
+                    max_time_wait: crate::netif::DEFAULT_MAX_TIME_WAIT,
                     isn_key: None,
                     rx_batch,
                     tx_batch,

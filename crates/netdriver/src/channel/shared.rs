@@ -96,6 +96,26 @@ impl SetShared {
         }
     }
 
+    /// Releases what one connection of a flow of queue `me` held, as
+    /// [`release_flow`](Self::release_flow), but keeps the directory entry when
+    /// `successor`: a newer connection of the same 4-tuple lives on the same queue (a SYN
+    /// ended the old one's TIME-WAIT) and owns the flow now.
+    pub(crate) fn release_incarnation(
+        &self,
+        me: usize,
+        tuple: &Tuple,
+        active_port: Option<u16>,
+        successor: bool,
+    ) {
+        if !successor {
+            self.directory.remove(tuple, me);
+        }
+        self.unclaim_endpoint(tuple.0);
+        if let Some(port) = active_port {
+            self.ports.release(port);
+        }
+    }
+
     /// Counts one more connection on local endpoint `ep`, which the steering program
     /// steers to the stack while any is counted. Accepted connections share their
     /// listener's endpoint and keep it steered after the listener is gone, so that their

@@ -1,11 +1,29 @@
 //! Fixed-capacity byte rings for the send and receive directions.
 //!
-//! Each is allocated in full when its first byte arrives (not when the connection is
-//! created: a SYN, or a flood of them, costs no ring memory until data flows) and never
-//! grows, so a connection's memory is bounded by its configuration whatever the peer
-//! sends.
+//! A ring holds nothing until its first byte arrives (a SYN, or a flood of them, costs no
+//! ring memory until data flows), then an allocation that grows by doubling, from
+//! [`MIN_ALLOCATION`], as the bytes it must hold need, and never beyond its capacity: a
+//! connection's memory is bounded by its configuration whatever the peer sends, and a
+//! connection that carries one small request and its answer allocates a few KiB instead
+//! of its whole capacity (a zeroed 256 KiB per ring and direction was a quarter of a
+//! channel thread's time in connection-per-request HTTP, page faults and clearing;
+//! `docs/investigations/connection-setup.md`).
 
 use crate::wire::checksum;
+
+/// A ring's first allocation, in bytes (or its capacity, if smaller).
+pub const MIN_ALLOCATION: usize = 4096;
+
+/// The allocation that holds `needed` bytes: the next power of two, at least
+/// [`MIN_ALLOCATION`], at most `capacity`.
+fn allocation_for(needed: usize, capacity: usize) -> usize {
+    needed
+        .checked_next_power_of_two()
+        .unwrap_or(capacity)
+        .max(MIN_ALLOCATION)
+        .min(capacity)
+        .max(needed.min(capacity))
+}
 
 /// Copies `data` into `ring` starting at physical index `start`, wrapping at the end.
 /// `data.len()` must not exceed `ring.len()`.
@@ -44,7 +62,7 @@ fn copy_out_sum(ring: &[u8], start: usize, out: &mut [u8]) -> u16 {
 /// Acknowledged bytes are consumed from the front; retransmissions read at an offset.
 #[derive(Debug, Clone)]
 pub struct TxRing {
-    /// Empty until the first byte is pushed, then `capacity` bytes.
+    /// Empty until the first byte is pushed, then grown as needed up to `capacity`.
     buf: Vec<u8>,
     capacity: usize,
     head: usize,
@@ -67,9 +85,24 @@ impl TxRing {
         self.capacity
     }
 
-    /// Bytes of memory the ring holds: 0 until its first byte, then its capacity.
+    /// Bytes of memory the ring holds: 0 until its first byte, then what the bytes held
+    /// so far needed (see the module documentation), at most its capacity.
     pub fn allocated(&self) -> usize {
         self.buf.len()
+    }
+
+    /// Grows the allocation to hold `needed` bytes from the front, keeping the bytes held
+    /// (moved to its start).
+    fn reserve(&mut self, needed: usize) {
+        if needed <= self.buf.len() {
+            return;
+        }
+        let mut buf = vec![0; allocation_for(needed, self.capacity)];
+        if !self.buf.is_empty() {
+            copy_out(&self.buf, self.head, &mut buf[..self.len]);
+        }
+        self.buf = buf;
+        self.head = 0;
     }
 
     /// Bytes held.
@@ -93,10 +126,8 @@ impl TxRing {
         if n == 0 {
             return 0;
         }
-        if self.buf.is_empty() {
-            self.buf = vec![0; self.capacity];
-        }
-        let tail = (self.head + self.len) % self.capacity();
+        self.reserve(self.len + n);
+        let tail = (self.head + self.len) % self.buf.len();
         copy_in(&mut self.buf, tail, &data[..n]);
         self.len += n;
         n
@@ -109,7 +140,7 @@ impl TxRing {
             return 0;
         }
         let n = out.len().min(self.len - offset);
-        let start = (self.head + offset) % self.capacity();
+        let start = (self.head + offset) % self.buf.len();
         copy_out(&self.buf, start, &mut out[..n]);
         n
     }
@@ -122,7 +153,7 @@ impl TxRing {
             return (0, 0);
         }
         let n = out.len().min(self.len - offset);
-        let start = (self.head + offset) % self.capacity();
+        let start = (self.head + offset) % self.buf.len();
         (n, copy_out_sum(&self.buf, start, &mut out[..n]))
     }
 
@@ -132,7 +163,7 @@ impl TxRing {
     pub fn resize(&mut self, capacity: usize) {
         let capacity = capacity.max(self.len).max(1);
         if !self.buf.is_empty() {
-            let mut buf = vec![0; capacity];
+            let mut buf = vec![0; self.buf.len().min(capacity).max(self.len)];
             copy_out(&self.buf, self.head, &mut buf[..self.len]);
             self.buf = buf;
         }
@@ -146,7 +177,7 @@ impl TxRing {
         if n == 0 {
             return;
         }
-        self.head = (self.head + n) % self.capacity();
+        self.head = (self.head + n) % self.buf.len();
         self.len -= n;
         if self.len == 0 {
             // Restarting at 0 keeps small transfers contiguous (cheaper copies).
@@ -161,7 +192,7 @@ impl TxRing {
 /// data is tracked separately by the [`Assembler`](crate::tcp::assembler::Assembler).
 #[derive(Debug, Clone)]
 pub struct RxRing {
-    /// Empty until the first byte is written, then `capacity` bytes.
+    /// Empty until the first byte is written, then grown as needed up to `capacity`.
     buf: Vec<u8>,
     capacity: usize,
     head: usize,
@@ -207,9 +238,26 @@ impl RxRing {
         self.capacity
     }
 
-    /// Bytes of memory the ring holds: 0 until its first byte, then its capacity.
+    /// Bytes of memory the ring holds: 0 until its first byte, then what the bytes
+    /// written so far needed (see the module documentation), at most its capacity.
     pub fn allocated(&self) -> usize {
         self.buf.len()
+    }
+
+    /// Grows the allocation to hold `needed` bytes from the front, keeping every byte of
+    /// the old allocation at its offset from the front (readable bytes and out-of-order
+    /// data after them alike).
+    fn reserve(&mut self, needed: usize) {
+        let have = self.buf.len();
+        if needed <= have {
+            return;
+        }
+        let mut buf = vec![0; allocation_for(needed, self.capacity)];
+        if have > 0 {
+            copy_out(&self.buf, self.head, &mut buf[..have]);
+        }
+        self.buf = buf;
+        self.head = 0;
     }
 
     /// In-order bytes ready for the application.
@@ -234,10 +282,8 @@ impl RxRing {
         if n == 0 {
             return 0;
         }
-        if self.buf.is_empty() {
-            self.buf = vec![0; self.capacity];
-        }
-        let start = (self.head + self.len + offset) % self.capacity();
+        self.reserve(self.len + offset + n);
+        let start = (self.head + self.len + offset) % self.buf.len();
         copy_in(&mut self.buf, start, &data[..n]);
         n
     }
@@ -254,10 +300,8 @@ impl RxRing {
         if n == 0 {
             return (0, 0);
         }
-        if self.buf.is_empty() {
-            self.buf = vec![0; self.capacity];
-        }
-        let start = (self.head + self.len + offset) % self.capacity();
+        self.reserve(self.len + offset + n);
+        let start = (self.head + self.len + offset) % self.buf.len();
         (n, copy_in_sum(&mut self.buf, start, &data[..n]))
     }
 
@@ -266,10 +310,15 @@ impl RxRing {
     /// that much. An allocated ring is reallocated with those bytes moved to its start;
     /// an unallocated one just records the new size.
     pub fn resize(&mut self, capacity: usize, keep: usize) {
-        let held = self.len.saturating_add(keep).min(self.capacity);
+        // Nothing lies beyond the allocation.
+        let held = self
+            .len
+            .saturating_add(keep)
+            .min(self.capacity)
+            .min(self.buf.len().max(self.len));
         let capacity = capacity.max(held).max(1);
         if !self.buf.is_empty() {
-            let mut buf = vec![0; capacity];
+            let mut buf = vec![0; self.buf.len().min(capacity).max(held)];
             copy_out(&self.buf, self.head, &mut buf[..held]);
             self.buf = buf;
         }
@@ -289,7 +338,7 @@ impl RxRing {
             return 0;
         }
         copy_out(&self.buf, self.head, &mut out[..n]);
-        self.head = (self.head + n) % self.capacity();
+        self.head = (self.head + n) % self.buf.len();
         self.len -= n;
         n
     }
@@ -302,12 +351,12 @@ impl RxRing {
         if n == 0 {
             return 0;
         }
-        let first = n.min(self.capacity() - self.head);
+        let first = n.min(self.buf.len() - self.head);
         sink(&self.buf[self.head..self.head + first]);
         if n > first {
             sink(&self.buf[..n - first]);
         }
-        self.head = (self.head + n) % self.capacity();
+        self.head = (self.head + n) % self.buf.len();
         self.len -= n;
         n
     }
@@ -335,10 +384,54 @@ mod tests {
         assert_eq!((t.allocated(), r.allocated()), (0, 0));
         assert_eq!(t.push(b"abc"), 3);
         assert_eq!(r.write_at(5, b"xyz"), 3);
-        assert_eq!((t.allocated(), r.allocated()), (1 << 18, 1 << 18));
+        // A small first allocation, not the capacity.
+        assert_eq!(
+            (t.allocated(), r.allocated()),
+            (MIN_ALLOCATION, MIN_ALLOCATION)
+        );
         let mut out = [0u8; 3];
         assert_eq!(t.read_at(0, &mut out), 3);
         assert_eq!(&out, b"abc");
+        // Growing by doubling to what the bytes need, keeping them where they were.
+        assert_eq!(t.push(&[7; 10_000]), 10_000);
+        assert_eq!(t.allocated(), 16_384);
+        assert_eq!(t.read_at(0, &mut out), 3);
+        assert_eq!(&out, b"abc");
+        assert_eq!(r.write_at(0, b"ab"), 2);
+        assert_eq!(r.write_at(70_000, b"q"), 1);
+        assert_eq!(r.allocated(), 131_072);
+        r.commit(8);
+        let mut got = [9u8; 8];
+        assert_eq!(r.read(&mut got), 8);
+        assert_eq!(&got, b"ab\0\0\0xyz");
+        // Never beyond the capacity.
+        assert_eq!(t.push(&[7; 1 << 18]), (1 << 18) - 10_003);
+        assert_eq!(t.allocated(), 1 << 18);
+    }
+
+    #[test]
+    fn a_grown_rx_ring_keeps_wrapped_out_of_order_bytes_at_their_offsets() {
+        let mut r = RxRing::new(1 << 16);
+        // Fill and read most of a first allocation so that the next bytes wrap.
+        assert_eq!(r.write_at(0, &[1; 4000]), 4000);
+        r.commit(4000);
+        assert_eq!(r.read(&mut [0; 4000]), 4000);
+        assert_eq!(r.write_at(0, b"0123456789"), 10);
+        assert_eq!(r.write_at(200, b"far"), 3);
+        assert_eq!(r.allocated(), MIN_ALLOCATION);
+        // Out of order beyond the allocation: grows, the wrapped bytes move with it.
+        assert_eq!(r.write_at(9_000, b"later"), 5);
+        assert_eq!(r.allocated(), 16_384);
+        r.commit(10);
+        let mut got = [0u8; 10];
+        assert_eq!(r.read(&mut got), 10);
+        assert_eq!(&got, b"0123456789");
+        r.commit(193);
+        let mut skip = [0u8; 190];
+        assert_eq!(r.read(&mut skip), 190);
+        let mut far = [0u8; 3];
+        assert_eq!(r.read(&mut far), 3);
+        assert_eq!(&far, b"far");
     }
 
     #[test]
@@ -407,9 +500,10 @@ mod tests {
         assert_eq!(r.push(b"ghijkl"), 6);
         // "efghijkl", wrapped at index 8.
         r.resize(12);
+        // The allocation keeps its size until the bytes need more.
         assert_eq!(
             (r.capacity(), r.allocated(), r.len(), r.free()),
-            (12, 12, 8, 4)
+            (12, 8, 8, 4)
         );
         assert_eq!(r.push(b"mnopq"), 4);
         let mut out = [0u8; 12];

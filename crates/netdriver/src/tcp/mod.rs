@@ -10,6 +10,7 @@ pub mod rtt;
 pub mod sack;
 pub mod sendtimes;
 pub mod syncookie;
+pub mod time_wait;
 
 pub mod buffer;
 pub mod config;

@@ -197,6 +197,24 @@ impl VirtualListener {
         SocketAddrV4::new(self.stack.core().ipv4(), self.port)
     }
 
+    /// Like `TcpListener::ttl`: the IPv4 time to live of the segments of accepted
+    /// streams, [`IP_TTL`](super::stream::IP_TTL) (the interface's, for every segment).
+    pub fn ttl(&self) -> io::Result<u32> {
+        Ok(super::stream::IP_TTL)
+    }
+
+    /// Like `TcpListener::set_ttl`: setting [`IP_TTL`](super::stream::IP_TTL) succeeds,
+    /// any other value fails with `Unsupported` (see [`VirtualStream::set_ttl`]).
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        if ttl == super::stream::IP_TTL {
+            return Ok(());
+        }
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the stack sends every segment with TTL 64; a listener cannot change it",
+        ))
+    }
+
     /// The address listened on.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         Ok(SocketAddrV4::new(self.ip, self.port).into())

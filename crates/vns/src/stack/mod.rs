@@ -218,7 +218,9 @@ pub use default::{clear_default_stack, default_stack, set_default_stack};
 pub use listener::VirtualListener;
 pub use mem::{MemLimits, MemNetwork};
 pub use socket::VirtualSocket;
-pub use stream::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, VirtualStream, WriteHalf};
+pub use stream::{
+    OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, VirtualStream, WriteHalf, IP_TTL,
+};
 
 use self::core::Core;
 use crate::copy::CopyError;

@@ -1576,6 +1576,74 @@ impl VirtualStream {
     both_sides!();
 }
 
+/// `ready` on the halves, as tokio's halves have it: the stream's readiness for
+/// `interest`, whichever half asks.
+macro_rules! half_ready {
+    () => {
+        /// Waits until the stream is ready for any of `interest` and returns which (as
+        /// [`VirtualStream::ready`]).
+        pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
+            self.inner.ready(interest).await
+        }
+    };
+}
+
+impl ReadHalf<'_> {
+    half_ready!();
+}
+
+impl WriteHalf<'_> {
+    half_ready!();
+}
+
+impl OwnedReadHalf {
+    half_ready!();
+}
+
+impl OwnedWriteHalf {
+    half_ready!();
+}
+
+/// The IPv4 time to live of every segment the stack sends (channels and plain-TCP
+/// streams alike; Linux's default). It is the interface's, not a socket's.
+pub const IP_TTL: u32 = 64;
+
+impl VirtualStream {
+    /// Like `TcpStream::set_zero_linger`: dropping the stream aborts the connection (a
+    /// reset; bytes not yet sent are discarded). The same as
+    /// `set_linger(Some(Duration::ZERO))`.
+    pub fn set_zero_linger(&self) -> io::Result<()> {
+        self.set_linger(Some(Duration::ZERO))
+    }
+
+    /// Like `TcpStream::ttl`: the IPv4 time to live of the stream's segments,
+    /// [`IP_TTL`] (the stack sends every segment with it; for a loopback stream, the
+    /// kernel's default, which is the same).
+    pub fn ttl(&self) -> io::Result<u32> {
+        Ok(IP_TTL)
+    }
+
+    /// Like `TcpStream::set_ttl`, which a stream cannot honour: its segments share the
+    /// channels' (or the interface's) IPv4 header template. Setting [`IP_TTL`] succeeds;
+    /// any other value fails with `Unsupported`.
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        if ttl == IP_TTL {
+            return Ok(());
+        }
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("the stack sends every segment with TTL {IP_TTL}; a stream cannot change it"),
+        ))
+    }
+
+    /// Like `TcpStream::take_error` (`SO_ERROR`): always `Ok(None)`. A virtual stream
+    /// holds no error back for later: a failure (reset, peer unreachable, the stack
+    /// stopped) is returned by the pending call and by every later one.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        Ok(None)
+    }
+}
+
 impl ReadHalf<'_> {
     read_side!();
 

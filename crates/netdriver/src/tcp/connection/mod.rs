@@ -1078,6 +1078,38 @@ impl Connection {
         }
     }
 
+    /// What the connection keeps of itself once in TIME-WAIT with nothing left to send:
+    /// a [`TimeWait`](crate::tcp::time_wait::TimeWait) record that answers for the 4-tuple
+    /// until the 2×MSL timer ends, so that the connection can go. `None` in any other
+    /// state, or while a segment is still owed.
+    pub fn time_wait(&self, now: Instant) -> Option<crate::tcp::time_wait::TimeWait> {
+        if self.state != State::TimeWait || self.output_pending() {
+            return None;
+        }
+        Some(crate::tcp::time_wait::TimeWait {
+            local: self.local,
+            remote: self.remote,
+            snd_nxt: self.snd_nxt,
+            rcv_nxt: self.rcv_nxt,
+            window: self.window_field(),
+            timestamps: self
+                .ts_enabled
+                .then_some(crate::tcp::time_wait::TimeWaitTimestamps {
+                    recent: self.ts_recent,
+                    offset: self.ts_offset,
+                }),
+            expires: self
+                .time_wait_deadline
+                .unwrap_or(now + self.config.time_wait),
+            last_challenge: None,
+        })
+    }
+
+    /// Whether the connection was opened by a SYN from its peer (passive open).
+    pub fn is_passive(&self) -> bool {
+        self.passive
+    }
+
     /// Bytes of send and receive ring memory the connection holds: 0 until data flows
     /// (a half-open connection from a SYN costs no ring memory), then the configured
     /// buffer sizes.

@@ -832,7 +832,7 @@ impl Connection {
 
     /// The window field for the next segment: scaled, clamped to 16 bits, never more than
     /// the buffer's free space (RFC 7323 §2.3).
-    fn window_field(&self) -> u16 {
+    pub(super) fn window_field(&self) -> u16 {
         let window = if self.fin_received {
             // No more data can come; the free space is still the honest answer.
             self.rx.free()
