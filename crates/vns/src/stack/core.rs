@@ -82,7 +82,26 @@ pub(crate) struct Core {
     /// the core's, through the set).
     me: OnceLock<Weak<Core>>,
     /// Set once the control task has ended (it stopped the stack).
-    control_done: (Mutex<bool>, Condvar),
+    control_done: Arc<ControlDone>,
+}
+
+/// Whether the stack's control task has ended, for [`Core::stop_and_wait`]. Shared with
+/// the task, which signals it after dropping its handle on the core: a stop that waited
+/// for it then holds the core's last handle, and the channel set stops (queue runtimes
+/// joined, XDP program detached) when that handle is dropped, not later on the task's
+/// thread.
+#[derive(Debug, Default)]
+pub(crate) struct ControlDone {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl ControlDone {
+    /// Records that the control task ended and wakes whoever waits for it.
+    pub(crate) fn signal(&self) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.cv.notify_all();
+    }
 }
 
 /// What a pass over some shards leaves to do once their locks are released.
@@ -143,7 +162,7 @@ impl Core {
             config,
             max_chunk_payload,
             me: OnceLock::new(),
-            control_done: (Mutex::new(false), Condvar::new()),
+            control_done: Arc::new(ControlDone::default()),
         }
     }
 
@@ -417,19 +436,17 @@ impl Core {
         self.control.notify();
     }
 
-    /// The control task has ended: records it and wakes whoever waits for it.
-    pub(crate) fn control_ended(&self) {
-        let (lock, cv) = &self.control_done;
-        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        cv.notify_all();
+    /// What the control task signals once it has ended ([`ControlDone::signal`]).
+    pub(crate) fn control_done(&self) -> Arc<ControlDone> {
+        self.control_done.clone()
     }
 
     /// Asks the control task to stop the stack now and waits (at most `timeout`) until it
     /// has. Returns whether it ended in time.
     pub(crate) fn stop_and_wait(&self, timeout: Duration) -> bool {
         self.control.stop();
-        let (lock, cv) = &self.control_done;
-        let done = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let ControlDone { done, cv } = &*self.control_done;
+        let done = done.lock().unwrap_or_else(|p| p.into_inner());
         let (done, _) = cv
             .wait_timeout_while(done, timeout, |d| !*d)
             .unwrap_or_else(|p| p.into_inner());

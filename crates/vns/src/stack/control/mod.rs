@@ -236,7 +236,8 @@ pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant
 
 /// The control task's future. See the [module documentation](self).
 pub(crate) struct ControlTask {
-    core: Arc<Core>,
+    /// Taken when the task ends (see [`ControlTask::end`]).
+    core: Option<Arc<Core>>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     timer_at: Option<Instant>,
 }
@@ -244,10 +245,19 @@ pub(crate) struct ControlTask {
 impl ControlTask {
     pub(crate) fn new(core: Arc<Core>) -> ControlTask {
         ControlTask {
-            core,
+            core: Some(core),
             timer: None,
             timer_at: None,
         }
+    }
+
+    /// Ends the task: drops its handles on the core, then tells whoever waits for the stop
+    /// ([`Core::stop_and_wait`]), so that the waiter's handle can be the core's last.
+    fn end(&mut self, core: Arc<Core>) {
+        let done = core.control_done();
+        drop(core);
+        self.core = None;
+        done.signal();
     }
 
     /// Arms the timer for `at`; whether it is due already.
@@ -279,13 +289,15 @@ impl Future for ControlTask {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let core = self.core.clone();
+        let Some(core) = self.core.clone() else {
+            return Poll::Ready(());
+        };
         core.control.register(cx.waker());
         for _ in 0..ROUNDS_PER_POLL {
             core.control.take();
             if core.control.stop_requested() {
                 core.stop_now();
-                core.control_ended();
+                self.end(core);
                 return Poll::Ready(());
             }
             let mut wake = Wakes::default();
@@ -293,8 +305,8 @@ impl Future for ControlTask {
             wake.drain_each(std::task::Waker::wake);
             if done {
                 core.stop_now();
-                core.control_ended();
                 debug!("stack control task stopped");
+                self.end(core);
                 return Poll::Ready(());
             }
             if busy {
