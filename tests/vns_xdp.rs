@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use netchannel::netdriver::channel::{ChannelPlacement, DriverPlace};
 use netchannel::vns::copy::CopyConfig;
-use netchannel::vns::stack::StackBuilder;
+use netchannel::vns::stack::{StackBuilder, APPLICATION_RUNTIME, LATENCY_RUNTIME};
 use netchannel::vns::Config;
 use netchannel::{Stack, VirtualStream};
 use testbed::{testbed_or_skip, Side, TestBed};
@@ -39,6 +39,17 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn two_workers() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A multi-thread tokio runtime with one worker, named `name`: an application whose
+/// every task shares one thread.
+fn one_worker(name: &str) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(name)
         .enable_all()
         .build()
         .unwrap()
@@ -79,6 +90,23 @@ impl Drive {
     }
 }
 
+/// Whether this host is one the scheduler's default runs to completion on: every queue on
+/// the application's runtime when there is one.
+fn small_host() -> bool {
+    std::thread::available_parallelism().map_or(1, usize::from)
+        < netchannel::sched::DISAGGREGATE_MIN_CORES
+}
+
+/// The application's runtime, as the channel placement names it.
+fn application() -> DriverPlace {
+    DriverPlace::External(APPLICATION_RUNTIME.into())
+}
+
+/// A latency application's runtime, as the channel placement names it.
+fn latency() -> DriverPlace {
+    DriverPlace::External(LATENCY_RUNTIME.into())
+}
+
 /// The ids of the stack's own queue runtimes in a placement.
 fn own_runtimes(p: &ChannelPlacement) -> Vec<u32> {
     p.runtimes
@@ -87,6 +115,14 @@ fn own_runtimes(p: &ChannelPlacement) -> Vec<u32> {
             DriverPlace::Runtime(id) => Some(id),
             DriverPlace::External(_) => None,
         })
+        .collect()
+}
+
+/// Each queue's (rounds, polls) so far, by queue.
+fn rounds_and_polls(s: &Stack) -> std::collections::BTreeMap<u32, (u64, u64)> {
+    s.queue_stats()
+        .into_iter()
+        .map(|q| (q.queue, (q.rounds, q.polls)))
         .collect()
 }
 
@@ -494,6 +530,22 @@ fn copy_workers_over_af_xdp() {
     assert!(tids.iter().all(gone), "copy workers left running");
 }
 
+/// Closed-loop exchanges on `s`: `n` messages of varying size (1 B to 20 kB), each
+/// echoed and checked byte for byte.
+async fn exchange(s: &mut VirtualStream, tag: u64, n: u64) {
+    let mut off = 0u64;
+    let mut back = vec![0u8; 20_000];
+    for i in 0..n {
+        let len = 1 + ((i * 7919 + tag * 104_729) % 20_000) as usize;
+        let mut msg = vec![0u8; len];
+        fill(tag, off, &mut msg);
+        s.write_all(&msg).await.expect("write");
+        s.read_exact(&mut back[..len]).await.expect("read the echo");
+        assert!(back[..len] == msg[..], "stream {tag}, message {i}");
+        off += len as u64;
+    }
+}
+
 /// Echoes every read back at once, partial reads included, until the peer's end of
 /// stream; then shuts its own side.
 async fn echo_until_eof(s: &mut VirtualStream) {
@@ -506,6 +558,15 @@ async fn echo_until_eof(s: &mut VirtualStream) {
         s.write_all(&buf[..n]).await.unwrap();
     }
     s.shutdown().await.unwrap();
+}
+
+/// Shuts `s` down and reads it up to the peer's end of stream; returns what came before
+/// that end.
+async fn shut_and_drain(s: &mut VirtualStream) -> Vec<u8> {
+    s.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).await.unwrap();
+    rest
 }
 
 /// One 64-byte message each way on `s`.
@@ -566,6 +627,160 @@ fn the_channel_count_is_chosen_from_the_host() {
         drop(c);
         timeout(LIMIT, server).await.unwrap().unwrap();
     });
+    drop((a, b));
+    drop(rt);
+}
+
+/// Run to completion on a small host: stacks built with the application's runtime
+/// (`StackBuilder::runtime`, the test's) drive both NIC queues there, the scheduler's
+/// default on a host with fewer than `DISAGGREGATE_MIN_CORES` cores (elsewhere, runtimes
+/// of their own), so that the application's tasks run the queues' rounds between their
+/// own. Many tasks exchange echoed messages of every size at once, latency- and
+/// throughput-class, with shutdowns and drops interleaved, and a large transfer is
+/// verified byte by byte; both queues' drivers did the work (their rounds and polls
+/// grew), and the scheduler's snapshot puts no channel on a runtime of the stack's own.
+#[test]
+fn the_application_runtime_drives_the_queues_of_a_small_host_over_af_xdp() {
+    let _serial = one_at_a_time();
+    use netchannel::AppClass;
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let rt = two_workers();
+    let a = stack_in(&bed, Side::A, Drive::Application(rt.handle().clone()));
+    let b = stack_in(&bed, Side::B, Drive::Application(rt.handle().clone()));
+    let small = small_host();
+    for (name, s) in [("A", &a), ("B", &b)] {
+        let p = s.channel_placement();
+        if small {
+            assert_eq!(
+                p.runtime(&application()).map(|r| r.queues.clone()),
+                Some(vec![0, 1]),
+                "{name}: {p}"
+            );
+            // The one runtime of the stack's own is the home of its control task and of
+            // queues rescued from a blocked application; it drives none.
+            assert_eq!(own_runtimes(&p), vec![0], "{name}: {p}");
+            assert_eq!(
+                p.runtime(&DriverPlace::Runtime(0)).map(|r| r.queues.len()),
+                Some(0),
+                "{name}: {p}"
+            );
+        } else {
+            assert!(p.runtime(&application()).is_none(), "{name}: {p}");
+            assert!(
+                (0..2).all(|q| matches!(p.place_of(q), Some(DriverPlace::Runtime(_)))),
+                "{name}: {p}"
+            );
+        }
+        for q in s.queue_stats() {
+            assert_eq!(
+                Some(&q.place),
+                p.place_of(q.queue).as_ref(),
+                "{name}: {q:?}"
+            );
+        }
+    }
+    let before = (rounds_and_polls(&a), rounds_and_polls(&b));
+    let b_ip = bed.side(Side::B).ipv4;
+    let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
+    const TASKS: u64 = 24;
+    const BULK: u64 = 16 << 20;
+    rt.block_on(async {
+        let l = b.bind_with_backlog(at(7100), TASKS as usize).await.unwrap();
+        let server = tokio::spawn(async move {
+            let mut tasks = Vec::new();
+            for _ in 0..TASKS {
+                let (mut s, _) = l.accept().await.unwrap();
+                tasks.push(tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    // The peer either shuts down (EOF) or drops its stream.
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        let clients: Vec<_> = (0..TASKS)
+            .map(|tag| {
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let mut c = a.connect(at(7100)).await.unwrap();
+                    if tag % 3 == 0 {
+                        c.set_app_class(AppClass::Latency).unwrap();
+                    }
+                    exchange(&mut c, tag, 40 + tag * 5).await;
+                    if tag % 2 == 0 {
+                        // Shut down, then read the server's end of stream.
+                        let rest = shut_and_drain(&mut c).await;
+                        assert!(rest.is_empty(), "stream {tag}: bytes after the echoes");
+                    }
+                    // Odd streams are dropped with everything read.
+                })
+            })
+            .collect();
+        timeout(LIMIT, async {
+            for c in clients {
+                c.await.unwrap();
+            }
+            server.await.unwrap();
+        })
+        .await
+        .expect("streams stalled on the application's runtime");
+
+        // What the scheduler sees: channels on queues, and (on a small host) none of them
+        // on a runtime of the stack's own. Read between two placements that agree, so
+        // that a rescue of a queue in between (a worker of the busy machine held off its
+        // core for longer than netdriver's `STALL`) is not taken for a wrong snapshot.
+        let p0 = a.channel_placement();
+        let st = a.stats();
+        let p1 = a.channel_placement();
+        assert!(!st.channels.is_empty());
+        assert!(st.channels.iter().all(|c| c.queue.is_some()), "{st:?}");
+        if small
+            && p0.rescues == p1.rescues
+            && p1
+                .runtime(&application())
+                .is_some_and(|r| r.queues == [0, 1])
+        {
+            assert!(st.queues.is_empty(), "{p1}: {st:?}");
+            assert!(st.channels.iter().all(|c| c.thread.is_none()), "{st:?}");
+        }
+
+        // One large transfer, verified byte by byte.
+        let l = b.bind(at(7101)).await.unwrap();
+        let rx = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            recv_pattern(&mut s, 4244).await
+        });
+        let mut c = a.connect(at(7101)).await.unwrap();
+        timeout(LIMIT, async {
+            send_pattern(&mut c, 4244, BULK).await;
+            c.shutdown().await.unwrap();
+            assert_eq!(rx.await.unwrap(), BULK);
+        })
+        .await
+        .expect("large transfer stalled on the application's runtime");
+    });
+    let after = (rounds_and_polls(&a), rounds_and_polls(&b));
+    for (name, before, after) in [("A", &before.0, &after.0), ("B", &before.1, &after.1)] {
+        for (q, (rounds, polls)) in after {
+            let (r0, p0) = before[q];
+            assert!(
+                *rounds > r0 && *polls > p0,
+                "{name}: queue {q} did no work: rounds {r0} -> {rounds}, polls {p0} -> {polls}"
+            );
+        }
+    }
+    println!(
+        "A: {} (rescues {}); B: {} (rescues {})",
+        a.channel_placement(),
+        a.channel_placement().rescues,
+        b.channel_placement(),
+        b.channel_placement().rescues
+    );
     drop((a, b));
     drop(rt);
 }
@@ -1643,6 +1858,79 @@ fn isolating_keeps_latency_streams_off_bulk_channels_runtimes_and_cores() {
     );
     drop((a, b));
     drop(rt);
+}
+
+/// Isolation with a latency application's runtime: under `Isolating` with
+/// `StackBuilder::latency_runtime`, both stacks drive their latency queue (the last one,
+/// where latency channels open) on the latency application's runtime, and the other queue
+/// where the default puts it (the application's runtime on a small host). While 4 bulk
+/// streams on the application's runtime saturate the throughput channels, a latency-class
+/// stream on the latency runtime exchanges 4 KB messages: every byte is exact, the latency
+/// channels carry the latency stream's bytes and no bulk bytes, and the latency queue's
+/// driver ran its rounds there.
+#[test]
+fn a_latency_runtime_drives_the_latency_queue_over_af_xdp() {
+    let _serial = one_at_a_time();
+    use netchannel::sched::ChannelClass;
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let rt = two_workers();
+    let lat_rt = one_worker("lat-app");
+    let app = || Drive::Application(rt.handle().clone());
+    let a = isolating_stack(&bed, Side::A, app(), Some(lat_rt.handle().clone()));
+    let b = isolating_stack(&bed, Side::B, app(), Some(lat_rt.handle().clone()));
+    let mut before = Vec::new();
+    for (name, stack) in [("A", &a), ("B", &b)] {
+        let p = stack.channel_placement();
+        assert_eq!(p.place_of(1), Some(latency()), "{name}: {p}");
+        if small_host() {
+            assert_eq!(p.place_of(0), Some(application()), "{name}: {p}");
+        } else {
+            assert!(
+                matches!(p.place_of(0), Some(DriverPlace::Runtime(_))),
+                "{name}: {p}"
+            );
+        }
+        assert_eq!(
+            p.runtime(&latency()).map(|r| r.queues.clone()),
+            Some(vec![1]),
+            "{name}: the latency runtime drives the latency queue only: {p}"
+        );
+        before.push(rounds_and_polls(stack));
+    }
+    rt.block_on(isolation_load(&a, &b, Some(lat_rt.handle().clone())));
+    for ((name, stack), before) in [("A", &a), ("B", &b)].into_iter().zip(before) {
+        let (lat_sent, bulk_sent) = classes_kept_apart(name, stack);
+        let st = stack.stats();
+        // Queues driven by runtimes handed to the stack are on no runtime of its own.
+        assert!(
+            st.channels
+                .iter()
+                .filter(|c| c.class == ChannelClass::Latency)
+                .all(|c| c.thread.is_none()),
+            "{name}: {st:?}"
+        );
+        let p = stack.channel_placement();
+        let after = rounds_and_polls(stack);
+        assert!(
+            after[&1].0 > before[&1].0,
+            "{name}: the latency queue ran no rounds: {before:?} -> {after:?}"
+        );
+        // Still there, unless the watchdog found the latency runtime's worker too busy
+        // for a moment (then the queue is on the home runtime until it goes back).
+        assert!(
+            p.place_of(1) == Some(latency()) || p.rescues > 0,
+            "{name}: {p}"
+        );
+        println!(
+            "{name}: latency channels sent {lat_sent} B, throughput channels {bulk_sent} B; \
+             {p}; rescues {}",
+            p.rescues
+        );
+    }
+    drop((a, b));
+    drop((rt, lat_rt));
 }
 
 /// The shipped `Scaler`, end to end over AF_XDP: stack A runs `Scaled<RoundRobin>` with
