@@ -785,6 +785,188 @@ fn the_application_runtime_drives_the_queues_of_a_small_host_over_af_xdp() {
     drop(rt);
 }
 
+/// The default policy, except that every queue is driven by the application's runtime,
+/// whatever the host: what a blocked application's runtime does to a stack is then the
+/// same on every machine.
+#[derive(Debug, Clone, Default)]
+struct OnTheApplicationRuntime(netchannel::sched::RoundRobin);
+
+impl netchannel::sched::NetScheduler for OnTheApplicationRuntime {
+    fn pick_channel(
+        &mut self,
+        chunk: &netchannel::sched::ChunkInfo,
+        channels: &[netchannel::sched::ChannelStats],
+    ) -> Option<netchannel::sched::ChannelId> {
+        self.0.pick_channel(chunk, channels)
+    }
+
+    fn fork(&self) -> Option<Box<dyn netchannel::sched::NetScheduler>> {
+        Some(Box::new(self.clone()))
+    }
+
+    fn place_queues(
+        &self,
+        host: &netchannel::sched::QueueHost,
+    ) -> Vec<netchannel::sched::QueuePlace> {
+        vec![netchannel::sched::QueuePlace::Application; host.queues.len()]
+    }
+}
+
+/// A task that blocks the application's runtime (one worker, `std::thread::sleep` for
+/// 200 ms inside a task) does not stall the streams of a stack whose queues that runtime
+/// drives: the set's watchdog moves each queue whose work waits longer than netdriver's
+/// `STALL` to the stack's home runtime. B's queues are driven by such a runtime; the echo
+/// task of B's stream runs on another (a task on the blocked worker itself could not run
+/// either). A, on the test's runtime, measures 64-byte exchanges over the stream before,
+/// during and after the block. The first exchange of the block waits for a rescue of the
+/// queue its request arrives on, and its reply, when it leaves on the other queue, for
+/// that queue's own rescue: each is `STALL` plus at most a watchdog tick, so every
+/// exchange finishes within twice that and a margin, well below the block, and B's
+/// placement counts the rescues. Once the runtime is free and `RETURN_AFTER` has passed,
+/// the queues are driven by the application's runtime again, and the exchanges go on.
+#[test]
+fn a_blocked_application_runtime_does_not_stall_streams_over_af_xdp() {
+    let _serial = one_at_a_time();
+    use netchannel::netdriver::channel::placement::{RETURN_AFTER, STALL, WATCH_TICK};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const BLOCK: Duration = Duration::from_millis(200);
+    // Time for the exchange itself beyond the rescues (two stacks in a debug build on a
+    // shared 2-core machine).
+    const MARGIN: Duration = Duration::from_millis(30);
+    let bound = 2 * (STALL + WATCH_TICK) + MARGIN;
+    // An exchange that waited for the block to end would take about the whole block.
+    assert!(
+        bound < BLOCK / 2,
+        "the bound must tell a rescue from the block"
+    );
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let rt = two_workers();
+    let b_app = one_worker("b-app");
+    let a = stack_in(&bed, Side::A, Drive::Application(rt.handle().clone()));
+    let b = {
+        let e = bed.side(Side::B).clone();
+        let app = b_app.handle().clone();
+        bed.run_in(Side::B, move || {
+            Stack::builder()
+                .interface(e.ifname)
+                .ipv4(e.ipv4)
+                .runtime(app)
+                .scheduler(OnTheApplicationRuntime::default())
+                .connect_timeout(Duration::from_secs(10))
+                .build()
+        })
+        .expect("enter the namespace")
+        .expect("stack B")
+    };
+    let on_app = |p: &ChannelPlacement| {
+        p.runtime(&application())
+            .is_some_and(|r| r.queues == [0, 1])
+    };
+    let p = b.channel_placement();
+    assert!(on_app(&p), "B's queues on its application's runtime: {p}");
+    let at = SocketAddr::from(SocketAddrV4::new(bed.side(Side::B).ipv4, 7130));
+    rt.block_on(async {
+        let l = b.bind(at).await.unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            echo_until_eof(&mut s).await
+        });
+        let mut c = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap();
+        let mut tag = 0u8;
+        let mut timed = async |c: &mut VirtualStream| {
+            tag = tag.wrapping_add(1);
+            let t0 = Instant::now();
+            timeout(LIMIT, small_exchange(c, tag))
+                .await
+                .expect("an exchange stalled");
+            t0.elapsed()
+        };
+        // The stream runs, and B's queues are on the application's runtime again if the
+        // busy machine held its worker off long enough for a rescue already.
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            timed(&mut c).await;
+            if on_app(&b.channel_placement()) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{}", b.channel_placement());
+        }
+        let rescues = b.channel_placement().rescues;
+
+        // B's application blocks its only worker.
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let over = Arc::new(AtomicBool::new(false));
+        let blocker = {
+            let over = over.clone();
+            b_app.spawn(async move {
+                let _ = started_tx.send(Instant::now());
+                std::thread::sleep(BLOCK);
+                over.store(true, Ordering::SeqCst);
+            })
+        };
+        let blocked_at = started.await.expect("the blocking task ran");
+        let mut during = Vec::new();
+        while !over.load(Ordering::SeqCst) {
+            let started = blocked_at.elapsed();
+            let took = timed(&mut c).await;
+            during.push((started, took));
+        }
+        let p = b.channel_placement();
+        println!(
+            "exchanges during the block (start, time): {:?}; {p}; rescues {} -> {}",
+            &during[..during.len().min(4)],
+            rescues,
+            p.rescues
+        );
+        // The first exchange started right after the block did: unrescued, it would have
+        // waited for the whole block.
+        assert!(!during.is_empty());
+        for &(started, took) in &during {
+            assert!(
+                took < bound,
+                "an exchange starting {started:?} into the block took {took:?} (bound {bound:?}): {p}"
+            );
+        }
+        assert!(p.rescues > rescues, "no rescue counted: {p}");
+        timeout(LIMIT, blocker).await.unwrap().unwrap();
+
+        // Back on the application's runtime once it is free and `RETURN_AFTER` passed.
+        let deadline = Instant::now() + RETURN_AFTER * 3 + LIMIT / 4;
+        let mut after = 0u32;
+        while !on_app(&b.channel_placement()) {
+            timed(&mut c).await;
+            after += 1;
+            assert!(
+                Instant::now() < deadline,
+                "B's queues never went back: {}",
+                b.channel_placement()
+            );
+        }
+        let mut next = Vec::new();
+        for _ in 0..20 {
+            next.push(timed(&mut c).await);
+        }
+        println!(
+            "back on the application's runtime after {after} more exchanges; the next took \
+             {next:?}; {}",
+            b.channel_placement()
+        );
+        c.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        timeout(LIMIT, c.read_to_end(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(rest.is_empty());
+        timeout(LIMIT, server).await.unwrap().unwrap();
+    });
+    drop((a, b));
+    drop((rt, b_app));
+}
+
 /// What happens mid-transfer in [`transfer_through`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
