@@ -2,8 +2,15 @@
 //! network (the same channel sets and placements as over AF_XDP, no privileges).
 #![cfg(target_os = "linux")]
 
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
 use netdriver::channel::{DriverPlace, Placement};
-use vns::stack::{MemNetwork, Stack};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::timeout;
+use vns::stack::{MemNetwork, Stack, APPLICATION_RUNTIME};
+
+const LIMIT: Duration = Duration::from_secs(30);
 
 /// A placement set through `StackBuilder::configure_channels` is the one the channel set
 /// starts with: the hook runs after the builder's own settings so that it may override
@@ -41,5 +48,121 @@ fn a_placement_set_by_configure_channels_is_kept() {
     assert!(
         (0..2).all(|q| matches!(p.place_of(q), Some(DriverPlace::Runtime(_)))),
         "{p}"
+    );
+}
+
+/// The default policy, except that every queue is driven by the application's runtime,
+/// whatever the host.
+#[derive(Debug, Clone, Default)]
+struct OnTheApplicationRuntime(netsched::RoundRobin);
+
+impl netsched::NetScheduler for OnTheApplicationRuntime {
+    fn pick_channel(
+        &mut self,
+        chunk: &netsched::ChunkInfo,
+        channels: &[netsched::ChannelStats],
+    ) -> Option<netsched::ChannelId> {
+        self.0.pick_channel(chunk, channels)
+    }
+
+    fn fork(&self) -> Option<Box<dyn netsched::NetScheduler>> {
+        Some(Box::new(self.clone()))
+    }
+
+    fn place_queues(&self, host: &netsched::QueueHost) -> Vec<netsched::QueuePlace> {
+        vec![netsched::QueuePlace::Application; host.queues.len()]
+    }
+}
+
+/// One 64-byte message each way on `s`, echoed by the peer.
+async fn small_exchange(s: &mut vns::stack::VirtualStream, tag: u8) {
+    let msg = [tag; 64];
+    let mut back = [0u8; 64];
+    s.write_all(&msg).await.expect("write");
+    s.read_exact(&mut back).await.expect("read the echo");
+    assert_eq!(back, msg, "echo of {tag}");
+}
+
+/// A stack outlives the application runtime it drives its queues on: once that runtime is
+/// gone (dropped while the stack lives on, as a test's runtime under a process-wide
+/// default stack), its queues are driven by the stack's home runtime for good. Each is
+/// rescued once (its work waited `STALL` for a driver that no longer runs) and is not
+/// placed back on a runtime that is gone, where nobody would drive it until the next
+/// rescue: a stream over it waits for a rescue once, not every `RETURN_AFTER`.
+#[test]
+fn queues_are_not_placed_back_on_an_application_runtime_that_is_gone() {
+    use netdriver::channel::placement::{RETURN_AFTER, STALL};
+    let net = MemNetwork::new().queues_per_host(2);
+    let app = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let a = Stack::builder()
+        .ipv4("10.0.0.1".parse().unwrap())
+        .runtime(app.handle().clone())
+        .scheduler(OnTheApplicationRuntime::default())
+        .build_in_memory(&net)
+        .expect("stack A");
+    let b = Stack::builder()
+        .ipv4("10.0.0.2".parse().unwrap())
+        .application_runtime(false)
+        .build_in_memory(&net)
+        .expect("stack B");
+    let application = DriverPlace::External(APPLICATION_RUNTIME.into());
+    let p = a.channel_placement();
+    assert_eq!(
+        p.runtime(&application).map(|r| r.queues.clone()),
+        Some(vec![0, 1]),
+        "{p}"
+    );
+    let at: SocketAddr = "10.0.0.2:7000".parse().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mut c, server) = rt.block_on(async {
+        let l = b.bind(at).await.unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let (mut r, mut w) = s.split();
+            tokio::io::copy(&mut r, &mut w).await.unwrap();
+            w.shutdown().await.unwrap();
+        });
+        let mut c = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap();
+        small_exchange(&mut c, 0).await;
+        (c, server)
+    });
+    // The application's runtime ends; the stack goes on.
+    drop(app);
+    let rescues = a.channel_placement().rescues;
+    let mut slow = Vec::new();
+    let mut exchanges = 0u32;
+    rt.block_on(async {
+        let start = Instant::now();
+        while start.elapsed() < 3 * RETURN_AFTER {
+            let t0 = Instant::now();
+            timeout(LIMIT, small_exchange(&mut c, (exchanges % 251) as u8))
+                .await
+                .expect("an exchange stalled");
+            if t0.elapsed() >= STALL {
+                slow.push((t0 - start, t0.elapsed()));
+            }
+            exchanges += 1;
+        }
+        c.shutdown().await.unwrap();
+        timeout(LIMIT, server).await.unwrap().unwrap();
+    });
+    let p = a.channel_placement();
+    println!("{exchanges} exchanges; slow ones (start, time): {slow:?}; {p}");
+    assert!(
+        p.runtime(&application).is_none_or(|r| r.queues.is_empty()),
+        "a queue placed on a runtime that is gone: {p}"
+    );
+    assert!(
+        p.rescues - rescues <= 2,
+        "{} rescues of 2 queues in {:?} after the runtime was gone (slow exchanges {slow:?}): {p}",
+        p.rescues - rescues,
+        3 * RETURN_AFTER
     );
 }
