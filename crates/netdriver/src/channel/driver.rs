@@ -111,6 +111,10 @@ pub(crate) struct QueueSlot {
     pub(crate) polls: AtomicU64,
     /// When the last poll ran (microseconds of the set's clock, plus one; 0: never).
     last_poll: AtomicU64,
+    /// The generation and task of the driver spawned last: a task that finished while its
+    /// generation is still the slot's was dropped by its runtime (the runtime shut down),
+    /// not ended by the set.
+    driver: Mutex<Option<(u64, tokio::task::JoinHandle<()>)>>,
 }
 
 impl std::fmt::Debug for QueueSlot {
@@ -141,6 +145,7 @@ impl QueueSlot {
             rounds: AtomicU64::new(0),
             polls: AtomicU64::new(0),
             last_poll: AtomicU64::new(0),
+            driver: Mutex::new(None),
         }
     }
 
@@ -170,7 +175,20 @@ impl QueueSlot {
     pub(crate) fn spawn_driver(self: &Arc<Self>, handle: &tokio::runtime::Handle) {
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         self.signal.wake_driver();
-        handle.spawn(QueueDriver::new(self.clone(), generation));
+        let task = handle.spawn(QueueDriver::new(self.clone(), generation));
+        *self.driver.lock().unwrap_or_else(|p| p.into_inner()) = Some((generation, task));
+    }
+
+    /// Whether the queue's current driver is gone without the set ending it: its runtime
+    /// shut down (or refused the task, being shut down already), so nothing drives the
+    /// queue until it is moved.
+    pub(crate) fn driver_gone(&self) -> bool {
+        let current = self.generation.load(Ordering::Acquire);
+        self.driver
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|(generation, task)| *generation == current && task.is_finished())
     }
 
     /// Ends whatever driver the queue has (at its next poll) and hands the state to the

@@ -308,8 +308,10 @@ impl PlacementState {
 
 /// The watchdog: every [`WATCH_TICK`], while some queue is placed on a runtime the set
 /// does not own, moves queues whose work waited longer than [`STALL`] to the home runtime
-/// and brings rescued ones back after [`RETURN_AFTER`]. Runs on the home runtime until
-/// the set is gone (`slots` is then the last reference).
+/// and brings rescued ones back after [`RETURN_AFTER`]; a queue whose runtime shut down
+/// (its driver task gone without the set ending it) moves to the home runtime at once and
+/// for good. Runs on the home runtime until the set is gone (`slots` is then the last
+/// reference).
 pub(crate) async fn watch(
     state: std::sync::Weak<PlacementState>,
     slots: std::sync::Weak<Vec<Arc<QueueSlot>>>,
@@ -333,8 +335,21 @@ pub(crate) async fn watch(
             if place.dead {
                 continue;
             }
-            if place.now != home && matches!(place.now, DriverPlace::External(_)) {
-                if stalled(slot, now) {
+            if let DriverPlace::External(_) = &place.now {
+                if slot.driver_gone() {
+                    // Its runtime shut down (a rescued queue sent back to it finds it so
+                    // at once): the home runtime drives the queue for good.
+                    warn!(
+                        queue = slot.queue,
+                        from = %place.now,
+                        "the runtime driving a queue is gone; the set's home runtime drives it from now on"
+                    );
+                    slot.spawn_driver(&home_handle);
+                    rt.queues[i].now = home.clone();
+                    rt.queues[i].wanted = home.clone();
+                    rt.queues[i].rescued_at = None;
+                    rt.rescues += 1;
+                } else if stalled(slot, now) {
                     warn!(
                         queue = slot.queue,
                         from = %place.now,
