@@ -166,3 +166,141 @@ fn queues_are_not_placed_back_on_an_application_runtime_that_is_gone() {
         3 * RETURN_AFTER
     );
 }
+
+/// A policy whose queues are all driven by the application's runtime and whose every plan
+/// (each 10 ms) asks to pin each channel's runtime to the first core the stack may use.
+#[derive(Debug, Clone, Default)]
+struct PinEveryChannel(netsched::RoundRobin);
+
+impl netsched::NetScheduler for PinEveryChannel {
+    fn pick_channel(
+        &mut self,
+        chunk: &netsched::ChunkInfo,
+        channels: &[netsched::ChannelStats],
+    ) -> Option<netsched::ChannelId> {
+        self.0.pick_channel(chunk, channels)
+    }
+
+    fn plan(&mut self, snapshot: &netsched::StackSnapshot) -> Vec<netsched::PlanAction> {
+        let Some(&core) = snapshot.cores.first() else {
+            return Vec::new();
+        };
+        snapshot
+            .channels
+            .iter()
+            .map(|c| netsched::PlanAction::Pin {
+                channel: c.id,
+                core,
+            })
+            .collect()
+    }
+
+    fn plan_period(&self) -> Duration {
+        Duration::from_millis(10)
+    }
+
+    fn fork(&self) -> Option<Box<dyn netsched::NetScheduler>> {
+        Some(Box::new(self.clone()))
+    }
+
+    fn place_queues(&self, host: &netsched::QueueHost) -> Vec<netsched::QueuePlace> {
+        vec![netsched::QueuePlace::Application; host.queues.len()]
+    }
+}
+
+/// A plan's `Pin` leaves a queue placed on the application's runtime alone (that runtime
+/// is not the stack's to pin), also while the watchdog has rescued the queue to the
+/// stack's home runtime because the application blocked its worker: the home runtime,
+/// which hosts the control task and every rescued queue, is not pinned on behalf of a
+/// queue that is only passing through.
+#[test]
+fn plans_do_not_pin_the_home_runtime_for_a_rescued_queue() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let net = MemNetwork::new().queues_per_host(2);
+    let app = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let a = Stack::builder()
+        .ipv4("10.0.0.1".parse().unwrap())
+        .runtime(app.handle().clone())
+        .latency_channels(0)
+        .scheduler(PinEveryChannel::default())
+        .build_in_memory(&net)
+        .expect("stack A");
+    let b = Stack::builder()
+        .ipv4("10.0.0.2".parse().unwrap())
+        .latency_channels(0)
+        .application_runtime(false)
+        .build_in_memory(&net)
+        .expect("stack B");
+    let application = DriverPlace::External(APPLICATION_RUNTIME.into());
+    let home = DriverPlace::Runtime(0);
+    let at: SocketAddr = "10.0.0.2:7000".parse().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let l = b.bind(at).await.unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let (mut r, mut w) = s.split();
+            tokio::io::copy(&mut r, &mut w).await.unwrap();
+            w.shutdown().await.unwrap();
+        });
+        let mut c = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap();
+        small_exchange(&mut c, 0).await;
+        // Plans with the channels there: their queues are on the application's runtime,
+        // so every pin is refused.
+        let asked = a.plan_counters().plans;
+        timeout(LIMIT, a.plans_reach(asked + 3)).await.unwrap();
+        assert_eq!(a.plan_counters().pinned, 0, "{:?}", a.plan_counters());
+        assert!(a.plan_counters().refused > 0, "{:?}", a.plan_counters());
+
+        // The application blocks its only worker while the stream goes on: the queue the
+        // echoes arrive on is rescued to the home runtime.
+        let blocked = Arc::new(AtomicBool::new(true));
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let blocker = {
+            let blocked = blocked.clone();
+            app.spawn(async move {
+                let _ = started_tx.send(());
+                // Until the test has seen its plans over the rescued queue (bounded).
+                let end = Instant::now() + Duration::from_secs(5);
+                while blocked.load(Ordering::SeqCst) && Instant::now() < end {
+                    std::thread::yield_now();
+                }
+            })
+        };
+        started.await.unwrap();
+        let mut tag = 1u8;
+        let deadline = Instant::now() + LIMIT;
+        let rescued = loop {
+            small_exchange(&mut c, tag).await;
+            tag = tag.wrapping_add(1);
+            let p = a.channel_placement();
+            if let Some(r) = p.runtime(&home).filter(|r| !r.queues.is_empty()) {
+                break r.queues.clone();
+            }
+            assert!(Instant::now() < deadline, "no rescue: {p}");
+        };
+        let asked = a.plan_counters().plans;
+        timeout(LIMIT, a.plans_reach(asked + 3)).await.unwrap();
+        let p = a.channel_placement();
+        blocked.store(false, Ordering::SeqCst);
+        timeout(LIMIT, blocker).await.unwrap().unwrap();
+        println!("rescued {rescued:?}; {p}; {:?}", a.plan_counters());
+        assert_eq!(
+            p.runtime(&home).and_then(|r| r.core),
+            None,
+            "the home runtime pinned for a rescued queue: {p}"
+        );
+        assert_eq!(a.plan_counters().pinned, 0, "{:?}", a.plan_counters());
+        assert!(p.runtime(&application).is_some(), "{p}");
+        c.shutdown().await.unwrap();
+        timeout(LIMIT, server).await.unwrap().unwrap();
+    });
+}
