@@ -1,19 +1,24 @@
 //! End to end over the AF_XDP test bed: two `Stack`s, one per namespace, each on both
-//! queues of its veth end, with several channels between them; many virtual streams, a
-//! large verified transfer and `Framed` over a `VirtualStream`.
+//! queues of its veth end, with several channels between them: many virtual streams, large
+//! verified transfers, `Framed` over a `VirtualStream`, kernel TCP peers, copy workers,
+//! channel faults mid-transfer, the scheduler's plans, and where each NIC queue's driver
+//! runs (the application's runtime, a latency application's, or queue runtimes of the
+//! stack's own) with what that placement promises: isolation of the latency queue, and
+//! streams that keep flowing when the application's runtime is blocked.
 //!
 //! Privileged: skips without root, and fails instead when `NETCHANNEL_REQUIRE_XDP=1`.
-//! `NETCHANNEL_VNS_XDP_BYTES` sets the size of the large transfer (default 100 MB).
+//! `NETCHANNEL_VNS_XDP_BYTES` sets the size of the large transfers (default 100 MB).
 #![cfg(target_os = "linux")]
 
 use std::net::{SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
+use netchannel::netdriver::channel::{ChannelPlacement, DriverPlace};
 use netchannel::vns::copy::CopyConfig;
-use netchannel::vns::stack::DEFAULT_LIGHT_LOAD_STREAMS;
+use netchannel::vns::stack::{StackBuilder, APPLICATION_RUNTIME, LATENCY_RUNTIME};
 use netchannel::vns::Config;
-use netchannel::{RuntimeRx, Stack, VirtualStream};
+use netchannel::{Stack, VirtualStream};
 use testbed::{testbed_or_skip, Side, TestBed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
@@ -25,16 +30,26 @@ const PER_STREAM: usize = 256 * 1024;
 const LIMIT: Duration = Duration::from_secs(120);
 
 /// The tests of this file run one at a time. Each drives two stacks and large transfers
-/// through the bed; ten at once on a 2-core machine starve each other, and under that
-/// starvation a transfer across a channel fault sometimes stalls (seen once in a clean
-/// run of all ten together, 2026-11-26; like the stall of `hostile_bed.rs`'s flood, an
-/// open problem of its own, not what these tests measure).
+/// through the bed; all of them at once on a 2-core machine starve each other, and the
+/// timing bounds some of them assert (a blocked runtime's rescue) would measure that
+/// starvation instead of the stack.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// A tokio runtime with 2 workers, as the bed's 2 cores.
 fn two_workers() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A multi-thread tokio runtime with one worker, named `name`: an application whose
+/// every task shares one thread.
+fn one_worker(name: &str) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(name)
         .enable_all()
         .build()
         .unwrap()
@@ -52,31 +67,83 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Each side's stack, with run-to-completion receive for `mode`'s sockets.
-fn runtime_rx_stacks(bed: &TestBed, mode: RuntimeRx) -> (Stack, Stack) {
-    let (a, b) = (stack_in(bed, Side::A), stack_in(bed, Side::B));
-    for s in [&a, &b] {
-        assert!(s.set_runtime_rx(mode));
-    }
-    (a, b)
+/// Where a test's stack may drive its NIC queues. Stacks are built on a thread that
+/// entered the side's namespace, outside any runtime, so the application's runtime is
+/// handed to them.
+#[derive(Clone)]
+enum Drive {
+    /// The scheduler's default placement with this runtime as the application's: on a
+    /// small host (fewer than `DISAGGREGATE_MIN_CORES` cores, as the bed) every queue is
+    /// driven by the application's runtime, run to completion.
+    Application(tokio::runtime::Handle),
+    /// Queue runtimes of the stack's own, whatever the host: what plans that spawn, move
+    /// and retire runtimes act on.
+    Own,
 }
 
-fn stack_in(bed: &TestBed, side: Side) -> Stack {
-    stack_with_workers_in(bed, side, 0)
+impl Drive {
+    fn apply(self, b: StackBuilder) -> StackBuilder {
+        match self {
+            Drive::Application(h) => b.runtime(h),
+            Drive::Own => b.application_runtime(false),
+        }
+    }
+}
+
+/// Whether this host is one the scheduler's default runs to completion on: every queue on
+/// the application's runtime when there is one.
+fn small_host() -> bool {
+    std::thread::available_parallelism().map_or(1, usize::from)
+        < netchannel::sched::DISAGGREGATE_MIN_CORES
+}
+
+/// The application's runtime, as the channel placement names it.
+fn application() -> DriverPlace {
+    DriverPlace::External(APPLICATION_RUNTIME.into())
+}
+
+/// A latency application's runtime, as the channel placement names it.
+fn latency() -> DriverPlace {
+    DriverPlace::External(LATENCY_RUNTIME.into())
+}
+
+/// The ids of the stack's own queue runtimes in a placement.
+fn own_runtimes(p: &ChannelPlacement) -> Vec<u32> {
+    p.runtimes
+        .iter()
+        .filter_map(|r| match r.place {
+            DriverPlace::Runtime(id) => Some(id),
+            DriverPlace::External(_) => None,
+        })
+        .collect()
+}
+
+/// Each queue's (rounds, polls) so far, by queue.
+fn rounds_and_polls(s: &Stack) -> std::collections::BTreeMap<u32, (u64, u64)> {
+    s.queue_stats()
+        .into_iter()
+        .map(|q| (q.queue, (q.rounds, q.polls)))
+        .collect()
+}
+
+fn stack_in(bed: &TestBed, side: Side, drive: Drive) -> Stack {
+    stack_with_workers_in(bed, side, 0, drive)
 }
 
 /// Copy workers share copies of at least this many bytes.
 const COPY_THRESHOLD: usize = 256 * 1024;
 
-fn stack_with_workers_in(bed: &TestBed, side: Side, workers: usize) -> Stack {
+fn stack_with_workers_in(bed: &TestBed, side: Side, workers: usize, drive: Drive) -> Stack {
     let e = bed.side(side);
     let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
     bed.run_in(side, move || {
-        let mut b = Stack::builder()
-            .interface(ifname)
-            .ipv4(ipv4)
-            .channels(CHANNELS)
-            .connect_timeout(Duration::from_secs(10));
+        let mut b = drive.apply(
+            Stack::builder()
+                .interface(ifname)
+                .ipv4(ipv4)
+                .channels(CHANNELS)
+                .connect_timeout(Duration::from_secs(10)),
+        );
         if workers > 0 {
             // Socket buffers that hold a copy worth sharing (the defaults are smaller
             // than the threshold).
@@ -144,14 +211,18 @@ async fn recv_pattern(s: &mut VirtualStream, tag: u64) -> u64 {
     }
 }
 
+/// Two stacks on the application's runtime (the test's): a refused connect, 64 streams
+/// echoed at once and verified, one large transfer verified byte by byte, and `Framed`
+/// messages over a stream.
 #[test]
 fn two_stacks_over_af_xdp() {
     let _serial = one_at_a_time();
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let a = stack_in(&bed, Side::A);
-    let b = stack_in(&bed, Side::B);
+    let rt = two_workers();
+    let a = stack_in(&bed, Side::A, Drive::Application(rt.handle().clone()));
+    let b = stack_in(&bed, Side::B, Drive::Application(rt.handle().clone()));
     let b_ip = bed.side(Side::B).ipv4;
     let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
     let total: u64 = std::env::var("NETCHANNEL_VNS_XDP_BYTES")
@@ -159,7 +230,6 @@ fn two_stacks_over_af_xdp() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000_000);
 
-    let rt = two_workers();
     rt.block_on(async {
         // Refused: nothing listens on the port (the channels exist after this).
         let e = timeout(LIMIT, a.connect(at(7999)))
@@ -277,11 +347,13 @@ fn two_stacks_over_af_xdp() {
         drop(f);
         timeout(LIMIT, server).await.unwrap().unwrap();
     });
+    drop((a, b));
     drop(rt);
-    drop(a);
-    drop(b);
 }
 
+/// A stack and a plain host (kernel TCP at its defaults, no channel port): a kernel client
+/// against a `VirtualListener`, and a `connect` that falls back to plain TCP against a
+/// kernel server; both echo 1 MiB exactly.
 #[test]
 fn plain_kernel_tcp_peers_over_af_xdp() {
     let _serial = one_at_a_time();
@@ -289,15 +361,15 @@ fn plain_kernel_tcp_peers_over_af_xdp() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
+    let rt = two_workers();
     // Only B runs a stack; A is a plain host (kernel TCP, no channel port).
-    let b = stack_in(&bed, Side::B);
+    let b = stack_in(&bed, Side::B, Drive::Application(rt.handle().clone()));
     let a_ip = bed.side(Side::A).ipv4;
     let b_ip = bed.side(Side::B).ipv4;
     const LEN: usize = 1 << 20;
     let mut data = vec![0u8; LEN];
     fill(77, 0, &mut data);
 
-    let rt = two_workers();
     // A kernel client against a VirtualListener.
     let l = rt
         .block_on(b.bind(SocketAddrV4::new(b_ip, 7100).into()))
@@ -366,8 +438,8 @@ fn plain_kernel_tcp_peers_over_af_xdp() {
     });
     assert!(got == data, "got {} bytes back", got.len());
     assert_eq!(kernel_server.join().unwrap(), LEN);
-    drop(rt);
     drop(b);
+    drop(rt);
 }
 
 /// Copy workers over AF_XDP: a transfer delivered while nobody reads is then read into a
@@ -381,8 +453,9 @@ fn copy_workers_over_af_xdp() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let a = stack_with_workers_in(&bed, Side::A, 2);
-    let b = stack_with_workers_in(&bed, Side::B, 2);
+    // The test's runtime has one thread: the queues get runtimes of the stacks' own.
+    let a = stack_with_workers_in(&bed, Side::A, 2, Drive::Own);
+    let b = stack_with_workers_in(&bed, Side::B, 2, Drive::Own);
     assert_eq!(a.copy_workers(), 2);
     let b_ip = bed.side(Side::B).ipv4;
     let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
@@ -506,22 +579,25 @@ async fn small_exchange(s: &mut VirtualStream, tag: u8) {
 }
 
 /// Without a channel count from its user, an AF_XDP stack opens one throughput channel
-/// per peer where the process may run on fewer than 4 cores (channel threads bring no
-/// parallelism without cores to run them beside the application), 4 elsewhere; and that
-/// many open (besides the latency channel).
+/// per peer where the process may run on fewer than 4 cores (each channel is a TCP
+/// connection whose work shares those cores with the application; more of them only split
+/// the batches), 4 elsewhere; and that many open (besides the latency channel).
 #[test]
 fn the_channel_count_is_chosen_from_the_host() {
     let _serial = one_at_a_time();
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
+    let rt = two_workers();
     let build = |side: Side| {
         let e = bed.side(side);
         let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
+        let app = rt.handle().clone();
         bed.run_in(side, move || {
             Stack::builder()
                 .interface(ifname)
                 .ipv4(ipv4)
+                .runtime(app)
                 .connect_timeout(Duration::from_secs(10))
                 .build()
         })
@@ -535,7 +611,6 @@ fn the_channel_count_is_chosen_from_the_host() {
     assert_eq!(a.channels_per_peer(), expected, "{cores} cores");
     assert_eq!(b.channels_per_peer(), expected, "{cores} cores");
     let at = SocketAddr::from(SocketAddrV4::new(bed.side(Side::B).ipv4, 7120));
-    let rt = two_workers();
     rt.block_on(async {
         let l = b.bind(at).await.unwrap();
         let server = tokio::spawn(async move {
@@ -552,470 +627,66 @@ fn the_channel_count_is_chosen_from_the_host() {
         drop(c);
         timeout(LIMIT, server).await.unwrap().unwrap();
     });
+    drop((a, b));
     drop(rt);
-    drop(a);
-    drop(b);
 }
 
-/// A lease a latency-class reader takes on the queues (run-to-completion receive, 10 ms)
-/// ends as soon as a reader that leaves receiving to the channel threads waits: a
-/// throughput-class exchange right after a latency-class one does not wait for the lease
-/// to run out. Before, each such exchange waited up to a lease for its echo (and at 32
-/// connections, stalls under leases left behind made the load look light again, which
-/// took more leases: 5 % of the rate in some rounds).
+/// Run to completion on a small host: stacks built with the application's runtime
+/// (`StackBuilder::runtime`, the test's) drive both NIC queues there, the scheduler's
+/// default on a host with fewer than `DISAGGREGATE_MIN_CORES` cores (elsewhere, runtimes
+/// of their own), so that the application's tasks run the queues' rounds between their
+/// own. Many tasks exchange echoed messages of every size at once, latency- and
+/// throughput-class, with shutdowns and drops interleaved, and a large transfer is
+/// verified byte by byte; both queues' drivers did the work (their rounds and polls
+/// grew), and the scheduler's snapshot puts no channel on a runtime of the stack's own.
 #[test]
-fn a_reader_left_to_the_channel_threads_ends_runtime_leases() {
+fn the_application_runtime_drives_the_queues_of_a_small_host_over_af_xdp() {
     let _serial = one_at_a_time();
     use netchannel::AppClass;
-
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let a = stack_in(&bed, Side::A);
-    let b = stack_in(&bed, Side::B);
-    // Only latency-class sockets receive in the runtime, whatever the load.
-    for s in [&a, &b] {
-        s.set_light_load_streams(0);
-        assert!(s.set_runtime_rx(RuntimeRx::LatencyClass));
-        // The default scheduler keeps no class apart: a waiting task of either class
-        // serves every queue.
-        assert_eq!(s.runtime_rx_queues(true), vec![0, 1]);
-        assert_eq!(s.runtime_rx_queues(false), vec![0, 1]);
-    }
-    let b_ip = bed.side(Side::B).ipv4;
-    let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7110));
     let rt = two_workers();
-    rt.block_on(async {
-        let l = b.bind(at).await.unwrap();
-        // B's ends stay throughput-class: its readers leave receiving to its threads.
-        let server = tokio::spawn(async move {
-            let mut echoes = Vec::new();
-            for _ in 0..2 {
-                let (mut s, _) = l.accept().await.unwrap();
-                echoes.push(tokio::spawn(async move { echo_until_eof(&mut s).await }));
-            }
-            for e in echoes {
-                e.await.unwrap();
-            }
-        });
-        let mut lat = a.connect(at).await.unwrap();
-        lat.set_app_class(AppClass::Latency).unwrap();
-        small_exchange(&mut lat, 0).await;
-        let mut thr = a.connect(at).await.unwrap();
-        small_exchange(&mut thr, 0).await;
-
-        const ROUNDS: u32 = 50;
-        let rounds_before = a.runtime_rx_rounds();
-        let mut throughput_time = Duration::ZERO;
-        timeout(LIMIT, async {
-            for i in 1..=ROUNDS {
-                small_exchange(&mut lat, i as u8).await;
-                let t = Instant::now();
-                small_exchange(&mut thr, i as u8).await;
-                throughput_time += t.elapsed();
-            }
-        })
-        .await
-        .expect("exchanges stalled");
-        let rounds_after = a.runtime_rx_rounds();
-        // A's latency-class reader did take leases (it ran rounds itself).
-        assert!(
-            rounds_after > rounds_before,
-            "the latency-class reader ran no rounds: {rounds_before} -> {rounds_after}"
-        );
-        // A throughput exchange that waited for the lease's end would take ~10 ms (the
-        // lease its partner just renewed); fifty of them half a second. Unhindered, one
-        // takes tens of microseconds (a millisecond in a debug build on a busy machine).
-        assert!(
-            throughput_time < Duration::from_millis(200),
-            "{ROUNDS} throughput-class exchanges after latency-class ones took {throughput_time:?}"
-        );
-        for s in [&mut lat, &mut thr] {
-            assert!(shut_and_drain(s).await.is_empty());
-        }
-        timeout(LIMIT, server).await.unwrap().unwrap();
-    });
-    drop(rt);
-    a.abort();
-    b.abort();
-}
-
-/// The queues' descriptors wake a task that is waiting: a reader whose read was served
-/// by another task's round and that now awaits something else is not picked. Before,
-/// tokio's one waker per descriptor was the last task to wait, so an arrival for another
-/// waiting reader woke that task for nothing and the reader waited for the lease's end.
-#[test]
-fn queue_arrivals_wake_a_task_that_still_waits() {
-    let _serial = one_at_a_time();
-    use netchannel::AppClass;
-
-    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
-        return;
-    };
-    let (a, b) = runtime_rx_stacks(&bed, RuntimeRx::LatencyClass);
-    let b_ip = bed.side(Side::B).ipv4;
-    let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7111));
-    // One thread: the spawned reader runs (and waits) at the `yield_now` below, before
-    // the second reader waits.
-    let rt = one_thread();
-    const ROUNDS: u8 = 50;
-    rt.block_on(async {
-        let l = b.bind(at).await.unwrap();
-        // B: the first stream gets a message whenever the test asks; the second echoes.
-        // (A's readers are the latency-class ones under test.)
-        let (send_tx, mut send_rx) = tokio::sync::mpsc::channel::<u8>(1);
-        let server = tokio::spawn(async move {
-            let (mut pushed, _) = l.accept().await.unwrap();
-            let (mut echoed, _) = l.accept().await.unwrap();
-            let echo = tokio::spawn(async move { echo_until_eof(&mut echoed).await });
-            while let Some(tag) = send_rx.recv().await {
-                pushed.write_all(&[tag; 64]).await.unwrap();
-            }
-            pushed.shutdown().await.unwrap();
-            echo.await.unwrap();
-        });
-        let mut x = a.connect(at).await.unwrap();
-        x.set_app_class(AppClass::Latency).unwrap();
-        let mut y = a.connect(at).await.unwrap();
-        y.set_app_class(AppClass::Latency).unwrap();
-        small_exchange(&mut y, 0).await;
-
-        let mut waited = Duration::ZERO;
-        for tag in 1..=ROUNDS {
-            // X waits for B's message.
-            let reader = tokio::spawn(async move {
-                let mut got = [0u8; 64];
-                x.read_exact(&mut got).await.unwrap();
-                assert_eq!(got, [tag; 64]);
-                (x, Instant::now())
-            });
-            tokio::task::yield_now().await;
-            // Y waits after X, is served, and then waits on something else (the rest of
-            // this loop).
-            small_exchange(&mut y, tag).await;
-            let sent = Instant::now();
-            send_tx.send(tag).await.unwrap();
-            let (back, got_at) = timeout(LIMIT, reader).await.expect("X stalled").unwrap();
-            x = back;
-            waited += got_at.saturating_duration_since(sent);
-        }
-        // Waiting for the lease's end cost 3-8 ms a round (up to the lease, 10 ms); served
-        // at once, tens of microseconds (a millisecond in a debug build on a busy machine).
-        assert!(
-            waited < Duration::from_millis(100),
-            "{ROUNDS} arrivals for a waiting reader took {waited:?}"
-        );
-        drop(send_tx);
-        let mut rest = Vec::new();
-        x.read_to_end(&mut rest).await.unwrap();
-        assert!(rest.is_empty());
-        assert!(shut_and_drain(&mut y).await.is_empty());
-        timeout(LIMIT, server).await.unwrap().unwrap();
-    });
-    drop(rt);
-    a.abort();
-    b.abort();
-}
-
-/// Counts the polls of the future it wraps.
-struct CountPolls<F> {
-    inner: std::pin::Pin<Box<F>>,
-    polls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl<F: std::future::Future> std::future::Future for CountPolls<F> {
-    type Output = F::Output;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<F::Output> {
-        self.polls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.as_mut().poll(cx)
-    }
-}
-
-/// A reader whose queue has frames while another thread holds the queue's round asks
-/// that holder for one more round and waits, rather than try again at once. Before, the
-/// task woke itself and looked again until the round was free: with the holder
-/// preempted on the same core (the isolation bench's applications and latency channel
-/// threads pinned together), that spin kept the holder off the core for the rest of a
-/// scheduler slice, the latency stream's 1-5 ms samples. The frames are not lost either:
-/// the holder's asked-for round takes them, and the reader is woken for its bytes.
-#[test]
-fn a_reader_that_finds_the_round_held_asks_the_holder_instead_of_spinning() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-
-    let _serial = one_at_a_time();
-    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
-        return;
-    };
-    let (a, b) = runtime_rx_stacks(&bed, RuntimeRx::All);
-    let b_ip = bed.side(Side::B).ipv4;
-    let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7113));
-    // One thread: the reader runs only when the test's own future waits.
-    let rt = one_thread();
-    rt.block_on(async {
-        let l = b.bind(at).await.unwrap();
-        let (send_tx, mut send_rx) = tokio::sync::mpsc::channel::<u8>(1);
-        let server = tokio::spawn(async move {
-            let (mut s, _) = l.accept().await.unwrap();
-            // One exchange first, so that A's reads already wait in the runtime.
-            let mut first = [0u8; 64];
-            s.read_exact(&mut first).await.unwrap();
-            s.write_all(&first).await.unwrap();
-            while let Some(tag) = send_rx.recv().await {
-                s.write_all(&[tag; 64]).await.unwrap();
-            }
-            s.shutdown().await.unwrap();
-        });
-        let mut x = a.connect(at).await.unwrap();
-        small_exchange(&mut x, 1).await;
-
-        let polls = Arc::new(AtomicUsize::new(0));
-        let reader = tokio::spawn(CountPolls {
-            inner: Box::pin(async move {
-                let mut got = [0u8; 64];
-                x.read_exact(&mut got).await.unwrap();
-                (x, got)
-            }),
-            polls: polls.clone(),
-        });
-        tokio::task::yield_now().await;
-        // Every queue's round held (the stream's channel is on one of them).
-        let holds: Vec<_> = (0..2).filter_map(|q| a.hold_queue_round(q)).collect();
-        assert_eq!(holds.len(), 2, "A's two queues' rounds held");
-        let asks_before = a.runtime_rx_asks();
-        send_tx.send(2).await.unwrap();
-        // The frame reaches A's queue, the reader is woken for it and finds the round
-        // held: it asks.
-        // (`yield_now` lets the runtime poll its reactor and run every ready task once.)
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while a.runtime_rx_asks() == asks_before {
-            assert!(
-                Instant::now() < deadline,
-                "the reader never asked the round's holder (polled {} times)",
-                polls.load(Ordering::Relaxed)
+    let a = stack_in(&bed, Side::A, Drive::Application(rt.handle().clone()));
+    let b = stack_in(&bed, Side::B, Drive::Application(rt.handle().clone()));
+    let small = small_host();
+    for (name, s) in [("A", &a), ("B", &b)] {
+        let p = s.channel_placement();
+        if small {
+            assert_eq!(
+                p.runtime(&application()).map(|r| r.queues.clone()),
+                Some(vec![0, 1]),
+                "{name}: {p}"
             );
-            tokio::task::yield_now().await;
+            // The one runtime of the stack's own is the home of its control task and of
+            // queues rescued from a blocked application; it drives none.
+            assert_eq!(own_runtimes(&p), vec![0], "{name}: {p}");
+            assert_eq!(
+                p.runtime(&DriverPlace::Runtime(0)).map(|r| r.queues.len()),
+                Some(0),
+                "{name}: {p}"
+            );
+        } else {
+            assert!(p.runtime(&application()).is_none(), "{name}: {p}");
+            assert!(
+                (0..2).all(|q| matches!(p.place_of(q), Some(DriverPlace::Runtime(_)))),
+                "{name}: {p}"
+            );
         }
-        // Then it waits: a reader that woke itself would be polled again on each of the
-        // runtime's next passes.
-        const PASSES: usize = 200;
-        let at_ask = polls.load(Ordering::Relaxed);
-        for _ in 0..PASSES {
-            tokio::task::yield_now().await;
+        for q in s.queue_stats() {
+            assert_eq!(
+                Some(&q.place),
+                p.place_of(q.queue).as_ref(),
+                "{name}: {q:?}"
+            );
         }
-        let later = polls.load(Ordering::Relaxed);
-        assert!(
-            later <= at_ask + 2,
-            "the reader kept polling while the round was held: {at_ask} polls at the ask, {later} after {PASSES} passes of the runtime"
-        );
-        assert!(!reader.is_finished(), "the bytes came while the round was held");
-        // Let go: the asked-for round takes the frame and the reader gets its bytes.
-        drop(holds);
-        let (mut x, got) = timeout(LIMIT, reader).await.expect("reader stalled").unwrap();
-        assert_eq!(got, [2u8; 64]);
-        drop(send_tx);
-        let mut rest = Vec::new();
-        x.read_to_end(&mut rest).await.unwrap();
-        assert!(rest.is_empty());
-        timeout(LIMIT, server).await.unwrap().unwrap();
-    });
-    drop(rt);
-    a.abort();
-    b.abort();
-}
-
-/// A reading task woken for an arrival that still waits in its queue's ring runs that
-/// queue's round before it looks for its bytes, so that its first look after the pull
-/// finds them (`Stack::runtime_rx_rounds_first`). It used to look, pull, look again,
-/// register as a waiter and only then run the round: about 2 k instructions of a 64-byte
-/// read's 15 k. The echo's bytes stay exact.
-#[test]
-fn a_reader_woken_for_an_arrival_runs_its_round_before_it_looks() {
-    let _serial = one_at_a_time();
-    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
-        return;
-    };
-    let (a, b) = runtime_rx_stacks(&bed, RuntimeRx::All);
-    let b_ip = bed.side(Side::B).ipv4;
-    let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7114));
-    const EXCHANGES: u64 = 200;
-    // One thread: the server's reads are woken by the runtime's reactor for the client's
-    // frames, never by a channel thread that took them first.
-    let rt = one_thread();
-    rt.block_on(async {
-        let l = b.bind(at).await.unwrap();
-        let server = tokio::spawn(async move {
-            let (mut s, _) = l.accept().await.unwrap();
-            echo_until_eof(&mut s).await;
-        });
-        let mut x = a.connect(at).await.unwrap();
-        // Every reader's queue registered with the runtime first.
-        small_exchange(&mut x, 0).await;
-        let before = (a.runtime_rx_rounds_first(), b.runtime_rx_rounds_first());
-        timeout(LIMIT, async {
-            for i in 0..EXCHANGES {
-                small_exchange(&mut x, (i % 251) as u8 + 1).await;
-            }
-        })
-        .await
-        .expect("ping-pong stalled");
-        let after = (a.runtime_rx_rounds_first(), b.runtime_rx_rounds_first());
-        let gained = (after.0 - before.0, after.1 - before.1);
-        assert!(
-            gained.0 >= EXCHANGES / 2 && gained.1 >= EXCHANGES / 2,
-            "of {EXCHANGES} woken reads per side, rounds run before the look: A {} B {}",
-            gained.0,
-            gained.1
-        );
-        x.shutdown().await.unwrap();
-        let mut rest = Vec::new();
-        x.read_to_end(&mut rest).await.unwrap();
-        assert!(rest.is_empty(), "bytes after the echoes");
-        timeout(LIMIT, server).await.unwrap().unwrap();
-    });
-    drop(rt);
-    a.abort();
-    b.abort();
-}
-
-/// A lease that outlives the wait that took it ends when an arrival finds no runtime task
-/// waiting: a raw channel's blocking reader on the same channel set, right after a
-/// latency-class exchange, gets its bytes from the channel thread at once instead of
-/// after the lease (10 ms).
-#[test]
-fn an_arrival_with_no_runtime_reader_waiting_ends_the_lease() {
-    let _serial = one_at_a_time();
-    use bytes::Bytes;
-    use netchannel::netdriver::channel::{ChannelSet, ChannelSetConfig, Dequeued};
-    use netchannel::vns::stack::XdpBackend;
-    use netchannel::AppClass;
-    use std::sync::Arc;
-
-    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
-        return;
-    };
-    let start = |side: Side| {
-        let e = bed.side(side).clone();
-        bed.run_in(side, move || {
-            let set = ChannelSet::start(ChannelSetConfig::new(e.ifname.clone(), e.ipv4))
-                .expect("channel set");
-            let backend = Arc::new(XdpBackend::new(set));
-            let stack = Stack::builder()
-                .ipv4(e.ipv4)
-                .channels(CHANNELS)
-                .connect_timeout(Duration::from_secs(10))
-                .build_with_backend(backend.clone())
-                .expect("stack");
-            (stack, backend)
-        })
-        .expect("enter the namespace")
-    };
-    let (b, set_b) = start(Side::B);
-    let (a, set_a) = start(Side::A);
-    let b_ip = bed.side(Side::B).ipv4;
-    const RAW_PORT: u16 = 7113;
-    let raw_l = set_b.channel_set().listen(RAW_PORT).expect("raw listen");
-    let raw_a = set_a
-        .channel_set()
-        .connect(SocketAddrV4::new(b_ip, RAW_PORT))
-        .expect("raw connect");
-    let echo = std::thread::spawn(move || {
-        let (ch, _) = raw_l.accept_timeout(LIMIT).expect("raw accept");
-        while let Ok(Dequeued::Chunk(c)) = ch.dequeue_blocking(Some(LIMIT)) {
-            if ch.enqueue_blocking(c, Some(LIMIT)).is_err() {
-                break;
-            }
-        }
-    });
-    let rt = two_workers();
-    let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7112));
-    let (mut lat, server) = rt.block_on(async {
-        let l = b.bind(at).await.unwrap();
-        let server = tokio::spawn(async move {
-            let (mut s, _) = l.accept().await.unwrap();
-            echo_until_eof(&mut s).await;
-        });
-        let lat = a.connect(at).await.unwrap();
-        lat.set_app_class(AppClass::Latency).unwrap();
-        (lat, server)
-    });
-    let raw_exchange = |tag: u8| {
-        raw_a
-            .enqueue_blocking(Bytes::from(vec![tag; 64]), Some(LIMIT))
-            .expect("raw send");
-        let mut got = 0;
-        while got < 64 {
-            match raw_a.dequeue_blocking(Some(LIMIT)) {
-                Ok(Dequeued::Chunk(c)) => {
-                    assert!(c.iter().all(|&b| b == tag));
-                    got += c.len();
-                }
-                other => panic!("raw echo: {other:?}"),
-            }
-        }
-    };
-    raw_exchange(0);
-
-    const ROUNDS: u8 = 50;
-    let rounds_before = a.runtime_rx_rounds();
-    let mut raw_time = Duration::ZERO;
-    for tag in 1..=ROUNDS {
-        // A's reading task takes a lease, gets its echo and stops waiting.
-        rt.block_on(small_exchange(&mut lat, tag));
-        let t = Instant::now();
-        raw_exchange(tag);
-        raw_time += t.elapsed();
     }
-    assert!(
-        a.runtime_rx_rounds() > rounds_before,
-        "the latency-class reader took no lease (ran no rounds)"
-    );
-    // Waiting for the lease's end cost up to 10 ms a round (about half a second in all);
-    // served at once, tens of microseconds (a millisecond in a debug build on a busy
-    // machine).
-    assert!(
-        raw_time < Duration::from_millis(200),
-        "{ROUNDS} raw-channel exchanges after latency-class ones took {raw_time:?}"
-    );
-    rt.block_on(async {
-        shut_and_drain(&mut lat).await;
-        timeout(LIMIT, server).await.unwrap().unwrap();
-    });
-    raw_a.close();
-    echo.join().expect("raw echo thread");
-    drop(rt);
-    a.abort();
-    b.abort();
-}
-
-/// Run-to-completion receive (`RuntimeRx`): reading tasks that process the queues'
-/// arrivals in their runtime, alone and many at once, with reads, writes, shutdowns and
-/// drops interleaved; every byte exact, in bounded time. Then the default (latency-class
-/// sockets only) and `Off` are told apart by the stacks' round counters, and a second
-/// runtime still gets its bytes after the first one, which holds the registration, is
-/// gone.
-#[test]
-fn run_to_completion_receive_over_af_xdp() {
-    let _serial = one_at_a_time();
-    use netchannel::AppClass;
-
-    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
-        return;
-    };
-    let a = stack_in(&bed, Side::A);
-    let b = stack_in(&bed, Side::B);
+    let before = (rounds_and_polls(&a), rounds_and_polls(&b));
     let b_ip = bed.side(Side::B).ipv4;
     let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
     const TASKS: u64 = 24;
-
-    let rt = two_workers();
+    const BULK: u64 = 16 << 20;
     rt.block_on(async {
-        assert!(a.set_runtime_rx(RuntimeRx::All) && b.set_runtime_rx(RuntimeRx::All));
         let l = b.bind_with_backlog(at(7100), TASKS as usize).await.unwrap();
         let server = tokio::spawn(async move {
             let mut tasks = Vec::new();
@@ -1057,260 +728,243 @@ fn run_to_completion_receive_over_af_xdp() {
             server.await.unwrap();
         })
         .await
-        .expect("streams stalled with run-to-completion receive");
-        assert!(
-            a.runtime_rx_rounds() > 0 && b.runtime_rx_rounds() > 0,
-            "no task ran a queue round: A {} B {}",
-            a.runtime_rx_rounds(),
-            b.runtime_rx_rounds()
-        );
+        .expect("streams stalled on the application's runtime");
 
-        // Default mode: a latency-class stream's tasks run rounds, and with `Off`
-        // nobody does.
-        assert!(a.set_runtime_rx(RuntimeRx::default()) && b.set_runtime_rx(RuntimeRx::default()));
+        // What the scheduler sees: channels on queues, and (on a small host) none of them
+        // on a runtime of the stack's own. Read between two placements that agree, so
+        // that a rescue of a queue in between (a worker of the busy machine held off its
+        // core for longer than netdriver's `STALL`) is not taken for a wrong snapshot.
+        let p0 = a.channel_placement();
+        let st = a.stats();
+        let p1 = a.channel_placement();
+        assert!(!st.channels.is_empty());
+        assert!(st.channels.iter().all(|c| c.queue.is_some()), "{st:?}");
+        if small
+            && p0.rescues == p1.rescues
+            && p1
+                .runtime(&application())
+                .is_some_and(|r| r.queues == [0, 1])
+        {
+            assert!(st.queues.is_empty(), "{p1}: {st:?}");
+            assert!(st.channels.iter().all(|c| c.thread.is_none()), "{st:?}");
+        }
+
+        // One large transfer, verified byte by byte.
         let l = b.bind(at(7101)).await.unwrap();
-        let server = tokio::spawn(async move {
-            for _ in 0..2 {
-                let (mut s, _) = l.accept().await.unwrap();
-                s.set_app_class(AppClass::Latency).unwrap();
-                echo_until_eof(&mut s).await;
-            }
-        });
-        for (mode, tag) in [(RuntimeRx::LatencyClass, 100), (RuntimeRx::Off, 101)] {
-            a.set_runtime_rx(mode);
-            b.set_runtime_rx(mode);
-            let mut c = a.connect(at(7101)).await.unwrap();
-            c.set_app_class(AppClass::Latency).unwrap();
-            let before = (a.runtime_rx_rounds(), b.runtime_rx_rounds());
-            timeout(LIMIT, exchange(&mut c, tag, 200))
-                .await
-                .expect("latency stream stalled");
-            let after = (a.runtime_rx_rounds(), b.runtime_rx_rounds());
-            match mode {
-                RuntimeRx::Off => assert_eq!(after, before, "rounds with RuntimeRx::Off"),
-                _ => assert!(
-                    after.0 > before.0 && after.1 > before.1,
-                    "latency-class tasks ran no rounds: {before:?} -> {after:?}"
-                ),
-            }
-            shut_and_drain(&mut c).await;
-        }
-        timeout(LIMIT, server).await.unwrap().unwrap();
-
-        // A throughput-class stream takes the same path while its stack has few active
-        // streams (`light_load_streams`), and leaves receiving to the channel threads
-        // when the bound is 0.
-        a.set_runtime_rx(RuntimeRx::default());
-        b.set_runtime_rx(RuntimeRx::default());
-        let l = b.bind(at(7103)).await.unwrap();
-        let server = tokio::spawn(async move {
-            for _ in 0..2 {
-                let (mut s, _) = l.accept().await.unwrap();
-                echo_until_eof(&mut s).await;
-            }
-        });
-        // Sends its tasks made inline (their own rounds on the channel threads' queues).
-        let inline_sends =
-            |s: &Stack| -> u64 { s.queue_threads().iter().map(|t| t.inline_sends).sum() };
-        // Rounds those calls (sends and receives) ran: a call stops after a round that
-        // leaves the queue settled, rather than running a further round that finds
-        // nothing.
-        let inline_rounds =
-            |s: &Stack| -> u64 { s.queue_threads().iter().map(|t| t.inline_rounds).sum() };
-        for (light, tag) in [(8, 102), (0, 103)] {
-            a.set_light_load_streams(light);
-            b.set_light_load_streams(light);
-            let mut c = a.connect(at(7103)).await.unwrap();
-            let before = (a.runtime_rx_rounds(), b.runtime_rx_rounds());
-            let sends_before = (inline_sends(&a), inline_sends(&b));
-            let inline_before = inline_rounds(&a) + inline_rounds(&b);
-            timeout(LIMIT, exchange(&mut c, tag, 200))
-                .await
-                .expect("throughput stream stalled");
-            let after = (a.runtime_rx_rounds(), b.runtime_rx_rounds());
-            let sends_after = (inline_sends(&a), inline_sends(&b));
-            let inline_after = inline_rounds(&a) + inline_rounds(&b);
-            if light == 0 {
-                assert_eq!(
-                    after, before,
-                    "rounds for a throughput stream on a busy stack"
-                );
-                assert_eq!(
-                    sends_after, sends_before,
-                    "inline sends on throughput channels of a busy stack"
-                );
-            } else {
-                assert!(a.lightly_loaded() && b.lightly_loaded());
-                assert!(
-                    after.0 > before.0 && after.1 > before.1,
-                    "a lone throughput stream's tasks ran no rounds: {before:?} -> {after:?}"
-                );
-                assert!(
-                    sends_after.0 > sends_before.0 && sends_after.1 > sends_before.1,
-                    "a lone throughput stream's tasks sent nothing inline: \
-                     {sends_before:?} -> {sends_after:?}"
-                );
-                // Each call ran a round; a call that ran two (work, then nothing) for
-                // every message would make this at least 2. A call counts its rounds
-                // before itself: one in flight on the other worker when the first
-                // counts were read may have its rounds before the window and itself in it.
-                let calls = (after.0 - before.0)
-                    + (after.1 - before.1)
-                    + (sends_after.0 - sends_before.0)
-                    + (sends_after.1 - sends_before.1);
-                let rounds = inline_after - inline_before;
-                assert!(
-                    rounds + 1 >= calls && 2 * rounds < 3 * calls,
-                    "{rounds} inline rounds for {calls} inline calls"
-                );
-            }
-            shut_and_drain(&mut c).await;
-        }
-        timeout(LIMIT, server).await.unwrap().unwrap();
-        a.set_light_load_streams(DEFAULT_LIGHT_LOAD_STREAMS);
-        b.set_light_load_streams(DEFAULT_LIGHT_LOAD_STREAMS);
-        a.set_runtime_rx(RuntimeRx::All);
-        b.set_runtime_rx(RuntimeRx::All);
-    });
-    // The registration belongs to the runtime just dropped: a new one (current-thread)
-    // still gets every byte, through the channel threads.
-    drop(rt);
-    let rt = one_thread();
-    rt.block_on(async {
-        let l = b.bind(at(7102)).await.unwrap();
-        let server = tokio::spawn(async move {
+        let rx = tokio::spawn(async move {
             let (mut s, _) = l.accept().await.unwrap();
-            let (mut r, mut w) = s.split();
-            tokio::io::copy(&mut r, &mut w).await.unwrap();
-            w.shutdown().await.unwrap();
+            recv_pattern(&mut s, 4244).await
         });
-        let mut c = a.connect(at(7102)).await.unwrap();
-        timeout(LIMIT, exchange(&mut c, 200, 100))
-            .await
-            .expect("stalled after the first runtime was dropped");
-        c.shutdown().await.unwrap();
-        timeout(LIMIT, server).await.unwrap().unwrap();
+        let mut c = a.connect(at(7101)).await.unwrap();
+        timeout(LIMIT, async {
+            send_pattern(&mut c, 4244, BULK).await;
+            c.shutdown().await.unwrap();
+            assert_eq!(rx.await.unwrap(), BULK);
+        })
+        .await
+        .expect("large transfer stalled on the application's runtime");
     });
+    let after = (rounds_and_polls(&a), rounds_and_polls(&b));
+    for (name, before, after) in [("A", &before.0, &after.0), ("B", &before.1, &after.1)] {
+        for (q, (rounds, polls)) in after {
+            let (r0, p0) = before[q];
+            assert!(
+                *rounds > r0 && *polls > p0,
+                "{name}: queue {q} did no work: rounds {r0} -> {rounds}, polls {p0} -> {polls}"
+            );
+        }
+    }
+    println!(
+        "A: {} (rescues {}); B: {} (rescues {})",
+        a.channel_placement(),
+        a.channel_placement().rescues,
+        b.channel_placement(),
+        b.channel_placement().rescues
+    );
+    drop((a, b));
     drop(rt);
-    drop(a);
-    drop(b);
 }
 
-/// Receive on the channel threads (`StackBuilder::channel_thread_rx`, off by default):
-/// many streams exchange echoed messages of every size at once, with reads, writes and
-/// shutdowns interleaved, every byte checked; the channel threads of both stacks did
-/// the reading (their pull counters moved). Then the same with it off on both stacks:
-/// the bytes still arrive, through the application's tasks, and no channel thread
-/// pulled.
+/// The default policy, except that every queue is driven by the application's runtime,
+/// whatever the host: what a blocked application's runtime does to a stack is then the
+/// same on every machine.
+#[derive(Debug, Clone, Default)]
+struct OnTheApplicationRuntime(netchannel::sched::RoundRobin);
+
+impl netchannel::sched::NetScheduler for OnTheApplicationRuntime {
+    fn pick_channel(
+        &mut self,
+        chunk: &netchannel::sched::ChunkInfo,
+        channels: &[netchannel::sched::ChannelStats],
+    ) -> Option<netchannel::sched::ChannelId> {
+        self.0.pick_channel(chunk, channels)
+    }
+
+    fn fork(&self) -> Option<Box<dyn netchannel::sched::NetScheduler>> {
+        Some(Box::new(self.clone()))
+    }
+
+    fn place_queues(
+        &self,
+        host: &netchannel::sched::QueueHost,
+    ) -> Vec<netchannel::sched::QueuePlace> {
+        vec![netchannel::sched::QueuePlace::Application; host.queues.len()]
+    }
+}
+
+/// A task that blocks the application's runtime (one worker, `std::thread::sleep` for
+/// 200 ms inside a task) does not stall the streams of a stack whose queues that runtime
+/// drives: the set's watchdog moves each queue whose work waits longer than netdriver's
+/// `STALL` to the stack's home runtime. B's queues are driven by such a runtime; the echo
+/// task of B's stream runs on another (a task on the blocked worker itself could not run
+/// either). A, on the test's runtime, measures 64-byte exchanges over the stream before,
+/// during and after the block. The first exchange of the block waits for a rescue of the
+/// queue its request arrives on, and its reply, when it leaves on the other queue, for
+/// that queue's own rescue: each is `STALL` plus at most a watchdog tick, so every
+/// exchange finishes within twice that and a margin, well below the block, and B's
+/// placement counts the rescues. Once the runtime is free and `RETURN_AFTER` has passed,
+/// the queues are driven by the application's runtime again, and the exchanges go on.
 #[test]
-fn receive_on_the_channel_threads_over_af_xdp() {
+fn a_blocked_application_runtime_does_not_stall_streams_over_af_xdp() {
     let _serial = one_at_a_time();
+    use netchannel::netdriver::channel::placement::{RETURN_AFTER, STALL, WATCH_TICK};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const BLOCK: Duration = Duration::from_millis(200);
+    // Time for the exchange itself beyond the rescues (two stacks in a debug build on a
+    // shared 2-core machine).
+    const MARGIN: Duration = Duration::from_millis(30);
+    let bound = 2 * (STALL + WATCH_TICK) + MARGIN;
+    // An exchange that waited for the block to end would take about the whole block.
+    assert!(
+        bound < BLOCK / 2,
+        "the bound must tell a rescue from the block"
+    );
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let b_ip = bed.side(Side::B).ipv4;
-    let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
-    const TASKS: u64 = 16;
     let rt = two_workers();
-    for on in [true, false] {
-        let start = |side: Side| {
-            let e = bed.side(side).clone();
-            bed.run_in(side, move || {
-                Stack::builder()
-                    .interface(e.ifname.clone())
-                    .ipv4(e.ipv4)
-                    .channels(CHANNELS)
-                    .channel_thread_rx(on)
-                    .connect_timeout(Duration::from_secs(10))
-                    .build()
-            })
-            .expect("enter the namespace")
-            .expect("build the stack")
-        };
-        let (a, b) = (start(Side::A), start(Side::B));
-        rt.block_on(async {
-            let l = b.bind_with_backlog(at(7110), TASKS as usize).await.unwrap();
-            let server = tokio::spawn(async move {
-                let mut tasks = Vec::new();
-                for _ in 0..TASKS {
-                    let (mut s, _) = l.accept().await.unwrap();
-                    tasks.push(tokio::spawn(async move {
-                        let (mut r, mut w) = s.split();
-                        tokio::io::copy(&mut r, &mut w).await.unwrap();
-                        w.shutdown().await.unwrap();
-                    }));
-                }
-                for t in tasks {
-                    t.await.unwrap();
-                }
-            });
-            let clients: Vec<_> = (0..TASKS)
-                .map(|tag| {
-                    let a = a.clone();
-                    tokio::spawn(async move {
-                        let mut c = a.connect(at(7110)).await.unwrap();
-                        exchange(&mut c, tag, 30 + tag * 4).await;
-                        let rest = shut_and_drain(&mut c).await;
-                        assert!(rest.is_empty(), "stream {tag}: bytes after the echoes");
-                    })
-                })
-                .collect();
-            timeout(LIMIT, async {
-                for c in clients {
-                    c.await.unwrap();
-                }
-                server.await.unwrap();
-            })
-            .await
-            .unwrap_or_else(|_| panic!("streams stalled (channel_thread_rx {on})"));
+    let b_app = one_worker("b-app");
+    let a = stack_in(&bed, Side::A, Drive::Application(rt.handle().clone()));
+    let b = {
+        let e = bed.side(Side::B).clone();
+        let app = b_app.handle().clone();
+        bed.run_in(Side::B, move || {
+            Stack::builder()
+                .interface(e.ifname)
+                .ipv4(e.ipv4)
+                .runtime(app)
+                .scheduler(OnTheApplicationRuntime::default())
+                .connect_timeout(Duration::from_secs(10))
+                .build()
+        })
+        .expect("enter the namespace")
+        .expect("stack B")
+    };
+    let on_app = |p: &ChannelPlacement| {
+        p.runtime(&application())
+            .is_some_and(|r| r.queues == [0, 1])
+    };
+    let p = b.channel_placement();
+    assert!(on_app(&p), "B's queues on its application's runtime: {p}");
+    let at = SocketAddr::from(SocketAddrV4::new(bed.side(Side::B).ipv4, 7130));
+    rt.block_on(async {
+        let l = b.bind(at).await.unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            echo_until_eof(&mut s).await
         });
-        let pulls = (a.channel_thread_pulls(), b.channel_thread_pulls());
-        if on {
-            assert!(
-                pulls.0 > 0 && pulls.1 > 0,
-                "channel threads read nothing themselves: {pulls:?}"
-            );
-        } else {
-            assert_eq!(
-                pulls,
-                (0, 0),
-                "channel threads read with channel_thread_rx off"
-            );
-        }
-        // At once, so that the next pair finds the interfaces free.
-        a.abort();
-        b.abort();
-    }
-}
-
-/// The cores each `vns-driver` thread of this process may run on (`Cpus_allowed_list`).
-fn driver_threads_cores() -> Vec<std::collections::BTreeSet<usize>> {
-    let mut out = Vec::new();
-    for t in std::fs::read_dir("/proc/self/task")
-        .expect("/proc/self/task")
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if comm.trim() != "vns-driver" {
-            continue;
-        }
-        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-        let Some(list) = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        else {
-            continue;
+        let mut c = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap();
+        let mut tag = 0u8;
+        let mut timed = async |c: &mut VirtualStream| {
+            tag = tag.wrapping_add(1);
+            let t0 = Instant::now();
+            timeout(LIMIT, small_exchange(c, tag))
+                .await
+                .expect("an exchange stalled");
+            t0.elapsed()
         };
-        let mut cores = std::collections::BTreeSet::new();
-        for part in list.trim().split(',').filter(|p| !p.is_empty()) {
-            let (lo, hi) = part.split_once('-').unwrap_or((part, part));
-            if let (Ok(lo), Ok(hi)) = (lo.parse::<usize>(), hi.parse::<usize>()) {
-                cores.extend(lo..=hi);
+        // The stream runs, and B's queues are on the application's runtime again if the
+        // busy machine held its worker off long enough for a rescue already.
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            timed(&mut c).await;
+            if on_app(&b.channel_placement()) {
+                break;
             }
+            assert!(Instant::now() < deadline, "{}", b.channel_placement());
         }
-        out.push(cores);
-    }
-    out
+        let rescues = b.channel_placement().rescues;
+
+        // B's application blocks its only worker.
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let over = Arc::new(AtomicBool::new(false));
+        let blocker = {
+            let over = over.clone();
+            b_app.spawn(async move {
+                let _ = started_tx.send(Instant::now());
+                std::thread::sleep(BLOCK);
+                over.store(true, Ordering::SeqCst);
+            })
+        };
+        let blocked_at = started.await.expect("the blocking task ran");
+        let mut during = Vec::new();
+        while !over.load(Ordering::SeqCst) {
+            let started = blocked_at.elapsed();
+            let took = timed(&mut c).await;
+            during.push((started, took));
+        }
+        let p = b.channel_placement();
+        println!(
+            "exchanges during the block (start, time): {:?}; {p}; rescues {} -> {}",
+            &during[..during.len().min(4)],
+            rescues,
+            p.rescues
+        );
+        // The first exchange started right after the block did: unrescued, it would have
+        // waited for the whole block.
+        assert!(!during.is_empty());
+        for &(started, took) in &during {
+            assert!(
+                took < bound,
+                "an exchange starting {started:?} into the block took {took:?} (bound {bound:?}): {p}"
+            );
+        }
+        assert!(p.rescues > rescues, "no rescue counted: {p}");
+        timeout(LIMIT, blocker).await.unwrap().unwrap();
+
+        // Back on the application's runtime once it is free and `RETURN_AFTER` passed.
+        let deadline = Instant::now() + RETURN_AFTER * 3 + LIMIT / 4;
+        let mut after = 0u32;
+        while !on_app(&b.channel_placement()) {
+            timed(&mut c).await;
+            after += 1;
+            assert!(
+                Instant::now() < deadline,
+                "B's queues never went back: {}",
+                b.channel_placement()
+            );
+        }
+        let mut next = Vec::new();
+        for _ in 0..20 {
+            next.push(timed(&mut c).await);
+        }
+        println!(
+            "back on the application's runtime after {after} more exchanges; the next took \
+             {next:?}; {}",
+            b.channel_placement()
+        );
+        c.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        timeout(LIMIT, c.read_to_end(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(rest.is_empty());
+        timeout(LIMIT, server).await.unwrap().unwrap();
+    });
+    drop((a, b));
+    drop((rt, b_app));
 }
 
 /// What happens mid-transfer in [`transfer_through`].
@@ -1322,41 +976,29 @@ enum Fault {
     /// From a third of the stream on, an outside sender (a raw IP socket in B's
     /// namespace) forges RSTs for one of the bulk sender's channels until one takes.
     WireRst,
-    /// At a third of the stream, the receiver's channel thread of one queue is killed
-    /// (`Stack::kill_queue_thread`): no FIN, no RST; the sender notices by its short
-    /// user timeout and keep-alive. With `runtime_rx`, both stacks' reading tasks run
-    /// the queues' receive rounds themselves (`RuntimeRx::All`): they must not serve the
-    /// dead queue, which would keep its connections answering and hide the death.
-    KilledThread { runtime_rx: bool },
+    /// At a third of the stream, one of the receiver's NIC queues dies
+    /// (`Stack::kill_queue`: its driver stops as if it had crashed, on whatever runtime
+    /// drove it): no FIN, no RST; the receiver loses that queue's channels at once, the
+    /// sender notices by its short user timeout and keep-alive.
+    KilledQueue,
 }
 
-/// Liveness for [`Fault::KilledThread`]: the side whose peer's thread died learns of it
-/// only by its own checks, so they are made short (the defaults take 15-30 s).
+/// Liveness for [`Fault::KilledQueue`]: the side whose peer's queue died learns of it only
+/// by its own checks, so they are made short (the defaults take 15-30 s).
 const SHORT_USER_TIMEOUT: Duration = Duration::from_secs(3);
 
-fn stack_for(bed: &TestBed, side: Side, fault: Fault) -> Stack {
-    let Fault::KilledThread { runtime_rx } = fault else {
-        return stack_in(bed, side);
-    };
+/// A side's stack for `fault`, on the application's runtime `app`.
+fn stack_for(bed: &TestBed, side: Side, fault: Fault, app: tokio::runtime::Handle) -> Stack {
+    if fault != Fault::KilledQueue {
+        return stack_in(bed, side, Drive::Application(app));
+    }
     let e = bed.side(side);
     let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
     bed.run_in(side, move || {
-        let mode = if runtime_rx {
-            RuntimeRx::All
-        } else {
-            RuntimeRx::default()
-        };
         Stack::builder()
-            .runtime_rx(mode)
-            // Without `runtime_rx` the channel threads are to receive, even for this
-            // one stream.
-            .light_load_streams(if runtime_rx {
-                DEFAULT_LIGHT_LOAD_STREAMS
-            } else {
-                0
-            })
             .interface(ifname)
             .ipv4(ipv4)
+            .runtime(app)
             .channels(CHANNELS)
             .connect_timeout(Duration::from_secs(10))
             .keepalive(Some(Duration::from_secs(1)))
@@ -1408,10 +1050,11 @@ impl Progress {
     }
 }
 
-/// Issue 13 §2 on the bed: 4 channels carry one large stream (`NETCHANNEL_VNS_XDP_BYTES`,
-/// default 100 MB) and 32 small ones echoed both ways, while `fault` strikes a channel
-/// (or a queue's channels) mid-transfer. Every byte arrives once, in order, and the
-/// counters show what went again.
+/// Channel faults on the bed: 4 channels carry one large stream
+/// (`NETCHANNEL_VNS_XDP_BYTES`, default 100 MB) and 32 small ones echoed both ways, while
+/// `fault` strikes a channel (or a queue's channels) mid-transfer. Both stacks drive their
+/// queues on the application's runtime (the test's). Every byte arrives once, in order,
+/// and the counters show what went again.
 fn transfer_through(fault: Fault) {
     // `RUST_LOG=vns=debug` shows the losses and flow control when a run stalls.
     let _ = tracing_subscriber::fmt()
@@ -1421,8 +1064,9 @@ fn transfer_through(fault: Fault) {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let a = stack_for(&bed, Side::A, fault);
-    let b = stack_for(&bed, Side::B, fault);
+    let rt = two_workers();
+    let a = stack_for(&bed, Side::A, fault, rt.handle().clone());
+    let b = stack_for(&bed, Side::B, fault, rt.handle().clone());
     // The outside sender of `Fault::WireRst`: opened in B's namespace, so that its RSTs
     // take the kernel's route over the veth into A's NIC queues like B's own segments.
     let injector = (fault == Fault::WireRst).then(|| RstInjector::open_in(&bed, Side::B));
@@ -1433,7 +1077,6 @@ fn transfer_through(fault: Fault) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000_000);
     const SMALL: u32 = 32;
-    let rt = two_workers();
     rt.block_on(async {
         let big_l = b.bind(at(7400)).await.unwrap();
         let small_l = b.bind_with_backlog(at(7401), SMALL as usize).await.unwrap();
@@ -1496,8 +1139,11 @@ fn transfer_through(fault: Fault) {
         // stream was when the first RST took.
         let mut rsts: Vec<std::thread::JoinHandle<Result<u32, String>>> = Vec::new();
         let mut rst_done_at: Option<u64> = None;
-        // `Fault::KilledThread`: the killed queue and how many channels it carried.
+        // `Fault::KilledQueue`: the killed queue and how many channels it carried, and
+        // its rounds counted well after the kill (a poll in progress at the kill may
+        // still count its own).
         let mut killed: Option<(u32, usize)> = None;
+        let mut dead_rounds: Option<u64> = None;
         let progress = std::sync::Arc::new(Progress::default());
         timeout(LIMIT, async {
             loop {
@@ -1532,11 +1178,11 @@ fn transfer_through(fault: Fault) {
                     }
                     // The first strike at a third of the stream, then every other
                     // throughput channel in turn, each an eighth of the stream later: the
-                    // stream ends on the latency channel alone. (Regression: with three
-                    // or four channels struck, the stream stalled in about 1 run of 20,
-                    // on a chunk the receiver dropped with a reset channel after ignoring
-                    // the sender's copy; see `parked_chunks_stay_when_their_copies_came_
-                    // first_on_another_channel` in crates/vns/tests/channel_loss.rs.)
+                    // stream ends on the latency channel alone. Three or four channels
+                    // struck make the receiver drop chunks with a reset channel after it
+                    // ignored the sender's copies, which must not stall the stream (see
+                    // `parked_chunks_stay_when_their_copies_came_first_on_another_channel`
+                    // in crates/vns/tests/channel_loss.rs).
                     Fault::WireRst
                         if (struck == 0 && off >= total / 3)
                             || (struck < CHANNELS as u64
@@ -1553,13 +1199,22 @@ fn transfer_through(fault: Fault) {
                         }));
                         struck += 1;
                     }
-                    Fault::KilledThread { .. } if struck == 0 && off >= total / 3 => {
+                    Fault::KilledQueue if struck == 0 && off >= total / 3 => {
                         let wire = b.channel_wire();
-                        let q = wire[1].expect("a TCP channel").queue;
-                        let on_q = wire.iter().flatten().filter(|w| w.queue == q).count();
-                        assert!(b.kill_queue_thread(q));
+                        let q = wire[1].queue;
+                        let on_q = wire.iter().filter(|w| w.queue == q).count();
+                        assert!(b.kill_queue(q));
+                        assert!(!b.kill_queue(q), "a queue dies once");
                         killed = Some((q, on_q));
                         struck += 1;
+                    }
+                    Fault::KilledQueue if dead_rounds.is_none() && off >= 2 * total / 3 => {
+                        let (q, _) = killed.expect("killed at a third");
+                        dead_rounds = b
+                            .queue_stats()
+                            .into_iter()
+                            .find(|s| s.queue == q)
+                            .map(|s| s.rounds);
                     }
                     _ => {}
                 }
@@ -1580,7 +1235,7 @@ fn transfer_through(fault: Fault) {
         match fault {
             Fault::StackResets => assert_eq!(struck, 2),
             Fault::WireRst => assert_eq!(struck, CHANNELS as u64),
-            Fault::KilledThread { .. } => assert_eq!(struck, 1),
+            Fault::KilledQueue => assert_eq!(struck, 1),
         }
         timeout(LIMIT, sender).await.unwrap().unwrap();
         timeout(LIMIT, async {
@@ -1637,15 +1292,23 @@ fn transfer_through(fault: Fault) {
                     b.channel_count()
                 );
             }
-            Fault::KilledThread { runtime_rx } => {
+            Fault::KilledQueue => {
                 let (q, on_q) = killed.expect("a queue was killed");
-                if runtime_rx {
-                    // The reading tasks did run queue rounds (of the live queue).
-                    assert!(a.runtime_rx_rounds() > 0 && b.runtime_rx_rounds() > 0);
-                }
                 println!("queue {q} killed with {on_q} channel(s) on it");
                 assert!(on_q > 0);
                 assert_eq!(b.channel_count(), CHANNELS + 1 - on_q);
+                // Nobody drives the dead queue, on any runtime: the placement lists it as
+                // dead and its rounds stopped; the other queue carried the rest.
+                let p = b.channel_placement();
+                assert_eq!(p.dead, vec![q], "{p}");
+                assert_eq!(p.place_of(q), None, "{p}");
+                let rounds = b
+                    .queue_stats()
+                    .into_iter()
+                    .find(|s| s.queue == q)
+                    .map(|s| s.rounds);
+                assert!(dead_rounds.is_some());
+                assert_eq!(rounds, dead_rounds, "rounds of the dead queue");
                 // The sender's halves of those channels see no answer: its user timeout
                 // (data in flight) or keep-alive (idle) fails them.
                 assert!(
@@ -1655,7 +1318,7 @@ fn transfer_through(fault: Fault) {
                     "the sender still holds {} channels",
                     a.channel_count()
                 );
-                // The thread died silently: no RST on the wire either way.
+                // The queue died silently: no RST on the wire either way.
                 assert_eq!(
                     (a.channel_resets_received(), b.channel_resets_received()),
                     resets_before
@@ -1667,21 +1330,20 @@ fn transfer_through(fault: Fault) {
             "nothing went again"
         );
     });
+    drop((a, b));
     drop(rt);
-    drop(a);
-    drop(b);
 }
 
-/// Issue 13 §2 on the bed: one channel reset by each side in turn through the fault
-/// layer (`Stack::reset_channel`: the resetting side aborts its TCP connection and the
-/// peer receives a real RST from the wire); every byte arrives once, in order.
+/// One channel reset by each side in turn through the fault layer
+/// (`Stack::reset_channel`: the resetting side aborts its TCP connection and the peer
+/// receives a real RST from the wire); every byte arrives once, in order.
 #[test]
 fn channel_resets_mid_transfer_lose_nothing_over_af_xdp() {
     let _serial = one_at_a_time();
     transfer_through(Fault::StackResets);
 }
 
-/// Issue 13 §2 on the bed: a RST forged by an outside sender (a raw socket in the
+/// A RST forged by an outside sender (a raw socket in the
 /// receiver's namespace, aimed at one of the bulk sender's channels at its RCV.NXT) resets
 /// a channel mid-transfer; every byte arrives once, in order.
 #[test]
@@ -1690,22 +1352,14 @@ fn forged_rst_from_the_wire_mid_transfer_loses_nothing_over_af_xdp() {
     transfer_through(Fault::WireRst);
 }
 
-/// Issue 13 §2 on the bed: the receiver's channel thread of one queue dies mid-transfer
-/// (fault injection: no FIN, no RST); the receiver loses that queue's channels at once,
-/// the sender by its user timeout or keep-alive; every byte arrives once, in order.
+/// One of the receiver's NIC queues dies mid-transfer while the application's runtime
+/// drives it (fault injection: no FIN, no RST); the receiver loses that queue's channels
+/// at once, the sender by its user timeout or keep-alive; nobody drives the dead queue
+/// afterwards; every byte arrives once, in order.
 #[test]
-fn killed_channel_thread_mid_transfer_loses_nothing_over_af_xdp() {
+fn killed_queue_mid_transfer_loses_nothing_over_af_xdp() {
     let _serial = one_at_a_time();
-    transfer_through(Fault::KilledThread { runtime_rx: false });
-}
-
-/// As [`killed_channel_thread_mid_transfer_loses_nothing_over_af_xdp`], with every
-/// reading task running the queues' receive rounds itself (`RuntimeRx::All`): the dead
-/// queue is served by nobody, so the sender still notices the death.
-#[test]
-fn killed_channel_thread_with_runtime_rx_loses_nothing_over_af_xdp() {
-    let _serial = one_at_a_time();
-    transfer_through(Fault::KilledThread { runtime_rx: true });
+    transfer_through(Fault::KilledQueue);
 }
 
 /// A raw IPv4 socket (`IPPROTO_RAW`: we write the IP header) opened in one side's
@@ -1812,7 +1466,7 @@ fn reset_from_the_wire(
     limit: Duration,
 ) -> Result<u32, String> {
     let deadline = Instant::now() + limit;
-    let sample = || -> Vec<_> { victim.channel_wire().into_iter().flatten().collect() };
+    let sample = || victim.channel_wire();
     // Snapshots until the victim has sent a good amount on some channel since the first:
     // then how far each channel's numbers moved tells which to aim at.
     let first = sample();
@@ -1845,7 +1499,6 @@ fn reset_from_the_wire(
         victim
             .channel_wire()
             .into_iter()
-            .flatten()
             .find(|w| (w.local, w.peer) == (local, peer))
     };
     let mut attempts = 0;
@@ -1937,10 +1590,12 @@ impl netchannel::sched::NetScheduler for FollowTarget {
     }
 }
 
-/// Issue 12 on the bed: the stack carries out a user policy's plans while one large
-/// stream and 16 small echoed ones move: channels go from 1 to 4 (opened over AF_XDP at
-/// run time, accepted by the peer) and back to 1 (retired: drained, then closed). Every
-/// byte arrives once, in order, and both stacks end with one channel.
+/// The stack carries out a user policy's plans while one large stream and 16 small echoed
+/// ones move: channels go from 1 to 4 (opened over AF_XDP at run time, accepted by the
+/// peer) and back to 1 (retired: drained, then closed). Every byte arrives once, in order,
+/// and both stacks end with one channel. The planning stack drives its queues on runtimes
+/// of its own, so that its snapshots place every channel on one; the peer runs on the
+/// application's runtime.
 #[test]
 fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
     let _serial = one_at_a_time();
@@ -1950,16 +1605,19 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
         return;
     };
     let target = Arc::new(AtomicUsize::new(1));
-    let build = |side: Side, policy: Option<FollowTarget>| {
+    let rt = two_workers();
+    let build = |side: Side, policy: Option<FollowTarget>, drive: Drive| {
         let e = bed.side(side);
         let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
         bed.run_in(side, move || {
-            let b = Stack::builder()
-                .interface(ifname)
-                .ipv4(ipv4)
-                .channels(1)
-                .latency_channels(0)
-                .connect_timeout(Duration::from_secs(10));
+            let b = drive.apply(
+                Stack::builder()
+                    .interface(ifname)
+                    .ipv4(ipv4)
+                    .channels(1)
+                    .latency_channels(0)
+                    .connect_timeout(Duration::from_secs(10)),
+            );
             match policy {
                 Some(p) => b.scheduler(p).build(),
                 None => b.build(),
@@ -1974,8 +1632,9 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
             target: target.clone(),
             next: 0,
         }),
+        Drive::Own,
     );
-    let b = build(Side::B, None);
+    let b = build(Side::B, None, Drive::Application(rt.handle().clone()));
     let b_ip = bed.side(Side::B).ipv4;
     let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
     let total: u64 = std::env::var("NETCHANNEL_VNS_XDP_BYTES")
@@ -1984,7 +1643,6 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
         .unwrap_or(100_000_000)
         / 2;
     const SMALL: u32 = 16;
-    let rt = two_workers();
     rt.block_on(async {
         let big_l = b.bind(at(7500)).await.unwrap();
         let small_l = b.bind_with_backlog(at(7501), SMALL as usize).await.unwrap();
@@ -2096,407 +1754,371 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
             "{pc:?}"
         );
         assert_eq!(pc.open_failed, 0, "{pc:?}");
-        // What the plans saw: each channel on its queue's thread, and the threads'
-        // utilisation measured over a plan period.
+        // What the plans saw: the stack's queue runtimes with their utilisation measured
+        // over a plan period, every queue on one of them, and each channel on its queue's
+        // runtime.
         let stats = a.stats();
-        assert!(
-            stats.channels.iter().all(|c| c.thread.is_some()),
-            "{stats:?}"
-        );
-        assert_eq!(stats.threads.len(), 2, "one thread per queue: {stats:?}");
+        let placement = a.channel_placement();
+        let runtimes: std::collections::BTreeSet<_> = own_runtimes(&placement)
+            .into_iter()
+            .map(netchannel::sched::ChannelThreadId)
+            .collect();
+        let threads: std::collections::BTreeSet<_> = stats.threads.iter().map(|t| t.id).collect();
+        assert_eq!(threads, runtimes, "{placement}: {stats:?}");
         assert!(stats
             .threads
             .iter()
             .all(|t| !t.window.is_zero() && t.busy <= t.window));
-        let threads: std::collections::BTreeSet<_> = stats.threads.iter().map(|t| t.id).collect();
-        assert!(stats
-            .channels
-            .iter()
-            .all(|c| c.thread.is_some_and(|t| threads.contains(&t))));
+        let mut queues: Vec<u32> = stats.queues.iter().map(|q| q.queue).collect();
+        queues.sort_unstable();
+        assert_eq!(queues, vec![0, 1], "{stats:?}");
+        assert!(stats.queues.iter().all(|q| threads.contains(&q.thread)));
+        for c in &stats.channels {
+            let on = stats.queues.iter().find(|q| Some(q.queue) == c.queue);
+            assert!(
+                on.is_some_and(|q| c.thread == Some(q.thread)),
+                "channel {:?} not on its queue's runtime: {stats:?}",
+                c.id
+            );
+        }
     });
+    drop((a, b));
     drop(rt);
-    drop(a);
-    drop(b);
 }
 
 /// A stack in `side`'s namespace under `Isolating`: 2 throughput channels and 1 latency
-/// channel per peer, run-to-completion receive `rx`.
-fn isolating_stack(bed: &TestBed, side: Side, rx: RuntimeRx) -> Stack {
+/// channel per peer (the latency channels on the last queue, the others on the first),
+/// its queues driven as `drive` says, and the latency queue on `latency` when given.
+fn isolating_stack(
+    bed: &TestBed,
+    side: Side,
+    drive: Drive,
+    latency: Option<tokio::runtime::Handle>,
+) -> Stack {
     let e = bed.side(side);
     let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
     bed.run_in(side, move || {
-        Stack::builder()
-            .interface(ifname)
-            .ipv4(ipv4)
-            .channels(2)
-            .latency_channels(1)
-            .scheduler(netchannel::sched::Isolating::default())
-            .runtime_rx(rx)
-            .connect_timeout(Duration::from_secs(10))
-            .build()
+        let mut b = drive.apply(
+            Stack::builder()
+                .interface(ifname)
+                .ipv4(ipv4)
+                .channels(2)
+                .latency_channels(1)
+                .scheduler(netchannel::sched::Isolating::default())
+                .connect_timeout(Duration::from_secs(10)),
+        );
+        if let Some(h) = latency {
+            b = b.latency_runtime(h);
+        }
+        b.build()
     })
     .expect("enter the namespace")
     .expect("stack")
 }
 
-/// Issue 12, isolation on the bed: a latency application on a runtime of its own
-/// registers only the latency channels' queues with its reactor, and the bulk application
-/// the others. Regression: the first runtime to wait registered every queue's AF_XDP
-/// socket; the latency application's reactor then polled the bulk queues' sockets, which
-/// in copy mode drives their transmission under the socket's mutex, and waited 1-5 ms
-/// behind the bulk channel thread's batches (`perf sched`, tenth session).
-#[test]
-fn a_latency_application_registers_only_the_latency_queues_with_its_runtime() {
-    let _serial = one_at_a_time();
-    use netchannel::sched::ChannelClass;
+/// Bulk streams of the isolation tests, and their bytes each.
+const ISOLATION_BULK_STREAMS: u64 = 4;
+const ISOLATION_BULK: u64 = 20_000_000;
+/// The latency stream's exchanges and their size.
+const ISOLATION_PINGS: usize = 200;
+const ISOLATION_MSG: usize = 4096;
+
+/// The isolation tests' load, from A to B at ports 7600 (bulk) and 7601 (latency): 4 bulk
+/// streams of 20 MB, verified by B, spawned on the current runtime; and at the same time a
+/// latency-class stream whose 200 exchanges of 4 KB are echoed by B and verified by A,
+/// both ends spawned on `latency_app` (the current runtime when `None`). Returns once
+/// every byte arrived.
+async fn isolation_load(a: &Stack, b: &Stack, latency_app: Option<tokio::runtime::Handle>) {
     use netchannel::AppClass;
-    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
-        return;
-    };
-    // Bulk readers wait in their runtime too, so that the bulk queues get registered (by
-    // the bulk application).
-    let a = isolating_stack(&bed, Side::A, RuntimeRx::All);
-    let b = isolating_stack(&bed, Side::B, RuntimeRx::All);
-    let b_ip = bed.side(Side::B).ipv4;
+    let b_ip = b.ipv4();
     let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
-    let runtime = |name: &str| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name(name)
-            .enable_all()
-            .build()
-            .unwrap()
-    };
-    let lat_rt = runtime("lat-app");
-    let bulk_rt = runtime("bulk-app");
-    const PINGS: usize = 100;
-    const MSG: usize = 4096;
-    const BULK: u64 = 5_000_000;
-    let (lat_l, bulk_l) = bulk_rt.block_on(async {
-        (
-            b.bind(at(7611)).await.unwrap(),
-            b.bind(at(7610)).await.unwrap(),
-        )
+    let latency_app = latency_app.unwrap_or_else(tokio::runtime::Handle::current);
+    let bulk_l = b.bind(at(7600)).await.unwrap();
+    let lat_l = b.bind(at(7601)).await.unwrap();
+    let sink = tokio::spawn(async move {
+        let mut readers = Vec::new();
+        for _ in 0..ISOLATION_BULK_STREAMS {
+            let (mut s, _) = bulk_l.accept().await.unwrap();
+            readers.push(tokio::spawn(async move {
+                // Streams are accepted in any order: each names its pattern first.
+                let i = s.read_u64().await.unwrap();
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut off = 0u64;
+                loop {
+                    let n = s.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    let mut want = vec![0u8; n];
+                    fill(300 + i, off, &mut want);
+                    assert!(buf[..n] == want[..], "bulk stream at {off}");
+                    off += n as u64;
+                }
+                off
+            }));
+        }
+        let mut total = 0;
+        for r in readers {
+            total += r.await.unwrap();
+        }
+        total
     });
-    // The latency application first: it waits before any bulk task does.
     let b2 = b.clone();
-    let echo = lat_rt.spawn(async move {
+    let echo = latency_app.spawn(async move {
         let (mut s, _) = lat_l.accept().await.unwrap();
+        // B accepts A's channels one by one: the latency one may join after this socket's
+        // SYNC came in on a throughput one (until then there is no channel of the class,
+        // `AddrNotAvailable`). All three (2 + 1) are there first.
         timeout(LIMIT, b2.channels_reach(3))
             .await
             .expect("B never got its latency channel");
         s.set_app_class(AppClass::Latency).unwrap();
-        let mut buf = vec![0u8; MSG];
-        for _ in 0..PINGS {
+        let mut buf = vec![0u8; ISOLATION_MSG];
+        for _ in 0..ISOLATION_PINGS {
             s.read_exact(&mut buf).await.unwrap();
             s.write_all(&buf).await.unwrap();
         }
     });
     let a2 = a.clone();
-    let pings = lat_rt.spawn(async move {
-        let mut lat = timeout(LIMIT, a2.connect(at(7611))).await.unwrap().unwrap();
+    let pings = latency_app.spawn(async move {
+        let mut lat = timeout(LIMIT, a2.connect(at(7601))).await.unwrap().unwrap();
         lat.set_app_class(AppClass::Latency).unwrap();
-        let (mut msg, mut back) = (vec![0u8; MSG], vec![0u8; MSG]);
-        for k in 0..PINGS {
-            fill(910, (k * MSG) as u64, &mut msg);
+        let mut msg = vec![0u8; ISOLATION_MSG];
+        let mut back = vec![0u8; ISOLATION_MSG];
+        for k in 0..ISOLATION_PINGS {
+            fill(900, (k * ISOLATION_MSG) as u64, &mut msg);
             lat.write_all(&msg).await.unwrap();
             lat.read_exact(&mut back).await.unwrap();
             assert!(back == msg, "echo {k}");
         }
     });
-    lat_rt.block_on(async {
-        timeout(LIMIT, pings).await.unwrap().unwrap();
-        timeout(LIMIT, echo).await.unwrap().unwrap();
-    });
-    bulk_rt.block_on(async {
-        let sink = tokio::spawn(async move {
-            let (mut s, _) = bulk_l.accept().await.unwrap();
-            let mut buf = vec![0u8; 64 * 1024];
-            let mut off = 0u64;
-            loop {
-                let n = s.read(&mut buf).await.unwrap();
-                if n == 0 {
-                    break off;
-                }
-                let mut want = vec![0u8; n];
-                fill(310, off, &mut want);
-                assert!(buf[..n] == want[..], "bulk stream at {off}");
-                off += n as u64;
-            }
-        });
-        let mut c = timeout(LIMIT, a.connect(at(7610))).await.unwrap().unwrap();
-        send_pattern(&mut c, 310, BULK).await;
-        c.shutdown().await.unwrap();
-        assert_eq!(timeout(LIMIT, sink).await.unwrap().unwrap(), BULK);
-    });
-    for (name, stack) in [("A", &a), ("B", &b)] {
-        let st = stack.stats();
-        let queues_of = |class| -> std::collections::BTreeSet<u32> {
-            st.channels
-                .iter()
-                .filter(|c| c.class == class)
-                .filter_map(|c| c.queue)
-                .collect()
-        };
-        let (lat_q, bulk_q) = (
-            queues_of(ChannelClass::Latency),
-            queues_of(ChannelClass::Throughput),
-        );
-        assert!(lat_q.is_disjoint(&bulk_q), "{name}: {st:?}");
-        let regs = stack.runtime_rx_registrations();
-        println!("{name}: latency queues {lat_q:?}, bulk {bulk_q:?}; registered {regs:?}");
-        for q in &lat_q {
-            assert!(
-                regs.iter()
-                    .any(|(rq, by)| rq == q && by.as_deref() == Some("lat-app")),
-                "{name}: latency queue {q} not registered by the latency application: {regs:?}"
-            );
-        }
-        // The bulk application's worker or the thread of its `block_on` (the test's).
-        for (q, by) in &regs {
-            if bulk_q.contains(q) {
-                assert_ne!(
-                    by.as_deref(),
-                    Some("lat-app"),
-                    "{name}: the latency application registered bulk queue {q}: {regs:?}"
-                );
-            }
-        }
-        assert!(
-            regs.iter().any(|(q, _)| bulk_q.contains(q)),
-            "{name}: the bulk application waited on no bulk queue: {regs:?}"
-        );
+    let senders: Vec<_> = (0..ISOLATION_BULK_STREAMS)
+        .map(|i| {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let mut c = a.connect(at(7600)).await.unwrap();
+                c.write_u64(i).await.unwrap();
+                send_pattern(&mut c, 300 + i, ISOLATION_BULK).await;
+                c.shutdown().await.unwrap();
+            })
+        })
+        .collect();
+    timeout(LIMIT, pings)
+        .await
+        .expect("the latency stream stalled")
+        .unwrap();
+    for s in senders {
+        timeout(LIMIT, s).await.unwrap().unwrap();
     }
-    drop((lat_rt, bulk_rt));
-    a.abort();
-    b.abort();
+    assert_eq!(
+        timeout(LIMIT, sink).await.unwrap().unwrap(),
+        ISOLATION_BULK_STREAMS * ISOLATION_BULK
+    );
+    timeout(LIMIT, echo).await.unwrap().unwrap();
 }
 
-/// Issue 12, isolation on the bed: with `Isolating` on both stacks (2 queues), the latency
-/// channel opens on a queue thread of its own, the policy's plans pin that thread and the
-/// bulk one to different cores, and while 4 bulk streams saturate the throughput channels
-/// a latency-class stream's exchanges go on the latency channel only: it never carries
-/// bulk bytes, and no thread runs channels of both classes.
+/// After [`isolation_load`]: `stack`'s latency channels are on its last queue and its
+/// throughput channels on the others; the latency channels carried the latency stream's
+/// bytes and no bulk bytes. Returns the bytes the latency and the throughput channels
+/// sent.
+fn classes_kept_apart(name: &str, stack: &Stack) -> (u64, u64) {
+    use netchannel::sched::ChannelClass;
+    let st = stack.stats();
+    let latency_queue = *stack.channel_set().queues().last().unwrap();
+    let of = |class| st.channels.iter().filter(move |c| c.class == class);
+    assert!(
+        of(ChannelClass::Latency).count() == 1 && of(ChannelClass::Throughput).count() == 2,
+        "{name}: {st:?}"
+    );
+    assert!(
+        of(ChannelClass::Latency).all(|c| c.queue == Some(latency_queue)),
+        "{name}: a latency channel off the latency queue {latency_queue}: {st:?}"
+    );
+    assert!(
+        of(ChannelClass::Throughput).all(|c| c.queue.is_some_and(|q| q != latency_queue)),
+        "{name}: a throughput channel on the latency queue {latency_queue}: {st:?}"
+    );
+    let lat_sent: u64 = of(ChannelClass::Latency).map(|c| c.sent_bytes).sum();
+    let bulk_sent: u64 = of(ChannelClass::Throughput).map(|c| c.sent_bytes).sum();
+    let pings = (ISOLATION_PINGS * ISOLATION_MSG) as u64;
+    assert!(
+        lat_sent >= pings,
+        "{name}: latency channels sent {lat_sent}"
+    );
+    assert!(
+        lat_sent < 2 * pings + (1 << 20),
+        "{name}: bulk bytes on the latency channel: {lat_sent}"
+    );
+    (lat_sent, bulk_sent)
+}
+
+/// Isolation with queue runtimes of the stacks' own: with `Isolating` on both stacks (2
+/// queues), the latency channel opens on the last queue, driven by a queue runtime of its
+/// own, the policy's plans pin that runtime and the bulk one to different cores, and while
+/// 4 bulk streams saturate the throughput channels a latency-class stream's exchanges go on
+/// the latency channel only: it never carries bulk bytes, and no runtime drives channels
+/// of both classes.
 #[test]
-fn isolating_keeps_latency_streams_off_bulk_channels_threads_and_cores() {
+fn isolating_keeps_latency_streams_off_bulk_channels_runtimes_and_cores() {
     let _serial = one_at_a_time();
     use netchannel::sched::ChannelClass;
-    use netchannel::AppClass;
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
-    let a = isolating_stack(&bed, Side::A, RuntimeRx::default());
-    let b = isolating_stack(&bed, Side::B, RuntimeRx::default());
-    let b_ip = bed.side(Side::B).ipv4;
-    let at = move |port| SocketAddr::from(SocketAddrV4::new(b_ip, port));
-    const BULK: u64 = 20_000_000;
-    const PINGS: usize = 200;
-    const MSG: usize = 4096;
     let rt = two_workers();
+    let a = isolating_stack(&bed, Side::A, Drive::Own, None);
+    let b = isolating_stack(&bed, Side::B, Drive::Own, None);
+    for (name, stack) in [("A", &a), ("B", &b)] {
+        let p = stack.channel_placement();
+        let (bulk, lat) = (p.place_of(0), p.place_of(1));
+        assert!(
+            matches!(bulk, Some(DriverPlace::Runtime(_)))
+                && matches!(lat, Some(DriverPlace::Runtime(_)))
+                && bulk != lat,
+            "{name}: the latency queue on a runtime of its own: {p}"
+        );
+    }
     rt.block_on(async {
-        let bulk_l = b.bind(at(7600)).await.unwrap();
-        let lat_l = b.bind(at(7601)).await.unwrap();
-        let sink = tokio::spawn(async move {
-            let mut readers = Vec::new();
-            for _ in 0..4u64 {
-                let (mut s, _) = bulk_l.accept().await.unwrap();
-                readers.push(tokio::spawn(async move {
-                    // Streams are accepted in any order: each names its pattern first.
-                    let i = s.read_u64().await.unwrap();
-                    let mut buf = vec![0u8; 64 * 1024];
-                    let mut off = 0u64;
-                    loop {
-                        let n = s.read(&mut buf).await.unwrap();
-                        if n == 0 {
-                            break;
-                        }
-                        let mut want = vec![0u8; n];
-                        fill(300 + i, off, &mut want);
-                        assert!(buf[..n] == want[..], "bulk stream at {off}");
-                        off += n as u64;
-                    }
-                    off
-                }));
-            }
-            let mut total = 0;
-            for r in readers {
-                total += r.await.unwrap();
-            }
-            total
-        });
-        let b2 = b.clone();
-        let echo = tokio::spawn(async move {
-            let (mut s, _) = lat_l.accept().await.unwrap();
-            // B accepts A's channels one by one: the latency one may join after this
-            // socket's SYNC came in on a throughput one (until then there is no channel
-            // of the class, `AddrNotAvailable`). All three (2 + 1) are there first.
-            timeout(LIMIT, b2.channels_reach(3))
-                .await
-                .expect("B never got its latency channel");
-            s.set_app_class(AppClass::Latency).unwrap();
-            let mut buf = vec![0u8; MSG];
-            for _ in 0..PINGS {
-                s.read_exact(&mut buf).await.unwrap();
-                s.write_all(&buf).await.unwrap();
-            }
-        });
-        let mut lat = timeout(LIMIT, a.connect(at(7601))).await.unwrap().unwrap();
-        lat.set_app_class(AppClass::Latency).unwrap();
-        let senders: Vec<_> = (0..4u64)
-            .map(|i| {
-                let a = a.clone();
-                tokio::spawn(async move {
-                    let mut c = a.connect(at(7600)).await.unwrap();
-                    c.write_u64(i).await.unwrap();
-                    send_pattern(&mut c, 300 + i, BULK).await;
-                    c.shutdown().await.unwrap();
-                })
-            })
-            .collect();
-        let mut msg = vec![0u8; MSG];
-        let mut back = vec![0u8; MSG];
-        timeout(LIMIT, async {
-            for k in 0..PINGS {
-                fill(900, (k * MSG) as u64, &mut msg);
-                lat.write_all(&msg).await.unwrap();
-                lat.read_exact(&mut back).await.unwrap();
-                assert!(back == msg, "echo {k}");
-            }
-        })
-        .await
-        .expect("the latency stream stalled");
-        for s in senders {
-            timeout(LIMIT, s).await.unwrap().unwrap();
-        }
-        assert_eq!(timeout(LIMIT, sink).await.unwrap().unwrap(), 4 * BULK);
-        timeout(LIMIT, echo).await.unwrap().unwrap();
-        // The plans pinned the latency thread and the bulk thread (a plan period after
-        // the channels were there, long before now; two more plans to be sure).
+        isolation_load(&a, &b, None).await;
+        // The plans pinned the latency runtime and the bulk one (a plan period after the
+        // channels were there, long before now; two more plans to be sure).
         let asked = a.plan_counters().plans;
         timeout(LIMIT, a.plans_reach(asked + 2))
             .await
             .expect("no more plans were asked for");
-        assert!(
-            a.plan_counters().pinned >= 2,
-            "threads not pinned apart: {:?}",
-            a.plan_counters()
-        );
-        // The stack's driver thread (bulk work: every channel, every shard) is kept off
-        // the latency channels' cores once they are pinned.
-        let latency_cores: std::collections::BTreeSet<usize> = {
-            let st = a.stats();
-            let lat_threads: Vec<_> = st
-                .channels
+    });
+    assert!(
+        a.plan_counters().pinned >= 2,
+        "runtimes not pinned apart: {:?}",
+        a.plan_counters()
+    );
+    for (name, stack) in [("A", &a), ("B", &b)] {
+        let st = stack.stats();
+        let runtimes_of = |class| -> std::collections::BTreeSet<_> {
+            st.channels
                 .iter()
-                .filter(|c| c.class == ChannelClass::Latency)
-                .filter_map(|c| c.thread)
-                .collect();
-            st.threads
-                .iter()
-                .filter(|t| lat_threads.contains(&t.id))
-                .filter_map(|t| t.core)
+                .filter(|c| c.class == class)
+                .map(|c| {
+                    c.thread
+                        .expect("the stack's own runtimes drive every queue")
+                })
                 .collect()
         };
-        assert!(!latency_cores.is_empty(), "the latency thread has a core");
-        let drivers = driver_threads_cores();
+        let (lat_t, bulk_t) = (
+            runtimes_of(ChannelClass::Latency),
+            runtimes_of(ChannelClass::Throughput),
+        );
+        assert!(!lat_t.is_empty() && !bulk_t.is_empty(), "{name}: {st:?}");
         assert!(
-            drivers
-                .iter()
-                .any(|c| !c.is_empty() && c.is_disjoint(&latency_cores)),
-            "no driver thread kept off the latency cores {latency_cores:?}: {drivers:?}"
+            lat_t.is_disjoint(&bulk_t),
+            "{name}: a runtime drives both classes: {st:?}"
         );
-        for (name, stack) in [("A", &a), ("B", &b)] {
-            let st = stack.stats();
-            let threads_of = |class| -> std::collections::BTreeSet<_> {
-                st.channels
-                    .iter()
-                    .filter(|c| c.class == class)
-                    .map(|c| c.thread.expect("AF_XDP channels run on a queue thread"))
-                    .collect()
-            };
-            let (lat_t, bulk_t) = (
-                threads_of(ChannelClass::Latency),
-                threads_of(ChannelClass::Throughput),
-            );
-            assert!(!lat_t.is_empty() && !bulk_t.is_empty(), "{name}: {st:?}");
-            assert!(
-                lat_t.is_disjoint(&bulk_t),
-                "{name}: a thread runs both classes: {st:?}"
-            );
-            // A task reading a latency-class socket processes arrivals of the latency
-            // channels' queue only in its runtime, any other task those of the rest: the
-            // latency application's thread never processes bulk frames.
-            let queues_of = |class| -> std::collections::BTreeSet<u32> {
-                st.channels
-                    .iter()
-                    .filter(|c| c.class == class)
-                    .map(|c| c.queue.expect("AF_XDP channels are on a NIC queue"))
-                    .collect()
-            };
-            let served = |latency_class| -> std::collections::BTreeSet<u32> {
-                stack.runtime_rx_queues(latency_class).into_iter().collect()
-            };
-            assert_eq!(
-                served(true),
-                queues_of(ChannelClass::Latency),
-                "{name}: queues a latency-class task serves"
-            );
-            assert_eq!(
-                served(false),
-                queues_of(ChannelClass::Throughput),
-                "{name}: queues other tasks serve"
-            );
-            let lat_sent: u64 = st
-                .channels
-                .iter()
-                .filter(|c| c.class == ChannelClass::Latency)
-                .map(|c| c.sent_bytes)
-                .sum();
-            let bulk_sent: u64 = st
-                .channels
-                .iter()
-                .filter(|c| c.class == ChannelClass::Throughput)
-                .map(|c| c.sent_bytes)
-                .sum();
-            println!(
-                "{name}: latency channels sent {lat_sent} B on threads {lat_t:?}, \
-                 throughput channels {bulk_sent} B on {bulk_t:?}; threads {:?}",
-                st.threads
-            );
-            assert!(lat_sent >= (PINGS * MSG) as u64, "{name}: {lat_sent}");
-            assert!(
-                lat_sent < 2 * (PINGS * MSG) as u64 + (1 << 20),
-                "{name}: bulk bytes on the latency channel: {lat_sent}"
-            );
-        }
-        let st = a.stats();
-        let core_of = |class| {
-            let t = st
-                .channels
-                .iter()
-                .find(|c| c.class == class)
-                .and_then(|c| c.thread)
-                .unwrap();
-            st.threads.iter().find(|x| x.id == t).and_then(|x| x.core)
-        };
-        let (lc, bc) = (
-            core_of(ChannelClass::Latency),
-            core_of(ChannelClass::Throughput),
+        let (lat_sent, bulk_sent) = classes_kept_apart(name, stack);
+        println!(
+            "{name}: latency channels sent {lat_sent} B on runtimes {lat_t:?}, throughput \
+             channels {bulk_sent} B on {bulk_t:?}; {}",
+            stack.channel_placement()
         );
-        assert!(
-            lc.is_some() && bc.is_some() && lc != bc,
-            "cores: latency {lc:?}, bulk {bc:?}"
-        );
-    });
+    }
+    let st = a.stats();
+    let core_of = |class| {
+        let t = st
+            .channels
+            .iter()
+            .find(|c| c.class == class)
+            .and_then(|c| c.thread)
+            .unwrap();
+        st.threads.iter().find(|x| x.id == t).and_then(|x| x.core)
+    };
+    let (lc, bc) = (
+        core_of(ChannelClass::Latency),
+        core_of(ChannelClass::Throughput),
+    );
+    assert!(
+        lc.is_some() && bc.is_some() && lc != bc,
+        "cores: latency {lc:?}, bulk {bc:?}"
+    );
+    drop((a, b));
     drop(rt);
-    drop(a);
-    drop(b);
 }
 
-/// The shipped `Scaler` (issue 12), end to end over AF_XDP: stack A runs
-/// `Scaled<RoundRobin>` with plans carried out, starting with one channel to B. A bulk
-/// stream from A to B keeps A's channel thread busy above the scale-up threshold, so the
-/// scaler opens a second channel; once the stream ends and the channels idle through the
+/// Isolation with a latency application's runtime: under `Isolating` with
+/// `StackBuilder::latency_runtime`, both stacks drive their latency queue (the last one,
+/// where latency channels open) on the latency application's runtime, and the other queue
+/// where the default puts it (the application's runtime on a small host). While 4 bulk
+/// streams on the application's runtime saturate the throughput channels, a latency-class
+/// stream on the latency runtime exchanges 4 KB messages: every byte is exact, the latency
+/// channels carry the latency stream's bytes and no bulk bytes, and the latency queue's
+/// driver ran its rounds there.
+#[test]
+fn a_latency_runtime_drives_the_latency_queue_over_af_xdp() {
+    let _serial = one_at_a_time();
+    use netchannel::sched::ChannelClass;
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
+        return;
+    };
+    let rt = two_workers();
+    let lat_rt = one_worker("lat-app");
+    let app = || Drive::Application(rt.handle().clone());
+    let a = isolating_stack(&bed, Side::A, app(), Some(lat_rt.handle().clone()));
+    let b = isolating_stack(&bed, Side::B, app(), Some(lat_rt.handle().clone()));
+    let mut before = Vec::new();
+    for (name, stack) in [("A", &a), ("B", &b)] {
+        let p = stack.channel_placement();
+        assert_eq!(p.place_of(1), Some(latency()), "{name}: {p}");
+        if small_host() {
+            assert_eq!(p.place_of(0), Some(application()), "{name}: {p}");
+        } else {
+            assert!(
+                matches!(p.place_of(0), Some(DriverPlace::Runtime(_))),
+                "{name}: {p}"
+            );
+        }
+        assert_eq!(
+            p.runtime(&latency()).map(|r| r.queues.clone()),
+            Some(vec![1]),
+            "{name}: the latency runtime drives the latency queue only: {p}"
+        );
+        before.push(rounds_and_polls(stack));
+    }
+    rt.block_on(isolation_load(&a, &b, Some(lat_rt.handle().clone())));
+    for ((name, stack), before) in [("A", &a), ("B", &b)].into_iter().zip(before) {
+        let (lat_sent, bulk_sent) = classes_kept_apart(name, stack);
+        let st = stack.stats();
+        // Queues driven by runtimes handed to the stack are on no runtime of its own.
+        assert!(
+            st.channels
+                .iter()
+                .filter(|c| c.class == ChannelClass::Latency)
+                .all(|c| c.thread.is_none()),
+            "{name}: {st:?}"
+        );
+        let p = stack.channel_placement();
+        let after = rounds_and_polls(stack);
+        assert!(
+            after[&1].0 > before[&1].0,
+            "{name}: the latency queue ran no rounds: {before:?} -> {after:?}"
+        );
+        // Still there, unless the watchdog found the latency runtime's worker too busy
+        // for a moment (then the queue is on the home runtime until it goes back).
+        assert!(
+            p.place_of(1) == Some(latency()) || p.rescues > 0,
+            "{name}: {p}"
+        );
+        println!(
+            "{name}: latency channels sent {lat_sent} B, throughput channels {bulk_sent} B; \
+             {p}; rescues {}",
+            p.rescues
+        );
+    }
+    drop((a, b));
+    drop((rt, lat_rt));
+}
+
+/// The shipped `Scaler`, end to end over AF_XDP: stack A runs `Scaled<RoundRobin>` with
+/// plans carried out, starting with one channel to B, its queues on runtimes of its own
+/// (the scaler reads their utilisation). A bulk stream from A to B keeps A's queue runtime
+/// busy above the scale-up threshold, so the scaler opens a second channel; once the stream ends and the channels idle through the
 /// grace periods, it closes one again. Every byte of the stream arrives exactly once, in
 /// order, across both changes. The thresholds are low (5 % busy to grow) so that the test
 /// does not depend on how fast this machine is; the decisions themselves, thresholds and
@@ -2510,16 +2132,24 @@ fn the_scaler_grows_and_shrinks_channels_under_real_load_over_af_xdp() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
+    let rt = two_workers();
     let build = |side: Side, scaled: bool| {
         let e = bed.side(side);
         let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
+        let drive = if scaled {
+            Drive::Own
+        } else {
+            Drive::Application(rt.handle().clone())
+        };
         bed.run_in(side, move || {
-            let b = Stack::builder()
-                .interface(ifname)
-                .ipv4(ipv4)
-                .channels(1)
-                .latency_channels(0)
-                .connect_timeout(Duration::from_secs(10));
+            let b = drive.apply(
+                Stack::builder()
+                    .interface(ifname)
+                    .ipv4(ipv4)
+                    .channels(1)
+                    .latency_channels(0)
+                    .connect_timeout(Duration::from_secs(10)),
+            );
             if scaled {
                 let config = ScalingConfig {
                     scale_up_utilisation: 0.05,
@@ -2543,7 +2173,6 @@ fn the_scaler_grows_and_shrinks_channels_under_real_load_over_af_xdp() {
     let b = build(Side::B, false);
     let b_ip = bed.side(Side::B).ipv4;
     let to = SocketAddr::from(SocketAddrV4::new(b_ip, 7600));
-    let rt = two_workers();
     rt.block_on(async {
         let l = b.bind(to).await.unwrap();
         let mut c = timeout(LIMIT, a.connect(to)).await.unwrap().unwrap();
@@ -2595,21 +2224,21 @@ fn the_scaler_grows_and_shrinks_channels_under_real_load_over_af_xdp() {
             a.plan_counters()
         );
     });
-    drop(rt);
     a.abort();
     b.abort();
+    drop(rt);
 }
 
-/// A user's policy for the thread-placement test: round robin, and by `phase`: 1, a
-/// channel thread on the last core the stack may use, serving every queue; 2, that
-/// thread retired.
+/// A user's policy for the runtime-placement test: round robin, and by `phase`: 1, a queue
+/// runtime on the last core the stack may use, driving every queue; 2, that runtime
+/// retired.
 #[derive(Debug)]
-struct ThreadShaper {
+struct RuntimeShaper {
     phase: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     next: usize,
 }
 
-impl netchannel::sched::NetScheduler for ThreadShaper {
+impl netchannel::sched::NetScheduler for RuntimeShaper {
     fn pick_channel(
         &mut self,
         chunk: &netchannel::sched::ChunkInfo,
@@ -2652,24 +2281,28 @@ impl netchannel::sched::NetScheduler for ThreadShaper {
     }
 }
 
-/// Issue 12, thread placement on the bed: while one virtual stream carries data both
-/// ways, a plan spawns a channel thread on a core, moves both NIC queues (and with them
-/// every channel) onto it, and later retires it (the queues go back to the first
-/// threads). Every byte arrives once and in order both ways, the plans' counters and the
-/// snapshots show each step, and no channel was lost.
+/// Runtime placement by plans on the bed: while one virtual stream carries data both
+/// ways, a plan spawns a queue runtime pinned to a core, moves both NIC queues (and with
+/// them every channel) onto it, and later retires it (the queues go back to the runtime
+/// the stack started with). Every byte arrives once and in order both ways, the queues'
+/// rounds went on while the new runtime drove them, the plans' counters and the snapshots
+/// show each step, and no channel was lost. The planning stack drives its queues on
+/// runtimes of its own; the peer on the application's runtime.
 #[test]
-fn plans_spawn_move_and_retire_channel_threads_under_load_over_af_xdp() {
+fn plans_spawn_move_and_retire_queue_runtimes_under_load_over_af_xdp() {
     let _serial = one_at_a_time();
+    use netchannel::sched::ChannelThreadId;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
+    let rt = two_workers();
     let phase = Arc::new(AtomicUsize::new(0));
     let a = {
         let e = bed.side(Side::A);
         let (ifname, ipv4) = (e.ifname.clone(), e.ipv4);
-        let policy = ThreadShaper {
+        let policy = RuntimeShaper {
             phase: phase.clone(),
             next: 0,
         };
@@ -2678,6 +2311,7 @@ fn plans_spawn_move_and_retire_channel_threads_under_load_over_af_xdp() {
                 .interface(ifname)
                 .ipv4(ipv4)
                 .channels(CHANNELS)
+                .application_runtime(false)
                 .connect_timeout(Duration::from_secs(10))
                 .scheduler(policy)
                 .build()
@@ -2685,7 +2319,7 @@ fn plans_spawn_move_and_retire_channel_threads_under_load_over_af_xdp() {
         .expect("enter the namespace")
         .expect("stack")
     };
-    let b = stack_in(&bed, Side::B);
+    let b = stack_in(&bed, Side::B, Drive::Application(rt.handle().clone()));
     let b_ip = bed.side(Side::B).ipv4;
     let at = SocketAddr::from(SocketAddrV4::new(b_ip, 7600));
     let total: u64 = std::env::var("NETCHANNEL_VNS_XDP_BYTES")
@@ -2693,27 +2327,31 @@ fn plans_spawn_move_and_retire_channel_threads_under_load_over_af_xdp() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000_000)
         / 2;
-    let rt = two_workers();
-    // The thread the plan spawned, if it is there and serves both queues.
-    let spawned_serving_all = |a: &Stack| {
-        let p = a.channel_placement().expect("AF_XDP stacks have threads");
-        let first: Vec<u32> = p
-            .threads
+    // The runtimes the stack started with, and the placement after each change.
+    let before = a.channel_placement();
+    let first = own_runtimes(&before);
+    assert!(
+        !first.is_empty() && before.runtimes.len() == first.len(),
+        "queue runtimes of the stack's own only: {before}"
+    );
+    // The runtime the plan spawned, if it is there and drives both queues.
+    let spawned_driving_all = |a: &Stack| {
+        let p = a.channel_placement();
+        p.runtimes
             .iter()
-            .map(|t| t.id)
-            .filter(|&id| id < 2)
-            .collect();
-        p.threads
-            .iter()
-            .find(|t| !first.contains(&t.id) && t.queues.len() == 2)
-            .map(|t| t.id)
+            .find(|r| {
+                matches!(r.place, DriverPlace::Runtime(id) if !first.contains(&id))
+                    && r.queues.len() == 2
+            })
+            .and_then(|r| match r.place {
+                DriverPlace::Runtime(id) => Some(id),
+                DriverPlace::External(_) => None,
+            })
     };
     rt.block_on(async {
         let l = b.bind(at).await.unwrap();
         let c = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap();
         let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
-        let before = a.channel_placement().unwrap();
-        assert_eq!(before.threads.len(), 2, "one thread per queue: {before}");
         let channels = a.channel_count();
         let (mut a_rd, mut a_wr) = c.into_split();
         let (mut b_rd, mut b_wr) = s.into_split();
@@ -2760,6 +2398,7 @@ fn plans_spawn_move_and_retire_channel_threads_under_load_over_af_xdp() {
         let mut last_look = 0u64;
         let (mut moved_at, mut retired_at) = (None, None);
         let mut spawned = None;
+        let mut rounds_at_move = None;
         timeout(LIMIT, async {
             loop {
                 let n = b_rd.read(&mut buf).await.expect("read on B");
@@ -2777,30 +2416,42 @@ fn plans_spawn_move_and_retire_channel_threads_under_load_over_af_xdp() {
                 match phase.load(Ordering::Relaxed) {
                     0 if off >= total / 5 => phase.store(1, Ordering::Relaxed),
                     1 if moved_at.is_some() && off >= total / 2 => {
-                        // The spawned thread carried both queues' traffic meanwhile.
+                        // The spawned runtime drove both queues meanwhile, and their
+                        // rounds went on.
                         let t = spawned.expect("moved");
-                        let p = a.channel_placement().unwrap();
-                        let busy = p.thread(t).map(|x| x.busy).unwrap_or_default();
-                        assert!(!busy.is_zero(), "{p}");
+                        let now = a.queue_stats();
+                        assert!(
+                            now.iter().all(|q| q.place == DriverPlace::Runtime(t)),
+                            "{now:?}"
+                        );
+                        let rounds: Vec<u64> = now.iter().map(|q| q.rounds).collect();
+                        let at_move: &Vec<u64> = rounds_at_move.as_ref().expect("moved");
+                        assert!(
+                            rounds.iter().zip(at_move).all(|(r, m)| r > m),
+                            "rounds at the move {at_move:?}, now {rounds:?}"
+                        );
                         phase.store(2, Ordering::Relaxed);
                     }
                     1 if moved_at.is_none() => {
-                        if let Some(t) = spawned_serving_all(&a) {
-                            // What the scheduler sees: every channel on the new thread.
+                        if let Some(t) = spawned_driving_all(&a) {
+                            // What the scheduler sees: every queue and channel on the new
+                            // runtime.
                             let stats = a.stats();
-                            let id = netchannel::sched::ChannelThreadId(t);
+                            let id = ChannelThreadId(t);
                             assert!(stats.queues.iter().all(|q| q.thread == id), "{stats:?}");
                             assert!(
                                 stats.channels.iter().all(|c| c.thread == Some(id)),
                                 "{stats:?}"
                             );
+                            rounds_at_move =
+                                Some(a.queue_stats().iter().map(|q| q.rounds).collect());
                             spawned = Some(t);
                             moved_at = Some(off);
                         }
                     }
                     2 if retired_at.is_none() => {
-                        let p = a.channel_placement().unwrap();
-                        if spawned.is_some_and(|t| p.thread(t).is_none()) {
+                        let p = a.channel_placement();
+                        if spawned.is_some_and(|t| p.runtime(&DriverPlace::Runtime(t)).is_none()) {
                             retired_at = Some(off);
                         }
                     }
@@ -2809,16 +2460,16 @@ fn plans_spawn_move_and_retire_channel_threads_under_load_over_af_xdp() {
             }
         })
         .await
-        .expect("A to B stalled while threads moved");
+        .expect("A to B stalled while runtimes moved");
         assert_eq!(off, total);
         timeout(LIMIT, forth).await.unwrap().unwrap();
         timeout(LIMIT, back).await.unwrap().unwrap();
         assert_eq!(timeout(LIMIT, back_rx).await.unwrap().unwrap(), total);
         let pc = a.plan_counters();
         println!(
-            "thread placement over AF_XDP: queues moved at {moved_at:?}, thread retired at \
+            "runtime placement over AF_XDP: queues moved at {moved_at:?}, runtime retired at \
              {retired_at:?} of {total} bytes; {pc:?}; placement now {}",
-            a.channel_placement().unwrap()
+            a.channel_placement()
         );
         // Both happened while data was flowing.
         assert!(moved_at.is_some_and(|m| m < total), "{moved_at:?}");
@@ -2827,55 +2478,46 @@ fn plans_spawn_move_and_retire_channel_threads_under_load_over_af_xdp() {
         assert_eq!(pc.queues_moved, 2, "{pc:?}");
         assert_eq!(pc.threads_retired, 1, "{pc:?}");
         assert_eq!(pc.refused, 0, "{pc:?}");
-        // No channel was lost on the way, and the placement is back to two threads
-        // serving the queues, as the snapshot (serialisable) shows.
+        // No channel was lost on the way, and the placement is back to the runtimes the
+        // stack started with driving the queues, as the snapshot (serialisable) shows.
         assert_eq!(a.channel_count(), channels);
         assert_eq!(a.channel_resets_received(), 0);
+        let after = a.channel_placement();
+        assert_eq!(own_runtimes(&after), first, "{after}");
         let stats = a.stats();
-        assert_eq!(stats.threads.len(), 2, "{stats:?}");
         let threads: std::collections::BTreeSet<_> = stats.threads.iter().map(|t| t.id).collect();
-        assert!(!threads.contains(&netchannel::sched::ChannelThreadId(spawned.unwrap())));
+        let started: std::collections::BTreeSet<_> =
+            first.iter().copied().map(ChannelThreadId).collect();
+        assert_eq!(threads, started, "{stats:?}");
         assert_eq!(stats.queues.len(), 2, "{stats:?}");
         assert!(stats.queues.iter().all(|q| threads.contains(&q.thread)));
         let json = serde_json::to_string(&stats).unwrap();
         let back: netchannel::sched::StackSnapshot = serde_json::from_str(&json).unwrap();
         assert_eq!(back.queues, stats.queues);
     });
+    drop((a, b));
     drop(rt);
-    drop(a);
-    drop(b);
 }
 
-/// The shipped `Scaler` placing channel threads (`Scaled::placing_threads`, issue 12), end
-/// to end over AF_XDP: A's channel set starts with one thread serving both NIC queues (the
-/// other thread removed). A bulk stream keeps that thread busy above the threshold, so the
-/// scaler spawns a thread on a core no thread is pinned to and hands it the second queue.
-/// The stream's bytes all arrive once, in order, across the move; the placement and the
-/// plan counters show the spawn and the move.
+/// The shipped `Scaler` placing queue runtimes (`Scaled::placing_threads`), end to end over
+/// AF_XDP: A's stack starts with one queue runtime of its own driving both NIC queues. A
+/// bulk stream keeps that runtime busy above the threshold, so the scaler spawns a runtime
+/// on a core no runtime is pinned to and hands it the second queue. The stream's bytes all
+/// arrive once, in order, across the move; the placement and the plan counters show the
+/// spawn and the move.
 #[test]
-fn the_scaler_gives_a_crowded_threads_second_queue_a_thread_of_its_own_over_af_xdp() {
+fn the_scaler_gives_a_crowded_runtimes_second_queue_a_runtime_of_its_own_over_af_xdp() {
     let _serial = one_at_a_time();
-    use netchannel::netdriver::channel::{ChannelSet, ChannelSetConfig};
     use netchannel::sched::{RoundRobin, Scaled, ScalingConfig};
-    use netchannel::vns::stack::XdpBackend;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
+    let rt = two_workers();
     let e = bed.side(Side::A).clone();
     let a = bed
         .run_in(Side::A, move || {
-            let set = ChannelSet::start(ChannelSetConfig::new(e.ifname.clone(), e.ipv4))
-                .expect("channel set");
-            // One thread for both queues: thread 1's queue goes to thread 0.
-            set.remove_thread(1).expect("remove thread 1");
-            let p = set.placement();
-            assert_eq!(
-                p.thread_of(0),
-                p.thread_of(1),
-                "both queues on one thread: {p}"
-            );
             let config = ScalingConfig {
                 scale_up_utilisation: 0.05,
                 scale_up_periods: 2,
@@ -2889,19 +2531,40 @@ fn the_scaler_gives_a_crowded_threads_second_queue_a_thread_of_its_own_over_af_x
                 .expect("scaling config")
                 .placing_threads();
             Stack::builder()
+                .interface(e.ifname.clone())
                 .ipv4(e.ipv4)
                 .channels(2)
                 .latency_channels(0)
+                .application_runtime(false)
                 .connect_timeout(Duration::from_secs(10))
                 .scheduler(policy)
                 .execute_plans(true)
-                .build_with_backend(Arc::new(XdpBackend::new(set)))
+                .build()
         })
         .expect("enter the namespace")
         .expect("stack A");
-    let b = stack_in(&bed, Side::B);
+    // One runtime for both queues, whatever the host gave the stack: every queue on the
+    // home runtime, the others removed.
+    let set = a.channel_set();
+    let home = DriverPlace::Runtime(0);
+    for q in set.queues() {
+        set.move_queue(q, home.clone())
+            .expect("move to the home runtime");
+    }
+    for id in own_runtimes(&set.placement()) {
+        if id != 0 {
+            set.remove_runtime(id).expect("remove a runtime");
+        }
+    }
+    let p = set.placement();
+    assert_eq!(own_runtimes(&p), vec![0], "{p}");
+    assert_eq!(
+        (p.place_of(0), p.place_of(1)),
+        (Some(home.clone()), Some(home.clone())),
+        "both queues on one runtime: {p}"
+    );
+    let b = stack_in(&bed, Side::B, Drive::Application(rt.handle().clone()));
     let to = SocketAddr::from(SocketAddrV4::new(bed.side(Side::B).ipv4, 7700));
-    let rt = two_workers();
     rt.block_on(async {
         let l = b.bind(to).await.unwrap();
         let mut c = timeout(LIMIT, a.connect(to)).await.unwrap().unwrap();
@@ -2930,19 +2593,18 @@ fn the_scaler_gives_a_crowded_threads_second_queue_a_thread_of_its_own_over_af_x
             }
         })
         .await
-        .expect("the scaler moved a queue off the crowded thread");
-        let p = a
-            .channel_placement()
-            .expect("AF_XDP stacks have a placement");
-        let (t0, t1) = (p.thread_of(0), p.thread_of(1));
+        .expect("the scaler moved a queue off the crowded runtime");
+        let p = a.channel_placement();
+        let (r0, r1) = (p.place_of(0), p.place_of(1));
+        assert_eq!(r0, Some(home.clone()), "queue 0 stays: {p}");
         assert!(
-            t0.is_some() && t1.is_some() && t0 != t1,
-            "queues on threads {t0:?}, {t1:?}: {p}"
+            matches!(r1, Some(DriverPlace::Runtime(id)) if id != 0),
+            "queue 1 on a runtime of its own: {p}"
         );
-        let spawned = p.thread(t1.unwrap()).expect("queue 1's thread");
+        let spawned = p.runtime(&r1.unwrap()).expect("queue 1's runtime");
         assert!(
-            spawned.core.is_some() && !spawned.dead,
-            "the new thread is pinned and alive: {p}"
+            spawned.core.is_some() && spawned.queues == vec![1] && p.dead.is_empty(),
+            "the new runtime is pinned and drives queue 1: {p}"
         );
         let plans = a.plan_counters();
         assert!(
@@ -2955,7 +2617,7 @@ fn the_scaler_gives_a_crowded_threads_second_queue_a_thread_of_its_own_over_af_x
         assert_eq!(received, sent, "every byte once, in order");
         println!("scaler placement: {p}; {} MB; {plans:?}", sent >> 20);
     });
-    drop(rt);
     a.abort();
     b.abort();
+    drop(rt);
 }

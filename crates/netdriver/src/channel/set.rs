@@ -900,8 +900,9 @@ impl ChannelSet {
     }
 
     /// Pins the queue runtime that drives `queue` to `core` (a scheduler's `Pin`); `false`
-    /// when the queue is driven by a runtime the set does not own, or the core is not one
-    /// this process may run on.
+    /// when the queue is placed on a runtime the set does not own (also while the watchdog
+    /// has it on the home runtime, which is not to be pinned for a queue passing through),
+    /// or the core is not one this process may run on.
     pub fn pin_queue_runtime(&self, queue: u32, core: usize) -> bool {
         let Some(index) = self.queue_index(queue) else {
             return false;
@@ -911,7 +912,7 @@ impl ChannelSet {
             .lock()
             .queues
             .get(index)
-            .map(|q| q.now.clone())
+            .map(|q| q.wanted.clone())
         {
             Some(DriverPlace::Runtime(id)) => id,
             _ => return false,

@@ -411,7 +411,7 @@ impl Drop for SwitchPort {
         // The host leaves with its first port: its address may be attached again.
         if self.queue == 0 {
             let mut f = self.switch.lock();
-            if f.hosts.get(&self.mac).is_some() {
+            if f.hosts.contains_key(&self.mac) {
                 let ip = f.hosts.get(&self.mac).map(|h| h.ipv4);
                 f.hosts.remove(&self.mac);
                 if let Some(ip) = ip {

@@ -541,7 +541,9 @@ impl StackBuilder {
                 (0..n.max(1)).collect()
             }
         };
-        cfg.placement = self.placement(&queues);
+        if is_unplaced(&cfg.placement) {
+            cfg.placement = self.placement(&queues);
+        }
         cfg.queues = Some(queues);
         let set = netdriver::channel::ChannelSet::start(cfg).map_err(|e| classify(e, &ifname))?;
         self.start(set)
@@ -653,6 +655,9 @@ impl StackBuilder {
         }
         cfg.syn_cookies = self.syn_cookies;
         self.liveness.apply(&mut cfg.tcp);
+        // The scheduler's placement is decided once the queues are known (after the hook,
+        // which may choose them); a placement the hook sets replaces it.
+        cfg.placement = unplaced();
         if let Some(f) = self.tweak.take() {
             f(&mut cfg);
         }
@@ -671,7 +676,9 @@ impl StackBuilder {
         self.liveness = Liveness::of_tcp(&cfg.tcp);
         net.configure(&mut cfg);
         let queues: Vec<u32> = (0..net.queues() as u32).collect();
-        cfg.placement = self.placement(&queues);
+        if is_unplaced(&cfg.placement) {
+            cfg.placement = self.placement(&queues);
+        }
         let set = net.start(cfg).map_err(StackError::Channels)?;
         self.start(set)
     }
@@ -765,6 +772,21 @@ impl StackBuilder {
             }),
         })
     }
+}
+
+/// What `channel_set_config` leaves in the placement for the scheduler to decide: an
+/// explicit placement of no queue, which no set could start with.
+fn unplaced() -> netdriver::channel::Placement {
+    netdriver::channel::Placement::Explicit {
+        places: Vec::new(),
+        external: Vec::new(),
+        cores: None,
+    }
+}
+
+/// Whether `p` is [`unplaced`]: `configure_channels` set no placement of its own.
+fn is_unplaced(p: &netdriver::channel::Placement) -> bool {
+    matches!(p, netdriver::channel::Placement::Explicit { places, .. } if places.is_empty())
 }
 
 /// The name the channel set's placement gives the application's runtime.
