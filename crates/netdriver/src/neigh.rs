@@ -320,6 +320,12 @@ impl<H: Copy> PeerMacProbes<H> {
         self.pending.is_empty()
     }
 
+    /// When [`poll`](Self::poll) should look next (`None` while no probe is out): a
+    /// driver that sleeps until its next deadline must wake for this one too.
+    pub fn next_look(&self) -> Option<crate::time::Instant> {
+        (!self.pending.is_empty()).then_some(self.next_look)
+    }
+
     /// Starts verifying connection `handle`, which came from `mac` for `ip` on interface
     /// `ifindex`: asks the kernel to resolve `ip` anew unless a probe for it is out
     /// already. Returns false (nothing started) when [`LIMIT`](Self::LIMIT) connections
@@ -432,6 +438,31 @@ pub struct KernelNeighbors {
     netns: Option<NetnsId>,
     /// Entries [`entry_confirming`](Self::entry_confirming) read, with when.
     recent: std::collections::HashMap<(u32, Ipv4Addr), (Option<NeighborEntry>, std::time::Instant)>,
+    /// The kernel's neighbour-table changes (the `RTMGRP_NEIGH` group), non-blocking: an
+    /// entry that changed (a forged ARP rewrote it, say) leaves `recent` before it is
+    /// used again. `None` when the subscription failed: then nothing is remembered.
+    changes: Option<Socket>,
+}
+
+/// The netlink multicast group of neighbour-table changes (`RTMGRP_NEIGH`, as a bind mask).
+const RTMGRP_NEIGH: u32 = 4;
+
+/// A netlink socket subscribed to the neighbour table's changes, non-blocking; `None`
+/// (with a debug line) when the kernel refuses.
+fn subscribe_changes() -> Option<Socket> {
+    let open = || -> io::Result<Socket> {
+        let mut s = Socket::new(NETLINK_ROUTE)?;
+        s.bind(&SocketAddr::new(0, RTMGRP_NEIGH))?;
+        s.set_non_blocking(true)?;
+        Ok(s)
+    };
+    match open() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::debug!(error = %e, "no neighbour-change reports; neighbour entries are read anew each time");
+            None
+        }
+    }
 }
 
 /// Most entries [`KernelNeighbors::entry_confirming`] remembers; past it, it forgets them
@@ -467,7 +498,54 @@ impl KernelNeighbors {
             seq: 0,
             netns,
             recent: std::collections::HashMap::new(),
+            changes: subscribe_changes(),
         })
+    }
+
+    /// Forgets every remembered entry that the kernel reported changed or deleted since
+    /// the last look (all of them if reports were lost, or without a subscription).
+    fn forget_changed(&mut self) {
+        let Some(changes) = self.changes.as_mut() else {
+            self.recent.clear();
+            return;
+        };
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match changes.recv(&mut &mut buf[..], libc::MSG_DONTWAIT) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                // ENOBUFS: the kernel dropped reports; anything may have changed.
+                Err(_) => {
+                    self.recent.clear();
+                    return;
+                }
+            };
+            let mut offset = 0;
+            while offset < n {
+                let Ok(msg) = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[offset..n])
+                else {
+                    self.recent.clear();
+                    break;
+                };
+                let len = msg.header.length as usize;
+                if let NetlinkPayload::InnerMessage(
+                    RouteNetlinkMessage::NewNeighbour(m) | RouteNetlinkMessage::DelNeighbour(m),
+                ) = &msg.payload
+                {
+                    let dst = m.attributes.iter().find_map(|a| match a {
+                        NeighbourAttribute::Destination(NeighbourAddress::Inet(d)) => Some(*d),
+                        _ => None,
+                    });
+                    if let Some(ip) = dst {
+                        self.recent.remove(&(m.header.ifindex, ip));
+                    }
+                }
+                if len == 0 {
+                    break;
+                }
+                offset += len;
+            }
+        }
     }
 
     /// The entry for `ip` on `ifindex`, to check a peer that came from `seen`: what
@@ -487,6 +565,7 @@ impl KernelNeighbors {
         max_age: std::time::Duration,
     ) -> Result<Option<NeighborEntry>, NeighError> {
         let now = std::time::Instant::now();
+        self.forget_changed();
         if let Some((entry, at)) = self.recent.get(&(ifindex, ip)) {
             let confirms = entry.and_then(|e| e.usable_mac()) == Some(seen);
             if confirms && now.saturating_duration_since(*at) <= max_age {

@@ -571,3 +571,36 @@ fn a_window_shut_past_the_limit_fails_the_connection_however_the_peer_answers() 
     assert_eq!(t.conn.error(), Some(netdriver::tcp::TcpError::TimedOut));
     assert_eq!(t.stats().zero_window_timeouts, 1);
 }
+
+/// An abort after the peer shrank its window below what we had sent (it acknowledged
+/// half and advertised a closed window, dropping the rest): the RST goes at the window's
+/// right edge, which is the peer's RCV.NXT, as Linux's `tcp_acceptable_seq` picks it,
+/// not at SND.MAX beyond it. A peer takes a RST only at exactly RCV.NXT (RFC 5961 §3.2);
+/// at SND.MAX it answered with a challenge ACK that nobody was left to answer, and kept
+/// retransmitting its own data until its user timeout.
+#[test]
+fn an_abort_past_a_shrunk_window_resets_at_the_peers_rcv_nxt() {
+    let mut t = Tcb::established(
+        test_config(),
+        PeerOpts {
+            window: 1000,
+            ..PeerOpts::default()
+        },
+    );
+    t.conn.set_nodelay(true);
+    let d = data(1000);
+    t.app_send(&d);
+    t.expect(t.out().seq(l(0)).payload(&d));
+    // Half taken, the window shut: the rest was dropped.
+    t.send(t.seg().ack(l(500)).win(0));
+    t.expect_none();
+    t.conn.abort();
+    t.expect(
+        t.out()
+            .seq(l(500))
+            .no_ack()
+            .flags(netdriver::wire::TcpFlags::RST)
+            .win(0),
+    );
+    t.expect_none();
+}

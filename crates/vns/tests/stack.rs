@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
 use tokio_util::codec::{Framed, LinesCodec};
 
-use netdriver::channel::{Channel, ChannelSet};
+use netdriver::channel::{Channel, ChannelSet, ChannelSetConfig, QueueLimits};
 use vns::stack::{MemNetwork, Stack};
 use vns::{AppClass, VirtualListener, VirtualStream};
 
@@ -829,31 +829,55 @@ async fn finished_stream_keeps_its_bytes_when_the_channels_go() {
 }
 
 /// A plain-TCP stream closed gracefully and dropped still counts in `pending_tx_bytes`
-/// until its peer has taken the bytes.
+/// until its peer has taken the bytes. The peer's TCP takes what its buffers hold (its
+/// receive buffer and its channel's Rx queue, here 32 KiB) and acknowledges it, as a
+/// kernel's would; the rest waits at the stack until the peer reads. (The write
+/// completes at once: the stream's channel queues it all.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_tx_bytes_cover_closed_plain_streams() {
+    const LEN: usize = 1 << 20;
     let net = MemNetwork::new();
     let b = Stack::builder().ipv4(B).build_in_memory(&net).unwrap();
     let l = b.bind(addr(B, 7033)).await.unwrap();
-    let host = plain_host(&net, Ipv4Addr::new(10, 0, 0, 3));
+    // A plain host whose channels queue at most 32 KiB of what they receive.
+    let mut cfg = ChannelSetConfig::new("mem", Ipv4Addr::new(10, 0, 0, 3));
+    cfg.rx_queue = QueueLimits {
+        chunks: 16,
+        bytes: 32 * 1024,
+    };
+    let host = Arc::new(ChannelSet::start_on_switch(cfg, net.switch(), net.queues()).unwrap());
     let (t, _) = connect_raw(&host, SocketAddrV4::new(B, 7033)).await;
     let (mut s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
     assert!(s.is_plain_tcp());
-    let data = pattern(33, 100_000);
-    s.write_all(&data).await.unwrap();
-    s.shutdown().await.unwrap();
-    drop(s);
-    // The plain host has not read: the bytes wait in the channel.
+    let data = pattern(33, LEN);
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        s.write_all(&sent).await.unwrap();
+        s.shutdown().await.unwrap();
+        // Dropped after its shutdown: closed gracefully, kept by the stack.
+    });
+    // The plain host has not read: beyond what its TCP took, the bytes wait here.
+    let held_by_peer = 256 * 1024 + 32 * 1024;
     assert!(
-        b.pending_tx_bytes() >= data.len(),
+        eventually(|| b.pending_tx_bytes() >= LEN - held_by_peer).await,
         "{}",
         b.pending_tx_bytes()
     );
-    t.close();
-    let got = timeout(LIMIT, read_transport_to_end(&t)).await.unwrap();
+    let got = timeout(LIMIT, read_transport_to_end_after(&t, writer))
+        .await
+        .unwrap();
     assert!(got == data, "got {} bytes", got.len());
     timeout(LIMIT, b.drained()).await.unwrap();
     assert_eq!(b.pending_tx_bytes(), 0);
+}
+
+/// Reads everything from `t` (the writer's stream is shut when `writer` ends), then
+/// closes `t`.
+async fn read_transport_to_end_after(t: &Channel, writer: tokio::task::JoinHandle<()>) -> Vec<u8> {
+    let got = read_transport_to_end(t).await;
+    writer.await.unwrap();
+    t.close();
+    got
 }
 
 /// A plain-TCP host connected to a `VirtualListener` on a stack `b` (with `linger` as
@@ -1233,9 +1257,16 @@ async fn linger_zero_aborts_at_once() {
     drop(s);
     assert!(b.pending_tx_bytes() > LEN / 2, "{}", b.pending_tx_bytes());
     drop(b);
-    let (got, err) = timeout(LIMIT, read_until_end_or_error(&mut c))
-        .await
-        .unwrap();
+    let (got, err) = match timeout(LIMIT, read_until_end_or_error(&mut c)).await {
+        Ok(r) => r,
+        Err(_) => panic!(
+            "no end or error within {LIMIT:?}: channels {}, placement {}, {:#?}, pending {}",
+            a.channel_count(),
+            a.channel_placement(),
+            a.stats().channels,
+            a.pending_tx_bytes()
+        ),
+    };
     assert!(got.len() < LEN, "read {} bytes", got.len());
     assert_eq!(
         err.expect("the stream fails").kind(),

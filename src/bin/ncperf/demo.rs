@@ -70,11 +70,16 @@ impl Sides {
         }
     }
 
-    /// The server's address for kernel TCP on `port`.
+    /// The server's address for kernel TCP on `port`. In memory, kernel TCP runs over
+    /// the host's loopback, which other programs share: a free pair of ports (the server
+    /// binds the next one too, for its latency application) rather than `port`.
     fn kernel_addr(&self, port: u16) -> SocketAddr {
         match &self.place {
             Place::Bed(b) => SocketAddr::new(b.side(Side::B).ipv4.into(), port),
-            Place::Memory(_) => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port),
+            Place::Memory(_) => {
+                let port = free_loopback_pair().unwrap_or(port);
+                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port)
+            }
         }
     }
 
@@ -174,6 +179,20 @@ impl Stacks {
         self.client.abort();
         self.server.abort();
     }
+}
+
+/// A port of the loopback that is free, with the next one free too (they are released
+/// before they are used, so another program could still take them: the bind then fails
+/// with a clear message).
+fn free_loopback_pair() -> Option<u16> {
+    for _ in 0..32 {
+        let a = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).ok()?;
+        let port = a.local_addr().ok()?.port();
+        if port < u16::MAX && std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port + 1)).is_ok() {
+            return Some(port);
+        }
+    }
+    None
 }
 
 fn kernel_serving(sides: &Sides, port: u16) -> Result<(Serving, Target), Fail> {

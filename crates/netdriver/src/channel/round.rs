@@ -201,9 +201,15 @@ impl QueueState {
         self.worker.iface.link().register_rx_waker(waker);
     }
 
-    /// The interface's next timer.
+    /// The next deadline: the interface's next timer, or the next look at the neighbour
+    /// probes of disputed passive opens while any is out (nothing else would wake an
+    /// idle queue to abort an impostor's connection once the owner answered).
     pub(crate) fn poll_at(&self) -> Option<Instant> {
-        self.worker.iface.poll_at()
+        let probes = self.book.mac_probes.next_look();
+        match (self.worker.iface.poll_at(), probes) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The set stops: every connection is aborted (see [`Worker::stop`]).
@@ -629,14 +635,13 @@ impl Worker {
 
     /// Hands connections that completed their handshake to their listeners.
     fn accept(&mut self, book: &mut Book, now: Instant) -> bool {
-        if !book.mac_probes.is_empty() {
-            self.poll_mac_probes(book, now);
-        }
+        // A probe that refused a connection leaves its RST to send: the round was active.
+        let refused = !book.mac_probes.is_empty() && self.poll_mac_probes(book, now);
         // Every round asks; a connection to accept is rare.
         if !self.iface.accept_pending() && !book.accepts_held {
-            return false;
+            return refused;
         }
-        let mut any = false;
+        let mut any = refused;
         book.accepts_held = false;
         for (&port, l) in &book.listeners {
             // A full accept queue leaves the connections where they are, established in
@@ -737,8 +742,10 @@ impl Worker {
     }
 
     /// Ends the probes of disputed passive opens that were answered (or timed out): a
-    /// connection whose address's owner answered from another MAC is aborted.
-    fn poll_mac_probes(&mut self, book: &mut Book, now: Instant) {
+    /// connection whose address's owner answered from another MAC is aborted. Returns
+    /// whether one was.
+    fn poll_mac_probes(&mut self, book: &mut Book, now: Instant) -> bool {
+        let mut aborted = false;
         use crate::neigh::ProbeOutcome;
         let (iface, queue) = (&mut self.iface, self.queue);
         let counters = self.set.peers.get(self.index).map(|p| &p.syns);
@@ -756,6 +763,7 @@ impl Worker {
                     }
                     if let Some(conn) = iface.conn_mut(h) {
                         conn.abort();
+                        aborted = true;
                     }
                 }
                 ProbeOutcome::Unanswered => {
@@ -765,6 +773,7 @@ impl Worker {
                     }
                 }
             });
+        aborted
     }
 
     /// Forgets connections the interface removed, releasing their flows and ports.

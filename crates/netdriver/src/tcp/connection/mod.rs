@@ -1252,11 +1252,18 @@ impl Connection {
 
     /// `<SEQ=SND.NXT><CTL=RST>` (RFC 9293 §3.10.5); SND.MAX, since SND.NXT may have been
     /// rewound by an RTO and the peer may already hold everything we sent.
+    /// The RST of an abort. Its sequence number is the peer's acceptable one as Linux
+    /// picks it (`tcp_acceptable_seq`): SND.MAX, unless that lies beyond the peer's window
+    /// (a zero-window probe's byte, say), then the window's right edge. The peer takes a
+    /// RST only at exactly RCV.NXT (RFC 5961 §3.2) and answers any other with a challenge
+    /// ACK, which an aborted connection is no longer there to answer: a RST at SND.MAX
+    /// one byte past a closed window left the peer retransmitting until its user timeout.
     fn make_rst(&self) -> TcpRepr {
+        let wnd_end = self.snd_una + self.snd_wnd;
         TcpRepr {
             src_port: self.local.port(),
             dst_port: self.remote.port(),
-            seq: self.snd_max,
+            seq: self.snd_max.min(wnd_end),
             ack: None,
             flags: TcpFlags::RST,
             window: 0,
