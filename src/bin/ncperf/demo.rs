@@ -50,7 +50,7 @@ const ALL: [TestName; 5] = [
 /// Where the two sides live.
 enum Place {
     /// The two-namespace AF_XDP test bed.
-    Bed(TestBed),
+    Bed(Box<TestBed>),
     /// In-memory stacks in this process's namespace; why.
     Memory(String),
 }
@@ -65,7 +65,7 @@ struct Sides {
 impl Sides {
     fn bed(&self) -> Option<&TestBed> {
         match &self.place {
-            Place::Bed(b) => Some(b),
+            Place::Bed(b) => Some(b.as_ref()),
             Place::Memory(_) => None,
         }
     }
@@ -241,7 +241,7 @@ pub fn run(args: &DemoArgs) -> Result<Report, Fail> {
             .mtu(args.bed_mtu)
             .build()
         {
-            Ok(bed) => Place::Bed(bed),
+            Ok(bed) => Place::Bed(Box::new(bed)),
             Err(e) if testbed::required() => {
                 return Err(fail(format!(
                     "{}=1 but the test bed cannot be built: {e}",
