@@ -188,7 +188,8 @@ mod sys;
 
 #[cfg(target_os = "linux")]
 pub use config::{
-    ChannelSetConfig, PartialChecksums, QueueLimits, DEFAULT_CHANNEL_PORT, LINEAR_XDP_MAX_MTU,
+    ChannelSetConfig, PartialChecksums, QueueLimits, RssAlignment, DEFAULT_CHANNEL_PORT,
+    LINEAR_XDP_MAX_MTU,
 };
 #[cfg(target_os = "linux")]
 pub use driver::{RxFlow, RxSink, ROUNDS_PER_POLL};
