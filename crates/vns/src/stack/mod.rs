@@ -1263,4 +1263,31 @@ mod tests {
             assert!(e.to_string().contains("NETCHANNEL_SYN_COOKIES"), "{e}");
         }
     }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_xdp_mode_and_rss_alignment_reach_the_channel_set() {
+        use netdriver::channel::RssAlignment;
+        use netdriver::link::xdp::BindMode;
+        let ip = Ipv4Addr::new(10, 0, 0, 1);
+        let cfg = |mut b: StackBuilder| b.channel_set_config("x0".into(), ip);
+        let d = cfg(StackBuilder::default());
+        assert_eq!((d.link.bind, d.rss), (BindMode::Auto, RssAlignment::Probe));
+        for mode in [BindMode::Copy, BindMode::ZeroCopy, BindMode::Auto] {
+            assert_eq!(cfg(StackBuilder::default().xdp_mode(mode)).link.bind, mode);
+        }
+        assert_eq!(
+            cfg(StackBuilder::default().rss_align(false)).rss,
+            RssAlignment::Off
+        );
+        assert_eq!(
+            cfg(StackBuilder::default().rss_align(false).rss_align(true)).rss,
+            RssAlignment::Probe
+        );
+        // `configure_channels` still has the last word.
+        let c = cfg(StackBuilder::default()
+            .xdp_mode(BindMode::ZeroCopy)
+            .configure_channels(|c| c.link.bind = BindMode::Copy));
+        assert_eq!(c.link.bind, BindMode::Copy);
+    }
 }
