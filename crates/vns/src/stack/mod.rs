@@ -612,7 +612,10 @@ impl Stack {
     ///   in-flight bytes, congestion window, smoothed RTT, retransmitted segments and
     ///   payload bytes sent. `queue`: the NIC queue the channel's connection lives on;
     ///   `thread`: the queue runtime that drives that queue (`None` when the queue is
-    ///   driven by a runtime handed to the stack, such as the application's).
+    ///   driven by a runtime handed to the stack, such as the application's);
+    ///   `steering`: how its frames reach that queue (accepted where its SYN landed,
+    ///   opened from a port the NIC's RSS aligns, steered by a NIC rule, or forwarded from
+    ///   whichever queue they land on; see [`StackBuilder::rss_align`]).
     /// - `flows`: every virtual socket with its class and unsent bytes;
     ///   `recent_rate_bps` is 0 (not measured yet).
     /// - `copy_workers`: each worker with its core and the bytes of copies placed on it and
