@@ -453,8 +453,7 @@ fn a_queue_moved_between_runtimes_while_bytes_flow_loses_nothing() {
     let (cs, mut ss) = (ChannelStream::new(c), ChannelStream::new(s));
     let back = std::thread::spawn(move || {
         read_pattern(&mut ss, TOTAL);
-        let ss = write_pattern(ss, TOTAL);
-        ss
+        write_pattern(ss, TOTAL)
     });
     let mut cs = write_pattern(cs, TOTAL);
     read_pattern(&mut cs, TOTAL);
