@@ -1,17 +1,22 @@
 //! How many received frames a channel set forwards between its queues, on the plain veth
-//! bed and on the RSS bed, in one run: the cost RSS alignment of channels removes.
+//! bed and on the RSS bed with and without RSS alignment, in one run: the cost alignment
+//! of channels removes.
 //!
 //! On veth a frame arrives on the queue its sender transmitted on, so channels between two
 //! channel sets are served where their frames land and nothing is forwarded. On the RSS bed
 //! (`TestBed::builder().rss`) the receiver's RSS picks the queue from the 4-tuple, as a NIC
 //! does: a channel whose local port was not chosen for its queue gets its frames on another
-//! queue, which hands each one over (`ChannelSet::forwarded_frames`).
+//! queue, which hands each one over (`ChannelSet::forwarded_frames`). A aligned
+//! (`RssAlignment::Known`, the bed's table for A) chooses each local port so that B's
+//! replies land on the channel's queue; `RssAlignment::Off` takes ports in turn, as before
+//! alignment existed.
 //!
-//! For each bed: two channel sets (4 queues), B listening on a channel port, A opening
+//! For each row: two channel sets (4 queues), B listening on a channel port, A opening
 //! `NETCHANNEL_BENCH_CHANNELS` channels (default 8, spread over A's queues round-robin)
 //! one after another, each carrying `NETCHANNEL_BENCH_MIB` MiB (default 16) to B. Prints,
 //! per side, the frames its queues received for owned flows (the steering program's
-//! redirects) and those forwarded, and the goodput.
+//! redirects) and those forwarded, A's channels by steering (aligned/forwarded), and the
+//! goodput.
 //!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
 //! Without `--bench` (`cargo test --all-targets`) it moves 1 MiB per channel as a smoke
@@ -27,7 +32,8 @@ mod run {
     use std::time::Instant;
 
     use bytes::Bytes;
-    use netchannel::netdriver::channel::{ChannelSet, ChannelSetConfig};
+    use netchannel::netdriver::channel::{ChannelSet, ChannelSetConfig, RssAlignment};
+    use netchannel::netdriver::rss::RssConfig;
     use testbed::{RssTable, Side, TestBed, TestBedBuilder};
 
     use super::bed;
@@ -42,10 +48,12 @@ mod run {
             .unwrap_or(default)
     }
 
-    fn set_in(bed: &TestBed, side: Side) -> ChannelSet {
+    fn set_in(bed: &TestBed, side: Side, rss: RssAlignment) -> ChannelSet {
         let e = bed.side(side).clone();
         bed.run_in(side, move || {
-            ChannelSet::start(ChannelSetConfig::new(e.ifname.clone(), e.ipv4)).expect("set")
+            let mut config = ChannelSetConfig::new(e.ifname.clone(), e.ipv4);
+            config.rss = rss;
+            ChannelSet::start(config).expect("set")
         })
         .expect("run in the namespace")
     }
@@ -70,18 +78,32 @@ mod run {
         let mib: u64 = env_or("NETCHANNEL_BENCH_MIB", if bench { 16 } else { 1 });
         let key: Vec<u8> = (0u8..40).map(|i| i.wrapping_mul(73) ^ 0xa5).collect();
         let table = || RssTable::spread(&key, 128, QUEUES).expect("table");
-        let beds: [(&str, TestBedBuilder); 2] = [
-            ("veth", TestBed::builder().queues(QUEUES)),
+        let rss_a = {
+            let t = table();
+            RssConfig::toeplitz(t.key(), t.indirection()).expect("RSS")
+        };
+        let rss_bed = || TestBed::builder().queues(QUEUES).rss(table(), table());
+        let rows: [(&str, TestBedBuilder, RssAlignment); 3] = [
             (
-                "rss",
-                TestBed::builder().queues(QUEUES).rss(table(), table()),
+                "veth",
+                TestBed::builder().queues(QUEUES),
+                RssAlignment::Probe,
             ),
+            ("rss, alignment off", rss_bed(), RssAlignment::Off),
+            ("rss, aligned", rss_bed(), RssAlignment::Known(rss_a)),
         ];
         println!(
-            "{:<5} {:>9} {:>12} {:>12} {:>12} {:>12} {:>8}",
-            "bed", "channels", "A received", "A forwarded", "B received", "B forwarded", "Gbit/s"
+            "{:<19} {:>8} {:>11} {:>11} {:>11} {:>11} {:>9} {:>7}",
+            "bed",
+            "channels",
+            "A received",
+            "A forwarded",
+            "B received",
+            "B forwarded",
+            "A al/fwd",
+            "Gbit/s"
         );
-        for (name, builder) in beds {
+        for (name, builder, rss) in rows {
             let bed = match builder.build() {
                 Ok(bed) => bed,
                 Err(e) => {
@@ -89,14 +111,17 @@ mod run {
                     return;
                 }
             };
-            let (a, b) = (set_in(&bed, Side::A), set_in(&bed, Side::B));
+            let a = set_in(&bed, Side::A, rss);
+            let b = set_in(&bed, Side::B, RssAlignment::Probe);
             let took = transfer(&bed, &a, &b, channels, mib << 20);
             let received = |s: &ChannelSet| s.steering_counters().map_or(0, |c| c.redirected);
             let (fa, fb) = (a.forwarded_frames().0, b.forwarded_frames().0);
+            let steered = a.steering_counts();
             println!(
-                "{name:<5} {channels:>9} {:>12} {fa:>12} {:>12} {fb:>12} {:>8.2}",
+                "{name:<19} {channels:>8} {:>11} {fa:>11} {:>11} {fb:>11} {:>9} {:>7.2}",
                 received(&a),
                 received(&b),
+                format!("{}/{}", steered.aligned, steered.forwarded),
                 (u64::from(channels) * (mib << 20)) as f64 * 8.0 / took / 1e9,
             );
             drop((a, b));

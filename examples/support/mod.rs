@@ -23,6 +23,9 @@ Environment (defaults for the stack; command-line options win):
   NETCHANNEL_CHANNELS=N, NETCHANNEL_LATENCY_CHANNELS=N, NETCHANNEL_SHARDS=N
   NETCHANNEL_SEND_BUFFER=BYTES, NETCHANNEL_RECV_BUFFER=BYTES   per socket
   NETCHANNEL_LINGER_MS=N               graceful close bound
+  NETCHANNEL_XDP_MODE=auto|copy|zerocopy
+                                       AF_XDP zero copy where the driver has it (auto)
+  NETCHANNEL_RSS_ALIGN=0|1             channels' ports chosen for the NIC's RSS (1)
   RUST_LOG=netdriver=debug,vns=debug   logs (tracing)
 ";
 

@@ -24,6 +24,7 @@ use netdriver::channel::{
 };
 use netdriver::link::switch::{SimSwitch, SwitchConfig};
 use netdriver::link::Link;
+use netdriver::rss::{ChannelSteering, ForwardReason, RssState, SteeringCounts};
 use netdriver::time::Instant;
 use std::io::{Read, Write};
 
@@ -117,6 +118,44 @@ async fn rounds_run_until_settled_then_the_driver_sleeps() {
     // Still open and working after the minute.
     c.enqueue(Bytes::from_static(b"again")).expect("enqueue");
     assert_eq!(read_n(&s, 5).await, b"again");
+    drop((c, s));
+    a.shutdown().expect("shutdown");
+    b.shutdown().expect("shutdown");
+}
+
+/// The switch's ports are no NIC's queues: a set on it opens channels without RSS
+/// alignment (and records so), records accepted ones as accepted, and reports no AF_XDP
+/// binding or UMEM for its queues.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_in_memory_set_opens_channels_unaligned_and_has_no_xdp_sockets() {
+    let switch = SimSwitch::default();
+    let (a, b) = (host_here(&switch, A, 2), host_here(&switch, B, 2));
+    let (c, s) = pair(&a, &b).await;
+    assert_eq!(a.rss_state(), &RssState::Off);
+    assert_eq!(
+        c.steering(),
+        ChannelSteering::Forwarded {
+            reason: ForwardReason::AlignmentOff
+        }
+    );
+    assert_eq!(s.steering(), ChannelSteering::Accepted);
+    assert_eq!(
+        a.steering_counts(),
+        SteeringCounts {
+            forwarded: 1,
+            ..Default::default()
+        }
+    );
+    assert_eq!(
+        b.steering_counts(),
+        SteeringCounts {
+            accepted: 1,
+            ..Default::default()
+        }
+    );
+    for q in a.queue_stats().into_iter().chain(b.queue_stats()) {
+        assert_eq!((q.binding, q.umem), (None, None), "queue {}", q.queue);
+    }
     drop((c, s));
     a.shutdown().expect("shutdown");
     b.shutdown().expect("shutdown");

@@ -1,20 +1,27 @@
 //! Privileged tests of RSS on the test beds: the plain veth bed has none (and says so),
 //! and on the RSS bed every frame arrives on the queue its receiver's RSS picks, whoever
-//! sent it and on whichever queue, as [`netdriver::rss::RssConfig`] computes.
+//! sent it and on whichever queue, as [`netdriver::rss::RssConfig`] computes. Channel sets
+//! aligned to their RSS ([`RssAlignment`]) then get every frame of every channel on the
+//! queue that owns it (nothing forwarded between queues); without alignment the opening
+//! side forwards, and on veth a set opens channels as it always did.
 //!
 //! They need root. Without it each test prints why it skips, unless
 //! `NETCHANNEL_REQUIRE_XDP=1`, which turns the skip into a failure (CI).
 #![cfg(target_os = "linux")]
+
+mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant as StdInstant};
 
+use netdriver::channel::{Channel, ChannelSet, RssAlignment};
 use netdriver::link::xdp::{XdpLink, XdpLinkConfig};
 use netdriver::link::Link;
 use netdriver::rss::{
-    read_rss, FlowTuple, PortChooser, RssConfig, RssError, MICROSOFT_VERIFICATION_KEY,
+    read_rss, ChannelSteering, FlowTuple, ForwardReason, PortChooser, RssConfig, RssError,
+    RssState, SteeringCounts, MICROSOFT_VERIFICATION_KEY,
 };
 use netdriver::time::Instant;
 use netdriver::wire::{
@@ -332,5 +339,163 @@ fn chosen_ports_bring_the_replies_to_their_queue() {
             queues.iter().all(|&x| x == q),
             "{reply:?} arrived on {queues:?}, chosen for {q}"
         );
+    }
+}
+
+/// Channels `a` opens to `b`'s listener on [`PORT`], `n` of them (round robin over `a`'s
+/// queues), each carrying `bytes` each way at once; returns both ends of each, A's first.
+fn channels_both_ways(
+    bed: &TestBed,
+    a: &ChannelSet,
+    b: &ChannelSet,
+    n: usize,
+    bytes: u64,
+) -> Vec<(Channel, Channel)> {
+    let listener = b.listen(PORT).expect("listen");
+    let remote = SocketAddrV4::new(bed.side(Side::B).ipv4, PORT);
+    let pairs: Vec<(Channel, Channel)> = (0..n)
+        .map(|_| {
+            let opened = a.connect(remote).expect("connect");
+            let (accepted, _) = listener.accept().expect("accept");
+            (opened, accepted)
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for (i, (opened, accepted)) in pairs.iter().enumerate() {
+            let seed = i as u64;
+            s.spawn(move || common::send_stream(opened, seed, bytes, 16 << 10));
+            s.spawn(move || common::send_stream(accepted, seed + 100, bytes, 16 << 10));
+            s.spawn(move || assert_eq!(common::recv_stream(accepted, seed), bytes));
+            s.spawn(move || assert_eq!(common::recv_stream(opened, seed + 100), bytes));
+        }
+    });
+    pairs
+}
+
+/// Channels A opens on the RSS bed, A aligned to its "NIC"'s RSS: each is owned by the
+/// queue B's replies land on (the queue it was given, round robin), the queue B's SYN
+/// arrived on owns each accepted end, and no frame is forwarded between queues at either
+/// end while bytes flow both ways.
+#[test]
+fn aligned_channels_get_every_frame_on_their_own_queue() {
+    let (nic_a, nic_b) = tables();
+    let Some(bed) = testbed_or_skip(
+        TestBed::builder()
+            .queues(QUEUES)
+            .rss(nic_a.clone(), nic_b.clone()),
+    ) else {
+        return;
+    };
+    let (rss_a, rss_b) = (config(&nic_a), config(&nic_b));
+    let mut ca = common::config(&bed, Side::A);
+    ca.rss = RssAlignment::Known(rss_a.clone());
+    let a = common::start(&bed, Side::A, ca);
+    let b = common::start(&bed, Side::B, common::config(&bed, Side::B));
+    assert_eq!(a.rss_state(), &RssState::Predictable(rss_a.clone()));
+    const CHANNELS: usize = 8;
+    let pairs = channels_both_ways(&bed, &a, &b, CHANNELS, 256 << 10);
+    for (i, (opened, accepted)) in pairs.iter().enumerate() {
+        let (local, remote) = (opened.local_addr(), opened.peer_addr());
+        assert_eq!(opened.steering(), ChannelSteering::Aligned);
+        assert_eq!(opened.queue(), i as u32 % QUEUES, "round robin kept");
+        assert_eq!(rss_a.reply_queue(local, remote), Some(opened.queue()));
+        assert_eq!(accepted.steering(), ChannelSteering::Accepted);
+        assert_eq!(
+            rss_b.queue_of(&FlowTuple::new(local, remote)),
+            Some(accepted.queue())
+        );
+    }
+    assert_eq!(a.forwarded_frames(), (0, 0), "A forwarded frames");
+    assert_eq!(b.forwarded_frames(), (0, 0), "B forwarded frames");
+    assert_eq!(
+        a.steering_counts(),
+        SteeringCounts {
+            aligned: CHANNELS as u64,
+            ..Default::default()
+        }
+    );
+    assert_eq!(b.steering_counts().accepted, CHANNELS as u64);
+    // The frames A received came through the relay, on more than one queue.
+    let toward_a = bed
+        .relay()
+        .unwrap()
+        .queue_counts(RelayEnd::A, QUEUES)
+        .unwrap();
+    assert!(
+        toward_a.iter().filter(|&&n| n > 0).count() == QUEUES as usize,
+        "{toward_a:?}"
+    );
+}
+
+/// The same channels without alignment: A's replies land wherever B's ports hash, and A
+/// forwards them between its queues (what alignment removes, and what the test above
+/// would see without it).
+#[test]
+fn unaligned_channels_are_forwarded_on_the_rss_bed() {
+    let (nic_a, nic_b) = tables();
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(QUEUES).rss(nic_a.clone(), nic_b))
+    else {
+        return;
+    };
+    let rss_a = config(&nic_a);
+    let mut ca = common::config(&bed, Side::A);
+    ca.rss = RssAlignment::Off;
+    let a = common::start(&bed, Side::A, ca);
+    let b = common::start(&bed, Side::B, common::config(&bed, Side::B));
+    let pairs = channels_both_ways(&bed, &a, &b, 8, 256 << 10);
+    let misplaced = pairs
+        .iter()
+        .filter(|(o, _)| rss_a.reply_queue(o.local_addr(), o.peer_addr()) != Some(o.queue()))
+        .count();
+    assert!(misplaced > 0, "every port happened to land on its queue");
+    for (opened, _) in &pairs {
+        assert_eq!(
+            opened.steering(),
+            ChannelSteering::Forwarded {
+                reason: ForwardReason::AlignmentOff
+            }
+        );
+    }
+    assert!(a.forwarded_frames().0 > 0, "{:?}", a.forwarded_frames());
+    assert_eq!(b.forwarded_frames(), (0, 0));
+    assert_eq!(a.steering_counts().forwarded, 8);
+}
+
+/// On the plain veth bed a set reads no RSS and opens channels as it always did: queues
+/// round robin, ports one after another from the start of its range; nothing forwarded
+/// (veth delivers each frame on the queue its sender used). Its queues report their
+/// AF_XDP binding (copy mode: veth has no zero copy) and UMEM.
+#[test]
+fn on_veth_channels_open_round_robin_from_consecutive_ports() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().queues(QUEUES)) else {
+        return;
+    };
+    let mut ca = common::config(&bed, Side::A);
+    ca.ephemeral_ports = Some(62000..=62999);
+    let a = common::start(&bed, Side::A, ca);
+    let b = common::start(&bed, Side::B, common::config(&bed, Side::B));
+    match a.rss_state() {
+        RssState::Unreadable(why) => assert!(why.contains("veth"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let pairs = channels_both_ways(&bed, &a, &b, 8, 64 << 10);
+    for (i, (opened, accepted)) in pairs.iter().enumerate() {
+        assert_eq!(opened.queue(), i as u32 % QUEUES);
+        assert_eq!(opened.local_addr().port(), 62000 + i as u16);
+        assert_eq!(
+            opened.steering(),
+            ChannelSteering::Forwarded {
+                reason: ForwardReason::RssUnreadable
+            }
+        );
+        assert_eq!(accepted.queue(), opened.queue(), "veth: the sender's queue");
+    }
+    assert_eq!(a.forwarded_frames(), (0, 0));
+    assert_eq!(b.forwarded_frames(), (0, 0));
+    for q in a.queue_stats() {
+        let binding = q.binding.expect("an AF_XDP queue has a binding");
+        assert!(!binding.is_zero_copy(), "veth has no zero copy: {binding}");
+        let umem = q.umem.expect("an AF_XDP queue has a UMEM");
+        assert!(umem.bytes >= 4096 * 2048, "{umem:?}");
     }
 }

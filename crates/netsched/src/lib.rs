@@ -81,7 +81,7 @@ pub use scaling::{Scaled, Scaler, ScalingConfig, ScalingConfigError};
 pub use source_port::SourcePort;
 pub use stats::{
     ChannelStats, ChannelThreadId, CopyWorkerId, CopyWorkerStats, FlowStats, PeerId, QueueStats,
-    StackSnapshot, ThreadStats,
+    StackSnapshot, Steering, ThreadStats,
 };
 
 /// Identifies one channel (one L4 connection to a peer host) within a host.

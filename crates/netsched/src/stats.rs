@@ -73,6 +73,29 @@ pub struct ChannelStats {
     /// [`StackSnapshot::queues`]); `None` when unknown or without one.
     #[serde(default)]
     pub queue: Option<u32>,
+    /// How the channel's received frames reach its queue; `None` when unknown (no NIC
+    /// queue beneath it). A [`Steering::Forwarded`] channel costs two threads work per
+    /// frame it receives on another queue than its own.
+    #[serde(default)]
+    pub steering: Option<Steering>,
+}
+
+/// How a channel's received frames reach the NIC queue (and so the thread) that runs it:
+/// the channel layer's record, made when the channel was opened or accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Steering {
+    /// Accepted by this host: run by the queue its SYN arrived on, where the NIC's
+    /// receive-side scaling puts all its frames.
+    Accepted,
+    /// Opened by this host from a local port whose replies the NIC's receive-side scaling
+    /// delivers to the channel's queue.
+    Aligned,
+    /// Opened by this host, its frames steered to the channel's queue by a NIC flow
+    /// (ntuple) rule.
+    Rule,
+    /// Opened by this host without alignment (none possible, or turned off): frames that
+    /// arrive on another queue are handed over to the channel's by that queue's thread.
+    Forwarded,
 }
 
 /// How busy one channel thread was over the last measuring window.

@@ -50,4 +50,41 @@ fn the_builder_reads_the_environment_and_explicit_calls_win() {
     std::env::set_var("NETCHANNEL_KEEPALIVE_MS", "0");
     let stack = build(Stack::builder()).unwrap();
     assert_eq!(stack.liveness().keepalive, None, "0 turns keep-alive off");
+    drop(stack);
+
+    // The AF_XDP bind mode and RSS alignment reach the channel set's configuration (an
+    // in-memory set keeps it, though its switch has neither).
+    #[cfg(target_os = "linux")]
+    {
+        use netdriver::channel::RssAlignment;
+        use netdriver::link::xdp::BindMode;
+        std::env::set_var("NETCHANNEL_XDP_MODE", "zerocopy");
+        std::env::set_var("NETCHANNEL_RSS_ALIGN", "0");
+        let stack = build(Stack::builder()).unwrap();
+        let c = stack.channel_set().config();
+        assert_eq!(
+            (c.link.bind, &c.rss),
+            (BindMode::ZeroCopy, &RssAlignment::Off)
+        );
+        drop(stack);
+        let stack = build(Stack::builder().xdp_mode(BindMode::Copy).rss_align(true)).unwrap();
+        let c = stack.channel_set().config();
+        assert_eq!(
+            (c.link.bind, &c.rss),
+            (BindMode::Copy, &RssAlignment::Probe)
+        );
+        drop(stack);
+        for (name, bad) in [
+            ("NETCHANNEL_XDP_MODE", "fast"),
+            ("NETCHANNEL_RSS_ALIGN", "yes"),
+        ] {
+            let before = std::env::var(name).unwrap();
+            std::env::set_var(name, bad);
+            let e = build(Stack::builder()).unwrap_err();
+            assert!(e.to_string().contains(name), "{e}");
+            std::env::set_var(name, before);
+        }
+        std::env::remove_var("NETCHANNEL_XDP_MODE");
+        std::env::remove_var("NETCHANNEL_RSS_ALIGN");
+    }
 }

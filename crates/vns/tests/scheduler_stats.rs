@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use netsched::{
     ChannelClass, ChannelId, ChannelStats, ChunkInfo, NetScheduler, PlanAction, StackSnapshot,
+    Steering,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
@@ -118,6 +119,24 @@ async fn a_user_policy_places_every_chunk_and_stats_show_it() {
     let peer = stats.channels[0].peer;
     assert!(seen.iter().all(|c| c.peer == peer));
     drop(seen);
+    // How each channel's frames reach its queue: A opened them over the in-memory switch,
+    // whose ports are no NIC's (no alignment), and B accepted them.
+    assert!(
+        stats
+            .channels
+            .iter()
+            .all(|c| c.steering == Some(Steering::Forwarded)),
+        "{stats:?}"
+    );
+    let b_stats = b.stats();
+    assert_eq!(b_stats.channels.len(), 4);
+    assert!(
+        b_stats
+            .channels
+            .iter()
+            .all(|c| c.steering == Some(Steering::Accepted)),
+        "{b_stats:?}"
+    );
 
     // The socket is listed with its class; the snapshot serialises.
     assert!(stats

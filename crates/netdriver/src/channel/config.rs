@@ -10,6 +10,7 @@ use super::placement::Placement;
 use super::queue::Limits;
 use super::ChannelError;
 use crate::link::xdp::XdpLinkConfig;
+use crate::rss::RssConfig;
 use crate::tcp;
 use crate::time::Duration;
 
@@ -111,13 +112,51 @@ pub struct ChannelSetConfig {
     /// [`InterfaceConfig::syn_cookies`]. One secret, drawn from the OS's generator, serves
     /// every queue of the set. Default on.
     pub syn_cookies: bool,
+    /// How the queue and local port of each channel the set opens are chosen so that the
+    /// NIC's RSS delivers the peer's replies to the queue that owns it (default
+    /// [`RssAlignment::Probe`]). See [`crate::rss`].
+    pub rss: RssAlignment,
+}
+
+/// How a [`ChannelSet`](super::ChannelSet) aligns the channels it opens with the NIC's
+/// receive-side scaling ([`ChannelSetConfig::rss`]).
+///
+/// On a NIC the receiver's RSS picks each frame's queue from the 4-tuple, and a channel is
+/// served by one queue: a channel opened from an arbitrary local port gets the peer's
+/// replies on an arbitrary queue, and each is forwarded to the owning one
+/// ([`ChannelSet::forwarded_frames`](super::ChannelSet::forwarded_frames)). Alignment
+/// chooses the local port so that the replies land on the channel's queue (or, when no
+/// free port lands there, lets the queue the replies land on own the channel), with
+/// [`RssAligner`](crate::rss::RssAligner). Accepted channels need nothing: the queue
+/// their SYN arrived on owns them. [`ChannelSet::steering_counts`](super::ChannelSet::steering_counts)
+/// and [`Channel::steering`](super::Channel::steering) report what each channel got.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RssAlignment {
+    /// Read the interface's RSS when the set starts (`ETHTOOL_GRSSH`, `ETHTOOL_GRXFH`,
+    /// logged): where the hash can be reproduced, ports are chosen; where it cannot, each
+    /// opened channel gets an ntuple rule steering its replies to its queue where the NIC
+    /// takes one (`ethtool -K IF ntuple on`), removed when the connection is gone; else
+    /// its frames are forwarded. On a host-local device (veth, netkit), which has no RSS
+    /// and delivers each frame on the queue its sender used, no rule is tried and
+    /// channels are opened as without alignment. The default.
+    #[default]
+    Probe,
+    /// Align to this RSS instead of the interface's (one read elsewhere, or the RSS test
+    /// bed's, whose relay hashes in front of a veth); no ntuple rules.
+    Known(RssConfig),
+    /// No alignment (for A/B measurements): queues round robin, any free port; every
+    /// opened channel is recorded as forwarded, for
+    /// [`ForwardReason::AlignmentOff`](crate::rss::ForwardReason::AlignmentOff).
+    Off,
 }
 
 impl ChannelSetConfig {
     /// Defaults for `ifname` with address `ipv4`: all queues, the link defaults
-    /// (4096 frames of 2 KiB, copy mode), default TCP with the MSS the MTU allows, port
-    /// 9000, one unpinned queue runtime per queue, queues of 1024 chunks / 4 MiB, 3 s
-    /// neighbour and 10 s connect timeouts.
+    /// ([`XdpLinkConfig::new`]: 4096 frames of 2 KiB, zero copy where the driver
+    /// supports it and copy mode elsewhere, veth included; the UMEM on the interface's
+    /// NUMA node), default TCP with the MSS the MTU allows, port 9000, one unpinned queue
+    /// runtime per queue, queues of 1024 chunks / 4 MiB, 3 s neighbour and 10 s connect
+    /// timeouts, RSS alignment from the interface's own RSS ([`RssAlignment::Probe`]).
     pub fn new(ifname: impl Into<String>, ipv4: Ipv4Addr) -> ChannelSetConfig {
         let ifname = ifname.into();
         ChannelSetConfig {
@@ -152,6 +191,7 @@ impl ChannelSetConfig {
             forward_queue: 1024,
             partial_checksums: PartialChecksums::Auto,
             syn_cookies: true,
+            rss: RssAlignment::Probe,
         }
     }
 }

@@ -96,24 +96,29 @@ impl PortAllocator {
         }
     }
 
-    /// A free port, taken round-robin from where the last one was found; `None` when all
-    /// are in use.
-    pub(crate) fn allocate(&self) -> Option<u16> {
+    /// Where the next scan for a free port starts: just after the last port claimed, so
+    /// that ports are taken round-robin over the range (a port just released is the last
+    /// to be reused).
+    pub(crate) fn cursor(&self) -> u16 {
+        let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        guard.0.clamp(*self.range.start(), *self.range.end())
+    }
+
+    /// Takes `port` if it is in the range and free, and moves the [`cursor`](Self::cursor)
+    /// past it; whether it was taken. A port chooser asks about candidates in its own order
+    /// (those whose replies land on a channel's queue, say) and keeps the first taken.
+    pub(crate) fn try_claim(&self, port: u16) -> bool {
         let (lo, hi) = (*self.range.start(), *self.range.end());
-        if lo > hi {
-            return None;
+        if !(lo..=hi).contains(&port) {
+            return false;
         }
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let (next, used) = &mut *guard;
-        let span = u32::from(hi - lo) + 1;
-        for _ in 0..span {
-            let port = (*next).clamp(lo, hi);
-            *next = if port == hi { lo } else { port + 1 };
-            if used.insert(port) {
-                return Some(port);
-            }
+        if !used.insert(port) {
+            return false;
         }
-        None
+        *next = if port == hi { lo } else { port + 1 };
+        true
     }
 
     /// The range ports come from.
@@ -190,12 +195,19 @@ mod tests {
     #[test]
     fn ports_are_unique_until_released() {
         let a = PortAllocator::new(100..=102);
-        let got: Vec<_> = (0..3).map(|_| a.allocate().unwrap()).collect();
-        assert_eq!(got, [100, 101, 102]);
-        assert_eq!(a.allocate(), None);
-        a.release(101);
-        assert_eq!(a.allocate(), Some(101));
+        assert_eq!(a.cursor(), 100);
+        assert!(a.try_claim(101));
+        assert_eq!(a.cursor(), 102);
+        assert!(!a.try_claim(101), "taken twice");
+        assert!(!a.try_claim(99) && !a.try_claim(103), "outside the range");
+        assert!(a.try_claim(102));
+        assert_eq!(a.cursor(), 100, "wraps after the last port");
+        assert!(a.try_claim(100));
         assert_eq!(a.in_use(), 3);
+        a.release(101);
+        assert_eq!(a.in_use(), 2);
+        assert!(a.try_claim(101));
+        assert_eq!(a.cursor(), 102);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use super::queue::{block_on, ChannelShared};
 use super::{
     ChannelError, ChannelState, ChannelStats, ChannelTransport, ChannelWire, Dequeued, EnqueueError,
 };
+use crate::rss::ChannelSteering;
 use crate::tcp::OptionChanges;
 use crate::time::Duration;
 
@@ -164,6 +165,14 @@ impl Channel {
     /// The NIC queue (and so the queue driver) the channel lives on.
     pub fn queue(&self) -> u32 {
         self.shared.queue
+    }
+
+    /// How the channel's received frames reach its queue: accepted (owned by the queue
+    /// its SYN arrived on), aligned (opened from a local port whose replies RSS delivers
+    /// to its queue), steered by an ntuple rule, or forwarded from the queue they land on
+    /// (see [`RssAlignment`](super::RssAlignment)).
+    pub fn steering(&self) -> ChannelSteering {
+        self.shared.steering
     }
 
     /// Where the channel is in its life.

@@ -94,6 +94,13 @@
 //! steering program's map before its SYN leaves; listened ports are claimed before
 //! `listen` returns.
 //!
+//! Where the NIC's RSS picks the receive queue, the port also decides where the peer's
+//! replies land, so the set chooses it ([`ChannelSetConfig::rss`], [`crate::rss`]): a
+//! free port whose replies hash to the channel's queue, or, when none is free, a port
+//! whose replies land on another queue, which then owns the channel. Its frames are then
+//! never forwarded. [`Channel::steering`] and [`ChannelSet::steering_counts`] say what
+//! each channel got.
+//!
 //! # Message transports
 //!
 //! The application-facing contract is the [`ChannelTransport`] trait: enqueue and
@@ -188,7 +195,8 @@ mod sys;
 
 #[cfg(target_os = "linux")]
 pub use config::{
-    ChannelSetConfig, PartialChecksums, QueueLimits, DEFAULT_CHANNEL_PORT, LINEAR_XDP_MAX_MTU,
+    ChannelSetConfig, PartialChecksums, QueueLimits, RssAlignment, DEFAULT_CHANNEL_PORT,
+    LINEAR_XDP_MAX_MTU,
 };
 #[cfg(target_os = "linux")]
 pub use driver::{RxFlow, RxSink, ROUNDS_PER_POLL};

@@ -21,6 +21,7 @@ use super::lazy_queue::LazyQueue;
 use super::driver::RxSink;
 use super::signal::QueueSignal;
 use super::{ChannelError, ChannelState, ChannelStats, ChannelWire, Dequeued, EnqueueError};
+use crate::rss::ChannelSteering;
 use crate::tcp::OptionChanges;
 use crate::tcp::Traffic;
 use crate::time::{Duration, Instant};
@@ -150,6 +151,9 @@ pub(crate) struct ChannelShared {
     pub(crate) local: SocketAddrV4,
     pub(crate) peer: SocketAddrV4,
     pub(crate) queue: u32,
+    /// How the channel's received frames reach `queue`, decided when it was opened or
+    /// accepted.
+    pub(crate) steering: ChannelSteering,
     tx: LazyQueue<Bytes>,
     /// Bytes enqueued and not yet taken by TCP (including the rest of a chunk that did not
     /// fit, which the driver keeps).
@@ -206,6 +210,7 @@ impl ChannelShared {
         local: SocketAddrV4,
         peer: SocketAddrV4,
         queue: u32,
+        steering: ChannelSteering,
         tx: Limits,
         rx: Limits,
         signal: Arc<QueueSignal>,
@@ -214,6 +219,7 @@ impl ChannelShared {
             local,
             peer,
             queue,
+            steering,
             tx: LazyQueue::new(tx.chunks),
             tx_bytes: AtomicUsize::new(0),
             tx_limit: tx.bytes.max(1),
@@ -695,6 +701,7 @@ mod tests {
             a,
             a,
             0,
+            ChannelSteering::Accepted,
             tx,
             rx,
             Arc::new(QueueSignal::new(super::super::clock::RuntimeClock::new())),

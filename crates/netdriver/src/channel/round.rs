@@ -24,6 +24,7 @@ use super::stats::SynCounters;
 use super::ChannelError;
 use crate::link::QueueLink;
 use crate::netif::{ConnHandle, Interface, StraySegment, StrayVerdict};
+use crate::rss::NtupleRule;
 use crate::tcp::TcpError;
 use crate::time::Instant;
 use crate::wire::EthernetAddress;
@@ -42,6 +43,9 @@ pub(crate) enum Command {
     Connect {
         shared: Arc<ChannelShared>,
         mac: EthernetAddress,
+        /// The ntuple rule that steers its frames to this queue, if it has one: kept
+        /// with the connection and removed with it.
+        rule: Option<NtupleRule>,
     },
     /// Listen on `port`; the result goes to `done`.
     Listen {
@@ -78,10 +82,13 @@ struct Entry {
 
 /// A flow this queue must release from the directory (and, for an outgoing channel, its
 /// port and steering entry) when the interface forgets the connection.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Owned {
     tuple: Tuple,
     active_port: Option<u16>,
+    /// An outgoing channel's ntuple rule: dropped (removed from the NIC) when the
+    /// connection is forgotten, TIME-WAIT included, with its port.
+    _rule: Option<NtupleRule>,
 }
 
 /// Everything a queue owns, apart from its bookkeeping.
@@ -297,7 +304,9 @@ impl Worker {
             };
             any = true;
             match cmd {
-                Command::Connect { shared, mac } => self.connect(book, shared, mac, now),
+                Command::Connect { shared, mac, rule } => {
+                    self.connect(book, shared, mac, rule, now)
+                }
                 Command::Listen {
                     port,
                     backlog,
@@ -328,6 +337,7 @@ impl Worker {
         book: &mut Book,
         shared: Arc<ChannelShared>,
         mac: EthernetAddress,
+        rule: Option<NtupleRule>,
         now: Instant,
     ) {
         let (local, peer) = (shared.local, shared.peer);
@@ -337,12 +347,13 @@ impl Worker {
                 if let Some(conn) = self.iface.conn_mut(h) {
                     conn.set_nodelay(self.set.nodelay);
                 }
-                trace!(queue = self.queue, %local, %peer, "channel connecting");
+                trace!(queue = self.queue, %local, %peer, steering = %shared.steering, "channel connecting");
                 book.owned.insert(
                     h,
                     Owned {
                         tuple: (local, peer),
                         active_port: Some(local.port()),
+                        _rule: rule,
                     },
                 );
                 book.entries.insert(h, Entry::new(shared));
@@ -499,6 +510,7 @@ impl Worker {
             Owned {
                 tuple,
                 active_port: None,
+                _rule: None,
             },
         );
     }
@@ -667,6 +679,7 @@ impl Worker {
                     tuple.0,
                     tuple.1,
                     self.queue,
+                    self.set.aligner.accepted(),
                     self.set.tx_limits,
                     self.set.rx_limits,
                     self.signal.clone(),

@@ -14,7 +14,7 @@ use xdp_prog::XdpSteering;
 
 use super::attach::{Neighbors, Resolver};
 use super::clock::RuntimeClock;
-use super::config::{resolve_attach, resolve_partial_checksums};
+use super::config::{resolve_attach, resolve_partial_checksums, RssAlignment};
 use super::directory::{BufferPool, FlowDirectory, PortAllocator};
 use super::driver::QueueSlot;
 use super::handle::Channel;
@@ -31,9 +31,11 @@ use super::stats::{ChecksumCounters, QueueStats, RxChecksumStats, SynCounters, S
 use super::sys::xsk_drops;
 use super::{ChannelError, ChannelSetConfig};
 use crate::link::switch::SimSwitch;
-use crate::link::xdp::XdpLink;
+use crate::link::umem_memory::UmemPlacement;
+use crate::link::xdp::{XdpBinding, XdpLink};
 use crate::link::{Link, QueueLink};
 use crate::netif::{Interface, InterfaceConfig};
+use crate::rss::{RssAligner, RssState, SteeringCounts};
 use crate::time::Duration;
 use crate::wire::EthernetAddress;
 
@@ -62,10 +64,11 @@ pub struct ChannelSet {
     /// sockets stay open and bound, so arrivals for their flows are dropped unread, as
     /// with a crashed process, rather than answered by the kernel with resets.
     graveyard: Mutex<Vec<Arc<QueueSlot>>>,
+    /// Each queue's AF_XDP socket binding and UMEM, by index (`None` for other links).
+    links: Vec<(Option<XdpBinding>, Option<UmemPlacement>)>,
     stopped: bool,
 }
 
-/// What `start` builds per queue before the set exists.
 /// The queues' answers to a listen: one each, until all said yes or one said no.
 struct ListenConfirmations {
     answers: tokio::sync::mpsc::UnboundedReceiver<Result<(), ChannelError>>,
@@ -90,17 +93,22 @@ impl ListenConfirmations {
     }
 }
 
+/// What `start` builds per queue before the set exists.
 struct QueueParts {
     queue: u32,
     link: Box<dyn QueueLink>,
     neighbors: Neighbors,
+    /// An AF_XDP link's binding and UMEM placement, for [`QueueStats`].
+    binding: Option<XdpBinding>,
+    umem: Option<UmemPlacement>,
 }
 
 impl ChannelSet {
     /// Attaches the steering program to `config.ifname`, opens one AF_XDP link per queue,
-    /// registers their sockets and starts a driver per queue on the runtimes
-    /// `config.placement` names, all in the calling thread's network namespace. On any
-    /// error everything done so far is undone (runtimes stopped, program detached).
+    /// registers their sockets, reads the interface's RSS (as `config.rss` says) and
+    /// starts a driver per queue on the runtimes `config.placement` names, all in the
+    /// calling thread's network namespace. On any error everything done so far is undone
+    /// (runtimes stopped, program detached).
     pub fn start(config: ChannelSetConfig) -> Result<ChannelSet, ChannelError> {
         let queues = match &config.queues {
             Some(q) => q.clone(),
@@ -146,13 +154,23 @@ impl ChannelSet {
             };
             parts.push(QueueParts {
                 queue: q,
+                binding: Some(link.binding()),
+                umem: Some(link.umem_placement()),
                 link: Box::new(link),
                 neighbors: Neighbors::Kernel { table, ifindex },
             });
         }
         let resolver = Resolver::kernel(&config.ifname, ifindex, config.neighbor_timeout)?;
-        let set =
-            ChannelSet::assemble(config, mac, parts, Some(steering), resolver, accept_partial)?;
+        let aligner = aligner_for(&config);
+        let set = ChannelSet::assemble(
+            config,
+            mac,
+            parts,
+            Some(steering),
+            resolver,
+            accept_partial,
+            aligner,
+        )?;
         info!(
             ifname = %set.config.ifname, ipv4 = %set.config.ipv4, ?queues,
             "channel set started"
@@ -163,8 +181,9 @@ impl ChannelSet {
     /// A set on an in-memory switch: host `config.ipv4` is attached to `switch` with
     /// `queues` queues (port *i* is queue *i*), and the same drivers, TCP and interfaces as
     /// over AF_XDP run over the switch's ports. No privileges needed; `config.ifname`,
-    /// `config.queues`, `config.link` and `config.attach` are not used. The host leaves the
-    /// switch when the set stops.
+    /// `config.queues`, `config.link`, `config.attach` and `config.rss` are not used (the
+    /// switch's ports are no NIC's queues: channels are opened without alignment). The
+    /// host leaves the switch when the set stops.
     pub fn start_on_switch(
         mut config: ChannelSetConfig,
         switch: &SimSwitch,
@@ -181,11 +200,14 @@ impl ChannelSet {
                 queue: q as u32,
                 link: Box::new(port) as Box<dyn QueueLink>,
                 neighbors: Neighbors::Switch(switch.clone()),
+                binding: None,
+                umem: None,
             })
             .collect();
         // Frames on the switch are memory copies that nobody corrupts: the partial
         // checksums of the kernel's offload never occur, but accepting them is harmless.
         let accept_partial = !matches!(config.partial_checksums, super::PartialChecksums::Reject);
+        let aligner = RssAligner::disabled(&config.ipv4.to_string());
         // On an error the ports are dropped, and the host leaves the switch with them.
         ChannelSet::assemble(
             config,
@@ -194,6 +216,7 @@ impl ChannelSet {
             None,
             Resolver::Switch(switch.clone()),
             accept_partial,
+            aligner,
         )
     }
 
@@ -205,6 +228,7 @@ impl ChannelSet {
         steering: Option<XdpSteering>,
         resolver: Resolver,
         accept_partial: bool,
+        aligner: RssAligner,
     ) -> Result<ChannelSet, ChannelError> {
         let ports = match &config.ephemeral_ports {
             Some(r) => r.clone(),
@@ -238,6 +262,7 @@ impl ChannelSet {
             ipv4: config.ipv4,
             directory: FlowDirectory::default(),
             ports: PortAllocator::new(ports),
+            aligner,
             pool: BufferPool::new(config.forward_queue.max(1)),
             peers,
             steering: RwLock::new(steering),
@@ -255,6 +280,7 @@ impl ChannelSet {
         // SYN its cookie answered.
         let syn_cookie_secret = Some(Arc::new(crate::tcp::syncookie::SynCookies::new()));
         let mut slots = Vec::with_capacity(parts.len());
+        let links = parts.iter().map(|p| (p.binding, p.umem)).collect();
         for (index, (p, (signal, crx, frx))) in parts.into_iter().zip(ends).enumerate() {
             let (rx_batch, tx_batch) = (config.link.rx_batch, config.link.tx_batch);
             let iface = Interface::new(
@@ -307,6 +333,7 @@ impl ChannelSet {
             config,
             accept_partial,
             graveyard: Mutex::new(Vec::new()),
+            links,
             stopped: false,
         };
         set.place_initially()?;
@@ -427,13 +454,18 @@ impl ChannelSet {
     /// need be, at most [`ChannelSetConfig::neighbor_timeout`]; or the switch's) and is
     /// then cached for the life of the set; `remote` must be on-link. The local port comes
     /// from the set's shared allocator and is steered to the stack before the SYN leaves.
+    /// Where the interface's RSS is known ([`ChannelSetConfig::rss`]), the port is one
+    /// whose replies RSS delivers to the queue; when no free port lands there, the queue
+    /// the chosen port's replies land on takes the channel instead, so that no frame of
+    /// it is forwarded ([`Channel::steering`] says what it got). Elsewhere (veth), any
+    /// free port.
     ///
     /// Queues killed by fault injection ([`kill_queue`](Self::kill_queue)) are skipped;
     /// with none left it fails with [`ChannelError::QueueDied`].
     pub fn connect(&self, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
         let index = self.next_live_queue()?;
         let mac = self.resolve(*remote.ip())?;
-        let (channel, shared) = self.open_on(index, remote, mac)?;
+        let (channel, shared) = self.open_on(index, true, remote, mac)?;
         let timeout = self.config.connect_timeout;
         match block_on(Some(timeout), |cx| shared.poll_established(cx)) {
             Some(Ok(())) => Ok(channel),
@@ -449,7 +481,7 @@ impl ChannelSet {
     pub async fn connect_async(&self, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
         let index = self.next_live_queue()?;
         let mac = self.resolve_async(*remote.ip()).await?;
-        let (channel, shared) = self.open_on(index, remote, mac)?;
+        let (channel, shared) = self.open_on(index, true, remote, mac)?;
         let timeout = self.config.connect_timeout;
         let established = std::future::poll_fn(|cx| shared.poll_established(cx));
         match tokio::time::timeout(timeout, established).await {
@@ -459,13 +491,16 @@ impl ChannelSet {
         }
     }
 
-    /// Opens a channel to `remote` whose connection lives on queue `queue`.
+    /// Opens a channel to `remote` whose connection lives on queue `queue`. Where the
+    /// interface's RSS is known, the local port is one whose replies land on `queue`; when
+    /// none is free (or the NIC's table leaves `queue` out), the channel stays on `queue`
+    /// with an ntuple rule where the NIC takes one, else forwarded.
     pub fn connect_on(&self, queue: u32, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
         let index = self
             .queue_index(queue)
             .ok_or(ChannelError::NoSuchQueue(queue))?;
         let mac = self.resolve(*remote.ip())?;
-        let (channel, shared) = self.open_on(index, remote, mac)?;
+        let (channel, shared) = self.open_on(index, false, remote, mac)?;
         let timeout = self.config.connect_timeout;
         match block_on(Some(timeout), |cx| shared.poll_established(cx)) {
             Some(Ok(())) => Ok(channel),
@@ -486,12 +521,14 @@ impl ChannelSet {
         Err(ChannelError::QueueDied)
     }
 
-    /// Claims a local port and asks queue `index`'s driver to send the SYN to `remote`
-    /// (at `mac`); returns the channel and its shared state, whose
+    /// Claims a local port and asks queue `index`'s driver (or, when `movable`, that of
+    /// the queue the port's replies land on, see `SetShared::choose_port`) to send the
+    /// SYN to `remote` (at `mac`); returns the channel and its shared state, whose
     /// [`poll_established`](ChannelShared::poll_established) tells the outcome.
     fn open_on(
         &self,
         index: usize,
+        movable: bool,
         remote: SocketAddrV4,
         mac: EthernetAddress,
     ) -> Result<(Channel, Arc<ChannelShared>), ChannelError> {
@@ -501,11 +538,9 @@ impl ChannelSet {
         if self.shared.peers[index].signal.is_dead() {
             return Err(ChannelError::QueueDied);
         }
-        let port = self
-            .shared
-            .ports
-            .allocate()
-            .ok_or(ChannelError::NoFreePort)?;
+        let chosen = self.shared.choose_port(index, movable, remote)?;
+        let index = self.queue_index(chosen.queue).unwrap_or(index);
+        let port = chosen.port;
         let local = SocketAddrV4::new(self.shared.ipv4, port);
         if let Err(e) = self.shared.claim_endpoint(local) {
             self.shared.ports.release(port);
@@ -518,6 +553,7 @@ impl ChannelSet {
             local,
             remote,
             peer.queue,
+            chosen.steering,
             self.shared.tx_limits,
             self.shared.rx_limits,
             peer.signal.clone(),
@@ -525,6 +561,7 @@ impl ChannelSet {
         let cmd = Command::Connect {
             shared: shared.clone(),
             mac,
+            rule: chosen.rule,
         };
         if peer.commands.send(cmd).is_err() {
             self.shared
@@ -681,6 +718,21 @@ impl ChannelSet {
         self.shared.with_steering(|s| s.counters())
     }
 
+    /// How many of the set's channels so far were steered each way: accepted (owned by
+    /// the queue their SYN arrived on), aligned (opened from a port whose replies land on
+    /// their queue, or moved to the queue they land on), by an ntuple rule, or forwarded
+    /// (alignment not possible or off, see [`ChannelSetConfig::rss`]). Cumulative since
+    /// the set started; each channel's own record is [`Channel::steering`].
+    pub fn steering_counts(&self) -> SteeringCounts {
+        self.shared.aligner.counts()
+    }
+
+    /// What the set found of the interface's RSS when it started: reproducible (and so
+    /// aligned to), not reproducible, not readable (veth), or alignment off.
+    pub fn rss_state(&self) -> &RssState {
+        self.shared.aligner.state()
+    }
+
     /// Flows the flow directory holds (for tests and diagnostics).
     pub fn flow_count(&self) -> usize {
         self.shared.directory.len()
@@ -756,6 +808,7 @@ impl ChannelSet {
                     DriverPlace::External(_) => None,
                 };
                 let fd = slot.rx_fd;
+                let (binding, umem) = self.links.get(i).copied().unwrap_or_default();
                 QueueStats {
                     queue: slot.queue,
                     place,
@@ -770,6 +823,8 @@ impl ChannelSet {
                         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
                         xsk_drops(fd).ok()
                     }),
+                    binding,
+                    umem,
                 }
             })
             .collect()
@@ -1080,6 +1135,31 @@ impl Drop for ChannelSet {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
             warn!(error = %e, "stopping the channel set");
+        }
+    }
+}
+
+/// The RSS aligner `config.rss` asks for, in the calling thread's network namespace: the
+/// interface's RSS read now (without ntuple rules on host-local devices such as veth,
+/// which have none and deliver each frame on the queue its sender used), a known one, or
+/// none.
+fn aligner_for(config: &ChannelSetConfig) -> RssAligner {
+    let ifname = &config.ifname;
+    match &config.rss {
+        RssAlignment::Probe => {
+            let host_local =
+                super::sys::driver_name(ifname).is_ok_and(|d| super::sys::is_host_local_driver(&d));
+            RssAligner::probe(ifname, !host_local)
+        }
+        RssAlignment::Known(rss) => {
+            let aligner = RssAligner::with_config(ifname, rss.clone(), None);
+            aligner.log_state();
+            aligner
+        }
+        RssAlignment::Off => {
+            let aligner = RssAligner::disabled(ifname);
+            aligner.log_state();
+            aligner
         }
     }
 }

@@ -1,6 +1,7 @@
 //! What every queue of a channel set and its handles share: the flow directory, the
-//! port allocator, the forwarding pool, each queue's command and forwarding inboxes and
-//! counters, the steering program's endpoint claims, and the listeners.
+//! port allocator, the RSS aligner, the forwarding pool, each queue's command and
+//! forwarding inboxes and counters, the steering program's endpoint claims, and the
+//! listeners.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -20,6 +21,7 @@ use super::signal::QueueSignal;
 use super::stats::{ChecksumCounters, SynCounters};
 use super::ChannelError;
 use crate::netif::StrayVerdict;
+use crate::rss::{ChannelEnds, ConnectSteering, RssAligner};
 
 /// One queue as the rest of the set sees it (whichever runtime drives it).
 #[derive(Debug)]
@@ -44,6 +46,9 @@ pub(crate) struct SetShared {
     pub(crate) ipv4: Ipv4Addr,
     pub(crate) directory: FlowDirectory,
     pub(crate) ports: PortAllocator,
+    /// Chooses the local port (and, where the NIC's RSS decides, the queue) of each
+    /// channel the set opens, and counts how every channel's frames reach its queue.
+    pub(crate) aligner: RssAligner,
     pub(crate) pool: BufferPool,
     pub(crate) peers: Vec<Peer>,
     /// The steering program, for AF_XDP sets; `None` once detached at shutdown (and
@@ -177,6 +182,44 @@ impl SetShared {
         self.ports.range()
     }
 
+    /// The local port of a channel to `remote` from queue `index`, claimed from the
+    /// allocator (scanning from where the last claim left off), and how its frames will
+    /// reach its queue ([`RssAligner::connect_among`]). When `movable` and the
+    /// interface's RSS is known, any live queue may own the channel if no free port lands
+    /// on queue `index`: [`ConnectSteering::queue`] names the owner. Without a known RSS
+    /// (veth, alignment off): the next free port, on queue `index`.
+    pub(crate) fn choose_port(
+        &self,
+        index: usize,
+        movable: bool,
+        remote: SocketAddrV4,
+    ) -> Result<ConnectSteering, ChannelError> {
+        let others: Vec<u32> = if movable && self.aligner.rss().is_some() {
+            self.peers
+                .iter()
+                .filter(|p| !p.signal.is_dead())
+                .map(|p| p.queue)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let ends = ChannelEnds {
+            local: self.ipv4,
+            remote,
+            queue: self.peers[index].queue,
+            peer: None,
+        };
+        let ports = &self.ports;
+        let chosen = self
+            .aligner
+            .connect_among(ends, &others, ports.range(), ports.cursor(), |p| {
+                ports.try_claim(p)
+            })
+            .map_err(|_| ChannelError::NoFreePort)?;
+        tracing::debug!(%remote, port = chosen.port, queue = chosen.queue, steering = %chosen.steering, "channel port chosen");
+        Ok(chosen)
+    }
+
     /// A set without steering program or drivers, around `peers`, for unit tests.
     #[cfg(test)]
     pub(crate) fn for_tests(peers: Vec<Peer>) -> SetShared {
@@ -184,6 +227,7 @@ impl SetShared {
             ipv4: Ipv4Addr::new(10, 0, 0, 1),
             directory: FlowDirectory::default(),
             ports: PortAllocator::new(61000..=61009),
+            aligner: RssAligner::disabled("test"),
             pool: BufferPool::new(4),
             peers,
             steering: RwLock::new(None),
@@ -197,5 +241,141 @@ impl SetShared {
             forwarded: AtomicU64::new(0),
             forward_dropped: AtomicU64::new(0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::clock::RuntimeClock;
+    use crate::rss::{ChannelSteering, ForwardReason, RssConfig, MICROSOFT_VERIFICATION_KEY};
+    use std::collections::HashSet;
+
+    const REMOTE: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 9000);
+
+    /// A set of `queues` queues (ids 0..) over `ports`, opening with `aligner`.
+    fn set_of(queues: u32, aligner: RssAligner, ports: RangeInclusive<u16>) -> SetShared {
+        let peers = (0..queues)
+            .map(|queue| Peer {
+                queue,
+                signal: Arc::new(QueueSignal::new(RuntimeClock::new())),
+                commands: crossbeam_channel::unbounded().0,
+                forward: crossbeam_channel::bounded(1).0,
+                checksums: Default::default(),
+                syns: Default::default(),
+                resets_received: Default::default(),
+                rx_fault_dropped: Default::default(),
+            })
+            .collect();
+        SetShared {
+            aligner,
+            ports: PortAllocator::new(ports),
+            ..SetShared::for_tests(peers)
+        }
+    }
+
+    fn rss4() -> RssConfig {
+        RssConfig::toeplitz(
+            &MICROSOFT_VERIFICATION_KEY,
+            &RssConfig::default_indirection(128, 4),
+        )
+        .unwrap()
+    }
+
+    /// The queue the replies to a channel from `port` land on under [`rss4`].
+    fn lands(port: u16) -> u32 {
+        let local = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), port);
+        rss4().reply_queue(local, REMOTE).unwrap()
+    }
+
+    #[test]
+    fn without_a_known_rss_ports_are_taken_in_turn_on_the_queue_asked_for() {
+        // An interface without RSS (read and found missing: `lo` as veth), and alignment
+        // off: what every set did before alignment, round-robin ports on the given queue.
+        for (aligner, reason) in [
+            (RssAligner::probe("lo", false), ForwardReason::RssUnreadable),
+            (RssAligner::disabled("x"), ForwardReason::AlignmentOff),
+        ] {
+            let set = set_of(2, aligner, 61000..=61003);
+            let mut got = Vec::new();
+            for index in [0, 1, 1, 0] {
+                let c = set.choose_port(index, true, REMOTE).unwrap();
+                assert_eq!(c.queue, index as u32);
+                assert_eq!(c.steering, ChannelSteering::Forwarded { reason });
+                assert!(c.rule.is_none());
+                got.push(c.port);
+            }
+            assert_eq!(got, [61000, 61001, 61002, 61003]);
+            assert!(matches!(
+                set.choose_port(0, true, REMOTE),
+                Err(ChannelError::NoFreePort)
+            ));
+            // A released port is found again from where the scan left off.
+            set.ports.release(61001);
+            assert_eq!(set.choose_port(1, true, REMOTE).unwrap().port, 61001);
+            assert_eq!(set.aligner.counts().forwarded, 5);
+        }
+    }
+
+    #[test]
+    fn a_known_rss_gives_each_channel_a_port_whose_replies_land_on_its_queue() {
+        let set = set_of(4, RssAligner::with_config("x", rss4(), None), 61000..=65535);
+        let mut ports = HashSet::new();
+        for index in [0, 1, 2, 3, 3, 2, 1, 0] {
+            let c = set.choose_port(index, true, REMOTE).unwrap();
+            assert_eq!(c.steering, ChannelSteering::Aligned);
+            assert_eq!(
+                c.queue, index as u32,
+                "the queue asked for keeps the channel"
+            );
+            assert_eq!(lands(c.port), c.queue);
+            assert!(ports.insert(c.port), "port {} twice", c.port);
+        }
+        assert_eq!(set.ports.in_use(), 8);
+        assert_eq!(set.aligner.counts().aligned, 8);
+    }
+
+    #[test]
+    fn when_no_free_port_lands_on_the_queue_the_queue_the_replies_land_on_takes_it() {
+        let set = set_of(4, RssAligner::with_config("x", rss4(), None), 61000..=61009);
+        let q = lands(61000);
+        for p in (61000..=61009).filter(|&p| lands(p) == q) {
+            assert!(set.ports.try_claim(p));
+        }
+        let index = q as usize;
+        // Named queue (`connect_on`): it keeps the channel, whose frames are forwarded.
+        let fixed = set.choose_port(index, false, REMOTE).unwrap();
+        assert_eq!(fixed.queue, q);
+        assert_eq!(
+            fixed.steering,
+            ChannelSteering::Forwarded {
+                reason: ForwardReason::NoPortLands
+            }
+        );
+        assert_ne!(lands(fixed.port), q);
+        // Round robin (`connect`): the queue the chosen port's replies land on owns it.
+        let moved = set.choose_port(index, true, REMOTE).unwrap();
+        assert_eq!(moved.steering, ChannelSteering::Aligned);
+        assert_ne!(moved.queue, q);
+        assert_eq!(lands(moved.port), moved.queue);
+    }
+
+    #[test]
+    fn dead_queues_take_no_channel() {
+        let set = set_of(4, RssAligner::with_config("x", rss4(), None), 61000..=61009);
+        let q = lands(61000);
+        let others: Vec<u32> = (61000..=61009).map(lands).filter(|&l| l != q).collect();
+        let live = *others.last().expect("some port lands elsewhere");
+        for p in (61000..=61009).filter(|&p| lands(p) == q) {
+            assert!(set.ports.try_claim(p));
+        }
+        for peer in &set.peers {
+            if peer.queue != q && peer.queue != live {
+                peer.signal.set_dead();
+            }
+        }
+        let c = set.choose_port(q as usize, true, REMOTE).unwrap();
+        assert_eq!((c.queue, c.steering), (live, ChannelSteering::Aligned));
+        assert_eq!(lands(c.port), live);
     }
 }

@@ -4,6 +4,8 @@ use std::sync::atomic::AtomicU64;
 
 use super::placement::DriverPlace;
 use super::sys::XskDrops;
+use crate::link::umem_memory::UmemPlacement;
+use crate::link::xdp::XdpBinding;
 
 /// A queue's SYN and SYN-cookie counters, copied from its interface every round.
 #[derive(Debug, Default)]
@@ -85,4 +87,10 @@ pub struct QueueStats {
     /// What the kernel dropped at the queue's AF_XDP socket (its rx ring full, its fill
     /// ring empty); `None` for links without one.
     pub xsk_drops: Option<XskDrops>,
+    /// How the queue's AF_XDP socket is bound (zero copy, or copy mode and why); `None`
+    /// for links that are not AF_XDP sockets.
+    pub binding: Option<XdpBinding>,
+    /// Where the queue's UMEM lives (size, NUMA node, huge pages); `None` for links that
+    /// are not AF_XDP sockets.
+    pub umem: Option<UmemPlacement>,
 }

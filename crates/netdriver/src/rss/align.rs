@@ -7,6 +7,13 @@
 //! [`RssAligner::accepted`] for one it accepted (owned by the queue its SYN arrived on,
 //! where RSS puts every later frame as well). Both return the [`ChannelSteering`] record
 //! the channel keeps and count it ([`RssAligner::counts`]).
+//!
+//! A channel set opens each channel on a queue of its own choosing (round robin), so the
+//! queue may give way where the port cannot: [`RssAligner::connect_among`] takes the
+//! set's other queues, and when no free port lands on the preferred one, it takes a port
+//! that lands on one of them and names that queue as the owner
+//! ([`ConnectSteering::queue`]). The port and the owner then agree, whatever the NIC's
+//! table looks like (a queue it leaves out, or fields that hash no ports).
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::RangeInclusive;
@@ -28,6 +35,9 @@ pub enum RssState {
     Unpredictable(RssConfig, String),
     /// Not readable (veth has no RSS); the reason.
     Unreadable(String),
+    /// Alignment is off ([`RssAligner::disabled`]): for A/B measurements, and for links
+    /// whose queues are no NIC's (an in-memory switch).
+    Off,
 }
 
 /// The outcome of [`RssAligner::connect`].
@@ -35,6 +45,9 @@ pub enum RssState {
 pub struct ConnectSteering {
     /// The local port to connect from (claimed through the caller's `claim`).
     pub port: u16,
+    /// The queue that must own the channel: the one asked for, or, from
+    /// [`RssAligner::connect_among`], the other queue the port's replies land on.
+    pub queue: u32,
     /// How the channel's frames reach its queue.
     pub steering: ChannelSteering,
     /// The queue the peer's replies land on, under this host's RSS, when known.
@@ -143,18 +156,20 @@ impl RssAligner {
         }
     }
 
-    /// An aligner that never aligns (every opened channel is forwarded): alignment off.
+    /// An aligner that never aligns (every opened channel is recorded as forwarded, for
+    /// [`ForwardReason::AlignmentOff`]): any free port, on the queue asked for.
     pub fn disabled(ifname: &str) -> RssAligner {
         RssAligner {
             ifname: ifname.to_owned(),
-            state: RssState::Unreadable("alignment is off".into()),
+            state: RssState::Off,
             ntuple: None,
             ntuple_unsupported: AtomicBool::new(false),
             counters: SteeringCounters::default(),
         }
     }
 
-    fn log_state(&self) {
+    /// Logs what alignment will do on the interface (once per aligner: `probe` does).
+    pub(crate) fn log_state(&self) {
         let ifname = &self.ifname;
         match &self.state {
             RssState::Predictable(c) => info!(
@@ -177,6 +192,7 @@ impl RssAligner {
                 "RSS not readable: outgoing channels use ntuple rules where the NIC allows, \
                  else their frames are forwarded between queues"
             ),
+            RssState::Off => info!(ifname, "RSS alignment is off"),
         }
     }
 
@@ -216,6 +232,24 @@ impl RssAligner {
         ends: ChannelEnds<'_>,
         range: RangeInclusive<u16>,
         start: u16,
+        claim: impl FnMut(u16) -> bool,
+    ) -> Result<ConnectSteering, NoFreePort> {
+        self.connect_among(ends, &[], range, start, claim)
+    }
+
+    /// [`connect`](Self::connect) for a channel that any of `others` may own as well as
+    /// `ends.queue` (the preferred one). Where the RSS is reproducible and no free port
+    /// lands on `ends.queue` (every one in use, a queue the indirection table leaves out,
+    /// or a hash over the addresses alone), a port that lands on one of `others` is taken
+    /// and [`ConnectSteering::queue`] names that queue: the channel is then aligned by
+    /// its owner rather than by its port. Only when none lands on any of them does the
+    /// channel fall back to a rule or forwarding, on `ends.queue`.
+    pub fn connect_among(
+        &self,
+        ends: ChannelEnds<'_>,
+        others: &[u32],
+        range: RangeInclusive<u16>,
+        start: u16,
         mut claim: impl FnMut(u16) -> bool,
     ) -> Result<ConnectSteering, NoFreePort> {
         let ChannelEnds {
@@ -224,23 +258,40 @@ impl RssAligner {
             queue,
             peer,
         } = ends;
-        let queues = [queue];
         let reason = match &self.state {
             RssState::Predictable(rss) => {
-                match choose(
+                let mut chosen = choose(
                     local,
                     remote,
                     range.clone(),
                     rss,
-                    &queues,
+                    &[queue],
                     peer,
                     start,
                     &mut claim,
-                ) {
+                );
+                if let Err(e) = &chosen {
+                    tracing::debug!(ifname = %self.ifname, %remote, queue, error = %e, "no port lands on the preferred queue");
+                    let others: Vec<u32> = others.iter().copied().filter(|&q| q != queue).collect();
+                    if !others.is_empty() {
+                        chosen = choose(
+                            local,
+                            remote,
+                            range.clone(),
+                            rss,
+                            &others,
+                            peer,
+                            start,
+                            &mut claim,
+                        );
+                    }
+                }
+                match chosen {
                     Ok(c) => {
                         self.counters.record(ChannelSteering::Aligned);
                         return Ok(ConnectSteering {
                             port: c.port,
+                            queue: c.local_queue,
                             steering: ChannelSteering::Aligned,
                             local_queue: Some(c.local_queue),
                             peer_queue: c.peer_queue,
@@ -255,6 +306,7 @@ impl RssAligner {
             }
             RssState::Unpredictable(..) => ForwardReason::RssUnpredictable,
             RssState::Unreadable(_) => ForwardReason::RssUnreadable,
+            RssState::Off => ForwardReason::AlignmentOff,
         };
         // Any free port, then a rule if the NIC takes one.
         let port = any_port(range.clone(), start, &mut claim).ok_or(NoFreePort {
@@ -284,6 +336,7 @@ impl RssAligner {
         self.counters.record(steering);
         Ok(ConnectSteering {
             port,
+            queue,
             steering,
             local_queue,
             peer_queue: None,
@@ -370,7 +423,7 @@ fn any_port(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rss::toeplitz::MICROSOFT_VERIFICATION_KEY;
+    use crate::rss::toeplitz::{HashFields, MICROSOFT_VERIFICATION_KEY};
     use std::collections::HashSet;
 
     const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
@@ -459,12 +512,19 @@ mod tests {
             .connect(ends(0, None), 1000..=1009, 1005, |_| true)
             .unwrap();
         assert_eq!(c.port, 1005);
+        assert_eq!(c.queue, 0);
         assert_eq!(
             c.steering,
             ChannelSteering::Forwarded {
-                reason: ForwardReason::RssUnreadable
+                reason: ForwardReason::AlignmentOff
             }
         );
+        assert_eq!(off.state(), &RssState::Off);
+        // Other queues change nothing when alignment is off.
+        let c = off
+            .connect_among(ends(2, None), &[0, 1, 3], 1000..=1009, 1003, |_| true)
+            .unwrap();
+        assert_eq!((c.port, c.queue), (1003, 2));
         let mut xor = rss(2);
         xor.hash = crate::rss::HashFunction::Xor;
         let a = RssAligner::with_config("x", xor, None);
@@ -512,6 +572,87 @@ mod tests {
         assert_eq!(c.steering, ChannelSteering::Aligned);
         assert_eq!(c.peer_queue, None);
         assert_eq!(c.local_queue, Some(2));
+    }
+
+    #[test]
+    fn another_queue_owns_the_channel_when_no_port_lands_on_the_preferred_one() {
+        let a = RssAligner::with_config("x", rss(4), None);
+        let lands = |p: u16| rss(4).reply_queue(SocketAddrV4::new(LOCAL, p), remote());
+        // Every port of the ten that lands on the first port's queue is taken.
+        let q = lands(1000).unwrap();
+        let mut used: HashSet<u16> = (1000..=1009).filter(|&p| lands(p) == Some(q)).collect();
+        assert!(used.len() < 10, "some port lands elsewhere");
+        let c = a
+            .connect_among(ends(q, None), &[0, 1, 2, 3], 1000..=1009, 1000, |p| {
+                used.insert(p)
+            })
+            .unwrap();
+        assert_eq!(c.steering, ChannelSteering::Aligned);
+        assert_ne!(c.queue, q);
+        assert_eq!(
+            lands(c.port),
+            Some(c.queue),
+            "the owner is where replies land"
+        );
+        assert_eq!(c.local_queue, Some(c.queue));
+        // The scan went from 1000: the first free port, whichever queue it lands on.
+        let first_free = (1000..=1009).find(|&p| lands(p) != Some(q)).unwrap();
+        assert_eq!(c.port, first_free);
+        assert_eq!(a.counts().aligned, 1);
+        assert_eq!(a.counts().forwarded, 0);
+    }
+
+    #[test]
+    fn a_queue_the_table_leaves_out_gives_way_to_one_it_names() {
+        // Queues 0 and 1 only in the table; the set also drives queue 2.
+        let two = RssConfig::toeplitz(
+            &MICROSOFT_VERIFICATION_KEY,
+            &RssConfig::default_indirection(128, 2),
+        )
+        .unwrap();
+        let a = RssAligner::with_config("x", two.clone(), None);
+        let c = a
+            .connect_among(ends(2, None), &[0, 1, 2], 61000..=65535, 61000, |_| true)
+            .unwrap();
+        assert_eq!(c.steering, ChannelSteering::Aligned);
+        assert!(c.queue < 2, "{c:?}");
+        assert_eq!(
+            two.reply_queue(SocketAddrV4::new(LOCAL, c.port), remote()),
+            Some(c.queue)
+        );
+        // Without other queues to give way to: forwarded, on the queue asked for.
+        let c = a
+            .connect(ends(2, None), 61000..=65535, 61000, |_| true)
+            .unwrap();
+        assert_eq!(c.queue, 2);
+        assert_eq!(
+            c.steering,
+            ChannelSteering::Forwarded {
+                reason: ForwardReason::NoPortLands
+            }
+        );
+    }
+
+    #[test]
+    fn a_hash_without_ports_puts_the_channel_on_the_addresses_queue() {
+        let mut no_ports = rss(4);
+        no_ports.fields = HashFields(HashFields::IP_SRC | HashFields::IP_DST);
+        let fixed = no_ports
+            .reply_queue(SocketAddrV4::new(LOCAL, 61000), remote())
+            .unwrap();
+        let a = RssAligner::with_config("x", no_ports, None);
+        let other = (fixed + 1) % 4;
+        let c = a
+            .connect_among(
+                ends(other, None),
+                &[0, 1, 2, 3],
+                61000..=65535,
+                61000,
+                |_| true,
+            )
+            .unwrap();
+        assert_eq!((c.queue, c.steering), (fixed, ChannelSteering::Aligned));
+        assert_eq!(c.port, 61000);
     }
 
     #[test]

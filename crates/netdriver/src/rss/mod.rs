@@ -20,6 +20,10 @@
 //!
 //! Accepted channels need none of this: the queue their SYN arrived on owns them, and RSS
 //! puts their later frames on the same queue.
+//!
+//! Every [`ChannelSet`](crate::channel::ChannelSet) holds one [`RssAligner`], made when it
+//! starts as [`ChannelSetConfig::rss`](crate::channel::ChannelSetConfig::rss) says, and
+//! asks it for the port (and, where RSS decides, the queue) of every channel it opens.
 
 #[cfg(target_os = "linux")]
 pub mod align;

@@ -38,6 +38,9 @@ pub enum ForwardReason {
     NoPortLands,
     /// The NIC has no ntuple rules, or refused this one.
     NtupleUnavailable,
+    /// Alignment is off (`RssAligner::disabled`: an A/B measurement, or queues that are
+    /// no NIC's).
+    AlignmentOff,
 }
 
 impl fmt::Display for ChannelSteering {
@@ -58,6 +61,7 @@ impl fmt::Display for ForwardReason {
             ForwardReason::RssUnpredictable => "RSS unpredictable",
             ForwardReason::NoPortLands => "no free port lands on the queue",
             ForwardReason::NtupleUnavailable => "no ntuple rule",
+            ForwardReason::AlignmentOff => "alignment off",
         })
     }
 }

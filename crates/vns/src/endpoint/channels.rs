@@ -766,9 +766,10 @@ fn stats_of(id: ChannelId, c: &Channel) -> ChannelStats {
         srtt: c.load.srtt,
         retransmitted_segments: c.load.retransmitted_segments,
         sent_bytes: c.load.sent_bytes,
-        // Which queue and thread run the channel are the stack's to fill in
-        // (`Core::place`): the endpoint does not know.
+        // Which queue and thread run the channel, and how its frames reach that queue,
+        // are the stack's to fill in (`Core::place`): the endpoint does not know.
         thread: None,
         queue: None,
+        steering: None,
     }
 }

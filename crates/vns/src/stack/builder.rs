@@ -60,6 +60,11 @@ pub struct StackBuilder {
     partial_checksums: Option<netdriver::channel::PartialChecksums>,
     #[cfg(target_os = "linux")]
     syn_cookies: bool,
+    /// `None`: the link's default ([`BindMode::Auto`](netdriver::link::xdp::BindMode)).
+    #[cfg(target_os = "linux")]
+    xdp_mode: Option<netdriver::link::xdp::BindMode>,
+    #[cfg(target_os = "linux")]
+    rss_align: bool,
     #[cfg(target_os = "linux")]
     #[allow(clippy::type_complexity)]
     tweak: Option<Box<dyn FnOnce(&mut netdriver::channel::ChannelSetConfig) + Send>>,
@@ -120,6 +125,10 @@ impl Default for StackBuilder {
             partial_checksums: None,
             #[cfg(target_os = "linux")]
             syn_cookies: true,
+            #[cfg(target_os = "linux")]
+            xdp_mode: None,
+            #[cfg(target_os = "linux")]
+            rss_align: true,
             preamble_timeout: Duration::from_secs(5),
             linger: DEFAULT_LINGER,
             #[cfg(target_os = "linux")]
@@ -445,6 +454,32 @@ impl StackBuilder {
         self
     }
 
+    /// How the AF_XDP sockets of the stack's queues share frames with the NIC's driver:
+    /// [`BindMode::Auto`](netdriver::link::xdp::BindMode) (the default) binds in zero copy
+    /// where the driver advertises it and falls back to copy mode, logged, elsewhere (veth);
+    /// `ZeroCopy` fails the build where zero copy is refused; `Copy` never tries.
+    /// [`Stack::queue_stats`](super::Stack::queue_stats) says what each queue got.
+    /// Environment: `NETCHANNEL_XDP_MODE=auto|copy|zerocopy`
+    /// (`netdriver::link::xdp::XdpLinkConfig::bind`).
+    #[cfg(target_os = "linux")]
+    pub fn xdp_mode(mut self, mode: netdriver::link::xdp::BindMode) -> Self {
+        self.xdp_mode = Some(mode);
+        self
+    }
+
+    /// Whether the channels this stack opens are aligned with the NIC's receive-side
+    /// scaling (default on): each gets a local port whose replies the NIC's RSS delivers
+    /// to the queue that owns it (or an ntuple rule where the hash cannot be reproduced),
+    /// so that no frame is handed between queues. Off, ports are taken in turn and a
+    /// channel's frames that land on another queue are forwarded: for A/B measurements of
+    /// what alignment is worth. On veth (no RSS) it changes nothing. Environment:
+    /// `NETCHANNEL_RSS_ALIGN=0|1` (`netdriver::channel::ChannelSetConfig::rss`).
+    #[cfg(target_os = "linux")]
+    pub fn rss_align(mut self, on: bool) -> Self {
+        self.rss_align = on;
+        self
+    }
+
     /// Adjusts the AF_XDP channel set's configuration before [`build`](Self::build)
     /// starts it (queues, link, TCP, queue limits, ...). It runs after the builder's own
     /// settings are applied (the liveness policy included), so it may override them;
@@ -654,6 +689,12 @@ impl StackBuilder {
             cfg.partial_checksums = p;
         }
         cfg.syn_cookies = self.syn_cookies;
+        if let Some(mode) = self.xdp_mode {
+            cfg.link.bind = mode;
+        }
+        if !self.rss_align {
+            cfg.rss = netdriver::channel::RssAlignment::Off;
+        }
         self.liveness.apply(&mut cfg.tcp);
         // The scheduler's placement is decided once the queues are known (after the hook,
         // which may choose them); a placement the hook sets replaces it.

@@ -173,6 +173,20 @@ pub(super) fn apply(mut b: StackBuilder) -> Result<StackBuilder, StackError> {
         if let Some(v) = env_var("NETCHANNEL_SYN_COOKIES")? {
             b = b.syn_cookies(parse_switch("NETCHANNEL_SYN_COOKIES", &v)?);
         }
+        use netdriver::link::xdp::{BindMode, BIND_MODE_ENV};
+        match BindMode::from_env() {
+            Ok(Some(mode)) => b = b.xdp_mode(mode),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(StackError::Env {
+                    name: BIND_MODE_ENV,
+                    msg: e.to_string(),
+                })
+            }
+        }
+        if let Some(v) = env_var("NETCHANNEL_RSS_ALIGN")? {
+            b = b.rss_align(parse_switch("NETCHANNEL_RSS_ALIGN", &v)?);
+        }
     }
     Ok(b)
 }

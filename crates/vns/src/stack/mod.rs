@@ -612,7 +612,10 @@ impl Stack {
     ///   in-flight bytes, congestion window, smoothed RTT, retransmitted segments and
     ///   payload bytes sent. `queue`: the NIC queue the channel's connection lives on;
     ///   `thread`: the queue runtime that drives that queue (`None` when the queue is
-    ///   driven by a runtime handed to the stack, such as the application's).
+    ///   driven by a runtime handed to the stack, such as the application's);
+    ///   `steering`: how its frames reach that queue (accepted where its SYN landed,
+    ///   opened from a port the NIC's RSS aligns, steered by a NIC rule, or forwarded from
+    ///   whichever queue they land on; see [`StackBuilder::rss_align`]).
     /// - `flows`: every virtual socket with its class and unsent bytes;
     ///   `recent_rate_bps` is 0 (not measured yet).
     /// - `copy_workers`: each worker with its core and the bytes of copies placed on it and
@@ -1262,5 +1265,32 @@ mod tests {
             let e = parse_switch("NETCHANNEL_SYN_COOKIES", bad).unwrap_err();
             assert!(e.to_string().contains("NETCHANNEL_SYN_COOKIES"), "{e}");
         }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_xdp_mode_and_rss_alignment_reach_the_channel_set() {
+        use netdriver::channel::RssAlignment;
+        use netdriver::link::xdp::BindMode;
+        let ip = Ipv4Addr::new(10, 0, 0, 1);
+        let cfg = |mut b: StackBuilder| b.channel_set_config("x0".into(), ip);
+        let d = cfg(StackBuilder::default());
+        assert_eq!((d.link.bind, d.rss), (BindMode::Auto, RssAlignment::Probe));
+        for mode in [BindMode::Copy, BindMode::ZeroCopy, BindMode::Auto] {
+            assert_eq!(cfg(StackBuilder::default().xdp_mode(mode)).link.bind, mode);
+        }
+        assert_eq!(
+            cfg(StackBuilder::default().rss_align(false)).rss,
+            RssAlignment::Off
+        );
+        assert_eq!(
+            cfg(StackBuilder::default().rss_align(false).rss_align(true)).rss,
+            RssAlignment::Probe
+        );
+        // `configure_channels` still has the last word.
+        let c = cfg(StackBuilder::default()
+            .xdp_mode(BindMode::ZeroCopy)
+            .configure_channels(|c| c.link.bind = BindMode::Copy));
+        assert_eq!(c.link.bind, BindMode::Copy);
     }
 }

@@ -154,8 +154,8 @@ impl Core {
         Some(self.set.placement())
     }
 
-    /// Fills in what the endpoints cannot know: which queue and thread run each channel,
-    /// which thread serves each queue, the threads' utilisation (`threads`, measured at
+    /// Fills in what the endpoints cannot know: which queue and thread run each channel
+    /// and how its frames reach that queue, which thread serves each queue, the threads' utilisation (`threads`, measured at
     /// the last plan; a thread started since is listed with an empty window), and the
     /// cores.
     pub(crate) fn place(&self, snapshot: &mut StackSnapshot, threads: &[ThreadStats]) {
@@ -188,6 +188,7 @@ impl Core {
         let table = self.chans.load();
         for c in &mut snapshot.channels {
             c.queue = table.get(&c.id).map(|ch| ch.t.queue());
+            c.steering = table.get(&c.id).map(|ch| steering_of(ch.t.steering()));
             c.thread = c.queue.and_then(|q| {
                 queues
                     .iter()
@@ -469,6 +470,17 @@ impl Core {
             }
         }
         waiting
+    }
+}
+
+/// The channel layer's steering record in the scheduler's terms.
+fn steering_of(s: netdriver::rss::ChannelSteering) -> netsched::Steering {
+    use netdriver::rss::ChannelSteering;
+    match s {
+        ChannelSteering::Accepted => netsched::Steering::Accepted,
+        ChannelSteering::Aligned => netsched::Steering::Aligned,
+        ChannelSteering::Ntuple { .. } => netsched::Steering::Rule,
+        ChannelSteering::Forwarded { .. } => netsched::Steering::Forwarded,
     }
 }
 
