@@ -1,5 +1,5 @@
-//! [`ChannelSet`]: a set of NIC queues (AF_XDP sockets on an interface, or ports of an
-//! in-memory switch), a driver per queue on the runtimes its [`Placement`] names, and the
+//! [`ChannelSet`]: a set of NIC queues (AF_XDP or AF_PACKET sockets on an interface, or
+//! ports of an in-memory switch), a driver per queue on the runtimes its [`Placement`] names, and the
 //! calls that create channels ([`ChannelSet::connect`], [`ChannelSet::listen`]).
 
 use std::collections::HashMap;
@@ -28,8 +28,9 @@ use super::round::{Command, QueueState, Worker};
 use super::shared::{Peer, SetShared};
 use super::signal::QueueSignal;
 use super::stats::{ChecksumCounters, QueueStats, RxChecksumStats, SynCounters, SynStats};
+use super::steering::SetSteering;
 use super::sys::xsk_drops;
-use super::{ChannelError, ChannelSetConfig};
+use super::{ChannelError, ChannelSetConfig, LinkKind};
 use crate::link::switch::SimSwitch;
 use crate::link::xdp::XdpLink;
 use crate::link::{Link, QueueLink};
@@ -90,10 +91,10 @@ impl ListenConfirmations {
     }
 }
 
-struct QueueParts {
-    queue: u32,
-    link: Box<dyn QueueLink>,
-    neighbors: Neighbors,
+pub(super) struct QueueParts {
+    pub(super) queue: u32,
+    pub(super) link: Box<dyn QueueLink>,
+    pub(super) neighbors: Neighbors,
 }
 
 impl ChannelSet {
@@ -101,6 +102,10 @@ impl ChannelSet {
     /// registers their sockets and starts a driver per queue on the runtimes
     /// `config.placement` names, all in the calling thread's network namespace. On any
     /// error everything done so far is undone (runtimes stopped, program detached).
+    ///
+    /// With [`LinkKind::Packet`] the links are AF_PACKET sockets instead, and the
+    /// steering is their socket filter and a TCX ingress program (see
+    /// [`ChannelSetConfig::link_kind`]).
     pub fn start(config: ChannelSetConfig) -> Result<ChannelSet, ChannelError> {
         let queues = match &config.queues {
             Some(q) => q.clone(),
@@ -114,6 +119,9 @@ impl ChannelSet {
             }
         };
         check_queues(&queues)?;
+        if config.link_kind == LinkKind::Packet {
+            return ChannelSet::start_packet(config, queues);
+        }
         if let Some(q) = queues.iter().find(|&&q| q >= xdp_prog::MAX_QUEUES) {
             return Err(ChannelError::InvalidConfig(format!(
                 "queue {q} beyond the steering program's {} slots",
@@ -151,8 +159,14 @@ impl ChannelSet {
             });
         }
         let resolver = Resolver::kernel(&config.ifname, ifindex, config.neighbor_timeout)?;
-        let set =
-            ChannelSet::assemble(config, mac, parts, Some(steering), resolver, accept_partial)?;
+        let set = ChannelSet::assemble(
+            config,
+            mac,
+            parts,
+            Some(SetSteering::Xdp(steering)),
+            resolver,
+            accept_partial,
+        )?;
         info!(
             ifname = %set.config.ifname, ipv4 = %set.config.ipv4, ?queues,
             "channel set started"
@@ -198,11 +212,11 @@ impl ChannelSet {
     }
 
     /// Builds the set around its queues' links and starts their drivers.
-    fn assemble(
+    pub(super) fn assemble(
         config: ChannelSetConfig,
         mac: EthernetAddress,
         parts: Vec<QueueParts>,
-        steering: Option<XdpSteering>,
+        steering: Option<SetSteering>,
         resolver: Resolver,
         accept_partial: bool,
     ) -> Result<ChannelSet, ChannelError> {
@@ -256,7 +270,7 @@ impl ChannelSet {
         let syn_cookie_secret = Some(Arc::new(crate::tcp::syncookie::SynCookies::new()));
         let mut slots = Vec::with_capacity(parts.len());
         for (index, (p, (signal, crx, frx))) in parts.into_iter().zip(ends).enumerate() {
-            let (rx_batch, tx_batch) = (config.link.rx_batch, config.link.tx_batch);
+            let (rx_batch, tx_batch) = config.link_batches();
             let iface = Interface::new(
                 p.link,
                 InterfaceConfig {
@@ -676,9 +690,21 @@ impl ChannelSet {
     }
 
     /// The steering program's counters (redirected, passed, ...); an in-memory set has
-    /// none to report and returns zeros.
+    /// none to report and returns zeros. An AF_PACKET set reports the frames its socket
+    /// filter handed to its sockets as `redirected` ([`packet_steering_counters`] has
+    /// both of its counters).
+    ///
+    /// [`packet_steering_counters`]: ChannelSet::packet_steering_counters
     pub fn steering_counters(&self) -> Result<xdp_prog::Counters, ChannelError> {
         self.shared.with_steering(|s| s.counters())
+    }
+
+    /// The AF_PACKET steering's counters (frames handed to the set's sockets, frames kept
+    /// from the kernel's TCP); `None` for a set of another link.
+    pub fn packet_steering_counters(
+        &self,
+    ) -> Result<Option<xdp_prog::PacketCounters>, ChannelError> {
+        self.shared.with_steering(|s| s.packet_counters())
     }
 
     /// Flows the flow directory holds (for tests and diagnostics).
@@ -1067,7 +1093,7 @@ impl ChannelSet {
             .take();
         match steering {
             Some(s) => {
-                let res = s.detach().map_err(ChannelError::Xdp);
+                let res = s.detach();
                 info!(ifname = %self.config.ifname, "channel set stopped");
                 res
             }
