@@ -58,6 +58,7 @@ pub fn clear_default_stack() -> Option<Stack> {
 /// | `NETCHANNEL_BUSY_POLL_US` with `NETCHANNEL_BUSY_POLL_CORES` | [`StackBuilder::busy_poll`](super::StackBuilder::busy_poll) |
 /// | `NETCHANNEL_PARTIAL_CHECKSUMS` (`auto`, `accept`, `reject`) | `StackBuilder::partial_checksums` |
 /// | `NETCHANNEL_SYN_COOKIES` (`0`, `1`) | `StackBuilder::syn_cookies` |
+/// | `NETCHANNEL_LINK` (`xdp`, `packet`) | `StackBuilder::link` |
 pub fn default_stack() -> io::Result<Stack> {
     let mut slot = DEFAULT_STACK.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(s) = slot.as_ref() {

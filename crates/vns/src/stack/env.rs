@@ -173,6 +173,9 @@ pub(super) fn apply(mut b: StackBuilder) -> Result<StackBuilder, StackError> {
         if let Some(v) = env_var("NETCHANNEL_SYN_COOKIES")? {
             b = b.syn_cookies(parse_switch("NETCHANNEL_SYN_COOKIES", &v)?);
         }
+        if let Some(link) = env_parse::<netdriver::channel::LinkKind>("NETCHANNEL_LINK")? {
+            b = b.link(link);
+        }
     }
     Ok(b)
 }
