@@ -8,10 +8,11 @@
 //! rounds of:
 //!
 //! 1. `kernel_defaults`: kernel TCP A → B (tokio sockets in the namespaces), checked to
-//!    run with no XDP program attached on either end;
+//!    run with no XDP or TCX program attached on either end;
 //! 2. for each variant (`base`: a fixed receive buffer; `autotune`: receive-buffer
 //!    auto-tuning up to `NETCHANNEL_BENCH_RX_MAX_KIB`, default 6 MiB; `nogso`: `autotune`
-//!    with the AF_XDP link's software segmentation off), a
+//!    with the AF_XDP link's software segmentation off; `packet`: `autotune` over the
+//!    AF_PACKET link, `LinkKind::Packet`, instead of AF_XDP), a
 //!    fresh pair of stacks with one throughput channel per peer, then `raw_channel` (one
 //!    channel of A's set to B's, 64 KiB `Bytes` slices, no copy) and `virtual_stream`
 //!    (one `VirtualStream`, 64 KiB `write_all`s, read to EOF), and the stacks stopped
@@ -26,7 +27,7 @@
 //!
 //! Environment: `NETCHANNEL_BENCH_MTUS` (comma-separated), `NETCHANNEL_BENCH_BYTES` (per
 //! transfer, default 256 MiB), `NETCHANNEL_BENCH_ROUNDS` (default 5),
-//! `NETCHANNEL_BENCH_VARIANTS` (`base,autotune`), `NETCHANNEL_BENCH_RX_MAX_KIB`,
+//! `NETCHANNEL_BENCH_VARIANTS` (`base,autotune`; also `nogso`, `packet`), `NETCHANNEL_BENCH_RX_MAX_KIB`,
 //! `NETCHANNEL_BENCH_TX_KIB` (TCP send buffer of both variants; default TCP's 256 KiB),
 //! `NETCHANNEL_BENCH_ONLY` (comma-separated substrings of the measurements to run, e.g.
 //! for `perf record`; ratios need both sides).
@@ -48,7 +49,7 @@ mod vns;
 mod run {
     use super::bed::gbps;
     use super::vns::{self, env_or, kernel_transfer, Phase, StackBench};
-    use netchannel::netdriver::channel::ChannelSetConfig;
+    use netchannel::netdriver::channel::{ChannelSetConfig, LinkKind};
     use testbed::{Side, TestBed};
 
     /// The largest MTU our link takes with 4096-byte UMEM frames: a frame may span at most
@@ -65,6 +66,8 @@ mod run {
         rx_max: Option<usize>,
         /// The AF_XDP link's software segmentation (`XdpLinkConfig::segmentation`).
         segmentation: bool,
+        /// The link.
+        link: LinkKind,
     }
 
     /// A variant's TCP settings (the MTU-dependent ones are `StackPair`'s, see the module
@@ -73,18 +76,20 @@ mod run {
         rx_max: Option<usize>,
         tx: Option<usize>,
         segmentation: bool,
+        link: LinkKind,
     ) -> impl Fn(&mut ChannelSetConfig) + Clone + Send + 'static {
         move |cfg: &mut ChannelSetConfig| {
             cfg.tcp.rx_buffer_max = rx_max;
             cfg.link.segmentation = segmentation;
+            cfg.link_kind = link;
             if let Some(tx) = tx {
                 cfg.tcp.tx_buffer = tx;
             }
         }
     }
 
-    /// Panics if an XDP program is attached to either veth end (the kernel reference
-    /// must run at veth's defaults, with our stacks' programs gone).
+    /// Panics if an XDP program or a TCX program is attached to either veth end (the
+    /// kernel reference must run at veth's defaults, with our stacks' programs gone).
     fn assert_no_xdp(bed: &TestBed) {
         for side in Side::BOTH {
             let ifname = bed.side(side).ifname.clone();
@@ -95,6 +100,11 @@ mod run {
                 !text.contains("xdp"),
                 "an XDP program is still attached: {text}"
             );
+            let tcx = bed
+                .run_in(side, move || xdp_prog::tcx_ingress_programs(&ifname))
+                .expect("enter the namespace")
+                .expect("query TCX");
+            assert_eq!(tcx, 0, "a TCX program is still attached to {side:?}");
         }
     }
 
@@ -143,18 +153,28 @@ mod run {
                     stream: "virtual_stream",
                     rx_max: None,
                     segmentation: true,
+                    link: LinkKind::Xdp,
                 },
                 "autotune" => Variant {
                     raw: "raw_channel_autotune",
                     stream: "virtual_stream_autotune",
                     rx_max: Some(rx_max),
                     segmentation: true,
+                    link: LinkKind::Xdp,
                 },
                 "nogso" => Variant {
                     raw: "raw_channel_nogso",
                     stream: "virtual_stream_nogso",
                     rx_max: Some(rx_max),
                     segmentation: false,
+                    link: LinkKind::Xdp,
+                },
+                "packet" => Variant {
+                    raw: "raw_channel_packet",
+                    stream: "virtual_stream_packet",
+                    rx_max: Some(rx_max),
+                    segmentation: true,
+                    link: LinkKind::Packet,
                 },
                 other => panic!("NETCHANNEL_BENCH_VARIANTS: unknown variant {other:?}"),
             });
@@ -201,7 +221,7 @@ mod run {
                         &rt,
                         1,
                         total,
-                        tune(v.rx_max, tx, v.segmentation),
+                        tune(v.rx_max, tx, v.segmentation, v.link),
                     );
                     if round == 0 {
                         line += &format!(
@@ -242,6 +262,10 @@ mod run {
                 ("virtual_stream_autotune", "kernel_defaults"),
                 ("raw_channel_autotune", "raw_channel"),
                 ("virtual_stream_autotune", "virtual_stream"),
+                ("raw_channel_packet", "kernel_defaults"),
+                ("virtual_stream_packet", "kernel_defaults"),
+                ("raw_channel_packet", "raw_channel_autotune"),
+                ("virtual_stream_packet", "virtual_stream_autotune"),
             ] {
                 if let Some((lo, med, hi)) = phase.ratio(a, b) {
                     println!(

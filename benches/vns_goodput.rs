@@ -27,6 +27,10 @@
 //! `NETCHANNEL_BENCH_ONLY` (comma-separated: run only the measurements whose name
 //! contains one of them, e.g. for `perf record`; ratios need both sides).
 //!
+//! The stacks run over AF_XDP unless `NETCHANNEL_LINK=packet` (the stack builder's
+//! environment) puts them on AF_PACKET; `kernel_xdp_attached` then runs with their TCX
+//! programs attached instead.
+//!
 //! Without `--bench` (`cargo test --all-targets`) it runs one round of 2 MiB transfers,
 //! as a smoke test.
 //!
@@ -60,8 +64,10 @@ mod run {
         let Some((bed, rt)) = vns::bed_and_runtime("vns_goodput") else {
             return;
         };
+        let link = std::env::var("NETCHANNEL_LINK").unwrap_or_else(|_| "xdp".into());
         println!(
-            "vns_goodput: {} MiB per transfer, {rounds} rounds, test bed with 2 queues, MTU 1500",
+            "vns_goodput: {} MiB per transfer, {rounds} rounds, test bed with 2 queues, MTU 1500, \
+             stacks over {link}",
             total >> 20
         );
 

@@ -162,6 +162,19 @@ fn kernel_tcp_counter(bed: &TestBed, side: Side, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Packets the first rule of `chain` in A's namespace matched (`iptables -L -v -x`).
+fn rule_packets(bed: &TestBed, tool: &str, chain: &str) -> u64 {
+    let out = bed
+        .output_in(Side::A, tool, &["-w", "-L", chain, "-n", "-v", "-x"])
+        .unwrap_or_else(|e| panic!("{tool} -L {chain}: {e}"));
+    // A title line, the column names, then the rules.
+    out.lines()
+        .nth(2)
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no rule counters in {out:?}"))
+}
+
 fn iptables(bed: &TestBed) -> &'static str {
     for tool in ["iptables", "iptables-legacy"] {
         if bed.output_in(Side::A, tool, &["-w", "-L", "-n"]).is_ok() {
@@ -513,38 +526,49 @@ fn ours_to_ours() {
     assert_eq!(s.iface.rx_bad_checksum, 0);
 }
 
-/// A's kernel drops 5% of the TCP packets it sends and receives (iptables); both
-/// directions still deliver every byte. Netfilter sees GSO/GRO packets whole, so a drop
-/// takes a whole super-segment (up to 44 wire segments) and 16 MiB each way is only some
-/// 300 packets: the rate is high enough that each direction loses some (the chance that
-/// one does not is below 1e-6).
+/// A's kernel loses 5% of the TCP packets it sends and receives (iptables); both
+/// directions still deliver every byte, and both senders recover by retransmitting.
+/// Netfilter sees GSO/GRO packets whole, so a loss takes a whole super-segment (up to 44
+/// wire segments) and 16 MiB each way is only some 300 packets: the rate is high enough
+/// that each direction loses some (the chance that one does not is below 1e-6).
+///
+/// What A receives is dropped (`-j DROP` in INPUT): our segments are lost after they left
+/// us, and we retransmit. What A sends cannot be lost that way: a `DROP` verdict in OUTPUT
+/// makes `ip_local_out` fail with `EPERM`, which TCP's `tcp_write_xmit` takes as "not
+/// sent" and sends the same bytes again later as new data, never as a retransmission and
+/// never as a loss our receiver sees (the kernel's `RetransSegs` then moved only when a
+/// lost ACK happened to end in a loss probe, about one run in three). OUTPUT therefore
+/// hands the packet to an NFQUEUE that no program listens on: the packet is dropped, but
+/// the verdict is "stolen", so the hook reports success and the kernel's TCP learns of
+/// the loss from our ACKs, as from a lossy wire.
 #[test]
 fn kernel_side_random_drops() {
     let Some(bed) = testbed_or_skip(TestBed::builder()) else {
         return;
     };
     let tool = iptables(&bed);
-    for chain in ["INPUT", "OUTPUT"] {
-        bed.output_in(
-            Side::A,
-            tool,
-            &[
-                "-w",
-                "-A",
-                chain,
-                "-p",
-                "tcp",
-                "-m",
-                "statistic",
-                "--mode",
-                "random",
-                "--probability",
-                "0.05",
-                "-j",
-                "DROP",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{tool} -A {chain}: {e}"));
+    let lose: [(&str, &[&str]); 2] = [
+        ("INPUT", &["DROP"]),
+        ("OUTPUT", &["NFQUEUE", "--queue-num", "7"]),
+    ];
+    for (chain, verdict) in lose {
+        let mut args = vec![
+            "-w",
+            "-A",
+            chain,
+            "-p",
+            "tcp",
+            "-m",
+            "statistic",
+            "--mode",
+            "random",
+            "--probability",
+            "0.05",
+            "-j",
+        ];
+        args.extend_from_slice(verdict);
+        bed.output_in(Side::A, tool, &args)
+            .unwrap_or_else(|e| panic!("{tool} -A {chain}: {e}"));
     }
     let bytes = 16 << 20;
     let kretrans = kernel_tcp_counter(&bed, Side::A, "RetransSegs");
@@ -573,9 +597,18 @@ fn kernel_side_random_drops() {
     kserver.unwrap_or_else(|e| panic!("kernel server: {e}"));
     print("kernel <-> ours, 5% drops", 2 * bytes, &report);
     let kernel_retrans = kernel_tcp_counter(&bed, Side::A, "RetransSegs") - kretrans;
+    let (lost_in, lost_out) = (
+        rule_packets(&bed, tool, "INPUT"),
+        rule_packets(&bed, tool, "OUTPUT"),
+    );
+    assert!(
+        lost_in > 0 && lost_out > 0,
+        "losses on both paths: {lost_in} packets to A, {lost_out} from A"
+    );
     assert!(
         report.retransmitted > 0 && kernel_retrans > 0,
-        "drops on both paths: we retransmitted {}, the kernel {kernel_retrans}",
+        "both senders recovered from losses ({lost_in} packets to A, {lost_out} from A): \
+         we retransmitted {}, the kernel {kernel_retrans}",
         report.retransmitted
     );
 }

@@ -87,4 +87,40 @@ fn the_builder_reads_the_environment_and_explicit_calls_win() {
         std::env::remove_var("NETCHANNEL_XDP_MODE");
         std::env::remove_var("NETCHANNEL_RSS_ALIGN");
     }
+    #[cfg(target_os = "linux")]
+    {
+        use netdriver::channel::LinkKind;
+        use std::sync::{Arc, Mutex};
+        // The link: the environment's, then the program's call; the channel set's
+        // configuration shows which.
+        let link_of = |b: StackBuilder| {
+            let seen = Arc::new(Mutex::new(None));
+            let s = seen.clone();
+            let stack =
+                build(b.configure_channels(move |c| *s.lock().unwrap() = Some(c.link_kind)))
+                    .unwrap();
+            drop(stack);
+            let kind = seen.lock().unwrap().take();
+            kind
+        };
+        assert_eq!(
+            link_of(Stack::builder()),
+            Some(LinkKind::Xdp),
+            "the default"
+        );
+        std::env::set_var("NETCHANNEL_LINK", "packet");
+        assert_eq!(link_of(Stack::builder()), Some(LinkKind::Packet));
+        assert_eq!(
+            link_of(Stack::builder().link(LinkKind::Xdp)),
+            Some(LinkKind::Xdp),
+            "the program's call wins"
+        );
+        std::env::set_var("NETCHANNEL_LINK", "dpdk");
+        let e = build(Stack::builder()).unwrap_err();
+        assert!(
+            e.to_string().contains("NETCHANNEL_LINK") && e.to_string().contains("xdp or packet"),
+            "{e}"
+        );
+        std::env::remove_var("NETCHANNEL_LINK");
+    }
 }

@@ -105,7 +105,7 @@ mod skel {
 }
 
 pub mod packet;
-pub use packet::{PacketCounters, PacketSteering, PacketSteeringError};
+pub use packet::{tcx_ingress_programs, PacketCounters, PacketSteering, PacketSteeringError};
 
 use skel::{types, SteerSkelBuilder};
 

@@ -297,6 +297,41 @@ impl Drop for PacketSteering {
     }
 }
 
+/// How many programs are attached to `ifname`'s TCX ingress hook (in the calling thread's
+/// network namespace), whoever attached them: for checking that [`PacketSteering`] was
+/// detached.
+pub fn tcx_ingress_programs(ifname: &str) -> Result<u32, PacketSteeringError> {
+    let ifindex = crate::ifindex_of(ifname).map_err(|_| PacketSteeringError::NoSuchInterface {
+        ifname: ifname.to_owned(),
+    })?;
+    let target = i32::try_from(ifindex).map_err(|_| PacketSteeringError::NoSuchInterface {
+        ifname: ifname.to_owned(),
+    })?;
+    let mut opts = libbpf_sys::bpf_prog_query_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_prog_query_opts>() as libbpf_sys::size_t,
+        ..Default::default()
+    };
+    // SAFETY: BPF_PROG_QUERY with a properly sized, initialised options struct that
+    // outlives the call and asks for no id arrays (null pointers): the kernel writes the
+    // count into `opts` only.
+    let rc =
+        unsafe { libbpf_sys::bpf_prog_query_opts(target, libbpf_sys::BPF_TCX_INGRESS, &mut opts) };
+    if rc < 0 {
+        let errno = -rc;
+        if matches!(errno, 1 | 13) {
+            return Err(PacketSteeringError::NotPermitted {
+                op: "querying the TCX ingress programs",
+            });
+        }
+        return Err(PacketSteeringError::Attach {
+            ifname: ifname.to_owned(),
+            source: io::Error::from_raw_os_error(errno),
+        });
+    }
+    // SAFETY: both members of the union are the same `u32` (`count` is the newer name).
+    Ok(unsafe { opts.__bindgen_anon_1.count })
+}
+
 fn tcx_attach(ifname: &str, ifindex: u32, prog: &OwnedFd) -> Result<OwnedFd, PacketSteeringError> {
     let opts = libbpf_sys::bpf_link_create_opts {
         sz: std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as libbpf_sys::size_t,

@@ -9,6 +9,7 @@ use xdp_prog::AttachOptions;
 use super::placement::Placement;
 use super::queue::Limits;
 use super::ChannelError;
+use crate::link::packet::PacketLinkConfig;
 use crate::link::xdp::XdpLinkConfig;
 use crate::rss::RssConfig;
 use crate::tcp;
@@ -52,17 +53,24 @@ pub struct ChannelSetConfig {
     pub ifname: String,
     /// The stack's IPv4 address on it.
     pub ipv4: Ipv4Addr,
-    /// Queue ids to open AF_XDP sockets on (one queue driver each); `None`: every rx queue
+    /// Queue ids to open sockets on (one queue driver each); `None`: every rx queue
     /// of the interface (as the `ETHTOOL_GCHANNELS` ioctl reports them, see
     /// [`super::rx_queue_count`]).
     pub queues: Option<Vec<u32>>,
+    /// Which link the queues run over (default [`LinkKind::Xdp`]).
+    pub link_kind: LinkKind,
     /// Template of every queue's AF_XDP link (frames, batches, bind mode, busy polling);
-    /// its `ifname` and `queue_id` are replaced per queue.
+    /// its `ifname` and `queue_id` are replaced per queue. Its batch sizes are the
+    /// interfaces' with [`LinkKind::Xdp`].
     pub link: XdpLinkConfig,
-    /// How the steering program is attached (default: native with generic fallback,
-    /// replacing a stale program). With `frags` off, [`ChannelSet::start`] still attaches
-    /// the `xdp.frags` variant where the interface's MTU needs it (above
-    /// [`LINEAR_XDP_MAX_MTU`], or links binding multi-buffer).
+    /// Template of every queue's AF_PACKET link with [`LinkKind::Packet`] (batches,
+    /// socket buffers, segmentation); its `ifname` and `fanout` are replaced per queue,
+    /// and its batch sizes are the interfaces'.
+    pub packet_link: PacketLinkConfig,
+    /// How the steering program is attached with [`LinkKind::Xdp`] (default: native with
+    /// generic fallback, replacing a stale program). With `frags` off,
+    /// [`ChannelSet::start`] still attaches the `xdp.frags` variant where the interface's
+    /// MTU needs it (above [`LINEAR_XDP_MAX_MTU`], or links binding multi-buffer).
     pub attach: AttachOptions,
     /// Configuration of every TCP connection. [`ChannelSetConfig::new`] sets its `mss` to
     /// `u16::MAX`, which each queue's interface lowers to its link's MTU − 40: segments
@@ -161,6 +169,8 @@ impl ChannelSetConfig {
         let ifname = ifname.into();
         ChannelSetConfig {
             link: XdpLinkConfig::new(ifname.clone(), 0),
+            packet_link: PacketLinkConfig::new(ifname.clone()),
+            link_kind: LinkKind::default(),
             ifname,
             ipv4,
             queues: None,
@@ -192,6 +202,62 @@ impl ChannelSetConfig {
             partial_checksums: PartialChecksums::Auto,
             syn_cookies: true,
             rss: RssAlignment::Probe,
+        }
+    }
+}
+
+impl ChannelSetConfig {
+    /// The receive and transmit batch sizes of the queues' interfaces: the link's.
+    pub(crate) fn link_batches(&self) -> (usize, usize) {
+        match self.link_kind {
+            LinkKind::Xdp => (self.link.rx_batch, self.link.tx_batch),
+            LinkKind::Packet => (self.packet_link.rx_batch, self.packet_link.tx_frames),
+        }
+    }
+}
+
+/// Which link a [`ChannelSet`](super::ChannelSet)'s queues run over
+/// ([`ChannelSetConfig::link_kind`]).
+///
+/// | | AF_XDP ([`Xdp`](LinkKind::Xdp)) | AF_PACKET ([`Packet`](LinkKind::Packet)) |
+/// |---|---|---|
+/// | frames | in a UMEM shared with the kernel; zero copy where the driver has it | copied by the kernel each way (once per 64 KiB super-segment) |
+/// | segmentation | in software, in the link | the kernel's GSO or the NIC's TSO, through a `virtio_net_hdr` |
+/// | receive coalescing | none | the kernel's GRO |
+/// | steering | an XDP program; on veth it turns the peer's TSO off | a socket filter and a TCX ingress program; the interface keeps its offloads |
+/// | queues | one socket per NIC queue, bound to it | one socket per queue in a `PACKET_FANOUT_QM` group; frames by receive queue, transmit on the kernel's choice |
+///
+/// AF_XDP is the link for NICs with zero-copy AF_XDP (the production target). AF_PACKET
+/// is the link where AF_XDP must copy (veth, drivers without zero copy): there it carries
+/// bulk several times faster, measured in `docs/investigations/bulk.md`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum LinkKind {
+    /// AF_XDP sockets and the steering XDP program. The default.
+    #[default]
+    Xdp,
+    /// AF_PACKET sockets with `PACKET_VNET_HDR` ([`PacketLink`](crate::link::packet::PacketLink)),
+    /// the socket filter and TCX ingress drop of `xdp_prog::PacketSteering`.
+    Packet,
+}
+
+impl std::fmt::Display for LinkKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LinkKind::Xdp => "xdp",
+            LinkKind::Packet => "packet",
+        })
+    }
+}
+
+impl std::str::FromStr for LinkKind {
+    type Err = String;
+
+    /// `xdp` or `packet`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "xdp" => Ok(LinkKind::Xdp),
+            "packet" => Ok(LinkKind::Packet),
+            other => Err(format!("{other:?} is not a link (xdp or packet)")),
         }
     }
 }

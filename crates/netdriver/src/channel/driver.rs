@@ -2,14 +2,36 @@
 //! the receive sink through which it hands a channel's bytes to their consumer.
 //!
 //! A [`QueueDriver`] is spawned on a tokio runtime (which one is a placement decision,
-//! `placement.rs`). Its poll waits on three things only:
+//! `placement.rs`). Its poll waits on three things only, and a fourth while the link's
+//! socket is full:
 //!
-//! - the link's arrivals: the AF_XDP socket's readiness through an `AsyncFd` the driver
-//!   registers with its own runtime's reactor (an in-memory link wakes a waker instead);
+//! - the link's arrivals: the socket's readiness (AF_XDP, AF_PACKET) through an `AsyncFd`
+//!   the driver registers with its own runtime's reactor (an in-memory link wakes a waker
+//!   instead);
 //! - the queue's [`QueueSignal`], woken by every enqueue, command, forwarded frame and
 //!   resume;
 //! - a timer at the interface's next deadline (TCP's retransmission, delayed-ACK, probe
-//!   and keep-alive timers).
+//!   and keep-alive timers);
+//! - room to send, while the link holds frames its socket refused
+//!   ([`QueueLink::tx_blocked`](crate::link::QueueLink::tx_blocked): an AF_PACKET send
+//!   buffer that was full): the same descriptor, registered for writability too.
+//!
+//! # Waiting for room to send
+//!
+//! An AF_PACKET link keeps the frames a full send buffer refused and lends no more tx
+//! buffers until they are out. The interface then asks to be polled again at once (its
+//! next deadline is the round's own time), which the driver would obey by running rounds
+//! back to back, a `sendmmsg` each that fails again, until the kernel drained the buffer:
+//! a spin, for as long as the device takes. And when the interface had nothing more to
+//! send, the refused frames would wait for the next arrival or timer: a stall. The kernel
+//! announces room itself (the socket polls writable once the buffer is half empty), so
+//! while the link is blocked the driver waits for that, as it waits for readability, and
+//! takes a deadline no later than its last round's time as the interface's request to
+//! retry, which that wait answers. Writability is asked only while the link is blocked
+//! (the registration is replaced when that changes, two `epoll_ctl` calls): registered
+//! for good, every skb the kernel frees would report the socket writable again and wake
+//! the runtime's reactor, once per frame sent, for a driver that waits for nothing of
+//! the kind.
 //!
 //! When woken it runs rounds until the queue is settled, at most [`ROUNDS_PER_POLL`] per
 //! poll (a work limiter, so that a flood on one queue cannot hold its runtime's thread:
@@ -218,12 +240,17 @@ impl AsRawFd for LinkFd {
     }
 }
 
-/// How the driver learns of arrivals.
+/// How the driver learns of arrivals (and of room to send).
 enum RxWait {
     /// Not set up yet (the first poll does, on the driving runtime).
     Unset,
-    /// The link's descriptor, registered with this runtime's reactor.
-    Fd(AsyncFd<LinkFd>),
+    /// The link's descriptor, registered with this runtime's reactor for readability, and
+    /// for writability too while `writable` (the link is blocked; see the
+    /// [module documentation](self#waiting-for-room-to-send)).
+    Fd {
+        afd: AsyncFd<LinkFd>,
+        writable: bool,
+    },
     /// The link wakes the driver's waker itself (in-memory links).
     Waker,
     /// Neither works here: look every [`RX_FALLBACK_TICK`].
@@ -267,15 +294,15 @@ impl QueueDriver {
             None => RxWait::Waker,
             Some(fd) => {
                 let reg = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    // SAFETY: `fd` is the link's socket, which the queue's state owns and
-                    // keeps open for as long as `self.slot` lives; the registration is a
-                    // field dropped before `self.slot`, so it never outlives the socket.
-                    unsafe { AsyncFd::register_with_interest(LinkFd(fd), Interest::READABLE) }
+                    // SAFETY: as in `register`.
+                    unsafe { register(fd, false) }
                 }));
                 match reg {
-                    Ok(Ok(afd)) => RxWait::Fd(afd),
+                    Ok(Ok(afd)) => RxWait::Fd {
+                        afd,
+                        writable: false,
+                    },
                     Ok(Err(e)) => {
-                        let e = e.into_parts().1;
                         // EEXIST: the previous driver on this runtime has not let go yet.
                         debug!(queue = self.slot.queue, error = %e, "registering the queue's descriptor; looking every tick until it can");
                         RxWait::Tick
@@ -341,11 +368,13 @@ impl QueueDriver {
         let started = std::time::Instant::now();
         slot.polls.fetch_add(1, Ordering::Relaxed);
         let mut rounds = 0;
+        let mut last_round;
         loop {
             // Rounds until settled.
             let settled = loop {
                 slot.signal.take_pending();
                 let now = slot.clock.now();
+                last_round = now;
                 let active = st.round(now);
                 rounds += 1;
                 let quiet = !active || st.settled_until(now).is_some();
@@ -363,7 +392,7 @@ impl QueueDriver {
             }
             // Arrivals.
             match &mut self.rx {
-                RxWait::Fd(afd) => match afd.poll_read_ready(cx) {
+                RxWait::Fd { afd, .. } => match afd.poll_read_ready(cx) {
                     Poll::Ready(Ok(mut guard)) => {
                         if !st.rx_ready() {
                             // Drained by the rounds: wait for the next edge.
@@ -393,9 +422,42 @@ impl QueueDriver {
                 }
                 RxWait::Tick | RxWait::Unset => {}
             }
+            // Room to send.
+            let blocked = st.worker.iface.link().tx_blocked();
+            if self.want_writable(blocked) {
+                if let RxWait::Fd { afd, .. } = &mut self.rx {
+                    match afd.poll_write_ready(cx) {
+                        Poll::Ready(Ok(mut guard)) => {
+                            // The round's flush finds out whether the room is enough; if
+                            // not, the next edge wakes the driver again.
+                            guard.clear_ready();
+                            if rounds < ROUNDS_PER_POLL {
+                                continue;
+                            }
+                            cx.waker().wake_by_ref();
+                            break;
+                        }
+                        Poll::Ready(Err(e)) => {
+                            warn!(queue = slot.queue, error = %e, "waiting for room on the queue's descriptor failed; polling every tick");
+                            self.rx = RxWait::Tick;
+                        }
+                        Poll::Pending => {}
+                    }
+                }
+            }
             // Timers (and the tick of a driver that cannot wait for arrivals).
             let now = slot.clock.now();
             let mut next = st.poll_at();
+            if blocked && matches!(self.rx, RxWait::Fd { writable: true, .. }) {
+                // A deadline at the last round's time or before is the interface asking
+                // to retry the transmit the link refused (or a timer that round ran
+                // already): writability answers it. Later timers still count, and the
+                // interface's own `poll_at` would hide them behind its retry, so they are
+                // looked up.
+                if next.is_some_and(|at| at <= last_round) {
+                    next = connection_timers_after(&st, last_round);
+                }
+            }
             if matches!(self.rx, RxWait::Tick) {
                 let tick = now + RX_FALLBACK_TICK;
                 next = Some(next.map_or(tick, |n| n.min(tick)));
@@ -418,6 +480,34 @@ impl QueueDriver {
         slot.last_poll
             .store(slot.clock.now().total_micros() + 1, Ordering::Relaxed);
         Poll::Pending
+    }
+
+    /// Whether to wait for the link's descriptor to poll writable: while the link is
+    /// `blocked`, on a descriptor registered for it (the registration is replaced when
+    /// that changes; see the [module documentation](self#waiting-for-room-to-send)).
+    fn want_writable(&mut self, blocked: bool) -> bool {
+        let RxWait::Fd { afd, writable } = &mut self.rx else {
+            return false;
+        };
+        if *writable == blocked {
+            return blocked;
+        }
+        let fd = afd.get_ref().0;
+        // Deregistered first: one descriptor is registered once per reactor.
+        let old = std::mem::replace(&mut self.rx, RxWait::Unset);
+        drop(old);
+        // SAFETY: as in `register`.
+        self.rx = match unsafe { register(fd, blocked) } {
+            Ok(afd) => RxWait::Fd {
+                afd,
+                writable: blocked,
+            },
+            Err(e) => {
+                warn!(queue = self.slot.queue, error = %e, "registering the queue's descriptor again; polling every tick");
+                RxWait::Tick
+            }
+        };
+        blocked && matches!(self.rx, RxWait::Fd { .. })
     }
 
     /// This runtime cannot drive the queue: a driver on the set's fallback runtime takes
@@ -444,6 +534,37 @@ impl QueueDriver {
         }
         Poll::Ready(())
     }
+}
+
+/// Registers the link's descriptor `fd` with the current runtime's reactor, for
+/// readability and, when `writable`, writability.
+///
+/// # Safety
+///
+/// `fd` is the link's socket, which the queue's state owns and keeps open for as long as
+/// the driver's `slot` lives; the registration is kept in a field dropped before `slot`,
+/// so it never outlives the socket.
+unsafe fn register(fd: RawFd, writable: bool) -> std::io::Result<AsyncFd<LinkFd>> {
+    let interest = if writable {
+        Interest::READABLE | Interest::WRITABLE
+    } else {
+        Interest::READABLE
+    };
+    // SAFETY: upheld by the caller.
+    unsafe { AsyncFd::register_with_interest(LinkFd(fd), interest) }.map_err(|e| e.into_parts().1)
+}
+
+/// The earliest timer of the queue's connections after `after`, without the interface's
+/// request to retry a refused transmit (see the
+/// [module documentation](self#waiting-for-room-to-send)). TIME-WAIT records are left
+/// out: their expiry only frees memory, and waits for the next wake-up.
+fn connection_timers_after(st: &QueueState, after: Instant) -> Option<Instant> {
+    let iface = &st.worker.iface;
+    iface
+        .handles()
+        .filter_map(|h| iface.conn(h)?.poll_timeout())
+        .filter(|&t| t > after)
+        .min()
 }
 
 impl Drop for QueueDriver {

@@ -15,7 +15,11 @@
 //! [`ChannelSet::start`] attaches the steering XDP program (`xdp_prog::XdpSteering`) to
 //! the interface and opens one AF_XDP [`XdpLink`](crate::link::xdp::XdpLink) per rx queue
 //! ([`ChannelSet::start_on_switch`] uses the ports of an in-memory
-//! [`SimSwitch`](crate::link::switch::SimSwitch) instead). A queue's state, its
+//! [`SimSwitch`](crate::link::switch::SimSwitch) instead). With
+//! [`LinkKind::Packet`] it attaches the AF_PACKET steering (`xdp_prog::PacketSteering`: a
+//! socket filter and a TCX ingress drop) and opens one
+//! [`PacketLink`](crate::link::packet::PacketLink) per queue, the sockets sharing the
+//! interface's frames by receive queue (`packet_set.rs`). A queue's state, its
 //! [`Interface`](crate::netif::Interface) and every TCP connection whose frames arrive on
 //! that queue, timers included, is owned by one queue driver (`driver.rs`): a future
 //! that waits on the link's readiness, on the queue's wake-up signal and on a timer at the
@@ -175,6 +179,8 @@ mod lazy_queue;
 #[cfg(target_os = "linux")]
 mod listener;
 #[cfg(target_os = "linux")]
+mod packet_set;
+#[cfg(target_os = "linux")]
 pub mod placement;
 #[cfg(target_os = "linux")]
 mod queue;
@@ -189,13 +195,15 @@ mod signal;
 #[cfg(target_os = "linux")]
 mod stats;
 #[cfg(target_os = "linux")]
+mod steering;
+#[cfg(target_os = "linux")]
 mod stream;
 #[cfg(target_os = "linux")]
 mod sys;
 
 #[cfg(target_os = "linux")]
 pub use config::{
-    ChannelSetConfig, PartialChecksums, QueueLimits, RssAlignment, DEFAULT_CHANNEL_PORT,
+    ChannelSetConfig, LinkKind, PartialChecksums, QueueLimits, RssAlignment, DEFAULT_CHANNEL_PORT,
     LINEAR_XDP_MAX_MTU,
 };
 #[cfg(target_os = "linux")]
@@ -281,6 +289,15 @@ pub enum ChannelError {
     #[cfg(target_os = "linux")]
     #[error("AF_XDP link: {0}")]
     Link(#[source] crate::link::xdp::XdpLinkError),
+    /// Attaching or updating the AF_PACKET steering (socket filter, TCX ingress drop)
+    /// failed.
+    #[cfg(target_os = "linux")]
+    #[error("AF_PACKET steering: {0}")]
+    PacketSteering(#[source] xdp_prog::PacketSteeringError),
+    /// Opening an AF_PACKET socket failed.
+    #[cfg(target_os = "linux")]
+    #[error("AF_PACKET link: {0}")]
+    PacketLink(#[source] crate::link::packet::PacketLinkError),
     /// Reading the kernel's port range failed.
     #[error("ports: {0}")]
     Ports(#[source] crate::ports::PortsError),
@@ -329,7 +346,10 @@ impl ChannelError {
                 io::ErrorKind::InvalidInput
             }
             #[cfg(target_os = "linux")]
-            ChannelError::Xdp(_) | ChannelError::Link(_) => io::ErrorKind::Other,
+            ChannelError::Xdp(_)
+            | ChannelError::Link(_)
+            | ChannelError::PacketSteering(_)
+            | ChannelError::PacketLink(_) => io::ErrorKind::Other,
             ChannelError::Ports(_) => io::ErrorKind::Other,
             ChannelError::Io { source, .. } => source.kind(),
         }

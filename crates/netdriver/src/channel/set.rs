@@ -1,5 +1,5 @@
-//! [`ChannelSet`]: a set of NIC queues (AF_XDP sockets on an interface, or ports of an
-//! in-memory switch), a driver per queue on the runtimes its [`Placement`] names, and the
+//! [`ChannelSet`]: a set of NIC queues (AF_XDP or AF_PACKET sockets on an interface, or
+//! ports of an in-memory switch), a driver per queue on the runtimes its [`Placement`] names, and the
 //! calls that create channels ([`ChannelSet::connect`], [`ChannelSet::listen`]).
 
 use std::collections::HashMap;
@@ -28,8 +28,9 @@ use super::round::{Command, QueueState, Worker};
 use super::shared::{Peer, SetShared};
 use super::signal::QueueSignal;
 use super::stats::{ChecksumCounters, QueueStats, RxChecksumStats, SynCounters, SynStats};
+use super::steering::SetSteering;
 use super::sys::xsk_drops;
-use super::{ChannelError, ChannelSetConfig};
+use super::{ChannelError, ChannelSetConfig, LinkKind};
 use crate::link::switch::SimSwitch;
 use crate::link::umem_memory::UmemPlacement;
 use crate::link::xdp::{XdpBinding, XdpLink};
@@ -94,13 +95,13 @@ impl ListenConfirmations {
 }
 
 /// What `start` builds per queue before the set exists.
-struct QueueParts {
-    queue: u32,
-    link: Box<dyn QueueLink>,
-    neighbors: Neighbors,
+pub(super) struct QueueParts {
+    pub(super) queue: u32,
+    pub(super) link: Box<dyn QueueLink>,
+    pub(super) neighbors: Neighbors,
     /// An AF_XDP link's binding and UMEM placement, for [`QueueStats`].
-    binding: Option<XdpBinding>,
-    umem: Option<UmemPlacement>,
+    pub(super) binding: Option<XdpBinding>,
+    pub(super) umem: Option<UmemPlacement>,
 }
 
 impl ChannelSet {
@@ -109,6 +110,10 @@ impl ChannelSet {
     /// starts a driver per queue on the runtimes `config.placement` names, all in the
     /// calling thread's network namespace. On any error everything done so far is undone
     /// (runtimes stopped, program detached).
+    ///
+    /// With [`LinkKind::Packet`] the links are AF_PACKET sockets instead, and the
+    /// steering is their socket filter and a TCX ingress program (see
+    /// [`ChannelSetConfig::link_kind`]).
     pub fn start(config: ChannelSetConfig) -> Result<ChannelSet, ChannelError> {
         let queues = match &config.queues {
             Some(q) => q.clone(),
@@ -122,6 +127,9 @@ impl ChannelSet {
             }
         };
         check_queues(&queues)?;
+        if config.link_kind == LinkKind::Packet {
+            return ChannelSet::start_packet(config, queues);
+        }
         if let Some(q) = queues.iter().find(|&&q| q >= xdp_prog::MAX_QUEUES) {
             return Err(ChannelError::InvalidConfig(format!(
                 "queue {q} beyond the steering program's {} slots",
@@ -166,7 +174,7 @@ impl ChannelSet {
             config,
             mac,
             parts,
-            Some(steering),
+            Some(SetSteering::Xdp(steering)),
             resolver,
             accept_partial,
             aligner,
@@ -221,11 +229,11 @@ impl ChannelSet {
     }
 
     /// Builds the set around its queues' links and starts their drivers.
-    fn assemble(
+    pub(super) fn assemble(
         config: ChannelSetConfig,
         mac: EthernetAddress,
         parts: Vec<QueueParts>,
-        steering: Option<XdpSteering>,
+        steering: Option<SetSteering>,
         resolver: Resolver,
         accept_partial: bool,
         aligner: RssAligner,
@@ -282,7 +290,7 @@ impl ChannelSet {
         let mut slots = Vec::with_capacity(parts.len());
         let links = parts.iter().map(|p| (p.binding, p.umem)).collect();
         for (index, (p, (signal, crx, frx))) in parts.into_iter().zip(ends).enumerate() {
-            let (rx_batch, tx_batch) = (config.link.rx_batch, config.link.tx_batch);
+            let (rx_batch, tx_batch) = config.link_batches();
             let iface = Interface::new(
                 p.link,
                 InterfaceConfig {
@@ -713,7 +721,11 @@ impl ChannelSet {
     }
 
     /// The steering program's counters (redirected, passed, ...); an in-memory set has
-    /// none to report and returns zeros.
+    /// none to report and returns zeros. An AF_PACKET set reports the frames its socket
+    /// filter handed to its sockets as `redirected` ([`packet_steering_counters`] has
+    /// both of its counters).
+    ///
+    /// [`packet_steering_counters`]: ChannelSet::packet_steering_counters
     pub fn steering_counters(&self) -> Result<xdp_prog::Counters, ChannelError> {
         self.shared.with_steering(|s| s.counters())
     }
@@ -731,6 +743,14 @@ impl ChannelSet {
     /// aligned to), not reproducible, not readable (veth), or alignment off.
     pub fn rss_state(&self) -> &RssState {
         self.shared.aligner.state()
+    }
+
+    /// The AF_PACKET steering's counters (frames handed to the set's sockets, frames kept
+    /// from the kernel's TCP); `None` for a set of another link.
+    pub fn packet_steering_counters(
+        &self,
+    ) -> Result<Option<xdp_prog::PacketCounters>, ChannelError> {
+        self.shared.with_steering(|s| s.packet_counters())
     }
 
     /// Flows the flow directory holds (for tests and diagnostics).
@@ -1122,7 +1142,7 @@ impl ChannelSet {
             .take();
         match steering {
             Some(s) => {
-                let res = s.detach().map_err(ChannelError::Xdp);
+                let res = s.detach();
                 info!(ifname = %self.config.ifname, "channel set stopped");
                 res
             }
@@ -1143,7 +1163,7 @@ impl Drop for ChannelSet {
 /// interface's RSS read now (without ntuple rules on host-local devices such as veth,
 /// which have none and deliver each frame on the queue its sender used), a known one, or
 /// none.
-fn aligner_for(config: &ChannelSetConfig) -> RssAligner {
+pub(super) fn aligner_for(config: &ChannelSetConfig) -> RssAligner {
     let ifname = &config.ifname;
     match &config.rss {
         RssAlignment::Probe => {

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crossbeam_channel::Sender;
 use tracing::warn;
-use xdp_prog::XdpSteering;
 
 use super::directory::{BufferPool, FlowDirectory, PortAllocator, Tuple};
 use super::listener::ListenerShared;
@@ -19,6 +18,7 @@ use super::queue::Limits;
 use super::round::Command;
 use super::signal::QueueSignal;
 use super::stats::{ChecksumCounters, SynCounters};
+use super::steering::SetSteering;
 use super::ChannelError;
 use crate::netif::StrayVerdict;
 use crate::rss::{ChannelEnds, ConnectSteering, RssAligner};
@@ -51,11 +51,11 @@ pub(crate) struct SetShared {
     pub(crate) aligner: RssAligner,
     pub(crate) pool: BufferPool,
     pub(crate) peers: Vec<Peer>,
-    /// The steering program, for AF_XDP sets; `None` once detached at shutdown (and
-    /// always for sets on an in-memory switch: see `steered`).
-    pub(crate) steering: RwLock<Option<XdpSteering>>,
-    /// Whether the set steers its endpoints with a program (AF_XDP); an in-memory set
-    /// has nothing to claim.
+    /// The steering (XDP program, or AF_PACKET socket filter and TCX program); `None` once
+    /// detached at shutdown (and always for sets on an in-memory switch: see `steered`).
+    pub(crate) steering: RwLock<Option<SetSteering>>,
+    /// Whether the set steers its endpoints with a program (AF_XDP, AF_PACKET); an
+    /// in-memory set has nothing to claim.
     pub(crate) steered: bool,
     pub(crate) tx_limits: Limits,
     pub(crate) rx_limits: Limits,
@@ -153,7 +153,7 @@ impl SetShared {
         }
     }
 
-    pub(crate) fn steering_read(&self) -> std::sync::RwLockReadGuard<'_, Option<XdpSteering>> {
+    pub(crate) fn steering_read(&self) -> std::sync::RwLockReadGuard<'_, Option<SetSteering>> {
         self.steering.read().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -161,13 +161,13 @@ impl SetShared {
     /// is skipped and `T::default()` returned.
     pub(crate) fn with_steering<T: Default>(
         &self,
-        f: impl FnOnce(&XdpSteering) -> Result<T, xdp_prog::XdpError>,
+        f: impl FnOnce(&SetSteering) -> Result<T, ChannelError>,
     ) -> Result<T, ChannelError> {
         if !self.steered {
             return Ok(T::default());
         }
         match self.steering_read().as_ref() {
-            Some(s) => f(s).map_err(ChannelError::Xdp),
+            Some(s) => f(s),
             None => Err(ChannelError::ShutDown),
         }
     }

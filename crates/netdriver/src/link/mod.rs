@@ -330,11 +330,17 @@ pub trait Link {
 /// A link that a queue driver (`channel::QueueDriver`) waits on: besides moving frames, it
 /// tells the driver how it learns that frames arrived.
 ///
-/// A link over a kernel socket (AF_XDP) names its descriptor, which the driver registers
-/// with its runtime's reactor and waits on for readability; an in-memory link
+/// A link over a kernel socket (AF_XDP, AF_PACKET) names its descriptor, which the driver
+/// registers with its runtime's reactor and waits on for readability; an in-memory link
 /// ([`switch::SwitchPort`]) has none and wakes the waker the driver registers instead.
+///
+/// A link whose socket can refuse frames for want of room and keep them
+/// ([`packet::PacketLink`]: a full send buffer) says so with
+/// [`tx_blocked`](Self::tx_blocked); the driver then also waits for the descriptor to
+/// poll writable, rather than retrying at every round.
 pub trait QueueLink: Link + Send {
-    /// The descriptor that polls readable when frames wait, or `None` for a link that
+    /// The descriptor that polls readable when frames wait (and writable when a
+    /// [`tx_blocked`](Self::tx_blocked) link has room again), or `None` for a link that
     /// wakes [`register_rx_waker`](Self::register_rx_waker)'s waker instead.
     fn rx_fd(&self) -> Option<std::os::fd::RawFd>;
 
@@ -342,8 +348,20 @@ pub trait QueueLink: Link + Send {
     /// registered before). Links with one ignore it.
     fn register_rx_waker(&self, waker: &std::task::Waker);
 
-    /// Whether a received frame waits now (no system call).
+    /// Whether a received frame waits now (no system call). A link that cannot tell
+    /// without one answers `false`, and its descriptor's readiness covers it.
     fn rx_ready(&mut self) -> bool;
+
+    /// Whether the link holds frames its socket refused for want of room, after a
+    /// [`flush`](Link::flush): they go out at a later flush, once
+    /// [`rx_fd`](Self::rx_fd) polls writable, which the kernel announces (the driver
+    /// waits for that instead of retrying). `false` by default: a link that answers
+    /// `false` either never keeps refused frames or has no descriptor to announce room
+    /// (AF_XDP's completion ring refills without an event the driver could wait for, and
+    /// it runs out of tx frames only for the time a copy-mode kick takes).
+    fn tx_blocked(&self) -> bool {
+        false
+    }
 }
 
 impl<L: Link + ?Sized> Link for Box<L> {

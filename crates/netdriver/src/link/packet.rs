@@ -34,10 +34,20 @@
 //!   written with `sendmmsg`, one message per frame with its `virtio_net_hdr` (GSO type
 //!   TCPv4 and segment size for a super-segment, `NEEDS_CSUM` for a partial checksum).
 //!   A full socket buffer (`EAGAIN`) keeps the rest for the next flush, and the buffers
-//!   stay lent until then: that is the link's backpressure.
+//!   stay lent until then: that is the link's backpressure ([`PacketLink::tx_pending`];
+//!   a queue driver waits for the socket to poll writable, [`QueueLink::tx_blocked`]).
+//!   A frame the device or its queueing discipline dropped (`ENOBUFS`) is gone, as on a
+//!   lossy wire, and counted ([`PacketLinkStats::tx_dropped`]); TCP retransmits it.
+//! - Queues: several links on one interface share its frames by receive queue
+//!   ([`PacketLinkConfig::fanout`], `PACKET_FANOUT` in mode `PACKET_FANOUT_QM`): the
+//!   *i*-th socket to join a group gets the frames of receive queue *r* when
+//!   *r* mod *n* = *i* (*n* members), every frame of a flow to one socket, as an AF_XDP
+//!   socket per queue gets its queue's. Transmit leaves on the queue the kernel picks
+//!   for the flow (its hash), not the socket's.
 //!
-//! The socket's descriptor is the readiness source ([`AsFd`]): readable when a frame
-//! waits. [`Link::poll_at`] is `None`.
+//! The socket's descriptor is the readiness source ([`AsFd`], [`QueueLink::rx_fd`]):
+//! readable when a frame waits, writable when a full send buffer has room again.
+//! [`Link::poll_at`] is `None`.
 //!
 //! Copies: the kernel copies each frame once each way (`sendmsg` into an skb, the skb into
 //! the `recvmsg` buffer), as in AF_XDP copy mode, but per 64 KiB rather than per frame.
@@ -50,8 +60,8 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use super::{
-    tx_range_ok, FrameWriter, Link, LinkStats, Offloads, RxMeta, TxMeta, ETHERNET_HEADER_LEN,
-    MAX_SUPER_FRAME_LEN, TX_HEADROOM,
+    tx_range_ok, FrameWriter, Link, LinkStats, Offloads, QueueLink, RxMeta, TxMeta,
+    ETHERNET_HEADER_LEN, MAX_SUPER_FRAME_LEN, TX_HEADROOM,
 };
 use crate::time::Instant;
 
@@ -70,6 +80,11 @@ const VNET_GSO_TCPV4: u8 = 1;
 const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_QDISC_BYPASS: libc::c_int = 20;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
+const PACKET_FANOUT: libc::c_int = 18;
+/// `PACKET_FANOUT_QM`: a group's frames go to its members by receive queue.
+const PACKET_FANOUT_QM: u32 = 5;
+/// `PACKET_FANOUT_FLAG_UNIQUEID`: the kernel picks an id no group of the namespace has.
+const PACKET_FANOUT_FLAG_UNIQUEID: u32 = 0x2000;
 /// `SO_SNDBUFFORCE` and `SO_RCVBUFFORCE` of `<asm-generic/socket.h>`: buffer sizes beyond
 /// `net.core.[rw]mem_max`, for CAP_NET_ADMIN.
 const SO_SNDBUFFORCE: libc::c_int = 32;
@@ -100,6 +115,21 @@ pub struct PacketLinkConfig {
     /// `PACKET_QDISC_BYPASS`: hand frames straight to the driver, skipping the interface's
     /// queueing discipline (and its backpressure). Off by default.
     pub qdisc_bypass: bool,
+    /// Share the interface's frames with other sockets by receive queue (see the
+    /// [module documentation](self)); `None` (the default): this socket gets every frame
+    /// its filter passes.
+    pub fanout: Option<Fanout>,
+}
+
+/// A `PACKET_FANOUT_QM` group for [`PacketLinkConfig::fanout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fanout {
+    /// Start a group under an id the kernel picks (unique in the network namespace, so
+    /// that no other program's group is joined by mistake); read it with
+    /// [`PacketLink::fanout_group`] for the other members.
+    New,
+    /// Join the group with this id (same interface and namespace).
+    Join(u16),
 }
 
 impl PacketLinkConfig {
@@ -114,6 +144,7 @@ impl PacketLinkConfig {
             rx_buffer_bytes: 8 << 20,
             tx_buffer_bytes: 4 << 20,
             qdisc_bypass: false,
+            fanout: None,
         }
     }
 }
@@ -168,6 +199,9 @@ pub struct PacketLinkStats {
     pub tx_super_segments: u64,
     /// `sendmmsg` calls that found the socket buffer full (frames kept for the next flush).
     pub tx_full: u64,
+    /// Frames the device or its queueing discipline dropped (`ENOBUFS`: a full queue, or
+    /// no memory for the copy); gone, as on a lossy wire.
+    pub tx_dropped: u64,
     /// Frames the kernel dropped because the socket's receive buffer was full
     /// (`PACKET_STATISTICS`' `tp_drops`, summed over [`PacketLink::kernel_drops`] calls).
     pub rx_socket_drops: u64,
@@ -191,6 +225,8 @@ pub struct PacketLink {
     fd: OwnedFd,
     ifindex: u32,
     mtu: usize,
+    /// The `PACKET_FANOUT_QM` group the socket joined.
+    fanout_group: Option<u16>,
     /// Receive buffers and the virtio headers read with them.
     rx_bufs: Vec<Vec<u8>>,
     rx_hdrs: Vec<[u8; VNET_HDR_LEN]>,
@@ -332,6 +368,13 @@ impl PacketLink {
                 io::Error::last_os_error(),
             ));
         }
+        // After the bind: the kernel only lets a running socket into a group.
+        let fanout_group = match config.fanout {
+            None => None,
+            Some(f) => {
+                Some(join_fanout(&fd, f).map_err(io_err("joining the PACKET_FANOUT group"))?)
+            }
+        };
         let max_frame = mtu + ETHERNET_HEADER_LEN;
         let tx_len = TX_HEADROOM
             + if config.segmentation {
@@ -345,6 +388,7 @@ impl PacketLink {
             ifindex,
             mtu,
             segmentation = config.segmentation,
+            ?fanout_group,
             "AF_PACKET link open"
         );
         let tx_frames = config.tx_frames;
@@ -352,6 +396,7 @@ impl PacketLink {
         Ok(PacketLink {
             ifindex,
             mtu,
+            fanout_group,
             fd,
             rx_bufs: (0..rx_batch).map(|_| vec![0u8; rx_len]).collect(),
             rx_hdrs: vec![[0u8; VNET_HDR_LEN]; rx_batch],
@@ -374,6 +419,12 @@ impl PacketLink {
     /// The interface's index.
     pub fn ifindex(&self) -> u32 {
         self.ifindex
+    }
+
+    /// The id of the `PACKET_FANOUT_QM` group the socket is in ([`PacketLinkConfig::fanout`];
+    /// with [`Fanout::New`], the id the kernel picked).
+    pub fn fanout_group(&self) -> Option<u16> {
+        self.fanout_group
     }
 
     /// The counters beyond [`LinkStats`].
@@ -508,9 +559,20 @@ impl PacketLink {
             if rc < 0 {
                 let err = io::Error::last_os_error();
                 match err.raw_os_error() {
-                    Some(libc::EAGAIN) | Some(libc::ENOBUFS) | Some(libc::EINTR) => {
+                    Some(libc::EAGAIN) | Some(libc::EINTR) => {
                         self.packet_stats.tx_full += 1;
                         return;
+                    }
+                    Some(libc::ENOBUFS) => {
+                        // The device's queue (or the qdisc's) dropped the first frame, or
+                        // the kernel had no memory to copy it: gone, as on a lossy wire.
+                        // Kept, it would be offered again at once: the socket polls
+                        // writable (its buffer is not what is full), so a driver waiting
+                        // for room would spin while the device's queue stays full.
+                        self.packet_stats.tx_dropped += 1;
+                        let s = self.staged.remove(0);
+                        self.tx_free.push(s.buf);
+                        continue;
                     }
                     _ => {
                         // The first frame is refused (a malformed one): drop it, go on.
@@ -536,10 +598,60 @@ impl PacketLink {
     }
 }
 
+/// Puts `fd` (bound) into a `PACKET_FANOUT_QM` group; returns the group's id.
+fn join_fanout(fd: &OwnedFd, fanout: Fanout) -> io::Result<u16> {
+    let (id, flags) = match fanout {
+        Fanout::New => (0u16, PACKET_FANOUT_FLAG_UNIQUEID),
+        Fanout::Join(id) => (id, 0),
+    };
+    let arg = u32::from(id) | ((PACKET_FANOUT_QM | flags) << 16);
+    set_int(fd, libc::SOL_PACKET, PACKET_FANOUT, arg as libc::c_int)?;
+    let mut value: u32 = 0;
+    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+    // SAFETY: getsockopt writing at most `len` bytes into a local u32.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            PACKET_FANOUT,
+            (&mut value as *mut u32).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The group's id in the low 16 bits, its mode and flags above.
+    Ok((value & 0xffff) as u16)
+}
+
 impl AsFd for PacketLink {
     /// The socket: readable when a frame waits (for `poll(2)`, epoll, `AsyncFd`).
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+/// A queue driver's view: the socket is the readiness source both ways. Whether a frame
+/// waits cannot be told without a system call (`rx_ready` is `false`: the driver then
+/// clears the descriptor's readiness and runs one more round, whose `recvmmsg` finds
+/// out); frames a full send buffer refused make the link [`tx_blocked`], and the driver
+/// waits for the socket to poll writable.
+///
+/// [`tx_blocked`]: QueueLink::tx_blocked
+impl QueueLink for PacketLink {
+    fn rx_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.fd.as_raw_fd())
+    }
+
+    fn register_rx_waker(&self, _waker: &std::task::Waker) {}
+
+    fn rx_ready(&mut self) -> bool {
+        false
+    }
+
+    fn tx_blocked(&self) -> bool {
+        !self.staged.is_empty()
     }
 }
 

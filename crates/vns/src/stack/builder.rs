@@ -1,5 +1,5 @@
 //! [`StackBuilder`]: every setting a stack is started with, and the start: the channel
-//! set (AF_XDP or the in-memory switch) with its queues placed by the scheduler, the
+//! set (AF_XDP, AF_PACKET or the in-memory switch) with its queues placed by the scheduler, the
 //! shards' endpoints, the copy workers and the control task.
 
 use std::fmt;
@@ -65,6 +65,9 @@ pub struct StackBuilder {
     xdp_mode: Option<netdriver::link::xdp::BindMode>,
     #[cfg(target_os = "linux")]
     rss_align: bool,
+    /// The link the channels run over ([`StackBuilder::link`]).
+    #[cfg(target_os = "linux")]
+    link: netdriver::channel::LinkKind,
     #[cfg(target_os = "linux")]
     #[allow(clippy::type_complexity)]
     tweak: Option<Box<dyn FnOnce(&mut netdriver::channel::ChannelSetConfig) + Send>>,
@@ -129,6 +132,8 @@ impl Default for StackBuilder {
             xdp_mode: None,
             #[cfg(target_os = "linux")]
             rss_align: true,
+            #[cfg(target_os = "linux")]
+            link: netdriver::channel::LinkKind::default(),
             preamble_timeout: Duration::from_secs(5),
             linger: DEFAULT_LINGER,
             #[cfg(target_os = "linux")]
@@ -157,7 +162,8 @@ impl StackBuilder {
 }
 
 impl StackBuilder {
-    /// The interface whose queues get AF_XDP sockets (for [`build`](Self::build)).
+    /// The interface whose queues get the stack's sockets (AF_XDP, or AF_PACKET with
+    /// [`link`](Self::link); for [`build`](Self::build)).
     pub fn interface(mut self, name: impl Into<String>) -> Self {
         self.interface = Some(name.into());
         self
@@ -480,7 +486,36 @@ impl StackBuilder {
         self
     }
 
-    /// Adjusts the AF_XDP channel set's configuration before [`build`](Self::build)
+    /// Which link the channels run over on the interface (default
+    /// [`LinkKind::Xdp`](netdriver::channel::LinkKind::Xdp)): AF_XDP sockets and the
+    /// steering XDP program, or with
+    /// [`LinkKind::Packet`](netdriver::channel::LinkKind::Packet) AF_PACKET sockets that
+    /// hand the kernel 64 KiB super-segments to segment (GSO/TSO) and take what its GRO
+    /// coalesced, steered by a socket filter and a TCX program. AF_XDP is the link for NICs
+    /// with zero-copy AF_XDP; where it must copy (veth, drivers without zero copy),
+    /// AF_PACKET carries bulk several times faster (`docs/investigations/bulk.md`).
+    /// [`build_in_memory`](Self::build_in_memory) ignores it. Environment:
+    /// `NETCHANNEL_LINK=xdp|packet`.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use netdriver::channel::LinkKind;
+    /// let stack = vns::Stack::builder()
+    ///     .interface("veth1")
+    ///     .ipv4("10.0.0.2".parse()?)
+    ///     .link(LinkKind::Packet)
+    ///     .build()?;
+    /// # drop(stack);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(target_os = "linux")]
+    pub fn link(mut self, kind: netdriver::channel::LinkKind) -> Self {
+        self.link = kind;
+        self
+    }
+
+    /// Adjusts the channel set's configuration before [`build`](Self::build)
     /// starts it (queues, link, TCP, queue limits, ...). It runs after the builder's own
     /// settings are applied (the liveness policy included), so it may override them;
     /// [`Stack::liveness`] reports what the channels got.
@@ -545,7 +580,8 @@ impl StackBuilder {
         self
     }
 
-    /// Starts the stack on the interface's AF_XDP queues (needs privileges; run it in the
+    /// Starts the stack on the interface's queues, over AF_XDP or AF_PACKET
+    /// ([`link`](Self::link); needs privileges; run it in the
     /// network namespace of the interface).
     #[cfg(target_os = "linux")]
     pub fn build(mut self) -> Result<Stack, StackError> {
@@ -695,6 +731,7 @@ impl StackBuilder {
         if !self.rss_align {
             cfg.rss = netdriver::channel::RssAlignment::Off;
         }
+        cfg.link_kind = self.link;
         self.liveness.apply(&mut cfg.tcp);
         // The scheduler's placement is decided once the queues are known (after the hook,
         // which may choose them); a placement the hook sets replaces it.

@@ -187,6 +187,9 @@ pub(super) fn apply(mut b: StackBuilder) -> Result<StackBuilder, StackError> {
         if let Some(v) = env_var("NETCHANNEL_RSS_ALIGN")? {
             b = b.rss_align(parse_switch("NETCHANNEL_RSS_ALIGN", &v)?);
         }
+        if let Some(link) = env_parse::<netdriver::channel::LinkKind>("NETCHANNEL_LINK")? {
+            b = b.link(link);
+        }
     }
     Ok(b)
 }

@@ -10,7 +10,8 @@
 //! binds it to real channels and to tokio:
 //!
 //! - Channels come from netdriver's [`ChannelSet`](netdriver::channel::ChannelSet): AF_XDP
-//!   queues of an interface ([`StackBuilder::build`]), or the ports of an in-memory switch
+//!   (or, with [`StackBuilder::link`], AF_PACKET) queues of an interface
+//!   ([`StackBuilder::build`]), or the ports of an in-memory switch
 //!   ([`MemNetwork`], [`StackBuilder::build_in_memory`]) with the same queue drivers and
 //!   TCP, for unprivileged tests. Each NIC queue is driven by one future on a runtime the
 //!   scheduler's placement chooses (`NetScheduler::place_queues`): the application's
@@ -232,8 +233,9 @@ use builder::CopyPath;
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum StackError {
-    /// AF_XDP sockets or XDP programs need privileges (CAP_NET_ADMIN, CAP_BPF, ...).
-    #[error("not permitted (AF_XDP needs CAP_NET_ADMIN/CAP_BPF): {0}")]
+    /// AF_XDP or AF_PACKET sockets and BPF programs need privileges (CAP_NET_ADMIN,
+    /// CAP_NET_RAW, CAP_BPF, ...).
+    #[error("not permitted (AF_XDP and AF_PACKET need CAP_NET_ADMIN/CAP_NET_RAW/CAP_BPF): {0}")]
     NotPermitted(#[source] netdriver::channel::ChannelError),
     /// The interface does not exist (in the calling thread's network namespace).
     #[error("no such interface: {0}")]
