@@ -1,7 +1,6 @@
 //! Bulk goodput by MTU: one channel and one `VirtualStream` against kernel TCP **at its
 //! defaults** (nothing attached, TSO/GSO/GRO and checksum offload on: what users compare
-//! with), on the same veth at the same MTU, interleaved round by round in one run
-//! (issue 15 §3).
+//! with), on the same veth at the same MTU, interleaved round by round in one run.
 //!
 //! For each MTU (default 1500, 9000 and [`LARGEST_MTU`], the largest our link takes; veth
 //! with the `xdp.frags` program accepts up to 65535), a fresh two-queue test bed, then
@@ -22,8 +21,8 @@
 //! at [`LARGEST_MTU`] 16, the most a chain may have), as `support/vns.rs`'s `StackPair`
 //! sets them for any bed above MTU 1500; the MSS (MTU − 40) and the steering program's
 //! `xdp.frags` variant follow the MTU by `ChannelSet`'s defaults. `base`
-//! pins `rx_buffer_max: None` (a fixed 256 KiB receive buffer, the default before
-//! 2026-11-26) and `autotune` sets it (the default since).
+//! pins `rx_buffer_max: None` (a fixed 256 KiB receive buffer) and `autotune` sets it
+//! (the default: `tcp::Config::rx_buffer_max` is 6 MiB).
 //!
 //! Environment: `NETCHANNEL_BENCH_MTUS` (comma-separated), `NETCHANNEL_BENCH_BYTES` (per
 //! transfer, default 256 MiB), `NETCHANNEL_BENCH_ROUNDS` (default 5),

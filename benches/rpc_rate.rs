@@ -247,8 +247,8 @@ mod run {
             measure(&rt, &mut kernel, max_conns, 64, secs.min(0.2));
         }
 
-        // rates[size][conns] = (virtual per round, kernel per round, virtual with
-        // run-to-completion receive off per round)
+        // rates[size][conns] = (virtual per round, kernel per round, virtual with every
+        // queue on a runtime of its stack's own per round)
         let mut rates = vec![vec![(Vec::new(), Vec::new(), Vec::new()); conns.len()]; sizes.len()];
         for round in 0..rounds {
             let t = Instant::now();

@@ -102,10 +102,10 @@ fn loss_report() {
     }
 }
 
-/// Goodput in virtual time on a 100 Gbit/s link with a 100 µs round trip (50 µs each
-/// way) at MTU 9000 and 1500, the sender's buffer large (8 MiB), with the receive buffer
-/// fixed at the default 256 KiB, auto-tuned from it up to 6 MiB (`rx_buffer_max`, Linux's
-/// `tcp_rmem` maximum), and fixed at 6 MiB from the start (issue 15 §3). Deterministic.
+/// Goodput in virtual time on a 100 Gbit/s link with a 100 µs round trip (50 µs each way)
+/// at MTU 9000 and 1500, the sender's buffer large (8 MiB), with the receive buffer fixed
+/// at the default 256 KiB, auto-tuned from it up to 6 MiB (`rx_buffer_max`, Linux's
+/// `tcp_rmem` maximum), and fixed at 6 MiB from the start. Deterministic.
 fn window_report() {
     const WINDOW_BYTES: usize = 64 << 20;
     const MAX: usize = 6 << 20;

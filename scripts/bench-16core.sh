@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# The multi-core measurements of issues 11 and 12, for a machine with cores to spare and
-# no Rust toolchain: run `scripts/bench-bundle.sh make` first (here), carry `.devbundle/`,
-# then run this there as root. Logs go to $OUT (or /tmp/bench-16core). Each step has its
-# own time limit, so that one hanging step leaves the others' figures.
+# Multi-core measurements (request rate by channel count, the paper's operating points,
+# latency), for a machine with cores to spare and no Rust toolchain: run
+# `scripts/bench-bundle.sh make` first (here), carry `.devbundle/`, then run this there
+# as root. Logs go to $OUT (or /tmp/bench-16core). Each step has its own time limit, so
+# that one hanging step leaves the others' figures.
 #
-# Steps: (1) rpc_rate at 128 connections with 1, 2 and 4 channels per peer, receive on
-# the channel threads on and off (`StackBuilder::channel_thread_rx`); (2) the paper's
-# three operating points; (3) rpc_rate over 1-128 connections with 4 channels, with and
-# without the few-active-streams path (`light_load_streams`); (4)
-# vns_latency (the stack's default channel count: 4 on such a machine) with receive on
-# the channel threads on and off. BUSY=1 adds (5) vns_latency
-# and rpc_rate at 128 connections with busy polling. The bed has 4 queues (so 4 channel
-# threads per side) and the tokio runtime 4 workers, for the VirtualStreams and kernel
-# TCP alike.
+# Steps: (1) rpc_rate at 128 connections with 1, 2 and 4 channels per peer; (2) the
+# paper's three operating points; (3) rpc_rate over 1-128 connections with 4 channels;
+# (4) vns_latency (the stack's default channel count: 4 on such a machine). BUSY=1 adds
+# (5) vns_latency and rpc_rate at 128 connections with busy polling. The bed has 4 queues
+# (so 4 queue drivers per side) and the tokio runtime 4 workers, for the VirtualStreams
+# and kernel TCP alike. NETCHANNEL_BENCH_CHANNEL_THREAD_RX, NETCHANNEL_BENCH_RUNTIME_RX
+# and NETCHANNEL_BENCH_LIGHT_LOAD_STREAMS below switched receive paths that queue drivers
+# replaced; the benches no longer read them, so the `rx` loops and `rpc_conns_nolight`
+# repeat the measurement beside them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/bench-16core}
@@ -45,12 +46,13 @@ done
 step points 300 NETCHANNEL_BENCH_SECS=1 NETCHANNEL_BENCH_LATENCY_APP=own \
     scripts/bench-bundle.sh run operating_points
 # Point 3 again with the applications pinned apart (the latency one on the last core,
-# where `Isolating` puts the latency channels' threads) and the 10 slowest samples.
+# whose runtime drives the latency channels' queues under `Isolating`) and the 10
+# slowest samples.
 step points_pinned 200 NETCHANNEL_BENCH_POINTS=3 NETCHANNEL_BENCH_LATENCY_APP=own \
     NETCHANNEL_BENCH_PIN_APPS=1 NETCHANNEL_BENCH_SLOWEST=10 \
     scripts/bench-bundle.sh run operating_points
 step rpc_conns 120 "${common[@]}" NETCHANNEL_BENCH_CHANNELS=4 scripts/bench-bundle.sh run rpc_rate
-# The same without the few-active-streams path (`StackBuilder::light_load_streams(0)`).
+# Once more (NETCHANNEL_BENCH_LIGHT_LOAD_STREAMS is no longer read).
 step rpc_conns_nolight 120 "${common[@]}" NETCHANNEL_BENCH_CHANNELS=4 \
     NETCHANNEL_BENCH_LIGHT_LOAD_STREAMS=0 scripts/bench-bundle.sh run rpc_rate
 for rx in 1 0; do

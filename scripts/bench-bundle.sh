@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Benchmarks on a machine without a Rust toolchain (the 16-core machine some sessions are
-# lent, see docs/performance.md "On a 16-core machine").
+# Benchmarks on a machine without a Rust toolchain (a 16-core machine, say: see
+# docs/investigations/sixteen-cores.md).
 #
 #   scripts/bench-bundle.sh make [BENCH...]   here: build the release benches (default
 #                                             rpc_rate operating_points vns_latency) and

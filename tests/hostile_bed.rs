@@ -1,6 +1,6 @@
-//! Hostile peers on the test bed (issue 14): the `echo` example serves in namespace A
-//! (virtual listener on port 7000, channel port 9000), and namespace B attacks it the way
-//! a hostile host on the network would:
+//! Hostile peers on the test bed: the `echo` example serves in namespace A (virtual
+//! listener on port 7000, channel port 9000), and namespace B attacks it the way a hostile
+//! host on the network would:
 //!
 //! - a plain kernel `TcpStream` that speaks the chunk format by hand
 //!   (`docs/wire-format.md`: preamble, then 16-byte headers and payloads) on port 9000:
@@ -146,8 +146,8 @@ fn echo_server_survives_hand_written_chunk_attacks() {
 
     // 1. Overlapping DATA chunks parked beyond the reorder buffer (256 KiB) within the
     //    credit (512 KiB), then the gap filled so that the reader catches up with them:
-    //    the remote panic of issue 14. The socket may be reset (an overlap is a protocol
-    //    violation); the server must not fall over.
+    //    a sequence that once panicked the server from the network. The socket may be
+    //    reset (an overlap is a protocol violation); the server must not fall over.
     bed.run_in(Side::B, move || {
         let mut h = Hostile::open(target);
         let isn = 1_000u32;
@@ -552,15 +552,14 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1 << 20)
 }
 
-/// A zero-window channel while DATA for unknown sockets pours in (issue 14): another host
-/// on the link (B's next address) opens a channel to the echo server, keeps its receive
-/// buffer small and never reads, so the server's RESET replies fill it and its window
-/// shuts, and writes a million DATA chunks addressed to virtual sockets that do not
-/// exist. A legitimate client echoes 2 MB byte-exact while the flood runs and again once
-/// the server has taken all of it, with the channel still held shut; the server's peak
-/// resident memory since a baseline taken after a first echo stays under
-/// [`FLOOD_MEMORY_BOUND`], and its counters show that the replies it could not queue were
-/// dropped.
+/// A zero-window channel while DATA for unknown sockets pours in: another host on the link
+/// (B's next address) opens a channel to the echo server, keeps its receive buffer small
+/// and never reads, so the server's RESET replies fill it and its window shuts, and writes
+/// a million DATA chunks addressed to virtual sockets that do not exist. A legitimate
+/// client echoes 2 MB byte-exact while the flood runs and again once the server has taken
+/// all of it, with the channel still held shut; the server's peak resident memory since a
+/// baseline taken after a first echo stays under [`FLOOD_MEMORY_BOUND`], and its counters
+/// show that the replies it could not queue were dropped.
 ///
 /// The attacker is another host rather than B's own address: a channel from B's address
 /// would be one of the legitimate peer's channels (channels are unauthenticated without a

@@ -1,9 +1,9 @@
-//! Issue 13's promise, tested as a rename: the same client and server code, written once
-//! against tokio's names, is compiled twice — `use tokio::net::...` and
-//! `use netchannel::net::...` — and the two builds must produce the same transcript. The
-//! netchannel build runs on the default stack (in-memory stacks, so unprivileged) and
-//! talks to a virtual socket on another stack; the tokio build talks to a kernel peer over
-//! the loopback interface.
+//! Moving a tokio program to netchannel is a rename of its imports, tested as one: the same
+//! client and server code, written once against tokio's names, is compiled twice — `use
+//! tokio::net::...` and `use netchannel::net::...` — and the two builds must produce the
+//! same transcript. The netchannel build runs on the default stack (in-memory stacks, so
+//! unprivileged) and talks to a virtual socket on another stack; the tokio build talks to a
+//! kernel peer over the loopback interface.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;

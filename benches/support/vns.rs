@@ -55,7 +55,7 @@ pub fn bench_mode() -> bool {
 }
 
 /// The test bed (2 queues, or `NETCHANNEL_BENCH_QUEUES`: on a machine with cores to
-/// spare, more queues give more channel threads) and a tokio runtime with 2 workers
+/// spare, more queues give more queue drivers) and a tokio runtime with 2 workers
 /// (`NETCHANNEL_BENCH_WORKERS`) for bench `name`, or `None` after printing why the bench
 /// skips (no root, no namespaces).
 pub fn bed_and_runtime(name: &str) -> Option<(TestBed, Runtime)> {

@@ -553,8 +553,8 @@ impl KernelNeighbors {
     /// MAC address is `seen`, else a fresh [`entry`](Self::entry). Only a match is taken
     /// from memory: a peer from any other address gets the kernel's current answer, as
     /// does one whose entry changed or went. Each `entry` dumps the interface's
-    /// neighbour table over netlink: once per accepted connection, that was 7 % of a
-    /// channel thread's time in connection-per-request HTTP
+    /// neighbour table over netlink: once per accepted connection, that was 7 % of the
+    /// protocol thread's time in connection-per-request HTTP
     /// (`docs/investigations/connection-setup.md`), for an answer that changes rarely. At
     /// most [`RECENT_ENTRIES`] are remembered.
     pub fn entry_confirming(

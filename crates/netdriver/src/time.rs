@@ -2,8 +2,9 @@
 //!
 //! The TCP never reads a clock: every entry point takes `now: Instant`. An [`Instant`] is a
 //! count of microseconds since an arbitrary origin chosen by the driver of the state
-//! machine: the simulated link starts its virtual clock at zero, a real channel thread uses
-//! the time since it started ([`Clock`]). Microsecond resolution is what µs-scale links need
+//! machine: the simulated link starts its virtual clock at zero, a channel set's queue
+//! drivers use the time since the set started (on tokio's clock, so that tests can pause
+//! it), other real drivers a [`Clock`]. Microsecond resolution is what µs-scale links need
 //! (RTO minimum down to 1 ms, RTTs of tens of µs) and a `u64` of them lasts 584,000 years.
 
 use core::fmt;
@@ -152,11 +153,11 @@ pub fn coarse_millis() -> u64 {
 }
 
 /// How late a background thread's timed sleep may end when what it wakes for is a
-/// fallback (a lease's end, a periodic look), not a protocol timer: one timer tick at
-/// `HZ=250`. On a busy core the wake-up then comes with a tick the core takes anyway,
-/// instead of with an interrupt of its own: on the 2-core bed a timer interrupt on the
-/// core running a ping-pong cost 16 µs (median, 27 at p90) in the guest, and each one made
-/// that exchange a tail sample (`docs/performance.md`, fourteenth session).
+/// fallback (a periodic look), not a protocol timer: one timer tick at `HZ=250`. On a busy
+/// core the wake-up then comes with a tick the core takes anyway, instead of with an
+/// interrupt of its own: on the 2-core bed a timer interrupt on the core running a
+/// ping-pong cost 16 µs (median, 27 at p90) in the guest, and each one made that exchange a
+/// tail sample (`docs/investigations/latency-tail.md`, "Timer slack").
 pub const FALLBACK_SLACK: std::time::Duration = std::time::Duration::from_millis(4);
 
 /// The slack for a sleep until a protocol timer `wait` ahead: an eighth of the wait, at

@@ -351,7 +351,7 @@ fn a_kernel_peer_out_of_receive_memory_keeps_the_channel_and_its_data_flowing() 
     set.shutdown().unwrap();
 }
 
-/// Passive opens check the peer's MAC against the kernel's neighbour entry (issue 14):
+/// Passive opens check the peer's MAC against the kernel's neighbour entry:
 /// with B's kernel holding a permanent entry that puts A's address at another MAC (as it
 /// would if the real host had that MAC and A were an impostor on the link), A's kernel
 /// client completes the handshake but B aborts the connection before any listener sees

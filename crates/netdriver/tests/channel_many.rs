@@ -1,7 +1,7 @@
 //! 64 concurrent channels against the peer's kernel on a 2-queue test bed, each stream
 //! verified: kernel clients to our listener, and our channels to a kernel server. With two
 //! queues the kernel chooses the queue a flow's segments arrive on, so segments of flows
-//! owned by one channel thread arrive on the other and are forwarded.
+//! owned by one queue arrive on the other and are forwarded.
 //!
 //! Privileged: each test skips without root, and fails instead when
 //! `NETCHANNEL_REQUIRE_XDP=1`.

@@ -1,7 +1,8 @@
-//! The channel thread's receive buffer: short arrivals share one allocation while earlier
-//! pieces are still held, rather than each taking a fresh 64 KiB buffer (which cost page
-//! faults, and madvise with TLB shootdowns when freed, at 8 connections of 64 B requests:
-//! `docs/performance.md`, "Instructions per message").
+//! A queue's receive buffer (the round's `pull_rx`): short arrivals share one allocation
+//! while earlier pieces are still held, rather than each taking a fresh 64 KiB buffer
+//! (which cost page faults, and madvise with TLB shootdowns when freed, at 8 connections
+//! of 64 B requests: `docs/investigations/per-message-path.md`, "The channel thread's
+//! receive buffer: a fresh 64 KiB per arrival").
 //!
 //! Privileged: skips without root, and fails instead when `NETCHANNEL_REQUIRE_XDP=1`.
 #![cfg(target_os = "linux")]

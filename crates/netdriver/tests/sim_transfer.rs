@@ -355,7 +355,7 @@ fn run(case: &Case) -> Result<Outcome, String> {
             }
         }
         // `Interface::settled` promises that a poll would find nothing to do but
-        // frames arriving later (a channel thread skips that poll on its word): checked
+        // frames arriving later (a queue's driver skips that poll on its word): checked
         // before every poll at the instant of the last one, where no frame has come due
         // since (the link's latency is not zero) and only the applications' reads and
         // writes (`pump`) happened in between.

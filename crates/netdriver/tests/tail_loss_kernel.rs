@@ -1,12 +1,12 @@
-//! Tail losses against the peer's kernel TCP at its default settings (issue 15 §2): a
-//! request/response exchange of two-segment messages in which the last segment of one
-//! request is lost after it crossed the wire (`iptables` in the kernel's INPUT chain), so
-//! that no later segment can reveal the loss by duplicate ACKs or SACK. With tail loss
-//! probes (RFC 8985 TLP: with more than one segment in flight the probe timeout is two
-//! smoothed RTTs) our stack recovers in about a millisecond rather than after a
-//! retransmission timeout (200 ms at least); the test asserts it from the counters
-//! (`ChannelStats::rto_timeouts` stays 0 while a segment went again) and the exchange's
-//! time, and checks every byte. Offloads stay at veth's defaults.
+//! Tail losses against the peer's kernel TCP at its default settings: a request/response
+//! exchange of two-segment messages in which the last segment of one request is lost after
+//! it crossed the wire (`iptables` in the kernel's INPUT chain), so that no later segment
+//! can reveal the loss by duplicate ACKs or SACK. With tail loss probes (RFC 8985 TLP: with
+//! more than one segment in flight the probe timeout is two smoothed RTTs) our stack
+//! recovers in about a millisecond rather than after a retransmission timeout (200 ms at
+//! least); the test asserts it from the counters (`ChannelStats::rto_timeouts` stays 0
+//! while a segment went again) and the exchange's time, and checks every byte. Offloads
+//! stay at veth's defaults.
 //!
 //! The other direction, the kernel's tail lost on the wire and its own TLP recovering, is
 //! made by our side: a netfilter drop in the kernel's OUTPUT or POSTROUTING chain would be

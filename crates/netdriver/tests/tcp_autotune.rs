@@ -1,6 +1,6 @@
-//! Receive-buffer auto-tuning (`Config::rx_buffer_max`, issue 15 §3; Linux's dynamic
-//! right-sizing): the buffer, and so the advertised window, grows once per round trip
-//! with what the application read in it, up to the maximum, and never for a slow reader.
+//! Receive-buffer auto-tuning (`Config::rx_buffer_max`; Linux's dynamic right-sizing): the
+//! buffer, and so the advertised window, grows once per round trip with what the
+//! application read in it, up to the maximum, and never for a slow reader.
 
 mod tcp_support_b;
 

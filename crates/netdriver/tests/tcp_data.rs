@@ -299,8 +299,8 @@ fn segment_smack_flood_of_tiny_holes_is_bounded() {
         );
         assert_eq!(t.conn.recv_queue(), 0);
     }
-    // max_ooo_ranges defaults to 512 (it was 16 before issue 15 §3 sized it for a
-    // 100 Gbit/s window): 512 held, the rest dropped and counted.
+    // max_ooo_ranges defaults to 512 (sized for the holes of a 100 Gbit/s window): 512
+    // held, the rest dropped and counted.
     assert_eq!(t.stats().ooo_ranges, 512);
     assert_eq!(t.stats().ooo_dropped, 2000 - 512);
     t.send(t.seg().seq(r(0)).payload(&d[..1]));
@@ -459,7 +459,7 @@ fn send_is_limited_by_the_initial_window_then_slow_start() {
     assert_eq!(t.stats().bytes_in_flight, 12_000);
 }
 
-/// Issue 15 §3: a stretch ACK from a GRO receiver covering 8 segments grows cwnd by all 8
+/// A stretch ACK from a GRO receiver covering 8 segments grows cwnd by all 8
 /// (RFC 3465 §2.1 byte counting, bounded by cwnd), not by L = 2 MSS, and the sender fills
 /// the grown window at once: 8 segments freed plus 8 of growth.
 #[test]

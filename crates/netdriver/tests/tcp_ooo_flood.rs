@@ -1,8 +1,8 @@
-//! Hostile out-of-order flood against the reassembly bounds (issue 15 §3; CVE-2018-5390
-//! "SegmentSmack", CVE-2019-11477 "SACK panic"): a peer sends every other full segment of
-//! a window far larger than the range cap. The ranges held stop at the cap, the rest is
-//! dropped and counted, the memory the connection holds stops growing at the cap, nothing
-//! panics, and once the holes are filled every byte held is delivered exactly.
+//! Hostile out-of-order flood against the reassembly bounds (CVE-2018-5390 "SegmentSmack",
+//! CVE-2019-11477 "SACK panic"): a peer sends every other full segment of a window far
+//! larger than the range cap. The ranges held stop at the cap, the rest is dropped and
+//! counted, the memory the connection holds stops growing at the cap, nothing panics, and
+//! once the holes are filled every byte held is delivered exactly.
 //!
 //! This file holds a single test because it measures heap use with a counting global
 //! allocator, which other tests running in parallel threads would disturb.

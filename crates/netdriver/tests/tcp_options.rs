@@ -1,6 +1,6 @@
-//! Per-connection options changed after creation (issue 15 §3): send and receive buffer
-//! sizes, the MSS clamp, the user timeout (RFC 9293 §3.8.3) and keep-alive (RFC 9293
-//! §3.8.4, RFC 1122 §4.2.3.6), each pinned by exact segments and instants.
+//! Per-connection options changed after creation: send and receive buffer sizes, the MSS
+//! clamp, the user timeout (RFC 9293 §3.8.3) and keep-alive (RFC 9293 §3.8.4, RFC 1122
+//! §4.2.3.6), each pinned by exact segments and instants.
 
 mod tcp_support_b;
 

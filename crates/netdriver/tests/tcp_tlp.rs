@@ -39,7 +39,7 @@ fn pto_is_two_srtt_after_new_data() {
 
 /// The PTO is at least `tlp_min_pto`: 2·SRTT of a datacenter path (tens of µs) is shorter
 /// than a loaded host takes to schedule the peer's ACK, and such probes were nearly all
-/// spurious on the test bed (and woke sleeping channel threads per message). The harness's
+/// spurious on the test bed (and woke sleeping queue drivers per message). The harness's
 /// SRTT is 10 ms, so a 30 ms floor stands in for the 2 ms default on a 50 µs path.
 #[test]
 fn pto_has_a_floor() {

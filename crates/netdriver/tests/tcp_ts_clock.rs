@@ -286,10 +286,9 @@ fn rtt_stays_accurate_to_the_microsecond() {
 }
 
 /// Regression (found on the bed: 11,910 segments dropped by the peer's PAWS in one
-/// isolation benchmark run, each then resent): the threads that drive a connection
-/// (its queue's channel thread, an application task sending inline, a task receiving in
-/// its own runtime) each read the clock before taking the connection, so one may call in
-/// with an instant older than the last call's. A TSval from that older instant lies below
+/// isolation benchmark run, each then resent): several threads drove one connection, each
+/// reading the clock before taking it, so one could call in with an instant older than
+/// the last call's; any caller may still do so. A TSval from that older instant lies below
 /// the peer's TS.Recent and the peer drops the segment (RFC 7323 §5.3 R1). The
 /// connection's clock never runs backwards: an older `now` counts as the newest seen.
 #[test]

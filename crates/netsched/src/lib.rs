@@ -10,7 +10,8 @@
 //!    of which class, and which core runs each (scaling and placement), from a whole
 //!    [`StackSnapshot`], as a list of [`PlanAction`]s, which the stack carries out every
 //!    [`plan_period`](NetScheduler::plan_period) (`vns::StackBuilder::execute_plans`):
-//!    channels opened, retired without losing a byte, channel threads pinned.
+//!    channels opened, retired without losing a byte, queue runtimes pinned, spawned,
+//!    retired and given queues.
 //! 3. **Per large copy** ([`NetScheduler::pick_copy_worker`]): which copy worker copies
 //!    each piece of a large copy, from the [`CopyWorkerStats`] of the workers (their
 //!    queued bytes); `None` leaves the piece to the application thread.
@@ -104,7 +105,8 @@ impl fmt::Display for ChannelId {
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
 pub enum ChannelClass {
-    /// Carries only latency-class sockets; runs on its own threads/cores.
+    /// Carries only latency-class sockets; kept on NIC queues, runtimes and cores of its
+    /// own where the policy separates the classes.
     Latency,
     /// Carries throughput-class (bulk) sockets.
     #[default]
@@ -179,8 +181,9 @@ pub const DEFAULT_PLAN_PERIOD: Duration = Duration::from_millis(100);
 /// which worker copies.
 ///
 /// The trait is object safe; a stack holds its policy as `Box<dyn NetScheduler>`, chosen
-/// with `StackBuilder::scheduler`. It must be `Send` (the stack calls it from whichever
-/// thread holds the stack's lock, one call at a time, so it need not be `Sync`).
+/// with `StackBuilder::scheduler`. It must be `Send` (the stack calls each instance from
+/// whichever thread holds the lock that instance sits behind, one call at a time, so it
+/// need not be `Sync`).
 ///
 /// Implementations should be deterministic functions of their own state and their
 /// arguments: the virtual-socket core is a deterministic state machine and its tests replay
@@ -313,8 +316,9 @@ pub trait NetScheduler: Send {
         None
     }
 
-    /// Whether the stack should open latency channels on channel threads (NIC queues) of
-    /// their own, apart from throughput channels, when it has more than one queue: the
+    /// Whether the stack should open latency channels on NIC queues (and so queue
+    /// runtimes) of their own, apart from throughput channels, when it has more than one
+    /// queue: the
     /// placement half of isolation, decided when a channel opens (a channel cannot move
     /// to another queue later). The default, `false`, spreads every channel over all
     /// queues.

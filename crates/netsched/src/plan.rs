@@ -9,12 +9,13 @@ use crate::{ChannelClass, ChannelId, ChannelThreadId, PeerId};
 /// Actions are wishes, not commands already carried out, and a policy may repeat one
 /// until it has happened: executing the same action twice must be harmless (open only if
 /// still short, close only if still present, pin only if not already there, spawn only if
-/// no thread runs on the core yet, retire only if the thread is still there, assign only
-/// if the queue is elsewhere).
+/// no queue runtime is pinned to the core yet, retire only if the runtime is still there,
+/// assign only if the queue is elsewhere).
 ///
-/// The thread actions place the channel threads themselves: a channel thread serves one
-/// or more NIC queues (each with every channel whose connection lives on it), and
-/// [`StackSnapshot::queues`](crate::StackSnapshot::queues) says which serves which.
+/// The thread actions place the stack's queue runtimes themselves: a queue runtime (a
+/// thread of the stack's own, named by a [`ChannelThreadId`]) drives one or more NIC
+/// queues (each with every channel whose connection lives on it), and
+/// [`StackSnapshot::queues`](crate::StackSnapshot::queues) says which drives which.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum PlanAction {
@@ -30,31 +31,34 @@ pub enum PlanAction {
         /// The channel.
         channel: ChannelId,
     },
-    /// Run `channel` on a thread pinned to `core`.
+    /// Pin the queue runtime that drives `channel`'s NIC queue to `core` (the stack
+    /// refuses when that runtime also drives channels of the other class, or when the
+    /// queue is driven on a runtime that is not the stack's own).
     Pin {
         /// The channel.
         channel: ChannelId,
         /// The core.
         core: usize,
     },
-    /// Run one more channel thread, pinned to `core` (unless a thread already runs
-    /// there). It serves no queue until an [`AssignQueue`](PlanAction::AssignQueue) gives
-    /// it one; it appears in the next snapshot's `threads`.
+    /// Run one more queue runtime, pinned to `core` (unless one is pinned there
+    /// already). It drives no queue until an [`AssignQueue`](PlanAction::AssignQueue)
+    /// gives it one; it appears in the next snapshot's `threads`.
     SpawnThread {
         /// The core.
         core: usize,
     },
-    /// End channel thread `thread`; the queues it serves move to the other threads first.
-    /// A stack keeps at least one thread: retiring the last is refused.
+    /// End queue runtime `thread`; the queues it drives move to the other runtimes
+    /// first. The stack's home runtime (which runs its control task and takes the
+    /// queues of stalled runtimes) is never retired: retiring it is refused.
     RetireThread {
-        /// The thread.
+        /// The queue runtime.
         thread: ChannelThreadId,
     },
-    /// Serve NIC queue `queue` (every channel on it) from thread `thread`.
+    /// Drive NIC queue `queue` (every channel on it) on queue runtime `thread`.
     AssignQueue {
         /// The queue, as [`QueueStats::queue`](crate::QueueStats::queue) names it.
         queue: u32,
-        /// The thread.
+        /// The queue runtime.
         thread: ChannelThreadId,
     },
 }

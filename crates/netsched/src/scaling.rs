@@ -14,7 +14,7 @@ use crate::{
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScalingConfig {
     /// A group of channels (one peer, one class) is busy when the mean utilisation of the
-    /// threads running it is above this (default 0.85).
+    /// queue runtimes driving it is above this (default 0.85).
     pub scale_up_utilisation: f64,
     /// Consecutive busy evaluations before a channel is added to the group (default 3).
     pub scale_up_periods: u32,
@@ -135,7 +135,7 @@ struct ChannelTrack {
 /// [`plan`](NetScheduler::plan) (or use through [`Scaled`]).
 ///
 /// Channels are grouped by (peer, class). A group gets an
-/// [`OpenChannel`](PlanAction::OpenChannel) once the threads running it have stayed
+/// [`OpenChannel`](PlanAction::OpenChannel) once the queue runtimes driving it have stayed
 /// busier than [`ScalingConfig::scale_up_utilisation`] for
 /// [`ScalingConfig::scale_up_periods`] evaluations in a row, up to
 /// [`ScalingConfig::max_channels`]. It gets a [`CloseChannel`](PlanAction::CloseChannel)
@@ -201,14 +201,14 @@ impl Scaler {
         })
     }
 
-    /// The scaler also places channel threads (off unless asked): a thread that serves
+    /// The scaler also places queue runtimes (off unless asked): a runtime that drives
     /// several NIC queues and stays busier than [`ScalingConfig::scale_up_utilisation`]
     /// for [`ScalingConfig::scale_up_periods`] evaluations hands its highest queue
-    /// ([`PlanAction::AssignQueue`]) to a thread that serves none, spawning one
-    /// ([`PlanAction::SpawnThread`]) on a core of the snapshot's `cores` that no thread is
-    /// pinned to when there is no such thread; a thread that serves no queue for
+    /// ([`PlanAction::AssignQueue`]) to a runtime that drives none, spawning one
+    /// ([`PlanAction::SpawnThread`]) on a core of the snapshot's `cores` that no runtime
+    /// is pinned to when there is no such runtime; a runtime that drives no queue for
     /// [`ScalingConfig::idle_grace_periods`] evaluations is retired
-    /// ([`PlanAction::RetireThread`]). After a queue moves, threads are left alone for
+    /// ([`PlanAction::RetireThread`]). After a queue moves, runtimes are left alone for
     /// [`ScalingConfig::cooldown_periods`]. It needs snapshots with the placement
     /// ([`StackSnapshot::queues`]); without it, it does nothing.
     pub fn placing_threads(mut self) -> Self {
@@ -216,7 +216,7 @@ impl Scaler {
         self
     }
 
-    /// Whether the scaler places channel threads ([`Scaler::placing_threads`]).
+    /// Whether the scaler places queue runtimes ([`Scaler::placing_threads`]).
     pub fn places_threads(&self) -> bool {
         self.place_threads
     }
@@ -406,7 +406,7 @@ impl<P: NetScheduler> Scaled<P> {
         &self.scaler
     }
 
-    /// The scaler also places channel threads ([`Scaler::placing_threads`]).
+    /// The scaler also places queue runtimes ([`Scaler::placing_threads`]).
     pub fn placing_threads(mut self) -> Self {
         self.scaler = self.scaler.placing_threads();
         self

@@ -27,7 +27,9 @@ impl fmt::Display for PeerId {
     }
 }
 
-/// One channel thread (a thread that runs the protocol of one or more channels).
+/// One queue runtime of a stack: a thread of the stack's own that drives one or more NIC
+/// queues, and so runs the protocol of every channel on them. Queues driven on a runtime
+/// the stack was handed (the application's, a latency application's) have none.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
@@ -67,9 +69,10 @@ pub struct ChannelStats {
     /// Payload bytes the channel sent since it opened (cumulative, retransmissions
     /// included): the difference between two snapshots is the channel's recent rate.
     pub sent_bytes: u64,
-    /// The channel thread that runs the channel; `None` when unknown.
+    /// The queue runtime that drives the channel's NIC queue; `None` when unknown or when
+    /// the queue is driven on a runtime that is not the stack's own.
     pub thread: Option<ChannelThreadId>,
-    /// The NIC queue the channel's connection lives on (its thread is the queue's, see
+    /// The NIC queue the channel's connection lives on (its runtime is the queue's, see
     /// [`StackSnapshot::queues`]); `None` when unknown or without one.
     #[serde(default)]
     pub queue: Option<u32>,
@@ -98,19 +101,21 @@ pub enum Steering {
     Forwarded,
 }
 
-/// How busy one channel thread was over the last measuring window.
+/// How busy one queue runtime was over the last measuring window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ThreadStats {
-    /// The thread.
+    /// The runtime.
     pub id: ChannelThreadId,
-    /// The core the thread is pinned to; `None` when it is not pinned (or unknown).
+    /// The core the runtime's thread is pinned to; `None` when it is not pinned (or
+    /// unknown).
     pub core: Option<usize>,
-    /// Time the thread spent working (not sleeping or waiting) within `window`.
+    /// Time the runtime spent driving its queues (not sleeping or waiting) within
+    /// `window`.
     pub busy: Duration,
     /// The measuring window.
     pub window: Duration,
-    /// Frames for the thread's NIC queue that the kernel dropped within `window`
-    /// because its AF_XDP rx ring was full or its fill ring empty: a thread that does not
+    /// Frames for the runtime's NIC queues that the kernel dropped within `window`
+    /// because an AF_XDP rx ring was full or a fill ring empty: a runtime that does not
     /// keep up loses frames, which its channels then retransmit. 0 when unknown.
     #[serde(default)]
     pub rx_dropped: u64,
@@ -126,12 +131,12 @@ impl ThreadStats {
     }
 }
 
-/// One NIC queue and the channel thread that serves it.
+/// One NIC queue and the queue runtime that drives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct QueueStats {
     /// The queue.
     pub queue: u32,
-    /// The thread that serves it (every channel on the queue runs there).
+    /// The runtime that drives it (every channel on the queue runs there).
     pub thread: ChannelThreadId,
 }
 
@@ -162,22 +167,23 @@ pub struct CopyWorkerStats {
 }
 
 /// Everything a scheduler's slow-period [`plan`](crate::NetScheduler::plan) looks at: every
-/// channel to every peer, the channel threads, the sockets and the copy workers.
+/// channel to every peer, the queue runtimes, the sockets and the copy workers.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct StackSnapshot {
     /// Every channel, to every peer, of every class.
     pub channels: Vec<ChannelStats>,
-    /// The channel threads.
+    /// The stack's own queue runtimes.
     pub threads: Vec<ThreadStats>,
-    /// Which channel thread serves each NIC queue (the placement); empty when the stack
-    /// has no queues (an in-memory backend).
+    /// Which queue runtime drives each NIC queue (the placement); queues driven on a
+    /// runtime that is not the stack's own are not listed, and the list is empty when
+    /// the stack has no queues.
     #[serde(default)]
     pub queues: Vec<QueueStats>,
     /// The virtual sockets.
     pub flows: Vec<FlowStats>,
     /// The copy workers.
     pub copy_workers: Vec<CopyWorkerStats>,
-    /// The cores the stack may place channel threads on; empty when unknown.
+    /// The cores the stack may place queue runtimes on; empty when unknown.
     pub cores: Vec<usize>,
 }
 
@@ -192,12 +198,12 @@ impl StackSnapshot {
         self.channels.iter().filter(move |c| c.peer == peer)
     }
 
-    /// The statistics of thread `id`, if the snapshot has them.
+    /// The statistics of queue runtime `id`, if the snapshot has them.
     pub fn thread(&self, id: ChannelThreadId) -> Option<&ThreadStats> {
         self.threads.iter().find(|t| t.id == id)
     }
 
-    /// The queues thread `id` serves.
+    /// The queues runtime `id` drives.
     pub fn queues_of(&self, id: ChannelThreadId) -> impl Iterator<Item = u32> + '_ {
         self.queues
             .iter()
@@ -205,7 +211,7 @@ impl StackSnapshot {
             .map(|q| q.queue)
     }
 
-    /// The thread that serves `queue`, if the snapshot says.
+    /// The runtime that drives `queue`, if the snapshot says.
     pub fn thread_of_queue(&self, queue: u32) -> Option<ChannelThreadId> {
         self.queues
             .iter()
@@ -213,7 +219,7 @@ impl StackSnapshot {
             .map(|q| q.thread)
     }
 
-    /// The core channel `id` runs on: its thread's core, when both are known.
+    /// The core channel `id` runs on: its queue runtime's core, when both are known.
     pub fn core_of(&self, id: ChannelId) -> Option<usize> {
         let channel = self.channels.iter().find(|c| c.id == id)?;
         self.thread(channel.thread?)?.core

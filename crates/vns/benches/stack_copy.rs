@@ -4,8 +4,9 @@
 //! (1 MiB reads on stack B) of one `VirtualStream`; each iteration moves 32 MiB. Both
 //! stacks have the same worker count and 2 MiB socket buffers (the default 256 KiB ones
 //! are below the default 512 KiB small-copy threshold, so workers would never copy). The
-//! in-memory channels copy nothing, but each stack's driver thread deframes (copies) what
-//! it receives, so the application thread competes with two driver threads and the
+//! in-memory channels copy nothing, but each stack's queue drivers deframe (copy) what
+//! they receive, on queue runtimes of the stack's own (the stacks are built outside a
+//! runtime), so the application thread competes with both stacks' queue runtimes and the
 //! workers for the machine's cores. After the measurements it prints each stack's
 //! `CopyStats`, to show which copies went through the workers.
 //!

@@ -11,8 +11,10 @@
 //! byte order; per-socket credit, a [`ResponseQueue`] charged to channel budgets and
 //! STOP/RESUME keep a socket whose reader sleeps from stalling the channels it shares.
 //!
-//! The [`stack`] module binds this core to channels and to tokio: a [`Stack`] (one driver
-//! thread owning the endpoint and the channels, AF_XDP or in-memory) and the user-facing
+//! The [`stack`] module binds this core to channels and to tokio: a [`Stack`] (endpoint
+//! shards over channels, AF_XDP or in-memory, whose NIC queues' drivers hand received
+//! chunks to the shards, and one control task for what is not per message) and the
+//! user-facing
 //! [`VirtualStream`] and [`VirtualListener`]. [`copy`] holds the copy workers the stack
 //! shares large reads and writes with ([`StackBuilder::copy_workers`](stack::StackBuilder::copy_workers)).
 //!

@@ -1,4 +1,4 @@
-//! Issue 13 §2: no data lost when a channel dies. Each virtual socket keeps the chunks it
+//! No data lost when a channel dies. Each virtual socket keeps the chunks it
 //! sent until the peer acknowledges them at the data level (its credit edge less its
 //! window) and sends them again on a remaining channel when theirs dies; the receiver
 //! drops the copies of bytes the lost channel had in fact delivered.
@@ -427,14 +427,14 @@ fn parked_bytes_of_a_gracefully_closed_channel_stay_readable() {
     }
 }
 
-/// Regression (issue 11, tenth session: forged RSTs on the bed stalled a 100 MB stream
-/// in about 1 run of 20 when three or four channels were struck). The two ends of a reset
-/// channel learn of it at different times. Here the sender learned first: it sent again,
-/// on channel 1, the chunks it had handed channel 0, while ours still waited parked past
-/// the receive buffer, so its copies were ignored as duplicates. Then our channel 0 went
-/// too. Dropping the parked chunks with it (as a reset channel's used to be) left a hole
-/// that nobody would fill: the sender had its copies delivered, the reader waited, and
-/// the sender waited for a RESUME. Kept, every byte arrives.
+/// Regression (forged RSTs on the bed stalled a 100 MB stream in about 1 run of 20 when
+/// three or four channels were struck, `docs/investigations/forged-resets.md`). The two
+/// ends of a reset channel learn of it at different times. Here the sender learned first:
+/// it sent again, on channel 1, the chunks it had handed channel 0, while ours still waited
+/// parked past the receive buffer, so its copies were ignored as duplicates. Then our
+/// channel 0 went too. Dropping the parked chunks with it (as a reset channel's used to be)
+/// left a hole that nobody would fill: the sender had its copies delivered, the reader
+/// waited, and the sender waited for a RESUME. Kept, every byte arrives.
 #[test]
 fn parked_chunks_stay_when_their_copies_came_first_on_another_channel() {
     let cfg = small_config(256);

@@ -119,8 +119,8 @@ async fn silent_and_garbage_channels_are_dropped_and_counted() {
 
 /// A stream closed after shutdown lingers for the peer's FIN. A peer that never sends it
 /// (here one that keeps its stream open and silent) no longer holds the socket for good:
-/// the stack's driver runs the endpoint's linger timer by itself, resets the socket once
-/// `linger_timeout` has passed, and counts it; the peer reads end of stream, then the
+/// the stack's control task runs the endpoint's linger timer by itself, resets the socket
+/// once `linger_timeout` has passed, and counts it; the peer reads end of stream, then the
 /// reset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_whose_peer_never_finishes_is_reset_after_the_linger_timeout() {
@@ -162,7 +162,7 @@ async fn a_stream_whose_peer_never_finishes_is_reset_after_the_linger_timeout() 
         .unwrap();
     assert!(rest.is_empty());
     // Then the reset, once the linger timeout has passed on B (no other traffic to wake
-    // its driver).
+    // its control task).
     let deadline = tokio::time::Instant::now() + LIMIT;
     let err = loop {
         let mut buf = [0u8; 8];

@@ -1,4 +1,4 @@
-//! Run-time channel scaling (issue 12): the stack carries out its scheduler's plans,
+//! Run-time channel scaling: the stack carries out its scheduler's plans,
 //! opening channels to a peer and retiring them, under load, without losing, duplicating
 //! or reordering a byte. Over the in-memory network; `tests/vns_xdp.rs` repeats it on the
 //! AF_XDP bed.
@@ -71,7 +71,7 @@ fn pattern(tag: u32, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Waits (woken by the stack's driver, bounded) until `a` holds `n` channels.
+/// Waits (woken by the stack's control task, bounded) until `a` holds `n` channels.
 async fn channels_become(a: &Stack, n: usize) {
     timeout(LIMIT, a.channels_reach(n))
         .await
@@ -242,7 +242,7 @@ async fn plans_never_retire_the_last_channel() {
     assert_eq!(off.plan_counters().plans, 0);
 }
 
-/// A policy that wants a channel thread spawned, a queue moved and a thread retired at
+/// A policy that wants a queue runtime spawned, a queue moved and a runtime retired at
 /// every plan, whatever the snapshot says.
 #[derive(Debug, Default)]
 struct WantsThreads {

@@ -1212,8 +1212,8 @@ async fn graceful_shutdown_gives_up_after_the_linger_time() {
 }
 
 /// Dropping the last handle of a stack with bytes undelivered returns at once; the
-/// driver delivers them in the background (the peer reads all 4 MB and end of stream),
-/// then closes the channels.
+/// stack delivers them in the background (the peer reads all 4 MB and end of stream),
+/// then its control task closes the channels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_last_handle_delivers_in_the_background() {
     const LEN: usize = 4 << 20;
@@ -1241,7 +1241,7 @@ async fn dropping_the_last_handle_delivers_in_the_background() {
         got.len()
     );
     assert!(got == data, "got {} of {LEN} bytes", got.len());
-    // Then b's driver closed its channels and stopped.
+    // Then b's control task closed its channels and stopped.
     timeout(LIMIT, a.channels_closed()).await.unwrap();
     assert_eq!(a.channel_count(), 0);
 }
@@ -1397,7 +1397,7 @@ async fn transfer_through_channel_resets(from_a: bool, resets: usize) {
     assert!(resent > 0, "nothing was sent again");
 }
 
-/// Issue 13 §2: a channel reset mid-transfer loses nothing.
+/// A channel reset mid-transfer loses nothing: its sockets' chunks go again on the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_channel_loses_no_byte() {
     transfer_through_channel_resets(true, 1).await;

@@ -543,8 +543,8 @@ async fn virtual_socket_options_reach_the_stream() {
 
 /// With `nodelay` off, a short write that waits behind unacknowledged data (the peer read
 /// it but has nothing to reply, so no credit comes back) still leaves within
-/// `Config::nagle_delay`: the stack's driver wakes for the hold. Every byte arrives, in
-/// order.
+/// `Config::nagle_delay`: the stack's control task wakes for the hold. Every byte arrives,
+/// in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nagle_holds_are_released_by_the_stack() {
     let (a, b) = Stack::pair_in_memory(2).unwrap();

@@ -158,8 +158,8 @@ const SHARDED: Profile = Profile {
 };
 
 /// `Isolating` on both stacks, with every third connection latency-class from its
-/// connect: the classes' own channels, shards and receive hand-offs (`RxScope`), with
-/// streams of both classes running and failing side by side.
+/// connect: the classes' own channels, NIC queues and shards, with streams of both
+/// classes running and failing side by side.
 const ISOLATING: Profile = Profile {
     name: "isolating",
     clients: 48,

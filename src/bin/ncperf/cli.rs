@@ -79,11 +79,11 @@ pub struct StackArgs {
     /// does not).
     #[arg(long)]
     pub zero_copy: bool,
-    /// Busy polling: the cores the channel threads are pinned to and spin on
+    /// Busy polling: the cores the stack's queue runtimes are pinned to and spin on
     /// (comma-separated core ids).
     #[arg(long, value_name = "CORES", value_delimiter = ',')]
     pub busy_poll: Vec<u32>,
-    /// Busy polling: how long an idle channel thread spins before it sleeps, µs.
+    /// Busy polling: how long an idle queue runtime spins before it sleeps, µs.
     #[arg(long, value_name = "US", default_value_t = 50)]
     pub busy_poll_us: u64,
 }

@@ -1,10 +1,10 @@
-//! State shared by all channel threads of a set, off the per-segment hot path: the flow
-//! directory (which thread owns a 4-tuple), the local-port allocator, and the pool of
-//! buffers for frames forwarded between threads.
+//! State shared by all queues of a set, off the per-segment hot path: the flow directory
+//! (which queue owns a 4-tuple), the local-port allocator, and the pool of buffers for
+//! frames forwarded between queues.
 //!
 //! The directory and the allocator are mutex-protected maps: they are touched when a
-//! connection is opened or removed, and for segments that arrive on a queue whose thread
-//! does not own their flow, never for a segment of a flow the receiving thread owns.
+//! connection is opened or removed, and for segments that arrive on a queue that does not
+//! own their flow, never for a segment of a flow the receiving queue owns.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddrV4;
@@ -16,7 +16,7 @@ use crossbeam_queue::ArrayQueue;
 /// A connection's `(local, remote)` addresses.
 pub(crate) type Tuple = (SocketAddrV4, SocketAddrV4);
 
-/// 4-tuple → index of the owning channel thread.
+/// 4-tuple → index of the owning queue.
 #[derive(Debug, Default)]
 pub(crate) struct FlowDirectory {
     map: Mutex<HashMap<Tuple, usize>>,

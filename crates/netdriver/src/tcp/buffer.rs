@@ -5,8 +5,8 @@
 //! [`MIN_ALLOCATION`], as the bytes it must hold need, and never beyond its capacity: a
 //! connection's memory is bounded by its configuration whatever the peer sends, and a
 //! connection that carries one small request and its answer allocates a few KiB instead
-//! of its whole capacity (a zeroed 256 KiB per ring and direction was a quarter of a
-//! channel thread's time in connection-per-request HTTP, page faults and clearing;
+//! of its whole capacity (a zeroed 256 KiB per ring and direction was a quarter of the
+//! protocol thread's time in connection-per-request HTTP, page faults and clearing;
 //! `docs/investigations/connection-setup.md`).
 
 use crate::wire::checksum;

@@ -317,7 +317,7 @@ impl Endpoint {
 
     /// The chunks it delivered that wait in response queues are kept, never dropped for
     /// the peer to send again. Dropping them lost bytes for good (a stream stalled on a
-    /// hole under forged RSTs, issue 11's note of the tenth session): when the peer
+    /// hole under forged RSTs, `docs/investigations/forged-resets.md`): when the peer
     /// learned of the reset first, its copy arrived on another channel while ours was
     /// still parked, was ignored as a duplicate, and the peer then had it delivered.
     fn lose_channel(&mut self, id: ChannelId, error: Error) {

@@ -113,9 +113,10 @@ pub struct Config {
 /// a port (either end) in that range, and no other. A latency-class socket connected
 /// there (its class set before the connect) takes an ephemeral port from the range, so
 /// the peer's stack, whose rule is the same, puts it in its own latency shard too. Its
-/// calls then never wait for a lock that bulk sockets' tasks and channel threads hold
-/// (and may be preempted holding: on a busy host, the latency application's waits of
-/// 1-5 ms, `docs/performance.md`, tenth session).
+/// calls then never wait for a lock that bulk sockets' tasks and the bulk queues' drivers
+/// hold (and may be preempted holding: on a busy host, the latency application waited
+/// 1-5 ms for such locks, `docs/investigations/isolation.md`, "Isolation: what the latency
+/// application still waited for").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardOf {
     /// This shard, `0..count`.

@@ -207,10 +207,12 @@ impl SendBuf {
 /// Send-buffer segments kept for reuse: sent ones the endpoint still references, until the
 /// channel drops its own reference, and idle ones for the next writes.
 ///
-/// Without it every segment (one chunk payload, ~62 KiB) was allocated by the writing task
-/// and freed by the channel thread that sent it: the allocator handed the memory back to
-/// the kernel and faulted it in again (`madvise`, TLB shoot-downs, page faults), which cost
-/// more than the copy into the segment (see docs/performance.md).
+/// Without it every segment (one chunk payload, ~62 KiB) is allocated by the writing task
+/// and freed by the thread that sent it (its queue's driver): the allocator hands the
+/// memory back to the kernel and faults it in again (`madvise`, TLB shoot-downs, page
+/// faults), which cost more than the copy into the segment (measured in
+/// `docs/investigations/bulk-on-veth.md`, "Zero-copy deframing examined; send segments
+/// pooled").
 ///
 /// Bounded: at most [`SEG_POOL_IDLE`] idle segments; `sent` is swept (released segments
 /// move to `idle` or are freed) whenever it has doubled since the last sweep, so it holds

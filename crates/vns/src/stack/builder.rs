@@ -178,14 +178,14 @@ impl StackBuilder {
     /// Throughput-class channels opened to each peer on first use (at least 1).
     ///
     /// Default: chosen from the host ([`Stack::channels_per_peer`] tells which). Where the
-    /// process may run on fewer than 4 cores and the stack has channel threads (AF_XDP),
-    /// one: more channels spread a peer's traffic over more NIC queues and channel
-    /// threads, which bring parallelism only with cores to run them beside the
-    /// application. Measured on the 2-core bed (2 queues; `docs/performance.md`, "How
-    /// many channels a small host opens"): one channel's request rate was 0.92-1.14 of
-    /// kernel TCP's at 1-128 connections, against 0.69-0.96 with four, and one stream's
-    /// bulk goodput the same with 1, 2 or 4. Otherwise [`DEFAULT_CHANNELS`]. A policy that
-    /// scales at run time (`Scaled`) opens more when the channel threads stay busy.
+    /// process may run on fewer than 4 cores, one: more channels spread a peer's traffic
+    /// over more NIC queues and their drivers, which bring parallelism only with cores to
+    /// run them beside the application. Measured on the 2-core bed (2 queues;
+    /// `docs/investigations/per-message-path.md`, "How many channels a small host
+    /// opens"): one channel's request rate was 0.92-1.14 of kernel TCP's at 1-128
+    /// connections, against 0.69-0.96 with four, and one stream's bulk goodput the same
+    /// with 1, 2 or 4. Otherwise [`DEFAULT_CHANNELS`]. A policy that scales at run time
+    /// (`Scaled`) opens more when the queue runtimes stay busy.
     /// Environment: `NETCHANNEL_CHANNELS`.
     pub fn channels(mut self, n: usize) -> Self {
         self.channels = Some(n.max(1));
@@ -294,7 +294,7 @@ impl StackBuilder {
         self
     }
 
-    /// Whether the driver carries out the scheduler's plans (default `true`): every
+    /// Whether the control task carries out the scheduler's plans (default `true`): every
     /// [`plan_period`](netsched::NetScheduler::plan_period) it shows the policy a
     /// snapshot ([`Stack::stats`]) and opens the channels it asks for and retires those it
     /// wants closed, without losing a byte (see [`Stack::plan_counters`]). Policies that
@@ -319,7 +319,7 @@ impl StackBuilder {
     /// How long dropping the stack's last handle lets what it has not delivered yet drain
     /// in the background before the rest is aborted (default 5 s; environment
     /// `NETCHANNEL_LINGER_MS` for the default stack). `Duration::ZERO` aborts at once, as
-    /// [`Stack::abort`] does. The dropping thread never waits: the driver thread keeps
+    /// [`Stack::abort`] does. The dropping thread never waits: the control task keeps
     /// running until every stream has delivered its bytes and FIN and the channels are
     /// closed, or until the linger time is up (see [`Stack::shutdown_graceful`], which
     /// does the same and waits for it). A stack with nothing undelivered stops at once.
@@ -367,12 +367,13 @@ impl StackBuilder {
         self
     }
 
-    /// Turns on busy polling with an explicit core budget: the channel threads are pinned
-    /// to `cores` and, after their last activity, spin on their receive rings for at most
-    /// `spin` instead of sleeping, which takes the kernel's wake-up out of a message's
-    /// path. Off by default: a spinning thread takes its core from everything else, so
-    /// use it only on cores the application leaves free (never on a 2-core machine). An
-    /// empty `cores` or a zero `spin` is refused by [`build`](Self::build).
+    /// Turns on busy polling with an explicit core budget: the stack's queues are driven by
+    /// queue runtimes of its own pinned to `cores` and, after their last activity, spin on
+    /// their receive rings for at most `spin` instead of sleeping, which takes the kernel's
+    /// wake-up out of a message's path. Off by default: a spinning thread takes its core
+    /// from everything else, so use it only on cores the application leaves free (never on
+    /// a 2-core machine). An empty `cores` or a zero `spin` is refused by
+    /// [`build`](Self::build).
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

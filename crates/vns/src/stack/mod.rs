@@ -994,7 +994,7 @@ impl Stack {
     /// Resolves once the stack holds no channel (its NetChannel peers have closed theirs,
     /// or they were lost), or has stopped: what a server waits for before it stops when
     /// its peers read its last bytes from their channels and then close them. Woken by
-    /// the driver when a channel goes; no polling.
+    /// the control task when a channel goes; no polling.
     pub fn channels_closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         Wait::new(self.core().clone(), control::Goal::NoChannels)
     }
@@ -1017,7 +1017,7 @@ impl Stack {
     }
 }
 
-/// A wait for a [`control::Goal`], woken by the driver.
+/// A wait for a [`control::Goal`], woken by the control task.
 struct Wait {
     core: Arc<Core>,
     goal: control::Goal,

@@ -129,9 +129,9 @@ mod tests {
         assert_eq!(cc.window(), 11_000);
         cc.on_ack(T, 500, None, 10_000);
         assert_eq!(cc.window(), 11_500);
-        // A stretch ACK for 5 MSS earns all 5 (RFC 3465 §2.1 byte counting). This test
-        // used to pin L = 2 (13 500); issue 15 §3 dropped that cap because GRO receivers
-        // send stretch ACKs, see `slow_start_increase`.
+        // A stretch ACK for 5 MSS earns all 5 (RFC 3465 §2.1 byte counting), with no
+        // L = 2 cap (which would give 13 500): GRO receivers send stretch ACKs, see
+        // `slow_start_increase`.
         cc.on_ack(T, 5000, None, 10_000);
         assert_eq!(cc.window(), 16_500);
         cc.on_ack(T, 0, None, 10_000);

@@ -796,12 +796,11 @@ impl Connection {
     }
 
     /// The TSval we send at `now`.
-    /// The connection's clock: `now`, or the newest instant seen before it. Several
-    /// threads drive one connection (a queue's channel thread, tasks sending inline or
-    /// receiving in their own runtime), each reading the clock before it takes the
-    /// connection, so calls may come in with instants out of order; a TSval from an older
-    /// one would fall below the peer's TS.Recent and be dropped by its PAWS (RFC 7323
-    /// §5.3), and timers would be armed in the past.
+    /// The connection's clock: `now`, or the newest instant seen before it. A caller may
+    /// pass an instant older than one passed before (read on another thread, or before it
+    /// took the connection), and a TSval from an older one would fall below the peer's
+    /// TS.Recent and be dropped by its PAWS (RFC 7323 §5.3), and timers would be armed in
+    /// the past.
     fn clock(&mut self, now: Instant) -> Instant {
         if now > self.clock {
             self.clock = now;

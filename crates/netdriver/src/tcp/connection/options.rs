@@ -1,4 +1,4 @@
-//! Per-connection options changed after creation (issue 15 §3), the sans-IO counterpart
+//! Per-connection options changed after creation, the sans-IO counterpart
 //! of `setsockopt` on an open socket: buffer sizes (`SO_SNDBUF`, `SO_RCVBUF`), an MSS
 //! clamp (`TCP_MAXSEG`), the user timeout (`TCP_USER_TIMEOUT`, RFC 9293 §3.8.3) and
 //! keep-alive (`SO_KEEPALIVE`, `TCP_KEEPIDLE`, `TCP_KEEPINTVL`, `TCP_KEEPCNT`; RFC 9293

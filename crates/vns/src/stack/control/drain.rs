@@ -30,9 +30,9 @@ pub(crate) enum Goal {
     NoChannels,
     /// The stack holds exactly this many channels.
     Channels(usize),
-    /// The driver has asked the scheduler for at least this many plans.
+    /// The control task has asked the scheduler for at least this many plans.
     Plans(u64),
-    /// The driver has stopped.
+    /// The control task has stopped.
     Stopped,
 }
 
@@ -52,11 +52,11 @@ pub(super) struct Waiter {
     id: u64,
     goal: Goal,
     waker: Option<Waker>,
-    /// The driver found the goal reached (the wait's next poll ends).
+    /// The control task found the goal reached (the wait's next poll ends).
     reached: bool,
 }
 
-/// How the driver stopped.
+/// How the control task stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StopOutcome {
     /// A graceful stop delivered everything and closed the channels.
@@ -181,9 +181,9 @@ impl Control {
 
 impl Core {
     /// Wakes the tasks whose [`Goal`] is reached and runs a graceful stop: reads
-    /// `pending_tx_bytes` (at most every [`DRAIN_RECHECK`]) while anyone waits or the
-    /// stack is stopping. Returns whether the driver should stop now, and when it wants
-    /// to look again.
+    /// `pending_tx_bytes` (at most every [`DRAIN_RECHECK`]) while anyone waits or the stack
+    /// is stopping. Returns whether the control task should stop now, and when it wants to
+    /// look again.
     pub(super) fn check_waiters(
         &self,
         ctl: &mut Control,

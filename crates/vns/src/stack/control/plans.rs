@@ -41,10 +41,10 @@ use super::super::core::Core;
 use super::{earliest, Control, SHARD_RETRY};
 use crate::endpoint::PeerId;
 
-/// How often the driver looks at retiring channels between plan periods.
+/// How often the control task looks at retiring channels between plan periods.
 const RETIRE_CHECK: Duration = Duration::from_millis(5);
 
-/// What the driver did with its scheduler's plans ([`Stack::plan_counters`]).
+/// What the control task did with its scheduler's plans ([`Stack::plan_counters`]).
 ///
 /// [`Stack::plan_counters`]: crate::stack::Stack::plan_counters
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -58,25 +58,25 @@ pub struct PlanCounters {
     pub open_failed: u64,
     /// Channels a plan asked to close that started retiring.
     pub retired: u64,
-    /// Channel threads a plan moved to another core (`Pin`).
+    /// Queue runtimes a plan pinned to another core (`Pin`).
     pub pinned: u64,
-    /// Channel threads a plan started (`SpawnThread`).
+    /// Queue runtimes a plan started (`SpawnThread`).
     pub threads_spawned: u64,
-    /// Channel threads a plan ended (`RetireThread`).
+    /// Queue runtimes a plan ended (`RetireThread`).
     pub threads_retired: u64,
-    /// NIC queues a plan moved to another channel thread (`AssignQueue`).
+    /// NIC queues a plan moved to another queue runtime (`AssignQueue`).
     pub queues_moved: u64,
     /// Retiring channels whose transport was closed once drained.
     pub closed: u64,
     /// Actions not carried out: a close of a peer's last channel or of an unknown
-    /// channel; a `Pin` of a thread that also runs channels of the other class, or to a
-    /// core the process may not use; a thread action the backend cannot carry out (the
-    /// last thread's retirement, an unknown queue or thread, a dead thread, a backend
-    /// without channel threads).
+    /// channel; a `Pin` of a queue runtime that also drives channels of the other class,
+    /// of a queue on a runtime that is not the stack's own, or to a core the process may
+    /// not use; a thread action the channel set refuses (the home runtime's retirement,
+    /// an unknown queue or runtime, a dead queue, a runtime that cannot start).
     pub refused: u64,
 }
 
-/// The driver's plan state, behind the control lock.
+/// The control task's plan state, behind the control lock.
 #[derive(Debug, Default)]
 pub(crate) struct PlanState {
     /// When the policy is asked next (`None`: at the next round).
@@ -86,12 +86,12 @@ pub(crate) struct PlanState {
     /// Channels retiring: whether their transport was closed yet.
     retiring: BTreeMap<ChannelId, bool>,
     pub(crate) counters: PlanCounters,
-    /// Each channel thread's cumulative busy time and its queues' kernel rx drops at the
-    /// last plan, and when, by thread id.
+    /// Each queue runtime's cumulative busy time and its queues' kernel rx drops at the
+    /// last plan, and when, by runtime id.
     last_busy: HashMap<u32, (Duration, u64, Instant)>,
-    /// The channel threads' utilisation over the last plan period.
+    /// The queue runtimes' utilisation over the last plan period.
     pub(crate) threads: Vec<ThreadStats>,
-    /// The core each queue's thread was last pinned to by a plan.
+    /// The core each queue's runtime was last pinned to by a plan.
     pins: HashMap<u32, usize>,
 }
 
@@ -131,7 +131,7 @@ impl Core {
     }
 
     /// The stack's snapshot and the policy's plan over it, or `None` when a shard's lock
-    /// is held by an application call (the driver never waits for one). Like
+    /// is held by an application call (the control task never waits for one). Like
     /// `Stack::stats`, without the copy workers (a plan does not place them).
     fn ask_plan(&self, threads: &[ThreadStats]) -> Option<(Vec<PlanAction>, Duration)> {
         let mut first = self.try_lock_shard(0)?;
@@ -149,15 +149,16 @@ impl Core {
         Some((actions, first.ep.scheduler_plan_period()))
     }
 
-    /// The backend's channel threads and the queues they serve, now.
+    /// The channel set's runtimes and the queues they drive, now.
     fn placement(&self) -> Option<ChannelPlacement> {
         Some(self.set.placement())
     }
 
-    /// Fills in what the endpoints cannot know: which queue and thread run each channel
-    /// and how its frames reach that queue, which thread serves each queue, the threads' utilisation (`threads`, measured at
-    /// the last plan; a thread started since is listed with an empty window), and the
-    /// cores.
+    /// Fills in what the endpoints cannot know: which queue and queue runtime run each
+    /// channel and how its frames reach that queue, which of the stack's own runtimes
+    /// drives each queue, their utilisation
+    /// (`threads`, measured at the last plan; a runtime started since is listed with an
+    /// empty window), and the cores.
     pub(crate) fn place(&self, snapshot: &mut StackSnapshot, threads: &[ThreadStats]) {
         let placement = self.placement();
         let mut queues = Vec::new();
@@ -205,9 +206,9 @@ impl Core {
         snapshot.cores.clone_from(&self.config.cores);
     }
 
-    /// The channel threads' utilisation since the last plan (their busy time over the
-    /// period), kept for the plan and for `Stack::stats`. A thread's kernel drops are its
-    /// queues' (a queue that moved counts with its new thread from the next period on).
+    /// The queue runtimes' utilisation since the last plan (their busy time over the
+    /// period), kept for the plan and for `Stack::stats`. A runtime's kernel drops are its
+    /// queues' (a queue that moved counts with its new runtime from the next period on).
     fn measure_threads(&self, ps: &mut PlanState, now: Instant) {
         {
             let placement = self.set.placement();
@@ -239,7 +240,7 @@ impl Core {
                 }
                 seen.insert(rid, (t.busy, dropped, now));
             }
-            // Retired threads are forgotten.
+            // Retired runtimes are forgotten.
             ps.last_busy = seen;
             ps.threads = threads;
         }
@@ -318,17 +319,17 @@ impl Core {
         self.control.notify();
     }
 
-    /// Pins the channel's thread (its NIC queue's) to `core`, unless that thread also runs
-    /// channels of the other class: pinning it would move them too, against the policy's
-    /// wish for one of them (the stack keeps classes on threads of their own only when the
-    /// policy asks, `separate_class_threads`).
+    /// Pins the queue runtime of the channel's NIC queue to `core`, unless that runtime
+    /// also drives channels of the other class: pinning it would move them too, against
+    /// the policy's wish for one of them (the stack keeps classes on queues of their own
+    /// only when the policy asks, `separate_class_threads`).
     fn plan_pin(&self, ctl: &mut Control, id: ChannelId, core: usize) {
         let table = self.chans.load();
         let Some((queue, class)) = table.get(&id).map(|c| (c.t.queue(), c.class)) else {
             ctl.plans.counters.refused += 1;
             return;
         };
-        // The thread's other queues move with it too.
+        // The runtime's other queues move with it too.
         let placement = self.placement();
         let thread_of = |q: u32| placement.as_ref().and_then(|p| p.place_of(q));
         let thread = thread_of(queue);
@@ -347,7 +348,7 @@ impl Core {
         }
     }
 
-    /// Starts a channel thread pinned to `core`, unless a live one is pinned there.
+    /// Starts a queue runtime pinned to `core`, unless one is pinned there already.
     fn plan_spawn(&self, ctl: &mut Control, core: usize) {
         let placement = self.placement();
         if placement
@@ -369,7 +370,8 @@ impl Core {
         }
     }
 
-    /// Ends `thread` (its queues move to the others first), unless it is gone already.
+    /// Ends queue runtime `thread` (its queues move to the others first), unless it is
+    /// gone already.
     fn plan_retire(&self, ctl: &mut Control, thread: ChannelThreadId) {
         let Some(placement) = self.placement() else {
             ctl.plans.counters.refused += 1;
@@ -390,7 +392,7 @@ impl Core {
         }
     }
 
-    /// Moves `queue` to `thread`, unless it is served there already.
+    /// Moves `queue` to queue runtime `thread`, unless it is driven there already.
     fn plan_assign(&self, ctl: &mut Control, queue: u32, thread: ChannelThreadId) {
         let Some(placement) = self.placement() else {
             ctl.plans.counters.refused += 1;
