@@ -79,7 +79,7 @@ pub use vns::ecosystem;
 /// | `set_ttl` | `Unsupported` for anything but 64 | segments share a header template; no socket has its own |
 /// | `set_linger`, `set_zero_linger` | zero lingers abort on drop; other durations are recorded only | a drop never blocks |
 /// | `take_error` | always `Ok(None)` | a failure is returned by the pending call and every later one, never held back |
-/// | `quickack`, `set_quickack` | absent | a virtual socket's data is acknowledged per chunk over channels that many sockets share; for a plain-TCP stream the channel's TCP quick-ACKs by its own rules (`tcp::Config::quick_ack_segments`), and no per-stream switch reaches it yet |
+/// | `quickack`, `set_quickack` | recorded only on a virtual stream; a plain-TCP stream's channel and a loopback stream's socket get it | a virtual socket's data is acknowledged per chunk, by credit, over channels that many sockets share |
 ///
 /// [`IP_TTL`]: vns::stack::IP_TTL
 pub mod net {

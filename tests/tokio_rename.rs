@@ -44,6 +44,8 @@ macro_rules! client_program {
             // The IP options a stream has, and the error it holds back (none).
             log.push(format!("ttl {} {}", s.ttl()?, s.take_error()?.is_none()));
             s.set_ttl(64)?;
+            s.set_quickack(true)?;
+            log.push(format!("quickack {}", s.quickack()?));
             let (mut r, mut w): (OwnedReadHalf, OwnedWriteHalf) = s.into_split();
             let ready = w.ready(tokio::io::Interest::WRITABLE).await?;
             log.push(format!("write half ready {}", ready.is_writable()));

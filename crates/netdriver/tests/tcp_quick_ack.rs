@@ -150,3 +150,37 @@ fn quick_ack_budget_of_the_default_buffer_is_sixteen() {
     t.expect_none();
     assert_eq!(t.deadline(), t.now + ms(40));
 }
+
+#[test]
+fn set_quickack_sends_a_held_ack_at_once_and_acks_the_next_segments_at_once() {
+    let mut t = quick();
+    expect_quick(&mut t, 0, BUDGET);
+    assert!(!t.conn.quickack(), "the budget is spent");
+    // A segment the delayed-ACK rules hold...
+    let d = data(BUDGET * 100 + 1000);
+    let at = BUDGET * 100;
+    t.send(t.seg().seq(r(at)).payload(&d[at..at + 100]));
+    t.expect_none();
+    // ...leaves at once when the application asks for quick ACKs (TCP_QUICKACK = 1),
+    t.conn.set_quickack(true);
+    assert!(t.conn.quickack());
+    t.expect(t.out().ack(r(at + 100)).win(win(at + 100)));
+    t.expect_none();
+    // and the next segments are acknowledged at once again.
+    expect_quick(&mut t, at + 100, 2);
+}
+
+#[test]
+fn set_quickack_off_delays_acks_from_the_next_segment() {
+    let mut t = quick();
+    assert!(t.conn.quickack(), "a new connection acknowledges at once");
+    t.conn
+        .apply_options(t.now, &netdriver::tcp::OptionChanges::new().quickack(false));
+    assert!(!t.conn.quickack());
+    let d = data(100);
+    let t0 = t.now;
+    t.send(t.seg().seq(r(0)).payload(&d));
+    t.expect_none();
+    assert_eq!(t.fire(), t0 + ms(40));
+    t.expect(t.out().ack(r(100)).win(win(100)));
+}

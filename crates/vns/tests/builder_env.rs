@@ -110,6 +110,13 @@ fn the_builder_reads_the_environment_and_explicit_calls_win() {
         );
         std::env::set_var("NETCHANNEL_LINK", "packet");
         assert_eq!(link_of(Stack::builder()), Some(LinkKind::Packet));
+        for alias in ["af_packet", "AF_PACKET"] {
+            std::env::set_var("NETCHANNEL_LINK", alias);
+            assert_eq!(link_of(Stack::builder()), Some(LinkKind::Packet), "{alias}");
+        }
+        std::env::set_var("NETCHANNEL_LINK", "af_xdp");
+        assert_eq!(link_of(Stack::builder()), Some(LinkKind::Xdp), "af_xdp");
+        std::env::set_var("NETCHANNEL_LINK", "packet");
         assert_eq!(
             link_of(Stack::builder().link(LinkKind::Xdp)),
             Some(LinkKind::Xdp),

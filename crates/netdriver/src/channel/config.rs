@@ -252,12 +252,12 @@ impl std::fmt::Display for LinkKind {
 impl std::str::FromStr for LinkKind {
     type Err = String;
 
-    /// `xdp` or `packet`.
+    /// `xdp` (also `af_xdp`) or `packet` (also `af_packet`), in any case.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "xdp" => Ok(LinkKind::Xdp),
-            "packet" => Ok(LinkKind::Packet),
-            other => Err(format!("{other:?} is not a link (xdp or packet)")),
+        match s.to_ascii_lowercase().as_str() {
+            "xdp" | "af_xdp" => Ok(LinkKind::Xdp),
+            "packet" | "af_packet" => Ok(LinkKind::Packet),
+            _ => Err(format!("{s:?} is not a link (xdp or packet)")),
         }
     }
 }

@@ -60,7 +60,7 @@ pub fn clear_default_stack() -> Option<Stack> {
 /// | `NETCHANNEL_SYN_COOKIES` (`0`, `1`) | `StackBuilder::syn_cookies` |
 /// | `NETCHANNEL_XDP_MODE` (`auto`, `copy`, `zerocopy`) | `StackBuilder::xdp_mode` |
 /// | `NETCHANNEL_RSS_ALIGN` (`0`, `1`) | `StackBuilder::rss_align` |
-/// | `NETCHANNEL_LINK` (`xdp`, `packet`) | `StackBuilder::link` |
+/// | `NETCHANNEL_LINK` (`xdp` or `af_xdp`, `packet` or `af_packet`) | `StackBuilder::link` |
 pub fn default_stack() -> io::Result<Stack> {
     let mut slot = DEFAULT_STACK.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(s) = slot.as_ref() {

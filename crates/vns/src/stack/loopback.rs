@@ -155,6 +155,14 @@ impl KernelInner {
         self.stream.nodelay()
     }
 
+    pub(crate) fn set_quickack(&self, on: bool) -> io::Result<()> {
+        self.stream.set_quickack(on)
+    }
+
+    pub(crate) fn quickack(&self) -> io::Result<bool> {
+        self.stream.quickack()
+    }
+
     pub(crate) fn set_linger(&self, dur: Option<Duration>) -> io::Result<()> {
         socket2::SockRef::from(&self.stream).set_linger(dur)
     }

@@ -30,6 +30,8 @@ pub(crate) struct StreamInner {
     local: SocketAddrV4,
     peer: SocketAddrV4,
     linger: Mutex<Option<Duration>>,
+    /// The value last given to `set_quickack` (recorded only: see `set_quickack`).
+    quickack: AtomicBool,
 }
 
 impl StreamInner {
@@ -45,6 +47,7 @@ impl StreamInner {
             local,
             peer,
             linger: Mutex::new(None),
+            quickack: AtomicBool::new(true),
         }
     }
 
@@ -309,6 +312,8 @@ pub(crate) struct PlainInner {
     local: SocketAddrV4,
     peer: SocketAddrV4,
     nodelay: AtomicBool,
+    /// The value last given to `set_quickack`, which the channel's TCP also got.
+    quickack: AtomicBool,
     linger: Mutex<Option<Duration>>,
 }
 
@@ -323,6 +328,7 @@ impl PlainInner {
             local,
             peer,
             nodelay: AtomicBool::new(false),
+            quickack: AtomicBool::new(true),
             linger: Mutex::new(None),
         }
     }
@@ -547,6 +553,28 @@ impl Sock {
         })
     }
 
+    fn set_quickack(&self, on: bool) -> io::Result<()> {
+        match self {
+            Sock::Virtual(v) => v.quickack.store(on, Ordering::Relaxed),
+            Sock::Plain(p) => {
+                p.quickack.store(on, Ordering::Relaxed);
+                if let Some(t) = &p.t {
+                    t.set_options(netdriver::tcp::OptionChanges::new().quickack(on));
+                }
+            }
+            Sock::Kernel(k) => return k.set_quickack(on),
+        }
+        Ok(())
+    }
+
+    fn quickack(&self) -> io::Result<bool> {
+        Ok(match self {
+            Sock::Virtual(v) => v.quickack.load(Ordering::Relaxed),
+            Sock::Plain(p) => p.quickack.load(Ordering::Relaxed),
+            Sock::Kernel(k) => return k.quickack(),
+        })
+    }
+
     fn set_linger(&self, dur: Option<Duration>) -> io::Result<()> {
         let slot = match self {
             Sock::Virtual(v) => &v.linger,
@@ -738,6 +766,33 @@ impl VirtualStream {
     /// The value last given to [`set_nodelay`](Self::set_nodelay).
     pub fn nodelay(&self) -> io::Result<bool> {
         self.inner.nodelay()
+    }
+
+    /// Like `TcpStream::set_quickack` (Linux's `TCP_QUICKACK`). On a plain-TCP stream the
+    /// channel's TCP acknowledges the next data segments at once (and an ACK its
+    /// delayed-ACK timer holds leaves at its queue's next round), or with `false` by the
+    /// delayed-ACK rules; as on Linux the mode is not permanent
+    /// ([`netdriver::tcp::Connection::set_quickack`]). On a loopback stream it sets the
+    /// kernel socket's option. On a virtual stream it is recorded only: its bytes are
+    /// acknowledged per chunk, by credit, over channels that many sockets share, whose
+    /// TCP the stack tunes for all of them.
+    ///
+    /// ```no_run
+    /// # async fn f() -> std::io::Result<()> {
+    /// let stream = vns::stack::VirtualStream::connect("10.0.0.2:80").await?;
+    /// stream.set_quickack(true)?;
+    /// assert!(stream.quickack()?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_quickack(&self, quickack: bool) -> io::Result<()> {
+        self.inner.set_quickack(quickack)
+    }
+
+    /// The value last given to [`set_quickack`](Self::set_quickack) (`true` at first, as a
+    /// Linux socket reports), or the kernel socket's on a loopback stream.
+    pub fn quickack(&self) -> io::Result<bool> {
+        self.inner.quickack()
     }
 
     /// Like `TcpStream::set_linger`: `Some(Duration::ZERO)` makes dropping the stream

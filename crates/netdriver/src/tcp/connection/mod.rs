@@ -1009,6 +1009,29 @@ impl Connection {
         ) || self.rx.readable() > 0
     }
 
+    /// Linux's `TCP_QUICKACK`. `true` acknowledges the next in-order data segments at once
+    /// (the quick-ACK budget, [`Config::quick_ack_segments`](crate::tcp::Config), at least
+    /// one, is refilled) and sends an ACK the delayed-ACK timer holds at the next
+    /// transmit; `false` empties the budget, so that data is acknowledged by the
+    /// delayed-ACK rules (RFC 5681 §4.2) from the next segment on. Like Linux's, the mode
+    /// is not permanent: the budget is spent as segments arrive and refilled after idle.
+    pub fn set_quickack(&mut self, on: bool) {
+        if on {
+            self.quick_acks = quick_ack_budget(&self.config).max(1);
+            if self.delayed_ack_deadline.is_some() {
+                self.ack_now = true;
+            }
+        } else {
+            self.quick_acks = 0;
+        }
+    }
+
+    /// Whether the next in-order data segment is acknowledged at once: delayed ACKs off,
+    /// or quick-ACK budget left (`TCP_QUICKACK` as `getsockopt` reads it).
+    pub fn quickack(&self) -> bool {
+        self.config.delayed_ack.is_none() || self.quick_acks > 0
+    }
+
     /// Disables (`true`) or re-enables (`false`) Nagle's algorithm.
     pub fn set_nodelay(&mut self, nodelay: bool) {
         self.nodelay = nodelay;

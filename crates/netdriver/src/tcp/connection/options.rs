@@ -41,6 +41,8 @@ pub struct OptionChanges {
     pub keepalive_interval: Option<Option<Duration>>,
     /// [`Connection::set_keepalive_probes`].
     pub keepalive_probes: Option<u32>,
+    /// [`Connection::set_quickack`].
+    pub quickack: Option<bool>,
 }
 
 impl OptionChanges {
@@ -96,6 +98,12 @@ impl OptionChanges {
         *self == Self::default()
     }
 
+    /// Turns quick-ACK mode on or off ([`Connection::set_quickack`]).
+    pub fn quickack(mut self, on: bool) -> Self {
+        self.quickack = Some(on);
+        self
+    }
+
     /// Folds `later` into `self`: the fields `later` sets override.
     pub fn merge(&mut self, later: OptionChanges) {
         fn take<T>(field: &mut Option<T>, later: Option<T>) {
@@ -110,6 +118,7 @@ impl OptionChanges {
         take(&mut self.keepalive, later.keepalive);
         take(&mut self.keepalive_interval, later.keepalive_interval);
         take(&mut self.keepalive_probes, later.keepalive_probes);
+        take(&mut self.quickack, later.quickack);
     }
 }
 
@@ -139,6 +148,9 @@ impl Connection {
         }
         if let Some(idle) = changes.keepalive {
             self.set_keepalive(now, idle);
+        }
+        if let Some(on) = changes.quickack {
+            self.set_quickack(on);
         }
     }
 
