@@ -72,7 +72,10 @@ async fn echo_and_addresses() {
     assert_eq!(s.peer_addr().unwrap(), c.local_addr().unwrap());
     c.set_nodelay(true).unwrap();
     assert!(c.nodelay().unwrap());
-    assert!(c.quickack().unwrap(), "on at first, as a Linux socket reports");
+    assert!(
+        c.quickack().unwrap(),
+        "on at first, as a Linux socket reports"
+    );
     c.set_quickack(false).unwrap();
     assert!(!c.quickack().unwrap(), "recorded");
     c.write_all(b"hello").await.unwrap();
