@@ -26,9 +26,9 @@ use netsched::AppClass;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::default_stack;
+use super::loopback::KernelInner;
 #[cfg(test)]
 use crate::endpoint::SocketId;
-use super::loopback::KernelInner;
 
 /// A virtual socket: a reliable, ordered byte stream to a peer, carried over the stack's
 /// channels. The drop-in for `tokio::net::TcpStream`.
