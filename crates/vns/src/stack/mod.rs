@@ -202,6 +202,7 @@ mod receive;
 mod shard;
 #[cfg(test)]
 mod shard_tests;
+mod sizing;
 mod socket;
 mod stream;
 mod wake;
@@ -231,7 +232,7 @@ pub use stream::{
 use self::core::Core;
 use crate::copy::CopyStats;
 use crate::endpoint::Error;
-use builder::CopyPath;
+use sizing::CopyPath;
 
 /// A host's virtual-socket stack: an [`Endpoint`] over channels to other
 /// hosts, driven by its own thread. Cheap to clone (a handle); streams and listeners keep

@@ -6,7 +6,7 @@ use super::*;
 /// with the application, the default elsewhere; a user's count is kept.
 #[test]
 fn the_default_channel_count_follows_the_cores() {
-    use builder::auto_channels;
+    use sizing::auto_channels;
     assert_eq!(auto_channels(1), 1);
     assert_eq!(auto_channels(2), 1, "2-core bed");
     assert_eq!(auto_channels(3), 1);
