@@ -14,7 +14,7 @@ use std::future::Future;
 use crossbeam_channel::{Receiver, Sender};
 use tracing::debug;
 
-use super::queue::block_on;
+use super::block::block_on;
 use super::ChannelError;
 use crate::link::switch::SimSwitch;
 use crate::neigh::{

@@ -7,8 +7,9 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 
-use super::driver::RxSink;
-use super::queue::{block_on, ChannelShared};
+use super::block::block_on;
+use super::queue::ChannelShared;
+use super::sink::RxSink;
 use super::{
     ChannelError, ChannelState, ChannelStats, ChannelTransport, ChannelWire, Dequeued, EnqueueError,
 };

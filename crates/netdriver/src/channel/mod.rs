@@ -163,9 +163,15 @@ use crate::tcp::TcpError;
 use crate::time::{Duration, Instant};
 
 #[cfg(target_os = "linux")]
+mod accept_queue;
+#[cfg(target_os = "linux")]
 mod attach;
 #[cfg(target_os = "linux")]
+mod block;
+#[cfg(target_os = "linux")]
 mod clock;
+#[cfg(target_os = "linux")]
+mod command;
 #[cfg(target_os = "linux")]
 mod config;
 #[cfg(target_os = "linux")]
@@ -181,6 +187,8 @@ mod listener;
 #[cfg(target_os = "linux")]
 mod packet_set;
 #[cfg(target_os = "linux")]
+mod place;
+#[cfg(target_os = "linux")]
 pub mod placement;
 #[cfg(target_os = "linux")]
 mod queue;
@@ -192,6 +200,8 @@ mod set;
 mod shared;
 #[cfg(target_os = "linux")]
 mod signal;
+#[cfg(target_os = "linux")]
+mod sink;
 #[cfg(target_os = "linux")]
 mod stats;
 #[cfg(target_os = "linux")]
@@ -207,7 +217,7 @@ pub use config::{
     LINEAR_XDP_MAX_MTU,
 };
 #[cfg(target_os = "linux")]
-pub use driver::{RxFlow, RxSink, ROUNDS_PER_POLL};
+pub use driver::ROUNDS_PER_POLL;
 #[cfg(target_os = "linux")]
 pub use handle::Channel;
 #[cfg(target_os = "linux")]
@@ -216,6 +226,8 @@ pub use listener::ChannelListener;
 pub use placement::{DriverPlace, Placement};
 #[cfg(target_os = "linux")]
 pub use set::{ChannelPlacement, ChannelSet, RuntimePlacement};
+#[cfg(target_os = "linux")]
+pub use sink::{RxFlow, RxSink};
 #[cfg(target_os = "linux")]
 pub use stats::{QueueStats, RxChecksumStats, SynStats};
 #[cfg(target_os = "linux")]

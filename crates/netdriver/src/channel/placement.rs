@@ -17,6 +17,7 @@
 //! blocked worker. A queue whose runtime stopped (its owner shut it down, dropping the
 //! driver) moves to the home runtime at the next tick and stays there.
 
+pub use super::place::DriverPlace;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -38,25 +39,6 @@ pub const STALL: Duration = Duration::from_millis(20);
 /// How long a rescued queue stays on the home runtime before it goes back to where it was
 /// placed.
 pub const RETURN_AFTER: Duration = Duration::from_secs(1);
-
-/// Where a queue's driver runs.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum DriverPlace {
-    /// A queue runtime of the set, by id.
-    Runtime(u32),
-    /// A runtime handed to the set ([`ChannelSet::add_external_runtime`](super::ChannelSet::add_external_runtime)),
-    /// by the name it was given.
-    External(String),
-}
-
-impl std::fmt::Display for DriverPlace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DriverPlace::Runtime(id) => write!(f, "runtime {id}"),
-            DriverPlace::External(name) => write!(f, "runtime {name:?}"),
-        }
-    }
-}
 
 /// Where a set's queues are driven when it starts.
 #[derive(Debug, Clone)]

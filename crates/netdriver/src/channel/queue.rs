@@ -11,15 +11,15 @@
 use std::net::SocketAddrV4;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll};
 
 use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 
 use super::lazy_queue::LazyQueue;
 
-use super::driver::RxSink;
 use super::signal::QueueSignal;
+use super::sink::RxSink;
 use super::{ChannelError, ChannelState, ChannelStats, ChannelWire, Dequeued, EnqueueError};
 use crate::rss::ChannelSteering;
 use crate::tcp::OptionChanges;
@@ -645,52 +645,10 @@ impl ChannelShared {
     }
 }
 
-/// Unparks a blocked thread: the waker behind the blocking calls.
-struct Unparker(std::thread::Thread);
-
-impl Wake for Unparker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-thread_local! {
-    static THREAD_WAKER: Waker = Waker::from(Arc::new(Unparker(std::thread::current())));
-}
-
-/// Drives `f` on the calling thread, parking between polls, until it is ready or the
-/// `timeout` passes (`None`: no limit). Returns `None` on timeout.
-pub(crate) fn block_on<T>(
-    timeout: Option<Duration>,
-    mut f: impl FnMut(&mut Context<'_>) -> Poll<T>,
-) -> Option<T> {
-    let deadline = timeout.map(|t| std::time::Instant::now() + t);
-    THREAD_WAKER.with(|waker| {
-        let mut cx = Context::from_waker(waker);
-        loop {
-            if let Poll::Ready(v) = f(&mut cx) {
-                return Some(v);
-            }
-            match deadline {
-                None => std::thread::park(),
-                Some(d) => {
-                    let now = std::time::Instant::now();
-                    if now >= d {
-                        return None;
-                    }
-                    std::thread::park_timeout(d - now);
-                }
-            }
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::handle::Channel;
+    use std::task::{Wake, Waker};
 
     use super::*;
     use std::net::Ipv4Addr;

@@ -11,15 +11,16 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use rustc_hash::FxHashMap;
 use tracing::{debug, trace, warn};
 
+use super::accept_queue::ListenerShared;
 use super::attach::Neighbors;
 use super::clock::RuntimeClock;
+use super::command::Command;
 use super::directory::{Owner, Tuple};
-use super::driver::{RxFlow, RxSink};
 use super::handle::Channel;
-use super::listener::ListenerShared;
 use super::queue::{ChannelShared, Failure, WireSeq};
 use super::shared::SetShared;
 use super::signal::QueueSignal;
+use super::sink::{RxFlow, RxSink};
 use super::stats::SynCounters;
 use super::ChannelError;
 use crate::link::QueueLink;
@@ -35,30 +36,6 @@ const RX_CHUNK: usize = 64 * 1024;
 const COMMANDS_PER_ROUND: usize = 64;
 /// Most forwarded frames handled per round.
 const FORWARDED_PER_ROUND: usize = 256;
-
-/// Work for a queue's driver from the application side.
-#[derive(Debug)]
-pub(crate) enum Command {
-    /// Open the channel's connection (port and flow directory entry already claimed).
-    Connect {
-        shared: Arc<ChannelShared>,
-        mac: EthernetAddress,
-        /// The ntuple rule that steers its frames to this queue, if it has one: kept
-        /// with the connection and removed with it.
-        rule: Option<NtupleRule>,
-    },
-    /// Listen on `port`; the result goes to `done`.
-    Listen {
-        port: u16,
-        backlog: usize,
-        listener: Arc<ListenerShared>,
-        done: tokio::sync::mpsc::UnboundedSender<Result<(), ChannelError>>,
-    },
-    /// Stop listening on `port` (connections not yet accepted are aborted).
-    Unlisten { port: u16 },
-    /// Fault injection: install (or remove) a rule dropping received data segments.
-    DropReceived(Option<crate::netif::RxDrop>),
-}
 
 /// One channel's driver-side state.
 struct Entry {

@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use crossbeam_channel::Sender;
 use tracing::warn;
 
+use super::accept_queue::ListenerShared;
+use super::command::Command;
 use super::directory::{BufferPool, FlowDirectory, PortAllocator, Tuple};
-use super::listener::ListenerShared;
 use super::queue::Limits;
-use super::round::Command;
 use super::signal::QueueSignal;
 use super::stats::{ChecksumCounters, SynCounters};
 use super::steering::SetSteering;

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::AtomicU64;
 
-use super::placement::DriverPlace;
+use super::place::DriverPlace;
 use super::sys::XskDrops;
 use crate::link::umem_memory::UmemPlacement;
 use crate::link::xdp::XdpBinding;

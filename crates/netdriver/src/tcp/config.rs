@@ -3,6 +3,10 @@
 use crate::tcp::congestion::CongestionAlgorithm;
 use crate::time::Duration;
 
+/// Default of [`Config::keepalive_probes`]: unanswered keep-alive probes after which the
+/// connection fails (Linux's default 9).
+pub const KEEPALIVE_PROBES: u32 = 9;
+
 /// Settings of one TCP connection. `Config::default()` gives Linux-like defaults; tests
 /// shrink the timers (`time_wait`, `min_rto`, ...) to keep virtual time short.
 #[derive(Debug, Clone)]
@@ -82,7 +86,7 @@ pub struct Config {
     /// `TCP_KEEPINTVL`).
     pub keepalive_interval: Option<Duration>,
     /// Unanswered keep-alive probes after which the connection fails (Linux's
-    /// `TCP_KEEPCNT`). Default [`KEEPALIVE_PROBES`](crate::tcp::connection::KEEPALIVE_PROBES)
+    /// `TCP_KEEPCNT`). Default [`KEEPALIVE_PROBES`]
     /// (9); 0 counts as 1, since giving up without a single probe would end connections
     /// whose peer is merely silent.
     pub keepalive_probes: u32,
@@ -236,7 +240,7 @@ impl Default for Config {
             syn_retries: 6,
             keepalive: None,
             keepalive_interval: None,
-            keepalive_probes: crate::tcp::connection::KEEPALIVE_PROBES,
+            keepalive_probes: KEEPALIVE_PROBES,
             congestion: CongestionAlgorithm::default(),
             window_scaling: true,
             sack: true,

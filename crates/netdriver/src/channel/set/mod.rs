@@ -17,18 +17,21 @@ use crossbeam_queue::ArrayQueue;
 use tracing::{debug, info, warn};
 use xdp_prog::XdpSteering;
 
+use super::accept_queue::ListenerShared;
 use super::attach::{Neighbors, Resolver};
+use super::block::block_on;
 use super::clock::RuntimeClock;
+use super::command::Command;
 use super::config::{resolve_attach, resolve_partial_checksums, RssAlignment};
 use super::directory::{BufferPool, FlowDirectory, PortAllocator};
 use super::driver::QueueSlot;
 use super::handle::Channel;
-use super::listener::{ChannelListener, ListenerShared};
+use super::listener::ChannelListener;
 use super::placement::{
     usable_cores, watch, DriverPlace, Placement, PlacementState, QueuePlace, QueueRuntime,
 };
-use super::queue::{block_on, ChannelShared};
-use super::round::{Command, QueueState, Worker};
+use super::queue::ChannelShared;
+use super::round::{QueueState, Worker};
 use super::shared::{Peer, SetShared};
 use super::signal::QueueSignal;
 use super::stats::{ChecksumCounters, SynCounters};

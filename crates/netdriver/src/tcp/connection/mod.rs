@@ -60,9 +60,7 @@ mod tests;
 
 pub use options::OptionChanges;
 
-/// Default of [`Config::keepalive_probes`]: unanswered keep-alive probes after which the
-/// connection fails (Linux's default 9).
-pub const KEEPALIVE_PROBES: u32 = 9;
+pub use super::config::KEEPALIVE_PROBES;
 
 /// The MSS assumed when the peer's SYN carries no MSS option (RFC 9293 §3.7.1).
 pub const DEFAULT_PEER_MSS: u16 = 536;
