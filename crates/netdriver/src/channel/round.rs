@@ -34,6 +34,8 @@ use crate::wire::EthernetAddress;
 const RX_CHUNK: usize = 64 * 1024;
 /// Most commands handled per round, so a flood of them cannot starve the data path.
 const COMMANDS_PER_ROUND: usize = 64;
+/// Longest a stopping queue waits for its link to take the resets of its connections.
+const STOP_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_millis(20);
 /// Most forwarded frames handled per round.
 const FORWARDED_PER_ROUND: usize = 256;
 
@@ -854,9 +856,16 @@ impl Worker {
                 conn.abort();
             }
         }
-        let now = self.clock.now();
-        // Sends the resets and forgets the connections.
-        self.iface.poll(now);
+        // Sends the resets and forgets the connections. A full transmit ring holds resets
+        // back (a queue stopped in the middle of a bulk transfer): the link gets a bounded
+        // moment to drain, or each peer's connection would wait out its retransmissions
+        // (tens of seconds) before its sockets learn that this side is gone.
+        self.iface.poll(self.clock.now());
+        let give_up = std::time::Instant::now() + STOP_FLUSH_LIMIT;
+        while self.iface.tx_blocked() && std::time::Instant::now() < give_up {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+            self.iface.poll(self.clock.now());
+        }
         self.reap(book);
         for e in book.entries.values() {
             e.shared.set_closed();

@@ -709,6 +709,12 @@ impl<L: Link> Interface<L> {
         self.settled_until(now).is_some()
     }
 
+    /// Whether the last transmit found the link without a buffer, so that frames (data,
+    /// or the resets of aborted connections) wait for the next poll.
+    pub fn tx_blocked(&self) -> bool {
+        self.core.tx_blocked_at.is_some()
+    }
+
     /// [`settled`](Self::settled) and, when it is, [`poll_at`](Self::poll_at) from the
     /// same pass over the connections: `None` when a poll would find something to do,
     /// `Some(next)` when it would not (a driver that asks both after each round walked
