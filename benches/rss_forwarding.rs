@@ -8,8 +8,8 @@
 //! does: a channel whose local port was not chosen for its queue gets its frames on another
 //! queue, which hands each one over (`ChannelSet::forwarded_frames`). A aligned
 //! (`RssAlignment::Known`, the bed's table for A) chooses each local port so that B's
-//! replies land on the channel's queue; `RssAlignment::Off` takes ports in turn, as before
-//! alignment existed.
+//! replies land on the channel's queue; `RssAlignment::Off` takes ports in turn, whatever queue
+//! the replies land on.
 //!
 //! For each row: two channel sets (4 queues), B listening on a channel port, A opening
 //! `NETCHANNEL_BENCH_CHANNELS` channels (default 8, spread over A's queues round-robin)

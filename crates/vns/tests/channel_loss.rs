@@ -432,7 +432,7 @@ fn parked_bytes_of_a_gracefully_closed_channel_stay_readable() {
 /// ends of a reset channel learn of it at different times. Here the sender learned first:
 /// it sent again, on channel 1, the chunks it had handed channel 0, while ours still waited
 /// parked past the receive buffer, so its copies were ignored as duplicates. Then our
-/// channel 0 went too. Dropping the parked chunks with it (as a reset channel's used to be)
+/// channel 0 went too. Dropping the parked chunks with it (as one might with a reset channel's)
 /// left a hole that nobody would fill: the sender had its copies delivered, the reader
 /// waited, and the sender waited for a RESUME. Kept, every byte arrives.
 #[test]

@@ -434,8 +434,8 @@ fn a_closed_socket_waits_for_the_peer_fin_only_until_the_linger_timeout() {
     transfer(&mut sim, c_other, s_other, &pattern(4, 3000));
 }
 
-/// A peer with many channels used to be able to park `channel_budget` bytes on each of
-/// them. Its parked bytes are bounded in sum by `peer_budget`: past it, the channel of the
+/// A peer with many channels could park `channel_budget` bytes on each of them, were the
+/// budgets per channel only. Its parked bytes are bounded in sum by `peer_budget`: past it, the channel of the
 /// chunk that would exceed it pauses (counted), the peer's total stays at the budget, and
 /// another peer's connection keeps its bytes exact meanwhile. Once the application drops
 /// the flood's sockets, the budget comes back and the channel resumes.
@@ -505,8 +505,8 @@ fn parked_bytes_are_bounded_per_peer_over_all_its_channels() {
 }
 
 /// Chunks that overtake a SYNC_ACK are held until it comes. Those without payload (ACK,
-/// STOP, FIN) used to be held for free, so a peer could send them without end to a socket
-/// still connecting. Each is now charged at least `EARLY_CHUNK_COST` to the channel's and
+/// STOP, FIN) held for free would let a peer send them without end to a socket still
+/// connecting. Each is charged at least `EARLY_CHUNK_COST` to the channel's and
 /// the peer's budgets: the flood pauses the channel at the budget (counted), and once the
 /// connect is given up everything is given back and the connection beside it keeps its
 /// bytes exact.
@@ -623,9 +623,9 @@ fn sync_ids(cfg: Config, n: usize) -> Vec<(u16, Seq)> {
         .collect()
 }
 
-/// Ephemeral ports and ISNs used to be sequential: a peer that saw one connection could
-/// predict the next one's port and sequence space (and inject into it). They are drawn
-/// from a CSPRNG now, seeded from the OS unless a test fixes the seed; connections with
+/// Sequential ephemeral ports and ISNs would let a peer that saw one connection predict
+/// the next one's port and sequence space (and inject into it). They are drawn from a
+/// CSPRNG, seeded from the OS unless a test fixes the seed; connections with
 /// random ISNs (wrap-around included) carry exact bytes.
 #[test]
 fn ephemeral_ports_and_isns_are_unpredictable() {

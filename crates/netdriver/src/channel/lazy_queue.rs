@@ -5,7 +5,7 @@
 //! connections and sends nothing held that much of our memory per connection. With the
 //! slots allocated when the first chunk comes, a silent connection costs only its TCP
 //! state (`tests/channel_memory.rs` measures it). Once allocated the slots stay until the
-//! channel goes, so the hot path is `ArrayQueue`'s as before, plus one load.
+//! channel goes, so the hot path is an `ArrayQueue`'s, plus one load.
 
 use std::sync::OnceLock;
 

@@ -82,7 +82,7 @@ pub struct Config {
     /// received from it (data in flight is the user timeout's business instead).
     pub keepalive: Option<Duration>,
     /// Time between unanswered keep-alive probes; `None` (default): the idle time
-    /// [`keepalive`](Self::keepalive), as before this setting existed (Linux's
+    /// [`keepalive`](Self::keepalive) (Linux's
     /// `TCP_KEEPINTVL`).
     pub keepalive_interval: Option<Duration>,
     /// Unanswered keep-alive probes after which the connection fails (Linux's

@@ -370,13 +370,14 @@ impl StackBuilder {
         self
     }
 
-    /// Turns on busy polling with an explicit core budget: the stack's queues are driven by
-    /// queue runtimes of its own pinned to `cores` and, after their last activity, spin on
-    /// their receive rings for at most `spin` instead of sleeping, which takes the kernel's
-    /// wake-up out of a message's path. Off by default: a spinning thread takes its core
-    /// from everything else, so use it only on cores the application leaves free (never on
-    /// a 2-core machine). An empty `cores` or a zero `spin` is refused by
-    /// [`build`](Self::build).
+    /// Gives the stack's queues cores of their own: they are driven by queue runtimes of
+    /// the stack's own pinned to `cores`, off the application's runtime. `spin` is the AF_XDP
+    /// links' busy-poll budget ([`XdpLinkConfig::busy_poll`](netdriver::link::xdp::XdpLinkConfig::busy_poll)),
+    /// which a blocking wait on a link spends spinning on its receive ring before it sleeps;
+    /// the queue drivers themselves wait for the socket's readiness through the runtime's
+    /// reactor and do not spin. Off by default; use it only on cores the application
+    /// leaves free (never on a 2-core machine). An empty `cores` or a zero `spin` is
+    /// refused by [`build`](Self::build).
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

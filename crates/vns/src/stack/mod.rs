@@ -57,7 +57,7 @@
 //!   readable (fewer bytes are copied inline).
 //! - Smaller writes and reads take the plain path, unchanged. Credit and flow control are
 //!   the same on both paths (a read frees receive space and may send a credit update
-//!   exactly as before).
+//!   exactly as on the plain path).
 //!
 //! The workers only engage when the socket buffers can hold a copy that large: the
 //! defaults ([`Config::send_buffer`]/[`Config::recv_buffer`], 256 KiB) are below the

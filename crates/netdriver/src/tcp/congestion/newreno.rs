@@ -170,7 +170,7 @@ mod tests {
         cc.on_retransmission_timeout(T, 7000);
         assert_eq!(cc.ssthresh(), 3500);
         assert_eq!(cc.window(), MSS);
-        // Growth per ACK is bounded by cwnd (it used to be by L = 2 MSS, which gave 3000
+        // Growth per ACK is bounded by cwnd (not by L = 2 MSS, which would give 3000
         // here): 1000 -> 2000, then 2000 more would pass ssthresh and stops at it.
         cc.on_ack(T, 2000, None, 1000);
         assert_eq!(cc.window(), 2000);
