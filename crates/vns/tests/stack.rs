@@ -945,6 +945,55 @@ async fn plain_stream_drop_without_shutdown_delivers_the_data_then_fin() {
     assert_eq!(b.pending_tx_bytes(), 0);
 }
 
+/// A plain-TCP stream whose peer closed first, dropped once it has read the end and its
+/// answer is acknowledged, is let go at once (the queue driver alone finishes the close:
+/// nothing is left for the stack to watch); the peer reads the answer, then end of
+/// stream, not a reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_stream_whose_peer_closed_first_is_let_go_at_its_drop() {
+    let (b, _host, t, mut s) = plain_pair(7039, Duration::from_secs(60)).await;
+    t.enqueue(bytes::Bytes::from_static(b"request")).unwrap();
+    let mut req = [0u8; 7];
+    timeout(LIMIT, s.read_exact(&mut req))
+        .await
+        .unwrap()
+        .unwrap();
+    s.write_all(b"answer").await.unwrap();
+    // The peer takes the answer and closes (the client closes first).
+    let mut got = Vec::new();
+    while got.len() < 6 {
+        let chunk = timeout(LIMIT, std::future::poll_fn(|cx| t.poll_dequeue(cx)))
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the answer");
+        got.extend_from_slice(&chunk);
+    }
+    assert_eq!(got, b"answer");
+    t.close();
+    let mut rest = Vec::new();
+    timeout(LIMIT, s.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(rest.is_empty());
+    // The answer is acknowledged once the peer's FIN (which carries the ACK) is in; the
+    // stack's published figure may lag a round behind.
+    assert!(eventually(|| b.pending_tx_bytes() == 0).await);
+    drop(s);
+    assert_eq!(
+        b.closing_plain_streams(),
+        0,
+        "let go, not handed to the stack"
+    );
+    assert_eq!(
+        timeout(LIMIT, read_transport_to_end(&t)).await.unwrap(),
+        b"",
+        "end of stream, not a reset"
+    );
+    assert_eq!(b.plain_linger_expired(), 0);
+}
+
 /// A plain-TCP stream dropped with received bytes unread (part of a chunk, or bytes it
 /// never read) resets the connection; so does data arriving after a graceful drop.
 #[tokio::test]

@@ -14,6 +14,7 @@ use netdriver::channel::{Channel, Dequeued, EnqueueError};
 use tokio::io::ReadBuf;
 use tracing::debug;
 
+use crate::stack::core::channel_pending;
 use crate::stack::Stack;
 
 use super::sock::would_block;
@@ -160,7 +161,8 @@ impl Drop for PlainInner {
     /// read chunk, or bytes in the channel's queues) the connection is reset; otherwise
     /// the queued bytes and a FIN go, and the stack keeps the channel until they are
     /// acknowledged and the peer's FIN is in (`Stack::pending_tx_bytes`), resetting it if
-    /// data arrives meanwhile or the linger timeout passes first.
+    /// data arrives meanwhile or the linger timeout passes first. When the peer's FIN is
+    /// in and every byte is acknowledged already, the queue driver alone finishes.
     fn drop(&mut self) {
         let Some(t) = self.t.take() else { return };
         let held = self
@@ -175,7 +177,8 @@ impl Drop for PlainInner {
         // Bytes still in the TCP receive buffer that reach the queue after this look
         // count as data arriving after the close, which resets as well
         // (`Core::keep_closing_plain`).
-        let unread = matches!(t.dequeue(), Ok(Dequeued::Chunk(_)));
+        let next = t.dequeue();
+        let unread = matches!(next, Ok(Dequeued::Chunk(_)));
         if held || unread || aborts(&self.linger) {
             debug!(peer = %self.peer, "plain-TCP stream dropped with unread data (or linger 0); resetting");
             t.abort();
@@ -183,6 +186,15 @@ impl Drop for PlainInner {
         }
         if !self.shut.swap(true, Ordering::AcqRel) {
             t.close();
+        }
+        // The peer closed first and everything this side wrote is acknowledged: nothing is
+        // left for the stack to watch (no data can follow the peer's FIN, no byte is owed
+        // for a drain), so the channel is let go here and its queue driver alone sends the
+        // FIN and takes the last ACK (a closed channel's handle drops without an abort).
+        // Handing it to the control task would cost a wake-up of another thread per
+        // connection, which was most of what a client-closes-first connection cost.
+        if matches!(next, Ok(Dequeued::Finished)) && channel_pending(&t) == 0 {
+            return;
         }
         let core = self.stack.core();
         core.keep_closing_plain(t);
