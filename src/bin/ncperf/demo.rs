@@ -504,8 +504,8 @@ fn print_demo(r: &Report, on_bed: bool) {
     }
     println!(
         "isolation: netchannel runs it with the Isolating scheduler (latency channels on \
-         threads of their own); the latency stream's client and server are applications of \
-         their own (one-worker runtimes)."
+         NIC queues of their own, driven by the latency application's runtime); the latency \
+         stream's client and server are applications of their own (one-worker runtimes)."
     );
     let sweep = |test: Test, name: &str, x: fn(&Measurement) -> Option<u32>| {
         let mut pts: Vec<(u32, u32, f64)> = r
