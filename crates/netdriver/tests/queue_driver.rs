@@ -528,3 +528,107 @@ fn a_runtime_that_stops_leaves_its_queues_to_the_home_runtime() {
     a.shutdown().expect("shutdown");
     b.shutdown().expect("shutdown");
 }
+
+/// The CPUs a thread named `name` of this process may run on, from
+/// `/proc/self/task/*/status` (`Cpus_allowed_list`).
+fn thread_cpus(name: &str) -> Option<String> {
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+        return status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|v| v.trim().to_string());
+    }
+    None
+}
+
+/// A set's unpinned queue runtimes run on the CPUs of the NIC's NUMA node (here named in
+/// the link configuration, node 0, which every Linux machine has), and the placement says
+/// so; a runtime pinned to a core stays on it; with no node they run anywhere.
+#[test]
+fn queue_runtimes_run_on_the_nics_numa_node() {
+    use netdriver::link::umem_memory::NumaNode;
+    let node0: Vec<usize> = {
+        let list = std::fs::read_to_string("/sys/devices/system/node/node0/cpulist").unwrap();
+        let allowed: Vec<usize> = (0..1024)
+            .filter(|c| {
+                thread_cpus_of_self()
+                    .map(|l| cpulist_contains(&l, *c))
+                    .unwrap_or(false)
+            })
+            .collect();
+        (0..1024)
+            .filter(|c| cpulist_contains(&list, *c) && allowed.contains(c))
+            .collect()
+    };
+    // An address no other test of this binary uses, so that the runtime's thread name
+    // (after the address) is this set's alone.
+    const NUMA_HOST: Ipv4Addr = Ipv4Addr::new(10, 9, 9, 1);
+    let switch = SimSwitch::default();
+    let mut cfg = ChannelSetConfig::new("numa0", NUMA_HOST);
+    cfg.link.numa_node = NumaNode::Node(0);
+    cfg.placement = Placement::Runtimes {
+        count: Some(2),
+        cores: None,
+    };
+    let set = ChannelSet::start_on_switch(cfg, &switch, 2).expect("set");
+    let placement = set.placement();
+    for r in &placement.runtimes {
+        assert_eq!(r.core, None);
+        assert_eq!(r.cpus.as_deref(), Some(&node0[..]), "{placement}");
+    }
+    assert!(placement.to_string().contains("on cpus"), "{placement}");
+    // The threads themselves are confined (the kernel's view of the first runtime).
+    // Named after the set (its address, on a switch), cut to the kernel's 15 bytes.
+    let full = format!("nc-q-{NUMA_HOST}-0");
+    let name = &full[..full.len().min(15)];
+    let allowed = thread_cpus(name).expect("the runtime's thread");
+    assert!(
+        (0..1024).all(|c| cpulist_contains(&allowed, c) == node0.contains(&c)),
+        "{name}: {allowed} against {node0:?}"
+    );
+    // A runtime pinned to a core reports the core, not the node.
+    let id = set.add_runtime(Some(node0[0])).expect("pinned runtime");
+    let placement = set.placement();
+    let pinned = placement
+        .runtime(&DriverPlace::Runtime(id))
+        .expect("the new runtime");
+    assert_eq!((pinned.core, pinned.cpus.clone()), (Some(node0[0]), None));
+    drop(set);
+    // No node: anywhere.
+    let mut cfg = ChannelSetConfig::new("numa-any", Ipv4Addr::new(10, 9, 9, 2));
+    cfg.link.numa_node = NumaNode::Any;
+    cfg.placement = Placement::Runtimes {
+        count: Some(1),
+        cores: None,
+    };
+    let set = ChannelSet::start_on_switch(cfg, &switch, 1).expect("set");
+    assert!(set.placement().runtimes.iter().all(|r| r.cpus.is_none()));
+}
+
+/// The calling thread's `Cpus_allowed_list`.
+fn thread_cpus_of_self() -> Option<String> {
+    std::fs::read_to_string("/proc/thread-self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_string())
+}
+
+/// Whether a kernel CPU list (`0-3,8`) names `cpu`.
+fn cpulist_contains(list: &str, cpu: usize) -> bool {
+    list.trim()
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .any(|p| match p.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().unwrap(), b.parse().unwrap());
+                (a..=b).contains(&cpu)
+            }
+            None => p.parse() == Ok(cpu),
+        })
+}

@@ -185,6 +185,8 @@ mod lazy_queue;
 #[cfg(target_os = "linux")]
 mod listener;
 #[cfg(target_os = "linux")]
+mod node_cpus;
+#[cfg(target_os = "linux")]
 mod packet_set;
 #[cfg(target_os = "linux")]
 mod place;

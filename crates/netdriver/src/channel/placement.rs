@@ -107,24 +107,38 @@ pub(crate) struct QueueRuntime {
     pub(crate) handle: tokio::runtime::Handle,
     /// The core it is pinned to (`usize::MAX`: unpinned).
     core: Arc<AtomicUsize>,
+    /// The CPUs it is confined to while unpinned: the NIC's NUMA node's.
+    cpus: Option<Arc<[usize]>>,
     stop: Arc<StopSignal>,
     join: Option<JoinHandle<()>>,
 }
 
 impl QueueRuntime {
-    /// Starts a queue runtime thread named `name`, pinned to `core` when given; returns
+    /// Starts a queue runtime thread named `name`, pinned to `core` when given, else
+    /// confined to `cpus` when given (the NIC's NUMA node, [`super::node_cpus`]); returns
     /// once its runtime runs.
-    pub(crate) fn start(name: String, core: Option<usize>) -> Result<QueueRuntime, ChannelError> {
+    pub(crate) fn start(
+        name: String,
+        core: Option<usize>,
+        cpus: Option<Arc<[usize]>>,
+    ) -> Result<QueueRuntime, ChannelError> {
         let io = |op| move |source| ChannelError::Io { op, source };
         let stop = Arc::new(StopSignal::default());
         let core_cell = Arc::new(AtomicUsize::new(core.unwrap_or(usize::MAX)));
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let thread_stop = stop.clone();
         let thread_core = core_cell.clone();
+        let thread_cpus = cpus.clone();
         let join = std::thread::Builder::new()
             .name(name)
             .spawn(move || {
-                pin_to(thread_core.load(Ordering::Acquire));
+                let core = thread_core.load(Ordering::Acquire);
+                pin_to(core);
+                if let (usize::MAX, Some(cpus)) = (core, thread_cpus) {
+                    if let Err(e) = super::node_cpus::confine_current_thread(&cpus) {
+                        warn!(error = %e, ?cpus, "cannot confine the queue runtime to the NIC's NUMA node");
+                    }
+                }
                 let rt = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -158,6 +172,7 @@ impl QueueRuntime {
         Ok(QueueRuntime {
             handle,
             core: core_cell,
+            cpus,
             stop,
             join: Some(join),
         })
@@ -166,6 +181,14 @@ impl QueueRuntime {
     /// The core it is pinned to.
     pub(crate) fn core(&self) -> Option<usize> {
         Some(self.core.load(Ordering::Acquire)).filter(|&c| c != usize::MAX)
+    }
+
+    /// The CPUs it is confined to, when it is not pinned to one core.
+    pub(crate) fn cpus(&self) -> Option<Vec<usize>> {
+        match self.core() {
+            Some(_) => None,
+            None => self.cpus.as_ref().map(|c| c.to_vec()),
+        }
     }
 
     /// Pins the runtime's thread to `core` (from a task on it).
@@ -254,6 +277,9 @@ pub(crate) struct Runtimes {
     pub(crate) home: u32,
     /// Queues the watchdog moved off a stalled runtime, since the set started.
     pub(crate) rescues: u64,
+    /// The CPUs of the NIC's NUMA node this process may use: where unpinned queue
+    /// runtimes run (`None`: anywhere).
+    pub(crate) node_cpus: Option<Arc<[usize]>>,
 }
 
 impl Runtimes {

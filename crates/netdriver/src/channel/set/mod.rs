@@ -360,6 +360,8 @@ impl ChannelSet {
         let n = self.slots.len();
         let name = |id: u32| format!("nc-q-{}-{id}", self.name());
         let mut rt = self.placement.lock();
+        rt.node_cpus =
+            super::node_cpus::runtime_cpus(&self.config.ifname, self.config.link.numa_node);
         let places: Vec<DriverPlace> = match &self.config.placement {
             Placement::Runtimes { count, cores } => {
                 if cores.as_ref().is_some_and(|c| c.is_empty()) {
@@ -369,7 +371,8 @@ impl ChannelSet {
                 for i in 0..count {
                     let core = cores.as_ref().map(|c| c[i % c.len()]);
                     let id = rt.next_id;
-                    rt.own.insert(id, QueueRuntime::start(name(id), core)?);
+                    let r = QueueRuntime::start(name(id), core, rt.node_cpus.clone())?;
+                    rt.own.insert(id, r);
                     rt.next_id += 1;
                 }
                 (0..n)
@@ -378,7 +381,8 @@ impl ChannelSet {
             }
             Placement::External { name: ext, handle } => {
                 let id = rt.next_id;
-                rt.own.insert(id, QueueRuntime::start(name(id), None)?);
+                let r = QueueRuntime::start(name(id), None, rt.node_cpus.clone())?;
+                rt.own.insert(id, r);
                 rt.next_id += 1;
                 rt.external.insert(ext.clone(), handle.clone());
                 (0..n).map(|_| DriverPlace::External(ext.clone())).collect()
@@ -412,7 +416,8 @@ impl ChannelSet {
                 for i in 0..count {
                     let core = cores.as_ref().map(|c| c[i as usize % c.len()]);
                     let id = rt.next_id;
-                    rt.own.insert(id, QueueRuntime::start(name(id), core)?);
+                    let r = QueueRuntime::start(name(id), core, rt.node_cpus.clone())?;
+                    rt.own.insert(id, r);
                     rt.next_id += 1;
                 }
                 for (ext, handle) in external {

@@ -29,7 +29,11 @@ impl ChannelSet {
         }
         let mut rt = self.placement.lock();
         let id = rt.next_id;
-        let r = QueueRuntime::start(format!("nc-q-{}-{id}", self.name()), core)?;
+        let r = QueueRuntime::start(
+            format!("nc-q-{}-{id}", self.name()),
+            core,
+            rt.node_cpus.clone(),
+        )?;
         rt.own.insert(id, r);
         rt.next_id += 1;
         info!(runtime = id, ?core, "queue runtime added");
@@ -170,6 +174,7 @@ impl ChannelSet {
                     place,
                     queues: queues.iter().map(|&i| self.slots[i].queue).collect(),
                     core: r.core(),
+                    cpus: r.cpus(),
                     busy: queues.iter().map(|&i| busy(i)).sum(),
                 }
             })
@@ -181,6 +186,7 @@ impl ChannelSet {
                 place,
                 queues: queues.iter().map(|&i| self.slots[i].queue).collect(),
                 core: None,
+                cpus: None,
                 busy: queues.iter().map(|&i| busy(i)).sum(),
             });
         }
@@ -279,6 +285,10 @@ pub struct RuntimePlacement {
     pub queues: Vec<u32>,
     /// The core it is pinned to, if any (runtimes of the set only).
     pub core: Option<usize>,
+    /// The CPUs it runs on when it is not pinned: the NIC's NUMA node's that the process
+    /// may use (runtimes of the set only; `None`: anywhere).
+    #[serde(default)]
+    pub cpus: Option<Vec<usize>>,
     /// Time its queues' drivers spent in rounds since the set started (whichever runtime
     /// ran them).
     pub busy: std::time::Duration,
@@ -290,6 +300,9 @@ impl std::fmt::Display for RuntimePlacement {
         match self.core {
             Some(c) => write!(f, " core {c}")?,
             None => f.write_str(" unpinned")?,
+        }
+        if let Some(cpus) = &self.cpus {
+            write!(f, " on cpus {cpus:?}")?;
         }
         write!(f, " busy {:?}", self.busy)
     }
