@@ -24,6 +24,8 @@
 //! measurement, default 2), `NETCHANNEL_BENCH_CONNS` (default 32),
 //! `NETCHANNEL_BENCH_SAMPLES` (latency samples per case, default 5000),
 //! `NETCHANNEL_BENCH_POINTS` (which points to run, default `123`),
+//! `NETCHANNEL_BENCH_LATENCY_QUEUES=own` (point 3 under `Isolating`: the latency queues on
+//! a queue runtime of each stack's own instead of the latency application's runtime),
 //! `NETCHANNEL_BENCH_LATENCY_NICE` (point 3, `own` mode: the nice value of the latency
 //! application's threads, for both stacks; the paper's "Linux + prioritization" is -20
 //! with kernel TCP), `NETCHANNEL_BENCH_PIN_APPS` (point 3: the bulk application on every
@@ -498,9 +500,25 @@ mod run {
                 // runtime (the bulk queues stay on the bulk application's): a latency
                 // arrival is read by the runtime that waits for it, never behind a bulk
                 // round.
+                // `NETCHANNEL_BENCH_LATENCY_QUEUES=own`: on a queue runtime of each stack's
+                // own instead (a thread of their own), to
+                // compare the two placements.
+                let own =
+                    std::env::var("NETCHANNEL_BENCH_LATENCY_QUEUES").is_ok_and(|v| v == "own");
                 for s in [&pair.a, &pair.b] {
-                    s.set_latency_runtime(lat_rt.handle().clone())
-                        .expect("latency runtime");
+                    if own {
+                        let set = s.channel_set();
+                        let id = set.add_runtime(None).expect("a queue runtime");
+                        let last = *set.queues().last().expect("queues");
+                        set.move_queue(
+                            last,
+                            netchannel::netdriver::channel::DriverPlace::Runtime(id),
+                        )
+                        .expect("latency queue moved");
+                    } else {
+                        s.set_latency_runtime(lat_rt.handle().clone())
+                            .expect("latency runtime");
+                    }
                 }
             }
             // Each application listens on a port of its own and accepts on its own
