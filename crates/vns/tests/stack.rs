@@ -760,7 +760,8 @@ async fn pending_tx_bytes_cover_closed_streams_until_delivered() {
     const LEN: usize = 1 << 20;
     let (a, b) = pair(2);
     let (mut c, s) = connected(&a, &b, 7030).await;
-    assert_eq!(b.pending_tx_bytes(), 0);
+    // The handshake's own chunks are acknowledged a round later.
+    assert!(eventually(|| b.pending_tx_bytes() == 0).await);
     let data = pattern(30, LEN);
     let sent = data.clone();
     let writer = tokio::spawn(async move {
@@ -977,9 +978,8 @@ async fn a_plain_stream_whose_peer_closed_first_is_let_go_at_its_drop() {
         .unwrap()
         .unwrap();
     assert!(rest.is_empty());
-    // The answer is acknowledged once the peer's FIN (which carries the ACK) is in; the
-    // stack's published figure may lag a round behind.
-    assert!(eventually(|| b.pending_tx_bytes() == 0).await);
+    // The end of stream was read, so the segment that carried the peer's FIN (and its
+    // acknowledgement of the answer) is in the channel's figures already.
     drop(s);
     assert_eq!(
         b.closing_plain_streams(),
@@ -1301,12 +1301,46 @@ async fn dropping_the_last_handle_delivers_in_the_background() {
     assert_eq!(a.channel_count(), 0);
 }
 
+/// Stacks `a` and `b` as [`stacks`] makes them, `a` noticing within seconds a peer that
+/// stops answering (user timeout 3 s, keep-alive after 2 s idle, 2 probes 1 s apart).
+fn stacks_quick_to_notice(b_cfg: vns::Config, linger: Duration) -> (Stack, Stack) {
+    let net = MemNetwork::new();
+    let a = Stack::builder()
+        .ipv4(A)
+        .channels(2)
+        .user_timeout(Duration::from_secs(3))
+        .keepalive(Some(Duration::from_secs(2)))
+        .keepalive_interval(Duration::from_secs(1))
+        .keepalive_probes(2)
+        .build_in_memory(&net)
+        .unwrap();
+    let b = Stack::builder()
+        .ipv4(B)
+        .channels(2)
+        .vns_config(b_cfg)
+        .linger(linger)
+        .build_in_memory(&net)
+        .unwrap();
+    (a, b)
+}
+
+/// Whether `e` is how a stream learns that its peer's stack aborted: the peer's resets
+/// (`ConnectionAborted`, once the stack gives up reopening channels to it), or, where the
+/// resets were refused or lost, the channels' user timeout (`TimedOut`). A reset sent
+/// while the receiver's window is closed and its last ACKs are still on the wire carries
+/// a sequence number the receiver must drop (RFC 9293 §3.10.7.4, RFC 5961 §3.2), and the
+/// in-memory switch drops frames to a stopped host, as a host whose stack is gone would,
+/// instead of answering for it; both outcomes are an abort to the reader.
+fn is_abort(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::ConnectionAborted | ErrorKind::TimedOut)
+}
+
 /// Linger zero is the old behaviour: dropping the last handle aborts at once, and the
 /// peer loses what was not delivered; `shutdown_graceful(ZERO)` aborts too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn linger_zero_aborts_at_once() {
     const LEN: usize = 4 << 20;
-    let (a, b) = stacks(vns::Config::default(), big_buffers(), Duration::ZERO);
+    let (a, b) = stacks_quick_to_notice(big_buffers(), Duration::ZERO);
     let (mut c, mut s) = connected(&a, &b, 7108).await;
     s.write_all(&pattern(108, LEN)).await.unwrap();
     drop(s);
@@ -1323,16 +1357,10 @@ async fn linger_zero_aborts_at_once() {
         ),
     };
     assert!(got.len() < LEN, "read {} bytes", got.len());
-    assert_eq!(
-        err.expect("the stream fails").kind(),
-        ErrorKind::ConnectionAborted
-    );
+    let e = err.expect("the stream fails");
+    assert!(is_abort(&e), "{e}");
 
-    let (a, b) = stacks(
-        vns::Config::default(),
-        big_buffers(),
-        Duration::from_secs(5),
-    );
+    let (a, b) = stacks_quick_to_notice(big_buffers(), Duration::from_secs(5));
     let (mut c, mut s) = connected(&a, &b, 7109).await;
     s.write_all(&pattern(109, LEN)).await.unwrap();
     let e = b.shutdown_graceful(Duration::ZERO).await.unwrap_err();
@@ -1341,10 +1369,8 @@ async fn linger_zero_aborts_at_once() {
         .await
         .unwrap();
     assert!(got.len() < LEN, "read {} bytes", got.len());
-    assert_eq!(
-        err.expect("the stream fails").kind(),
-        ErrorKind::ConnectionAborted
-    );
+    let e = err.expect("the stream fails");
+    assert!(is_abort(&e), "{e}");
 }
 
 /// `drained` resolves once a dropped stream's bytes are delivered, woken by the stack

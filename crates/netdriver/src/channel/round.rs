@@ -138,7 +138,7 @@ impl QueueState {
             .iface
             .poll_with(now, &mut |s| stray_verdict(set, me, claims, s, true));
         w.settle_claims(book);
-        active |= w.pull_rx(book, &mut self.rxbuf);
+        active |= w.pull_rx(book, &mut self.rxbuf, now);
         active |= w.accept(book, now);
         active |= w.reap(book);
         w.publish(book, now);
@@ -209,6 +209,24 @@ impl QueueState {
         let (w, book) = (&mut self.worker, &mut self.book);
         w.die(book);
     }
+}
+
+/// Publishes a channel's figures (`Channel::stats`), unless nothing changed since the last
+/// time (most connections of a queue did nothing this round). Called at the end of every
+/// round, and before a channel's end of stream is made visible: a consumer that sees the
+/// end then also sees what the segment carrying the FIN acknowledged (a closed stream's
+/// "nothing left to deliver" check reads these figures).
+fn publish_entry(conn: &crate::tcp::Connection, e: &mut Entry, now: Instant) {
+    let mark = conn.stats_mark();
+    if e.published == Some(mark) {
+        return;
+    }
+    e.published = Some(mark);
+    let wire = WireSeq {
+        rcv_nxt: conn.rcv_nxt().0,
+        snd_nxt: conn.snd_nxt().0,
+    };
+    e.shared.publish(&conn.traffic(), wire, now);
 }
 
 /// What the stray-segment hook decides, given the directory.
@@ -496,7 +514,7 @@ impl Worker {
 
     /// Moves received bytes to each channel's sink, or into its Rx queue up to its limits;
     /// notices establishment, end of stream and failures.
-    fn pull_rx(&mut self, book: &mut Book, rxbuf: &mut BytesMut) -> bool {
+    fn pull_rx(&mut self, book: &mut Book, rxbuf: &mut BytesMut, now: Instant) -> bool {
         let mut any = false;
         for (&h, e) in book.entries.iter_mut() {
             let Some(conn) = self.iface.conn_mut(h) else {
@@ -516,7 +534,7 @@ impl Worker {
                 }
             }
             if e.sink.is_some() {
-                any |= Self::feed_sink(conn, e, rxbuf);
+                any |= Self::feed_sink(conn, e, rxbuf, now);
                 continue;
             }
             let mut moved = false;
@@ -539,6 +557,7 @@ impl Worker {
                     Ok(None) => {
                         if !e.eof {
                             e.eof = true;
+                            publish_entry(conn, e, now);
                             e.shared.finish_rx();
                             any = true;
                         }
@@ -568,7 +587,12 @@ impl Worker {
     /// sink came, then TCP's receive buffer, until the sink pauses or nothing is left;
     /// then the end of the stream once. A paused sink is offered nothing until it asks
     /// to resume. Returns whether anything moved.
-    fn feed_sink(conn: &mut crate::tcp::Connection, e: &mut Entry, rxbuf: &mut BytesMut) -> bool {
+    fn feed_sink(
+        conn: &mut crate::tcp::Connection,
+        e: &mut Entry,
+        rxbuf: &mut BytesMut,
+        now: Instant,
+    ) -> bool {
         let Some(sink) = e.sink.as_mut() else {
             return false;
         };
@@ -596,6 +620,7 @@ impl Worker {
                 Ok(None) => {
                     if !e.eof {
                         e.eof = true;
+                        publish_entry(conn, e, now);
                         e.shared.finish_rx();
                         any = true;
                     }
@@ -828,17 +853,7 @@ impl Worker {
         }
         for (&h, e) in book.entries.iter_mut() {
             if let Some(conn) = self.iface.conn(h) {
-                // Most connections of a queue did nothing this round.
-                let mark = conn.stats_mark();
-                if e.published == Some(mark) {
-                    continue;
-                }
-                e.published = Some(mark);
-                let wire = WireSeq {
-                    rcv_nxt: conn.rcv_nxt().0,
-                    snd_nxt: conn.snd_nxt().0,
-                };
-                e.shared.publish(&conn.traffic(), wire, now);
+                publish_entry(conn, e, now);
             }
         }
     }
