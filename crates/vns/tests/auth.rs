@@ -27,10 +27,19 @@ const KEY: &str = "correct horse battery staple 2026";
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn stack(net: &MemNetwork, ip: Ipv4Addr, key: Option<&str>) -> Stack {
+    stack_with_preamble_timeout(net, ip, key, Duration::from_secs(2))
+}
+
+fn stack_with_preamble_timeout(
+    net: &MemNetwork,
+    ip: Ipv4Addr,
+    key: Option<&str>,
+    preamble_timeout: Duration,
+) -> Stack {
     let mut b = Stack::builder()
         .ipv4(ip)
         .channels(2)
-        .preamble_timeout(Duration::from_secs(2));
+        .preamble_timeout(preamble_timeout);
     if let Some(k) = key {
         b = b.channel_key(k);
     }
@@ -200,7 +209,10 @@ async fn hello(evil: &Arc<ChannelSet>, nc: &[u8; 16]) -> (Channel, Vec<u8>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_and_replayed_proofs_are_refused_while_honest_peers_work() {
     let net = MemNetwork::new();
-    let b = stack(&net, B, Some(KEY));
+    // The first hello's channel must outlive the refusals that follow before its proof is
+    // sent; on a loaded machine those can take longer than the usual 2 s, so this stack
+    // waits as long as the test's own bound. No refusal below relies on a timeout.
+    let b = stack_with_preamble_timeout(&net, B, Some(KEY), LIMIT);
     let a = stack(&net, A, Some(KEY));
     let evil = Arc::new(net.host(EVIL).expect("a host on the network"));
     let nc = [0x42u8; 16];
