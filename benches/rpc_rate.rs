@@ -417,20 +417,23 @@ mod run {
             },
         );
         let max_conns = p.max_conns();
-        let (mut virt, mut kernel) = rt.block_on(async {
-            let mut v = Vec::with_capacity(max_conns);
-            let mut k = Vec::with_capacity(max_conns);
-            for _ in 0..max_conns {
-                if p.run_v {
-                    v.push(remote.virtual_conn(Op::Echo, false).await?);
+        let (mut virt, mut kernel) = rt
+            .block_on(async {
+                let mut v = Vec::with_capacity(max_conns);
+                let mut k = Vec::with_capacity(max_conns);
+                for _ in 0..max_conns {
+                    if p.run_v {
+                        v.push(remote.virtual_conn(Op::Echo, false).await?);
+                    }
+                    if p.run_k {
+                        k.push(remote.kernel_conn(Op::Echo, false).await?);
+                    }
                 }
-                if p.run_k {
-                    k.push(remote.kernel_conn(Op::Echo, false).await?);
-                }
-            }
-            Ok::<_, io::Error>((v, k))
-        })
-        .unwrap_or_else(|e| remote::fail("rpc_rate", format!("opening {max_conns} connections: {e}")));
+                Ok::<_, io::Error>((v, k))
+            })
+            .unwrap_or_else(|e| {
+                remote::fail("rpc_rate", format!("opening {max_conns} connections: {e}"))
+            });
         let stack = remote.stack.clone();
         let rates = run_rounds(&rt, p, &mut virt, &mut kernel, None, || {
             if std::env::var_os("NETCHANNEL_BENCH_STATS").is_some() {
@@ -478,10 +481,7 @@ mod run {
                 } else {
                     let per_t: Vec<f64> = t.iter().zip(v).map(|(a, b)| a / b.max(1e-9)).collect();
                     let (tlo, _, thi) = spread(&per_t);
-                    format!(
-                        "{tm:>14.0} {:>8.2} [{tlo:.2}-{thi:.2}]",
-                        tm / vm.max(1e-9)
-                    )
+                    format!("{tm:>14.0} {:>8.2} [{tlo:.2}-{thi:.2}]", tm / vm.max(1e-9))
                 };
                 println!(
                     "{size:>6} {c:>6} {vm:>14.0} {km:>14.0} {:>8.2}   [{lo:.2}-{hi:.2}]   {own}",

@@ -149,7 +149,12 @@ pub struct Remote {
 /// and `latency` latency channels) and the benches' runtime, after one checked request
 /// to each of the peer's servers (netchannel; kernel TCP when `kernel`). Any failure
 /// prints one line and exits with status 1.
-pub fn start(name: &str, channels: usize, latency: usize, kernel: bool) -> Option<(Remote, Runtime)> {
+pub fn start(
+    name: &str,
+    channels: usize,
+    latency: usize,
+    kernel: bool,
+) -> Option<(Remote, Runtime)> {
     match try_start(channels, latency, kernel) {
         Ok(r) => r,
         Err(e) => {
@@ -383,10 +388,7 @@ pub fn one_shot_body(size: usize, tag: u64) -> Vec<u8> {
 
 /// One request on a fresh [`Op::OneShot`] connection (its hello already sent, with the
 /// body's length): writes `body`, reads its echo, checks it, and the server's close.
-pub async fn one_shot<S: AsyncRead + AsyncWrite + Unpin>(
-    mut s: S,
-    body: &[u8],
-) -> io::Result<()> {
+pub async fn one_shot<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, body: &[u8]) -> io::Result<()> {
     s.write_all(body).await?;
     let mut back = vec![0u8; body.len() + 1];
     step("a one-shot request", s.read_exact(&mut back[..body.len()])).await?;
