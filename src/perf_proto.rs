@@ -207,7 +207,10 @@ impl Requests {
 
     /// One request and its response, checked: an `InvalidData` error naming the request
     /// and the connection when the response differs from the request.
-    pub async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(&mut self, s: &mut S) -> io::Result<()> {
+    pub async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        s: &mut S,
+    ) -> io::Result<()> {
         let stamp = (self.tag << 40 | self.done).to_le_bytes();
         let k = stamp.len().min(self.req.len());
         self.req[..k].copy_from_slice(&stamp[..k]);
@@ -284,4 +287,3 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         }
     }
 }
-
