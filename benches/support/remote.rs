@@ -26,7 +26,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
 
-use super::vns::{env_or, vns_config};
+use super::vns::{env_or, vns_config, wait_for_previous_stack};
 
 /// The peer's address variable.
 pub const PEER_VAR: &str = "NETCHANNEL_BENCH_PEER";
@@ -184,6 +184,9 @@ fn try_start(
         .enable_all()
         .build()
         .map_err(RemoteError::Runtime)?;
+    // A stack this process stopped before (another configuration of the same bench)
+    // detaches its program first.
+    wait_for_previous_stack(&config.iface);
     let mut b = Stack::builder()
         .interface(config.iface.clone())
         .ipv4(config.addr)
@@ -379,6 +382,29 @@ pub async fn sink_transfer<S: AsyncRead + AsyncWrite + Unpin>(
         ));
     }
     Ok(())
+}
+
+impl Remote {
+    /// One bulk transfer of `total` bytes on a fresh [`Op::Sink`] connection to the
+    /// peer's netchannel server (`kernel`: its kernel TCP server), checked by the server:
+    /// the time from the connect to the server's report, as the bed's transfers are timed
+    /// from the connect to the receiver's end of stream.
+    pub async fn timed_sink(
+        &self,
+        pattern: &Pattern,
+        total: u64,
+        kernel: bool,
+    ) -> io::Result<Duration> {
+        let t = std::time::Instant::now();
+        if kernel {
+            let s = self.kernel_conn(Op::Sink, false).await?;
+            sink_transfer(s, pattern, total).await?;
+        } else {
+            let s = self.virtual_conn(Op::Sink, false).await?;
+            sink_transfer(s, pattern, total).await?;
+        }
+        Ok(t.elapsed())
+    }
 }
 
 /// The body of a one-shot request of `size` bytes for connector `tag`.
