@@ -36,12 +36,26 @@
 //! `ab` for 500 requests, as a smoke test that checks every answer and that no request
 //! failed.
 //!
+//! Remote-peer mode: with `NETCHANNEL_BENCH_PEER=IPV4[:PORT]`,
+//! `NETCHANNEL_BENCH_INTERFACE=IFACE` and `NETCHANNEL_BENCH_ADDRESS=IPV4` set, it builds no
+//! bed and no server: each connection is an ncperf one-shot request (64 bytes echoed,
+//! checked, then the server's close) against the peer's `ncperf server --kernel -a ADDR`
+//! from kernel clients (`kernel+xdp`, the reference there: a stack runs at both ends) and
+//! its `ncperf server -i IFACE -a ADDR` from virtual streams of a stack on IFACE
+//! (`virtual→virtual`), both on PORT (default 7700). Skipped there: the client-closes-first
+//! mode (ncperf's server always closes first), `kernel` (a peer with nothing attached),
+//! `kernel→virtual` (the peer's kernel server holds its virtual listener's port) and `ab`.
+//! The first line names the peer.
+//!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
 //! `cargo bench -j1 --bench connection_setup`
 
 #[cfg(target_os = "linux")]
 #[path = "support/bed.rs"]
 mod bed;
+#[cfg(target_os = "linux")]
+#[path = "support/remote.rs"]
+mod remote;
 #[cfg(target_os = "linux")]
 #[path = "support/vns.rs"]
 mod vns;
@@ -59,7 +73,10 @@ mod run {
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use tokio::runtime::Runtime;
 
+    use netchannel::perf_proto::Op;
+
     use super::bed::median;
+    use super::remote::{self, Remote};
     use super::vns::{self, env_or};
 
     /// Request and answer size.
@@ -324,6 +341,133 @@ mod run {
         base + (round * 8 + row * 2 + mode) as u16
     }
 
+    /// `conns` client loops (on one thread) of connect + one ncperf one-shot request of
+    /// [`SIZE`] bytes (the server echoes it and closes first), `total` connections
+    /// together, every answer and close checked; connections per second.
+    async fn one_shot_clients<C, F, S>(connect: C, conns: usize, total: u64) -> io::Result<f64>
+    where
+        C: Fn() -> F + Clone + 'static,
+        F: Future<Output = io::Result<S>>,
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let start = Instant::now();
+        let local = tokio::task::LocalSet::new();
+        let next = std::rc::Rc::new(std::cell::Cell::new(0u64));
+        let mut handles: Vec<tokio::task::JoinHandle<io::Result<()>>> = Vec::with_capacity(conns);
+        for c in 0..conns {
+            let connect = connect.clone();
+            let next = next.clone();
+            handles.push(local.spawn_local(async move {
+                loop {
+                    let tag = next.get();
+                    if tag >= total {
+                        return Ok(());
+                    }
+                    next.set(tag + 1);
+                    let body = remote::one_shot_body(SIZE, tag);
+                    let what = format!("connection {tag} (client {c})");
+                    remote::step(&what, async {
+                        let s = connect().await?;
+                        remote::one_shot(s, &body).await
+                    })
+                    .await
+                    .map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))?;
+                }
+            }));
+        }
+        local
+            .run_until(async {
+                for h in handles {
+                    h.await.map_err(io::Error::other)??;
+                }
+                Ok::<(), io::Error>(())
+            })
+            .await?;
+        Ok(total as f64 / start.elapsed().as_secs_f64())
+    }
+
+    /// The remote-peer mode: `kernel+xdp` (kernel clients against `ncperf server --kernel`,
+    /// a stack attached at both ends; the reference) and `virtual→virtual` (virtual streams
+    /// of the local stack against `ncperf server`), both with ncperf's one-shot requests,
+    /// where the server closes first. Skipped: the client-closes-first mode (ncperf's
+    /// server always closes first), `kernel` (it needs a peer with nothing attached),
+    /// `kernel→virtual` (the peer's kernel server holds the same port as its virtual
+    /// listener) and `ab` (its HTTP server).
+    fn remote_main(r: Remote, total: u64, rounds: usize, conns: usize, only: &str) {
+        let on = |row: usize| only.is_empty() || only == ROWS[row];
+        println!("{}", r.banner("connection_setup"));
+        println!(
+            "connection_setup: {conns} clients, {total} connections per measurement, {rounds} \
+             rounds, {SIZE}-byte ncperf one-shot request and echo (the server closes first); \
+             the client-closes-first mode, the kernel and kernel→virtual rows and ab are \
+             skipped in remote mode (ncperf's server closes first; the peer runs a stack, and \
+             its kernel server holds the virtual listener's port)"
+        );
+        let fail = |e: io::Error| -> ! { remote::fail("connection_setup", e) };
+        let client_rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| fail(e));
+        let r = std::rc::Rc::new(r);
+        // rates[row]: per-round connections per second (server closes first).
+        let mut rates: [Vec<f64>; ROWS.len()] = Default::default();
+        for _ in 0..rounds {
+            if on(2) {
+                let rr = r.clone();
+                let rate = client_rt
+                    .block_on(one_shot_clients(
+                        move || {
+                            let rr = rr.clone();
+                            async move { rr.kernel_conn_arg(Op::OneShot, SIZE as u16, false).await }
+                        },
+                        conns,
+                        total,
+                    ))
+                    .unwrap_or_else(|e| fail(io::Error::new(e.kind(), format!("kernel+xdp: {e}"))));
+                rates[2].push(rate);
+            }
+            if on(3) {
+                let rr = r.clone();
+                let rate = client_rt
+                    .block_on(one_shot_clients(
+                        move || {
+                            let rr = rr.clone();
+                            async move {
+                                rr.virtual_conn_arg(Op::OneShot, SIZE as u16, false).await
+                            }
+                        },
+                        conns,
+                        total,
+                    ))
+                    .unwrap_or_else(|e| {
+                        fail(io::Error::new(e.kind(), format!("virtual→virtual: {e}")))
+                    });
+                rates[3].push(rate);
+            }
+        }
+        if let Ok(r) = std::rc::Rc::try_unwrap(r) {
+            r.stop();
+        }
+        println!("\nserver closes first: connections/s (median of {rounds}), ratio to kernel+xdp");
+        let reference = median(&mut rates[2].clone());
+        for (row, name) in ROWS.iter().enumerate() {
+            if rates[row].is_empty() {
+                continue;
+            }
+            let m = median(&mut rates[row].clone());
+            println!(
+                "  {name:<16} {m:>9.0}  {:>5.2}×   rounds {:?}",
+                m / reference,
+                rates[row]
+                    .iter()
+                    .map(|r| r.round() as u64)
+                    .collect::<Vec<_>>()
+            );
+        }
+        println!("\nclient closes first: skipped in remote mode (ncperf's server closes first)");
+        println!("\nab: skipped in remote mode");
+    }
+
     pub fn main() {
         let full = vns::bench_mode();
         let total: u64 = env_or(
@@ -340,6 +484,11 @@ mod run {
         let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
         let on = |row: usize| only.is_empty() || only == ROWS[row];
         let ab_on = ab_n > 0 && ab_installed();
+        if let Some((r, rt)) = remote::start("connection_setup", 0, 0, only.is_empty() || on(2)) {
+            remote_main(r, total, rounds, conns, &only);
+            drop(rt);
+            return;
+        }
         let Some((bed, rt)) = vns::bed_and_runtime("connection_setup") else {
             return;
         };

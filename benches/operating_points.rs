@@ -38,12 +38,26 @@
 //! accepts on its own runtime. Without `--bench`
 //! (`cargo test --all-targets`) it runs a small smoke version.
 //!
+//! Remote-peer mode: with `NETCHANNEL_BENCH_PEER=IPV4[:PORT]`,
+//! `NETCHANNEL_BENCH_INTERFACE=IFACE` and `NETCHANNEL_BENCH_ADDRESS=IPV4` set, it builds no
+//! bed and no server: points 1 and 2 run from a netchannel stack on IFACE (restarted with
+//! 1, 2 and 4 channels) against `ncperf server -i IFACE -a ADDR` on the peer and kernel
+//! TCP against `ncperf server --kernel -a ADDR` there, both on PORT (default 7700), with
+//! ncperf's bulk streams (every byte checked by the server) and echo requests (every
+//! response checked). Point 3 is skipped there: its rows set both stacks' scheduler and
+//! where both latency applications and their queues run, and the server's stack is
+//! another process (`ncperf client --test isolation` measures isolation between hosts).
+//! The first line names the peer.
+//!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
 //! `cargo bench -j1 --bench operating_points`
 
 #[cfg(target_os = "linux")]
 #[path = "support/bed.rs"]
 mod bed;
+#[cfg(target_os = "linux")]
+#[path = "support/remote.rs"]
+mod remote;
 #[cfg(target_os = "linux")]
 #[path = "support/vns.rs"]
 mod vns;
@@ -60,6 +74,9 @@ mod run {
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use tokio::runtime::Runtime;
 
+    use netchannel::perf_proto::{Op, Pattern, Requests};
+
+    use super::remote::{self, Remote};
     use super::vns::{self, env_or, Samples, StackPair};
 
     const STEP: Duration = Duration::from_secs(10);
@@ -634,14 +651,177 @@ mod run {
         s
     }
 
-    pub fn main() {
-        let Some((bed, rt)) = vns::bed_and_runtime("operating_points") else {
-            return;
+    /// Closed-loop ncperf echo requests of `size` bytes on every one of `streams` for
+    /// `secs`, each response checked byte for byte; requests per second.
+    fn checked_rate<S>(
+        rt: &Runtime,
+        streams: Vec<S>,
+        size: usize,
+        secs: f64,
+    ) -> std::io::Result<f64>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        rt.block_on(async move {
+            let start = Instant::now();
+            let until = start + Duration::from_secs_f64(secs);
+            let tasks: Vec<_> = streams
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut s)| {
+                    tokio::spawn(async move {
+                        let mut r = Requests::new(size, i as u64);
+                        while Instant::now() < until {
+                            let what = format!("request {} of connection {i}", r.done());
+                            remote::step(&what, r.exchange(&mut s)).await?;
+                        }
+                        remote::close_echo(s).await?;
+                        Ok::<u64, std::io::Error>(r.done())
+                    })
+                })
+                .collect();
+            let mut total = 0;
+            for t in tasks {
+                total += t.await.map_err(std::io::Error::other)??;
+            }
+            Ok(total as f64 / start.elapsed().as_secs_f64())
+        })
+    }
+
+    /// The remote-peer mode: points 1 and 2 from a local stack (restarted with 1, 2 and 4
+    /// throughput channels) against `ncperf server` on the peer, and kernel TCP against
+    /// `ncperf server --kernel` there, with ncperf's bulk streams (every byte checked by
+    /// the server) and echo requests (every response checked). Point 3 is skipped: its
+    /// rows set both stacks' scheduler and where both latency applications and their
+    /// queues run, and the server's stack is another process (`ncperf client --test
+    /// isolation` measures isolation between hosts).
+    fn remote_main(total: u64, secs: f64, conns: usize, points: &str) {
+        let pattern = Pattern::new();
+        let gbit = |d: Duration| (total * 8) as f64 / d.as_secs_f64() / 1e9;
+        let started = |ch: usize| -> Option<(Remote, Runtime)> {
+            remote::start("operating_points", ch, 0, true)
         };
+        let fail = |what: &str, e: std::io::Error| -> ! {
+            remote::fail("operating_points", format!("{what}: {e}"))
+        };
+        let mut first = true;
+        let mut banner = |r: &Remote| {
+            if first {
+                println!("{}", r.banner("operating_points"));
+                println!(
+                    "operating points against the remote peer ({} build); point 3 skipped in \
+                     remote mode (it sets both stacks' scheduler and latency placement)",
+                    if cfg!(debug_assertions) {
+                        "debug"
+                    } else {
+                        "release"
+                    }
+                );
+                first = false;
+            }
+        };
+        if points.contains('1') {
+            let mut kernel = None;
+            for ch in CHANNELS {
+                let Some((r, rt)) = started(ch) else { return };
+                banner(&r);
+                let k = *kernel.get_or_insert_with(|| {
+                    let d = rt
+                        .block_on(r.timed_sink(&pattern, total, true))
+                        .unwrap_or_else(|e| fail("kernel bulk stream", e));
+                    println!(
+                        "## 1. One application thread, many cores: one stream, {} MB",
+                        total >> 20
+                    );
+                    println!("| channels | VirtualStream Gbit/s | kernel TCP Gbit/s | ratio |");
+                    println!("|---|---|---|---|");
+                    gbit(d)
+                });
+                let d = rt
+                    .block_on(r.timed_sink(&pattern, total, false))
+                    .unwrap_or_else(|e| fail("virtual bulk stream", e));
+                let v = gbit(d);
+                println!("| {ch} | {v:.2} | {k:.2} | {:.2} |", v / k);
+                r.stop();
+            }
+        }
+        if points.contains('2') {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let mut lines = Vec::new();
+            for size in [64usize, 4096] {
+                let mut kernel = None;
+                let mut base = None;
+                for ch in CHANNELS {
+                    let Some((r, rt)) = started(ch) else { return };
+                    banner(&r);
+                    let k = match kernel {
+                        Some(k) => k,
+                        None => {
+                            let streams = rt
+                                .block_on(async {
+                                    let mut v = Vec::with_capacity(conns);
+                                    for _ in 0..conns {
+                                        v.push(r.kernel_conn(Op::Echo, false).await?);
+                                    }
+                                    Ok(v)
+                                })
+                                .unwrap_or_else(|e| fail("kernel connections", e));
+                            let k = checked_rate(&rt, streams, size, secs)
+                                .unwrap_or_else(|e| fail("kernel requests", e));
+                            *kernel.insert(k)
+                        }
+                    };
+                    let streams = rt
+                        .block_on(async {
+                            let mut v = Vec::with_capacity(conns);
+                            for _ in 0..conns {
+                                v.push(r.virtual_conn(Op::Echo, false).await?);
+                            }
+                            Ok(v)
+                        })
+                        .unwrap_or_else(|e| fail("virtual connections", e));
+                    let v = checked_rate(&rt, streams, size, secs)
+                        .unwrap_or_else(|e| fail("virtual requests", e));
+                    let b = *base.get_or_insert(v);
+                    lines.push(format!(
+                        "| {size} B | {ch} | {v:.0} | {:.0} | {k:.0} | {:.2} | {:.2} |",
+                        v / cores as f64,
+                        v / k,
+                        v / b
+                    ));
+                    r.stop();
+                }
+            }
+            println!(
+                "\n## 2. Short messages scale with channels: {conns} connections, closed loop, {cores} cores (this host)"
+            );
+            println!("| size | channels | VirtualStream req/s | per core | kernel req/s | ratio | vs 1 channel |");
+            println!("|---|---|---|---|---|---|---|");
+            for l in lines {
+                println!("{l}");
+            }
+        }
+        if points.contains('3') {
+            println!(
+                "\n## 3. Isolation: skipped in remote mode (it sets both stacks' scheduler and \
+                 where both latency applications and their queues run; `ncperf client --test \
+                 isolation` measures it between hosts)"
+            );
+        }
+    }
+
+    pub fn main() {
         let bench = vns::bench_mode();
         let total: u64 = env_or("NETCHANNEL_BENCH_MB", if bench { 200u64 } else { 8 }) << 20;
         let secs: f64 = env_or("NETCHANNEL_BENCH_SECS", if bench { 2.0 } else { 0.2 });
         let conns: usize = env_or("NETCHANNEL_BENCH_CONNS", if bench { 32 } else { 4 });
+        if std::env::var_os(remote::PEER_VAR).is_some() {
+            let points: String = env_or("NETCHANNEL_BENCH_POINTS", "123".to_string());
+            return remote_main(total, secs, conns, &points);
+        }
+        let Some((bed, rt)) = vns::bed_and_runtime("operating_points") else {
+            return;
+        };
         println!(
             "operating points on the bed ({} queues, MTU 1500; {} build)",
             vns::bed_queues(),

@@ -33,6 +33,15 @@
 //! Without `--bench` (`cargo test --all-targets`) it runs 1 and 8 connections for 0.1 s
 //! each, as a smoke test that checks every response.
 //!
+//! Remote-peer mode: with `NETCHANNEL_BENCH_PEER=IPV4[:PORT]`,
+//! `NETCHANNEL_BENCH_INTERFACE=IFACE` and `NETCHANNEL_BENCH_ADDRESS=IPV4` set, it builds no
+//! bed and no server: one netchannel stack on IFACE runs the client side against
+//! `ncperf server -i IFACE -a ADDR` (virtual streams) and `ncperf server --kernel -a ADDR`
+//! (kernel TCP) on the peer, both on PORT (default 7700), with ncperf's hello and
+//! requests, every response checked byte for byte. The first line names the peer. The
+//! `vs_own_runtimes` column is skipped (it moves the queues of both stacks, and the
+//! server's is in another process), and the CPU table is the client process's alone.
+//!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
 //! `cargo bench -j1 --bench rpc_rate`
 
@@ -40,18 +49,24 @@
 #[path = "support/bed.rs"]
 mod bed;
 #[cfg(target_os = "linux")]
+#[path = "support/remote.rs"]
+mod remote;
+#[cfg(target_os = "linux")]
 #[path = "support/vns.rs"]
 mod vns;
 
 #[cfg(target_os = "linux")]
 mod run {
+    use std::io;
     use std::time::{Duration, Instant};
 
+    use netchannel::perf_proto::{Op, Requests};
     use netchannel::VirtualStream;
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use tokio::net::TcpStream;
     use tokio::runtime::Runtime;
 
+    use super::remote::{self, Remote};
     use super::vns::{self, env_or, spread, StackPair};
 
     /// Longest wait for one exchange before the bench gives up.
@@ -73,32 +88,31 @@ mod run {
         let _ = s.shutdown().await;
     }
 
-    /// Closed-loop requests of `size` bytes on `s` until `until`; returns the stream and
-    /// the number of verified responses.
+    /// Closed-loop requests of `size` bytes on `s` until `until` (ncperf's requests, each
+    /// response checked byte for byte); returns the stream and the number of verified
+    /// responses, or the first failed exchange.
     async fn client<S: AsyncRead + AsyncWrite + Unpin>(
         mut s: S,
         size: usize,
         until: Instant,
         tag: u64,
-    ) -> (S, u64) {
-        let mut req: Vec<u8> = (0..size).map(|i| (i as u8) ^ (tag as u8)).collect();
-        let mut resp = vec![0u8; size];
-        let mut done = 0u64;
+    ) -> (S, io::Result<u64>) {
+        let mut r = Requests::new(size, tag);
         while Instant::now() < until {
-            let stamp = (tag << 40 | done).to_le_bytes();
-            let k = stamp.len().min(size);
-            req[..k].copy_from_slice(&stamp[..k]);
-            tokio::time::timeout(STEP, async {
-                s.write_all(&req).await?;
-                s.read_exact(&mut resp).await
-            })
-            .await
-            .expect("exchange timed out")
-            .expect("exchange");
-            assert!(resp == req, "response {done} of connection {tag} differs");
-            done += 1;
+            let done = r.done();
+            let exchange = tokio::time::timeout(STEP, r.exchange(&mut s)).await;
+            let failed = match exchange {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e,
+                Err(_) => io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("request {done} of connection {tag}: no answer within {STEP:?}"),
+                ),
+            };
+            return (s, Err(failed));
         }
-        (s, done)
+        let done = r.done();
+        (s, Ok(done))
     }
 
     /// The process's user and system CPU time so far, µs (both stacks, their threads, the
@@ -130,18 +144,18 @@ mod run {
     };
 
     /// Runs `client` on the first `n` streams at once for `secs`; returns requests/s and
-    /// CPU time per request.
+    /// CPU time per request, or the first exchange that failed.
     fn measure<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         rt: &Runtime,
         streams: &mut Vec<S>,
         n: usize,
         size: usize,
         secs: f64,
-    ) -> Rate {
+    ) -> io::Result<Rate> {
         let mut rest = streams.split_off(n);
         let taken = std::mem::take(streams);
         let (u0, s0) = cpu_us();
-        let (back, total, elapsed) = rt.block_on(async move {
+        let (back, total, elapsed, first_err) = rt.block_on(async move {
             let start = Instant::now();
             let until = start + Duration::from_secs_f64(secs);
             let tasks: Vec<_> = taken
@@ -151,22 +165,31 @@ mod run {
                 .collect();
             let mut back = Vec::with_capacity(tasks.len());
             let mut total = 0;
+            let mut first_err = None;
             for t in tasks {
                 let (s, done) = t.await.expect("client task");
                 back.push(s);
-                total += done;
+                match done {
+                    Ok(n) => total += n,
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
             }
-            (back, total, start.elapsed())
+            (back, total, start.elapsed(), first_err)
         });
         let (u1, s1) = cpu_us();
         *streams = back;
         streams.append(&mut rest);
+        if let Some(e) = first_err {
+            return Err(e);
+        }
         let done = (total as f64).max(1.0);
-        Rate {
+        Ok(Rate {
             per_s: total as f64 / elapsed.as_secs_f64(),
             user_us: (u1 - u0) / done,
             sys_us: (s1 - s0) / done,
-        }
+        })
     }
 
     fn list(name: &str, default: &str) -> Vec<usize> {
@@ -177,23 +200,130 @@ mod run {
             .collect()
     }
 
+    /// The bench's settings, from the environment.
+    struct Params {
+        secs: f64,
+        rounds: usize,
+        channels: usize,
+        conns: Vec<usize>,
+        sizes: Vec<usize>,
+        run_v: bool,
+        run_k: bool,
+        own_runtimes: bool,
+    }
+
+    impl Params {
+        fn from_env() -> Params {
+            let full = vns::bench_mode();
+            // For profiling one side: `virtual` or `kernel` skips the other's measurements.
+            let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
+            Params {
+                secs: env_or("NETCHANNEL_BENCH_SECS", if full { 2.0 } else { 0.1 }),
+                rounds: env_or("NETCHANNEL_BENCH_ROUNDS", if full { 3 } else { 1 }).max(1),
+                // 0: the stack's default.
+                channels: env_or("NETCHANNEL_BENCH_CHANNELS", 0),
+                conns: list(
+                    "NETCHANNEL_BENCH_CONNS",
+                    if full { "1,8,32,128" } else { "1,8" },
+                ),
+                sizes: list("NETCHANNEL_BENCH_SIZES", "64,4096"),
+                run_v: only != "kernel",
+                run_k: only != "virtual",
+                // `NETCHANNEL_BENCH_OWN_RUNTIMES=0` skips the third measurement.
+                own_runtimes: env_or("NETCHANNEL_BENCH_OWN_RUNTIMES", 1u8) != 0,
+            }
+        }
+
+        fn max_conns(&self) -> usize {
+            self.conns.iter().copied().max().unwrap_or(1)
+        }
+    }
+
+    /// rates[size][conns] = (virtual per round, kernel per round, virtual with every
+    /// queue on a runtime of its stack's own per round)
+    type Rates = Vec<Vec<(Vec<Rate>, Vec<Rate>, Vec<Rate>)>>;
+
+    /// A failed measurement stops the bench with one line.
+    fn ok<T>(r: io::Result<T>) -> T {
+        r.unwrap_or_else(|e| remote::fail("rpc_rate", e))
+    }
+
+    /// The measurement rounds over `virt` and `kernel`; the own-runtimes column where
+    /// `pair` holds both stacks (the local bed); `after_round` after each round.
+    fn run_rounds(
+        rt: &Runtime,
+        p: &Params,
+        virt: &mut Vec<VirtualStream>,
+        kernel: &mut Vec<TcpStream>,
+        pair: Option<&StackPair>,
+        after_round: impl Fn(),
+    ) -> Rates {
+        let (run_v, run_k, secs) = (p.run_v, p.run_k, p.secs);
+        let max_conns = p.max_conns();
+        // Warm-up: every connection once, of each kind measured (a profile of one side
+        // then holds none of the other's requests).
+        if run_v {
+            ok(measure(rt, virt, max_conns, 64, secs.min(0.2)));
+        }
+        if run_k {
+            ok(measure(rt, kernel, max_conns, 64, secs.min(0.2)));
+        }
+        let mut rates: Rates =
+            vec![vec![(Vec::new(), Vec::new(), Vec::new()); p.conns.len()]; p.sizes.len()];
+        for round in 0..p.rounds {
+            let t = Instant::now();
+            for (si, &size) in p.sizes.iter().enumerate() {
+                for (ci, &c) in p.conns.iter().enumerate() {
+                    let mut v = |rt: &Runtime| {
+                        if run_v {
+                            ok(measure(rt, virt, c, size, secs))
+                        } else {
+                            NO_RATE
+                        }
+                    };
+                    let mut k = |rt: &Runtime| {
+                        if run_k {
+                            ok(measure(rt, kernel, c, size, secs))
+                        } else {
+                            NO_RATE
+                        }
+                    };
+                    let (v, k) = if round % 2 == 0 {
+                        let v = v(rt);
+                        (v, k(rt))
+                    } else {
+                        let k = k(rt);
+                        (v(rt), k)
+                    };
+                    // The same streams with every queue on a runtime of its stack's own.
+                    let t = match pair {
+                        Some(pair) if run_v && p.own_runtimes => {
+                            let placed = pair.own_runtimes();
+                            let t = ok(measure(rt, virt, c, size, secs));
+                            pair.place_back(placed);
+                            t
+                        }
+                        _ => NO_RATE,
+                    };
+                    rates[si][ci].0.push(v);
+                    rates[si][ci].1.push(k);
+                    rates[si][ci].2.push(t);
+                }
+            }
+            println!("round {round} done in {:.1} s", t.elapsed().as_secs_f64());
+            after_round();
+        }
+        rates
+    }
+
     pub fn main() {
-        let full = vns::bench_mode();
-        let secs: f64 = env_or("NETCHANNEL_BENCH_SECS", if full { 2.0 } else { 0.1 });
-        let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", if full { 3 } else { 1 }).max(1);
-        // 0: the stack's default.
-        let channels: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 0);
-        let conns = list(
-            "NETCHANNEL_BENCH_CONNS",
-            if full { "1,8,32,128" } else { "1,8" },
-        );
-        let sizes = list("NETCHANNEL_BENCH_SIZES", "64,4096");
-        // For profiling one side: `virtual` or `kernel` skips the other's measurements.
-        let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
-        let (run_v, run_k) = (only != "kernel", only != "virtual");
-        // `NETCHANNEL_BENCH_OWN_RUNTIMES=0` skips the third measurement.
-        let own_runtimes = env_or("NETCHANNEL_BENCH_OWN_RUNTIMES", 1u8) != 0;
-        let max_conns = conns.iter().copied().max().unwrap_or(1);
+        let p = Params::from_env();
+        if let Some((remote, rt)) = remote::start("rpc_rate", p.channels, 0, p.run_k) {
+            return remote_main(&p, remote, rt);
+        }
+        let (secs, rounds, channels) = (p.secs, p.rounds, p.channels);
+        let (conns, sizes) = (&p.conns, &p.sizes);
+        let max_conns = p.max_conns();
         let Some((bed, rt)) = vns::bed_and_runtime("rpc_rate") else {
             return;
         };
@@ -238,58 +368,7 @@ mod run {
             }
             v
         });
-        // Warm-up: every connection once, of each kind measured (a profile of one side
-        // then holds none of the other's requests).
-        if run_v {
-            measure(&rt, &mut virt, max_conns, 64, secs.min(0.2));
-        }
-        if run_k {
-            measure(&rt, &mut kernel, max_conns, 64, secs.min(0.2));
-        }
-
-        // rates[size][conns] = (virtual per round, kernel per round, virtual with every
-        // queue on a runtime of its stack's own per round)
-        let mut rates = vec![vec![(Vec::new(), Vec::new(), Vec::new()); conns.len()]; sizes.len()];
-        for round in 0..rounds {
-            let t = Instant::now();
-            for (si, &size) in sizes.iter().enumerate() {
-                for (ci, &c) in conns.iter().enumerate() {
-                    let mut v = |rt: &Runtime| {
-                        if run_v {
-                            measure(rt, &mut virt, c, size, secs)
-                        } else {
-                            NO_RATE
-                        }
-                    };
-                    let mut k = |rt: &Runtime| {
-                        if run_k {
-                            measure(rt, &mut kernel, c, size, secs)
-                        } else {
-                            NO_RATE
-                        }
-                    };
-                    let (v, k) = if round % 2 == 0 {
-                        let v = v(&rt);
-                        (v, k(&rt))
-                    } else {
-                        let k = k(&rt);
-                        (v(&rt), k)
-                    };
-                    // The same streams with every queue on a runtime of its stack's own.
-                    let t = if run_v && own_runtimes {
-                        let placed = pair.own_runtimes();
-                        let t = measure(&rt, &mut virt, c, size, secs);
-                        pair.place_back(placed);
-                        t
-                    } else {
-                        NO_RATE
-                    };
-                    rates[si][ci].0.push(v);
-                    rates[si][ci].1.push(k);
-                    rates[si][ci].2.push(t);
-                }
-            }
-            println!("round {round} done in {:.1} s", t.elapsed().as_secs_f64());
+        let rates = run_rounds(&rt, &p, &mut virt, &mut kernel, Some(&pair), || {
             if std::env::var_os("NETCHANNEL_BENCH_STATS").is_some() {
                 for (n, st) in [("A", &pair.a), ("B", &pair.b)] {
                     let json = serde_json::to_string(&st.stats()).unwrap_or_default();
@@ -304,7 +383,7 @@ mod run {
                     }
                 }
             }
-        }
+        });
         rt.block_on(async {
             for s in virt.iter_mut() {
                 let _ = s.shutdown().await;
@@ -315,7 +394,70 @@ mod run {
         });
         drop((virt, kernel));
         pair.stop();
+        print_tables(&p, &rates, false);
+    }
 
+    /// The remote-peer mode: the same measurements from one local stack against an
+    /// `ncperf server` (netchannel) and an `ncperf server --kernel` on the peer, both
+    /// echoing (ncperf's `Echo` connections). The own-runtimes column is skipped: it
+    /// moves the queues of both stacks, and the server's stack is in another process.
+    fn remote_main(p: &Params, remote: Remote, rt: Runtime) {
+        let (secs, rounds, conns, sizes) = (p.secs, p.rounds, &p.conns, &p.sizes);
+        println!("{}", remote.banner("rpc_rate"));
+        println!(
+            "rpc_rate: closed loop, {secs} s per measurement, {rounds} rounds, sizes {sizes:?}, \
+             connections {conns:?}, {} channels per peer ({}; NETCHANNEL_BENCH_CHANNELS); \
+             vs_own_runtimes skipped in remote mode (it moves both stacks' queues); CPU time \
+             is this process's only (the client side)",
+            remote.stack.channels_per_peer(),
+            if p.channels == 0 {
+                "the stack's default"
+            } else {
+                "set"
+            },
+        );
+        let max_conns = p.max_conns();
+        let (mut virt, mut kernel) = rt
+            .block_on(async {
+                let mut v = Vec::with_capacity(max_conns);
+                let mut k = Vec::with_capacity(max_conns);
+                for _ in 0..max_conns {
+                    if p.run_v {
+                        v.push(remote.virtual_conn(Op::Echo, false).await?);
+                    }
+                    if p.run_k {
+                        k.push(remote.kernel_conn(Op::Echo, false).await?);
+                    }
+                }
+                Ok::<_, io::Error>((v, k))
+            })
+            .unwrap_or_else(|e| {
+                remote::fail("rpc_rate", format!("opening {max_conns} connections: {e}"))
+            });
+        let stack = remote.stack.clone();
+        let rates = run_rounds(&rt, p, &mut virt, &mut kernel, None, || {
+            if std::env::var_os("NETCHANNEL_BENCH_STATS").is_some() {
+                let json = serde_json::to_string(&stack.stats()).unwrap_or_default();
+                println!("stats (local stack): {json}");
+            }
+        });
+        let closed = rt.block_on(async {
+            for s in virt {
+                remote::close_echo(s).await?;
+            }
+            for s in kernel {
+                remote::close_echo(s).await?;
+            }
+            Ok::<_, io::Error>(())
+        });
+        remote.stop();
+        ok(closed);
+        print_tables(p, &rates, true);
+    }
+
+    /// The summary tables: requests/s and their ratios, CPU per request.
+    fn print_tables(p: &Params, rates: &Rates, remote: bool) {
+        let (rounds, conns, sizes) = (p.rounds, &p.conns, &p.sizes);
         println!();
         println!(
             "rpc_rate summary (requests/s, median of {rounds} rounds; ratio = virtual / kernel):"
@@ -334,19 +476,28 @@ mod run {
                 let (_, tm, _) = spread(t);
                 let per: Vec<f64> = v.iter().zip(k).map(|(a, b)| a / b.max(1e-9)).collect();
                 let (lo, _, hi) = spread(&per);
-                let per_t: Vec<f64> = t.iter().zip(v).map(|(a, b)| a / b.max(1e-9)).collect();
-                let (tlo, _, thi) = spread(&per_t);
+                let own = if remote {
+                    format!("{:>14} {:>8} [skipped: remote]", "-", "-")
+                } else {
+                    let per_t: Vec<f64> = t.iter().zip(v).map(|(a, b)| a / b.max(1e-9)).collect();
+                    let (tlo, _, thi) = spread(&per_t);
+                    format!("{tm:>14.0} {:>8.2} [{tlo:.2}-{thi:.2}]", tm / vm.max(1e-9))
+                };
                 println!(
-                    "{size:>6} {c:>6} {vm:>14.0} {km:>14.0} {:>8.2}   [{lo:.2}-{hi:.2}]   {tm:>14.0} {:>8.2} [{tlo:.2}-{thi:.2}]",
+                    "{size:>6} {c:>6} {vm:>14.0} {km:>14.0} {:>8.2}   [{lo:.2}-{hi:.2}]   {own}",
                     vm / km.max(1e-9),
-                    tm / vm.max(1e-9)
                 );
             }
         }
         println!();
         println!(
             "CPU per request (µs of process time, user + system, median of {rounds} rounds; \
-             ratio = virtual / kernel, lower is better):"
+             ratio = virtual / kernel, lower is better{}):",
+            if remote {
+                "; this process only, the client side"
+            } else {
+                ""
+            }
         );
         println!(
             "{:>6} {:>6} {:>22} {:>22} {:>8}",

@@ -34,6 +34,15 @@
 //! Without `--bench` (`cargo test --all-targets`) it runs one round of 2 MiB transfers,
 //! as a smoke test.
 //!
+//! Remote-peer mode: with `NETCHANNEL_BENCH_PEER=IPV4[:PORT]`,
+//! `NETCHANNEL_BENCH_INTERFACE=IFACE` and `NETCHANNEL_BENCH_ADDRESS=IPV4` set, it builds no
+//! bed and no server: a netchannel stack on IFACE (1, then N channels) sends each transfer
+//! as an ncperf bulk stream to `ncperf server -i IFACE -a ADDR` (`virtual_stream`) and
+//! `ncperf server --kernel -a ADDR` (`kernel_xdp_attached`) on the peer, port PORT
+//! (default 7700), every byte checked by the server. `raw_channel`, `raw_channel_copy`
+//! and `kernel_nothing_attached` are skipped there (they need the server's channel set in
+//! this process, or a peer with no stack attached); the first line names the peer.
+//!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
 //! `cargo bench -j1 --bench vns_goodput`
 
@@ -41,14 +50,78 @@
 #[path = "support/bed.rs"]
 mod bed;
 #[cfg(target_os = "linux")]
+#[path = "support/remote.rs"]
+mod remote;
+#[cfg(target_os = "linux")]
 #[path = "support/vns.rs"]
 mod vns;
 
 #[cfg(target_os = "linux")]
 mod run {
 
+    use netchannel::perf_proto::Pattern;
+
     use super::bed::gbps;
+    use super::remote;
     use super::vns::{self, env_or, kernel_transfer, Phase, StackBench};
+
+    /// The remote-peer mode: per channel configuration, one local stack (restarted with
+    /// 1, then N throughput channels) sends `total` bytes of ncperf's pattern to
+    /// `ncperf server` (`virtual_stream`) and to `ncperf server --kernel`
+    /// (`kernel_xdp_attached`: both ends run a stack, so both have its program attached),
+    /// each stream checked byte for byte by the server. `raw_channel`, `raw_channel_copy`
+    /// and `kernel_nothing_attached` are skipped: the first two need a channel sink in the
+    /// server's process, the third a peer with no stack attached.
+    fn remote_main(total: u64, rounds: usize, configs: &[usize], on: impl Fn(&str) -> bool) {
+        let pattern = Pattern::new();
+        let mut phases = Vec::new();
+        let mut first = true;
+        for &channels in configs {
+            let Some((r, rt)) =
+                remote::start("vns_goodput", channels, 0, on("kernel_xdp_attached"))
+            else {
+                return;
+            };
+            if first {
+                println!("{}", r.banner("vns_goodput"));
+                println!(
+                    "vns_goodput: {} MiB per transfer, {rounds} rounds; raw_channel, \
+                     raw_channel_copy and kernel_nothing_attached skipped in remote mode (they \
+                     need the server's channel set in this process, or no stack on the peer)",
+                    total >> 20
+                );
+                first = false;
+            }
+            let mut phase = Phase::default();
+            for round in 0..rounds {
+                let mut line = format!("{channels} channel(s), round {round}:");
+                for (name, kernel) in [("virtual_stream", false), ("kernel_xdp_attached", true)] {
+                    if !on(name) {
+                        continue;
+                    }
+                    let d = rt
+                        .block_on(r.timed_sink(&pattern, total, kernel))
+                        .unwrap_or_else(|e| remote::fail("vns_goodput", format!("{name}: {e}")));
+                    let g = gbps(total, d);
+                    phase.add(name, g);
+                    line += &format!("  {name} {g:.3}");
+                }
+                println!("{line} Gbit/s");
+            }
+            r.stop();
+            phases.push((channels, phase));
+        }
+        println!();
+        println!(
+            "vns_goodput summary ({} MiB per transfer, remote peer):",
+            total >> 20
+        );
+        for (channels, phase) in &phases {
+            phase.print(&format!(
+                "local stack with {channels} throughput channel(s) per peer:"
+            ));
+        }
+    }
 
     pub fn main() {
         // `cargo test --all-targets`: one small round of each, as a smoke test.
@@ -61,6 +134,11 @@ mod run {
         let many: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 4);
         let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
         let on = |name: &str| only.split(',').any(|o| name.contains(o));
+        if std::env::var_os(remote::PEER_VAR).is_some() {
+            let mut configs = vec![1, many];
+            configs.dedup();
+            return remote_main(total, rounds, &configs, on);
+        }
         let Some((bed, rt)) = vns::bed_and_runtime("vns_goodput") else {
             return;
         };

@@ -34,6 +34,16 @@
 //! Without `--bench` (`cargo test --all-targets`) it takes 200 samples each, as a smoke
 //! test.
 //!
+//! Remote-peer mode: with `NETCHANNEL_BENCH_PEER=IPV4[:PORT]`,
+//! `NETCHANNEL_BENCH_INTERFACE=IFACE` and `NETCHANNEL_BENCH_ADDRESS=IPV4` set, it builds no
+//! bed and no server: a netchannel stack on IFACE pings ncperf's 4 KB echo requests (each
+//! response checked byte for byte) to `ncperf server -i IFACE -a ADDR` on the peer
+//! (`virtual_stream` on PORT, default 7700; `virtual_stream_latency` on its latency
+//! application's port PORT+1) and to `ncperf server --kernel -a ADDR`
+//! (`kernel_xdp_attached`). `kernel_nothing_attached`, `raw_channel` and
+//! `virtual_stream_own_runtimes` are skipped there (they need a peer with no stack, or the
+//! server's stack in this process); the first line names the peer.
+//!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
 //! `cargo bench -j1 --bench vns_latency`
 
@@ -41,6 +51,9 @@
 #[cfg(target_os = "linux")]
 #[path = "support/bed.rs"]
 mod bed;
+#[cfg(target_os = "linux")]
+#[path = "support/remote.rs"]
+mod remote;
 #[cfg(target_os = "linux")]
 #[path = "support/vns.rs"]
 mod vns;
@@ -58,6 +71,9 @@ mod run {
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use tokio::runtime::Runtime;
 
+    use netchannel::perf_proto::{Op, Requests};
+
+    use super::remote::{self, Remote};
     use super::vns::{self, env_or, Samples, StackPair};
 
     /// Request and response size.
@@ -311,6 +327,128 @@ mod run {
         );
     }
 
+    /// `n` exchanges of ncperf's `MSG`-byte requests on `s` (in a runtime task), each
+    /// response checked byte for byte against its request; returns the stream and the
+    /// samples, or the first exchange that failed.
+    fn checked_ping_pong<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        rt: &Runtime,
+        s: S,
+        n: usize,
+        samples: Samples,
+    ) -> std::io::Result<(S, Samples)> {
+        rt.block_on(async move {
+            tokio::spawn(async move {
+                let (mut s, mut samples) = (s, samples);
+                let mut r = Requests::new(MSG, 0);
+                let slow = slow_threshold();
+                for _ in 0..n {
+                    let t = Instant::now();
+                    let what = format!("request {}", r.done());
+                    remote::step(&what, r.exchange(&mut s)).await?;
+                    let took = t.elapsed();
+                    samples.push(took);
+                    if slow.is_some_and(|d| took >= d) {
+                        print_slow(took);
+                    }
+                }
+                Ok((s, samples))
+            })
+            .await
+            .expect("client task")
+        })
+    }
+
+    /// The remote-peer mode: ping-pong against `ncperf server` (`virtual_stream` on its
+    /// main port; `virtual_stream_latency`, latency class before the connect, on its
+    /// latency application's port) and `ncperf server --kernel` (`kernel_xdp_attached`:
+    /// both ends run a stack). Skipped: `kernel_nothing_attached` (the peer runs a stack),
+    /// `raw_channel` (a channel echo in the server's process) and
+    /// `virtual_stream_own_runtimes` (it moves the server's queues too).
+    fn remote_main(r: Remote, rt: Runtime, per_round: usize, rounds: usize, warm_up: usize) {
+        let fail = |e: std::io::Error| -> ! { remote::fail("vns_latency", e) };
+        println!("{}", r.banner("vns_latency"));
+        println!(
+            "vns_latency: {} samples per measurement in {rounds} rounds, 4 KB each way \
+             (ncperf echo requests, each response checked); kernel_nothing_attached, \
+             raw_channel and virtual_stream_own_runtimes skipped in remote mode (they need \
+             no stack on the peer, or the server's stack in this process)",
+            per_round * rounds,
+        );
+        let channels = r.stack.channels_per_peer();
+        let (vs, vl, ks) = rt
+            .block_on(async {
+                let vs = r.virtual_conn(Op::Echo, false).await?;
+                let vl = r.virtual_conn(Op::Echo, true).await?;
+                let ks = r.kernel_conn(Op::Echo, false).await?;
+                Ok((vs, vl, ks))
+            })
+            .unwrap_or_else(|e| fail(e));
+        let warm = |s, n| checked_ping_pong(&rt, s, n, Samples::default()).map(|(s, _)| s);
+        let mut vs = warm(vs, warm_up).unwrap_or_else(|e| fail(e));
+        let mut vl = warm(vl, warm_up).unwrap_or_else(|e| fail(e));
+        let mut ks = checked_ping_pong(&rt, ks, warm_up, Samples::default())
+            .unwrap_or_else(|e| fail(e))
+            .0;
+        let mut vs_s = Samples::with_capacity(per_round * rounds);
+        let mut vl_s = Samples::with_capacity(per_round * rounds);
+        let mut ks_s = Samples::with_capacity(per_round * rounds);
+        let only = std::env::var("NETCHANNEL_BENCH_ONLY").ok();
+        let wanted = |name: &str| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|w| w.trim() == name))
+        };
+        for round in 0..rounds {
+            let t = Instant::now();
+            if wanted("virtual_stream") {
+                mark("virtual_stream", "begins");
+                (vs, vs_s) =
+                    checked_ping_pong(&rt, vs, per_round, vs_s).unwrap_or_else(|e| fail(e));
+                mark("virtual_stream", "ends");
+            }
+            if wanted("virtual_stream_latency") {
+                mark("virtual_stream_latency", "begins");
+                (vl, vl_s) =
+                    checked_ping_pong(&rt, vl, per_round, vl_s).unwrap_or_else(|e| fail(e));
+                mark("virtual_stream_latency", "ends");
+            }
+            if wanted("kernel_xdp_attached") {
+                mark("kernel_xdp_attached", "begins");
+                (ks, ks_s) =
+                    checked_ping_pong(&rt, ks, per_round, ks_s).unwrap_or_else(|e| fail(e));
+                mark("kernel_xdp_attached", "ends");
+            }
+            println!("round {round} done in {:.1} s", t.elapsed().as_secs_f64());
+        }
+        rt.block_on(async {
+            remote::close_echo(vs).await?;
+            remote::close_echo(vl).await?;
+            remote::close_echo(ks).await
+        })
+        .unwrap_or_else(|e| fail(e));
+        r.stop();
+
+        println!();
+        println!(
+            "vns_latency summary (remote peer; local stack with {channels} throughput + 1 \
+             latency channel):"
+        );
+        let mut rows = vec![
+            Row {
+                name: "kernel_xdp_attached",
+                samples: ks_s,
+            },
+            Row {
+                name: "virtual_stream",
+                samples: vs_s,
+            },
+            Row {
+                name: "virtual_stream_latency",
+                samples: vl_s,
+            },
+        ];
+        print(&mut rows);
+    }
+
     pub fn main() {
         // `cargo test --all-targets`: a few exchanges of each, as a smoke test.
         let full = vns::bench_mode();
@@ -320,6 +458,9 @@ mod run {
         // 0: the stack's default.
         let channels: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 0);
         let per_round = total.div_ceil(rounds);
+        if let Some((r, rt)) = remote::start("vns_latency", channels, 1, true) {
+            return remote_main(r, rt, per_round, rounds, warm_up);
+        }
         let Some((bed, rt)) = vns::bed_and_runtime("vns_latency") else {
             return;
         };

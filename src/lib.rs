@@ -32,6 +32,11 @@
 //! Without privileges, stacks run on an in-memory network
 //! ([`vns::stack::MemNetwork`], [`Stack::pair_in_memory`]).
 
+/// The `ncperf` wire protocol (hello, requests and their checks, the bulk pattern and the
+/// server's side), shared by the `ncperf` binary and the benches' remote-peer mode.
+#[doc(hidden)]
+pub mod perf_proto;
+
 pub use netdriver;
 pub use netsched;
 /// Scheduling policies ([`netsched`]): pass one to [`StackBuilder::scheduler`].

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::report::{RunConfig, StackConfig, Test};
 
 /// The server's main port unless told otherwise; the latency application's is the next.
-pub const DEFAULT_PORT: u16 = 7700;
+pub const DEFAULT_PORT: u16 = crate::proto::DEFAULT_PORT;
 
 /// ncperf: netchannel against kernel TCP, on one machine's test bed or between two hosts.
 ///

@@ -70,47 +70,28 @@ pub async fn open(target: &Target, op: Op, latency: bool) -> io::Result<Conn> {
 // ---------------------------------------------------------------------------------------
 // Request/response
 
-/// A connection's requests: `size` bytes, the first 8 a stamp (connection, count), the
-/// rest a pattern of the connection's own.
-struct Requests {
-    req: Vec<u8>,
-    resp: Vec<u8>,
-    tag: u64,
-    done: u64,
-}
+/// A connection's requests ([`proto::Requests`]: the pattern ncperf and the benches'
+/// remote mode share), each exchange bounded by [`STEP_TIMEOUT`].
+struct Requests(proto::Requests);
 
 impl Requests {
     fn new(size: usize, tag: u64) -> Requests {
-        Requests {
-            req: (0..size)
-                .map(|i| (i as u8).wrapping_mul(31) ^ tag as u8)
-                .collect(),
-            resp: vec![0; size],
-            tag,
-            done: 0,
-        }
+        Requests(proto::Requests::new(size, tag))
+    }
+
+    /// Requests answered and checked so far.
+    fn done(&self) -> u64 {
+        self.0.done()
     }
 
     /// One request and its checked response.
     async fn exchange(&mut self, c: &mut Conn) -> io::Result<()> {
-        let stamp = (self.tag << 40 | self.done).to_le_bytes();
-        let k = stamp.len().min(self.req.len());
-        self.req[..k].copy_from_slice(&stamp[..k]);
-        let (tag, done) = (self.tag, self.done);
-        step(|| format!("request {done} of connection {tag}"), async {
-            c.write_all(&self.req).await?;
-            c.read_exact(&mut self.resp).await?;
-            Ok(())
-        })
-        .await?;
-        if self.resp != self.req {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("the response to request {done} of connection {tag} differs from it"),
-            ));
-        }
-        self.done += 1;
-        Ok(())
+        let (tag, done) = (self.0.tag(), self.0.done());
+        step(
+            || format!("request {done} of connection {tag}"),
+            self.0.exchange(c),
+        )
+        .await
     }
 }
 
@@ -139,7 +120,7 @@ pub async fn rpc_rate(
                         break;
                     }
                 }
-                (c, r.done, result)
+                (c, r.done(), result)
             })
         })
         .collect();
