@@ -328,9 +328,6 @@ impl QueueDriver {
         }
         let started = std::time::Instant::now();
         slot.polls.fetch_add(1, Ordering::Relaxed);
-        // Work queued while this poll runs (much of it from its own rounds) is seen here,
-        // not woken for (see `signal.rs`).
-        let mut driving = Some(slot.signal.begin_driving());
         let mut rounds = 0;
         let mut last_round;
         loop {
@@ -434,23 +431,9 @@ impl QueueDriver {
                     cx.waker().wake_by_ref();
                     break;
                 }
-                _ => {
-                    // Settled and registered for everything: stop running, unless work
-                    // came in that the last round did not see.
-                    let queued = driving.take().is_some_and(|d| d.finish());
-                    if !queued {
-                        break;
-                    }
-                    if rounds < ROUNDS_PER_POLL {
-                        driving = Some(slot.signal.begin_driving());
-                        continue;
-                    }
-                    cx.waker().wake_by_ref();
-                    break;
-                }
+                _ => break,
             }
         }
-        drop(driving);
         drop(st);
         slot.rounds.fetch_add(rounds as u64, Ordering::Relaxed);
         let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);

@@ -10,15 +10,6 @@
 //! before each round, after it registered its waker, so that work queued during a round
 //! either is seen by that round or wakes the driver again; a burst of enqueues between
 //! two rounds costs one wake-up.
-//!
-//! While the driver runs ([`QueueSignal::begin_driving`] to [`Driving::finish`]) work
-//! queued meanwhile only sets the flag: the driver looks at it before it returns, so the
-//! waker is not woken. Work queued from inside a round (a receive sink that answers with
-//! a chunk, a reader woken by the round that writes at once on the same worker) would
-//! otherwise wake the very task that is running, and tokio reschedules a task woken
-//! while it runs as a yield: onto the run queue, with another worker unparked to steal
-//! it. Between two applications on two cores that was a futex wake-up about every
-//! other 64-byte request (`docs/investigations/queue-drivers.md`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::Waker;
@@ -33,9 +24,6 @@ pub(crate) struct QueueSignal {
     waker: AtomicWaker,
     /// Work is waiting that the driver has not taken yet.
     pending: AtomicBool,
-    /// The driver is running: it looks at `pending` before it returns, so a notification
-    /// need not wake it.
-    driving: AtomicBool,
     /// Commands or forwarded frames were queued since a round last took them.
     control: AtomicBool,
     /// The queue died (fault injection, `ChannelSet::kill_queue`): nobody runs its rounds
@@ -54,7 +42,6 @@ impl QueueSignal {
         QueueSignal {
             waker: AtomicWaker::new(),
             pending: AtomicBool::new(false),
-            driving: AtomicBool::new(false),
             control: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             pending_since: AtomicU64::new(0),
@@ -68,15 +55,9 @@ impl QueueSignal {
         self.waker.register(waker);
     }
 
-    /// Work for the driver: wakes it unless a wake-up is already pending or the driver is
-    /// running (it looks at the flag before it returns).
+    /// Work for the driver: wakes it unless a wake-up is already pending.
     pub(crate) fn notify(&self) {
-        // Sequentially consistent, with `Driving::finish`: either the driver that stops
-        // sees the flag, or this sees that it stopped and wakes it.
-        if self.pending.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        if self.driving.load(Ordering::SeqCst) {
+        if self.pending.swap(true, Ordering::AcqRel) {
             return;
         }
         self.pending_since
@@ -94,13 +75,6 @@ impl QueueSignal {
     /// Wakes whoever is registered, whatever the flags (a queue moving away from it).
     pub(crate) fn wake_driver(&self) {
         self.waker.wake();
-    }
-
-    /// The driver starts running: notifications until [`Driving::finish`] (or the guard's
-    /// drop) only set the flag.
-    pub(crate) fn begin_driving(&self) -> Driving<'_> {
-        self.driving.store(true, Ordering::SeqCst);
-        Driving { signal: self }
     }
 
     /// Clears the pending flag; whether it was set.
@@ -155,31 +129,6 @@ impl QueueSignal {
     }
 }
 
-/// The driver is running (see [`QueueSignal::begin_driving`]); dropped without
-/// [`finish`](Self::finish), the driver is marked stopped all the same (a poll that
-/// unwinds must not leave the queue unwakeable).
-#[derive(Debug)]
-pub(crate) struct Driving<'a> {
-    signal: &'a QueueSignal,
-}
-
-impl Driving<'_> {
-    /// The driver stops running; whether work was queued that it has not taken (it must
-    /// then run again, or wake itself). Work queued from now on wakes it.
-    pub(crate) fn finish(self) -> bool {
-        self.signal.driving.store(false, Ordering::SeqCst);
-        let pending = self.signal.pending.load(Ordering::SeqCst);
-        std::mem::forget(self);
-        pending
-    }
-}
-
-impl Drop for Driving<'_> {
-    fn drop(&mut self) {
-        self.signal.driving.store(false, Ordering::SeqCst);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,35 +167,5 @@ mod tests {
         assert!(sig.take_control());
         assert!(!sig.take_control());
         assert_eq!(count.0.load(Ordering::SeqCst), 3);
-    }
-
-    /// Work queued while the driver runs does not wake it; the driver finds it when it
-    /// finishes, and after that a notification wakes it again.
-    #[test]
-    fn a_running_driver_is_not_woken_but_told() {
-        let sig = QueueSignal::new(RuntimeClock::new());
-        let count = Arc::new(Count(AtomicU64::new(0)));
-        sig.register(&Waker::from(count.clone()));
-        let driving = sig.begin_driving();
-        assert!(!sig.take_pending());
-        sig.notify();
-        sig.notify();
-        assert_eq!(count.0.load(Ordering::SeqCst), 0, "not woken while running");
-        assert!(
-            driving.finish(),
-            "the driver sees the work before it returns"
-        );
-        assert!(sig.take_pending());
-        // Nothing queued during the next run: nothing to see.
-        let driving = sig.begin_driving();
-        assert!(!driving.finish());
-        sig.notify();
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken once it stopped");
-        // A run that unwinds leaves the driver wakeable.
-        assert!(sig.take_pending());
-        sig.register(&Waker::from(count.clone()));
-        drop(sig.begin_driving());
-        sig.notify();
-        assert_eq!(count.0.load(Ordering::SeqCst), 2);
     }
 }
