@@ -365,6 +365,85 @@ fn fin_exchange_and_time_wait() {
     assert!(p.a.is_closed());
 }
 
+/// The peer closes first with a bare FIN and the application closes in answer: our FIN
+/// carries the ACK, no pure ACK goes before it (three segments for the close, as Linux's
+/// `tcp_fin` makes it).
+#[test]
+fn a_peer_fin_is_acknowledged_by_the_fin_that_answers_it() {
+    let mut p = Pair::new(Config::default(), Config::default(), 5 * MS);
+    p.run_until(|p| p.b.state() == State::Established, 10);
+    let now = p.now;
+    p.a.close();
+    let (fin, payload) = one(&mut p.a, now);
+    assert!(payload.is_empty());
+    assert_eq!(fin.flags, TcpFlags::ACK | TcpFlags::FIN);
+    p.b.handle_segment(now, &fin, &[]);
+    assert_eq!(p.b.state(), State::CloseWait);
+    nothing(&mut p.b, now);
+    assert_eq!(
+        p.b.poll_timeout(),
+        Some(now + 40 * MS),
+        "the delayed-ACK timer"
+    );
+    let mut buf = [0u8; 8];
+    assert_eq!(p.b.recv(&mut buf), Ok(0));
+    p.b.close();
+    assert_eq!(p.b.state(), State::LastAck);
+    let (fin_b, _) = one(&mut p.b, now);
+    assert_eq!(fin_b.flags, TcpFlags::ACK | TcpFlags::FIN);
+    assert_eq!(fin_b.ack, Some(A_ISN + 2));
+    p.a.handle_segment(now, &fin_b, &[]);
+    assert_eq!(p.a.state(), State::TimeWait);
+    let (last, _) = one(&mut p.a, now);
+    assert_eq!(last.flags, TcpFlags::ACK);
+    assert_eq!(last.ack, Some(B_ISN + 2));
+    p.b.handle_segment(now, &last, &[]);
+    assert_eq!(p.b.state(), State::Closed);
+}
+
+/// A peer's FIN that the application does not answer is acknowledged alone when the
+/// delayed-ACK timer runs out (well inside the peer's retransmission timeout), and at
+/// once where delayed ACKs are off; a FIN that answers ours is acknowledged at once.
+#[test]
+fn a_peer_fin_left_unanswered_is_acknowledged_by_the_delayed_ack_timer() {
+    let mut p = Pair::new(Config::default(), Config::default(), 5 * MS);
+    p.run_until(|p| p.b.state() == State::Established, 10);
+    let now = p.now;
+    p.a.close();
+    let (fin, _) = one(&mut p.a, now);
+    p.b.handle_segment(now, &fin, &[]);
+    nothing(&mut p.b, now + 39 * MS);
+    p.b.handle_timeout(now + 40 * MS);
+    let (ack, _) = one(&mut p.b, now + 40 * MS);
+    assert_eq!(ack.flags, TcpFlags::ACK);
+    assert_eq!(ack.ack, Some(A_ISN + 2));
+    p.a.handle_segment(now + 40 * MS, &ack, &[]);
+    assert_eq!(p.a.state(), State::FinWait2);
+    // B's own FIN later: A, closing first, acknowledges it at once.
+    let t = now + 50 * MS;
+    p.b.close();
+    let (fin_b, _) = one(&mut p.b, t);
+    p.a.handle_segment(t, &fin_b, &[]);
+    assert_eq!(p.a.state(), State::TimeWait);
+    let (last, _) = one(&mut p.a, t);
+    assert_eq!(last.ack, Some(B_ISN + 2));
+
+    // Without delayed ACKs the FIN is acknowledged at once.
+    let no_delay = Config {
+        delayed_ack: None,
+        ..Config::default()
+    };
+    let mut p = Pair::new(Config::default(), no_delay, 5 * MS);
+    p.run_until(|p| p.b.state() == State::Established, 10);
+    let now = p.now;
+    p.a.close();
+    let (fin, _) = one(&mut p.a, now);
+    p.b.handle_segment(now, &fin, &[]);
+    let (ack, _) = one(&mut p.b, now);
+    assert_eq!(ack.flags, TcpFlags::ACK);
+    assert_eq!(ack.ack, Some(A_ISN + 2));
+}
+
 #[test]
 fn rst_in_syn_sent_refuses() {
     let mut a = Connection::connect(Config::default(), A_ADDR, B_ADDR, A_ISN, ms(0));
