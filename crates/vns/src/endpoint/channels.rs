@@ -15,7 +15,7 @@ use crate::wire::{ChunkRepr, ChunkType, Seq};
 
 use super::flow::Placement;
 use super::send_buf::Piece;
-use super::socket::{Key, State, RESET_ORDERED};
+use super::socket::{early_cost, Key, State, RESET_ORDERED};
 use super::transmit::OutChunk;
 use super::{ChannelError, Endpoint, Error, Event, PeerId, SocketId};
 
@@ -51,27 +51,11 @@ pub(super) struct Channel {
     /// [`MAX_QUEUED_REPLIES`]).
     pub(super) queued_replies: usize,
     /// The last RESETs of sockets (ordered ones, of sockets that are gone) handed to this
-    /// channel, at most [`RECENT_RESETS`]: they go again on another channel if this one
-    /// dies, since no socket is left to remember them.
+    /// channel, at most [`RECENT_RESETS`](super::transmit::RECENT_RESETS): they go again
+    /// on another channel if this one dies, since no socket is left to remember them.
     pub(super) recent_resets: VecDeque<ChunkRepr>,
     /// Being closed ([`Endpoint::retire_channel`]): no new chunk goes on it.
     pub(super) retiring: bool,
-}
-
-/// RESETs a channel remembers ([`Channel::recent_resets`]).
-pub(super) const RECENT_RESETS: usize = 64;
-
-/// Least bytes an early chunk (one that overtook its socket's SYNC_ACK) is charged: what
-/// holding it costs besides its payload (its header and place in the list, about 48
-/// bytes), rounded up. Without it, control chunks with no payload (ACK, STOP, FIN) were
-/// held for free, and a peer could send them without end to a socket still connecting.
-pub const EARLY_CHUNK_COST: usize = 64;
-
-/// Bytes an early chunk is charged to its channel and peer budgets: its payload, at least
-/// [`EARLY_CHUNK_COST`] (capped at the largest payload, so that one chunk always fits an
-/// empty budget).
-pub(super) fn early_cost(chunk: &Chunk, max_payload: usize) -> usize {
-    chunk.payload.len().max(EARLY_CHUNK_COST.min(max_payload))
 }
 
 /// Most RESET replies to chunks for unknown sockets a channel's outbox holds. A peer that

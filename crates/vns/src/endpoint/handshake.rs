@@ -15,9 +15,8 @@ use crate::deframer::Chunk;
 use crate::reorder::ReorderBuffer;
 use crate::wire::{ChunkRepr, ChunkType, Seq};
 
-use super::channels::early_cost;
 use super::send_buf::Piece;
-use super::socket::{Key, State};
+use super::socket::{early_cost, Key, State};
 use super::transmit::OutChunk;
 use super::{Endpoint, Error, Event, PeerId, Socket, SocketId, SocketOptions};
 

@@ -43,10 +43,10 @@ mod socket;
 mod transmit;
 
 pub use app::SocketStats;
-pub use channels::{ChannelLoad, EARLY_CHUNK_COST, MAX_QUEUED_REPLIES};
+pub use channels::{ChannelLoad, MAX_QUEUED_REPLIES};
 pub use config::{Config, ConfigError, ShardOf, SocketOptions, SYNC_RETRY_MAX};
 pub use error::{ChannelError, Error};
-pub use socket::{PeerId, SocketId, RESET_ORDERED};
+pub use socket::{PeerId, SocketId, EARLY_CHUNK_COST, RESET_ORDERED};
 
 use channels::Channel;
 use handshake::Listener;
@@ -418,7 +418,7 @@ impl Endpoint {
                         + s.early
                             .iter()
                             .filter(|(ch, _)| *ch == id)
-                            .map(|(_, c)| channels::early_cost(c, self.config.max_chunk_payload))
+                            .map(|(_, c)| socket::early_cost(c, self.config.max_chunk_payload))
                             .sum::<usize>()
                 })
                 .sum()

@@ -1,6 +1,7 @@
 //! Virtual sockets: the ids ([`PeerId`], [`SocketId`]), a socket's key (peer host, local and
 //! remote virtual port, as in `docs/wire-format.md`), its state and per-socket send and
-//! receive state, and creating, failing, reaping and removing sockets.
+//! receive state (with what holding a chunk that overtook its SYNC_ACK costs), and
+//! creating, failing, reaping and removing sockets.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
@@ -15,7 +16,6 @@ use crate::reorder::ReorderBuffer;
 use crate::response_queue::ResponseQueue;
 use crate::wire::{ChunkRepr, ChunkType, Seq};
 
-use super::channels::early_cost;
 use super::config::SocketBuffers;
 use super::send_buf::SendBuf;
 use super::{Endpoint, Error, Event};
@@ -136,6 +136,19 @@ pub(super) struct Socket {
     ///
     /// [`Config::nagle_delay`]: super::Config::nagle_delay
     pub(super) nagle_release: bool,
+}
+
+/// Least bytes an early chunk (one that overtook its socket's SYNC_ACK) is charged: what
+/// holding it costs besides its payload (its header and place in the list, about 48
+/// bytes), rounded up. Without it, control chunks with no payload (ACK, STOP, FIN) were
+/// held for free, and a peer could send them without end to a socket still connecting.
+pub const EARLY_CHUNK_COST: usize = 64;
+
+/// Bytes an early chunk is charged to its channel and peer budgets: its payload, at least
+/// [`EARLY_CHUNK_COST`] (capped at the largest payload, so that one chunk always fits an
+/// empty budget).
+pub(super) fn early_cost(chunk: &Chunk, max_payload: usize) -> usize {
+    chunk.payload.len().max(EARLY_CHUNK_COST.min(max_payload))
 }
 
 /// A DATA chunk kept until the peer acknowledges it at the data level.

@@ -13,7 +13,6 @@ use tracing::{trace, warn};
 
 use crate::wire::{ChunkPacket, ChunkRepr, ChunkType, HEADER_LEN};
 
-use super::channels::RECENT_RESETS;
 use super::send_buf::Piece;
 use super::socket::{State, RESET_ORDERED};
 use super::{Endpoint, Event, SocketId, SENT_LENT_MAX};
@@ -36,6 +35,10 @@ impl OutChunk {
             && self.header.credit != RESET_ORDERED
     }
 }
+
+/// RESETs a channel remembers
+/// ([`Channel::recent_resets`](super::channels::Channel::recent_resets)).
+pub(super) const RECENT_RESETS: usize = 64;
 
 impl Endpoint {
     /// Appends the next chunk for channel `id` (header and payload) to `out` and returns its

@@ -5,9 +5,11 @@
 mod readiness;
 mod connect;
 mod halves;
+mod linger;
 mod plain;
 mod sock;
 mod virtual_inner;
+mod would_block;
 
 pub(crate) use connect::{connect, connect_with};
 pub use halves::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, WriteHalf};

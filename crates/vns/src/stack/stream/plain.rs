@@ -17,8 +17,8 @@ use tracing::debug;
 use crate::stack::core::channel_pending;
 use crate::stack::Stack;
 
-use super::sock::would_block;
-use super::virtual_inner::aborts;
+use super::linger::aborts;
+use super::would_block::would_block;
 use super::VirtualStream;
 use crate::endpoint::Error;
 

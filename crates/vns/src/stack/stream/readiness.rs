@@ -7,7 +7,7 @@ use std::task::{Context, Poll, Waker};
 
 use tokio::io::{Interest, ReadBuf, Ready};
 
-use super::sock::would_block;
+use super::would_block::would_block;
 use super::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, VirtualStream, WriteHalf};
 
 /// The readiness and non-blocking methods of `tokio::net::TcpStream` (and its halves), on

@@ -298,7 +298,3 @@ impl Sock {
         }
     }
 }
-
-pub(super) fn would_block() -> io::Error {
-    io::ErrorKind::WouldBlock.into()
-}

@@ -15,7 +15,8 @@ use tokio::io::ReadBuf;
 use crate::stack::core::stopped_error;
 use crate::stack::Stack;
 
-use super::sock::would_block;
+use super::linger::aborts;
+use super::would_block::would_block;
 use crate::copy::CopyWorkerPool;
 use crate::endpoint::{Error, SocketId};
 
@@ -258,11 +259,6 @@ impl Drop for StreamInner {
         // The FIN (or RESET) goes now; a lingering socket's timer reaches the control task.
         core.finish_call(st);
     }
-}
-
-/// Whether a stream's linger setting makes its drop an abort (`Some(Duration::ZERO)`).
-pub(super) fn aborts(linger: &Mutex<Option<Duration>>) -> bool {
-    *linger.lock().unwrap_or_else(|p| p.into_inner()) == Some(Duration::ZERO)
 }
 
 impl fmt::Debug for StreamInner {
