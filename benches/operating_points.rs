@@ -524,7 +524,7 @@ mod run {
                     std::env::var("NETCHANNEL_BENCH_LATENCY_QUEUES").is_ok_and(|v| v == "own");
                 for s in [&pair.a, &pair.b] {
                     if own {
-                        let set = s.channel_set();
+                        let set = s.diagnostics().channel_set();
                         let id = set.add_runtime(None).expect("a queue runtime");
                         let last = *set.queues().last().expect("queues");
                         set.move_queue(
@@ -582,7 +582,7 @@ mod run {
             let xsk_dropped = || -> u64 {
                 [&pair.a, &pair.b]
                     .iter()
-                    .flat_map(|s| s.queue_stats())
+                    .flat_map(|s| s.diagnostics().queue_stats())
                     .filter_map(|t| t.xsk_drops)
                     .map(|d| d.rx_dropped)
                     .sum()
@@ -594,8 +594,8 @@ mod run {
             if show_slow() {
                 println!(
                     "queue placement: A {}, B {}",
-                    pair.a.channel_placement(),
-                    pair.b.channel_placement(),
+                    pair.a.diagnostics().channel_placement(),
+                    pair.b.diagnostics().channel_placement(),
                 );
             }
             // Segments the channels sent again, by class, both ends: a tail of ~200 ms
@@ -603,7 +603,7 @@ mod run {
             let resent = |class| -> u64 {
                 [&pair.a, &pair.b]
                     .iter()
-                    .flat_map(|s| s.stats().channels)
+                    .flat_map(|s| s.diagnostics().stats().channels)
                     .filter(|c| c.class == class)
                     .map(|c| c.retransmitted_segments)
                     .sum()

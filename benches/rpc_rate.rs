@@ -18,7 +18,7 @@
 //! `NETCHANNEL_BENCH_CONNS` (comma-separated,
 //! default `1,8,32,128`), `NETCHANNEL_BENCH_SIZES` (default `64,4096`),
 //! `NETCHANNEL_BENCH_ONLY` (`virtual` or `kernel`: measure one side only, for profiling),
-//! `NETCHANNEL_BENCH_STATS` (set: print both stacks' `Stack::stats` as JSON after each
+//! `NETCHANNEL_BENCH_STATS` (set: print both stacks' `Diagnostics::stats` as JSON after each
 //! round: which channel carried how much, on which queue).
 //! Each round also measures the VirtualStreams with every NIC queue of both stacks driven
 //! by a queue runtime of the stack's own (queue *i* on runtime *i*: the disaggregated
@@ -342,8 +342,8 @@ mod run {
         );
         println!(
             "stacks: {} shards each (NETCHANNEL_BENCH_SHARDS); queues driven by {}",
-            pair.a.shards(),
-            pair.a.channel_placement()
+            pair.a.diagnostics().shards(),
+            pair.a.diagnostics().channel_placement()
         );
         // Kernel TCP: a listener in B echoing on every connection.
         let kaddr = vns::kernel_server(&bed, &rt, echo);
@@ -371,7 +371,7 @@ mod run {
         let rates = run_rounds(&rt, &p, &mut virt, &mut kernel, Some(&pair), || {
             if std::env::var_os("NETCHANNEL_BENCH_STATS").is_some() {
                 for (n, st) in [("A", &pair.a), ("B", &pair.b)] {
-                    let json = serde_json::to_string(&st.stats()).unwrap_or_default();
+                    let json = serde_json::to_string(&st.diagnostics().stats()).unwrap_or_default();
                     println!("stats {n}: {json}");
                 }
                 for (n, set) in [("A", pair.channels_a()), ("B", pair.channels_b())] {
@@ -437,7 +437,7 @@ mod run {
         let stack = remote.stack.clone();
         let rates = run_rounds(&rt, p, &mut virt, &mut kernel, None, || {
             if std::env::var_os("NETCHANNEL_BENCH_STATS").is_some() {
-                let json = serde_json::to_string(&stack.stats()).unwrap_or_default();
+                let json = serde_json::to_string(&stack.diagnostics().stats()).unwrap_or_default();
                 println!("stats (local stack): {json}");
             }
         });

@@ -488,7 +488,7 @@ mod run {
         let channels = pair.a.channels_per_peer();
         println!(
             "stacks: {} shards each (NETCHANNEL_BENCH_SHARDS)",
-            pair.a.shards()
+            pair.a.diagnostics().shards()
         );
         let stop = Arc::new(AtomicBool::new(false));
         let echo = channel_echo(&pair, stop.clone());

@@ -8,7 +8,7 @@
 //!
 //! The example runs the same traffic (a bulk flow beside a request/response flow) twice
 //! over two in-memory stacks (no privileges), once with the default `RoundRobin` and once
-//! with `SizeSteering`, and prints each channel's bytes from `Stack::stats()`: under
+//! with `SizeSteering`, and prints each channel's bytes from `Diagnostics::stats()`: under
 //! round-robin the bulk bytes land on every channel, under `SizeSteering` the fast lane
 //! carries the small messages only. It exits with an error if the policy did not steer.
 //!
@@ -139,10 +139,10 @@ async fn run(
     assert_eq!(sink.await??, BULK_BYTES);
     echo.await??;
 
-    let stats = a.stats();
+    let stats = a.diagnostics().stats();
     println!(
         "  plan the policy would carry out: {:?}",
-        a.scheduler_plan()
+        a.diagnostics().scheduler_plan()
     );
     let mut channels: Vec<ChannelStats> = stats
         .channels

@@ -336,8 +336,8 @@ mod linux {
         // Connections still open are reset as their tasks are dropped.
         rt.shutdown_timeout(STOP_GRACE);
         // What hostile or broken peers cost (docs/security.md, "Bounds and counters").
-        let counters = stack.endpoint_counters();
-        let dropped_channels = stack.dropped_channels();
+        let counters = stack.diagnostics().endpoint_counters();
+        let dropped_channels = stack.diagnostics().dropped_channels();
         let stopped = stop_stack(stack, ifname);
         let accepted = res?;
         stopped?;

@@ -98,8 +98,8 @@ pub mod net {
     }
 }
 pub use vns::stack::{
-    clear_default_stack, default_stack, set_default_stack, BusyPoll, Liveness, OwnedReadHalf,
-    OwnedWriteHalf, ReadHalf, Stack, StackBuilder, StackError, VirtualListener, VirtualSocket,
-    VirtualStream, WriteHalf,
+    clear_default_stack, default_stack, set_default_stack, BusyPoll, Diagnostics, Liveness,
+    OwnedReadHalf, OwnedWriteHalf, ReadHalf, Stack, StackBuilder, StackError, VirtualListener,
+    VirtualSocket, VirtualStream, WriteHalf,
 };
 pub use vns::AppClass;

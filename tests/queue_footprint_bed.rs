@@ -39,8 +39,8 @@ fn a_stack_on_64_queues_starts_with_bounded_threads_and_memory() {
                 .build()
                 .expect("a stack on every queue");
             let (t1, rss1) = status();
-            let placement = stack.channel_placement();
-            let queues = stack.queue_stats().len();
+            let placement = stack.diagnostics().channel_placement();
+            let queues = stack.diagnostics().queue_stats().len();
             drop(stack);
             (
                 t1.saturating_sub(t0),

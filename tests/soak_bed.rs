@@ -7,7 +7,7 @@
 //! - kernel clients: plain-TCP connections opened, echoing 4 KiB and closed in turn;
 //! - 1 % of the kernel's packets dropped in B (`iptables -m statistic`, both directions:
 //!   only the plain-TCP connections see it, AF_XDP bypasses netfilter);
-//! - a channel of B's stack reset every 30 s from 10 s in (`Stack::reset_channel`);
+//! - a channel of B's stack reset every 30 s from 10 s in (`Diagnostics::reset_channel`);
 //! - a trickle of forged segments (20 a second) from B's address: random ports, sequence
 //!   and acknowledgement numbers, flags and timestamps, to the server's ports.
 //!
@@ -286,7 +286,7 @@ fn soak() {
             "a workload ended early (it failed)"
         );
         if Instant::now() >= next_reset {
-            assert!(stack.reset_channel(0), "no channel to reset");
+            assert!(stack.diagnostics().reset_channel(0), "no channel to reset");
             tally.resets.fetch_add(1, Ordering::Relaxed);
             next_reset += RESET_EVERY;
         }

@@ -234,7 +234,7 @@ fn two_stacks_over_af_packet() {
         );
     });
     for (name, s) in [("A", &a), ("B", &b)] {
-        let set = s.channel_set();
+        let set = s.diagnostics().channel_set();
         let steering = set
             .packet_steering_counters()
             .expect("counters")

@@ -120,7 +120,8 @@ fn own_runtimes(p: &ChannelPlacement) -> Vec<u32> {
 
 /// Each queue's (rounds, polls) so far, by queue.
 fn rounds_and_polls(s: &Stack) -> std::collections::BTreeMap<u32, (u64, u64)> {
-    s.queue_stats()
+    s.diagnostics()
+        .queue_stats()
         .into_iter()
         .map(|q| (q.queue, (q.rounds, q.polls)))
         .collect()
@@ -238,7 +239,7 @@ fn two_stacks_over_af_xdp() {
             .unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
         // CHANNELS throughput channels plus one latency channel, over both queues.
-        assert_eq!(a.channel_count(), CHANNELS + 1);
+        assert_eq!(a.diagnostics().channel_count(), CHANNELS + 1);
 
         // Many streams at once, each echoed and verified.
         let l = b
@@ -484,7 +485,7 @@ fn copy_workers_over_af_xdp() {
             got.extend_from_slice(&buf[..n]);
         }
         assert!(got == data, "held transfer corrupted");
-        let held = b.copy_stats();
+        let held = b.diagnostics().copy_stats();
         assert!(held.parallel_copies_out > 0, "reads not shared: {held:?}");
 
         // A large transfer in 1 MiB writes, verified byte by byte.
@@ -505,7 +506,7 @@ fn copy_workers_over_af_xdp() {
         .await
         .expect("large transfer stalled");
         let secs = t0.elapsed().as_secs_f64();
-        let (sa, sb) = (a.copy_stats(), b.copy_stats());
+        let (sa, sb) = (a.diagnostics().copy_stats(), b.diagnostics().copy_stats());
         println!(
             "{total} B with 2 copy workers per stack in {secs:.2} s ({:.1} Mbit/s)\n\
              writer {sa:?}\nreader {sb:?}",
@@ -517,7 +518,11 @@ fn copy_workers_over_af_xdp() {
         );
         assert!(sa.buffers.reuses > 0, "no chunk buffer reused: {sa:?}");
     });
-    let tids = [a.copy_worker_tids(), b.copy_worker_tids()].concat();
+    let tids = [
+        a.diagnostics().copy_worker_tids(),
+        b.diagnostics().copy_worker_tids(),
+    ]
+    .concat();
     assert_eq!(tids.len(), 4);
     drop(rt);
     drop((a, b));
@@ -622,7 +627,12 @@ fn the_channel_count_is_chosen_from_the_host() {
         timeout(LIMIT, a.channels_reach(expected + 1))
             .await
             .expect("the channels never opened");
-        assert_eq!(a.stats().channels.len(), expected + 1, "{:?}", a.stats());
+        assert_eq!(
+            a.diagnostics().stats().channels.len(),
+            expected + 1,
+            "{:?}",
+            a.diagnostics().stats()
+        );
         c.shutdown().await.unwrap();
         drop(c);
         timeout(LIMIT, server).await.unwrap().unwrap();
@@ -651,7 +661,7 @@ fn the_application_runtime_drives_the_queues_of_a_small_host_over_af_xdp() {
     let b = stack_in(&bed, Side::B, Drive::Application(rt.handle().clone()));
     let small = small_host();
     for (name, s) in [("A", &a), ("B", &b)] {
-        let p = s.channel_placement();
+        let p = s.diagnostics().channel_placement();
         if small {
             assert_eq!(
                 p.runtime(&application()).map(|r| r.queues.clone()),
@@ -673,7 +683,7 @@ fn the_application_runtime_drives_the_queues_of_a_small_host_over_af_xdp() {
                 "{name}: {p}"
             );
         }
-        for q in s.queue_stats() {
+        for q in s.diagnostics().queue_stats() {
             assert_eq!(
                 Some(&q.place),
                 p.place_of(q.queue).as_ref(),
@@ -734,9 +744,9 @@ fn the_application_runtime_drives_the_queues_of_a_small_host_over_af_xdp() {
         // on a runtime of the stack's own. Read between two placements that agree, so
         // that a rescue of a queue in between (a worker of the busy machine held off its
         // core for longer than netdriver's `STALL`) is not taken for a wrong snapshot.
-        let p0 = a.channel_placement();
-        let st = a.stats();
-        let p1 = a.channel_placement();
+        let p0 = a.diagnostics().channel_placement();
+        let st = a.diagnostics().stats();
+        let p1 = a.diagnostics().channel_placement();
         assert!(!st.channels.is_empty());
         assert!(st.channels.iter().all(|c| c.queue.is_some()), "{st:?}");
         if small
@@ -776,10 +786,10 @@ fn the_application_runtime_drives_the_queues_of_a_small_host_over_af_xdp() {
     }
     println!(
         "A: {} (rescues {}); B: {} (rescues {})",
-        a.channel_placement(),
-        a.channel_placement().rescues,
-        b.channel_placement(),
-        b.channel_placement().rescues
+        a.diagnostics().channel_placement(),
+        a.diagnostics().channel_placement().rescues,
+        b.diagnostics().channel_placement(),
+        b.diagnostics().channel_placement().rescues
     );
     drop((a, b));
     drop(rt);
@@ -865,7 +875,7 @@ fn a_blocked_application_runtime_does_not_stall_streams_over_af_xdp() {
         p.runtime(&application())
             .is_some_and(|r| r.queues == [0, 1])
     };
-    let p = b.channel_placement();
+    let p = b.diagnostics().channel_placement();
     assert!(on_app(&p), "B's queues on its application's runtime: {p}");
     let at = SocketAddr::from(SocketAddrV4::new(bed.side(Side::B).ipv4, 7130));
     rt.block_on(async {
@@ -889,12 +899,12 @@ fn a_blocked_application_runtime_does_not_stall_streams_over_af_xdp() {
         let deadline = Instant::now() + LIMIT;
         loop {
             timed(&mut c).await;
-            if on_app(&b.channel_placement()) {
+            if on_app(&b.diagnostics().channel_placement()) {
                 break;
             }
-            assert!(Instant::now() < deadline, "{}", b.channel_placement());
+            assert!(Instant::now() < deadline, "{}", b.diagnostics().channel_placement());
         }
-        let rescues = b.channel_placement().rescues;
+        let rescues = b.diagnostics().channel_placement().rescues;
 
         // B's application blocks its only worker.
         let (started_tx, started) = tokio::sync::oneshot::channel();
@@ -914,7 +924,7 @@ fn a_blocked_application_runtime_does_not_stall_streams_over_af_xdp() {
             let took = timed(&mut c).await;
             during.push((started, took));
         }
-        let p = b.channel_placement();
+        let p = b.diagnostics().channel_placement();
         println!(
             "exchanges during the block (start, time): {:?}; {p}; rescues {} -> {}",
             &during[..during.len().min(4)],
@@ -936,13 +946,13 @@ fn a_blocked_application_runtime_does_not_stall_streams_over_af_xdp() {
         // Back on the application's runtime once it is free and `RETURN_AFTER` passed.
         let deadline = Instant::now() + RETURN_AFTER * 3 + LIMIT / 4;
         let mut after = 0u32;
-        while !on_app(&b.channel_placement()) {
+        while !on_app(&b.diagnostics().channel_placement()) {
             timed(&mut c).await;
             after += 1;
             assert!(
                 Instant::now() < deadline,
                 "B's queues never went back: {}",
-                b.channel_placement()
+                b.diagnostics().channel_placement()
             );
         }
         let mut next = Vec::new();
@@ -952,7 +962,7 @@ fn a_blocked_application_runtime_does_not_stall_streams_over_af_xdp() {
         println!(
             "back on the application's runtime after {after} more exchanges; the next took \
              {next:?}; {}",
-            b.channel_placement()
+            b.diagnostics().channel_placement()
         );
         c.shutdown().await.unwrap();
         let mut rest = Vec::new();
@@ -970,14 +980,14 @@ fn a_blocked_application_runtime_does_not_stall_streams_over_af_xdp() {
 /// What happens mid-transfer in [`transfer_through`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
-    /// `Stack::reset_channel` on each side in turn: the receiver at a third of the
+    /// `Diagnostics::reset_channel` on each side in turn: the receiver at a third of the
     /// stream, the sender at two thirds.
     StackResets,
     /// From a third of the stream on, an outside sender (a raw IP socket in B's
     /// namespace) forges RSTs for one of the bulk sender's channels until one takes.
     WireRst,
     /// At a third of the stream, one of the receiver's NIC queues dies
-    /// (`Stack::kill_queue`: its driver stops as if it had crashed, on whatever runtime
+    /// (`Diagnostics::kill_queue`: its driver stops as if it had crashed, on whatever runtime
     /// drove it): no FIN, no RST; the receiver loses that queue's channels at once, the
     /// sender notices by its short user timeout and keep-alive.
     KilledQueue,
@@ -1082,8 +1092,11 @@ fn transfer_through(fault: Fault) {
         let small_l = b.bind_with_backlog(at(7401), SMALL as usize).await.unwrap();
         let mut c = timeout(LIMIT, a.connect(at(7400))).await.unwrap().unwrap();
         let (mut s, _) = timeout(LIMIT, big_l.accept()).await.unwrap().unwrap();
-        assert_eq!(a.channel_count(), CHANNELS + 1);
-        let resets_before = (a.channel_resets_received(), b.channel_resets_received());
+        assert_eq!(a.diagnostics().channel_count(), CHANNELS + 1);
+        let resets_before = (
+            a.diagnostics().channel_resets_received(),
+            b.diagnostics().channel_resets_received(),
+        );
         let echo = tokio::spawn(async move {
             let mut tasks = Vec::new();
             for _ in 0..SMALL {
@@ -1169,10 +1182,10 @@ fn transfer_through(fault: Fault) {
                     // Chunks in flight on them either way.
                     Fault::StackResets => {
                         if struck == 0 && off >= total / 3 {
-                            assert!(b.reset_channel(1));
+                            assert!(b.diagnostics().reset_channel(1));
                             struck += 1;
                         } else if struck == 1 && off >= 2 * total / 3 {
-                            assert!(a.reset_channel(2));
+                            assert!(a.diagnostics().reset_channel(2));
                             struck += 1;
                         }
                     }
@@ -1200,17 +1213,18 @@ fn transfer_through(fault: Fault) {
                         struck += 1;
                     }
                     Fault::KilledQueue if struck == 0 && off >= total / 3 => {
-                        let wire = b.channel_wire();
+                        let wire = b.diagnostics().channel_wire();
                         let q = wire[1].queue;
                         let on_q = wire.iter().filter(|w| w.queue == q).count();
-                        assert!(b.kill_queue(q));
-                        assert!(!b.kill_queue(q), "a queue dies once");
+                        assert!(b.diagnostics().kill_queue(q));
+                        assert!(!b.diagnostics().kill_queue(q), "a queue dies once");
                         killed = Some((q, on_q));
                         struck += 1;
                     }
                     Fault::KilledQueue if dead_rounds.is_none() && off >= 2 * total / 3 => {
                         let (q, _) = killed.expect("killed at a third");
                         dead_rounds = b
+                            .diagnostics()
                             .queue_stats()
                             .into_iter()
                             .find(|s| s.queue == q)
@@ -1226,9 +1240,9 @@ fn transfer_through(fault: Fault) {
                 "large transfer stalled after a channel fault at {off} of {total}: \
                  receiver {:?}; sender stack {:#?}; counters {:?} / {:?}",
                 s.socket_stats(),
-                a.stats(),
-                a.endpoint_counters(),
-                b.endpoint_counters()
+                a.diagnostics().stats(),
+                a.diagnostics().endpoint_counters(),
+                b.diagnostics().endpoint_counters()
             )
         });
         assert_eq!(off, total);
@@ -1246,7 +1260,10 @@ fn transfer_through(fault: Fault) {
         })
         .await
         .expect("small streams stalled after a channel fault");
-        let (ca, cb) = (a.endpoint_counters(), b.endpoint_counters());
+        let (ca, cb) = (
+            a.diagnostics().endpoint_counters(),
+            b.diagnostics().endpoint_counters(),
+        );
         println!(
             "{fault:?}: resent {} + {} chunks, {} + {} duplicates dropped; channels now {} / {}; \
              RSTs received from the wire {} / {}",
@@ -1254,13 +1271,13 @@ fn transfer_through(fault: Fault) {
             cb.resent_chunks,
             ca.duplicate_chunks,
             cb.duplicate_chunks,
-            a.channel_count(),
-            b.channel_count(),
-            a.channel_resets_received() - resets_before.0,
-            b.channel_resets_received() - resets_before.1,
+            a.diagnostics().channel_count(),
+            b.diagnostics().channel_count(),
+            a.diagnostics().channel_resets_received() - resets_before.0,
+            b.diagnostics().channel_resets_received() - resets_before.1,
         );
         match fault {
-            Fault::StackResets => assert_eq!(a.channel_count(), CHANNELS + 1 - 2),
+            Fault::StackResets => assert_eq!(a.diagnostics().channel_count(), CHANNELS + 1 - 2),
             Fault::WireRst => {
                 for rst in rsts {
                     let attempts = rst
@@ -1276,9 +1293,12 @@ fn transfer_through(fault: Fault) {
                     rst_done_at.is_some_and(|o| o < total),
                     "the RST took only after the transfer ({rst_done_at:?} of {total})"
                 );
-                assert_eq!(a.channel_count(), CHANNELS + 1 - struck as usize);
+                assert_eq!(
+                    a.diagnostics().channel_count(),
+                    CHANNELS + 1 - struck as usize
+                );
                 assert!(
-                    a.channel_resets_received() > resets_before.0,
+                    a.diagnostics().channel_resets_received() > resets_before.0,
                     "the bulk sender lost its channel without a RST from the wire"
                 );
                 // The peer's half learns of it when it next sends (A's kernel, owning
@@ -1289,20 +1309,21 @@ fn transfer_through(fault: Fault) {
                         .await
                         .is_ok(),
                     "the receiver still holds {} channels",
-                    b.channel_count()
+                    b.diagnostics().channel_count()
                 );
             }
             Fault::KilledQueue => {
                 let (q, on_q) = killed.expect("a queue was killed");
                 println!("queue {q} killed with {on_q} channel(s) on it");
                 assert!(on_q > 0);
-                assert_eq!(b.channel_count(), CHANNELS + 1 - on_q);
+                assert_eq!(b.diagnostics().channel_count(), CHANNELS + 1 - on_q);
                 // Nobody drives the dead queue, on any runtime: the placement lists it as
                 // dead and its rounds stopped; the other queue carried the rest.
-                let p = b.channel_placement();
+                let p = b.diagnostics().channel_placement();
                 assert_eq!(p.dead, vec![q], "{p}");
                 assert_eq!(p.place_of(q), None, "{p}");
                 let rounds = b
+                    .diagnostics()
                     .queue_stats()
                     .into_iter()
                     .find(|s| s.queue == q)
@@ -1316,11 +1337,14 @@ fn transfer_through(fault: Fault) {
                         .await
                         .is_ok(),
                     "the sender still holds {} channels",
-                    a.channel_count()
+                    a.diagnostics().channel_count()
                 );
                 // The queue died silently: no RST on the wire either way.
                 assert_eq!(
-                    (a.channel_resets_received(), b.channel_resets_received()),
+                    (
+                        a.diagnostics().channel_resets_received(),
+                        b.diagnostics().channel_resets_received()
+                    ),
                     resets_before
                 );
             }
@@ -1335,7 +1359,7 @@ fn transfer_through(fault: Fault) {
 }
 
 /// One channel reset by each side in turn through the fault layer
-/// (`Stack::reset_channel`: the resetting side aborts its TCP connection and the peer
+/// (`Diagnostics::reset_channel`: the resetting side aborts its TCP connection and the peer
 /// receives a real RST from the wire); every byte arrives once, in order.
 #[test]
 fn channel_resets_mid_transfer_lose_nothing_over_af_xdp() {
@@ -1466,7 +1490,7 @@ fn reset_from_the_wire(
     limit: Duration,
 ) -> Result<u32, String> {
     let deadline = Instant::now() + limit;
-    let sample = || victim.channel_wire();
+    let sample = || victim.diagnostics().channel_wire();
     // Snapshots until the victim has sent a good amount on some channel since the first:
     // then how far each channel's numbers moved tells which to aim at.
     let first = sample();
@@ -1497,6 +1521,7 @@ fn reset_from_the_wire(
     let (local, peer) = target.ok_or("no channel carried the victim's data")?;
     let present = || {
         victim
+            .diagnostics()
             .channel_wire()
             .into_iter()
             .find(|w| (w.local, w.peer) == (local, peer))
@@ -1648,7 +1673,7 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
         let small_l = b.bind_with_backlog(at(7501), SMALL as usize).await.unwrap();
         let mut c = timeout(LIMIT, a.connect(at(7500))).await.unwrap().unwrap();
         let (mut s, _) = timeout(LIMIT, big_l.accept()).await.unwrap().unwrap();
-        assert_eq!(a.channel_count(), 1);
+        assert_eq!(a.diagnostics().channel_count(), 1);
         let echo = tokio::spawn(async move {
             let mut tasks = Vec::new();
             for _ in 0..SMALL {
@@ -1712,7 +1737,7 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
                 if phase == 0 && off >= total / 5 {
                     target.store(4, Ordering::Relaxed);
                     phase = 1;
-                } else if phase == 1 && a.channel_count() == 4 {
+                } else if phase == 1 && a.diagnostics().channel_count() == 4 {
                     target.store(1, Ordering::Relaxed);
                     phase = 2;
                 }
@@ -1743,11 +1768,11 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
         timeout(LIMIT, b.channels_reach(1))
             .await
             .expect("B never back to 1 channel");
-        let pc = a.plan_counters();
+        let pc = a.diagnostics().plan_counters();
         println!(
             "scaling over AF_XDP: phase {phase} during the transfer; {pc:?}; resent {} + {} chunks",
-            a.endpoint_counters().resent_chunks,
-            b.endpoint_counters().resent_chunks
+            a.diagnostics().endpoint_counters().resent_chunks,
+            b.diagnostics().endpoint_counters().resent_chunks
         );
         assert!(
             pc.opened >= 3 && pc.retired >= 3 && pc.closed >= 3,
@@ -1757,8 +1782,8 @@ fn plans_scale_channels_1_to_4_to_1_over_af_xdp() {
         // What the plans saw: the stack's queue runtimes with their utilisation measured
         // over a plan period, every queue on one of them, and each channel on its queue's
         // runtime.
-        let stats = a.stats();
-        let placement = a.channel_placement();
+        let stats = a.diagnostics().stats();
+        let placement = a.diagnostics().channel_placement();
         let runtimes: std::collections::BTreeSet<_> = own_runtimes(&placement)
             .into_iter()
             .map(netchannel::sched::ChannelThreadId)
@@ -1923,8 +1948,8 @@ async fn isolation_load(a: &Stack, b: &Stack, latency_app: Option<tokio::runtime
 /// sent.
 fn classes_kept_apart(name: &str, stack: &Stack) -> (u64, u64) {
     use netchannel::sched::ChannelClass;
-    let st = stack.stats();
-    let latency_queue = *stack.channel_set().queues().last().unwrap();
+    let st = stack.diagnostics().stats();
+    let latency_queue = *stack.diagnostics().channel_set().queues().last().unwrap();
     let of = |class| st.channels.iter().filter(move |c| c.class == class);
     assert!(
         of(ChannelClass::Latency).count() == 1 && of(ChannelClass::Throughput).count() == 2,
@@ -1969,7 +1994,7 @@ fn isolating_keeps_latency_streams_off_bulk_channels_runtimes_and_cores() {
     let a = isolating_stack(&bed, Side::A, Drive::Own, None);
     let b = isolating_stack(&bed, Side::B, Drive::Own, None);
     for (name, stack) in [("A", &a), ("B", &b)] {
-        let p = stack.channel_placement();
+        let p = stack.diagnostics().channel_placement();
         let (bulk, lat) = (p.place_of(0), p.place_of(1));
         assert!(
             matches!(bulk, Some(DriverPlace::Runtime(_)))
@@ -1982,18 +2007,18 @@ fn isolating_keeps_latency_streams_off_bulk_channels_runtimes_and_cores() {
         isolation_load(&a, &b, None).await;
         // The plans pinned the latency runtime and the bulk one (a plan period after the
         // channels were there, long before now; two more plans to be sure).
-        let asked = a.plan_counters().plans;
+        let asked = a.diagnostics().plan_counters().plans;
         timeout(LIMIT, a.plans_reach(asked + 2))
             .await
             .expect("no more plans were asked for");
     });
     assert!(
-        a.plan_counters().pinned >= 2,
+        a.diagnostics().plan_counters().pinned >= 2,
         "runtimes not pinned apart: {:?}",
-        a.plan_counters()
+        a.diagnostics().plan_counters()
     );
     for (name, stack) in [("A", &a), ("B", &b)] {
-        let st = stack.stats();
+        let st = stack.diagnostics().stats();
         let runtimes_of = |class| -> std::collections::BTreeSet<_> {
             st.channels
                 .iter()
@@ -2017,10 +2042,10 @@ fn isolating_keeps_latency_streams_off_bulk_channels_runtimes_and_cores() {
         println!(
             "{name}: latency channels sent {lat_sent} B on runtimes {lat_t:?}, throughput \
              channels {bulk_sent} B on {bulk_t:?}; {}",
-            stack.channel_placement()
+            stack.diagnostics().channel_placement()
         );
     }
-    let st = a.stats();
+    let st = a.diagnostics().stats();
     let core_of = |class| {
         let t = st
             .channels
@@ -2064,7 +2089,7 @@ fn a_latency_runtime_drives_the_latency_queue_over_af_xdp() {
     let b = isolating_stack(&bed, Side::B, app(), Some(lat_rt.handle().clone()));
     let mut before = Vec::new();
     for (name, stack) in [("A", &a), ("B", &b)] {
-        let p = stack.channel_placement();
+        let p = stack.diagnostics().channel_placement();
         assert_eq!(p.place_of(1), Some(latency()), "{name}: {p}");
         if small_host() {
             assert_eq!(p.place_of(0), Some(application()), "{name}: {p}");
@@ -2084,7 +2109,7 @@ fn a_latency_runtime_drives_the_latency_queue_over_af_xdp() {
     rt.block_on(isolation_load(&a, &b, Some(lat_rt.handle().clone())));
     for ((name, stack), before) in [("A", &a), ("B", &b)].into_iter().zip(before) {
         let (lat_sent, bulk_sent) = classes_kept_apart(name, stack);
-        let st = stack.stats();
+        let st = stack.diagnostics().stats();
         // Queues driven by runtimes handed to the stack are on no runtime of its own.
         assert!(
             st.channels
@@ -2093,7 +2118,7 @@ fn a_latency_runtime_drives_the_latency_queue_over_af_xdp() {
                 .all(|c| c.thread.is_none()),
             "{name}: {st:?}"
         );
-        let p = stack.channel_placement();
+        let p = stack.diagnostics().channel_placement();
         let after = rounds_and_polls(stack);
         assert!(
             after[&1].0 > before[&1].0,
@@ -2177,7 +2202,7 @@ fn the_scaler_grows_and_shrinks_channels_under_real_load_over_af_xdp() {
         let l = b.bind(to).await.unwrap();
         let mut c = timeout(LIMIT, a.connect(to)).await.unwrap().unwrap();
         let (mut s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
-        assert_eq!(a.channel_count(), 1);
+        assert_eq!(a.diagnostics().channel_count(), 1);
         let stop = Arc::new(AtomicBool::new(false));
         let (progress_tx, mut progress) = tokio::sync::watch::channel(0u64);
         let sender = {
@@ -2199,14 +2224,14 @@ fn the_scaler_grows_and_shrinks_channels_under_real_load_over_af_xdp() {
         timeout(LIMIT, a.channels_reach(2))
             .await
             .expect("the scaler opened a second channel under load");
-        let plans = a.plan_counters();
+        let plans = a.diagnostics().plan_counters();
         // The stream goes on over both channels for a while before it ends.
         let at_growth = *progress.borrow();
         timeout(LIMIT, progress.wait_for(|&sent| sent >= at_growth + (32 << 20)))
             .await
             .expect("the stream went on")
             .expect("the sender is running");
-        let carried: Vec<u64> = a.stats().channels.iter().map(|c| c.sent_bytes).collect();
+        let carried: Vec<u64> = a.diagnostics().stats().channels.iter().map(|c| c.sent_bytes).collect();
         assert_eq!(carried.len(), 2);
         assert!(carried.iter().all(|&n| n > 0), "both channels carried bytes: {carried:?}");
         stop.store(true, Ordering::Relaxed);
@@ -2217,11 +2242,11 @@ fn the_scaler_grows_and_shrinks_channels_under_real_load_over_af_xdp() {
         timeout(LIMIT, a.channels_reach(1))
             .await
             .expect("the scaler closed the idle channel");
-        assert_eq!(a.channel_count(), 1);
+        assert_eq!(a.diagnostics().channel_count(), 1);
         println!(
             "scaler: 1 -> 2 -> 1 channels while {} MB went through; plans at growth {plans:?}, at the end {:?}",
             sent >> 20,
-            a.plan_counters()
+            a.diagnostics().plan_counters()
         );
     });
     a.abort();
@@ -2328,7 +2353,7 @@ fn plans_spawn_move_and_retire_queue_runtimes_under_load_over_af_xdp() {
         .unwrap_or(100_000_000)
         / 2;
     // The runtimes the stack started with, and the placement after each change.
-    let before = a.channel_placement();
+    let before = a.diagnostics().channel_placement();
     let first = own_runtimes(&before);
     assert!(
         !first.is_empty() && before.runtimes.len() == first.len(),
@@ -2336,7 +2361,7 @@ fn plans_spawn_move_and_retire_queue_runtimes_under_load_over_af_xdp() {
     );
     // The runtime the plan spawned, if it is there and drives both queues.
     let spawned_driving_all = |a: &Stack| {
-        let p = a.channel_placement();
+        let p = a.diagnostics().channel_placement();
         p.runtimes
             .iter()
             .find(|r| {
@@ -2352,7 +2377,7 @@ fn plans_spawn_move_and_retire_queue_runtimes_under_load_over_af_xdp() {
         let l = b.bind(at).await.unwrap();
         let c = timeout(LIMIT, a.connect(at)).await.unwrap().unwrap();
         let (s, _) = timeout(LIMIT, l.accept()).await.unwrap().unwrap();
-        let channels = a.channel_count();
+        let channels = a.diagnostics().channel_count();
         let (mut a_rd, mut a_wr) = c.into_split();
         let (mut b_rd, mut b_wr) = s.into_split();
         // B to A, verified on A.
@@ -2419,7 +2444,7 @@ fn plans_spawn_move_and_retire_queue_runtimes_under_load_over_af_xdp() {
                         // The spawned runtime drove both queues meanwhile, and their
                         // rounds went on.
                         let t = spawned.expect("moved");
-                        let now = a.queue_stats();
+                        let now = a.diagnostics().queue_stats();
                         assert!(
                             now.iter().all(|q| q.place == DriverPlace::Runtime(t)),
                             "{now:?}"
@@ -2436,21 +2461,26 @@ fn plans_spawn_move_and_retire_queue_runtimes_under_load_over_af_xdp() {
                         if let Some(t) = spawned_driving_all(&a) {
                             // What the scheduler sees: every queue and channel on the new
                             // runtime.
-                            let stats = a.stats();
+                            let stats = a.diagnostics().stats();
                             let id = ChannelThreadId(t);
                             assert!(stats.queues.iter().all(|q| q.thread == id), "{stats:?}");
                             assert!(
                                 stats.channels.iter().all(|c| c.thread == Some(id)),
                                 "{stats:?}"
                             );
-                            rounds_at_move =
-                                Some(a.queue_stats().iter().map(|q| q.rounds).collect());
+                            rounds_at_move = Some(
+                                a.diagnostics()
+                                    .queue_stats()
+                                    .iter()
+                                    .map(|q| q.rounds)
+                                    .collect(),
+                            );
                             spawned = Some(t);
                             moved_at = Some(off);
                         }
                     }
                     2 if retired_at.is_none() => {
-                        let p = a.channel_placement();
+                        let p = a.diagnostics().channel_placement();
                         if spawned.is_some_and(|t| p.runtime(&DriverPlace::Runtime(t)).is_none()) {
                             retired_at = Some(off);
                         }
@@ -2465,11 +2495,11 @@ fn plans_spawn_move_and_retire_queue_runtimes_under_load_over_af_xdp() {
         timeout(LIMIT, forth).await.unwrap().unwrap();
         timeout(LIMIT, back).await.unwrap().unwrap();
         assert_eq!(timeout(LIMIT, back_rx).await.unwrap().unwrap(), total);
-        let pc = a.plan_counters();
+        let pc = a.diagnostics().plan_counters();
         println!(
             "runtime placement over AF_XDP: queues moved at {moved_at:?}, runtime retired at \
              {retired_at:?} of {total} bytes; {pc:?}; placement now {}",
-            a.channel_placement()
+            a.diagnostics().channel_placement()
         );
         // Both happened while data was flowing.
         assert!(moved_at.is_some_and(|m| m < total), "{moved_at:?}");
@@ -2480,11 +2510,11 @@ fn plans_spawn_move_and_retire_queue_runtimes_under_load_over_af_xdp() {
         assert_eq!(pc.refused, 0, "{pc:?}");
         // No channel was lost on the way, and the placement is back to the runtimes the
         // stack started with driving the queues, as the snapshot (serialisable) shows.
-        assert_eq!(a.channel_count(), channels);
-        assert_eq!(a.channel_resets_received(), 0);
-        let after = a.channel_placement();
+        assert_eq!(a.diagnostics().channel_count(), channels);
+        assert_eq!(a.diagnostics().channel_resets_received(), 0);
+        let after = a.diagnostics().channel_placement();
         assert_eq!(own_runtimes(&after), first, "{after}");
-        let stats = a.stats();
+        let stats = a.diagnostics().stats();
         let threads: std::collections::BTreeSet<_> = stats.threads.iter().map(|t| t.id).collect();
         let started: std::collections::BTreeSet<_> =
             first.iter().copied().map(ChannelThreadId).collect();
@@ -2545,7 +2575,7 @@ fn the_scaler_gives_a_crowded_runtimes_second_queue_a_runtime_of_its_own_over_af
         .expect("stack A");
     // One runtime for both queues, whatever the host gave the stack: every queue on the
     // home runtime, the others removed.
-    let set = a.channel_set();
+    let set = a.diagnostics().channel_set();
     let home = DriverPlace::Runtime(0);
     for q in set.queues() {
         set.move_queue(q, home.clone())
@@ -2587,14 +2617,14 @@ fn the_scaler_gives_a_crowded_runtimes_second_queue_a_runtime_of_its_own_over_af
         let receiver = tokio::spawn(async move { recv_pattern(&mut s, 78).await });
         // Plan after plan, until the scaler has moved a queue.
         timeout(LIMIT, async {
-            while a.plan_counters().queues_moved == 0 {
-                let next = a.plan_counters().plans + 1;
+            while a.diagnostics().plan_counters().queues_moved == 0 {
+                let next = a.diagnostics().plan_counters().plans + 1;
                 a.plans_reach(next).await;
             }
         })
         .await
         .expect("the scaler moved a queue off the crowded runtime");
-        let p = a.channel_placement();
+        let p = a.diagnostics().channel_placement();
         let (r0, r1) = (p.place_of(0), p.place_of(1));
         assert_eq!(r0, Some(home.clone()), "queue 0 stays: {p}");
         assert!(
@@ -2606,7 +2636,7 @@ fn the_scaler_gives_a_crowded_runtimes_second_queue_a_runtime_of_its_own_over_af
             spawned.core.is_some() && spawned.queues == vec![1] && p.dead.is_empty(),
             "the new runtime is pinned and drives queue 1: {p}"
         );
-        let plans = a.plan_counters();
+        let plans = a.diagnostics().plan_counters();
         assert!(
             plans.threads_spawned >= 1 && plans.queues_moved >= 1 && plans.refused == 0,
             "{plans:?}"

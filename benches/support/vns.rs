@@ -185,7 +185,7 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 /// Moves every queue of `stack` to a queue runtime of its own (queue *i* on runtime *i*,
 /// started as needed); returns where each queue was.
 fn own_runtimes(stack: &Stack) -> Vec<(u32, DriverPlace)> {
-    let set = stack.channel_set();
+    let set = stack.diagnostics().channel_set();
     let before = set.placement();
     let mut was = Vec::new();
     for (i, q) in set.queues().into_iter().enumerate() {
@@ -321,12 +321,12 @@ impl StackPair {
 
     /// A's channel set.
     pub fn channels_a(&self) -> &ChannelSet {
-        self.a.channel_set()
+        self.a.diagnostics().channel_set()
     }
 
     /// B's channel set.
     pub fn channels_b(&self) -> &ChannelSet {
-        self.b.channel_set()
+        self.b.diagnostics().channel_set()
     }
 
     /// Moves every queue of both stacks to queue runtimes of the stacks' own (queue *i* on
@@ -340,7 +340,11 @@ impl StackPair {
     pub fn place_back(&self, placed: [Vec<(u32, DriverPlace)>; 2]) {
         for (stack, places) in [&self.a, &self.b].into_iter().zip(placed) {
             for (q, p) in places {
-                stack.channel_set().move_queue(q, p).expect("move back");
+                stack
+                    .diagnostics()
+                    .channel_set()
+                    .move_queue(q, p)
+                    .expect("move back");
             }
         }
     }

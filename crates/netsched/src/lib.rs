@@ -292,7 +292,7 @@ pub trait NetScheduler: Send {
     /// `vns::Stack` carries plans out every period (`StackBuilder::execute_plans`, on by
     /// default): it opens the channels asked for and retires those to close without
     /// losing a byte (queued chunks leave first; nothing new goes on them). `Pin` is not
-    /// carried out yet. See `vns::Stack::plan_counters`.
+    /// carried out yet. See `vns::Diagnostics::plan_counters`.
     fn plan(&mut self, snapshot: &StackSnapshot) -> Vec<PlanAction> {
         let _ = snapshot;
         Vec::new()

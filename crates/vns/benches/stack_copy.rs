@@ -123,8 +123,8 @@ fn bench(c: &mut Criterion) {
         println!(
             "{} workers: writer stack {:?}\n           reader stack {:?}",
             s.workers,
-            s.a.copy_stats(),
-            s.b.copy_stats()
+            s.a.diagnostics().copy_stats(),
+            s.b.diagnostics().copy_stats()
         );
     }
 }

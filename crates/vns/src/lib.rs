@@ -81,7 +81,7 @@ pub use netsched::{AppClass, ChannelClass, ChannelId};
 pub use reorder::ReorderBuffer;
 pub use response_queue::ResponseQueue;
 pub use stack::{
-    default_stack, set_default_stack, BusyPoll, Liveness, Stack, StackBuilder, StackError,
-    VirtualListener, VirtualSocket, VirtualStream,
+    default_stack, set_default_stack, BusyPoll, Diagnostics, Liveness, Stack, StackBuilder,
+    StackError, VirtualListener, VirtualSocket, VirtualStream,
 };
 pub use wire::{ChunkPacket, ChunkRepr, ChunkType, Seq};

@@ -86,9 +86,15 @@ async fn peers_with_the_same_key_talk() {
     let server = echo_server(&b, B, 50_000).await;
     echo_through(&a, B, 50_000).await.unwrap();
     server.await.unwrap();
-    assert_eq!((a.auth_failures(), b.auth_failures()), (0, 0));
-    assert_eq!(b.dropped_channels(), 0);
-    assert!(b.channel_count() >= 2);
+    assert_eq!(
+        (
+            a.diagnostics().auth_failures(),
+            b.diagnostics().auth_failures()
+        ),
+        (0, 0)
+    );
+    assert_eq!(b.diagnostics().dropped_channels(), 0);
+    assert!(b.diagnostics().channel_count() >= 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,11 +108,14 @@ async fn a_peer_without_the_key_is_refused_and_counted() {
     println!("keyless peer: {err}");
     // Both of A's channels were refused for want of a proof.
     let until = tokio::time::Instant::now() + LIMIT;
-    while b.auth_failures() < 2 {
+    while b.diagnostics().auth_failures() < 2 {
         assert!(tokio::time::Instant::now() < until, "refusals not counted");
         tokio::task::yield_now().await;
     }
-    assert_eq!(b.auth_failures(), b.dropped_channels());
+    assert_eq!(
+        b.diagnostics().auth_failures(),
+        b.diagnostics().dropped_channels()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,7 +127,7 @@ async fn a_peer_that_requires_a_key_is_refused_by_one_without() {
     let err = echo_through(&a, B, 10).await.unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
     assert!(err.to_string().contains("authentication"), "{err}");
-    assert!(b.auth_failures() >= 1);
+    assert!(b.diagnostics().auth_failures() >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -133,7 +142,7 @@ async fn a_peer_with_another_key_is_refused() {
         err.to_string().contains("does not hold our channel key"),
         "{err}"
     );
-    assert_eq!(b.channel_count(), 0);
+    assert_eq!(b.diagnostics().channel_count(), 0);
 }
 
 #[test]
@@ -235,13 +244,13 @@ async fn forged_and_replayed_proofs_are_refused_while_honest_peers_work() {
     t3.enqueue(Bytes::from_static(b"NCHN\x01\x00\x00\x00"))
         .unwrap();
     assert!(closed(&t3).await, "an unauthenticated channel is aborted");
-    assert_eq!(b.auth_failures(), 3);
+    assert_eq!(b.diagnostics().auth_failures(), 3);
 
     // The right proof for the current challenge joins (whoever holds the key is a peer).
     t1.enqueue(Bytes::from(tag(b"netchannel open v1", &nc, &ns1, 0)))
         .unwrap();
     let until = tokio::time::Instant::now() + LIMIT;
-    while b.channel_count() < 1 {
+    while b.diagnostics().channel_count() < 1 {
         assert!(
             tokio::time::Instant::now() < until,
             "the proven channel never joined"
@@ -253,5 +262,5 @@ async fn forged_and_replayed_proofs_are_refused_while_honest_peers_work() {
     let server = echo_server(&b, B, 20_000).await;
     echo_through(&a, B, 20_000).await.unwrap();
     server.await.unwrap();
-    assert_eq!(b.auth_failures(), 3);
+    assert_eq!(b.diagnostics().auth_failures(), 3);
 }

@@ -61,14 +61,14 @@ fn the_builder_reads_the_environment_and_explicit_calls_win() {
         std::env::set_var("NETCHANNEL_XDP_MODE", "zerocopy");
         std::env::set_var("NETCHANNEL_RSS_ALIGN", "0");
         let stack = build(Stack::builder()).unwrap();
-        let c = stack.channel_set().config();
+        let c = stack.diagnostics().channel_set().config();
         assert_eq!(
             (c.link.bind, &c.rss),
             (BindMode::ZeroCopy, &RssAlignment::Off)
         );
         drop(stack);
         let stack = build(Stack::builder().xdp_mode(BindMode::Copy).rss_align(true)).unwrap();
-        let c = stack.channel_set().config();
+        let c = stack.diagnostics().channel_set().config();
         assert_eq!(
             (c.link.bind, &c.rss),
             (BindMode::Copy, &RssAlignment::Probe)

@@ -124,13 +124,13 @@ async fn read_after_delivery(a: &Stack, b: &Stack, port: u16) {
         .await
         .expect("not delivered in time");
     assert_eq!(a.pending_tx_bytes(), 0);
-    let before = b.copy_stats().parallel_copies_out;
+    let before = b.diagnostics().copy_stats().parallel_copies_out;
     let mut got = vec![0u8; N];
     let mut buf = vec![0u8; IO];
     let n = s.read(&mut buf).await.unwrap();
     assert_eq!(n, IO, "a full read buffer was readable");
     got[..n].copy_from_slice(&buf);
-    assert_eq!(b.copy_stats().parallel_copies_out, before + 1);
+    assert_eq!(b.diagnostics().copy_stats().parallel_copies_out, before + 1);
     timeout(LIMIT, s.read_exact(&mut got[n..]))
         .await
         .unwrap()
@@ -147,7 +147,7 @@ async fn large_transfers_go_through_the_copy_workers() {
     both_ways(&a, &b, 7100).await;
     let chunk = vns_config().max_chunk_payload;
     for (name, stack) in [("a", &a), ("b", &b)] {
-        let s = stack.copy_stats();
+        let s = stack.diagnostics().copy_stats();
         eprintln!("{name}: {s:?}");
         let copies_in = s.parallel_copies - s.parallel_copies_out;
         assert!(
@@ -189,9 +189,9 @@ async fn without_copy_workers_the_plain_path_copies() {
     let (a, b) = stacks(0);
     both_ways(&a, &b, 7101).await;
     assert_eq!(a.copy_workers(), 0);
-    assert_eq!(a.copy_stats(), CopyStats::default());
-    assert_eq!(b.copy_stats(), CopyStats::default());
-    assert!(a.copy_worker_tids().is_empty());
+    assert_eq!(a.diagnostics().copy_stats(), CopyStats::default());
+    assert_eq!(b.diagnostics().copy_stats(), CopyStats::default());
+    assert!(a.diagnostics().copy_worker_tids().is_empty());
 }
 
 /// Whether the OS still lists thread `tid` of this process.
@@ -212,8 +212,12 @@ async fn dropping_the_stack_joins_its_copy_workers() {
         got
     });
     assert!(got == data);
-    assert!(a.copy_stats().parallel_copies > 0);
-    let tids = [a.copy_worker_tids(), b.copy_worker_tids()].concat();
+    assert!(a.diagnostics().copy_stats().parallel_copies > 0);
+    let tids = [
+        a.diagnostics().copy_worker_tids(),
+        b.diagnostics().copy_worker_tids(),
+    ]
+    .concat();
     assert_eq!(tids.len(), 4, "two started workers per stack");
     for &tid in &tids {
         let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap();
@@ -257,7 +261,7 @@ async fn copy_workers_without_vns_config_get_buffers_they_can_use() {
         }
     );
     assert!(got == data);
-    let st = a.copy_stats();
+    let st = a.diagnostics().copy_stats();
     assert!(
         st.parallel_copies > 0,
         "no write shared with the workers: {st:?}"
@@ -309,11 +313,12 @@ async fn the_schedulers_copy_worker_choice_is_followed() {
     let (a, b) = (build(A), build(B));
     both_ways(&a, &b, 7102).await;
     for (name, stack) in [("a", &a), ("b", &b)] {
-        let s = stack.copy_stats();
+        let s = stack.diagnostics().copy_stats();
         assert!(s.parallel_copies > 0, "{name}: no large copy: {s:?}");
         assert!(s.declined_pieces >= 2 * s.parallel_copies, "{name}: {s:?}");
         assert_eq!(s.worker_bytes, 0, "{name}: a worker copied: {s:?}");
         assert!(stack
+            .diagnostics()
             .stats()
             .copy_workers
             .iter()

@@ -111,10 +111,10 @@ async fn silent_and_garbage_channels_are_dropped_and_counted() {
     for t in &held {
         assert!(closed(t).await, "a silent channel is aborted");
     }
-    assert_eq!(b.dropped_channels(), silent as u64 + 1);
+    assert_eq!(b.diagnostics().dropped_channels(), silent as u64 + 1);
     // The honest peer's channels were not touched.
-    assert_eq!(a.dropped_channels(), 0);
-    assert!(b.channel_count() >= 2);
+    assert_eq!(a.diagnostics().dropped_channels(), 0);
+    assert!(b.diagnostics().channel_count() >= 2);
 }
 
 /// A stream closed after shutdown lingers for the peer's FIN. A peer that never sends it
@@ -176,6 +176,6 @@ async fn a_stream_whose_peer_never_finishes_is_reset_after_the_linger_timeout() 
         }
     };
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
-    assert_eq!(b.endpoint_counters().linger_expired, 1);
-    assert_eq!(a.endpoint_counters().linger_expired, 0);
+    assert_eq!(b.diagnostics().endpoint_counters().linger_expired, 1);
+    assert_eq!(a.diagnostics().endpoint_counters().linger_expired, 0);
 }

@@ -85,6 +85,7 @@ async fn round_trip(s: &mut vns::VirtualStream) -> Option<Duration> {
 /// The queues of `stack` on runtime `place`.
 fn queues_on(stack: &Stack, place: &DriverPlace) -> Vec<u32> {
     stack
+        .diagnostics()
         .channel_placement()
         .runtime(place)
         .map(|r| r.queues.clone())
@@ -129,13 +130,13 @@ fn a_blocked_application_worker_delays_other_tasks_by_the_rescue_bound_only() {
             let stuck = |a: &Stack, i: usize| -> ! {
                 panic!(
                     "round trip {i} never completed; A: {} {:?}\nA channels {:#?}\nB channels {:#?} {:?}\nA wire {:#?}\nB wire {:#?}",
-                    a.channel_placement(),
-                    a.queue_stats(),
-                    a.stats().channels,
-                    b2.stats().channels,
-                    b2.queue_stats(),
-                    a.channel_wire(),
-                    b2.channel_wire(),
+                    a.diagnostics().channel_placement(),
+                    a.diagnostics().queue_stats(),
+                    a.diagnostics().stats().channels,
+                    b2.diagnostics().stats().channels,
+                    b2.diagnostics().queue_stats(),
+                    a.diagnostics().channel_wire(),
+                    b2.diagnostics().channel_wire(),
                 )
             };
             for i in 0..20 {
@@ -167,7 +168,7 @@ fn a_blocked_application_worker_delays_other_tasks_by_the_rescue_bound_only() {
             }
             blocker.await.expect("blocker");
             assert!(during > 0);
-            (worst, a.channel_placement().rescues)
+            (worst, a.diagnostics().channel_placement().rescues)
         }
     });
     assert!(
@@ -182,7 +183,7 @@ fn a_blocked_application_worker_delays_other_tasks_by_the_rescue_bound_only() {
         assert!(
             Instant::now() < deadline,
             "the queues did not go back: {}",
-            a.channel_placement()
+            a.diagnostics().channel_placement()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -203,9 +204,14 @@ fn the_default_placement_follows_the_host() {
         .expect("stack A");
     let on_app = queues_on(&a, &DriverPlace::External(APPLICATION_RUNTIME.into()));
     if cores < netsched::DISAGGREGATE_MIN_CORES {
-        assert_eq!(on_app.len(), net.queues(), "{}", a.channel_placement());
+        assert_eq!(
+            on_app.len(),
+            net.queues(),
+            "{}",
+            a.diagnostics().channel_placement()
+        );
     } else {
-        assert!(on_app.is_empty(), "{}", a.channel_placement());
+        assert!(on_app.is_empty(), "{}", a.diagnostics().channel_placement());
     }
     let b = app
         .block_on(async {
@@ -215,7 +221,7 @@ fn the_default_placement_follows_the_host() {
                 .build_in_memory(&net)
         })
         .expect("stack B");
-    let placement = b.channel_placement();
+    let placement = b.diagnostics().channel_placement();
     for r in &placement.runtimes {
         assert!(
             r.queues.is_empty() || matches!(r.place, DriverPlace::Runtime(_)),
@@ -257,15 +263,16 @@ fn isolating_drives_the_latency_queue_on_the_latency_runtime() {
     let latency = DriverPlace::External(LATENCY_RUNTIME.into());
     for s in [&a, &b] {
         let q = queues_on(s, &latency);
-        assert_eq!(q.len(), 1, "{}", s.channel_placement());
+        assert_eq!(q.len(), 1, "{}", s.diagnostics().channel_placement());
         assert!(
-            s.channel_placement()
+            s.diagnostics()
+                .channel_placement()
                 .runtimes
                 .iter()
                 .filter(|r| r.place != latency)
                 .all(|r| !r.queues.contains(&q[0])),
             "{}",
-            s.channel_placement()
+            s.diagnostics().channel_placement()
         );
     }
     echo_server(&b, &latency_app, addr(B, PORT + 2));
@@ -276,7 +283,7 @@ fn isolating_drives_the_latency_queue_on_the_latency_runtime() {
             .expect("latency class");
         let mut s = socket.connect(addr(B, PORT + 2)).await.expect("connect");
         // In the latency shard, whose channels are the latency channels.
-        assert_eq!(s.shard(), a.latency_shard());
+        assert_eq!(s.shard(), a.diagnostics().latency_shard());
         for i in 0..50u8 {
             s.write_all(&[i; 100]).await.expect("write");
             let mut buf = [0u8; 100];
@@ -309,7 +316,7 @@ fn a_placement_set_by_configure_channels_is_kept() {
         })
         .build_in_memory(&net)
         .expect("stack");
-    let p = stack.channel_placement();
+    let p = stack.diagnostics().channel_placement();
     assert_eq!(
         (p.place_of(0), p.place_of(1)),
         (Some(DriverPlace::Runtime(1)), Some(DriverPlace::Runtime(0))),
@@ -322,7 +329,7 @@ fn a_placement_set_by_configure_channels_is_kept() {
         .configure_channels(|c| c.nodelay = true)
         .build_in_memory(&net)
         .expect("stack");
-    let p = other.channel_placement();
+    let p = other.diagnostics().channel_placement();
     assert!(
         (0..2).all(|q| matches!(p.place_of(q), Some(DriverPlace::Runtime(_)))),
         "{p}"
@@ -388,7 +395,7 @@ fn queues_are_not_placed_back_on_an_application_runtime_that_is_gone() {
         .build_in_memory(&net)
         .expect("stack B");
     let application = DriverPlace::External(APPLICATION_RUNTIME.into());
-    let p = a.channel_placement();
+    let p = a.diagnostics().channel_placement();
     assert_eq!(
         p.runtime(&application).map(|r| r.queues.clone()),
         Some(vec![0, 1]),
@@ -413,7 +420,7 @@ fn queues_are_not_placed_back_on_an_application_runtime_that_is_gone() {
     });
     // The application's runtime ends; the stack goes on.
     drop(app);
-    let rescues = a.channel_placement().rescues;
+    let rescues = a.diagnostics().channel_placement().rescues;
     let mut slow = Vec::new();
     let mut exchanges = 0u32;
     rt.block_on(async {
@@ -431,7 +438,7 @@ fn queues_are_not_placed_back_on_an_application_runtime_that_is_gone() {
         c.shutdown().await.unwrap();
         timeout(LIMIT, server).await.unwrap().unwrap();
     });
-    let p = a.channel_placement();
+    let p = a.diagnostics().channel_placement();
     println!("{exchanges} exchanges; slow ones (start, time): {slow:?}; {p}");
     assert!(
         p.runtime(&application).is_none_or(|r| r.queues.is_empty()),
@@ -533,10 +540,19 @@ fn plans_do_not_pin_the_home_runtime_for_a_rescued_queue() {
         small_exchange(&mut c, 0).await;
         // Plans with the channels there: their queues are on the application's runtime,
         // so every pin is refused.
-        let asked = a.plan_counters().plans;
+        let asked = a.diagnostics().plan_counters().plans;
         timeout(LIMIT, a.plans_reach(asked + 3)).await.unwrap();
-        assert_eq!(a.plan_counters().pinned, 0, "{:?}", a.plan_counters());
-        assert!(a.plan_counters().refused > 0, "{:?}", a.plan_counters());
+        assert_eq!(
+            a.diagnostics().plan_counters().pinned,
+            0,
+            "{:?}",
+            a.diagnostics().plan_counters()
+        );
+        assert!(
+            a.diagnostics().plan_counters().refused > 0,
+            "{:?}",
+            a.diagnostics().plan_counters()
+        );
 
         // The application blocks its only worker while the stream goes on: the queue the
         // echoes arrive on is rescued to the home runtime.
@@ -559,24 +575,32 @@ fn plans_do_not_pin_the_home_runtime_for_a_rescued_queue() {
         let rescued = loop {
             small_exchange(&mut c, tag).await;
             tag = tag.wrapping_add(1);
-            let p = a.channel_placement();
+            let p = a.diagnostics().channel_placement();
             if let Some(r) = p.runtime(&home).filter(|r| !r.queues.is_empty()) {
                 break r.queues.clone();
             }
             assert!(Instant::now() < deadline, "no rescue: {p}");
         };
-        let asked = a.plan_counters().plans;
+        let asked = a.diagnostics().plan_counters().plans;
         timeout(LIMIT, a.plans_reach(asked + 3)).await.unwrap();
-        let p = a.channel_placement();
+        let p = a.diagnostics().channel_placement();
         blocked.store(false, Ordering::SeqCst);
         timeout(LIMIT, blocker).await.unwrap().unwrap();
-        println!("rescued {rescued:?}; {p}; {:?}", a.plan_counters());
+        println!(
+            "rescued {rescued:?}; {p}; {:?}",
+            a.diagnostics().plan_counters()
+        );
         assert_eq!(
             p.runtime(&home).and_then(|r| r.core),
             None,
             "the home runtime pinned for a rescued queue: {p}"
         );
-        assert_eq!(a.plan_counters().pinned, 0, "{:?}", a.plan_counters());
+        assert_eq!(
+            a.diagnostics().plan_counters().pinned,
+            0,
+            "{:?}",
+            a.diagnostics().plan_counters()
+        );
         assert!(p.runtime(&application).is_some(), "{p}");
         c.shutdown().await.unwrap();
         timeout(LIMIT, server).await.unwrap().unwrap();

@@ -75,7 +75,12 @@ fn pattern(tag: u32, len: usize) -> Vec<u8> {
 async fn channels_become(a: &Stack, n: usize) {
     timeout(LIMIT, a.channels_reach(n))
         .await
-        .unwrap_or_else(|_| panic!("never reached {n} channels (at {})", a.channel_count()));
+        .unwrap_or_else(|_| {
+            panic!(
+                "never reached {n} channels (at {})",
+                a.diagnostics().channel_count()
+            )
+        });
 }
 
 /// Stack A with `FollowTarget` (starting at `target` channels) and stack B, one
@@ -106,7 +111,7 @@ async fn plans_scale_channels_1_to_4_to_1_under_load_losing_nothing() {
     let small_l = b.bind_with_backlog(at(7801), SMALL as usize).await.unwrap();
     let mut c = a.connect(at(7800)).await.unwrap();
     let (mut s, _) = big_l.accept().await.unwrap();
-    assert_eq!(a.channel_count(), 1);
+    assert_eq!(a.diagnostics().channel_count(), 1);
     let echo = tokio::spawn(async move {
         let mut tasks = Vec::new();
         for _ in 0..SMALL {
@@ -171,7 +176,7 @@ async fn plans_scale_channels_1_to_4_to_1_under_load_losing_nothing() {
             if phase == 0 && got.len() >= BIG / 4 {
                 target.store(4, Ordering::Relaxed);
                 phase = 1;
-            } else if phase == 1 && a2.channel_count() == 4 {
+            } else if phase == 1 && a2.diagnostics().channel_count() == 4 {
                 target.store(1, Ordering::Relaxed);
                 phase = 2;
             }
@@ -196,7 +201,7 @@ async fn plans_scale_channels_1_to_4_to_1_under_load_losing_nothing() {
     })
     .await
     .expect("small streams stalled while channels scaled");
-    let pc = a.plan_counters();
+    let pc = a.diagnostics().plan_counters();
     assert!(
         pc.opened >= 3 && pc.retired >= 3 && pc.closed >= 3,
         "{pc:?}"
@@ -206,7 +211,7 @@ async fn plans_scale_channels_1_to_4_to_1_under_load_losing_nothing() {
     channels_become(&b, 1).await;
     println!(
         "plan counters: {pc:?}; resent {} chunks",
-        a.endpoint_counters().resent_chunks
+        a.diagnostics().endpoint_counters().resent_chunks
     );
 }
 
@@ -220,13 +225,17 @@ async fn plans_never_retire_the_last_channel() {
     let mut c = a.connect(at).await.unwrap();
     let (mut s, _) = l.accept().await.unwrap();
     // Target 0: every plan since the channel exists asks to close it, and is refused.
-    let asked = a.plan_counters().plans;
+    let asked = a.diagnostics().plan_counters().plans;
     timeout(LIMIT, a.plans_reach(asked + 3))
         .await
         .expect("the plans were never asked for");
-    assert!(a.plan_counters().refused >= 3, "{:?}", a.plan_counters());
-    assert_eq!(a.channel_count(), 1);
-    assert_eq!(a.plan_counters().retired, 0);
+    assert!(
+        a.diagnostics().plan_counters().refused >= 3,
+        "{:?}",
+        a.diagnostics().plan_counters()
+    );
+    assert_eq!(a.diagnostics().channel_count(), 1);
+    assert_eq!(a.diagnostics().plan_counters().retired, 0);
     c.write_all(b"still here").await.unwrap();
     let mut buf = [0u8; 10];
     s.read_exact(&mut buf).await.unwrap();
@@ -239,7 +248,7 @@ async fn plans_never_retire_the_last_channel() {
         .build_in_memory(&net)
         .unwrap();
     let _c = off.connect(at).await.unwrap();
-    assert_eq!(off.plan_counters().plans, 0);
+    assert_eq!(off.diagnostics().plan_counters().plans, 0);
 }
 
 /// A policy that wants a queue runtime spawned, a queue moved and a runtime retired at
@@ -300,7 +309,7 @@ async fn runtime_actions_reach_an_in_memory_stacks_queue_runtimes() {
     });
     w.unwrap();
     assert!(r.unwrap() == data);
-    let pc = a.plan_counters();
+    let pc = a.diagnostics().plan_counters();
     assert!(pc.plans >= 3, "{pc:?}");
     assert_eq!(
         (pc.threads_spawned, pc.queues_moved, pc.threads_retired),
@@ -311,13 +320,13 @@ async fn runtime_actions_reach_an_in_memory_stacks_queue_runtimes() {
         pc.refused, pc.plans,
         "one retirement refused per plan: {pc:?}"
     );
-    let placement = a.channel_placement();
+    let placement = a.diagnostics().channel_placement();
     assert_eq!(
         placement.place_of(0),
         Some(netdriver::channel::DriverPlace::Runtime(0)),
         "{placement}"
     );
-    let stats = a.stats();
+    let stats = a.diagnostics().stats();
     assert!(
         stats.queues.iter().any(|q| q.queue == 0 && q.thread.0 == 0),
         "{stats:?}"

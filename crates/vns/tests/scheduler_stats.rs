@@ -1,6 +1,6 @@
 //! The scheduler as a stack uses it: a user policy placing chunks on in-memory stacks,
-//! the richer per-channel statistics it decides from, `Stack::stats` and
-//! `Stack::scheduler_plan`.
+//! the richer per-channel statistics it decides from, `Diagnostics::stats` and
+//! `Diagnostics::scheduler_plan`.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
@@ -92,7 +92,7 @@ async fn a_user_policy_places_every_chunk_and_stats_show_it() {
     written.unwrap();
     assert_eq!(read.unwrap(), data.len());
 
-    let stats = a.stats();
+    let stats = a.diagnostics().stats();
     let bulk: Vec<_> = stats
         .channels
         .iter()
@@ -128,7 +128,7 @@ async fn a_user_policy_places_every_chunk_and_stats_show_it() {
             .all(|c| c.steering == Some(Steering::Forwarded)),
         "{stats:?}"
     );
-    let b_stats = b.stats();
+    let b_stats = b.diagnostics().stats();
     assert_eq!(b_stats.channels.len(), 4);
     assert!(
         b_stats
@@ -149,7 +149,7 @@ async fn a_user_policy_places_every_chunk_and_stats_show_it() {
     assert_eq!(back, stats);
 
     // The plan is computed over the stack's snapshot and handed back, not carried out.
-    let plan = a.scheduler_plan();
+    let plan = a.diagnostics().scheduler_plan();
     assert_eq!(
         plan,
         [PlanAction::OpenChannel {
@@ -160,8 +160,12 @@ async fn a_user_policy_places_every_chunk_and_stats_show_it() {
     let over = planned_over.lock().unwrap().clone().unwrap();
     assert_eq!(over.channels.len(), 4);
     assert_eq!(over.cores, stats.cores);
-    assert_eq!(a.channel_count(), 4, "plans off: nothing opened");
-    assert_eq!(a.plan_counters().plans, 0);
+    assert_eq!(
+        a.diagnostics().channel_count(),
+        4,
+        "plans off: nothing opened"
+    );
+    assert_eq!(a.diagnostics().plan_counters().plans, 0);
 }
 
 #[tokio::test]
@@ -172,10 +176,10 @@ async fn copy_workers_and_the_default_plan_appear_in_the_snapshot() {
         .copy_workers(2)
         .build_in_memory(&net)
         .unwrap();
-    let stats = a.stats();
+    let stats = a.diagnostics().stats();
     assert_eq!(stats.copy_workers.len(), 2);
     assert!(stats.copy_workers.iter().all(|w| w.queued_bytes == 0));
     assert!(stats.channels.is_empty() && stats.flows.is_empty());
     // RoundRobin plans nothing.
-    assert!(a.scheduler_plan().is_empty());
+    assert!(a.diagnostics().scheduler_plan().is_empty());
 }

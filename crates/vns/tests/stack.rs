@@ -86,8 +86,8 @@ async fn echo_and_addresses() {
     c.read_exact(&mut back).await.unwrap();
     assert_eq!(&back, b"hello");
     // Channels: 2 throughput + 1 latency each side.
-    assert_eq!(a.channel_count(), 3);
-    assert_eq!(b.channel_count(), 3);
+    assert_eq!(a.diagnostics().channel_count(), 3);
+    assert_eq!(b.diagnostics().channel_count(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,10 +215,13 @@ async fn drop_without_shutdown_delivers_the_data_then_eof() {
     drop(s);
     // Both closed gracefully: nothing lingers, nothing was reset.
     assert!(
-        eventually(|| a.lingering_sockets() == 0 && b.lingering_sockets() == 0).await,
+        eventually(
+            || a.diagnostics().lingering_sockets() == 0 && b.diagnostics().lingering_sockets() == 0
+        )
+        .await,
         "closed sockets were not reaped"
     );
-    assert_eq!(a.endpoint_counters().linger_expired, 0);
+    assert_eq!(a.diagnostics().endpoint_counters().linger_expired, 0);
     assert_eq!(a.pending_tx_bytes(), 0);
 }
 
@@ -297,7 +300,7 @@ async fn linger_zero_makes_drop_a_reset() {
         .unwrap()
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionReset);
-    assert_eq!(b.lingering_sockets(), 0);
+    assert_eq!(b.diagnostics().lingering_sockets(), 0);
 
     let (_b, _host, t, s) = plain_pair(7009, Duration::from_secs(60)).await;
     // tokio's newer spelling of the same.
@@ -459,7 +462,7 @@ async fn a_full_backlog_makes_the_client_wait_not_fail() {
     let a2 = a.clone();
     let c3 = tokio::spawn(async move { a2.connect(addr(B, 7007)).await });
     timeout(LIMIT, async {
-        while b.endpoint_counters().backlog_full_syncs == 0 {
+        while b.diagnostics().endpoint_counters().backlog_full_syncs == 0 {
             tokio::task::yield_now().await;
         }
     })
@@ -474,8 +477,8 @@ async fn a_full_backlog_makes_the_client_wait_not_fail() {
         .expect("the waiting client never got in")
         .unwrap()
         .unwrap();
-    assert!(a.endpoint_counters().sync_retries >= 1);
-    assert_eq!(b.endpoint_counters().refused_syncs, 0);
+    assert!(a.diagnostics().endpoint_counters().sync_retries >= 1);
+    assert_eq!(b.diagnostics().endpoint_counters().refused_syncs, 0);
     let (s2, _) = l.accept().await.unwrap();
     assert_eq!(s2.peer_addr().unwrap(), c2.local_addr().unwrap());
     let (s3, _) = l.accept().await.unwrap();
@@ -501,8 +504,8 @@ async fn a_backlog_nobody_drains_times_the_client_out() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::TimedOut);
     // 200 ms, then 400 ms: at least the first retry went before the deadline.
-    assert!(a.endpoint_counters().sync_retries >= 1);
-    assert!(b.endpoint_counters().backlog_full_syncs >= 2);
+    assert!(a.diagnostics().endpoint_counters().sync_retries >= 1);
+    assert!(b.diagnostics().endpoint_counters().backlog_full_syncs >= 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -817,7 +820,7 @@ async fn finished_stream_keeps_its_bytes_when_the_channels_go() {
     timeout(LIMIT, a.channels_closed())
         .await
         .expect("channels lost");
-    assert_eq!(a.channel_count(), 0);
+    assert_eq!(a.diagnostics().channel_count(), 0);
     let mut got = Vec::new();
     timeout(LIMIT, c.read_to_end(&mut got))
         .await
@@ -939,10 +942,14 @@ async fn plain_stream_drop_without_shutdown_delivers_the_data_then_fin() {
     let got = timeout(LIMIT, read_transport_to_end(&t)).await.unwrap();
     assert!(got == data, "got {} bytes", got.len());
     timeout(LIMIT, writer).await.unwrap().unwrap();
-    assert_eq!(b.closing_plain_streams(), 1, "waits for the peer's FIN");
+    assert_eq!(
+        b.diagnostics().closing_plain_streams(),
+        1,
+        "waits for the peer's FIN"
+    );
     t.close();
-    assert!(eventually(|| b.closing_plain_streams() == 0).await);
-    assert_eq!(b.plain_linger_expired(), 0);
+    assert!(eventually(|| b.diagnostics().closing_plain_streams() == 0).await);
+    assert_eq!(b.diagnostics().plain_linger_expired(), 0);
     assert_eq!(b.pending_tx_bytes(), 0);
 }
 
@@ -982,7 +989,7 @@ async fn a_plain_stream_whose_peer_closed_first_is_let_go_at_its_drop() {
     // acknowledgement of the answer) is in the channel's figures already.
     drop(s);
     assert_eq!(
-        b.closing_plain_streams(),
+        b.diagnostics().closing_plain_streams(),
         0,
         "let go, not handed to the stack"
     );
@@ -991,7 +998,7 @@ async fn a_plain_stream_whose_peer_closed_first_is_let_go_at_its_drop() {
         b"",
         "end of stream, not a reset"
     );
-    assert_eq!(b.plain_linger_expired(), 0);
+    assert_eq!(b.diagnostics().plain_linger_expired(), 0);
 }
 
 /// A plain-TCP stream dropped with received bytes unread (part of a chunk, or bytes it
@@ -1023,7 +1030,7 @@ async fn plain_stream_drop_with_unread_data_resets_the_peer() {
         b""
     );
     t.enqueue(bytes::Bytes::from_static(b"too late")).unwrap();
-    assert!(eventually(|| b.closing_plain_streams() == 0).await);
+    assert!(eventually(|| b.diagnostics().closing_plain_streams() == 0).await);
     assert_eq!(
         t.poll_enqueue_ready(&mut std::task::Context::from_waker(
             futures_util::task::noop_waker_ref()
@@ -1042,9 +1049,9 @@ async fn closed_plain_stream_is_reset_after_the_linger_timeout() {
     let (b, _host, t, mut s) = plain_pair(7038, Duration::from_millis(200)).await;
     s.write_all(b"unread by the peer").await.unwrap();
     drop(s);
-    assert_eq!(b.closing_plain_streams(), 1);
-    assert!(eventually(|| b.closing_plain_streams() == 0).await);
-    assert_eq!(b.plain_linger_expired(), 1);
+    assert_eq!(b.diagnostics().closing_plain_streams(), 1);
+    assert!(eventually(|| b.diagnostics().closing_plain_streams() == 0).await);
+    assert_eq!(b.diagnostics().plain_linger_expired(), 1);
     assert_eq!(b.pending_tx_bytes(), 0);
     assert_eq!(
         timeout(LIMIT, read_transport_to_end(&t)).await.unwrap(),
@@ -1096,7 +1103,7 @@ async fn channel_timeout_fails_pending_and_later_operations_with_timed_out() {
     tokio::task::yield_now().await;
     // B goes silent; A's keep-alive gives up on it.
     for q in 0..net.queues() as u32 {
-        assert!(b.kill_queue(q));
+        assert!(b.diagnostics().kill_queue(q));
     }
     let (mut c, r) = timeout(LIMIT, pending).await.unwrap().unwrap();
     let e = r.unwrap_err();
@@ -1298,7 +1305,7 @@ async fn dropping_the_last_handle_delivers_in_the_background() {
     assert!(got == data, "got {} of {LEN} bytes", got.len());
     // Then b's control task closed its channels and stopped.
     timeout(LIMIT, a.channels_closed()).await.unwrap();
-    assert_eq!(a.channel_count(), 0);
+    assert_eq!(a.diagnostics().channel_count(), 0);
 }
 
 /// Stacks `a` and `b` as [`stacks`] makes them, `a` noticing within seconds a peer that
@@ -1350,9 +1357,9 @@ async fn linger_zero_aborts_at_once() {
         Ok(r) => r,
         Err(_) => panic!(
             "no end or error within {LIMIT:?}: channels {}, placement {}, {:#?}, pending {}",
-            a.channel_count(),
-            a.channel_placement(),
-            a.stats().channels,
+            a.diagnostics().channel_count(),
+            a.diagnostics().channel_placement(),
+            a.diagnostics().stats().channels,
             a.pending_tx_bytes()
         ),
     };
@@ -1441,7 +1448,10 @@ async fn transfer_through_channel_resets(from_a: bool, resets: usize) {
     let mut got = Vec::with_capacity(BIG);
     let mut buf = vec![0u8; 64 * 1024];
     let mut resets_left = resets;
-    let resent_now = || a.endpoint_counters().resent_chunks + b.endpoint_counters().resent_chunks;
+    let resent_now = || {
+        a.diagnostics().endpoint_counters().resent_chunks
+            + b.diagnostics().endpoint_counters().resent_chunks
+    };
     // A reset that found nothing unacknowledged on the channel (the writer paused, all
     // acknowledged) exercises no recovery: then one more, at the next eighth (seen once in
     // a CI run under load, "nothing was sent again").
@@ -1459,7 +1469,7 @@ async fn transfer_through_channel_resets(from_a: bool, resets: usize) {
             let extra = resets_left == 0 && resent_now() == 0 && spare_resets > 0;
             if resets_left > 0 || extra {
                 let side = if from_a { &a } else { &b };
-                assert!(side.reset_channel(0));
+                assert!(side.diagnostics().reset_channel(0));
                 if extra {
                     spare_resets -= 1;
                 } else {
@@ -1474,7 +1484,8 @@ async fn transfer_through_channel_resets(from_a: bool, resets: usize) {
     for t in tasks {
         timeout(LIMIT, t).await.unwrap().unwrap();
     }
-    let resent = a.endpoint_counters().resent_chunks + b.endpoint_counters().resent_chunks;
+    let resent = a.diagnostics().endpoint_counters().resent_chunks
+        + b.diagnostics().endpoint_counters().resent_chunks;
     assert!(resent > 0, "nothing was sent again");
 }
 
@@ -1502,8 +1513,8 @@ async fn channels_reopen_after_the_last_one_is_reset() {
         .await
         .unwrap()
         .unwrap();
-    assert!(a.reset_channel(0));
-    assert!(a.reset_channel(0));
+    assert!(a.diagnostics().reset_channel(0));
+    assert!(a.diagnostics().reset_channel(0));
     c.write_all(b"after").await.unwrap();
     let mut buf = [0u8; 5];
     timeout(LIMIT, s.read_exact(&mut buf))
@@ -1518,7 +1529,7 @@ async fn channels_reopen_after_the_last_one_is_reset() {
         .unwrap()
         .unwrap();
     assert_eq!(&buf, b"back");
-    assert!(a.channel_count() >= 1);
+    assert!(a.diagnostics().channel_count() >= 1);
 }
 
 /// In-memory channels are TCP connections like AF_XDP ones: each has its wire snapshot
@@ -1528,8 +1539,8 @@ async fn channels_reopen_after_the_last_one_is_reset() {
 async fn in_memory_channels_have_wires_and_queues_that_can_die() {
     let (a, b) = pair(3);
     let (mut c, mut s) = connected(&a, &b, 7300).await;
-    let wire = a.channel_wire();
-    assert_eq!(wire.len(), a.channel_count());
+    let wire = a.diagnostics().channel_wire();
+    assert_eq!(wire.len(), a.diagnostics().channel_count());
     assert!(wire.len() >= 3, "{wire:?}");
     assert!(
         wire.iter()
@@ -1541,8 +1552,8 @@ async fn in_memory_channels_have_wires_and_queues_that_can_die() {
         on_zero > 0 && on_zero < wire.len(),
         "channels on both queues: {wire:?}"
     );
-    assert!(a.kill_queue(0));
-    assert!(!a.kill_queue(0), "killed once");
+    assert!(a.diagnostics().kill_queue(0));
+    assert!(!a.diagnostics().kill_queue(0), "killed once");
     c.write_all(b"still here").await.unwrap();
     let mut got = [0u8; 10];
     timeout(LIMIT, s.read_exact(&mut got))
@@ -1551,7 +1562,10 @@ async fn in_memory_channels_have_wires_and_queues_that_can_die() {
         .unwrap();
     assert_eq!(&got, b"still here");
     assert_eq!(
-        (a.channel_resets_received(), b.channel_resets_received()),
+        (
+            a.diagnostics().channel_resets_received(),
+            b.diagnostics().channel_resets_received()
+        ),
         (0, 0)
     );
 }

@@ -506,7 +506,7 @@ async fn virtual_socket_options_reach_the_stream() {
     cs.set_keepalive(true).unwrap();
     assert!(cs.keepalive().unwrap());
     // A local port that maps to a shard with the remote port, as received chunks do.
-    let count = a.shards() as u32;
+    let count = a.diagnostics().shards() as u32;
     let local = (40_000..41_000u32)
         .find(|p| (p + 7330) % count == 0)
         .unwrap() as u16;

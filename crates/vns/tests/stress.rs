@@ -152,7 +152,7 @@ const SHARDED: Profile = Profile {
         };
         let (a, b) = (build(A), build(B));
         // Eight, and the latency shard.
-        assert_eq!((a.shards(), b.shards()), (9, 9));
+        assert_eq!((a.diagnostics().shards(), b.diagnostics().shards()), (9, 9));
         (a, b)
     },
 };
@@ -222,7 +222,7 @@ const APPLICATION_RUNTIME: Profile = Profile {
                 .scheduler(common::OnApplication::default())
                 .build_in_memory(&net)
                 .unwrap();
-            let placement = s.channel_placement();
+            let placement = s.diagnostics().channel_placement();
             for r in &placement.runtimes {
                 assert!(
                     r.queues.is_empty()
@@ -252,7 +252,7 @@ const OWN_RUNTIMES: Profile = Profile {
                 .application_runtime(false)
                 .build_in_memory(&net)
                 .unwrap();
-            let placement = s.channel_placement();
+            let placement = s.diagnostics().channel_placement();
             for r in &placement.runtimes {
                 assert!(
                     r.queues.is_empty() || matches!(r.place, DriverPlace::Runtime(_)),
@@ -800,7 +800,7 @@ async fn client_conn(
     if latency {
         assert_eq!(
             s.shard(),
-            stack.latency_shard(),
+            stack.diagnostics().latency_shard(),
             "client: the latency shard"
         );
     }
@@ -878,7 +878,7 @@ async fn run(seed: u64, prof: &Profile, clients: usize, p: Progress) {
         let l = stack.bind_with_backlog(addr(ip, PORT), 256).await.unwrap();
         let outcomes = outcomes.clone();
         let p = p.clone();
-        let latency_shard = stack.latency_shard();
+        let latency_shard = stack.diagnostics().latency_shard();
         servers.push(tokio::spawn(async move {
             let mut handlers = Vec::new();
             for _ in 0..n {

@@ -8,7 +8,7 @@ impl Endpoint {
     /// The endpoint's part of a [`StackSnapshot`]: every channel (as
     /// [`NetScheduler::pick_channel`](netsched::NetScheduler::pick_channel) sees it) and
     /// every socket. Threads, cores and copy workers are the host's to fill in
-    /// (`Stack::stats` does). A socket's `recent_rate_bps` is 0: not measured yet.
+    /// (`Diagnostics::stats` does). A socket's `recent_rate_bps` is 0: not measured yet.
     pub fn scheduler_snapshot(&self) -> StackSnapshot {
         let channels = self
             .channels

@@ -299,10 +299,10 @@ impl StackBuilder {
 
     /// Whether the control task carries out the scheduler's plans (default `true`): every
     /// [`plan_period`](netsched::NetScheduler::plan_period) it shows the policy a
-    /// snapshot ([`Stack::stats`]) and opens the channels it asks for and retires those it
-    /// wants closed, without losing a byte (see [`Stack::plan_counters`]). Policies that
+    /// snapshot ([`Diagnostics::stats`](crate::Diagnostics::stats)) and opens the channels it asks for and retires those it
+    /// wants closed, without losing a byte (see [`Diagnostics::plan_counters`](crate::Diagnostics::plan_counters)). Policies that
     /// plan nothing (the default `plan`) cost one snapshot per period. `false` leaves
-    /// plans to [`Stack::scheduler_plan`], for tools that only want to see them.
+    /// plans to [`Diagnostics::scheduler_plan`](crate::Diagnostics::scheduler_plan), for tools that only want to see them.
     /// Environment: `NETCHANNEL_EXECUTE_PLANS=0|1` for the default stack.
     pub fn execute_plans(mut self, on: bool) -> Self {
         self.execute_plans = on;
@@ -335,7 +335,7 @@ impl StackBuilder {
 
     /// How long a channel accepted on the channel port may take to send its preamble
     /// before it is aborted (default 5 s). At most 256 accepted channels wait at once; past
-    /// that the one that has waited longest is aborted. [`Stack::dropped_channels`]
+    /// that the one that has waited longest is aborted. [`Diagnostics::dropped_channels`](crate::Diagnostics::dropped_channels)
     /// counts both, and bad preambles.
     pub fn preamble_timeout(mut self, d: Duration) -> Self {
         self.preamble_timeout = d;
@@ -347,7 +347,7 @@ impl StackBuilder {
     /// or more). A channel then joins only after a challenge-response that proves both
     /// ends hold the key (HMAC-SHA256 over fresh nonces from each side, so a recorded
     /// exchange cannot be replayed); channels without the proof are aborted and counted
-    /// in [`Stack::auth_failures`], and opening channels to a peer with another key, or
+    /// in [`Diagnostics::auth_failures`](crate::Diagnostics::auth_failures), and opening channels to a peer with another key, or
     /// none, fails with `PermissionDenied`. It authenticates who joins; it does not
     /// encrypt or protect the chunks that follow (see `docs/security.md`). Without a key
     /// (the default) any process reaching the channel port from a peer's address can
@@ -411,7 +411,7 @@ impl StackBuilder {
     /// latency channels
     /// ([`StackBuilder::latency_channels`], 1 by default) runs one shard more, the latency
     /// shard, for latency-class streams connected as such and the peer's
-    /// ([`Stack::latency_shard`], [`crate::ShardOf`]). A scheduler that cannot be forked
+    /// ([`Diagnostics::latency_shard`](crate::Diagnostics::latency_shard), [`crate::ShardOf`]). A scheduler that cannot be forked
     /// ([`NetScheduler::fork`] returns `None`) keeps the
     /// stack on one shard. Environment: `NETCHANNEL_SHARDS`.
     ///
@@ -423,14 +423,14 @@ impl StackBuilder {
     ///     .shards(4)
     ///     .build_in_memory(&net)?;
     /// // Four for all streams, and the latency shard.
-    /// assert_eq!(stack.shards(), 5);
-    /// assert_eq!(stack.latency_shard(), Some(4));
+    /// assert_eq!(stack.diagnostics().shards(), 5);
+    /// assert_eq!(stack.diagnostics().latency_shard(), Some(4));
     /// let no_latency = vns::Stack::builder()
     ///     .ipv4("10.0.0.2".parse()?)
     ///     .shards(4)
     ///     .latency_channels(0)
     ///     .build_in_memory(&net)?;
-    /// assert_eq!((no_latency.shards(), no_latency.latency_shard()), (4, None));
+    /// assert_eq!((no_latency.diagnostics().shards(), no_latency.diagnostics().latency_shard()), (4, None));
     /// # Ok(())
     /// # }
     /// ```
@@ -469,7 +469,7 @@ impl StackBuilder {
     /// [`BindMode::Auto`](netdriver::link::xdp::BindMode) (the default) binds in zero copy
     /// where the driver advertises it and falls back to copy mode, logged, elsewhere (veth);
     /// `ZeroCopy` fails the build where zero copy is refused; `Copy` never tries.
-    /// [`Stack::queue_stats`](super::Stack::queue_stats) says what each queue got.
+    /// [`Diagnostics::queue_stats`](crate::Diagnostics::queue_stats) says what each queue got.
     /// Environment: `NETCHANNEL_XDP_MODE=auto|copy|zerocopy`
     /// (`netdriver::link::xdp::XdpLinkConfig::bind`).
     #[cfg(target_os = "linux")]

@@ -513,7 +513,7 @@ impl Core {
     }
 
     /// Resets the `n`-th channel held (in id order) as a failed connection: see
-    /// [`Stack::reset_channel`](super::Stack::reset_channel).
+    /// [`Diagnostics::reset_channel`](crate::Diagnostics::reset_channel).
     pub(crate) fn reset_channel(&self, n: usize) -> bool {
         let Some(id) = self.chans.load().keys().nth(n).copied() else {
             return false;

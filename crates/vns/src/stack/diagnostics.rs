@@ -1,23 +1,84 @@
-//! What a [`Stack`] reports about itself for tests, benches and operators: counters,
-//! channel and queue state, placement, plans, and a few hooks that break things on
-//! purpose (`reset_channel`, `kill_queue`).
+//! What a [`Stack`] reports about itself for tests, benches and operators, behind one
+//! accessor ([`Stack::diagnostics`]): counters, channel and queue state, placement,
+//! plans, and a few hooks that break things on purpose (`reset_channel`, `kill_queue`).
+//! The application's API (sockets, listeners, stopping) stays on [`Stack`].
 
-use std::io;
-
-use super::{PlanCounters, Stack};
+use super::{CopyStats, PlanCounters, Stack};
 
 impl Stack {
+    /// What the stack reports about itself: counters, channels, NIC queues and their
+    /// drivers, the scheduler's view and plans, and fault injection for tests and drills.
+    ///
+    /// ```no_run
+    /// # fn f(stack: vns::Stack) {
+    /// let d = stack.diagnostics();
+    /// println!("{} channels; {} refused", d.channel_count(), d.dropped_channels());
+    /// println!("{}", d.channel_placement());
+    /// # }
+    /// ```
+    pub fn diagnostics(&self) -> Diagnostics<'_> {
+        Diagnostics { stack: self }
+    }
+}
+
+/// A [`Stack`]'s report about itself (see [`Stack::diagnostics`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Diagnostics<'a> {
+    stack: &'a Stack,
+}
+
+impl<'a> Diagnostics<'a> {
+    fn core(&self) -> &'a std::sync::Arc<super::core::Core> {
+        self.stack.core()
+    }
+
+    /// Counters of the copy workers and of their chunk buffer pool; all zero without
+    /// workers (then the application thread copies everything on the plain path).
+    pub fn copy_stats(&self) -> CopyStats {
+        self.stack
+            .inner
+            .copy
+            .as_ref()
+            .map(|c| c.pool.stats())
+            .unwrap_or_default()
+    }
+
+    /// OS thread ids of the copy workers (Linux), for inspection: they are gone once
+    /// the stack's last handle is dropped.
+    pub fn copy_worker_tids(&self) -> Vec<u64> {
+        self.stack
+            .inner
+            .copy
+            .as_ref()
+            .map(|c| c.pool.worker_tids().into_iter().map(|(_, t)| t).collect())
+            .unwrap_or_default()
+    }
+
+    /// The latency shard's index (the last shard), where the stack has latency channels:
+    /// the shard of latency-class sockets connected as such
+    /// ([`VirtualSocket::set_app_class`](super::VirtualSocket::set_app_class)) and of the
+    /// peer's (see [`crate::ShardOf`]).
+    pub fn latency_shard(&self) -> Option<usize> {
+        self.core().latency_shard()
+    }
+
+    /// The shards the stack splits its virtual sockets over
+    /// ([`StackBuilder::shards`](super::StackBuilder::shards)).
+    pub fn shards(&self) -> usize {
+        self.core().shard_count()
+    }
+
     /// Channels accepted on the channel port and aborted before they joined: no preamble
-    /// within [`StackBuilder::preamble_timeout`], too many waiting at once, or a bad
+    /// within [`StackBuilder::preamble_timeout`](super::StackBuilder::preamble_timeout), too many waiting at once, or a bad
     /// preamble (a peer that opens channels and never speaks, or speaks garbage).
     pub fn dropped_channels(&self) -> u64 {
         self.core().ctl().dropped_channels
     }
 
     /// Channels accepted on the channel port that failed authentication: no proof of the
-    /// key when this stack has one ([`StackBuilder::channel_key`]), a wrong proof, or a
+    /// key when this stack has one ([`StackBuilder::channel_key`](super::StackBuilder::channel_key)), a wrong proof, or a
     /// request to authenticate when it has none. Also counted in
-    /// [`Stack::dropped_channels`].
+    /// [`Diagnostics::dropped_channels`].
     pub fn auth_failures(&self) -> u64 {
         self.core().ctl().auth_failures
     }
@@ -66,9 +127,9 @@ impl Stack {
     ///
     /// ```no_run
     /// # async fn f(stack: vns::Stack) {
-    /// assert!(stack.reset_channel(0));
+    /// assert!(stack.diagnostics().reset_channel(0));
     /// // Streams carry on; the counters show what went again.
-    /// let c = stack.endpoint_counters();
+    /// let c = stack.diagnostics().endpoint_counters();
     /// println!("resent {} chunks", c.resent_chunks);
     /// # }
     /// ```
@@ -78,7 +139,7 @@ impl Stack {
 
     /// Diagnostics and fault-injection tests: each channel's connection on the wire
     /// (4-tuple, NIC queue, RCV.NXT and SND.NXT as its queue driver last published them),
-    /// in the order [`Stack::reset_channel`] counts the channels. A test that forges a
+    /// in the order [`Diagnostics::reset_channel`] counts the channels. A test that forges a
     /// RST for a channel reads RCV.NXT here, since a RST is accepted only at exactly
     /// RCV.NXT (RFC 5961).
     pub fn channel_wire(&self) -> Vec<netdriver::channel::ChannelWire> {
@@ -92,7 +153,7 @@ impl Stack {
 
     /// Channel connections this stack lost to a RST received from the wire (one at
     /// exactly RCV.NXT, RFC 5961), over its whole life. Channels this stack resets itself
-    /// ([`Stack::reset_channel`]) are not counted.
+    /// ([`Diagnostics::reset_channel`]) are not counted.
     pub fn channel_resets_received(&self) -> u64 {
         self.core().set.resets_received()
     }
@@ -100,7 +161,7 @@ impl Stack {
     /// Each NIC queue's driver since the stack started: where it runs, its busy time,
     /// rounds, polls and wake-ups, and what the kernel dropped at its AF_XDP socket because
     /// its driver did not keep up (rx ring full, fill ring empty). Cumulative, unlike the
-    /// per-period view in [`Stack::stats`].
+    /// per-period view in [`Diagnostics::stats`].
     pub fn queue_stats(&self) -> Vec<netdriver::channel::QueueStats> {
         self.core().set.queue_stats()
     }
@@ -108,7 +169,7 @@ impl Stack {
     /// The stack's channel set: its NIC queues, their drivers and runtimes. For
     /// diagnostics, and for channels of one's own beside the stack's (a raw channel on the
     /// same queues, a plain-TCP connection made by hand).
-    pub fn channel_set(&self) -> &netdriver::channel::ChannelSet {
+    pub fn channel_set(&self) -> &'a netdriver::channel::ChannelSet {
         &self.core().set
     }
 
@@ -117,27 +178,17 @@ impl Stack {
     /// `ChannelSet::placement`; printable and serialisable). The scheduler's placement
     /// decides it at start ([`NetScheduler::place_queues`](netsched::NetScheduler::place_queues))
     /// and plans change it (`PlanAction::SpawnThread`, `RetireThread`, `AssignQueue`);
-    /// [`Stack::stats`] shows the same in the scheduler's terms.
+    /// [`Diagnostics::stats`] shows the same in the scheduler's terms.
     pub fn channel_placement(&self) -> netdriver::channel::ChannelPlacement {
         self.core().set.placement()
     }
 
-    /// Drives the queues of latency channels on `handle` from now on, where the scheduler
-    /// keeps the classes on queues of their own (`Isolating`): the plan-time form of
-    /// [`StackBuilder::latency_runtime`], for a latency application started after the
-    /// stack. The queues move at once (their state moves whole; nothing is lost).
-    pub fn set_latency_runtime(&self, handle: tokio::runtime::Handle) -> io::Result<()> {
-        self.core()
-            .place_latency_queues(handle)
-            .map_err(io::Error::from)
-    }
-
     /// Fault injection, for tests and failure drills: NIC queue `queue` dies as if its
     /// driver had crashed. This stack sees the channels on that queue as lost at once
-    /// (their chunks go again on the other channels, as with [`Stack::reset_channel`]),
+    /// (their chunks go again on the other channels, as with [`Diagnostics::reset_channel`]),
     /// but nothing goes on the wire, no FIN and no RST: the peer notices only through its
-    /// keep-alive or user timeout ([`StackBuilder::keepalive`],
-    /// [`StackBuilder::user_timeout`]). Nobody drives the queue afterwards; new channels
+    /// keep-alive or user timeout ([`StackBuilder::keepalive`](super::StackBuilder::keepalive),
+    /// [`StackBuilder::user_timeout`](super::StackBuilder::user_timeout)). Nobody drives the queue afterwards; new channels
     /// use the other queues. Returns `false` for an unknown queue or one killed before.
     pub fn kill_queue(&self, queue: u32) -> bool {
         let killed = self.core().set.kill_queue(queue);
@@ -160,14 +211,14 @@ impl Stack {
     ///   driven by a runtime handed to the stack, such as the application's);
     ///   `steering`: how its frames reach that queue (accepted where its SYN landed,
     ///   opened from a port the NIC's RSS aligns, steered by a NIC rule, or forwarded from
-    ///   whichever queue they land on; see [`StackBuilder::rss_align`]).
+    ///   whichever queue they land on; see [`StackBuilder::rss_align`](super::StackBuilder::rss_align)).
     /// - `flows`: every virtual socket with its class and unsent bytes;
     ///   `recent_rate_bps` is 0 (not measured yet).
     /// - `copy_workers`: each worker with its core and the bytes of copies placed on it and
     ///   not finished.
     /// - `threads`: each queue runtime of the stack's own with its core, its queues' busy
     ///   time and the frames the kernel dropped for its queues over the last plan period
-    ///   ([`StackBuilder::execute_plans`]; a zero window before the first period, with
+    ///   ([`StackBuilder::execute_plans`](super::StackBuilder::execute_plans); a zero window before the first period, with
     ///   plans off, and for a runtime started since); `queues`: which runtime drives each
     ///   NIC queue, as of now (the placement); `cores`: the cores the thread that built
     ///   the stack was allowed to run on.
@@ -190,15 +241,15 @@ impl Stack {
         }
         let threads = core.ctl().plans.threads.clone();
         core.place(&mut snapshot, &threads);
-        if let Some(copy) = &self.inner.copy {
+        if let Some(copy) = &self.stack.inner.copy {
             snapshot.copy_workers = copy.pool.worker_stats();
         }
         snapshot
     }
 
-    /// What the stack's scheduler plans over [`Stack::stats`] now: channels it wants
+    /// What the stack's scheduler plans over [`Diagnostics::stats`] now: channels it wants
     /// opened or closed and where it wants them to run. The control task carries plans
-    /// out itself every plan period ([`StackBuilder::execute_plans`]); this only shows one,
+    /// out itself every plan period ([`StackBuilder::execute_plans`](super::StackBuilder::execute_plans)); this only shows one,
     /// and calling it advances the policy's own state (streaks, cooldowns) as one plan
     /// period would.
     pub fn scheduler_plan(&self) -> Vec<netsched::PlanAction> {
@@ -207,20 +258,8 @@ impl Stack {
     }
 
     /// What the control task did with the scheduler's plans so far: plans asked for, channels
-    /// opened and retired, actions refused ([`StackBuilder::execute_plans`]).
+    /// opened and retired, actions refused ([`StackBuilder::execute_plans`](super::StackBuilder::execute_plans)).
     pub fn plan_counters(&self) -> PlanCounters {
         self.core().ctl().plans.counters
-    }
-
-    /// Bytes written to this stack's streams that have not reached their peers yet:
-    /// unsent bytes of open and gracefully closed sockets (a pending FIN counts one), and
-    /// bytes queued on its channels or sent and not yet acknowledged, plain-TCP
-    /// connections closed gracefully included. [`Stack::abort`] loses these;
-    /// [`Stack::shutdown_graceful`] and dropping the last handle deliver them first.
-    /// To wait for 0, await [`Stack::drained`] rather than poll this. The channels' parts
-    /// are snapshots their queue drivers publish after each round: a reading may miss bytes in
-    /// the instant a thread moves them (`drained` confirms a 0 with a second reading).
-    pub fn pending_tx_bytes(&self) -> usize {
-        self.core().pending_tx_bytes()
     }
 }

@@ -51,7 +51,7 @@
 //!   header in front, copied by the workers and the application thread together, outside
 //!   the stack's lock. The buffers join the send buffer as they are, leave for the
 //!   channels without another copy, and return to the pool once the channel has dropped
-//!   them (reused, not allocated per chunk: [`Stack::copy_stats`]).
+//!   them (reused, not allocated per chunk: [`Diagnostics::copy_stats`](crate::Diagnostics::copy_stats)).
 //! - A read into a buffer of at least the threshold lends the received in-order chunks
 //!   to the pool, which copies them out in parallel when at least the threshold is
 //!   readable (fewer bytes are copied inline).
@@ -95,8 +95,8 @@
 //! written?;
 //! assert!(got? == data);
 //! // The 1 MiB write was copied by the workers and the application thread together.
-//! assert!(a.copy_stats().parallel_copies >= 1);
-//! assert!(a.copy_stats().worker_bytes > 0);
+//! assert!(a.diagnostics().copy_stats().parallel_copies >= 1);
+//! assert!(a.diagnostics().copy_stats().worker_bytes > 0);
 //! # Ok(())
 //! # }
 //! ```
@@ -219,6 +219,7 @@ pub use auth::{ChannelKey, MIN_KEY_LEN};
 pub use builder::{BusyPoll, StackBuilder, APPLICATION_RUNTIME, DEFAULT_CHANNELS, LATENCY_RUNTIME};
 pub use control::PlanCounters;
 pub use default::{clear_default_stack, default_stack, set_default_stack};
+pub use diagnostics::Diagnostics;
 pub(crate) use error::classify;
 pub use error::StackError;
 pub use listener::VirtualListener;
@@ -297,26 +298,6 @@ impl Stack {
     /// The configured number of copy workers.
     pub fn copy_workers(&self) -> usize {
         self.inner.copy_workers
-    }
-
-    /// Counters of the copy workers and of their chunk buffer pool; all zero without
-    /// workers (then the application thread copies everything on the plain path).
-    pub fn copy_stats(&self) -> CopyStats {
-        self.inner
-            .copy
-            .as_ref()
-            .map(|c| c.pool.stats())
-            .unwrap_or_default()
-    }
-
-    /// OS thread ids of the copy workers (Linux), for inspection: they are gone once
-    /// the stack's last handle is dropped.
-    pub fn copy_worker_tids(&self) -> Vec<u64> {
-        self.inner
-            .copy
-            .as_ref()
-            .map(|c| c.pool.worker_tids().into_iter().map(|(_, t)| t).collect())
-            .unwrap_or_default()
     }
 
     pub(crate) fn copy_path(&self) -> Option<&CopyPath> {
@@ -477,18 +458,6 @@ impl Stack {
         }
     }
 
-    /// The latency shard's index (the last shard), where the stack has latency channels:
-    /// the shard of latency-class sockets connected as such ([`VirtualSocket::set_app_class`])
-    /// and of the peer's (see [`crate::ShardOf`]).
-    pub fn latency_shard(&self) -> Option<usize> {
-        self.core().latency_shard()
-    }
-
-    /// The shards the stack splits its virtual sockets over ([`StackBuilder::shards`]).
-    pub fn shards(&self) -> usize {
-        self.core().shard_count()
-    }
-
     /// Opens a virtual socket to `addr`: on first use of the host, opens the stack's
     /// channels to its channel port, then the SYNC/SYNC_ACK handshake over them. Fails
     /// with `ConnectionRefused` when nothing listens there, `TimedOut` after the connect
@@ -640,6 +609,28 @@ impl Stack {
         Wait::new(self.core().clone(), control::Goal::Drained)
     }
 
+    /// Drives the queues of latency channels on `handle` from now on, where the scheduler
+    /// keeps the classes on queues of their own (`Isolating`): the plan-time form of
+    /// [`StackBuilder::latency_runtime`], for a latency application started after the
+    /// stack. The queues move at once (their state moves whole; nothing is lost).
+    pub fn set_latency_runtime(&self, handle: tokio::runtime::Handle) -> io::Result<()> {
+        self.core()
+            .place_latency_queues(handle)
+            .map_err(io::Error::from)
+    }
+
+    /// Bytes written to this stack's streams that have not reached their peers yet:
+    /// unsent bytes of open and gracefully closed sockets (a pending FIN counts one), and
+    /// bytes queued on its channels or sent and not yet acknowledged, plain-TCP
+    /// connections closed gracefully included. [`Stack::abort`] loses these;
+    /// [`Stack::shutdown_graceful`] and dropping the last handle deliver them first.
+    /// To wait for 0, await [`Stack::drained`] rather than poll this. The channels' parts
+    /// are snapshots their queue drivers publish after each round: a reading may miss bytes in
+    /// the instant a thread moves them (`drained` confirms a 0 with a second reading).
+    pub fn pending_tx_bytes(&self) -> usize {
+        self.core().pending_tx_bytes()
+    }
+
     /// Resolves once the stack holds no channel (its NetChannel peers have closed theirs,
     /// or they were lost), or has stopped: what a server waits for before it stops when
     /// its peers read its last bytes from their channels and then close them. Woken by
@@ -648,7 +639,7 @@ impl Stack {
         Wait::new(self.core().clone(), control::Goal::NoChannels)
     }
 
-    /// Resolves once the stack holds exactly `n` channels ([`Stack::channel_count`]),
+    /// Resolves once the stack holds exactly `n` channels ([`Diagnostics::channel_count`](crate::Diagnostics::channel_count)),
     /// or has stopped: for watching run-time scaling ([`StackBuilder::execute_plans`]).
     /// Woken by the control task's round after channels come and go; no polling.
     pub fn channels_reach(

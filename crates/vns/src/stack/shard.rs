@@ -200,7 +200,7 @@ impl Shard {
     }
 
     /// Reports every live channel's load to the endpoint, for a snapshot of the stack
-    /// (`Stack::stats`, the scheduler's plans): sending refreshes only what the
+    /// (`Diagnostics::stats`, the scheduler's plans): sending refreshes only what the
     /// scheduler reads when it places chunks.
     pub(crate) fn refresh_loads(&mut self, table: &ChanTable) {
         for chan in table.values() {

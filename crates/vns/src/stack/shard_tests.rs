@@ -93,8 +93,14 @@ fn sockets_spread_over_the_shards() {
     let rt = runtime();
     let (a, b) = pair(4);
     // Four, and the latency shard (the stacks have a latency channel).
-    assert_eq!((a.shards(), b.shards()), (5, 5));
-    assert_eq!((a.latency_shard(), b.latency_shard()), (Some(4), Some(4)));
+    assert_eq!((a.diagnostics().shards(), b.diagnostics().shards()), (5, 5));
+    assert_eq!(
+        (
+            a.diagnostics().latency_shard(),
+            b.diagnostics().latency_shard()
+        ),
+        (Some(4), Some(4))
+    );
     rt.block_on(async {
         let ps = pairs(&a, &b, 7600, 32).await;
         let mut seen_a = [0usize; 5];
@@ -186,14 +192,14 @@ fn the_backlog_is_one_for_all_shards() {
             })
             .collect();
         timeout(LIMIT, async {
-            while b.endpoint_counters().backlog_full_syncs < 5 {
+            while b.diagnostics().endpoint_counters().backlog_full_syncs < 5 {
                 tokio::task::yield_now().await;
             }
         })
         .await
         .expect("the five SYNCs never met the full backlog");
         assert!(waiting.iter().all(|w| !w.is_finished()));
-        assert_eq!(b.endpoint_counters().refused_syncs, 0);
+        assert_eq!(b.diagnostics().endpoint_counters().refused_syncs, 0);
         let (_s, _) = l.accept().await.unwrap();
         // Room for exactly one more: one of the waiting clients gets in.
         timeout(LIMIT, async {
@@ -232,13 +238,19 @@ fn a_scheduler_without_fork_keeps_one_shard() {
         .scheduler(First)
         .build_in_memory(&net)
         .unwrap();
-    assert_eq!((s.shards(), s.latency_shard()), (1, None));
+    assert_eq!(
+        (s.diagnostics().shards(), s.diagnostics().latency_shard()),
+        (1, None)
+    );
     let s = Stack::builder()
         .ipv4(B)
         .shards(4)
         .build_in_memory(&net)
         .unwrap();
-    assert_eq!((s.shards(), s.latency_shard()), (5, Some(4)));
+    assert_eq!(
+        (s.diagnostics().shards(), s.diagnostics().latency_shard()),
+        (5, Some(4))
+    );
 }
 
 /// A latency-class stream connected as such (`VirtualSocket::set_app_class` before the
@@ -250,7 +262,10 @@ fn a_scheduler_without_fork_keeps_one_shard() {
 fn a_latency_stream_connected_as_such_has_the_latency_shard_to_itself() {
     let rt = runtime();
     let (a, b) = pair(2);
-    let (l_a, l_b) = (a.latency_shard().unwrap(), b.latency_shard().unwrap());
+    let (l_a, l_b) = (
+        a.diagnostics().latency_shard().unwrap(),
+        b.diagnostics().latency_shard().unwrap(),
+    );
     let (mut lat_c, mut lat_s, bulk, late) = rt.block_on(async {
         let bulk = pairs(&a, &b, 7602, 8).await;
         let l = b.bind(SocketAddr::from((B, 7603))).await.unwrap();
@@ -286,11 +301,11 @@ fn a_latency_stream_connected_as_such_has_the_latency_shard_to_itself() {
     }
     assert_ne!(shard(&a, &late.0), l_a);
     // Every other shard of both stacks held: the latency stream still runs.
-    let held: Vec<_> = (0..a.shards())
+    let held: Vec<_> = (0..a.diagnostics().shards())
         .filter(|&i| i != l_a)
         .map(|i| hold_shard(&a, i))
         .chain(
-            (0..b.shards())
+            (0..b.diagnostics().shards())
                 .filter(|&i| i != l_b)
                 .map(|i| hold_shard(&b, i)),
         )

@@ -44,9 +44,9 @@ use crate::endpoint::PeerId;
 /// How often the control task looks at retiring channels between plan periods.
 const RETIRE_CHECK: Duration = Duration::from_millis(5);
 
-/// What the control task did with its scheduler's plans ([`Stack::plan_counters`]).
+/// What the control task did with its scheduler's plans ([`Diagnostics::plan_counters`](crate::Diagnostics::plan_counters)).
 ///
-/// [`Stack::plan_counters`]: crate::stack::Stack::plan_counters
+/// [`Diagnostics::plan_counters`](crate::Diagnostics::plan_counters): crate::stack::Stack::plan_counters
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PlanCounters {
@@ -132,7 +132,7 @@ impl Core {
 
     /// The stack's snapshot and the policy's plan over it, or `None` when a shard's lock
     /// is held by an application call (the control task never waits for one). Like
-    /// `Stack::stats`, without the copy workers (a plan does not place them).
+    /// `Diagnostics::stats`, without the copy workers (a plan does not place them).
     fn ask_plan(&self, threads: &[ThreadStats]) -> Option<(Vec<PlanAction>, Duration)> {
         let mut first = self.try_lock_shard(0)?;
         first.refresh_loads(&self.chans.load());
@@ -207,7 +207,7 @@ impl Core {
     }
 
     /// The queue runtimes' utilisation since the last plan (their busy time over the
-    /// period), kept for the plan and for `Stack::stats`. A runtime's kernel drops are its
+    /// period), kept for the plan and for `Diagnostics::stats`. A runtime's kernel drops are its
     /// queues' (a queue that moved counts with its new runtime from the next period on).
     fn measure_threads(&self, ps: &mut PlanState, now: Instant) {
         {

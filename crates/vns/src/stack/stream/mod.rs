@@ -47,7 +47,7 @@ use crate::endpoint::SocketId;
 ///
 /// - if every byte received was read, the bytes written are still delivered, then a FIN:
 ///   the peer reads them all, then end of stream. The socket lingers inside the stack
-///   (see [`Stack::lingering_sockets`]) until its bytes and FIN are out and the peer's
+///   (see [`Diagnostics::lingering_sockets`](crate::Diagnostics::lingering_sockets)) until its bytes and FIN are out and the peer's
 ///   FIN is in; data arriving meanwhile resets it (nobody will read it), and so does
 ///   `linger_timeout` (`vns::Config`, default 60 s) passing first, e.g. with a peer that
 ///   keeps its window closed (counted in `EndpointCounters::linger_expired`);
@@ -262,7 +262,7 @@ impl VirtualStream {
         }
     }
 
-    /// The stack's shard that holds this virtual socket (see [`Stack::latency_shard`]);
+    /// The stack's shard that holds this virtual socket (see [`Diagnostics::latency_shard`](crate::Diagnostics::latency_shard));
     /// `None` for a plain-TCP or loopback stream.
     pub fn shard(&self) -> Option<usize> {
         match &self.inner {
