@@ -375,6 +375,7 @@ mod run {
         // the latency application on the last (whose runtime drives the latency
         // channels' queues under `Isolating`), for both stacks.
         let pin = pinned_apps();
+        let bench_rt = rt.handle().clone();
         let pinned_bulk = pin.as_ref().map(|(bulk, _)| {
             let bulk = bulk.clone();
             tokio::runtime::Builder::new_multi_thread()
@@ -391,6 +392,14 @@ mod run {
             ),
             None => (rt, kaddr),
         };
+        // The stacks started for this point take the (pinned) bulk application's runtime
+        // as the application's, so that the bulk channels' queues are driven on the bulk
+        // cores too: on the benches' own runtime, unpinned, their rounds (a millisecond
+        // under 8 bulk streams) landed on the latency application's core and held its
+        // samples until the next scheduler tick.
+        if pinned_bulk.is_some() {
+            vns::set_app_runtime(Some(rt.handle().clone()));
+        }
         for app in latency_apps() {
             let nice = latency_nice();
             let lat_core = pin.as_ref().map(|(_, l)| *l);
@@ -412,6 +421,9 @@ mod run {
                     .expect("the latency application's runtime")
             });
             isolation_with(bed, rt, own.as_ref().unwrap_or(rt), kaddr, app);
+        }
+        if pinned_bulk.is_some() {
+            vns::set_app_runtime(Some(bench_rt));
         }
     }
 
