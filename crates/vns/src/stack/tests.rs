@@ -173,3 +173,78 @@ fn the_xdp_mode_and_rss_alignment_reach_the_channel_set() {
         .configure_channels(|c| c.link.bind = BindMode::Copy));
     assert_eq!(c.link.bind, BindMode::Copy);
 }
+
+/// A plan attempt that a busy shard turns away does not measure the queue runtimes: the
+/// plan that follows sees their utilisation over the whole time since the last plan, not
+/// since the last attempt (which retries every millisecond while the shard is held).
+#[test]
+fn a_plan_turned_away_by_a_busy_shard_keeps_the_utilisation_window() {
+    use std::sync::Mutex;
+
+    #[derive(Debug, Clone, Default)]
+    struct Record(
+        Arc<Mutex<Vec<Vec<netsched::ThreadStats>>>>,
+        netsched::RoundRobin,
+    );
+
+    impl netsched::NetScheduler for Record {
+        fn pick_channel(
+            &mut self,
+            chunk: &netsched::ChunkInfo,
+            channels: &[netsched::ChannelStats],
+        ) -> Option<netsched::ChannelId> {
+            self.1.pick_channel(chunk, channels)
+        }
+        fn plan(&mut self, snapshot: &netsched::StackSnapshot) -> Vec<netsched::PlanAction> {
+            self.0.lock().unwrap().push(snapshot.threads.clone());
+            Vec::new()
+        }
+        fn plan_period(&self) -> Duration {
+            Duration::from_millis(5)
+        }
+        fn fork(&self) -> Option<Box<dyn netsched::NetScheduler>> {
+            Some(Box::new(self.clone()))
+        }
+    }
+
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let net = MemNetwork::new();
+    let stack = Stack::builder()
+        .ipv4(Ipv4Addr::new(10, 0, 0, 1))
+        .shards(2)
+        .application_runtime(false)
+        .execute_plans(true)
+        .scheduler(Record(seen.clone(), netsched::RoundRobin::default()))
+        .build_in_memory(&net)
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let plans = |s: &Stack| s.diagnostics().plan_counters().plans;
+    // Two plans: the second lists the queue runtimes with a window.
+    let wait = stack.plans_reach(2);
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), wait).await })
+        .expect("two plans");
+    let held_for = Duration::from_millis(60);
+    let before = {
+        let _held = stack.core().lock_shard(1);
+        let before = plans(&stack);
+        // Twelve plan periods with the shard held: every attempt is turned away.
+        std::thread::sleep(held_for);
+        assert_eq!(plans(&stack), before, "no plan while a shard is held");
+        before
+    };
+    let wait = stack.plans_reach(before + 1);
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), wait).await })
+        .expect("a plan once the shard is free");
+    let seen = seen.lock().unwrap();
+    let threads = &seen[before as usize];
+    assert!(!threads.is_empty(), "the queue runtimes are listed");
+    for t in threads {
+        assert!(
+            t.window >= held_for,
+            "the window runs from the last plan, not the last attempt: {t:?}"
+        );
+    }
+}

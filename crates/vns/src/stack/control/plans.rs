@@ -111,8 +111,7 @@ impl Core {
         }
         let mut again = self.close_drained(ctl).then_some(now + RETIRE_CHECK);
         if ctl.plans.next.is_none_or(|t| now >= t) {
-            self.measure_threads(&mut ctl.plans, now);
-            match self.ask_plan(&ctl.plans.threads) {
+            match self.ask_plan(&mut ctl.plans, now) {
                 Some((actions, period)) => {
                     ctl.plans.counters.plans += 1;
                     ctl.plans.next = Some(now + period);
@@ -133,11 +132,16 @@ impl Core {
     /// The stack's snapshot and the policy's plan over it, or `None` when a shard's lock
     /// is held by an application call (the control task never waits for one). Like
     /// `Diagnostics::stats`, without the copy workers (a plan does not place them).
-    fn ask_plan(&self, threads: &[ThreadStats]) -> Option<(Vec<PlanAction>, Duration)> {
+    ///
+    /// The queue runtimes are measured only once every shard has answered, so that an
+    /// attempt a busy shard turns away neither costs a placement snapshot (callgrind of a
+    /// one-connection exchange: most attempts under load were turned away, and their
+    /// snapshots were most of the control task's instructions) nor cuts the
+    /// utilisation window the next plan sees down to the retry interval.
+    fn ask_plan(&self, ps: &mut PlanState, now: Instant) -> Option<(Vec<PlanAction>, Duration)> {
         let mut first = self.try_lock_shard(0)?;
         first.refresh_loads(&self.chans.load());
         let mut snapshot: StackSnapshot = first.ep.scheduler_snapshot();
-        self.place(&mut snapshot, threads);
         for i in 1..self.shard_count() {
             let s = self.try_lock_shard(i)?;
             for c in &mut snapshot.channels {
@@ -145,6 +149,8 @@ impl Core {
             }
             snapshot.flows.extend(s.ep.scheduler_snapshot().flows);
         }
+        self.measure_threads(ps, now);
+        self.place(&mut snapshot, &ps.threads);
         let actions = first.ep.scheduler_plan(&snapshot);
         Some((actions, first.ep.scheduler_plan_period()))
     }
