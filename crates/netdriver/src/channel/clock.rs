@@ -22,7 +22,13 @@ impl RuntimeClock {
     /// The current time relative to the origin (zero if the calling runtime's paused
     /// clock stands before it).
     pub(crate) fn now(&self) -> Instant {
-        let d = tokio::time::Instant::now().saturating_duration_since(self.origin);
+        self.at(tokio::time::Instant::now())
+    }
+
+    /// `t`, a reading of tokio's clock, relative to the origin (for a caller that keeps
+    /// the reading itself, to measure a span with it too).
+    pub(crate) fn at(&self, t: tokio::time::Instant) -> Instant {
+        let d = t.saturating_duration_since(self.origin);
         Instant::from_micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
     }
 

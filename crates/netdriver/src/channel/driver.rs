@@ -326,7 +326,13 @@ impl QueueDriver {
             drop(st);
             return self.move_to_fallback();
         }
-        let started = std::time::Instant::now();
+        // One reading of the clock serves the first round, and the last reading (a round's
+        // or the timers') ends the busy span: three readings fewer per poll than reading
+        // for each use (callgrind of a one-connection exchange: a clock reading costs
+        // about as much as a tenth of a round, and every message polls two drivers).
+        let started = tokio::time::Instant::now();
+        let mut reading = Some(started);
+        let mut last_reading;
         slot.polls.fetch_add(1, Ordering::Relaxed);
         let mut rounds = 0;
         let mut last_round;
@@ -334,7 +340,8 @@ impl QueueDriver {
             // Rounds until settled.
             let settled = loop {
                 slot.signal.take_pending();
-                let now = slot.clock.now();
+                last_reading = reading.take().unwrap_or_else(tokio::time::Instant::now);
+                let now = slot.clock.at(last_reading);
                 last_round = now;
                 let active = st.round(now);
                 rounds += 1;
@@ -407,7 +414,8 @@ impl QueueDriver {
                 }
             }
             // Timers (and the tick of a driver that cannot wait for arrivals).
-            let now = slot.clock.now();
+            last_reading = tokio::time::Instant::now();
+            let now = slot.clock.at(last_reading);
             let mut next = st.poll_at();
             if blocked && matches!(self.rx, RxWait::Fd { writable: true, .. }) {
                 // A deadline at the last round's time or before is the interface asking
@@ -436,10 +444,12 @@ impl QueueDriver {
         }
         drop(st);
         slot.rounds.fetch_add(rounds as u64, Ordering::Relaxed);
-        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let ns = u64::try_from(last_reading.duration_since(started).as_nanos()).unwrap_or(u64::MAX);
         slot.busy_ns.fetch_add(ns, Ordering::Relaxed);
-        slot.last_poll
-            .store(slot.clock.now().total_micros() + 1, Ordering::Relaxed);
+        slot.last_poll.store(
+            slot.clock.at(last_reading).total_micros() + 1,
+            Ordering::Relaxed,
+        );
         Poll::Pending
     }
 
