@@ -241,9 +241,12 @@ fn a_plan_turned_away_by_a_busy_shard_keeps_the_utilisation_window() {
     let seen = seen.lock().unwrap();
     let threads = &seen[before as usize];
     assert!(!threads.is_empty(), "the queue runtimes are listed");
+    // The plan's clock is read when its control round starts, which may be a little
+    // before the shard is let go on a loaded machine: half the hold is the bound (an
+    // attempt's measurement would leave about a millisecond).
     for t in threads {
         assert!(
-            t.window >= held_for,
+            t.window >= held_for / 2,
             "the window runs from the last plan, not the last attempt: {t:?}"
         );
     }
