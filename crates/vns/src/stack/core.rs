@@ -30,6 +30,7 @@ use tracing::{debug, warn};
 use super::auth;
 use super::channel::{ChanTable, Gone};
 use super::control::{Control, Goal};
+use super::runtime_names::{APPLICATION_RUNTIME, LATENCY_RUNTIME};
 use super::shard::{FinishNeeded, Shard, MAX_SHARDS};
 use super::wake::{ControlSignal, Few, Wakes};
 use crate::endpoint::{Endpoint, PeerId, SocketId};
@@ -480,7 +481,6 @@ impl Core {
         &self,
         handle: tokio::runtime::Handle,
     ) -> Result<(), netdriver::channel::ChannelError> {
-        use super::builder::{APPLICATION_RUNTIME, LATENCY_RUNTIME};
         use netdriver::channel::DriverPlace;
         self.set.add_external_runtime(LATENCY_RUNTIME, handle);
         let placement = self.set.placement();
