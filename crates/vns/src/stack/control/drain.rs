@@ -4,6 +4,7 @@
 //! with a FIN, and the stop complete once the peers have seen their end), and the stop
 //! itself (every channel abandoned, every waiting task woken).
 
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,7 @@ use netsched::{ChannelClass, ChannelId};
 use tracing::{debug, warn};
 
 use super::super::channel::Gone;
-use super::super::core::Core;
+use super::super::core::{channel_pending, Core};
 use super::super::wake::Wakes;
 use super::{earliest, peers::Opening, Control};
 use crate::endpoint::SocketId;
@@ -176,6 +177,68 @@ impl Control {
     /// Forgets a wait that is dropped before it ended.
     pub(crate) fn cancel_wait(&mut self, id: u64) {
         self.waiters.retain(|w| w.id != id);
+    }
+}
+
+impl Core {
+    /// Bytes not yet delivered to peers: the endpoints', those on the way to and in the
+    /// channels (queued, unsent or unacknowledged), and those of gracefully closed
+    /// plain-TCP channels (the control lock held).
+    pub(crate) fn pending_tx_bytes_locked(&self, ctl: &Control) -> usize {
+        let mut n = 0;
+        self.each_shard(|_, s| n += s.ep.pending_tx_bytes());
+        for c in self.chans.load().values() {
+            n += c.tx_pending_bytes.load(Ordering::Relaxed) + channel_pending(&c.t);
+        }
+        n + ctl.closing_plain_pending()
+    }
+
+    /// [`Stack::pending_tx_bytes`](super::super::Stack::pending_tx_bytes).
+    pub(crate) fn pending_tx_bytes(&self) -> usize {
+        let ctl = self.ctl();
+        self.pending_tx_bytes_locked(&ctl)
+    }
+
+    /// Whether the stack holds nothing undelivered (one reading of
+    /// [`Core::pending_tx_bytes`]).
+    pub(crate) fn nothing_pending(&self) -> bool {
+        self.pending_tx_bytes() == 0
+    }
+
+    /// Polls a wait for `goal`; `id` names the wait (given out on its first poll).
+    pub(crate) fn poll_wait(
+        &self,
+        goal: Goal,
+        id: &mut Option<u64>,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        let mut ctl = self.ctl();
+        let reached = ctl.poll_wait(self, goal, id, cx);
+        drop(ctl);
+        if reached.is_pending() {
+            // The control task reads the figures now and on its re-check timer.
+            self.control.notify();
+        }
+        reached
+    }
+
+    /// Forgets a wait that is dropped before it ended.
+    pub(crate) fn cancel_wait(&self, id: u64) {
+        self.ctl().cancel_wait(id);
+    }
+
+    /// Starts a graceful stop (see [`Control::begin_stop`]); does not block.
+    pub(crate) fn begin_stop(&self, linger: Duration) {
+        let deadline = Instant::now() + linger;
+        let mut wake = Wakes::default();
+        {
+            let mut ctl = self.ctl();
+            if !ctl.begin_stop(self, deadline, &mut wake) {
+                return;
+            }
+        }
+        wake.drain_each(Waker::wake);
+        self.control.notify();
     }
 }
 

@@ -226,6 +226,16 @@ impl Control {
     }
 }
 
+impl Core {
+    /// Keeps a plain-TCP channel closed gracefully (its stream dropped) until its bytes
+    /// and FIN are acknowledged and the peer's FIN is in (see
+    /// [`Control::keep_closing_plain`]); wakes the control task, which watches it.
+    pub(crate) fn keep_closing_plain(&self, t: Channel) {
+        self.ctl().keep_closing_plain(t);
+        self.control.notify();
+    }
+}
+
 /// The earlier of two optional deadlines.
 pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     match (a, b) {
