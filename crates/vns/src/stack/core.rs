@@ -29,7 +29,7 @@ use tracing::{debug, warn};
 
 use super::auth;
 use super::channel::{ChanTable, Gone};
-use super::control::Control;
+use super::control::state::Control;
 use super::runtime_names::{APPLICATION_RUNTIME, LATENCY_RUNTIME};
 use super::shard::{FinishNeeded, Shard, MAX_SHARDS};
 use super::wake::{ControlSignal, Few, Wakes};

@@ -14,60 +14,15 @@ use tracing::{debug, warn};
 use super::super::channel::Gone;
 use super::super::core::{channel_pending, Core};
 use super::super::wake::Wakes;
-use super::{earliest, peers::Opening, Control};
+use super::earliest;
+use super::state::drain::{Goal, StopOutcome, Stopping, Waiter};
+use super::state::peers::Opening;
+use super::state::Control;
 use crate::endpoint::SocketId;
 
 /// How often the control task re-reads `pending_tx_bytes` while a task waits for the
 /// stack to drain.
 const DRAIN_RECHECK: Duration = Duration::from_millis(2);
-
-/// What a task waits for ([`Core::poll_wait`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Goal {
-    /// Nothing written is undelivered: `pending_tx_bytes` read 0 twice,
-    /// [`DRAIN_RECHECK`] apart.
-    Drained,
-    /// The stack holds no channel.
-    NoChannels,
-    /// The stack holds exactly this many channels.
-    Channels(usize),
-    /// The control task has asked the scheduler for at least this many plans.
-    Plans(u64),
-    /// The control task has stopped.
-    Stopped,
-}
-
-/// A graceful stop in progress ([`Core::begin_stop`]).
-#[derive(Debug)]
-pub(crate) struct Stopping {
-    /// When whatever is left is aborted.
-    pub(super) deadline: Instant,
-    /// Everything was drained and the channels are closed (a FIN after their bytes):
-    /// waiting for each peer to see the end of its channel.
-    closed: bool,
-}
-
-/// A task waiting for a [`Goal`] ([`Core::poll_wait`]).
-#[derive(Debug)]
-pub(super) struct Waiter {
-    id: u64,
-    goal: Goal,
-    waker: Option<Waker>,
-    /// The control task found the goal reached (the wait's next poll ends).
-    reached: bool,
-}
-
-/// How the control task stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StopOutcome {
-    /// A graceful stop delivered everything and closed the channels.
-    Drained,
-    /// A graceful stop ran out of linger time with this many bytes undelivered (0: the
-    /// peers had not yet seen the end of the channels); the rest was aborted.
-    Expired { pending: usize },
-    /// Stopped at once ([`Stack::abort`](super::Stack::abort)).
-    Aborted,
-}
 
 impl Control {
     /// Starts a graceful stop (the control lock held): no new channels, connects, binds

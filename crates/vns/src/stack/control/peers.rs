@@ -21,45 +21,9 @@ use super::super::channel::{Chan, ChanTable, Gone};
 use super::super::core::{stopped_error, Core, Finish};
 use super::super::receive::ChanSink;
 use super::incoming::{class_byte, preamble, PREAMBLE_LEN};
-use super::Control;
+use super::state::peers::Opening;
+use super::state::Control;
 use crate::endpoint::{Error as VnsError, PeerId};
-
-#[derive(Debug)]
-pub(super) enum Opening {
-    Idle,
-    Running {
-        attempt: u64,
-        waiters: Vec<Waker>,
-    },
-    Failed {
-        attempt: u64,
-        kind: io::ErrorKind,
-        msg: String,
-    },
-}
-
-#[derive(Debug)]
-pub(crate) struct Peer {
-    pub(super) id: PeerId,
-    pub(super) throughput: usize,
-    pub(super) latency: usize,
-    pub(super) opening: Opening,
-    /// This stack opened channels to the peer (so it opens them again when all are lost;
-    /// a peer that opened them does that itself).
-    opened: bool,
-}
-
-impl Peer {
-    pub(super) fn new(id: PeerId) -> Peer {
-        Peer {
-            id,
-            throughput: 0,
-            latency: 0,
-            opening: Opening::Idle,
-            opened: false,
-        }
-    }
-}
 
 /// Wakes a thread parked in [`dequeue_until`].
 struct Unpark(Thread);
