@@ -13,6 +13,7 @@ use tracing::debug;
 use super::auth::ChannelKey;
 use super::control::{Control, ControlTask};
 use super::core::{Core, CoreConfig};
+use super::runtime_names::{APPLICATION_RUNTIME, LATENCY_RUNTIME};
 pub use super::sizing::DEFAULT_CHANNELS;
 use super::sizing::{
     auto_channels, copy_worker_buffers, shard_endpoints, with_socket_buffers, CopyPath,
@@ -871,9 +872,3 @@ fn unplaced() -> netdriver::channel::Placement {
 fn is_unplaced(p: &netdriver::channel::Placement) -> bool {
     matches!(p, netdriver::channel::Placement::Explicit { places, .. } if places.is_empty())
 }
-
-/// The name the channel set's placement gives the application's runtime.
-pub const APPLICATION_RUNTIME: &str = "application";
-/// The name the channel set's placement gives a latency application's runtime
-/// ([`StackBuilder::latency_runtime`]).
-pub const LATENCY_RUNTIME: &str = "latency";

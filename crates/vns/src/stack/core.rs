@@ -19,8 +19,8 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
-use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::task::Waker;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use netdriver::channel::{Channel, ChannelSet};
@@ -29,10 +29,11 @@ use tracing::{debug, warn};
 
 use super::auth;
 use super::channel::{ChanTable, Gone};
-use super::control::{Control, Goal};
+use super::control::state::Control;
+use super::runtime_names::{APPLICATION_RUNTIME, LATENCY_RUNTIME};
 use super::shard::{FinishNeeded, Shard, MAX_SHARDS};
 use super::wake::{ControlSignal, Few, Wakes};
-use crate::endpoint::{Endpoint, PeerId, SocketId};
+use crate::endpoint::{Endpoint, SocketId};
 
 /// Settings the control task and the application calls need.
 #[derive(Debug, Clone)]
@@ -358,82 +359,9 @@ impl Core {
         fin.run(self);
     }
 
-    /// Bytes not yet delivered to peers: the endpoints', those on the way to and in the
-    /// channels (queued, unsent or unacknowledged), and those of gracefully closed
-    /// plain-TCP channels (the control lock held).
-    pub(crate) fn pending_tx_bytes_locked(&self, ctl: &Control) -> usize {
-        let mut n = 0;
-        self.each_shard(|_, s| n += s.ep.pending_tx_bytes());
-        for c in self.chans.load().values() {
-            n += c.tx_pending_bytes.load(Ordering::Relaxed) + channel_pending(&c.t);
-        }
-        n + ctl.closing_plain_pending()
-    }
-
-    /// [`Stack::pending_tx_bytes`](super::Stack::pending_tx_bytes).
-    pub(crate) fn pending_tx_bytes(&self) -> usize {
-        let ctl = self.ctl();
-        self.pending_tx_bytes_locked(&ctl)
-    }
-
-    /// Whether the stack holds nothing undelivered (one reading of
-    /// [`Core::pending_tx_bytes`]).
-    pub(crate) fn nothing_pending(&self) -> bool {
-        self.pending_tx_bytes() == 0
-    }
-
-    /// Polls a wait for `goal`; `id` names the wait (given out on its first poll).
-    pub(crate) fn poll_wait(
-        &self,
-        goal: Goal,
-        id: &mut Option<u64>,
-        cx: &mut Context<'_>,
-    ) -> Poll<()> {
-        let mut ctl = self.ctl();
-        let reached = ctl.poll_wait(self, goal, id, cx);
-        drop(ctl);
-        if reached.is_pending() {
-            // The control task reads the figures now and on its re-check timer.
-            self.control.notify();
-        }
-        reached
-    }
-
-    /// Forgets a wait that is dropped before it ended.
-    pub(crate) fn cancel_wait(&self, id: u64) {
-        self.ctl().cancel_wait(id);
-    }
-
-    /// The address of a peer.
-    pub(crate) fn peer_ip(&self, id: PeerId) -> Option<Ipv4Addr> {
-        self.ctl().peer_ip(id)
-    }
-
     /// Channels held now.
     pub(crate) fn channel_count(&self) -> usize {
         self.chans.load().len()
-    }
-
-    /// Keeps a plain-TCP channel closed gracefully (its stream dropped) until its bytes
-    /// and FIN are acknowledged and the peer's FIN is in (see
-    /// [`Control::keep_closing_plain`]); wakes the control task, which watches it.
-    pub(crate) fn keep_closing_plain(&self, t: Channel) {
-        self.ctl().keep_closing_plain(t);
-        self.control.notify();
-    }
-
-    /// Starts a graceful stop (see [`Control::begin_stop`]); does not block.
-    pub(crate) fn begin_stop(&self, linger: Duration) {
-        let deadline = Instant::now() + linger;
-        let mut wake = Wakes::default();
-        {
-            let mut ctl = self.ctl();
-            if !ctl.begin_stop(self, deadline, &mut wake) {
-                return;
-            }
-        }
-        wake.drain_each(Waker::wake);
-        self.control.notify();
     }
 
     /// What the control task signals once it has ended ([`ControlDone::signal`]).
@@ -480,7 +408,6 @@ impl Core {
         &self,
         handle: tokio::runtime::Handle,
     ) -> Result<(), netdriver::channel::ChannelError> {
-        use super::builder::{APPLICATION_RUNTIME, LATENCY_RUNTIME};
         use netdriver::channel::DriverPlace;
         self.set.add_external_runtime(LATENCY_RUNTIME, handle);
         let placement = self.set.placement();
@@ -510,29 +437,6 @@ impl Core {
             self.set.move_queue(queue, to)?;
         }
         Ok(())
-    }
-
-    /// Resets the `n`-th channel held (in id order) as a failed connection: see
-    /// [`Diagnostics::reset_channel`](crate::Diagnostics::reset_channel).
-    pub(crate) fn reset_channel(&self, n: usize) -> bool {
-        let Some(id) = self.chans.load().keys().nth(n).copied() else {
-            return false;
-        };
-        warn!(channel = %id, "resetting a channel (fault injection)");
-        {
-            let mut ctl = self.ctl();
-            self.lose_channel(&mut ctl, id, Gone::Lost);
-        }
-        // The lost channel's chunks are in other channels' outboxes now.
-        let mut fin = Finish::default();
-        let table = self.chans.load();
-        for i in 0..self.shards.len() {
-            self.finish_shard(self.lock_shard(i), &mut fin, &table);
-        }
-        drop(table);
-        fin.run(self);
-        self.control.notify();
-        true
     }
 
     /// Opens a channel to `remote` whose queue suits `class` (where the classes are kept

@@ -199,6 +199,7 @@ mod liveness;
 mod loopback;
 mod mem;
 mod receive;
+mod runtime_names;
 mod shard;
 #[cfg(test)]
 mod shard_tests;
@@ -216,7 +217,7 @@ use std::time::Duration;
 use tracing::debug;
 
 pub use auth::{ChannelKey, MIN_KEY_LEN};
-pub use builder::{BusyPoll, StackBuilder, APPLICATION_RUNTIME, DEFAULT_CHANNELS, LATENCY_RUNTIME};
+pub use builder::{BusyPoll, StackBuilder, DEFAULT_CHANNELS};
 pub use control::PlanCounters;
 pub use default::{clear_default_stack, default_stack, set_default_stack};
 pub use diagnostics::Diagnostics;
@@ -225,6 +226,7 @@ pub use error::StackError;
 pub use listener::VirtualListener;
 pub use liveness::Liveness;
 pub use mem::{MemLimits, MemNetwork};
+pub use runtime_names::{APPLICATION_RUNTIME, LATENCY_RUNTIME};
 pub use socket::VirtualSocket;
 pub use stream::{
     OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, VirtualStream, WriteHalf, IP_TTL,

@@ -4,6 +4,7 @@
 //! with a FIN, and the stop complete once the peers have seen their end), and the stop
 //! itself (every channel abandoned, every waiting task woken).
 
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -11,62 +12,17 @@ use netsched::{ChannelClass, ChannelId};
 use tracing::{debug, warn};
 
 use super::super::channel::Gone;
-use super::super::core::Core;
+use super::super::core::{channel_pending, Core};
 use super::super::wake::Wakes;
-use super::{earliest, peers::Opening, Control};
+use super::earliest;
+use super::state::drain::{Goal, StopOutcome, Stopping, Waiter};
+use super::state::peers::Opening;
+use super::state::Control;
 use crate::endpoint::SocketId;
 
 /// How often the control task re-reads `pending_tx_bytes` while a task waits for the
 /// stack to drain.
 const DRAIN_RECHECK: Duration = Duration::from_millis(2);
-
-/// What a task waits for ([`Core::poll_wait`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Goal {
-    /// Nothing written is undelivered: `pending_tx_bytes` read 0 twice,
-    /// [`DRAIN_RECHECK`] apart.
-    Drained,
-    /// The stack holds no channel.
-    NoChannels,
-    /// The stack holds exactly this many channels.
-    Channels(usize),
-    /// The control task has asked the scheduler for at least this many plans.
-    Plans(u64),
-    /// The control task has stopped.
-    Stopped,
-}
-
-/// A graceful stop in progress ([`Core::begin_stop`]).
-#[derive(Debug)]
-pub(crate) struct Stopping {
-    /// When whatever is left is aborted.
-    pub(super) deadline: Instant,
-    /// Everything was drained and the channels are closed (a FIN after their bytes):
-    /// waiting for each peer to see the end of its channel.
-    closed: bool,
-}
-
-/// A task waiting for a [`Goal`] ([`Core::poll_wait`]).
-#[derive(Debug)]
-pub(super) struct Waiter {
-    id: u64,
-    goal: Goal,
-    waker: Option<Waker>,
-    /// The control task found the goal reached (the wait's next poll ends).
-    reached: bool,
-}
-
-/// How the control task stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StopOutcome {
-    /// A graceful stop delivered everything and closed the channels.
-    Drained,
-    /// A graceful stop ran out of linger time with this many bytes undelivered (0: the
-    /// peers had not yet seen the end of the channels); the rest was aborted.
-    Expired { pending: usize },
-    /// Stopped at once ([`Stack::abort`](super::Stack::abort)).
-    Aborted,
-}
 
 impl Control {
     /// Starts a graceful stop (the control lock held): no new channels, connects, binds
@@ -176,6 +132,68 @@ impl Control {
     /// Forgets a wait that is dropped before it ended.
     pub(crate) fn cancel_wait(&mut self, id: u64) {
         self.waiters.retain(|w| w.id != id);
+    }
+}
+
+impl Core {
+    /// Bytes not yet delivered to peers: the endpoints', those on the way to and in the
+    /// channels (queued, unsent or unacknowledged), and those of gracefully closed
+    /// plain-TCP channels (the control lock held).
+    pub(crate) fn pending_tx_bytes_locked(&self, ctl: &Control) -> usize {
+        let mut n = 0;
+        self.each_shard(|_, s| n += s.ep.pending_tx_bytes());
+        for c in self.chans.load().values() {
+            n += c.tx_pending_bytes.load(Ordering::Relaxed) + channel_pending(&c.t);
+        }
+        n + ctl.closing_plain_pending()
+    }
+
+    /// [`Stack::pending_tx_bytes`](super::super::Stack::pending_tx_bytes).
+    pub(crate) fn pending_tx_bytes(&self) -> usize {
+        let ctl = self.ctl();
+        self.pending_tx_bytes_locked(&ctl)
+    }
+
+    /// Whether the stack holds nothing undelivered (one reading of
+    /// [`Core::pending_tx_bytes`]).
+    pub(crate) fn nothing_pending(&self) -> bool {
+        self.pending_tx_bytes() == 0
+    }
+
+    /// Polls a wait for `goal`; `id` names the wait (given out on its first poll).
+    pub(crate) fn poll_wait(
+        &self,
+        goal: Goal,
+        id: &mut Option<u64>,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        let mut ctl = self.ctl();
+        let reached = ctl.poll_wait(self, goal, id, cx);
+        drop(ctl);
+        if reached.is_pending() {
+            // The control task reads the figures now and on its re-check timer.
+            self.control.notify();
+        }
+        reached
+    }
+
+    /// Forgets a wait that is dropped before it ended.
+    pub(crate) fn cancel_wait(&self, id: u64) {
+        self.ctl().cancel_wait(id);
+    }
+
+    /// Starts a graceful stop (see [`Control::begin_stop`]); does not block.
+    pub(crate) fn begin_stop(&self, linger: Duration) {
+        let deadline = Instant::now() + linger;
+        let mut wake = Wakes::default();
+        {
+            let mut ctl = self.ctl();
+            if !ctl.begin_stop(self, deadline, &mut wake) {
+                return;
+            }
+        }
+        wake.drain_each(Waker::wake);
+        self.control.notify();
     }
 }
 

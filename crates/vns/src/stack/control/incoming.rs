@@ -6,14 +6,14 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use netdriver::channel::Channel;
 use netsched::ChannelClass;
-use std::net::SocketAddrV4;
 use tracing::{debug, warn};
 
 use super::super::auth;
 use super::super::core::Core;
-use super::{Control, MAX_PENDING_PREAMBLES};
+use super::state::incoming::{Incoming, Stage};
+use super::state::Control;
+use super::MAX_PENDING_PREAMBLES;
 
 /// The first bytes on every channel a stack opens: magic, version, channel class, a
 /// flags byte ([`auth::FLAG_AUTH`]: an authentication exchange follows) and a reserved
@@ -57,19 +57,6 @@ pub(crate) fn parse_preamble(b: &[u8]) -> Option<(ChannelClass, u8)> {
     Some((class, b[6]))
 }
 
-/// Where an accepted channel is in its handshake.
-#[derive(Debug)]
-enum Stage {
-    /// Reading the preamble (and the opener's nonce when it authenticates).
-    Preamble,
-    /// Our nonce and tag are sent; reading the opener's tag.
-    Challenged {
-        class: ChannelClass,
-        nc: [u8; auth::NONCE_LEN],
-        ns: [u8; auth::NONCE_LEN],
-    },
-}
-
 /// What the bytes an accepted channel has sent so far decide.
 enum Verdict {
     /// It joins the endpoint; the first `consumed` bytes were its handshake.
@@ -81,16 +68,6 @@ enum Verdict {
     Challenged,
     /// Abort it; `auth` when it failed authentication rather than sent garbage.
     Reject { why: &'static str, auth: bool },
-}
-
-/// An accepted channel whose handshake is under way.
-pub(super) struct Incoming {
-    pub(super) t: Channel,
-    pub(super) peer: SocketAddrV4,
-    got: Vec<u8>,
-    stage: Stage,
-    /// When the channel is dropped if its preamble is not complete.
-    deadline: Instant,
 }
 
 impl Core {

@@ -9,13 +9,18 @@
 //! (`plans.rs`), and wakes the tasks waiting for a goal or runs a graceful stop
 //! (`drain.rs`). It sleeps until the channel listener, an incoming channel, a dying
 //! channel, an application call that armed a timer or its next deadline wakes it.
+//!
+//! What it keeps behind the control lock ([`Control`]: accepted channels, peers, waiters,
+//! a stop in progress, the plans' state) is plain data in `state/`, one file per concept
+//! beside the file here that acts on it; the core holds that state without knowing the
+//! task. The calls of the core that take the lock live here, with their concept.
 
 mod drain;
 mod incoming;
 mod peers;
 mod plans;
+pub(super) mod state;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::Ipv4Addr;
 use std::pin::Pin;
@@ -23,15 +28,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use netdriver::channel::{Channel, ChannelListener};
+use netdriver::channel::Channel;
 use tracing::debug;
 
-pub(crate) use drain::{Goal, StopOutcome};
-pub use plans::PlanCounters;
+pub(crate) use state::drain::{Goal, StopOutcome};
+pub use state::plans::PlanCounters;
+pub(crate) use state::Control;
 
 use super::core::Core;
 use super::wake::Wakes;
 use crate::endpoint::PeerId;
+use state::peers::Peer;
+use state::ClosingPlain;
 
 /// Most accepted channels waiting for their preamble at once; past it the one that has
 /// waited longest is aborted (a peer opening channels and never speaking must not fill
@@ -44,104 +52,7 @@ const SHARD_RETRY: Duration = Duration::from_millis(1);
 /// Rounds the control task runs in one poll before it yields to its runtime.
 const ROUNDS_PER_POLL: usize = 16;
 
-/// Everything behind the control lock: channels being accepted, peers and the opening
-/// of channels to them, waiters, a stop in progress.
-pub(crate) struct Control {
-    incoming: Vec<incoming::Incoming>,
-    peers: HashMap<Ipv4Addr, peers::Peer>,
-    peer_ips: HashMap<PeerId, Ipv4Addr>,
-    next_channel: u32,
-    next_peer: u32,
-    next_attempt: u64,
-    /// The control task has stopped: no channel will ever move again.
-    pub stopped: bool,
-    /// Plain-TCP channels closed gracefully whose streams are gone, watched until their
-    /// bytes and FIN are acknowledged and the peer's FIN is in, or their linger deadline.
-    closing_plain: Vec<ClosingPlain>,
-    /// Closed plain-TCP channels reset because they were not finished within the
-    /// endpoint's `linger_timeout` (bytes unacknowledged, or no FIN from the peer).
-    pub plain_linger_expired: u64,
-    preamble_timeout: Duration,
-    channel_key: Option<super::auth::ChannelKey>,
-    linger_timeout: Duration,
-    /// Accepted channels aborted before they joined: no preamble in time, too many
-    /// waiting, a bad preamble, or failed authentication.
-    pub dropped_channels: u64,
-    /// Of those, channels that failed authentication (no, or a wrong, proof of the key;
-    /// or asking to authenticate when this stack has no key).
-    pub auth_failures: u64,
-    /// The channel port's listener; `None` once it failed or the stack is stopping.
-    acceptor: Option<ChannelListener>,
-    /// Tasks waiting for a [`Goal`].
-    waiters: Vec<drain::Waiter>,
-    next_waiter: u64,
-    /// Readings of `pending_tx_bytes` in a row that found 0 (taken while someone waits).
-    zero_checks: u32,
-    /// When the next reading is due.
-    next_check: Option<Instant>,
-    /// A graceful stop in progress: no new channels or streams, the open ones draining.
-    pub stopping: Option<drain::Stopping>,
-    /// Channels closed by a graceful stop, kept until their peers have seen the end.
-    closing_chans: Vec<Arc<super::channel::Chan>>,
-    /// How the stack stopped (`None` while it runs).
-    pub stop_outcome: Option<StopOutcome>,
-    /// Peers whose last channel was lost, to open channels to again.
-    reopen: Vec<Ipv4Addr>,
-    /// Carrying out the scheduler's plans (`plans.rs`).
-    pub(crate) plans: plans::PlanState,
-}
-
-/// A plain-TCP channel closed gracefully whose stream is gone.
-struct ClosingPlain {
-    t: Channel,
-    /// Reset if not finished by then.
-    deadline: Instant,
-    /// The peer's FIN came (every byte it sent was dequeued).
-    finished: bool,
-}
-
 impl Control {
-    /// The control state of a stack that listens for channels with `acceptor`.
-    pub(crate) fn new(
-        acceptor: ChannelListener,
-        preamble_timeout: Duration,
-        channel_key: Option<super::auth::ChannelKey>,
-        linger_timeout: Duration,
-    ) -> Control {
-        Control {
-            incoming: Vec::new(),
-            peers: HashMap::new(),
-            peer_ips: HashMap::new(),
-            next_channel: 0,
-            next_peer: 0,
-            next_attempt: 0,
-            stopped: false,
-            closing_plain: Vec::new(),
-            plain_linger_expired: 0,
-            preamble_timeout,
-            channel_key,
-            linger_timeout,
-            dropped_channels: 0,
-            auth_failures: 0,
-            acceptor: Some(acceptor),
-            waiters: Vec::new(),
-            next_waiter: 0,
-            zero_checks: 0,
-            next_check: None,
-            stopping: None,
-            closing_chans: Vec::new(),
-            stop_outcome: None,
-            reopen: Vec::new(),
-            plans: plans::PlanState::default(),
-        }
-    }
-
-    /// Whether new channels, connects, binds and accepts are refused: the stack has
-    /// stopped or is stopping.
-    pub(crate) fn refuses_new(&self) -> bool {
-        self.stopped || self.stopping.is_some()
-    }
-
     /// The id of the peer at `ip` (created on first use).
     fn peer_id(&mut self, ip: Ipv4Addr) -> PeerId {
         if let Some(p) = self.peers.get(&ip) {
@@ -149,7 +60,7 @@ impl Control {
         }
         let id = PeerId(self.next_peer);
         self.next_peer += 1;
-        self.peers.insert(ip, peers::Peer::new(id));
+        self.peers.insert(ip, Peer::new(id));
         self.peer_ips.insert(id, ip);
         id
     }
@@ -223,6 +134,16 @@ impl Control {
             true
         });
         next
+    }
+}
+
+impl Core {
+    /// Keeps a plain-TCP channel closed gracefully (its stream dropped) until its bytes
+    /// and FIN are acknowledged and the peer's FIN is in (see
+    /// [`Control::keep_closing_plain`]); wakes the control task, which watches it.
+    pub(crate) fn keep_closing_plain(&self, t: Channel) {
+        self.ctl().keep_closing_plain(t);
+        self.control.notify();
     }
 }
 

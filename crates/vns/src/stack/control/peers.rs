@@ -18,48 +18,12 @@ use tracing::{debug, warn};
 
 use super::super::auth;
 use super::super::channel::{Chan, ChanTable, Gone};
-use super::super::core::{stopped_error, Core};
+use super::super::core::{stopped_error, Core, Finish};
 use super::super::receive::ChanSink;
 use super::incoming::{class_byte, preamble, PREAMBLE_LEN};
-use super::Control;
+use super::state::peers::Opening;
+use super::state::Control;
 use crate::endpoint::{Error as VnsError, PeerId};
-
-#[derive(Debug)]
-pub(super) enum Opening {
-    Idle,
-    Running {
-        attempt: u64,
-        waiters: Vec<Waker>,
-    },
-    Failed {
-        attempt: u64,
-        kind: io::ErrorKind,
-        msg: String,
-    },
-}
-
-#[derive(Debug)]
-pub(crate) struct Peer {
-    pub(super) id: PeerId,
-    pub(super) throughput: usize,
-    pub(super) latency: usize,
-    pub(super) opening: Opening,
-    /// This stack opened channels to the peer (so it opens them again when all are lost;
-    /// a peer that opened them does that itself).
-    opened: bool,
-}
-
-impl Peer {
-    pub(super) fn new(id: PeerId) -> Peer {
-        Peer {
-            id,
-            throughput: 0,
-            latency: 0,
-            opening: Opening::Idle,
-            opened: false,
-        }
-    }
-}
 
 /// Wakes a thread parked in [`dequeue_until`].
 struct Unpark(Thread);
@@ -454,5 +418,33 @@ impl Core {
             self.lose_channel(ctl, id, why);
         }
         !dead.is_empty()
+    }
+
+    /// The address of a peer.
+    pub(crate) fn peer_ip(&self, id: PeerId) -> Option<Ipv4Addr> {
+        self.ctl().peer_ip(id)
+    }
+
+    /// Resets the `n`-th channel held (in id order) as a failed connection: see
+    /// [`Diagnostics::reset_channel`](crate::Diagnostics::reset_channel).
+    pub(crate) fn reset_channel(&self, n: usize) -> bool {
+        let Some(id) = self.chans.load().keys().nth(n).copied() else {
+            return false;
+        };
+        warn!(channel = %id, "resetting a channel (fault injection)");
+        {
+            let mut ctl = self.ctl();
+            self.lose_channel(&mut ctl, id, Gone::Lost);
+        }
+        // The lost channel's chunks are in other channels' outboxes now.
+        let mut fin = Finish::default();
+        let table = self.chans.load();
+        for i in 0..self.shard_count() {
+            self.finish_shard(self.lock_shard(i), &mut fin, &table);
+        }
+        drop(table);
+        fin.run(self);
+        self.control.notify();
+        true
     }
 }
