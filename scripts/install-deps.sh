@@ -9,9 +9,12 @@ set -euo pipefail
 # (crates/testbed); pkg-config for -sys crates; redis-tools: redis-cli and redis-benchmark,
 # the standard clients tests/kv_example.rs drives the kv example with; curl and
 # apache2-utils (ab): the HTTP clients of tests/ecosystem_examples.rs and
-# benches/connection_setup.rs.
+# benches/connection_setup.rs; ca-certificates: cargo fetches crates over HTTPS and checks
+# the registry's certificate against the system's CA bundle, which a bare image lacks (and
+# --no-install-recommends does not bring in with curl).
 PACKAGES=(clang llvm libelf-dev m4 make libpcap-dev libhwloc-dev libudev-dev pkg-config
-          iproute2 ethtool iptables iputils-ping zlib1g-dev redis-tools curl apache2-utils)
+          iproute2 ethtool iptables iputils-ping zlib1g-dev redis-tools curl apache2-utils
+          ca-certificates)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
