@@ -13,4 +13,5 @@ cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 # Two cores shared with other work: build with one job.
 cargo build --release -j1 --bin ncperf
-exec ./target/release/ncperf demo "$@"
+# The binary is where cargo put it: under CARGO_TARGET_DIR when that is set.
+exec "${CARGO_TARGET_DIR:-target}/release/ncperf" demo "$@"
