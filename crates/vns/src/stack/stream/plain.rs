@@ -284,7 +284,7 @@ pub(super) struct PlainSlot {
     pub(super) waker: Option<Waker>,
 }
 
-/// Opens one channel straight to `addr` (a plain-TCP peer), in a helper thread since the
+/// Opens one channel straight to `addr` (a plain-TCP peer), on a thread of its own, since the
 /// channel set's connect blocks.
 pub(super) async fn connect_plain(stack: &Stack, addr: SocketAddrV4) -> io::Result<VirtualStream> {
     let slot = Arc::new(Mutex::new(PlainSlot::default()));
