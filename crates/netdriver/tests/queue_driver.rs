@@ -24,6 +24,7 @@ use netdriver::channel::{
 };
 use netdriver::link::switch::{SimSwitch, SwitchConfig};
 use netdriver::link::Link;
+use netdriver::netif::{Interface, InterfaceConfig};
 use netdriver::rss::{ChannelSteering, ForwardReason, RssState, SteeringCounts};
 use netdriver::time::Instant;
 use std::io::{Read, Write};
@@ -355,6 +356,59 @@ async fn a_sink_installed_after_the_last_arrival_delivers_what_it_kept_first() {
     assert_eq!(&out.lock().unwrap()[..], b"kept-queued");
     drop((c, s));
     a.shutdown().expect("shutdown");
+    b.shutdown().expect("shutdown");
+}
+
+/// Bytes that come with the ACK completing a passive open reach the accepted channel
+/// with nothing more arriving: the round that hands the connection to its listener moves
+/// them too. (Were accepts taken after the received bytes, the driver would settle with
+/// them in TCP's buffer, the peer's data acknowledged and no timer due, and only a later
+/// arrival would move them: a kernel client whose request followed its ACK in one receive
+/// batch then waited forever for the answer.) The client here is a bare interface on the
+/// switch, polled by the test, whose data rides on the handshake's last ACK.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn bytes_that_complete_a_passive_open_reach_the_accepted_channel() {
+    const REQUEST: &[u8] = b"with the handshake's last ACK";
+    let switch = SimSwitch::default();
+    let b = host_here(&switch, B, 1);
+    let l = b.listen_async(PORT).await.expect("listen");
+    let (amac, mut ports) = switch.attach(A, 1).expect("attach");
+    let mut client = Interface::new(
+        ports.remove(0),
+        InterfaceConfig {
+            mac: amac,
+            ipv4: A,
+            ..InterfaceConfig::default()
+        },
+    );
+    client.add_neighbor(B, switch.mac_of(B).expect("B's MAC"));
+    let mut now = Instant::from_micros(1);
+    let h = client
+        .connect(SocketAddrV4::new(B, PORT), now)
+        .expect("connect");
+    let conn = client.conn_mut(h).expect("connection");
+    assert_eq!(conn.send(REQUEST), Ok(REQUEST.len()));
+    for _ in 0..100 {
+        client.poll(now);
+        if client.conn(h).is_some_and(|c| c.state().is_synchronized()) {
+            break;
+        }
+        requeue().await;
+        now = now + Duration::from_micros(10);
+    }
+    assert!(
+        client.conn(h).is_some_and(|c| c.state().is_synchronized()),
+        "no SYN-ACK"
+    );
+    // The ACK and the request have left in one poll; the client is polled no more, so
+    // it retransmits nothing.
+    let s = poll_fn(|cx| l.poll_accept(cx)).await.expect("accept");
+    let got = tokio::time::timeout(Duration::from_secs(1), read_n(&s, REQUEST.len())).await;
+    assert_eq!(
+        got.as_deref().map_err(|_| "nothing delivered in 1 s"),
+        Ok(REQUEST)
+    );
+    drop(s);
     b.shutdown().expect("shutdown");
 }
 

@@ -118,8 +118,8 @@ impl QueueState {
     }
 
     /// One round: commands and forwarded frames, the channels' Tx queues into TCP, the
-    /// interface (receive, timers, transmit), received bytes to the channels' sinks or Rx
-    /// queues, accepts, reaping, statistics. Returns whether anything happened.
+    /// interface (receive, timers, transmit), accepts, received bytes to the channels'
+    /// sinks or Rx queues, reaping, statistics. Returns whether anything happened.
     pub(crate) fn round(&mut self, now: Instant) -> bool {
         let (w, book) = (&mut self.worker, &mut self.book);
         let mut active = false;
@@ -138,8 +138,12 @@ impl QueueState {
             .iface
             .poll_with(now, &mut |s| stray_verdict(set, me, claims, s, true));
         w.settle_claims(book);
-        active |= w.pull_rx(book, &mut self.rxbuf, now);
+        // Accepts before the received bytes: a connection handed to its listener in this
+        // round may hold bytes already (they came with the handshake's last ACK, or while
+        // a full accept queue held it), and nothing else would bring the driver back for
+        // them once the round settles.
         active |= w.accept(book, now);
+        active |= w.pull_rx(book, &mut self.rxbuf, now);
         active |= w.reap(book);
         w.publish(book, now);
         active
