@@ -362,15 +362,23 @@ impl QueueDriver {
             match &mut self.rx {
                 RxWait::Fd { afd, .. } => match afd.poll_read_ready(cx) {
                     Poll::Ready(Ok(mut guard)) => {
-                        if !st.rx_ready() {
-                            // Drained by the rounds: wait for the next edge.
+                        // Frames the rounds left, or an edge that came after them: another
+                        // round. Otherwise the rounds drained the ring: clear the readiness
+                        // and register for the next edge, without a round that would find
+                        // nothing (callgrind of a one-connection 64-byte exchange: 5.9
+                        // rounds per request with that round, 4.1 without).
+                        let again = st.rx_ready() || {
                             guard.clear_ready();
+                            drop(guard);
+                            afd.poll_read_ready(cx).is_ready()
+                        };
+                        if again {
+                            if rounds < ROUNDS_PER_POLL {
+                                continue;
+                            }
+                            cx.waker().wake_by_ref();
+                            break;
                         }
-                        if rounds < ROUNDS_PER_POLL {
-                            continue;
-                        }
-                        cx.waker().wake_by_ref();
-                        break;
                     }
                     Poll::Ready(Err(e)) => {
                         warn!(queue = slot.queue, error = %e, "waiting for the queue's descriptor failed; polling every tick");
