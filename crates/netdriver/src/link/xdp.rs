@@ -1,5 +1,6 @@
 //! The AF_XDP link: frames in a UMEM shared with the kernel, one socket on one rx/tx queue
-//! pair of an interface (Linux only), built on `xsk-rs`.
+//! pair of an interface (Linux only), built on this crate's own socket, UMEM and ring code
+//! ([`xsk`](super::xsk)).
 //!
 //! An [`XdpLink`] owns a UMEM of [`XdpLinkConfig::frame_count`] frames and one AF_XDP
 //! socket bound to `(ifname, queue_id)`. Half the frames belong to receive: at open they
@@ -13,8 +14,7 @@
 //! (If a [`Link::recv_batch`] callback panics, that batch's frames are not refilled and
 //! the link receives into fewer frames from then on.)
 //!
-//! The socket is created without libxdp's default XDP program
-//! (`XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD`): frames only arrive once a steering program (the
+//! The link loads no XDP program of its own: frames only arrive once a steering program (the
 //! `xdp-prog` crate's `XdpSteering`) is attached to the interface and the socket's
 //! [`fd`](XdpLink::fd) is registered in its `XSKMAP` for [`queue_id`](XdpLinkConfig::queue_id).
 //!
@@ -27,11 +27,27 @@
 //! # Where the frame starts in a tx buffer
 //!
 //! A tx buffer is lent as exactly [`TX_HEADROOM`] + [`Link::max_frame_len`] bytes starting
-//! at the frame's data area, and the writer says where in it the frame lies. An AF_XDP tx
-//! descriptor could point at that offset directly, but `xsk-rs` 0.11 offers no way to set
-//! a descriptor's address, so a frame that does not start at offset 0 is moved to the
-//! front of its buffer (`copy_within`, a `memmove` inside one 2 KiB chunk that is already
-//! in cache). Owning the ring code, or an `xsk-rs` with a settable address, removes it.
+//! at the frame's data area (256 bytes into its UMEM chunk), and the writer says where in
+//! it the frame lies; the tx descriptor points at that offset directly.
+//!
+//! # Checksum offload through TX metadata
+//!
+//! Where the kernel accepts a UMEM with TX metadata (`tx_metadata_len`, Linux 6.8+, with
+//! the `XDP_UMEM_TX_METADATA_LEN` flag since 6.11) and
+//! [`XdpLinkConfig::tx_checksum_offload`] is on (the default; [`TX_CHECKSUM_ENV`] for a
+//! default stack), the TCP frames the link is handed with a partial checksum
+//! ([`Link::tx_batch_meta`], and those it segments itself) leave with the pseudo-header
+//! sum in the checksum field, as for Linux's `CHECKSUM_PARTIAL`, and a descriptor flagged
+//! `XDP_TX_METADATA` whose `xsk_tx_metadata` (the 24 bytes in front of the frame, inside
+//! the 256 bytes of headroom) asks for the checksum (`XDP_TXMD_FLAGS_CHECKSUM`,
+//! `csum_start`, `csum_offset`): the link's own checksum pass over every byte goes. In
+//! copy mode the kernel builds a `CHECKSUM_PARTIAL` skb from it, which the driver's
+//! offload (or the kernel's software fallback for a device without) completes, and a
+//! veth peer takes as it is; a zero-copy driver that does not advertise TX checksum
+//! offload gets a UMEM registered with `XDP_UMEM_TX_SW_CSUM`, so that the kernel sums
+//! in software. Where the kernel refuses TX metadata, the link sums each frame itself, as
+//! it does for multi-buffer chains. [`XdpLink::tx_checksum`] (and a channel set's
+//! `QueueStats::tx_checksum`) says which of the three applies and why ([`TxChecksum`]).
 //!
 //! # Frames larger than a UMEM frame (multi-buffer)
 //!
@@ -42,9 +58,7 @@
 //! `XDP_USE_SG` and the XDP program is the `xdp.frags` variant (`xdp-prog`'s
 //! `AttachOptions::frags`); a 9014-byte frame arrives as 3 descriptors of 4096-byte
 //! frames. [`XdpLinkConfig::multi_buffer`] chooses ([`MultiBuffer::Auto`]: exactly when the
-//! interface's largest tx buffer does not fit one UMEM frame). `xsk-rs` 0.11 carries what
-//! this needs: the `XDP_USE_SG` bind flag, and `options` on rx descriptors (read) and tx
-//! descriptors (written by `produce`).
+//! interface's largest tx buffer does not fit one UMEM frame).
 //!
 //! - **Receive**: a single-descriptor frame is still lent straight from the UMEM. A chain
 //!   is copied, part by part, into a scratch buffer of [`Link::max_frame_len`] bytes
@@ -81,21 +95,18 @@
 //! socket is kicked only when the kernel asks (`XDP_USE_NEED_WAKEUP`).
 
 use core::ops::Range;
-use std::ffi::CString;
 use std::io;
-use std::num::NonZeroU32;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
-use xsk_rs::config::{
-    BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
-};
-use xsk_rs::socket::{SocketCreateError, XdpStatistics};
-use xsk_rs::umem::UmemCreateError;
-use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use super::offload::{complete_checksum, Segmenter};
+pub use super::xdp_checksum::{SoftwareChecksum, TxChecksum, TX_CHECKSUM_ENV};
+use super::xdp_checksum::checksum_request;
+use super::xsk::sys::{XDP_PKT_CONTD, XDP_TX_METADATA};
+use super::xsk::{TxMetadataRequest, Umem, XdpDesc, XskError, XskOptions, XskSocket};
+pub use super::xsk::XskStatistics;
 use super::umem_memory::{
     huge_pages_free, interface_numa_node, page_nodes, HugePages, HugePagesRefusal, NumaNode,
     PreferNode, UmemPlacement,
@@ -105,27 +116,19 @@ pub use super::xdp_bind::{
 };
 use super::xdp_features::xdp_features;
 use super::{
-    tx_range_ok, FrameWriter, Link, LinkStats, Offloads, ETHERNET_HEADER_LEN, MAX_SUPER_FRAME_LEN,
-    TX_HEADROOM,
+    tx_range_ok, FrameWriter, Link, LinkStats, Offloads, PartialChecksum, ETHERNET_HEADER_LEN,
+    MAX_SUPER_FRAME_LEN, TX_HEADROOM,
 };
 use crate::time::Instant;
 
 /// The headroom the kernel keeps in front of every received frame for the XDP program
-/// (`XDP_PACKET_HEADROOM`); `xsk-rs` places a frame's data area after it.
+/// (`XDP_PACKET_HEADROOM`); a tx frame's data area starts as far into its chunk, which
+/// leaves room for the TX metadata in front of it.
 const XDP_PACKET_HEADROOM: u32 = 256;
 
 /// The most frames one copy-mode `sendto` sends by default (the kernel's `TX_BATCH_SIZE`),
 /// and the least [`XdpLinkConfig::tx_skb_budget`] may ask.
 const COPY_MODE_TX_PER_KICK: usize = 32;
-
-/// `SOL_XDP` and `XDP_MAX_TX_SKB_BUDGET` (`<linux/if_xdp.h>`, Linux 6.17+): the most
-/// descriptors one copy-mode `sendto` turns into skbs, between 32 and the tx ring's size.
-const SOL_XDP: libc::c_int = 283;
-const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
-
-/// `XDP_PKT_CONTD` of `<linux/if_xdp.h>`: set in a descriptor's `options` when the frame
-/// continues in the next descriptor (`xsk-rs` keeps its own copy private).
-const XDP_PKT_CONTD: u32 = 1;
 
 /// The most descriptors a chain may have: the kernel builds a transmitted chain into an skb
 /// of at most `MAX_SKB_FRAGS` (17) fragments and refuses longer ones; one is kept spare.
@@ -205,6 +208,11 @@ pub struct XdpLinkConfig {
     /// started again after a failed start) can see the queue busy for a few
     /// milliseconds. Zero fails at once.
     pub busy_retry: Duration,
+    /// Ask the kernel (or the device) to complete the TCP checksums of transmitted frames
+    /// through TX metadata where it accepts it, rather than summing every frame in the
+    /// link (see the [module documentation](self#checksum-offload-through-tx-metadata)).
+    /// On by default; [`TX_CHECKSUM_ENV`] for a default stack.
+    pub tx_checksum_offload: bool,
 }
 
 impl XdpLinkConfig {
@@ -212,7 +220,8 @@ impl XdpLinkConfig {
     /// zero copy where the driver supports it (else copy mode), need-wakeup on, no busy
     /// polling, multi-buffer as the MTU needs, the UMEM on the interface's NUMA node and
     /// in huge pages when enough are free, segmentation in the link, the largest
-    /// copy-mode budget per kick the kernel allows.
+    /// copy-mode budget per kick the kernel allows, checksums through TX metadata where
+    /// the kernel accepts it.
     pub fn new(ifname: impl Into<String>, queue_id: u32) -> XdpLinkConfig {
         XdpLinkConfig {
             ifname: ifname.into(),
@@ -230,6 +239,7 @@ impl XdpLinkConfig {
             segmentation: true,
             tx_skb_budget: 0,
             busy_retry: Duration::from_secs(2),
+            tx_checksum_offload: true,
         }
     }
 }
@@ -325,9 +335,9 @@ pub enum XdpLinkError {
         /// [`MAX_CHAIN_DESCRIPTORS`].
         max: usize,
     },
-    /// Creating or registering the UMEM failed.
+    /// Mapping the UMEM failed.
     #[error("creating the UMEM: {0}")]
-    Umem(#[source] UmemCreateError),
+    Umem(#[source] io::Error),
     /// [`HugePages::Require`], and the UMEM cannot have them.
     #[error(
         "interface {ifname:?} queue {queue_id}: huge pages required for the UMEM, but {reason}"
@@ -356,9 +366,9 @@ pub enum XdpLinkError {
         ifname: String,
         /// The queue.
         queue_id: u32,
-        /// The error from `xsk-rs` (its source is the kernel's error).
+        /// The step that failed and the kernel's error.
         #[source]
-        source: SocketCreateError,
+        source: XskError,
     },
     /// A system call other than the above failed.
     #[error("{op}: {source}")]
@@ -369,13 +379,6 @@ pub enum XdpLinkError {
         #[source]
         source: io::Error,
     },
-}
-
-/// The OS error code under an `xsk-rs` error, if any.
-fn os_error_of(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
-    err.source()
-        .and_then(|s| s.downcast_ref::<io::Error>())
-        .and_then(io::Error::raw_os_error)
 }
 
 /// Where the UMEM's memory comes from, decided once per open.
@@ -392,10 +395,7 @@ struct UmemPlan {
 /// A socket bound by [`bind_socket`], with its UMEM.
 struct Bound {
     umem: Umem,
-    frames: Vec<FrameDesc>,
-    tx: TxQueue,
-    rx: RxQueue,
-    rings: Option<(FillQueue, CompQueue)>,
+    sock: XskSocket,
     /// The UMEM is in huge pages.
     huge: bool,
     /// Huge pages were planned but the mapping failed: the kernel's error.
@@ -403,12 +403,7 @@ struct Bound {
 }
 
 /// The UMEM (on `plan`'s node, in huge pages if it says so and the kernel agrees).
-fn create_umem(
-    config: &XdpLinkConfig,
-    umem_config: UmemConfig,
-    plan: UmemPlan,
-) -> Result<(Umem, Vec<FrameDesc>, bool), XdpLinkError> {
-    let frame_count = NonZeroU32::new(config.frame_count).expect("checked above");
+fn create_umem(config: &XdpLinkConfig, plan: UmemPlan) -> Result<(Umem, bool), XdpLinkError> {
     // MAP_POPULATE allocates every page inside the mapping call, by this thread: its
     // memory policy places them (see `umem_memory`).
     let _policy = match plan.node {
@@ -417,95 +412,75 @@ fn create_umem(
         }
         None => None,
     };
-    let map_err = |e: UmemCreateError| match os_error_of(&e) {
-        Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
-            op: "creating the UMEM",
-        },
-        _ => XdpLinkError::Umem(e),
-    };
     if plan.huge {
         // A failure is the caller's to handle (wait for pages the kernel is releasing, or
         // fall back to normal pages).
-        return match Umem::new(umem_config, frame_count, true) {
-            Ok((umem, frames)) => Ok((umem, frames, true)),
+        return match Umem::new(config.frame_count, config.frame_size, true) {
+            Ok(umem) => Ok((umem, true)),
             Err(e) => Err(XdpLinkError::HugePages {
                 ifname: config.ifname.clone(),
                 queue_id: config.queue_id,
                 reason: HugePagesRefusal::Mapping {
-                    errno: os_error_of(&e).unwrap_or(0),
+                    errno: e.raw_os_error().unwrap_or(0),
                 },
             }),
         };
     }
-    let (umem, frames) = Umem::new(umem_config, frame_count, false).map_err(map_err)?;
-    Ok((umem, frames, false))
+    let umem = Umem::new(config.frame_count, config.frame_size, false).map_err(|e| {
+        match e.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
+                op: "creating the UMEM",
+            },
+            _ => XdpLinkError::Umem(e),
+        }
+    })?;
+    Ok((umem, false))
 }
 
-/// The UMEM, its frames and a socket bound to `(config.ifname, config.queue_id)`: one try.
-fn bind_socket(
-    config: &XdpLinkConfig,
+/// What one bind asks for beyond the link's configuration.
+#[derive(Debug, Clone, Copy)]
+struct BindTry {
+    /// Frames are half the UMEM each way; every ring has this many entries.
     half: u32,
     multi_buffer: bool,
     zero_copy: bool,
-    plan: UmemPlan,
-) -> Result<Bound, XdpLinkError> {
-    let ring = |n: u32| {
-        QueueSize::new(n).map_err(|e| XdpLinkError::InvalidConfig {
-            reason: format!("ring size {n}: {e}"),
-        })
-    };
-    let umem_config = UmemConfig::builder()
-        .frame_size(
-            FrameSize::new(config.frame_size).map_err(|e| XdpLinkError::InvalidConfig {
-                reason: format!("frame_size: {e}"),
-            })?,
-        )
-        .frame_headroom(0)
-        .fill_queue_size(ring(half)?)
-        .comp_queue_size(ring(half)?)
-        .build()
-        .map_err(|e| XdpLinkError::InvalidConfig {
-            reason: format!("UMEM: {e}"),
-        })?;
-    let (umem, frames, huge) = create_umem(config, umem_config, plan)?;
+    metadata: TxMetadataRequest,
+}
 
-    let mut bind_flags = if zero_copy {
-        BindFlags::XDP_ZEROCOPY
+/// The UMEM and a socket bound to `(config.ifname, config.queue_id)`: one try.
+fn bind_socket(config: &XdpLinkConfig, t: BindTry, plan: UmemPlan) -> Result<Bound, XdpLinkError> {
+    let ifindex = nix::net::if_::if_nametoindex(config.ifname.as_str()).map_err(|_| {
+        XdpLinkError::NoSuchInterface {
+            ifname: config.ifname.clone(),
+        }
+    })?;
+    let (umem, huge) = create_umem(config, plan)?;
+    let mut bind_flags = if t.zero_copy {
+        libc::XDP_ZEROCOPY
     } else {
-        BindFlags::XDP_COPY
+        libc::XDP_COPY
     };
     if config.need_wakeup {
-        bind_flags |= BindFlags::XDP_USE_NEED_WAKEUP;
+        bind_flags |= libc::XDP_USE_NEED_WAKEUP;
     }
-    if multi_buffer {
-        bind_flags |= BindFlags::XDP_USE_SG;
+    if t.multi_buffer {
+        bind_flags |= libc::XDP_USE_SG;
     }
-    let socket_config = SocketConfig::builder()
-        .rx_queue_size(ring(half)?)
-        .tx_queue_size(ring(half)?)
-        .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
-        .bind_flags(bind_flags)
-        .build();
-    let ifname =
-        CString::new(config.ifname.as_bytes()).map_err(|_| XdpLinkError::NoSuchInterface {
-            ifname: config.ifname.clone(),
-        })?;
-    // SAFETY: the UMEM is not shared with any other socket, so the double-free hazard
-    // `Socket::new` warns about (sharing a bound pair without
-    // XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD) cannot arise; the flag is set anyway.
-    let created = unsafe {
-        Socket::new(
-            socket_config,
-            &umem,
-            &Interface::new(ifname),
-            config.queue_id,
-        )
-    };
-    let (tx, rx, rings) = created.map_err(|e| match os_error_of(&e) {
+    let opened = XskSocket::open(
+        &umem,
+        XskOptions {
+            ifindex,
+            queue_id: config.queue_id,
+            ring_size: t.half,
+            bind_flags,
+            metadata: t.metadata,
+        },
+    );
+    let sock = opened.map_err(|e| match e.errno() {
         Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
             op: "creating an AF_XDP socket",
         },
-        Some(libc::EOPNOTSUPP) if zero_copy => XdpLinkError::ZeroCopyUnsupported {
+        Some(libc::EOPNOTSUPP) if t.zero_copy => XdpLinkError::ZeroCopyUnsupported {
             ifname: config.ifname.clone(),
         },
         Some(libc::ENODEV) => XdpLinkError::NoSuchInterface {
@@ -519,10 +494,7 @@ fn bind_socket(
     })?;
     Ok(Bound {
         umem,
-        frames,
-        tx,
-        rx,
-        rings,
+        sock,
         huge,
         huge_refused: None,
     })
@@ -575,12 +547,10 @@ fn umem_plan(config: &XdpLinkConfig) -> (UmemPlan, UmemPlacement) {
 
 /// [`bind_socket`], retried while the queue is busy (see
 /// [`XdpLinkConfig::busy_retry`]). Both the UMEM and the socket are made afresh on each
-/// try: a failed `xsk_socket__create` closes the file descriptor it shared with the UMEM.
+/// try.
 fn bind_retrying(
     config: &XdpLinkConfig,
-    half: u32,
-    multi_buffer: bool,
-    zero_copy: bool,
+    t: BindTry,
     plan: UmemPlan,
 ) -> Result<Bound, XdpLinkError> {
     let deadline = std::time::Instant::now() + config.busy_retry;
@@ -588,9 +558,9 @@ fn bind_retrying(
     let mut plan = plan;
     let mut huge_refused = None;
     loop {
-        match bind_socket(config, half, multi_buffer, zero_copy, plan) {
+        match bind_socket(config, t, plan) {
             Err(XdpLinkError::Socket { source, .. })
-                if os_error_of(&source) == Some(libc::EBUSY)
+                if source.errno() == Some(libc::EBUSY)
                     && std::time::Instant::now() < deadline =>
             {
                 debug!(
@@ -638,7 +608,7 @@ fn bind_retrying(
 fn zero_copy_refusal(e: &XdpLinkError) -> Option<i32> {
     match e {
         XdpLinkError::ZeroCopyUnsupported { .. } => Some(libc::EOPNOTSUPP),
-        XdpLinkError::Socket { source, .. } => match os_error_of(source) {
+        XdpLinkError::Socket { source, .. } => match source.errno() {
             Some(errno @ (libc::EINVAL | libc::EOPNOTSUPP)) => Some(errno),
             _ => None,
         },
@@ -658,26 +628,25 @@ pub struct XdpLink {
     /// The address of the UMEM's first byte (for [`XdpLink::umem_page_nodes`]).
     umem_base: usize,
     mtu: usize,
+    /// The socket and its rings (dropped before the UMEM they point into).
+    sock: XskSocket,
     umem: Umem,
-    fill: FillQueue,
-    comp: CompQueue,
-    tx: TxQueue,
-    rx: RxQueue,
-    /// Free tx frames, used as a stack.
-    free: Vec<FrameDesc>,
+    /// Free tx frames (their chunks' addresses), used as a stack.
+    free: Vec<u64>,
     /// Written tx frames not yet on the tx ring.
-    staged: Vec<FrameDesc>,
+    staged: Vec<XdpDesc>,
     /// Tx frames on the tx ring or in the kernel, not yet completed.
     in_flight: usize,
     /// Frames set aside for transmit (free + staged + in flight).
     tx_frames: usize,
     tx_ring_size: u32,
     /// Scratch for rx ring reads.
-    rx_scratch: Vec<FrameDesc>,
-    /// Scratch for completion ring reads.
-    comp_scratch: Vec<FrameDesc>,
+    rx_scratch: Vec<XdpDesc>,
+    /// Scratch for completion ring reads, and for the chunks `refill` hands back.
+    comp_scratch: Vec<u64>,
+    fill_scratch: Vec<u64>,
     /// Received frames the fill ring had no room for (never expected; kept for safety).
-    fill_backlog: Vec<FrameDesc>,
+    fill_backlog: Vec<u64>,
     stats: LinkStats,
     /// Bytes of packet data one UMEM frame holds.
     capacity: usize,
@@ -699,6 +668,8 @@ pub struct XdpLink {
     tx_super_buf: Vec<u8>,
     /// Super-segments cut into frames.
     tx_super_segments: u64,
+    /// Who completes transmitted TCP checksums.
+    tx_checksum: TxChecksum,
 }
 
 /// Where [`XdpLink::recv_batch`] stands in a descriptor chain.
@@ -773,30 +744,52 @@ impl XdpLink {
                 });
             }
         }
-        // Auto: zero copy first; a refusal costs one UMEM made and dropped (its socket
-        // closed the shared descriptor), then copy mode from scratch.
+        // What the driver advertises, where a zero-copy bind may be tried.
+        let features = match config.bind {
+            BindMode::Copy => None,
+            _ => Some(xdp_features(&config.ifname)),
+        };
+        // A driver that does not say it offloads checksums in zero copy gets the kernel's
+        // software fallback.
+        let driver_csum = matches!(&features, Some(Ok(f)) if f.tx_checksum());
+        let tx_meta = config.tx_checksum_offload && !tx_chains;
+        let try_with = |zero_copy: bool| BindTry {
+            half,
+            multi_buffer,
+            zero_copy,
+            metadata: if tx_meta {
+                TxMetadataRequest::Metadata {
+                    sw_csum: zero_copy && !driver_csum,
+                }
+            } else {
+                TxMetadataRequest::None
+            },
+        };
+        // Auto: zero copy first; a refusal costs one UMEM made and dropped, then copy
+        // mode from scratch.
         let (binding, bound) = match config.bind {
             BindMode::Copy => (
                 XdpBinding::Copy,
-                bind_retrying(&config, half, multi_buffer, false, plan)?,
+                bind_retrying(&config, try_with(false), plan)?,
             ),
             BindMode::ZeroCopy => (
                 XdpBinding::ZeroCopy,
-                bind_retrying(&config, half, multi_buffer, true, plan)?,
+                bind_retrying(&config, try_with(true), plan)?,
             ),
             BindMode::Auto => {
                 // Ask the driver first: a doomed zero-copy bind costs a UMEM the kernel
                 // releases only later (see `xdp_features`). Kernels without the netdev
                 // family (before 6.3) get the bind tried.
-                let advertised = match xdp_features(&config.ifname) {
-                    Ok(f) => f.zero_copy(),
-                    Err(e) => {
+                let advertised = match &features {
+                    Some(Ok(f)) => f.zero_copy(),
+                    Some(Err(e)) => {
                         debug!(ifname = %config.ifname, error = %e, "no xdp-features; trying a zero-copy bind");
                         true
                     }
+                    None => false,
                 };
                 let refused = if advertised {
-                    match bind_retrying(&config, half, multi_buffer, true, plan) {
+                    match bind_retrying(&config, try_with(true), plan) {
                         Ok(bound) => Ok(bound),
                         Err(e) => match zero_copy_refusal(&e) {
                             Some(errno) => {
@@ -823,17 +816,14 @@ impl XdpLink {
                     Ok(bound) => (XdpBinding::ZeroCopy, bound),
                     Err(reason) => (
                         XdpBinding::CopyFallback { reason },
-                        bind_retrying(&config, half, multi_buffer, false, plan)?,
+                        bind_retrying(&config, try_with(false), plan)?,
                     ),
                 }
             }
         };
         let Bound {
             umem,
-            mut frames,
-            tx,
-            rx,
-            rings,
+            mut sock,
             huge,
             huge_refused,
         } = bound;
@@ -851,31 +841,41 @@ impl XdpLink {
                 }
             }
         }
-        let umem_base = match frames.first_mut() {
-            Some(desc) => {
-                let offset = desc.addr();
-                // SAFETY: no ring holds the frame yet; only its data area's address is
-                // taken, not its contents.
-                let at = unsafe { umem.data_mut(desc) }.contents_mut().as_mut_ptr() as usize;
-                // A frame's data area lies `addr` bytes into the UMEM.
-                at - offset
+        let umem_base = umem.base() as usize;
+        let tx_checksum = match sock.metadata {
+            Ok(TxMetadataRequest::Metadata { sw_csum: false }) => TxChecksum::Offload,
+            Ok(TxMetadataRequest::Metadata { sw_csum: true }) => TxChecksum::KernelSoftware,
+            Ok(TxMetadataRequest::None) => TxChecksum::Software {
+                reason: if config.tx_checksum_offload {
+                    SoftwareChecksum::Chains
+                } else {
+                    SoftwareChecksum::Off
+                },
+            },
+            Err(errno) => {
+                info!(
+                    ifname = %config.ifname,
+                    queue = config.queue_id,
+                    error = %io::Error::from_raw_os_error(errno),
+                    "the kernel refused a UMEM with TX metadata; the link sums its frames"
+                );
+                TxChecksum::Software {
+                    reason: SoftwareChecksum::Refused { errno },
+                }
             }
-            None => 0,
-        };
-        let Some((mut fill, comp)) = rings else {
-            // Only a shared UMEM already bound to this pair comes back without rings.
-            return invalid("the UMEM came back without fill and completion rings".into());
         };
 
-        // Frames [half..] are for transmit, [..half] go to the fill ring.
-        let free: Vec<FrameDesc> = frames.split_off(half as usize);
-        // SAFETY: the frames belong to this UMEM and none is anywhere else yet: the rx half
-        // goes to the fill ring only, the tx half stays in `free`.
-        let filled = unsafe { fill.produce(&frames) };
-        if filled != frames.len() {
+        // Chunks [half..] are for transmit, [..half] go to the fill ring.
+        let chunk = u64::from(config.frame_size);
+        let fill: Vec<u64> = (0..u64::from(half)).map(|i| i * chunk).collect();
+        let free: Vec<u64> = (u64::from(half)..u64::from(config.frame_count))
+            .map(|i| i * chunk)
+            .collect();
+        let filled = sock.fill.produce(&fill);
+        if filled != fill.len() {
             return invalid(format!(
                 "the fill ring took {filled} of {} frames",
-                frames.len()
+                fill.len()
             ));
         }
         let tx_frames = free.len();
@@ -886,6 +886,7 @@ impl XdpLink {
             frame_size = config.frame_size,
             mtu,
             bind = %binding,
+            tx_checksum = %tx_checksum,
             multi_buffer,
             umem_bytes = placement.bytes,
             huge_pages = placement.huge_pages,
@@ -896,24 +897,22 @@ impl XdpLink {
         let tx_skb_budget = if binding.is_zero_copy() {
             COPY_MODE_TX_PER_KICK
         } else {
-            raise_tx_skb_budget(&tx, config.tx_skb_budget, half)
+            raise_tx_skb_budget(&sock, config.tx_skb_budget, half)
         };
         Ok(XdpLink {
             binding,
             placement,
             umem_base,
             mtu,
+            sock,
             umem,
-            fill,
-            comp,
-            tx,
-            rx,
             staged: Vec::with_capacity(tx_frames),
             in_flight: 0,
             tx_frames,
             tx_ring_size: half,
-            rx_scratch: vec![FrameDesc::default(); config.rx_batch],
-            comp_scratch: vec![FrameDesc::default(); config.tx_batch],
+            rx_scratch: vec![XdpDesc::default(); config.rx_batch],
+            comp_scratch: vec![0; config.tx_batch],
+            fill_scratch: Vec::with_capacity(config.rx_batch),
             fill_backlog: Vec::with_capacity(half as usize),
             free,
             stats: LinkStats::default(),
@@ -939,6 +938,7 @@ impl XdpLink {
                 Vec::new()
             },
             tx_super_segments: 0,
+            tx_checksum,
             config,
         })
     }
@@ -965,12 +965,13 @@ impl XdpLink {
     }
 
     /// [`Link::tx_batch_meta`] with segmentation: the writer fills the super-segment
-    /// buffer, and the frame it wrote is cut (or copied, checksum completed) into UMEM
-    /// frames. A writer is only called while enough free frames remain for the largest
-    /// super-segment.
+    /// buffer, and the frame it wrote is cut (or copied, checksum completed or requested)
+    /// into UMEM frames. A writer is only called while enough free frames remain for the
+    /// largest super-segment.
     fn tx_batch_segmenting(&mut self, max: usize, f: &mut FrameWriter<'_>) -> usize {
         let max_frame_len = self.max_frame_len();
         let pieces = MAX_SUPER_FRAME_LEN.div_ceil(self.mtu.max(1));
+        let request = self.tx_checksum.is_requested();
         let mut produced = 0;
         while produced < max && self.free.len() >= pieces {
             let buf_len = self.tx_super_buf.len();
@@ -989,20 +990,24 @@ impl XdpLink {
             }
             let frame = &mut self.tx_super_buf[range];
             if meta.segment_size == 0 || frame.len() <= max_frame_len {
-                if let Some(p) = meta.partial_checksum {
+                let partial = meta.partial_checksum;
+                let requested = partial.filter(|&p| request && checksum_fits(p, frame.len()));
+                if let (Some(p), None) = (partial, requested) {
                     complete_checksum(frame, p);
                 }
-                let Some(mut desc) = self.free.pop() else {
+                let Some(chunk) = self.free.pop() else {
                     break;
                 };
-                desc.set_options(0);
-                // SAFETY: a frame on the free stack belongs to this UMEM and is in no ring.
-                let mut data = unsafe { self.umem.data_mut(&mut desc) };
-                data.cursor().set_pos(frame.len());
-                data.contents_mut().copy_from_slice(frame);
-                self.stats.tx_frames += 1;
-                self.stats.tx_bytes += frame.len() as u64;
-                self.staged.push(desc);
+                let addr = chunk + DATA_AT;
+                // SAFETY: a chunk on the free stack is in no ring and borrowed nowhere else.
+                let Some(out) = (unsafe { self.umem.frame_mut(addr, frame.len()) }) else {
+                    self.free.push(chunk);
+                    self.stats.dropped_oversize += 1;
+                    continue;
+                };
+                out.copy_from_slice(frame);
+                let len = frame.len();
+                self.stage(addr, len, requested);
                 continue;
             }
             let seg = match Segmenter::new(frame, usize::from(meta.segment_size)) {
@@ -1012,24 +1017,76 @@ impl XdpLink {
                     continue;
                 }
             };
+            let requested = Some(seg.partial()).filter(|_| request);
             for i in 0..seg.count() {
-                let Some(mut desc) = self.free.pop() else {
+                let Some(chunk) = self.free.pop() else {
                     break;
                 };
-                desc.set_options(0);
+                let addr = chunk + DATA_AT;
                 let len = seg.len_of(i);
-                // SAFETY: a frame on the free stack belongs to this UMEM and is in no ring.
-                let mut data = unsafe { self.umem.data_mut(&mut desc) };
-                data.cursor().set_pos(len);
-                let written = seg.write(i, data.contents_mut()).unwrap_or(0);
-                data.cursor().set_pos(written);
-                self.stats.tx_frames += 1;
-                self.stats.tx_bytes += written as u64;
-                self.staged.push(desc);
+                // SAFETY: a chunk on the free stack is in no ring and borrowed nowhere else.
+                let Some(out) = (unsafe { self.umem.frame_mut(addr, len) }) else {
+                    self.free.push(chunk);
+                    self.stats.dropped_oversize += 1;
+                    continue;
+                };
+                let written = if requested.is_some() {
+                    seg.write_partial(i, out)
+                } else {
+                    seg.write(i, out)
+                };
+                match written {
+                    Some(n) => Self::stage_in(
+                        &self.umem,
+                        &mut self.stats,
+                        &mut self.staged,
+                        addr,
+                        n,
+                        requested,
+                    ),
+                    None => self.free.push(chunk),
+                }
             }
             self.tx_super_segments += 1;
         }
         produced
+    }
+
+    /// Queues the frame of `len` bytes at UMEM address `addr` for the tx ring, with a
+    /// checksum request in its TX metadata when `request` names one.
+    fn stage(&mut self, addr: u64, len: usize, request: Option<PartialChecksum>) {
+        Self::stage_in(&self.umem, &mut self.stats, &mut self.staged, addr, len, request);
+    }
+
+    /// [`stage`](Self::stage) with the fields it needs borrowed one by one.
+    fn stage_in(
+        umem: &Umem,
+        stats: &mut LinkStats,
+        staged: &mut Vec<XdpDesc>,
+        addr: u64,
+        len: usize,
+        request: Option<PartialChecksum>,
+    ) {
+        let mut options = 0;
+        if let Some(p) = request {
+            // SAFETY: the metadata lies in the frame's own chunk, in front of the frame
+            // (`addr` is at least `DATA_AT` bytes into the chunk); the chunk is in no ring
+            // and its frame's borrow has ended.
+            let meta = unsafe {
+                umem.frame_mut(addr - u64::from(TX_METADATA_LEN), TX_METADATA_LEN as usize)
+            };
+            if let Some(meta) = meta {
+                meta.copy_from_slice(&checksum_request(p));
+                options = XDP_TX_METADATA;
+            }
+        }
+        stats.tx_frames += 1;
+        stats.tx_bytes += len as u64;
+        staged.push(XdpDesc {
+            addr,
+            len: len as u32,
+            options,
+        });
     }
 
     /// Frames one copy-mode `sendto` kick sends: the budget set through
@@ -1042,13 +1099,13 @@ impl XdpLink {
     /// The socket's file descriptor: poll it for readability, register it in the steering
     /// program's `XSKMAP`.
     pub fn fd(&self) -> RawFd {
-        self.rx.fd().as_raw_fd()
+        self.sock.as_fd().as_raw_fd()
     }
 
     /// Whether a received frame is waiting on the rx ring (one ring-index read, no system
     /// call): what a busy-polling driver loop spins on.
     pub fn rx_ready(&mut self) -> bool {
-        self.rx.nb_avail(1) > 0
+        self.sock.rx.available(1) > 0
     }
 
     /// The settings the link was opened with.
@@ -1059,6 +1116,13 @@ impl XdpLink {
     /// The mode the socket is bound in, and why copy mode after a refused zero copy.
     pub fn binding(&self) -> XdpBinding {
         self.binding
+    }
+
+    /// Who completes the TCP checksums of transmitted frames: the device or the kernel
+    /// through TX metadata, or the link (see the
+    /// [module documentation](self#checksum-offload-through-tx-metadata)).
+    pub fn tx_checksum(&self) -> TxChecksum {
+        self.tx_checksum
     }
 
     /// Where the UMEM lives: its size, NUMA node preference and page size.
@@ -1118,22 +1182,22 @@ impl XdpLink {
 
     /// The kernel's counters of this socket (`XDP_STATISTICS`): drops for a full rx ring
     /// or an empty fill ring, invalid descriptors.
-    pub fn kernel_stats(&self) -> io::Result<XdpStatistics> {
-        self.rx.fd().xdp_statistics()
+    pub fn kernel_stats(&self) -> io::Result<XskStatistics> {
+        self.sock.statistics()
     }
 
     /// Waits until a frame is ready on the rx ring, for at most `timeout`; returns whether
     /// one is. Spins for up to [`XdpLinkConfig::busy_poll`] first, then sleeps in `poll(2)`
     /// (a zero `timeout` only checks).
     pub fn wait_readable(&mut self, timeout: Duration) -> io::Result<bool> {
-        if self.rx.nb_avail(1) > 0 {
+        if self.sock.rx.available(1) > 0 {
             return Ok(true);
         }
         let spin = self.config.busy_poll.min(timeout);
         if !spin.is_zero() {
             let start = std::time::Instant::now();
             while start.elapsed() < spin {
-                if self.rx.nb_avail_exact() > 0 {
+                if self.sock.rx.available(1) > 0 {
                     return Ok(true);
                 }
                 std::hint::spin_loop();
@@ -1142,14 +1206,13 @@ impl XdpLink {
         let rest = timeout.saturating_sub(spin);
         // Round up so a sub-millisecond wait still sleeps rather than spinning the caller.
         let ms = rest.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
-        self.rx.poll(ms)
+        self.sock.poll_readable(ms)
     }
 
     /// [`Link::tx_batch`] when a tx buffer does not fit one UMEM frame: the writer fills
     /// the scratch buffer and the frame is copied into a chain of UMEM frames.
     fn tx_batch_chained(
         &mut self,
-        _now: Instant,
         max: usize,
         f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
     ) -> usize {
@@ -1171,17 +1234,21 @@ impl XdpLink {
                 let part = frame
                     .get(i * self.capacity..)
                     .map_or(&[][..], |rest| &rest[..rest.len().min(self.capacity)]);
-                let Some(mut desc) = self.free.pop() else {
+                let Some(chunk) = self.free.pop() else {
                     // Cannot happen: `tx_frames_per_call` frames were free and a frame of at
                     // most `max_frame_len` bytes needs no more.
                     break;
                 };
-                // SAFETY: a frame on the free stack belongs to this UMEM and is in no ring.
-                let mut data = unsafe { self.umem.data_mut(&mut desc) };
-                data.cursor().set_pos(part.len());
-                data.contents_mut().copy_from_slice(part);
-                desc.set_options(if i + 1 < parts { XDP_PKT_CONTD } else { 0 });
-                self.staged.push(desc);
+                let addr = chunk + DATA_AT;
+                // SAFETY: a chunk on the free stack is in no ring and borrowed nowhere else.
+                if let Some(out) = unsafe { self.umem.frame_mut(addr, part.len()) } {
+                    out.copy_from_slice(part);
+                }
+                self.staged.push(XdpDesc {
+                    addr,
+                    len: part.len() as u32,
+                    options: if i + 1 < parts { XDP_PKT_CONTD } else { 0 },
+                });
             }
             if parts > 1 {
                 self.chain_stats.tx_chains += 1;
@@ -1192,38 +1259,75 @@ impl XdpLink {
         produced
     }
 
+    /// Lends free UMEM frames to `f` one by one, in place: the writer says where the frame
+    /// lies and which checksum, if any, is left partial (requested through TX metadata
+    /// where the link may, completed here otherwise).
+    fn tx_batch_frames(&mut self, max: usize, f: &mut TxWriter<'_>) -> usize {
+        let buf_len = TX_HEADROOM + self.max_frame_len();
+        let max_frame_len = self.max_frame_len();
+        let request = self.tx_checksum.is_requested();
+        let mut produced = 0;
+        while produced < max {
+            let Some(chunk) = self.free.pop() else {
+                break;
+            };
+            // SAFETY: a chunk on the free stack is in no ring, so the kernel does not touch
+            // it while it is written here, and nothing else borrows it.
+            let Some(buf) = (unsafe { self.umem.frame_mut(chunk + DATA_AT, buf_len) }) else {
+                // Cannot happen: every chunk holds the data area (checked at open).
+                self.free.push(chunk);
+                break;
+            };
+            let Some((range, partial)) = f(buf) else {
+                self.free.push(chunk);
+                break;
+            };
+            produced += 1;
+            if !tx_range_ok(&range, buf.len(), max_frame_len) {
+                self.stats.dropped_oversize += 1;
+                self.free.push(chunk);
+                continue;
+            }
+            let requested = partial.filter(|&p| request && checksum_fits(p, range.len()));
+            if let (Some(p), None) = (partial, requested) {
+                complete_checksum(&mut buf[range.clone()], p);
+            }
+            self.stage(chunk + DATA_AT + range.start as u64, range.len(), requested);
+        }
+        produced
+    }
+
     /// Moves staged frames to the tx ring (as many as it has room for).
     fn submit(&mut self) {
         if self.staged.is_empty() {
             return;
         }
-        let room = self.tx.nb_free(self.staged.len() as u32) as usize;
+        let room = self.sock.tx.free(self.staged.len() as u32) as usize;
         let mut n = room.min(self.staged.len());
         // Whole chains only: the ring never holds the head of a frame without its tail.
-        while n > 0 && self.staged[n - 1].options() & XDP_PKT_CONTD != 0 {
+        while n > 0 && self.staged[n - 1].options & XDP_PKT_CONTD != 0 {
             n -= 1;
         }
         if n == 0 {
             return;
         }
-        // SAFETY: staged frames belong to this UMEM, were written by `tx_batch` and are in
-        // no other ring; once produced they are not touched until the completion ring
-        // returns them.
-        let produced = unsafe { self.tx.produce(&self.staged[..n]) };
+        // Staged frames are written and in no ring; once produced they are not touched
+        // until the completion ring returns them.
+        let produced = self.sock.tx.produce(&self.staged[..n]);
         self.staged.drain(..produced);
         self.in_flight += produced;
     }
 
     /// Whether the kernel has taken every frame handed to this link off the tx ring.
     fn tx_drained(&mut self) -> bool {
-        self.staged.is_empty() && self.tx.nb_free_exact() >= self.tx_ring_size
+        self.staged.is_empty() && self.sock.tx.free(self.tx_ring_size) >= self.tx_ring_size
     }
 
     /// The `sendto` kick, when the kernel needs one.
     fn kick(&mut self) {
-        if !self.binding.is_zero_copy() || self.tx.needs_wakeup() {
+        if !self.binding.is_zero_copy() || self.sock.tx.needs_wakeup() {
             self.stats.tx_kicks += 1;
-            if let Err(e) = self.tx.wakeup() {
+            if let Err(e) = self.sock.kick_tx() {
                 warn!(ifname = %self.config.ifname, error = %e, "AF_XDP tx kick failed");
             }
         }
@@ -1232,13 +1336,14 @@ impl XdpLink {
     /// Returns completed tx frames to the free stack.
     fn reclaim(&mut self) {
         loop {
-            // SAFETY: the completion ring hands back frames of this UMEM that the kernel
-            // has finished sending; they go to the free stack only.
-            let n = unsafe { self.comp.consume(&mut self.comp_scratch) };
+            let n = self.sock.comp.consume(&mut self.comp_scratch);
             if n == 0 {
                 break;
             }
-            self.free.extend_from_slice(&self.comp_scratch[..n]);
+            // The kernel hands back each descriptor's address; its chunk is free again.
+            let umem = &self.umem;
+            self.free
+                .extend(self.comp_scratch[..n].iter().map(|&a| umem.chunk_of(a)));
             self.in_flight -= n.min(self.in_flight);
             if n < self.comp_scratch.len() {
                 break;
@@ -1249,38 +1354,55 @@ impl XdpLink {
     /// Puts received frames back on the fill ring, keeping any it has no room for.
     fn refill(&mut self, n: usize) {
         if !self.fill_backlog.is_empty() {
-            // SAFETY: backlog frames are received frames of this UMEM nobody looks at any
-            // more; they go to the fill ring only.
-            let put = unsafe { self.fill.produce(&self.fill_backlog) };
+            let put = self.sock.fill.produce(&self.fill_backlog);
             self.fill_backlog.drain(..put);
         }
         if n > 0 {
-            // SAFETY: the frames were consumed from the rx ring and the callback's borrows
-            // of them have ended; they go back to the fill ring only.
-            let put = unsafe { self.fill.produce(&self.rx_scratch[..n]) };
+            // The frames were consumed from the rx ring and the callback's borrows of them
+            // have ended; their chunks go back to the fill ring only.
+            let umem = &self.umem;
+            self.fill_scratch.clear();
+            self.fill_scratch
+                .extend(self.rx_scratch[..n].iter().map(|d| umem.chunk_of(d.addr)));
+            let put = self.sock.fill.produce(&self.fill_scratch);
             if put < n {
                 warn!(
                     frames = n,
                     "AF_XDP fill ring full; keeping received frames aside"
                 );
                 self.fill_backlog
-                    .extend_from_slice(&self.rx_scratch[put..n]);
+                    .extend_from_slice(&self.fill_scratch[put..n]);
             }
         }
-        if self.fill.needs_wakeup() {
-            if let Err(e) = self.fill.wakeup(self.rx.fd_mut(), 0) {
+        if self.sock.fill.needs_wakeup() {
+            if let Err(e) = self.sock.wake_fill() {
                 warn!(ifname = %self.config.ifname, error = %e, "AF_XDP fill wakeup failed");
             }
         }
     }
 }
 
+/// Where a tx frame's data area starts in its chunk: after the XDP headroom, which holds
+/// the TX metadata in front of the frame.
+const DATA_AT: u64 = XDP_PACKET_HEADROOM as u64;
+
+/// The bytes of TX metadata in front of a frame.
+use super::xsk::sys::TX_METADATA_LEN;
+
+/// What [`XdpLink::tx_batch_frames`] lends buffers to: the frame's range and its partial
+/// checksum, if any.
+type TxWriter<'a> = dyn FnMut(&mut [u8]) -> Option<(Range<usize>, Option<PartialChecksum>)> + 'a;
+
+/// Whether the kernel takes a checksum request for a frame of `len` bytes: the field must
+/// lie inside the frame (else it refuses the whole descriptor).
+fn checksum_fits(p: PartialChecksum, len: usize) -> bool {
+    usize::from(p.start) + usize::from(p.offset) + 2 <= len
+}
+
 impl AsFd for XdpLink {
     /// The socket's descriptor, to wait on with `poll(2)` beside other descriptors.
     fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the descriptor belongs to the socket that `self.rx` keeps open for as long
-        // as `self` lives, which the returned borrow cannot outlive.
-        unsafe { BorrowedFd::borrow_raw(self.fd()) }
+        self.sock.as_fd()
     }
 }
 
@@ -1306,8 +1428,7 @@ impl Link for XdpLink {
         if max == 0 {
             return 0;
         }
-        // SAFETY: the scratch descriptors are overwritten with frames of this UMEM.
-        let n = unsafe { self.rx.consume(&mut self.rx_scratch[..max]) };
+        let n = self.sock.rx.consume(&mut self.rx_scratch[..max]);
         let max_frame_len = self.max_frame_len();
         let mut delivered = 0;
         let XdpLink {
@@ -1323,9 +1444,12 @@ impl Link for XdpLink {
         for desc in &rx_scratch[..n] {
             // SAFETY: the kernel handed this frame over through the rx ring; it writes to
             // it again only after `refill` returns it to the fill ring, after this borrow.
-            let data = unsafe { umem.data(desc) };
-            let part = data.contents();
-            let more = desc.options() & XDP_PKT_CONTD != 0;
+            let Some(part) = (unsafe { umem.frame(desc.addr, desc.len as usize) }) else {
+                // A descriptor leaving its chunk: never from a kernel that works.
+                stats.dropped_oversize += 1;
+                continue;
+            };
+            let more = desc.options & XDP_PKT_CONTD != 0;
             if *rx_chain == RxChain::Idle && !more {
                 if part.len() > max_frame_len {
                     stats.dropped_oversize += 1;
@@ -1375,70 +1499,45 @@ impl Link for XdpLink {
 
     fn tx_batch(
         &mut self,
-        now: Instant,
+        _now: Instant,
         max: usize,
         f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
     ) -> usize {
         if !self.tx_chain_buf.is_empty() {
-            return self.tx_batch_chained(now, max, f);
+            return self.tx_batch_chained(max, f);
         }
-        let buf_len = TX_HEADROOM + self.max_frame_len();
-        let max_frame_len = self.max_frame_len();
-        let mut produced = 0;
-        while produced < max {
-            let Some(mut desc) = self.free.pop() else {
-                break;
-            };
-            desc.set_options(0);
-            // SAFETY: a frame on the free stack belongs to this UMEM and is in no ring, so
-            // the kernel does not touch it while it is written here.
-            let mut data = unsafe { self.umem.data_mut(&mut desc) };
-            // The data area holds at least `buf_len` bytes (checked at open).
-            data.cursor().set_pos(buf_len);
-            let buf = data.contents_mut();
-            let Some(range) = f(buf) else {
-                self.free.push(desc);
-                break;
-            };
-            produced += 1;
-            if !tx_range_ok(&range, buf.len(), max_frame_len) {
-                self.stats.dropped_oversize += 1;
-                self.free.push(desc);
-                continue;
-            }
-            // See the module documentation: the descriptor's address cannot be offset.
-            if range.start > 0 {
-                buf.copy_within(range.clone(), 0);
-            }
-            data.cursor().set_pos(range.len());
-            self.stats.tx_frames += 1;
-            self.stats.tx_bytes += range.len() as u64;
-            self.staged.push(desc);
-        }
-        produced
+        self.tx_batch_frames(max, &mut |buf| f(buf).map(|range| (range, None)))
     }
 
-    fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
+    fn tx_batch_meta(&mut self, _now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         if !self.tx_super_buf.is_empty() {
             return self.tx_batch_segmenting(max, f);
         }
-        self.tx_batch(now, max, &mut |buf| {
-            let (range, meta) = f(buf)?;
-            if let (Some(p), Some(frame)) = (meta.partial_checksum, buf.get_mut(range.clone())) {
-                complete_checksum(frame, p);
-            }
-            Some(range)
+        if !self.tx_chain_buf.is_empty() {
+            return self.tx_batch_chained(max, &mut |buf| {
+                let (range, meta) = f(buf)?;
+                if let (Some(p), Some(frame)) = (meta.partial_checksum, buf.get_mut(range.clone()))
+                {
+                    complete_checksum(frame, p);
+                }
+                Some(range)
+            });
+        }
+        self.tx_batch_frames(max, &mut |buf| {
+            f(buf).map(|(range, meta)| (range, meta.partial_checksum))
         })
     }
 
     fn offloads(&self) -> Offloads {
-        if self.tx_super_buf.is_empty() {
-            Offloads::default()
-        } else {
-            Offloads {
-                tx_segmentation: MAX_SUPER_FRAME_LEN,
-                tx_checksum: true,
-            }
+        Offloads {
+            tx_segmentation: if self.tx_super_buf.is_empty() {
+                0
+            } else {
+                MAX_SUPER_FRAME_LEN
+            },
+            // Partial checksums cost the link one pass over each frame it copies or cuts
+            // anyway, or nothing with TX metadata.
+            tx_checksum: !self.tx_super_buf.is_empty() || self.tx_checksum.is_requested(),
         }
     }
 
@@ -1475,31 +1574,21 @@ impl Link for XdpLink {
 
 /// Asks the kernel to send up to `wanted` frames per copy-mode kick (0: the tx ring's
 /// `ring` entries), within what it allows; returns the budget that applies.
-fn raise_tx_skb_budget(tx: &TxQueue, wanted: u32, ring: u32) -> usize {
+fn raise_tx_skb_budget(sock: &XskSocket, wanted: u32, ring: u32) -> usize {
     let budget = if wanted == 0 { ring } else { wanted };
     let budget = budget.clamp(
         COPY_MODE_TX_PER_KICK as u32,
         ring.max(COPY_MODE_TX_PER_KICK as u32),
     );
-    // SAFETY: setsockopt with a pointer to a local u32 and its size; the kernel copies the
-    // value and keeps no pointer.
-    let rc = unsafe {
-        libc::setsockopt(
-            tx.fd().as_raw_fd(),
-            SOL_XDP,
-            XDP_MAX_TX_SKB_BUDGET,
-            (&budget as *const u32).cast(),
-            std::mem::size_of::<u32>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        budget as usize
-    } else {
-        debug!(
-            error = %io::Error::last_os_error(),
-            "XDP_MAX_TX_SKB_BUDGET refused (before Linux 6.17?): 32 frames per kick"
-        );
-        COPY_MODE_TX_PER_KICK
+    match sock.set_tx_skb_budget(budget) {
+        Ok(()) => budget as usize,
+        Err(e) => {
+            debug!(
+                error = %e,
+                "XDP_MAX_TX_SKB_BUDGET refused (before Linux 6.17?): 32 frames per kick"
+            );
+            COPY_MODE_TX_PER_KICK
+        }
     }
 }
 
