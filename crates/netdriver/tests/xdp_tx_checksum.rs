@@ -63,14 +63,21 @@ fn echo_through_kernel(bed: &TestBed, cfg: ChannelSetConfig) -> (Option<TxChecks
         recv_stream(&ch, 3)
     });
     assert_eq!(got, BULK, "every byte came back, in order");
-    assert_eq!(server.join().unwrap(), BULK, "the kernel peer got every byte");
+    assert_eq!(
+        server.join().unwrap(),
+        BULK,
+        "the kernel peer got every byte"
+    );
     let queues = set.queue_stats();
     assert_eq!(queues.len(), 1);
     let drops = queues[0].xsk_drops.expect("an AF_XDP socket's counters");
     assert_eq!(drops.tx_invalid_descs, 0, "{drops:?}");
     drop(ch);
     set.shutdown().unwrap();
-    (queues[0].tx_checksum, in_csum_errors(bed, Side::B) - errors_before)
+    (
+        queues[0].tx_checksum,
+        in_csum_errors(bed, Side::B) - errors_before,
+    )
 }
 
 /// With TX metadata (the default), the kernel completes the checksums from our

@@ -283,7 +283,11 @@ mod tests {
         for i in 0..s.count() {
             let n = s.write(i, &mut full).unwrap();
             assert_eq!(s.write_partial(i, &mut partial), Some(n));
-            assert_ne!(full[..n], partial[..n], "segment {i}: the checksum is left partial");
+            assert_ne!(
+                full[..n],
+                partial[..n],
+                "segment {i}: the checksum is left partial"
+            );
             assert!(parse_tcp_frame(&partial[..n], true).is_err());
             complete_checksum(&mut partial[..n], s.partial());
             assert_eq!(full[..n], partial[..n], "segment {i}");

@@ -102,11 +102,6 @@ use std::time::Duration;
 use tracing::{debug, info, warn};
 
 use super::offload::{complete_checksum, Segmenter};
-pub use super::xdp_checksum::{SoftwareChecksum, TxChecksum, TX_CHECKSUM_ENV};
-use super::xdp_checksum::checksum_request;
-use super::xsk::sys::{XDP_PKT_CONTD, XDP_TX_METADATA};
-use super::xsk::{TxMetadataRequest, Umem, XdpDesc, XskError, XskOptions, XskSocket};
-pub use super::xsk::XskStatistics;
 use super::umem_memory::{
     huge_pages_free, interface_numa_node, page_nodes, HugePages, HugePagesRefusal, NumaNode,
     PreferNode, UmemPlacement,
@@ -114,7 +109,12 @@ use super::umem_memory::{
 pub use super::xdp_bind::{
     BindMode, ParseBindModeError, XdpBinding, ZeroCopyRefusal, BIND_MODE_ENV,
 };
+use super::xdp_checksum::checksum_request;
+pub use super::xdp_checksum::{SoftwareChecksum, TxChecksum, TX_CHECKSUM_ENV};
 use super::xdp_features::xdp_features;
+use super::xsk::sys::{XDP_PKT_CONTD, XDP_TX_METADATA};
+pub use super::xsk::XskStatistics;
+use super::xsk::{TxMetadataRequest, Umem, XdpDesc, XskError, XskOptions, XskSocket};
 use super::{
     tx_range_ok, FrameWriter, Link, LinkStats, Offloads, PartialChecksum, ETHERNET_HEADER_LEN,
     MAX_SUPER_FRAME_LEN, TX_HEADROOM,
@@ -560,8 +560,7 @@ fn bind_retrying(
     loop {
         match bind_socket(config, t, plan) {
             Err(XdpLinkError::Socket { source, .. })
-                if source.errno() == Some(libc::EBUSY)
-                    && std::time::Instant::now() < deadline =>
+                if source.errno() == Some(libc::EBUSY) && std::time::Instant::now() < deadline =>
             {
                 debug!(
                     ifname = %config.ifname,
@@ -1055,7 +1054,14 @@ impl XdpLink {
     /// Queues the frame of `len` bytes at UMEM address `addr` for the tx ring, with a
     /// checksum request in its TX metadata when `request` names one.
     fn stage(&mut self, addr: u64, len: usize, request: Option<PartialChecksum>) {
-        Self::stage_in(&self.umem, &mut self.stats, &mut self.staged, addr, len, request);
+        Self::stage_in(
+            &self.umem,
+            &mut self.stats,
+            &mut self.staged,
+            addr,
+            len,
+            request,
+        );
     }
 
     /// [`stage`](Self::stage) with the fields it needs borrowed one by one.

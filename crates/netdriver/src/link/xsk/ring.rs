@@ -128,9 +128,9 @@ impl<T: Copy> Shared<T> {
     /// Checks that `map` holds `layout` with entries of `T` and aligned indices.
     fn new(map: Mapping, layout: RingLayout) -> Option<Shared<T>> {
         let aligned = |off: u64, align: usize| off as usize % align == 0;
-        let fits = |off: u64, len: usize| off as usize + len <= map.len();
+        let fits = |off: u64, len: usize| off as usize + len <= map.size();
         let ok = layout.size.is_power_of_two()
-            && map.len() >= layout.map_len(std::mem::size_of::<T>())
+            && map.size() >= layout.map_len(std::mem::size_of::<T>())
             && [layout.producer, layout.consumer, layout.flags]
                 .iter()
                 .all(|&o| aligned(o, 4) && fits(o, 4))
@@ -165,7 +165,13 @@ impl<T: Copy> Shared<T> {
         let i = (index & (self.layout.size - 1)) as usize;
         // SAFETY: `i` is below `size`, and the mapping holds `size` entries of `T` from
         // `desc` (checked in `new`); only the pointer is computed here.
-        unsafe { self.map.as_ptr().add(self.layout.desc as usize).cast::<T>().add(i) }
+        unsafe {
+            self.map
+                .as_ptr()
+                .add(self.layout.desc as usize)
+                .cast::<T>()
+                .add(i)
+        }
     }
 }
 
@@ -345,8 +351,14 @@ mod tests {
         assert_eq!(ring.slot(9) as usize - base, 8);
         assert_eq!(ring.slot(u32::MAX) as usize - base, 7 * 8);
         let map = Mapping::anonymous(4096, false).unwrap();
-        let bad = RingLayout { desc: 4040, ..layout };
-        assert!(Shared::<u64>::new(map, bad).is_none(), "entries beyond the map");
+        let bad = RingLayout {
+            desc: 4040,
+            ..layout
+        };
+        assert!(
+            Shared::<u64>::new(map, bad).is_none(),
+            "entries beyond the map"
+        );
     }
 
     #[test]

@@ -6,7 +6,9 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use super::ring::{ConsRing, ProdRing, RingLayout};
-use super::sys::{get_xdp_option, set_xdp_option, syscall, xdp_socket, Mapping, XdpDesc, XskStatistics};
+use super::sys::{
+    get_xdp_option, set_xdp_option, syscall, xdp_socket, Mapping, XdpDesc, XskStatistics,
+};
 use super::umem::{TxMetadataRequest, Umem};
 
 /// `struct xdp_ring_offset` (Linux 5.4+, with the flags word).
@@ -137,24 +139,49 @@ impl XskSocket {
                 "ring offsets outside the mapping",
             ))
         };
-        let (fr, cr, rx, tx) = (layout(off.fr), layout(off.cr), layout(off.rx), layout(off.tx));
+        let (fr, cr, rx, tx) = (
+            layout(off.fr),
+            layout(off.cr),
+            layout(off.rx),
+            layout(off.tx),
+        );
         let fill = ProdRing::new(
-            map(fr, 8, libc::XDP_UMEM_PGOFF_FILL_RING, "mapping the fill ring")?,
+            map(
+                fr,
+                8,
+                libc::XDP_UMEM_PGOFF_FILL_RING,
+                "mapping the fill ring",
+            )?,
             fr,
         )
         .ok_or_else(bad_layout)?;
         let comp = ConsRing::new(
-            map(cr, 8, libc::XDP_UMEM_PGOFF_COMPLETION_RING, "mapping the completion ring")?,
+            map(
+                cr,
+                8,
+                libc::XDP_UMEM_PGOFF_COMPLETION_RING,
+                "mapping the completion ring",
+            )?,
             cr,
         )
         .ok_or_else(bad_layout)?;
         let rx = ConsRing::new(
-            map(rx, 16, libc::XDP_PGOFF_RX_RING as u64, "mapping the rx ring")?,
+            map(
+                rx,
+                16,
+                libc::XDP_PGOFF_RX_RING as u64,
+                "mapping the rx ring",
+            )?,
             rx,
         )
         .ok_or_else(bad_layout)?;
         let tx = ProdRing::new(
-            map(tx, 16, libc::XDP_PGOFF_TX_RING as u32 as u64, "mapping the tx ring")?,
+            map(
+                tx,
+                16,
+                libc::XDP_PGOFF_TX_RING as u32 as u64,
+                "mapping the tx ring",
+            )?,
             tx,
         )
         .ok_or_else(bad_layout)?;

@@ -193,7 +193,7 @@ impl Mapping {
     }
 
     /// Bytes mapped.
-    pub fn len(&self) -> usize {
+    pub fn size(&self) -> usize {
         self.len
     }
 }
@@ -222,9 +222,9 @@ mod tests {
     #[test]
     fn anonymous_memory_is_mapped_and_writable() {
         let m = Mapping::anonymous(8192, false).unwrap();
-        assert_eq!(m.len(), 8192);
+        assert_eq!(m.size(), 8192);
         // SAFETY: the mapping is 8192 bytes long, owned here, and shared with nobody.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(m.as_ptr(), m.len()) };
+        let bytes = unsafe { std::slice::from_raw_parts_mut(m.as_ptr(), m.size()) };
         bytes[8191] = 7;
         assert_eq!(bytes[8191], 7);
     }

@@ -9,7 +9,9 @@
 use std::io;
 use std::os::fd::BorrowedFd;
 
-use super::sys::{set_xdp_option, Mapping, TX_METADATA_LEN, XDP_UMEM_TX_METADATA_LEN, XDP_UMEM_TX_SW_CSUM};
+use super::sys::{
+    set_xdp_option, Mapping, TX_METADATA_LEN, XDP_UMEM_TX_METADATA_LEN, XDP_UMEM_TX_SW_CSUM,
+};
 
 /// What a UMEM registration asks for beyond the memory itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +56,7 @@ impl Umem {
         };
         let reg = libc::xdp_umem_reg {
             addr: self.map.as_ptr() as u64,
-            len: self.map.len() as u64,
+            len: self.map.size() as u64,
             chunk_size: self.chunk_size,
             headroom: 0,
             flags,
@@ -69,8 +71,8 @@ impl Umem {
     }
 
     /// Bytes of the UMEM.
-    pub fn len(&self) -> usize {
-        self.map.len()
+    pub fn size(&self) -> usize {
+        self.map.size()
     }
 
     /// Bytes per chunk.
@@ -114,7 +116,7 @@ impl Umem {
     fn check(&self, addr: u64, len: usize) -> Option<usize> {
         let end = addr.checked_add(len as u64)?;
         let chunk_end = self.chunk_of(addr) + u64::from(self.chunk_size);
-        (end <= chunk_end && end <= self.map.len() as u64).then_some(addr as usize)
+        (end <= chunk_end && end <= self.map.size() as u64).then_some(addr as usize)
     }
 }
 
@@ -125,12 +127,15 @@ mod tests {
     #[test]
     fn frames_stay_inside_their_chunk() {
         let umem = Umem::new(4, 2048, false).unwrap();
-        assert_eq!(umem.len(), 8192);
+        assert_eq!(umem.size(), 8192);
         assert_eq!(umem.chunk_of(2048 + 300), 2048);
         // SAFETY: no socket shares this UMEM; nothing else borrows it.
         unsafe {
             assert_eq!(umem.frame(2048 + 256, 1792).map(<[u8]>::len), Some(1792));
-            assert!(umem.frame(2048 + 256, 1793).is_none(), "crosses into the next chunk");
+            assert!(
+                umem.frame(2048 + 256, 1793).is_none(),
+                "crosses into the next chunk"
+            );
             assert!(umem.frame(3 * 2048, 2049).is_none(), "beyond the UMEM");
             assert!(umem.frame(u64::MAX - 4, 8).is_none());
             umem.frame_mut(256, 4).unwrap().copy_from_slice(b"abcd");
