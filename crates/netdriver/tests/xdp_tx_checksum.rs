@@ -4,7 +4,8 @@
 //! offload off, so the kernel completes each checksum in software before the frame
 //! crosses, and the peer verifies every one. A wrong seed would be a wrong checksum, the
 //! peer would drop the segment (`TcpInCsumErrors`), and the transfer would stall. With the
-//! request off, the link sums the frames itself and the statistics say so.
+//! request off, the link sums the frames itself and the statistics say so. Jumbo frames
+//! sent as descriptor chains carry the request too.
 //!
 //! Privileged: each test skips without root, and fails instead when
 //! `NETCHANNEL_REQUIRE_XDP=1`.
@@ -126,27 +127,24 @@ fn with_tx_metadata_off_the_link_sums_and_says_so() {
     assert_eq!(errors, 0);
 }
 
-/// Frames that need multi-buffer chains (MTU 9000 in 4096-byte frames) are summed by the
-/// link: the link reports it rather than requesting metadata it would not use.
+/// Frames that need multi-buffer chains (MTU 9000 in 2048-byte UMEM frames: six
+/// descriptors, written in place across adjacent chunks of an unaligned UMEM) carry the
+/// request on their first descriptor; the verifying peer receives every byte.
 #[test]
-fn chained_frames_are_summed_by_the_link() {
-    let Some(bed) = testbed_or_skip(TestBed::builder().mtu(9000)) else {
+fn jumbo_chains_carry_checksum_requests_to_a_verifying_peer() {
+    let Some(bed) = testbed_or_skip(TestBed::builder().mtu(9000).tx_checksum_offload(false)) else {
         return;
     };
     let ifname = bed.side(Side::A).ifname.clone();
-    let chains = bed
+    let (multi_buffer, mode) = bed
         .run_in(Side::A, move || {
-            let mut c = XdpLinkConfig::new(ifname, 0);
-            c.frame_size = 4096;
-            let link = XdpLink::open(c).expect("open with chains");
-            assert!(link.multi_buffer());
-            link.tx_checksum()
+            let link = XdpLink::open(XdpLinkConfig::new(ifname, 0)).expect("open with chains");
+            (link.multi_buffer(), link.tx_checksum())
         })
         .unwrap();
-    assert_eq!(
-        chains,
-        TxChecksum::Software {
-            reason: SoftwareChecksum::Chains
-        }
-    );
+    assert!(multi_buffer);
+    assert_eq!(mode, TxChecksum::Offload);
+    let (mode, errors) = echo_through_kernel(&bed, config(&bed, Side::A));
+    assert_eq!(mode, Some(TxChecksum::Offload));
+    assert_eq!(errors, 0, "the peer found no bad TCP checksum");
 }

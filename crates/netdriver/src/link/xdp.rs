@@ -66,15 +66,23 @@
 //!   part arrived; a chain may span two [`Link::recv_batch`] calls. A chain that grows
 //!   beyond [`Link::max_frame_len`] is dropped whole and counted
 //!   ([`LinkStats::dropped_oversize`] and [`XdpLink::rx_chains_dropped`]).
-//! - **Transmit**: the writer gets a scratch buffer of [`TX_HEADROOM`] +
-//!   [`Link::max_frame_len`] bytes (the trait's contract), and the frame it wrote is copied
-//!   into as many UMEM frames as it needs, chained with `XDP_PKT_CONTD`. A writer is only
-//!   called while enough free frames remain for the largest frame. Chains go to the tx ring
-//!   whole, never split across two ring operations.
+//! - **Transmit**: the UMEM is registered in unaligned mode
+//!   (`XDP_UMEM_UNALIGNED_CHUNK_FLAG`), where a descriptor may start anywhere and run into
+//!   the next chunk, and the transmit half is cut into slots of adjacent chunks, each
+//!   holding one tx buffer of [`TX_HEADROOM`] + [`Link::max_frame_len`] bytes (the trait's
+//!   contract). The writer writes the frame in place; it goes out as a chain of
+//!   descriptors pointing into the slot one after the other, each at most a frame's
+//!   capacity long, all but the last flagged `XDP_PKT_CONTD` (the first carries the
+//!   checksum request, where there is one). A slot is free again once the completion ring
+//!   has returned every descriptor of its frame. Chains go to the tx ring whole, never
+//!   split across two ring operations.
 //!
-//! Both directions thus cost one more copy per byte in this mode (a chain cannot be lent
-//! as one slice: the UMEM frames of a chain are not adjacent). Zero-copy drivers with
-//! multi-buffer support would lend chains part by part instead; veth has none.
+//! Receiving a chain thus costs one more copy per byte (a received chain cannot be lent as
+//! one slice: the kernel fills whichever fill-ring frames it took, each behind its own
+//! headroom); transmitting one does not. Zero-copy drivers with multi-buffer support
+//! would lend received chains part by part instead; veth has none. (A zero-copy driver
+//! maps the UMEM for DMA page by page: a descriptor that crosses into a page not
+//! contiguous with its own is refused, so in zero copy such a link wants huge pages.)
 //!
 //! # Zero copy and copy mode
 //!
@@ -113,6 +121,7 @@ use super::xdp_checksum::checksum_request;
 pub use super::xdp_checksum::{SoftwareChecksum, TxChecksum, TX_CHECKSUM_ENV};
 use super::xdp_features::xdp_features;
 use super::xsk::sys::{XDP_PKT_CONTD, XDP_TX_METADATA};
+use super::xsk::umem::data_addr;
 pub use super::xsk::XskStatistics;
 use super::xsk::{TxMetadataRequest, Umem, XdpDesc, XskError, XskOptions, XskSocket};
 use super::{
@@ -445,6 +454,8 @@ struct BindTry {
     multi_buffer: bool,
     zero_copy: bool,
     metadata: TxMetadataRequest,
+    /// Unaligned mode: tx frames span adjacent chunks (multi-buffer chains in place).
+    unaligned: bool,
 }
 
 /// The UMEM and a socket bound to `(config.ifname, config.queue_id)`: one try.
@@ -474,6 +485,7 @@ fn bind_socket(config: &XdpLinkConfig, t: BindTry, plan: UmemPlan) -> Result<Bou
             ring_size: t.half,
             bind_flags,
             metadata: t.metadata,
+            unaligned: t.unaligned,
         },
     );
     let sock = opened.map_err(|e| match e.errno() {
@@ -654,11 +666,9 @@ pub struct XdpLink {
     /// The chain being received, and the scratch buffer it is assembled in.
     rx_chain: RxChain,
     rx_chain_buf: Vec<u8>,
-    /// Where tx frames are written when one UMEM frame cannot hold a tx buffer (empty
-    /// otherwise).
-    tx_chain_buf: Vec<u8>,
-    /// Free frames a writer needs before it is called: the largest frame's chain length.
-    tx_frames_per_call: usize,
+    /// When one UMEM frame cannot hold a tx buffer: the slots of adjacent chunks tx
+    /// frames are written in (`None` otherwise).
+    tx_slots: Option<TxSlots>,
     chain_stats: ChainStats,
     /// Frames one copy-mode kick sends (`XDP_MAX_TX_SKB_BUDGET`, or the kernel's 32).
     tx_skb_budget: usize,
@@ -669,6 +679,26 @@ pub struct XdpLink {
     tx_super_segments: u64,
     /// Who completes transmitted TCP checksums.
     tx_checksum: TxChecksum,
+}
+
+/// The transmit half of an unaligned UMEM cut into slots of adjacent chunks, each holding
+/// one tx buffer, sent as a chain of descriptors that point into it.
+#[derive(Debug)]
+struct TxSlots {
+    /// The first slot's address.
+    base: u64,
+    /// Bytes per slot (whole chunks).
+    bytes: u64,
+    /// Descriptors of each slot's frame the kernel has not completed yet.
+    parts_left: Vec<u16>,
+}
+
+impl TxSlots {
+    /// The slot an address of one of its descriptors lies in, by index.
+    fn index_of(&self, addr: u64) -> Option<usize> {
+        let i = (addr.checked_sub(self.base)? / self.bytes) as usize;
+        (i < self.parts_left.len()).then_some(i)
+    }
 }
 
 /// Where [`XdpLink::recv_batch`] stands in a descriptor chain.
@@ -751,11 +781,12 @@ impl XdpLink {
         // A driver that does not say it offloads checksums in zero copy gets the kernel's
         // software fallback.
         let driver_csum = matches!(&features, Some(Ok(f)) if f.tx_checksum());
-        let tx_meta = config.tx_checksum_offload && !tx_chains;
+        let tx_meta = config.tx_checksum_offload;
         let try_with = |zero_copy: bool| BindTry {
             half,
             multi_buffer,
             zero_copy,
+            unaligned: tx_chains,
             metadata: if tx_meta {
                 TxMetadataRequest::Metadata {
                     sw_csum: zero_copy && !driver_csum,
@@ -845,11 +876,7 @@ impl XdpLink {
             Ok(TxMetadataRequest::Metadata { sw_csum: false }) => TxChecksum::Offload,
             Ok(TxMetadataRequest::Metadata { sw_csum: true }) => TxChecksum::KernelSoftware,
             Ok(TxMetadataRequest::None) => TxChecksum::Software {
-                reason: if config.tx_checksum_offload {
-                    SoftwareChecksum::Chains
-                } else {
-                    SoftwareChecksum::Off
-                },
+                reason: SoftwareChecksum::Off,
             },
             Err(errno) => {
                 info!(
@@ -864,12 +891,27 @@ impl XdpLink {
             }
         };
 
-        // Chunks [half..] are for transmit, [..half] go to the fill ring.
+        // Chunks [half..] are for transmit, [..half] go to the fill ring. Frames that need
+        // chains are written in place across slots of adjacent chunks.
         let chunk = u64::from(config.frame_size);
         let fill: Vec<u64> = (0..u64::from(half)).map(|i| i * chunk).collect();
-        let free: Vec<u64> = (u64::from(half)..u64::from(config.frame_count))
-            .map(|i| i * chunk)
-            .collect();
+        let tx_base = u64::from(half) * chunk;
+        let (free, tx_slots) = if tx_chains {
+            let bytes = (u64::from(XDP_PACKET_HEADROOM) + needed as u64).div_ceil(chunk) * chunk;
+            let count = (u64::from(half) * chunk / bytes) as usize;
+            let free: Vec<u64> = (0..count as u64).map(|i| tx_base + i * bytes).collect();
+            let slots = TxSlots {
+                base: tx_base,
+                bytes,
+                parts_left: vec![0; count],
+            };
+            (free, Some(slots))
+        } else {
+            let free: Vec<u64> = (u64::from(half)..u64::from(config.frame_count))
+                .map(|i| i * chunk)
+                .collect();
+            (free, None)
+        };
         let filled = sock.fill.produce(&fill);
         if filled != fill.len() {
             return invalid(format!(
@@ -905,7 +947,7 @@ impl XdpLink {
             mtu,
             sock,
             umem,
-            staged: Vec::with_capacity(tx_frames),
+            staged: Vec::with_capacity(half as usize),
             in_flight: 0,
             tx_frames,
             tx_ring_size: half,
@@ -923,12 +965,7 @@ impl XdpLink {
             } else {
                 Vec::new()
             },
-            tx_chain_buf: if tx_chains {
-                vec![0; needed]
-            } else {
-                Vec::new()
-            },
-            tx_frames_per_call: if tx_chains { descriptors } else { 1 },
+            tx_slots,
             chain_stats: ChainStats::default(),
             tx_skb_budget,
             tx_super_buf: if config.segmentation && !tx_chains {
@@ -952,7 +989,7 @@ impl XdpLink {
     /// an interface is built on the link: an interface reads [`Link::offloads`] once.
     pub fn set_segmentation(&mut self, on: bool) -> bool {
         self.config.segmentation = on;
-        let possible = self.tx_chain_buf.is_empty();
+        let possible = self.tx_slots.is_none();
         if on && possible {
             if self.tx_super_buf.is_empty() {
                 self.tx_super_buf = vec![0; TX_HEADROOM + MAX_SUPER_FRAME_LEN];
@@ -1216,51 +1253,78 @@ impl XdpLink {
     }
 
     /// [`Link::tx_batch`] when a tx buffer does not fit one UMEM frame: the writer fills
-    /// the scratch buffer and the frame is copied into a chain of UMEM frames.
-    fn tx_batch_chained(
-        &mut self,
-        max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
-    ) -> usize {
+    /// a slot of adjacent chunks in place, and the frame goes out as a chain of
+    /// descriptors pointing into it, each at most a frame's capacity long.
+    fn tx_batch_chained(&mut self, max: usize, f: &mut TxWriter<'_>) -> usize {
+        let buf_len = TX_HEADROOM + self.max_frame_len();
         let max_frame_len = self.max_frame_len();
+        let request = self.tx_checksum.is_requested();
+        let Some(slots) = self.tx_slots.as_mut() else {
+            return 0;
+        };
         let mut produced = 0;
-        while produced < max && self.free.len() >= self.tx_frames_per_call {
-            let buf_len = self.tx_chain_buf.len();
-            let Some(range) = f(&mut self.tx_chain_buf) else {
+        while produced < max {
+            let Some(slot) = self.free.pop() else {
+                break;
+            };
+            // SAFETY: a slot on the free stack has every descriptor of its last frame
+            // completed: none of its chunks is in a ring, and nothing else borrows them.
+            let Some(buf) = (unsafe { self.umem.span_mut(slot + DATA_AT, buf_len) }) else {
+                // Cannot happen: slots hold the buffer (sized at open).
+                self.free.push(slot);
+                break;
+            };
+            let Some((range, partial)) = f(buf) else {
+                self.free.push(slot);
                 break;
             };
             produced += 1;
-            if !tx_range_ok(&range, buf_len, max_frame_len) {
+            if range.is_empty() || !tx_range_ok(&range, buf.len(), max_frame_len) {
                 self.stats.dropped_oversize += 1;
+                self.free.push(slot);
                 continue;
             }
-            let frame = &self.tx_chain_buf[range];
-            let parts = frame.len().div_ceil(self.capacity).max(1);
-            for i in 0..parts {
-                let part = frame
-                    .get(i * self.capacity..)
-                    .map_or(&[][..], |rest| &rest[..rest.len().min(self.capacity)]);
-                let Some(chunk) = self.free.pop() else {
-                    // Cannot happen: `tx_frames_per_call` frames were free and a frame of at
-                    // most `max_frame_len` bytes needs no more.
-                    break;
+            let requested = partial.filter(|&p| request && checksum_fits(p, range.len()));
+            if let (Some(p), None) = (partial, requested) {
+                complete_checksum(&mut buf[range.clone()], p);
+            }
+            let addr = slot + DATA_AT + range.start as u64;
+            let mut first = 0;
+            if let Some(p) = requested {
+                // SAFETY: the metadata lies in the slot's first chunk, in front of the
+                // frame (which starts at least `DATA_AT` bytes into it); the buffer's
+                // borrow has ended.
+                let meta = unsafe {
+                    self.umem
+                        .frame_mut(addr - u64::from(TX_METADATA_LEN), TX_METADATA_LEN as usize)
                 };
-                let addr = chunk + DATA_AT;
-                // SAFETY: a chunk on the free stack is in no ring and borrowed nowhere else.
-                if let Some(out) = unsafe { self.umem.frame_mut(addr, part.len()) } {
-                    out.copy_from_slice(part);
+                if let Some(meta) = meta {
+                    meta.copy_from_slice(&checksum_request(p));
+                    first = XDP_TX_METADATA;
                 }
+            }
+            let len = range.len();
+            let parts = len.div_ceil(self.capacity);
+            for i in 0..parts {
+                let at = i * self.capacity;
+                let more = i + 1 < parts;
                 self.staged.push(XdpDesc {
-                    addr,
-                    len: part.len() as u32,
-                    options: if i + 1 < parts { XDP_PKT_CONTD } else { 0 },
+                    addr: addr + at as u64,
+                    len: (len - at).min(self.capacity) as u32,
+                    options: if more { XDP_PKT_CONTD } else { 0 } | if i == 0 { first } else { 0 },
                 });
+            }
+            if let Some(left) = slots
+                .index_of(slot)
+                .and_then(|i| slots.parts_left.get_mut(i))
+            {
+                *left = parts as u16;
             }
             if parts > 1 {
                 self.chain_stats.tx_chains += 1;
             }
             self.stats.tx_frames += 1;
-            self.stats.tx_bytes += frame.len() as u64;
+            self.stats.tx_bytes += len as u64;
         }
         produced
     }
@@ -1346,10 +1410,27 @@ impl XdpLink {
             if n == 0 {
                 break;
             }
-            // The kernel hands back each descriptor's address; its chunk is free again.
-            let umem = &self.umem;
-            self.free
-                .extend(self.comp_scratch[..n].iter().map(|&a| umem.chunk_of(a)));
+            // The kernel hands back each descriptor's address, in the order sent: its chunk
+            // is free again, or its slot once the frame's last descriptor is back.
+            match &mut self.tx_slots {
+                None => {
+                    let umem = &self.umem;
+                    self.free
+                        .extend(self.comp_scratch[..n].iter().map(|&a| umem.chunk_of(a)));
+                }
+                Some(slots) => {
+                    for &a in &self.comp_scratch[..n] {
+                        let Some(i) = slots.index_of(a) else {
+                            continue;
+                        };
+                        let left = &mut slots.parts_left[i];
+                        *left = left.saturating_sub(1);
+                        if *left == 0 {
+                            self.free.push(slots.base + i as u64 * slots.bytes);
+                        }
+                    }
+                }
+            }
             self.in_flight -= n.min(self.in_flight);
             if n < self.comp_scratch.len() {
                 break;
@@ -1368,8 +1449,11 @@ impl XdpLink {
             // have ended; their chunks go back to the fill ring only.
             let umem = &self.umem;
             self.fill_scratch.clear();
-            self.fill_scratch
-                .extend(self.rx_scratch[..n].iter().map(|d| umem.chunk_of(d.addr)));
+            self.fill_scratch.extend(
+                self.rx_scratch[..n]
+                    .iter()
+                    .map(|d| umem.chunk_of(data_addr(d.addr))),
+            );
             let put = self.sock.fill.produce(&self.fill_scratch);
             if put < n {
                 warn!(
@@ -1450,7 +1534,8 @@ impl Link for XdpLink {
         for desc in &rx_scratch[..n] {
             // SAFETY: the kernel handed this frame over through the rx ring; it writes to
             // it again only after `refill` returns it to the fill ring, after this borrow.
-            let Some(part) = (unsafe { umem.frame(desc.addr, desc.len as usize) }) else {
+            let Some(part) = (unsafe { umem.frame(data_addr(desc.addr), desc.len as usize) })
+            else {
                 // A descriptor leaving its chunk: never from a kernel that works.
                 stats.dropped_oversize += 1;
                 continue;
@@ -1509,8 +1594,8 @@ impl Link for XdpLink {
         max: usize,
         f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
     ) -> usize {
-        if !self.tx_chain_buf.is_empty() {
-            return self.tx_batch_chained(max, f);
+        if self.tx_slots.is_some() {
+            return self.tx_batch_chained(max, &mut |buf| f(buf).map(|range| (range, None)));
         }
         self.tx_batch_frames(max, &mut |buf| f(buf).map(|range| (range, None)))
     }
@@ -1519,14 +1604,9 @@ impl Link for XdpLink {
         if !self.tx_super_buf.is_empty() {
             return self.tx_batch_segmenting(max, f);
         }
-        if !self.tx_chain_buf.is_empty() {
+        if self.tx_slots.is_some() {
             return self.tx_batch_chained(max, &mut |buf| {
-                let (range, meta) = f(buf)?;
-                if let (Some(p), Some(frame)) = (meta.partial_checksum, buf.get_mut(range.clone()))
-                {
-                    complete_checksum(frame, p);
-                }
-                Some(range)
+                f(buf).map(|(range, meta)| (range, meta.partial_checksum))
             });
         }
         self.tx_batch_frames(max, &mut |buf| {
@@ -1560,7 +1640,7 @@ impl Link for XdpLink {
         // descriptor off the tx ring (bounded, in case it stops taking them). No kick when
         // the kernel has taken everything already: most rounds only receive, and a
         // `sendto` per round with nothing to send cost several system calls per message.
-        let mut kicks = self.tx_frames / self.tx_skb_budget.max(1) + 2;
+        let mut kicks = self.tx_ring_size as usize / self.tx_skb_budget.max(1) + 2;
         while kicks > 0 && !self.tx_drained() {
             self.kick();
             self.reclaim();

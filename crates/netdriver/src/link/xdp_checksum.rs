@@ -42,8 +42,6 @@ pub enum SoftwareChecksum {
         /// The kernel's error.
         errno: i32,
     },
-    /// Frames are sent as multi-buffer chains, which TX metadata does not cover here.
-    Chains,
 }
 
 impl TxChecksum {
@@ -74,7 +72,6 @@ impl std::fmt::Display for SoftwareChecksum {
                 "TX metadata refused: {}",
                 io::Error::from_raw_os_error(*errno)
             ),
-            SoftwareChecksum::Chains => f.write_str("multi-buffer chains"),
         }
     }
 }

@@ -44,6 +44,8 @@ pub struct XskOptions {
     pub bind_flags: u16,
     /// TX metadata asked of the UMEM registration.
     pub metadata: TxMetadataRequest,
+    /// Register the UMEM in unaligned mode (`XDP_UMEM_UNALIGNED_CHUNK_FLAG`).
+    pub unaligned: bool,
 }
 
 /// Which step of opening a socket failed, and the kernel's error.
@@ -92,7 +94,7 @@ impl XskSocket {
     /// the rings and binds it.
     pub fn open(umem: &Umem, o: XskOptions) -> Result<XskSocket, XskError> {
         let fd = xdp_socket().map_err(step("creating an AF_XDP socket"))?;
-        let metadata = match umem.register(fd.as_fd(), o.metadata) {
+        let metadata = match umem.register(fd.as_fd(), o.metadata, o.unaligned) {
             Ok(()) => Ok(o.metadata),
             Err(e)
                 if o.metadata != TxMetadataRequest::None
@@ -100,7 +102,7 @@ impl XskSocket {
             {
                 // Kernels before 6.11 know no XDP_UMEM_TX_METADATA_LEN, before 6.8 no TX
                 // metadata at all; the failed registration left the socket without one.
-                umem.register(fd.as_fd(), TxMetadataRequest::None)
+                umem.register(fd.as_fd(), TxMetadataRequest::None, o.unaligned)
                     .map_err(step("registering the UMEM"))?;
                 Err(libc::EINVAL)
             }

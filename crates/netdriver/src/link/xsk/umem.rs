@@ -4,7 +4,13 @@
 //! A chunk is owned by whoever holds its address: this process while it is in no ring, the
 //! kernel from the moment it is published on the fill or tx ring until it comes back on
 //! the rx or completion ring. [`Umem::frame`] and [`Umem::frame_mut`] lend a chunk's
-//! bytes; their callers vouch that they own it.
+//! bytes, [`Umem::span_mut`] those of adjacent chunks; their callers vouch that they own
+//! them.
+//!
+//! In unaligned mode (`XDP_UMEM_UNALIGNED_CHUNK_FLAG`) a tx descriptor may start anywhere
+//! and cross into the next chunk (up to a chunk's length), and the kernel gives a received
+//! frame's address as the fill ring's address plus the data's offset in the upper 16 bits
+//! ([`data_addr`] decodes both forms).
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -45,15 +51,24 @@ impl Umem {
         })
     }
 
-    /// Registers the memory with socket `fd` (`XDP_UMEM_REG`), no headroom, aligned chunks.
-    pub fn register(&self, fd: BorrowedFd<'_>, metadata: TxMetadataRequest) -> io::Result<()> {
-        let (tx_metadata_len, flags) = match metadata {
+    /// Registers the memory with socket `fd` (`XDP_UMEM_REG`), no headroom, in aligned or
+    /// unaligned mode.
+    pub fn register(
+        &self,
+        fd: BorrowedFd<'_>,
+        metadata: TxMetadataRequest,
+        unaligned: bool,
+    ) -> io::Result<()> {
+        let (tx_metadata_len, mut flags) = match metadata {
             TxMetadataRequest::None => (0, 0),
             TxMetadataRequest::Metadata { sw_csum } => (
                 TX_METADATA_LEN,
                 XDP_UMEM_TX_METADATA_LEN | if sw_csum { XDP_UMEM_TX_SW_CSUM } else { 0 },
             ),
         };
+        if unaligned {
+            flags |= libc::XDP_UMEM_UNALIGNED_CHUNK_FLAG;
+        }
         let reg = libc::xdp_umem_reg {
             addr: self.map.as_ptr() as u64,
             len: self.map.size() as u64,
@@ -113,6 +128,24 @@ impl Umem {
         Some(unsafe { std::slice::from_raw_parts_mut(self.map.as_ptr().add(at), len) })
     }
 
+    /// `len` bytes at UMEM address `addr` to write, across chunk boundaries, or `None`
+    /// when they would leave the UMEM.
+    ///
+    /// # Safety
+    ///
+    /// Every chunk the range touches must be this process's (in no ring) and not otherwise
+    /// borrowed for as long as the borrow lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn span_mut(&self, addr: u64, len: usize) -> Option<&mut [u8]> {
+        let end = addr.checked_add(len as u64)?;
+        if end > self.map.size() as u64 {
+            return None;
+        }
+        // SAFETY: the range lies inside the mapping; the caller vouches that its chunks
+        // are exclusively its own while the borrow lives.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.map.as_ptr().add(addr as usize), len) })
+    }
+
     fn check(&self, addr: u64, len: usize) -> Option<usize> {
         let end = addr.checked_add(len as u64)?;
         let chunk_end = self.chunk_of(addr) + u64::from(self.chunk_size);
@@ -120,9 +153,32 @@ impl Umem {
     }
 }
 
+/// The bits of an unaligned-mode address that hold the base address; the offset lies
+/// above them (`XSK_UNALIGNED_BUF_ADDR_MASK`, `XSK_UNALIGNED_BUF_OFFSET_SHIFT`).
+const UNALIGNED_ADDR_MASK: u64 = (1 << 48) - 1;
+
+/// A descriptor's address as a plain UMEM address: in unaligned mode the base plus the
+/// offset the kernel put in the upper 16 bits; aligned-mode addresses (upper bits zero)
+/// are unchanged.
+pub fn data_addr(addr: u64) -> u64 {
+    (addr & UNALIGNED_ADDR_MASK) + (addr >> 48)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unaligned_addresses_are_decoded() {
+        assert_eq!(data_addr(8192 + 256), 8192 + 256);
+        assert_eq!(data_addr((256 << 48) | 8192), 8192 + 256);
+        let umem = Umem::new(4, 2048, false).unwrap();
+        // SAFETY: no socket shares this UMEM; nothing else borrows it.
+        unsafe {
+            assert_eq!(umem.span_mut(256, 4000).map(|s| s.len()), Some(4000));
+            assert!(umem.span_mut(4096, 4097).is_none(), "beyond the UMEM");
+        }
+    }
 
     #[test]
     fn frames_stay_inside_their_chunk() {
