@@ -45,8 +45,8 @@
 //! offload (or the kernel's software fallback for a device without) completes, and a
 //! veth peer takes as it is; a zero-copy driver that does not advertise TX checksum
 //! offload gets a UMEM registered with `XDP_UMEM_TX_SW_CSUM`, so that the kernel sums
-//! in software. Where the kernel refuses TX metadata, the link sums each frame itself, as
-//! it does for multi-buffer chains. [`XdpLink::tx_checksum`] (and a channel set's
+//! in software. Multi-buffer chains carry the request on their first descriptor. Where
+//! the kernel refuses TX metadata, the link sums each frame itself. [`XdpLink::tx_checksum`] (and a channel set's
 //! `QueueStats::tx_checksum`) says which of the three applies and why ([`TxChecksum`]).
 //!
 //! # Frames larger than a UMEM frame (multi-buffer)
