@@ -10,8 +10,10 @@
 //!    run with no XDP or TCX program attached on either end;
 //! 2. for each variant (`base`: a fixed receive buffer; `autotune`: receive-buffer
 //!    auto-tuning up to `NETCHANNEL_BENCH_RX_MAX_KIB`, default 6 MiB; `nogso`: `autotune`
-//!    with the AF_XDP link's software segmentation off; `packet`: `autotune` over the
-//!    AF_PACKET link, `LinkKind::Packet`, instead of AF_XDP), a
+//!    with the AF_XDP link's software segmentation off; `nocsum`: `autotune` with the
+//!    AF_XDP link's checksum offload through TX metadata off, so that it sums every frame
+//!    itself; `packet`: `autotune` over the AF_PACKET link, `LinkKind::Packet`, instead
+//!    of AF_XDP), a
 //!    fresh pair of stacks with one throughput channel per peer, then `raw_channel` (one
 //!    channel of A's set to B's, 64 KiB `Bytes` slices, no copy) and `virtual_stream`
 //!    (one `VirtualStream`, 64 KiB `write_all`s, read to EOF), and the stacks stopped
@@ -26,7 +28,7 @@
 //!
 //! Environment: `NETCHANNEL_BENCH_MTUS` (comma-separated), `NETCHANNEL_BENCH_BYTES` (per
 //! transfer, default 256 MiB), `NETCHANNEL_BENCH_ROUNDS` (default 5),
-//! `NETCHANNEL_BENCH_VARIANTS` (`base,autotune`; also `nogso`, `packet`), `NETCHANNEL_BENCH_RX_MAX_KIB`,
+//! `NETCHANNEL_BENCH_VARIANTS` (`base,autotune`; also `nogso`, `nocsum`, `packet`), `NETCHANNEL_BENCH_RX_MAX_KIB`,
 //! `NETCHANNEL_BENCH_TX_KIB` (TCP send buffer of both variants; default TCP's 256 KiB),
 //! `NETCHANNEL_BENCH_ONLY` (comma-separated substrings of the measurements to run, e.g.
 //! for `perf record`; ratios need both sides).
@@ -65,6 +67,8 @@ mod run {
         rx_max: Option<usize>,
         /// The AF_XDP link's software segmentation (`XdpLinkConfig::segmentation`).
         segmentation: bool,
+        /// Checksums through TX metadata (`XdpLinkConfig::tx_checksum_offload`).
+        tx_checksum: bool,
         /// The link.
         link: LinkKind,
     }
@@ -75,11 +79,13 @@ mod run {
         rx_max: Option<usize>,
         tx: Option<usize>,
         segmentation: bool,
+        tx_checksum: bool,
         link: LinkKind,
     ) -> impl Fn(&mut ChannelSetConfig) + Clone + Send + 'static {
         move |cfg: &mut ChannelSetConfig| {
             cfg.tcp.rx_buffer_max = rx_max;
             cfg.link.segmentation = segmentation;
+            cfg.link.tx_checksum_offload = tx_checksum;
             cfg.link_kind = link;
             if let Some(tx) = tx {
                 cfg.tcp.tx_buffer = tx;
@@ -152,6 +158,7 @@ mod run {
                     stream: "virtual_stream",
                     rx_max: None,
                     segmentation: true,
+                    tx_checksum: true,
                     link: LinkKind::Xdp,
                 },
                 "autotune" => Variant {
@@ -159,6 +166,7 @@ mod run {
                     stream: "virtual_stream_autotune",
                     rx_max: Some(rx_max),
                     segmentation: true,
+                    tx_checksum: true,
                     link: LinkKind::Xdp,
                 },
                 "nogso" => Variant {
@@ -166,6 +174,15 @@ mod run {
                     stream: "virtual_stream_nogso",
                     rx_max: Some(rx_max),
                     segmentation: false,
+                    tx_checksum: true,
+                    link: LinkKind::Xdp,
+                },
+                "nocsum" => Variant {
+                    raw: "raw_channel_nocsum",
+                    stream: "virtual_stream_nocsum",
+                    rx_max: Some(rx_max),
+                    segmentation: true,
+                    tx_checksum: false,
                     link: LinkKind::Xdp,
                 },
                 "packet" => Variant {
@@ -173,6 +190,7 @@ mod run {
                     stream: "virtual_stream_packet",
                     rx_max: Some(rx_max),
                     segmentation: true,
+                    tx_checksum: true,
                     link: LinkKind::Packet,
                 },
                 other => panic!("NETCHANNEL_BENCH_VARIANTS: unknown variant {other:?}"),
@@ -220,7 +238,7 @@ mod run {
                         &rt,
                         1,
                         total,
-                        tune(v.rx_max, tx, v.segmentation, v.link),
+                        tune(v.rx_max, tx, v.segmentation, v.tx_checksum, v.link),
                     );
                     if round == 0 {
                         line += &format!(
@@ -265,6 +283,8 @@ mod run {
                 ("virtual_stream_packet", "kernel_defaults"),
                 ("raw_channel_packet", "raw_channel_autotune"),
                 ("virtual_stream_packet", "virtual_stream_autotune"),
+                ("raw_channel_autotune", "raw_channel_nocsum"),
+                ("virtual_stream_autotune", "virtual_stream_nocsum"),
             ] {
                 if let Some((lo, med, hi)) = phase.ratio(a, b) {
                     println!(

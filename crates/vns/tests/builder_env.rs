@@ -60,12 +60,14 @@ fn the_builder_reads_the_environment_and_explicit_calls_win() {
         use netdriver::link::xdp::BindMode;
         std::env::set_var("NETCHANNEL_XDP_MODE", "zerocopy");
         std::env::set_var("NETCHANNEL_RSS_ALIGN", "0");
+        std::env::set_var("NETCHANNEL_XDP_TX_CHECKSUM", "0");
         let stack = build(Stack::builder()).unwrap();
         let c = stack.diagnostics().channel_set().config();
         assert_eq!(
             (c.link.bind, &c.rss),
             (BindMode::ZeroCopy, &RssAlignment::Off)
         );
+        assert!(!c.link.tx_checksum_offload);
         drop(stack);
         let stack = build(Stack::builder().xdp_mode(BindMode::Copy).rss_align(true)).unwrap();
         let c = stack.diagnostics().channel_set().config();
@@ -77,6 +79,7 @@ fn the_builder_reads_the_environment_and_explicit_calls_win() {
         for (name, bad) in [
             ("NETCHANNEL_XDP_MODE", "fast"),
             ("NETCHANNEL_RSS_ALIGN", "yes"),
+            ("NETCHANNEL_XDP_TX_CHECKSUM", "on"),
         ] {
             let before = std::env::var(name).unwrap();
             std::env::set_var(name, bad);
@@ -86,6 +89,7 @@ fn the_builder_reads_the_environment_and_explicit_calls_win() {
         }
         std::env::remove_var("NETCHANNEL_XDP_MODE");
         std::env::remove_var("NETCHANNEL_RSS_ALIGN");
+        std::env::remove_var("NETCHANNEL_XDP_TX_CHECKSUM");
     }
     #[cfg(target_os = "linux")]
     {

@@ -47,11 +47,11 @@
 //!
 //! # For the AF_XDP link
 //!
-//! - Create sockets without libxdp's default program (xsk-rs: `LibxdpFlags::
-//!   XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD`): this crate's program is the only one on the
-//!   interface, and a second one would be refused.
+//! - Create sockets without a default program of their own (libxdp's: `LibxdpFlags::
+//!   XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD`; netdriver's link loads none): this crate's
+//!   program is the only one on the interface, and a second one would be refused.
 //! - Bind one socket per rx queue and register each with [`XdpSteering::register_socket`]
-//!   (`rx_queue.fd().as_raw_fd()` in xsk-rs). The program looks up `ctx->rx_queue_index`;
+//!   (netdriver's `XdpLink::fd`). The program looks up `ctx->rx_queue_index`;
 //!   on veth that is the sender's tx queue index.
 //! - Claim ports before the first segment can arrive (a listener's port before `listen`
 //!   returns; a connection's local port before its SYN leaves), release them when the last

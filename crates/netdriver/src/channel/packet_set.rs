@@ -62,6 +62,7 @@ impl ChannelSet {
                 neighbors: Neighbors::Kernel { table, ifindex },
                 binding: None,
                 umem: None,
+                tx_checksum: None,
             });
         }
         let resolver = Resolver::kernel(&config.ifname, ifindex, config.neighbor_timeout)?;

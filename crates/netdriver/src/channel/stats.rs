@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicU64;
 use super::place::DriverPlace;
 use super::sys::XskDrops;
 use crate::link::umem_memory::UmemPlacement;
-use crate::link::xdp::XdpBinding;
+use crate::link::xdp::{TxChecksum, XdpBinding};
 
 /// A queue's SYN and SYN-cookie counters, copied from its interface every round.
 #[derive(Debug, Default)]
@@ -93,4 +93,8 @@ pub struct QueueStats {
     /// Where the queue's UMEM lives (size, NUMA node, huge pages); `None` for links that
     /// are not AF_XDP sockets.
     pub umem: Option<UmemPlacement>,
+    /// Who completes the TCP checksums the queue's AF_XDP socket sends: the device or the
+    /// kernel through TX metadata, or the link itself and why; `None` for links that are
+    /// not AF_XDP sockets.
+    pub tx_checksum: Option<TxChecksum>,
 }

@@ -104,7 +104,11 @@ pub mod xdp;
 #[cfg(target_os = "linux")]
 pub mod xdp_bind;
 #[cfg(target_os = "linux")]
+pub mod xdp_checksum;
+#[cfg(target_os = "linux")]
 pub mod xdp_features;
+#[cfg(target_os = "linux")]
+pub mod xsk;
 
 use core::ops::Range;
 

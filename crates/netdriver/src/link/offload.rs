@@ -115,6 +115,24 @@ impl<'a> Segmenter<'a> {
     /// Writes wire segment `index` (of [`count`](Self::count)) into `out` and returns its
     /// length, or `None` when `index` is past the last segment or `out` is too short.
     pub fn write(&self, index: usize, out: &mut [u8]) -> Option<usize> {
+        self.write_with(index, out, true)
+    }
+
+    /// [`write`](Self::write), but the TCP checksum field is left partial: it holds the
+    /// pseudo-header sum, for a device to complete ([`partial`](Self::partial) says where).
+    pub fn write_partial(&self, index: usize, out: &mut [u8]) -> Option<usize> {
+        self.write_with(index, out, false)
+    }
+
+    /// Where every segment's TCP checksum lies, for [`write_partial`](Self::write_partial).
+    pub fn partial(&self) -> PartialChecksum {
+        PartialChecksum {
+            start: self.tcp_at as u16,
+            offset: TCP_CHECKSUM as u16,
+        }
+    }
+
+    fn write_with(&self, index: usize, out: &mut [u8], full: bool) -> Option<usize> {
         if index >= self.count() {
             return None;
         }
@@ -169,7 +187,11 @@ impl<'a> Segmenter<'a> {
         );
         let tcp = &mut out[self.tcp_at..];
         let pseudo = checksum::pseudo_header_v4(src, dst, IpProtocol::Tcp.into(), tcp.len() as u32);
-        let sum = checksum::finish(checksum::add(pseudo, checksum::data(tcp)));
+        let sum = if full {
+            checksum::finish(checksum::add(pseudo, checksum::data(tcp)))
+        } else {
+            pseudo
+        };
         tcp[TCP_CHECKSUM..TCP_CHECKSUM + 2].copy_from_slice(&sum.to_be_bytes());
         Some(len)
     }
@@ -250,6 +272,25 @@ mod tests {
             }
             assert_eq!(got, payload, "len {len}");
             assert!(s.write(s.count(), &mut out).is_none());
+        }
+    }
+
+    #[test]
+    fn partial_segments_complete_to_the_full_ones() {
+        let (frame, _) = super_frame(5000, TcpFlags::PSH);
+        let s = Segmenter::new(&frame, 1448).unwrap();
+        let (mut full, mut partial) = (vec![0u8; 2000], vec![0u8; 2000]);
+        for i in 0..s.count() {
+            let n = s.write(i, &mut full).unwrap();
+            assert_eq!(s.write_partial(i, &mut partial), Some(n));
+            assert_ne!(
+                full[..n],
+                partial[..n],
+                "segment {i}: the checksum is left partial"
+            );
+            assert!(parse_tcp_frame(&partial[..n], true).is_err());
+            complete_checksum(&mut partial[..n], s.partial());
+            assert_eq!(full[..n], partial[..n], "segment {i}");
         }
     }
 

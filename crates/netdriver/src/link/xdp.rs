@@ -1,5 +1,6 @@
 //! The AF_XDP link: frames in a UMEM shared with the kernel, one socket on one rx/tx queue
-//! pair of an interface (Linux only), built on `xsk-rs`.
+//! pair of an interface (Linux only), built on this crate's own socket, UMEM and ring code
+//! ([`xsk`](super::xsk)).
 //!
 //! An [`XdpLink`] owns a UMEM of [`XdpLinkConfig::frame_count`] frames and one AF_XDP
 //! socket bound to `(ifname, queue_id)`. Half the frames belong to receive: at open they
@@ -13,8 +14,7 @@
 //! (If a [`Link::recv_batch`] callback panics, that batch's frames are not refilled and
 //! the link receives into fewer frames from then on.)
 //!
-//! The socket is created without libxdp's default XDP program
-//! (`XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD`): frames only arrive once a steering program (the
+//! The link loads no XDP program of its own: frames only arrive once a steering program (the
 //! `xdp-prog` crate's `XdpSteering`) is attached to the interface and the socket's
 //! [`fd`](XdpLink::fd) is registered in its `XSKMAP` for [`queue_id`](XdpLinkConfig::queue_id).
 //!
@@ -27,11 +27,27 @@
 //! # Where the frame starts in a tx buffer
 //!
 //! A tx buffer is lent as exactly [`TX_HEADROOM`] + [`Link::max_frame_len`] bytes starting
-//! at the frame's data area, and the writer says where in it the frame lies. An AF_XDP tx
-//! descriptor could point at that offset directly, but `xsk-rs` 0.11 offers no way to set
-//! a descriptor's address, so a frame that does not start at offset 0 is moved to the
-//! front of its buffer (`copy_within`, a `memmove` inside one 2 KiB chunk that is already
-//! in cache). Owning the ring code, or an `xsk-rs` with a settable address, removes it.
+//! at the frame's data area (256 bytes into its UMEM chunk), and the writer says where in
+//! it the frame lies; the tx descriptor points at that offset directly.
+//!
+//! # Checksum offload through TX metadata
+//!
+//! Where the kernel accepts a UMEM with TX metadata (`tx_metadata_len`, Linux 6.8+, with
+//! the `XDP_UMEM_TX_METADATA_LEN` flag since 6.11) and
+//! [`XdpLinkConfig::tx_checksum_offload`] is on (the default; [`TX_CHECKSUM_ENV`] for a
+//! default stack), the TCP frames the link is handed with a partial checksum
+//! ([`Link::tx_batch_meta`], and those it segments itself) leave with the pseudo-header
+//! sum in the checksum field, as for Linux's `CHECKSUM_PARTIAL`, and a descriptor flagged
+//! `XDP_TX_METADATA` whose `xsk_tx_metadata` (the 24 bytes in front of the frame, inside
+//! the 256 bytes of headroom) asks for the checksum (`XDP_TXMD_FLAGS_CHECKSUM`,
+//! `csum_start`, `csum_offset`): the link's own checksum pass over every byte goes. In
+//! copy mode the kernel builds a `CHECKSUM_PARTIAL` skb from it, which the driver's
+//! offload (or the kernel's software fallback for a device without) completes, and a
+//! veth peer takes as it is; a zero-copy driver that does not advertise TX checksum
+//! offload gets a UMEM registered with `XDP_UMEM_TX_SW_CSUM`, so that the kernel sums
+//! in software. Multi-buffer chains carry the request on their first descriptor. Where
+//! the kernel refuses TX metadata, the link sums each frame itself. [`XdpLink::tx_checksum`] (and a channel set's
+//! `QueueStats::tx_checksum`) says which of the three applies and why ([`TxChecksum`]).
 //!
 //! # Frames larger than a UMEM frame (multi-buffer)
 //!
@@ -42,9 +58,7 @@
 //! `XDP_USE_SG` and the XDP program is the `xdp.frags` variant (`xdp-prog`'s
 //! `AttachOptions::frags`); a 9014-byte frame arrives as 3 descriptors of 4096-byte
 //! frames. [`XdpLinkConfig::multi_buffer`] chooses ([`MultiBuffer::Auto`]: exactly when the
-//! interface's largest tx buffer does not fit one UMEM frame). `xsk-rs` 0.11 carries what
-//! this needs: the `XDP_USE_SG` bind flag, and `options` on rx descriptors (read) and tx
-//! descriptors (written by `produce`).
+//! interface's largest tx buffer does not fit one UMEM frame).
 //!
 //! - **Receive**: a single-descriptor frame is still lent straight from the UMEM. A chain
 //!   is copied, part by part, into a scratch buffer of [`Link::max_frame_len`] bytes
@@ -52,15 +66,23 @@
 //!   part arrived; a chain may span two [`Link::recv_batch`] calls. A chain that grows
 //!   beyond [`Link::max_frame_len`] is dropped whole and counted
 //!   ([`LinkStats::dropped_oversize`] and [`XdpLink::rx_chains_dropped`]).
-//! - **Transmit**: the writer gets a scratch buffer of [`TX_HEADROOM`] +
-//!   [`Link::max_frame_len`] bytes (the trait's contract), and the frame it wrote is copied
-//!   into as many UMEM frames as it needs, chained with `XDP_PKT_CONTD`. A writer is only
-//!   called while enough free frames remain for the largest frame. Chains go to the tx ring
-//!   whole, never split across two ring operations.
+//! - **Transmit**: the UMEM is registered in unaligned mode
+//!   (`XDP_UMEM_UNALIGNED_CHUNK_FLAG`), where a descriptor may start anywhere and run into
+//!   the next chunk, and the transmit half is cut into slots of adjacent chunks, each
+//!   holding one tx buffer of [`TX_HEADROOM`] + [`Link::max_frame_len`] bytes (the trait's
+//!   contract). The writer writes the frame in place; it goes out as a chain of
+//!   descriptors pointing into the slot one after the other, each at most a frame's
+//!   capacity long, all but the last flagged `XDP_PKT_CONTD` (the first carries the
+//!   checksum request, where there is one). A slot is free again once the completion ring
+//!   has returned every descriptor of its frame. Chains go to the tx ring whole, never
+//!   split across two ring operations.
 //!
-//! Both directions thus cost one more copy per byte in this mode (a chain cannot be lent
-//! as one slice: the UMEM frames of a chain are not adjacent). Zero-copy drivers with
-//! multi-buffer support would lend chains part by part instead; veth has none.
+//! Receiving a chain thus costs one more copy per byte (a received chain cannot be lent as
+//! one slice: the kernel fills whichever fill-ring frames it took, each behind its own
+//! headroom); transmitting one does not. Zero-copy drivers with multi-buffer support
+//! would lend received chains part by part instead; veth has none. (A zero-copy driver
+//! maps the UMEM for DMA page by page: a descriptor that crosses into a page not
+//! contiguous with its own is refused, so in zero copy such a link wants huge pages.)
 //!
 //! # Zero copy and copy mode
 //!
@@ -81,19 +103,11 @@
 //! socket is kicked only when the kernel asks (`XDP_USE_NEED_WAKEUP`).
 
 use core::ops::Range;
-use std::ffi::CString;
 use std::io;
-use std::num::NonZeroU32;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
-use xsk_rs::config::{
-    BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
-};
-use xsk_rs::socket::{SocketCreateError, XdpStatistics};
-use xsk_rs::umem::UmemCreateError;
-use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use super::offload::{complete_checksum, Segmenter};
 use super::umem_memory::{
@@ -103,29 +117,27 @@ use super::umem_memory::{
 pub use super::xdp_bind::{
     BindMode, ParseBindModeError, XdpBinding, ZeroCopyRefusal, BIND_MODE_ENV,
 };
+use super::xdp_checksum::checksum_request;
+pub use super::xdp_checksum::{SoftwareChecksum, TxChecksum, TX_CHECKSUM_ENV};
 use super::xdp_features::xdp_features;
+use super::xsk::sys::{XDP_PKT_CONTD, XDP_TX_METADATA};
+use super::xsk::umem::data_addr;
+pub use super::xsk::XskStatistics;
+use super::xsk::{TxMetadataRequest, Umem, XdpDesc, XskError, XskOptions, XskSocket};
 use super::{
-    tx_range_ok, FrameWriter, Link, LinkStats, Offloads, ETHERNET_HEADER_LEN, MAX_SUPER_FRAME_LEN,
-    TX_HEADROOM,
+    tx_range_ok, FrameWriter, Link, LinkStats, Offloads, PartialChecksum, ETHERNET_HEADER_LEN,
+    MAX_SUPER_FRAME_LEN, TX_HEADROOM,
 };
 use crate::time::Instant;
 
 /// The headroom the kernel keeps in front of every received frame for the XDP program
-/// (`XDP_PACKET_HEADROOM`); `xsk-rs` places a frame's data area after it.
+/// (`XDP_PACKET_HEADROOM`); a tx frame's data area starts as far into its chunk, which
+/// leaves room for the TX metadata in front of it.
 const XDP_PACKET_HEADROOM: u32 = 256;
 
 /// The most frames one copy-mode `sendto` sends by default (the kernel's `TX_BATCH_SIZE`),
 /// and the least [`XdpLinkConfig::tx_skb_budget`] may ask.
 const COPY_MODE_TX_PER_KICK: usize = 32;
-
-/// `SOL_XDP` and `XDP_MAX_TX_SKB_BUDGET` (`<linux/if_xdp.h>`, Linux 6.17+): the most
-/// descriptors one copy-mode `sendto` turns into skbs, between 32 and the tx ring's size.
-const SOL_XDP: libc::c_int = 283;
-const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
-
-/// `XDP_PKT_CONTD` of `<linux/if_xdp.h>`: set in a descriptor's `options` when the frame
-/// continues in the next descriptor (`xsk-rs` keeps its own copy private).
-const XDP_PKT_CONTD: u32 = 1;
 
 /// The most descriptors a chain may have: the kernel builds a transmitted chain into an skb
 /// of at most `MAX_SKB_FRAGS` (17) fragments and refuses longer ones; one is kept spare.
@@ -205,6 +217,11 @@ pub struct XdpLinkConfig {
     /// started again after a failed start) can see the queue busy for a few
     /// milliseconds. Zero fails at once.
     pub busy_retry: Duration,
+    /// Ask the kernel (or the device) to complete the TCP checksums of transmitted frames
+    /// through TX metadata where it accepts it, rather than summing every frame in the
+    /// link (see the [module documentation](self#checksum-offload-through-tx-metadata)).
+    /// On by default; [`TX_CHECKSUM_ENV`] for a default stack.
+    pub tx_checksum_offload: bool,
 }
 
 impl XdpLinkConfig {
@@ -212,7 +229,8 @@ impl XdpLinkConfig {
     /// zero copy where the driver supports it (else copy mode), need-wakeup on, no busy
     /// polling, multi-buffer as the MTU needs, the UMEM on the interface's NUMA node and
     /// in huge pages when enough are free, segmentation in the link, the largest
-    /// copy-mode budget per kick the kernel allows.
+    /// copy-mode budget per kick the kernel allows, checksums through TX metadata where
+    /// the kernel accepts it.
     pub fn new(ifname: impl Into<String>, queue_id: u32) -> XdpLinkConfig {
         XdpLinkConfig {
             ifname: ifname.into(),
@@ -230,6 +248,7 @@ impl XdpLinkConfig {
             segmentation: true,
             tx_skb_budget: 0,
             busy_retry: Duration::from_secs(2),
+            tx_checksum_offload: true,
         }
     }
 }
@@ -325,9 +344,9 @@ pub enum XdpLinkError {
         /// [`MAX_CHAIN_DESCRIPTORS`].
         max: usize,
     },
-    /// Creating or registering the UMEM failed.
+    /// Mapping the UMEM failed.
     #[error("creating the UMEM: {0}")]
-    Umem(#[source] UmemCreateError),
+    Umem(#[source] io::Error),
     /// [`HugePages::Require`], and the UMEM cannot have them.
     #[error(
         "interface {ifname:?} queue {queue_id}: huge pages required for the UMEM, but {reason}"
@@ -356,9 +375,9 @@ pub enum XdpLinkError {
         ifname: String,
         /// The queue.
         queue_id: u32,
-        /// The error from `xsk-rs` (its source is the kernel's error).
+        /// The step that failed and the kernel's error.
         #[source]
-        source: SocketCreateError,
+        source: XskError,
     },
     /// A system call other than the above failed.
     #[error("{op}: {source}")]
@@ -369,13 +388,6 @@ pub enum XdpLinkError {
         #[source]
         source: io::Error,
     },
-}
-
-/// The OS error code under an `xsk-rs` error, if any.
-fn os_error_of(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
-    err.source()
-        .and_then(|s| s.downcast_ref::<io::Error>())
-        .and_then(io::Error::raw_os_error)
 }
 
 /// Where the UMEM's memory comes from, decided once per open.
@@ -392,10 +404,7 @@ struct UmemPlan {
 /// A socket bound by [`bind_socket`], with its UMEM.
 struct Bound {
     umem: Umem,
-    frames: Vec<FrameDesc>,
-    tx: TxQueue,
-    rx: RxQueue,
-    rings: Option<(FillQueue, CompQueue)>,
+    sock: XskSocket,
     /// The UMEM is in huge pages.
     huge: bool,
     /// Huge pages were planned but the mapping failed: the kernel's error.
@@ -403,12 +412,7 @@ struct Bound {
 }
 
 /// The UMEM (on `plan`'s node, in huge pages if it says so and the kernel agrees).
-fn create_umem(
-    config: &XdpLinkConfig,
-    umem_config: UmemConfig,
-    plan: UmemPlan,
-) -> Result<(Umem, Vec<FrameDesc>, bool), XdpLinkError> {
-    let frame_count = NonZeroU32::new(config.frame_count).expect("checked above");
+fn create_umem(config: &XdpLinkConfig, plan: UmemPlan) -> Result<(Umem, bool), XdpLinkError> {
     // MAP_POPULATE allocates every page inside the mapping call, by this thread: its
     // memory policy places them (see `umem_memory`).
     let _policy = match plan.node {
@@ -417,95 +421,78 @@ fn create_umem(
         }
         None => None,
     };
-    let map_err = |e: UmemCreateError| match os_error_of(&e) {
-        Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
-            op: "creating the UMEM",
-        },
-        _ => XdpLinkError::Umem(e),
-    };
     if plan.huge {
         // A failure is the caller's to handle (wait for pages the kernel is releasing, or
         // fall back to normal pages).
-        return match Umem::new(umem_config, frame_count, true) {
-            Ok((umem, frames)) => Ok((umem, frames, true)),
+        return match Umem::new(config.frame_count, config.frame_size, true) {
+            Ok(umem) => Ok((umem, true)),
             Err(e) => Err(XdpLinkError::HugePages {
                 ifname: config.ifname.clone(),
                 queue_id: config.queue_id,
                 reason: HugePagesRefusal::Mapping {
-                    errno: os_error_of(&e).unwrap_or(0),
+                    errno: e.raw_os_error().unwrap_or(0),
                 },
             }),
         };
     }
-    let (umem, frames) = Umem::new(umem_config, frame_count, false).map_err(map_err)?;
-    Ok((umem, frames, false))
+    let umem = Umem::new(config.frame_count, config.frame_size, false).map_err(|e| {
+        match e.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
+                op: "creating the UMEM",
+            },
+            _ => XdpLinkError::Umem(e),
+        }
+    })?;
+    Ok((umem, false))
 }
 
-/// The UMEM, its frames and a socket bound to `(config.ifname, config.queue_id)`: one try.
-fn bind_socket(
-    config: &XdpLinkConfig,
+/// What one bind asks for beyond the link's configuration.
+#[derive(Debug, Clone, Copy)]
+struct BindTry {
+    /// Frames are half the UMEM each way; every ring has this many entries.
     half: u32,
     multi_buffer: bool,
     zero_copy: bool,
-    plan: UmemPlan,
-) -> Result<Bound, XdpLinkError> {
-    let ring = |n: u32| {
-        QueueSize::new(n).map_err(|e| XdpLinkError::InvalidConfig {
-            reason: format!("ring size {n}: {e}"),
-        })
-    };
-    let umem_config = UmemConfig::builder()
-        .frame_size(
-            FrameSize::new(config.frame_size).map_err(|e| XdpLinkError::InvalidConfig {
-                reason: format!("frame_size: {e}"),
-            })?,
-        )
-        .frame_headroom(0)
-        .fill_queue_size(ring(half)?)
-        .comp_queue_size(ring(half)?)
-        .build()
-        .map_err(|e| XdpLinkError::InvalidConfig {
-            reason: format!("UMEM: {e}"),
-        })?;
-    let (umem, frames, huge) = create_umem(config, umem_config, plan)?;
+    metadata: TxMetadataRequest,
+    /// Unaligned mode: tx frames span adjacent chunks (multi-buffer chains in place).
+    unaligned: bool,
+}
 
-    let mut bind_flags = if zero_copy {
-        BindFlags::XDP_ZEROCOPY
+/// The UMEM and a socket bound to `(config.ifname, config.queue_id)`: one try.
+fn bind_socket(config: &XdpLinkConfig, t: BindTry, plan: UmemPlan) -> Result<Bound, XdpLinkError> {
+    let ifindex = nix::net::if_::if_nametoindex(config.ifname.as_str()).map_err(|_| {
+        XdpLinkError::NoSuchInterface {
+            ifname: config.ifname.clone(),
+        }
+    })?;
+    let (umem, huge) = create_umem(config, plan)?;
+    let mut bind_flags = if t.zero_copy {
+        libc::XDP_ZEROCOPY
     } else {
-        BindFlags::XDP_COPY
+        libc::XDP_COPY
     };
     if config.need_wakeup {
-        bind_flags |= BindFlags::XDP_USE_NEED_WAKEUP;
+        bind_flags |= libc::XDP_USE_NEED_WAKEUP;
     }
-    if multi_buffer {
-        bind_flags |= BindFlags::XDP_USE_SG;
+    if t.multi_buffer {
+        bind_flags |= libc::XDP_USE_SG;
     }
-    let socket_config = SocketConfig::builder()
-        .rx_queue_size(ring(half)?)
-        .tx_queue_size(ring(half)?)
-        .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
-        .bind_flags(bind_flags)
-        .build();
-    let ifname =
-        CString::new(config.ifname.as_bytes()).map_err(|_| XdpLinkError::NoSuchInterface {
-            ifname: config.ifname.clone(),
-        })?;
-    // SAFETY: the UMEM is not shared with any other socket, so the double-free hazard
-    // `Socket::new` warns about (sharing a bound pair without
-    // XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD) cannot arise; the flag is set anyway.
-    let created = unsafe {
-        Socket::new(
-            socket_config,
-            &umem,
-            &Interface::new(ifname),
-            config.queue_id,
-        )
-    };
-    let (tx, rx, rings) = created.map_err(|e| match os_error_of(&e) {
+    let opened = XskSocket::open(
+        &umem,
+        XskOptions {
+            ifindex,
+            queue_id: config.queue_id,
+            ring_size: t.half,
+            bind_flags,
+            metadata: t.metadata,
+            unaligned: t.unaligned,
+        },
+    );
+    let sock = opened.map_err(|e| match e.errno() {
         Some(libc::EPERM) | Some(libc::EACCES) => XdpLinkError::NotPermitted {
             op: "creating an AF_XDP socket",
         },
-        Some(libc::EOPNOTSUPP) if zero_copy => XdpLinkError::ZeroCopyUnsupported {
+        Some(libc::EOPNOTSUPP) if t.zero_copy => XdpLinkError::ZeroCopyUnsupported {
             ifname: config.ifname.clone(),
         },
         Some(libc::ENODEV) => XdpLinkError::NoSuchInterface {
@@ -519,10 +506,7 @@ fn bind_socket(
     })?;
     Ok(Bound {
         umem,
-        frames,
-        tx,
-        rx,
-        rings,
+        sock,
         huge,
         huge_refused: None,
     })
@@ -575,12 +559,10 @@ fn umem_plan(config: &XdpLinkConfig) -> (UmemPlan, UmemPlacement) {
 
 /// [`bind_socket`], retried while the queue is busy (see
 /// [`XdpLinkConfig::busy_retry`]). Both the UMEM and the socket are made afresh on each
-/// try: a failed `xsk_socket__create` closes the file descriptor it shared with the UMEM.
+/// try.
 fn bind_retrying(
     config: &XdpLinkConfig,
-    half: u32,
-    multi_buffer: bool,
-    zero_copy: bool,
+    t: BindTry,
     plan: UmemPlan,
 ) -> Result<Bound, XdpLinkError> {
     let deadline = std::time::Instant::now() + config.busy_retry;
@@ -588,10 +570,9 @@ fn bind_retrying(
     let mut plan = plan;
     let mut huge_refused = None;
     loop {
-        match bind_socket(config, half, multi_buffer, zero_copy, plan) {
+        match bind_socket(config, t, plan) {
             Err(XdpLinkError::Socket { source, .. })
-                if os_error_of(&source) == Some(libc::EBUSY)
-                    && std::time::Instant::now() < deadline =>
+                if source.errno() == Some(libc::EBUSY) && std::time::Instant::now() < deadline =>
             {
                 debug!(
                     ifname = %config.ifname,
@@ -638,7 +619,7 @@ fn bind_retrying(
 fn zero_copy_refusal(e: &XdpLinkError) -> Option<i32> {
     match e {
         XdpLinkError::ZeroCopyUnsupported { .. } => Some(libc::EOPNOTSUPP),
-        XdpLinkError::Socket { source, .. } => match os_error_of(source) {
+        XdpLinkError::Socket { source, .. } => match source.errno() {
             Some(errno @ (libc::EINVAL | libc::EOPNOTSUPP)) => Some(errno),
             _ => None,
         },
@@ -658,26 +639,25 @@ pub struct XdpLink {
     /// The address of the UMEM's first byte (for [`XdpLink::umem_page_nodes`]).
     umem_base: usize,
     mtu: usize,
+    /// The socket and its rings (dropped before the UMEM they point into).
+    sock: XskSocket,
     umem: Umem,
-    fill: FillQueue,
-    comp: CompQueue,
-    tx: TxQueue,
-    rx: RxQueue,
-    /// Free tx frames, used as a stack.
-    free: Vec<FrameDesc>,
+    /// Free tx frames (their chunks' addresses), used as a stack.
+    free: Vec<u64>,
     /// Written tx frames not yet on the tx ring.
-    staged: Vec<FrameDesc>,
+    staged: Vec<XdpDesc>,
     /// Tx frames on the tx ring or in the kernel, not yet completed.
     in_flight: usize,
     /// Frames set aside for transmit (free + staged + in flight).
     tx_frames: usize,
     tx_ring_size: u32,
     /// Scratch for rx ring reads.
-    rx_scratch: Vec<FrameDesc>,
-    /// Scratch for completion ring reads.
-    comp_scratch: Vec<FrameDesc>,
+    rx_scratch: Vec<XdpDesc>,
+    /// Scratch for completion ring reads, and for the chunks `refill` hands back.
+    comp_scratch: Vec<u64>,
+    fill_scratch: Vec<u64>,
     /// Received frames the fill ring had no room for (never expected; kept for safety).
-    fill_backlog: Vec<FrameDesc>,
+    fill_backlog: Vec<u64>,
     stats: LinkStats,
     /// Bytes of packet data one UMEM frame holds.
     capacity: usize,
@@ -686,11 +666,9 @@ pub struct XdpLink {
     /// The chain being received, and the scratch buffer it is assembled in.
     rx_chain: RxChain,
     rx_chain_buf: Vec<u8>,
-    /// Where tx frames are written when one UMEM frame cannot hold a tx buffer (empty
-    /// otherwise).
-    tx_chain_buf: Vec<u8>,
-    /// Free frames a writer needs before it is called: the largest frame's chain length.
-    tx_frames_per_call: usize,
+    /// When one UMEM frame cannot hold a tx buffer: the slots of adjacent chunks tx
+    /// frames are written in (`None` otherwise).
+    tx_slots: Option<TxSlots>,
     chain_stats: ChainStats,
     /// Frames one copy-mode kick sends (`XDP_MAX_TX_SKB_BUDGET`, or the kernel's 32).
     tx_skb_budget: usize,
@@ -699,6 +677,28 @@ pub struct XdpLink {
     tx_super_buf: Vec<u8>,
     /// Super-segments cut into frames.
     tx_super_segments: u64,
+    /// Who completes transmitted TCP checksums.
+    tx_checksum: TxChecksum,
+}
+
+/// The transmit half of an unaligned UMEM cut into slots of adjacent chunks, each holding
+/// one tx buffer, sent as a chain of descriptors that point into it.
+#[derive(Debug)]
+struct TxSlots {
+    /// The first slot's address.
+    base: u64,
+    /// Bytes per slot (whole chunks).
+    bytes: u64,
+    /// Descriptors of each slot's frame the kernel has not completed yet.
+    parts_left: Vec<u16>,
+}
+
+impl TxSlots {
+    /// The slot an address of one of its descriptors lies in, by index.
+    fn index_of(&self, addr: u64) -> Option<usize> {
+        let i = (addr.checked_sub(self.base)? / self.bytes) as usize;
+        (i < self.parts_left.len()).then_some(i)
+    }
 }
 
 /// Where [`XdpLink::recv_batch`] stands in a descriptor chain.
@@ -773,30 +773,53 @@ impl XdpLink {
                 });
             }
         }
-        // Auto: zero copy first; a refusal costs one UMEM made and dropped (its socket
-        // closed the shared descriptor), then copy mode from scratch.
+        // What the driver advertises, where a zero-copy bind may be tried.
+        let features = match config.bind {
+            BindMode::Copy => None,
+            _ => Some(xdp_features(&config.ifname)),
+        };
+        // A driver that does not say it offloads checksums in zero copy gets the kernel's
+        // software fallback.
+        let driver_csum = matches!(&features, Some(Ok(f)) if f.tx_checksum());
+        let tx_meta = config.tx_checksum_offload;
+        let try_with = |zero_copy: bool| BindTry {
+            half,
+            multi_buffer,
+            zero_copy,
+            unaligned: tx_chains,
+            metadata: if tx_meta {
+                TxMetadataRequest::Metadata {
+                    sw_csum: zero_copy && !driver_csum,
+                }
+            } else {
+                TxMetadataRequest::None
+            },
+        };
+        // Auto: zero copy first; a refusal costs one UMEM made and dropped, then copy
+        // mode from scratch.
         let (binding, bound) = match config.bind {
             BindMode::Copy => (
                 XdpBinding::Copy,
-                bind_retrying(&config, half, multi_buffer, false, plan)?,
+                bind_retrying(&config, try_with(false), plan)?,
             ),
             BindMode::ZeroCopy => (
                 XdpBinding::ZeroCopy,
-                bind_retrying(&config, half, multi_buffer, true, plan)?,
+                bind_retrying(&config, try_with(true), plan)?,
             ),
             BindMode::Auto => {
                 // Ask the driver first: a doomed zero-copy bind costs a UMEM the kernel
                 // releases only later (see `xdp_features`). Kernels without the netdev
                 // family (before 6.3) get the bind tried.
-                let advertised = match xdp_features(&config.ifname) {
-                    Ok(f) => f.zero_copy(),
-                    Err(e) => {
+                let advertised = match &features {
+                    Some(Ok(f)) => f.zero_copy(),
+                    Some(Err(e)) => {
                         debug!(ifname = %config.ifname, error = %e, "no xdp-features; trying a zero-copy bind");
                         true
                     }
+                    None => false,
                 };
                 let refused = if advertised {
-                    match bind_retrying(&config, half, multi_buffer, true, plan) {
+                    match bind_retrying(&config, try_with(true), plan) {
                         Ok(bound) => Ok(bound),
                         Err(e) => match zero_copy_refusal(&e) {
                             Some(errno) => {
@@ -823,17 +846,14 @@ impl XdpLink {
                     Ok(bound) => (XdpBinding::ZeroCopy, bound),
                     Err(reason) => (
                         XdpBinding::CopyFallback { reason },
-                        bind_retrying(&config, half, multi_buffer, false, plan)?,
+                        bind_retrying(&config, try_with(false), plan)?,
                     ),
                 }
             }
         };
         let Bound {
             umem,
-            mut frames,
-            tx,
-            rx,
-            rings,
+            mut sock,
             huge,
             huge_refused,
         } = bound;
@@ -851,31 +871,52 @@ impl XdpLink {
                 }
             }
         }
-        let umem_base = match frames.first_mut() {
-            Some(desc) => {
-                let offset = desc.addr();
-                // SAFETY: no ring holds the frame yet; only its data area's address is
-                // taken, not its contents.
-                let at = unsafe { umem.data_mut(desc) }.contents_mut().as_mut_ptr() as usize;
-                // A frame's data area lies `addr` bytes into the UMEM.
-                at - offset
+        let umem_base = umem.base() as usize;
+        let tx_checksum = match sock.metadata {
+            Ok(TxMetadataRequest::Metadata { sw_csum: false }) => TxChecksum::Offload,
+            Ok(TxMetadataRequest::Metadata { sw_csum: true }) => TxChecksum::KernelSoftware,
+            Ok(TxMetadataRequest::None) => TxChecksum::Software {
+                reason: SoftwareChecksum::Off,
+            },
+            Err(errno) => {
+                info!(
+                    ifname = %config.ifname,
+                    queue = config.queue_id,
+                    error = %io::Error::from_raw_os_error(errno),
+                    "the kernel refused a UMEM with TX metadata; the link sums its frames"
+                );
+                TxChecksum::Software {
+                    reason: SoftwareChecksum::Refused { errno },
+                }
             }
-            None => 0,
-        };
-        let Some((mut fill, comp)) = rings else {
-            // Only a shared UMEM already bound to this pair comes back without rings.
-            return invalid("the UMEM came back without fill and completion rings".into());
         };
 
-        // Frames [half..] are for transmit, [..half] go to the fill ring.
-        let free: Vec<FrameDesc> = frames.split_off(half as usize);
-        // SAFETY: the frames belong to this UMEM and none is anywhere else yet: the rx half
-        // goes to the fill ring only, the tx half stays in `free`.
-        let filled = unsafe { fill.produce(&frames) };
-        if filled != frames.len() {
+        // Chunks [half..] are for transmit, [..half] go to the fill ring. Frames that need
+        // chains are written in place across slots of adjacent chunks.
+        let chunk = u64::from(config.frame_size);
+        let fill: Vec<u64> = (0..u64::from(half)).map(|i| i * chunk).collect();
+        let tx_base = u64::from(half) * chunk;
+        let (free, tx_slots) = if tx_chains {
+            let bytes = (u64::from(XDP_PACKET_HEADROOM) + needed as u64).div_ceil(chunk) * chunk;
+            let count = (u64::from(half) * chunk / bytes) as usize;
+            let free: Vec<u64> = (0..count as u64).map(|i| tx_base + i * bytes).collect();
+            let slots = TxSlots {
+                base: tx_base,
+                bytes,
+                parts_left: vec![0; count],
+            };
+            (free, Some(slots))
+        } else {
+            let free: Vec<u64> = (u64::from(half)..u64::from(config.frame_count))
+                .map(|i| i * chunk)
+                .collect();
+            (free, None)
+        };
+        let filled = sock.fill.produce(&fill);
+        if filled != fill.len() {
             return invalid(format!(
                 "the fill ring took {filled} of {} frames",
-                frames.len()
+                fill.len()
             ));
         }
         let tx_frames = free.len();
@@ -886,6 +927,7 @@ impl XdpLink {
             frame_size = config.frame_size,
             mtu,
             bind = %binding,
+            tx_checksum = %tx_checksum,
             multi_buffer,
             umem_bytes = placement.bytes,
             huge_pages = placement.huge_pages,
@@ -896,24 +938,22 @@ impl XdpLink {
         let tx_skb_budget = if binding.is_zero_copy() {
             COPY_MODE_TX_PER_KICK
         } else {
-            raise_tx_skb_budget(&tx, config.tx_skb_budget, half)
+            raise_tx_skb_budget(&sock, config.tx_skb_budget, half)
         };
         Ok(XdpLink {
             binding,
             placement,
             umem_base,
             mtu,
+            sock,
             umem,
-            fill,
-            comp,
-            tx,
-            rx,
-            staged: Vec::with_capacity(tx_frames),
+            staged: Vec::with_capacity(half as usize),
             in_flight: 0,
             tx_frames,
             tx_ring_size: half,
-            rx_scratch: vec![FrameDesc::default(); config.rx_batch],
-            comp_scratch: vec![FrameDesc::default(); config.tx_batch],
+            rx_scratch: vec![XdpDesc::default(); config.rx_batch],
+            comp_scratch: vec![0; config.tx_batch],
+            fill_scratch: Vec::with_capacity(config.rx_batch),
             fill_backlog: Vec::with_capacity(half as usize),
             free,
             stats: LinkStats::default(),
@@ -925,12 +965,7 @@ impl XdpLink {
             } else {
                 Vec::new()
             },
-            tx_chain_buf: if tx_chains {
-                vec![0; needed]
-            } else {
-                Vec::new()
-            },
-            tx_frames_per_call: if tx_chains { descriptors } else { 1 },
+            tx_slots,
             chain_stats: ChainStats::default(),
             tx_skb_budget,
             tx_super_buf: if config.segmentation && !tx_chains {
@@ -939,6 +974,7 @@ impl XdpLink {
                 Vec::new()
             },
             tx_super_segments: 0,
+            tx_checksum,
             config,
         })
     }
@@ -953,7 +989,7 @@ impl XdpLink {
     /// an interface is built on the link: an interface reads [`Link::offloads`] once.
     pub fn set_segmentation(&mut self, on: bool) -> bool {
         self.config.segmentation = on;
-        let possible = self.tx_chain_buf.is_empty();
+        let possible = self.tx_slots.is_none();
         if on && possible {
             if self.tx_super_buf.is_empty() {
                 self.tx_super_buf = vec![0; TX_HEADROOM + MAX_SUPER_FRAME_LEN];
@@ -965,12 +1001,13 @@ impl XdpLink {
     }
 
     /// [`Link::tx_batch_meta`] with segmentation: the writer fills the super-segment
-    /// buffer, and the frame it wrote is cut (or copied, checksum completed) into UMEM
-    /// frames. A writer is only called while enough free frames remain for the largest
-    /// super-segment.
+    /// buffer, and the frame it wrote is cut (or copied, checksum completed or requested)
+    /// into UMEM frames. A writer is only called while enough free frames remain for the
+    /// largest super-segment.
     fn tx_batch_segmenting(&mut self, max: usize, f: &mut FrameWriter<'_>) -> usize {
         let max_frame_len = self.max_frame_len();
         let pieces = MAX_SUPER_FRAME_LEN.div_ceil(self.mtu.max(1));
+        let request = self.tx_checksum.is_requested();
         let mut produced = 0;
         while produced < max && self.free.len() >= pieces {
             let buf_len = self.tx_super_buf.len();
@@ -989,20 +1026,24 @@ impl XdpLink {
             }
             let frame = &mut self.tx_super_buf[range];
             if meta.segment_size == 0 || frame.len() <= max_frame_len {
-                if let Some(p) = meta.partial_checksum {
+                let partial = meta.partial_checksum;
+                let requested = partial.filter(|&p| request && checksum_fits(p, frame.len()));
+                if let (Some(p), None) = (partial, requested) {
                     complete_checksum(frame, p);
                 }
-                let Some(mut desc) = self.free.pop() else {
+                let Some(chunk) = self.free.pop() else {
                     break;
                 };
-                desc.set_options(0);
-                // SAFETY: a frame on the free stack belongs to this UMEM and is in no ring.
-                let mut data = unsafe { self.umem.data_mut(&mut desc) };
-                data.cursor().set_pos(frame.len());
-                data.contents_mut().copy_from_slice(frame);
-                self.stats.tx_frames += 1;
-                self.stats.tx_bytes += frame.len() as u64;
-                self.staged.push(desc);
+                let addr = chunk + DATA_AT;
+                // SAFETY: a chunk on the free stack is in no ring and borrowed nowhere else.
+                let Some(out) = (unsafe { self.umem.frame_mut(addr, frame.len()) }) else {
+                    self.free.push(chunk);
+                    self.stats.dropped_oversize += 1;
+                    continue;
+                };
+                out.copy_from_slice(frame);
+                let len = frame.len();
+                self.stage(addr, len, requested);
                 continue;
             }
             let seg = match Segmenter::new(frame, usize::from(meta.segment_size)) {
@@ -1012,24 +1053,83 @@ impl XdpLink {
                     continue;
                 }
             };
+            let requested = Some(seg.partial()).filter(|_| request);
             for i in 0..seg.count() {
-                let Some(mut desc) = self.free.pop() else {
+                let Some(chunk) = self.free.pop() else {
                     break;
                 };
-                desc.set_options(0);
+                let addr = chunk + DATA_AT;
                 let len = seg.len_of(i);
-                // SAFETY: a frame on the free stack belongs to this UMEM and is in no ring.
-                let mut data = unsafe { self.umem.data_mut(&mut desc) };
-                data.cursor().set_pos(len);
-                let written = seg.write(i, data.contents_mut()).unwrap_or(0);
-                data.cursor().set_pos(written);
-                self.stats.tx_frames += 1;
-                self.stats.tx_bytes += written as u64;
-                self.staged.push(desc);
+                // SAFETY: a chunk on the free stack is in no ring and borrowed nowhere else.
+                let Some(out) = (unsafe { self.umem.frame_mut(addr, len) }) else {
+                    self.free.push(chunk);
+                    self.stats.dropped_oversize += 1;
+                    continue;
+                };
+                let written = if requested.is_some() {
+                    seg.write_partial(i, out)
+                } else {
+                    seg.write(i, out)
+                };
+                match written {
+                    Some(n) => Self::stage_in(
+                        &self.umem,
+                        &mut self.stats,
+                        &mut self.staged,
+                        addr,
+                        n,
+                        requested,
+                    ),
+                    None => self.free.push(chunk),
+                }
             }
             self.tx_super_segments += 1;
         }
         produced
+    }
+
+    /// Queues the frame of `len` bytes at UMEM address `addr` for the tx ring, with a
+    /// checksum request in its TX metadata when `request` names one.
+    fn stage(&mut self, addr: u64, len: usize, request: Option<PartialChecksum>) {
+        Self::stage_in(
+            &self.umem,
+            &mut self.stats,
+            &mut self.staged,
+            addr,
+            len,
+            request,
+        );
+    }
+
+    /// [`stage`](Self::stage) with the fields it needs borrowed one by one.
+    fn stage_in(
+        umem: &Umem,
+        stats: &mut LinkStats,
+        staged: &mut Vec<XdpDesc>,
+        addr: u64,
+        len: usize,
+        request: Option<PartialChecksum>,
+    ) {
+        let mut options = 0;
+        if let Some(p) = request {
+            // SAFETY: the metadata lies in the frame's own chunk, in front of the frame
+            // (`addr` is at least `DATA_AT` bytes into the chunk); the chunk is in no ring
+            // and its frame's borrow has ended.
+            let meta = unsafe {
+                umem.frame_mut(addr - u64::from(TX_METADATA_LEN), TX_METADATA_LEN as usize)
+            };
+            if let Some(meta) = meta {
+                meta.copy_from_slice(&checksum_request(p));
+                options = XDP_TX_METADATA;
+            }
+        }
+        stats.tx_frames += 1;
+        stats.tx_bytes += len as u64;
+        staged.push(XdpDesc {
+            addr,
+            len: len as u32,
+            options,
+        });
     }
 
     /// Frames one copy-mode `sendto` kick sends: the budget set through
@@ -1042,13 +1142,13 @@ impl XdpLink {
     /// The socket's file descriptor: poll it for readability, register it in the steering
     /// program's `XSKMAP`.
     pub fn fd(&self) -> RawFd {
-        self.rx.fd().as_raw_fd()
+        self.sock.as_fd().as_raw_fd()
     }
 
     /// Whether a received frame is waiting on the rx ring (one ring-index read, no system
     /// call): what a busy-polling driver loop spins on.
     pub fn rx_ready(&mut self) -> bool {
-        self.rx.nb_avail(1) > 0
+        self.sock.rx.available(1) > 0
     }
 
     /// The settings the link was opened with.
@@ -1059,6 +1159,13 @@ impl XdpLink {
     /// The mode the socket is bound in, and why copy mode after a refused zero copy.
     pub fn binding(&self) -> XdpBinding {
         self.binding
+    }
+
+    /// Who completes the TCP checksums of transmitted frames: the device or the kernel
+    /// through TX metadata, or the link (see the
+    /// [module documentation](self#checksum-offload-through-tx-metadata)).
+    pub fn tx_checksum(&self) -> TxChecksum {
+        self.tx_checksum
     }
 
     /// Where the UMEM lives: its size, NUMA node preference and page size.
@@ -1118,22 +1225,22 @@ impl XdpLink {
 
     /// The kernel's counters of this socket (`XDP_STATISTICS`): drops for a full rx ring
     /// or an empty fill ring, invalid descriptors.
-    pub fn kernel_stats(&self) -> io::Result<XdpStatistics> {
-        self.rx.fd().xdp_statistics()
+    pub fn kernel_stats(&self) -> io::Result<XskStatistics> {
+        self.sock.statistics()
     }
 
     /// Waits until a frame is ready on the rx ring, for at most `timeout`; returns whether
     /// one is. Spins for up to [`XdpLinkConfig::busy_poll`] first, then sleeps in `poll(2)`
     /// (a zero `timeout` only checks).
     pub fn wait_readable(&mut self, timeout: Duration) -> io::Result<bool> {
-        if self.rx.nb_avail(1) > 0 {
+        if self.sock.rx.available(1) > 0 {
             return Ok(true);
         }
         let spin = self.config.busy_poll.min(timeout);
         if !spin.is_zero() {
             let start = std::time::Instant::now();
             while start.elapsed() < spin {
-                if self.rx.nb_avail_exact() > 0 {
+                if self.sock.rx.available(1) > 0 {
                     return Ok(true);
                 }
                 std::hint::spin_loop();
@@ -1142,52 +1249,120 @@ impl XdpLink {
         let rest = timeout.saturating_sub(spin);
         // Round up so a sub-millisecond wait still sleeps rather than spinning the caller.
         let ms = rest.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
-        self.rx.poll(ms)
+        self.sock.poll_readable(ms)
     }
 
     /// [`Link::tx_batch`] when a tx buffer does not fit one UMEM frame: the writer fills
-    /// the scratch buffer and the frame is copied into a chain of UMEM frames.
-    fn tx_batch_chained(
-        &mut self,
-        _now: Instant,
-        max: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
-    ) -> usize {
+    /// a slot of adjacent chunks in place, and the frame goes out as a chain of
+    /// descriptors pointing into it, each at most a frame's capacity long.
+    fn tx_batch_chained(&mut self, max: usize, f: &mut TxWriter<'_>) -> usize {
+        let buf_len = TX_HEADROOM + self.max_frame_len();
         let max_frame_len = self.max_frame_len();
+        let request = self.tx_checksum.is_requested();
+        let Some(slots) = self.tx_slots.as_mut() else {
+            return 0;
+        };
         let mut produced = 0;
-        while produced < max && self.free.len() >= self.tx_frames_per_call {
-            let buf_len = self.tx_chain_buf.len();
-            let Some(range) = f(&mut self.tx_chain_buf) else {
+        while produced < max {
+            let Some(slot) = self.free.pop() else {
+                break;
+            };
+            // SAFETY: a slot on the free stack has every descriptor of its last frame
+            // completed: none of its chunks is in a ring, and nothing else borrows them.
+            let Some(buf) = (unsafe { self.umem.span_mut(slot + DATA_AT, buf_len) }) else {
+                // Cannot happen: slots hold the buffer (sized at open).
+                self.free.push(slot);
+                break;
+            };
+            let Some((range, partial)) = f(buf) else {
+                self.free.push(slot);
                 break;
             };
             produced += 1;
-            if !tx_range_ok(&range, buf_len, max_frame_len) {
+            if range.is_empty() || !tx_range_ok(&range, buf.len(), max_frame_len) {
                 self.stats.dropped_oversize += 1;
+                self.free.push(slot);
                 continue;
             }
-            let frame = &self.tx_chain_buf[range];
-            let parts = frame.len().div_ceil(self.capacity).max(1);
-            for i in 0..parts {
-                let part = frame
-                    .get(i * self.capacity..)
-                    .map_or(&[][..], |rest| &rest[..rest.len().min(self.capacity)]);
-                let Some(mut desc) = self.free.pop() else {
-                    // Cannot happen: `tx_frames_per_call` frames were free and a frame of at
-                    // most `max_frame_len` bytes needs no more.
-                    break;
+            let requested = partial.filter(|&p| request && checksum_fits(p, range.len()));
+            if let (Some(p), None) = (partial, requested) {
+                complete_checksum(&mut buf[range.clone()], p);
+            }
+            let addr = slot + DATA_AT + range.start as u64;
+            let mut first = 0;
+            if let Some(p) = requested {
+                // SAFETY: the metadata lies in the slot's first chunk, in front of the
+                // frame (which starts at least `DATA_AT` bytes into it); the buffer's
+                // borrow has ended.
+                let meta = unsafe {
+                    self.umem
+                        .frame_mut(addr - u64::from(TX_METADATA_LEN), TX_METADATA_LEN as usize)
                 };
-                // SAFETY: a frame on the free stack belongs to this UMEM and is in no ring.
-                let mut data = unsafe { self.umem.data_mut(&mut desc) };
-                data.cursor().set_pos(part.len());
-                data.contents_mut().copy_from_slice(part);
-                desc.set_options(if i + 1 < parts { XDP_PKT_CONTD } else { 0 });
-                self.staged.push(desc);
+                if let Some(meta) = meta {
+                    meta.copy_from_slice(&checksum_request(p));
+                    first = XDP_TX_METADATA;
+                }
+            }
+            let len = range.len();
+            let parts = len.div_ceil(self.capacity);
+            for i in 0..parts {
+                let at = i * self.capacity;
+                let more = i + 1 < parts;
+                self.staged.push(XdpDesc {
+                    addr: addr + at as u64,
+                    len: (len - at).min(self.capacity) as u32,
+                    options: if more { XDP_PKT_CONTD } else { 0 } | if i == 0 { first } else { 0 },
+                });
+            }
+            if let Some(left) = slots
+                .index_of(slot)
+                .and_then(|i| slots.parts_left.get_mut(i))
+            {
+                *left = parts as u16;
             }
             if parts > 1 {
                 self.chain_stats.tx_chains += 1;
             }
             self.stats.tx_frames += 1;
-            self.stats.tx_bytes += frame.len() as u64;
+            self.stats.tx_bytes += len as u64;
+        }
+        produced
+    }
+
+    /// Lends free UMEM frames to `f` one by one, in place: the writer says where the frame
+    /// lies and which checksum, if any, is left partial (requested through TX metadata
+    /// where the link may, completed here otherwise).
+    fn tx_batch_frames(&mut self, max: usize, f: &mut TxWriter<'_>) -> usize {
+        let buf_len = TX_HEADROOM + self.max_frame_len();
+        let max_frame_len = self.max_frame_len();
+        let request = self.tx_checksum.is_requested();
+        let mut produced = 0;
+        while produced < max {
+            let Some(chunk) = self.free.pop() else {
+                break;
+            };
+            // SAFETY: a chunk on the free stack is in no ring, so the kernel does not touch
+            // it while it is written here, and nothing else borrows it.
+            let Some(buf) = (unsafe { self.umem.frame_mut(chunk + DATA_AT, buf_len) }) else {
+                // Cannot happen: every chunk holds the data area (checked at open).
+                self.free.push(chunk);
+                break;
+            };
+            let Some((range, partial)) = f(buf) else {
+                self.free.push(chunk);
+                break;
+            };
+            produced += 1;
+            if !tx_range_ok(&range, buf.len(), max_frame_len) {
+                self.stats.dropped_oversize += 1;
+                self.free.push(chunk);
+                continue;
+            }
+            let requested = partial.filter(|&p| request && checksum_fits(p, range.len()));
+            if let (Some(p), None) = (partial, requested) {
+                complete_checksum(&mut buf[range.clone()], p);
+            }
+            self.stage(chunk + DATA_AT + range.start as u64, range.len(), requested);
         }
         produced
     }
@@ -1197,33 +1372,32 @@ impl XdpLink {
         if self.staged.is_empty() {
             return;
         }
-        let room = self.tx.nb_free(self.staged.len() as u32) as usize;
+        let room = self.sock.tx.free(self.staged.len() as u32) as usize;
         let mut n = room.min(self.staged.len());
         // Whole chains only: the ring never holds the head of a frame without its tail.
-        while n > 0 && self.staged[n - 1].options() & XDP_PKT_CONTD != 0 {
+        while n > 0 && self.staged[n - 1].options & XDP_PKT_CONTD != 0 {
             n -= 1;
         }
         if n == 0 {
             return;
         }
-        // SAFETY: staged frames belong to this UMEM, were written by `tx_batch` and are in
-        // no other ring; once produced they are not touched until the completion ring
-        // returns them.
-        let produced = unsafe { self.tx.produce(&self.staged[..n]) };
+        // Staged frames are written and in no ring; once produced they are not touched
+        // until the completion ring returns them.
+        let produced = self.sock.tx.produce(&self.staged[..n]);
         self.staged.drain(..produced);
         self.in_flight += produced;
     }
 
     /// Whether the kernel has taken every frame handed to this link off the tx ring.
     fn tx_drained(&mut self) -> bool {
-        self.staged.is_empty() && self.tx.nb_free_exact() >= self.tx_ring_size
+        self.staged.is_empty() && self.sock.tx.free(self.tx_ring_size) >= self.tx_ring_size
     }
 
     /// The `sendto` kick, when the kernel needs one.
     fn kick(&mut self) {
-        if !self.binding.is_zero_copy() || self.tx.needs_wakeup() {
+        if !self.binding.is_zero_copy() || self.sock.tx.needs_wakeup() {
             self.stats.tx_kicks += 1;
-            if let Err(e) = self.tx.wakeup() {
+            if let Err(e) = self.sock.kick_tx() {
                 warn!(ifname = %self.config.ifname, error = %e, "AF_XDP tx kick failed");
             }
         }
@@ -1232,13 +1406,31 @@ impl XdpLink {
     /// Returns completed tx frames to the free stack.
     fn reclaim(&mut self) {
         loop {
-            // SAFETY: the completion ring hands back frames of this UMEM that the kernel
-            // has finished sending; they go to the free stack only.
-            let n = unsafe { self.comp.consume(&mut self.comp_scratch) };
+            let n = self.sock.comp.consume(&mut self.comp_scratch);
             if n == 0 {
                 break;
             }
-            self.free.extend_from_slice(&self.comp_scratch[..n]);
+            // The kernel hands back each descriptor's address, in the order sent: its chunk
+            // is free again, or its slot once the frame's last descriptor is back.
+            match &mut self.tx_slots {
+                None => {
+                    let umem = &self.umem;
+                    self.free
+                        .extend(self.comp_scratch[..n].iter().map(|&a| umem.chunk_of(a)));
+                }
+                Some(slots) => {
+                    for &a in &self.comp_scratch[..n] {
+                        let Some(i) = slots.index_of(a) else {
+                            continue;
+                        };
+                        let left = &mut slots.parts_left[i];
+                        *left = left.saturating_sub(1);
+                        if *left == 0 {
+                            self.free.push(slots.base + i as u64 * slots.bytes);
+                        }
+                    }
+                }
+            }
             self.in_flight -= n.min(self.in_flight);
             if n < self.comp_scratch.len() {
                 break;
@@ -1249,38 +1441,58 @@ impl XdpLink {
     /// Puts received frames back on the fill ring, keeping any it has no room for.
     fn refill(&mut self, n: usize) {
         if !self.fill_backlog.is_empty() {
-            // SAFETY: backlog frames are received frames of this UMEM nobody looks at any
-            // more; they go to the fill ring only.
-            let put = unsafe { self.fill.produce(&self.fill_backlog) };
+            let put = self.sock.fill.produce(&self.fill_backlog);
             self.fill_backlog.drain(..put);
         }
         if n > 0 {
-            // SAFETY: the frames were consumed from the rx ring and the callback's borrows
-            // of them have ended; they go back to the fill ring only.
-            let put = unsafe { self.fill.produce(&self.rx_scratch[..n]) };
+            // The frames were consumed from the rx ring and the callback's borrows of them
+            // have ended; their chunks go back to the fill ring only.
+            let umem = &self.umem;
+            self.fill_scratch.clear();
+            self.fill_scratch.extend(
+                self.rx_scratch[..n]
+                    .iter()
+                    .map(|d| umem.chunk_of(data_addr(d.addr))),
+            );
+            let put = self.sock.fill.produce(&self.fill_scratch);
             if put < n {
                 warn!(
                     frames = n,
                     "AF_XDP fill ring full; keeping received frames aside"
                 );
                 self.fill_backlog
-                    .extend_from_slice(&self.rx_scratch[put..n]);
+                    .extend_from_slice(&self.fill_scratch[put..n]);
             }
         }
-        if self.fill.needs_wakeup() {
-            if let Err(e) = self.fill.wakeup(self.rx.fd_mut(), 0) {
+        if self.sock.fill.needs_wakeup() {
+            if let Err(e) = self.sock.wake_fill() {
                 warn!(ifname = %self.config.ifname, error = %e, "AF_XDP fill wakeup failed");
             }
         }
     }
 }
 
+/// Where a tx frame's data area starts in its chunk: after the XDP headroom, which holds
+/// the TX metadata in front of the frame.
+const DATA_AT: u64 = XDP_PACKET_HEADROOM as u64;
+
+/// The bytes of TX metadata in front of a frame.
+use super::xsk::sys::TX_METADATA_LEN;
+
+/// What [`XdpLink::tx_batch_frames`] lends buffers to: the frame's range and its partial
+/// checksum, if any.
+type TxWriter<'a> = dyn FnMut(&mut [u8]) -> Option<(Range<usize>, Option<PartialChecksum>)> + 'a;
+
+/// Whether the kernel takes a checksum request for a frame of `len` bytes: the field must
+/// lie inside the frame (else it refuses the whole descriptor).
+fn checksum_fits(p: PartialChecksum, len: usize) -> bool {
+    usize::from(p.start) + usize::from(p.offset) + 2 <= len
+}
+
 impl AsFd for XdpLink {
     /// The socket's descriptor, to wait on with `poll(2)` beside other descriptors.
     fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the descriptor belongs to the socket that `self.rx` keeps open for as long
-        // as `self` lives, which the returned borrow cannot outlive.
-        unsafe { BorrowedFd::borrow_raw(self.fd()) }
+        self.sock.as_fd()
     }
 }
 
@@ -1306,8 +1518,7 @@ impl Link for XdpLink {
         if max == 0 {
             return 0;
         }
-        // SAFETY: the scratch descriptors are overwritten with frames of this UMEM.
-        let n = unsafe { self.rx.consume(&mut self.rx_scratch[..max]) };
+        let n = self.sock.rx.consume(&mut self.rx_scratch[..max]);
         let max_frame_len = self.max_frame_len();
         let mut delivered = 0;
         let XdpLink {
@@ -1323,9 +1534,13 @@ impl Link for XdpLink {
         for desc in &rx_scratch[..n] {
             // SAFETY: the kernel handed this frame over through the rx ring; it writes to
             // it again only after `refill` returns it to the fill ring, after this borrow.
-            let data = unsafe { umem.data(desc) };
-            let part = data.contents();
-            let more = desc.options() & XDP_PKT_CONTD != 0;
+            let Some(part) = (unsafe { umem.frame(data_addr(desc.addr), desc.len as usize) })
+            else {
+                // A descriptor leaving its chunk: never from a kernel that works.
+                stats.dropped_oversize += 1;
+                continue;
+            };
+            let more = desc.options & XDP_PKT_CONTD != 0;
             if *rx_chain == RxChain::Idle && !more {
                 if part.len() > max_frame_len {
                     stats.dropped_oversize += 1;
@@ -1375,70 +1590,40 @@ impl Link for XdpLink {
 
     fn tx_batch(
         &mut self,
-        now: Instant,
+        _now: Instant,
         max: usize,
         f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
     ) -> usize {
-        if !self.tx_chain_buf.is_empty() {
-            return self.tx_batch_chained(now, max, f);
+        if self.tx_slots.is_some() {
+            return self.tx_batch_chained(max, &mut |buf| f(buf).map(|range| (range, None)));
         }
-        let buf_len = TX_HEADROOM + self.max_frame_len();
-        let max_frame_len = self.max_frame_len();
-        let mut produced = 0;
-        while produced < max {
-            let Some(mut desc) = self.free.pop() else {
-                break;
-            };
-            desc.set_options(0);
-            // SAFETY: a frame on the free stack belongs to this UMEM and is in no ring, so
-            // the kernel does not touch it while it is written here.
-            let mut data = unsafe { self.umem.data_mut(&mut desc) };
-            // The data area holds at least `buf_len` bytes (checked at open).
-            data.cursor().set_pos(buf_len);
-            let buf = data.contents_mut();
-            let Some(range) = f(buf) else {
-                self.free.push(desc);
-                break;
-            };
-            produced += 1;
-            if !tx_range_ok(&range, buf.len(), max_frame_len) {
-                self.stats.dropped_oversize += 1;
-                self.free.push(desc);
-                continue;
-            }
-            // See the module documentation: the descriptor's address cannot be offset.
-            if range.start > 0 {
-                buf.copy_within(range.clone(), 0);
-            }
-            data.cursor().set_pos(range.len());
-            self.stats.tx_frames += 1;
-            self.stats.tx_bytes += range.len() as u64;
-            self.staged.push(desc);
-        }
-        produced
+        self.tx_batch_frames(max, &mut |buf| f(buf).map(|range| (range, None)))
     }
 
-    fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
+    fn tx_batch_meta(&mut self, _now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         if !self.tx_super_buf.is_empty() {
             return self.tx_batch_segmenting(max, f);
         }
-        self.tx_batch(now, max, &mut |buf| {
-            let (range, meta) = f(buf)?;
-            if let (Some(p), Some(frame)) = (meta.partial_checksum, buf.get_mut(range.clone())) {
-                complete_checksum(frame, p);
-            }
-            Some(range)
+        if self.tx_slots.is_some() {
+            return self.tx_batch_chained(max, &mut |buf| {
+                f(buf).map(|(range, meta)| (range, meta.partial_checksum))
+            });
+        }
+        self.tx_batch_frames(max, &mut |buf| {
+            f(buf).map(|(range, meta)| (range, meta.partial_checksum))
         })
     }
 
     fn offloads(&self) -> Offloads {
-        if self.tx_super_buf.is_empty() {
-            Offloads::default()
-        } else {
-            Offloads {
-                tx_segmentation: MAX_SUPER_FRAME_LEN,
-                tx_checksum: true,
-            }
+        Offloads {
+            tx_segmentation: if self.tx_super_buf.is_empty() {
+                0
+            } else {
+                MAX_SUPER_FRAME_LEN
+            },
+            // Partial checksums cost the link one pass over each frame it copies or cuts
+            // anyway, or nothing with TX metadata.
+            tx_checksum: !self.tx_super_buf.is_empty() || self.tx_checksum.is_requested(),
         }
     }
 
@@ -1455,7 +1640,7 @@ impl Link for XdpLink {
         // descriptor off the tx ring (bounded, in case it stops taking them). No kick when
         // the kernel has taken everything already: most rounds only receive, and a
         // `sendto` per round with nothing to send cost several system calls per message.
-        let mut kicks = self.tx_frames / self.tx_skb_budget.max(1) + 2;
+        let mut kicks = self.tx_ring_size as usize / self.tx_skb_budget.max(1) + 2;
         while kicks > 0 && !self.tx_drained() {
             self.kick();
             self.reclaim();
@@ -1475,31 +1660,21 @@ impl Link for XdpLink {
 
 /// Asks the kernel to send up to `wanted` frames per copy-mode kick (0: the tx ring's
 /// `ring` entries), within what it allows; returns the budget that applies.
-fn raise_tx_skb_budget(tx: &TxQueue, wanted: u32, ring: u32) -> usize {
+fn raise_tx_skb_budget(sock: &XskSocket, wanted: u32, ring: u32) -> usize {
     let budget = if wanted == 0 { ring } else { wanted };
     let budget = budget.clamp(
         COPY_MODE_TX_PER_KICK as u32,
         ring.max(COPY_MODE_TX_PER_KICK as u32),
     );
-    // SAFETY: setsockopt with a pointer to a local u32 and its size; the kernel copies the
-    // value and keeps no pointer.
-    let rc = unsafe {
-        libc::setsockopt(
-            tx.fd().as_raw_fd(),
-            SOL_XDP,
-            XDP_MAX_TX_SKB_BUDGET,
-            (&budget as *const u32).cast(),
-            std::mem::size_of::<u32>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        budget as usize
-    } else {
-        debug!(
-            error = %io::Error::last_os_error(),
-            "XDP_MAX_TX_SKB_BUDGET refused (before Linux 6.17?): 32 frames per kick"
-        );
-        COPY_MODE_TX_PER_KICK
+    match sock.set_tx_skb_budget(budget) {
+        Ok(()) => budget as usize,
+        Err(e) => {
+            debug!(
+                error = %e,
+                "XDP_MAX_TX_SKB_BUDGET refused (before Linux 6.17?): 32 frames per kick"
+            );
+            COPY_MODE_TX_PER_KICK
+        }
     }
 }
 

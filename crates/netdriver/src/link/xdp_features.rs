@@ -24,6 +24,9 @@ const NETDEV_CMD_DEV_GET: u8 = 1;
 const NETDEV_A_DEV_IFINDEX: u16 = 1;
 const NETDEV_A_DEV_XDP_FEATURES: u16 = 3;
 const NETDEV_A_DEV_XDP_ZC_MAX_SEGS: u16 = 4;
+const NETDEV_A_DEV_XSK_FEATURES: u16 = 6;
+/// `NETDEV_XSK_FLAGS_TX_CHECKSUM` of `<linux/netdev.h>` (Linux 6.8+).
+const XSK_FLAGS_TX_CHECKSUM: u64 = 1 << 1;
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 1;
 const NLA_TYPE_MASK: u16 = 0x3fff;
@@ -36,6 +39,9 @@ pub struct XdpFeatures {
     /// The most descriptors of a zero-copy multi-buffer frame (1: no multi-buffer in zero
     /// copy), when the kernel says.
     pub zc_max_segs: Option<u32>,
+    /// The raw `NETDEV_XSK_FLAGS_*` bits (`xsk-features`: what the driver does with AF_XDP
+    /// TX metadata in zero copy), when the kernel says (6.8+).
+    pub xsk_features: Option<u64>,
 }
 
 impl XdpFeatures {
@@ -47,6 +53,12 @@ impl XdpFeatures {
     /// Native XDP (`basic`) with redirects (`redirect`): what AF_XDP needs at all.
     pub fn native_redirect(&self) -> bool {
         self.bits & (XDP_ACT_BASIC | XDP_ACT_REDIRECT) == XDP_ACT_BASIC | XDP_ACT_REDIRECT
+    }
+
+    /// TX checksum offload requested through AF_XDP TX metadata, in zero copy
+    /// (`xsk-features` `tx-checksum`).
+    pub fn tx_checksum(&self) -> bool {
+        self.xsk_features.unwrap_or(0) & XSK_FLAGS_TX_CHECKSUM != 0
     }
 
     /// Multi-buffer frames on receive (`rx-sg`, the `xdp.frags` programs).
@@ -67,6 +79,7 @@ pub fn xdp_features(ifname: &str) -> io::Result<XdpFeatures> {
     let mut features = XdpFeatures {
         bits: 0,
         zc_max_segs: None,
+        xsk_features: None,
     };
     let mut found = false;
     for (kind, value) in attributes(&reply) {
@@ -80,6 +93,11 @@ pub fn xdp_features(ifname: &str) -> io::Result<XdpFeatures> {
             NETDEV_A_DEV_XDP_ZC_MAX_SEGS => {
                 if let Ok(b) = <[u8; 4]>::try_from(value) {
                     features.zc_max_segs = Some(u32::from_ne_bytes(b));
+                }
+            }
+            NETDEV_A_DEV_XSK_FEATURES => {
+                if let Ok(b) = <[u8; 8]>::try_from(value) {
+                    features.xsk_features = Some(u64::from_ne_bytes(b));
                 }
             }
             _ => {}

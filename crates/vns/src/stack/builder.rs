@@ -67,6 +67,9 @@ pub struct StackBuilder {
     /// `None`: the link's default ([`BindMode::Auto`](netdriver::link::xdp::BindMode)).
     #[cfg(target_os = "linux")]
     xdp_mode: Option<netdriver::link::xdp::BindMode>,
+    /// `None`: the link's default (checksums through TX metadata where accepted).
+    #[cfg(target_os = "linux")]
+    xdp_tx_checksum: Option<bool>,
     #[cfg(target_os = "linux")]
     rss_align: bool,
     /// The link the channels run over ([`StackBuilder::link`]).
@@ -134,6 +137,8 @@ impl Default for StackBuilder {
             syn_cookies: true,
             #[cfg(target_os = "linux")]
             xdp_mode: None,
+            #[cfg(target_os = "linux")]
+            xdp_tx_checksum: None,
             #[cfg(target_os = "linux")]
             rss_align: true,
             #[cfg(target_os = "linux")]
@@ -479,6 +484,19 @@ impl StackBuilder {
         self
     }
 
+    /// Whether the AF_XDP links leave the TCP checksums of the frames they send to the
+    /// device or the kernel through TX metadata where the kernel accepts it (default on),
+    /// rather than summing every frame themselves. Off is for A/B measurements and for
+    /// devices whose offload is not to be trusted.
+    /// [`Diagnostics::queue_stats`](crate::Diagnostics::queue_stats) says what each queue
+    /// got (`tx_checksum`). Environment: `NETCHANNEL_XDP_TX_CHECKSUM=0|1`
+    /// (`netdriver::link::xdp::XdpLinkConfig::tx_checksum_offload`).
+    #[cfg(target_os = "linux")]
+    pub fn xdp_tx_checksum(mut self, on: bool) -> Self {
+        self.xdp_tx_checksum = Some(on);
+        self
+    }
+
     /// Whether the channels this stack opens are aligned with the NIC's receive-side
     /// scaling (default on): each gets a local port whose replies the NIC's RSS delivers
     /// to the queue that owns it (or an ntuple rule where the hash cannot be reproduced),
@@ -733,6 +751,9 @@ impl StackBuilder {
         cfg.syn_cookies = self.syn_cookies;
         if let Some(mode) = self.xdp_mode {
             cfg.link.bind = mode;
+        }
+        if let Some(on) = self.xdp_tx_checksum {
+            cfg.link.tx_checksum_offload = on;
         }
         if !self.rss_align {
             cfg.rss = netdriver::channel::RssAlignment::Off;

@@ -59,6 +59,7 @@ pub fn clear_default_stack() -> Option<Stack> {
 /// | `NETCHANNEL_PARTIAL_CHECKSUMS` (`auto`, `accept`, `reject`) | `StackBuilder::partial_checksums` |
 /// | `NETCHANNEL_SYN_COOKIES` (`0`, `1`) | `StackBuilder::syn_cookies` |
 /// | `NETCHANNEL_XDP_MODE` (`auto`, `copy`, `zerocopy`) | `StackBuilder::xdp_mode` |
+/// | `NETCHANNEL_XDP_TX_CHECKSUM` (`0`, `1`) | `StackBuilder::xdp_tx_checksum` |
 /// | `NETCHANNEL_RSS_ALIGN` (`0`, `1`) | `StackBuilder::rss_align` |
 /// | `NETCHANNEL_LINK` (`xdp` or `af_xdp`, `packet` or `af_packet`) | `StackBuilder::link` |
 pub fn default_stack() -> io::Result<Stack> {

@@ -184,6 +184,9 @@ pub(super) fn apply(mut b: StackBuilder) -> Result<StackBuilder, StackError> {
                 })
             }
         }
+        if let Some(v) = env_var(netdriver::link::xdp::TX_CHECKSUM_ENV)? {
+            b = b.xdp_tx_checksum(parse_switch(netdriver::link::xdp::TX_CHECKSUM_ENV, &v)?);
+        }
         if let Some(v) = env_var("NETCHANNEL_RSS_ALIGN")? {
             b = b.rss_align(parse_switch("NETCHANNEL_RSS_ALIGN", &v)?);
         }

@@ -167,6 +167,12 @@ fn the_xdp_mode_and_rss_alignment_reach_the_channel_set() {
         cfg(StackBuilder::default().rss_align(false).rss_align(true)).rss,
         RssAlignment::Probe
     );
+    assert!(d.link.tx_checksum_offload);
+    assert!(
+        !cfg(StackBuilder::default().xdp_tx_checksum(false))
+            .link
+            .tx_checksum_offload
+    );
     // `configure_channels` still has the last word.
     let c = cfg(StackBuilder::default()
         .xdp_mode(BindMode::ZeroCopy)

@@ -39,7 +39,7 @@ use super::steering::SetSteering;
 use super::{ChannelError, ChannelSetConfig, LinkKind};
 use crate::link::switch::SimSwitch;
 use crate::link::umem_memory::UmemPlacement;
-use crate::link::xdp::{XdpBinding, XdpLink};
+use crate::link::xdp::{TxChecksum, XdpBinding, XdpLink};
 use crate::link::{Link, QueueLink};
 use crate::netif::{Interface, InterfaceConfig};
 use crate::rss::RssAligner;
@@ -71,8 +71,13 @@ pub struct ChannelSet {
     /// sockets stay open and bound, so arrivals for their flows are dropped unread, as
     /// with a crashed process, rather than answered by the kernel with resets.
     graveyard: Mutex<Vec<Arc<QueueSlot>>>,
-    /// Each queue's AF_XDP socket binding and UMEM, by index (`None` for other links).
-    links: Vec<(Option<XdpBinding>, Option<UmemPlacement>)>,
+    /// Each queue's AF_XDP socket binding, UMEM and transmit checksums, by index (`None`
+    /// for other links).
+    links: Vec<(
+        Option<XdpBinding>,
+        Option<UmemPlacement>,
+        Option<TxChecksum>,
+    )>,
     stopped: bool,
 }
 
@@ -108,6 +113,7 @@ pub(super) struct QueueParts {
     /// An AF_XDP link's binding and UMEM placement, for [`QueueStats`].
     pub(super) binding: Option<XdpBinding>,
     pub(super) umem: Option<UmemPlacement>,
+    pub(super) tx_checksum: Option<TxChecksum>,
 }
 
 impl ChannelSet {
@@ -170,6 +176,7 @@ impl ChannelSet {
                 queue: q,
                 binding: Some(link.binding()),
                 umem: Some(link.umem_placement()),
+                tx_checksum: Some(link.tx_checksum()),
                 link: Box::new(link),
                 neighbors: Neighbors::Kernel { table, ifindex },
             });
@@ -216,6 +223,7 @@ impl ChannelSet {
                 neighbors: Neighbors::Switch(switch.clone()),
                 binding: None,
                 umem: None,
+                tx_checksum: None,
             })
             .collect();
         // Frames on the switch are memory copies that nobody corrupts: the partial
@@ -294,7 +302,10 @@ impl ChannelSet {
         // SYN its cookie answered.
         let syn_cookie_secret = Some(Arc::new(crate::tcp::syncookie::SynCookies::new()));
         let mut slots = Vec::with_capacity(parts.len());
-        let links = parts.iter().map(|p| (p.binding, p.umem)).collect();
+        let links = parts
+            .iter()
+            .map(|p| (p.binding, p.umem, p.tx_checksum))
+            .collect();
         for (index, (p, (signal, crx, frx))) in parts.into_iter().zip(ends).enumerate() {
             let (rx_batch, tx_batch) = config.link_batches();
             let iface = Interface::new(

@@ -118,7 +118,7 @@ impl ChannelSet {
                     DriverPlace::External(_) => None,
                 };
                 let fd = slot.rx_fd;
-                let (binding, umem) = self.links.get(i).copied().unwrap_or_default();
+                let (binding, umem, tx_checksum) = self.links.get(i).copied().unwrap_or_default();
                 QueueStats {
                     queue: slot.queue,
                     place,
@@ -135,6 +135,7 @@ impl ChannelSet {
                     }),
                     binding,
                     umem,
+                    tx_checksum,
                 }
             })
             .collect()
