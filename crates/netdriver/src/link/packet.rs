@@ -633,10 +633,10 @@ impl AsFd for PacketLink {
 }
 
 /// A queue driver's view: the socket is the readiness source both ways. Whether a frame
-/// waits cannot be told without a system call (`rx_ready` is `false`: the driver then
-/// clears the descriptor's readiness and runs one more round, whose `recvmmsg` finds
-/// out); frames a full send buffer refused make the link [`tx_blocked`], and the driver
-/// waits for the socket to poll writable.
+/// waits cannot be told without a system call (`rx_ready` is `false`: the driver's
+/// rounds ran until a `recvmmsg` found nothing, so it clears the descriptor's readiness
+/// and waits for the next edge); frames a full send buffer refused make the link
+/// [`tx_blocked`], and the driver waits for the socket to poll writable.
 ///
 /// [`tx_blocked`]: QueueLink::tx_blocked
 impl QueueLink for PacketLink {
