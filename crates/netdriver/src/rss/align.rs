@@ -41,6 +41,13 @@ pub enum RssState {
     Off,
 }
 
+impl RssState {
+    /// Whether ports are chosen ([`RssState::Predictable`]).
+    pub fn is_predictable(&self) -> bool {
+        matches!(self, RssState::Predictable(_))
+    }
+}
+
 /// The outcome of [`RssAligner::connect`].
 #[derive(Debug)]
 pub struct ConnectSteering {

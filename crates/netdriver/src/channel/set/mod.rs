@@ -196,9 +196,11 @@ impl ChannelSet {
     /// A set on an in-memory switch: host `config.ipv4` is attached to `switch` with
     /// `queues` queues (port *i* is queue *i*), and the same drivers, TCP and interfaces as
     /// over AF_XDP run over the switch's ports. No privileges needed; `config.ifname`,
-    /// `config.queues`, `config.link`, `config.attach` and `config.rss` are not used (the
-    /// switch's ports are no NIC's queues: channels are opened without alignment). The
-    /// host leaves the switch when the set stops.
+    /// `config.queues`, `config.link` and `config.attach` are not used, nor `config.rss`
+    /// unless it is [`RssAlignment::Known`] (the switch's ports are no NIC's queues:
+    /// channels are opened without alignment; a known RSS is used as given, to test
+    /// what is decided from it, though the switch still delivers each frame on the queue
+    /// index it was sent on). The host leaves the switch when the set stops.
     pub fn start_on_switch(
         mut config: ChannelSetConfig,
         switch: &SimSwitch,
@@ -222,7 +224,11 @@ impl ChannelSet {
         // Frames on the switch are memory copies that nobody corrupts: the partial
         // checksums of the kernel's offload never occur, but accepting them is harmless.
         let accept_partial = !matches!(config.partial_checksums, super::PartialChecksums::Reject);
-        let aligner = RssAligner::disabled(&config.ipv4.to_string());
+        let name = config.ipv4.to_string();
+        let aligner = match &config.rss {
+            RssAlignment::Known(rss) => RssAligner::with_config(&name, rss.clone(), None),
+            _ => RssAligner::disabled(&name),
+        };
         // On an error the ports are dropped, and the host leaves the switch with them.
         ChannelSet::assemble(
             config,
