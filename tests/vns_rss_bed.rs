@@ -175,9 +175,11 @@ async fn load(a: &Stack, b: &Stack) {
     timeout(LIMIT, echo).await.unwrap().unwrap();
 }
 
-/// Each channel's (class, queue) at `stack`, and for the ones it opened where they land
-/// at the peer.
-fn channels(stack: &Stack) -> Vec<(ChannelClass, u32, Option<PeerSteering>)> {
+/// A channel's class, its queue, and for one the stack opened where it lands at the peer.
+type Record = (ChannelClass, u32, Option<PeerSteering>);
+
+/// Each channel's [`Record`] at `stack`.
+fn channels(stack: &Stack) -> Vec<Record> {
     stack
         .diagnostics()
         .stats()
@@ -201,7 +203,7 @@ struct Found {
 
 /// A fresh RSS bed; A knows its RSS, B when `b_describes`; channels opened, then
 /// [`load`].
-fn run(b_describes: bool) -> Option<(Found, Vec<(ChannelClass, u32, Option<PeerSteering>)>)> {
+fn run(b_describes: bool) -> Option<(Found, Vec<Record>)> {
     let (nic_a, nic_b) = tables();
     let bed = testbed_or_skip(
         TestBed::builder()
@@ -250,7 +252,7 @@ fn run(b_describes: bool) -> Option<(Found, Vec<(ChannelClass, u32, Option<PeerS
         (total, total),
         "{at_a:?} / {at_b:?}"
     );
-    let count = |v: &[(ChannelClass, u32, Option<PeerSteering>)], class| {
+    let count = |v: &[Record], class| {
         v.iter()
             .filter(|c| c.0 == class && c.1 == LATENCY_QUEUE)
             .count()
