@@ -81,8 +81,8 @@ pub use round_robin::RoundRobin;
 pub use scaling::{Scaled, Scaler, ScalingConfig, ScalingConfigError};
 pub use source_port::SourcePort;
 pub use stats::{
-    ChannelStats, ChannelThreadId, CopyWorkerId, CopyWorkerStats, FlowStats, PeerId, QueueStats,
-    StackSnapshot, Steering, ThreadStats,
+    ChannelStats, ChannelThreadId, CopyWorkerId, CopyWorkerStats, FlowStats, PeerId, PeerSteering,
+    QueueStats, StackSnapshot, Steering, ThreadStats,
 };
 
 /// Identifies one channel (one L4 connection to a peer host) within a host.

@@ -81,6 +81,11 @@ pub struct ChannelStats {
     /// frame it receives on another queue than its own.
     #[serde(default)]
     pub steering: Option<Steering>,
+    /// For a channel this host opened, whether its local port was chosen to land on a
+    /// queue of its class at the peer as well (the peer described its RSS); `None` for an
+    /// accepted channel, or when unknown.
+    #[serde(default)]
+    pub peer_steering: Option<PeerSteering>,
 }
 
 /// How a channel's received frames reach the NIC queue (and so the thread) that runs it:
@@ -99,6 +104,24 @@ pub enum Steering {
     /// Opened by this host without alignment (none possible, or turned off): frames that
     /// arrive on another queue are handed over to the channel's by that queue's thread.
     Forwarded,
+}
+
+/// Where a channel this host opened lands at the peer, whose receive-side scaling picks
+/// the queue (and so the thread) that runs the channel there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PeerSteering {
+    /// The peer's RSS was not known when the channel opened: it lands wherever the peer's
+    /// RSS puts its port.
+    Unknown,
+    /// Its port lands on this queue at the peer, one of the peer's queues of the channel's
+    /// class.
+    Aligned {
+        /// The peer's queue.
+        queue: u32,
+    },
+    /// The peer's RSS was known, but no free port landed on a queue of the class there
+    /// and on the channel's own queue here.
+    Missed,
 }
 
 /// How busy one queue runtime was over the last measuring window.

@@ -66,6 +66,7 @@ pub mod copy;
 pub mod deframer;
 pub mod ecosystem;
 mod endpoint;
+pub mod hello;
 pub mod reorder;
 pub mod response_queue;
 pub mod stack;

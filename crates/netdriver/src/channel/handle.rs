@@ -13,7 +13,7 @@ use super::sink::RxSink;
 use super::{
     ChannelError, ChannelState, ChannelStats, ChannelTransport, ChannelWire, Dequeued, EnqueueError,
 };
-use crate::rss::ChannelSteering;
+use crate::rss::{ChannelSteering, PeerAlignment};
 use crate::tcp::OptionChanges;
 use crate::time::Duration;
 
@@ -174,6 +174,13 @@ impl Channel {
     /// (see [`RssAlignment`](super::RssAlignment)).
     pub fn steering(&self) -> ChannelSteering {
         self.shared.steering
+    }
+
+    /// For a channel this host opened, whether its local port was chosen to land on given
+    /// queues at the peer too ([`ChannelSet::connect_toward`](super::ChannelSet::connect_toward));
+    /// `None` for an accepted channel.
+    pub fn peer_alignment(&self) -> Option<PeerAlignment> {
+        self.shared.peer_alignment
     }
 
     /// Where the channel is in its life.

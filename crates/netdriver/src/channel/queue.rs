@@ -21,7 +21,7 @@ use super::lazy_queue::LazyQueue;
 use super::signal::QueueSignal;
 use super::sink::RxSink;
 use super::{ChannelError, ChannelState, ChannelStats, ChannelWire, Dequeued, EnqueueError};
-use crate::rss::ChannelSteering;
+use crate::rss::{ChannelSteering, PeerAlignment};
 use crate::tcp::OptionChanges;
 use crate::tcp::Traffic;
 use crate::time::{Duration, Instant};
@@ -154,6 +154,9 @@ pub(crate) struct ChannelShared {
     /// How the channel's received frames reach `queue`, decided when it was opened or
     /// accepted.
     pub(crate) steering: ChannelSteering,
+    /// For a channel this host opened, whether its port was chosen to land on given
+    /// queues at the peer too; `None` for an accepted one (the peer chose the port).
+    pub(crate) peer_alignment: Option<PeerAlignment>,
     tx: LazyQueue<Bytes>,
     /// Bytes enqueued and not yet taken by TCP (including the rest of a chunk that did not
     /// fit, which the driver keeps).
@@ -220,6 +223,7 @@ impl ChannelShared {
             peer,
             queue,
             steering,
+            peer_alignment: None,
             tx: LazyQueue::new(tx.chunks),
             tx_bytes: AtomicUsize::new(0),
             tx_limit: tx.bytes.max(1),
@@ -242,6 +246,13 @@ impl ChannelShared {
             resume: AtomicBool::new(false),
             signal,
         }
+    }
+
+    /// The shared state of a channel this host opens, with where its port lands at the
+    /// peer.
+    pub(crate) fn opened_toward(mut self, peer: PeerAlignment) -> ChannelShared {
+        self.peer_alignment = Some(peer);
+        self
     }
 
     // ---- driver side ----

@@ -21,7 +21,7 @@ use super::stats::{ChecksumCounters, SynCounters};
 use super::steering::SetSteering;
 use super::ChannelError;
 use crate::netif::StrayVerdict;
-use crate::rss::{ChannelEnds, ConnectSteering, RssAligner};
+use crate::rss::{ChannelEnds, ConnectSteering, PeerTarget, RssAligner};
 
 /// One queue as the rest of the set sees it (whichever runtime drives it).
 #[derive(Debug)]
@@ -187,12 +187,15 @@ impl SetShared {
     /// reach its queue ([`RssAligner::connect_among`]). When `movable` and the
     /// interface's RSS is known, any live queue may own the channel if no free port lands
     /// on queue `index`: [`ConnectSteering::queue`] names the owner. Without a known RSS
-    /// (veth, alignment off): the next free port, on queue `index`.
+    /// (veth, alignment off): the next free port, on queue `index`. With `peer`, a port
+    /// that also lands on one of its queues at the peer is preferred
+    /// ([`ConnectSteering::peer_alignment`] says whether one did).
     pub(crate) fn choose_port(
         &self,
         index: usize,
         movable: bool,
         remote: SocketAddrV4,
+        peer: Option<PeerTarget<'_>>,
     ) -> Result<ConnectSteering, ChannelError> {
         let others: Vec<u32> = if movable && self.aligner.rss().is_some() {
             self.peers
@@ -207,7 +210,7 @@ impl SetShared {
             local: self.ipv4,
             remote,
             queue: self.peers[index].queue,
-            peer: None,
+            peer,
         };
         let ports = &self.ports;
         let chosen = self
@@ -216,7 +219,7 @@ impl SetShared {
                 ports.try_claim(p)
             })
             .map_err(|_| ChannelError::NoFreePort)?;
-        tracing::debug!(%remote, port = chosen.port, queue = chosen.queue, steering = %chosen.steering, "channel port chosen");
+        tracing::debug!(%remote, port = chosen.port, queue = chosen.queue, steering = %chosen.steering, peer = %chosen.peer_alignment, "channel port chosen");
         Ok(chosen)
     }
 
@@ -299,7 +302,7 @@ mod tests {
             let set = set_of(2, aligner, 61000..=61003);
             let mut got = Vec::new();
             for index in [0, 1, 1, 0] {
-                let c = set.choose_port(index, true, REMOTE).unwrap();
+                let c = set.choose_port(index, true, REMOTE, None).unwrap();
                 assert_eq!(c.queue, index as u32);
                 assert_eq!(c.steering, ChannelSteering::Forwarded { reason });
                 assert!(c.rule.is_none());
@@ -307,12 +310,12 @@ mod tests {
             }
             assert_eq!(got, [61000, 61001, 61002, 61003]);
             assert!(matches!(
-                set.choose_port(0, true, REMOTE),
+                set.choose_port(0, true, REMOTE, None),
                 Err(ChannelError::NoFreePort)
             ));
             // A released port is found again from where the scan left off.
             set.ports.release(61001);
-            assert_eq!(set.choose_port(1, true, REMOTE).unwrap().port, 61001);
+            assert_eq!(set.choose_port(1, true, REMOTE, None).unwrap().port, 61001);
             assert_eq!(set.aligner.counts().forwarded, 5);
         }
     }
@@ -322,7 +325,7 @@ mod tests {
         let set = set_of(4, RssAligner::with_config("x", rss4(), None), 61000..=65535);
         let mut ports = HashSet::new();
         for index in [0, 1, 2, 3, 3, 2, 1, 0] {
-            let c = set.choose_port(index, true, REMOTE).unwrap();
+            let c = set.choose_port(index, true, REMOTE, None).unwrap();
             assert_eq!(c.steering, ChannelSteering::Aligned);
             assert_eq!(
                 c.queue, index as u32,
@@ -344,7 +347,7 @@ mod tests {
         }
         let index = q as usize;
         // Named queue (`connect_on`): it keeps the channel, whose frames are forwarded.
-        let fixed = set.choose_port(index, false, REMOTE).unwrap();
+        let fixed = set.choose_port(index, false, REMOTE, None).unwrap();
         assert_eq!(fixed.queue, q);
         assert_eq!(
             fixed.steering,
@@ -354,7 +357,7 @@ mod tests {
         );
         assert_ne!(lands(fixed.port), q);
         // Round robin (`connect`): the queue the chosen port's replies land on owns it.
-        let moved = set.choose_port(index, true, REMOTE).unwrap();
+        let moved = set.choose_port(index, true, REMOTE, None).unwrap();
         assert_eq!(moved.steering, ChannelSteering::Aligned);
         assert_ne!(moved.queue, q);
         assert_eq!(lands(moved.port), moved.queue);
@@ -374,8 +377,48 @@ mod tests {
                 peer.signal.set_dead();
             }
         }
-        let c = set.choose_port(q as usize, true, REMOTE).unwrap();
+        let c = set.choose_port(q as usize, true, REMOTE, None).unwrap();
         assert_eq!((c.queue, c.steering), (live, ChannelSteering::Aligned));
         assert_eq!(lands(c.port), live);
+    }
+
+    #[test]
+    fn a_peer_target_lands_each_channel_on_the_peers_queues_as_well() {
+        use crate::rss::{FlowTuple, PeerAlignment};
+        let set = set_of(4, RssAligner::with_config("x", rss4(), None), 61000..=65535);
+        // The peer: another key, 8 queues, its latency queue 7.
+        let mut key = MICROSOFT_VERIFICATION_KEY;
+        key.reverse();
+        let theirs = RssConfig::toeplitz(&key, &RssConfig::default_indirection(128, 8)).unwrap();
+        let at_peer = |port: u16| {
+            let local = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), port);
+            theirs.queue_of(&FlowTuple::new(local, REMOTE)).unwrap()
+        };
+        let latency = [7];
+        let bulk = [0, 1, 2, 3, 4, 5, 6];
+        for (index, targets) in [(3, &latency[..]), (0, &bulk[..]), (3, &latency[..])] {
+            let peer = PeerTarget {
+                rss: &theirs,
+                queues: targets,
+            };
+            let c = set.choose_port(index, false, REMOTE, Some(peer)).unwrap();
+            assert_eq!(
+                (c.queue, c.steering),
+                (index as u32, ChannelSteering::Aligned)
+            );
+            assert_eq!(lands(c.port), index as u32, "this end");
+            let q = at_peer(c.port);
+            assert!(
+                targets.contains(&q),
+                "port {} lands on {q} at the peer",
+                c.port
+            );
+            assert_eq!(c.peer_alignment, PeerAlignment::Aligned { queue: q });
+        }
+        // Without a target: this end only, recorded as unknown at the peer.
+        let c = set.choose_port(1, false, REMOTE, None).unwrap();
+        assert_eq!(c.peer_alignment, PeerAlignment::Unknown);
+        let counts = set.aligner.peer_counts();
+        assert_eq!((counts.aligned, counts.unknown, counts.missed), (3, 1, 0));
     }
 }

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tracing::{info, warn};
 
 use super::ethtool::{EthtoolSocket, NtupleRule, RssError};
+use super::peer::{PeerAlignment, PeerAlignmentCounters, PeerAlignmentCounts};
 use super::port::{PortChoiceError, PortChooser};
 use super::steering::{ChannelSteering, ForwardReason, SteeringCounters, SteeringCounts};
 use super::toeplitz::{FlowTuple, RssConfig};
@@ -40,6 +41,13 @@ pub enum RssState {
     Off,
 }
 
+impl RssState {
+    /// Whether ports are chosen ([`RssState::Predictable`]).
+    pub fn is_predictable(&self) -> bool {
+        matches!(self, RssState::Predictable(_))
+    }
+}
+
 /// The outcome of [`RssAligner::connect`].
 #[derive(Debug)]
 pub struct ConnectSteering {
@@ -55,6 +63,8 @@ pub struct ConnectSteering {
     /// The queue this host's frames land on at the peer, under the peer's RSS, when it
     /// was given and honoured.
     pub peer_queue: Option<u32>,
+    /// Whether the port lands where [`ChannelEnds::peer`] asked at the peer.
+    pub peer_alignment: PeerAlignment,
     /// The ntuple rule, for [`ChannelSteering::Ntuple`]: keep it as long as the channel
     /// lives; dropping it removes the rule.
     pub rule: Option<NtupleRule>,
@@ -103,6 +113,7 @@ pub struct RssAligner {
     /// Set once the NIC said it has no ntuple rules, so that later channels skip the try.
     ntuple_unsupported: AtomicBool,
     counters: SteeringCounters,
+    peer_counters: PeerAlignmentCounters,
 }
 
 impl RssAligner {
@@ -131,6 +142,7 @@ impl RssAligner {
             ntuple: if ntuple { sock } else { None },
             ntuple_unsupported: AtomicBool::new(false),
             counters: SteeringCounters::default(),
+            peer_counters: PeerAlignmentCounters::default(),
         };
         aligner.log_state();
         aligner
@@ -153,6 +165,7 @@ impl RssAligner {
             ntuple,
             ntuple_unsupported: AtomicBool::new(false),
             counters: SteeringCounters::default(),
+            peer_counters: PeerAlignmentCounters::default(),
         }
     }
 
@@ -165,6 +178,7 @@ impl RssAligner {
             ntuple: None,
             ntuple_unsupported: AtomicBool::new(false),
             counters: SteeringCounters::default(),
+            peer_counters: PeerAlignmentCounters::default(),
         }
     }
 
@@ -289,12 +303,19 @@ impl RssAligner {
                 match chosen {
                     Ok(c) => {
                         self.counters.record(ChannelSteering::Aligned);
+                        let peer_alignment = match (peer, c.peer_queue) {
+                            (None, _) => PeerAlignment::Unknown,
+                            (Some(_), Some(queue)) => PeerAlignment::Aligned { queue },
+                            (Some(_), None) => PeerAlignment::Missed,
+                        };
+                        self.peer_counters.record(peer_alignment);
                         return Ok(ConnectSteering {
                             port: c.port,
                             queue: c.local_queue,
                             steering: ChannelSteering::Aligned,
                             local_queue: Some(c.local_queue),
                             peer_queue: c.peer_queue,
+                            peer_alignment,
                             rule: None,
                         });
                     }
@@ -334,12 +355,19 @@ impl RssAligner {
             }
         };
         self.counters.record(steering);
+        let peer_alignment = if peer.is_some() {
+            PeerAlignment::Missed
+        } else {
+            PeerAlignment::Unknown
+        };
+        self.peer_counters.record(peer_alignment);
         Ok(ConnectSteering {
             port,
             queue,
             steering,
             local_queue,
             peer_queue: None,
+            peer_alignment,
             rule,
         })
     }
@@ -367,6 +395,12 @@ impl RssAligner {
     /// How many channels were steered each way so far.
     pub fn counts(&self) -> SteeringCounts {
         self.counters.snapshot()
+    }
+
+    /// How many opened channels so far were aligned at the peer as well, missed it, or
+    /// were opened without the peer's RSS.
+    pub fn peer_counts(&self) -> PeerAlignmentCounts {
+        self.peer_counters.snapshot()
     }
 }
 
@@ -561,6 +595,7 @@ mod tests {
         let p = theirs.queue_of(&FlowTuple::new(l, remote())).unwrap();
         assert!(p == 6 || p == 7);
         assert_eq!(c.peer_queue, Some(p));
+        assert_eq!(c.peer_alignment, PeerAlignment::Aligned { queue: p });
         // A peer queue its table never names: this end is still aligned.
         let impossible = PeerTarget {
             rss: &theirs,
@@ -571,7 +606,21 @@ mod tests {
             .unwrap();
         assert_eq!(c.steering, ChannelSteering::Aligned);
         assert_eq!(c.peer_queue, None);
+        assert_eq!(c.peer_alignment, PeerAlignment::Missed);
         assert_eq!(c.local_queue, Some(2));
+        // No peer target: unknown.
+        let c = a
+            .connect(ends(2, None), 61000..=65535, 61000, |_| true)
+            .unwrap();
+        assert_eq!(c.peer_alignment, PeerAlignment::Unknown);
+        assert_eq!(
+            a.peer_counts(),
+            PeerAlignmentCounts {
+                unknown: 1,
+                aligned: 1,
+                missed: 1
+            }
+        );
     }
 
     #[test]

@@ -17,6 +17,8 @@
 //!   rule, else forwarding, counted per kind.
 //! - [`steering`]: [`ChannelSteering`], the record a channel keeps of which happened, and
 //!   its counters for the stack's statistics.
+//! - [`peer`]: [`PeerAlignment`], the record an opened channel keeps of whether its port
+//!   was also chosen to land on given queues at the peer (its RSS known), and counters.
 //!
 //! Accepted channels need none of this: the queue their SYN arrived on owns them, and RSS
 //! puts their later frames on the same queue.
@@ -29,6 +31,7 @@
 pub mod align;
 #[cfg(target_os = "linux")]
 pub mod ethtool;
+pub mod peer;
 pub mod port;
 pub mod steering;
 pub mod toeplitz;
@@ -39,6 +42,7 @@ pub use align::{ChannelEnds, ConnectSteering, NoFreePort, PeerTarget, RssAligner
 pub use ethtool::{
     driver_info, install_ntuple, read_rss, DriverInfo, EthtoolSocket, NtupleRule, RssError,
 };
+pub use peer::{PeerAlignment, PeerAlignmentCounters, PeerAlignmentCounts};
 pub use port::{End, PortChoice, PortChoiceError, PortChooser};
 pub use steering::{ChannelSteering, ForwardReason, SteeringCounters, SteeringCounts};
 pub use toeplitz::{

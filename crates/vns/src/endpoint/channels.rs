@@ -755,5 +755,6 @@ fn stats_of(id: ChannelId, c: &Channel) -> ChannelStats {
         thread: None,
         queue: None,
         steering: None,
+        peer_steering: None,
     }
 }

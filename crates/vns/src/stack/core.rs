@@ -441,16 +441,32 @@ impl Core {
 
     /// Opens a channel to `remote` whose queue suits `class` (where the classes are kept
     /// apart, latency channels on the last queue, throughput channels round robin over
-    /// the others). Blocks for the handshake: helper threads only.
+    /// the others). With the peer's hello (`peer`), the channel's port also lands on one
+    /// of the peer's queues of the class where a free one does. Blocks for the
+    /// handshake: helper threads only.
     pub(crate) fn connect_channel(
         &self,
         remote: SocketAddrV4,
         class: ChannelClass,
         next_bulk: &AtomicUsize,
+        peer: Option<&crate::hello::RssDescription>,
     ) -> Result<Channel, netdriver::channel::ChannelError> {
+        let target = peer.and_then(|d| {
+            let queues = match class {
+                ChannelClass::Latency => &d.latency,
+                ChannelClass::Throughput => &d.throughput,
+            };
+            (!queues.is_empty()).then_some(netdriver::rss::PeerTarget {
+                rss: &d.rss,
+                queues,
+            })
+        });
         let queues = self.set.queues();
         if !self.config.separate_classes || queues.len() < 2 {
-            return self.set.connect(remote);
+            return match target {
+                Some(t) => self.set.connect_toward(remote, t),
+                None => self.set.connect(remote),
+            };
         }
         let queue = match class {
             ChannelClass::Latency => queues[queues.len() - 1],
@@ -459,7 +475,10 @@ impl Core {
                 queues[i % (queues.len() - 1)]
             }
         };
-        self.set.connect_on(queue, remote)
+        match target {
+            Some(t) => self.set.connect_on_toward(queue, remote, t),
+            None => self.set.connect_on(queue, remote),
+        }
     }
 }
 

@@ -83,6 +83,14 @@ impl<'a> Diagnostics<'a> {
         self.core().ctl().auth_failures
     }
 
+    /// Hellos this stack answered, and those it asked its peers for before opening
+    /// channels to them and what they came to (`docs/wire-format.md`, "Acceptor's
+    /// hello"): described (each channel then aims at a queue of its class at the peer
+    /// too), undescribed, refused as malformed, unanswered.
+    pub fn hello_counts(&self) -> super::HelloCounts {
+        self.core().ctl().hellos
+    }
+
     /// Hostile or broken input the stack's endpoint refused or cut short (SYNCs past the
     /// socket bounds, closed sockets whose peer never sent its FIN, ...).
     pub fn endpoint_counters(&self) -> crate::EndpointCounters {

@@ -218,7 +218,7 @@ use tracing::debug;
 
 pub use auth::{ChannelKey, MIN_KEY_LEN};
 pub use builder::{BusyPoll, StackBuilder, DEFAULT_CHANNELS};
-pub use control::PlanCounters;
+pub use control::{HelloCounts, PlanCounters};
 pub use default::{clear_default_stack, default_stack, set_default_stack};
 pub use diagnostics::Diagnostics;
 pub(crate) use error::classify;

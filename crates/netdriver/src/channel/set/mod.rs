@@ -42,6 +42,7 @@ use crate::link::umem_memory::UmemPlacement;
 use crate::link::xdp::{TxChecksum, XdpBinding, XdpLink};
 use crate::link::{Link, QueueLink};
 use crate::netif::{Interface, InterfaceConfig};
+use crate::rss::PeerTarget;
 use crate::rss::RssAligner;
 use crate::time::Duration;
 use crate::wire::EthernetAddress;
@@ -202,9 +203,11 @@ impl ChannelSet {
     /// A set on an in-memory switch: host `config.ipv4` is attached to `switch` with
     /// `queues` queues (port *i* is queue *i*), and the same drivers, TCP and interfaces as
     /// over AF_XDP run over the switch's ports. No privileges needed; `config.ifname`,
-    /// `config.queues`, `config.link`, `config.attach` and `config.rss` are not used (the
-    /// switch's ports are no NIC's queues: channels are opened without alignment). The
-    /// host leaves the switch when the set stops.
+    /// `config.queues`, `config.link` and `config.attach` are not used, nor `config.rss`
+    /// unless it is [`RssAlignment::Known`] (the switch's ports are no NIC's queues:
+    /// channels are opened without alignment; a known RSS is used as given, to test
+    /// what is decided from it, though the switch still delivers each frame on the queue
+    /// index it was sent on). The host leaves the switch when the set stops.
     pub fn start_on_switch(
         mut config: ChannelSetConfig,
         switch: &SimSwitch,
@@ -229,7 +232,11 @@ impl ChannelSet {
         // Frames on the switch are memory copies that nobody corrupts: the partial
         // checksums of the kernel's offload never occur, but accepting them is harmless.
         let accept_partial = !matches!(config.partial_checksums, super::PartialChecksums::Reject);
-        let aligner = RssAligner::disabled(&config.ipv4.to_string());
+        let name = config.ipv4.to_string();
+        let aligner = match &config.rss {
+            RssAlignment::Known(rss) => RssAligner::with_config(&name, rss.clone(), None),
+            _ => RssAligner::disabled(&name),
+        };
         // On an error the ports are dropped, and the host leaves the switch with them.
         ChannelSet::assemble(
             config,
@@ -495,7 +502,7 @@ impl ChannelSet {
     pub fn connect(&self, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
         let index = self.next_live_queue()?;
         let mac = self.resolve(*remote.ip())?;
-        let (channel, shared) = self.open_on(index, true, remote, mac)?;
+        let (channel, shared) = self.open_on(index, true, remote, mac, None)?;
         let timeout = self.config.connect_timeout;
         match block_on(Some(timeout), |cx| shared.poll_established(cx)) {
             Some(Ok(())) => Ok(channel),
@@ -511,13 +518,58 @@ impl ChannelSet {
     pub async fn connect_async(&self, remote: SocketAddrV4) -> Result<Channel, ChannelError> {
         let index = self.next_live_queue()?;
         let mac = self.resolve_async(*remote.ip()).await?;
-        let (channel, shared) = self.open_on(index, true, remote, mac)?;
+        let (channel, shared) = self.open_on(index, true, remote, mac, None)?;
         let timeout = self.config.connect_timeout;
         let established = std::future::poll_fn(|cx| shared.poll_established(cx));
         match tokio::time::timeout(timeout, established).await {
             Ok(Ok(())) => Ok(channel),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(ChannelError::ConnectTimeout(timeout)),
+        }
+    }
+
+    /// [`connect`](Self::connect) with the peer's RSS: the local port is one that also
+    /// lands, under `peer.rss`, on one of `peer.queues` at the peer where a free one does
+    /// (else this end is aligned alone). [`Channel::peer_alignment`] says which.
+    pub fn connect_toward(
+        &self,
+        remote: SocketAddrV4,
+        peer: PeerTarget<'_>,
+    ) -> Result<Channel, ChannelError> {
+        let index = self.next_live_queue()?;
+        let mac = self.resolve(*remote.ip())?;
+        let (channel, shared) = self.open_on(index, true, remote, mac, Some(peer))?;
+        self.wait_established(channel, &shared)
+    }
+
+    /// [`connect_on`](Self::connect_on) with the peer's RSS, as
+    /// [`connect_toward`](Self::connect_toward).
+    pub fn connect_on_toward(
+        &self,
+        queue: u32,
+        remote: SocketAddrV4,
+        peer: PeerTarget<'_>,
+    ) -> Result<Channel, ChannelError> {
+        let index = self
+            .queue_index(queue)
+            .ok_or(ChannelError::NoSuchQueue(queue))?;
+        let mac = self.resolve(*remote.ip())?;
+        let (channel, shared) = self.open_on(index, false, remote, mac, Some(peer))?;
+        self.wait_established(channel, &shared)
+    }
+
+    /// Waits for an opened channel's handshake, at most the connect timeout.
+    fn wait_established(
+        &self,
+        channel: Channel,
+        shared: &ChannelShared,
+    ) -> Result<Channel, ChannelError> {
+        let timeout = self.config.connect_timeout;
+        match block_on(Some(timeout), |cx| shared.poll_established(cx)) {
+            Some(Ok(())) => Ok(channel),
+            // Dropping `channel` aborts the attempt; the driver releases the port.
+            Some(Err(e)) => Err(e),
+            None => Err(ChannelError::ConnectTimeout(timeout)),
         }
     }
 
@@ -530,7 +582,7 @@ impl ChannelSet {
             .queue_index(queue)
             .ok_or(ChannelError::NoSuchQueue(queue))?;
         let mac = self.resolve(*remote.ip())?;
-        let (channel, shared) = self.open_on(index, false, remote, mac)?;
+        let (channel, shared) = self.open_on(index, false, remote, mac, None)?;
         let timeout = self.config.connect_timeout;
         match block_on(Some(timeout), |cx| shared.poll_established(cx)) {
             Some(Ok(())) => Ok(channel),
@@ -561,6 +613,7 @@ impl ChannelSet {
         movable: bool,
         remote: SocketAddrV4,
         mac: EthernetAddress,
+        peer: Option<PeerTarget<'_>>,
     ) -> Result<(Channel, Arc<ChannelShared>), ChannelError> {
         if self.shared.stopped.load(Ordering::Acquire) {
             return Err(ChannelError::ShutDown);
@@ -568,7 +621,7 @@ impl ChannelSet {
         if self.shared.peers[index].signal.is_dead() {
             return Err(ChannelError::QueueDied);
         }
-        let chosen = self.shared.choose_port(index, movable, remote)?;
+        let chosen = self.shared.choose_port(index, movable, remote, peer)?;
         let index = self.queue_index(chosen.queue).unwrap_or(index);
         let port = chosen.port;
         let local = SocketAddrV4::new(self.shared.ipv4, port);
@@ -579,15 +632,18 @@ impl ChannelSet {
         let peer = &self.shared.peers[index];
         // The directory knows the flow before its SYN can leave.
         self.shared.directory.insert((local, remote), index);
-        let shared = Arc::new(ChannelShared::new(
-            local,
-            remote,
-            peer.queue,
-            chosen.steering,
-            self.shared.tx_limits,
-            self.shared.rx_limits,
-            peer.signal.clone(),
-        ));
+        let shared = Arc::new(
+            ChannelShared::new(
+                local,
+                remote,
+                peer.queue,
+                chosen.steering,
+                self.shared.tx_limits,
+                self.shared.rx_limits,
+                peer.signal.clone(),
+            )
+            .opened_toward(chosen.peer_alignment),
+        );
         let cmd = Command::Connect {
             shared: shared.clone(),
             mac,

@@ -6,7 +6,7 @@ use super::super::stats::{QueueStats, RxChecksumStats, SynStats};
 use super::super::sys::xsk_drops;
 use super::super::ChannelError;
 use super::ChannelSet;
-use crate::rss::{RssState, SteeringCounts};
+use crate::rss::{PeerAlignmentCounts, RssState, SteeringCounts};
 use std::sync::atomic::Ordering;
 
 impl ChannelSet {
@@ -27,6 +27,14 @@ impl ChannelSet {
     /// the set started; each channel's own record is [`Channel::steering`](crate::channel::Channel::steering).
     pub fn steering_counts(&self) -> SteeringCounts {
         self.shared.aligner.counts()
+    }
+
+    /// How many of the channels the set opened so far had their port chosen to land on
+    /// given queues at the peer as well ([`ChannelSet::connect_toward`]), missed them,
+    /// or were opened without the peer's RSS. Cumulative; each channel's own record is
+    /// [`Channel::peer_alignment`](crate::channel::Channel::peer_alignment).
+    pub fn peer_alignment_counts(&self) -> PeerAlignmentCounts {
+        self.shared.aligner.peer_counts()
     }
 
     /// What the set found of the interface's RSS when it started: reproducible (and so

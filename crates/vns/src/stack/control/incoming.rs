@@ -1,6 +1,8 @@
 //! Accepted channels: each sends a preamble (magic, version, class, flags) and, where the
 //! stacks hold a channel key, completes the authentication exchange before it joins the
-//! stack (`docs/wire-format.md`). The control task reads them without blocking.
+//! stack (`docs/wire-format.md`). A hello channel (class byte 2) joins nothing: it gets
+//! this stack's hello (its RSS, [`crate::hello`]) and is closed. The control task reads
+//! them without blocking.
 
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -11,7 +13,7 @@ use tracing::{debug, warn};
 
 use super::super::auth;
 use super::super::core::Core;
-use super::state::incoming::{Incoming, Stage};
+use super::state::incoming::{Incoming, Kind, Stage};
 use super::state::Control;
 use super::MAX_PENDING_PREAMBLES;
 
@@ -23,14 +25,16 @@ pub(crate) const PREAMBLE_LEN: usize = 8;
 const PREAMBLE_MAGIC: &[u8; 4] = b"NCHN";
 const PREAMBLE_VERSION: u8 = 1;
 
-pub(crate) fn class_byte(class: ChannelClass) -> u8 {
-    match class {
-        ChannelClass::Throughput => 0,
-        ChannelClass::Latency => 1,
+/// The preamble's class byte (also part of the authentication tags).
+pub(crate) fn kind_byte(kind: Kind) -> u8 {
+    match kind {
+        Kind::Channel(ChannelClass::Throughput) => 0,
+        Kind::Channel(ChannelClass::Latency) => 1,
+        Kind::Hello => 2,
     }
 }
 
-pub(crate) fn preamble(class: ChannelClass, flags: u8) -> [u8; PREAMBLE_LEN] {
+pub(crate) fn preamble(kind: Kind, flags: u8) -> [u8; PREAMBLE_LEN] {
     let m = PREAMBLE_MAGIC;
     [
         m[0],
@@ -38,32 +42,31 @@ pub(crate) fn preamble(class: ChannelClass, flags: u8) -> [u8; PREAMBLE_LEN] {
         m[2],
         m[3],
         PREAMBLE_VERSION,
-        class_byte(class),
+        kind_byte(kind),
         flags,
         0,
     ]
 }
 
-/// The class and the flags byte of a preamble.
-pub(crate) fn parse_preamble(b: &[u8]) -> Option<(ChannelClass, u8)> {
+/// The kind and the flags byte of a preamble.
+pub(crate) fn parse_preamble(b: &[u8]) -> Option<(Kind, u8)> {
     if b.len() < PREAMBLE_LEN || &b[..4] != PREAMBLE_MAGIC || b[4] != PREAMBLE_VERSION {
         return None;
     }
-    let class = match b[5] {
-        0 => ChannelClass::Throughput,
-        1 => ChannelClass::Latency,
+    let kind = match b[5] {
+        0 => Kind::Channel(ChannelClass::Throughput),
+        1 => Kind::Channel(ChannelClass::Latency),
+        2 => Kind::Hello,
         _ => return None,
     };
-    Some((class, b[6]))
+    Some((kind, b[6]))
 }
 
 /// What the bytes an accepted channel has sent so far decide.
 enum Verdict {
-    /// It joins the endpoint; the first `consumed` bytes were its handshake.
-    Join {
-        class: ChannelClass,
-        consumed: usize,
-    },
+    /// It joins the endpoint (or, a hello channel, gets the hello); the first `consumed`
+    /// bytes were its handshake.
+    Join { kind: Kind, consumed: usize },
     /// Our challenge went out: wait for the tag.
     Challenged,
     /// Abort it; `auth` when it failed authentication rather than sent garbage.
@@ -123,7 +126,17 @@ impl Core {
                         ctl.dropped_channels += 1;
                         ctl.auth_failures += u64::from(auth);
                     }
-                    Verdict::Join { class, consumed } => {
+                    Verdict::Join {
+                        kind: Kind::Hello,
+                        consumed,
+                    } => {
+                        let inc = ctl.incoming.swap_remove(i);
+                        self.answer_hello(ctl, inc, consumed);
+                    }
+                    Verdict::Join {
+                        kind: Kind::Channel(class),
+                        consumed,
+                    } => {
                         let inc = ctl.incoming.swap_remove(i);
                         let ip = *inc.peer.ip();
                         let peer = ctl.peer_id(ip);
@@ -197,7 +210,7 @@ impl Control {
         let inc = &mut self.incoming[i];
         match inc.stage {
             Stage::Preamble => {
-                let Some((class, flags)) = parse_preamble(&inc.got) else {
+                let Some((kind, flags)) = parse_preamble(&inc.got) else {
                     return Verdict::Reject {
                         why: "bad channel preamble",
                         auth: false,
@@ -206,7 +219,7 @@ impl Control {
                 let wants_auth = flags & auth::FLAG_AUTH != 0;
                 match (key, wants_auth) {
                     (None, false) => Verdict::Join {
-                        class,
+                        kind,
                         consumed: PREAMBLE_LEN,
                     },
                     (Some(_), false) => Verdict::Reject {
@@ -227,7 +240,7 @@ impl Control {
                                 auth: false,
                             };
                         };
-                        let tag = key.accept_tag(&nc, &ns, class_byte(class));
+                        let tag = key.accept_tag(&nc, &ns, kind_byte(kind));
                         let mut challenge = Vec::with_capacity(auth::NONCE_LEN + auth::TAG_LEN);
                         challenge.extend_from_slice(&ns);
                         challenge.extend_from_slice(&tag);
@@ -237,21 +250,19 @@ impl Control {
                                 auth: false,
                             };
                         }
-                        inc.stage = Stage::Challenged { class, nc, ns };
+                        inc.stage = Stage::Challenged { kind, nc, ns };
                         Verdict::Challenged
                     }
                 }
             }
-            Stage::Challenged { class, nc, ns } => {
+            Stage::Challenged { kind, nc, ns } => {
                 let at = PREAMBLE_LEN + auth::NONCE_LEN;
                 let tag = &inc.got[at..at + auth::TAG_LEN];
                 match key {
-                    Some(key) if key.verify_open(&nc, &ns, class_byte(class), tag) => {
-                        Verdict::Join {
-                            class,
-                            consumed: at + auth::TAG_LEN,
-                        }
-                    }
+                    Some(key) if key.verify_open(&nc, &ns, kind_byte(kind), tag) => Verdict::Join {
+                        kind,
+                        consumed: at + auth::TAG_LEN,
+                    },
                     _ => Verdict::Reject {
                         why: "channel authentication failed (wrong key)",
                         auth: true,
@@ -268,19 +279,24 @@ mod tests {
 
     #[test]
     fn preamble_round_trips_and_rejects_garbage() {
-        for class in [ChannelClass::Throughput, ChannelClass::Latency] {
-            assert_eq!(parse_preamble(&preamble(class, 0)), Some((class, 0)));
+        for kind in [
+            Kind::Channel(ChannelClass::Throughput),
+            Kind::Channel(ChannelClass::Latency),
+            Kind::Hello,
+        ] {
+            assert_eq!(parse_preamble(&preamble(kind, 0)), Some((kind, 0)));
             assert_eq!(
-                parse_preamble(&preamble(class, auth::FLAG_AUTH)),
-                Some((class, auth::FLAG_AUTH))
+                parse_preamble(&preamble(kind, auth::FLAG_AUTH)),
+                Some((kind, auth::FLAG_AUTH))
             );
         }
+        assert_eq!(preamble(Kind::Hello, 0), *b"NCHN\x01\x02\x00\x00");
         assert_eq!(parse_preamble(b"NCHN"), None);
         assert_eq!(parse_preamble(b"GET / HTTP/1.1"), None);
-        let mut p = preamble(ChannelClass::Latency, 0);
+        let mut p = preamble(Kind::Channel(ChannelClass::Latency), 0);
         p[5] = 7;
         assert_eq!(parse_preamble(&p), None);
-        p = preamble(ChannelClass::Latency, 0);
+        p = preamble(Kind::Channel(ChannelClass::Latency), 0);
         p[4] = 2;
         assert_eq!(parse_preamble(&p), None);
     }

@@ -16,6 +16,7 @@
 //! task. The calls of the core that take the lock live here, with their concept.
 
 mod drain;
+mod hello;
 mod incoming;
 mod peers;
 mod plans;
@@ -32,6 +33,7 @@ use netdriver::channel::Channel;
 use tracing::debug;
 
 pub(crate) use state::drain::{Goal, StopOutcome};
+pub use state::hello::HelloCounts;
 pub use state::plans::PlanCounters;
 pub(crate) use state::Control;
 

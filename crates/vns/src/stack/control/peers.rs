@@ -20,7 +20,8 @@ use super::super::auth;
 use super::super::channel::{Chan, ChanTable, Gone};
 use super::super::core::{stopped_error, Core, Finish};
 use super::super::receive::ChanSink;
-use super::incoming::{class_byte, preamble, PREAMBLE_LEN};
+use super::incoming::{kind_byte, preamble, PREAMBLE_LEN};
+use super::state::incoming::Kind;
 use super::state::peers::Opening;
 use super::state::Control;
 use crate::endpoint::{Error as VnsError, PeerId};
@@ -37,7 +38,7 @@ impl Wake for Unpark {
 /// The channel's next bytes, waiting on this thread until `deadline`: `Ok(None)` when
 /// the peer closed it, `Err` when it failed or the deadline passed. For helper threads
 /// only (it parks the calling thread).
-fn dequeue_until(t: &Channel, deadline: Instant) -> Result<Option<Bytes>, String> {
+pub(super) fn dequeue_until(t: &Channel, deadline: Instant) -> Result<Option<Bytes>, String> {
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
     loop {
@@ -129,7 +130,10 @@ impl Core {
         Poll::Pending
     }
 
-    /// Opens the configured channels to `ip` (helper thread).
+    /// Opens the configured channels to `ip` (helper thread). Where this stack chooses its
+    /// channels' ports (its RSS is reproducible), it first asks the peer for its hello
+    /// ([`Core::ask_hello`]) so that each channel's port lands on a queue of its class at
+    /// the peer as well.
     fn open_channels(self: Arc<Self>, ip: Ipv4Addr, attempt: u64) {
         let remote = SocketAddrV4::new(ip, self.config.channel_port);
         let plan =
@@ -140,8 +144,24 @@ impl Core {
         let mut opened = Vec::new();
         let mut error = None;
         let mut auth_error = None;
+        let peer_rss = if self.set.rss_state().is_predictable() {
+            match self.ask_hello(remote) {
+                Ok(d) => d.map(Arc::new),
+                Err(e) => {
+                    // The peer cannot be reached: every channel would fail the same way.
+                    debug!(%remote, error = %e, "opening a hello channel failed");
+                    error = Some(e);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        // Nothing to open when the peer could not be reached for its hello.
+        let reachable = error.is_none();
+        let plan = plan.filter(move |_| reachable);
         for class in plan {
-            match self.connect_channel(remote, class, &next_bulk) {
+            match self.connect_channel(remote, class, &next_bulk, peer_rss.as_deref()) {
                 Ok(t) => match self.open_handshake(&t, class) {
                     Ok(leftover) => opened.push((t, class, leftover)),
                     Err(why) => {
@@ -179,6 +199,7 @@ impl Core {
             }
             let p = ctl.peers.get_mut(&ip).expect("peer_id inserted it");
             p.opened |= n > 0;
+            p.rss = peer_rss;
             let next = match (error, auth_error) {
                 (_, Some(why)) if n == 0 => Opening::Failed {
                     attempt,
@@ -244,14 +265,22 @@ impl Core {
         t: &Channel,
         class: ChannelClass,
     ) -> Result<Option<Bytes>, String> {
+        let leftover = self.send_preamble(t, Kind::Channel(class))?;
+        Ok((!leftover.is_empty()).then(|| Bytes::from(leftover)))
+    }
+
+    /// The opener's side of a channel's handshake for a channel of `kind`: its preamble,
+    /// and with a channel key the authentication exchange. Returns the bytes that came
+    /// after the acceptor's challenge (none without a key).
+    pub(super) fn send_preamble(&self, t: &Channel, kind: Kind) -> Result<Vec<u8>, String> {
         let Some(key) = &self.config.channel_key else {
-            t.enqueue(Bytes::copy_from_slice(&preamble(class, 0)))
+            t.enqueue(Bytes::copy_from_slice(&preamble(kind, 0)))
                 .map_err(|e| format!("channel failed before its preamble: {e}"))?;
-            return Ok(None);
+            return Ok(Vec::new());
         };
         let nc = auth::nonce().map_err(|e| format!("no randomness for a nonce: {e}"))?;
         let mut hello = Vec::with_capacity(PREAMBLE_LEN + auth::NONCE_LEN);
-        hello.extend_from_slice(&preamble(class, auth::FLAG_AUTH));
+        hello.extend_from_slice(&preamble(kind, auth::FLAG_AUTH));
         hello.extend_from_slice(&nc);
         t.enqueue(Bytes::from(hello))
             .map_err(|e| format!("channel failed before its preamble: {e}"))?;
@@ -272,15 +301,15 @@ impl Core {
         }
         let (ns, rest) = got.split_at(auth::NONCE_LEN);
         let (tag, leftover) = rest.split_at(auth::TAG_LEN);
-        if !key.verify_accept(&nc, ns, class_byte(class), tag) {
+        if !key.verify_accept(&nc, ns, kind_byte(kind), tag) {
             return Err(
                 "channel authentication failed: the peer does not hold our channel key".into(),
             );
         }
-        let proof = key.open_tag(&nc, ns, class_byte(class));
+        let proof = key.open_tag(&nc, ns, kind_byte(kind));
         t.enqueue(Bytes::copy_from_slice(&proof))
             .map_err(|e| format!("channel failed during authentication: {e}"))?;
-        Ok((!leftover.is_empty()).then(|| Bytes::copy_from_slice(leftover)))
+        Ok(leftover.to_vec())
     }
 
     /// A channel joins (the control lock held): every shard's endpoint learns it first,

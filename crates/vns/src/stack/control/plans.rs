@@ -141,6 +141,10 @@ impl Core {
         for c in &mut snapshot.channels {
             c.queue = table.get(&c.id).map(|ch| ch.t.queue());
             c.steering = table.get(&c.id).map(|ch| steering_of(ch.t.steering()));
+            c.peer_steering = table
+                .get(&c.id)
+                .and_then(|ch| ch.t.peer_alignment())
+                .map(peer_steering_of);
             c.thread = c.queue.and_then(|q| {
                 queues
                     .iter()
@@ -239,17 +243,22 @@ impl Core {
     /// Opens one channel of `class` to `ip` (helper thread) and adds it to the stack.
     fn open_one(self: Arc<Self>, ip: Ipv4Addr, class: ChannelClass) {
         let remote = SocketAddrV4::new(ip, self.config.channel_port);
-        let opened =
-            match self.connect_channel(remote, class, &std::sync::atomic::AtomicUsize::new(0)) {
-                Ok(t) => match self.open_handshake(&t, class) {
-                    Ok(leftover) => Ok((t, leftover)),
-                    Err(why) => {
-                        t.abort();
-                        Err(why)
-                    }
-                },
-                Err(e) => Err(e.to_string()),
-            };
+        let peer_rss = self.ctl().peers.get(&ip).and_then(|p| p.rss.clone());
+        let opened = match self.connect_channel(
+            remote,
+            class,
+            &std::sync::atomic::AtomicUsize::new(0),
+            peer_rss.as_deref(),
+        ) {
+            Ok(t) => match self.open_handshake(&t, class) {
+                Ok(leftover) => Ok((t, leftover)),
+                Err(why) => {
+                    t.abort();
+                    Err(why)
+                }
+            },
+            Err(e) => Err(e.to_string()),
+        };
         {
             let mut ctl = self.ctl();
             ctl.plans.opening.remove(&ip);
@@ -434,6 +443,17 @@ fn steering_of(s: netdriver::rss::ChannelSteering) -> netsched::Steering {
         ChannelSteering::Aligned => netsched::Steering::Aligned,
         ChannelSteering::Ntuple { .. } => netsched::Steering::Rule,
         ChannelSteering::Forwarded { .. } => netsched::Steering::Forwarded,
+    }
+}
+
+/// The channel layer's record of where an opened channel lands at the peer, in the
+/// scheduler's terms.
+fn peer_steering_of(p: netdriver::rss::PeerAlignment) -> netsched::PeerSteering {
+    use netdriver::rss::PeerAlignment;
+    match p {
+        PeerAlignment::Unknown => netsched::PeerSteering::Unknown,
+        PeerAlignment::Aligned { queue } => netsched::PeerSteering::Aligned { queue },
+        PeerAlignment::Missed => netsched::PeerSteering::Missed,
     }
 }
 

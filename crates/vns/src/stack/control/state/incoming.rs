@@ -20,6 +20,16 @@ pub(in crate::stack::control) struct Incoming {
     pub(in crate::stack::control) deadline: Instant,
 }
 
+/// What an opened channel is for, as its preamble's class byte says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A channel of the class, which joins the endpoints.
+    Channel(ChannelClass),
+    /// A channel that asks for the acceptor's hello (its RSS, `crate::hello`), which
+    /// answers and closes it; it carries no chunks.
+    Hello,
+}
+
 /// Where an accepted channel is in its handshake.
 #[derive(Debug)]
 pub(in crate::stack::control) enum Stage {
@@ -27,7 +37,7 @@ pub(in crate::stack::control) enum Stage {
     Preamble,
     /// Our nonce and tag are sent; reading the opener's tag.
     Challenged {
-        class: ChannelClass,
+        kind: Kind,
         nc: [u8; auth::NONCE_LEN],
         ns: [u8; auth::NONCE_LEN],
     },

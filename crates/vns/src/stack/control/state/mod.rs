@@ -5,6 +5,7 @@
 //! core, so the core can hold this state without the control task's files.
 
 pub(super) mod drain;
+pub(super) mod hello;
 pub(super) mod incoming;
 pub(super) mod peers;
 pub(super) mod plans;
@@ -20,6 +21,7 @@ use super::super::auth::ChannelKey;
 use super::super::channel::Chan;
 use crate::endpoint::PeerId;
 use drain::{StopOutcome, Stopping, Waiter};
+use hello::HelloCounts;
 use incoming::Incoming;
 use peers::Peer;
 use plans::PlanState;
@@ -50,6 +52,8 @@ pub(crate) struct Control {
     /// Of those, channels that failed authentication (no, or a wrong, proof of the key;
     /// or asking to authenticate when this stack has no key).
     pub auth_failures: u64,
+    /// Hellos answered and asked for.
+    pub hellos: HelloCounts,
     /// The channel port's listener; `None` once it failed or the stack is stopping.
     pub(super) acceptor: Option<ChannelListener>,
     /// Tasks waiting for a [`Goal`](drain::Goal).
@@ -103,6 +107,7 @@ impl Control {
             linger_timeout,
             dropped_channels: 0,
             auth_failures: 0,
+            hellos: HelloCounts::default(),
             acceptor: Some(acceptor),
             waiters: Vec::new(),
             next_waiter: 0,

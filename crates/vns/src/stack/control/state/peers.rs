@@ -2,9 +2,11 @@
 //! channels to it. The control task's `peers.rs` opens, adds and loses the channels.
 
 use std::io;
+use std::sync::Arc;
 use std::task::Waker;
 
 use crate::endpoint::PeerId;
+use crate::hello::RssDescription;
 
 /// Where the opening of channels to a peer is.
 #[derive(Debug)]
@@ -31,6 +33,9 @@ pub(crate) struct Peer {
     /// This stack opened channels to the peer (so it opens them again when all are lost;
     /// a peer that opened them does that itself).
     pub(in crate::stack::control) opened: bool,
+    /// The peer's RSS as its hello at this stack's last opening described it: channels
+    /// opened later (the scheduler's plans) aim at its queues too.
+    pub(in crate::stack::control) rss: Option<Arc<RssDescription>>,
 }
 
 impl Peer {
@@ -41,6 +46,7 @@ impl Peer {
             latency: 0,
             opening: Opening::Idle,
             opened: false,
+            rss: None,
         }
     }
 }
