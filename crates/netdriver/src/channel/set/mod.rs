@@ -37,6 +37,7 @@ use super::signal::QueueSignal;
 use super::stats::{ChecksumCounters, SynCounters};
 use super::steering::SetSteering;
 use super::{ChannelError, ChannelSetConfig, LinkKind};
+use crate::link::packet_stats::PacketCounters;
 use crate::link::switch::SimSwitch;
 use crate::link::umem_memory::UmemPlacement;
 use crate::link::xdp::{XdpBinding, XdpLink};
@@ -73,6 +74,8 @@ pub struct ChannelSet {
     graveyard: Mutex<Vec<Arc<QueueSlot>>>,
     /// Each queue's AF_XDP socket binding and UMEM, by index (`None` for other links).
     links: Vec<(Option<XdpBinding>, Option<UmemPlacement>)>,
+    /// Each queue's AF_PACKET link counters, by index (`None` for other links).
+    packet_counters: Vec<Option<Arc<PacketCounters>>>,
     stopped: bool,
 }
 
@@ -108,6 +111,8 @@ pub(super) struct QueueParts {
     /// An AF_XDP link's binding and UMEM placement, for [`QueueStats`].
     pub(super) binding: Option<XdpBinding>,
     pub(super) umem: Option<UmemPlacement>,
+    /// An AF_PACKET link's counters, for [`QueueStats`].
+    pub(super) packet: Option<Arc<PacketCounters>>,
 }
 
 impl ChannelSet {
@@ -170,6 +175,7 @@ impl ChannelSet {
                 queue: q,
                 binding: Some(link.binding()),
                 umem: Some(link.umem_placement()),
+                packet: None,
                 link: Box::new(link),
                 neighbors: Neighbors::Kernel { table, ifindex },
             });
@@ -216,6 +222,7 @@ impl ChannelSet {
                 neighbors: Neighbors::Switch(switch.clone()),
                 binding: None,
                 umem: None,
+                packet: None,
             })
             .collect();
         // Frames on the switch are memory copies that nobody corrupts: the partial
@@ -295,6 +302,7 @@ impl ChannelSet {
         let syn_cookie_secret = Some(Arc::new(crate::tcp::syncookie::SynCookies::new()));
         let mut slots = Vec::with_capacity(parts.len());
         let links = parts.iter().map(|p| (p.binding, p.umem)).collect();
+        let packet_counters = parts.iter().map(|p| p.packet.clone()).collect();
         for (index, (p, (signal, crx, frx))) in parts.into_iter().zip(ends).enumerate() {
             let (rx_batch, tx_batch) = config.link_batches();
             let iface = Interface::new(
@@ -348,6 +356,7 @@ impl ChannelSet {
             accept_partial,
             graveyard: Mutex::new(Vec::new()),
             links,
+            packet_counters,
             stopped: false,
         };
         set.place_initially()?;
