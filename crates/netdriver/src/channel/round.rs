@@ -428,7 +428,9 @@ impl Worker {
                     drained = true;
                     break;
                 };
-                match conn.send(&chunk) {
+                // Shared, not copied: a large chunk is read from where it lies into the
+                // frames (`Connection::send_bytes`).
+                match conn.send_bytes(&chunk) {
                     Ok(n) => {
                         e.shared.tx_taken(n);
                         moved = true;
