@@ -165,6 +165,10 @@ impl SendQueue {
     /// Copies bytes starting `offset` bytes after the front into `out`; returns how many
     /// were copied (fewer than `out.len()` at the end of the data, 0 past it).
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> usize {
+        if self.shared == 0 {
+            // Nothing shared: the ring holds every byte, in order (the per-message path).
+            return self.ring.read_at(offset, out);
+        }
         let max = out.len();
         self.read_with(offset, max, |at, s| {
             out[at..at + s.len()].copy_from_slice(s)
@@ -174,6 +178,9 @@ impl SendQueue {
     /// [`read_at`](Self::read_at), also returning the folded Internet checksum sum of the
     /// bytes copied, computed in the same pass.
     pub fn read_at_sum(&self, offset: usize, out: &mut [u8]) -> (usize, u16) {
+        if self.shared == 0 {
+            return self.ring.read_at_sum(offset, out);
+        }
         let max = out.len();
         let mut sum = 0u16;
         let n = self.read_with(offset, max, |at, s| {
@@ -284,6 +291,33 @@ mod tests {
         q.consume(usize::MAX);
         assert!(q.is_empty());
         assert_eq!(q.allocated() - q.ring.allocated(), 0);
+    }
+
+    /// With nothing shared (the per-message path) reads go straight to the ring, across its
+    /// wrap-around, and a shared piece after them is read in order behind them.
+    #[test]
+    fn copied_bytes_alone_read_through_the_ring() {
+        let mut q = SendQueue::new(8192);
+        let mut model = Vec::new();
+        for i in 0..50u8 {
+            let msg = [i; 300];
+            assert_eq!(q.push(&msg), 300);
+            model.extend_from_slice(&msg);
+            let mut out = [0u8; 600];
+            let n = q.read_at(model.len().saturating_sub(600), &mut out);
+            assert_eq!(&out[..n], &model[model.len() - n..]);
+            if q.len() > 4000 {
+                q.consume(1000);
+                model.drain(..1000);
+            }
+        }
+        let big = Bytes::from(vec![0xabu8; SHARE_MIN]);
+        let mut q = SendQueue::new(2 * SHARE_MIN);
+        q.push(b"head");
+        assert_eq!(q.push_shared(&big), SHARE_MIN);
+        let mut out = [0u8; 8];
+        assert_eq!(q.read_at(0, &mut out), 8);
+        assert_eq!(&out, b"head\xab\xab\xab\xab");
     }
 
     /// A full queue takes nothing more; what a shared push could not take is left to the
