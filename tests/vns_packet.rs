@@ -14,6 +14,7 @@ use std::net::{SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use netchannel::netdriver::channel::LinkKind;
+use netchannel::netdriver::link::packet::PacketLinkStats;
 use netchannel::{Stack, VirtualStream};
 use testbed::{testbed_or_skip, Side, TestBed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -56,6 +57,28 @@ fn stack_in(bed: &TestBed, side: Side) -> Stack {
     })
     .expect("enter the namespace")
     .expect("build the stack")
+}
+
+/// The AF_PACKET link counters of every queue of `stack`, summed, as its queue
+/// statistics report them (each queue must report them: every link is an AF_PACKET one).
+fn packet_counters(stack: &Stack) -> PacketLinkStats {
+    let queues = stack.diagnostics().queue_stats();
+    assert!(!queues.is_empty());
+    let mut sum = PacketLinkStats::default();
+    for q in queues {
+        let p = q
+            .packet
+            .unwrap_or_else(|| panic!("queue {} reports no AF_PACKET counters", q.queue));
+        sum.rx_coalesced += p.rx_coalesced;
+        sum.rx_checksum_verified += p.rx_checksum_verified;
+        sum.rx_truncated += p.rx_truncated;
+        sum.tx_super_segments += p.tx_super_segments;
+        sum.tx_full += p.tx_full;
+        sum.tx_dropped += p.tx_dropped;
+        sum.rx_socket_drops += p.rx_socket_drops;
+        sum.tx_errors += p.tx_errors;
+    }
+    sum
 }
 
 /// The programs on `side`'s interface: (an XDP program attached, TCX ingress programs).
@@ -246,6 +269,22 @@ fn two_stacks_over_af_packet() {
         );
         assert!(steering.filtered_in > 1000, "{name}: {steering:?}");
         assert_eq!(set.rx_checksum_stats().bad, 0, "{name}");
+    }
+    // The links' own counters, in the stacks' queue statistics: A sent the large transfer
+    // as super-segments, which B's sockets received whole (coalesced, checksums vouched
+    // for), and nothing was dropped on either side.
+    let (pa, pb) = (packet_counters(&a), packet_counters(&b));
+    println!("A: link counters {pa:?}\nB: link counters {pb:?}");
+    let supers = total / (64 << 10);
+    assert!(pa.tx_super_segments >= supers / 2, "A: {pa:?}");
+    assert!(pb.rx_coalesced >= supers / 2, "B: {pb:?}");
+    assert!(pb.rx_checksum_verified >= pb.rx_coalesced, "B: {pb:?}");
+    for (name, p) in [("A", pa), ("B", pb)] {
+        assert_eq!(
+            (p.rx_truncated, p.tx_errors),
+            (0, 0),
+            "{name}: truncated or refused frames: {p:?}"
+        );
     }
     drop(rt);
     drop(a);

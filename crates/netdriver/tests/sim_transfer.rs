@@ -109,6 +109,8 @@ fn fill(stream: u64, offset: usize, buf: &mut [u8]) {
 struct Stream {
     id: u64,
     sent: usize,
+    /// Writes made (`send` and `send_bytes` alternate).
+    writes: u64,
     closed: bool,
     received: usize,
     eof: bool,
@@ -155,7 +157,16 @@ fn pump(
             break;
         }
         fill(end.tx.id, end.tx.sent, &mut scratch[..n]);
-        match conn.send(&scratch[..n]) {
+        // Every other write hands the connection a buffer to share (a channel's chunks
+        // are `Bytes`: `send_bytes` keeps large ones as they are), so that copied and
+        // shared pieces of the send queue interleave under every fault.
+        end.tx.writes += 1;
+        let sent = if end.tx.writes % 2 == 0 {
+            conn.send_bytes(&bytes::Bytes::copy_from_slice(&scratch[..n]))
+        } else {
+            conn.send(&scratch[..n])
+        };
+        match sent {
             Ok(k) => {
                 end.tx.sent += k;
                 moved |= k > 0;
@@ -327,8 +338,9 @@ fn run(case: &Case) -> Result<Outcome, String> {
         },
     ];
 
-    let mut scratch = vec![0u8; 16 * 1024];
-    let mut expected = vec![0u8; 16 * 1024];
+    // Larger than `send_queue::SHARE_MIN`: whole writes of it are shared.
+    let mut scratch = vec![0u8; 64 * 1024];
+    let mut expected = vec![0u8; 64 * 1024];
     let mut now = now0;
     // Whether `now` is the instant of the previous polls.
     let mut same_instant = false;

@@ -138,8 +138,9 @@ pub struct ThreadStats {
     /// The measuring window.
     pub window: Duration,
     /// Frames for the runtime's NIC queues that the kernel dropped within `window`
-    /// because an AF_XDP rx ring was full or a fill ring empty: a runtime that does not
-    /// keep up loses frames, which its channels then retransmit. 0 when unknown.
+    /// because an AF_XDP rx ring was full or a fill ring empty, or an AF_PACKET socket's
+    /// receive buffer was full: a runtime that does not keep up loses frames, which its
+    /// channels then retransmit. 0 when unknown.
     #[serde(default)]
     pub rx_dropped: u64,
 }

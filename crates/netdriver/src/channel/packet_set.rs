@@ -58,6 +58,7 @@ impl ChannelSet {
             };
             parts.push(QueueParts {
                 queue: q,
+                packet: Some(link.counters()),
                 link: Box::new(link),
                 neighbors: Neighbors::Kernel { table, ifindex },
                 binding: None,

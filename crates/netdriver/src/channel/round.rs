@@ -432,7 +432,9 @@ impl Worker {
                     drained = true;
                     break;
                 };
-                match conn.send(&chunk) {
+                // Shared, not copied: a large chunk is read from where it lies into the
+                // frames (`Connection::send_bytes`).
+                match conn.send_bytes(&chunk) {
                     Ok(n) => {
                         e.shared.tx_taken(n);
                         moved = true;
@@ -618,7 +620,47 @@ impl Worker {
                 return true;
             }
         }
+        let in_place = sink.reads_in_place();
         loop {
+            if in_place {
+                // TCP's receive buffer lent to the sink, all that is readable in one read
+                // (at most two slices): no copy into a `Bytes` first, one call per read.
+                let Some(sink) = e.sink.as_mut() else {
+                    break;
+                };
+                let mut flow = RxFlow::Continue;
+                match conn.recv_with(usize::MAX, |s| {
+                    if sink.on_slice(s) == RxFlow::Pause {
+                        flow = RxFlow::Pause;
+                    }
+                }) {
+                    Ok(0) => {
+                        if !e.eof {
+                            e.eof = true;
+                            publish_entry(conn, e, now);
+                            e.shared.finish_rx();
+                            any = true;
+                        }
+                        e.end_sink(Ok(()));
+                        break;
+                    }
+                    Ok(_) => {
+                        any = true;
+                        if flow == RxFlow::Pause {
+                            e.sink_paused = true;
+                            break;
+                        }
+                    }
+                    Err(TcpError::WouldBlock | TcpError::Closed) => break,
+                    Err(err) => {
+                        e.shared.fail(Failure::from_tcp(err));
+                        e.end_sink(Err(ChannelError::from_tcp(err)));
+                        any = true;
+                        break;
+                    }
+                }
+                continue;
+            }
             let want = RX_CHUNK.min(conn.recv_queue().max(1));
             match read_into(conn, rxbuf, want) {
                 Ok(None) => {

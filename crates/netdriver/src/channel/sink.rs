@@ -17,6 +17,26 @@ pub trait RxSink: Send {
     /// [`Channel::resume_rx`](super::Channel::resume_rx).
     fn on_bytes(&mut self, bytes: Bytes) -> RxFlow;
 
+    /// Whether the sink takes received bytes in place, as slices of TCP's receive buffer
+    /// ([`on_slice`](Self::on_slice)), instead of as `Bytes` the driver copies them into
+    /// first. A sink that copies what it keeps anyway (a deframer cutting chunks out of
+    /// the stream) saves a copy of every byte. Asked once, when the sink is installed.
+    /// The default is `false`.
+    fn reads_in_place(&self) -> bool {
+        false
+    }
+
+    /// Received bytes of the channel, in order, lent from TCP's receive buffer (a sink
+    /// that [`reads_in_place`](Self::reads_in_place)). Unlike [`on_bytes`](Self::on_bytes),
+    /// the sink takes all of `bytes` whatever it returns: it keeps (copies) what it could
+    /// not deliver, and may be handed one more slice of the same read after it paused
+    /// (TCP's buffer is a ring: one read is at most two slices), which it keeps too.
+    /// [`RxFlow::Pause`] then stops the reads as `on_bytes`' does. The default copies
+    /// `bytes` and hands them to `on_bytes`.
+    fn on_slice(&mut self, bytes: &[u8]) -> RxFlow {
+        self.on_bytes(Bytes::copy_from_slice(bytes))
+    }
+
     /// Go on with what the sink kept: called once when the driver installs the sink
     /// (before the bytes queued until then, so that bytes the sink was made with go
     /// first), and whenever the consumer asks to resume paused reads.

@@ -4,6 +4,7 @@ use std::sync::atomic::AtomicU64;
 
 use super::place::DriverPlace;
 use super::sys::XskDrops;
+use crate::link::packet_stats::PacketLinkStats;
 use crate::link::umem_memory::UmemPlacement;
 use crate::link::xdp::{TxChecksum, XdpBinding};
 
@@ -97,4 +98,17 @@ pub struct QueueStats {
     /// kernel through TX metadata, or the link itself and why; `None` for links that are
     /// not AF_XDP sockets.
     pub tx_checksum: Option<TxChecksum>,
+    /// The queue's AF_PACKET link's counters (super-segments sent and coalesced frames
+    /// received, full sends, drops), cumulative since the set started; `None` for links
+    /// that are not AF_PACKET sockets.
+    pub packet: Option<PacketLinkStats>,
+}
+
+impl QueueStats {
+    /// Frames the kernel dropped at the queue's socket for want of room (an AF_XDP
+    /// socket's full rx ring or empty fill ring; an AF_PACKET socket's full receive
+    /// buffer), cumulative; 0 for links without a kernel socket.
+    pub fn kernel_rx_drops(&self) -> u64 {
+        self.xsk_drops.map_or(0, |d| d.rx_dropped) + self.packet.map_or(0, |p| p.rx_socket_drops)
+    }
 }

@@ -95,6 +95,8 @@ pub mod gro;
 pub mod offload;
 #[cfg(target_os = "linux")]
 pub mod packet;
+#[cfg(target_os = "linux")]
+pub mod packet_stats;
 pub mod sim;
 pub mod switch;
 #[cfg(target_os = "linux")]

@@ -55,10 +55,12 @@
 use core::ops::Range;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{debug, warn};
 
+pub use super::packet_stats::{PacketCounters, PacketLinkStats};
 use super::{
     tx_range_ok, FrameWriter, Link, LinkStats, Offloads, QueueLink, RxMeta, TxMeta,
     ETHERNET_HEADER_LEN, MAX_SUPER_FRAME_LEN, TX_HEADROOM,
@@ -184,31 +186,6 @@ pub enum PacketLinkError {
     },
 }
 
-/// Counters of the AF_PACKET link beyond [`LinkStats`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PacketLinkStats {
-    /// Frames received that held several wire segments (the kernel's GRO, or a local
-    /// sender's GSO carried whole).
-    pub rx_coalesced: u64,
-    /// Frames received whose checksum the kernel vouched for.
-    pub rx_checksum_verified: u64,
-    /// Frames received longer than the buffer (cut: dropped, and in
-    /// [`LinkStats::dropped_oversize`]).
-    pub rx_truncated: u64,
-    /// Super-segments handed to the kernel to segment.
-    pub tx_super_segments: u64,
-    /// `sendmmsg` calls that found the socket buffer full (frames kept for the next flush).
-    pub tx_full: u64,
-    /// Frames the device or its queueing discipline dropped (`ENOBUFS`: a full queue, or
-    /// no memory for the copy); gone, as on a lossy wire.
-    pub tx_dropped: u64,
-    /// Frames the kernel dropped because the socket's receive buffer was full
-    /// (`PACKET_STATISTICS`' `tp_drops`, summed over [`PacketLink::kernel_drops`] calls).
-    pub rx_socket_drops: u64,
-    /// Frames the kernel refused (`sendmmsg` error other than a full buffer); dropped.
-    pub tx_errors: u64,
-}
-
 /// One frame written and waiting for [`Link::flush`].
 #[derive(Debug, Clone)]
 struct Staged {
@@ -238,7 +215,9 @@ pub struct PacketLink {
     iovecs: Vec<libc::iovec>,
     msgs: Vec<libc::mmsghdr>,
     stats: LinkStats,
-    packet_stats: PacketLinkStats,
+    /// The counters beyond `stats`, shared with the channel set that reports them
+    /// ([`PacketLink::counters`]).
+    packet_stats: Arc<PacketCounters>,
 }
 
 // SAFETY: the raw pointers in `iovecs` and `msgs` are scratch, rebuilt from the link's own
@@ -406,7 +385,7 @@ impl PacketLink {
             iovecs: Vec::with_capacity(2 * rx_batch.max(tx_frames)),
             msgs: Vec::with_capacity(rx_batch.max(tx_frames)),
             stats: LinkStats::default(),
-            packet_stats: PacketLinkStats::default(),
+            packet_stats: Arc::new(PacketCounters::default()),
             config,
         })
     }
@@ -429,37 +408,21 @@ impl PacketLink {
 
     /// The counters beyond [`LinkStats`].
     pub fn packet_stats(&self) -> PacketLinkStats {
-        self.packet_stats
+        self.packet_stats.snapshot()
+    }
+
+    /// The link's counters, shared: whoever holds them reads what the link counts from
+    /// now on without reaching the link (a channel set reports them in its
+    /// [`QueueStats`](crate::channel::QueueStats) while a queue driver owns the link).
+    pub fn counters(&self) -> Arc<PacketCounters> {
+        self.packet_stats.clone()
     }
 
     /// Reads (and resets) the kernel's drop count of this socket (`PACKET_STATISTICS`:
     /// frames that found the receive buffer full), adds it to
     /// [`PacketLinkStats::rx_socket_drops`] and returns the new total.
     pub fn kernel_drops(&mut self) -> io::Result<u64> {
-        #[repr(C)]
-        #[derive(Default)]
-        struct TpacketStats {
-            tp_packets: u32,
-            tp_drops: u32,
-        }
-        const PACKET_STATISTICS: libc::c_int = 6;
-        let mut st = TpacketStats::default();
-        let mut len = std::mem::size_of::<TpacketStats>() as libc::socklen_t;
-        // SAFETY: getsockopt writing at most `len` bytes into a local `tpacket_stats`.
-        let rc = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                PACKET_STATISTICS,
-                (&mut st as *mut TpacketStats).cast(),
-                &mut len,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        self.packet_stats.rx_socket_drops += u64::from(st.tp_drops);
-        Ok(self.packet_stats.rx_socket_drops)
+        self.packet_stats.collect_socket_drops(self.fd.as_fd())
     }
 
     /// Frames written and not yet accepted by the kernel.
@@ -560,7 +523,7 @@ impl PacketLink {
                 let err = io::Error::last_os_error();
                 match err.raw_os_error() {
                     Some(libc::EAGAIN) | Some(libc::EINTR) => {
-                        self.packet_stats.tx_full += 1;
+                        self.packet_stats.tx_full.add(1);
                         return;
                     }
                     Some(libc::ENOBUFS) => {
@@ -569,7 +532,7 @@ impl PacketLink {
                         // Kept, it would be offered again at once: the socket polls
                         // writable (its buffer is not what is full), so a driver waiting
                         // for room would spin while the device's queue stays full.
-                        self.packet_stats.tx_dropped += 1;
+                        self.packet_stats.tx_dropped.add(1);
                         let s = self.staged.remove(0);
                         self.tx_free.push(s.buf);
                         continue;
@@ -577,7 +540,7 @@ impl PacketLink {
                     _ => {
                         // The first frame is refused (a malformed one): drop it, go on.
                         warn!(ifname = %self.config.ifname, error = %err, "AF_PACKET send refused a frame");
-                        self.packet_stats.tx_errors += 1;
+                        self.packet_stats.tx_errors.add(1);
                         let s = self.staged.remove(0);
                         self.tx_free.push(s.buf);
                         continue;
@@ -591,7 +554,7 @@ impl PacketLink {
             }
             if sent < n {
                 // The socket took part of the batch: full for now.
-                self.packet_stats.tx_full += 1;
+                self.packet_stats.tx_full.add(1);
                 return;
             }
         }
@@ -723,7 +686,7 @@ impl Link for PacketLink {
             let len = self.msgs[i].msg_len as usize;
             let truncated = self.msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             if truncated || len < VNET_HDR_LEN {
-                self.packet_stats.rx_truncated += u64::from(truncated);
+                self.packet_stats.rx_truncated.add(u64::from(truncated));
                 self.stats.dropped_oversize += 1;
                 continue;
             }
@@ -736,10 +699,10 @@ impl Link for PacketLink {
                 0
             };
             if segment_size > 0 {
-                self.packet_stats.rx_coalesced += 1;
+                self.packet_stats.rx_coalesced.add(1);
             }
             if verified {
-                self.packet_stats.rx_checksum_verified += 1;
+                self.packet_stats.rx_checksum_verified.add(1);
             }
             self.stats.rx_frames += 1;
             self.stats.rx_bytes += frame.len() as u64;
@@ -801,7 +764,7 @@ impl Link for PacketLink {
             }
             let hdr = self.vnet_header(&self.tx_bufs[idx][range.clone()], meta);
             if hdr[1] != VNET_GSO_NONE {
-                self.packet_stats.tx_super_segments += 1;
+                self.packet_stats.tx_super_segments.add(1);
             }
             self.stats.tx_frames += 1;
             self.stats.tx_bytes += range.len() as u64;
@@ -836,6 +799,34 @@ impl Link for PacketLink {
             Offloads::default()
         }
     }
+}
+
+/// Reads and resets the kernel's count of frames an AF_PACKET socket dropped for a full
+/// receive buffer (`PACKET_STATISTICS`' `tp_drops`).
+pub(crate) fn take_socket_drops(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct TpacketStats {
+        tp_packets: u32,
+        tp_drops: u32,
+    }
+    const PACKET_STATISTICS: libc::c_int = 6;
+    let mut st = TpacketStats::default();
+    let mut len = std::mem::size_of::<TpacketStats>() as libc::socklen_t;
+    // SAFETY: getsockopt writing at most `len` bytes into a local `tpacket_stats`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            PACKET_STATISTICS,
+            (&mut st as *mut TpacketStats).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::from(st.tp_drops))
 }
 
 #[cfg(test)]

@@ -238,8 +238,8 @@ impl Core {
         // Verify the checksum before anything depends on the segment. For the next
         // in-order payload of an established connection, the sum comes from copying the
         // payload into the receive ring (see `Connection::place_payload`); otherwise from
-        // reading it.
-        let placed = conn.and_then(|c| c.place_payload(repr.seq, payload));
+        // reading it. A payload whose checksum the link vouched for is placed without it.
+        let placed = conn.and_then(|c| c.place_payload(repr.seq, payload, !check.verified));
         let sum_ok = if check.verified {
             // Vouched for by the link; the sum (if any) is not needed.
             self.stats.rx_checksum_offloaded += 1;

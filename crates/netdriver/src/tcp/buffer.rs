@@ -145,6 +145,22 @@ impl TxRing {
         n
     }
 
+    /// Hands at most `max` bytes from `offset` bytes after the front to `f` in place, as
+    /// at most two slices (the ring may wrap), in order; returns how many.
+    pub fn read_parts(&self, offset: usize, max: usize, mut f: impl FnMut(&[u8])) -> usize {
+        if offset >= self.len {
+            return 0;
+        }
+        let n = max.min(self.len - offset);
+        let start = (self.head + offset) % self.buf.len();
+        let first = n.min(self.buf.len() - start);
+        f(&self.buf[start..start + first]);
+        if n > first {
+            f(&self.buf[..n - first]);
+        }
+        n
+    }
+
     /// [`read_at`](Self::read_at), also returning the folded Internet checksum sum of the
     /// bytes copied, computed in the same pass (the sender's ring → frame copy carries the
     /// TCP payload's checksum).

@@ -8,6 +8,7 @@ pub mod isn;
 pub mod rack;
 pub mod rtt;
 pub mod sack;
+pub mod send_queue;
 pub mod sendtimes;
 pub mod syncookie;
 pub mod time_wait;

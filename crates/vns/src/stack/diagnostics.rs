@@ -168,8 +168,10 @@ impl<'a> Diagnostics<'a> {
 
     /// Each NIC queue's driver since the stack started: where it runs, its busy time,
     /// rounds, polls and wake-ups, and what the kernel dropped at its AF_XDP socket because
-    /// its driver did not keep up (rx ring full, fill ring empty). Cumulative, unlike the
-    /// per-period view in [`Diagnostics::stats`].
+    /// its driver did not keep up (rx ring full, fill ring empty); over AF_PACKET, the
+    /// link's counters (`QueueStats::packet`: super-segments sent, coalesced frames
+    /// received, full sends, drops). Cumulative, unlike the per-period view in
+    /// [`Diagnostics::stats`], whose runtimes' `rx_dropped` counts either kind of drop.
     pub fn queue_stats(&self) -> Vec<netdriver::channel::QueueStats> {
         self.core().set.queue_stats()
     }

@@ -63,7 +63,7 @@ impl ChanSink {
 
     /// Delivers `bytes` (after what is pending), finishing the touched shards and waking
     /// their tasks once every lock is released.
-    fn deliver_bytes(&mut self, core: &Core, bytes: Option<Bytes>) -> RxFlow {
+    fn deliver_bytes(&mut self, core: &Core, bytes: Input<'_>) -> RxFlow {
         let mut fin = Finish::default();
         let flow = match self.deliver(core, bytes, &mut fin) {
             Ok(flow) => flow,
@@ -79,18 +79,15 @@ impl ChanSink {
         flow
     }
 
-    fn deliver(
-        &mut self,
-        core: &Core,
-        bytes: Option<Bytes>,
-        fin: &mut Finish,
-    ) -> Result<RxFlow, Gone> {
+    fn deliver(&mut self, core: &Core, bytes: Input<'_>, fin: &mut Finish) -> Result<RxFlow, Gone> {
         let table = core.chans.load();
-        let mut items = [self.pending.take(), bytes];
+        let mut items = [self.pending.take().map_or(Input::None, Input::Bytes), bytes];
         for k in 0..items.len() {
-            let Some(b) = items[k].take() else {
+            let item = std::mem::replace(&mut items[k], Input::None);
+            let b = item.as_slice();
+            if b.is_empty() {
                 continue;
-            };
+            }
             // The shard last handed a chunk, kept locked while the chunks of this batch go
             // to it (one lock for a batch of one socket's chunks).
             let mut held: Option<(usize, MutexGuard<'_, Shard>)> = None;
@@ -141,9 +138,9 @@ impl ChanSink {
                     debug!(channel = %self.id, shard = j, "channel reads paused");
                     self.stalled_in = Some(j);
                     // Kept, in order: this batch's rest, then whatever came after it.
-                    let mut keep = b.slice(off..);
-                    for later in items[k + 1..].iter_mut().filter_map(Option::take) {
-                        keep = join(keep, later);
+                    let mut keep = item.rest(off);
+                    for later in &items[k + 1..] {
+                        keep = join(keep, later.as_slice());
                     }
                     self.pending = (!keep.is_empty()).then_some(keep);
                     if let Some((_, s)) = held.take() {
@@ -165,7 +162,29 @@ impl RxSink for ChanSink {
         let Some(core) = self.core.upgrade() else {
             return RxFlow::Pause;
         };
-        let flow = self.deliver_bytes(&core, Some(bytes));
+        let flow = self.deliver_bytes(&core, Input::Bytes(bytes));
+        release(core);
+        flow
+    }
+
+    /// Deframes straight out of the channel's TCP receive buffer: the payload of each
+    /// chunk is copied once, into the chunk's buffer, instead of into a `Bytes` first.
+    fn reads_in_place(&self) -> bool {
+        true
+    }
+
+    fn on_slice(&mut self, bytes: &[u8]) -> RxFlow {
+        if self.stalled_in.is_some() {
+            // Paused (the second slice of a read that paused on its first): kept behind
+            // what is pending, for `resume`.
+            let keep = join(self.pending.take().unwrap_or_default(), bytes);
+            self.pending = (!keep.is_empty()).then_some(keep);
+            return RxFlow::Pause;
+        }
+        let Some(core) = self.core.upgrade() else {
+            return RxFlow::Pause;
+        };
+        let flow = self.deliver_bytes(&core, Input::Slice(bytes));
         release(core);
         flow
     }
@@ -182,7 +201,7 @@ impl RxSink for ChanSink {
             debug!(channel = %self.id, "channel reads resume");
             self.stalled_in = None;
         }
-        let flow = self.deliver_bytes(&core, None);
+        let flow = self.deliver_bytes(&core, Input::None);
         release(core);
         flow
     }
@@ -227,14 +246,45 @@ fn release(core: Arc<Core>) {
     }
 }
 
+/// Bytes handed to the sink: kept `Bytes` (what a pause left, bytes the channel's Rx
+/// queue held) or a slice lent by TCP's receive buffer.
+enum Input<'a> {
+    None,
+    Bytes(Bytes),
+    Slice(&'a [u8]),
+}
+
+impl Input<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Input::None => &[],
+            Input::Bytes(b) => b,
+            Input::Slice(s) => s,
+        }
+    }
+
+    /// What follows the first `off` bytes, to keep: shared for `Bytes`, copied out of a
+    /// lent slice.
+    fn rest(&self, off: usize) -> Bytes {
+        match self {
+            Input::None => Bytes::new(),
+            Input::Bytes(b) => b.slice(off..),
+            Input::Slice(s) => Bytes::copy_from_slice(&s[off..]),
+        }
+    }
+}
+
 /// `a` followed by `b`, in one buffer.
-fn join(a: Bytes, b: Bytes) -> Bytes {
+fn join(a: Bytes, b: &[u8]) -> Bytes {
+    if b.is_empty() {
+        return a;
+    }
     if a.is_empty() {
-        return b;
+        return Bytes::copy_from_slice(b);
     }
     let mut v = Vec::with_capacity(a.len() + b.len());
     v.extend_from_slice(&a);
-    v.extend_from_slice(&b);
+    v.extend_from_slice(b);
     Bytes::from(v)
 }
 

@@ -37,6 +37,7 @@ use super::signal::QueueSignal;
 use super::stats::{ChecksumCounters, SynCounters};
 use super::steering::SetSteering;
 use super::{ChannelError, ChannelSetConfig, LinkKind};
+use crate::link::packet_stats::PacketCounters;
 use crate::link::switch::SimSwitch;
 use crate::link::umem_memory::UmemPlacement;
 use crate::link::xdp::{TxChecksum, XdpBinding, XdpLink};
@@ -79,6 +80,8 @@ pub struct ChannelSet {
         Option<UmemPlacement>,
         Option<TxChecksum>,
     )>,
+    /// Each queue's AF_PACKET link counters, by index (`None` for other links).
+    packet_counters: Vec<Option<Arc<PacketCounters>>>,
     stopped: bool,
 }
 
@@ -115,6 +118,8 @@ pub(super) struct QueueParts {
     pub(super) binding: Option<XdpBinding>,
     pub(super) umem: Option<UmemPlacement>,
     pub(super) tx_checksum: Option<TxChecksum>,
+    /// An AF_PACKET link's counters, for [`QueueStats`].
+    pub(super) packet: Option<Arc<PacketCounters>>,
 }
 
 impl ChannelSet {
@@ -178,6 +183,7 @@ impl ChannelSet {
                 binding: Some(link.binding()),
                 umem: Some(link.umem_placement()),
                 tx_checksum: Some(link.tx_checksum()),
+                packet: None,
                 link: Box::new(link),
                 neighbors: Neighbors::Kernel { table, ifindex },
             });
@@ -227,6 +233,7 @@ impl ChannelSet {
                 binding: None,
                 umem: None,
                 tx_checksum: None,
+                packet: None,
             })
             .collect();
         // Frames on the switch are memory copies that nobody corrupts: the partial
@@ -313,6 +320,7 @@ impl ChannelSet {
             .iter()
             .map(|p| (p.binding, p.umem, p.tx_checksum))
             .collect();
+        let packet_counters = parts.iter().map(|p| p.packet.clone()).collect();
         for (index, (p, (signal, crx, frx))) in parts.into_iter().zip(ends).enumerate() {
             let (rx_batch, tx_batch) = config.link_batches();
             let iface = Interface::new(
@@ -366,6 +374,7 @@ impl ChannelSet {
             accept_partial,
             graveyard: Mutex::new(Vec::new()),
             links,
+            packet_counters,
             stopped: false,
         };
         set.place_initially()?;

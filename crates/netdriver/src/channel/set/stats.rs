@@ -144,6 +144,21 @@ impl ChannelSet {
                     binding,
                     umem,
                     tx_checksum,
+                    packet: self
+                        .packet_counters
+                        .get(i)
+                        .and_then(Option::as_ref)
+                        .map(|c| {
+                            if let Some(fd) = fd {
+                                // SAFETY: the descriptor is the queue's AF_PACKET socket, open
+                                // for as long as its slot, which `self.slots` holds.
+                                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                                // The kernel's count resets when read: it is added to the
+                                // link's own, which every reader shares.
+                                let _ = c.collect_socket_drops(fd);
+                            }
+                            c.snapshot()
+                        }),
                 }
             })
             .collect()

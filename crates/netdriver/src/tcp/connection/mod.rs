@@ -32,16 +32,18 @@
 
 use core::net::SocketAddrV4;
 
+use bytes::Bytes;
 use tracing::{debug, trace};
 
 use crate::tcp::assembler::Assembler;
-use crate::tcp::buffer::{RxLayout, RxRing, TxRing};
+use crate::tcp::buffer::{RxLayout, RxRing};
 use crate::tcp::config::Config;
 use crate::tcp::congestion::CongestionControl;
 use crate::tcp::error::TcpError;
 use crate::tcp::rack::Rack;
 use crate::tcp::rtt::RttEstimator;
 use crate::tcp::sack::SackScoreboard;
+use crate::tcp::send_queue::SendQueue;
 use crate::tcp::sendtimes::SendTimes;
 use crate::tcp::SeqNumber;
 use crate::time::{Duration, Instant};
@@ -311,7 +313,7 @@ pub struct Connection {
     peer_mss: u16,
     /// The application's MSS clamp (`set_mss_clamp`), on top of the peer's and ours.
     mss_clamp: Option<u16>,
-    tx: TxRing,
+    tx: SendQueue,
     /// Sequence number of the first byte in `tx`.
     tx_base: SeqNumber,
     /// `close()` was called: a FIN follows the queued data.
@@ -546,7 +548,7 @@ impl Connection {
             snd_wscale: 0,
             peer_mss: DEFAULT_PEER_MSS,
             mss_clamp: None,
-            tx: TxRing::new(config.tx_buffer),
+            tx: SendQueue::new(config.tx_buffer),
             tx_base: isn + 1,
             fin_queued: false,
             irs: SeqNumber(0),
@@ -830,6 +832,30 @@ impl Connection {
             return Ok(0);
         }
         match self.tx.push(data) {
+            0 => Err(TcpError::WouldBlock),
+            n => Ok(n),
+        }
+    }
+
+    /// [`send`](Self::send) of a buffer the caller shares instead of lending: a part of at
+    /// least [`SHARE_MIN`](crate::tcp::send_queue::SHARE_MIN) bytes is held as it is
+    /// (a reference, no copy) until acknowledged, and read straight into the frames; a
+    /// shorter one is copied as `send` copies. Same results as `send`.
+    pub fn send_bytes(&mut self, data: &Bytes) -> Result<usize, TcpError> {
+        if let Some(err) = self.error {
+            return Err(err);
+        }
+        let open = matches!(
+            self.state,
+            State::SynSent | State::SynReceived | State::Established | State::CloseWait
+        );
+        if !open || self.fin_queued {
+            return Err(TcpError::Closed);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        match self.tx.push_shared(data) {
             0 => Err(TcpError::WouldBlock),
             n => Ok(n),
         }

@@ -171,7 +171,7 @@ impl Core {
                 .set
                 .queue_stats()
                 .into_iter()
-                .map(|q| (q.queue, q.xsk_drops.map_or(0, |d| d.rx_dropped)))
+                .map(|q| (q.queue, q.kernel_rx_drops()))
                 .collect();
             let mut threads = Vec::new();
             let mut seen = HashMap::new();
