@@ -11,12 +11,15 @@
 //! replies land on the channel's queue; `RssAlignment::Off` takes ports in turn, whatever queue
 //! the replies land on.
 //!
-//! For each row: a fresh bed, two channel sets (4 queues), B listening on a channel port,
-//! then two measurements on the same sets:
+//! For each row: a fresh bed, two channel sets (4 queues), B listening on channel ports,
+//! then three measurements on the same sets:
 //!
-//! - bulk: A opens `NETCHANNEL_BENCH_CHANNELS` channels (default 8, spread over A's queues
+//! - up: A opens `NETCHANNEL_BENCH_CHANNELS` channels (default 8, spread over A's queues
 //!   round-robin) one after another, each carrying `NETCHANNEL_BENCH_MIB` MiB (default 16)
-//!   to B; Gbit/s of payload;
+//!   to B; Gbit/s of payload. A, the side whose queue alignment decides, receives only
+//!   ACKs here;
+//! - down: the same, B sending to A over the channels A opens: the data frames arrive at
+//!   the opening side;
 //! - request/response: A opens the same number of channels at once, each a closed loop
 //!   for `NETCHANNEL_BENCH_SECS` seconds (default 2) on its own thread: a request of
 //!   `NETCHANNEL_BENCH_SIZE` bytes (default 64; a per-request counter, then a pattern),
@@ -24,9 +27,17 @@
 //!   for byte before the next; requests/s of all channels together. Each channel makes
 //!   one exchange before the clock (and the counters) start, so the handshake is outside.
 //!
+//! Three more rows (`NETCHANNEL_BENCH_STACKS=0` leaves them out) take the same three
+//! measurements between two full stacks (`netchannel::Stack` on each end, the same
+//! number of throughput channels per peer, both sets at the row's alignment) over
+//! virtual streams, on a tokio runtime of 2 workers: veth, the RSS bed with alignment
+//! off, and aligned (both ends given the bed's table, so the acceptor's hello aligns B's
+//! end too).
+//!
 //! Each measurement prints, per side, the frames its queues received for owned flows (the
 //! steering program's redirects) and those forwarded during it, and A's channels by
-//! steering (aligned/forwarded, cumulative for the set). `NETCHANNEL_BENCH_ROUNDS` rounds
+//! steering (aligned/forwarded, cumulative for the set, so it counts all three
+//! measurements' channels and, for the stacks, the hello channel). `NETCHANNEL_BENCH_ROUNDS` rounds
 //! (default 3); the rows run in turn within a round, in reverse order every other round,
 //! so that drift from other load on the host falls on all of them alike. A last table gives
 //! each row's medians over the rounds and the ratio to the veth row's medians. The load
@@ -34,13 +45,18 @@
 //!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
 //! Without `--bench` (`cargo test --all-targets`) it runs one round, 1 MiB per channel and
-//! 0.1 s of requests, as a smoke test that checks every response.
+//! 0.1 s of requests (about 10 s in a debug build), as a smoke test that checks every
+//! byte count and every response.
 //! `cargo bench --no-run -j2 --bench rss_forwarding`, then
 //! `target/release/deps/rss_forwarding-<hash> --bench`.
 
 #[cfg(target_os = "linux")]
 #[path = "support/bed.rs"]
 mod bed;
+
+#[cfg(target_os = "linux")]
+#[path = "support/vns.rs"]
+mod vns;
 
 #[cfg(target_os = "linux")]
 mod run {
@@ -58,12 +74,15 @@ mod run {
     use testbed::{RssTable, Side, TestBed, TestBedBuilder};
 
     use super::bed;
+    use super::vns::{self, StackPair};
 
     const QUEUES: u32 = 4;
     /// B's port for the bulk transfers.
     const BULK_PORT: u16 = 9100;
     /// B's port for the echoed requests.
     const ECHO_PORT: u16 = 9101;
+    /// B's port for the transfers from B to A.
+    const SOURCE_PORT: u16 = 9102;
     /// Longest wait for one exchange before the bench gives up.
     const STEP: Duration = Duration::from_secs(10);
 
@@ -144,6 +163,81 @@ mod run {
         let took = start.elapsed();
         let frames = Frames::now(a, b).since(before);
         sink.stop();
+        (bed::gbps(u64::from(channels) * bytes, took), frames)
+    }
+
+    /// B's side of the transfers to A: each channel it accepts gets `bytes` (64 KiB
+    /// slices), then B's FIN; B waits for A's FIN before taking the next.
+    struct Source {
+        stop: Arc<AtomicBool>,
+        thread: std::thread::JoinHandle<()>,
+    }
+
+    impl Source {
+        fn start(listener: ChannelListener, bytes: u64) -> Source {
+            let stop = Arc::new(AtomicBool::new(false));
+            let halt = Arc::clone(&stop);
+            let thread = std::thread::spawn(move || {
+                let block = Bytes::from(vec![0xa5; 64 << 10]);
+                while !halt.load(Ordering::Relaxed) {
+                    let ch = match listener.accept_timeout(Duration::from_millis(50)) {
+                        Ok((ch, _)) => ch,
+                        Err(ChannelError::WouldBlockTimeout) => continue,
+                        Err(_) => break,
+                    };
+                    let mut sent = 0u64;
+                    while sent < bytes {
+                        let n = (bytes - sent).min(block.len() as u64) as usize;
+                        ch.enqueue_blocking(block.slice(..n), Some(STEP))
+                            .unwrap_or_else(|e| panic!("enqueue at byte {sent}: {e}"));
+                        sent += n as u64;
+                    }
+                    ch.close();
+                    match ch.dequeue_blocking(Some(STEP)) {
+                        Ok(Dequeued::Finished) => {}
+                        other => panic!("no FIN from A: {other:?}"),
+                    }
+                }
+            });
+            Source { stop, thread }
+        }
+
+        fn stop(self) {
+            self.stop.store(true, Ordering::Relaxed);
+            self.thread.join().expect("source");
+        }
+    }
+
+    /// Moves `channels` × `bytes` from B to A over channels A opens one after another (the
+    /// data frames arrive at the opening side, where alignment decides their queue);
+    /// returns Gbit/s and the frames counted.
+    fn download(
+        bed: &TestBed,
+        a: &ChannelSet,
+        b: &ChannelSet,
+        channels: u32,
+        bytes: u64,
+    ) -> (f64, Frames) {
+        let source = Source::start(b.listen(SOURCE_PORT).expect("listen"), bytes);
+        let target = SocketAddrV4::new(bed.side(Side::B).ipv4, SOURCE_PORT);
+        let before = Frames::now(a, b);
+        let start = Instant::now();
+        for _ in 0..channels {
+            let ch = a.connect(target).expect("channel connect");
+            let mut got = 0u64;
+            loop {
+                match ch.dequeue_blocking(Some(STEP)) {
+                    Ok(Dequeued::Chunk(c)) => got += c.len() as u64,
+                    Ok(Dequeued::Finished) => break,
+                    other => panic!("download at byte {got}: {other:?}"),
+                }
+            }
+            assert_eq!(got, bytes, "short download");
+            ch.close();
+        }
+        let took = start.elapsed();
+        let frames = Frames::now(a, b).since(before);
+        source.stop();
         (bed::gbps(u64::from(channels) * bytes, took), frames)
     }
 
@@ -276,11 +370,164 @@ mod run {
         (total as f64 / took, frames)
     }
 
+    /// The same two measurements between two full stacks (`netchannel::Stack` on each
+    /// end, `channels` throughput channels per peer, both sets at `rss`), over virtual
+    /// streams: `channels` transfers of `bytes` one after another (after one of 64 KiB
+    /// that opens the channels), then `channels` streams of echoed requests.
+    fn stacks(
+        bed: &TestBed,
+        rss: RssAlignment,
+        channels: u32,
+        bytes: u64,
+        size: usize,
+        secs: f64,
+    ) -> Sample {
+        use netchannel::perf_proto::Requests;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        vns::set_app_runtime(Some(rt.handle().clone()));
+        let pair = StackPair::start_configured(bed, channels as usize, 0, false, move |c| {
+            c.rss = rss.clone();
+        });
+        let (a, b) = (pair.channels_a(), pair.channels_b());
+        let to = pair.vns_addr();
+        let sink = Arc::new(rt.block_on(pair.b.bind(to)).expect("bind"));
+        vns::vns_transfer(&rt, &pair.a, &sink, to, 64 << 10);
+        let before = Frames::now(a, b);
+        let start = Instant::now();
+        for _ in 0..channels {
+            vns::vns_transfer(&rt, &pair.a, &sink, to, bytes);
+        }
+        let gbps = bed::gbps(u64::from(channels) * bytes, start.elapsed());
+        let bulk = Frames::now(a, b).since(before);
+
+        let mut source_to = to;
+        source_to.set_port(to.port() + 2);
+        let l = rt.block_on(pair.b.bind(source_to)).expect("bind");
+        rt.spawn(async move {
+            let block = vec![0xa5u8; 64 << 10];
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut sent = 0u64;
+                while sent < bytes {
+                    let n = (bytes - sent).min(block.len() as u64) as usize;
+                    s.write_all(&block[..n]).await.expect("write");
+                    sent += n as u64;
+                }
+                s.shutdown().await.expect("shutdown");
+                // Until A closes (dropping it with bytes unacknowledged would reset it).
+                let mut rest = [0u8; 16];
+                let _ = s.read(&mut rest).await;
+            }
+        });
+        let before = Frames::now(a, b);
+        let start = Instant::now();
+        let stack_a = pair.a.clone();
+        rt.block_on(async move {
+            let mut buf = vec![0u8; 64 << 10];
+            for _ in 0..channels {
+                let mut s = stack_a.connect(source_to).await.expect("connect");
+                let mut got = 0u64;
+                loop {
+                    let n = tokio::time::timeout(STEP, s.read(&mut buf))
+                        .await
+                        .expect("no bytes in time")
+                        .expect("read");
+                    if n == 0 {
+                        break;
+                    }
+                    got += n as u64;
+                }
+                assert_eq!(got, bytes, "short download");
+                let _ = s.shutdown().await;
+            }
+        });
+        let down_gbps = bed::gbps(u64::from(channels) * bytes, start.elapsed());
+        let down = Frames::now(a, b).since(before);
+
+        let mut echo_to = to;
+        echo_to.set_port(to.port() + 1);
+        let l = rt.block_on(pair.b.bind(echo_to)).expect("bind");
+        rt.spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 << 10];
+                    while let Ok(n @ 1..) = s.read(&mut buf).await {
+                        if s.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = s.shutdown().await;
+                });
+            }
+        });
+        let stack_a = pair.a.clone();
+        let streams = rt.block_on(async move {
+            let mut v = Vec::new();
+            for tag in 0..u64::from(channels) {
+                let mut s = stack_a.connect(echo_to).await.expect("connect");
+                let mut r = Requests::new(size, tag);
+                r.exchange(&mut s).await.expect("first exchange");
+                v.push((s, r));
+            }
+            v
+        });
+        let before = Frames::now(a, b);
+        let start = Instant::now();
+        let until = start + Duration::from_secs_f64(secs);
+        let total: u64 = rt.block_on(async move {
+            let tasks: Vec<_> = streams
+                .into_iter()
+                .map(|(mut s, mut r)| {
+                    tokio::spawn(async move {
+                        let first = r.done();
+                        while Instant::now() < until {
+                            tokio::time::timeout(STEP, r.exchange(&mut s))
+                                .await
+                                .expect("no answer in time")
+                                .expect("exchange");
+                        }
+                        let _ = s.shutdown().await;
+                        r.done() - first
+                    })
+                })
+                .collect();
+            let mut total = 0;
+            for t in tasks {
+                total += t.await.expect("client task");
+            }
+            total
+        });
+        let per_s = total as f64 / start.elapsed().as_secs_f64();
+        let rpc = Frames::now(a, b).since(before);
+        let steered = a.steering_counts();
+        let sample = Sample {
+            gbps,
+            bulk,
+            down_gbps,
+            down,
+            per_s,
+            rpc,
+            aligned: steered.aligned,
+            forwarded: steered.forwarded,
+        };
+        pair.stop();
+        vns::set_app_runtime(None);
+        drop(rt);
+        sample
+    }
+
     /// One row's measurements in one round.
     #[derive(Clone, Copy, Default)]
     struct Sample {
         gbps: f64,
         bulk: Frames,
+        down_gbps: f64,
+        down: Frames,
         per_s: f64,
         rpc: Frames,
         aligned: u64,
@@ -296,6 +543,45 @@ mod run {
         median(xs.map(|x| x as f64)).round() as u64
     }
 
+    /// Two channel sets, A's at `rss` and B's at its default: [`bulk`], then [`requests`].
+    fn channel_sets(
+        bed: &TestBed,
+        rss: RssAlignment,
+        channels: u32,
+        bytes: u64,
+        size: usize,
+        secs: f64,
+    ) -> Sample {
+        let a = set_in(bed, Side::A, rss);
+        let b = set_in(bed, Side::B, RssAlignment::Probe);
+        let (gbps, bulk_frames) = bulk(bed, &a, &b, channels, bytes);
+        let (down_gbps, down) = download(bed, &a, &b, channels, bytes);
+        let (per_s, rpc_frames) = requests(bed, &a, &b, channels, size, secs);
+        let steered = a.steering_counts();
+        a.shutdown().expect("stop A's set");
+        b.shutdown().expect("stop B's set");
+        Sample {
+            gbps,
+            bulk: bulk_frames,
+            down_gbps,
+            down,
+            per_s,
+            rpc: rpc_frames,
+            aligned: steered.aligned,
+            forwarded: steered.forwarded,
+        }
+    }
+
+    /// One line of the table.
+    struct Row {
+        name: &'static str,
+        /// Two full stacks rather than two channel sets.
+        stacks: bool,
+        /// The RSS bed rather than plain veth.
+        rss_bed: bool,
+        alignment: RssAlignment,
+    }
+
     pub fn main() {
         let bench = std::env::args().any(|a| a == "--bench");
         let channels: u32 = env_or("NETCHANNEL_BENCH_CHANNELS", 8);
@@ -303,32 +589,38 @@ mod run {
         let secs: f64 = env_or("NETCHANNEL_BENCH_SECS", if bench { 2.0 } else { 0.1 });
         let size: usize = env_or("NETCHANNEL_BENCH_SIZE", 64);
         let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", if bench { 3 } else { 1 }).max(1);
+        let with_stacks = env_or("NETCHANNEL_BENCH_STACKS", 1u32) != 0;
         let key: Vec<u8> = (0u8..40).map(|i| i.wrapping_mul(73) ^ 0xa5).collect();
         let table = || RssTable::spread(&key, 128, QUEUES).expect("table");
-        let rss_a = {
+        let known = || {
             let t = table();
-            RssConfig::toeplitz(t.key(), t.indirection()).expect("RSS")
+            RssAlignment::Known(RssConfig::toeplitz(t.key(), t.indirection()).expect("RSS"))
         };
-        let rows: [(&str, RssAlignment); 3] = [
-            ("veth", RssAlignment::Probe),
-            ("rss, alignment off", RssAlignment::Off),
-            ("rss, aligned", RssAlignment::Known(rss_a)),
+        let row = |name, stacks, rss_bed, alignment| Row {
+            name,
+            stacks,
+            rss_bed,
+            alignment,
+        };
+        let mut rows = vec![
+            row("veth", false, false, RssAlignment::Probe),
+            row("rss, alignment off", false, true, RssAlignment::Off),
+            row("rss, aligned", false, true, known()),
         ];
-        let builder = |row: usize| -> TestBedBuilder {
-            let b = TestBed::builder().queues(QUEUES);
-            if row == 0 {
-                b
-            } else {
-                b.rss(table(), table())
-            }
-        };
+        if with_stacks {
+            rows.extend([
+                row("stacks, veth", true, false, RssAlignment::Probe),
+                row("stacks, rss, off", true, true, RssAlignment::Off),
+                row("stacks, rss, aligned", true, true, known()),
+            ]);
+        }
         println!(
             "{QUEUES} queues, {channels} channels; bulk {mib} MiB per channel; \
              requests of {size} B for {secs} s; {rounds} rounds; load average {}",
             load_average()
         );
         println!(
-            "{:<5} {:<19} {:<5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}",
+            "{:<5} {:<20} {:<5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}",
             "round", "bed", "load", "rate", "A rx", "A fwd", "B rx", "B fwd", "A fwd%", "A al/fwd"
         );
         let mut samples = vec![Vec::<Sample>::new(); rows.len()];
@@ -339,33 +631,29 @@ mod run {
                 (0..rows.len()).rev().collect()
             };
             for i in order {
-                let (name, rss) = &rows[i];
-                let bed = match builder(i).build() {
+                let r = &rows[i];
+                let builder: TestBedBuilder = if r.rss_bed {
+                    TestBed::builder().queues(QUEUES).rss(table(), table())
+                } else {
+                    TestBed::builder().queues(QUEUES)
+                };
+                let bed = match builder.build() {
                     Ok(bed) => bed,
                     Err(e) => {
                         println!("skipping rss_forwarding: {e}");
                         return;
                     }
                 };
-                let a = set_in(&bed, Side::A, rss.clone());
-                let b = set_in(&bed, Side::B, RssAlignment::Probe);
-                let (gbps, bulk_frames) = bulk(&bed, &a, &b, channels, mib << 20);
-                let (per_s, rpc_frames) = requests(&bed, &a, &b, channels, size, secs);
-                let steered = a.steering_counts();
-                let s = Sample {
-                    gbps,
-                    bulk: bulk_frames,
-                    per_s,
-                    rpc: rpc_frames,
-                    aligned: steered.aligned,
-                    forwarded: steered.forwarded,
-                };
+                let measure = if r.stacks { stacks } else { channel_sets };
+                let s = measure(&bed, r.alignment.clone(), channels, mib << 20, size, secs);
                 for (load, rate, f) in [
-                    ("bulk", format!("{gbps:.2} Gb/s"), s.bulk),
-                    ("rpc", format!("{:.0}/s", per_s), s.rpc),
+                    ("up", format!("{:.2} Gb/s", s.gbps), s.bulk),
+                    ("down", format!("{:.2} Gb/s", s.down_gbps), s.down),
+                    ("rpc", format!("{:.0}/s", s.per_s), s.rpc),
                 ] {
                     println!(
-                        "{round:<5} {name:<19} {load:<5} {rate:>10} {:>9} {:>9} {:>9} {:>9} {:>6.1} {:>8}",
+                        "{round:<5} {:<20} {load:<5} {rate:>10} {:>9} {:>9} {:>9} {:>9} {:>6.1} {:>8}",
+                        r.name,
                         f.a_rx,
                         f.a_fwd,
                         f.b_rx,
@@ -375,32 +663,44 @@ mod run {
                     );
                 }
                 samples[i].push(s);
-                a.shutdown().expect("stop A's set");
-                b.shutdown().expect("stop B's set");
             }
         }
         println!("load average after: {}", load_average());
         println!();
-        println!("medians over {rounds} rounds (ratio: to the veth row's median)");
         println!(
-            "{:<19} {:>7} {:>6} {:>10} {:>6} {:>8} {:>8} {:>8} {:>8}",
-            "bed", "Gbit/s", "ratio", "req/s", "ratio", "bulk fwd", "bulk rx", "rpc fwd", "rpc rx"
+            "medians over {rounds} rounds; x: ratio to the median of the veth row of the same \
+             kind; fwd/rx: frames forwarded / received, A and B together"
         );
-        let base = (
-            median(samples[0].iter().map(|s| s.gbps)),
-            median(samples[0].iter().map(|s| s.per_s)),
+        println!(
+            "{:<20} {:>6} {:>5} {:>6} {:>5} {:>7} {:>5} {:>12} {:>12} {:>12}",
+            "bed", "up", "x", "down", "x", "req/s", "x", "up fwd/rx", "down fwd/rx", "rpc fwd/rx"
         );
-        for ((name, _), s) in rows.iter().zip(&samples) {
-            let g = median(s.iter().map(|s| s.gbps));
-            let r = median(s.iter().map(|s| s.per_s));
+        let medians = |s: &[Sample]| {
+            (
+                median(s.iter().map(|s| s.gbps)),
+                median(s.iter().map(|s| s.down_gbps)),
+                median(s.iter().map(|s| s.per_s)),
+            )
+        };
+        let frames = |s: &[Sample], f: fn(&Sample) -> Frames| {
+            format!(
+                "{}/{}",
+                median_u(s.iter().map(|x| f(x).a_fwd + f(x).b_fwd)),
+                median_u(s.iter().map(|x| f(x).a_rx + f(x).b_rx)),
+            )
+        };
+        for (r, s) in rows.iter().zip(&samples) {
+            let base = medians(&samples[if r.stacks { 3 } else { 0 }]);
+            let (up, down, q) = medians(s);
             println!(
-                "{name:<19} {g:>7.2} {:>6.2} {r:>10.0} {:>6.2} {:>8} {:>8} {:>8} {:>8}",
-                g / base.0.max(1e-12),
-                r / base.1.max(1e-12),
-                median_u(s.iter().map(|s| s.bulk.a_fwd + s.bulk.b_fwd)),
-                median_u(s.iter().map(|s| s.bulk.a_rx + s.bulk.b_rx)),
-                median_u(s.iter().map(|s| s.rpc.a_fwd + s.rpc.b_fwd)),
-                median_u(s.iter().map(|s| s.rpc.a_rx + s.rpc.b_rx)),
+                "{:<20} {up:>6.2} {:>5.2} {down:>6.2} {:>5.2} {q:>7.0} {:>5.2} {:>12} {:>12} {:>12}",
+                r.name,
+                up / base.0.max(1e-12),
+                down / base.1.max(1e-12),
+                q / base.2.max(1e-12),
+                frames(s, |x| x.bulk),
+                frames(s, |x| x.down),
+                frames(s, |x| x.rpc),
             );
         }
     }
