@@ -40,7 +40,8 @@
 //! measurements' channels and, for the stacks, the hello channel). `NETCHANNEL_BENCH_ROUNDS` rounds
 //! (default 3); the rows run in turn within a round, in reverse order every other round,
 //! so that drift from other load on the host falls on all of them alike. A last table gives
-//! each row's medians over the rounds and the ratio to the veth row's medians. The load
+//! each row's medians over the rounds and the ratio to the veth row's medians, and the
+//! ratio aligned / off of each measurement, per round (median, min, max). The load
 //! average is printed before and after.
 //!
 //! Needs root (network namespaces, AF_XDP); without it, it prints a skip line and exits 0.
@@ -701,6 +702,30 @@ mod run {
                 frames(s, |x| x.bulk),
                 frames(s, |x| x.down),
                 frames(s, |x| x.rpc),
+            );
+        }
+        // Alignment's effect on the same bed: aligned over off, round by round (the two
+        // rows run next to each other in every round).
+        println!();
+        println!("aligned / off, same bed, per round: median [min, max]");
+        for (kind, off, on) in [("channel sets", 1, 2), ("stacks", 4, 5)] {
+            if on >= rows.len() {
+                continue;
+            }
+            let ratio = |f: fn(&Sample) -> f64| {
+                let mut v: Vec<f64> = samples[on]
+                    .iter()
+                    .zip(&samples[off])
+                    .map(|(a, o)| f(a) / f(o).max(1e-12))
+                    .collect();
+                let m = bed::median(&mut v);
+                format!("{m:.2} [{:.2}, {:.2}]", v[0], v[v.len() - 1])
+            };
+            println!(
+                "{kind:<13} up {}   down {}   rpc {}",
+                ratio(|s| s.gbps),
+                ratio(|s| s.down_gbps),
+                ratio(|s| s.per_s),
             );
         }
     }
