@@ -37,7 +37,9 @@
 //! Each measurement prints, per side, the frames its queues received for owned flows (the
 //! steering program's redirects) and those forwarded during it, and A's channels by
 //! steering (aligned/forwarded, cumulative for the set, so it counts all three
-//! measurements' channels and, for the stacks, the hello channel). `NETCHANNEL_BENCH_ROUNDS` rounds
+//! measurements' channels and, for the stacks, the hello channel), and the process's CPU
+//! time (user and system, `getrusage`: both ends, and the kernel's work in their system
+//! calls) per MiB or per request. `NETCHANNEL_BENCH_ROUNDS` rounds
 //! (default 3); the rows run in turn within a round, in reverse order every other round,
 //! so that drift from other load on the host falls on all of them alike. A last table gives
 //! each row's medians over the rounds and the ratio to the veth row's medians, and the
@@ -100,6 +102,18 @@ mod run {
             .unwrap_or_else(|_| "?".to_string())
     }
 
+    /// The process's user and system CPU time so far, µs.
+    fn cpu_us() -> f64 {
+        // SAFETY: getrusage only writes the struct it is given.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; RUSAGE_SELF is always valid.
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+            return f64::NAN;
+        }
+        let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+        us(ru.ru_utime) + us(ru.ru_stime)
+    }
+
     fn set_in(bed: &TestBed, side: Side, rss: RssAlignment) -> ChannelSet {
         let e = bed.side(side).clone();
         bed.run_in(side, move || {
@@ -117,6 +131,9 @@ mod run {
         a_fwd: u64,
         b_rx: u64,
         b_fwd: u64,
+        /// The process's CPU time (user and system, µs): both ends, their threads, and
+        /// the kernel's work done in their system calls.
+        cpu_us: f64,
     }
 
     impl Frames {
@@ -127,6 +144,7 @@ mod run {
                 a_fwd: a.forwarded_frames().0,
                 b_rx: rx(b),
                 b_fwd: b.forwarded_frames().0,
+                cpu_us: cpu_us(),
             }
         }
 
@@ -136,6 +154,7 @@ mod run {
                 a_fwd: self.a_fwd.saturating_sub(before.a_fwd),
                 b_rx: self.b_rx.saturating_sub(before.b_rx),
                 b_fwd: self.b_fwd.saturating_sub(before.b_fwd),
+                cpu_us: self.cpu_us - before.cpu_us,
             }
         }
 
@@ -325,7 +344,7 @@ mod run {
         channels: u32,
         size: usize,
         secs: f64,
-    ) -> (f64, Frames) {
+    ) -> (f64, Frames, u64) {
         let server = EchoServer::start(b.listen(ECHO_PORT).expect("listen"));
         let target = SocketAddrV4::new(bed.side(Side::B).ipv4, ECHO_PORT);
         let n = channels as usize;
@@ -368,7 +387,7 @@ mod run {
         let took = start.elapsed().as_secs_f64();
         let frames = Frames::now(a, b).since(before);
         server.stop();
-        (total as f64 / took, frames)
+        (total as f64 / took, frames, total)
     }
 
     /// The same two measurements between two full stacks (`netchannel::Stack` on each
@@ -504,6 +523,7 @@ mod run {
             total
         });
         let per_s = total as f64 / start.elapsed().as_secs_f64();
+        let done = total;
         let rpc = Frames::now(a, b).since(before);
         let steered = a.steering_counts();
         let sample = Sample {
@@ -514,12 +534,23 @@ mod run {
             per_s,
             rpc,
             aligned: steered.aligned,
+            cpu: cpu_per_unit(&[bulk, down, rpc], u64::from(channels) * bytes, done),
             forwarded: steered.forwarded,
         };
         pair.stop();
         vns::set_app_runtime(None);
         drop(rt);
         sample
+    }
+
+    /// CPU µs per MiB of the two transfers (`bytes` each) and per request (`done`).
+    fn cpu_per_unit(f: &[Frames; 3], bytes: u64, done: u64) -> [f64; 3] {
+        let mib = bytes as f64 / f64::from(1u32 << 20);
+        [
+            f[0].cpu_us / mib,
+            f[1].cpu_us / mib,
+            f[2].cpu_us / (done as f64).max(1.0),
+        ]
     }
 
     /// One row's measurements in one round.
@@ -531,6 +562,8 @@ mod run {
         down: Frames,
         per_s: f64,
         rpc: Frames,
+        /// CPU µs per MiB (up, down) and per request.
+        cpu: [f64; 3],
         aligned: u64,
         forwarded: u64,
     }
@@ -557,7 +590,7 @@ mod run {
         let b = set_in(bed, Side::B, RssAlignment::Probe);
         let (gbps, bulk_frames) = bulk(bed, &a, &b, channels, bytes);
         let (down_gbps, down) = download(bed, &a, &b, channels, bytes);
-        let (per_s, rpc_frames) = requests(bed, &a, &b, channels, size, secs);
+        let (per_s, rpc_frames, done) = requests(bed, &a, &b, channels, size, secs);
         let steered = a.steering_counts();
         a.shutdown().expect("stop A's set");
         b.shutdown().expect("stop B's set");
@@ -569,6 +602,11 @@ mod run {
             per_s,
             rpc: rpc_frames,
             aligned: steered.aligned,
+            cpu: cpu_per_unit(
+                &[bulk_frames, down, rpc_frames],
+                u64::from(channels) * bytes,
+                done,
+            ),
             forwarded: steered.forwarded,
         }
     }
@@ -621,8 +659,18 @@ mod run {
             load_average()
         );
         println!(
-            "{:<5} {:<20} {:<5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}",
-            "round", "bed", "load", "rate", "A rx", "A fwd", "B rx", "B fwd", "A fwd%", "A al/fwd"
+            "{:<5} {:<20} {:<5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8} {:>7}",
+            "round",
+            "bed",
+            "load",
+            "rate",
+            "A rx",
+            "A fwd",
+            "B rx",
+            "B fwd",
+            "A fwd%",
+            "A al/fwd",
+            "cpu µs"
         );
         let mut samples = vec![Vec::<Sample>::new(); rows.len()];
         for round in 0..rounds {
@@ -647,13 +695,13 @@ mod run {
                 };
                 let measure = if r.stacks { stacks } else { channel_sets };
                 let s = measure(&bed, r.alignment.clone(), channels, mib << 20, size, secs);
-                for (load, rate, f) in [
-                    ("up", format!("{:.2} Gb/s", s.gbps), s.bulk),
-                    ("down", format!("{:.2} Gb/s", s.down_gbps), s.down),
-                    ("rpc", format!("{:.0}/s", s.per_s), s.rpc),
+                for (load, rate, f, cpu) in [
+                    ("up", format!("{:.2} Gb/s", s.gbps), s.bulk, s.cpu[0]),
+                    ("down", format!("{:.2} Gb/s", s.down_gbps), s.down, s.cpu[1]),
+                    ("rpc", format!("{:.0}/s", s.per_s), s.rpc, s.cpu[2]),
                 ] {
                     println!(
-                        "{round:<5} {:<20} {load:<5} {rate:>10} {:>9} {:>9} {:>9} {:>9} {:>6.1} {:>8}",
+                        "{round:<5} {:<20} {load:<5} {rate:>10} {:>9} {:>9} {:>9} {:>9} {:>6.1} {:>8} {cpu:>7.1}",
                         r.name,
                         f.a_rx,
                         f.a_fwd,
@@ -670,11 +718,22 @@ mod run {
         println!();
         println!(
             "medians over {rounds} rounds; x: ratio to the median of the veth row of the same \
-             kind; fwd/rx: frames forwarded / received, A and B together"
+             kind; fwd/rx: frames forwarded / received, A and B together; cpu: CPU µs per MiB \
+             (up, down) and per request"
         );
         println!(
-            "{:<20} {:>6} {:>5} {:>6} {:>5} {:>7} {:>5} {:>12} {:>12} {:>12}",
-            "bed", "up", "x", "down", "x", "req/s", "x", "up fwd/rx", "down fwd/rx", "rpc fwd/rx"
+            "{:<20} {:>6} {:>5} {:>6} {:>5} {:>7} {:>5} {:>12} {:>12} {:>12} {:>14}",
+            "bed",
+            "up",
+            "x",
+            "down",
+            "x",
+            "req/s",
+            "x",
+            "up fwd/rx",
+            "down fwd/rx",
+            "rpc fwd/rx",
+            "cpu"
         );
         let medians = |s: &[Sample]| {
             (
@@ -694,7 +753,7 @@ mod run {
             let base = medians(&samples[if r.stacks { 3 } else { 0 }]);
             let (up, down, q) = medians(s);
             println!(
-                "{:<20} {up:>6.2} {:>5.2} {down:>6.2} {:>5.2} {q:>7.0} {:>5.2} {:>12} {:>12} {:>12}",
+                "{:<20} {up:>6.2} {:>5.2} {down:>6.2} {:>5.2} {q:>7.0} {:>5.2} {:>12} {:>12} {:>12} {:>14}",
                 r.name,
                 up / base.0.max(1e-12),
                 down / base.1.max(1e-12),
@@ -702,6 +761,12 @@ mod run {
                 frames(s, |x| x.bulk),
                 frames(s, |x| x.down),
                 frames(s, |x| x.rpc),
+                format!(
+                    "{:.0}/{:.0}/{:.1}",
+                    median(s.iter().map(|x| x.cpu[0])),
+                    median(s.iter().map(|x| x.cpu[1])),
+                    median(s.iter().map(|x| x.cpu[2])),
+                ),
             );
         }
         // Alignment's effect on the same bed: aligned over off, round by round (the two
@@ -726,6 +791,13 @@ mod run {
                 ratio(|s| s.gbps),
                 ratio(|s| s.down_gbps),
                 ratio(|s| s.per_s),
+            );
+            println!(
+                "{:<13} up {}   down {}   rpc {}",
+                "  CPU/unit",
+                ratio(|s| s.cpu[0]),
+                ratio(|s| s.cpu[1]),
+                ratio(|s| s.cpu[2]),
             );
         }
     }
