@@ -18,6 +18,11 @@ use common::{config, program_attached, start, DEADLINE};
 use netdriver::channel::{ChannelError, ChannelSet, EnqueueError, XskDrops};
 use testbed::{testbed_or_skip, Side, TestBed};
 
+/// Held by the tests that start sets on side A: the thread names they count belong to
+/// the whole process, and a set another test starts at the same moment on its own bed
+/// names its threads the same way (`nc-neigh-vA`).
+static SIDE_A: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Names of this process's threads that start with `prefix`.
 fn threads_named(prefix: &str) -> Vec<String> {
     std::fs::read_dir("/proc/self/task")
@@ -49,6 +54,7 @@ fn cpu_ticks(prefix: &str) -> u64 {
 
 #[test]
 fn shutdown_joins_threads_aborts_and_detaches() {
+    let _side_a = SIDE_A.lock().unwrap_or_else(|e| e.into_inner());
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
@@ -139,6 +145,7 @@ fn shutdown_joins_threads_aborts_and_detaches() {
 
 #[test]
 fn a_failed_start_and_a_drop_detach_the_program() {
+    let _side_a = SIDE_A.lock().unwrap_or_else(|e| e.into_inner());
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(2)) else {
         return;
     };
