@@ -10,6 +10,7 @@
 //! `docs/investigations/connection-setup.md`).
 
 use crate::wire::checksum;
+use crate::wire::Parts;
 
 /// A ring's first allocation, in bytes (or its capacity, if smaller).
 pub const MIN_ALLOCATION: usize = 4096;
@@ -303,6 +304,36 @@ impl RxRing {
         self.reserve(self.len + offset + n);
         let start = (self.head + self.len + offset) % self.buf.len();
         (n, copy_in_sum(&mut self.buf, start, &data[..n]))
+    }
+
+    /// [`write_at`](Self::write_at) for bytes held in several slices (a payload lent
+    /// where a chained frame's buffers lie).
+    pub fn write_parts_at(&mut self, offset: usize, data: Parts<'_>) -> usize {
+        let mut n = 0;
+        for s in data.slices() {
+            let w = self.write_at(offset + n, s);
+            n += w;
+            if w < s.len() {
+                break;
+            }
+        }
+        n
+    }
+
+    /// [`write_at_sum`](Self::write_at_sum) for bytes held in several slices: the sum
+    /// is that of the bytes stored laid end to end.
+    pub fn write_parts_at_sum(&mut self, offset: usize, data: Parts<'_>) -> (usize, u16) {
+        let mut n = 0;
+        let mut sum = 0;
+        for s in data.slices() {
+            let (w, part) = self.write_at_sum(offset + n, s);
+            sum = checksum::add(sum, checksum::at_offset(part, n));
+            n += w;
+            if w < s.len() {
+                break;
+            }
+        }
+        (n, sum)
     }
 
     /// Changes the capacity to `capacity`, keeping the readable bytes and the first
