@@ -114,6 +114,8 @@ pub mod xdp_checksum;
 #[cfg(target_os = "linux")]
 pub mod xdp_features;
 #[cfg(target_os = "linux")]
+mod xdp_rx_chain;
+#[cfg(target_os = "linux")]
 pub mod xsk;
 
 use core::ops::Range;

@@ -122,6 +122,8 @@ pub use super::xdp_bind::{
 use super::xdp_checksum::checksum_request;
 pub use super::xdp_checksum::{SoftwareChecksum, TxChecksum, TX_CHECKSUM_ENV};
 use super::xdp_features::xdp_features;
+pub use super::xdp_rx_chain::MAX_RX_CHAIN_PARTS;
+use super::xdp_rx_chain::{read_frames, RxChainCounts, RxLimits};
 use super::xsk::sys::{XDP_PKT_CONTD, XDP_TX_METADATA};
 use super::xsk::umem::data_addr;
 pub use super::xsk::XskStatistics;
@@ -707,10 +709,6 @@ impl TxSlots {
         (i < self.parts_left.len()).then_some(i)
     }
 }
-
-/// The most buffers one received frame may span: the kernel builds frames of at most
-/// `MAX_SKB_FRAGS` (17) fragments behind a linear part. Longer chains are dropped.
-pub const MAX_RX_CHAIN_PARTS: usize = 18;
 
 /// Counters of multi-buffer chains.
 #[derive(Debug, Clone, Copy, Default)]
@@ -1547,87 +1545,36 @@ impl Link for XdpLink {
         if n == held {
             return 0;
         }
-        let max_frame_len = self.max_frame_len();
-        let mut delivered = 0;
+        let limits = RxLimits {
+            multi_buffer: self.multi_buffer,
+            max_frame_len: self.max_frame_len(),
+        };
         let XdpLink {
             umem,
             rx_scratch,
             rx_dropping,
             stats,
             chain_stats,
-            multi_buffer,
             ..
         } = self;
-        let mut parts: [&[u8]; MAX_RX_CHAIN_PARTS] = [&[]; MAX_RX_CHAIN_PARTS];
-        // The chain being read: its parts so far and their bytes.
-        let mut count = 0;
-        let mut bytes = 0;
-        // The first descriptor not yet done with (the current chain's first part).
-        let mut done = 0;
-        for (i, desc) in rx_scratch[..n].iter().enumerate() {
-            let more = desc.options & XDP_PKT_CONTD != 0;
-            if *rx_dropping {
-                *rx_dropping = more;
-                done = i + 1;
-                continue;
-            }
-            // SAFETY: the kernel handed this frame over through the rx ring; it writes to
-            // it again only after `refill` returns it to the fill ring, which happens
-            // after the callback's borrows of the chain it belongs to have ended (a
-            // chain's parts held over to the next call stay off the fill ring until then).
-            let part = unsafe { umem.frame(data_addr(desc.addr), desc.len as usize) };
-            if count == 0 && !more {
-                done = i + 1;
-                match part {
-                    Some(part) if part.len() <= max_frame_len => {
-                        stats.rx_frames += 1;
-                        stats.rx_bytes += part.len() as u64;
-                        delivered += 1;
-                        f(&[part], RxMeta::default());
-                    }
-                    // Too long, or a descriptor leaving its chunk (never from a kernel
-                    // that works).
-                    _ => stats.dropped_oversize += 1,
-                }
-                continue;
-            }
-            if !*multi_buffer {
-                // A chain without XDP_USE_SG cannot happen; drop it rather than trust it.
-                stats.dropped_oversize += 1;
-                done = i + 1;
-                continue;
-            }
-            match part {
-                Some(part) if count < MAX_RX_CHAIN_PARTS && bytes + part.len() <= max_frame_len => {
-                    parts[count] = part;
-                    count += 1;
-                    bytes += part.len();
-                }
-                _ => {
-                    // Too long, too many parts, or a part outside its chunk: the whole
-                    // chain goes, its remaining parts skipped as they arrive.
-                    stats.dropped_oversize += 1;
-                    chain_stats.rx_chains_dropped += 1;
-                    count = 0;
-                    bytes = 0;
-                    *rx_dropping = more;
-                    done = i + 1;
-                    continue;
-                }
-            }
-            if more {
-                continue;
-            }
-            // The chain's last part: lend it where its parts lie.
-            stats.rx_frames += 1;
-            stats.rx_bytes += bytes as u64;
-            chain_stats.rx_chains += 1;
-            delivered += 1;
-            f(&parts[..count], RxMeta::default());
-            count = 0;
-            bytes = 0;
-            done = i + 1;
-        }
+        let mut counts = RxChainCounts::default();
+        let read = read_frames(
+            &rx_scratch[..n],
+            limits,
+            rx_dropping,
+            // SAFETY: the kernel handed these frames over through the rx ring; it writes
+            // to them again only after `refill` returns them to the fill ring, which
+            // happens after the callback's borrows of the frame they belong to have ended
+            // (a chain's parts held over to the next call stay off the fill ring until
+            // then).
+            |desc| unsafe { umem.frame(data_addr(desc.addr), desc.len as usize) },
+            stats,
+            &mut counts,
+            &mut |parts| f(parts, RxMeta::default()),
+        );
+        chain_stats.rx_chains += counts.chains;
+        chain_stats.rx_chains_dropped += counts.chains_dropped;
+        let (done, delivered) = (read.done, read.delivered);
         // Descriptors `done..n` begin a chain whose last part is still to come: they stay
         // off the fill ring, moved to the front of the scratch array for the next call.
         self.refill(done);
