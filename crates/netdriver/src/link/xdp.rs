@@ -1570,7 +1570,7 @@ impl Link for XdpLink {
             |desc| unsafe { umem.frame(data_addr(desc.addr), desc.len as usize) },
             stats,
             &mut counts,
-            &mut |parts| f(parts, RxMeta::default()),
+            |parts| f(parts, RxMeta::default()),
         );
         chain_stats.rx_chains += counts.chains;
         chain_stats.rx_chains_dropped += counts.chains_dropped;

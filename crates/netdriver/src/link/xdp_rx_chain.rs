@@ -55,7 +55,7 @@ pub(super) fn read_frames<'a>(
     part_of: impl Fn(&XdpDesc) -> Option<&'a [u8]>,
     stats: &mut LinkStats,
     counts: &mut RxChainCounts,
-    f: &mut dyn FnMut(&[&[u8]]),
+    mut f: impl FnMut(&[&[u8]]),
 ) -> RxRead {
     let mut parts: [&[u8]; MAX_RX_CHAIN_PARTS] = [&[]; MAX_RX_CHAIN_PARTS];
     // The chain being read: its parts so far and their bytes.
@@ -187,7 +187,7 @@ mod tests {
             part_of,
             &mut out.stats,
             &mut out.counts,
-            &mut |parts| frames.push(parts.iter().map(|p| p.to_vec()).collect()),
+            |parts| frames.push(parts.iter().map(|p| p.to_vec()).collect()),
         );
         out.frames = frames;
         out

@@ -99,6 +99,7 @@ impl Core {
     /// ([`Link::recv_batch_parts`](crate::link::Link::recv_batch_parts)). A frame in
     /// several buffers is parsed where it lies: its headers must all lie in the first
     /// one (else it is refused and counted), and its payload reaches TCP as [`Parts`].
+    #[inline]
     pub(super) fn receive_parts(
         &mut self,
         now: Instant,

@@ -309,6 +309,9 @@ impl RxRing {
     /// [`write_at`](Self::write_at) for bytes held in several slices (a payload lent
     /// where a chained frame's buffers lie).
     pub fn write_parts_at(&mut self, offset: usize, data: Parts<'_>) -> usize {
+        if let Some(data) = data.as_slice() {
+            return self.write_at(offset, data);
+        }
         let mut n = 0;
         for s in data.slices() {
             let w = self.write_at(offset + n, s);
@@ -323,6 +326,9 @@ impl RxRing {
     /// [`write_at_sum`](Self::write_at_sum) for bytes held in several slices: the sum
     /// is that of the bytes stored laid end to end.
     pub fn write_parts_at_sum(&mut self, offset: usize, data: Parts<'_>) -> (usize, u16) {
+        if let Some(data) = data.as_slice() {
+            return self.write_at_sum(offset, data);
+        }
         let mut n = 0;
         let mut sum = 0;
         for s in data.slices() {

@@ -23,6 +23,7 @@ pub struct Parts<'a> {
 
 impl<'a> Parts<'a> {
     /// One contiguous slice.
+    #[inline]
     pub fn whole(bytes: &'a [u8]) -> Parts<'a> {
         Parts {
             head: bytes,
@@ -48,26 +49,31 @@ impl<'a> Parts<'a> {
     }
 
     /// Bytes in the view.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the view holds no bytes.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The bytes of the first slice (all of them for a contiguous view).
+    #[inline]
     pub fn first(&self) -> &'a [u8] {
         &self.head[..self.head.len().min(self.len)]
     }
 
     /// The view as one slice, when its bytes lie in one.
+    #[inline]
     pub fn as_slice(&self) -> Option<&'a [u8]> {
         (self.head.len() >= self.len).then(|| &self.head[..self.len])
     }
 
     /// The first `n` bytes (all of them when there are fewer).
+    #[inline]
     pub fn take(self, n: usize) -> Parts<'a> {
         Parts {
             len: self.len.min(n),
@@ -76,18 +82,24 @@ impl<'a> Parts<'a> {
     }
 
     /// The bytes after the first `n` (none when there are fewer).
+    #[inline]
     pub fn skip(self, n: usize) -> Parts<'a> {
         if n >= self.len {
             return Parts::whole(&[]);
         }
-        let len = self.len - n;
         if n < self.head.len() {
             return Parts {
                 head: &self.head[n..],
                 tail: self.tail,
-                len,
+                len: self.len - n,
             };
         }
+        self.skip_into_tail(n)
+    }
+
+    /// [`skip`](Self::skip) past the first slice (`n` less than the length).
+    fn skip_into_tail(self, n: usize) -> Parts<'a> {
+        let len = self.len - n;
         let mut n = n - self.head.len();
         let mut tail = self.tail;
         while let Some((first, rest)) = tail.split_first() {
@@ -142,7 +154,11 @@ impl<'a> Parts<'a> {
 
     /// The folded one's-complement sum of the bytes, as [`checksum::data`] of them laid
     /// end to end.
+    #[inline]
     pub fn sum(&self) -> u16 {
+        if let Some(bytes) = self.as_slice() {
+            return checksum::data(bytes);
+        }
         let mut at = 0;
         let mut sum = 0;
         for s in self.slices() {
