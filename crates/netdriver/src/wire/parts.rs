@@ -84,6 +84,9 @@ impl<'a> Parts<'a> {
     /// The bytes after the first `n` (none when there are fewer).
     #[inline]
     pub fn skip(self, n: usize) -> Parts<'a> {
+        if n == 0 {
+            return self;
+        }
         if n >= self.len {
             return Parts::whole(&[]);
         }
