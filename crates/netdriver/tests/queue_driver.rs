@@ -394,7 +394,7 @@ async fn bytes_that_complete_a_passive_open_reach_the_accepted_channel() {
             break;
         }
         requeue().await;
-        now = now + Duration::from_micros(10);
+        now += Duration::from_micros(10);
     }
     assert!(
         client.conn(h).is_some_and(|c| c.state().is_synchronized()),

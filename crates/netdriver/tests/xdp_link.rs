@@ -431,7 +431,8 @@ fn pattern(i: usize) -> u8 {
 /// own (`MultiBuffer::Auto`) and the steering program is the `xdp.frags` variant. A SYN
 /// from B's kernel still round-trips (RST answer), a 9014-byte UDP frame sent by A's link
 /// (3 descriptors of 4096-byte frames) reaches B's kernel whole, and a 9014-byte TCP frame
-/// sent by a link on vB (6 descriptors of 2048-byte frames) is reassembled by A's link.
+/// sent by a link on vB (6 descriptors of 2048-byte frames) is reassembled by A's link,
+/// and a second one is lent as its three parts.
 #[test]
 fn jumbo_frames_use_descriptor_chains() {
     const UDP_PORT: u16 = 9999;
@@ -575,10 +576,10 @@ fn jumbo_frames_use_descriptor_chains() {
         let len =
             emit_tcp_frame(&mut tcp_jumbo, &eth_ba, &ip_ba, 2, &seg, 9014 - payload_at).unwrap();
         assert_eq!(len, 9014);
-        let b_ifname = b.ifname.clone();
-        let sent = tcp_jumbo.clone();
-        let b_chains = bed
-            .run_in(Side::B, move || {
+        let send_from_b = || {
+            let b_ifname = b.ifname.clone();
+            let sent = tcp_jumbo.clone();
+            bed.run_in(Side::B, move || {
                 let mut blink = XdpLink::open(XdpLinkConfig::new(&b_ifname, 0)).unwrap();
                 assert!(blink.multi_buffer());
                 assert_eq!(blink.frame_capacity(), 1792);
@@ -594,8 +595,9 @@ fn jumbo_frames_use_descriptor_chains() {
                 );
                 blink.tx_chains()
             })
-            .unwrap();
-        assert_eq!(b_chains, 1);
+            .unwrap()
+        };
+        assert_eq!(send_from_b(), 1);
         let mut received = None;
         let end = StdInstant::now() + DEADLINE;
         while received.is_none() && StdInstant::now() < end {
@@ -621,6 +623,28 @@ fn jumbo_frames_use_descriptor_chains() {
         assert_eq!(link.rx_chains_dropped(), 0);
         let tf = parse_tcp_frame(&received, true).expect("checksums verify after reassembly");
         assert_eq!(tf.payload.len(), 9014 - payload_at);
+
+        // The same frame again, lent as its parts where the kernel wrote them: three
+        // chunks of A's UMEM (3840 + 3840 + 1334 bytes), nothing gathered.
+        assert_eq!(send_from_b(), 1);
+        let mut parts = None;
+        let end = StdInstant::now() + DEADLINE;
+        while parts.is_none() && StdInstant::now() < end {
+            if !link.wait_readable(Duration::from_millis(100)).unwrap() {
+                continue;
+            }
+            link.recv_batch_parts(Instant::ZERO, 64, &mut |p, _| {
+                if p.iter().map(|x| x.len()).sum::<usize>() > 1514 {
+                    parts = Some(p.iter().map(|x| x.to_vec()).collect::<Vec<_>>());
+                }
+            });
+        }
+        let parts = parts.expect("the second jumbo frame did not reach A's link");
+        let lens: Vec<usize> = parts.iter().map(Vec::len).collect();
+        assert_eq!(lens, [3840, 3840, 9014 - 2 * 3840]);
+        assert_eq!(parts.concat(), tcp_jumbo, "the lent parts differ");
+        assert_eq!(link.rx_chains(), 2);
+        assert_eq!(link.rx_chains_dropped(), 0);
         assert!(
             eventually(|| {
                 link.flush(Instant::ZERO);

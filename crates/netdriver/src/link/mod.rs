@@ -84,6 +84,12 @@
 //!   local sender that never computed one). The TCP accepts segments of any length up to
 //!   what IPv4 carries, whatever MSS it advertised, so a link needs no setting for this.
 //!
+//! A frame a link received as a chain of buffers (AF_XDP multi-buffer: jumbo frames in
+//! UMEM chunks, each behind the kernel's headroom) is lent by [`Link::recv_batch_parts`]
+//! as its parts, so the stack parses the headers in the first and copies the payload into
+//! TCP's receive ring straight from where each part lies; the other receive methods
+//! gather such a frame into one slice first.
+//!
 //! The offload-aware methods are [`Link::recv_batch_meta`] and [`Link::tx_batch_meta`];
 //! their default implementations fall back on [`Link::recv_batch`] and
 //! [`Link::tx_batch`] (completing a requested checksum in software), so a link without
@@ -109,6 +115,8 @@ pub mod xdp_bind;
 pub mod xdp_checksum;
 #[cfg(target_os = "linux")]
 pub mod xdp_features;
+#[cfg(target_os = "linux")]
+mod xdp_rx_chain;
 #[cfg(target_os = "linux")]
 pub mod xsk;
 
@@ -291,6 +299,26 @@ pub trait Link {
         self.recv_batch(now, max, &mut |frame| f(frame, RxMeta::default()))
     }
 
+    /// [`recv_batch_meta`](Link::recv_batch_meta) lending each frame as its buffers in
+    /// order: one slice for a frame that lies in one, several for a frame a link received
+    /// as a chain (AF_XDP multi-buffer), lent where the parts lie instead of gathered into
+    /// one slice. Every part but the last is non-empty, and the first holds at least the
+    /// first buffer's worth of the frame (the links that chain fill each buffer before the
+    /// next, and a buffer holds over 1700 bytes), so the Ethernet, IPv4 and TCP headers
+    /// lie in it; a receiver refuses, and counts, a chained frame whose first part does
+    /// not hold them, rather than gathering it. The default lends the frames of
+    /// `recv_batch_meta` as one part each.
+    fn recv_batch_parts(
+        &mut self,
+        now: Instant,
+        max: usize,
+        f: &mut dyn FnMut(&[&[u8]], RxMeta),
+    ) -> usize {
+        self.recv_batch_meta(now, max, &mut |frame, meta| {
+            f(core::slice::from_ref(&frame), meta)
+        })
+    }
+
     /// [`tx_batch`](Link::tx_batch) with offload requests per frame. Lent buffers are
     /// [`TX_HEADROOM`] + the larger of [`max_frame_len`](Link::max_frame_len) and
     /// [`Offloads::tx_segmentation`] bytes long; a frame with a
@@ -407,6 +435,14 @@ impl<L: Link + ?Sized> Link for Box<L> {
         f: &mut dyn FnMut(&[u8], RxMeta),
     ) -> usize {
         (**self).recv_batch_meta(now, max, f)
+    }
+    fn recv_batch_parts(
+        &mut self,
+        now: Instant,
+        max: usize,
+        f: &mut dyn FnMut(&[&[u8]], RxMeta),
+    ) -> usize {
+        (**self).recv_batch_parts(now, max, f)
     }
     fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         (**self).tx_batch_meta(now, max, f)

@@ -60,12 +60,17 @@
 //! frames. [`XdpLinkConfig::multi_buffer`] chooses ([`MultiBuffer::Auto`]: exactly when the
 //! interface's largest tx buffer does not fit one UMEM frame).
 //!
-//! - **Receive**: a single-descriptor frame is still lent straight from the UMEM. A chain
-//!   is copied, part by part, into a scratch buffer of [`Link::max_frame_len`] bytes
-//!   (its UMEM frames go back to the fill ring at once) and lent from there once its last
-//!   part arrived; a chain may span two [`Link::recv_batch`] calls. A chain that grows
-//!   beyond [`Link::max_frame_len`] is dropped whole and counted
+//! - **Receive**: a single-descriptor frame is still lent straight from the UMEM, and so is
+//!   a chain: [`Link::recv_batch_parts`] lends it as its parts, one slice per descriptor,
+//!   where the kernel wrote them (each in its own fill-ring chunk, behind that chunk's
+//!   headroom), and the stack parses the headers in the first part and copies the payload
+//!   into TCP's receive ring from there. A chain whose last part has not arrived by the end
+//!   of a call keeps its chunks off the fill ring until the next call completes it. A
+//!   chain that grows beyond [`Link::max_frame_len`] or [`MAX_RX_CHAIN_PARTS`], or has a
+//!   part outside its chunk, is dropped whole and counted
 //!   ([`LinkStats::dropped_oversize`] and [`XdpLink::rx_chains_dropped`]).
+//!   [`Link::recv_batch`] and [`Link::recv_batch_meta`], which lend one slice, gather a
+//!   chain into a scratch buffer of [`Link::max_frame_len`] bytes first.
 //! - **Transmit**: the UMEM is registered in unaligned mode
 //!   (`XDP_UMEM_UNALIGNED_CHUNK_FLAG`), where a descriptor may start anywhere and run into
 //!   the next chunk, and the transmit half is cut into slots of adjacent chunks, each
@@ -77,12 +82,9 @@
 //!   has returned every descriptor of its frame. Chains go to the tx ring whole, never
 //!   split across two ring operations.
 //!
-//! Receiving a chain thus costs one more copy per byte (a received chain cannot be lent as
-//! one slice: the kernel fills whichever fill-ring frames it took, each behind its own
-//! headroom); transmitting one does not. Zero-copy drivers with multi-buffer support
-//! would lend received chains part by part instead; veth has none. (A zero-copy driver
-//! maps the UMEM for DMA page by page: a descriptor that crosses into a page not
-//! contiguous with its own is refused, so in zero copy such a link wants huge pages.)
+//! Neither direction copies a chain's bytes in the link. (A zero-copy driver maps the UMEM
+//! for DMA page by page: a tx descriptor that crosses into a page not contiguous with its
+//! own is refused, so in zero copy such a link wants huge pages.)
 //!
 //! # Zero copy and copy mode
 //!
@@ -120,13 +122,15 @@ pub use super::xdp_bind::{
 use super::xdp_checksum::checksum_request;
 pub use super::xdp_checksum::{SoftwareChecksum, TxChecksum, TX_CHECKSUM_ENV};
 use super::xdp_features::xdp_features;
+pub use super::xdp_rx_chain::MAX_RX_CHAIN_PARTS;
+use super::xdp_rx_chain::{read_frames, RxChainCounts, RxLimits};
 use super::xsk::sys::{XDP_PKT_CONTD, XDP_TX_METADATA};
 use super::xsk::umem::data_addr;
 pub use super::xsk::XskStatistics;
 use super::xsk::{TxMetadataRequest, Umem, XdpDesc, XskError, XskOptions, XskSocket};
 use super::{
-    tx_range_ok, FrameWriter, Link, LinkStats, Offloads, PartialChecksum, ETHERNET_HEADER_LEN,
-    MAX_SUPER_FRAME_LEN, TX_HEADROOM,
+    tx_range_ok, FrameWriter, Link, LinkStats, Offloads, PartialChecksum, RxMeta,
+    ETHERNET_HEADER_LEN, MAX_SUPER_FRAME_LEN, TX_HEADROOM,
 };
 use crate::time::Instant;
 
@@ -663,8 +667,13 @@ pub struct XdpLink {
     capacity: usize,
     /// Bound with `XDP_USE_SG`: received frames may come as chains.
     multi_buffer: bool,
-    /// The chain being received, and the scratch buffer it is assembled in.
-    rx_chain: RxChain,
+    /// Descriptors at the front of `rx_scratch` that begin a chain whose last part had
+    /// not arrived by the end of the previous [`Link::recv_batch_parts`] call: their chunks
+    /// are held off the fill ring until it does.
+    rx_pending: usize,
+    /// The chain being received is being dropped; its remaining parts are skipped.
+    rx_dropping: bool,
+    /// Where [`Link::recv_batch`] gathers a chain for callers that take one slice.
     rx_chain_buf: Vec<u8>,
     /// When one UMEM frame cannot hold a tx buffer: the slots of adjacent chunks tx
     /// frames are written in (`None` otherwise).
@@ -699,17 +708,6 @@ impl TxSlots {
         let i = (addr.checked_sub(self.base)? / self.bytes) as usize;
         (i < self.parts_left.len()).then_some(i)
     }
-}
-
-/// Where [`XdpLink::recv_batch`] stands in a descriptor chain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RxChain {
-    /// Not inside a chain.
-    Idle,
-    /// Parts are being gathered in the scratch buffer.
-    Collecting,
-    /// The chain is being dropped; its remaining parts are skipped.
-    Dropping,
 }
 
 /// Counters of multi-buffer chains.
@@ -951,7 +949,8 @@ impl XdpLink {
             in_flight: 0,
             tx_frames,
             tx_ring_size: half,
-            rx_scratch: vec![XdpDesc::default(); config.rx_batch],
+            // Room for a chain held over from the previous batch in front of a full batch.
+            rx_scratch: vec![XdpDesc::default(); config.rx_batch + MAX_RX_CHAIN_PARTS],
             comp_scratch: vec![0; config.tx_batch],
             fill_scratch: Vec::with_capacity(config.rx_batch),
             fill_backlog: Vec::with_capacity(half as usize),
@@ -959,7 +958,8 @@ impl XdpLink {
             stats: LinkStats::default(),
             capacity,
             multi_buffer,
-            rx_chain: RxChain::Idle,
+            rx_pending: 0,
+            rx_dropping: false,
             rx_chain_buf: if multi_buffer {
                 Vec::with_capacity(max_frame_len)
             } else {
@@ -1513,78 +1513,73 @@ impl Link for XdpLink {
         self.mtu
     }
 
-    fn recv_batch(&mut self, _now: Instant, max: usize, f: &mut dyn FnMut(&[u8])) -> usize {
-        let max = max.min(self.rx_scratch.len());
+    fn recv_batch(&mut self, now: Instant, max: usize, f: &mut dyn FnMut(&[u8])) -> usize {
+        // Callers that take one slice get a chain gathered into the scratch buffer.
+        let mut buf = std::mem::take(&mut self.rx_chain_buf);
+        let n = self.recv_batch_parts(now, max, &mut |parts, _| match parts {
+            [frame] => f(frame),
+            _ => {
+                buf.clear();
+                for part in parts {
+                    buf.extend_from_slice(part);
+                }
+                f(&buf);
+            }
+        });
+        self.rx_chain_buf = buf;
+        n
+    }
+
+    fn recv_batch_parts(
+        &mut self,
+        _now: Instant,
+        max: usize,
+        f: &mut dyn FnMut(&[&[u8]], RxMeta),
+    ) -> usize {
+        let held = self.rx_pending;
+        let max = max.min(self.config.rx_batch);
         if max == 0 {
             return 0;
         }
-        let n = self.sock.rx.consume(&mut self.rx_scratch[..max]);
-        let max_frame_len = self.max_frame_len();
-        let mut delivered = 0;
+        let n = held + self.sock.rx.consume(&mut self.rx_scratch[held..held + max]);
+        if n == held {
+            return 0;
+        }
+        let limits = RxLimits {
+            multi_buffer: self.multi_buffer,
+            max_frame_len: self.max_frame_len(),
+        };
         let XdpLink {
             umem,
             rx_scratch,
-            rx_chain,
-            rx_chain_buf,
+            rx_dropping,
             stats,
             chain_stats,
-            multi_buffer,
             ..
         } = self;
-        for desc in &rx_scratch[..n] {
-            // SAFETY: the kernel handed this frame over through the rx ring; it writes to
-            // it again only after `refill` returns it to the fill ring, after this borrow.
-            let Some(part) = (unsafe { umem.frame(data_addr(desc.addr), desc.len as usize) })
-            else {
-                // A descriptor leaving its chunk: never from a kernel that works.
-                stats.dropped_oversize += 1;
-                continue;
-            };
-            let more = desc.options & XDP_PKT_CONTD != 0;
-            if *rx_chain == RxChain::Idle && !more {
-                if part.len() > max_frame_len {
-                    stats.dropped_oversize += 1;
-                    continue;
-                }
-                stats.rx_frames += 1;
-                stats.rx_bytes += part.len() as u64;
-                delivered += 1;
-                f(part);
-                continue;
-            }
-            if !*multi_buffer {
-                // A chain without XDP_USE_SG cannot happen; drop it rather than trust it.
-                stats.dropped_oversize += 1;
-                continue;
-            }
-            match *rx_chain {
-                RxChain::Dropping => {}
-                _ if rx_chain_buf.len() + part.len() > max_frame_len => {
-                    stats.dropped_oversize += 1;
-                    chain_stats.rx_chains_dropped += 1;
-                    rx_chain_buf.clear();
-                    *rx_chain = RxChain::Dropping;
-                }
-                _ => {
-                    rx_chain_buf.extend_from_slice(part);
-                    *rx_chain = RxChain::Collecting;
-                }
-            }
-            if more {
-                continue;
-            }
-            // The chain's last part.
-            if *rx_chain == RxChain::Collecting {
-                stats.rx_frames += 1;
-                stats.rx_bytes += rx_chain_buf.len() as u64;
-                chain_stats.rx_chains += 1;
-                delivered += 1;
-                f(rx_chain_buf);
-            }
-            rx_chain_buf.clear();
-            *rx_chain = RxChain::Idle;
-        }
-        self.refill(n);
+        let mut counts = RxChainCounts::default();
+        let read = read_frames(
+            &rx_scratch[..n],
+            limits,
+            rx_dropping,
+            // SAFETY: the kernel handed these frames over through the rx ring; it writes
+            // to them again only after `refill` returns them to the fill ring, which
+            // happens after the callback's borrows of the frame they belong to have ended
+            // (a chain's parts held over to the next call stay off the fill ring until
+            // then).
+            |desc| unsafe { umem.frame(data_addr(desc.addr), desc.len as usize) },
+            stats,
+            &mut counts,
+            |parts| f(parts, RxMeta::default()),
+        );
+        chain_stats.rx_chains += counts.chains;
+        chain_stats.rx_chains_dropped += counts.chains_dropped;
+        let (done, delivered) = (read.done, read.delivered);
+        // Descriptors `done..n` begin a chain whose last part is still to come: they stay
+        // off the fill ring, moved to the front of the scratch array for the next call.
+        self.refill(done);
+        self.rx_scratch.copy_within(done..n, 0);
+        self.rx_pending = n - done;
         delivered
     }
 

@@ -14,14 +14,14 @@ use std::net::SocketAddrV4;
 use super::egress::Control;
 use super::stray::{complete_tcp_checksum, StrayHook, StraySegment, StrayVerdict};
 use super::{Core, InterfaceStats};
-use crate::link::RxMeta;
+use crate::link::{RxMeta, ETHERNET_HEADER_LEN};
 use crate::tcp::time_wait::TimeWaitInput;
 use crate::tcp::State;
 use crate::time::Instant;
 use crate::wire::checksum;
 use crate::wire::{
     ArpOperation, ArpPacket, ArpRepr, EtherType, EthernetAddress, EthernetFrame, EthernetRepr,
-    IpProtocol, Ipv4Packet, Ipv4Repr, TcpPacket, TcpRepr, WireError,
+    IpProtocol, Ipv4Packet, Ipv4Repr, Parts, TcpPacket, TcpRepr, WireError,
 };
 
 /// Fault injection for tests and failure drills
@@ -82,7 +82,47 @@ fn count_error(stats: &mut InterfaceStats, e: WireError) {
     }
 }
 
+/// Whether `head`, the first buffer of a chained frame, holds its Ethernet, IPv4 and TCP
+/// headers whole (what the lengths in them claim; garbage lengths are judged later).
+fn headers_fit(head: &[u8]) -> bool {
+    let ip = ETHERNET_HEADER_LEN;
+    let Some(&ver_ihl) = head.get(ip) else {
+        return false;
+    };
+    let tcp = ip + usize::from(ver_ihl & 0x0f) * 4;
+    head.get(tcp + 12)
+        .is_some_and(|&off| head.len() >= tcp + usize::from(off >> 4) * 4)
+}
+
 impl Core {
+    /// Handles one received frame lent as its buffers in order
+    /// ([`Link::recv_batch_parts`](crate::link::Link::recv_batch_parts)). A frame in
+    /// several buffers is parsed where it lies: its headers must all lie in the first
+    /// one (else it is refused and counted), and its payload reaches TCP as [`Parts`].
+    #[inline]
+    pub(super) fn receive_parts(
+        &mut self,
+        now: Instant,
+        parts: &[&[u8]],
+        meta: RxMeta,
+        stray: &mut StrayHook<'_>,
+    ) {
+        match parts {
+            [] => self.receive(now, &[], meta, stray),
+            [frame] => self.receive(now, frame, meta, stray),
+            _ => {
+                let frame = Parts::of(parts);
+                if !headers_fit(frame.first()) {
+                    self.stats.rx_frames += 1;
+                    self.stats.rx_chain_headers_split += 1;
+                    return;
+                }
+                self.stats.rx_chains += 1;
+                self.receive_view(now, frame, meta, stray);
+            }
+        }
+    }
+
     /// Handles one received frame. Never panics: every failure is a counted drop.
     pub(super) fn receive(
         &mut self,
@@ -91,8 +131,20 @@ impl Core {
         meta: RxMeta,
         stray: &mut StrayHook<'_>,
     ) {
+        self.receive_view(now, Parts::whole(frame), meta, stray);
+    }
+
+    /// [`receive`](Self::receive) for a frame whose headers lie in its first slice.
+    fn receive_view(
+        &mut self,
+        now: Instant,
+        frame: Parts<'_>,
+        meta: RxMeta,
+        stray: &mut StrayHook<'_>,
+    ) {
         self.stats.rx_frames += 1;
-        let ef = match EthernetFrame::new_checked(frame) {
+        let head = frame.first();
+        let ef = match EthernetFrame::new_checked(head) {
             Ok(ef) => ef,
             Err(e) => return count_error(&mut self.stats, e),
         };
@@ -105,9 +157,12 @@ impl Core {
             return;
         }
         match eth.ethertype {
-            EtherType::Arp => self.receive_arp(ef.payload_slice()),
+            EtherType::Arp => match frame.as_slice() {
+                Some(_) => self.receive_arp(ef.payload_slice()),
+                None => self.stats.rx_malformed += 1,
+            },
             EtherType::Ipv4 if eth.dst == self.config.mac => {
-                self.receive_ipv4(now, eth.src, ef.payload_slice(), frame, meta, stray)
+                self.receive_ipv4(now, eth.src, frame, meta, stray)
             }
             EtherType::Ipv4 => self.stats.rx_not_ours += 1,
             EtherType::Unknown(_) => self.stats.rx_unsupported += 1,
@@ -140,20 +195,20 @@ impl Core {
         }
     }
 
+    /// `frame`: the whole frame, its IPv4 and TCP headers in its first slice (a
+    /// contiguous frame, or a chain [`headers_fit`] passed).
     fn receive_ipv4(
         &mut self,
         now: Instant,
         src_mac: EthernetAddress,
-        packet: &[u8],
-        frame: &[u8],
+        frame: Parts<'_>,
         meta: RxMeta,
         stray: &mut StrayHook<'_>,
     ) {
-        let ipp = match Ipv4Packet::new_checked(packet) {
-            Ok(p) => p,
-            Err(e) => return count_error(&mut self.stats, e),
-        };
-        let ip = match Ipv4Repr::parse(&ipp, true) {
+        let head = frame.first();
+        let ipp = Ipv4Packet::new_unchecked(head.get(ETHERNET_HEADER_LEN..).unwrap_or_default());
+        let datagram_len = frame.len().saturating_sub(ETHERNET_HEADER_LEN);
+        let ip = match Ipv4Repr::parse_within(&ipp, datagram_len, true) {
             Ok(ip) => ip,
             Err(e) => return count_error(&mut self.stats, e),
         };
@@ -165,39 +220,43 @@ impl Core {
             self.stats.rx_unsupported += 1;
             return;
         }
-        let segment = ipp.payload_slice();
-        let tp = match TcpPacket::new_checked(segment) {
+        // The segment, cut to the IPv4 total length (Ethernet padding left out), and its
+        // front in the first slice, where the TCP header lies.
+        let segment = frame
+            .skip(ETHERNET_HEADER_LEN + ipp.header_len())
+            .take(ip.payload_len);
+        let tp = match TcpPacket::new_checked(segment.first()) {
             Ok(tp) => tp,
             Err(e) => return count_error(&mut self.stats, e),
         };
+        let seg_len = u32::try_from(segment.len()).unwrap_or(u32::MAX);
+        let pseudo = checksum::pseudo_header_v4(ip.src, ip.dst, IpProtocol::Tcp.into(), seg_len);
         // The checksum is verified in `receive_tcp`, from the pseudo-header and header sum
         // taken here and a payload sum that the receive fast path computes while copying
         // the payload into the connection's ring (one pass over the bytes, not two).
         let verified = meta.checksum_verified;
-        let partial_ok = !verified
-            && self.config.accept_partial_checksums
-            && tp.has_partial_checksum(ip.src, ip.dst);
+        // A partial checksum holds the pseudo-header sum alone (see
+        // `TcpPacket::has_partial_checksum`).
+        let partial_ok =
+            !verified && self.config.accept_partial_checksums && tp.checksum() == pseudo;
         if frame.len() > self.link_frame_len {
             self.stats.rx_large_frames += 1;
         }
-        let (repr, payload) = match TcpRepr::parse(&tp, ip.src, ip.dst, false) {
-            Ok(x) => x,
+        let repr = match TcpRepr::parse(&tp, ip.src, ip.dst, false) {
+            Ok((repr, _)) => repr,
             Err(e) => {
                 // A corrupt segment is counted as corrupt even when the corruption also
                 // broke its header, as verifying first would count it.
-                let bad = !verified && !partial_ok && !tp.verify_checksum(ip.src, ip.dst);
+                let bad =
+                    !verified && !partial_ok && checksum::add(pseudo, segment.sum()) != 0xffff;
                 return count_error(&mut self.stats, if bad { WireError::Checksum } else { e });
             }
         };
-        let header = segment
-            .get(..segment.len() - payload.len())
-            .unwrap_or_default();
-        let seg_len = u32::try_from(segment.len()).unwrap_or(u32::MAX);
+        let header_len = tp.header_len();
+        let header = segment.first().get(..header_len).unwrap_or_default();
+        let payload = segment.skip(header_len);
         let check = PendingChecksum {
-            head_sum: checksum::add(
-                checksum::pseudo_header_v4(ip.src, ip.dst, IpProtocol::Tcp.into(), seg_len),
-                checksum::data(header),
-            ),
+            head_sum: checksum::add(pseudo, checksum::data(header)),
             partial_ok,
             verified,
         };
@@ -213,9 +272,9 @@ impl Core {
         src_mac: EthernetAddress,
         ip: &Ipv4Repr,
         repr: &TcpRepr,
-        payload: &[u8],
+        payload: Parts<'_>,
         check: PendingChecksum,
-        frame: &[u8],
+        frame: Parts<'_>,
         stray: &mut StrayHook<'_>,
     ) {
         let local = SocketAddrV4::new(ip.dst, repr.dst_port);
@@ -245,7 +304,7 @@ impl Core {
             self.stats.rx_checksum_offloaded += 1;
             true
         } else {
-            let payload_sum = placed.unwrap_or_else(|| checksum::data(payload));
+            let payload_sum = placed.unwrap_or_else(|| payload.sum());
             checksum::add(check.head_sum, payload_sum) == 0xffff
         };
         if !sum_ok {
@@ -274,7 +333,7 @@ impl Core {
                         if placed.is_some() {
                             conn.handle_segment_placed(now, repr, payload);
                         } else {
-                            conn.handle_segment(now, repr, payload);
+                            conn.handle_segment_parts(now, repr, payload);
                         }
                         false
                     }
@@ -325,13 +384,17 @@ impl Core {
             bare_ack && listening && self.config.syn_cookies && self.cookies.recently_sent(now);
         // The hook's frame carries a valid checksum: one the link vouched for may hold a
         // stale or partial field, completed here in a copy (stray segments are rare).
-        let frame = if check.verified {
-            self.stray_scratch.clear();
-            self.stray_scratch.extend_from_slice(frame);
-            complete_tcp_checksum(&mut self.stray_scratch);
-            &self.stray_scratch[..]
-        } else {
-            frame
+        // A chained frame is gathered here too (the hook takes one slice).
+        let frame = match frame.as_slice() {
+            Some(frame) if !check.verified => frame,
+            _ => {
+                self.stray_scratch.clear();
+                frame.extend_into(&mut self.stray_scratch);
+                if check.verified {
+                    complete_tcp_checksum(&mut self.stray_scratch);
+                }
+                &self.stray_scratch[..]
+            }
         };
         let verdict = stray(&StraySegment {
             local,
@@ -355,8 +418,19 @@ impl Core {
             self.passive_open(now, src_mac, local, remote, repr, payload.len());
             return;
         }
-        if cookie_ack && self.cookie_open(now, src_mac, local, remote, repr, payload) {
-            return;
+        if cookie_ack {
+            // A cookie ACK's data, if chained, is gathered (a rare path).
+            let mut gathered = Vec::new();
+            let data = match payload.as_slice() {
+                Some(p) => p,
+                None => {
+                    payload.extend_into(&mut gathered);
+                    &gathered[..]
+                }
+            };
+            if self.cookie_open(now, src_mac, local, remote, repr, data) {
+                return;
+            }
         }
         if cookie_ack && !self.cookie_room(local.port()) {
             // While the listener has no room its peers' cookie ACKs are dropped, so a

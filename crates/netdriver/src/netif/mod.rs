@@ -74,6 +74,8 @@ use crate::tcp::{Config, Connection, State, TcpError};
 use crate::time::Instant;
 use crate::wire::{ipv4, EthernetAddress};
 
+#[cfg(test)]
+mod chain_tests;
 mod conns;
 mod egress;
 mod ingress;
@@ -259,6 +261,12 @@ pub struct InterfaceStats {
     /// Received frames longer than the link's largest frame (segments a link coalesced, or
     /// a peer's super-segment a host-local link carried whole).
     pub rx_large_frames: u64,
+    /// Frames received as a chain of buffers whose first buffer does not hold the
+    /// Ethernet, IPv4 and TCP headers whole: refused, never gathered (no link builds
+    /// them; see [`Link::recv_batch_parts`](crate::link::Link::recv_batch_parts)).
+    pub rx_chain_headers_split: u64,
+    /// Frames received as a chain of buffers (more than one) and parsed where they lie.
+    pub rx_chains: u64,
     /// Super-segments handed to the link to cut into wire segments.
     pub tx_super_segments: u64,
     /// Segments sent with their checksum left to the link.
@@ -595,6 +603,18 @@ impl<L: Link> Interface<L> {
         self.core.receive(now, frame, meta, stray);
     }
 
+    /// [`receive_frame_meta`](Interface::receive_frame_meta) for a frame held in several
+    /// buffers, in order, as [`Link::recv_batch_parts`] lends a chained frame.
+    pub fn receive_parts_meta(
+        &mut self,
+        now: Instant,
+        parts: &[&[u8]],
+        meta: RxMeta,
+        stray: &mut StrayHook<'_>,
+    ) {
+        self.core.receive_parts(now, parts, meta, stray);
+    }
+
     /// The connection behind `h`, if it still exists.
     pub fn conn(&self, h: ConnHandle) -> Option<&Connection> {
         self.core.slot(h)?.conn.as_ref()
@@ -652,8 +672,8 @@ impl<L: Link> Interface<L> {
 
         // Receive.
         let max = core.config.rx_batch;
-        let received = link.recv_batch_meta(now, max, &mut |frame, meta| {
-            core.receive(now, frame, meta, stray)
+        let received = link.recv_batch_parts(now, max, &mut |parts, meta| {
+            core.receive_parts(now, parts, meta, stray)
         });
         progress |= received > 0;
         // A full batch may have left frames on the ring, which no new arrival announces.

@@ -10,6 +10,7 @@
 //! `docs/investigations/connection-setup.md`).
 
 use crate::wire::checksum;
+use crate::wire::Parts;
 
 /// A ring's first allocation, in bytes (or its capacity, if smaller).
 pub const MIN_ALLOCATION: usize = 4096;
@@ -31,6 +32,14 @@ fn copy_in(ring: &mut [u8], start: usize, data: &[u8]) {
     let first = data.len().min(ring.len() - start);
     ring[start..start + first].copy_from_slice(&data[..first]);
     ring[..data.len() - first].copy_from_slice(&data[first..]);
+}
+
+/// The folded sum of `n` bytes of `ring` from physical index `start`, wrapping.
+fn sum_ring(ring: &[u8], start: usize, n: usize) -> u16 {
+    let first = n.min(ring.len() - start);
+    let a = checksum::data(&ring[start..start + first]);
+    let b = checksum::data(&ring[..n - first]);
+    checksum::add(a, checksum::at_offset(b, first))
 }
 
 /// Copies `out.len()` bytes out of `ring` starting at physical index `start`, wrapping.
@@ -321,6 +330,39 @@ impl RxRing {
         (n, copy_in_sum(&mut self.buf, start, &data[..n]))
     }
 
+    /// [`write_at`](Self::write_at) for bytes held in several slices (a payload lent
+    /// where a chained frame's buffers lie).
+    pub fn write_parts_at(&mut self, offset: usize, data: Parts<'_>) -> usize {
+        if let Some(data) = data.as_slice() {
+            return self.write_at(offset, data);
+        }
+        let mut n = 0;
+        for s in data.slices() {
+            let w = self.write_at(offset + n, s);
+            n += w;
+            if w < s.len() {
+                break;
+            }
+        }
+        n
+    }
+
+    /// [`write_at_sum`](Self::write_at_sum) for bytes held in several slices: the sum
+    /// is that of the bytes stored laid end to end. The parts are copied first and the
+    /// bytes summed once where they now lie, still in L1 (one or two sums, rather than
+    /// one per part with its own short tails).
+    pub fn write_parts_at_sum(&mut self, offset: usize, data: Parts<'_>) -> (usize, u16) {
+        if let Some(data) = data.as_slice() {
+            return self.write_at_sum(offset, data);
+        }
+        let n = self.write_parts_at(offset, data);
+        if n == 0 {
+            return (0, 0);
+        }
+        let start = (self.head + self.len + offset) % self.buf.len();
+        (n, sum_ring(&self.buf, start, n))
+    }
+
     /// Changes the capacity to `capacity`, keeping the readable bytes and the first
     /// `keep` bytes after them (where out-of-order data may sit); the capacity is at least
     /// that much. An allocated ring is reallocated with those bytes moved to its start;
@@ -381,6 +423,34 @@ impl RxRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_are_stored_and_summed_as_the_bytes_end_to_end_across_the_wrap() {
+        let data: Vec<u8> = (0..3001u32).map(|i| (i * 13 + 5) as u8).collect();
+        for head in [0usize, 1, 2047, 3000, 4095] {
+            for offset in [0usize, 1, 700] {
+                for (a, b) in [(1, 2), (66, 1500), (1499, 1500), (3000, 3001)] {
+                    let slices = [&data[..a], &data[a..b], &data[b..]];
+                    // Two rings wrapped the same way: `head` bytes read through first.
+                    let mut rings = [RxRing::new(4096), RxRing::new(4096)];
+                    for r in &mut rings {
+                        r.write_at(0, &vec![9; head]);
+                        r.commit(head);
+                        r.read(&mut vec![0; head]);
+                    }
+                    let [whole, parts] = &mut rings;
+                    let want = whole.write_at_sum(offset, &data);
+                    let got = parts.write_parts_at_sum(offset, Parts::of(&slices));
+                    assert_eq!(got, want, "head {head} offset {offset} cuts {a} {b}");
+                    whole.commit(offset + want.0);
+                    parts.commit(offset + got.0);
+                    let (mut x, mut y) = (vec![0; 4096], vec![0; 4096]);
+                    assert_eq!(whole.read(&mut x), parts.read(&mut y));
+                    assert_eq!(x, y);
+                }
+            }
+        }
+    }
 
     #[test]
     fn rings_allocate_at_their_first_byte() {

@@ -97,6 +97,14 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     /// header length is at least 20 and fits, and that the total length covers the header
     /// and fits in the buffer.
     pub fn check_len(&self) -> Result<(), WireError> {
+        self.check_len_within(self.buffer.as_ref().len())
+    }
+
+    /// [`check_len`](Self::check_len) for a buffer that holds only the datagram's front
+    /// (the first buffer of a frame received as a chain): the header must fit in the
+    /// buffer and the total length in the `datagram_len` bytes the frame carries after its
+    /// link header.
+    pub fn check_len_within(&self, datagram_len: usize) -> Result<(), WireError> {
         let b = self.buffer.as_ref();
         if b.len() < HEADER_LEN {
             return Err(WireError::Truncated);
@@ -115,7 +123,7 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         if total < hl {
             return Err(WireError::Malformed);
         }
-        if b.len() < total {
+        if datagram_len < total {
             return Err(WireError::Truncated);
         }
         Ok(())
@@ -325,7 +333,17 @@ impl Ipv4Repr {
         packet: &Ipv4Packet<T>,
         verify_checksum: bool,
     ) -> Result<Ipv4Repr, WireError> {
-        packet.check_len()?;
+        Ipv4Repr::parse_within(packet, packet.buffer.as_ref().len(), verify_checksum)
+    }
+
+    /// [`parse`](Self::parse) for a buffer holding the datagram's front, `datagram_len`
+    /// bytes in all ([`Ipv4Packet::check_len_within`]).
+    pub fn parse_within<T: AsRef<[u8]>>(
+        packet: &Ipv4Packet<T>,
+        datagram_len: usize,
+        verify_checksum: bool,
+    ) -> Result<Ipv4Repr, WireError> {
+        packet.check_len_within(datagram_len)?;
         if verify_checksum && !packet.verify_checksum() {
             return Err(WireError::Checksum);
         }

@@ -90,12 +90,14 @@ pub mod checksum;
 pub mod ethernet;
 pub mod frame;
 pub mod ipv4;
+pub mod parts;
 pub mod tcp;
 
 pub use arp::{ArpOperation, ArpPacket, ArpRepr};
 pub use ethernet::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr};
 pub use frame::{emit_tcp_frame, parse_tcp_frame, tcp_payload_offset, TcpFrame};
 pub use ipv4::{IpProtocol, Ipv4Packet, Ipv4Repr};
+pub use parts::Parts;
 pub use tcp::{SackBlock, TcpFlags, TcpOptions, TcpPacket, TcpRepr};
 
 /// Why a frame or header could not be parsed or emitted.

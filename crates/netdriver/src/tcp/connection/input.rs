@@ -8,6 +8,7 @@ use super::{seq_len, timestamp_value, Connection, State};
 use crate::tcp::SeqNumber;
 use crate::time::Instant;
 use crate::wire::tcp::{SackBlock, TcpFlags, TcpRepr};
+use crate::wire::Parts;
 
 /// TSval ticks by which a segment may be older than TS.Recent and still pass PAWS
 /// (RFC 7323 §5.3 R1; Linux's `TCP_PAWS_WINDOW`).
@@ -17,6 +18,13 @@ impl Connection {
     /// Checksums must already be verified. The ACK field is taken as present exactly when
     /// `repr.ack` is `Some`. Any reply (ACK, RST, SYN-ACK) comes out of `poll_transmit`.
     pub fn handle_segment(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+        self.handle_segment_parts(now, repr, Parts::whole(payload));
+    }
+
+    /// [`handle_segment`](Self::handle_segment) for a payload held in several slices (a
+    /// frame received as a chain of buffers): the bytes are copied into the receive ring
+    /// from where they lie, exactly as a contiguous payload's are.
+    pub fn handle_segment_parts(&mut self, now: Instant, repr: &TcpRepr, payload: Parts<'_>) {
         self.rx_placed = None;
         self.handle_segment_inner(now, repr, payload);
     }
@@ -34,11 +42,12 @@ impl Connection {
     /// in the ring's free space, where nothing is held (no out-of-order data), and are
     /// overwritten by the next arrival. Either way the payload is read once.
     ///
-    /// `sum: false` (the link vouched for the checksum) copies without summing and
-    /// returns `Some(0)`: summing was a pass over every received byte that nothing read
-    /// (8 % of a bulk transfer's instructions over AF_PACKET, both stacks and the virtual
-    /// sockets included, under callgrind; more than one of the copies).
-    pub fn place_payload(&mut self, seq: SeqNumber, payload: &[u8], sum: bool) -> Option<u16> {
+    /// The payload may be held in several slices ([`Parts`]); the sum is that of its
+    /// bytes laid end to end. `sum: false` (the link vouched for the checksum) copies
+    /// without summing and returns `Some(0)`: summing was a pass over every received byte
+    /// that nothing read (8 % of a bulk transfer's instructions over AF_PACKET, both stacks
+    /// and the virtual sockets included, under callgrind; more than one of the copies).
+    pub fn place_payload(&mut self, seq: SeqNumber, payload: Parts<'_>, sum: bool) -> Option<u16> {
         self.rx_placed = None;
         if self.state != State::Established
             || seq != self.rcv_nxt
@@ -49,9 +58,9 @@ impl Connection {
             return None;
         }
         let (n, sum) = if sum {
-            self.rx.write_at_sum(0, payload)
+            self.rx.write_parts_at_sum(0, payload)
         } else {
-            (self.rx.write_at(0, payload), 0)
+            (self.rx.write_parts_at(0, payload), 0)
         };
         if n != payload.len() {
             return None;
@@ -65,12 +74,12 @@ impl Connection {
     /// the payload is accepted in order and the ring is unchanged since, it is committed
     /// where it lies instead of being copied again; otherwise it is handled exactly like
     /// `handle_segment` handles it.
-    pub fn handle_segment_placed(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+    pub fn handle_segment_placed(&mut self, now: Instant, repr: &TcpRepr, payload: Parts<'_>) {
         self.handle_segment_inner(now, repr, payload);
         self.rx_placed = None;
     }
 
-    fn handle_segment_inner(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+    fn handle_segment_inner(&mut self, now: Instant, repr: &TcpRepr, payload: Parts<'_>) {
         let now = self.clock(now);
         self.counters.segments_received += 1;
         if repr.dst_port != self.local.port() || repr.src_port != self.remote.port() {
@@ -96,7 +105,7 @@ impl Connection {
     }
 
     /// RFC 9293 §3.10.7.3, SYN-SENT.
-    fn handle_in_syn_sent(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+    fn handle_in_syn_sent(&mut self, now: Instant, repr: &TcpRepr, payload: Parts<'_>) {
         let flags = repr.flags;
         // First: the ACK must acknowledge our SYN: ISS < SEG.ACK <= SND.NXT.
         if let Some(ack) = repr.ack {
@@ -156,7 +165,7 @@ impl Connection {
     }
 
     /// RFC 9293 §3.10.7.4 for SYN-RECEIVED and the synchronized states.
-    fn handle_in_other_states(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+    fn handle_in_other_states(&mut self, now: Instant, repr: &TcpRepr, payload: Parts<'_>) {
         let flags = repr.flags;
         let seq = repr.seq;
         let seg_len = payload.len() + usize::from(flags.syn()) + usize::from(flags.fin());
@@ -346,7 +355,7 @@ impl Connection {
                     // taken since it needs no buffer space.
                     self.ack_now = true;
                     if payload.is_empty() && flags.fin() {
-                        self.process_text(now, seq, &[], true);
+                        self.process_text(now, seq, Parts::whole(&[]), true);
                     }
                 } else if !payload.is_empty() || flags.fin() {
                     self.process_text(now, seq, payload, flags.fin());
@@ -463,7 +472,7 @@ impl Connection {
         (tsval.wrapping_sub(self.ts_recent) as i32) < -PAWS_WINDOW && !self.ts_recent_stale(now)
     }
 
-    fn handle_in_time_wait(&mut self, now: Instant, repr: &TcpRepr, payload: &[u8]) {
+    fn handle_in_time_wait(&mut self, now: Instant, repr: &TcpRepr, payload: Parts<'_>) {
         if repr.flags.fin() {
             let fin_seq = repr.seq + payload.len();
             if fin_seq + 1 == self.rcv_nxt {
@@ -765,7 +774,13 @@ impl Connection {
 
     /// Segment text and FIN (§3.10.7.4 seventh and eighth steps). `seq` is the sequence
     /// number of the first payload byte (or of the FIN if there is no payload).
-    pub(super) fn process_text(&mut self, now: Instant, seq: SeqNumber, payload: &[u8], fin: bool) {
+    pub(super) fn process_text(
+        &mut self,
+        now: Instant,
+        seq: SeqNumber,
+        payload: Parts<'_>,
+        fin: bool,
+    ) {
         if !payload.is_empty() {
             // Linux's rule: data after a silence longer than the RTO starts a new burst
             // whose sender waits on our ACKs again; refill the quick-ACK budget.
@@ -791,10 +806,10 @@ impl Connection {
             let dup_end = seq + skip.min(payload.len());
             self.note_duplicate(seq, dup_end);
         }
-        let data = payload.get(skip..).unwrap_or(&[]);
+        let data = payload.skip(skip);
         let room = self.rx.free();
         let fit = data.len().min(room.saturating_sub(offset));
-        let data = &data[..fit];
+        let data = data.take(fit);
         let whole_segment_fits = fit == payload.len().saturating_sub(skip);
 
         let mut delivered = 0;
@@ -806,7 +821,7 @@ impl Connection {
                     at == seq && skip == 0 && data.len() <= len && layout == self.rx.layout()
                 });
                 if !placed {
-                    self.rx.write_at(0, data);
+                    self.rx.write_parts_at(0, data);
                 }
                 delivered = if self.assembler.is_empty() {
                     // In order with nothing held beyond it (the common case): nothing to
@@ -837,7 +852,7 @@ impl Connection {
             }
             match self.assembler.add(offset, data.len()) {
                 Ok(()) => {
-                    self.rx.write_at(offset, data);
+                    self.rx.write_parts_at(offset, data);
                     self.note_sack_arrival(seq);
                 }
                 Err(_) => {
