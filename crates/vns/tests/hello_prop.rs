@@ -14,7 +14,7 @@ use vns::hello::{
 fn read(buf: &[u8]) -> Option<Result<Option<RssDescription>, HelloError>> {
     match frame_len(buf) {
         Ok(Some(n)) => {
-            assert!(n >= HEADER_LEN && n <= HEADER_LEN + MAX_BODY);
+            assert!((HEADER_LEN..=HEADER_LEN + MAX_BODY).contains(&n));
             buf.get(..n).map(parse)
         }
         Ok(None) => {

@@ -248,10 +248,13 @@ fn fake_peer(
     (host, classes)
 }
 
+/// What the opener's hello counts must say after a fake acceptor's answer.
+type CountsCheck = fn(&HelloCounts) -> bool;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peers_that_do_not_answer_or_answer_garbage_get_channels_as_before() {
     let oversized: &'static [u8] = b"NCRS\x01\x01\xff\xff";
-    let cases: [(FakeAnswer, fn(&HelloCounts) -> bool); 4] = [
+    let cases: [(FakeAnswer, CountsCheck); 4] = [
         (FakeAnswer::Abort, |c| c.unanswered == 1),
         (FakeAnswer::Bytes(b"GET / HTTP/1.1\r\n\r\n"), |c| {
             c.refused == 1
