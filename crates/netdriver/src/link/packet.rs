@@ -801,34 +801,6 @@ impl Link for PacketLink {
     }
 }
 
-/// Reads and resets the kernel's count of frames an AF_PACKET socket dropped for a full
-/// receive buffer (`PACKET_STATISTICS`' `tp_drops`).
-pub(crate) fn take_socket_drops(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    #[repr(C)]
-    #[derive(Default)]
-    struct TpacketStats {
-        tp_packets: u32,
-        tp_drops: u32,
-    }
-    const PACKET_STATISTICS: libc::c_int = 6;
-    let mut st = TpacketStats::default();
-    let mut len = std::mem::size_of::<TpacketStats>() as libc::socklen_t;
-    // SAFETY: getsockopt writing at most `len` bytes into a local `tpacket_stats`.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            PACKET_STATISTICS,
-            (&mut st as *mut TpacketStats).cast(),
-            &mut len,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(u64::from(st.tp_drops))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,8 @@
 //! which the channel set reads for its queue statistics while a queue driver owns the
 //! link.
 
-use std::os::fd::BorrowedFd;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters of the AF_PACKET link beyond [`LinkStats`](super::LinkStats).
@@ -25,7 +26,7 @@ pub struct PacketLinkStats {
     /// no memory for the copy); gone, as on a lossy wire.
     pub tx_dropped: u64,
     /// Frames the kernel dropped because the socket's receive buffer was full
-    /// (`PACKET_STATISTICS`' `tp_drops`, summed over [`PacketLink::kernel_drops`](super::packet::PacketLink::kernel_drops) calls).
+    /// (`PACKET_STATISTICS`' `tp_drops`, summed over `PacketLink::kernel_drops` calls).
     pub rx_socket_drops: u64,
     /// Frames the kernel refused (`sendmmsg` error other than a full buffer); dropped.
     pub tx_errors: u64,
@@ -50,7 +51,7 @@ impl Counter {
 }
 
 /// The counters an AF_PACKET link keeps, shared with whoever reports them
-/// ([`PacketLink::counters`](super::packet::PacketLink::counters)).
+/// (`PacketLink::counters`).
 #[derive(Debug, Default)]
 pub struct PacketCounters {
     pub(crate) rx_coalesced: Counter,
@@ -83,7 +84,35 @@ impl PacketCounters {
     /// Takes the kernel's drop count from the link's socket `fd` (it resets on reading)
     /// into [`PacketLinkStats::rx_socket_drops`]; returns the new total.
     pub fn collect_socket_drops(&self, fd: BorrowedFd<'_>) -> std::io::Result<u64> {
-        let n = super::packet::take_socket_drops(fd)?;
+        let n = take_socket_drops(fd)?;
         Ok(self.rx_socket_drops.fetch_add(n, Ordering::Relaxed) + n)
     }
+}
+
+/// Reads and resets the kernel's count of frames an AF_PACKET socket dropped for a full
+/// receive buffer (`PACKET_STATISTICS`' `tp_drops`).
+fn take_socket_drops(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct TpacketStats {
+        tp_packets: u32,
+        tp_drops: u32,
+    }
+    const PACKET_STATISTICS: libc::c_int = 6;
+    let mut st = TpacketStats::default();
+    let mut len = std::mem::size_of::<TpacketStats>() as libc::socklen_t;
+    // SAFETY: getsockopt writing at most `len` bytes into a local `tpacket_stats`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            PACKET_STATISTICS,
+            (&mut st as *mut TpacketStats).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::from(st.tp_drops))
 }
