@@ -209,6 +209,8 @@ mod stats;
 #[cfg(target_os = "linux")]
 mod steering;
 #[cfg(target_os = "linux")]
+mod stray;
+#[cfg(target_os = "linux")]
 mod stream;
 #[cfg(target_os = "linux")]
 mod sys;

@@ -15,16 +15,17 @@ use super::accept_queue::ListenerShared;
 use super::attach::Neighbors;
 use super::clock::RuntimeClock;
 use super::command::Command;
-use super::directory::{Owner, Tuple};
+use super::directory::Tuple;
 use super::handle::Channel;
 use super::queue::{ChannelShared, Failure, WireSeq};
 use super::shared::SetShared;
 use super::signal::QueueSignal;
 use super::sink::{RxFlow, RxSink};
 use super::stats::SynCounters;
+use super::stray::stray_verdict;
 use super::ChannelError;
 use crate::link::QueueLink;
-use crate::netif::{ConnHandle, Interface, StraySegment, StrayVerdict};
+use crate::netif::{ConnHandle, Interface};
 use crate::rss::NtupleRule;
 use crate::tcp::TcpError;
 use crate::time::Instant;
@@ -231,37 +232,6 @@ fn publish_entry(conn: &crate::tcp::Connection, e: &mut Entry, now: Instant) {
         snd_nxt: conn.snd_nxt().0,
     };
     e.shared.publish(&conn.traffic(), wire, now);
-}
-
-/// What the stray-segment hook decides, given the directory.
-fn stray_verdict(
-    set: &SetShared,
-    me: usize,
-    claims: &mut Vec<Tuple>,
-    s: &StraySegment<'_>,
-    from_link: bool,
-) -> StrayVerdict {
-    let tuple = (s.local, s.remote);
-    // A SYN cookie's ACK may open a connection just as a SYN does: claim it the same way
-    // (settle_claims releases the claim if the cookie does not verify).
-    let may_open = s.syn_to_listener || s.cookie_ack;
-    let owner = if may_open {
-        set.directory.claim(tuple, me)
-    } else {
-        set.directory.owner(&tuple, me)
-    };
-    match owner {
-        Owner::Me => {
-            if may_open {
-                claims.push(tuple);
-            }
-            StrayVerdict::Local
-        }
-        Owner::Nobody => StrayVerdict::Local,
-        // A frame that was forwarded once is never forwarded again.
-        Owner::Other(_) if !from_link => StrayVerdict::Drop,
-        Owner::Other(o) => set.forward(o, s.frame),
-    }
 }
 
 impl Worker {

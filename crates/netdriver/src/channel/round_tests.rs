@@ -1,7 +1,9 @@
 //! Unit tests of one queue's round: forwarding between queues, stray frames.
 
 use super::*;
+use crate::channel::directory::Owner;
 use crate::channel::shared::Peer;
+use crate::netif::{StraySegment, StrayVerdict};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 /// A set of two queues whose forwarding queues hold one frame each.
