@@ -818,16 +818,7 @@ impl Connection {
     /// (`Reset`, `TimedOut`, `Refused`) if the connection failed. Data may be queued in
     /// SYN-SENT and SYN-RECEIVED; it is sent once established (RFC 9293 §3.10.2).
     pub fn send(&mut self, data: &[u8]) -> Result<usize, TcpError> {
-        if let Some(err) = self.error {
-            return Err(err);
-        }
-        let open = matches!(
-            self.state,
-            State::SynSent | State::SynReceived | State::Established | State::CloseWait
-        );
-        if !open || self.fin_queued {
-            return Err(TcpError::Closed);
-        }
+        self.check_sendable()?;
         if data.is_empty() {
             return Ok(0);
         }
@@ -842,6 +833,20 @@ impl Connection {
     /// (a reference, no copy) until acknowledged, and read straight into the frames; a
     /// shorter one is copied as `send` copies. Same results as `send`.
     pub fn send_bytes(&mut self, data: &Bytes) -> Result<usize, TcpError> {
+        self.check_sendable()?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        match self.tx.push_shared(data) {
+            0 => Err(TcpError::WouldBlock),
+            n => Ok(n),
+        }
+    }
+
+    /// Whether data may be queued now: the failure reason if the connection failed,
+    /// `Err(Closed)` after `close()` or outside SYN-SENT, SYN-RECEIVED, ESTABLISHED and
+    /// CLOSE-WAIT.
+    fn check_sendable(&self) -> Result<(), TcpError> {
         if let Some(err) = self.error {
             return Err(err);
         }
@@ -852,13 +857,7 @@ impl Connection {
         if !open || self.fin_queued {
             return Err(TcpError::Closed);
         }
-        if data.is_empty() {
-            return Ok(0);
-        }
-        match self.tx.push_shared(data) {
-            0 => Err(TcpError::WouldBlock),
-            n => Ok(n),
-        }
+        Ok(())
     }
 
     /// Reads received in-order bytes, with read(2) semantics: `Ok(n > 0)` data, `Ok(0)` end
