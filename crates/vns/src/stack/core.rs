@@ -443,7 +443,7 @@ impl Core {
     /// apart, latency channels on the last queue, throughput channels round robin over
     /// the others). With the peer's hello (`peer`), the channel's port also lands on one
     /// of the peer's queues of the class where a free one does. Blocks for the
-    /// handshake: helper threads only.
+    /// handshake: opener threads only.
     pub(crate) fn connect_channel(
         &self,
         remote: SocketAddrV4,

@@ -30,7 +30,7 @@
 //!   channels on the channel port (9000 unless configured) and runs their handshakes,
 //!   opens channels to peers, drops dead ones, runs the shards' timers, carries out the
 //!   scheduler's plans and stops the stack. It does nothing per message.
-//! - On the first `connect` to a host, a helper thread opens the configured number of
+//! - On the first `connect` to a host, an opener thread opens the configured number of
 //!   throughput channels (plus latency channels) to the host's channel port; each begins
 //!   with an 8-byte preamble naming its class (`docs/wire-format.md`). Channels accepted
 //!   from a host serve connects to it as well.

@@ -78,7 +78,7 @@ impl Core {
         ctl.keep_closing_plain(inc.t);
     }
 
-    /// Asks `remote`'s stack for its hello on a channel of its own (helper thread; blocks
+    /// Asks `remote`'s stack for its hello on a channel of its own (opener thread; blocks
     /// for the connection and at most the preamble timeout). `Ok(None)` when the peer has
     /// no RSS to describe or none was had (counted in [`Control::hellos`]); `Err` only
     /// when the channel could not be opened, as the opening's first channel would fail.

@@ -1,7 +1,7 @@
 //! Peers and their channels: opening the configured channels to a host on its first
-//! connect (on a helper thread, since a channel's handshake blocks), adding a channel to
-//! every shard and installing its sink, losing one (its sockets' chunks go again on the
-//! peer's other channels) and opening channels again when a peer's last one is lost.
+//! connect (on an opener thread, `vns-open`, since a channel's handshake blocks),
+//! adding a channel to every shard and installing its sink, losing one (its sockets'
+//! chunks go again on the peer's other channels) and opening channels again when a peer's last one is lost.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -36,7 +36,7 @@ impl Wake for Unpark {
 }
 
 /// The channel's next bytes, waiting on this thread until `deadline`: `Ok(None)` when
-/// the peer closed it, `Err` when it failed or the deadline passed. For helper threads
+/// the peer closed it, `Err` when it failed or the deadline passed. For opener threads
 /// only (it parks the calling thread).
 pub(super) fn dequeue_until(t: &Channel, deadline: Instant) -> Result<Option<Bytes>, String> {
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
@@ -58,7 +58,7 @@ pub(super) fn dequeue_until(t: &Channel, deadline: Instant) -> Result<Option<Byt
 
 impl Core {
     /// Resolves `ip` to a peer with at least one channel of `class`, opening the stack's
-    /// channels to it on first use (in a helper thread). `attempt` remembers which opening
+    /// channels to it on first use (in an opener thread). `attempt` remembers which opening
     /// this caller waits for, so that it sees that opening's failure.
     pub(crate) fn poll_peer(
         self: &Arc<Self>,
@@ -130,7 +130,7 @@ impl Core {
         Poll::Pending
     }
 
-    /// Opens the configured channels to `ip` (helper thread). Where this stack chooses its
+    /// Opens the configured channels to `ip` (opener thread). Where this stack chooses its
     /// channels' ports (its RSS is reproducible), it first asks the peer for its hello
     /// ([`Core::ask_hello`]) so that each channel's port lands on a queue of its class at
     /// the peer as well.
@@ -226,7 +226,7 @@ impl Core {
     }
 
     /// Starts opening channels again to the peers that lost their last one (see
-    /// [`Core::lose_channel`]), each in a helper thread like a first opening.
+    /// [`Core::lose_channel`]), each in an opener thread like a first opening.
     pub(super) fn reopen_channels(self: &Arc<Self>, ctl: &mut Control) {
         for ip in std::mem::take(&mut ctl.reopen) {
             let attempt = ctl.next_attempt;
@@ -257,7 +257,7 @@ impl Core {
     }
 
     /// Sends the preamble on a channel this stack opened and, with a channel key, runs the
-    /// opener's side of the authentication exchange (see [`auth`]), blocking this helper
+    /// opener's side of the authentication exchange (see [`auth`]), blocking this opener
     /// thread for at most the preamble timeout. Returns bytes that arrived after the
     /// exchange (chunks for the endpoint), or why the channel cannot be used.
     pub(super) fn open_handshake(

@@ -1,7 +1,7 @@
 //! Carrying out the scheduler's plans (`NetScheduler::plan`): every plan period the
 //! control task shows the policy a snapshot of the stack and acts on what it wants.
 //!
-//! - `OpenChannel`: a helper thread opens one more channel of the class to the peer, as a
+//! - `OpenChannel`: an opener thread opens one more channel of the class to the peer, as a
 //!   first connect does (the peer accepts it like any channel). One opening per peer at
 //!   a time; a repeated wish while one runs is ignored.
 //! - `CloseChannel`: the channel retires without losing anything. Every shard stops
@@ -240,7 +240,7 @@ impl Core {
         }
     }
 
-    /// Opens one channel of `class` to `ip` (helper thread) and adds it to the stack.
+    /// Opens one channel of `class` to `ip` (opener thread) and adds it to the stack.
     fn open_one(self: Arc<Self>, ip: Ipv4Addr, class: ChannelClass) {
         let remote = SocketAddrV4::new(ip, self.config.channel_port);
         let peer_rss = self.ctl().peers.get(&ip).and_then(|p| p.rss.clone());
