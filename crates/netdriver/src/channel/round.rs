@@ -531,12 +531,7 @@ impl Worker {
                 let want = room.min(RX_CHUNK).min(conn.recv_queue().max(1));
                 match read_into(conn, rxbuf, want) {
                     Ok(None) => {
-                        if !e.eof {
-                            e.eof = true;
-                            publish_entry(conn, e, now);
-                            e.shared.finish_rx();
-                            any = true;
-                        }
+                        any |= e.reach_end(conn, now);
                         break;
                     }
                     Ok(Some(chunk)) => {
@@ -605,12 +600,7 @@ impl Worker {
                     }
                 }) {
                     Ok(0) => {
-                        if !e.eof {
-                            e.eof = true;
-                            publish_entry(conn, e, now);
-                            e.shared.finish_rx();
-                            any = true;
-                        }
+                        any |= e.reach_end(conn, now);
                         e.end_sink(Ok(()));
                         break;
                     }
@@ -623,8 +613,7 @@ impl Worker {
                     }
                     Err(TcpError::WouldBlock | TcpError::Closed) => break,
                     Err(err) => {
-                        e.shared.fail(Failure::from_tcp(err));
-                        e.end_sink(Err(ChannelError::from_tcp(err)));
+                        e.read_failed(err);
                         any = true;
                         break;
                     }
@@ -634,12 +623,7 @@ impl Worker {
             let want = RX_CHUNK.min(conn.recv_queue().max(1));
             match read_into(conn, rxbuf, want) {
                 Ok(None) => {
-                    if !e.eof {
-                        e.eof = true;
-                        publish_entry(conn, e, now);
-                        e.shared.finish_rx();
-                        any = true;
-                    }
+                    any |= e.reach_end(conn, now);
                     e.end_sink(Ok(()));
                     break;
                 }
@@ -655,8 +639,7 @@ impl Worker {
                 }
                 Err(TcpError::WouldBlock | TcpError::Closed) => break,
                 Err(err) => {
-                    e.shared.fail(Failure::from_tcp(err));
-                    e.end_sink(Err(ChannelError::from_tcp(err)));
+                    e.read_failed(err);
                     any = true;
                     break;
                 }
@@ -942,6 +925,24 @@ impl Entry {
 
     /// Tells the channel's sink (or one offered and not taken yet) that no more bytes
     /// come: `Ok` at the end of the stream, `Err` when the channel failed. Once.
+    /// The peer's FIN was read: the channel's final figures are published, then its end
+    /// of stream, once. Returns whether this was the first time.
+    fn reach_end(&mut self, conn: &crate::tcp::Connection, now: Instant) -> bool {
+        if self.eof {
+            return false;
+        }
+        self.eof = true;
+        publish_entry(conn, self, now);
+        self.shared.finish_rx();
+        true
+    }
+
+    /// Reading the connection failed: the channel and its sink learn why.
+    fn read_failed(&mut self, err: TcpError) {
+        self.shared.fail(Failure::from_tcp(err));
+        self.end_sink(Err(ChannelError::from_tcp(err)));
+    }
+
     fn end_sink(&mut self, end: Result<(), ChannelError>) {
         if self.sink_ended {
             return;
