@@ -22,9 +22,9 @@ use netdriver::channel::{
     Channel, ChannelSet, ChannelSetConfig, ChannelStream, DriverPlace, Placement, RxFlow, RxSink,
     ROUNDS_PER_POLL,
 };
-use netdriver::link::switch::{SimSwitch, SwitchConfig};
+use netdriver::link::switch::{SimSwitch, SwitchConfig, SwitchPort};
 use netdriver::link::Link;
-use netdriver::netif::{Interface, InterfaceConfig};
+use netdriver::netif::{ConnHandle, Interface, InterfaceConfig};
 use netdriver::rss::{ChannelSteering, ForwardReason, RssState, SteeringCounts};
 use netdriver::time::Instant;
 use std::io::{Read, Write};
@@ -408,6 +408,125 @@ async fn bytes_that_complete_a_passive_open_reach_the_accepted_channel() {
         got.as_deref().map_err(|_| "nothing delivered in 1 s"),
         Ok(REQUEST)
     );
+    drop(s);
+    b.shutdown().expect("shutdown");
+}
+
+/// A bare interface at A on `switch` (our TCP at its defaults: Nagle, delayed ACKs of
+/// 40 ms), its connection to B's [`PORT`] established, polled by the test with a clock of
+/// its own that moves 10 µs per look.
+async fn bare_client(switch: &SimSwitch, now: &mut Instant) -> (Interface<SwitchPort>, ConnHandle) {
+    let (amac, mut ports) = switch.attach(A, 1).expect("attach");
+    let mut client = Interface::new(
+        ports.remove(0),
+        InterfaceConfig {
+            mac: amac,
+            ipv4: A,
+            ..InterfaceConfig::default()
+        },
+    );
+    client.add_neighbor(B, switch.mac_of(B).expect("B's MAC"));
+    let h = client
+        .connect(SocketAddrV4::new(B, PORT), *now)
+        .expect("connect");
+    for _ in 0..100 {
+        client.poll(*now);
+        if client.conn(h).is_some_and(|c| c.state().is_synchronized()) {
+            return (client, h);
+        }
+        requeue().await;
+        *now += Duration::from_micros(10);
+    }
+    panic!("no SYN-ACK");
+}
+
+/// Polls `client` (10 µs of its clock per look, the runtime's other tasks run between
+/// looks) until `done` says so, at most 2,000 looks; whether it did. The looks keep the
+/// runtime busy, so that its paused clock never jumps: no timer of either host fires.
+async fn poll_client_until(
+    client: &mut Interface<SwitchPort>,
+    now: &mut Instant,
+    mut done: impl FnMut(&mut Interface<SwitchPort>) -> bool,
+) -> bool {
+    for _ in 0..2000 {
+        client.poll(*now);
+        if done(client) {
+            return true;
+        }
+        requeue().await;
+        *now += Duration::from_micros(10);
+    }
+    false
+}
+
+/// A request's ACK rides on its answer: the client gets the SYN-ACK and the answer, and no
+/// pure ACK between them, from a server whose reader takes the request and answers.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_answer_carries_the_ack_of_the_request() {
+    let switch = SimSwitch::default();
+    let b = host_here(&switch, B, 1);
+    let l = b.listen_async(PORT).await.expect("listen");
+    let mut now = Instant::from_micros(1);
+    let (mut client, h) = bare_client(&switch, &mut now).await;
+    let s = poll_fn(|cx| l.poll_accept(cx)).await.expect("accept");
+    let server = tokio::spawn(async move {
+        let req = read_n(&s, 64).await;
+        s.enqueue(Bytes::from(req.iter().map(|b| !b).collect::<Vec<u8>>()))
+            .expect("enqueue the answer");
+        s
+    });
+    let conn = client.conn_mut(h).expect("connection");
+    assert_eq!(conn.send(&[5u8; 64]), Ok(64));
+    let answered = poll_client_until(&mut client, &mut now, |c| {
+        c.conn(h).is_some_and(|c| c.recv_queue() == 64)
+    })
+    .await;
+    assert!(answered, "no answer");
+    let segments = client
+        .conn(h)
+        .expect("connection")
+        .stats()
+        .segments_received;
+    assert_eq!(segments, 2, "the SYN-ACK and the answer, no pure ACK");
+    let mut got = [0u8; 64];
+    assert_eq!(
+        client.conn_mut(h).expect("connection").recv(&mut got),
+        Ok(64)
+    );
+    assert_eq!(got, [!5u8; 64]);
+    drop(server.await.expect("server"));
+    b.shutdown().expect("shutdown");
+}
+
+/// A reader that took the first part of a message and waits for the rest gets it without
+/// any timer: the client's Nagle holds the second small part until the first is
+/// acknowledged, and the ACK the reply would have carried goes out when the reader waits.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_reader_waiting_for_the_rest_of_a_message_releases_the_held_ack() {
+    let switch = SimSwitch::default();
+    let b = host_here(&switch, B, 1);
+    let l = b.listen_async(PORT).await.expect("listen");
+    let mut now = Instant::from_micros(1);
+    let (mut client, h) = bare_client(&switch, &mut now).await;
+    let s = poll_fn(|cx| l.poll_accept(cx)).await.expect("accept");
+    let server = tokio::spawn(async move {
+        let first = read_n(&s, 10).await;
+        let rest = read_n(&s, 10).await;
+        (s, first, rest)
+    });
+    let conn = client.conn_mut(h).expect("connection");
+    assert_eq!(conn.send(b"first part"), Ok(10));
+    client.poll(now);
+    // Nagle: unacknowledged data in flight and less than a segment to send.
+    let conn = client.conn_mut(h).expect("connection");
+    assert_eq!(conn.send(b"the rest.."), Ok(10));
+    let start = tokio::time::Instant::now();
+    let served = poll_client_until(&mut client, &mut now, |_| server.is_finished()).await;
+    assert!(served, "the second part never came: its ACK was held");
+    assert_eq!(start.elapsed(), Duration::ZERO, "no timer fired");
+    let (s, first, rest) = server.await.expect("server");
+    assert_eq!(first, b"first part");
+    assert_eq!(rest, b"the rest..");
     drop(s);
     b.shutdown().expect("shutdown");
 }

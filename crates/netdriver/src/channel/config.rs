@@ -186,6 +186,9 @@ impl ChannelSetConfig {
                 // holds a connection and its buffers for five minutes at most (its probe
                 // answers would keep it for ever, RFC 1122 §4.2.2.17).
                 zero_window_limit: Some(Duration::from_secs(300)),
+                // A request's ACK rides on its answer: the channel's reader says when it
+                // waits (`Connection::reader_waiting`); a sink turns it off.
+                reply_carries_ack: true,
                 ..tcp::Config::default()
             },
             nodelay: true,

@@ -179,6 +179,8 @@ mod directory;
 #[cfg(target_os = "linux")]
 mod driver;
 #[cfg(target_os = "linux")]
+mod entry;
+#[cfg(target_os = "linux")]
 mod handle;
 #[cfg(target_os = "linux")]
 mod lazy_queue;

@@ -187,6 +187,13 @@ pub(crate) struct ChannelShared {
     /// The sink paused the channel's reads and wants them resumed
     /// ([`Channel::resume_rx`]).
     resume: AtomicBool,
+    /// The connection holds an ACK back for the reply to carry (set by the driver,
+    /// `Connection::reply_ack_held`); a reader that finds the Rx queue empty takes it and
+    /// asks for the ACK (`ack_wanted`).
+    ack_held: AtomicBool,
+    /// The reader waits for more while an ACK was held: the driver sends it
+    /// (`Connection::reader_waiting`).
+    ack_wanted: AtomicBool,
     pub(crate) signal: Arc<QueueSignal>,
 }
 
@@ -244,6 +251,8 @@ impl ChannelShared {
             sink: Mutex::new(None),
             sink_offered: AtomicBool::new(false),
             resume: AtomicBool::new(false),
+            ack_held: AtomicBool::new(false),
+            ack_wanted: AtomicBool::new(false),
             signal,
         }
     }
@@ -549,7 +558,33 @@ impl ChannelShared {
         if self.state.load(Ordering::Acquire) == STATE_CLOSED {
             return Err(ChannelError::Closed);
         }
+        self.reader_waits();
         Ok(Dequeued::Empty)
+    }
+
+    /// The reader found nothing to read: if the connection holds an ACK back for a reply,
+    /// none is coming before more data, so the driver is asked to send it. Costs the
+    /// reader one load when nothing is held.
+    fn reader_waits(&self) {
+        if self.ack_held.load(Ordering::Acquire) && self.ack_held.swap(false, Ordering::AcqRel) {
+            self.ack_wanted.store(true, Ordering::Release);
+            self.signal.notify();
+        }
+    }
+
+    /// The driver: whether the connection now holds an ACK back (see `reader_waits`).
+    pub(crate) fn set_ack_held(&self, held: bool) {
+        self.ack_held.store(held, Ordering::Release);
+    }
+
+    /// The driver: takes the reader's request for a held ACK.
+    pub(crate) fn take_ack_wanted(&self) -> bool {
+        self.ack_wanted.load(Ordering::Acquire) && self.ack_wanted.swap(false, Ordering::AcqRel)
+    }
+
+    /// Whether the reader asked for a held ACK (not cleared).
+    pub(crate) fn ack_wanted(&self) -> bool {
+        self.ack_wanted.load(Ordering::Acquire)
     }
 
     pub(crate) fn poll_enqueue_ready(

@@ -16,11 +16,12 @@ use super::attach::Neighbors;
 use super::clock::RuntimeClock;
 use super::command::Command;
 use super::directory::Tuple;
+use super::entry::{publish_entry, Entry};
 use super::handle::Channel;
-use super::queue::{ChannelShared, Failure, WireSeq};
+use super::queue::{ChannelShared, Failure};
 use super::shared::SetShared;
 use super::signal::QueueSignal;
-use super::sink::{RxFlow, RxSink};
+use super::sink::RxFlow;
 use super::stats::SynCounters;
 use super::stray::stray_verdict;
 use super::ChannelError;
@@ -39,26 +40,6 @@ const COMMANDS_PER_ROUND: usize = 64;
 const STOP_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_millis(20);
 /// Most forwarded frames handled per round.
 const FORWARDED_PER_ROUND: usize = 256;
-
-/// One channel's driver-side state.
-struct Entry {
-    shared: Arc<ChannelShared>,
-    /// The consumer's sink, once it installed one ([`Channel::set_sink`]): received bytes
-    /// go to it instead of the Rx queue.
-    sink: Option<Box<dyn RxSink>>,
-    /// The sink paused the channel's reads; they resume when it asks.
-    sink_paused: bool,
-    /// The sink was told the end of the stream (or the failure).
-    sink_ended: bool,
-    /// The rest of a chunk that TCP's send buffer had no room for.
-    partial: Option<bytes::Bytes>,
-    fin_queued: bool,
-    aborted: bool,
-    eof: bool,
-    /// The connection's statistics mark when they were last published (`publish` skips
-    /// a connection whose mark has not moved).
-    published: Option<crate::tcp::connection::StatsMark>,
-}
 
 /// A flow this queue must release from the directory (and, for an outgoing channel, its
 /// port and steering entry) when the interface forgets the connection.
@@ -168,6 +149,7 @@ impl QueueState {
                         && !e.shared.abort_requested()
                         && (e.fin_queued || !e.shared.close_requested())
                         && !(e.sink_paused && e.shared.resume_requested())
+                        && !e.shared.ack_wanted()
                         && !(e.sink.is_none() && e.shared.sink_offered()))
             });
         if quiet {
@@ -214,24 +196,6 @@ impl QueueState {
         let (w, book) = (&mut self.worker, &mut self.book);
         w.die(book);
     }
-}
-
-/// Publishes a channel's figures (`Channel::stats`), unless nothing changed since the last
-/// time (most connections of a queue did nothing this round). Called at the end of every
-/// round, and before a channel's end of stream is made visible: a consumer that sees the
-/// end then also sees what the segment carrying the FIN acknowledged (a closed stream's
-/// "nothing left to deliver" check reads these figures).
-fn publish_entry(conn: &crate::tcp::Connection, e: &mut Entry, now: Instant) {
-    let mark = conn.stats_mark();
-    if e.published == Some(mark) {
-        return;
-    }
-    e.published = Some(mark);
-    let wire = WireSeq {
-        rcv_nxt: conn.rcv_nxt().0,
-        snd_nxt: conn.snd_nxt().0,
-    };
-    e.shared.publish(&conn.traffic(), wire, now);
 }
 
 impl Worker {
@@ -392,6 +356,12 @@ impl Worker {
                 conn.apply_options(now, &changes);
                 any = true;
             }
+            // With the chunks below: an answer written before the reader waited carries
+            // the ACK it asks for.
+            if e.shared.take_ack_wanted() {
+                conn.reader_waiting();
+                any = true;
+            }
             // Read the close request before draining, so a chunk enqueued before close()
             // is never left behind the FIN.
             let closing = e.shared.close_requested();
@@ -501,6 +471,9 @@ impl Worker {
             }
             if e.sink.is_none() {
                 if let Some(mut sink) = e.shared.take_sink() {
+                    // A sink takes bytes as they come and cannot tell whether a reply
+                    // follows: the reply no longer carries the ACK (released if held).
+                    conn.set_reply_carries_ack(false);
                     // What the sink was made with goes first, then what the Rx queue holds
                     // (below): a sink is resumed once when installed, or bytes it kept
                     // would wait for the channel's next arrival, which may never come.
@@ -546,6 +519,7 @@ impl Worker {
                     }
                 }
             }
+            e.publish_ack_held(conn);
             if moved {
                 e.shared.wake_rx();
                 any = true;
@@ -904,65 +878,6 @@ impl Worker {
         }
         while let Ok(frame) = self.forwarded.try_recv() {
             self.set.pool.put(frame);
-        }
-    }
-}
-
-impl Entry {
-    fn new(shared: Arc<ChannelShared>) -> Entry {
-        Entry {
-            shared,
-            partial: None,
-            fin_queued: false,
-            aborted: false,
-            eof: false,
-            published: None,
-            sink: None,
-            sink_paused: false,
-            sink_ended: false,
-        }
-    }
-
-    /// Tells the channel's sink (or one offered and not taken yet) that no more bytes
-    /// come: `Ok` at the end of the stream, `Err` when the channel failed. Once.
-    /// The peer's FIN was read: the channel's final figures are published, then its end
-    /// of stream, once. Returns whether this was the first time.
-    fn reach_end(&mut self, conn: &crate::tcp::Connection, now: Instant) -> bool {
-        if self.eof {
-            return false;
-        }
-        self.eof = true;
-        publish_entry(conn, self, now);
-        self.shared.finish_rx();
-        true
-    }
-
-    /// Reading the connection failed: the channel and its sink learn why.
-    fn read_failed(&mut self, err: TcpError) {
-        self.shared.fail(Failure::from_tcp(err));
-        self.end_sink(Err(ChannelError::from_tcp(err)));
-    }
-
-    fn end_sink(&mut self, end: Result<(), ChannelError>) {
-        if self.sink_ended {
-            return;
-        }
-        if self.sink.is_none() {
-            self.sink = self.shared.take_sink();
-            if let Some(sink) = self.sink.as_mut() {
-                // What the sink was made with, then what the Rx queue held before the sink
-                // came: still this channel's.
-                let _ = sink.resume();
-                while let Some(chunk) = self.shared.pop_rx_for_sink() {
-                    if sink.on_bytes(chunk) == RxFlow::Pause {
-                        break;
-                    }
-                }
-            }
-        }
-        if let Some(sink) = self.sink.as_mut() {
-            self.sink_ended = true;
-            sink.on_end(end);
         }
     }
 }

@@ -159,6 +159,18 @@ pub struct Config {
     /// Linux's, at `rx_buffer / (2 × mss)` (at least 2). 0 disables it. Only matters when
     /// [`delayed_ack`](Self::delayed_ack) is on. Default 16 (Linux's `TCP_MAX_QUICKACKS`).
     pub quick_ack_segments: usize,
+    /// Let the reply carry the ACK of a request: a short in-order segment that ends a
+    /// message (PSH, less than a full segment, nothing else unacknowledged) is not
+    /// acknowledged at once by the quick-ACK budget but by the delayed-ACK rules, so that
+    /// the answer the application usually writes next carries the ACK instead of a pure
+    /// ACK going out before it (one frame fewer per request and per short connection).
+    /// The ACK still goes out at once when the application has read everything and waits
+    /// for more ([`Connection::reader_waiting`](super::Connection::reader_waiting)): a peer
+    /// holding its next small write back by Nagle waits on that ACK, and the reader is
+    /// the one who knows that no answer is coming. Only matters when
+    /// [`delayed_ack`](Self::delayed_ack) is on, and only with an owner that calls
+    /// `reader_waiting`. Default false (Linux acknowledges such a segment at once).
+    pub reply_carries_ack: bool,
     /// Limited transmit (RFC 3042): on the first and second duplicate ACK, send one new
     /// segment each if the peer's window allows, beyond the congestion window. Default true.
     pub limited_transmit: bool,
@@ -253,6 +265,7 @@ impl Default for Config {
             tlp_max_ack_delay: Duration::from_millis(200),
             tlp_min_pto: Duration::from_millis(2),
             quick_ack_segments: 16,
+            reply_carries_ack: false,
             limited_transmit: true,
             rack: true,
             prr: true,

@@ -152,7 +152,7 @@ impl Connection {
                 self.ack_now = true;
                 self.arm_keepalive(now);
                 if !payload.is_empty() || flags.fin() {
-                    self.process_text(now, repr.seq + 1, payload, flags.fin());
+                    self.process_text(now, repr.seq + 1, payload, flags);
                 }
             }
             None => {
@@ -355,10 +355,10 @@ impl Connection {
                     // taken since it needs no buffer space.
                     self.ack_now = true;
                     if payload.is_empty() && flags.fin() {
-                        self.process_text(now, seq, Parts::whole(&[]), true);
+                        self.process_text(now, seq, Parts::whole(&[]), TcpFlags::FIN);
                     }
                 } else if !payload.is_empty() || flags.fin() {
-                    self.process_text(now, seq, payload, flags.fin());
+                    self.process_text(now, seq, payload, flags);
                 }
             }
             _ => {
@@ -773,14 +773,16 @@ impl Connection {
     }
 
     /// Segment text and FIN (§3.10.7.4 seventh and eighth steps). `seq` is the sequence
-    /// number of the first payload byte (or of the FIN if there is no payload).
+    /// number of the first payload byte (or of the FIN if there is no payload); of
+    /// `flags`, FIN and PSH matter here.
     pub(super) fn process_text(
         &mut self,
         now: Instant,
         seq: SeqNumber,
         payload: Parts<'_>,
-        fin: bool,
+        flags: TcpFlags,
     ) {
+        let fin = flags.fin();
         if !payload.is_empty() {
             // Linux's rule: data after a silence longer than the RTO starts a new burst
             // whose sender waits on our ACKs again; refill the quick-ACK budget.
@@ -879,7 +881,7 @@ impl Connection {
                 // Filling a gap: ACK at once so the sender learns quickly (RFC 5681 §4.2).
                 self.ack_now = true;
             } else {
-                self.schedule_delayed_ack(now, delivered);
+                self.schedule_delayed_ack(now, delivered, flags.psh());
             }
         }
 
@@ -952,18 +954,27 @@ impl Connection {
     /// segment back by Nagle waits on our ACKs; delaying them at the start of a connection
     /// or of a burst after idle costs it the delayed-ACK timeout (the 40 ms stall). Unlike
     /// Linux there is no ping-pong mode that suppresses quick ACKs for interactive
-    /// exchanges: a reply sent at once still carries the ACK, at the price of a pure ACK
-    /// before it.
-    fn schedule_delayed_ack(&mut self, now: Instant, delivered: usize) {
+    /// exchanges. Instead, with [`Config::reply_carries_ack`](crate::tcp::Config), a
+    /// short segment that ends a message (`push`, less than a full segment, nothing else
+    /// unacknowledged: a request) is left to the delayed-ACK rules whatever the budget,
+    /// so that the reply carries its ACK; the owner releases it when the reader waits for
+    /// more ([`reader_waiting`](Self::reader_waiting)). A sender in slow start sends full
+    /// segments, which the budget still acknowledges at once.
+    fn schedule_delayed_ack(&mut self, now: Instant, delivered: usize, push: bool) {
         let full = usize::from(self.advertised_mss());
+        let request =
+            self.config.reply_carries_ack && push && delivered < full && self.bytes_unacked == 0;
         self.rcv_mss = self.rcv_mss.max(delivered.min(full)).min(full);
         match self.config.delayed_ack {
             None => self.ack_now = true,
-            Some(_) if self.quick_acks > 0 => {
+            Some(_) if self.quick_acks > 0 && !request => {
                 self.quick_acks -= 1;
                 self.ack_now = true;
             }
             Some(delay) => {
+                // What the quick-ACK budget would have acknowledged at once is held for
+                // the reply, until the reader waits (`reader_waiting`).
+                self.reply_ack_held |= self.quick_acks > 0;
                 self.bytes_unacked += delivered;
                 if self.bytes_unacked >= self.config.full_segments_per_ack.max(1) * self.rcv_mss {
                     self.ack_now = true;

@@ -324,6 +324,9 @@ pub struct Connection {
     rcv_nxt: SeqNumber,
     /// Right edge of the window we last advertised; never moved left (RFC 9293 §3.8.6).
     rcv_adv: SeqNumber,
+    /// The largest window we have advertised, in bytes: what a window update is measured
+    /// against (`window_update_due`).
+    rcv_wnd_max: usize,
     /// Our window-scale shift (0 unless negotiated).
     rcv_wscale: u8,
     /// The shift we offer in our SYN: the smallest that lets the window cover `rx_buffer`.
@@ -372,6 +375,9 @@ pub struct Connection {
     /// delayed-ACK timer or a reply to carry the ACK, instead of costing a pure ACK.
     rcv_mss: usize,
     delayed_ack_deadline: Option<Instant>,
+    /// An ACK the quick-ACK budget would have sent at once is held for the reply
+    /// (`Config::reply_carries_ack`); cleared by any segment we send.
+    reply_ack_held: bool,
     /// The application read data since our last segment: a window update may be due.
     window_update_check: bool,
     /// Data segments left to acknowledge at once (quick-ACK mode, see
@@ -554,6 +560,7 @@ impl Connection {
             irs: SeqNumber(0),
             rcv_nxt: SeqNumber(0),
             rcv_adv: SeqNumber(0),
+            rcv_wnd_max: 0,
             rcv_wscale: 0,
             offered_wscale,
             rx: RxRing::new(config.rx_buffer),
@@ -574,6 +581,7 @@ impl Connection {
             bytes_unacked: 0,
             rcv_mss: 536,
             delayed_ack_deadline: None,
+            reply_ack_held: false,
             window_update_check: false,
             quick_acks: quick_ack_budget(&config),
             last_data_rcv: None,
@@ -716,6 +724,7 @@ impl Connection {
         // the RTT sample (the SYN-ACK's send time is not known).
         let window = usize::from(crate::tcp::syncookie::cookie_window(&conn.config));
         conn.rcv_adv = conn.rcv_nxt + window;
+        conn.rcv_wnd_max = window;
         conn.note_ack_sent();
         conn.snd_nxt = cookie + 1;
         conn.snd_max = cookie + 1;
@@ -1049,6 +1058,37 @@ impl Connection {
         }
     }
 
+    /// Whether an ACK that the quick-ACK rules would have sent at once is held for the
+    /// reply to carry ([`Config::reply_carries_ack`](crate::tcp::Config)): the next
+    /// segment we send carries it, else [`reader_waiting`](Self::reader_waiting) or the
+    /// delayed-ACK timer sends it. An owner that knows when the application waits for
+    /// more watches this to tell it only then.
+    pub fn reply_ack_held(&self) -> bool {
+        self.reply_ack_held
+    }
+
+    /// Turns [`Config::reply_carries_ack`](crate::tcp::Config) on or off for this
+    /// connection. Turning it off sends an ACK it holds at the next transmit, as the
+    /// quick-ACK rules would have.
+    pub fn set_reply_carries_ack(&mut self, on: bool) {
+        if !on {
+            self.reader_waiting();
+        }
+        self.config.reply_carries_ack = on;
+    }
+
+    /// The application has read everything received and waits for more: an ACK held for
+    /// the reply ([`reply_ack_held`](Self::reply_ack_held)) goes out at the next
+    /// transmit, since no reply is coming to carry it and the peer may be holding its
+    /// next small write back until it comes (Nagle). What makes
+    /// [`Config::reply_carries_ack`](crate::tcp::Config) safe; nothing to do otherwise
+    /// (other delayed ACKs keep their rules).
+    pub fn reader_waiting(&mut self) {
+        if self.reply_ack_held {
+            self.ack_now = true;
+        }
+    }
+
     /// Whether the next in-order data segment is acknowledged at once: delayed ACKs off,
     /// or quick-ACK budget left (`TCP_QUICKACK` as `getsockopt` reads it).
     pub fn quickack(&self) -> bool {
@@ -1277,6 +1317,7 @@ impl Connection {
         self.rack.stop_timer();
         self.persist_deadline = None;
         self.delayed_ack_deadline = None;
+        self.reply_ack_held = false;
         self.keepalive_deadline = None;
         self.time_wait_deadline = None;
         self.ack_now = false;

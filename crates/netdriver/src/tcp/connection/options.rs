@@ -198,6 +198,12 @@ impl Connection {
             .map_or(0, |(offset, len)| offset.saturating_add(len));
         let beyond = promised.max(ooo_end);
         let size = size.max(readable.saturating_add(beyond)).max(1);
+        if size > self.rx.capacity() && self.state.is_synchronized() {
+            // A buffer grown after the handshake is news the peer should have at once:
+            // the window-update rule measures against it as if it had been offered.
+            // (Not before: a SYN's window is unscaled whatever the buffer.)
+            self.rcv_wnd_max = self.rcv_wnd_max.max(size);
+        }
         self.rx.resize(size, beyond);
         self.config.rx_buffer = size;
         let syn_unsent = self.snd_max == self.iss;

@@ -134,6 +134,7 @@ impl Connection {
         let window = self.rx.free().min(usize::from(u16::MAX));
         if ack.is_some() {
             self.rcv_adv = self.rcv_nxt + window;
+            self.rcv_wnd_max = self.rcv_wnd_max.max(window);
             self.note_ack_sent();
         }
         self.snd_nxt = self.iss + 1;
@@ -709,10 +710,12 @@ impl Connection {
             }
         }
         let window = self.window_field();
-        let right_edge = self.rcv_nxt + (usize::from(window) << self.rcv_wscale);
+        let offered = usize::from(window) << self.rcv_wscale;
+        let right_edge = self.rcv_nxt + offered;
         if right_edge.distance_from(self.rcv_adv) > 0 {
             self.rcv_adv = right_edge;
         }
+        self.rcv_wnd_max = self.rcv_wnd_max.max(offered);
         self.note_ack_sent();
         TcpRepr {
             src_port: self.local.port(),
@@ -732,6 +735,7 @@ impl Connection {
         self.window_update_check = false;
         self.bytes_unacked = 0;
         self.delayed_ack_deadline = None;
+        self.reply_ack_held = false;
         self.last_ack_sent = self.rcv_nxt;
     }
 
@@ -855,13 +859,17 @@ impl Connection {
         {
             return false;
         }
-        // As Linux does: only when what the peer may still send has fallen to half the
-        // buffer or less and the update at least doubles it, so that a reader keeping
-        // up with a large window does not send an update per read.
+        // As Linux does: only when what the peer may still send has fallen to half of
+        // what it was offered or less and the update at least doubles it, so that a
+        // reader keeping up with a large window does not send an update per read.
+        // Measured against the largest window advertised, not the buffer: a SYN's window
+        // is unscaled (at most 64 KiB), so against a larger buffer the first read of a
+        // connection found the peer's 64 KiB "fallen" and sent a pure ACK for nothing
+        // (one per accepted connection, before its answer).
         let promised = seq_len(self.rcv_nxt, self.rcv_adv);
         let window = usize::from(self.window_field()) << self.rcv_wscale;
         window > promised
-            && promised <= self.rx.capacity() / 2
+            && promised <= self.rx.capacity().min(self.rcv_wnd_max) / 2
             && window >= promised.saturating_mul(2)
     }
 
