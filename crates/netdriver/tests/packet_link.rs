@@ -643,6 +643,52 @@ fn kernel_side_random_drops() {
     );
 }
 
+/// Our server's FIN is lost once (A's INPUT drops the first FIN from [`OUR_PORT`]), after
+/// the kernel client's FIN, so nothing else is in flight: our stack runs on until its FIN
+/// is acknowledged, its loss probe or RTO resends the FIN (200 ms or more later), and the
+/// kernel client reads the end of the stream. A stack that stopped once it had closed
+/// left the kernel client waiting for that FIN until its read timed out.
+#[test]
+fn a_lost_fin_of_ours_is_resent_before_our_stack_stops() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let tool = iptables(&bed);
+    // The first FIN from our port is dropped and remembered (`recent`); later ones pass.
+    let rule = format!(
+        "-w -A INPUT -p tcp --sport {OUR_PORT} --tcp-flags FIN FIN \
+         -m recent --name ncfin ! --rcheck -m recent --name ncfin --set -j DROP"
+    );
+    let args: Vec<&str> = rule.split_whitespace().collect();
+    bed.output_in(Side::A, tool, &args)
+        .unwrap_or_else(|e| panic!("{tool} -A INPUT: {e}"));
+    let bytes = 1 << 20;
+    let ours = start_ours(
+        &bed,
+        Side::B,
+        Job {
+            serve: Some((bytes, 7)),
+            send: None,
+            offloads: true,
+        },
+    );
+    let target = SocketAddr::from((bed.side(Side::B).ipv4, OUR_PORT));
+    let kclient = bed
+        .spawn_thread_in(Side::A, move || kernel_client(target, bytes, 7))
+        .unwrap();
+    let report = ours.join().expect("our thread").expect("our stack");
+    kclient
+        .join()
+        .expect("kernel client thread")
+        .expect("kernel client");
+    print("kernel -> ours, our first FIN lost", bytes, &report);
+    assert_eq!(
+        rule_packets(&bed, tool, "INPUT"),
+        1,
+        "one FIN of ours dropped, the one resent passed"
+    );
+}
+
 /// A stack with every offload off (its link takes MTU-sized frames with complete
 /// checksums, its TCP sends plain segments) still takes the kernel's 64 KiB
 /// super-segments, which veth carries whole whatever the receiver asked for.
