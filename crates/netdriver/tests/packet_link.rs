@@ -26,7 +26,7 @@ use netdriver::link::Link;
 use netdriver::neigh::{ifindex_of, KernelNeighbors};
 use netdriver::netif::{ConnHandle, Interface, InterfaceConfig, InterfaceStats};
 use netdriver::ports::EphemeralRange;
-use netdriver::tcp::{Config, TcpError};
+use netdriver::tcp::{Config, State, TcpError};
 use netdriver::time::Clock;
 use netdriver::wire::EthernetAddress;
 use testbed::{testbed_or_skip, Endpoint, Side, TestBed};
@@ -209,7 +209,27 @@ struct Report {
     conns: Vec<netdriver::tcp::Stats>,
 }
 
-/// Runs `job` with a stack on `ep` (call in its namespace) until done or `end`.
+/// Whether our FIN has been acknowledged: nothing of ours is left for the peer, and the
+/// stack may stop. Until then a lost FIN is only repaired by this stack's timers (a loss
+/// probe or the RTO, 200 ms or more after the FIN), which run only while it is polled.
+fn fin_acked(state: State) -> bool {
+    matches!(state, State::FinWait2 | State::TimeWait | State::Closed)
+}
+
+/// Why connection `h` stopped resolving: its record among those [`Interface::pop_closed`]
+/// returns, kept in `closed` (both connections' records come through one queue).
+fn closed_record(
+    iface: &mut Interface<PacketLink>,
+    closed: &mut Vec<(ConnHandle, Option<TcpError>)>,
+    h: ConnHandle,
+) -> Option<Option<TcpError>> {
+    closed.extend(std::iter::from_fn(|| iface.pop_closed()));
+    closed.iter().find(|(c, _)| *c == h).map(|(_, e)| *e)
+}
+
+/// Runs `job` with a stack on `ep` (call in its namespace) until done or `end`. A
+/// connection is done once the peer's FIN is read and ours is acknowledged: a stack that
+/// stopped with its FIN in flight would leave a kernel peer waiting for it.
 fn our_stack(
     ep: &Endpoint,
     job: &Job,
@@ -266,13 +286,14 @@ fn our_stack(
     let (send_bytes, send_seed) = job.send.map_or((0, 0), |(_, n, s)| (n, s));
     let mut server: Option<ConnHandle> = None;
     let mut server_pattern = Pattern::new(serve_seed);
-    let (mut server_got, mut server_done) = (0usize, job.serve.is_none());
+    let (mut server_got, mut server_closed, mut server_done) = (0usize, false, job.serve.is_none());
     let mut send_pattern = Pattern::new(send_seed);
     let (mut sent, mut client_closed, mut client_done) = (0usize, false, job.send.is_none());
     let mut chunk = vec![0u8; 64 * 1024];
     let mut pending = 0..0;
     let mut rbuf = vec![0u8; 256 * 1024];
     let (mut server_retx, mut client_retx) = (0u64, 0u64);
+    let mut closed = Vec::new();
 
     while !(server_done && client_done) {
         if StdInstant::now() > end {
@@ -292,7 +313,7 @@ fn our_stack(
             match iface.conn_mut(h) {
                 Some(conn) => {
                     server_retx = conn.stats().retransmitted_segments;
-                    loop {
+                    while !server_closed {
                         match conn.recv(&mut rbuf) {
                             Ok(0) => {
                                 if server_got != serve_bytes {
@@ -301,9 +322,8 @@ fn our_stack(
                                     ));
                                 }
                                 conn.close();
-                                server_done = true;
+                                server_closed = true;
                                 progress = true;
-                                break;
                             }
                             Ok(n) => {
                                 server_pattern
@@ -316,8 +336,18 @@ fn our_stack(
                             Err(e) => return Err(format!("our server after {server_got}: {e}")),
                         }
                     }
+                    server_done = server_closed && fin_acked(conn.state());
                 }
-                None => return Err(format!("our server's connection vanished at {server_got}")),
+                // LAST-ACK ends in CLOSED once our FIN is acknowledged, and `poll` then
+                // forgets the connection.
+                None => match closed_record(&mut iface, &mut closed, h) {
+                    Some(None) if server_closed => server_done = true,
+                    other => {
+                        return Err(format!(
+                            "our server's connection vanished at {server_got}: {other:?}"
+                        ))
+                    }
+                },
             }
         }
         if let (Some(h), false) = (client, client_done) {
@@ -346,14 +376,14 @@ fn our_stack(
                         progress = true;
                     }
                     match conn.recv(&mut rbuf) {
-                        Ok(0) if conn.send_queue() == 0 => client_done = true,
+                        Ok(0) if client_closed && fin_acked(conn.state()) => client_done = true,
                         Ok(0) | Err(TcpError::WouldBlock) => {}
                         Ok(n) => return Err(format!("the server sent {n} bytes")),
                         Err(e) => return Err(format!("our client: {e}")),
                     }
                 }
-                None => match iface.pop_closed() {
-                    Some((_, None)) if client_closed => client_done = true,
+                None => match closed_record(&mut iface, &mut closed, h) {
+                    Some(None) if client_closed => client_done = true,
                     other => return Err(format!("our client's connection vanished: {other:?}")),
                 },
             }
@@ -369,7 +399,7 @@ fn our_stack(
     }
     report.elapsed = start.elapsed();
     report.retransmitted = server_retx + client_retx;
-    // Our last ACKs and FIN leave, the peer's last segments are answered.
+    // Our last ACKs leave, the peer's last segments are answered.
     let linger = StdInstant::now() + Duration::from_millis(100);
     while StdInstant::now() < linger {
         if !iface.poll(clock.now()) {
@@ -610,6 +640,52 @@ fn kernel_side_random_drops() {
         "both senders recovered from losses ({lost_in} packets to A, {lost_out} from A): \
          we retransmitted {}, the kernel {kernel_retrans}",
         report.retransmitted
+    );
+}
+
+/// Our server's FIN is lost once (A's INPUT drops the first FIN from [`OUR_PORT`]), after
+/// the kernel client's FIN, so nothing else is in flight: our stack runs on until its FIN
+/// is acknowledged, its loss probe or RTO resends the FIN (200 ms or more later), and the
+/// kernel client reads the end of the stream. A stack that stopped once it had closed
+/// left the kernel client waiting for that FIN until its read timed out.
+#[test]
+fn a_lost_fin_of_ours_is_resent_before_our_stack_stops() {
+    let Some(bed) = testbed_or_skip(TestBed::builder()) else {
+        return;
+    };
+    let tool = iptables(&bed);
+    // The first FIN from our port is dropped and remembered (`recent`); later ones pass.
+    let rule = format!(
+        "-w -A INPUT -p tcp --sport {OUR_PORT} --tcp-flags FIN FIN \
+         -m recent --name ncfin ! --rcheck -m recent --name ncfin --set -j DROP"
+    );
+    let args: Vec<&str> = rule.split_whitespace().collect();
+    bed.output_in(Side::A, tool, &args)
+        .unwrap_or_else(|e| panic!("{tool} -A INPUT: {e}"));
+    let bytes = 1 << 20;
+    let ours = start_ours(
+        &bed,
+        Side::B,
+        Job {
+            serve: Some((bytes, 7)),
+            send: None,
+            offloads: true,
+        },
+    );
+    let target = SocketAddr::from((bed.side(Side::B).ipv4, OUR_PORT));
+    let kclient = bed
+        .spawn_thread_in(Side::A, move || kernel_client(target, bytes, 7))
+        .unwrap();
+    let report = ours.join().expect("our thread").expect("our stack");
+    kclient
+        .join()
+        .expect("kernel client thread")
+        .expect("kernel client");
+    print("kernel -> ours, our first FIN lost", bytes, &report);
+    assert_eq!(
+        rule_packets(&bed, tool, "INPUT"),
+        1,
+        "one FIN of ours dropped, the one resent passed"
     );
 }
 
