@@ -293,7 +293,7 @@ impl Endpoint {
             ChunkType::Data | ChunkType::SyncAck => {
                 // Trace, not debug: a peer chooses how many of these it sends.
                 trace!(channel = %ch, ?key, ty = ?h.ty, "chunk for no socket; resetting");
-                self.reply_reset(ch, key);
+                self.reply_reset(ch, key, h.seq);
             }
             // Never answer these: a late credit update or reset to a socket that is
             // already gone is harmless, and so is a FIN sent again after a channel loss
@@ -306,7 +306,11 @@ impl Endpoint {
         }
     }
 
-    fn reply_reset(&mut self, ch: ChannelId, key: Key) {
+    /// Answers a chunk for no socket (or a refused SYNC) with an unordered RESET that
+    /// echoes the chunk's sequence number `seq`: the receiver applies it only to a socket
+    /// that sent that position (`Socket::sent_position`), so that a late answer to an
+    /// earlier connection on the same ports cannot reset the one that reuses them.
+    fn reply_reset(&mut self, ch: ChannelId, key: Key, seq: Seq) {
         match self.channels.get_mut(&ch) {
             Some(c) if c.queued_replies < super::channels::MAX_QUEUED_REPLIES => {
                 c.queued_replies += 1;
@@ -321,7 +325,7 @@ impl Endpoint {
         let header = ChunkRepr {
             src_port: key.local,
             dst_port: key.remote,
-            seq: Seq(0),
+            seq,
             credit: 0,
             ty: ChunkType::Reset,
             payload_len: 0,
@@ -348,7 +352,7 @@ impl Endpoint {
         }
         let Some(l) = self.listeners.get(&key.local) else {
             debug!(?key, "SYNC to a port nobody listens on; refusing");
-            self.reply_reset(ch, key);
+            self.reply_reset(ch, key, h.seq);
             return;
         };
         if !l.reserve() {
@@ -370,7 +374,7 @@ impl Endpoint {
                 "too many sockets from peers; refusing"
             );
             self.counters.refused_syncs += 1;
-            self.reply_reset(ch, key);
+            self.reply_reset(ch, key, h.seq);
             return;
         }
         let class = match self.channels[&ch].class {
