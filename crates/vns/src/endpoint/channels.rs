@@ -722,7 +722,13 @@ impl Endpoint {
                 ChunkType::SyncAck => self.establish_active(sid, h),
                 // An ordered RESET comes from the peer's socket, so the SYNC_ACK was sent
                 // before it: held like any chunk that overtook the SYNC_ACK.
-                ChunkType::Reset if refusal(h) => self.fail(sid, Error::ConnectionRefused),
+                ChunkType::Reset if refusal(h) => {
+                    if s.sent_position(h.seq) {
+                        self.fail(sid, Error::ConnectionRefused);
+                    } else {
+                        debug!(socket = %sid, seq = %h.seq, "refusal of another SYNC; ignored");
+                    }
+                }
                 _ => {
                     let n = early_cost(&chunk, self.config.max_chunk_payload);
                     s.early.push((ch, chunk));

@@ -146,9 +146,16 @@ impl Endpoint {
     /// fails at once (the peer discards whatever comes), and the reset takes effect once
     /// every byte before its end has arrived ([`Endpoint::maybe_apply_reset`]). Any other
     /// RESET takes effect now. Either way the in-order bytes received before it stay
-    /// readable, then reads fail with `ConnectionReset`. A closed socket just goes.
+    /// readable, then reads fail with `ConnectionReset`. A closed socket just goes. An
+    /// unordered RESET that does not echo a position this socket sent answered a chunk of
+    /// an earlier connection on the same ports, and is ignored.
     fn receive_reset(&mut self, sid: SocketId, h: ChunkRepr) {
         let s = self.sockets.get_mut(&sid).expect("caller checked");
+        if h.credit != RESET_ORDERED && !s.sent_position(h.seq) {
+            // The answer to a chunk of an earlier connection on these ports.
+            debug!(socket = %sid, seq = %h.seq, "unordered reset for another connection; ignored");
+            return;
+        }
         if s.detached {
             self.remove_socket(sid);
             return;

@@ -253,6 +253,16 @@ impl Socket {
         }
     }
 
+    /// Whether `seq` is a position of this socket's own stream sent so far, from its ISN
+    /// (the SYNC or SYNC_ACK) to its next byte. An unordered RESET answers a chunk of ours
+    /// that found no socket and echoes its sequence number: one outside this range
+    /// answered a chunk of an earlier connection on the same ports (a key is reused as
+    /// soon as its socket is gone, while chunks on other channels may still be on their
+    /// way), as RFC 9293 §3.10.7.3 checks a RST's sequence number against the window.
+    pub(super) fn sent_position(&self, seq: Seq) -> bool {
+        !self.isn.is_after(seq) && !seq.is_after(self.next_seq)
+    }
+
     pub(super) fn credit_edge(&self) -> Option<Seq> {
         self.rx
             .as_ref()
