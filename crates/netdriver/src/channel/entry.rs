@@ -47,8 +47,6 @@ impl Entry {
         }
     }
 
-    /// Tells the channel's sink (or one offered and not taken yet) that no more bytes
-    /// come: `Ok` at the end of the stream, `Err` when the channel failed. Once.
     /// The peer's FIN was read: the channel's final figures are published, then its end
     /// of stream, once. Returns whether this was the first time.
     pub(super) fn reach_end(&mut self, conn: &crate::tcp::Connection, now: Instant) -> bool {
@@ -78,6 +76,8 @@ impl Entry {
         }
     }
 
+    /// Tells the channel's sink (or one offered and not taken yet) that no more bytes
+    /// come: `Ok` at the end of the stream, `Err` when the channel failed. Once.
     pub(super) fn end_sink(&mut self, end: Result<(), ChannelError>) {
         if self.sink_ended {
             return;
