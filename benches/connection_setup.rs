@@ -256,11 +256,14 @@ mod run {
         ))
     }
 
-    /// A stack with the defaults on `side`'s veth end.
+    /// A stack with the defaults on `side`'s veth end, its queues placed as in a stack
+    /// built inside the servers' runtime (`vns::placed`: on that runtime on 2 cores, as
+    /// an application built in `#[tokio::main]` gets them; `NETCHANNEL_BENCH_PLACEMENT=own`
+    /// gives them runtimes of their own).
     fn stack_in(bed: &TestBed, side: Side) -> Stack {
         let e = bed.side(side).clone();
         bed.run_in(side, move || {
-            Stack::builder()
+            vns::placed(Stack::builder())
                 .interface(e.ifname)
                 .ipv4(e.ipv4)
                 .connect_timeout(Duration::from_secs(10))

@@ -95,7 +95,7 @@ pub fn set_app_runtime(h: Option<tokio::runtime::Handle>) {
 /// Where the benches' stacks drive their queues: `NETCHANNEL_BENCH_PLACEMENT=own` keeps
 /// them on queue runtimes of their own; anything else (the default, `auto`) lets the
 /// scheduler choose, the benches' runtime being the application's.
-fn placed(builder: netchannel::StackBuilder) -> netchannel::StackBuilder {
+pub fn placed(builder: netchannel::StackBuilder) -> netchannel::StackBuilder {
     if std::env::var("NETCHANNEL_BENCH_PLACEMENT").as_deref() == Ok("own") {
         return builder.application_runtime(false);
     }
