@@ -78,6 +78,9 @@ pub struct StackBuilder {
     #[cfg(target_os = "linux")]
     #[allow(clippy::type_complexity)]
     tweak: Option<Box<dyn FnOnce(&mut netdriver::channel::ChannelSetConfig) + Send>>,
+    /// Where the control task runs: the runtime that drives the first queue when the
+    /// placement hands it one (the application's), else the set's home runtime.
+    control_runtime: Option<tokio::runtime::Handle>,
 }
 
 /// Busy polling by queue runtimes of the stack's own, for hosts with cores to spare
@@ -147,6 +150,7 @@ impl Default for StackBuilder {
             linger: DEFAULT_LINGER,
             #[cfg(target_os = "linux")]
             tweak: None,
+            control_runtime: None,
         }
     }
 }
@@ -639,6 +643,7 @@ impl StackBuilder {
         if is_unplaced(&cfg.placement) {
             cfg.placement = self.placement(&queues);
         }
+        self.control_runtime = first_queue_runtime(&cfg.placement);
         cfg.queues = Some(queues);
         let set = netdriver::channel::ChannelSet::start(cfg).map_err(|e| classify(e, &ifname))?;
         self.start(set)
@@ -784,6 +789,7 @@ impl StackBuilder {
         if is_unplaced(&cfg.placement) {
             cfg.placement = self.placement(&queues);
         }
+        self.control_runtime = first_queue_runtime(&cfg.placement);
         let set = net.start(cfg).map_err(StackError::Channels)?;
         self.start(set)
     }
@@ -857,7 +863,10 @@ impl StackBuilder {
             cores,
         };
         let control = Control::new(acceptor, self.preamble_timeout, channel_key, linger_timeout);
-        let home = set.home_runtime();
+        // With the queues: a plain-TCP stream a server closes first goes to the control
+        // task until the peer's FIN is in; on a runtime of its own that was a wake-up of
+        // another thread per such connection.
+        let home = self.control_runtime.clone().or_else(|| set.home_runtime());
         let core = Arc::new(Core::new(endpoints, set, config, control));
         core.set_self();
         match home {
@@ -876,6 +885,24 @@ impl StackBuilder {
                 linger: self.linger,
             }),
         })
+    }
+}
+
+/// The runtime handed to the set that drives its first queue, if the placement gives it
+/// one (the application's runtime, say); `None` when that queue has a runtime of the
+/// set's own.
+fn first_queue_runtime(p: &netdriver::channel::Placement) -> Option<tokio::runtime::Handle> {
+    match p {
+        netdriver::channel::Placement::Explicit {
+            places, external, ..
+        } => match places.first()? {
+            netdriver::channel::DriverPlace::External(name) => external
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, h)| h.clone()),
+            netdriver::channel::DriverPlace::Runtime(_) => None,
+        },
+        _ => None,
     }
 }
 
