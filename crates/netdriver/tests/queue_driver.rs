@@ -372,34 +372,8 @@ async fn bytes_that_complete_a_passive_open_reach_the_accepted_channel() {
     let switch = SimSwitch::default();
     let b = host_here(&switch, B, 1);
     let l = b.listen_async(PORT).await.expect("listen");
-    let (amac, mut ports) = switch.attach(A, 1).expect("attach");
-    let mut client = Interface::new(
-        ports.remove(0),
-        InterfaceConfig {
-            mac: amac,
-            ipv4: A,
-            ..InterfaceConfig::default()
-        },
-    );
-    client.add_neighbor(B, switch.mac_of(B).expect("B's MAC"));
     let mut now = Instant::from_micros(1);
-    let h = client
-        .connect(SocketAddrV4::new(B, PORT), now)
-        .expect("connect");
-    let conn = client.conn_mut(h).expect("connection");
-    assert_eq!(conn.send(REQUEST), Ok(REQUEST.len()));
-    for _ in 0..100 {
-        client.poll(now);
-        if client.conn(h).is_some_and(|c| c.state().is_synchronized()) {
-            break;
-        }
-        requeue().await;
-        now += Duration::from_micros(10);
-    }
-    assert!(
-        client.conn(h).is_some_and(|c| c.state().is_synchronized()),
-        "no SYN-ACK"
-    );
+    let (_client, _h) = bare_client(&switch, &mut now, REQUEST).await;
     // The ACK and the request have left in one poll; the client is polled no more, so
     // it retransmits nothing.
     let s = poll_fn(|cx| l.poll_accept(cx)).await.expect("accept");
@@ -414,8 +388,13 @@ async fn bytes_that_complete_a_passive_open_reach_the_accepted_channel() {
 
 /// A bare interface at A on `switch` (our TCP at its defaults: Nagle, delayed ACKs of
 /// 40 ms), its connection to B's [`PORT`] established, polled by the test with a clock of
-/// its own that moves 10 µs per look.
-async fn bare_client(switch: &SimSwitch, now: &mut Instant) -> (Interface<SwitchPort>, ConnHandle) {
+/// its own that moves 10 µs per look. `early` is written before the handshake, so that it
+/// leaves with the handshake's last ACK.
+async fn bare_client(
+    switch: &SimSwitch,
+    now: &mut Instant,
+    early: &[u8],
+) -> (Interface<SwitchPort>, ConnHandle) {
     let (amac, mut ports) = switch.attach(A, 1).expect("attach");
     let mut client = Interface::new(
         ports.remove(0),
@@ -429,6 +408,10 @@ async fn bare_client(switch: &SimSwitch, now: &mut Instant) -> (Interface<Switch
     let h = client
         .connect(SocketAddrV4::new(B, PORT), *now)
         .expect("connect");
+    if !early.is_empty() {
+        let conn = client.conn_mut(h).expect("connection");
+        assert_eq!(conn.send(early), Ok(early.len()));
+    }
     for _ in 0..100 {
         client.poll(*now);
         if client.conn(h).is_some_and(|c| c.state().is_synchronized()) {
@@ -467,7 +450,7 @@ async fn the_answer_carries_the_ack_of_the_request() {
     let b = host_here(&switch, B, 1);
     let l = b.listen_async(PORT).await.expect("listen");
     let mut now = Instant::from_micros(1);
-    let (mut client, h) = bare_client(&switch, &mut now).await;
+    let (mut client, h) = bare_client(&switch, &mut now, &[]).await;
     let s = poll_fn(|cx| l.poll_accept(cx)).await.expect("accept");
     let server = tokio::spawn(async move {
         let req = read_n(&s, 64).await;
@@ -507,7 +490,7 @@ async fn a_reader_waiting_for_the_rest_of_a_message_releases_the_held_ack() {
     let b = host_here(&switch, B, 1);
     let l = b.listen_async(PORT).await.expect("listen");
     let mut now = Instant::from_micros(1);
-    let (mut client, h) = bare_client(&switch, &mut now).await;
+    let (mut client, h) = bare_client(&switch, &mut now, &[]).await;
     let s = poll_fn(|cx| l.poll_accept(cx)).await.expect("accept");
     let server = tokio::spawn(async move {
         let first = read_n(&s, 10).await;
