@@ -82,6 +82,8 @@ pub fn config() -> Config {
         // scale from `rx_buffer` (auto-tuning has its own tests, `tcp_autotune.rs`).
         rx_buffer_max: None,
         tx_buffer: TX_BUFFER,
+        // A fixed send buffer, likewise (`tcp_send_autotune.rs` tests the growth).
+        tx_buffer_max: None,
         delayed_ack: None,
         timestamps: false,
         tail_loss_probe: false,

@@ -74,6 +74,8 @@ pub fn test_config() -> Config {
         // scale from `rx_buffer` (auto-tuning has its own tests, `tcp_autotune.rs`).
         rx_buffer_max: None,
         tx_buffer: BUF,
+        // A fixed send buffer, likewise (`tcp_send_autotune.rs` tests the growth).
+        tx_buffer_max: None,
         delayed_ack: None,
         initial_rto: ms(200),
         min_rto: ms(200),

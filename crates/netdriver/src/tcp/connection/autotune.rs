@@ -1,6 +1,11 @@
-//! Receive-buffer auto-tuning ([`Config::rx_buffer_max`](crate::tcp::Config::rx_buffer_max)),
-//! after Linux's dynamic right-sizing (`tcp_rcv_space_adjust`, itself after Fisk and
-//! Feng, "Dynamic right-sizing in TCP", 2001).
+//! Buffer auto-tuning: the receive buffer
+//! ([`Config::rx_buffer_max`](crate::tcp::Config::rx_buffer_max)), after Linux's dynamic
+//! right-sizing (`tcp_rcv_space_adjust`, itself after Fisk and Feng, "Dynamic
+//! right-sizing in TCP", 2001), and the send buffer
+//! ([`Config::tx_buffer_max`](crate::tcp::Config::tx_buffer_max)), after Linux's
+//! `tcp_sndbuf_expand`.
+//!
+//! # Receive buffer
 //!
 //! A fixed receive buffer caps a connection at one buffer per round trip whatever the
 //! path: 256 KiB per 100 µs is 21 Gbit/s. A buffer sized for the largest path up front
@@ -16,6 +21,19 @@
 //! instead (`tcp_rcv_rtt_measure_ts`), which our millisecond TSval clock (RFC 7323 §5.4)
 //! makes too coarse for µs-scale paths. The handshake's RTT is the path's unloaded RTT,
 //! which errs towards measuring more often, i.e. growing sooner.
+//!
+//! # Send buffer
+//!
+//! A send buffer holds what is in flight and what waits to be sent, so a fixed one caps
+//! the flight whatever the congestion window: 256 KiB per round trip. Growing it only
+//! pays when both hold: the application keeps it full (a `send` took less than it was
+//! given), and the congestion window has room the buffer does not fill (less than the
+//! window is in flight). Then, at the next ACK that frees room, it grows to twice the
+//! congestion window (the flight plus the next window), at least twice the initial
+//! window, at most `tx_buffer_max`. An application that writes less than the buffer holds
+//! never grows it, and neither does a path whose window the buffer already covers. It
+//! never shrinks by itself; `set_send_buffer` fixes the size from then on, as Linux does
+//! once `SO_SNDBUF` is set (`SOCK_SNDBUF_LOCK`).
 
 use tracing::debug;
 
@@ -47,7 +65,62 @@ impl RcvSpace {
     }
 }
 
+/// Segments of the initial window a grown send buffer holds at least twice over (Linux's
+/// `2 * TCP_INIT_CWND`).
+const INITIAL_WINDOW_SEGMENTS: usize = 10;
+
+/// Send-buffer auto-tuning's state.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct SndSpace {
+    /// A `send` found the buffer full since the last ACK that freed room (Linux's
+    /// `SOCK_NOSPACE`).
+    limited: bool,
+    /// The application set the size (`set_send_buffer`): no auto-tuning.
+    locked: bool,
+}
+
+impl SndSpace {
+    /// A `send` took `taken` of `offered` bytes.
+    pub(super) fn on_send(&mut self, taken: usize, offered: usize) {
+        if taken < offered {
+            self.limited = true;
+        }
+    }
+
+    /// The application set the size.
+    pub(super) fn lock(&mut self) {
+        self.locked = true;
+    }
+}
+
 impl Connection {
+    /// Grows the send buffer if the application is held back by it and the congestion
+    /// window is not (see the module docs). Called when an ACK frees room.
+    pub(super) fn autotune_tx(&mut self) {
+        let limited = std::mem::take(&mut self.snd_space.limited);
+        let Some(max) = self.config.tx_buffer_max else {
+            return;
+        };
+        if !limited || self.snd_space.locked || self.tx.capacity() >= max {
+            return;
+        }
+        let cwnd = self.cc.window();
+        if self.bytes_in_flight() >= cwnd {
+            // The window, not the buffer, holds the sender back.
+            return;
+        }
+        let mss = self.send_mss().max(1);
+        let target = cwnd
+            .max(mss.saturating_mul(INITIAL_WINDOW_SEGMENTS))
+            .saturating_mul(2)
+            .min(max);
+        if target > self.tx.capacity() {
+            let size = self.resize_send_buffer(target);
+            self.counters.tx_buffer_grown += 1;
+            debug!(cwnd, size, "tcp: send buffer auto-tuned");
+        }
+    }
+
     /// Grows the receive buffer if the last round trip's reads call for it (see the
     /// module docs). Called at the start of every `poll_transmit`, so the larger window
     /// goes out (as a window update if nothing else is sent) in the same poll.

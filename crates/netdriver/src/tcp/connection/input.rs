@@ -686,6 +686,10 @@ impl Connection {
                 self.cc.on_ack(now, data_acked, sample, in_flight);
             }
         }
+        if data_acked > 0 {
+            // Room appeared: a writer the full buffer held back may need a larger one.
+            self.autotune_tx();
+        }
 
         // RFC 6298 §5.2/§5.3: stop the timer when all is acknowledged, else restart it
         // (smoltcp #1018: forgetting to restart).

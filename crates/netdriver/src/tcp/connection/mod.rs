@@ -181,6 +181,10 @@ pub struct Stats {
     pub rx_buffer: usize,
     /// Times auto-tuning grew the receive buffer ([`Config::rx_buffer_max`]).
     pub rx_buffer_grown: u64,
+    /// Send buffer size now (it changes by auto-tuning or `set_send_buffer`).
+    pub tx_buffer: usize,
+    /// Times auto-tuning grew the send buffer ([`Config::tx_buffer_max`]).
+    pub tx_buffer_grown: u64,
     /// Challenge ACKs sent (RFC 5961).
     pub challenge_acks: u64,
     /// Out-of-window segments without data left unanswered by the rate limit
@@ -247,6 +251,7 @@ struct Counters {
     spurious_recoveries_undone: u64,
     paws_rejected: u64,
     rx_buffer_grown: u64,
+    tx_buffer_grown: u64,
     super_segments_sent: u64,
     super_segment_pieces: u64,
     zero_window_timeouts: u64,
@@ -341,6 +346,8 @@ pub struct Connection {
     assembler: Assembler,
     /// Receive-buffer auto-tuning's measurements ([`Config::rx_buffer_max`]).
     rcv_space: autotune::RcvSpace,
+    /// Send-buffer auto-tuning's state ([`Config::tx_buffer_max`]).
+    snd_space: autotune::SndSpace,
     /// The peer's FIN has been received in order (rcv_nxt includes it).
     fin_received: bool,
     /// Sequence number of a FIN that arrived ahead of missing data.
@@ -567,6 +574,7 @@ impl Connection {
             rx_placed: None,
             assembler: Assembler::new(config.max_ooo_ranges),
             rcv_space: autotune::RcvSpace::default(),
+            snd_space: autotune::SndSpace::default(),
             fin_received: false,
             pending_fin: None,
             sack_recent: [None; 4],
@@ -831,7 +839,9 @@ impl Connection {
         if data.is_empty() {
             return Ok(0);
         }
-        match self.tx.push(data) {
+        let n = self.tx.push(data);
+        self.snd_space.on_send(n, data.len());
+        match n {
             0 => Err(TcpError::WouldBlock),
             n => Ok(n),
         }
@@ -846,7 +856,9 @@ impl Connection {
         if data.is_empty() {
             return Ok(0);
         }
-        match self.tx.push_shared(data) {
+        let n = self.tx.push_shared(data);
+        self.snd_space.on_send(n, data.len());
+        match n {
             0 => Err(TcpError::WouldBlock),
             n => Ok(n),
         }
@@ -1261,6 +1273,8 @@ impl Connection {
             sack_ranges_forgotten: self.sack_board.forgotten(),
             rx_buffer: self.rx.capacity(),
             rx_buffer_grown: c.rx_buffer_grown,
+            tx_buffer: self.tx.capacity(),
+            tx_buffer_grown: c.tx_buffer_grown,
             challenge_acks: c.challenge_acks,
             oow_acks_suppressed: c.oow_acks_suppressed,
             tail_loss_probes: c.tail_loss_probes,

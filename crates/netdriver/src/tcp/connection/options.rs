@@ -161,14 +161,26 @@ impl Connection {
     /// queued data: the buffer shrinks to `size` or to the bytes queued now (sent and
     /// unacknowledged, or unsent), whichever is larger. The ring is reallocated only if
     /// it was allocated already; the queued bytes are copied once.
+    ///
+    /// The size is the application's from then on: send-buffer auto-tuning
+    /// ([`Config::tx_buffer_max`](crate::tcp::Config::tx_buffer_max)) stops, as Linux's
+    /// does once `SO_SNDBUF` is set.
     pub fn set_send_buffer(&mut self, size: usize) -> usize {
+        self.snd_space.lock();
+        let size = self.resize_send_buffer(size);
+        self.config.tx_buffer = size;
+        debug!(size, "tcp: send buffer resized");
+        size
+    }
+
+    /// Resizes the send ring and the per-segment records that follow its size; returns
+    /// the size in effect (never below the bytes queued).
+    pub(super) fn resize_send_buffer(&mut self, size: usize) -> usize {
         let size = size.max(self.tx.len()).max(1);
         self.tx.resize(size);
-        self.config.tx_buffer = size;
         let records = send_records_for(size);
         self.send_times.set_max(records);
         self.rack.set_max_segs(records);
-        debug!(size, "tcp: send buffer resized");
         size
     }
 
