@@ -1623,3 +1623,48 @@ fn ephemeral_ports_are_spread_over_the_range_beside_a_latency_shard() {
         uses.len()
     );
 }
+
+/// With the default configuration the credit a socket grants is no more than its receive
+/// buffer holds, so a sender that uses all of it while the reader sleeps fills the buffer
+/// and nothing more: nothing is parked, no STOP is sent, and the credit alone paces the
+/// stream (a bulk sender kept meeting STOP and RESUME when the credit was twice the
+/// buffer). Over two channels, chunks arriving out of order, every byte arrives.
+#[test]
+fn by_default_the_credit_alone_paces_a_bulk_sender() {
+    let cfg = vns::Config {
+        first_isn: Some(0x4e43_0001),
+        rng_seed: Some(0x5eed),
+        ..vns::Config::default()
+    };
+    assert!(cfg.credit_window <= cfg.recv_buffer);
+    let mut sim = Sim::throughput(2, cfg.clone(), 1 << 20, 17);
+    sim.ends[B].bind(7, 1).unwrap();
+    let (c, s) = connect(&mut sim, 7);
+    let data = pattern(9, 3 * cfg.credit_window + 12_345);
+    let mut sent = 0;
+    let mut got = Vec::new();
+    while got.len() < data.len() {
+        // The reader sleeps until the sender has used all the credit it was given (and
+        // filled its send buffer behind it).
+        loop {
+            let n = match sent < data.len() {
+                true => sim.ends[A].send(c, &data[sent..]).unwrap_or(0),
+                false => 0,
+            };
+            sent += n;
+            sim.settle();
+            if n == 0 {
+                break;
+            }
+        }
+        let st = sim.ends[B].socket_stats(s).unwrap();
+        assert_eq!(st.parked_bytes, 0, "nothing parked");
+        assert!(!st.stop_sent, "no STOP");
+        assert!(st.reorder_bytes <= cfg.recv_buffer);
+        assert_eq!(sim.ends[B].channel_parked_bytes(ChannelId(0)), 0);
+        assert_eq!(sim.ends[B].channel_parked_bytes(ChannelId(1)), 0);
+        got.extend(read_all_now(&mut sim, B, s));
+    }
+    assert_eq!(got, data);
+    assert!(!sim.ends[A].socket_stats(c).unwrap().peer_stopped);
+}

@@ -194,9 +194,16 @@ impl Default for Config {
         Config {
             max_chunk_payload: 62_620,
             send_buffer: 256 * 1024,
-            recv_buffer: 256 * 1024,
-            credit_window: 512 * 1024,
-            credit_update_threshold: 128 * 1024,
+            // Credit no larger than the buffer: every chunk the peer may send fits, so
+            // parking and STOP/RESUME stay for configurations that grant more. With a
+            // 256 KiB buffer and twice that in credit, a bulk sender kept overrunning the
+            // buffer (one STOP/RESUME round trip per ~400 KB at 10-14 Gbit/s on the
+            // two-core bed once the channel's TCP send buffer could hold the whole
+            // credit); 768 KiB of both carried one stream 1.2-1.3x faster than that and
+            // eight 2x (`docs/investigations/bulk.md`, "Flow control by credit alone").
+            recv_buffer: 768 * 1024,
+            credit_window: 768 * 1024,
+            credit_update_threshold: 192 * 1024,
             channel_budget: 2 * 1024 * 1024,
             peer_budget: 32 * 1024 * 1024,
             ephemeral_ports: (49152, 65535),

@@ -60,8 +60,8 @@
 //!   exactly as on the plain path).
 //!
 //! The workers only engage when the socket buffers can hold a copy that large: the
-//! defaults ([`Config::send_buffer`]/[`Config::recv_buffer`], 256 KiB) are below the
-//! default threshold, so a stack built with copy workers and no
+//! default send buffer ([`Config::send_buffer`], 256 KiB) is below the default
+//! threshold, so a stack built with copy workers and no
 //! [`StackBuilder::vns_config`] gets buffers of four times the threshold (2 MiB, credit
 //! window 4 MiB). An explicit `vns_config` is taken as it is (a warning is logged when
 //! its buffers keep the workers idle). The copies block the calling task for their

@@ -107,8 +107,8 @@ pub(super) fn with_socket_buffers(c: Config, send: usize, recv: usize) -> Config
 }
 
 /// The default virtual-socket configuration of a stack with copy workers: the default
-/// socket buffers (256 KiB) are below the default small-copy threshold (512 KiB, where a
-/// hand-off starts to pay), so the workers would never copy. Send and receive buffers of
+/// send buffer (256 KiB) is below the default small-copy threshold (512 KiB, where a
+/// hand-off starts to pay), so the workers would never copy writes. Send and receive buffers of
 /// four times the threshold let a large write or read be shared while the rest of the
 /// buffer is in flight; the credit window is twice the receive buffer, as in the default.
 pub(super) fn copy_worker_buffers(threshold: usize) -> Config {
