@@ -26,6 +26,10 @@
 //! pins `rx_buffer_max: None` (a fixed 256 KiB receive buffer) and `autotune` sets it
 //! (the default: `tcp::Config::rx_buffer_max` is 6 MiB).
 //!
+//! The stacks are placed as a stack built inside the bench's runtime places them (queues on
+//! the application's runtime where the scheduler wants them there);
+//! `NETCHANNEL_BENCH_PLACEMENT=own` gives them queue runtimes of their own instead.
+//!
 //! Environment: `NETCHANNEL_BENCH_MTUS` (comma-separated), `NETCHANNEL_BENCH_BYTES` (per
 //! transfer, default 256 MiB), `NETCHANNEL_BENCH_ROUNDS` (default 5),
 //! `NETCHANNEL_BENCH_VARIANTS` (`base,autotune`; also `nogso`, `nocsum`, `packet`), `NETCHANNEL_BENCH_RX_MAX_KIB`,
@@ -203,6 +207,10 @@ mod run {
             .enable_all()
             .build()
             .expect("runtime");
+        // The stacks drive their queues where an application's stack built in this
+        // runtime would (the default placement), not on runtimes of their own: the
+        // bench's stacks are built outside it.
+        vns::set_app_runtime(Some(rt.handle().clone()));
         println!(
             "mtu_goodput: {} MiB per transfer, {rounds} rounds, MTUs {mtus:?}, test bed with \
              2 queues, kernel TCP at veth's defaults; autotune up to {} KiB; TCP send buffer {}",

@@ -7,7 +7,8 @@
 //! Phases (each a fresh pair of stacks):
 //!
 //! 0. `kernel_nothing_attached`: kernel TCP A → B before any stack runs (tx checksumming
-//!    off, the test bed's default);
+//!    off, the test bed's default), then `kernel_streams_nothing_attached`: the same bytes
+//!    over S connections at once (default 4);
 //! 1. stacks with **1** throughput channel per peer, then with **N** (default 4). In each,
 //!    rounds of, interleaved:
 //!    - `raw_channel`: one channel of A's `ChannelSet` → B's `ChannelSet` (the same sets
@@ -18,12 +19,15 @@
 //!      the two copies a byte-stream API makes and a `VirtualStream` makes too;
 //!    - `virtual_stream`: one `VirtualStream` from A's stack to a `VirtualListener` on B,
 //!      64 KiB `write_all`s, read to EOF;
+//!    - `virtual_streams`: S `VirtualStream`s at once, sharing the transfer's bytes
+//!      (the reference is `kernel_streams_nothing_attached`);
 //!    - `kernel_xdp_attached`: kernel TCP A → B with both stacks' steering programs
 //!      attached (the like-for-like reference).
 //!
 //! Each transfer is one connection, timed from connect until the receiver read the last
 //! byte (EOF). Environment: `NETCHANNEL_BENCH_BYTES` (per transfer, default 64 MiB),
 //! `NETCHANNEL_BENCH_ROUNDS` (default 5), `NETCHANNEL_BENCH_CHANNELS` (N, default 4),
+//! `NETCHANNEL_BENCH_STREAMS` (S, default 4, at least 2),
 //! `NETCHANNEL_BENCH_ONLY` (comma-separated: run only the measurements whose name
 //! contains one of them, e.g. for `perf record`; ratios need both sides).
 //!
@@ -63,7 +67,7 @@ mod run {
 
     use super::bed::gbps;
     use super::remote;
-    use super::vns::{self, env_or, kernel_transfer, Phase, StackBench};
+    use super::vns::{self, env_or, kernel_transfer, kernel_transfer_streams, Phase, StackBench};
 
     /// The remote-peer mode: per channel configuration, one local stack (restarted with
     /// 1, then N throughput channels) sends `total` bytes of ncperf's pattern to
@@ -132,6 +136,7 @@ mod run {
         );
         let rounds: usize = env_or("NETCHANNEL_BENCH_ROUNDS", if full { 5 } else { 1 });
         let many: usize = env_or("NETCHANNEL_BENCH_CHANNELS", 4);
+        let streams: usize = env_or("NETCHANNEL_BENCH_STREAMS", 4).max(2);
         let only = std::env::var("NETCHANNEL_BENCH_ONLY").unwrap_or_default();
         let on = |name: &str| only.split(',').any(|o| name.contains(o));
         if std::env::var_os(remote::PEER_VAR).is_some() {
@@ -159,6 +164,17 @@ mod run {
             let r = gbps(total, kernel_transfer(&bed, &rt, &kl, total));
             println!("round {round}: kernel_nothing_attached {r:.3} Gbit/s");
             base.add("kernel_nothing_attached", r);
+        }
+        for round in 0..rounds {
+            if !on("kernel_streams_nothing_attached") {
+                break;
+            }
+            let r = gbps(
+                total,
+                kernel_transfer_streams(&bed, &rt, &kl, total, streams),
+            );
+            println!("round {round}: kernel_streams_nothing_attached ({streams}) {r:.3} Gbit/s");
+            base.add("kernel_streams_nothing_attached", r);
         }
         base.print("kernel TCP A -> B, nothing attached (tx csum off):");
 
@@ -188,6 +204,11 @@ mod run {
                     phase.add("virtual_stream", vs);
                     vs_raw.0 = Some(vs);
                     line += &format!("  virtual_stream {vs:.3}");
+                }
+                if on("virtual_streams") {
+                    let r = gbps(total, bench.virtual_streams(&rt, streams));
+                    phase.add("virtual_streams", r);
+                    line += &format!("  virtual_streams ({streams}) {r:.3}");
                 }
                 if on("kernel_xdp_attached") {
                     let k = gbps(total, kernel_transfer(&bed, &rt, &kl, total));

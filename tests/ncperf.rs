@@ -149,6 +149,10 @@ fn demo_on_in_memory_stacks_prints_the_table_json_and_charts() {
         measurements(&v, "sweep_copy_workers", "netchannel").len(),
         2
     );
+    assert!(
+        measurements(&v, "sweep_links", "netchannel").is_empty(),
+        "in-memory stacks have no link to sweep"
+    );
     for chart in [
         "latency_cdf.svg",
         "isolation_cdf.svg",
@@ -208,6 +212,16 @@ fn demo_on_the_test_bed_compares_with_kernel_tcp_at_its_defaults() {
     }
     assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
     assert!(!v["machine"]["kernel"].as_str().unwrap().is_empty());
+    // Bulk over each link, 1 stream and the many-streams count, every byte checked.
+    let links = measurements(&v, "sweep_links", "netchannel");
+    assert_eq!(links.len(), 4, "{links:?}");
+    for (m, link) in links.iter().zip(["xdp", "xdp", "packet", "packet"]) {
+        assert_eq!(m["link"], link);
+        positive(m, "goodput_gbps");
+    }
+    assert!(stdout.contains("(Gbit/s) by link: xdp → "), "{stdout}");
+    assert!(stdout.contains(", packet → "), "{stdout}");
+    assert_eq!(v["config"]["stack"]["link"], "xdp");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -597,33 +597,77 @@ pub fn vns_transfer(
     to: SocketAddr,
     total: u64,
 ) -> Duration {
+    vns_transfer_streams(rt, a, l, to, total, 1)
+}
+
+/// [`vns_transfer`] over `streams` virtual streams at once, each carrying an equal share
+/// of `total` (the last the remainder), timed from the first connect until every receiver
+/// read its last byte.
+pub fn vns_transfer_streams(
+    rt: &Runtime,
+    a: &Stack,
+    l: &Arc<VirtualListener>,
+    to: SocketAddr,
+    total: u64,
+    streams: usize,
+) -> Duration {
+    let streams = streams.max(1);
+    let shares = shares(total, streams);
     let (a, l) = (a.clone(), l.clone());
     rt.block_on(async move {
         let start = std::time::Instant::now();
         let rx = tokio::spawn(async move {
-            let (mut s, _) = l.accept().await.expect("accept");
-            let got = drain(&mut s).await.expect("read");
-            s.shutdown().await.expect("shutdown");
+            let mut readers = Vec::with_capacity(streams);
+            for _ in 0..streams {
+                let (mut s, _) = l.accept().await.expect("accept");
+                readers.push(tokio::spawn(async move {
+                    let got = drain(&mut s).await.expect("read");
+                    s.shutdown().await.expect("shutdown");
+                    got
+                }));
+            }
+            let mut got = 0u64;
+            for r in readers {
+                got += r.await.expect("reader");
+            }
             got
         });
-        let tx = tokio::spawn(async move {
-            let block = vec![0x5au8; BLOCK];
-            let mut c = a.connect(to).await.expect("connect");
-            fill(&mut c, &block, total).await.expect("write");
-            // Keep the stream until the receiver has everything (dropping it with bytes
-            // unsent would reset it).
-            let mut rest = [0u8; 16];
-            let _ = c.read(&mut rest).await;
-        });
+        let senders: Vec<_> = shares
+            .into_iter()
+            .map(|share| {
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let block = vec![0x5au8; BLOCK];
+                    let mut c = a.connect(to).await.expect("connect");
+                    fill(&mut c, &block, share).await.expect("write");
+                    // Keep the stream until the receiver has everything (dropping it
+                    // with bytes unsent would reset it).
+                    let mut rest = [0u8; 16];
+                    let _ = c.read(&mut rest).await;
+                })
+            })
+            .collect();
         let got = tokio::time::timeout(Duration::from_secs(300), rx)
             .await
             .expect("virtual stream transfer timed out")
             .expect("receiver");
         let d = start.elapsed();
-        tx.await.expect("sender");
-        assert_eq!(got, total, "virtual stream delivered a short transfer");
+        for tx in senders {
+            tx.await.expect("sender");
+        }
+        assert_eq!(got, total, "virtual streams delivered a short transfer");
         d
     })
+}
+
+/// `total` cut into `streams` equal shares, the last with the remainder.
+fn shares(total: u64, streams: usize) -> Vec<u64> {
+    let n = streams as u64;
+    let mut v = vec![total / n; streams];
+    if let Some(last) = v.last_mut() {
+        *last += total % n;
+    }
+    v
 }
 
 /// A kernel TCP listener in B's namespace on [`KERNEL_PORT`], for tokio (make it inside
@@ -644,6 +688,19 @@ pub fn kernel_transfer(
     l: &Arc<tokio::net::TcpListener>,
     total: u64,
 ) -> Duration {
+    kernel_transfer_streams(bed, rt, l, total, 1)
+}
+
+/// [`kernel_transfer`] over `streams` connections at once, shared as in
+/// [`vns_transfer_streams`] and timed the same way.
+pub fn kernel_transfer_streams(
+    bed: &TestBed,
+    rt: &Runtime,
+    l: &Arc<tokio::net::TcpListener>,
+    total: u64,
+    streams: usize,
+) -> Duration {
+    let streams = streams.max(1);
     let to = match l.local_addr().expect("addr") {
         SocketAddr::V4(v4) => v4,
         SocketAddr::V6(_) => unreachable!("IPv4 listener"),
@@ -651,24 +708,43 @@ pub fn kernel_transfer(
     let l = l.clone();
     let start = std::time::Instant::now();
     let rx = rt.spawn(async move {
-        let (mut s, _) = l.accept().await.expect("accept");
-        drain(&mut s).await.expect("read")
+        let mut readers = Vec::with_capacity(streams);
+        for _ in 0..streams {
+            let (mut s, _) = l.accept().await.expect("accept");
+            readers.push(tokio::spawn(
+                async move { drain(&mut s).await.expect("read") },
+            ));
+        }
+        let mut got = 0u64;
+        for r in readers {
+            got += r.await.expect("reader");
+        }
+        got
     });
-    let std_stream = kernel_connect(bed, to);
+    let std_streams: Vec<_> = (0..streams).map(|_| kernel_connect(bed, to)).collect();
+    let shares = shares(total, streams);
     rt.block_on(async move {
-        let tx = tokio::spawn(async move {
-            let block = vec![0x5au8; BLOCK];
-            let mut c = tokio::net::TcpStream::from_std(std_stream).expect("tokio stream");
-            fill(&mut c, &block, total).await.expect("write");
-            let mut rest = [0u8; 16];
-            let _ = c.read(&mut rest).await;
-        });
+        let senders: Vec<_> = std_streams
+            .into_iter()
+            .zip(shares)
+            .map(|(std_stream, share)| {
+                tokio::spawn(async move {
+                    let block = vec![0x5au8; BLOCK];
+                    let mut c = tokio::net::TcpStream::from_std(std_stream).expect("tokio stream");
+                    fill(&mut c, &block, share).await.expect("write");
+                    let mut rest = [0u8; 16];
+                    let _ = c.read(&mut rest).await;
+                })
+            })
+            .collect();
         let got = tokio::time::timeout(Duration::from_secs(300), rx)
             .await
             .expect("kernel transfer timed out")
             .expect("receiver");
         let d = start.elapsed();
-        tx.await.expect("sender");
+        for tx in senders {
+            tx.await.expect("sender");
+        }
         assert_eq!(got, total, "kernel TCP delivered a short transfer");
         d
     })
@@ -771,6 +847,19 @@ impl StackBench {
             &self.listener,
             self.pair.vns_addr(),
             self.total,
+        )
+    }
+
+    /// `virtual_streams`: `streams` `VirtualStream`s at once from A's stack to B's
+    /// listener, sharing the transfer's bytes.
+    pub fn virtual_streams(&self, rt: &Runtime, streams: usize) -> Duration {
+        vns_transfer_streams(
+            rt,
+            &self.pair.a,
+            &self.listener,
+            self.pair.vns_addr(),
+            self.total,
+            streams,
         )
     }
 

@@ -79,6 +79,10 @@ pub struct StackArgs {
     /// does not).
     #[arg(long)]
     pub zero_copy: bool,
+    /// The link under the channels (default: `NETCHANNEL_LINK`, else xdp). Pick packet
+    /// where AF_XDP can only copy (veth, containers, drivers without zero-copy AF_XDP).
+    #[arg(long, value_enum, value_name = "LINK")]
+    pub link: Option<Link>,
     /// Busy polling: the cores the stack's queue runtimes are pinned to and spin on
     /// (comma-separated core ids).
     #[arg(long, value_name = "CORES", value_delimiter = ',')]
@@ -89,6 +93,21 @@ pub struct StackArgs {
 }
 
 impl StackArgs {
+    /// The link the stacks run over: `--link`, else the stack builder's environment
+    /// (`NETCHANNEL_LINK`, which the builder reads and reports if it does not parse), else
+    /// AF_XDP.
+    pub fn effective_link(&self) -> Link {
+        self.link.unwrap_or_else(|| {
+            match std::env::var("NETCHANNEL_LINK")
+                .ok()
+                .and_then(|v| v.parse::<netchannel::netdriver::channel::LinkKind>().ok())
+            {
+                Some(netchannel::netdriver::channel::LinkKind::Packet) => Link::Packet,
+                _ => Link::Xdp,
+            }
+        })
+    }
+
     /// The settings as the report records them.
     pub fn config(&self) -> StackConfig {
         StackConfig {
@@ -98,12 +117,52 @@ impl StackArgs {
             copy_workers: self.copy_workers,
             scheduler: self.scheduler.name().to_string(),
             zero_copy: self.zero_copy,
+            link: Some(self.effective_link().name().to_string()),
             busy_poll_cores: self.busy_poll.clone(),
             busy_poll_us: if self.busy_poll.is_empty() {
                 0
             } else {
                 self.busy_poll_us
             },
+        }
+    }
+}
+
+/// The links netchannel's channels run over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Link {
+    /// AF_XDP sockets fed by an XDP program (the default): frames without a copy on NICs
+    /// whose driver has zero-copy AF_XDP.
+    #[value(alias = "af_xdp")]
+    Xdp,
+    /// AF_PACKET sockets with segmentation and checksum offload (64 KiB segments each way):
+    /// for hosts where AF_XDP must copy.
+    #[value(alias = "af_packet")]
+    Packet,
+}
+
+impl Link {
+    /// The command line's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Link::Xdp => "xdp",
+            Link::Packet => "packet",
+        }
+    }
+
+    /// How people call it.
+    pub fn title(self) -> &'static str {
+        match self {
+            Link::Xdp => "AF_XDP",
+            Link::Packet => "AF_PACKET",
+        }
+    }
+
+    /// The channel sets' name for it.
+    pub fn kind(self) -> netchannel::netdriver::channel::LinkKind {
+        match self {
+            Link::Xdp => netchannel::netdriver::channel::LinkKind::Xdp,
+            Link::Packet => netchannel::netdriver::channel::LinkKind::Packet,
         }
     }
 }
@@ -186,7 +245,10 @@ pub struct DemoArgs {
     /// Copy workers of the copy-worker sweep (default 0,1,2).
     #[arg(long, value_name = "N", value_delimiter = ',')]
     pub sweep_copy_workers: Option<Vec<u32>>,
-    /// Skip both sweeps.
+    /// Links of the link sweep, on the test bed (default xdp,packet).
+    #[arg(long, value_enum, value_name = "LINK", value_delimiter = ',')]
+    pub sweep_links: Option<Vec<Link>>,
+    /// Skip the sweeps.
     #[arg(long)]
     pub no_sweeps: bool,
     /// Queues of the test bed's veth pair.
@@ -447,6 +509,35 @@ mod tests {
         assert!(cfg.zero_copy);
         assert_eq!((cfg.busy_poll_cores, cfg.busy_poll_us), (vec![2, 3], 50));
         assert_eq!(c.suite.conns, Some(vec![1, 16]));
+    }
+
+    #[test]
+    fn the_link_is_chosen_by_flag_and_recorded() {
+        let Command::Client(c) = parse(&[
+            "client", "--peer", "10.0.0.2", "--test", "bulk", "--link", "packet",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not client")
+        };
+        assert_eq!(c.stack.link, Some(Link::Packet));
+        assert_eq!(c.stack.effective_link(), Link::Packet);
+        assert_eq!(c.stack.config().link.as_deref(), Some("packet"));
+        assert_eq!(
+            Link::Packet.kind(),
+            netchannel::netdriver::channel::LinkKind::Packet
+        );
+        let Command::Server(s) = parse(&["server", "--link", "af_xdp"]).unwrap().command else {
+            panic!("not server")
+        };
+        assert_eq!(s.stack.link, Some(Link::Xdp));
+        let e = parse(&["server", "--link", "dpdk"]).unwrap_err();
+        assert!(e.to_string().contains("--link"), "{e}");
+        let Command::Demo(d) = parse(&["demo", "--sweep-links", "packet"]).unwrap().command else {
+            panic!("not demo")
+        };
+        assert_eq!(d.sweep_links, Some(vec![Link::Packet]));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use netchannel::vns::stack::MemNetwork;
 use netchannel::Stack;
 use testbed::{Side, TestBed};
 
-use crate::cli::{DemoArgs, Plan, Scheduler, StackArgs, TestName, DEFAULT_PORT};
+use crate::cli::{DemoArgs, Link, Plan, Scheduler, StackArgs, TestName, DEFAULT_PORT};
 use crate::host::{Host, Serving};
 use crate::machine;
 use crate::net::Net;
@@ -222,10 +222,14 @@ pub fn run(args: &DemoArgs) -> Result<Report, Fail> {
             vec![0, 1, 2]
         }
     });
-    let (sweep_channels, sweep_copy) = if args.no_sweeps {
-        (Vec::new(), Vec::new())
+    let sweep_links = args
+        .sweep_links
+        .clone()
+        .unwrap_or_else(|| vec![Link::Xdp, Link::Packet]);
+    let (sweep_channels, sweep_copy, mut sweep_links) = if args.no_sweeps {
+        (Vec::new(), Vec::new(), Vec::new())
     } else {
-        (sweep_channels, sweep_copy)
+        (sweep_channels, sweep_copy, sweep_links)
     };
     if args.stack.kernel {
         return Err(fail(
@@ -251,11 +255,15 @@ pub fn run(args: &DemoArgs) -> Result<Report, Fail> {
             Err(e) => Place::Memory(e.to_string()),
         }
     };
+    let link = args.stack.effective_link();
     match &place {
         Place::Bed(_) => println!(
-            "ncperf demo: AF_XDP TEST BED, two network namespaces joined by a veth pair \
-             ({} queues, MTU {}); netchannel over AF_XDP against kernel TCP at its defaults",
-            args.bed_queues, args.bed_mtu
+            "ncperf demo: {} TEST BED, two network namespaces joined by a veth pair \
+             ({} queues, MTU {}); netchannel over {} against kernel TCP at its defaults",
+            link.title(),
+            args.bed_queues,
+            args.bed_mtu,
+            link.title()
         ),
         Place::Memory(why) => println!(
             "ncperf demo: IN-MEMORY STACKS, not a network ({why}): netchannel's virtual \
@@ -284,6 +292,10 @@ pub fn run(args: &DemoArgs) -> Result<Report, Fail> {
         place,
     };
     let on_bed = sides.bed().is_some();
+    if !on_bed {
+        // In-memory stacks have no link to choose.
+        sweep_links.clear();
+    }
 
     let per_round: u64 = ALL.iter().map(|&t| steps(t, &plan)).sum::<u64>() * 2
         + if on_bed {
@@ -291,8 +303,9 @@ pub fn run(args: &DemoArgs) -> Result<Report, Fail> {
         } else {
             0
         };
-    let sweep_steps =
-        sweep_channels.len() as u64 * steps(TestName::Bulk, &plan) + sweep_copy.len() as u64;
+    let sweep_steps = (sweep_channels.len() + sweep_links.len()) as u64
+        * steps(TestName::Bulk, &plan)
+        + sweep_copy.len() as u64;
     let progress = Progress::new(per_round * u64::from(plan.rounds) + sweep_steps);
     println!(
         "{} s per measurement, {} round{}, {} tokio worker{} per side{}",
@@ -409,6 +422,31 @@ pub fn run(args: &DemoArgs) -> Result<Report, Fail> {
         }
         nc.stop();
     }
+    for &l in &sweep_links {
+        let mut a = args.stack.clone();
+        a.link = Some(l);
+        let nc = Stacks::start(&sides, &a)?;
+        let mut counts = vec![1];
+        if plan.streams != 1 {
+            counts.push(plan.streams);
+        }
+        for s in counts {
+            let step = progress.step(format!("bulk, {s} stream(s), over {}", l.title()));
+            let t = nc.target.clone();
+            let d = plan.duration;
+            let b = sides
+                .client
+                .run(async move { suite::bulk(&t, s as usize, d).await })
+                .map_err(|e| fail(format!("link sweep, {}: {e}", l.title())))?;
+            step.done();
+            let mut m =
+                Measurement::new(Test::SweepLinks, Transport::Netchannel, 0, d.as_secs_f64());
+            (m.streams, m.link, m.goodput_gbps) =
+                (Some(s), Some(l.name().to_string()), Some(b.gbps()));
+            ms.push(m);
+        }
+        nc.stop();
+    }
     for &w in &sweep_copy {
         let mut a = args.stack.clone();
         a.copy_workers = Some(w);
@@ -463,12 +501,12 @@ pub fn run(args: &DemoArgs) -> Result<Report, Fail> {
         measurements: ms,
         summary,
     };
-    print_demo(&report, on_bed);
+    print_demo(&report, on_bed, link);
     Ok(report)
 }
 
 /// The demo's table and what to read in it.
-fn print_demo(r: &Report, on_bed: bool) {
+fn print_demo(r: &Report, on_bed: bool, link: Link) {
     println!();
     println!(
         "machine: {} cores ({}), kernel {}{}",
@@ -497,24 +535,31 @@ fn print_demo(r: &Report, on_bed: bool) {
          the better one."
     );
     if on_bed {
-        println!(
-            "kernel+XDP: kernel TCP while netchannel's XDP program is attached to both ends \
-             (it passes the kernel's flows, and veth loses its offloads)."
-        );
+        match link {
+            Link::Xdp => println!(
+                "kernel+XDP: kernel TCP while netchannel's XDP program is attached to both \
+                 ends (it passes the kernel's flows, and veth loses its offloads)."
+            ),
+            Link::Packet => println!(
+                "kernel+XDP: kernel TCP while netchannel's AF_PACKET steering (a socket \
+                 filter and a TCX ingress program) is attached to both ends."
+            ),
+        }
     }
     println!(
         "isolation: netchannel runs it with the Isolating scheduler (latency channels on \
          NIC queues of their own, driven by the latency application's runtime); the latency \
          stream's client and server are applications of their own (one-worker runtimes)."
     );
-    let sweep = |test: Test, name: &str, x: fn(&Measurement) -> Option<u32>| {
-        let mut pts: Vec<(u32, u32, f64)> = r
+    let sweep = |test: Test, name: &str, x: fn(&Measurement) -> Option<String>| {
+        let mut pts: Vec<(u32, String, f64)> = r
             .measurements
             .iter()
             .filter(|m| m.test == test)
             .filter_map(|m| Some((m.streams?, x(m)?, m.goodput_gbps?)))
             .collect();
-        pts.sort_by_key(|a| (a.0, a.1));
+        // Numbers in their order, names as they came.
+        pts.sort_by_key(|a| (a.0, a.1.parse::<u32>().unwrap_or(u32::MAX)));
         let mut streams: Vec<u32> = pts.iter().map(|p| p.0).collect();
         streams.dedup();
         for s in streams {
@@ -530,7 +575,12 @@ fn print_demo(r: &Report, on_bed: bool) {
             );
         }
     };
-    sweep(Test::SweepChannels, "channels", |m| m.channels);
-    sweep(Test::SweepCopyWorkers, "copy workers", |m| m.copy_workers);
+    sweep(Test::SweepChannels, "channels", |m| {
+        m.channels.map(|c| c.to_string())
+    });
+    sweep(Test::SweepCopyWorkers, "copy workers", |m| {
+        m.copy_workers.map(|w| w.to_string())
+    });
+    sweep(Test::SweepLinks, "link", |m| m.link.clone());
     println!("took {:.0} s", r.wall_s);
 }

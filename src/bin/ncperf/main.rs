@@ -145,8 +145,9 @@ fn side_net(host: &Host, args: &StackArgs) -> Result<(Net, String), Fail> {
     let i = iface.clone();
     let stack = host.run(async move { setup::build(&a, &i, addr) })?;
     let desc = format!(
-        "netchannel on {iface} ({addr}), {} throughput channel(s) per peer, {} copy worker(s), \
-         scheduler {}",
+        "netchannel over {} on {iface} ({addr}), {} throughput channel(s) per peer, {} copy \
+         worker(s), scheduler {}",
+        args.effective_link().title(),
         stack.channels_per_peer(),
         stack.copy_workers(),
         args.scheduler.name()

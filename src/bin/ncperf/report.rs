@@ -54,6 +54,9 @@ pub enum Test {
     /// Bulk goodput of `streams` streams as netchannel's copy workers vary
     /// (`copy_workers`).
     SweepCopyWorkers,
+    /// Bulk goodput of `streams` streams over each link under netchannel's channels
+    /// (`link`).
+    SweepLinks,
 }
 
 impl Test {
@@ -67,6 +70,7 @@ impl Test {
             Test::Isolation => "isolation",
             Test::SweepChannels => "sweep_channels",
             Test::SweepCopyWorkers => "sweep_copy_workers",
+            Test::SweepLinks => "sweep_links",
         }
     }
 }
@@ -95,6 +99,9 @@ pub struct Measurement {
     /// netchannel's copy workers (sweeps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_workers: Option<u32>,
+    /// The link under netchannel's channels (`xdp` or `packet`; the link sweep).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
     /// Wall time the measurement ran, seconds.
     pub seconds: f64,
     /// Bulk goodput, Gbit/s (bytes the server checked).
@@ -129,6 +136,7 @@ impl Measurement {
             size: None,
             channels: None,
             copy_workers: None,
+            link: None,
             seconds,
             goodput_gbps: None,
             requests_per_s: None,
@@ -217,6 +225,10 @@ pub struct StackConfig {
     pub scheduler: String,
     /// Whether AF_XDP sockets bind in zero-copy mode.
     pub zero_copy: bool,
+    /// The link under the channels (`xdp` or `packet`; `null` in reports from before the
+    /// choice was recorded).
+    #[serde(default)]
+    pub link: Option<String>,
     /// Busy-poll cores (empty: no busy polling).
     pub busy_poll_cores: Vec<u32>,
     /// Busy-poll spin time, µs.

@@ -91,6 +91,9 @@ pub fn builder(args: &StackArgs) -> StackBuilder {
     if let Some(n) = args.copy_workers {
         b = b.copy_workers(n as usize);
     }
+    if let Some(link) = args.link {
+        b = b.link(link.kind());
+    }
     b = match args.scheduler {
         Scheduler::RoundRobin => b.scheduler(netchannel::sched::RoundRobin::default()),
         Scheduler::SourcePort => b.scheduler(netchannel::sched::SourcePort::default()),
