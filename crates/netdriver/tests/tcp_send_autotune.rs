@@ -175,3 +175,21 @@ fn a_flight_the_congestion_window_holds_back_does_not_grow_the_buffer() {
     assert_eq!(s.tx_buffer, BUF);
     assert_eq!(s.tx_buffer_grown, 0);
 }
+
+/// A channel's connection grows its send buffer too, but to 1 MiB at most: its paths are
+/// µs-scale, where a larger flight only queues at the receiver.
+#[test]
+fn a_channel_tunes_its_send_buffer_up_to_a_mebibyte() {
+    let c = netdriver::channel::ChannelSetConfig::new("veth0", std::net::Ipv4Addr::LOCALHOST);
+    assert_eq!(c.tcp.tx_buffer_max, Some(1 << 20));
+    let config = Config {
+        tx_buffer_max: c.tcp.tx_buffer_max,
+        ..test_config()
+    };
+    let mut t = Tcb::established(config, PeerOpts::default());
+    let d = data(60_000);
+    assert_eq!(t.conn.send(&d).expect("send"), BUF);
+    t.drain();
+    t.send(t.seg().ack(l(PEER_MSS)));
+    assert!(t.stats().tx_buffer > BUF);
+}

@@ -189,6 +189,16 @@ impl ChannelSetConfig {
                 // A request's ACK rides on its answer: the channel's reader says when it
                 // waits (`Connection::reader_waiting`); a sink turns it off.
                 reply_carries_ack: true,
+                // A channel carries many streams, so its send buffer grows with the
+                // flight (`tcp::Config::tx_buffer_max`), but on a µs-scale path only to
+                // 1 MiB (a 100 Gbit/s path's flight at an 80 µs round trip): beyond that
+                // the flight only queues at the receiver. On the two-core bed, eight
+                // streams over AF_PACKET moved 17.6-18.5 Gbit/s with 1 MiB against
+                // 13.8-17.7 with 4 MiB, and a latency stream beside eight bulk ones kept
+                // a p99.9 of 5.9-8.3 ms against 7.7-10 ms (5.4-5.9 with the buffer fixed
+                // at 256 KiB; `docs/investigations/bulk.md`, "Eight streams on one
+                // channel").
+                tx_buffer_max: Some(1 << 20),
                 ..tcp::Config::default()
             },
             nodelay: true,

@@ -197,10 +197,10 @@ impl Default for Config {
             // Credit no larger than the buffer: every chunk the peer may send fits, so
             // parking and STOP/RESUME stay for configurations that grant more. With a
             // 256 KiB buffer and twice that in credit, a bulk sender kept overrunning the
-            // buffer (one STOP/RESUME round trip per ~400 KB at 10-14 Gbit/s on the
-            // two-core bed once the channel's TCP send buffer could hold the whole
-            // credit); 768 KiB of both carried one stream 1.2-1.3x faster than that and
-            // eight 2x (`docs/investigations/bulk.md`, "Flow control by credit alone").
+            // buffer (a STOP/RESUME round trip per ~370 KB on the two-core bed). With
+            // 768 KiB of both, one stream over AF_PACKET moved 14-18 Gbit/s where the
+            // former defaults gave 11-14, and eight streams on one channel 18 where they
+            // gave 6-8 (`docs/investigations/bulk.md`, "Flow control by credit alone").
             recv_buffer: 768 * 1024,
             credit_window: 768 * 1024,
             credit_update_threshold: 192 * 1024,
