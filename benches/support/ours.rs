@@ -121,6 +121,7 @@ fn run<L: Link>(la: L, lb: L, bytes: usize, buffer: usize, tweak: impl Fn(&mut C
             // auto-tuning on.
             rx_buffer_max: None,
             tx_buffer: buffer,
+            tx_buffer_max: None,
             min_rto: Duration::from_millis(1),
             ..Config::default()
         };
