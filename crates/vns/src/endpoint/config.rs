@@ -296,8 +296,8 @@ pub struct SocketOptions {
     pub send_buffer: Option<usize>,
     /// Receive (reorder) buffer bytes; `None`: [`Config::recv_buffer`]. Clamped to
     /// `max_chunk_payload..=2^29`. The credit window the socket grants, and its update
-    /// threshold, scale with it in the configuration's proportions (by default twice the
-    /// buffer), and are announced in the SYNC or SYNC_ACK: set it before the handshake.
+    /// threshold, scale with it in the configuration's proportions (by default equal to
+    /// the buffer), and are announced in the SYNC or SYNC_ACK: set it before the handshake.
     pub recv_buffer: Option<usize>,
     /// Whether small chunks leave at once (`true`, the default) or wait while earlier
     /// data is unacknowledged, as Nagle's algorithm (RFC 896) makes them wait

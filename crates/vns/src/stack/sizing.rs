@@ -110,7 +110,9 @@ pub(super) fn with_socket_buffers(c: Config, send: usize, recv: usize) -> Config
 /// send buffer (256 KiB) is below the default small-copy threshold (512 KiB, where a
 /// hand-off starts to pay), so the workers would never copy writes. Send and receive buffers of
 /// four times the threshold let a large write or read be shared while the rest of the
-/// buffer is in flight; the credit window is twice the receive buffer, as in the default.
+/// buffer is in flight; the credit window is twice the receive buffer (the proportion the
+/// defaults had before their credit became equal to the buffer; not measured again with
+/// copy workers).
 pub(super) fn copy_worker_buffers(threshold: usize) -> Config {
     let d = Config::default();
     let buffer = threshold

@@ -27,7 +27,7 @@ struct Settings {
 /// | option | on a virtual socket |
 /// |---|---|
 /// | `set_send_buffer_size` | the socket's send buffer (bytes `write` takes before it waits) |
-/// | `set_recv_buffer_size` | the socket's receive buffer; the credit window its handshake announces scales with it (twice the buffer by default) |
+/// | `set_recv_buffer_size` | the socket's receive buffer; the credit window its handshake announces scales with it (equal to the buffer by default) |
 /// | `set_nodelay` | `true` (the default here, unlike the kernel's) sends each write at once; `false` is Nagle's algorithm: short chunks wait while data is unacknowledged, at most `vns::Config::nagle_delay` |
 /// | `set_linger` | how the stream's drop closes (see [`VirtualStream::set_linger`]) |
 /// | `bind` | the local address (the stack's own or `0.0.0.0`; `127.x.y.z` for loopback) and, before `connect`, the local virtual port |
