@@ -323,6 +323,9 @@ struct Report {
     server_conn: Stats,
     client_conn: Stats,
     elapsed: Duration,
+    /// Frames the kernel could not put on our AF_XDP socket's rx ring (`XDP_STATISTICS`:
+    /// dropped, ring full), for tests that count every frame sent to us.
+    ring_drops: u64,
 }
 
 impl Report {
@@ -658,6 +661,11 @@ where
 }
 
 fn no_faults(_: &XdpLink, _: &mut Report) {}
+
+fn ring_drops(link: &XdpLink, report: &mut Report) {
+    let k = link.kernel_stats().expect("XDP_STATISTICS");
+    report.ring_drops = k.rx_dropped + k.rx_ring_full;
+}
 
 fn chain_counts(link: &XdpLink, report: &mut Report) {
     report.chains = (link.rx_chains(), link.tx_chains());
@@ -1011,7 +1019,7 @@ fn garbage_on_the_wire_is_counted_and_survived() {
         8 << 20,
         hold,
         |l| l,
-        no_faults,
+        ring_drops,
         || {
             let n = bed_ref
                 .run_in(Side::A, move || inject_garbage(&a, &b, 300))
@@ -1023,23 +1031,39 @@ fn garbage_on_the_wire_is_counted_and_survived() {
     );
     let n = injected.expect("injection report");
     let s = report.iface;
+    // A frame the kernel could not put on the rx ring (full under the transfers' bursts)
+    // never reached the stack: each kind may fall short by that many, no more.
+    let lost = report.ring_drops;
     println!(
-        "injected {n:?} ({} redirected); stack {s:?}",
+        "injected {n:?} ({} redirected); {lost} lost on the rx ring; stack {s:?}",
         n.redirected()
     );
     assert!(n.redirected() > 0);
     assert!(
-        s.rx_bad_checksum >= n.bad_tcp_checksum + n.bad_ip_checksum,
+        lost * 10 < n.redirected(),
+        "most injected frames arrive: {lost} lost"
+    );
+    assert!(
+        s.rx_bad_checksum + lost >= n.bad_tcp_checksum + n.bad_ip_checksum,
         "bad checksums: {s:?} vs {n:?}"
     );
-    assert!(s.rx_malformed >= n.malformed, "malformed: {s:?} vs {n:?}");
-    assert!(s.rx_not_ours >= n.not_ours, "not ours: {s:?} vs {n:?}");
     assert!(
-        s.rx_no_connection >= n.no_connection,
+        s.rx_malformed + lost >= n.malformed,
+        "malformed: {s:?} vs {n:?}"
+    );
+    assert!(
+        s.rx_not_ours + lost >= n.not_ours,
+        "not ours: {s:?} vs {n:?}"
+    );
+    assert!(
+        s.rx_no_connection + lost >= n.no_connection,
         "no connection: {s:?} vs {n:?}"
     );
-    assert!(s.tx_rst >= n.no_connection, "RSTs: {s:?} vs {n:?}");
+    assert!(s.tx_rst + lost >= n.no_connection, "RSTs: {s:?} vs {n:?}");
     let dropped =
         s.rx_bad_checksum + s.rx_malformed + s.rx_not_ours + s.rx_unsupported + s.rx_no_connection;
-    assert!(dropped >= n.redirected(), "counted drops {dropped} < {n:?}");
+    assert!(
+        dropped + lost >= n.redirected(),
+        "counted drops {dropped} < {n:?}"
+    );
 }
