@@ -9,15 +9,19 @@ mod tcp_support_b;
 use netdriver::tcp::{Config, TcpError};
 use tcp_support_b::*;
 
-/// An established connection whose application offered 60 000 bytes to a 16 KiB send
-/// buffer (it took 16 384) and whose initial window went out; the payload and the
-/// segments sent.
-fn held_back(max: Option<usize>) -> (Tcb, Vec<u8>, Vec<Seg>) {
+/// An established connection with a 16 KiB send buffer that may grow to `max`.
+fn tuned(max: Option<usize>) -> Tcb {
     let config = Config {
         tx_buffer_max: max,
         ..test_config()
     };
-    let mut t = Tcb::established(config, PeerOpts::default());
+    Tcb::established(config, PeerOpts::default())
+}
+
+/// [`tuned`], after its application offered 60 000 bytes (the buffer took 16 384) and
+/// the initial window went out; the payload and the segments sent.
+fn held_back(max: Option<usize>) -> (Tcb, Vec<u8>, Vec<Seg>) {
+    let mut t = tuned(max);
     let d = data(60_000);
     assert_eq!(
         t.conn.send(&d).expect("send"),
@@ -93,11 +97,7 @@ fn growth_stops_at_the_maximum() {
 
 #[test]
 fn a_writer_that_never_fills_the_buffer_never_grows_it() {
-    let config = Config {
-        tx_buffer_max: Some(1 << 20),
-        ..test_config()
-    };
-    let mut t = Tcb::established(config, PeerOpts::default());
+    let mut t = tuned(Some(1 << 20));
     let d = data(50_000);
     let mut at = 0;
     for _ in 0..10 {
@@ -114,11 +114,7 @@ fn a_writer_that_never_fills_the_buffer_never_grows_it() {
 
 #[test]
 fn a_size_the_application_set_is_kept() {
-    let config = Config {
-        tx_buffer_max: Some(1 << 20),
-        ..test_config()
-    };
-    let mut t = Tcb::established(config, PeerOpts::default());
+    let mut t = tuned(Some(1 << 20));
     // As `SO_SNDBUF`: from now on the size is the application's.
     assert_eq!(t.conn.set_send_buffer(BUF), BUF);
     let d = data(60_000);
@@ -141,14 +137,7 @@ fn without_a_maximum_the_send_buffer_is_fixed() {
 #[test]
 fn the_default_configuration_auto_tunes_the_send_buffer() {
     assert_eq!(Config::default().tx_buffer_max, Some(4 << 20));
-    let config = Config {
-        tx_buffer_max: Config::default().tx_buffer_max,
-        ..test_config()
-    };
-    let mut t = Tcb::established(config, PeerOpts::default());
-    let d = data(60_000);
-    assert_eq!(t.conn.send(&d).expect("send"), BUF);
-    t.drain();
+    let (mut t, _d, _sent) = held_back(Config::default().tx_buffer_max);
     t.send(t.seg().ack(l(PEER_MSS)));
     assert!(t.stats().tx_buffer > BUF);
     assert_eq!(t.stats().tx_buffer_grown, 1);
@@ -182,14 +171,7 @@ fn a_flight_the_congestion_window_holds_back_does_not_grow_the_buffer() {
 fn a_channel_tunes_its_send_buffer_up_to_a_mebibyte() {
     let c = netdriver::channel::ChannelSetConfig::new("veth0", std::net::Ipv4Addr::LOCALHOST);
     assert_eq!(c.tcp.tx_buffer_max, Some(1 << 20));
-    let config = Config {
-        tx_buffer_max: c.tcp.tx_buffer_max,
-        ..test_config()
-    };
-    let mut t = Tcb::established(config, PeerOpts::default());
-    let d = data(60_000);
-    assert_eq!(t.conn.send(&d).expect("send"), BUF);
-    t.drain();
+    let (mut t, _d, _sent) = held_back(c.tcp.tx_buffer_max);
     t.send(t.seg().ack(l(PEER_MSS)));
     assert!(t.stats().tx_buffer > BUF);
 }

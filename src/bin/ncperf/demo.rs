@@ -394,80 +394,51 @@ pub fn run(args: &DemoArgs) -> Result<Report, Fail> {
     }
 
     // Sweeps.
+    let mut counts = vec![1];
+    if plan.streams != 1 {
+        counts.push(plan.streams);
+    }
     for &c in &sweep_channels {
         let mut a = args.stack.clone();
         a.channels = Some(c);
-        let nc = Stacks::start(&sides, &a)?;
-        let mut counts = vec![1];
-        if plan.streams != 1 {
-            counts.push(plan.streams);
-        }
-        for s in counts {
-            let step = progress.step(format!("bulk, {s} stream(s), {c} channel(s) per peer"));
-            let t = nc.target.clone();
-            let d = plan.duration;
-            let b = sides
-                .client
-                .run(async move { suite::bulk(&t, s as usize, d).await })
-                .map_err(|e| fail(format!("channel sweep, {c} channels: {e}")))?;
-            step.done();
-            let mut m = Measurement::new(
-                Test::SweepChannels,
-                Transport::Netchannel,
-                0,
-                d.as_secs_f64(),
-            );
-            (m.streams, m.channels, m.goodput_gbps) = (Some(s), Some(c), Some(b.gbps()));
-            ms.push(m);
-        }
-        nc.stop();
+        let what = format!("{c} channel(s) per peer");
+        ms.extend(sweep_point(
+            &sides,
+            &a,
+            &counts,
+            &plan,
+            &progress,
+            (Test::SweepChannels, &what),
+            |m| m.channels = Some(c),
+        )?);
     }
     for &l in &sweep_links {
         let mut a = args.stack.clone();
         a.link = Some(l);
-        let nc = Stacks::start(&sides, &a)?;
-        let mut counts = vec![1];
-        if plan.streams != 1 {
-            counts.push(plan.streams);
-        }
-        for s in counts {
-            let step = progress.step(format!("bulk, {s} stream(s), over {}", l.title()));
-            let t = nc.target.clone();
-            let d = plan.duration;
-            let b = sides
-                .client
-                .run(async move { suite::bulk(&t, s as usize, d).await })
-                .map_err(|e| fail(format!("link sweep, {}: {e}", l.title())))?;
-            step.done();
-            let mut m =
-                Measurement::new(Test::SweepLinks, Transport::Netchannel, 0, d.as_secs_f64());
-            (m.streams, m.link, m.goodput_gbps) =
-                (Some(s), Some(l.name().to_string()), Some(b.gbps()));
-            ms.push(m);
-        }
-        nc.stop();
+        let what = format!("over {}", l.title());
+        ms.extend(sweep_point(
+            &sides,
+            &a,
+            &counts,
+            &plan,
+            &progress,
+            (Test::SweepLinks, &what),
+            |m| m.link = Some(l.name().to_string()),
+        )?);
     }
     for &w in &sweep_copy {
         let mut a = args.stack.clone();
         a.copy_workers = Some(w);
-        let nc = Stacks::start(&sides, &a)?;
-        let step = progress.step(format!("bulk, 1 stream, {w} copy worker(s)"));
-        let t = nc.target.clone();
-        let d = plan.duration;
-        let b = sides
-            .client
-            .run(async move { suite::bulk(&t, 1, d).await })
-            .map_err(|e| fail(format!("copy-worker sweep, {w} workers: {e}")))?;
-        step.done();
-        let mut m = Measurement::new(
-            Test::SweepCopyWorkers,
-            Transport::Netchannel,
-            0,
-            d.as_secs_f64(),
-        );
-        (m.streams, m.copy_workers, m.goodput_gbps) = (Some(1), Some(w), Some(b.gbps()));
-        ms.push(m);
-        nc.stop();
+        let what = format!("{w} copy worker(s)");
+        ms.extend(sweep_point(
+            &sides,
+            &a,
+            &[1],
+            &plan,
+            &progress,
+            (Test::SweepCopyWorkers, &what),
+            |m| m.copy_workers = Some(w),
+        )?);
     }
     progress.finish();
 
@@ -503,6 +474,45 @@ pub fn run(args: &DemoArgs) -> Result<Report, Fail> {
     };
     print_demo(&report, on_bed, link);
     Ok(report)
+}
+
+/// One point of a sweep: stacks with `stack`'s settings, then bulk goodput over each of
+/// `streams` stream counts, a measurement of `test` each, the point's setting recorded by
+/// `mark` (`what` names the point in progress lines and errors).
+fn sweep_point(
+    sides: &Sides,
+    stack: &StackArgs,
+    streams: &[u32],
+    plan: &Plan,
+    progress: &Progress,
+    (test, what): (Test, &str),
+    mark: impl Fn(&mut Measurement),
+) -> Result<Vec<Measurement>, Fail> {
+    let nc = Stacks::start(sides, stack)?;
+    let mut ms = Vec::with_capacity(streams.len());
+    for &s in streams {
+        let step = progress.step(format!("bulk, {s} stream(s), {what}"));
+        let t = nc.target.clone();
+        let d = plan.duration;
+        let b = sides
+            .client
+            .run(async move { suite::bulk(&t, s as usize, d).await })
+            .map_err(|e| fail(format!("sweep, bulk {what}: {e}")));
+        let b = match b {
+            Ok(b) => b,
+            Err(e) => {
+                nc.stop();
+                return Err(e);
+            }
+        };
+        step.done();
+        let mut m = Measurement::new(test, Transport::Netchannel, 0, d.as_secs_f64());
+        (m.streams, m.goodput_gbps) = (Some(s), Some(b.gbps()));
+        mark(&mut m);
+        ms.push(m);
+    }
+    nc.stop();
+    Ok(ms)
 }
 
 /// The demo's table and what to read in it.
