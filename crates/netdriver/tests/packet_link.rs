@@ -454,6 +454,30 @@ fn start_kernel_server(
     h
 }
 
+/// A kernel client in A sends `bytes` of pattern `seed` to our server in B (with or
+/// without `offloads`), which checks them; our stack's report once both are done.
+fn kernel_client_to_ours(bed: &TestBed, bytes: usize, seed: u64, offloads: bool) -> Report {
+    let ours = start_ours(
+        bed,
+        Side::B,
+        Job {
+            serve: Some((bytes, seed)),
+            send: None,
+            offloads,
+        },
+    );
+    let target = SocketAddr::from((bed.side(Side::B).ipv4, OUR_PORT));
+    let kclient = bed
+        .spawn_thread_in(Side::A, move || kernel_client(target, bytes, seed))
+        .unwrap();
+    let report = ours.join().expect("our thread").expect("our stack");
+    kclient
+        .join()
+        .expect("kernel client thread")
+        .expect("kernel client");
+    report
+}
+
 fn print(what: &str, bytes: usize, r: &Report) {
     println!(
         "{what}: {:.1} MB in {:.2} s; iface {:?}; link {:?}; steering {:?}; retransmitted {}; connections {:?}",
@@ -663,24 +687,7 @@ fn a_lost_fin_of_ours_is_resent_before_our_stack_stops() {
     bed.output_in(Side::A, tool, &args)
         .unwrap_or_else(|e| panic!("{tool} -A INPUT: {e}"));
     let bytes = 1 << 20;
-    let ours = start_ours(
-        &bed,
-        Side::B,
-        Job {
-            serve: Some((bytes, 7)),
-            send: None,
-            offloads: true,
-        },
-    );
-    let target = SocketAddr::from((bed.side(Side::B).ipv4, OUR_PORT));
-    let kclient = bed
-        .spawn_thread_in(Side::A, move || kernel_client(target, bytes, 7))
-        .unwrap();
-    let report = ours.join().expect("our thread").expect("our stack");
-    kclient
-        .join()
-        .expect("kernel client thread")
-        .expect("kernel client");
+    let report = kernel_client_to_ours(&bed, bytes, 7, true);
     print("kernel -> ours, our first FIN lost", bytes, &report);
     assert_eq!(
         rule_packets(&bed, tool, "INPUT"),
@@ -698,24 +705,7 @@ fn a_kernel_peers_64k_segments_reach_a_stack_that_asked_for_none() {
         return;
     };
     let bytes = 16 << 20;
-    let ours = start_ours(
-        &bed,
-        Side::B,
-        Job {
-            serve: Some((bytes, 6)),
-            send: None,
-            offloads: false,
-        },
-    );
-    let target = SocketAddr::from((bed.side(Side::B).ipv4, OUR_PORT));
-    let kclient = bed
-        .spawn_thread_in(Side::A, move || kernel_client(target, bytes, 6))
-        .unwrap();
-    let report = ours.join().expect("our thread").expect("our stack");
-    kclient
-        .join()
-        .expect("kernel client thread")
-        .expect("kernel client");
+    let report = kernel_client_to_ours(&bed, bytes, 6, false);
     print("kernel -> ours without offloads", bytes, &report);
     assert!(report.iface.rx_large_frames > 10, "{:?}", report.iface);
     assert_eq!(report.iface.tx_super_segments, 0);
