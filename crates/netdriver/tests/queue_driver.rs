@@ -369,14 +369,15 @@ async fn a_sink_installed_after_the_last_arrival_delivers_what_it_kept_first() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn bytes_that_complete_a_passive_open_reach_the_accepted_channel() {
     const REQUEST: &[u8] = b"with the handshake's last ACK";
-    let switch = SimSwitch::default();
-    let b = host_here(&switch, B, 1);
-    let l = b.listen_async(PORT).await.expect("listen");
-    let mut now = Instant::from_micros(1);
-    let (_client, _h) = bare_client(&switch, &mut now, REQUEST).await;
-    // The ACK and the request have left in one poll; the client is polled no more, so
-    // it retransmits nothing.
-    let s = poll_fn(|cx| l.poll_accept(cx)).await.expect("accept");
+    // The ACK and the request leave in one poll; the client is polled no more, so it
+    // retransmits nothing.
+    let BareSession {
+        _switch,
+        server: b,
+        client: _client,
+        accepted: s,
+        ..
+    } = bare_session(REQUEST).await;
     let got = tokio::time::timeout(Duration::from_secs(1), read_n(&s, REQUEST.len())).await;
     assert_eq!(
         got.as_deref().map_err(|_| "nothing delivered in 1 s"),
@@ -384,6 +385,36 @@ async fn bytes_that_complete_a_passive_open_reach_the_accepted_channel() {
     );
     drop(s);
     b.shutdown().expect("shutdown");
+}
+
+/// A channel set at B listening on [`PORT`], a [`bare_client`] connected to it (with
+/// `early` written before the handshake) and the channel B accepted.
+struct BareSession {
+    /// Keeps the link between the two.
+    _switch: SimSwitch,
+    server: ChannelSet,
+    client: Interface<SwitchPort>,
+    h: ConnHandle,
+    accepted: Channel,
+    /// The client's clock.
+    now: Instant,
+}
+
+async fn bare_session(early: &[u8]) -> BareSession {
+    let switch = SimSwitch::default();
+    let server = host_here(&switch, B, 1);
+    let l = server.listen_async(PORT).await.expect("listen");
+    let mut now = Instant::from_micros(1);
+    let (client, h) = bare_client(&switch, &mut now, early).await;
+    let accepted = poll_fn(|cx| l.poll_accept(cx)).await.expect("accept");
+    BareSession {
+        _switch: switch,
+        server,
+        client,
+        h,
+        accepted,
+        now,
+    }
 }
 
 /// A bare interface at A on `switch` (our TCP at its defaults: Nagle, delayed ACKs of
@@ -446,12 +477,14 @@ async fn poll_client_until(
 /// pure ACK between them, from a server whose reader takes the request and answers.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_answer_carries_the_ack_of_the_request() {
-    let switch = SimSwitch::default();
-    let b = host_here(&switch, B, 1);
-    let l = b.listen_async(PORT).await.expect("listen");
-    let mut now = Instant::from_micros(1);
-    let (mut client, h) = bare_client(&switch, &mut now, &[]).await;
-    let s = poll_fn(|cx| l.poll_accept(cx)).await.expect("accept");
+    let BareSession {
+        _switch,
+        server: b,
+        mut client,
+        h,
+        accepted: s,
+        mut now,
+    } = bare_session(&[]).await;
     let server = tokio::spawn(async move {
         let req = read_n(&s, 64).await;
         s.enqueue(Bytes::from(req.iter().map(|b| !b).collect::<Vec<u8>>()))
@@ -486,12 +519,14 @@ async fn the_answer_carries_the_ack_of_the_request() {
 /// acknowledged, and the ACK the reply would have carried goes out when the reader waits.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_reader_waiting_for_the_rest_of_a_message_releases_the_held_ack() {
-    let switch = SimSwitch::default();
-    let b = host_here(&switch, B, 1);
-    let l = b.listen_async(PORT).await.expect("listen");
-    let mut now = Instant::from_micros(1);
-    let (mut client, h) = bare_client(&switch, &mut now, &[]).await;
-    let s = poll_fn(|cx| l.poll_accept(cx)).await.expect("accept");
+    let BareSession {
+        _switch,
+        server: b,
+        mut client,
+        h,
+        accepted: s,
+        mut now,
+    } = bare_session(&[]).await;
     let server = tokio::spawn(async move {
         let first = read_n(&s, 10).await;
         let rest = read_n(&s, 10).await;
