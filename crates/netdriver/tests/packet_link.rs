@@ -290,6 +290,9 @@ fn our_stack(
     let mut send_pattern = Pattern::new(send_seed);
     let (mut sent, mut client_closed, mut client_done) = (0usize, false, job.send.is_none());
     let mut chunk = vec![0u8; 64 * 1024];
+    // Every other write hands the connection a buffer to share (`send_bytes`, as a
+    // channel's chunks go), which the link sends as it lies (gathered), not copied.
+    let mut writes = 0u64;
     let mut pending = 0..0;
     let mut rbuf = vec![0u8; 256 * 1024];
     let (mut server_retx, mut client_retx) = (0u64, 0u64);
@@ -360,7 +363,13 @@ fn our_stack(
                             send_pattern.fill(&mut chunk[..n]);
                             pending = 0..n;
                         }
-                        match conn.send(&chunk[pending.clone()]) {
+                        writes += 1;
+                        let written = if writes % 2 == 0 {
+                            conn.send_bytes(&bytes::Bytes::copy_from_slice(&chunk[pending.clone()]))
+                        } else {
+                            conn.send(&chunk[pending.clone()])
+                        };
+                        match written {
                             Ok(n) => {
                                 pending.start += n;
                                 sent += n;
@@ -530,6 +539,7 @@ fn kernel_peers_at_defaults_both_ways() {
     print("kernel <-> ours", 2 * bytes, &report);
     let r = &report;
     assert!(r.link.tx_super_segments > 100, "{:?}", r.link);
+    assert!(r.link.tx_gathered_bytes > 0, "{:?}", r.link);
     assert!(
         r.link.rx_coalesced > 100,
         "the kernel's TSO segments came whole: {:?}",
@@ -576,6 +586,12 @@ fn ours_to_ours() {
     print("ours -> ours (client)", bytes, &c);
     print("ours -> ours (server)", bytes, &s);
     assert!(c.link.tx_super_segments > 100, "{:?}", c.link);
+    assert!(
+        c.link.tx_gathered_bytes > (bytes / 4) as u64,
+        "shared writes went gathered: {:?}",
+        c.link
+    );
+    assert!(c.iface.tx_payload_gathered > 100, "{:?}", c.iface);
     assert!(s.iface.rx_large_frames > 100, "{:?}", s.iface);
     assert_eq!(s.iface.rx_bad_checksum, 0);
 }

@@ -59,6 +59,9 @@ struct Case {
     /// The link's offloads; with any, super-segments are on (and, when the link cuts
     /// them, the receiver coalesces).
     offload: SimOffload,
+    /// The link gathers (`SimConfig::gather`): payloads the send queue holds in shared
+    /// buffers leave as slices of them, not copied into the frame by the connection.
+    gather: bool,
 }
 
 impl Case {
@@ -76,6 +79,7 @@ impl Case {
             bandwidth_bps: Some(1_000_000_000),
             deadline: Duration::from_secs(120),
             offload: SimOffload::None,
+            gather: false,
         }
     }
 }
@@ -273,6 +277,7 @@ fn run(case: &Case) -> Result<Outcome, String> {
         latency: case.latency,
         bandwidth_bps: case.bandwidth_bps,
         offload: case.offload,
+        gather: case.gather,
         ..SimConfig::default()
     });
     let faults = |seed: u64| FaultConfig {
@@ -447,6 +452,7 @@ fn run(case: &Case) -> Result<Outcome, String> {
         b.link().inner().fault_stats(),
     );
     let (sa, sb) = (a.stats(), b.stats());
+    let gathered = sa.tx_payload_gathered + sb.tx_payload_gathered;
     let (ga, gb) = (a.link().gro_stats(), b.link().gro_stats());
     if case.offload != SimOffload::None {
         let super_segments = sa.tx_super_segments + sb.tx_super_segments;
@@ -472,7 +478,7 @@ fn run(case: &Case) -> Result<Outcome, String> {
     let _ =
         write!(
         summary,
-        "{}: {} virtual, {polls} polls; {offload_summary}faults lost {} reordered {} duplicated {} corrupted {}; \
+        "{}: {} virtual, {polls} polls; {offload_summary}payloads gathered {gathered}; faults lost {} reordered {} duplicated {} corrupted {}; \
          dropped corrupt/malformed/foreign {}",
         case.name,
         now,
@@ -483,6 +489,15 @@ fn run(case: &Case) -> Result<Outcome, String> {
         sa.rx_bad_checksum + sb.rx_bad_checksum + sa.rx_malformed + sb.rx_malformed
             + sa.rx_not_ours + sb.rx_not_ours + sa.rx_unsupported + sb.rx_unsupported,
     );
+    // Gathering needs the link to complete checksums (without, payloads are summed as
+    // they are copied).
+    let gathers = case.gather && case.offload != SimOffload::None;
+    if gathers && gathered == 0 {
+        return Err("the link gathers but no payload was gathered".into());
+    }
+    if !gathers && gathered != 0 {
+        return Err(format!("{gathered} payloads gathered where none should be"));
+    }
     if case.corrupt > 0.0 && sa.rx_bad_checksum + sb.rx_bad_checksum == 0 {
         return Err("corruption was injected but no checksum failure was counted".into());
     }
@@ -683,5 +698,48 @@ fn large_segments_under_loss_reordering_duplication_and_corruption() {
             reorder: 0.02,
             ..Case::new("whole/loss2%+reorder2%/default/2MB", 68, 2 * MB)
         },
+    ]);
+}
+
+/// Payloads in shared buffers handed to a gathering link as slices (every other write is
+/// shared, so shared and copied pieces meet inside segments and super-segments) under
+/// loss, reordering, duplication and corruption: with super-segments cut on the wire and
+/// carried whole; and without offloads, where nothing is gathered (the payload is summed
+/// in the pass that copies it).
+#[test]
+fn gathered_payloads_under_loss_reordering_duplication_and_corruption() {
+    let gathered = |case: Case| Case {
+        gather: true,
+        bandwidth_bps: Some(40_000_000_000),
+        ..case
+    };
+    run_all(&[
+        gathered(Case {
+            offload: SimOffload::Segment,
+            loss: 0.02,
+            reorder: 0.02,
+            duplicate: 0.02,
+            corrupt: 0.02,
+            ..Case::new("gather/segment/all-faults/default/2MB", 70, 2 * MB)
+        }),
+        gathered(Case {
+            offload: SimOffload::Whole,
+            loss: 0.02,
+            reorder: 0.02,
+            ..Case::new("gather/whole/loss2%+reorder2%/default/2MB", 71, 2 * MB)
+        }),
+        gathered(Case {
+            loss: 0.02,
+            corrupt: 0.02,
+            ..Case::new("gather/no-offload/loss2%+corrupt2%/default/1MB", 72, MB)
+        }),
+        gathered(Case {
+            offload: SimOffload::Segment,
+            loss: 0.05,
+            // Just over two shared writes' worth (`SHARE_MIN` is 16 KiB): the queue is
+            // full most of the time and shared runs are cut by its edges.
+            buffer: Some(40 * 1024),
+            ..Case::new("gather/segment/loss5%/40KiB/512KB", 73, MB / 2)
+        }),
     ]);
 }

@@ -39,7 +39,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::offload::complete_checksum;
-use super::{tx_range_ok, FrameWriter, Link, LinkStats, Offloads, RxMeta, TxMeta};
+use super::{tx_range_ok, FrameWriter, GatherWriter, Link, LinkStats, Offloads, RxMeta, TxMeta};
 use crate::time::{Duration, Instant};
 
 /// Which way faults are applied.
@@ -441,6 +441,14 @@ impl<L: Link> Link for FaultInjector<L> {
         f: &mut dyn FnMut(&mut [u8]) -> Option<Range<usize>>,
     ) -> usize {
         self.tx_batch_meta(now, max, &mut |buf| Some((f(buf)?, TxMeta::default())))
+    }
+
+    fn tx_batch_gather(&mut self, now: Instant, max: usize, f: &mut GatherWriter<'_>) -> usize {
+        if !self.faults.config.direction.tx() {
+            return self.inner.tx_batch_gather(now, max, f);
+        }
+        // Faults act on whole frames in a buffer: the spans are copied in (the default).
+        super::gather_by_copying(self, now, max, f)
     }
 
     fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {

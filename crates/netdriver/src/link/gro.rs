@@ -23,7 +23,7 @@
 
 use core::ops::Range;
 
-use super::{FrameWriter, Link, LinkStats, Offloads, RxMeta};
+use super::{FrameWriter, GatherWriter, Link, LinkStats, Offloads, RxMeta};
 use crate::time::Instant;
 use crate::wire::checksum;
 use crate::wire::{ethernet, EtherType, IpProtocol, TcpFlags};
@@ -281,6 +281,10 @@ impl<L: Link> Link for SoftGro<L> {
 
     fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         self.inner.tx_batch_meta(now, max, f)
+    }
+
+    fn tx_batch_gather(&mut self, now: Instant, max: usize, f: &mut GatherWriter<'_>) -> usize {
+        self.inner.tx_batch_gather(now, max, f)
     }
 
     fn flush(&mut self, now: Instant) {

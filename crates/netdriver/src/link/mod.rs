@@ -90,11 +90,20 @@
 //! TCP's receive ring straight from where each part lies; the other receive methods
 //! gather such a frame into one slice first.
 //!
-//! The offload-aware methods are [`Link::recv_batch_meta`] and [`Link::tx_batch_meta`];
-//! their default implementations fall back on [`Link::recv_batch`] and
-//! [`Link::tx_batch`] (completing a requested checksum in software), so a link without
-//! offloads implements only the plain pair, and a wrapper around another link must
-//! forward all four and [`Link::offloads`] to keep its inner link's offloads.
+//! - **Gather on transmit**: parts of a frame may lie in buffers the stack shares rather
+//!   than copies ([`Link::tx_batch_gather`], [`SharedSpan`]): a TCP sender whose send
+//!   queue holds the application's own buffers writes the headers (and any bytes it holds
+//!   copied) into the lent buffer and leaves holes where the shared bytes go, and a link
+//!   that passes a gather list to the kernel ([`Offloads::tx_gather`]: AF_PACKET's
+//!   `sendmmsg`) never has user space touch those bytes again. AF_XDP cannot: a frame
+//!   must lie in UMEM.
+//!
+//! The offload-aware methods are [`Link::recv_batch_meta`], [`Link::tx_batch_meta`] and
+//! [`Link::tx_batch_gather`]; their default implementations fall back on
+//! [`Link::recv_batch`] and [`Link::tx_batch`] (completing a requested checksum in
+//! software, copying a gathered tail), so a link without offloads implements only the
+//! plain pair, and a wrapper around another link must forward all five and
+//! [`Link::offloads`] to keep its inner link's offloads.
 
 pub mod fault;
 pub mod gro;
@@ -122,6 +131,8 @@ pub mod xsk;
 
 use core::ops::Range;
 
+use bytes::Bytes;
+
 use crate::time::Instant;
 
 /// Length of an Ethernet II header (two MAC addresses and the EtherType), the difference
@@ -136,6 +147,69 @@ pub const TX_HEADROOM: usize = 64;
 /// Whether `range` is a frame a link can send from a lent tx buffer of `buf_len` bytes.
 pub fn tx_range_ok(range: &Range<usize>, buf_len: usize, max_frame_len: usize) -> bool {
     range.start <= range.end && range.end <= buf_len && range.len() <= max_frame_len
+}
+
+/// Bytes of a frame that lie in a shared buffer instead of the lent tx buffer: the
+/// frame's bytes at offsets `at..at + bytes.len()` of the buffer (a hole there, left
+/// unwritten) are `bytes` ([`Link::tx_batch_gather`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedSpan {
+    /// Offset in the lent buffer where the bytes belong.
+    pub at: usize,
+    /// The bytes.
+    pub bytes: Bytes,
+}
+
+impl SharedSpan {
+    /// The offsets in the lent buffer the span fills.
+    pub fn range(&self) -> Range<usize> {
+        self.at..self.at.saturating_add(self.bytes.len())
+    }
+}
+
+/// Whether `spans` lie inside the frame `frame`, in order, without overlapping.
+pub fn spans_ok(spans: &[SharedSpan], frame: &Range<usize>) -> bool {
+    let mut pos = frame.start;
+    spans.iter().all(|s| {
+        let r = s.range();
+        let ok = r.start >= pos && r.end <= frame.end;
+        pos = r.end;
+        ok
+    })
+}
+
+/// Copies `spans` into their holes in `buf`, making the frame whole in the buffer; returns
+/// `false` (copying nothing) unless they lie inside `frame` in order ([`spans_ok`]) and
+/// `frame` inside the buffer.
+pub fn fill_spans(buf: &mut [u8], frame: &Range<usize>, spans: &[SharedSpan]) -> bool {
+    if frame.end > buf.len() || !spans_ok(spans, frame) {
+        return false;
+    }
+    for s in spans {
+        buf[s.range()].copy_from_slice(&s.bytes);
+    }
+    true
+}
+
+/// [`Link::tx_batch_gather`] for a link that does not gather: each frame's spans are
+/// copied into their holes and the frame goes through [`Link::tx_batch_meta`].
+pub fn gather_by_copying<L: Link + ?Sized>(
+    link: &mut L,
+    now: Instant,
+    max: usize,
+    f: &mut GatherWriter<'_>,
+) -> usize {
+    let mut spans = Vec::new();
+    link.tx_batch_meta(now, max, &mut |buf| {
+        spans.clear();
+        let (range, meta) = f(buf, &mut spans)?;
+        if fill_spans(buf, &range, &spans) {
+            Some((range, meta))
+        } else {
+            // Past the buffer's end: the link refuses the frame and counts it.
+            Some((0..buf.len() + 1, meta))
+        }
+    })
 }
 
 /// Counters a link keeps. All are totals since the link was created and only grow.
@@ -173,6 +247,12 @@ pub struct Offloads {
     /// The link completes the TCP checksum of a frame sent with
     /// [`TxMeta::partial_checksum`].
     pub tx_checksum: bool,
+    /// [`Link::tx_batch_gather`] hands a frame's shared spans to the kernel (or device)
+    /// as they lie, without copying them into the frame's buffer in user space (a gather
+    /// list: `sendmmsg`'s iovecs). Without it, gathering still works but the link copies
+    /// the spans, which a writer that can copy the bytes straight into the buffer does for
+    /// less.
+    pub tx_gather: bool,
 }
 
 impl Offloads {
@@ -216,6 +296,13 @@ pub struct TxMeta {
 /// and returns where it lies and what it asks of the link, or `None` when it has nothing
 /// more to send.
 pub type FrameWriter<'a> = dyn FnMut(&mut [u8]) -> Option<(Range<usize>, TxMeta)> + 'a;
+
+/// The writer [`Link::tx_batch_gather`] lends buffers to: as a [`FrameWriter`], plus the
+/// frame's [`SharedSpan`]s, pushed onto the vector (empty when lent) in the order of
+/// their offsets: the bytes of `buf[range]` that lie in shared buffers rather than in
+/// `buf`.
+pub type GatherWriter<'a> =
+    dyn FnMut(&mut [u8], &mut Vec<SharedSpan>) -> Option<(Range<usize>, TxMeta)> + 'a;
 
 /// What a link knows about a received frame ([`Link::recv_batch_meta`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -341,6 +428,20 @@ pub trait Link {
         })
     }
 
+    /// [`tx_batch_meta`](Link::tx_batch_meta) for frames parts of which lie in shared
+    /// buffers (see [`GatherWriter`]): the frame is `buf[range]` with the writer's
+    /// [`SharedSpan`]s in their holes, and its limits are those of `tx_batch_meta`. A TCP
+    /// sender whose payload lies in the application's buffers writes the headers alone,
+    /// and the payload is copied once, by the kernel, instead of twice.
+    ///
+    /// A link with [`Offloads::tx_gather`] sends the spans as they lie. The default copies
+    /// them into their holes ([`fill_spans`]) and sends the frame with `tx_batch_meta`, so
+    /// that every link takes such frames. A frame whose spans do not lie inside it in
+    /// order is dropped and counted as a range outside the buffer is.
+    fn tx_batch_gather(&mut self, now: Instant, max: usize, f: &mut GatherWriter<'_>) -> usize {
+        gather_by_copying(self, now, max, f)
+    }
+
     /// Copies one frame out of `frame` and transmits it (convenience for tests and control
     /// traffic; hot paths write in place with [`tx_batch`](Link::tx_batch)). Returns whether
     /// the link accepted it; an oversized frame is counted and refused.
@@ -446,5 +547,8 @@ impl<L: Link + ?Sized> Link for Box<L> {
     }
     fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
         (**self).tx_batch_meta(now, max, f)
+    }
+    fn tx_batch_gather(&mut self, now: Instant, max: usize, f: &mut GatherWriter<'_>) -> usize {
+        (**self).tx_batch_gather(now, max, f)
     }
 }

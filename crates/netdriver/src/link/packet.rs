@@ -38,6 +38,13 @@
 //!   a queue driver waits for the socket to poll writable, [`QueueLink::tx_blocked`]).
 //!   A frame the device or its queueing discipline dropped (`ENOBUFS`) is gone, as on a
 //!   lossy wire, and counted ([`PacketLinkStats::tx_dropped`]); TCP retransmits it.
+//! - Gather: [`Link::tx_batch_gather`] takes frames with holes that shared buffers fill
+//!   ([`SharedSpan`](super::SharedSpan)), and each message's iovecs are the buffer's
+//!   parts between the holes and the spans themselves, so the kernel's copy into the skb
+//!   reads a TCP payload straight from the application's buffers
+//!   ([`PacketLinkStats::tx_gathered_bytes`]); the spans are held until `sendmmsg` took
+//!   the frame. With segmentation off (no checksum offload) spans are copied into their
+//!   holes, since the checksum needs the frame whole.
 //! - Queues: several links on one interface share its frames by receive queue
 //!   ([`PacketLinkConfig::fanout`], `PACKET_FANOUT` in mode `PACKET_FANOUT_QM`): the
 //!   *i*-th socket to join a group gets the frames of receive queue *r* when
@@ -50,7 +57,9 @@
 //! [`Link::poll_at`] is `None`.
 //!
 //! Copies: the kernel copies each frame once each way (`sendmsg` into an skb, the skb into
-//! the `recvmsg` buffer), as in AF_XDP copy mode, but per 64 KiB rather than per frame.
+//! the `recvmsg` buffer), as in AF_XDP copy mode, but per 64 KiB rather than per frame;
+//! with gathering, a payload the application's buffers hold is not copied into a tx
+//! buffer first.
 
 use core::ops::Range;
 use std::io;
@@ -62,8 +71,8 @@ use tracing::{debug, warn};
 
 pub use super::packet_stats::{PacketCounters, PacketLinkStats};
 use super::{
-    tx_range_ok, FrameWriter, Link, LinkStats, Offloads, QueueLink, RxMeta, TxMeta,
-    ETHERNET_HEADER_LEN, MAX_SUPER_FRAME_LEN, TX_HEADROOM,
+    fill_spans, spans_ok, tx_range_ok, FrameWriter, GatherWriter, Link, LinkStats, Offloads,
+    QueueLink, RxMeta, SharedSpan, TxMeta, ETHERNET_HEADER_LEN, MAX_SUPER_FRAME_LEN, TX_HEADROOM,
 };
 use crate::time::Instant;
 
@@ -77,6 +86,10 @@ const VNET_F_DATA_VALID: u8 = 2;
 /// `VIRTIO_NET_HDR_GSO_NONE` and `VIRTIO_NET_HDR_GSO_TCPV4`.
 const VNET_GSO_NONE: u8 = 0;
 const VNET_GSO_TCPV4: u8 = 1;
+
+/// Most shared spans of one frame sent as they lie; more are copied into their holes. A
+/// TCP super-segment's payload spans at most a few of the application's buffers.
+const MAX_GATHER_SPANS: usize = 16;
 
 /// Socket options of `<linux/if_packet.h>` (the same on every architecture).
 const PACKET_VNET_HDR: libc::c_int = 15;
@@ -186,12 +199,15 @@ pub enum PacketLinkError {
     },
 }
 
-/// One frame written and waiting for [`Link::flush`].
+/// One frame written and waiting for [`Link::flush`]: in tx buffer `buf`, with its shared
+/// spans (if gathered) in `tx_spans[buf]`, sent as `iovecs` iovecs (the virtio header
+/// included).
 #[derive(Debug, Clone)]
 struct Staged {
     buf: usize,
     frame: Range<usize>,
     hdr: [u8; VNET_HDR_LEN],
+    iovecs: usize,
 }
 
 /// An AF_PACKET socket on an interface, with GSO/GRO through `virtio_net_hdr`. See the
@@ -209,6 +225,9 @@ pub struct PacketLink {
     rx_hdrs: Vec<[u8; VNET_HDR_LEN]>,
     /// Transmit buffers, and which of them are free (a stack, hottest last).
     tx_bufs: Vec<Vec<u8>>,
+    /// Each tx buffer's shared spans (its frame's holes, [`Link::tx_batch_gather`]), held
+    /// until the kernel took the frame (allocated once per buffer).
+    tx_spans: Vec<Vec<SharedSpan>>,
     tx_free: Vec<usize>,
     staged: Vec<Staged>,
     /// Scratch for the system calls' arrays (rebuilt per call, allocated once).
@@ -380,6 +399,7 @@ impl PacketLink {
             rx_bufs: (0..rx_batch).map(|_| vec![0u8; rx_len]).collect(),
             rx_hdrs: vec![[0u8; VNET_HDR_LEN]; rx_batch],
             tx_bufs: (0..tx_frames).map(|_| vec![0u8; tx_len]).collect(),
+            tx_spans: (0..tx_frames).map(|_| Vec::new()).collect(),
             tx_free: (0..tx_frames).rev().collect(),
             staged: Vec::with_capacity(tx_frames),
             iovecs: Vec::with_capacity(2 * rx_batch.max(tx_frames)),
@@ -447,7 +467,8 @@ impl PacketLink {
         Ok(rc > 0 && pfd.revents & libc::POLLIN != 0)
     }
 
-    /// The `virtio_net_hdr` for a frame sent with `meta`.
+    /// The `virtio_net_hdr` for `frame` (of which only the headers are read: the payload
+    /// may be a hole, [`SharedSpan`]) sent with `meta`.
     fn vnet_header(&self, frame: &[u8], meta: TxMeta) -> [u8; VNET_HDR_LEN] {
         let mut hdr = [0u8; VNET_HDR_LEN];
         let (mut flags, mut gso_type, mut hdr_len, mut gso_size) = (0u8, VNET_GSO_NONE, 0u16, 0u16);
@@ -481,36 +502,66 @@ impl PacketLink {
         hdr
     }
 
+    /// Gives tx buffer `buf` back to the pool, dropping its spans (the kernel copied them,
+    /// or the frame is dropped).
+    fn release(&mut self, buf: usize) {
+        self.tx_spans[buf].clear();
+        self.tx_free.push(buf);
+    }
+
     /// Sends staged frames with `sendmmsg` until all are taken or the socket is full.
     fn send_staged(&mut self) {
         while !self.staged.is_empty() {
             let n = self.staged.len();
             self.iovecs.clear();
             self.msgs.clear();
+            // Each message: the virtio header, then the frame: the buffer's parts between
+            // the holes, and the shared spans in them. The iovecs are all pushed before
+            // any pointer to them is taken below.
             for s in &mut self.staged {
                 self.iovecs.push(libc::iovec {
                     iov_base: s.hdr.as_mut_ptr().cast(),
                     iov_len: VNET_HDR_LEN,
                 });
-                let frame = &mut self.tx_bufs[s.buf][s.frame.clone()];
-                self.iovecs.push(libc::iovec {
-                    iov_base: frame.as_mut_ptr().cast(),
-                    iov_len: frame.len(),
-                });
+                let buf = &mut self.tx_bufs[s.buf];
+                let mut pos = s.frame.start;
+                for span in &self.tx_spans[s.buf] {
+                    if span.at > pos {
+                        self.iovecs.push(libc::iovec {
+                            iov_base: buf[pos..span.at].as_mut_ptr().cast(),
+                            iov_len: span.at - pos,
+                        });
+                    }
+                    self.iovecs.push(libc::iovec {
+                        // The kernel only reads through it (`sendmmsg`).
+                        iov_base: span.bytes.as_ptr().cast_mut().cast(),
+                        iov_len: span.bytes.len(),
+                    });
+                    pos = span.at + span.bytes.len();
+                }
+                if s.frame.end > pos {
+                    self.iovecs.push(libc::iovec {
+                        iov_base: buf[pos..s.frame.end].as_mut_ptr().cast(),
+                        iov_len: s.frame.end - pos,
+                    });
+                }
             }
-            for i in 0..n {
+            let mut at = 0;
+            for s in &self.staged {
                 // SAFETY: `msghdr` is plain old data; all zeroes is a valid value.
                 let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-                hdr.msg_iov = self.iovecs[2 * i..].as_mut_ptr();
-                hdr.msg_iovlen = 2;
+                hdr.msg_iov = self.iovecs[at..].as_mut_ptr();
+                hdr.msg_iovlen = s.iovecs as _;
+                at += s.iovecs;
                 self.msgs.push(libc::mmsghdr {
                     msg_hdr: hdr,
                     msg_len: 0,
                 });
             }
-            // SAFETY: `msgs` holds `n` headers whose iovecs point into `staged` headers and
-            // `tx_bufs` frames that this link owns and does not touch during the call; the
-            // kernel only reads them.
+            // SAFETY: `msgs` holds `n` headers whose iovecs point into `staged` headers,
+            // `tx_bufs` frames and `tx_spans` buffers that this link holds and does not
+            // touch during the call (their spans were checked to lie inside the frames,
+            // in order); the kernel only reads them.
             let rc = unsafe {
                 libc::sendmmsg(
                     self.fd.as_raw_fd(),
@@ -534,7 +585,7 @@ impl PacketLink {
                         // for room would spin while the device's queue stays full.
                         self.packet_stats.tx_dropped.add(1);
                         let s = self.staged.remove(0);
-                        self.tx_free.push(s.buf);
+                        self.release(s.buf);
                         continue;
                     }
                     _ => {
@@ -542,16 +593,18 @@ impl PacketLink {
                         warn!(ifname = %self.config.ifname, error = %err, "AF_PACKET send refused a frame");
                         self.packet_stats.tx_errors.add(1);
                         let s = self.staged.remove(0);
-                        self.tx_free.push(s.buf);
+                        self.release(s.buf);
                         continue;
                     }
                 }
             }
             let sent = (rc as usize).min(n);
             self.stats.tx_kicks += 1;
-            for s in self.staged.drain(..sent) {
-                self.tx_free.push(s.buf);
+            for i in 0..sent {
+                let buf = self.staged[i].buf;
+                self.release(buf);
             }
+            self.staged.drain(..sent);
             if sent < n {
                 // The socket took part of the batch: full for now.
                 self.packet_stats.tx_full.add(1);
@@ -730,15 +783,20 @@ impl Link for PacketLink {
         })
     }
 
-    fn tx_batch_meta(&mut self, _now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
+    fn tx_batch_meta(&mut self, now: Instant, max: usize, f: &mut FrameWriter<'_>) -> usize {
+        self.tx_batch_gather(now, max, &mut |buf, _tail| f(buf))
+    }
+
+    fn tx_batch_gather(&mut self, _now: Instant, max: usize, f: &mut GatherWriter<'_>) -> usize {
         let max_frame = self.max_frame_len();
         let mut produced = 0;
         while produced < max {
             let Some(idx) = self.tx_free.pop() else { break };
             let buf = &mut self.tx_bufs[idx];
+            let spans = &mut self.tx_spans[idx];
             let buf_len = buf.len();
-            let Some((range, mut meta)) = f(buf) else {
-                self.tx_free.push(idx);
+            let Some((range, mut meta)) = f(buf, spans) else {
+                self.release(idx);
                 break;
             };
             produced += 1;
@@ -747,9 +805,21 @@ impl Link for PacketLink {
             } else {
                 max_frame
             };
-            if !tx_range_ok(&range, buf_len, limit) {
+            let spans = &self.tx_spans[idx];
+            let valid = tx_range_ok(&range, buf_len, limit) && spans_ok(spans, &range);
+            if valid
+                && !spans.is_empty()
+                && (!self.config.segmentation || spans.len() > MAX_GATHER_SPANS)
+            {
+                // No offloads: the checksum below needs the frame in one piece. Or more
+                // spans than one message should carry (the kernel takes at most
+                // `UIO_MAXIOV`, 1024, iovecs per message): copied into their holes.
+                fill_spans(&mut self.tx_bufs[idx], &range, &self.tx_spans[idx]);
+                self.tx_spans[idx].clear();
+            }
+            if !valid {
                 self.stats.dropped_oversize += 1;
-                self.tx_free.push(idx);
+                self.release(idx);
                 continue;
             }
             if !self.config.segmentation {
@@ -762,16 +832,29 @@ impl Link for PacketLink {
                 }
                 meta.segment_size = 0;
             }
+            let spans = &self.tx_spans[idx];
+            let gathered: usize = spans.iter().map(|s| s.bytes.len()).sum();
+            // The header, each span, and the buffer's parts around them.
+            let mut iovecs = 1 + spans.len();
+            let mut pos = range.start;
+            for s in spans {
+                iovecs += usize::from(s.at > pos);
+                pos = s.at + s.bytes.len();
+            }
+            iovecs += usize::from(range.end > pos);
+            // The headers lie in the buffer (a writer leaves holes only in the payload).
             let hdr = self.vnet_header(&self.tx_bufs[idx][range.clone()], meta);
             if hdr[1] != VNET_GSO_NONE {
                 self.packet_stats.tx_super_segments.add(1);
             }
+            self.packet_stats.tx_gathered_bytes.add(gathered as u64);
             self.stats.tx_frames += 1;
             self.stats.tx_bytes += range.len() as u64;
             self.staged.push(Staged {
                 buf: idx,
                 frame: range,
                 hdr,
+                iovecs,
             });
         }
         produced
@@ -794,6 +877,7 @@ impl Link for PacketLink {
             Offloads {
                 tx_segmentation: MAX_SUPER_FRAME_LEN,
                 tx_checksum: true,
+                tx_gather: true,
             }
         } else {
             Offloads::default()

@@ -30,6 +30,11 @@ pub struct PacketLinkStats {
     pub rx_socket_drops: u64,
     /// Frames the kernel refused (`sendmmsg` error other than a full buffer); dropped.
     pub tx_errors: u64,
+    /// Bytes sent from shared buffers behind a frame's head ([`Link::tx_batch_gather`]'s
+    /// tails), which the kernel read where they lay and user space never copied.
+    ///
+    /// [`Link::tx_batch_gather`]: super::Link::tx_batch_gather
+    pub tx_gathered_bytes: u64,
 }
 
 /// One counter with a single writer (the link, from its driver's round): an increment is a
@@ -64,6 +69,7 @@ pub struct PacketCounters {
     /// it), so added atomically.
     rx_socket_drops: AtomicU64,
     pub(crate) tx_errors: Counter,
+    pub(crate) tx_gathered_bytes: Counter,
 }
 
 impl PacketCounters {
@@ -78,6 +84,7 @@ impl PacketCounters {
             tx_dropped: self.tx_dropped.get(),
             rx_socket_drops: self.rx_socket_drops.load(Ordering::Relaxed),
             tx_errors: self.tx_errors.get(),
+            tx_gathered_bytes: self.tx_gathered_bytes.get(),
         }
     }
 

@@ -62,6 +62,10 @@ pub struct SimConfig {
     pub tx_ring: usize,
     /// Segmentation and checksum offloads ([`Link::offloads`]); none by default.
     pub offload: SimOffload,
+    /// Say [`Offloads::tx_gather`], so that a stack over this link hands shared payloads
+    /// over as a gathered tail ([`Link::tx_batch_gather`]; the link copies it, as the
+    /// trait's default does); off by default.
+    pub gather: bool,
 }
 
 /// The offloads of a simulated link (see the [module documentation](self)).
@@ -95,6 +99,7 @@ impl Default for SimConfig {
             max_in_flight: 16384,
             tx_ring: 2048,
             offload: SimOffload::None,
+            gather: false,
         }
     }
 }
@@ -449,10 +454,14 @@ impl Link for SimLink {
 
     fn offloads(&self) -> Offloads {
         match self.config.offload {
-            SimOffload::None => Offloads::default(),
+            SimOffload::None => Offloads {
+                tx_gather: self.config.gather,
+                ..Offloads::default()
+            },
             SimOffload::Segment | SimOffload::Whole => Offloads {
                 tx_segmentation: MAX_SUPER_FRAME_LEN,
                 tx_checksum: true,
+                tx_gather: self.config.gather,
             },
         }
     }
@@ -461,6 +470,7 @@ impl Link for SimLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::link::SharedSpan;
 
     fn frame(len: usize, tag: u8) -> Vec<u8> {
         vec![tag; len]
@@ -795,6 +805,44 @@ mod tests {
             }),
         };
         (buf, meta)
+    }
+
+    /// The trait's default gathering: the spans are copied into their holes, and a frame
+    /// whose spans do not lie inside it in order is refused and counted, not sent.
+    #[test]
+    fn gathered_spans_fill_their_holes_and_stray_ones_are_counted() {
+        let (mut a, mut b) = pair(SimConfig {
+            gather: true,
+            ..SimConfig::default()
+        });
+        assert!(a.offloads().tx_gather);
+        let span = |at: usize, len: usize, tag: u8| SharedSpan {
+            at,
+            bytes: bytes::Bytes::from(vec![tag; len]),
+        };
+        let mut sent = 0;
+        let produced = a.tx_batch_gather(at(0), 3, &mut |buf, spans| {
+            sent += 1;
+            buf[10..1110].fill(1);
+            match sent {
+                // Holes at 110..810 and 900..1000, written around.
+                1 => spans.extend([span(110, 700, 2), span(900, 100, 3)]),
+                // Past the frame's end: refused.
+                2 => spans.push(span(1000, 200, 4)),
+                // Out of order: refused.
+                _ => spans.extend([span(500, 10, 5), span(100, 10, 6)]),
+            }
+            Some((10..1110, TxMeta::default()))
+        });
+        assert_eq!(produced, 3);
+        a.flush(at(0));
+        let got = drain(&mut b, at(1_000));
+        assert_eq!(got.len(), 1);
+        let mut want = vec![1u8; 1100];
+        want[100..800].fill(2);
+        want[890..990].fill(3);
+        assert_eq!(got[0], want);
+        assert_eq!(a.stats().dropped_oversize, 2);
     }
 
     fn send_meta(link: &mut SimLink, frame: &[u8], meta: TxMeta) -> usize {

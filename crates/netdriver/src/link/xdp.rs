@@ -1619,6 +1619,8 @@ impl Link for XdpLink {
             // Partial checksums cost the link one pass over each frame it copies or cuts
             // anyway, or nothing with TX metadata.
             tx_checksum: !self.tx_super_buf.is_empty() || self.tx_checksum.is_requested(),
+            // A frame must lie in UMEM: a tail is copied there (the default gather).
+            tx_gather: false,
         }
     }
 

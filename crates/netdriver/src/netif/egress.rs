@@ -4,12 +4,18 @@
 //! A segment's payload is written once, at [`PAYLOAD_AT`] in the link's buffer, and the
 //! TCP (RFC 9293 §3.1), IPv4 (RFC 791) and Ethernet headers in front of it; with the
 //! link's offloads the TCP checksum is left partial for the link to complete and a
-//! super-segment carries the wire segment size for the link to cut it by.
+//! super-segment carries the wire segment size for the link to cut it by. On a link that
+//! gathers ([`Offloads::tx_gather`](crate::link::Offloads::tx_gather)) a payload that lies
+//! in the application's shared buffers is not written at all: the headers (and any copied
+//! payload bytes) go in the buffer, the shared parts are left as holes, and slices of
+//! those buffers fill them on the way out ([`SharedSpan`]), read by the kernel.
 
 use std::net::Ipv4Addr;
 
+use bytes::Bytes;
+
 use super::Core;
-use crate::link::{Link, PartialChecksum, TxMeta, ETHERNET_HEADER_LEN};
+use crate::link::{Link, PartialChecksum, SharedSpan, TxMeta, ETHERNET_HEADER_LEN};
 use crate::time::Instant;
 use crate::wire::{
     ethernet, ipv4, ArpRepr, EtherType, EthernetAddress, EthernetRepr, IpProtocol, Ipv4Repr,
@@ -95,6 +101,9 @@ impl Core {
             return Some((r, TxMeta::default()));
         }
         let r = self.emit_segment_with(buf, dst_mac, dst_ip, &t.repr, t.payload_len, None)?;
+        if t.payload_gathered {
+            self.stats.tx_payload_gathered += 1;
+        }
         self.stats.tx_checksum_offloaded += 1;
         let segment_size = if t.is_super_segment() {
             self.stats.tx_super_segments += 1;
@@ -242,11 +251,16 @@ impl Core {
         let mut cursor = 0usize;
         let mut produced_any = false;
         self.tx_blocked_at = None;
+        // A link that gathers gets the payloads that lie in shared buffers as they lie.
+        let gather = link.offloads().tx_gather;
+        let batch = self.config.tx_batch;
+        // A connection's gathered runs, at their offsets in the payload.
+        let mut runs: Vec<(usize, Bytes)> = Vec::new();
         // Each round hands out a batch of buffers; rounds repeat while the link takes
         // everything, so one poll drains all connections (bounded by their windows).
         for _ in 0..1024 {
             let mut exhausted = false;
-            let sent = link.tx_batch_meta(now, self.config.tx_batch, &mut |buf| {
+            let mut write = |buf: &mut [u8], mut spans: Option<&mut Vec<SharedSpan>>| {
                 if let Some(c) = self.control.pop_front() {
                     // A control frame that fails to emit is counted; move on to the next.
                     if let Some(r) = self.emit_control(buf, c) {
@@ -280,7 +294,13 @@ impl Core {
                     };
                     let end = (PAYLOAD_AT + payload_cap).min(buf.len());
                     let payload_buf = buf.get_mut(PAYLOAD_AT..end).unwrap_or_default();
-                    match conn.poll_transmit(now, payload_buf) {
+                    let polled = if spans.is_some() {
+                        runs.clear();
+                        conn.poll_transmit_gather(now, payload_buf, &mut runs)
+                    } else {
+                        conn.poll_transmit(now, payload_buf)
+                    };
+                    match polled {
                         None => {
                             self.tx_ready.swap_remove(cursor);
                         }
@@ -288,6 +308,12 @@ impl Core {
                             cursor += 1;
                             let dst_ip = *conn.remote().ip();
                             if let Some(r) = self.emit_segment_meta(buf, dst_mac, dst_ip, &t) {
+                                if let Some(spans) = spans.as_mut() {
+                                    spans.extend(runs.drain(..).map(|(at, bytes)| SharedSpan {
+                                        at: PAYLOAD_AT + at,
+                                        bytes,
+                                    }));
+                                }
                                 return Some(r);
                             }
                         }
@@ -303,7 +329,12 @@ impl Core {
                         .and_then(|c| self.emit_control(buf, c))
                         .map(|r| (r, TxMeta::default()))
                 }
-            });
+            };
+            let sent = if gather {
+                link.tx_batch_gather(now, batch, &mut |buf, spans| write(buf, Some(spans)))
+            } else {
+                link.tx_batch_meta(now, batch, &mut |buf| write(buf, None))
+            };
             produced_any |= sent > 0;
             link.flush(now);
             if exhausted {

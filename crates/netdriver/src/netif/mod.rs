@@ -271,6 +271,9 @@ pub struct InterfaceStats {
     pub tx_super_segments: u64,
     /// Segments sent with their checksum left to the link.
     pub tx_checksum_offloaded: u64,
+    /// Segments whose payload went to the link as slices of the application's shared
+    /// buffers, behind headers written alone ([`Link::tx_batch_gather`](crate::link::Link::tx_batch_gather)).
+    pub tx_payload_gathered: u64,
     /// SYNs and valid cookie ACKs dropped because their listener was held
     /// ([`Interface::hold_accepts`]: the application's accept queue was full); also
     /// counted in `syn_dropped`.

@@ -162,6 +162,64 @@ impl SendQueue {
         done
     }
 
+    /// [`read_at`](Self::read_at) for a caller that takes shared bytes as they lie: the
+    /// bytes from `offset` bytes after the front on, at most `out.len()`, are copied into
+    /// `out` where they were copied into the queue, and where they lie in a shared buffer
+    /// (a run of at least `min_span` bytes) a slice of it is pushed onto `spans` with its
+    /// offset in `out` instead, leaving that part of `out` unwritten. Returns how many
+    /// bytes were read.
+    pub fn read_gather(
+        &self,
+        offset: usize,
+        out: &mut [u8],
+        min_span: usize,
+        spans: &mut Vec<(usize, Bytes)>,
+    ) -> usize {
+        if self.shared == 0 {
+            return self.ring.read_at(offset, out);
+        }
+        if offset >= self.len {
+            return 0;
+        }
+        let want = out.len().min(self.len - offset);
+        let mut skip = offset;
+        let mut ring_at = 0;
+        let mut done = 0;
+        for p in &self.pieces {
+            if done == want {
+                break;
+            }
+            let plen = p.len();
+            if skip >= plen {
+                skip -= plen;
+                if let Piece::Ring(n) = p {
+                    ring_at += n;
+                }
+                continue;
+            }
+            let take = (plen - skip).min(want - done);
+            match p {
+                Piece::Ring(n) => {
+                    self.ring.read_parts(ring_at + skip, take, |s| {
+                        out[done..done + s.len()].copy_from_slice(s);
+                        done += s.len();
+                    });
+                    ring_at += n;
+                }
+                Piece::Shared(b) if take >= min_span => {
+                    spans.push((done, b.slice(skip..skip + take)));
+                    done += take;
+                }
+                Piece::Shared(b) => {
+                    out[done..done + take].copy_from_slice(&b[skip..skip + take]);
+                    done += take;
+                }
+            }
+            skip = 0;
+        }
+        done
+    }
+
     /// Copies bytes starting `offset` bytes after the front into `out`; returns how many
     /// were copied (fewer than `out.len()` at the end of the data, 0 past it).
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> usize {
@@ -280,6 +338,21 @@ mod tests {
                     let (n2, sum) = q.read_at_sum(offset, &mut out2);
                     assert_eq!(n2, n);
                     assert_eq!(sum, checksum::data(&want));
+                    // Gathered: the copied bytes in place, the shared ones as slices of
+                    // their buffers in the holes; together the same bytes.
+                    for min_span in [1, 2000] {
+                        let mut out3 = vec![0u8; len];
+                        let mut spans = Vec::new();
+                        let n3 = q.read_gather(offset, &mut out3, min_span, &mut spans);
+                        assert_eq!(n3, n);
+                        let mut end = 0;
+                        for (at, b) in &spans {
+                            assert!(*at >= end && b.len() >= min_span);
+                            out3[*at..*at + b.len()].copy_from_slice(b);
+                            end = at + b.len();
+                        }
+                        assert_eq!(&out3[..n], &want[..], "offset {offset} len {len}");
+                    }
                 }
             }
             // Consume about half, across piece boundaries.
@@ -318,6 +391,43 @@ mod tests {
         let mut out = [0u8; 8];
         assert_eq!(q.read_at(0, &mut out), 8);
         assert_eq!(&out, b"head\xab\xab\xab\xab");
+    }
+
+    /// Gathering lends the shared bytes as slices of the buffers handed over (the same
+    /// memory), with their places in the output, and copies the rest around them.
+    #[test]
+    fn gathering_lends_shared_bytes_in_place_and_copies_the_rest() {
+        let mut q = SendQueue::new(8 * SHARE_MIN);
+        let a = Bytes::from(vec![1u8; SHARE_MIN]);
+        let b = Bytes::from(vec![2u8; 2 * SHARE_MIN]);
+        q.push(b"head");
+        assert_eq!(q.push_shared(&a), SHARE_MIN);
+        q.push(b"mid");
+        assert_eq!(q.push_shared(&b), 2 * SHARE_MIN);
+        let mut out = vec![0u8; 8 * SHARE_MIN];
+        let mut spans = Vec::new();
+        let n = q.read_gather(2, &mut out, 100, &mut spans);
+        assert_eq!(n, q.len() - 2);
+        assert_eq!(&out[..2], b"ad");
+        assert_eq!(&out[2 + SHARE_MIN..2 + SHARE_MIN + 3], b"mid");
+        assert_eq!(spans.len(), 2);
+        assert_eq!((spans[0].0, spans[0].1.as_ptr()), (2, a.as_ptr()));
+        assert_eq!(
+            (spans[1].0, spans[1].1.as_ptr()),
+            (5 + SHARE_MIN, b.as_ptr())
+        );
+        assert_eq!(spans[1].1.len(), 2 * SHARE_MIN);
+        // A shared run shorter than the minimum is copied.
+        spans.clear();
+        let mut out = [0u8; 10];
+        assert_eq!(
+            q.read_gather(4 + SHARE_MIN - 3, &mut out, 100, &mut spans),
+            10
+        );
+        assert!(spans.is_empty());
+        assert_eq!(&out, &[1, 1, 1, b'm', b'i', b'd', 2, 2, 2, 2]);
+        // Past the end: nothing.
+        assert_eq!(q.read_gather(q.len(), &mut out, 1, &mut spans), 0);
     }
 
     /// A full queue takes nothing more; what a shared push could not take is left to the

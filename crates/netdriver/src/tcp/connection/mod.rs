@@ -111,7 +111,8 @@ impl State {
 }
 
 /// One segment to send: the header to emit and how many payload bytes were written to the
-/// front of the caller's `payload_buf`.
+/// front of the caller's `payload_buf` (with
+/// [`payload_gathered`](Self::payload_gathered), some of them as shared buffers in holes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
     /// The TCP header (ports, seq, ack, flags, window, options).
@@ -127,6 +128,10 @@ pub struct Transmit {
     /// options). A payload longer than this makes a super-segment, which the link cuts
     /// into wire segments of this size ([`Config::max_super_segment`]).
     pub segment_size: usize,
+    /// Parts of the payload are not in `payload_buf`: they are the slices of the send
+    /// queue's shared buffers that [`Connection::poll_transmit_gather`] pushed, each at
+    /// its offset in `payload_buf`.
+    pub payload_gathered: bool,
 }
 
 impl Transmit {
@@ -319,6 +324,11 @@ pub struct Connection {
     /// The application's MSS clamp (`set_mss_clamp`), on top of the peer's and ours.
     mss_clamp: Option<u16>,
     tx: SendQueue,
+    /// Within [`Connection::poll_transmit_gather`]: payload bytes that lie in shared
+    /// buffers go as slices of them (with their offsets in the payload), pushed on
+    /// `gathered`, rather than copied.
+    gather: bool,
+    gathered: Vec<(usize, bytes::Bytes)>,
     /// Sequence number of the first byte in `tx`.
     tx_base: SeqNumber,
     /// `close()` was called: a FIN follows the queued data.
@@ -562,6 +572,8 @@ impl Connection {
             peer_mss: DEFAULT_PEER_MSS,
             mss_clamp: None,
             tx: SendQueue::new(config.tx_buffer),
+            gather: false,
+            gathered: Vec::new(),
             tx_base: isn + 1,
             fin_queued: false,
             irs: SeqNumber(0),

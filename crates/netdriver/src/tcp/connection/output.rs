@@ -10,6 +10,11 @@ use crate::tcp::SeqNumber;
 use crate::time::Instant;
 use crate::wire::tcp::{SackBlock, TcpFlags, TcpOptions, TcpRepr};
 
+/// Shared runs shorter than this are copied rather than gathered: a gathered run costs the
+/// link an iovec and the kernel a separate copy call, more than copying a few hundred
+/// bytes; runs of this size appear only at the ends of the application's buffers.
+const GATHER_MIN_SPAN: usize = 2048;
+
 /// Why a data segment is being sent, for accounting.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum SendKind {
@@ -76,6 +81,7 @@ impl Connection {
                 payload_len: 0,
                 payload_sum: 0,
                 segment_size: 0,
+                payload_gathered: false,
             });
         }
         // Before any segment: a grown receive buffer goes out in this poll's window.
@@ -104,6 +110,32 @@ impl Connection {
             self.counters.segments_sent += 1;
         }
         transmit
+    }
+
+    /// [`poll_transmit`](Self::poll_transmit) for a link that gathers
+    /// ([`Link::tx_batch_gather`](crate::link::Link::tx_batch_gather)): the parts of a
+    /// payload that lie in buffers the application handed over to share
+    /// ([`send_bytes`](Self::send_bytes)) are not copied into `payload_buf` but pushed onto
+    /// `spans` as slices of those buffers, each with its offset in `payload_buf`, where
+    /// they leave a hole ([`Transmit::payload_gathered`]); the other bytes are copied as
+    /// by `poll_transmit`. Only with [`Config::checksum_offload`](crate::tcp::Config)
+    /// (without it, payloads are summed in the pass that copies them, and nothing is
+    /// gathered).
+    pub fn poll_transmit_gather(
+        &mut self,
+        now: Instant,
+        payload_buf: &mut [u8],
+        spans: &mut Vec<(usize, bytes::Bytes)>,
+    ) -> Option<Transmit> {
+        self.gather = true;
+        self.gathered.clear();
+        let t = self.poll_transmit(now, payload_buf);
+        self.gather = false;
+        if t.is_some_and(|t| t.payload_gathered) {
+            spans.append(&mut self.gathered);
+        }
+        self.gathered.clear();
+        t
     }
 
     /// SYN (SYN-SENT) or SYN-ACK (SYN-RECEIVED), sent or resent at ISS.
@@ -167,6 +199,7 @@ impl Connection {
             payload_len: 0,
             payload_sum: 0,
             segment_size: 0,
+            payload_gathered: false,
         }
     }
 
@@ -511,7 +544,14 @@ impl Connection {
         let send_end = self.send_end();
         let offset = seq_len(self.tx_base, seq);
         let len = max_len.min(seq_len(seq, send_end)).min(buf.len());
-        let (len, payload_sum) = if self.config.checksum_offload {
+        // Shared bytes go as they lie when the caller gathers and the link completes the
+        // checksum (else they are summed as they are copied, in one pass).
+        let (len, payload_sum) = if self.gather && self.config.checksum_offload {
+            let n =
+                self.tx
+                    .read_gather(offset, &mut buf[..len], GATHER_MIN_SPAN, &mut self.gathered);
+            (n, 0)
+        } else if self.config.checksum_offload {
             (self.tx.read_at(offset, &mut buf[..len]), 0)
         } else {
             self.tx.read_at_sum(offset, &mut buf[..len])
@@ -624,6 +664,7 @@ impl Connection {
             payload_len: len,
             payload_sum,
             segment_size,
+            payload_gathered: !self.gathered.is_empty(),
         }
     }
 
@@ -642,6 +683,7 @@ impl Connection {
             payload_len: 0,
             payload_sum: 0,
             segment_size: 0,
+            payload_gathered: false,
         })
     }
 
@@ -671,6 +713,7 @@ impl Connection {
             payload_len: 0,
             payload_sum: 0,
             segment_size: 0,
+            payload_gathered: false,
         })
     }
 
