@@ -23,6 +23,13 @@ use crate::wire::checksum;
 /// bulk chunks (up to 62,636 bytes) are shared and the per-message path keeps its ring.
 pub const SHARE_MIN: usize = 16 * 1024;
 
+/// Bytes of the queue as [`SendQueue::walk`] hands them out: a slice of the ring, or a
+/// range of a shared buffer.
+enum Run<'a> {
+    Copied(&'a [u8]),
+    Shared(&'a Bytes, core::ops::Range<usize>),
+}
+
 /// A run of the queue's bytes: the next `n` bytes of the ring, or a shared buffer.
 #[derive(Debug, Clone)]
 enum Piece {
@@ -121,9 +128,9 @@ impl SendQueue {
     }
 
     /// Hands the bytes from `offset` bytes after the front on, at most `max`, to `f` as
-    /// contiguous slices in order (each with its offset into the output); returns how
-    /// many.
-    fn read_with(&self, offset: usize, max: usize, mut f: impl FnMut(usize, &[u8])) -> usize {
+    /// runs in order (each with its offset into the output): slices of the ring, or
+    /// ranges of a shared buffer; returns how many bytes.
+    fn walk(&self, offset: usize, max: usize, mut f: impl FnMut(usize, Run<'_>)) -> usize {
         if offset >= self.len {
             return 0;
         }
@@ -147,19 +154,27 @@ impl SendQueue {
             match p {
                 Piece::Ring(n) => {
                     self.ring.read_parts(ring_at + skip, take, |s| {
-                        f(done, s);
+                        f(done, Run::Copied(s));
                         done += s.len();
                     });
                     ring_at += n;
                 }
                 Piece::Shared(b) => {
-                    f(done, &b[skip..skip + take]);
+                    f(done, Run::Shared(b, skip..skip + take));
                     done += take;
                 }
             }
             skip = 0;
         }
         done
+    }
+
+    /// [`walk`](Self::walk) with every run as a slice.
+    fn read_with(&self, offset: usize, max: usize, mut f: impl FnMut(usize, &[u8])) -> usize {
+        self.walk(offset, max, |at, run| match run {
+            Run::Copied(s) => f(at, s),
+            Run::Shared(b, r) => f(at, &b[r]),
+        })
     }
 
     /// [`read_at`](Self::read_at) for a caller that takes shared bytes as they lie: the
@@ -178,46 +193,12 @@ impl SendQueue {
         if self.shared == 0 {
             return self.ring.read_at(offset, out);
         }
-        if offset >= self.len {
-            return 0;
-        }
-        let want = out.len().min(self.len - offset);
-        let mut skip = offset;
-        let mut ring_at = 0;
-        let mut done = 0;
-        for p in &self.pieces {
-            if done == want {
-                break;
-            }
-            let plen = p.len();
-            if skip >= plen {
-                skip -= plen;
-                if let Piece::Ring(n) = p {
-                    ring_at += n;
-                }
-                continue;
-            }
-            let take = (plen - skip).min(want - done);
-            match p {
-                Piece::Ring(n) => {
-                    self.ring.read_parts(ring_at + skip, take, |s| {
-                        out[done..done + s.len()].copy_from_slice(s);
-                        done += s.len();
-                    });
-                    ring_at += n;
-                }
-                Piece::Shared(b) if take >= min_span => {
-                    spans.push((done, b.slice(skip..skip + take)));
-                    done += take;
-                }
-                Piece::Shared(b) => {
-                    out[done..done + take].copy_from_slice(&b[skip..skip + take]);
-                    done += take;
-                }
-            }
-            skip = 0;
-        }
-        done
+        let max = out.len();
+        self.walk(offset, max, |at, run| match run {
+            Run::Shared(b, r) if r.len() >= min_span => spans.push((at, b.slice(r))),
+            Run::Shared(b, r) => out[at..at + r.len()].copy_from_slice(&b[r]),
+            Run::Copied(s) => out[at..at + s.len()].copy_from_slice(s),
+        })
     }
 
     /// Copies bytes starting `offset` bytes after the front into `out`; returns how many
