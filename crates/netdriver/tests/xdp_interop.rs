@@ -588,6 +588,20 @@ impl<L: Waitable> OurStack<L> {
     }
 }
 
+/// [`transfer`] of 8 MiB each way over the bare link, partial checksums trusted as on
+/// veth, with `probe` reading the link at the end.
+fn plain_transfer(bed: &TestBed, probe: fn(&XdpLink, &mut Report)) -> Report {
+    transfer(
+        bed,
+        8 << 20,
+        Checksums::PartialTrusted,
+        Arc::default(),
+        |l| l,
+        probe,
+        || {},
+    )
+}
+
 /// One run: our stack on B (its link wrapped by `wrap`), A's kernel client and server
 /// carrying `bytes` each way; `during` runs on the test thread while it goes on, and
 /// `probe` reads what it wants of the link into the report at the end.
@@ -704,15 +718,7 @@ fn transfers_survive_kernel_side_random_drops() {
     let tool = kernel_random_drops(&bed, 0.01);
     println!("kernel-side drops with {tool}");
     let retrans_before = kernel_retransmits(&bed, Side::A);
-    let report = transfer(
-        &bed,
-        8 << 20,
-        Checksums::PartialTrusted,
-        Arc::default(),
-        |l| l,
-        no_faults,
-        || {},
-    );
+    let report = plain_transfer(&bed, no_faults);
     let drops = kernel_drops(&bed, tool);
     let kernel_retrans = kernel_retransmits(&bed, Side::A) - retrans_before;
     println!(
@@ -742,15 +748,7 @@ fn transfers_with_kernel_checksums_in_software() {
         return;
     };
     kernel_checksums_in_software(&bed);
-    let report = transfer(
-        &bed,
-        8 << 20,
-        Checksums::PartialTrusted,
-        Arc::default(),
-        |l| l,
-        no_faults,
-        || {},
-    );
+    let report = plain_transfer(&bed, no_faults);
     let s = report.iface;
     assert_eq!((s.rx_bad_checksum, s.rx_partial_checksum), (0, 0), "{s:?}");
     assert!(s.rx_segments > 1000, "{s:?}");
@@ -763,15 +761,7 @@ fn transfers_with_jumbo_frames() {
     let Some(bed) = testbed_or_skip(TestBed::builder().queues(1).mtu(9000)) else {
         return;
     };
-    let report = transfer(
-        &bed,
-        8 << 20,
-        Checksums::PartialTrusted,
-        Arc::default(),
-        |l| l,
-        chain_counts,
-        || {},
-    );
+    let report = plain_transfer(&bed, chain_counts);
     let (rx_chains, tx_chains) = report.chains;
     assert!(rx_chains > 500, "only {rx_chains} frames came as chains");
     assert!(tx_chains > 500, "only {tx_chains} frames left as chains");
